@@ -1,0 +1,28 @@
+// ckptd-bench: benchmarks that measure ckptd beside a yardstick in one run.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/persist_bench.h"
+#include "cli/args.h"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const char kUsage[] =
+      "usage: ckptd-bench <benchmark> [options]\n"
+      "\n"
+      "benchmarks:\n"
+      "  persist   write a synthetic rank checkpoint, read it back verified; with\n"
+      "            --compare, beside fio and the zstd CLI\n"
+      "\n"
+      "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    (args.empty() ? std::cerr : std::cout) << kUsage;
+    return args.empty() ? ckptd::cli::kExitUsage : ckptd::cli::kExitOk;
+  }
+  const std::string name = args[0];
+  args.erase(args.begin());
+  if (name == "persist") return ckptd::bench::RunPersistBench(args, std::cout, std::cerr);
+  std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
+  return ckptd::cli::kExitUsage;
+}

@@ -1,0 +1,422 @@
+#include "bench/persist_bench.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "cli/args.h"
+#include "cli/json.h"
+#include "storage/aligned_buffer.h"
+#include "storage/layout.h"
+#include "storage/posix_file_system.h"
+#include "storage/shard_reader.h"
+#include "storage/store.h"
+#include "storage/thread_pool.h"
+
+namespace ckptd::bench {
+
+using cli::Args;
+using cli::JsonWriter;
+
+const char kPersistHelp[] =
+    "usage: ckptd-bench persist --dir <dir> --bytes <n> [--codec none|zstd] [--dtype fp32|bf16]\n"
+    "                           [--threads T] [--keep] [--json] [--compare] [--step S]\n"
+    "\n"
+    "Writes a synthetic rank checkpoint (normally distributed weights, mean 0,\n"
+    "std 0.02, plus RNG and data-cursor blobs) as a committed step of job `bench`\n"
+    "under <dir>, reads it back with every chunk verified, and reports:\n"
+    "  write_gbps  raw bytes / seconds until the step is durable and committed\n"
+    "  read_gbps   raw bytes / seconds to read, decode and verify into memory\n"
+    "  ratio       raw bytes / stored bytes\n"
+    "--compare also measures, on the same directory and bytes: fio sequential\n"
+    "O_DIRECT io_uring write and read (fio_write_gbps, fio_read_gbps), and\n"
+    "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
+    "ratios of ckptd to each. --bytes accepts K, M, G suffixes (powers of 1024).\n"
+    "Without --keep the step is removed afterwards.\n";
+
+namespace {
+
+// Deterministic normal(0, stddev) samples (xorshift + Box-Muller).
+void FillNormal(float* out, size_t n, float stddev, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  for (size_t i = 0; i < n; i += 2) {
+    const double u1 = (static_cast<double>(next() >> 11) + 1.0) / 9007199254740993.0;
+    const double u2 = static_cast<double>(next() >> 11) / 9007199254740992.0;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    out[i] = static_cast<float>(r * std::cos(2 * M_PI * u2) * stddev);
+    if (i + 1 < n) out[i + 1] = static_cast<float>(r * std::sin(2 * M_PI * u2) * stddev);
+  }
+}
+
+// Fills `bytes` of `dtype` data with normal(0, 0.02) values on `threads` threads.
+void FillTensor(uint8_t* data, size_t bytes, bool bf16, int threads, uint64_t seed) {
+  const size_t elem = bf16 ? 2 : 4;
+  const size_t n = bytes / elem;
+  std::vector<std::thread> workers;
+  const size_t per = (n + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([=] {
+      const size_t begin = std::min(n, per * t);
+      const size_t end = std::min(n, begin + per);
+      if (begin >= end) return;
+      if (!bf16) {
+        FillNormal(reinterpret_cast<float*>(data) + begin, end - begin, 0.02f, seed + t);
+        return;
+      }
+      std::vector<float> tmp(1 << 16);
+      for (size_t i = begin; i < end; i += tmp.size()) {
+        const size_t m = std::min(tmp.size(), end - i);
+        FillNormal(tmp.data(), m, 0.02f, seed + t * 1000003 + i);
+        for (size_t j = 0; j < m; ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, &tmp[j], 4);
+          const uint16_t top = static_cast<uint16_t>(bits >> 16);
+          std::memcpy(data + (i + j) * 2, &top, 2);
+        }
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+}
+
+// Runs `command` through the shell; returns its stdout, or nullopt if it failed.
+std::optional<std::string> Capture(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0) return std::nullopt;
+  return out;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      out += "'\\''";
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// The first number after `"key" :` inside the first `"section" : {` object.
+std::optional<double> JsonNumberAfter(const std::string& json, const std::string& section, const std::string& key) {
+  size_t pos = json.find("\"" + section + "\" : {");
+  if (pos == std::string::npos) return std::nullopt;
+  pos = json.find("\"" + key + "\"", pos);
+  if (pos == std::string::npos) return std::nullopt;
+  pos = json.find(':', pos);
+  if (pos == std::string::npos) return std::nullopt;
+  size_t end = pos + 1;
+  while (end < json.size() && (json[end] == ' ' || json[end] == '\t')) ++end;
+  size_t start = end;
+  while (end < json.size() && (isdigit(static_cast<unsigned char>(json[end])) || json[end] == '.' ||
+                               json[end] == 'e' || json[end] == '-' || json[end] == '+')) {
+    ++end;
+  }
+  double v = 0;
+  if (!absl::SimpleAtod(json.substr(start, end - start), &v)) return std::nullopt;
+  return v;
+}
+
+struct FioResult {
+  std::optional<double> write_gbps;
+  std::optional<double> read_gbps;
+  std::string error;
+};
+
+// Sequential write then read of `bytes` with O_DIRECT and io_uring, 4 MiB
+// blocks, queue depth 4, fsync at the end of the write: the same shape of I/O
+// as a shard.
+FioResult RunFio(const std::string& dir, uint64_t bytes) {
+  FioResult r;
+  const std::string file = storage::JoinPath(dir, "fio-bench.tmp");
+  const std::string common = absl::StrCat("fio --name=ckptd --filename=", ShellQuote(file),
+                                          " --bs=4m --direct=1 --ioengine=io_uring --iodepth=4 --size=", bytes,
+                                          " --output-format=json 2>/dev/null");
+  std::optional<std::string> w = Capture(absl::StrCat(common, " --rw=write --end_fsync=1"));
+  std::optional<std::string> rd = w ? Capture(absl::StrCat(common, " --rw=read")) : std::nullopt;
+  std::remove(file.c_str());
+  if (!w || !rd) {
+    r.error = "fio did not run (is it installed?)";
+    return r;
+  }
+  // fio reports bandwidth in bytes per second.
+  if (std::optional<double> bw = JsonNumberAfter(*w, "write", "bw_bytes")) r.write_gbps = *bw / 1e9;
+  if (std::optional<double> bw = JsonNumberAfter(*rd, "read", "bw_bytes")) r.read_gbps = *bw / 1e9;
+  if (!r.write_gbps || !r.read_gbps) r.error = "could not read fio's JSON output";
+  return r;
+}
+
+struct ZstdResult {
+  std::optional<double> gbps;
+  std::optional<double> ratio;
+  std::string error;
+};
+
+// `zstd -1 -T<threads>` over the same raw bytes, read from the page cache and
+// written to the same directory (without fsync, which favours zstd).
+ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const uint8_t*, size_t>>& parts,
+                      int threads) {
+  ZstdResult r;
+  const std::string in = storage::JoinPath(dir, "zstd-bench.raw");
+  const std::string out = in + ".zst";
+  FILE* f = std::fopen(in.c_str(), "wb");
+  if (f == nullptr) {
+    r.error = absl::StrCat("cannot create ", in);
+    return r;
+  }
+  uint64_t total = 0;
+  bool ok = true;
+  for (const auto& [p, n] : parts) {
+    ok = ok && std::fwrite(p, 1, n, f) == n;
+    total += n;
+  }
+  ok = (std::fclose(f) == 0) && ok;
+  if (ok) {
+    const absl::Time t0 = absl::Now();
+    std::optional<std::string> res =
+        Capture(absl::StrCat("zstd -q -f -1 -T", threads, " ", ShellQuote(in), " -o ", ShellQuote(out)));
+    const double secs = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (res) {
+      r.gbps = static_cast<double>(total) / secs / 1e9;
+      struct stat st;
+      if (::stat(out.c_str(), &st) == 0 && st.st_size > 0) r.ratio = static_cast<double>(total) / st.st_size;
+    } else {
+      r.error = "zstd did not run (is it installed?)";
+    }
+  } else {
+    r.error = absl::StrCat("cannot write ", in);
+  }
+  std::remove(in.c_str());
+  std::remove(out.c_str());
+  return r;
+}
+
+}  // namespace
+
+int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<Args> args =
+      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step"}, {"keep", "json", "compare", "help"});
+  if (args.ok() && args->Has("help")) {
+    out << kPersistHelp;
+    return cli::kExitOk;
+  }
+  auto usage = [&](const std::string& why) {
+    err << "ckptd-bench persist: " << why << "\n" << kPersistHelp;
+    return cli::kExitUsage;
+  };
+  if (!args.ok()) return usage(std::string(args.status().message()));
+  absl::StatusOr<std::optional<uint64_t>> bytes_flag = args->GetUint("bytes", /*allow_suffix=*/true);
+  absl::StatusOr<std::optional<uint64_t>> threads_flag = args->GetUint("threads");
+  absl::StatusOr<std::optional<uint64_t>> step_flag = args->GetUint("step");
+  if (!bytes_flag.ok()) return usage(std::string(bytes_flag.status().message()));
+  if (!threads_flag.ok()) return usage(std::string(threads_flag.status().message()));
+  if (!step_flag.ok()) return usage(std::string(step_flag.status().message()));
+  if (!args->Get("dir")) return usage("--dir is required");
+  if (!*bytes_flag || **bytes_flag == 0) return usage("--bytes is required and must be positive");
+  const std::string codec = args->Get("codec").value_or("zstd");
+  const std::string dtype = args->Get("dtype").value_or("fp32");
+  if (codec != "none" && codec != "zstd") return usage("--codec must be none or zstd");
+  if (dtype != "fp32" && dtype != "bf16") return usage("--dtype must be fp32 or bf16");
+  const int threads = *threads_flag && **threads_flag > 0
+                          ? static_cast<int>(**threads_flag)
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string dir = *args->Get("dir");
+  const uint64_t step = step_flag->value_or(1);
+  const bool bf16 = dtype == "bf16";
+  const size_t elem = bf16 ? 2 : 4;
+
+  // A rank's state: parameters and two optimizer moments of equal size, and
+  // small RNG and data-cursor blobs.
+  const uint64_t total = **bytes_flag;
+  const uint64_t per_tensor = (total / 3) / elem * elem;
+  const uint64_t params_bytes = total - 2 * per_tensor - (total - 2 * per_tensor) % elem;
+  struct Buffer {
+    std::string name;
+    ckptd::v1::Component component;
+    ckptd::v1::DType dtype;
+    storage::AlignedBuffer data;
+    size_t length;
+  };
+  std::vector<Buffer> buffers;
+  auto add = [&](std::string name, ckptd::v1::Component c, ckptd::v1::DType d, size_t length) {
+    buffers.push_back({std::move(name), c, d, storage::AlignedBuffer(std::max<size_t>(length, 1)), length});
+  };
+  const ckptd::v1::DType float_dtype = bf16 ? ckptd::v1::BFLOAT16 : ckptd::v1::FLOAT32;
+  add("model.params", ckptd::v1::PARAMS, float_dtype, params_bytes);
+  add("optimizer.exp_avg", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
+  add("optimizer.exp_avg_sq", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
+  add("rng.state", ckptd::v1::RNG, ckptd::v1::BYTES, 5056);
+  add("data.cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 64);
+  for (size_t i = 0; i < 3; ++i) FillTensor(buffers[i].data.data(), buffers[i].length, bf16, threads, 17 + i);
+  for (size_t i = 3; i < buffers.size(); ++i) {
+    for (size_t j = 0; j < buffers[i].length; ++j) buffers[i].data.data()[j] = static_cast<uint8_t>(j * 131 + i);
+  }
+
+  std::vector<storage::TensorSource> sources;
+  uint64_t raw_bytes = 0;
+  for (const Buffer& b : buffers) {
+    storage::TensorSource s;
+    s.meta.set_name(b.name);
+    s.meta.set_component(b.component);
+    s.meta.set_dtype(b.dtype);
+    s.meta.add_shape(b.length / storage::DTypeSize(b.dtype));
+    s.data = b.data.data();
+    s.length = b.length;
+    sources.push_back(std::move(s));
+    raw_bytes += b.length;
+  }
+
+  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+  storage::CheckpointStore store(fs.get(), dir);
+  const std::string job = "bench";
+  if (absl::Status s = storage::CreateDirs(fs.get(), dir); !s.ok()) {
+    err << "ckptd-bench persist: " << s.message() << "\n";
+    return cli::kExitFailed;
+  }
+  if (store.ReadManifest(job, step).ok() || fs->Stat(storage::StepDir(dir, job, step)).ok()) {
+    err << "ckptd-bench persist: " << storage::StepDir(dir, job, step)
+        << " already exists; remove it or pass another --step\n";
+    return cli::kExitFailed;
+  }
+
+  storage::ThreadPool pool(threads);
+  storage::ShardWriteOptions wopt;
+  wopt.encode.compress = codec == "zstd";
+  const absl::Time w0 = absl::Now();
+  absl::Status status = store.PrepareStep(job, step);
+  absl::StatusOr<storage::ShardWriteResult> written =
+      status.ok() ? store.WriteShard(job, step, 0, 1, sources, wopt, &pool)
+                  : absl::StatusOr<storage::ShardWriteResult>(status);
+  absl::StatusOr<ckptd::v1::StepManifest> manifest =
+      written.ok() ? store.CommitStep(job, step, 1) : absl::StatusOr<ckptd::v1::StepManifest>(written.status());
+  const double write_secs = absl::ToDoubleSeconds(absl::Now() - w0);
+  if (!manifest.ok()) {
+    err << "ckptd-bench persist: write failed: " << manifest.status().message() << "\n";
+    (void)store.AbortStep(job, step);  // best effort; the error above is what matters
+    return cli::kExitFailed;
+  }
+
+  // Read back into fresh (pre-faulted) buffers, verifying every chunk.
+  std::vector<storage::AlignedBuffer> dest;
+  std::vector<storage::TensorDest> dests;
+  for (const Buffer& b : buffers) {
+    dest.emplace_back(std::max<size_t>(b.length, 1));
+    dests.push_back({b.name, dest.back().data(), b.length});
+  }
+  storage::ShardReadOptions ropt;
+  const absl::Time r0 = absl::Now();
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
+      storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), ropt, &pool);
+  status = reader.ok() ? (*reader)->ReadTensors(dests) : reader.status();
+  const double read_secs = absl::ToDoubleSeconds(absl::Now() - r0);
+  if (status.ok()) {
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (std::memcmp(buffers[i].data.data(), dest[i].data(), buffers[i].length) != 0) {
+        status = absl::DataLossError(absl::StrCat("tensor ", buffers[i].name, " read back differs"));
+      }
+    }
+  }
+  dest.clear();
+  if (!status.ok()) {
+    err << "ckptd-bench persist: read failed: " << status.message() << "\n";
+    return cli::kExitFailed;
+  }
+
+  const double write_gbps = raw_bytes / write_secs / 1e9;
+  const double read_gbps = raw_bytes / read_secs / 1e9;
+  const double ratio = static_cast<double>(raw_bytes) / written->stored_bytes;
+
+  FioResult fio;
+  ZstdResult zstd;
+  if (args->Has("compare")) {
+    fio = RunFio(dir, written->file_length);
+    std::vector<std::pair<const uint8_t*, size_t>> parts;
+    for (const Buffer& b : buffers) parts.emplace_back(b.data.data(), b.length);
+    if (codec == "zstd") zstd = RunZstdCli(dir, parts, threads);
+  }
+  if (!args->Has("keep")) {
+    if (absl::Status s = store.RemoveStep(job, step); !s.ok()) {
+      err << "ckptd-bench persist: could not remove the benchmark step: " << s.message() << "\n";
+    }
+  }
+
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("codec", codec);
+  w.Field("dtype", dtype);
+  w.Field("threads", threads);
+  w.Field("io_uring", fs->uses_io_uring());
+  w.Field("raw_bytes", raw_bytes);
+  w.Field("stored_bytes", written->stored_bytes);
+  w.Field("file_bytes", written->file_length);
+  w.Field("ratio", ratio);
+  w.Field("write_seconds", write_secs);
+  w.Field("read_seconds", read_secs);
+  w.Field("write_gbps", write_gbps);
+  w.Field("read_gbps", read_gbps);
+  if (args->Has("compare")) {
+    if (fio.write_gbps) {
+      w.Field("fio_write_gbps", *fio.write_gbps);
+      w.Field("write_vs_fio", write_gbps / *fio.write_gbps);
+    }
+    if (fio.read_gbps) {
+      w.Field("fio_read_gbps", *fio.read_gbps);
+      w.Field("read_vs_fio", read_gbps / *fio.read_gbps);
+    }
+    if (!fio.error.empty()) w.Field("fio_error", fio.error);
+    if (zstd.gbps) {
+      w.Field("zstd_cli_gbps", *zstd.gbps);
+      w.Field("write_vs_zstd_cli", write_gbps / *zstd.gbps);
+    }
+    if (zstd.ratio) w.Field("zstd_cli_ratio", *zstd.ratio);
+    if (!zstd.error.empty()) w.Field("zstd_error", zstd.error);
+  }
+  w.Field("step_dir", storage::StepDir(dir, job, step));
+  w.Field("kept", args->Has("keep"));
+  w.EndObject();
+  if (args->Has("json")) {
+    out << w.str() << "\n";
+  } else {
+    out << absl::StrFormat("persist %s %s: %s raw -> %s stored (ratio %.3f)\n", codec, dtype,
+                           cli::HumanBytes(raw_bytes), cli::HumanBytes(written->stored_bytes), ratio);
+    out << absl::StrFormat("  write %.3f GB/s (%.2f s until durable), read+verify %.3f GB/s (%.2f s)\n",
+                           write_gbps, write_secs, read_gbps, read_secs);
+    if (fio.write_gbps && fio.read_gbps) {
+      out << absl::StrFormat("  fio   write %.3f GB/s (ckptd %.0f%%), read %.3f GB/s (ckptd %.0f%%)\n",
+                             *fio.write_gbps, 100 * write_gbps / *fio.write_gbps, *fio.read_gbps,
+                             100 * read_gbps / *fio.read_gbps);
+    }
+    if (zstd.gbps) {
+      out << absl::StrFormat("  zstd -1 -T%d  %.3f GB/s ratio %.3f (ckptd write %.0f%% of its speed)\n", threads,
+                             *zstd.gbps, zstd.ratio.value_or(0), 100 * write_gbps / *zstd.gbps);
+    }
+    if (!fio.error.empty()) out << "  fio: " << fio.error << "\n";
+    if (!zstd.error.empty()) out << "  zstd: " << zstd.error << "\n";
+  }
+  return cli::kExitOk;
+}
+
+}  // namespace ckptd::bench

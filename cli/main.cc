@@ -1,0 +1,37 @@
+// ckptctl: the operator's command line.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "cli/offline_commands.h"
+#include "storage/posix_file_system.h"
+
+namespace {
+
+const char kUsage[] =
+    "usage: ckptctl <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  inspect <shard file>   show the tensors, components, dtypes, sizes, chunks and codecs of a shard\n"
+    "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
+    "\n"
+    "`ckptctl <command> --help` describes a command.\n"
+    "exit status: 0 success, 1 failure, 2 usage error, 3 unavailable\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    (args.empty() ? std::cerr : std::cout) << kUsage;
+    return args.empty() ? ckptd::cli::kExitUsage : ckptd::cli::kExitOk;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
+  if (command == "inspect") return ckptd::cli::RunInspect(fs.get(), args, std::cout, std::cerr);
+  if (command == "verify") return ckptd::cli::RunVerify(fs.get(), args, std::cout, std::cerr);
+  std::cerr << "ckptctl: unknown command \"" << command << "\"\n\n" << kUsage;
+  return ckptd::cli::kExitUsage;
+}

@@ -1,0 +1,363 @@
+#include "cli/offline_commands.h"
+
+#include <map>
+#include <optional>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "cli/args.h"
+#include "cli/json.h"
+#include "storage/checksum.h"
+#include "storage/layout.h"
+#include "storage/shard_index.h"
+#include "storage/shard_reader.h"
+#include "storage/store.h"
+
+namespace ckptd::cli {
+
+using ckptd::v1::Tensor;
+
+const char kInspectHelp[] =
+    "usage: ckptctl inspect <shard file> [--json] [--chunks]\n"
+    "\n"
+    "Shows what a shard file holds: its job, step and rank, and for every tensor\n"
+    "the component, dtype, shape, sharding, raw and stored size, compression\n"
+    "ratio, and the codecs of its chunks. Only the header, footer and index are\n"
+    "read and checked; use `ckptctl verify` to check the data.\n"
+    "\n"
+    "  --json     one JSON object instead of tables\n"
+    "  --chunks   also list every chunk (offset, lengths, codec, checksum)\n";
+
+const char kVerifyHelp[] =
+    "usage: ckptctl verify --root <dir> [--job J] [--step S] [--json] [--threads N]\n"
+    "\n"
+    "Reads committed steps back from a storage root and checks every shard\n"
+    "against its MANIFEST and every chunk against its checksum. Without --job,\n"
+    "every job under the root; without --step, every committed step.\n"
+    "Failures name the file, tensor, block and chunk.\n"
+    "\n"
+    "exit status: 0 all verified, 1 a step failed (or the job/step named is not\n"
+    "committed), 2 usage error\n";
+
+namespace {
+
+std::string ShapeString(const google::protobuf::RepeatedField<uint64_t>& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
+}
+
+double Ratio(uint64_t raw, uint64_t stored) { return stored == 0 ? 1.0 : static_cast<double>(raw) / stored; }
+
+struct TensorStats {
+  uint64_t stored = 0;
+  int chunks = 0;
+  int zstd_chunks = 0;
+};
+
+TensorStats StatsOf(const Tensor& t) {
+  TensorStats s;
+  for (const auto& b : t.blocks()) {
+    for (const auto& c : b.chunks()) {
+      s.stored += c.stored_length();
+      ++s.chunks;
+      if (c.codec() == ckptd::v1::ZSTD) ++s.zstd_chunks;
+    }
+  }
+  return s;
+}
+
+std::string CodecName(ckptd::v1::Codec c) { return c == ckptd::v1::ZSTD ? "zstd" : c == ckptd::v1::RAW ? "raw" : "?"; }
+std::string FilterName(ckptd::v1::Filter f) { return f == ckptd::v1::BYTE_PLANES ? "byte-planes" : "none"; }
+
+void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& out) {
+  const ckptd::v1::ShardIndex& idx = r.index();
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("file", r.path());
+  w.Field("format_version", idx.format_version());
+  w.Field("job", idx.job());
+  w.Field("step", idx.step());
+  w.Field("rank", idx.rank());
+  w.Field("world_size", idx.world_size());
+  w.Field("created", absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()),
+                                      absl::UTCTimeZone()));
+  w.Field("file_length", r.file_length());
+  w.Field("index_xxh3", storage::ChecksumHex(r.index_xxh3()));
+  w.Field("raw_bytes", idx.raw_bytes());
+  w.Field("stored_bytes", idx.stored_bytes());
+  w.Field("ratio", Ratio(idx.raw_bytes(), idx.stored_bytes()));
+  w.Key("tensors");
+  w.BeginArray();
+  for (const Tensor& t : idx.tensors()) {
+    const TensorStats s = StatsOf(t);
+    w.BeginObject();
+    w.Field("name", t.name());
+    w.Field("component", storage::ComponentName(t.component()));
+    w.Field("dtype", storage::DTypeName(t.dtype()));
+    w.Key("shape");
+    w.BeginArray();
+    for (uint64_t d : t.shape()) w.Uint(d);
+    w.EndArray();
+    w.Key("global_shape");
+    w.BeginArray();
+    for (uint64_t d : t.global_shape()) w.Uint(d);
+    w.EndArray();
+    w.Key("offsets");
+    w.BeginArray();
+    for (uint64_t d : t.offsets()) w.Uint(d);
+    w.EndArray();
+    w.Field("device", t.device().kind() == ckptd::v1::Device::CUDA ? absl::StrCat("cuda:", t.device().index())
+                                                                    : std::string("host"));
+    w.Field("raw_bytes", t.raw_length());
+    w.Field("stored_bytes", s.stored);
+    w.Field("ratio", Ratio(t.raw_length(), s.stored));
+    w.Field("blocks", t.blocks_size());
+    w.Field("chunks", s.chunks);
+    w.Field("zstd_chunks", s.zstd_chunks);
+    w.Field("raw_chunks", s.chunks - s.zstd_chunks);
+    if (chunks) {
+      w.Key("block_list");
+      w.BeginArray();
+      for (const auto& b : t.blocks()) {
+        w.BeginObject();
+        w.Field("raw_offset", b.raw_offset());
+        w.Field("raw_length", b.raw_length());
+        w.Field("filter", FilterName(b.filter()));
+        w.Field("raw_xxh3", storage::ChecksumHex(b.raw_xxh3()));
+        w.Key("chunks");
+        w.BeginArray();
+        for (const auto& c : b.chunks()) {
+          w.BeginObject();
+          w.Field("file_offset", c.file_offset());
+          w.Field("stored_length", c.stored_length());
+          w.Field("raw_length", c.raw_length());
+          w.Field("codec", CodecName(c.codec()));
+          w.Field("stored_xxh3", storage::ChecksumHex(c.stored_xxh3()));
+          w.EndObject();
+        }
+        w.EndArray();
+        w.EndObject();
+      }
+      w.EndArray();
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  out << w.str() << "\n";
+}
+
+void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& out) {
+  const ckptd::v1::ShardIndex& idx = r.index();
+  out << "shard   " << r.path() << "\n";
+  out << absl::StrFormat("job     %s  step %d  rank %d of %d  format v%d\n", idx.job(), idx.step(), idx.rank(),
+                         idx.world_size(), idx.format_version());
+  out << "created "
+      << absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()), absl::UTCTimeZone())
+      << "\n";
+  out << absl::StrFormat("size    %s raw, %s stored, ratio %.3f, file %s, index xxh3 %s\n",
+                         HumanBytes(idx.raw_bytes()), HumanBytes(idx.stored_bytes()),
+                         Ratio(idx.raw_bytes(), idx.stored_bytes()), HumanBytes(r.file_length()),
+                         storage::ChecksumHex(r.index_xxh3()));
+  out << absl::StrFormat("\n%-32s %-11s %-9s %-18s %-22s %10s %10s %6s %7s %s\n", "TENSOR", "COMPONENT", "DTYPE",
+                         "SHAPE", "SLICE OF", "RAW", "STORED", "RATIO", "CHUNKS", "CODECS");
+  for (const Tensor& t : idx.tensors()) {
+    const TensorStats s = StatsOf(t);
+    std::string slice = "-";
+    if (t.global_shape_size() > 0) {
+      slice = absl::StrCat(ShapeString(t.global_shape()), "@", ShapeString(t.offsets()));
+    }
+    out << absl::StrFormat("%-32s %-11s %-9s %-18s %-22s %10s %10s %6.3f %7d zstd %d, raw %d\n",
+                           absl::CHexEscape(t.name()), storage::ComponentName(t.component()),
+                           storage::DTypeName(t.dtype()), ShapeString(t.shape()), slice,
+                           HumanBytes(t.raw_length()), HumanBytes(s.stored), Ratio(t.raw_length(), s.stored),
+                           s.chunks, s.zstd_chunks, s.chunks - s.zstd_chunks);
+    if (!chunks) continue;
+    for (int b = 0; b < t.blocks_size(); ++b) {
+      const auto& block = t.blocks(b);
+      for (int c = 0; c < block.chunks_size(); ++c) {
+        const auto& ch = block.chunks(c);
+        out << absl::StrFormat("    block %d chunk %d  offset %d  stored %d  raw %d  %s%s  xxh3 %s\n", b, c,
+                               ch.file_offset(), ch.stored_length(), ch.raw_length(), CodecName(ch.codec()),
+                               block.filter() == ckptd::v1::BYTE_PLANES ? absl::StrCat(" plane ", c) : "",
+                               storage::ChecksumHex(ch.stored_xxh3()));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+               std::ostream& err) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {}, {"json", "chunks", "help"});
+  if (!args.ok() || args->Has("help") || args->positional().size() != 1) {
+    if (!args.ok()) err << "ckptctl inspect: " << args.status().message() << "\n";
+    (args.ok() && args->Has("help") ? out : err) << kInspectHelp;
+    return args.ok() && args->Has("help") ? kExitOk : kExitUsage;
+  }
+  storage::ShardReadOptions options;
+  options.threads = 1;
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
+      storage::ShardReader::Open(fs, args->positional()[0], options);
+  if (!reader.ok()) {
+    err << "ckptctl inspect: " << reader.status().message() << "\n";
+    return kExitFailed;
+  }
+  if (args->Has("json")) {
+    PrintInspectJson(**reader, args->Has("chunks"), out);
+  } else {
+    PrintInspectText(**reader, args->Has("chunks"), out);
+  }
+  return kExitOk;
+}
+
+int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+              std::ostream& err) {
+  absl::StatusOr<Args> args = Args::Parse(argv, {"root", "job", "step", "threads"}, {"json", "help"});
+  if (args.ok() && args->Has("help")) {
+    out << kVerifyHelp;
+    return kExitOk;
+  }
+  absl::StatusOr<std::optional<uint64_t>> step_flag =
+      args.ok() ? args->GetUint("step") : absl::StatusOr<std::optional<uint64_t>>(args.status());
+  absl::StatusOr<std::optional<uint64_t>> threads_flag =
+      args.ok() ? args->GetUint("threads") : absl::StatusOr<std::optional<uint64_t>>(args.status());
+  if (!args.ok() || !step_flag.ok() || !threads_flag.ok() || !args->Get("root") ||
+      !args->positional().empty() || (*step_flag && !args->Get("job"))) {
+    std::string why = !args.ok()                ? std::string(args.status().message())
+                      : !step_flag.ok()         ? std::string(step_flag.status().message())
+                      : !threads_flag.ok()      ? std::string(threads_flag.status().message())
+                      : !args->Get("root")      ? "--root is required"
+                      : !args->positional().empty() ? absl::StrCat("unexpected argument ", args->positional()[0])
+                                                    : "--step needs --job";
+    err << "ckptctl verify: " << why << "\n" << kVerifyHelp;
+    return kExitUsage;
+  }
+  const bool json = args->Has("json");
+  storage::CheckpointStore store(fs, *args->Get("root"));
+  storage::ShardReadOptions options;
+  if (*threads_flag) options.threads = static_cast<int>(**threads_flag);
+
+  std::vector<std::string> jobs;
+  if (std::optional<std::string> job = args->Get("job")) {
+    if (absl::Status s = storage::ValidateJobName(*job); !s.ok()) {
+      err << "ckptctl verify: " << s.message() << "\n";
+      return kExitUsage;
+    }
+    jobs.push_back(*job);
+  } else {
+    absl::StatusOr<std::vector<std::string>> all = store.ListJobs();
+    if (!all.ok()) {
+      err << "ckptctl verify: " << all.status().message() << "\n";
+      return kExitFailed;
+    }
+    jobs = *all;
+  }
+
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("root", store.root());
+  w.Key("steps");
+  w.BeginArray();
+  int checked = 0;
+  int failed = 0;
+  std::vector<std::string> notes;  // failures that are not a step's own problems
+  for (const std::string& job : jobs) {
+    absl::StatusOr<std::vector<storage::StepInfo>> steps = store.ListSteps(job);
+    if (!steps.ok()) {
+      notes.push_back(absl::StrCat("job ", job, ": ", steps.status().message()));
+      continue;
+    }
+    bool found_step = false;
+    for (const storage::StepInfo& info : *steps) {
+      if (*step_flag && info.step != **step_flag) continue;
+      found_step = true;
+      if (info.state == storage::StepState::kIncomplete) {
+        if (*step_flag) notes.push_back(absl::StrCat("job ", job, " step ", info.step, " is not committed"));
+        if (!json) out << absl::StrFormat("%-24s step %-10d INCOMPLETE (no MANIFEST; not a checkpoint)\n", job, info.step);
+        continue;
+      }
+      ++checked;
+      w.BeginObject();
+      w.Field("job", job);
+      w.Field("step", info.step);
+      if (info.state == storage::StepState::kCorrupt) {
+        ++failed;
+        w.Field("ok", false);
+        w.Key("problems");
+        w.BeginArray();
+        w.BeginObject();
+        w.Field("file", storage::ManifestPath(store.root(), job, info.step));
+        w.Field("message", info.detail);
+        w.EndObject();
+        w.EndArray();
+        w.EndObject();
+        if (!json) out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", job, info.step, info.detail);
+        continue;
+      }
+      absl::StatusOr<storage::StepVerifyReport> report = store.VerifyStep(job, info.step, options);
+      if (!report.ok()) {
+        ++failed;
+        w.Field("ok", false);
+        w.Key("problems");
+        w.BeginArray();
+        w.BeginObject();
+        w.Field("message", report.status().message());
+        w.EndObject();
+        w.EndArray();
+        w.EndObject();
+        if (!json) out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", job, info.step, report.status().message());
+        continue;
+      }
+      if (!report->ok()) ++failed;
+      w.Field("ok", report->ok());
+      w.Field("shards", report->shards);
+      w.Field("raw_bytes", report->raw_bytes);
+      w.Field("stored_bytes", report->stored_bytes);
+      w.Key("problems");
+      w.BeginArray();
+      for (const storage::VerifyProblem& p : report->problems) {
+        w.BeginObject();
+        w.Field("file", p.file);
+        if (!p.tensor.empty()) w.Field("tensor", p.tensor);
+        if (p.block >= 0) w.Field("block", p.block);
+        if (p.chunk >= 0) w.Field("chunk", p.chunk);
+        w.Field("message", p.message);
+        w.EndObject();
+      }
+      w.EndArray();
+      w.EndObject();
+      if (!json) {
+        out << absl::StrFormat("%-24s step %-10d %s  %d shards, %s raw, %s stored\n", job, info.step,
+                               report->ok() ? "OK  " : "FAIL", report->shards, HumanBytes(report->raw_bytes),
+                               HumanBytes(report->stored_bytes));
+        for (const storage::VerifyProblem& p : report->problems) out << "    " << p.message << "\n";
+      }
+    }
+    if (*step_flag && !found_step) {
+      notes.push_back(absl::StrCat("job ", job, " has no step ", **step_flag));
+    }
+  }
+  w.EndArray();
+  w.Field("checked", checked);
+  w.Field("failed", failed);
+  w.Key("errors");
+  w.BeginArray();
+  for (const std::string& n : notes) w.String(n);
+  w.EndArray();
+  const bool ok = failed == 0 && notes.empty();
+  w.Field("ok", ok);
+  w.EndObject();
+  if (json) {
+    out << w.str() << "\n";
+  } else {
+    for (const std::string& n : notes) out << "error: " << n << "\n";
+    out << absl::StrFormat("%d step(s) checked, %d failed: %s\n", checked, failed, ok ? "OK" : "FAILED");
+  }
+  return ok ? kExitOk : kExitFailed;
+}
+
+}  // namespace ckptd::cli

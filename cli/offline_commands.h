@@ -1,0 +1,27 @@
+// ckptctl commands that work on a storage root or a shard file directly,
+// without a coordinator: inspect and offline verify.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "storage/file_system.h"
+
+namespace ckptd::cli {
+
+// ckptctl inspect <shard file> [--json] [--chunks]
+// Returns an ExitCode.
+int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+               std::ostream& err);
+
+// ckptctl verify --root <dir> [--job J] [--step S] [--json] [--threads N]
+// Exit 0 when every committed step checked verifies, 1 when any does not
+// (or a named job/step is not committed), 2 on usage errors.
+int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+              std::ostream& err);
+
+extern const char kInspectHelp[];
+extern const char kVerifyHelp[];
+
+}  // namespace ckptd::cli

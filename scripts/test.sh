@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds ckptd and runs every test: the release build's tests, the same tests
+# under AddressSanitizer + UndefinedBehaviorSanitizer, and a short libFuzzer
+# run of the shard reader and the manifest parser. Installs missing Debian
+# packages first. Exits non-zero when anything fails.
+#   JOBS=N          parallel build jobs (default: nproc)
+#   FUZZ_SECONDS=N  seconds per fuzz target (default 20; 0 skips fuzzing)
+#   SKIP_ASAN=1     skip the sanitizer build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/install-deps.sh
+JOBS="${JOBS:-$(nproc)}"
+FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
+
+echo "== release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$JOBS"
+ctest --test-dir build --output-on-failure -j "$JOBS"
+
+if [ "${SKIP_ASAN:-0}" != "1" ]; then
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPTD_SANITIZE=ON >/dev/null
+  cmake --build build-asan -j "$JOBS"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+fi
+
+if [ "$FUZZ_SECONDS" != "0" ]; then
+  echo "== libFuzzer: shard reader and manifest parser, ${FUZZ_SECONDS}s each"
+  FUZZ_SECONDS="$FUZZ_SECONDS" ./tests/fuzz/run.sh
+fi
+echo "== all tests passed"

@@ -1,0 +1,318 @@
+#include "storage/fault_injection_file_system.h"
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "storage/posix_error.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::storage {
+
+absl::Status FaultStatus(Fault fault, std::string_view operation, std::string_view path) {
+  // absl::string_view is not std::string_view in this Abseil build.
+  const std::string context = absl::StrCat(absl::string_view(operation.data(), operation.size()), " ",
+                                           absl::string_view(path.data(), path.size()));
+  switch (fault) {
+    case Fault::kNone:
+      return absl::OkStatus();
+    case Fault::kEio:
+      return PosixError(context, EIO);
+    case Fault::kEnospc:
+    case Fault::kShortWrite:
+      return PosixError(context, ENOSPC);
+    case Fault::kCrash:
+      return absl::AbortedError(absl::StrCat(context, ": simulated crash"));
+  }
+  return absl::InternalError(absl::StrCat(context, ": unknown fault"));
+}
+
+namespace {
+
+class FaultWritableFile : public WritableFile {
+ public:
+  FaultWritableFile(FaultInjectionFileSystem* fs, std::unique_ptr<WritableFile> base)
+      : fs_(fs), base_(std::move(base)) {}
+
+  const std::string& path() const override { return base_->path(); }
+  size_t alignment() const override { return base_->alignment(); }
+
+  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
+    const Fault fault = fs_->NextOperation(path(), n);
+    const absl::Duration delay = fs_->latency();
+    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    if (fault == Fault::kShortWrite) {
+      // Store the first half (rounded down to the alignment), then report ENOSPC.
+      const size_t align = alignment() == 0 ? 1 : alignment();
+      const size_t half = n / 2 / align * align;
+      if (half > 0) {
+        absl::StatusOr<uint64_t> ticket = base_->Write(offset, data, half);
+        absl::Status status = ticket.ok() ? base_->WaitFor(*ticket) : ticket.status();
+        if (!status.ok()) return Fail(std::move(status));
+      }
+    }
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "write", path()));
+    if (!error_.ok()) return error_;
+    return base_->Write(offset, data, n);
+  }
+
+  absl::Status WaitFor(uint64_t ticket) override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitFor(ticket);
+  }
+
+  absl::Status WaitAll() override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitAll();
+  }
+
+  absl::Status Sync() override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "fsync", path()));
+    if (!error_.ok()) return error_;
+    return base_->Sync();
+  }
+
+  absl::Status Close() override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    // The base file is closed in every case, as close(2) releases the fd even
+    // when it reports an error.
+    absl::Status status = base_->Close();
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "close", path()));
+    if (!error_.ok()) return error_;
+    return status;
+  }
+
+ private:
+  // Records the first error (later calls return it) and returns `status`.
+  absl::Status Fail(absl::Status status) {
+    if (error_.ok()) error_ = status;
+    return status;
+  }
+
+  absl::Status CheckCrashed(std::string_view op) const {
+    if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
+    return absl::OkStatus();
+  }
+
+  FaultInjectionFileSystem* const fs_;
+  const std::unique_ptr<WritableFile> base_;
+  absl::Status error_;  // first injected failure; a file is used by one thread
+};
+
+class FaultReadableFile : public ReadableFile {
+ public:
+  FaultReadableFile(FaultInjectionFileSystem* fs, std::unique_ptr<ReadableFile> base)
+      : fs_(fs), base_(std::move(base)) {}
+
+  const std::string& path() const override { return base_->path(); }
+  size_t alignment() const override { return base_->alignment(); }
+  uint64_t size() const override { return base_->size(); }
+
+  absl::StatusOr<uint64_t> Read(uint64_t offset, void* buf, size_t n) override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    const absl::Duration delay = fs_->latency();
+    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "read", path()));
+    if (!error_.ok()) return error_;
+    return base_->Read(offset, buf, n);
+  }
+
+  absl::Status WaitFor(uint64_t ticket) override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitFor(ticket);
+  }
+
+  absl::Status WaitAll() override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitAll();
+  }
+
+  absl::Status Close() override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    absl::Status status = base_->Close();
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "close", path()));
+    if (!error_.ok()) return error_;
+    return status;
+  }
+
+ private:
+  absl::Status Fail(absl::Status status) {
+    if (error_.ok()) error_ = status;
+    return status;
+  }
+
+  absl::Status CheckCrashed(std::string_view op) const {
+    if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
+    return absl::OkStatus();
+  }
+
+  FaultInjectionFileSystem* const fs_;
+  const std::unique_ptr<ReadableFile> base_;
+  absl::Status error_;
+};
+
+}  // namespace
+
+FaultInjectionFileSystem::FaultInjectionFileSystem(FileSystem* base, std::function<void()> on_crash)
+    : base_(base), on_crash_(std::move(on_crash)) {}
+
+FaultInjectionFileSystem::~FaultInjectionFileSystem() = default;
+
+void FaultInjectionFileSystem::FailAtOperation(uint64_t op, Fault fault) {
+  absl::MutexLock lock(&mu_);
+  if (fault == Fault::kNone) {
+    fail_ops_.erase(op);
+  } else {
+    fail_ops_[op] = fault;
+  }
+}
+
+void FaultInjectionFileSystem::FailWritesAfterBytes(uint64_t bytes, Fault fault) {
+  absl::MutexLock lock(&mu_);
+  bytes_budget_ = bytes;
+  bytes_fault_ = fault;
+  disk_full_ = false;
+}
+
+void FaultInjectionFileSystem::FailPath(const std::string& path_substring, Fault fault) {
+  absl::MutexLock lock(&mu_);
+  fail_path_ = path_substring;
+  fail_path_fault_ = fault;
+}
+
+void FaultInjectionFileSystem::SetLatency(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  latency_ = delay;
+}
+
+void FaultInjectionFileSystem::Reset() {
+  absl::MutexLock lock(&mu_);
+  ops_ = 0;
+  fail_ops_.clear();
+  bytes_budget_ = UINT64_MAX;
+  bytes_fault_ = Fault::kNone;
+  disk_full_ = false;
+  fail_path_.clear();
+  fail_path_fault_ = Fault::kNone;
+  latency_ = absl::ZeroDuration();
+  crashed_ = false;
+}
+
+uint64_t FaultInjectionFileSystem::operation_count() const {
+  absl::MutexLock lock(&mu_);
+  return ops_;
+}
+
+bool FaultInjectionFileSystem::crashed() const {
+  absl::MutexLock lock(&mu_);
+  return crashed_;
+}
+
+absl::Duration FaultInjectionFileSystem::latency() const {
+  absl::MutexLock lock(&mu_);
+  return latency_;
+}
+
+Fault FaultInjectionFileSystem::NextOperation(const std::string& path, uint64_t write_bytes) {
+  return Next({path}, write_bytes);
+}
+
+Fault FaultInjectionFileSystem::Next(std::initializer_list<std::string_view> paths,
+                                     uint64_t write_bytes) {
+  Fault fault = Fault::kNone;
+  {
+    absl::MutexLock lock(&mu_);
+    const uint64_t op = ops_++;
+    if (crashed_) return Fault::kCrash;
+    if (auto it = fail_ops_.find(op); it != fail_ops_.end()) {
+      fault = it->second;
+      fail_ops_.erase(it);
+    }
+    if (fault == Fault::kNone && fail_path_fault_ != Fault::kNone) {
+      for (std::string_view path : paths) {
+        if (absl::StrContains(absl::string_view(path.data(), path.size()), fail_path_)) {
+          fault = fail_path_fault_;
+        }
+      }
+    }
+    if (fault == Fault::kNone && write_bytes > 0 && bytes_fault_ != Fault::kNone) {
+      if (disk_full_ || write_bytes > bytes_budget_) {
+        disk_full_ = true;
+        fault = bytes_fault_;
+      } else {
+        bytes_budget_ -= write_bytes;
+      }
+    }
+    if (fault != Fault::kCrash) return fault;
+    crashed_ = true;
+  }
+  // Outside mu_, so the callback may call back into this wrapper.
+  if (on_crash_) on_crash_();
+  return Fault::kCrash;
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFileSystem::NewWritableFile(
+    const std::string& path, const OpenOptions& options) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "open", path);
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path, options));
+  return std::make_unique<FaultWritableFile>(this, std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFileSystem::NewReadableFile(
+    const std::string& path, const OpenOptions& options) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "open", path);
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, base_->NewReadableFile(path, options));
+  return std::make_unique<FaultReadableFile>(this, std::move(file));
+}
+
+absl::Status FaultInjectionFileSystem::CreateDir(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "mkdir", path);
+  return base_->CreateDir(path);
+}
+
+absl::Status FaultInjectionFileSystem::RemoveFile(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "unlink", path);
+  return base_->RemoveFile(path);
+}
+
+absl::Status FaultInjectionFileSystem::RemoveDir(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "rmdir", path);
+  return base_->RemoveDir(path);
+}
+
+absl::Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
+  const Fault fault = Next({from, to}, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "rename", absl::StrCat(from, " -> ", to));
+  return base_->Rename(from, to);
+}
+
+absl::Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "fsync dir", path);
+  return base_->SyncDir(path);
+}
+
+absl::StatusOr<std::vector<FileInfo>> FaultInjectionFileSystem::ListDir(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "opendir", path);
+  return base_->ListDir(path);
+}
+
+absl::StatusOr<FileInfo> FaultInjectionFileSystem::Stat(const std::string& path) {
+  const Fault fault = NextOperation(path, 0);
+  if (fault != Fault::kNone) return FaultStatus(fault, "stat", path);
+  return base_->Stat(path);
+}
+
+}  // namespace ckptd::storage

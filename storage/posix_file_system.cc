@@ -1,0 +1,531 @@
+// PosixFileSystem: io_uring transfers (one ring per open file) with a
+// pread/pwrite fallback. All ring code lives in this file.
+#include "storage/posix_file_system.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "storage/aligned_buffer.h"
+#include "storage/posix_error.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::storage {
+namespace {
+
+constexpr mode_t kFileMode = 0640;
+constexpr mode_t kDirMode = 0750;
+// Largest piece handed to one read/write (the kernel caps a transfer at
+// ~2 GiB anyway); the rest continues like a short transfer.
+constexpr size_t kMaxChunk = size_t{1} << 30;
+// io_uring refuses rings larger than this (IORING_MAX_ENTRIES).
+constexpr unsigned kMaxQueueDepth = 32768;
+
+// True when a ring can be set up and it supports IORING_OP_READ/WRITE (5.6+).
+// Fails under seccomp filters (ENOSYS/EPERM) or io_uring_disabled sysctl.
+bool ProbeIoUring() {
+  io_uring ring;
+  if (io_uring_queue_init(2, &ring, 0) < 0) return false;
+  bool ok = false;
+  if (io_uring_probe* probe = io_uring_get_probe_ring(&ring); probe != nullptr) {
+    ok = io_uring_opcode_supported(probe, IORING_OP_READ) &&
+         io_uring_opcode_supported(probe, IORING_OP_WRITE);
+    io_uring_free_probe(probe);
+  }
+  io_uring_queue_exit(&ring);
+  return ok;
+}
+
+int RetryOpen(const std::string& path, int flags, mode_t mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags, mode);
+  } while (fd < 0 && errno == EINTR);
+  return fd;
+}
+
+struct OpenedFd {
+  int fd = -1;
+  bool direct = false;
+};
+
+// Opens `path`; with `want_direct`, O_DIRECT where the file system honours it.
+// File systems that refuse O_DIRECT (EINVAL) and tmpfs, which accepts it since
+// Linux 6.6 but still goes through the page cache, end up buffered.
+absl::StatusOr<OpenedFd> OpenFd(const std::string& path, int flags, bool want_direct) {
+  OpenedFd result;
+  if (want_direct) {
+    result.fd = RetryOpen(path, flags | O_DIRECT, kFileMode);
+    if (result.fd >= 0) {
+      result.direct = true;
+      struct statfs sfs;
+      if (::fstatfs(result.fd, &sfs) == 0 && sfs.f_type == TMPFS_MAGIC) {
+        const int fl = ::fcntl(result.fd, F_GETFL);
+        // If clearing O_DIRECT fails we simply stay direct (alignment 4096).
+        if (fl >= 0 && ::fcntl(result.fd, F_SETFL, fl & ~O_DIRECT) == 0) result.direct = false;
+      }
+      return result;
+    }
+    if (errno != EINVAL) return PosixError(absl::StrCat("open ", path), errno);
+  }
+  result.fd = RetryOpen(path, flags, kFileMode);
+  if (result.fd < 0) return PosixError(absl::StrCat("open ", path), errno);
+  return result;
+}
+
+// One open file's transfers: on a ring of its own (several in flight) or with
+// pread/pwrite (each done inside Submit). Used by one thread at a time.
+// Tickets start at 1; a ticket is done when it is below next_ticket_ and not
+// in in_flight_. After the first failure every call returns that error.
+class PosixFile {
+ public:
+  PosixFile(std::string path, int fd, bool direct, bool is_write, uint64_t size)
+      : path_(std::move(path)), fd_(fd), direct_(direct), is_write_(is_write), size_(size) {}
+
+  ~PosixFile() {
+    // A destructor cannot report errors; callers who care call Close().
+    if (!closed_) (void)Close();
+  }
+
+  PosixFile(const PosixFile&) = delete;
+  PosixFile& operator=(const PosixFile&) = delete;
+
+  // Sets up a ring of `queue_depth` entries. When that fails (e.g. locked
+  // memory limits) this file keeps working with pread/pwrite.
+  void InitRing(unsigned queue_depth) {
+    depth_ = std::clamp(queue_depth, 1u, kMaxQueueDepth);
+    has_ring_ = io_uring_queue_init(depth_, &ring_, 0) == 0;
+  }
+
+  const std::string& path() const { return path_; }
+  size_t alignment() const { return direct_ ? kDirectIoAlignment : 1; }
+  uint64_t size() const { return size_; }
+
+  absl::StatusOr<uint64_t> Submit(uint64_t offset, void* buf, size_t n) {
+    if (closed_) return Closed();
+    CKPTD_RETURN_IF_ERROR(error_);
+    const size_t align = alignment();
+    if (!IsAligned(reinterpret_cast<uintptr_t>(buf), align) || !IsAligned(offset, align) ||
+        !IsAligned(n, align)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(OpName(), " ", path_, ": buffer, offset ", offset, " and length ", n,
+                       " must be multiples of ", align, " with O_DIRECT"));
+    }
+    if (!has_ring_) {
+      const uint64_t ticket = next_ticket_++;
+      TransferSync(offset, static_cast<uint8_t*>(buf), n);
+      return ticket;
+    }
+    // Make room: at most depth_ transfers in flight.
+    while (in_flight_.size() >= depth_ && !ring_broken_) {
+      ReapAndResubmit();
+    }
+    CKPTD_RETURN_IF_ERROR(error_);
+    const uint64_t ticket = next_ticket_++;
+    if (n == 0) return ticket;
+    auto it =
+        in_flight_.emplace(ticket, Transfer{static_cast<uint8_t*>(buf), offset, n, offset, n}).first;
+    Prep(ticket, it->second);
+    Flush();
+    return ticket;
+  }
+
+  absl::Status WaitFor(uint64_t ticket) {
+    if (closed_) return Closed();
+    if (ticket == 0 || ticket >= next_ticket_) {
+      return absl::InvalidArgumentError(absl::StrCat("wait ", path_, ": unknown ticket ", ticket));
+    }
+    while (in_flight_.contains(ticket) && !ring_broken_) ReapAndResubmit();
+    return error_;
+  }
+
+  absl::Status WaitAll() {
+    if (closed_) return Closed();
+    DrainAll();
+    return error_;
+  }
+
+  absl::Status Sync() {
+    CKPTD_RETURN_IF_ERROR(WaitAll());
+    int ret;
+    do {
+      ret = ::fsync(fd_);
+    } while (ret < 0 && errno == EINTR);
+    // After a failed fsync the kernel may have dropped dirty pages: the file
+    // can no longer be trusted, so the error sticks.
+    if (ret < 0) Fail(PosixError(absl::StrCat("fsync ", path_), errno));
+    return error_;
+  }
+
+  absl::Status Close() {
+    if (closed_) return error_;
+    DrainAll();
+    if (has_ring_) io_uring_queue_exit(&ring_);
+    has_ring_ = false;
+    closed_ = true;
+    // No retry on EINTR: Linux releases the descriptor regardless.
+    if (::close(fd_) < 0) Fail(PosixError(absl::StrCat("close ", path_), errno));
+    fd_ = -1;
+    return error_;
+  }
+
+ private:
+  struct Transfer {
+    uint8_t* buf;         // next byte to transfer
+    uint64_t offset;      // file offset of `buf`
+    size_t remaining;     // bytes still to transfer
+    uint64_t start;       // the request as queued, for messages
+    size_t length;
+  };
+
+  const char* OpName() const { return is_write_ ? "write" : "read"; }
+
+  absl::Status Closed() const {
+    return absl::FailedPreconditionError(absl::StrCat(OpName(), " ", path_, ": file is closed"));
+  }
+
+  void Fail(absl::Status s) {
+    if (error_.ok()) error_ = std::move(s);
+  }
+
+  // Accounts `res` (bytes or -errno) to `t`. Returns true when `t` is
+  // finished (all bytes moved, or failed); otherwise `t` must be resubmitted.
+  bool Advance(Transfer& t, int64_t res) {
+    if (res == -EINTR || res == -EAGAIN) return false;
+    if (res < 0) {
+      Fail(PosixError(absl::StrCat(OpName(), " ", path_, " at offset ", t.offset), static_cast<int>(-res)));
+      return true;
+    }
+    if (res == 0) {
+      if (is_write_) {
+        Fail(absl::InternalError(
+            absl::StrCat("write ", path_, ": no progress at offset ", t.offset)));
+      } else {
+        Fail(Truncated(t));
+      }
+      return true;
+    }
+    const size_t done = std::min(static_cast<size_t>(res), t.remaining);
+    t.buf += done;
+    t.offset += done;
+    t.remaining -= done;
+    if (t.remaining == 0) return true;
+    // A short O_DIRECT read that stops unaligned at or past the size seen at
+    // open hit end of file; resubmitting would fail with EINVAL instead.
+    if (!is_write_ && direct_ && !IsAligned(t.offset, kDirectIoAlignment) && t.offset >= size_) {
+      Fail(Truncated(t));
+      return true;
+    }
+    return false;
+  }
+
+  absl::Status Truncated(const Transfer& t) const {
+    return absl::DataLossError(absl::StrCat("read ", path_, ": file truncated: wanted ", t.length,
+                                            " bytes at offset ", t.start, ", got ",
+                                            t.length - t.remaining, " before end of file"));
+  }
+
+  // pread/pwrite the whole transfer now; a failure is kept in error_.
+  void TransferSync(uint64_t offset, uint8_t* buf, size_t n) {
+    Transfer t{buf, offset, n, offset, n};
+    while (t.remaining > 0) {
+      const size_t chunk = std::min(t.remaining, kMaxChunk);
+      const ssize_t r = is_write_ ? ::pwrite(fd_, t.buf, chunk, static_cast<off_t>(t.offset))
+                                  : ::pread(fd_, t.buf, chunk, static_cast<off_t>(t.offset));
+      if (Advance(t, r < 0 ? -static_cast<int64_t>(errno) : r)) break;
+    }
+  }
+
+  // Queues `t` on the ring (not yet submitted; see Flush).
+  void Prep(uint64_t ticket, const Transfer& t) {
+    // Copied first: Flush below may reap, which can rehash in_flight_.
+    uint8_t* const buf = t.buf;
+    const uint64_t offset = t.offset;
+    const unsigned chunk = static_cast<unsigned>(std::min(t.remaining, kMaxChunk));
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) {
+      // Cannot happen while in_flight_ <= depth_ <= SQ size; submit and retry.
+      Flush();
+      sqe = io_uring_get_sqe(&ring_);
+    }
+    if (sqe == nullptr) {
+      Fail(absl::InternalError(absl::StrCat(OpName(), " ", path_, ": io_uring submission queue full")));
+      in_flight_.erase(ticket);
+      return;
+    }
+    if (is_write_) {
+      io_uring_prep_write(sqe, fd_, buf, chunk, offset);
+    } else {
+      io_uring_prep_read(sqe, fd_, buf, chunk, offset);
+    }
+    io_uring_sqe_set_data64(sqe, ticket);
+    unsubmitted_.push_back(ticket);
+  }
+
+  // Submits every prepped SQE. On a submit failure the unsubmitted transfers
+  // are dropped (their buffers are never touched) and the ring is not
+  // submitted to again.
+  void Flush() {
+    while (!unsubmitted_.empty() && !submit_broken_ && !ring_broken_) {
+      const int ret = io_uring_submit(&ring_);
+      if (ret > 0) {
+        unsubmitted_.erase(unsubmitted_.begin(),
+                           unsubmitted_.begin() + std::min<size_t>(ret, unsubmitted_.size()));
+        continue;
+      }
+      if (ret == -EINTR) continue;
+      const bool others_in_flight = in_flight_.size() > unsubmitted_.size();
+      if ((ret == 0 || ret == -EAGAIN || ret == -EBUSY) && others_in_flight) {
+        // Out of kernel resources for now: let a submitted transfer finish.
+        ReapOnce();
+        continue;
+      }
+      Fail(PosixError(absl::StrCat("io_uring_submit ", path_), ret == 0 ? EAGAIN : -ret));
+      for (uint64_t ticket : unsubmitted_) in_flight_.erase(ticket);
+      unsubmitted_.clear();
+      // The dropped SQEs stay in the queue and must never be submitted;
+      // transfers already submitted are still reaped by WaitFor/WaitAll.
+      submit_broken_ = true;
+      return;
+    }
+  }
+
+  // Waits for at least one completion and handles every ready one; short or
+  // retryable transfers are prepped again (Flush submits them).
+  void ReapOnce() {
+    io_uring_cqe* cqe = nullptr;
+    int ret;
+    do {
+      ret = io_uring_wait_cqe(&ring_, &cqe);
+    } while (ret == -EINTR);
+    if (ret < 0) {
+      // The ring itself failed; nothing more can be learnt about the transfers.
+      Fail(PosixError(absl::StrCat("io_uring_wait_cqe ", path_), -ret));
+      in_flight_.clear();
+      unsubmitted_.clear();
+      ring_broken_ = true;
+      return;
+    }
+    do {
+      const uint64_t ticket = io_uring_cqe_get_data64(cqe);
+      const int64_t res = cqe->res;
+      io_uring_cqe_seen(&ring_, cqe);
+      auto it = in_flight_.find(ticket);
+      if (it != in_flight_.end()) {
+        // After a failure, unfinished transfers are abandoned, not continued.
+        if (Advance(it->second, res) || !error_.ok() || submit_broken_) {
+          in_flight_.erase(it);
+        } else {
+          Prep(ticket, it->second);
+        }
+      }
+    } while (io_uring_peek_cqe(&ring_, &cqe) == 0);
+  }
+
+  void ReapAndResubmit() {
+    ReapOnce();
+    Flush();
+  }
+
+  void DrainAll() {
+    while (!in_flight_.empty() && !ring_broken_) ReapAndResubmit();
+  }
+
+  const std::string path_;
+  int fd_;
+  const bool direct_;
+  const bool is_write_;
+  const uint64_t size_;  // at open; readable files only
+
+  bool has_ring_ = false;
+  bool closed_ = false;
+  // io_uring_wait_cqe failed: the ring can no longer be used at all.
+  bool ring_broken_ = false;
+  // A submit failed: SQEs left in the queue must never be submitted.
+  bool submit_broken_ = false;
+  unsigned depth_ = 1;
+  io_uring ring_{};
+  uint64_t next_ticket_ = 1;
+  absl::flat_hash_map<uint64_t, Transfer> in_flight_;
+  std::vector<uint64_t> unsubmitted_;  // prepped, in queue order
+  absl::Status error_;
+};
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  explicit PosixWritableFile(std::unique_ptr<PosixFile> file) : file_(std::move(file)) {}
+
+  const std::string& path() const override { return file_->path(); }
+  size_t alignment() const override { return file_->alignment(); }
+  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
+    // The file is only written from `data`; PosixFile shares code with reads.
+    return file_->Submit(offset, const_cast<void*>(data), n);
+  }
+  absl::Status WaitFor(uint64_t ticket) override { return file_->WaitFor(ticket); }
+  absl::Status WaitAll() override { return file_->WaitAll(); }
+  absl::Status Sync() override { return file_->Sync(); }
+  absl::Status Close() override { return file_->Close(); }
+
+ private:
+  std::unique_ptr<PosixFile> file_;
+};
+
+class PosixReadableFile final : public ReadableFile {
+ public:
+  explicit PosixReadableFile(std::unique_ptr<PosixFile> file) : file_(std::move(file)) {}
+
+  const std::string& path() const override { return file_->path(); }
+  size_t alignment() const override { return file_->alignment(); }
+  uint64_t size() const override { return file_->size(); }
+  absl::StatusOr<uint64_t> Read(uint64_t offset, void* buf, size_t n) override {
+    return file_->Submit(offset, buf, n);
+  }
+  absl::Status WaitFor(uint64_t ticket) override { return file_->WaitFor(ticket); }
+  absl::Status WaitAll() override { return file_->WaitAll(); }
+  absl::Status Close() override { return file_->Close(); }
+
+ private:
+  std::unique_ptr<PosixFile> file_;
+};
+
+// Stateless apart from its options, so safe to use from many threads.
+class PosixFileSystemImpl final : public PosixFileSystem {
+ public:
+  explicit PosixFileSystemImpl(const PosixFileSystemOptions& options)
+      : options_(options), uses_io_uring_(options.use_io_uring && ProbeIoUring()) {}
+
+  bool uses_io_uring() const override { return uses_io_uring_; }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path, const OpenOptions& options) override {
+    CKPTD_ASSIGN_OR_RETURN(OpenedFd opened,
+                           OpenFd(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io));
+    auto file = std::make_unique<PosixFile>(path, opened.fd, opened.direct, /*is_write=*/true, 0);
+    if (uses_io_uring_) file->InitRing(options_.queue_depth);
+    return std::make_unique<PosixWritableFile>(std::move(file));
+  }
+
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
+      const std::string& path, const OpenOptions& options) override {
+    CKPTD_ASSIGN_OR_RETURN(OpenedFd opened, OpenFd(path, O_RDONLY | O_CLOEXEC, options.direct_io));
+    struct stat st;
+    if (::fstat(opened.fd, &st) < 0) {
+      const int err = errno;
+      ::close(opened.fd);  // The fstat error is the one worth reporting.
+      return PosixError(absl::StrCat("fstat ", path), err);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(opened.fd);
+      return PosixError(absl::StrCat("open ", path), EISDIR);
+    }
+    auto file = std::make_unique<PosixFile>(path, opened.fd, opened.direct, /*is_write=*/false,
+                                            static_cast<uint64_t>(st.st_size));
+    if (uses_io_uring_) file->InitRing(options_.queue_depth);
+    return std::make_unique<PosixReadableFile>(std::move(file));
+  }
+
+  absl::Status CreateDir(const std::string& path) override {
+    if (::mkdir(path.c_str(), kDirMode) == 0) return absl::OkStatus();
+    const int err = errno;
+    if (err == EEXIST) {
+      struct stat st;
+      if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
+    }
+    return PosixError(absl::StrCat("mkdir ", path), err);
+  }
+
+  absl::Status RemoveFile(const std::string& path) override {
+    if (::unlink(path.c_str()) < 0) return PosixError(absl::StrCat("unlink ", path), errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status RemoveDir(const std::string& path) override {
+    if (::rmdir(path.c_str()) < 0) return PosixError(absl::StrCat("rmdir ", path), errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) < 0) {
+      return PosixError(absl::StrCat("rename ", from, " to ", to), errno);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status SyncDir(const std::string& path) override {
+    const int fd = RetryOpen(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0) return PosixError(absl::StrCat("open ", path), errno);
+    int ret;
+    do {
+      ret = ::fsync(fd);
+    } while (ret < 0 && errno == EINTR);
+    absl::Status status;
+    if (ret < 0) status = PosixError(absl::StrCat("fsync ", path), errno);
+    if (::close(fd) < 0 && status.ok()) status = PosixError(absl::StrCat("close ", path), errno);
+    return status;
+  }
+
+  absl::StatusOr<std::vector<FileInfo>> ListDir(const std::string& path) override {
+    DIR* dir = ::opendir(path.c_str());
+    if (dir == nullptr) return PosixError(absl::StrCat("opendir ", path), errno);
+    std::vector<FileInfo> entries;
+    absl::Status status;
+    for (;;) {
+      errno = 0;
+      const dirent* entry = ::readdir(dir);
+      if (entry == nullptr) {
+        if (errno != 0) status = PosixError(absl::StrCat("readdir ", path), errno);
+        break;
+      }
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat st;
+      if (::fstatat(::dirfd(dir), entry->d_name, &st, 0) < 0) {
+        if (errno == ENOENT) continue;  // removed since readdir saw it
+        status = PosixError(absl::StrCat("stat ", JoinPath(path, name)), errno);
+        break;
+      }
+      entries.push_back(FileInfo{std::string(name), S_ISDIR(st.st_mode),
+                                 S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size)});
+    }
+    // closedir only fails on a bad DIR*; the listing is complete either way.
+    (void)::closedir(dir);
+    CKPTD_RETURN_IF_ERROR(status);
+    std::sort(entries.begin(), entries.end(),
+              [](const FileInfo& a, const FileInfo& b) { return a.name < b.name; });
+    return entries;
+  }
+
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) < 0) return PosixError(absl::StrCat("stat ", path), errno);
+    return FileInfo{path, S_ISDIR(st.st_mode),
+                    S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size)};
+  }
+
+ private:
+  const PosixFileSystemOptions options_;
+  const bool uses_io_uring_;
+};
+
+}  // namespace
+
+std::unique_ptr<PosixFileSystem> NewPosixFileSystem(const PosixFileSystemOptions& options) {
+  return std::make_unique<PosixFileSystemImpl>(options);
+}
+
+}  // namespace ckptd::storage

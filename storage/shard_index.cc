@@ -1,0 +1,177 @@
+#include "storage/shard_index.h"
+
+#include "absl/strings/string_view.h"
+#include <limits>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "storage/aligned_buffer.h"
+#include "storage/codec.h"
+#include "storage/shard_format.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::storage {
+
+using ckptd::v1::Block;
+using ckptd::v1::Chunk;
+using ckptd::v1::ShardIndex;
+using ckptd::v1::Tensor;
+
+absl::StatusOr<uint64_t> TensorByteLength(const Tensor& meta) {
+  const size_t elem = DTypeSize(meta.dtype());
+  if (elem == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(meta.dtype())));
+  }
+  uint64_t n = elem;
+  for (uint64_t d : meta.shape()) {
+    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / d) {
+      return absl::InvalidArgumentError("shape overflows 64 bits");
+    }
+    n *= d;
+  }
+  return n;
+}
+
+absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
+  if (meta.name().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": tensor name is empty"));
+  if (meta.name().size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": tensor name longer than 4096 bytes"));
+  }
+  const std::string where = absl::StrCat(what, ": tensor '", absl::CHexEscape(meta.name()), "'");
+  if (!ckptd::v1::Component_IsValid(meta.component()) ||
+      meta.component() == ckptd::v1::COMPONENT_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": component is unspecified or unknown (",
+                                                   static_cast<int>(meta.component()), ")"));
+  }
+  if (!ckptd::v1::DType_IsValid(meta.dtype()) || DTypeSize(meta.dtype()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": dtype is unspecified or unknown (", static_cast<int>(meta.dtype()), ")"));
+  }
+  if (meta.global_shape_size() == 0) {
+    if (meta.offsets_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": offsets given without a global shape"));
+    }
+  } else {
+    if (meta.global_shape_size() != meta.shape_size() || meta.offsets_size() != meta.shape_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": shape, global_shape and offsets must have the same rank (", meta.shape_size(), ", ",
+          meta.global_shape_size(), ", ", meta.offsets_size(), ")"));
+    }
+    for (int i = 0; i < meta.shape_size(); ++i) {
+      const uint64_t g = meta.global_shape(i);
+      if (meta.offsets(i) > g || meta.shape(i) > g - meta.offsets(i)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": slice [", meta.offsets(i), ", +",
+                                                       meta.shape(i), ") exceeds global dimension ", i,
+                                                       " of size ", g));
+      }
+    }
+  }
+  return TensorByteLength(meta).status();
+}
+
+ByteRange BlockFileRange(const Block& block) {
+  const Chunk& first = block.chunks(0);
+  const Chunk& last = block.chunks(block.chunks_size() - 1);
+  const uint64_t end = AlignUp(last.file_offset() + last.stored_length(), kShardAlignment);
+  return {first.file_offset(), end - first.file_offset()};
+}
+
+absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, absl::string_view what) {
+  if (index.format_version() != kShardFormatVersion) {
+    return absl::DataLossError(absl::StrCat(what, ": index format_version ", index.format_version(),
+                                            " does not match the footer's ", kShardFormatVersion));
+  }
+  if (index.alignment() != kShardAlignment) {
+    return absl::DataLossError(absl::StrCat(what, ": index alignment ", index.alignment(), " is not ",
+                                            kShardAlignment));
+  }
+  if (index.world_size() == 0 || index.rank() >= index.world_size()) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": rank ", index.rank(), " is not inside world size ", index.world_size()));
+  }
+  absl::flat_hash_set<absl::string_view> names;
+  uint64_t raw_total = 0;
+  uint64_t stored_total = 0;
+  for (int t = 0; t < index.tensors_size(); ++t) {
+    const Tensor& tensor = index.tensors(t);
+    if (absl::Status s = ValidateTensorMeta(tensor, what); !s.ok()) {
+      return absl::DataLossError(s.message());
+    }
+    const std::string where = absl::StrCat(what, ": tensor '", absl::CHexEscape(tensor.name()), "'");
+    if (!names.insert(tensor.name()).second) {
+      return absl::DataLossError(absl::StrCat(where, " appears twice in the index"));
+    }
+    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, TensorByteLength(tensor));
+    if (tensor.raw_length() != expected) {
+      return absl::DataLossError(absl::StrCat(where, ": raw_length ", tensor.raw_length(),
+                                              " does not match its shape and dtype (", expected, ")"));
+    }
+    uint64_t covered = 0;
+    for (int b = 0; b < tensor.blocks_size(); ++b) {
+      const Block& block = tensor.blocks(b);
+      const std::string bwhere = absl::StrCat(where, " block ", b);
+      if (block.raw_offset() != covered || block.raw_length() > tensor.raw_length() - covered) {
+        return absl::DataLossError(absl::StrCat(bwhere, ": covers [", block.raw_offset(), ", +",
+                                                block.raw_length(), ") but the next byte is ", covered,
+                                                " of ", tensor.raw_length()));
+      }
+      if (block.raw_length() > kMaxBlockBytes) {
+        return absl::DataLossError(absl::StrCat(bwhere, ": raw_length ", block.raw_length(),
+                                                " exceeds the limit ", kMaxBlockBytes));
+      }
+      if (absl::Status s = BlockDecoder::Validate(block); !s.ok()) {
+        return absl::DataLossError(absl::StrCat(bwhere, ": ", s.message()));
+      }
+      uint64_t next = kShardHeaderBlock;
+      for (int c = 0; c < block.chunks_size(); ++c) {
+        const Chunk& chunk = block.chunks(c);
+        if (!IsAligned(chunk.file_offset(), kShardAlignment) || chunk.file_offset() < next ||
+            chunk.file_offset() > index_offset || chunk.stored_length() > index_offset - chunk.file_offset()) {
+          return absl::DataLossError(absl::StrCat(bwhere, " chunk ", c, ": file range [", chunk.file_offset(),
+                                                  ", +", chunk.stored_length(),
+                                                  ") is misaligned, out of order or outside the chunk area "
+                                                  "ending at ",
+                                                  index_offset));
+        }
+        next = chunk.file_offset() + chunk.stored_length();
+        stored_total += chunk.stored_length();
+      }
+      const ByteRange range = BlockFileRange(block);
+      if (range.length > BlockEncoder::MaxEncodedLength(block.raw_length(), kShardAlignment)) {
+        return absl::DataLossError(absl::StrCat(bwhere, ": chunks span ", range.length,
+                                                " bytes, more than an encoded block can take"));
+      }
+      covered += block.raw_length();
+    }
+    if (covered != tensor.raw_length()) {
+      return absl::DataLossError(
+          absl::StrCat(where, ": blocks cover ", covered, " of ", tensor.raw_length(), " bytes"));
+    }
+    raw_total += tensor.raw_length();
+  }
+  if (raw_total != index.raw_bytes() || stored_total != index.stored_bytes()) {
+    return absl::DataLossError(absl::StrCat(what, ": index totals (raw ", index.raw_bytes(), ", stored ",
+                                            index.stored_bytes(), ") do not match its tensors (raw ",
+                                            raw_total, ", stored ", stored_total, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::string_view ComponentName(ckptd::v1::Component c) {
+  switch (c) {
+    case ckptd::v1::PARAMS: return "PARAMS";
+    case ckptd::v1::GRADS: return "GRADS";
+    case ckptd::v1::OPTIMIZER: return "OPTIMIZER";
+    case ckptd::v1::RNG: return "RNG";
+    case ckptd::v1::DATA_CURSOR: return "DATA_CURSOR";
+    default: return "UNKNOWN";
+  }
+}
+
+absl::string_view DTypeName(ckptd::v1::DType d) {
+  if (!ckptd::v1::DType_IsValid(d)) return "UNKNOWN";
+  return ckptd::v1::DType_Name(d);
+}
+
+}  // namespace ckptd::storage

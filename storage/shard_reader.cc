@@ -1,0 +1,255 @@
+#include "storage/shard_reader.h"
+
+#include "absl/strings/string_view.h"
+#include <deque>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/aligned_buffer.h"
+#include "storage/checksum.h"
+#include "storage/codec.h"
+#include "storage/shard_format.h"
+#include "storage/shard_index.h"
+#include "storage/status_macros.h"
+#include "storage/thread_pool.h"
+
+namespace ckptd::storage {
+
+using ckptd::v1::Block;
+using ckptd::v1::Tensor;
+
+namespace {
+
+// "chunk 3: ..." -> 3, as BlockDecoder prefixes chunk errors.
+int ChunkOfMessage(absl::string_view message) {
+  int chunk = -1;
+  if (absl::ConsumePrefix(&message, "chunk ")) {
+    size_t colon = message.find(':');
+    if (colon != absl::string_view::npos && !absl::SimpleAtoi(message.substr(0, colon), &chunk)) chunk = -1;
+  }
+  return chunk;
+}
+
+}  // namespace
+
+struct ShardReader::Job {
+  struct Item {
+    int tensor = 0;
+    int block = 0;
+    uint8_t* dest = nullptr;  // null: decode into the slot's scratch (verification)
+  };
+  std::vector<Item> items;
+  bool verify = false;  // collect every problem instead of stopping at the first
+  std::vector<VerifyProblem> problems;
+};
+
+namespace {
+
+struct ReadSlot {
+  AlignedBuffer buffer;
+  AlignedBuffer scratch;
+  size_t item = 0;
+  uint64_t ticket = 0;
+};
+
+}  // namespace
+
+ShardReader::~ShardReader() = default;
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, const std::string& path,
+                                                               const ShardReadOptions& options,
+                                                               ThreadPool* pool) {
+  std::unique_ptr<ShardReader> r(new ShardReader());
+  r->fs_ = fs;
+  r->path_ = path;
+  r->options_ = options;
+  r->pool_ = pool;
+  OpenOptions open;
+  open.direct_io = options.direct_io;
+  CKPTD_ASSIGN_OR_RETURN(r->file_, fs->NewReadableFile(path, open));
+  const uint64_t size = r->file_->size();
+  r->file_length_ = size;
+  if (size < kShardHeaderBlock + kShardAlignment) {
+    return absl::DataLossError(absl::StrCat(path, ": file of ", size,
+                                            " bytes is too short to be a shard (truncated?)"));
+  }
+  if (!IsAligned(size, kShardAlignment)) {
+    return absl::DataLossError(absl::StrCat(path, ": file length ", size, " is not a multiple of ",
+                                            kShardAlignment, " (truncated or extended?)"));
+  }
+  AlignedBuffer block(kShardAlignment, kShardAlignment);
+  CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(0, block.data(), kShardAlignment));
+  CKPTD_RETURN_IF_ERROR(DecodeShardHeader(block.data(), path));
+  CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(size - kShardAlignment, block.data(), kShardAlignment));
+  CKPTD_ASSIGN_OR_RETURN(ShardFooter footer,
+                         DecodeShardFooter(block.data() + kShardAlignment - kShardFooterBytes, size, path));
+
+  AlignedBuffer index_buf(std::max<uint64_t>(footer.index_length, 1), kShardAlignment);
+  CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(footer.index_offset, index_buf.data(), index_buf.capacity()));
+  if (Xxh3(index_buf.data(), footer.index_length) != footer.index_xxh3) {
+    return absl::DataLossError(absl::StrCat(path, ": index checksum mismatch"));
+  }
+  if (!r->index_.ParseFromArray(index_buf.data(), static_cast<int>(footer.index_length))) {
+    return absl::DataLossError(absl::StrCat(path, ": index does not parse"));
+  }
+  CKPTD_RETURN_IF_ERROR(ValidateShardIndex(r->index_, footer.index_offset, path));
+  r->index_xxh3_ = footer.index_xxh3;
+  return r;
+}
+
+const Tensor* ShardReader::FindTensor(absl::string_view name) const {
+  for (const Tensor& t : index_.tensors()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+absl::Status ShardReader::ReadTensors(absl::Span<const TensorDest> dests) {
+  absl::flat_hash_map<absl::string_view, int> by_name;
+  for (int i = 0; i < index_.tensors_size(); ++i) by_name[index_.tensors(i).name()] = i;
+  Job job;
+  for (const TensorDest& d : dests) {
+    auto it = by_name.find(d.name);
+    if (it == by_name.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("tensor '", absl::CHexEscape(d.name), "' is not in shard ", path_));
+    }
+    const Tensor& t = index_.tensors(it->second);
+    if (d.length != t.raw_length()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(d.name), "' is ",
+                                                     t.raw_length(), " bytes in shard ", path_, " but its buffer is ",
+                                                     d.length, " bytes"));
+    }
+    if (d.length > 0 && d.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(d.name), "' has no buffer"));
+    }
+    for (int b = 0; b < t.blocks_size(); ++b) {
+      job.items.push_back({it->second, b, static_cast<uint8_t*>(d.data) + t.blocks(b).raw_offset()});
+    }
+  }
+  return RunBlocks(job);
+}
+
+absl::StatusOr<std::vector<VerifyProblem>> ShardReader::Verify() {
+  Job job;
+  job.verify = true;
+  for (int t = 0; t < index_.tensors_size(); ++t) {
+    for (int b = 0; b < index_.tensors(t).blocks_size(); ++b) job.items.push_back({t, b, nullptr});
+  }
+  CKPTD_RETURN_IF_ERROR(RunBlocks(job));
+  return std::move(job.problems);
+}
+
+absl::Status ShardReader::RunBlocks(Job& job) {
+  if (job.items.empty()) return absl::OkStatus();
+  if (pool_ == nullptr) {
+    own_pool_ = std::make_unique<ThreadPool>(options_.threads);
+    pool_ = own_pool_.get();
+  }
+  uint64_t max_range = 0;
+  uint64_t max_raw = 0;
+  for (const Job::Item& item : job.items) {
+    const Block& block = index_.tensors(item.tensor).blocks(item.block);
+    max_range = std::max(max_range, BlockFileRange(block).length);
+    max_raw = std::max(max_raw, block.raw_length());
+  }
+  const int reads = std::max(1, options_.reads_in_flight);
+  const size_t nslots = std::min<size_t>(job.items.size(), static_cast<size_t>(pool_->size() + reads));
+  std::vector<ReadSlot> slots(nslots);
+  std::vector<ReadSlot*> free_slots;
+  for (ReadSlot& s : slots) {
+    s.buffer = AlignedBuffer(max_range, kShardAlignment);
+    if (job.verify) s.scratch = AlignedBuffer(max_raw, kShardAlignment);
+    free_slots.push_back(&s);
+  }
+
+  absl::Mutex mu;
+  std::vector<ReadSlot*> returned;  // guarded by mu: slots whose decode finished
+  absl::Status first_error;         // guarded by mu
+  WaitGroup pending;
+
+  auto where = [&](const Job::Item& item) {
+    return absl::StrCat(path_, ": tensor '", absl::CHexEscape(index_.tensors(item.tensor).name()), "' block ",
+                        item.block);
+  };
+  // REQUIRES: mu held.
+  auto record = [&](const Job::Item& item, const absl::Status& s) {
+    if (job.verify) {
+      job.problems.push_back({path_, index_.tensors(item.tensor).name(), item.block, ChunkOfMessage(s.message()),
+                              absl::StrCat(where(item), ": ", s.message())});
+    } else if (first_error.ok()) {
+      first_error = absl::Status(s.code(), absl::StrCat(where(item), ": ", s.message()));
+    }
+  };
+
+  std::deque<ReadSlot*> in_flight;
+  size_t next = 0;
+  absl::Status io_status;
+  while (true) {
+    {
+      absl::MutexLock l(&mu);
+      if (!first_error.ok()) break;
+      if (in_flight.empty() && free_slots.empty() && next < job.items.size()) {
+        mu.Await(absl::Condition(
+            +[](std::vector<ReadSlot*>* r) { return !r->empty(); }, &returned));
+      }
+      free_slots.insert(free_slots.end(), returned.begin(), returned.end());
+      returned.clear();
+    }
+    while (!free_slots.empty() && next < job.items.size() && static_cast<int>(in_flight.size()) < reads) {
+      ReadSlot* slot = free_slots.back();
+      free_slots.pop_back();
+      slot->item = next++;
+      const ByteRange range = BlockFileRange(index_.tensors(job.items[slot->item].tensor).blocks(job.items[slot->item].block));
+      absl::StatusOr<uint64_t> ticket = file_->Read(range.offset, slot->buffer.data(), range.length);
+      if (!ticket.ok()) {
+        io_status = ticket.status();
+        break;
+      }
+      slot->ticket = *ticket;
+      in_flight.push_back(slot);
+    }
+    if (!io_status.ok() || in_flight.empty()) break;
+
+    ReadSlot* slot = in_flight.front();
+    in_flight.pop_front();
+    const Job::Item& item = job.items[slot->item];
+    if (absl::Status s = file_->WaitFor(slot->ticket); !s.ok()) {
+      // A file whose transfer failed fails every later call: stop here.
+      absl::MutexLock l(&mu);
+      record(item, s);
+      io_status = job.verify ? absl::OkStatus() : s;
+      break;
+    }
+    pending.Add();
+    pool_->Schedule([&, slot] {
+      const Job::Item& it = job.items[slot->item];
+      const Block& block = index_.tensors(it.tensor).blocks(it.block);
+      const uint64_t base = block.chunks(0).file_offset();
+      std::vector<const uint8_t*> chunk_data;
+      chunk_data.reserve(block.chunks_size());
+      for (const auto& c : block.chunks()) chunk_data.push_back(slot->buffer.data() + (c.file_offset() - base));
+      thread_local BlockDecoder decoder;
+      absl::Status s = decoder.Decode(block, chunk_data.data(), it.dest != nullptr ? it.dest : slot->scratch.data());
+      {
+        absl::MutexLock l(&mu);
+        if (!s.ok()) record(it, s);
+        returned.push_back(slot);
+      }
+      pending.Done();
+    });
+  }
+  // Transfers still queued point into `slots`; decodes too.
+  absl::Status drain = file_->WaitAll();
+  (void)drain;  // a failed drain was already reported through the transfer that failed
+  pending.Wait();
+  if (!io_status.ok()) return io_status;
+  absl::MutexLock l(&mu);
+  return first_error;
+}
+
+}  // namespace ckptd::storage

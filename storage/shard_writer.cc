@@ -1,0 +1,322 @@
+#include "storage/shard_writer.h"
+
+#include "absl/strings/string_view.h"
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "storage/aligned_buffer.h"
+#include "storage/checksum.h"
+#include "storage/layout.h"
+#include "storage/shard_format.h"
+#include "storage/shard_index.h"
+#include "storage/status_macros.h"
+#include "storage/thread_pool.h"
+
+namespace ckptd::storage {
+namespace {
+
+using ckptd::v1::ShardIndex;
+
+struct BlockRef {
+  int tensor = 0;
+  uint64_t raw_offset = 0;
+  uint64_t raw_length = 0;
+};
+
+// A buffer an encoder fills and the file writes from.
+struct Slot {
+  AlignedBuffer buffer;
+  size_t block = 0;
+  absl::StatusOr<EncodedBlock> encoded;
+  uint64_t ticket = 0;
+};
+
+// Encoders are costly to create (zstd contexts, scratch); keep one per worker.
+class EncoderPool {
+ public:
+  explicit EncoderPool(const EncodeOptions& options) : options_(options) {}
+  std::unique_ptr<BlockEncoder> Take() {
+    absl::MutexLock l(&mu_);
+    if (free_.empty()) return std::make_unique<BlockEncoder>(options_);
+    std::unique_ptr<BlockEncoder> e = std::move(free_.back());
+    free_.pop_back();
+    return e;
+  }
+  void Give(std::unique_ptr<BlockEncoder> e) {
+    absl::MutexLock l(&mu_);
+    free_.push_back(std::move(e));
+  }
+
+ private:
+  const EncodeOptions options_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<BlockEncoder>> free_ ABSL_GUARDED_BY(mu_);
+};
+
+class ShardWriteJob {
+ public:
+  ShardWriteJob(FileSystem* fs, std::string path, const ShardIdentity& identity,
+                absl::Span<const TensorSource> tensors, const ShardWriteOptions& options, ThreadPool* pool)
+      : fs_(fs),
+        path_(std::move(path)),
+        temp_path_(absl::StrCat(path_, kTempSuffix)),
+        identity_(identity),
+        tensors_(tensors),
+        options_(options),
+        pool_(pool),
+        encoders_(options.encode) {}
+
+  absl::StatusOr<ShardWriteResult> Run() {
+    absl::Status status = WriteAll();
+    if (!status.ok()) {
+      if (file_ != nullptr) {
+        // The write already failed; a close error adds nothing.
+        (void)file_->Close();
+        file_.reset();
+      }
+      // Best effort: the temp file may not exist yet, or the disk may be failing.
+      (void)fs_->RemoveFile(temp_path_);
+      return absl::Status(status.code(), absl::StrCat("writing shard ", path_, ": ", status.message()));
+    }
+    return result_;
+  }
+
+ private:
+  absl::Status WriteAll() {
+    CKPTD_RETURN_IF_ERROR(ValidateTensorSources(tensors_));
+    size_t block_bytes = std::max<size_t>(options_.block_bytes, kShardAlignment);
+    block_bytes -= block_bytes % 8;  // a whole number of elements of every dtype
+    if (block_bytes > kMaxBlockBytes) block_bytes = kMaxBlockBytes;
+    block_bytes_ = block_bytes;
+
+    index_.set_format_version(kShardFormatVersion);
+    index_.set_job(identity_.job);
+    index_.set_step(identity_.step);
+    index_.set_rank(identity_.rank);
+    index_.set_world_size(identity_.world_size);
+    index_.set_created_unix_nanos(absl::ToUnixNanos(absl::Now()));
+    index_.set_alignment(kShardAlignment);
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      ckptd::v1::Tensor* meta = index_.add_tensors();
+      *meta = tensors_[t].meta;
+      meta->clear_blocks();
+      meta->set_raw_length(tensors_[t].length);
+      for (uint64_t off = 0; off < tensors_[t].length; off += block_bytes) {
+        blocks_.push_back({static_cast<int>(t), off, std::min<uint64_t>(block_bytes, tensors_[t].length - off)});
+        meta->add_blocks();
+      }
+    }
+
+    OpenOptions open;
+    open.direct_io = options_.direct_io;
+    CKPTD_ASSIGN_OR_RETURN(file_, fs_->NewWritableFile(temp_path_, open));
+
+    std::unique_ptr<ThreadPool> own_pool;
+    if (pool_ == nullptr) {
+      own_pool = std::make_unique<ThreadPool>(options_.threads);
+      pool_ = own_pool.get();
+    }
+    absl::Status status = Pipeline();
+    // Encode tasks point into slots_: none may be running when this returns.
+    pending_.Wait();
+    CKPTD_RETURN_IF_ERROR(status);
+    return Finish();
+  }
+
+  // Encodes blocks on the pool and writes each as soon as it is ready.
+  absl::Status Pipeline() {
+    const int writes = std::max(1, options_.writes_in_flight);
+    const size_t nslots = std::min<size_t>(blocks_.size(), static_cast<size_t>(pool_->size() + writes));
+    const size_t capacity = BlockEncoder::MaxEncodedLength(block_bytes_, kShardAlignment);
+    slots_.resize(nslots);
+    std::vector<Slot*> free_slots;
+    for (Slot& s : slots_) {
+      s.buffer = AlignedBuffer(capacity, kShardAlignment);
+      free_slots.push_back(&s);
+    }
+    std::deque<Slot*> in_flight;  // writes submitted, oldest first
+    size_t next_block = 0;
+    size_t written = 0;
+    while (written < blocks_.size()) {
+      while (!free_slots.empty() && next_block < blocks_.size()) {
+        Slot* slot = free_slots.back();
+        free_slots.pop_back();
+        slot->block = next_block++;
+        StartEncode(slot);
+      }
+      Slot* ready = nullptr;
+      {
+        absl::MutexLock l(&mu_);
+        // With no write to retire, the only way forward is an encode finishing.
+        if (in_flight.empty()) {
+          mu_.Await(absl::Condition(
+              +[](std::deque<Slot*>* q) { return !q->empty(); }, &ready_));
+        }
+        if (!ready_.empty() && static_cast<int>(in_flight.size()) < writes) {
+          ready = ready_.front();
+          ready_.pop_front();
+        }
+      }
+      if (ready != nullptr) {
+        CKPTD_RETURN_IF_ERROR(ready->encoded.status());
+        CKPTD_RETURN_IF_ERROR(SubmitWrite(ready));
+        in_flight.push_back(ready);
+        continue;
+      }
+      // The write queue is full or nothing is encoded yet: retire the oldest write.
+      if (!in_flight.empty()) {
+        Slot* done = in_flight.front();
+        in_flight.pop_front();
+        CKPTD_RETURN_IF_ERROR(file_->WaitFor(done->ticket));
+        ++written;
+        free_slots.push_back(done);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void StartEncode(Slot* slot) {
+    pending_.Add();
+    pool_->Schedule([this, slot] {
+      const BlockRef& ref = blocks_[slot->block];
+      const TensorSource& src = tensors_[ref.tensor];
+      std::unique_ptr<BlockEncoder> encoder = encoders_.Take();
+      slot->encoded = encoder->Encode(src.meta.dtype(), static_cast<const uint8_t*>(src.data) + ref.raw_offset,
+                                      ref.raw_length, slot->buffer.data(), slot->buffer.capacity(),
+                                      kShardAlignment);
+      encoders_.Give(std::move(encoder));
+      {
+        absl::MutexLock l(&mu_);
+        ready_.push_back(slot);
+      }
+      pending_.Done();
+    });
+  }
+
+  absl::Status SubmitWrite(Slot* slot) {
+    const EncodedBlock& enc = *slot->encoded;
+    const BlockRef& ref = blocks_[slot->block];
+    const uint64_t file_offset = next_offset_;
+    next_offset_ += enc.encoded_length;
+
+    ckptd::v1::Tensor* meta = index_.mutable_tensors(ref.tensor);
+    ckptd::v1::Block* block = meta->mutable_blocks(static_cast<int>(ref.raw_offset / block_bytes_));
+    block->set_raw_offset(ref.raw_offset);
+    block->set_raw_length(ref.raw_length);
+    block->set_filter(enc.filter);
+    block->set_element_size(enc.element_size);
+    block->set_raw_xxh3(enc.raw_xxh3);
+    for (const EncodedChunk& c : enc.chunks) {
+      ckptd::v1::Chunk* chunk = block->add_chunks();
+      chunk->set_file_offset(file_offset + c.buffer_offset);
+      chunk->set_stored_length(c.stored_length);
+      chunk->set_raw_length(c.raw_length);
+      chunk->set_codec(c.codec);
+      chunk->set_stored_xxh3(c.stored_xxh3);
+      stored_bytes_ += c.stored_length;
+    }
+    CKPTD_ASSIGN_OR_RETURN(slot->ticket, file_->Write(file_offset, slot->buffer.data(), enc.encoded_length));
+    return absl::OkStatus();
+  }
+
+  absl::Status Finish() {
+    uint64_t raw = 0;
+    for (const TensorSource& t : tensors_) raw += t.length;
+    index_.set_raw_bytes(raw);
+    index_.set_stored_bytes(stored_bytes_);
+    std::string serialized;
+    if (!index_.SerializeToString(&serialized)) return absl::InternalError("cannot serialize the shard index");
+    if (serialized.size() > kMaxIndexBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("shard index of ", serialized.size(),
+                                                     " bytes exceeds the limit ", kMaxIndexBytes));
+    }
+    ShardFooter footer;
+    footer.index_offset = next_offset_;
+    footer.index_length = serialized.size();
+    footer.index_xxh3 = Xxh3(serialized);
+    const uint64_t tail = AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
+    footer.file_length = next_offset_ + tail;
+    AlignedBuffer tail_buf(tail, kShardAlignment);
+    std::memcpy(tail_buf.data(), serialized.data(), serialized.size());
+    EncodeShardFooter(footer, tail_buf.data() + tail - kShardFooterBytes);
+
+    AlignedBuffer header(kShardHeaderBlock, kShardAlignment);
+    EncodeShardHeader(header.data());
+    CKPTD_ASSIGN_OR_RETURN(uint64_t t1, file_->Write(0, header.data(), kShardHeaderBlock));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t t2, file_->Write(next_offset_, tail_buf.data(), tail));
+    CKPTD_RETURN_IF_ERROR(file_->WaitFor(t1));
+    CKPTD_RETURN_IF_ERROR(file_->WaitFor(t2));
+    CKPTD_RETURN_IF_ERROR(file_->Sync());
+    CKPTD_RETURN_IF_ERROR(file_->Close());
+    file_.reset();
+    CKPTD_RETURN_IF_ERROR(fs_->Rename(temp_path_, path_));
+    CKPTD_RETURN_IF_ERROR(fs_->SyncDir(DirName(path_)));
+
+    result_.path = path_;
+    result_.file_length = footer.file_length;
+    result_.raw_bytes = raw;
+    result_.stored_bytes = stored_bytes_;
+    result_.index_xxh3 = footer.index_xxh3;
+    return absl::OkStatus();
+  }
+
+  FileSystem* const fs_;
+  const std::string path_;
+  const std::string temp_path_;
+  const ShardIdentity identity_;
+  const absl::Span<const TensorSource> tensors_;
+  const ShardWriteOptions options_;
+  ThreadPool* pool_;
+  EncoderPool encoders_;
+
+  std::vector<BlockRef> blocks_;
+  uint64_t block_bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::unique_ptr<WritableFile> file_;
+  ShardIndex index_;
+  uint64_t next_offset_ = kShardHeaderBlock;
+  uint64_t stored_bytes_ = 0;
+  ShardWriteResult result_;
+  WaitGroup pending_;
+
+  absl::Mutex mu_;
+  std::deque<Slot*> ready_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors) {
+  absl::flat_hash_set<absl::string_view> names;
+  for (const TensorSource& t : tensors) {
+    CKPTD_RETURN_IF_ERROR(ValidateTensorMeta(t.meta, "shard"));
+    const std::string where = absl::StrCat("tensor '", absl::CHexEscape(t.meta.name()), "'");
+    if (!names.insert(t.meta.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " is registered twice"));
+    }
+    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, TensorByteLength(t.meta));
+    if (expected != t.length) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has ", t.length,
+                                                     " bytes but its shape and dtype make ", expected));
+    }
+    if (t.length > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has no data"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShardWriteResult> WriteShard(FileSystem* fs, const std::string& path,
+                                            const ShardIdentity& identity,
+                                            absl::Span<const TensorSource> tensors,
+                                            const ShardWriteOptions& options, ThreadPool* pool) {
+  ShardWriteJob job(fs, path, identity, tensors, options, pool);
+  return job.Run();
+}
+
+}  // namespace ckptd::storage

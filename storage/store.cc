@@ -1,0 +1,281 @@
+#include "storage/store.h"
+
+#include "absl/strings/string_view.h"
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "storage/checksum.h"
+#include "storage/layout.h"
+#include "storage/manifest.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::storage {
+
+using ckptd::v1::ShardRef;
+using ckptd::v1::StepManifest;
+
+absl::string_view StepStateName(StepState state) {
+  switch (state) {
+    case StepState::kCommitted: return "committed";
+    case StepState::kIncomplete: return "incomplete";
+    case StepState::kCorrupt: return "corrupt";
+  }
+  return "unknown";
+}
+
+CheckpointStore::CheckpointStore(FileSystem* fs, std::string root) : fs_(fs), root_(std::move(root)) {}
+
+absl::Status CheckpointStore::PrepareStep(absl::string_view job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string job_dir = JobDir(root_, job);
+  const bool job_existed = fs_->Stat(job_dir).ok();
+  CKPTD_RETURN_IF_ERROR(CreateDirs(fs_, StepDir(root_, job, step)));
+  if (!job_existed) CKPTD_RETURN_IF_ERROR(fs_->SyncDir(root_));
+  return fs_->SyncDir(job_dir);
+}
+
+absl::StatusOr<ShardWriteResult> CheckpointStore::WriteShard(absl::string_view job, uint64_t step, uint32_t rank,
+                                                             uint32_t world_size,
+                                                             absl::Span<const TensorSource> tensors,
+                                                             const ShardWriteOptions& options, ThreadPool* pool) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  if (world_size == 0 || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not inside world size ", world_size));
+  }
+  ShardIdentity id{std::string(job), step, rank, world_size};
+  return storage::WriteShard(fs_, ShardPath(root_, job, step, rank), id, tensors, options, pool);
+}
+
+absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, uint64_t step,
+                                                         uint32_t world_size,
+                                                         const std::vector<ShardRef>* reported) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string what = absl::StrCat("commit ", job, " step ", step);
+  if (world_size == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": world size is 0"));
+  const std::string manifest_path = ManifestPath(root_, job, step);
+  if (fs_->Stat(manifest_path).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(what, ": already committed"));
+  }
+  if (reported != nullptr && reported->size() != world_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", reported->size(), " shards reported for a world of ", world_size));
+  }
+  StepManifest m;
+  m.set_format_version(kManifestFormatVersion);
+  m.set_job(std::string(job));
+  m.set_step(step);
+  m.set_world_size(world_size);
+  ShardReadOptions ro;
+  ro.threads = 1;
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    const std::string path = ShardPath(root_, job, step, rank);
+    absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(fs_, path, ro);
+    if (!reader.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": rank ", rank, " has no durable shard: ", reader.status().message()));
+    }
+    const ckptd::v1::ShardIndex& idx = (*reader)->index();
+    if (idx.job() != job || idx.step() != step || idx.rank() != rank || idx.world_size() != world_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": ", path, " belongs to job ", idx.job(), " step ", idx.step(), " rank ", idx.rank(), " of ",
+          idx.world_size()));
+    }
+    ShardRef* ref = m.add_shards();
+    ref->set_rank(rank);
+    ref->set_file(ShardFileName(rank));
+    ref->set_file_length((*reader)->file_length());
+    ref->set_index_xxh3((*reader)->index_xxh3());
+    ref->set_raw_bytes(idx.raw_bytes());
+    ref->set_stored_bytes(idx.stored_bytes());
+    if (reported != nullptr) {
+      auto it = std::find_if(reported->begin(), reported->end(),
+                             [rank](const ShardRef& r) { return r.rank() == rank; });
+      if (it == reported->end()) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported no shard"));
+      }
+      if (it->index_xxh3() != ref->index_xxh3() || it->file_length() != ref->file_length()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": rank ", rank, " reported digest ", ChecksumHex(it->index_xxh3()), " and ",
+            it->file_length(), " bytes but the file has ", ChecksumHex(ref->index_xxh3()), " and ",
+            ref->file_length()));
+      }
+      ref->set_persist_seconds(it->persist_seconds());
+    }
+  }
+  m.set_committed_unix_nanos(absl::ToUnixNanos(absl::Now()));
+  CKPTD_RETURN_IF_ERROR(WriteFileAtomically(fs_, manifest_path, EncodeManifest(m)));
+  return m;
+}
+
+absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_view job) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(JobDir(root_, job)));
+  std::vector<StepInfo> steps;
+  for (const FileInfo& e : entries) {
+    std::optional<uint64_t> step = ParseStepDirName(e.name);
+    if (!step || !e.is_directory) continue;
+    StepInfo info;
+    info.step = *step;
+    const std::string path = ManifestPath(root_, job, *step);
+    absl::StatusOr<std::string> bytes = ReadFileToString(fs_, path);
+    if (absl::IsNotFound(bytes.status())) {
+      info.state = StepState::kIncomplete;
+    } else if (!bytes.ok()) {
+      info.state = StepState::kCorrupt;
+      info.detail = std::string(bytes.status().message());
+    } else {
+      absl::StatusOr<StepManifest> m = DecodeManifest(*bytes, path);
+      if (m.ok() && (m->job() != job || m->step() != *step)) {
+        m = absl::DataLossError(absl::StrCat(path, ": manifest is for job ", m->job(), " step ", m->step()));
+      }
+      if (m.ok()) {
+        info.state = StepState::kCommitted;
+        info.manifest = *std::move(m);
+      } else {
+        info.state = StepState::kCorrupt;
+        info.detail = std::string(m.status().message());
+      }
+    }
+    steps.push_back(std::move(info));
+  }
+  std::sort(steps.begin(), steps.end(), [](const StepInfo& a, const StepInfo& b) { return a.step < b.step; });
+  return steps;
+}
+
+absl::StatusOr<std::optional<uint64_t>> CheckpointStore::LatestCommittedStep(absl::string_view job) {
+  absl::StatusOr<std::vector<StepInfo>> steps = ListSteps(job);
+  if (absl::IsNotFound(steps.status())) return std::optional<uint64_t>();
+  CKPTD_RETURN_IF_ERROR(steps.status());
+  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+    if (it->state == StepState::kCommitted) return std::optional<uint64_t>(it->step);
+  }
+  return std::optional<uint64_t>();
+}
+
+absl::StatusOr<StepManifest> CheckpointStore::ReadManifest(absl::string_view job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string path = ManifestPath(root_, job, step);
+  CKPTD_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(fs_, path));
+  CKPTD_ASSIGN_OR_RETURN(StepManifest m, DecodeManifest(bytes, path));
+  if (m.job() != job || m.step() != step) {
+    return absl::DataLossError(absl::StrCat(path, ": manifest is for job ", m.job(), " step ", m.step()));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<std::string>> CheckpointStore::ListJobs() {
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(root_));
+  std::vector<std::string> jobs;
+  for (const FileInfo& e : entries) {
+    if (e.is_directory && ValidateJobName(e.name).ok()) jobs.push_back(e.name);
+  }
+  return jobs;
+}
+
+absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string dir = StepDir(root_, job, step);
+  // The MANIFEST goes first and durably, so a crash part-way leaves an
+  // incomplete step (cleaned up later), never a committed one with holes.
+  absl::Status s = fs_->RemoveFile(JoinPath(dir, kManifestName));
+  if (s.ok()) {
+    CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
+  } else if (!absl::IsNotFound(s)) {
+    return s;
+  }
+  CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, dir));
+  return fs_->SyncDir(JobDir(root_, job));
+}
+
+absl::Status CheckpointStore::AbortStep(absl::string_view job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  if (fs_->Stat(ManifestPath(root_, job, step)).ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot abort ", job, " step ", step, ": it is committed"));
+  }
+  return RemoveStep(job, step);
+}
+
+absl::StatusOr<std::vector<uint64_t>> CheckpointStore::RemoveIncompleteSteps(absl::string_view job,
+                                                                           uint64_t below_step) {
+  absl::StatusOr<std::vector<StepInfo>> steps = ListSteps(job);
+  if (absl::IsNotFound(steps.status())) return std::vector<uint64_t>();
+  CKPTD_RETURN_IF_ERROR(steps.status());
+  std::vector<uint64_t> removed;
+  for (const StepInfo& s : *steps) {
+    if (s.state == StepState::kCommitted) {
+      // Committed steps keep only their shards and MANIFEST: drop stray temp files.
+      const std::string dir = StepDir(root_, job, s.step);
+      CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> files, fs_->ListDir(dir));
+      for (const FileInfo& f : files) {
+        if (absl::EndsWith(f.name, kTempSuffix)) CKPTD_RETURN_IF_ERROR(fs_->RemoveFile(JoinPath(dir, f.name)));
+      }
+      continue;
+    }
+    if (s.step >= below_step) continue;
+    CKPTD_RETURN_IF_ERROR(RemoveStep(job, s.step));
+    removed.push_back(s.step);
+  }
+  return removed;
+}
+
+absl::StatusOr<std::vector<uint64_t>> CheckpointStore::ApplyRetention(absl::string_view job, int keep_last) {
+  keep_last = std::max(1, keep_last);
+  CKPTD_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ListSteps(job));
+  std::vector<uint64_t> committed;
+  for (const StepInfo& s : steps) {
+    if (s.state == StepState::kCommitted) committed.push_back(s.step);
+  }
+  std::vector<uint64_t> removed;
+  if (committed.size() <= static_cast<size_t>(keep_last)) return removed;
+  const size_t remove_count = committed.size() - keep_last;
+  for (size_t i = 0; i < remove_count; ++i) {
+    CKPTD_RETURN_IF_ERROR(RemoveStep(job, committed[i]));
+    removed.push_back(committed[i]);
+  }
+  return removed;
+}
+
+absl::StatusOr<StepVerifyReport> CheckpointStore::VerifyStep(absl::string_view job, uint64_t step,
+                                                             const ShardReadOptions& options) {
+  CKPTD_ASSIGN_OR_RETURN(StepManifest m, ReadManifest(job, step));
+  StepVerifyReport report;
+  report.job = std::string(job);
+  report.step = step;
+  for (const ShardRef& ref : m.shards()) {
+    const std::string path = ShardPath(root_, job, step, ref.rank());
+    ++report.shards;
+    auto problem = [&](std::string message) {
+      report.problems.push_back({path, "", -1, -1, std::move(message)});
+    };
+    absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(fs_, path, options);
+    if (!reader.ok()) {
+      problem(std::string(reader.status().message()));
+      continue;
+    }
+    const ckptd::v1::ShardIndex& idx = (*reader)->index();
+    if ((*reader)->index_xxh3() != ref.index_xxh3() || (*reader)->file_length() != ref.file_length()) {
+      problem(absl::StrCat(path, ": index digest ", ChecksumHex((*reader)->index_xxh3()), " and length ",
+                           (*reader)->file_length(), " differ from the manifest's ", ChecksumHex(ref.index_xxh3()),
+                           " and ", ref.file_length()));
+      continue;
+    }
+    if (idx.job() != job || idx.step() != step || idx.rank() != ref.rank() || idx.world_size() != m.world_size()) {
+      problem(absl::StrCat(path, ": shard belongs to job ", idx.job(), " step ", idx.step(), " rank ", idx.rank()));
+      continue;
+    }
+    report.raw_bytes += idx.raw_bytes();
+    report.stored_bytes += idx.stored_bytes();
+    absl::StatusOr<std::vector<VerifyProblem>> problems = (*reader)->Verify();
+    if (!problems.ok()) {
+      problem(std::string(problems.status().message()));
+      continue;
+    }
+    for (VerifyProblem& p : *problems) report.problems.push_back(std::move(p));
+  }
+  return report;
+}
+
+}  // namespace ckptd::storage

@@ -1,0 +1,103 @@
+// A storage root holding the checkpoints of many jobs: writing shards into a
+// step, committing a step with its MANIFEST (last, atomically), listing,
+// retention, cleanup of steps that never committed, and verification.
+#pragma once
+
+#include "absl/strings/string_view.h"
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "ckptd/v1/manifest.pb.h"
+#include "storage/file_system.h"
+#include "storage/shard_reader.h"
+#include "storage/shard_writer.h"
+
+namespace ckptd::storage {
+
+enum class StepState {
+  kCommitted,   // a valid MANIFEST: the step exists for readers
+  kIncomplete,  // no MANIFEST: being written, or abandoned
+  kCorrupt,     // a MANIFEST that does not decode
+};
+absl::string_view StepStateName(StepState state);
+
+struct StepInfo {
+  uint64_t step = 0;
+  StepState state = StepState::kIncomplete;
+  std::string detail;                                // why a step is corrupt
+  std::optional<ckptd::v1::StepManifest> manifest;  // set when committed
+};
+
+struct StepVerifyReport {
+  std::string job;
+  uint64_t step = 0;
+  int shards = 0;
+  uint64_t raw_bytes = 0;
+  uint64_t stored_bytes = 0;
+  std::vector<VerifyProblem> problems;  // empty when the step verifies
+  bool ok() const { return problems.empty(); }
+};
+
+class CheckpointStore {
+ public:
+  // `fs` must outlive the store.
+  CheckpointStore(FileSystem* fs, std::string root);
+
+  const std::string& root() const { return root_; }
+  FileSystem* fs() const { return fs_; }
+
+  // Creates the step directory (and the job directory) durably.
+  absl::Status PrepareStep(absl::string_view job, uint64_t step);
+
+  // Writes rank `rank`'s shard of `step`. The step directory must exist.
+  absl::StatusOr<ShardWriteResult> WriteShard(absl::string_view job, uint64_t step, uint32_t rank,
+                                              uint32_t world_size, absl::Span<const TensorSource> tensors,
+                                              const ShardWriteOptions& options = {},
+                                              ThreadPool* pool = nullptr);
+
+  // Commits `step` once every rank 0..world_size-1 has a durable shard: checks
+  // each shard's header, footer and index (job, step, rank, world size) and,
+  // when `reported` is given, that each matches the digest and length its
+  // writer reported; then writes the MANIFEST atomically. kFailedPrecondition
+  // when a shard is missing or disagrees; kAlreadyExists when already committed.
+  absl::StatusOr<ckptd::v1::StepManifest> CommitStep(
+      absl::string_view job, uint64_t step, uint32_t world_size,
+      const std::vector<ckptd::v1::ShardRef>* reported = nullptr);
+
+  // Steps of `job` in ascending order (kNotFound when the job has no directory).
+  absl::StatusOr<std::vector<StepInfo>> ListSteps(absl::string_view job);
+  // The newest committed step, or nullopt.
+  absl::StatusOr<std::optional<uint64_t>> LatestCommittedStep(absl::string_view job);
+  absl::StatusOr<ckptd::v1::StepManifest> ReadManifest(absl::string_view job, uint64_t step);
+  absl::StatusOr<std::vector<std::string>> ListJobs();
+
+  // Removes a step, committed or not: the MANIFEST first (durably), then the
+  // rest. Used by retention and to delete a step on purpose.
+  absl::Status RemoveStep(absl::string_view job, uint64_t step);
+  // Removes a step that has not committed (kFailedPrecondition if it has).
+  absl::Status AbortStep(absl::string_view job, uint64_t step);
+  // Removes every step without a valid MANIFEST older than `below_step`
+  // (all of them by default) and stray temp files. Returns the steps removed.
+  // Call it only when no writer is working on those steps.
+  absl::StatusOr<std::vector<uint64_t>> RemoveIncompleteSteps(absl::string_view job,
+                                                             uint64_t below_step = UINT64_MAX);
+  // Keeps the newest `keep_last` committed steps (at least 1) and removes
+  // older committed ones, MANIFEST first. Returns the steps removed.
+  absl::StatusOr<std::vector<uint64_t>> ApplyRetention(absl::string_view job, int keep_last);
+
+  // Reads every shard of a committed step back and checks it against the
+  // manifest and every chunk checksum. I/O errors are problems, not statuses,
+  // except when the manifest itself cannot be read.
+  absl::StatusOr<StepVerifyReport> VerifyStep(absl::string_view job, uint64_t step,
+                                              const ShardReadOptions& options = {});
+
+ private:
+  FileSystem* const fs_;
+  const std::string root_;
+};
+
+}  // namespace ckptd::storage
