@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -30,7 +31,7 @@ using cli::JsonWriter;
 
 const char kPersistHelp[] =
     "usage: ckptd-bench persist --dir <dir> --bytes <n> [--codec none|zstd] [--dtype fp32|bf16]\n"
-    "                           [--threads T] [--keep] [--json] [--compare] [--step S]\n"
+    "                           [--threads T] [--keep] [--json] [--compare] [--repeat N] [--step S]\n"
     "\n"
     "Writes a synthetic rank checkpoint (normally distributed weights, mean 0,\n"
     "std 0.02, plus RNG and data-cursor blobs) as a committed step of job `bench`\n"
@@ -41,7 +42,9 @@ const char kPersistHelp[] =
     "--compare also measures, on the same directory and bytes: fio sequential\n"
     "O_DIRECT io_uring write and read (fio_write_gbps, fio_read_gbps), and\n"
     "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
-    "ratios of ckptd to each. --bytes accepts K, M, G suffixes (powers of 1024).\n"
+    "ratios of ckptd to each. --repeat N runs N rounds (ckptd, then the\n"
+    "yardsticks, each round) and reports medians. --bytes accepts K, M, G\n"
+    "suffixes (powers of 1024).\n"
     "Without --keep the step is removed afterwards.\n";
 
 namespace {
@@ -106,6 +109,12 @@ std::optional<std::string> Capture(const std::string& command) {
   const int rc = pclose(p);
   if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0) return std::nullopt;
   return out;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 std::string ShellQuote(const std::string& s) {
@@ -218,7 +227,7 @@ ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const 
 
 int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<Args> args =
-      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step"}, {"keep", "json", "compare", "help"});
+      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat"}, {"keep", "json", "compare", "help"});
   if (args.ok() && args->Has("help")) {
     out << kPersistHelp;
     return cli::kExitOk;
@@ -234,6 +243,10 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   if (!bytes_flag.ok()) return usage(std::string(bytes_flag.status().message()));
   if (!threads_flag.ok()) return usage(std::string(threads_flag.status().message()));
   if (!step_flag.ok()) return usage(std::string(step_flag.status().message()));
+  absl::StatusOr<std::optional<uint64_t>> repeat_flag = args->GetUint("repeat");
+  if (!repeat_flag.ok()) return usage(std::string(repeat_flag.status().message()));
+  if (*repeat_flag && (**repeat_flag == 0 || **repeat_flag > 100)) return usage("--repeat must be 1..100");
+  const int repeat = static_cast<int>(repeat_flag->value_or(1));
   if (!args->Get("dir")) return usage("--dir is required");
   if (!*bytes_flag || **bytes_flag == 0) return usage("--bytes is required and must be positive");
   const std::string codec = args->Get("codec").value_or("zstd");
@@ -305,63 +318,76 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   storage::ThreadPool pool(threads);
   storage::ShardWriteOptions wopt;
   wopt.encode.compress = codec == "zstd";
-  const absl::Time w0 = absl::Now();
-  absl::Status status = store.PrepareStep(job, step);
-  absl::StatusOr<storage::ShardWriteResult> written =
-      status.ok() ? store.WriteShard(job, step, 0, 1, sources, wopt, &pool)
-                  : absl::StatusOr<storage::ShardWriteResult>(status);
-  absl::StatusOr<ckptd::v1::StepManifest> manifest =
-      written.ok() ? store.CommitStep(job, step, 1) : absl::StatusOr<ckptd::v1::StepManifest>(written.status());
-  const double write_secs = absl::ToDoubleSeconds(absl::Now() - w0);
-  if (!manifest.ok()) {
-    err << "ckptd-bench persist: write failed: " << manifest.status().message() << "\n";
-    (void)store.AbortStep(job, step);  // best effort; the error above is what matters
-    return cli::kExitFailed;
-  }
+  std::vector<std::pair<const uint8_t*, size_t>> parts;
+  for (const Buffer& b : buffers) parts.emplace_back(b.data.data(), b.length);
 
-  // Read back into fresh (pre-faulted) buffers, verifying every chunk.
-  std::vector<storage::AlignedBuffer> dest;
-  std::vector<storage::TensorDest> dests;
-  for (const Buffer& b : buffers) {
-    dest.emplace_back(std::max<size_t>(b.length, 1));
-    dests.push_back({b.name, dest.back().data(), b.length});
-  }
-  storage::ShardReadOptions ropt;
-  const absl::Time r0 = absl::Now();
-  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-      storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), ropt, &pool);
-  status = reader.ok() ? (*reader)->ReadTensors(dests) : reader.status();
-  const double read_secs = absl::ToDoubleSeconds(absl::Now() - r0);
-  if (status.ok()) {
-    for (size_t i = 0; i < buffers.size(); ++i) {
+  // Each round measures ckptd, then the yardsticks, on the same directory, so
+  // that drifts of a shared disk affect both; medians over rounds are reported.
+  std::vector<double> write_runs, read_runs, fio_write_runs, fio_read_runs, zstd_runs;
+  storage::ShardWriteResult written;
+  FioResult fio;
+  ZstdResult zstd;
+  for (int round = 0; round < repeat; ++round) {
+    const absl::Time w0 = absl::Now();
+    absl::Status status = store.PrepareStep(job, step);
+    absl::StatusOr<storage::ShardWriteResult> result =
+        status.ok() ? store.WriteShard(job, step, 0, 1, sources, wopt, &pool)
+                    : absl::StatusOr<storage::ShardWriteResult>(status);
+    absl::StatusOr<ckptd::v1::StepManifest> manifest =
+        result.ok() ? store.CommitStep(job, step, 1) : absl::StatusOr<ckptd::v1::StepManifest>(result.status());
+    const double write_secs = absl::ToDoubleSeconds(absl::Now() - w0);
+    if (!manifest.ok()) {
+      err << "ckptd-bench persist: write failed: " << manifest.status().message() << "\n";
+      (void)store.AbortStep(job, step);  // best effort; the error above is what matters
+      return cli::kExitFailed;
+    }
+    written = *result;
+
+    // Read back into fresh (pre-faulted) buffers, verifying every chunk.
+    std::vector<storage::AlignedBuffer> dest;
+    std::vector<storage::TensorDest> dests;
+    for (const Buffer& b : buffers) {
+      dest.emplace_back(std::max<size_t>(b.length, 1));
+      dests.push_back({b.name, dest.back().data(), b.length});
+    }
+    const absl::Time r0 = absl::Now();
+    absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
+        storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), {}, &pool);
+    status = reader.ok() ? (*reader)->ReadTensors(dests) : reader.status();
+    const double read_secs = absl::ToDoubleSeconds(absl::Now() - r0);
+    for (size_t i = 0; status.ok() && i < buffers.size(); ++i) {
       if (std::memcmp(buffers[i].data.data(), dest[i].data(), buffers[i].length) != 0) {
         status = absl::DataLossError(absl::StrCat("tensor ", buffers[i].name, " read back differs"));
       }
     }
-  }
-  dest.clear();
-  if (!status.ok()) {
-    err << "ckptd-bench persist: read failed: " << status.message() << "\n";
-    return cli::kExitFailed;
-  }
-
-  const double write_gbps = raw_bytes / write_secs / 1e9;
-  const double read_gbps = raw_bytes / read_secs / 1e9;
-  const double ratio = static_cast<double>(raw_bytes) / written->stored_bytes;
-
-  FioResult fio;
-  ZstdResult zstd;
-  if (args->Has("compare")) {
-    fio = RunFio(dir, written->file_length);
-    std::vector<std::pair<const uint8_t*, size_t>> parts;
-    for (const Buffer& b : buffers) parts.emplace_back(b.data.data(), b.length);
-    if (codec == "zstd") zstd = RunZstdCli(dir, parts, threads);
-  }
-  if (!args->Has("keep")) {
-    if (absl::Status s = store.RemoveStep(job, step); !s.ok()) {
-      err << "ckptd-bench persist: could not remove the benchmark step: " << s.message() << "\n";
+    if (!status.ok()) {
+      err << "ckptd-bench persist: read failed: " << status.message() << "\n";
+      return cli::kExitFailed;
+    }
+    write_runs.push_back(raw_bytes / write_secs / 1e9);
+    read_runs.push_back(raw_bytes / read_secs / 1e9);
+    if (!args->Has("keep") || round + 1 < repeat) {
+      if (absl::Status s = store.RemoveStep(job, step); !s.ok()) {
+        err << "ckptd-bench persist: could not remove the benchmark step: " << s.message() << "\n";
+        return cli::kExitFailed;
+      }
+    }
+    if (args->Has("compare")) {
+      fio = RunFio(dir, written.file_length);
+      if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
+      if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
+      if (codec == "zstd") {
+        zstd = RunZstdCli(dir, parts, threads);
+        if (zstd.gbps) zstd_runs.push_back(*zstd.gbps);
+      }
     }
   }
+  const double write_gbps = Median(write_runs);
+  const double read_gbps = Median(read_runs);
+  const double ratio = static_cast<double>(raw_bytes) / written.stored_bytes;
+  if (!fio_write_runs.empty()) fio.write_gbps = Median(fio_write_runs);
+  if (!fio_read_runs.empty()) fio.read_gbps = Median(fio_read_runs);
+  if (!zstd_runs.empty()) zstd.gbps = Median(zstd_runs);
 
   JsonWriter w;
   w.BeginObject();
@@ -370,11 +396,10 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   w.Field("threads", threads);
   w.Field("io_uring", fs->uses_io_uring());
   w.Field("raw_bytes", raw_bytes);
-  w.Field("stored_bytes", written->stored_bytes);
-  w.Field("file_bytes", written->file_length);
+  w.Field("stored_bytes", written.stored_bytes);
+  w.Field("file_bytes", written.file_length);
   w.Field("ratio", ratio);
-  w.Field("write_seconds", write_secs);
-  w.Field("read_seconds", read_secs);
+  w.Field("rounds", repeat);
   w.Field("write_gbps", write_gbps);
   w.Field("read_gbps", read_gbps);
   if (args->Has("compare")) {
@@ -401,9 +426,9 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     out << w.str() << "\n";
   } else {
     out << absl::StrFormat("persist %s %s: %s raw -> %s stored (ratio %.3f)\n", codec, dtype,
-                           cli::HumanBytes(raw_bytes), cli::HumanBytes(written->stored_bytes), ratio);
-    out << absl::StrFormat("  write %.3f GB/s (%.2f s until durable), read+verify %.3f GB/s (%.2f s)\n",
-                           write_gbps, write_secs, read_gbps, read_secs);
+                           cli::HumanBytes(raw_bytes), cli::HumanBytes(written.stored_bytes), ratio);
+    out << absl::StrFormat("  write %.3f GB/s (until durable), read+verify %.3f GB/s; median of %d round(s)\n",
+                           write_gbps, read_gbps, repeat);
     if (fio.write_gbps && fio.read_gbps) {
       out << absl::StrFormat("  fio   write %.3f GB/s (ckptd %.0f%%), read %.3f GB/s (ckptd %.0f%%)\n",
                              *fio.write_gbps, 100 * write_gbps / *fio.write_gbps, *fio.read_gbps,

@@ -54,7 +54,17 @@ struct ReadSlot {
   AlignedBuffer scratch;
   size_t item = 0;
   uint64_t ticket = 0;
+  bool in_place = false;  // read straight into the destination (raw, aligned)
 };
+
+// A block stored as one raw chunk can be read straight into an aligned
+// destination and checked there, without a copy.
+bool CanReadInPlace(const Block& block, const uint8_t* dest) {
+  return dest != nullptr && block.filter() == ckptd::v1::FILTER_NONE && block.chunks_size() == 1 &&
+         block.chunks(0).codec() == ckptd::v1::RAW &&
+         IsAligned(reinterpret_cast<uintptr_t>(dest), kShardAlignment) &&
+         IsAligned(block.raw_length(), kShardAlignment);
+}
 
 }  // namespace
 
@@ -204,8 +214,12 @@ absl::Status ShardReader::RunBlocks(Job& job) {
       ReadSlot* slot = free_slots.back();
       free_slots.pop_back();
       slot->item = next++;
-      const ByteRange range = BlockFileRange(index_.tensors(job.items[slot->item].tensor).blocks(job.items[slot->item].block));
-      absl::StatusOr<uint64_t> ticket = file_->Read(range.offset, slot->buffer.data(), range.length);
+      const Job::Item& item = job.items[slot->item];
+      const Block& block = index_.tensors(item.tensor).blocks(item.block);
+      const ByteRange range = BlockFileRange(block);
+      slot->in_place = CanReadInPlace(block, item.dest);
+      absl::StatusOr<uint64_t> ticket =
+          file_->Read(range.offset, slot->in_place ? item.dest : slot->buffer.data(), range.length);
       if (!ticket.ok()) {
         io_status = ticket.status();
         break;
@@ -229,12 +243,21 @@ absl::Status ShardReader::RunBlocks(Job& job) {
     pool_->Schedule([&, slot] {
       const Job::Item& it = job.items[slot->item];
       const Block& block = index_.tensors(it.tensor).blocks(it.block);
-      const uint64_t base = block.chunks(0).file_offset();
-      std::vector<const uint8_t*> chunk_data;
-      chunk_data.reserve(block.chunks_size());
-      for (const auto& c : block.chunks()) chunk_data.push_back(slot->buffer.data() + (c.file_offset() - base));
-      thread_local BlockDecoder decoder;
-      absl::Status s = decoder.Decode(block, chunk_data.data(), it.dest != nullptr ? it.dest : slot->scratch.data());
+      absl::Status s;
+      if (slot->in_place) {
+        const uint64_t sum = Xxh3(it.dest, block.raw_length());
+        if (sum != block.chunks(0).stored_xxh3() || sum != block.raw_xxh3()) {
+          s = absl::DataLossError(absl::StrCat("chunk 0: checksum mismatch (stored xxh3 ", ChecksumHex(sum),
+                                               ", expected ", ChecksumHex(block.chunks(0).stored_xxh3()), ")"));
+        }
+      } else {
+        const uint64_t base = block.chunks(0).file_offset();
+        std::vector<const uint8_t*> chunk_data;
+        chunk_data.reserve(block.chunks_size());
+        for (const auto& c : block.chunks()) chunk_data.push_back(slot->buffer.data() + (c.file_offset() - base));
+        thread_local BlockDecoder decoder;
+        s = decoder.Decode(block, chunk_data.data(), it.dest != nullptr ? it.dest : slot->scratch.data());
+      }
       {
         absl::MutexLock l(&mu);
         if (!s.ok()) record(it, s);

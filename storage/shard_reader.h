@@ -56,7 +56,8 @@ class ShardReader {
   // nullptr when absent.
   const ckptd::v1::Tensor* FindTensor(absl::string_view name) const;
 
-  // Reads the named tensors into their buffers, verifying every chunk. A name
+  // Reads the named tensors into their buffers, verifying every chunk; on an
+  // error the buffers hold unspecified bytes. A name
   // not in the shard is kNotFound, a length that differs kInvalidArgument;
   // both name the tensor. Corruption is kDataLoss naming tensor, block, chunk.
   absl::Status ReadTensors(absl::Span<const TensorDest> dests);

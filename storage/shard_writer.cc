@@ -34,6 +34,9 @@ struct Slot {
   AlignedBuffer buffer;
   size_t block = 0;
   absl::StatusOr<EncodedBlock> encoded;
+  // The bytes to write: `buffer`, or the caller's memory for a raw block that
+  // is already aligned (no copy).
+  const uint8_t* write_from = nullptr;
   uint64_t ticket = 0;
 };
 
@@ -186,17 +189,34 @@ class ShardWriteJob {
     pool_->Schedule([this, slot] {
       const BlockRef& ref = blocks_[slot->block];
       const TensorSource& src = tensors_[ref.tensor];
-      std::unique_ptr<BlockEncoder> encoder = encoders_.Take();
-      slot->encoded = encoder->Encode(src.meta.dtype(), static_cast<const uint8_t*>(src.data) + ref.raw_offset,
-                                      ref.raw_length, slot->buffer.data(), slot->buffer.capacity(),
-                                      kShardAlignment);
-      encoders_.Give(std::move(encoder));
+      const uint8_t* raw = static_cast<const uint8_t*>(src.data) + ref.raw_offset;
+      if (!options_.encode.compress && IsAligned(reinterpret_cast<uintptr_t>(raw), kShardAlignment) &&
+          IsAligned(ref.raw_length, kShardAlignment)) {
+        slot->encoded = RawInPlace(raw, ref.raw_length);
+        slot->write_from = raw;
+      } else {
+        std::unique_ptr<BlockEncoder> encoder = encoders_.Take();
+        slot->encoded = encoder->Encode(src.meta.dtype(), raw, ref.raw_length, slot->buffer.data(),
+                                        slot->buffer.capacity(), kShardAlignment);
+        encoders_.Give(std::move(encoder));
+        slot->write_from = slot->buffer.data();
+      }
       {
         absl::MutexLock l(&mu_);
         ready_.push_back(slot);
       }
       pending_.Done();
     });
+  }
+
+  // An uncompressed block written straight from the caller's aligned memory:
+  // one RAW chunk whose stored bytes are the raw bytes.
+  static EncodedBlock RawInPlace(const uint8_t* raw, size_t length) {
+    EncodedBlock block;
+    block.raw_xxh3 = Xxh3(raw, length);
+    block.chunks.push_back({0, length, length, ckptd::v1::RAW, block.raw_xxh3});
+    block.encoded_length = length;
+    return block;
   }
 
   absl::Status SubmitWrite(Slot* slot) {
@@ -221,7 +241,7 @@ class ShardWriteJob {
       chunk->set_stored_xxh3(c.stored_xxh3);
       stored_bytes_ += c.stored_length;
     }
-    CKPTD_ASSIGN_OR_RETURN(slot->ticket, file_->Write(file_offset, slot->buffer.data(), enc.encoded_length));
+    CKPTD_ASSIGN_OR_RETURN(slot->ticket, file_->Write(file_offset, slot->write_from, enc.encoded_length));
     return absl::OkStatus();
   }
 
