@@ -39,14 +39,14 @@ absl::Status DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string
   if (std::memcmp(in, kShardMagic.data(), 8) != 0) {
     return absl::DataLossError(absl::StrCat(what, ": not a ckptd shard file (bad header magic)"));
   }
-  if (GetFixed64(in + 56) != Xxh3(in, 56)) {
-    return absl::DataLossError(absl::StrCat(what, ": header checksum mismatch"));
-  }
   const uint32_t version = GetFixed32(in + 8);
   if (version != kShardFormatVersion) {
     return absl::UnimplementedError(
         absl::StrCat(what, ": shard format version ", version, " is not supported (this build reads ",
                      kShardFormatVersion, ")"));
+  }
+  if (GetFixed64(in + 56) != Xxh3(in, 56)) {
+    return absl::DataLossError(absl::StrCat(what, ": header checksum mismatch"));
   }
   if (GetFixed32(in + 12) != kShardAlignment) {
     return absl::DataLossError(absl::StrCat(what, ": header alignment ", GetFixed32(in + 12),
@@ -75,8 +75,16 @@ absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes
     return absl::DataLossError(
         absl::StrCat(what, ": bad footer magic (file truncated, extended or not a shard)"));
   }
+  if (GetFixed32(in + 8) != kShardFormatVersion) {
+    return absl::UnimplementedError(absl::StrCat(what, ": shard format version ", GetFixed32(in + 8),
+                                                 " is not supported (this build reads ",
+                                                 kShardFormatVersion, ")"));
+  }
   if (GetFixed64(in + 56) != Xxh3(in, 56)) {
     return absl::DataLossError(absl::StrCat(what, ": footer checksum mismatch"));
+  }
+  if (actual_file_length < kShardHeaderBlock + kShardFooterBytes) {
+    return absl::DataLossError(absl::StrCat(what, ": file of ", actual_file_length, " bytes is too short"));
   }
   ShardFooter f;
   f.format_version = GetFixed32(in + 8);
@@ -85,11 +93,6 @@ absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes
   f.index_length = GetFixed64(in + 24);
   f.index_xxh3 = GetFixed64(in + 32);
   f.file_length = GetFixed64(in + 40);
-  if (f.format_version != kShardFormatVersion) {
-    return absl::UnimplementedError(absl::StrCat(what, ": shard format version ", f.format_version,
-                                                 " is not supported (this build reads ",
-                                                 kShardFormatVersion, ")"));
-  }
   if (f.flags != 0) {
     return absl::DataLossError(absl::StrCat(what, ": unknown footer flags ", f.flags));
   }

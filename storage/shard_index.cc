@@ -33,12 +33,52 @@ absl::StatusOr<uint64_t> TensorByteLength(const Tensor& meta) {
   return n;
 }
 
+bool IsValidUtf8(absl::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, surrogates and values past U+10FFFF are not UTF-8.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+        (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
   if (meta.name().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": tensor name is empty"));
   if (meta.name().size() > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": tensor name longer than 4096 bytes"));
   }
   const std::string where = absl::StrCat(what, ": tensor '", absl::CHexEscape(meta.name()), "'");
+  if (!IsValidUtf8(meta.name())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": name is not valid UTF-8"));
+  }
   if (!ckptd::v1::Component_IsValid(meta.component()) ||
       meta.component() == ckptd::v1::COMPONENT_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": component is unspecified or unknown (",
@@ -67,7 +107,10 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
       }
     }
   }
-  return TensorByteLength(meta).status();
+  if (absl::Status s = TensorByteLength(meta).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 ByteRange BlockFileRange(const Block& block) {

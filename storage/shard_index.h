@@ -15,7 +15,10 @@ namespace ckptd::storage {
 // element). kInvalidArgument on an unknown dtype or overflow.
 absl::StatusOr<uint64_t> TensorByteLength(const ckptd::v1::Tensor& meta);
 
-// Checks name, component, dtype, and that shape, global_shape and offsets
+// True when `s` is well-formed UTF-8 (no overlong forms or surrogates).
+bool IsValidUtf8(absl::string_view s);
+
+// Checks name (1..4096 bytes of UTF-8), component, dtype, and that shape, global_shape and offsets
 // agree. `what` prefixes errors. kInvalidArgument.
 absl::Status ValidateTensorMeta(const ckptd::v1::Tensor& meta, absl::string_view what);
 

@@ -83,6 +83,14 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   CKPTD_ASSIGN_OR_RETURN(r->file_, fs->NewReadableFile(path, open));
   const uint64_t size = r->file_->size();
   r->file_length_ = size;
+  AlignedBuffer block(kShardAlignment, kShardAlignment);
+  if (size < kShardHeaderBlock) {
+    return absl::DataLossError(absl::StrCat(path, ": file of ", size,
+                                            " bytes is too short to be a shard (truncated?)"));
+  }
+  // Magic and version first, so that a newer format is named as such.
+  CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(0, block.data(), kShardAlignment));
+  CKPTD_RETURN_IF_ERROR(DecodeShardHeader(block.data(), path));
   if (size < kShardHeaderBlock + kShardAlignment) {
     return absl::DataLossError(absl::StrCat(path, ": file of ", size,
                                             " bytes is too short to be a shard (truncated?)"));
@@ -91,9 +99,6 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
     return absl::DataLossError(absl::StrCat(path, ": file length ", size, " is not a multiple of ",
                                             kShardAlignment, " (truncated or extended?)"));
   }
-  AlignedBuffer block(kShardAlignment, kShardAlignment);
-  CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(0, block.data(), kShardAlignment));
-  CKPTD_RETURN_IF_ERROR(DecodeShardHeader(block.data(), path));
   CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(size - kShardAlignment, block.data(), kShardAlignment));
   CKPTD_ASSIGN_OR_RETURN(ShardFooter footer,
                          DecodeShardFooter(block.data() + kShardAlignment - kShardFooterBytes, size, path));
@@ -168,7 +173,12 @@ absl::Status ShardReader::RunBlocks(Job& job) {
     max_raw = std::max(max_raw, block.raw_length());
   }
   const int reads = std::max(1, options_.reads_in_flight);
-  const size_t nslots = std::min<size_t>(job.items.size(), static_cast<size_t>(pool_->size() + reads));
+  // Slots are bounded by count and by memory: an index may declare large
+  // blocks that compress to almost nothing.
+  const uint64_t slot_bytes = max_range + (job.verify ? max_raw : 0);
+  const uint64_t by_memory = std::max<uint64_t>(1, options_.max_buffer_bytes / std::max<uint64_t>(slot_bytes, 1));
+  const size_t nslots = std::min<size_t>({job.items.size(), static_cast<size_t>(pool_->size() + reads),
+                                          static_cast<size_t>(by_memory)});
   std::vector<ReadSlot> slots(nslots);
   std::vector<ReadSlot*> free_slots;
   for (ReadSlot& s : slots) {

@@ -22,6 +22,9 @@ struct ShardReadOptions {
   int threads = 0;  // decoder threads when no pool is passed; <= 0: one per hardware thread
   int reads_in_flight = 4;
   bool direct_io = true;
+  // Upper bound on read and scratch buffers (at least one block's worth is
+  // always allocated).
+  uint64_t max_buffer_bytes = 1ull << 30;
 };
 
 // Where to put one tensor: exactly its raw_length bytes.

@@ -92,6 +92,11 @@ class ShardWriteJob {
 
  private:
   absl::Status WriteAll() {
+    CKPTD_RETURN_IF_ERROR(ValidateJobName(identity_.job));
+    if (identity_.world_size == 0 || identity_.rank >= identity_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", identity_.rank, " is not inside world size ",
+                                                     identity_.world_size));
+    }
     CKPTD_RETURN_IF_ERROR(ValidateTensorSources(tensors_));
     size_t block_bytes = std::max<size_t>(options_.block_bytes, kShardAlignment);
     block_bytes -= block_bytes % 8;  // a whole number of elements of every dtype
@@ -276,7 +281,12 @@ class ShardWriteJob {
     CKPTD_RETURN_IF_ERROR(file_->Close());
     file_.reset();
     CKPTD_RETURN_IF_ERROR(fs_->Rename(temp_path_, path_));
-    CKPTD_RETURN_IF_ERROR(fs_->SyncDir(DirName(path_)));
+    if (absl::Status s = fs_->SyncDir(DirName(path_)); !s.ok()) {
+      // The rename may not be durable: take the shard back so that a failed
+      // write leaves nothing behind. Best effort; the sync error is what counts.
+      (void)fs_->RemoveFile(path_);
+      return s;
+    }
 
     result_.path = path_;
     result_.file_length = footer.file_length;

@@ -30,9 +30,12 @@ CheckpointStore::CheckpointStore(FileSystem* fs, std::string root) : fs_(fs), ro
 absl::Status CheckpointStore::PrepareStep(absl::string_view job, uint64_t step) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   const std::string job_dir = JobDir(root_, job);
-  const bool job_existed = fs_->Stat(job_dir).ok();
-  CKPTD_RETURN_IF_ERROR(CreateDirs(fs_, StepDir(root_, job, step)));
-  if (!job_existed) CKPTD_RETURN_IF_ERROR(fs_->SyncDir(root_));
+  CKPTD_RETURN_IF_ERROR(CreateDirs(fs_, root_));
+  // Every level is synced each time, not only when this call created it: an
+  // earlier attempt may have created a directory and failed before its sync.
+  CKPTD_RETURN_IF_ERROR(fs_->CreateDir(job_dir));
+  CKPTD_RETURN_IF_ERROR(fs_->SyncDir(root_));
+  CKPTD_RETURN_IF_ERROR(fs_->CreateDir(StepDir(root_, job, step)));
   return fs_->SyncDir(job_dir);
 }
 
@@ -73,8 +76,14 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
     const std::string path = ShardPath(root_, job, step, rank);
     absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(fs_, path, ro);
     if (!reader.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": rank ", rank, " has no durable shard: ", reader.status().message()));
+      // A missing or damaged shard will not appear by retrying; anything else
+      // (no memory, too many files, a busy disk) keeps its code.
+      const absl::StatusCode code =
+          absl::IsNotFound(reader.status()) || absl::IsDataLoss(reader.status())
+              ? absl::StatusCode::kFailedPrecondition
+              : reader.status().code();
+      return absl::Status(code, absl::StrCat(what, ": rank ", rank, " has no durable shard: ",
+                                             reader.status().message()));
     }
     const ckptd::v1::ShardIndex& idx = (*reader)->index();
     if (idx.job() != job || idx.step() != step || idx.rank() != rank || idx.world_size() != world_size) {
@@ -105,7 +114,17 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
     }
   }
   m.set_committed_unix_nanos(absl::ToUnixNanos(absl::Now()));
-  CKPTD_RETURN_IF_ERROR(WriteFileAtomically(fs_, manifest_path, EncodeManifest(m)));
+  const std::string encoded = EncodeManifest(m);
+  if (encoded.size() - kManifestHeaderBytes > kMaxManifestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": manifest of ", encoded.size(),
+                                                   " bytes exceeds the limit ", kMaxManifestBytes));
+  }
+  if (absl::Status st = WriteFileAtomically(fs_, manifest_path, encoded); !st.ok()) {
+    // The MANIFEST may already stand under its name (a failed directory sync):
+    // take it back so that the step matches the error reported. Best effort.
+    (void)fs_->RemoveFile(manifest_path);
+    return st;
+  }
   return m;
 }
 
@@ -122,6 +141,10 @@ absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_vi
     absl::StatusOr<std::string> bytes = ReadFileToString(fs_, path);
     if (absl::IsNotFound(bytes.status())) {
       info.state = StepState::kIncomplete;
+    } else if (!bytes.ok() && !absl::IsDataLoss(bytes.status())) {
+      // Not knowing whether a step committed (no memory, permissions, a busy
+      // disk) must not read as "older step is newest".
+      return bytes.status();
     } else if (!bytes.ok()) {
       info.state = StepState::kCorrupt;
       info.detail = std::string(bytes.status().message());
@@ -214,7 +237,9 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::RemoveIncompleteSteps(abs
       }
       continue;
     }
-    if (s.step >= below_step) continue;
+    // A MANIFEST that does not decode (damaged, newer version, unreadable) is
+    // kept for an operator to look at: it may hold committed data.
+    if (s.state != StepState::kIncomplete || s.step >= below_step) continue;
     CKPTD_RETURN_IF_ERROR(RemoveStep(job, s.step));
     removed.push_back(s.step);
   }

@@ -64,6 +64,7 @@ class CheckpointStore {
   // when `reported` is given, that each matches the digest and length its
   // writer reported; then writes the MANIFEST atomically. kFailedPrecondition
   // when a shard is missing or disagrees; kAlreadyExists when already committed.
+  // REQUIRES: one committer per job at a time (the agent or the coordinator).
   absl::StatusOr<ckptd::v1::StepManifest> CommitStep(
       absl::string_view job, uint64_t step, uint32_t world_size,
       const std::vector<ckptd::v1::ShardRef>* reported = nullptr);
@@ -80,8 +81,9 @@ class CheckpointStore {
   absl::Status RemoveStep(absl::string_view job, uint64_t step);
   // Removes a step that has not committed (kFailedPrecondition if it has).
   absl::Status AbortStep(absl::string_view job, uint64_t step);
-  // Removes every step without a valid MANIFEST older than `below_step`
-  // (all of them by default) and stray temp files. Returns the steps removed.
+  // Removes every step without a MANIFEST older than `below_step` (all of
+  // them by default) and stray temp files. Steps whose MANIFEST does not
+  // decode are kept (they may be another version's). Returns the steps removed.
   // Call it only when no writer is working on those steps.
   absl::StatusOr<std::vector<uint64_t>> RemoveIncompleteSteps(absl::string_view job,
                                                              uint64_t below_step = UINT64_MAX);

@@ -1,0 +1,485 @@
+#include "cli/offline_commands.h"
+
+#include <cctype>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "cli/args.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+#include "storage/mem_file_system.h"
+#include "storage/shard_reader.h"
+#include "storage/shard_writer.h"
+#include "storage/store.h"
+#include "storage/thread_pool.h"
+
+namespace ckptd::cli {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+// A strict recursive-descent check that `s` is exactly one JSON value.
+class JsonChecker {
+ public:
+  explicit JsonChecker(absl::string_view s) : s_(s) {}
+  bool Valid() {
+    SkipWs();
+    if (!Value(0)) return false;
+    SkipWs();
+    return pos_ == s_.size();
+  }
+
+ private:
+  void SkipWs() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\t' || s_[pos_] == '\r')) ++pos_;
+  }
+  bool Eat(char c) {
+    if (pos_ < s_.size() && s_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  bool Literal(absl::string_view lit) {
+    if (s_.substr(pos_, lit.size()) != lit) return false;
+    pos_ += lit.size();
+    return true;
+  }
+  bool Value(int depth) {
+    if (depth > 64 || pos_ >= s_.size()) return false;
+    switch (s_[pos_]) {
+      case '{': return Container(depth, '}', true);
+      case '[': return Container(depth, ']', false);
+      case '"': return String();
+      case 't': return Literal("true");
+      case 'f': return Literal("false");
+      case 'n': return Literal("null");
+      default: return Number();
+    }
+  }
+  bool Container(int depth, char close, bool object) {
+    ++pos_;
+    SkipWs();
+    if (Eat(close)) return true;
+    while (true) {
+      SkipWs();
+      if (object) {
+        if (!String()) return false;
+        SkipWs();
+        if (!Eat(':')) return false;
+        SkipWs();
+      }
+      if (!Value(depth + 1)) return false;
+      SkipWs();
+      if (Eat(close)) return true;
+      if (!Eat(',')) return false;
+    }
+  }
+  bool String() {
+    if (!Eat('"')) return false;
+    while (pos_ < s_.size()) {
+      const unsigned char c = static_cast<unsigned char>(s_[pos_++]);
+      if (c == '"') return true;
+      if (c < 0x20) return false;
+      if (c != '\\') continue;
+      if (pos_ >= s_.size()) return false;
+      const char e = s_[pos_++];
+      if (e == 'u') {
+        for (int i = 0; i < 4; ++i) {
+          if (pos_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[pos_++]))) return false;
+        }
+      } else if (absl::string_view("\"\\/bfnrt").find(e) == absl::string_view::npos) {
+        return false;
+      }
+    }
+    return false;
+  }
+  bool Digits() {
+    const size_t start = pos_;
+    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+    return pos_ > start;
+  }
+  bool Number() {
+    Eat('-');
+    if (!Eat('0') && !Digits()) return false;
+    if (Eat('.') && !Digits()) return false;
+    if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+      ++pos_;
+      if (!Eat('+')) Eat('-');
+      if (!Digits()) return false;
+    }
+    return true;
+  }
+
+  absl::string_view s_;
+  size_t pos_ = 0;
+};
+
+bool IsValidJson(absl::string_view s) {
+  while (!s.empty() && s.back() == '\n') s.remove_suffix(1);
+  return JsonChecker(s).Valid();
+}
+
+constexpr char kRoot[] = "/root";
+constexpr char kJob[] = "train";
+constexpr uint32_t kWorld = 2;
+
+// One rank's state: four tensors of four components and dtypes.
+struct RankData {
+  std::vector<float> params;     // layer0.weight, PARAMS, FLOAT32, 3 blocks
+  std::vector<uint16_t> moment;  // adam.m, OPTIMIZER, BFLOAT16
+  std::string rng;               // rng.state, RNG, BYTES
+  std::vector<int64_t> cursor;   // data.cursor, DATA_CURSOR, INT64
+};
+
+RankData MakeRankData(uint64_t step, uint32_t rank) {
+  RankData d;
+  for (size_t i = 0; i < 3000; ++i) d.params.push_back(static_cast<float>((i * 7 + step + rank) % 50) * 0.25f);
+  for (size_t i = 0; i < 2048; ++i) d.moment.push_back(static_cast<uint16_t>(0x3f80 + (i % 16)));
+  for (size_t i = 0; i < 64; ++i) d.rng.push_back(static_cast<char>((i * 37 + rank) & 0xff));
+  d.cursor = {static_cast<int64_t>(step), static_cast<int64_t>(rank), 1234, -1};
+  return d;
+}
+
+std::vector<storage::TensorSource> Sources(const RankData& d, uint32_t rank) {
+  std::vector<storage::TensorSource> out(4);
+  out[0].meta.set_name("layer0.weight");
+  out[0].meta.set_component(ckptd::v1::PARAMS);
+  out[0].meta.set_dtype(ckptd::v1::FLOAT32);
+  out[0].meta.add_shape(3000);
+  out[0].meta.add_global_shape(3000 * kWorld);
+  out[0].meta.add_offsets(3000 * rank);
+  out[0].data = d.params.data();
+  out[0].length = d.params.size() * sizeof(float);
+  out[1].meta.set_name("adam.m");
+  out[1].meta.set_component(ckptd::v1::OPTIMIZER);
+  out[1].meta.set_dtype(ckptd::v1::BFLOAT16);
+  out[1].meta.add_shape(32);
+  out[1].meta.add_shape(64);
+  out[1].data = d.moment.data();
+  out[1].length = d.moment.size() * sizeof(uint16_t);
+  out[2].meta.set_name("rng.state");
+  out[2].meta.set_component(ckptd::v1::RNG);
+  out[2].meta.set_dtype(ckptd::v1::BYTES);
+  out[2].meta.add_shape(64);
+  out[2].data = d.rng.data();
+  out[2].length = d.rng.size();
+  out[3].meta.set_name("data.cursor");
+  out[3].meta.set_component(ckptd::v1::DATA_CURSOR);
+  out[3].meta.set_dtype(ckptd::v1::INT64);
+  out[3].meta.add_shape(4);
+  out[3].data = d.cursor.data();
+  out[3].length = d.cursor.size() * sizeof(int64_t);
+  return out;
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+class OfflineCommandsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(mem_.CreateDir(kRoot).ok());
+    ASSERT_TRUE(mem_.SyncDir("/").ok());
+    WriteStep(kJob, 10, kWorld, true);
+    WriteStep(kJob, 11, kWorld, false);  // incomplete: no MANIFEST
+  }
+
+  void WriteStep(const std::string& job, uint64_t step, uint32_t world, bool commit) {
+    ASSERT_TRUE(store_.PrepareStep(job, step).ok());
+    storage::ShardWriteOptions options;
+    options.block_bytes = 4096;
+    options.threads = 1;
+    for (uint32_t rank = 0; rank < world; ++rank) {
+      const RankData data = MakeRankData(step, rank);
+      const std::vector<storage::TensorSource> sources = Sources(data, rank);
+      absl::StatusOr<storage::ShardWriteResult> r =
+          store_.WriteShard(job, step, rank, world, sources, options, &pool_);
+      ASSERT_TRUE(r.ok()) << r.status();
+    }
+    if (commit) {
+      absl::Status s = store_.CommitStep(job, step, world).status();
+      ASSERT_TRUE(s.ok()) << s;
+    }
+  }
+
+  Result Inspect(const std::vector<std::string>& argv) {
+    std::ostringstream out, err;
+    Result r;
+    r.code = RunInspect(&mem_, argv, out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  }
+
+  Result Verify(const std::vector<std::string>& argv) {
+    std::ostringstream out, err;
+    Result r;
+    r.code = RunVerify(&mem_, argv, out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  }
+
+  // Flips a byte in the middle of chunk 0 of block 1 of layer0.weight in rank 1 of `step`.
+  std::string CorruptChunk(uint64_t step) {
+    const std::string path = storage::ShardPath(kRoot, kJob, step, 1);
+    storage::ShardReadOptions ro;
+    ro.threads = 1;
+    absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader = storage::ShardReader::Open(&mem_, path, ro);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return path;
+    const ckptd::v1::Chunk& c = (*reader)->FindTensor("layer0.weight")->blocks(1).chunks(0);
+    absl::StatusOr<std::string> bytes = storage::ReadFileToString(&mem_, path);
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    const uint64_t at = c.file_offset() + c.stored_length() / 2;
+    (*bytes)[at] = static_cast<char>((*bytes)[at] ^ 0x40);
+    EXPECT_TRUE(mem_.SetFileContents(path, *bytes).ok());
+    return path;
+  }
+
+  storage::MemFileSystem mem_;
+  storage::ThreadPool pool_{1};
+  storage::CheckpointStore store_{&mem_, kRoot};
+};
+
+TEST_F(OfflineCommandsTest, InspectPrintsTheTensors) {
+  const std::string path = storage::ShardPath(kRoot, kJob, 10, 1);
+  Result r = Inspect({path});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_THAT(r.out, AllOf(HasSubstr(path), HasSubstr("job     train  step 10  rank 1 of 2"), HasSubstr("ratio")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("layer0.weight"), HasSubstr("adam.m"), HasSubstr("rng.state"),
+                           HasSubstr("data.cursor")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PARAMS"), HasSubstr("OPTIMIZER"), HasSubstr("RNG"), HasSubstr("DATA_CURSOR")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("FLOAT32"), HasSubstr("BFLOAT16"), HasSubstr("BYTES"), HasSubstr("INT64")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("zstd"), HasSubstr("[3000]"), HasSubstr("[6000]@[3000]"), HasSubstr("[32,64]")));
+  EXPECT_THAT(r.out, Not(HasSubstr("block 0 chunk 0")));
+}
+
+TEST_F(OfflineCommandsTest, InspectChunksListsEveryChunk) {
+  Result r = Inspect({storage::ShardPath(kRoot, kJob, 10, 0), "--chunks"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("block 0 chunk 0"), HasSubstr("block 2 chunk 3"), HasSubstr("plane 3"),
+                           HasSubstr("  zstd"), HasSubstr("xxh3")));
+}
+
+TEST_F(OfflineCommandsTest, InspectJson) {
+  const std::string path = storage::ShardPath(kRoot, kJob, 10, 0);
+  Result r = Inspect({"--json", path});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"tensors\":["), HasSubstr(absl::StrCat("\"file\":\"", path, "\"")),
+                           HasSubstr("\"job\":\"train\""), HasSubstr("\"step\":10"), HasSubstr("\"rank\":0"),
+                           HasSubstr("\"world_size\":2"), HasSubstr("\"format_version\":1"),
+                           HasSubstr("\"index_xxh3\":\""), HasSubstr("\"ratio\":")));
+  for (const char* name : {"layer0.weight", "adam.m", "rng.state", "data.cursor"}) {
+    EXPECT_THAT(r.out, HasSubstr(absl::StrCat("\"name\":\"", name, "\""))) << name;
+  }
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"component\":\"PARAMS\""), HasSubstr("\"dtype\":\"FLOAT32\""),
+                           HasSubstr("\"shape\":[3000]"), HasSubstr("\"global_shape\":[6000]"),
+                           HasSubstr("\"offsets\":[0]"), HasSubstr("\"shape\":[32,64]"),
+                           HasSubstr("\"device\":\"host\""), HasSubstr("\"blocks\":3"),
+                           HasSubstr("\"raw_bytes\":12000"), HasSubstr("\"zstd_chunks\":")));
+  EXPECT_THAT(r.out, Not(HasSubstr("\"zstd_chunks\":0,\"raw_chunks\":12")));  // layer0.weight compresses
+  EXPECT_THAT(r.out, Not(HasSubstr("block_list")));
+
+  Result chunks = Inspect({path, "--json", "--chunks"});
+  ASSERT_EQ(chunks.code, kExitOk) << chunks.err;
+  EXPECT_TRUE(IsValidJson(chunks.out));
+  EXPECT_THAT(chunks.out, AllOf(HasSubstr("\"block_list\":["), HasSubstr("\"codec\":\"zstd\""),
+                                HasSubstr("\"filter\":\"byte-planes\""), HasSubstr("\"stored_xxh3\":\"")));
+}
+
+TEST_F(OfflineCommandsTest, InspectMissingFile) {
+  Result r = Inspect({"/root/train/step-10/rank-7.shard"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("ckptctl inspect"), HasSubstr("/root/train/step-10/rank-7.shard")));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST_F(OfflineCommandsTest, InspectNotAShard) {
+  Result r = Inspect({storage::ManifestPath(kRoot, kJob, 10)});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr(storage::ManifestPath(kRoot, kJob, 10)));
+}
+
+TEST_F(OfflineCommandsTest, InspectUsageErrors) {
+  Result none = Inspect({});
+  EXPECT_EQ(none.code, kExitUsage);
+  EXPECT_THAT(none.err, HasSubstr("usage: ckptctl inspect"));
+  EXPECT_THAT(none.out, IsEmpty());
+
+  Result two = Inspect({"a.shard", "b.shard"});
+  EXPECT_EQ(two.code, kExitUsage);
+  EXPECT_THAT(two.err, HasSubstr("usage: ckptctl inspect"));
+
+  Result bogus = Inspect({"--bogus", storage::ShardPath(kRoot, kJob, 10, 0)});
+  EXPECT_EQ(bogus.code, kExitUsage);
+  EXPECT_THAT(bogus.err, AllOf(HasSubstr("unknown flag --bogus"), HasSubstr("usage: ckptctl inspect")));
+
+  Result value = Inspect({"--json=yes", storage::ShardPath(kRoot, kJob, 10, 0)});
+  EXPECT_EQ(value.code, kExitUsage);
+  EXPECT_THAT(value.err, HasSubstr("--json takes no value"));
+
+  Result help = Inspect({"--help"});
+  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_THAT(help.out, HasSubstr("usage: ckptctl inspect"));
+}
+
+TEST_F(OfflineCommandsTest, VerifyIntactRoot) {
+  Result r = Verify({"--root", kRoot});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_THAT(r.out, AllOf(HasSubstr("train"), HasSubstr("step 10"), HasSubstr("OK"), HasSubstr("2 shards"),
+                           HasSubstr("1 step(s) checked, 0 failed: OK")));
+  // The incomplete step is listed, not counted as a failure.
+  EXPECT_THAT(r.out, HasSubstr("INCOMPLETE"));
+}
+
+TEST_F(OfflineCommandsTest, VerifyJson) {
+  Result r = Verify({"--root=/root", "--json", "--threads", "2"});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"root\":\"/root\""), HasSubstr("\"steps\":["), HasSubstr("\"job\":\"train\""),
+                           HasSubstr("\"step\":10"), HasSubstr("\"shards\":2"), HasSubstr("\"problems\":[]"),
+                           HasSubstr("\"checked\":1"), HasSubstr("\"failed\":0"), HasSubstr("\"errors\":[]"),
+                           HasSubstr("\"ok\":true}")));
+  EXPECT_THAT(r.out, Not(HasSubstr("\"ok\":false")));
+  EXPECT_THAT(r.out, Not(HasSubstr("INCOMPLETE")));
+}
+
+TEST_F(OfflineCommandsTest, VerifyCorruptedChunk) {
+  const std::string path = CorruptChunk(10);
+  Result r = Verify({"--root", kRoot});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("FAIL"), HasSubstr(path), HasSubstr("layer0.weight"), HasSubstr("block 1"),
+                           HasSubstr("chunk 0"), HasSubstr("1 step(s) checked, 1 failed: FAILED")));
+
+  Result j = Verify({"--root", kRoot, "--json", "--job", kJob, "--step", "10"});
+  EXPECT_EQ(j.code, kExitFailed);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr(absl::StrCat("\"file\":\"", path, "\"")), HasSubstr("\"tensor\":\"layer0.weight\""),
+                           HasSubstr("\"block\":1"), HasSubstr("\"chunk\":0"), HasSubstr("\"failed\":1"),
+                           HasSubstr("\"ok\":false")));
+}
+
+TEST_F(OfflineCommandsTest, VerifyCorruptManifest) {
+  ASSERT_TRUE(mem_.SetFileContents(storage::ManifestPath(kRoot, kJob, 10), "not a manifest").ok());
+  Result r = Verify({"--root", kRoot, "--job", kJob});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("FAIL"), HasSubstr(storage::ManifestPath(kRoot, kJob, 10))));
+}
+
+TEST_F(OfflineCommandsTest, VerifyMissingStep) {
+  Result r = Verify({"--root", kRoot, "--job", kJob, "--step", "99"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, HasSubstr("job train has no step 99"));
+  EXPECT_THAT(r.out, HasSubstr("0 step(s) checked"));
+
+  Result j = Verify({"--root", kRoot, "--job", kJob, "--step", "99", "--json"});
+  EXPECT_EQ(j.code, kExitFailed);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("has no step 99"), HasSubstr("\"ok\":false")));
+}
+
+TEST_F(OfflineCommandsTest, VerifyMissingJob) {
+  Result r = Verify({"--root", kRoot, "--job", "nope"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, HasSubstr("job nope"));
+}
+
+TEST_F(OfflineCommandsTest, VerifyIncompleteStepNamedExplicitly) {
+  Result r = Verify({"--root", kRoot, "--job", kJob, "--step", "11"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job train step 11 is not committed"), HasSubstr("INCOMPLETE")));
+}
+
+TEST_F(OfflineCommandsTest, VerifyMissingRoot) {
+  Result r = Verify({"--root", "/nowhere"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("/nowhere"));
+}
+
+TEST_F(OfflineCommandsTest, VerifyUsageErrors) {
+  Result no_root = Verify({});
+  EXPECT_EQ(no_root.code, kExitUsage);
+  EXPECT_THAT(no_root.err, AllOf(HasSubstr("--root is required"), HasSubstr("usage: ckptctl verify")));
+  EXPECT_THAT(no_root.out, IsEmpty());
+
+  Result no_root_json = Verify({"--json", "--job", kJob});
+  EXPECT_EQ(no_root_json.code, kExitUsage);
+  EXPECT_THAT(no_root_json.err, HasSubstr("--root is required"));
+
+  Result unknown = Verify({"--root", kRoot, "--frobnicate"});
+  EXPECT_EQ(unknown.code, kExitUsage);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown flag --frobnicate"));
+
+  Result hostile = Verify({"--root", kRoot, "--job", "../x"});
+  EXPECT_EQ(hostile.code, kExitUsage);
+  EXPECT_THAT(hostile.err, AllOf(HasSubstr("ckptctl verify"), HasSubstr("must not start with")));
+  Result slash = Verify({"--root", kRoot, "--job", "a/b"});
+  EXPECT_EQ(slash.code, kExitUsage);
+  EXPECT_THAT(slash.err, HasSubstr("not allowed"));
+
+  Result step_without_job = Verify({"--root", kRoot, "--step", "10"});
+  EXPECT_EQ(step_without_job.code, kExitUsage);
+  EXPECT_THAT(step_without_job.err, HasSubstr("--step needs --job"));
+
+  Result bad_step = Verify({"--root", kRoot, "--job", kJob, "--step", "ten"});
+  EXPECT_EQ(bad_step.code, kExitUsage);
+  EXPECT_THAT(bad_step.err, HasSubstr("--step: \"ten\" is not a non-negative integer"));
+
+  Result negative = Verify({"--root", kRoot, "--job", kJob, "--step", "-1"});
+  EXPECT_EQ(negative.code, kExitUsage);
+  EXPECT_THAT(negative.err, HasSubstr("--step"));
+
+  Result bad_threads = Verify({"--root", kRoot, "--threads", "x"});
+  EXPECT_EQ(bad_threads.code, kExitUsage);
+  EXPECT_THAT(bad_threads.err, HasSubstr("--threads"));
+
+  Result missing_value = Verify({"--root"});
+  EXPECT_EQ(missing_value.code, kExitUsage);
+  EXPECT_THAT(missing_value.err, HasSubstr("--root needs a value"));
+
+  Result extra = Verify({"--root", kRoot, "stray"});
+  EXPECT_EQ(extra.code, kExitUsage);
+  EXPECT_THAT(extra.err, HasSubstr("unexpected argument stray"));
+
+  Result help = Verify({"--help"});
+  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_THAT(help.out, HasSubstr("usage: ckptctl verify"));
+}
+
+TEST_F(OfflineCommandsTest, VerifyEveryJobUnderTheRoot) {
+  WriteStep("other", 1, 1, true);
+  WriteStep("other", 2, 1, true);
+  // A directory that is not a valid job name is not a job.
+  ASSERT_TRUE(mem_.CreateDir("/root/.trash").ok());
+  Result r = Verify({"--root", kRoot});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("other"), HasSubstr("3 step(s) checked, 0 failed: OK")));
+  EXPECT_THAT(r.out, Not(HasSubstr(".trash")));
+
+  // One bad step fails the run, the others are still reported.
+  const std::string path = CorruptChunk(10);
+  Result bad = Verify({"--root", kRoot, "--json"});
+  EXPECT_EQ(bad.code, kExitFailed);
+  EXPECT_TRUE(IsValidJson(bad.out)) << bad.out;
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("\"checked\":3"), HasSubstr("\"failed\":1"), HasSubstr(path)));
+}
+
+}  // namespace
+}  // namespace ckptd::cli

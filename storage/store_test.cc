@@ -1,0 +1,729 @@
+#include "storage/store.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/fault_injection_file_system.h"
+#include "storage/layout.h"
+#include "storage/manifest.h"
+#include "storage/mem_file_system.h"
+#include "storage/posix_file_system.h"
+#include "storage/shard_reader.h"
+#include "storage/shard_writer.h"
+#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "storage/testing_matchers.h"
+#include "storage/thread_pool.h"
+
+namespace ckptd::storage {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::IsOkAndHolds;
+using ::ckptd::testing::StatusIs;
+using ::ckptd::v1::ShardRef;
+using ::ckptd::v1::StepManifest;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::Field;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Optional;
+using ::testing::UnorderedElementsAre;
+
+constexpr char kJob[] = "job-a";
+constexpr char kParams[] = "layer0.weight";
+constexpr char kRng[] = "rng.state";
+// 3000 floats = 12000 bytes: three blocks of 4096 bytes (the last one short).
+constexpr size_t kParamCount = 3000;
+constexpr size_t kRngBytes = 100;
+
+// The tensors one rank saves at one step; deterministic in (step, rank).
+struct RankData {
+  std::vector<float> params;
+  std::string rng;
+};
+
+RankData MakeRankData(uint64_t step, uint32_t rank) {
+  RankData d;
+  d.params.resize(kParamCount);
+  for (size_t i = 0; i < kParamCount; ++i) {
+    d.params[i] = static_cast<float>((i * 7 + step * 13 + rank * 101) % 50) * 0.25f;
+  }
+  for (size_t i = 0; i < kRngBytes; ++i) d.rng.push_back(static_cast<char>((i * 31 + step * 7 + rank) & 0xff));
+  return d;
+}
+
+std::vector<TensorSource> Sources(const RankData& d) {
+  std::vector<TensorSource> out(2);
+  out[0].meta.set_name(kParams);
+  out[0].meta.set_component(ckptd::v1::PARAMS);
+  out[0].meta.set_dtype(ckptd::v1::FLOAT32);
+  out[0].meta.add_shape(kParamCount);
+  out[0].data = d.params.data();
+  out[0].length = d.params.size() * sizeof(float);
+  out[1].meta.set_name(kRng);
+  out[1].meta.set_component(ckptd::v1::RNG);
+  out[1].meta.set_dtype(ckptd::v1::BYTES);
+  out[1].meta.add_shape(kRngBytes);
+  out[1].data = d.rng.data();
+  out[1].length = d.rng.size();
+  return out;
+}
+
+ShardWriteOptions SmallBlocks() {
+  ShardWriteOptions o;
+  o.block_bytes = 4096;
+  o.threads = 1;
+  o.writes_in_flight = 2;
+  return o;
+}
+
+ShardReadOptions OneThread() {
+  ShardReadOptions o;
+  o.threads = 1;
+  return o;
+}
+
+std::vector<uint64_t> StepNumbers(const std::vector<StepInfo>& steps) {
+  std::vector<uint64_t> out;
+  for (const StepInfo& s : steps) out.push_back(s.step);
+  return out;
+}
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CKPTD_ASSERT_OK(mem_.CreateDir("/root"));
+    CKPTD_ASSERT_OK(mem_.SyncDir("/"));
+  }
+
+  // Prepares `step` and writes the shards of `ranks` (of a world of `world`).
+  absl::StatusOr<std::vector<ShardWriteResult>> WriteRanks(uint64_t step, uint32_t world,
+                                                           const std::vector<uint32_t>& ranks,
+                                                           const std::string& job = kJob) {
+    CKPTD_RETURN_IF_ERROR(store_.PrepareStep(job, step));
+    std::vector<ShardWriteResult> results;
+    for (uint32_t rank : ranks) {
+      const RankData data = MakeRankData(step, rank);
+      const std::vector<TensorSource> sources = Sources(data);
+      CKPTD_ASSIGN_OR_RETURN(ShardWriteResult r,
+                             store_.WriteShard(job, step, rank, world, sources, SmallBlocks(), &pool_));
+      results.push_back(std::move(r));
+    }
+    return results;
+  }
+
+  absl::StatusOr<std::vector<ShardWriteResult>> WriteAll(uint64_t step, uint32_t world,
+                                                         const std::string& job = kJob) {
+    std::vector<uint32_t> ranks;
+    for (uint32_t r = 0; r < world; ++r) ranks.push_back(r);
+    return WriteRanks(step, world, ranks, job);
+  }
+
+  // Writes every rank of `step` and commits it.
+  void Commit(uint64_t step, uint32_t world = 2, const std::string& job = kJob) {
+    CKPTD_ASSERT_OK(WriteAll(step, world, job).status());
+    CKPTD_ASSERT_OK(store_.CommitStep(job, step, world).status());
+  }
+
+  // Reads rank `rank` of `step` back and compares it with what was written.
+  void ExpectShardData(uint64_t step, uint32_t rank) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader,
+                               ShardReader::Open(&mem_, ShardPath("/root", kJob, step, rank), OneThread()));
+    const RankData want = MakeRankData(step, rank);
+    std::vector<float> params(kParamCount, -1.0f);
+    std::string rng(kRngBytes, '\0');
+    const TensorDest dests[] = {{kParams, params.data(), params.size() * sizeof(float)},
+                                {kRng, rng.data(), rng.size()}};
+    CKPTD_ASSERT_OK(reader->ReadTensors(dests));
+    EXPECT_EQ(0, std::memcmp(params.data(), want.params.data(), params.size() * sizeof(float)));
+    EXPECT_EQ(rng, want.rng);
+  }
+
+  std::string ReadFile(const std::string& path) {
+    absl::StatusOr<std::string> s = ReadFileToString(&mem_, path);
+    EXPECT_THAT(s.status(), IsOk());
+    return s.ok() ? *s : std::string();
+  }
+
+  // Flips one byte of `path` (durably, as corruption on disk would be).
+  void FlipByte(const std::string& path, uint64_t offset) {
+    std::string bytes = ReadFile(path);
+    ASSERT_LT(offset, bytes.size());
+    bytes[offset] = static_cast<char>(bytes[offset] ^ 0x5a);
+    CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes));
+  }
+
+  bool Exists(const std::string& path) { return mem_.Stat(path).ok(); }
+
+  MemFileSystem mem_;
+  ThreadPool pool_{1};
+  CheckpointStore store_{&mem_, "/root"};
+};
+
+TEST_F(StoreTest, CommitListsEveryShard) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ShardWriteResult> written, WriteAll(5, 3));
+  ASSERT_EQ(written.size(), 3u);
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 5)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store_.CommitStep(kJob, 5, 3));
+  EXPECT_EQ(m.format_version(), kManifestFormatVersion);
+  EXPECT_EQ(m.job(), kJob);
+  EXPECT_EQ(m.step(), 5u);
+  EXPECT_EQ(m.world_size(), 3u);
+  EXPECT_GT(m.committed_unix_nanos(), 0);
+  ASSERT_EQ(m.shards_size(), 3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    const ShardRef& ref = m.shards(r);
+    EXPECT_EQ(ref.rank(), r);
+    EXPECT_EQ(ref.file(), ShardFileName(r));
+    EXPECT_EQ(ref.file_length(), written[r].file_length);
+    EXPECT_EQ(ref.index_xxh3(), written[r].index_xxh3);
+    EXPECT_EQ(ref.raw_bytes(), written[r].raw_bytes);
+    EXPECT_EQ(ref.raw_bytes(), kParamCount * sizeof(float) + kRngBytes);
+    EXPECT_EQ(ref.stored_bytes(), written[r].stored_bytes);
+    EXPECT_EQ(written[r].path, ShardPath("/root", kJob, 5, r));
+    EXPECT_EQ(mem_.Stat(written[r].path)->size, written[r].file_length);
+  }
+  // The MANIFEST on disk says the same; no temp file is left behind.
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest read, store_.ReadManifest(kJob, 5));
+  EXPECT_EQ(read.SerializeAsString(), m.SerializeAsString());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> files, mem_.ListDir(StepDir("/root", kJob, 5)));
+  EXPECT_THAT(files, ElementsAre(Field(&FileInfo::name, "MANIFEST"), Field(&FileInfo::name, "rank-0.shard"),
+                                 Field(&FileInfo::name, "rank-1.shard"), Field(&FileInfo::name, "rank-2.shard")));
+  for (uint32_t r = 0; r < 3; ++r) ExpectShardData(5, r);
+}
+
+TEST_F(StoreTest, CommittedStepSurvivesACrash) {
+  Commit(1, 3);
+  mem_.Crash();
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].state, StepState::kCommitted);
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  EXPECT_THAT(report.problems, IsEmpty());
+  for (uint32_t r = 0; r < 3; ++r) ExpectShardData(1, r);
+}
+
+TEST_F(StoreTest, ListStepsReportsStates) {
+  Commit(1);
+  CKPTD_ASSERT_OK(WriteRanks(2, 2, {0}).status());  // incomplete: no MANIFEST
+  Commit(3);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 3), "this is not a manifest"));
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 4));  // incomplete: empty
+  // Another step's MANIFEST planted in step 5: corrupt, not committed as step 1.
+  Commit(5);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 5), ReadFile(ManifestPath("/root", kJob, 1))));
+  // Names that are not steps are ignored.
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/job-a/step-01"));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/job-a/other"));
+  CKPTD_ASSERT_OK(mem_.SetFileContents("/root/job-a/step-9", "a file, not a directory"));
+
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  ASSERT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(steps[0].state, StepState::kCommitted);
+  ASSERT_TRUE(steps[0].manifest.has_value());
+  EXPECT_EQ(steps[0].manifest->step(), 1u);
+  EXPECT_EQ(steps[0].manifest->shards_size(), 2);
+  EXPECT_EQ(steps[1].state, StepState::kIncomplete);
+  EXPECT_FALSE(steps[1].manifest.has_value());
+  EXPECT_EQ(steps[2].state, StepState::kCorrupt);
+  EXPECT_FALSE(steps[2].manifest.has_value());
+  EXPECT_THAT(steps[2].detail, HasSubstr(ManifestPath("/root", kJob, 3)));
+  EXPECT_EQ(steps[3].state, StepState::kIncomplete);
+  EXPECT_EQ(steps[4].state, StepState::kCorrupt);
+  EXPECT_THAT(steps[4].detail, HasSubstr("manifest is for job job-a step 1"));
+
+  EXPECT_EQ(StepStateName(StepState::kCommitted), "committed");
+  EXPECT_EQ(StepStateName(StepState::kIncomplete), "incomplete");
+  EXPECT_EQ(StepStateName(StepState::kCorrupt), "corrupt");
+
+  EXPECT_THAT(store_.ReadManifest(kJob, 3), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("MANIFEST")));
+  EXPECT_THAT(store_.ReadManifest(kJob, 5),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("manifest is for job job-a step 1")));
+  EXPECT_THAT(store_.ReadManifest(kJob, 2), StatusIs(absl::StatusCode::kNotFound, HasSubstr("step-2/MANIFEST")));
+}
+
+TEST_F(StoreTest, LatestCommittedStepIgnoresIncompleteAndCorrupt) {
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(std::nullopt));  // no job directory
+  EXPECT_THAT(store_.ListSteps(kJob), StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-a")));
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 1));
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(std::nullopt));
+  Commit(2);
+  Commit(3);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 3), std::string(64, '\xee')));
+  CKPTD_ASSERT_OK(WriteRanks(4, 2, {0, 1}).status());  // all shards, never committed
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 10));
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{2})));
+  CKPTD_ASSERT_OK(store_.CommitStep(kJob, 4, 2).status());
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{4})));
+}
+
+TEST_F(StoreTest, CommitWithAMissingRankFailsAndWritesNoManifest) {
+  CKPTD_ASSERT_OK(WriteRanks(7, 3, {0, 2}).status());
+  EXPECT_THAT(store_.CommitStep(kJob, 7, 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("commit job-a step 7"), HasSubstr("rank 1 has no durable shard"))));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 7)));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 7) + ".tmp"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0].state, StepState::kIncomplete);
+}
+
+TEST_F(StoreTest, CommitOfAStepThatWasNeverPreparedFails) {
+  EXPECT_THAT(store_.CommitStep(kJob, 1, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 has no durable shard")));
+  EXPECT_THAT(store_.CommitStep(kJob, 1, 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world size is 0")));
+}
+
+TEST_F(StoreTest, CommitWithALeftoverTempShardOnlyFails) {
+  CKPTD_ASSERT_OK(WriteRanks(7, 2, {0, 1}).status());
+  // Rank 1's shard exists only under its temp name: not durable, not committed.
+  CKPTD_ASSERT_OK(mem_.Rename(ShardPath("/root", kJob, 7, 1), ShardPath("/root", kJob, 7, 1) + ".tmp"));
+  EXPECT_THAT(store_.CommitStep(kJob, 7, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 has no durable shard")));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 7)));
+}
+
+TEST_F(StoreTest, CommitTwiceIsAlreadyExists) {
+  Commit(3);
+  const std::string before = ReadFile(ManifestPath("/root", kJob, 3));
+  EXPECT_THAT(store_.CommitStep(kJob, 3, 2),
+              StatusIs(absl::StatusCode::kAlreadyExists, AllOf(HasSubstr("step 3"), HasSubstr("already committed"))));
+  EXPECT_EQ(ReadFile(ManifestPath("/root", kJob, 3)), before);
+}
+
+TEST_F(StoreTest, CommitChecksReportedRefs) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ShardWriteResult> written, WriteAll(4, 3));
+  auto refs_of = [&] {
+    std::vector<ShardRef> refs;
+    for (uint32_t r = 0; r < 3; ++r) {
+      ShardRef ref;
+      ref.set_rank(r);
+      ref.set_file_length(written[r].file_length);
+      ref.set_index_xxh3(written[r].index_xxh3);
+      ref.set_persist_seconds(0.5 + r);
+      refs.push_back(ref);
+    }
+    return refs;
+  };
+
+  std::vector<ShardRef> wrong_digest = refs_of();
+  wrong_digest[1].set_index_xxh3(written[1].index_xxh3 ^ 1);
+  EXPECT_THAT(store_.CommitStep(kJob, 4, 3, &wrong_digest),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 reported digest")));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 4)));
+
+  std::vector<ShardRef> wrong_length = refs_of();
+  wrong_length[2].set_file_length(written[2].file_length + 4096);
+  EXPECT_THAT(store_.CommitStep(kJob, 4, 3, &wrong_length),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank 2 reported"), HasSubstr(absl::StrCat(written[2].file_length + 4096)))));
+
+  std::vector<ShardRef> too_few = refs_of();
+  too_few.pop_back();
+  EXPECT_THAT(store_.CommitStep(kJob, 4, 3, &too_few),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("2 shards reported for a world of 3")));
+
+  std::vector<ShardRef> duplicate_rank = refs_of();
+  duplicate_rank[2] = duplicate_rank[0];
+  EXPECT_THAT(store_.CommitStep(kJob, 4, 3, &duplicate_rank),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 2 reported no shard")));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 4)));
+
+  std::vector<ShardRef> reversed = refs_of();  // order does not matter
+  std::reverse(reversed.begin(), reversed.end());
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store_.CommitStep(kJob, 4, 3, &reversed));
+  ASSERT_EQ(m.shards_size(), 3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(m.shards(r).rank(), r);
+    EXPECT_DOUBLE_EQ(m.shards(r).persist_seconds(), 0.5 + r);
+  }
+}
+
+TEST_F(StoreTest, CommitRejectsAShardOfAnotherRankOrStep) {
+  CKPTD_ASSERT_OK(WriteAll(6, 2).status());
+  const std::string rank1 = ShardPath("/root", kJob, 6, 1);
+  const std::string rank1_bytes = ReadFile(rank1);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank1, ReadFile(ShardPath("/root", kJob, 6, 0))));
+  EXPECT_THAT(store_.CommitStep(kJob, 6, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr(rank1), HasSubstr("belongs to job job-a step 6 rank 0 of 2"))));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 6)));
+
+  // A shard of another step.
+  CKPTD_ASSERT_OK(WriteAll(8, 2).status());
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank1, ReadFile(ShardPath("/root", kJob, 8, 1))));
+  EXPECT_THAT(store_.CommitStep(kJob, 6, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("belongs to job job-a step 8 rank 1")));
+
+  // A shard written for a different world size.
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank1, rank1_bytes));
+  CKPTD_ASSERT_OK(WriteAll(9, 3).status());
+  EXPECT_THAT(store_.CommitStep(kJob, 9, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 9 rank 0 of 3")));
+
+  // A shard of another job.
+  CKPTD_ASSERT_OK(WriteAll(6, 2, "job-b").status());
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank1, ReadFile(ShardPath("/root", "job-b", 6, 1))));
+  EXPECT_THAT(store_.CommitStep(kJob, 6, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("belongs to job job-b step 6 rank 1")));
+
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank1, rank1_bytes));
+  CKPTD_EXPECT_OK(store_.CommitStep(kJob, 6, 2).status());
+}
+
+TEST_F(StoreTest, CommitRejectsATruncatedShard) {
+  CKPTD_ASSERT_OK(WriteAll(2, 2).status());
+  const std::string rank0 = ShardPath("/root", kJob, 2, 0);
+  std::string bytes = ReadFile(rank0);
+  bytes.resize(bytes.size() - 4096);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank0, bytes));
+  EXPECT_THAT(store_.CommitStep(kJob, 2, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, AllOf(HasSubstr("rank 0"), HasSubstr(rank0))));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 2)));
+}
+
+TEST_F(StoreTest, WriteShardRejectsARankOutsideTheWorld) {
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 1));
+  const RankData data = MakeRankData(1, 0);
+  const std::vector<TensorSource> sources = Sources(data);
+  EXPECT_THAT(store_.WriteShard(kJob, 1, 2, 2, sources, SmallBlocks(), &pool_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 2 is not inside world size 2")));
+  EXPECT_THAT(store_.WriteShard(kJob, 1, 0, 0, sources, SmallBlocks(), &pool_),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world size 0")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> files, mem_.ListDir(StepDir("/root", kJob, 1)));
+  EXPECT_THAT(files, IsEmpty());
+}
+
+TEST_F(StoreTest, ApplyRetentionKeepsTheNewestCommitted) {
+  for (uint64_t s = 1; s <= 5; ++s) Commit(s);
+  EXPECT_THAT(store_.ApplyRetention(kJob, 2), IsOkAndHolds(ElementsAre(1u, 2u, 3u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{4, 5}));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 1)));
+  EXPECT_THAT(store_.ApplyRetention(kJob, 2), IsOkAndHolds(IsEmpty()));
+  // keep_last 0 (or less) still keeps the newest committed step.
+  EXPECT_THAT(store_.ApplyRetention(kJob, 0), IsOkAndHolds(ElementsAre(4u)));
+  EXPECT_THAT(store_.ApplyRetention(kJob, -3), IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{5})));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 5, OneThread()));
+  EXPECT_TRUE(report.ok());
+  ExpectShardData(5, 0);
+  ExpectShardData(5, 1);
+  // The removals are durable.
+  mem_.Crash();
+  CKPTD_ASSERT_OK_AND_ASSIGN(steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{5}));
+}
+
+TEST_F(StoreTest, ApplyRetentionIgnoresIncompleteSteps) {
+  Commit(1);
+  CKPTD_ASSERT_OK(WriteRanks(2, 2, {0}).status());  // older incomplete
+  Commit(3);
+  CKPTD_ASSERT_OK(WriteRanks(4, 2, {1}).status());  // newer incomplete (being written)
+  // Incomplete steps neither count towards keep_last nor get removed.
+  EXPECT_THAT(store_.ApplyRetention(kJob, 2), IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_.ApplyRetention(kJob, 1), IsOkAndHolds(ElementsAre(1u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{2, 3, 4}));
+  EXPECT_EQ(steps[0].state, StepState::kIncomplete);
+  EXPECT_EQ(steps[1].state, StepState::kCommitted);
+  EXPECT_EQ(steps[2].state, StepState::kIncomplete);
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 4, 1)));
+  EXPECT_THAT(store_.ApplyRetention("no-such-job", 1), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-job")));
+}
+
+TEST_F(StoreTest, RemoveIncompleteStepsKeepsCommittedAndRecentOnes) {
+  Commit(1);
+  CKPTD_ASSERT_OK(WriteRanks(2, 2, {0}).status());  // incomplete
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 3));    // incomplete, empty
+  Commit(4);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ShardPath("/root", kJob, 4, 0) + ".tmp", "stray"));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 4) + ".tmp", "stray"));
+  Commit(5);
+  // A MANIFEST that does not decode may hold committed data: kept for an operator.
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 5), "garbage"));
+  CKPTD_ASSERT_OK(WriteRanks(6, 2, {1}).status());  // incomplete, but not below the bound
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ShardPath("/root", kJob, 6, 0) + ".tmp", "being written"));
+
+  EXPECT_THAT(store_.RemoveIncompleteSteps(kJob, 6), IsOkAndHolds(ElementsAre(2u, 3u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 4, 5, 6}));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 2)));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 3)));
+  EXPECT_EQ(steps[2].state, StepState::kCorrupt);
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 5, 0)));
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 5, 1)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> files, mem_.ListDir(StepDir("/root", kJob, 4)));
+  EXPECT_THAT(files, ElementsAre(Field(&FileInfo::name, "MANIFEST"), Field(&FileInfo::name, "rank-0.shard"),
+                                 Field(&FileInfo::name, "rank-1.shard")));
+  // The step still being written (at or above the bound) is left alone, temp file included.
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 6, 0) + ".tmp"));
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 6, 1)));
+  for (uint64_t s : {1u, 4u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, s, OneThread()));
+    EXPECT_THAT(report.problems, IsEmpty());
+  }
+
+  // Without a bound every incomplete step goes.
+  EXPECT_THAT(store_.RemoveIncompleteSteps(kJob), IsOkAndHolds(ElementsAre(6u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 4, 5}));
+  EXPECT_THAT(store_.RemoveIncompleteSteps(kJob), IsOkAndHolds(IsEmpty()));
+  // Removing the damaged step is a deliberate RemoveStep.
+  CKPTD_ASSERT_OK(store_.RemoveStep(kJob, 5));
+  CKPTD_ASSERT_OK_AND_ASSIGN(steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 4}));
+  // A job without a directory has nothing to remove.
+  EXPECT_THAT(store_.RemoveIncompleteSteps("other-job"), IsOkAndHolds(IsEmpty()));
+}
+
+TEST_F(StoreTest, AnUnreadableManifestIsNeverCleanedUp) {
+  Commit(1);
+  Commit(2);
+  Commit(3);
+  FaultInjectionFileSystem fi(&mem_);
+  CheckpointStore store(&fi, "/root");
+  fi.FailPath("step-2/MANIFEST", Fault::kEio);
+  // An I/O error is not proof that step 2 never committed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store.ListSteps(kJob));
+  ASSERT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_NE(steps[1].state, StepState::kCommitted);
+  EXPECT_THAT(steps[1].detail, HasSubstr("step-2/MANIFEST"));
+  EXPECT_THAT(store.RemoveIncompleteSteps(kJob), IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store.RemoveIncompleteSteps(kJob, 3), IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store.ApplyRetention(kJob, 2), IsOkAndHolds(IsEmpty()));
+  fi.Reset();
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 2, OneThread()));
+  EXPECT_THAT(report.problems, IsEmpty());
+  ExpectShardData(2, 0);
+  ExpectShardData(2, 1);
+}
+
+// A shard that cannot be read for lack of resources (ENOSPC, EMFILE, ...) is
+// not a missing or disagreeing shard: the caller may retry the commit.
+TEST_F(StoreTest, CommitKeepsTheCodeOfAResourceErrorReadingAShard) {
+  CKPTD_ASSERT_OK(WriteAll(4, 2).status());
+  FaultInjectionFileSystem fi(&mem_);
+  CheckpointStore store(&fi, "/root");
+  fi.FailPath("step-4/rank-1.shard", Fault::kEnospc);
+  EXPECT_THAT(store.CommitStep(kJob, 4, 2),
+              StatusIs(absl::StatusCode::kResourceExhausted, AllOf(HasSubstr("rank-1.shard"), HasSubstr("errno 28"))));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 4)));
+  fi.Reset();
+  CKPTD_EXPECT_OK(store.CommitStep(kJob, 4, 2).status());
+}
+
+TEST_F(StoreTest, AbortStep) {
+  Commit(1);
+  EXPECT_THAT(store_.AbortStep(kJob, 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, AllOf(HasSubstr("step 1"), HasSubstr("committed"))));
+  EXPECT_TRUE(Exists(ManifestPath("/root", kJob, 1)));
+  CKPTD_ASSERT_OK(WriteRanks(2, 2, {0}).status());
+  CKPTD_ASSERT_OK(store_.AbortStep(kJob, 2));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 2)));
+  CKPTD_EXPECT_OK(store_.AbortStep(kJob, 3));  // absent: nothing to do
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1}));
+  // RemoveStep removes committed steps on purpose.
+  CKPTD_ASSERT_OK(store_.RemoveStep(kJob, 1));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 1)));
+}
+
+TEST_F(StoreTest, VerifyIntactStep) {
+  Commit(1, 3);
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  EXPECT_TRUE(report.ok());
+  EXPECT_THAT(report.problems, IsEmpty());
+  EXPECT_EQ(report.job, kJob);
+  EXPECT_EQ(report.step, 1u);
+  EXPECT_EQ(report.shards, 3);
+  EXPECT_EQ(report.raw_bytes, 3 * (kParamCount * sizeof(float) + kRngBytes));
+  EXPECT_GT(report.stored_bytes, 0u);
+}
+
+TEST_F(StoreTest, VerifyFindsAFlippedByteInAChunk) {
+  Commit(1, 3);
+  const std::string rank1 = ShardPath("/root", kJob, 1, 1);
+  uint64_t offset = 0;
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader, ShardReader::Open(&mem_, rank1, OneThread()));
+    const ckptd::v1::Tensor* t = reader->FindTensor(kParams);
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->blocks_size(), 3);
+    ASSERT_GE(t->blocks(1).chunks_size(), 1);
+    const ckptd::v1::Chunk& c = t->blocks(1).chunks(0);
+    ASSERT_GT(c.stored_length(), 2u);
+    offset = c.file_offset() + c.stored_length() / 2;
+  }
+  FlipByte(rank1, offset);
+
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  EXPECT_FALSE(report.ok());
+  ASSERT_EQ(report.problems.size(), 1u);
+  const VerifyProblem& p = report.problems[0];
+  EXPECT_EQ(p.file, rank1);
+  EXPECT_EQ(p.tensor, kParams);
+  EXPECT_EQ(p.block, 1);
+  EXPECT_EQ(p.chunk, 0);
+  EXPECT_THAT(p.message, AllOf(HasSubstr(rank1), HasSubstr(kParams), HasSubstr("block 1"), HasSubstr("chunk 0")));
+  // The other ranks are still counted.
+  EXPECT_EQ(report.shards, 3);
+}
+
+TEST_F(StoreTest, VerifyFindsAMissingShard) {
+  Commit(1, 3);
+  const std::string rank2 = ShardPath("/root", kJob, 1, 2);
+  CKPTD_ASSERT_OK(mem_.RemoveFile(rank2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].file, rank2);
+  EXPECT_EQ(report.problems[0].tensor, "");
+  EXPECT_THAT(report.problems[0].message, HasSubstr(rank2));
+}
+
+TEST_F(StoreTest, VerifyFindsAShardReplacedByAnotherValidOne) {
+  Commit(1, 2);
+  Commit(2, 2);
+  const std::string rank0 = ShardPath("/root", kJob, 1, 0);
+  // A well-formed shard, but not the one the manifest names.
+  CKPTD_ASSERT_OK(mem_.SetFileContents(rank0, ReadFile(ShardPath("/root", kJob, 2, 0))));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_EQ(report.problems[0].file, rank0);
+  EXPECT_THAT(report.problems[0].message, HasSubstr("differ from the manifest"));
+}
+
+TEST_F(StoreTest, VerifyOfAStepThatIsNotCommitted) {
+  CKPTD_ASSERT_OK(WriteAll(1, 2).status());
+  EXPECT_THAT(store_.VerifyStep(kJob, 1, OneThread()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(ManifestPath("/root", kJob, 1))));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(ManifestPath("/root", kJob, 1), "junk"));
+  EXPECT_THAT(store_.VerifyStep(kJob, 1, OneThread()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(ManifestPath("/root", kJob, 1))));
+}
+
+TEST_F(StoreTest, HostileJobNamesAreRejectedEverywhere) {
+  Commit(1);
+  const RankData data = MakeRankData(1, 0);
+  const std::vector<TensorSource> sources = Sources(data);
+  for (const std::string& job : {std::string(""), std::string("."), std::string(".."), std::string("../x"),
+                                 std::string("a/b"), std::string("/abs"), std::string("-rf"),
+                                 std::string("job-a/../job-a"), std::string("a\nb"), std::string("a\0b", 3),
+                                 std::string(129, 'x')}) {
+    SCOPED_TRACE(absl::StrCat("job of ", job.size(), " bytes"));
+    const auto invalid = StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name"));
+    EXPECT_THAT(store_.PrepareStep(job, 1), invalid);
+    EXPECT_THAT(store_.WriteShard(job, 1, 0, 2, sources, SmallBlocks(), &pool_), invalid);
+    EXPECT_THAT(store_.CommitStep(job, 1, 2), invalid);
+    EXPECT_THAT(store_.ListSteps(job), invalid);
+    EXPECT_THAT(store_.LatestCommittedStep(job), invalid);
+    EXPECT_THAT(store_.ReadManifest(job, 1), invalid);
+    EXPECT_THAT(store_.RemoveStep(job, 1), invalid);
+    EXPECT_THAT(store_.AbortStep(job, 1), invalid);
+    EXPECT_THAT(store_.RemoveIncompleteSteps(job), invalid);
+    EXPECT_THAT(store_.ApplyRetention(job, 1), invalid);
+    EXPECT_THAT(store_.VerifyStep(job, 1, OneThread()), invalid);
+  }
+  // Nothing was created or removed outside the job.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> root, mem_.ListDir("/root"));
+  EXPECT_THAT(root, ElementsAre(Field(&FileInfo::name, kJob)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> top, mem_.ListDir("/"));
+  EXPECT_THAT(top, ElementsAre(Field(&FileInfo::name, "root")));
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{1})));
+}
+
+TEST_F(StoreTest, ListJobsSkipsInvalidNames) {
+  EXPECT_THAT(store_.ListJobs(), IsOkAndHolds(IsEmpty()));
+  Commit(1, 1, "alpha");
+  CKPTD_ASSERT_OK(store_.PrepareStep("beta.2", 1));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/.hidden"));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/-rf"));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/has space"));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/caf\xc3\xa9"));
+  CKPTD_ASSERT_OK(mem_.CreateDir(absl::StrCat("/root/", std::string(129, 'y'))));
+  CKPTD_ASSERT_OK(mem_.SetFileContents("/root/a-file", "not a job"));
+  EXPECT_THAT(store_.ListJobs(), IsOkAndHolds(UnorderedElementsAre("alpha", "beta.2")));
+
+  MemFileSystem empty;
+  CheckpointStore missing(&empty, "/nowhere");
+  EXPECT_THAT(missing.ListJobs(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("/nowhere")));
+}
+
+TEST_F(StoreTest, JobsAreIndependent) {
+  Commit(1, 2, "alpha");
+  Commit(1, 2, "beta");
+  Commit(2, 2, "beta");
+  EXPECT_THAT(store_.ApplyRetention("beta", 1), IsOkAndHolds(ElementsAre(1u)));
+  EXPECT_THAT(store_.LatestCommittedStep("alpha"), IsOkAndHolds(Optional(uint64_t{1})));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep("alpha", 1, OneThread()));
+  EXPECT_TRUE(report.ok());
+}
+
+// The same flow on the real file system, in a temp directory.
+TEST(StorePosixTest, WriteCommitVerifyReadBack) {
+  const char* tmp_env = std::getenv("TEST_TMPDIR");
+  std::string templ = absl::StrCat(tmp_env != nullptr && *tmp_env != '\0' ? tmp_env : "/tmp", "/ckptd_store_XXXXXX");
+  ASSERT_NE(mkdtemp(templ.data()), nullptr) << std::strerror(errno);
+  const std::string root = templ;
+  std::unique_ptr<PosixFileSystem> fs = NewPosixFileSystem();
+  {
+    CheckpointStore store(fs.get(), root);
+    ThreadPool pool(2);
+    std::vector<RankData> data;
+    for (uint32_t r = 0; r < 2; ++r) data.push_back(MakeRankData(3, r));
+    CKPTD_ASSERT_OK(store.PrepareStep(kJob, 3));
+    std::vector<ShardRef> refs;
+    for (uint32_t r = 0; r < 2; ++r) {
+      const std::vector<TensorSource> sources = Sources(data[r]);
+      CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult w, store.WriteShard(kJob, 3, r, 2, sources, SmallBlocks(), &pool));
+      EXPECT_EQ(w.file_length % 4096, 0u);
+      ShardRef ref;
+      ref.set_rank(r);
+      ref.set_file_length(w.file_length);
+      ref.set_index_xxh3(w.index_xxh3);
+      refs.push_back(ref);
+    }
+    CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store.CommitStep(kJob, 3, 2, &refs));
+    EXPECT_EQ(m.shards_size(), 2);
+    EXPECT_THAT(store.CommitStep(kJob, 3, 2), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("already")));
+    EXPECT_THAT(store.ListJobs(), IsOkAndHolds(ElementsAre(kJob)));
+    EXPECT_THAT(store.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{3})));
+    CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store.VerifyStep(kJob, 3));
+    EXPECT_THAT(report.problems, IsEmpty());
+    EXPECT_EQ(report.shards, 2);
+
+    for (uint32_t r = 0; r < 2; ++r) {
+      CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader,
+                                 ShardReader::Open(fs.get(), ShardPath(root, kJob, 3, r)));
+      std::vector<float> params(kParamCount);
+      std::string rng(kRngBytes, '\0');
+      const TensorDest dests[] = {{kParams, params.data(), params.size() * sizeof(float)},
+                                  {kRng, rng.data(), rng.size()}};
+      CKPTD_ASSERT_OK(reader->ReadTensors(dests));
+      EXPECT_EQ(params, data[r].params);
+      EXPECT_EQ(rng, data[r].rng);
+    }
+
+    // A step that never committed is cleaned up; nothing else is touched.
+    CKPTD_ASSERT_OK(store.PrepareStep(kJob, 4));
+    EXPECT_THAT(store.RemoveIncompleteSteps(kJob), IsOkAndHolds(ElementsAre(4u)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store.ListSteps(kJob));
+    EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{3}));
+  }
+  CKPTD_EXPECT_OK(RemoveTree(fs.get(), root));
+  EXPECT_THAT(fs->Stat(root), StatusIs(absl::StatusCode::kNotFound, HasSubstr(root)));
+}
+
+}  // namespace
+}  // namespace ckptd::storage
