@@ -42,8 +42,8 @@ const char kPersistHelp[] =
     "--compare also measures, on the same directory and bytes: fio sequential\n"
     "O_DIRECT io_uring write and read (fio_write_gbps, fio_read_gbps), and\n"
     "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
-    "ratios of ckptd to each. --repeat N runs N rounds (ckptd, then the\n"
-    "yardsticks, each round) and reports medians. --bytes accepts K, M, G\n"
+    "ratios of ckptd to each. --repeat N runs N rounds (ckptd and the\n"
+    "yardsticks, in alternating order) and reports medians. --bytes accepts K, M, G\n"
     "suffixes (powers of 1024).\n"
     "Without --keep the step is removed afterwards.\n";
 
@@ -327,7 +327,8 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   storage::ShardWriteResult written;
   FioResult fio;
   ZstdResult zstd;
-  for (int round = 0; round < repeat; ++round) {
+  // ckptd's side of one round: write + commit, then read back verified.
+  auto run_ckptd = [&](bool keep_last) -> bool {
     const absl::Time w0 = absl::Now();
     absl::Status status = store.PrepareStep(job, step);
     absl::StatusOr<storage::ShardWriteResult> result =
@@ -339,7 +340,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     if (!manifest.ok()) {
       err << "ckptd-bench persist: write failed: " << manifest.status().message() << "\n";
       (void)store.AbortStep(job, step);  // best effort; the error above is what matters
-      return cli::kExitFailed;
+      return false;
     }
     written = *result;
 
@@ -362,25 +363,35 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     }
     if (!status.ok()) {
       err << "ckptd-bench persist: read failed: " << status.message() << "\n";
-      return cli::kExitFailed;
+      return false;
     }
     write_runs.push_back(raw_bytes / write_secs / 1e9);
     read_runs.push_back(raw_bytes / read_secs / 1e9);
-    if (!args->Has("keep") || round + 1 < repeat) {
+    if (!keep_last || !args->Has("keep")) {
       if (absl::Status s = store.RemoveStep(job, step); !s.ok()) {
         err << "ckptd-bench persist: could not remove the benchmark step: " << s.message() << "\n";
-        return cli::kExitFailed;
+        return false;
       }
     }
-    if (args->Has("compare")) {
-      fio = RunFio(dir, written.file_length);
-      if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
-      if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
-      if (codec == "zstd") {
-        zstd = RunZstdCli(dir, parts, threads);
-        if (zstd.gbps) zstd_runs.push_back(*zstd.gbps);
-      }
+    return true;
+  };
+  // The yardsticks' side: fio on the same directory, and the zstd CLI.
+  auto run_yardsticks = [&] {
+    fio = RunFio(dir, storage::AlignUp(raw_bytes, 1 << 20));
+    if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
+    if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
+    if (codec == "zstd") {
+      zstd = RunZstdCli(dir, parts, threads);
+      if (zstd.gbps) zstd_runs.push_back(*zstd.gbps);
     }
+  };
+  // Rounds alternate which side goes first, so that neither always follows
+  // the other's deletes (which discard blocks on some disks).
+  for (int round = 0; round < repeat; ++round) {
+    const bool compare = args->Has("compare");
+    if (compare && round % 2 == 1) run_yardsticks();
+    if (!run_ckptd(round + 1 == repeat)) return cli::kExitFailed;
+    if (compare && round % 2 == 0) run_yardsticks();
   }
   const double write_gbps = Median(write_runs);
   const double read_gbps = Median(read_runs);

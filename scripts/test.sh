@@ -12,18 +12,40 @@ cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
+LOGS="$(mktemp -d)"
+trap 'rm -rf "$LOGS"' EXIT
+passed=0
+failed=0
+# run_ctest NAME DIR: runs ctest in DIR, adds its counts to the totals.
+run_ctest() {
+  local status=0
+  ctest --test-dir "$2" --output-on-failure -j "$JOBS" 2>&1 | tee "$LOGS/$1.log" || status=$?
+  local line
+  line=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "$LOGS/$1.log" | tail -n 1 || true)
+  if [ -n "$line" ]; then
+    local f t
+    f=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$line")
+    t=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/' <<<"$line")
+    passed=$((passed + t - f))
+    failed=$((failed + f))
+  fi
+  if [ "$status" -ne 0 ]; then
+    echo "$passed passed, $failed failed"
+    exit "$status"
+  fi
+}
 
 echo "== release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$JOBS"
-ctest --test-dir build --output-on-failure -j "$JOBS"
+run_ctest release build
 
 if [ "${SKIP_ASAN:-0}" != "1" ]; then
   echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPTD_SANITIZE=ON >/dev/null
   cmake --build build-asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+    run_ctest asan build-asan
 fi
 
 if [ "$FUZZ_SECONDS" != "0" ]; then
@@ -31,3 +53,4 @@ if [ "$FUZZ_SECONDS" != "0" ]; then
   FUZZ_SECONDS="$FUZZ_SECONDS" ./tests/fuzz/run.sh
 fi
 echo "== all tests passed"
+echo "$passed passed, $failed failed"

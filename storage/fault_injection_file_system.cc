@@ -10,8 +10,8 @@
 
 namespace ckptd::storage {
 
-absl::Status FaultStatus(Fault fault, std::string_view operation, std::string_view path) {
-  // absl::string_view is not std::string_view in this Abseil build.
+absl::Status FaultStatus(Fault fault, absl::string_view operation, absl::string_view path) {
+  // absl::string_view is not absl::string_view in this Abseil build.
   const std::string context = absl::StrCat(absl::string_view(operation.data(), operation.size()), " ",
                                            absl::string_view(path.data(), path.size()));
   switch (fault) {
@@ -69,6 +69,22 @@ class FaultWritableFile : public WritableFile {
     return base_->WaitAll();
   }
 
+  absl::Status Allocate(uint64_t length) override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    if (fault == Fault::kCrash) return Fail(FaultStatus(fault, "fallocate", path()));
+    // A failed reservation leaves the file usable, as fallocate(2) does.
+    if (fault != Fault::kNone) return FaultStatus(fault, "fallocate", path());
+    if (!error_.ok()) return error_;
+    return base_->Allocate(length);
+  }
+
+  absl::Status Truncate(uint64_t length) override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "ftruncate", path()));
+    if (!error_.ok()) return error_;
+    return base_->Truncate(length);
+  }
+
   absl::Status Sync() override {
     const Fault fault = fs_->NextOperation(path(), 0);
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "fsync", path()));
@@ -93,7 +109,7 @@ class FaultWritableFile : public WritableFile {
     return status;
   }
 
-  absl::Status CheckCrashed(std::string_view op) const {
+  absl::Status CheckCrashed(absl::string_view op) const {
     if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
     return absl::OkStatus();
   }
@@ -147,7 +163,7 @@ class FaultReadableFile : public ReadableFile {
     return status;
   }
 
-  absl::Status CheckCrashed(std::string_view op) const {
+  absl::Status CheckCrashed(absl::string_view op) const {
     if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
     return absl::OkStatus();
   }
@@ -223,7 +239,7 @@ Fault FaultInjectionFileSystem::NextOperation(const std::string& path, uint64_t 
   return Next({path}, write_bytes);
 }
 
-Fault FaultInjectionFileSystem::Next(std::initializer_list<std::string_view> paths,
+Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> paths,
                                      uint64_t write_bytes) {
   Fault fault = Fault::kNone;
   {
@@ -235,7 +251,7 @@ Fault FaultInjectionFileSystem::Next(std::initializer_list<std::string_view> pat
       fail_ops_.erase(it);
     }
     if (fault == Fault::kNone && fail_path_fault_ != Fault::kNone) {
-      for (std::string_view path : paths) {
+      for (absl::string_view path : paths) {
         if (absl::StrContains(absl::string_view(path.data(), path.size()), fail_path_)) {
           fault = fail_path_fault_;
         }

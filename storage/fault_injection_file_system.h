@@ -13,6 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "storage/file_system.h"
 
@@ -72,7 +73,7 @@ class FaultInjectionFileSystem : public FileSystem {
  private:
   // NextOperation for an operation on one or more paths (a rename has two);
   // a FailPath rule matches when any of them contains the substring.
-  Fault Next(std::initializer_list<std::string_view> paths, uint64_t write_bytes);
+  Fault Next(std::initializer_list<absl::string_view> paths, uint64_t write_bytes);
 
   FileSystem* const base_;
   std::function<void()> on_crash_;
@@ -91,6 +92,6 @@ class FaultInjectionFileSystem : public FileSystem {
 };
 
 // The status a fault turns into, naming the operation and path.
-absl::Status FaultStatus(Fault fault, std::string_view operation, std::string_view path);
+absl::Status FaultStatus(Fault fault, absl::string_view operation, absl::string_view path);
 
 }  // namespace ckptd::storage

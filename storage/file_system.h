@@ -43,6 +43,13 @@ class WritableFile {
   virtual absl::Status WaitFor(uint64_t ticket) = 0;
   // Waits until every queued transfer has completed.
   virtual absl::Status WaitAll() = 0;
+  // Reserves disk space and extends the file to at least `length` bytes
+  // (zeros), so that later writes inside it neither extend the file (which
+  // some file systems serialise for O_DIRECT) nor run out of space.
+  // kUnimplemented when the file system cannot; callers may go on without.
+  virtual absl::Status Allocate(uint64_t length) = 0;
+  // Waits for all transfers, then sets the file's length.
+  virtual absl::Status Truncate(uint64_t length) = 0;
   // Waits for all transfers, then makes the file's data and size durable (fsync).
   virtual absl::Status Sync() = 0;
   // Waits for all transfers and closes. A file not closed is closed by the

@@ -118,6 +118,20 @@ class MemWritableFile : public WritableFile {
     return Check("wait");
   }
 
+  absl::Status Allocate(uint64_t length) override {
+    absl::MutexLock lock(&state_->mu);
+    CKPTD_RETURN_IF_ERROR(Check("fallocate"));
+    if (node_->data.size() < length) node_->data.resize(length, '\0');
+    return absl::OkStatus();
+  }
+
+  absl::Status Truncate(uint64_t length) override {
+    absl::MutexLock lock(&state_->mu);
+    CKPTD_RETURN_IF_ERROR(Check("ftruncate"));
+    node_->data.resize(length, '\0');
+    return absl::OkStatus();
+  }
+
   absl::Status Sync() override {
     absl::MutexLock lock(&state_->mu);
     CKPTD_RETURN_IF_ERROR(Check("fsync"));

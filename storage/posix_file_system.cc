@@ -160,6 +160,28 @@ class PosixFile {
     return error_;
   }
 
+  absl::Status Allocate(uint64_t length) {
+    if (closed_) return Closed();
+    CKPTD_RETURN_IF_ERROR(error_);
+    int ret;
+    do {
+      ret = ::fallocate(fd_, 0, 0, static_cast<off_t>(length));
+    } while (ret < 0 && errno == EINTR);
+    if (ret == 0) return absl::OkStatus();
+    // Not sticky: the file is still usable without the reservation.
+    return PosixError(absl::StrCat("fallocate ", path_, " to ", length, " bytes"), errno);
+  }
+
+  absl::Status Truncate(uint64_t length) {
+    CKPTD_RETURN_IF_ERROR(WaitAll());
+    int ret;
+    do {
+      ret = ::ftruncate(fd_, static_cast<off_t>(length));
+    } while (ret < 0 && errno == EINTR);
+    if (ret < 0) Fail(PosixError(absl::StrCat("ftruncate ", path_, " to ", length, " bytes"), errno));
+    return error_;
+  }
+
   absl::Status Sync() {
     CKPTD_RETURN_IF_ERROR(WaitAll());
     int ret;
@@ -378,6 +400,8 @@ class PosixWritableFile final : public WritableFile {
   }
   absl::Status WaitFor(uint64_t ticket) override { return file_->WaitFor(ticket); }
   absl::Status WaitAll() override { return file_->WaitAll(); }
+  absl::Status Allocate(uint64_t length) override { return file_->Allocate(length); }
+  absl::Status Truncate(uint64_t length) override { return file_->Truncate(length); }
   absl::Status Sync() override { return file_->Sync(); }
   absl::Status Close() override { return file_->Close(); }
 

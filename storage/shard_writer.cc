@@ -124,6 +124,15 @@ class ShardWriteJob {
     OpenOptions open;
     open.direct_io = options_.direct_io;
     CKPTD_ASSIGN_OR_RETURN(file_, fs_->NewWritableFile(temp_path_, open));
+    // Reserve the chunk area (exact for raw data, an upper bound for most
+    // compressed data): writes inside the file's length are not serialised as
+    // extending O_DIRECT writes are, and a full disk shows before any write.
+    allocated_ = kShardHeaderBlock;
+    for (const BlockRef& b : blocks_) allocated_ += AlignUp(b.raw_length, kShardAlignment);
+    if (absl::Status s = file_->Allocate(allocated_); !s.ok()) {
+      if (!absl::IsUnimplemented(s)) return s;
+      allocated_ = 0;  // not supported here: the writes extend the file instead
+    }
 
     std::unique_ptr<ThreadPool> own_pool;
     if (pool_ == nullptr) {
@@ -277,6 +286,7 @@ class ShardWriteJob {
     CKPTD_ASSIGN_OR_RETURN(uint64_t t2, file_->Write(next_offset_, tail_buf.data(), tail));
     CKPTD_RETURN_IF_ERROR(file_->WaitFor(t1));
     CKPTD_RETURN_IF_ERROR(file_->WaitFor(t2));
+    if (allocated_ > footer.file_length) CKPTD_RETURN_IF_ERROR(file_->Truncate(footer.file_length));
     CKPTD_RETURN_IF_ERROR(file_->Sync());
     CKPTD_RETURN_IF_ERROR(file_->Close());
     file_.reset();
@@ -311,6 +321,7 @@ class ShardWriteJob {
   std::unique_ptr<WritableFile> file_;
   ShardIndex index_;
   uint64_t next_offset_ = kShardHeaderBlock;
+  uint64_t allocated_ = 0;  // bytes reserved with Allocate
   uint64_t stored_bytes_ = 0;
   ShardWriteResult result_;
   WaitGroup pending_;
