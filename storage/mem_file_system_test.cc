@@ -350,5 +350,21 @@ TEST_F(MemFileSystemTest, ConcurrentCrash) {
   CKPTD_EXPECT_OK(fs_.ListDir("/root").status());
 }
 
+TEST(MemFileSystemAllocateTest, AllocateAndTruncateFollowTheSyncRule) {
+  MemFileSystem fs;
+  CKPTD_ASSERT_OK(fs.CreateDir("/d"));
+  CKPTD_ASSERT_OK(fs.SyncDir("/"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto f, fs.NewWritableFile("/d/f", OpenOptions{}));
+  CKPTD_ASSERT_OK(fs.SyncDir("/d"));
+  CKPTD_ASSERT_OK(f->Allocate(100));
+  EXPECT_THAT(fs.Stat("/d/f"), IsOkAndHolds(::testing::Field(&FileInfo::size, 100u)));
+  CKPTD_ASSERT_OK(f->Write(0, "abc", 3).status());
+  CKPTD_ASSERT_OK(f->Truncate(3));
+  CKPTD_ASSERT_OK(f->Sync());
+  CKPTD_ASSERT_OK(f->Allocate(50));  // not synced: gone after a crash
+  fs.Crash();
+  EXPECT_THAT(ReadFileToString(&fs, "/d/f"), IsOkAndHolds(std::string("abc")));
+}
+
 }  // namespace
 }  // namespace ckptd::storage

@@ -423,6 +423,39 @@ TEST_P(PosixFileSystemTest, CreatingTruncatesAnExistingFile) {
   EXPECT_EQ(contents, "bb");
 }
 
+TEST_P(PosixFileSystemTest, AllocateExtendsAndTruncateCuts) {
+  const std::string path = Path("alloc");
+  AlignedBuffer src(2 * kBlock);
+  FillBlock(src.data(), 2 * kBlock, 5);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
+  // ext4 and xfs support fallocate; a file system that does not says so.
+  absl::Status allocated = writer->Allocate(16 * kBlock);
+  if (absl::IsUnimplemented(allocated)) GTEST_SKIP() << allocated;
+  CKPTD_ASSERT_OK(allocated);
+  CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo info, fs_->Stat(path));
+  EXPECT_EQ(info.size, 16 * kBlock);
+  CKPTD_ASSERT_OK(writer->Write(0, src.data(), 2 * kBlock).status());
+  CKPTD_ASSERT_OK(writer->Truncate(2 * kBlock));
+  CKPTD_ASSERT_OK(writer->Sync());
+  CKPTD_ASSERT_OK(writer->Close());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string contents, ReadFileToString(fs_.get(), path));
+  ASSERT_EQ(contents.size(), 2 * kBlock);
+  EXPECT_EQ(std::memcmp(contents.data(), src.data(), contents.size()), 0);
+}
+
+TEST_P(PosixFileSystemTest, AllocatePastFreeSpaceIsResourceExhausted) {
+  const std::string path = Path("huge");
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(false)));
+  // 1 EiB: no disk here has that much free space.
+  absl::Status allocated = writer->Allocate(uint64_t{1} << 60);
+  if (absl::IsUnimplemented(allocated)) GTEST_SKIP() << allocated;
+  EXPECT_THAT(allocated, ::testing::AnyOf(StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr(path)),
+                                          StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path))));
+  // The file stays usable.
+  CKPTD_ASSERT_OK(writer->Write(0, "ok", 2).status());
+  CKPTD_ASSERT_OK(writer->Close());
+}
+
 TEST_P(PosixFileSystemTest, DestructorFinishesQueuedWrites) {
   constexpr size_t kBlocks = 8;
   const std::string path = Path("unclosed");
