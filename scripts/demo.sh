@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job until the local cluster exists: builds ckptd and runs the
 # storage benchmark (write a 1 GiB synthetic checkpoint for fp32 and bf16,
-# compressed and raw, read each back verified), beside fio and the zstd CLI,
-# in a scratch folder that it removes at the end.
+# compressed and raw, read each back verified; three rounds each, medians),
+# beside fio and the zstd CLI, in a scratch folder that it removes at the end.
 #   BENCH_BYTES=N   bytes per run (default 1G; K/M/G suffixes)
 #   BENCH_DIR=DIR   where to write (default: a new folder under ./build/demo)
 set -euo pipefail
@@ -19,7 +19,7 @@ trap 'rm -rf "$DIR"' EXIT
 
 for dtype in fp32 bf16; do
   for codec in zstd none; do
-    ./build/bin/ckptd-bench persist --dir "$DIR" --bytes "$BYTES" --codec "$codec" --dtype "$dtype" --compare
+    ./build/bin/ckptd-bench persist --dir "$DIR" --bytes "$BYTES" --codec "$codec" --dtype "$dtype" --compare --repeat 3
   done
 done
 

@@ -20,7 +20,7 @@ class ThreadPool;
 
 struct ShardReadOptions {
   int threads = 0;  // decoder threads when no pool is passed; <= 0: one per hardware thread
-  int reads_in_flight = 4;
+  int reads_in_flight = 8;
   bool direct_io = true;
   // Upper bound on read and scratch buffers (at least one block's worth is
   // always allocated).
