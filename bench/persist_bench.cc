@@ -156,13 +156,13 @@ struct FioResult {
 };
 
 // Sequential write then read of `bytes` with O_DIRECT and io_uring, 4 MiB
-// blocks, queue depth 4, fsync at the end of the write: the same shape of I/O
-// as a shard.
+// blocks, queue depth 8 (ckptd keeps 8 transfers in flight), fsync at the end
+// of the write: the same shape of I/O as a shard.
 FioResult RunFio(const std::string& dir, uint64_t bytes) {
   FioResult r;
   const std::string file = storage::JoinPath(dir, "fio-bench.tmp");
   const std::string common = absl::StrCat("fio --name=ckptd --filename=", ShellQuote(file),
-                                          " --bs=4m --direct=1 --ioengine=io_uring --iodepth=4 --size=", bytes,
+                                          " --bs=4m --direct=1 --ioengine=io_uring --iodepth=8 --size=", bytes,
                                           " --output-format=json 2>/dev/null");
   std::optional<std::string> w = Capture(absl::StrCat(common, " --rw=write --end_fsync=1"));
   std::optional<std::string> rd = w ? Capture(absl::StrCat(common, " --rw=read")) : std::nullopt;

@@ -42,7 +42,7 @@ struct ShardWriteOptions {
   // Encoder threads when no pool is passed; <= 0: one per hardware thread.
   int threads = 0;
   // Writes kept in flight.
-  int writes_in_flight = 4;
+  int writes_in_flight = 8;
   bool direct_io = true;
 };
 
