@@ -31,7 +31,8 @@ using cli::JsonWriter;
 
 const char kPersistHelp[] =
     "usage: ckptd-bench persist --dir <dir> --bytes <n> [--codec none|zstd] [--dtype fp32|bf16]\n"
-    "                           [--threads T] [--keep] [--json] [--compare] [--repeat N] [--step S]\n"
+    "                           [--threads T] [--io-depth D] [--keep] [--json] [--compare]\n"
+    "                           [--repeat N] [--step S]\n"
     "\n"
     "Writes a synthetic rank checkpoint (normally distributed weights, mean 0,\n"
     "std 0.02, plus RNG and data-cursor blobs) as a committed step of job `bench`\n"
@@ -39,6 +40,7 @@ const char kPersistHelp[] =
     "  write_gbps  raw bytes / seconds until the step is durable and committed\n"
     "  read_gbps   raw bytes / seconds to read, decode and verify into memory\n"
     "  ratio       raw bytes / stored bytes\n"
+    "--io-depth D sets the transfers kept in flight (default 8), for ckptd and fio.\n"
     "--compare also measures, on the same directory and bytes: fio sequential\n"
     "O_DIRECT io_uring write and read (fio_write_gbps, fio_read_gbps), and\n"
     "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
@@ -156,13 +158,13 @@ struct FioResult {
 };
 
 // Sequential write then read of `bytes` with O_DIRECT and io_uring, 4 MiB
-// blocks, queue depth 8 (ckptd keeps 8 transfers in flight), fsync at the end
-// of the write: the same shape of I/O as a shard.
-FioResult RunFio(const std::string& dir, uint64_t bytes) {
+// blocks, at the queue depth ckptd uses, fsync at the end of the write: the
+// same shape of I/O as a shard.
+FioResult RunFio(const std::string& dir, uint64_t bytes, int depth) {
   FioResult r;
   const std::string file = storage::JoinPath(dir, "fio-bench.tmp");
   const std::string common = absl::StrCat("fio --name=ckptd --filename=", ShellQuote(file),
-                                          " --bs=4m --direct=1 --ioengine=io_uring --iodepth=8 --size=", bytes,
+                                          " --bs=4m --direct=1 --ioengine=io_uring --iodepth=", depth, " --size=", bytes,
                                           " --output-format=json 2>/dev/null");
   std::optional<std::string> w = Capture(absl::StrCat(common, " --rw=write --end_fsync=1"));
   std::optional<std::string> rd = w ? Capture(absl::StrCat(common, " --rw=read")) : std::nullopt;
@@ -227,7 +229,7 @@ ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const 
 
 int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<Args> args =
-      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat"}, {"keep", "json", "compare", "help"});
+      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat", "io-depth"}, {"keep", "json", "compare", "help"});
   if (args.ok() && args->Has("help")) {
     out << kPersistHelp;
     return cli::kExitOk;
@@ -247,6 +249,10 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   if (!repeat_flag.ok()) return usage(std::string(repeat_flag.status().message()));
   if (*repeat_flag && (**repeat_flag == 0 || **repeat_flag > 100)) return usage("--repeat must be 1..100");
   const int repeat = static_cast<int>(repeat_flag->value_or(1));
+  absl::StatusOr<std::optional<uint64_t>> depth_flag = args->GetUint("io-depth");
+  if (!depth_flag.ok()) return usage(std::string(depth_flag.status().message()));
+  if (*depth_flag && (**depth_flag == 0 || **depth_flag > 256)) return usage("--io-depth must be 1..256");
+  const int io_depth = static_cast<int>(depth_flag->value_or(storage::ShardWriteOptions().writes_in_flight));
   if (!args->Get("dir")) return usage("--dir is required");
   if (!*bytes_flag || **bytes_flag == 0) return usage("--bytes is required and must be positive");
   const std::string codec = args->Get("codec").value_or("zstd");
@@ -318,6 +324,9 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   storage::ThreadPool pool(threads);
   storage::ShardWriteOptions wopt;
   wopt.encode.compress = codec == "zstd";
+  wopt.writes_in_flight = io_depth;
+  storage::ShardReadOptions ropt;
+  ropt.reads_in_flight = io_depth;
   std::vector<std::pair<const uint8_t*, size_t>> parts;
   for (const Buffer& b : buffers) parts.emplace_back(b.data.data(), b.length);
 
@@ -353,7 +362,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     }
     const absl::Time r0 = absl::Now();
     absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-        storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), {}, &pool);
+        storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), ropt, &pool);
     status = reader.ok() ? (*reader)->ReadTensors(dests) : reader.status();
     const double read_secs = absl::ToDoubleSeconds(absl::Now() - r0);
     for (size_t i = 0; status.ok() && i < buffers.size(); ++i) {
@@ -377,7 +386,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   };
   // The yardsticks' side: fio on the same directory, and the zstd CLI.
   auto run_yardsticks = [&] {
-    fio = RunFio(dir, storage::AlignUp(raw_bytes, 1 << 20));
+    fio = RunFio(dir, storage::AlignUp(raw_bytes, 1 << 20), io_depth);
     if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
     if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
     if (codec == "zstd") {
@@ -405,6 +414,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   w.Field("codec", codec);
   w.Field("dtype", dtype);
   w.Field("threads", threads);
+  w.Field("io_depth", io_depth);
   w.Field("io_uring", fs->uses_io_uring());
   w.Field("raw_bytes", raw_bytes);
   w.Field("stored_bytes", written.stored_bytes);
