@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "storage/aligned_buffer.h"
 #include "storage/checksum.h"
+#include "storage/testing_data.h"
 #include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
@@ -31,36 +32,11 @@ using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-using Bytes = std::vector<uint8_t>;
+using ::ckptd::testing::Bytes;
 
-// normal(0, 0.02) fp32 values as little-endian bytes.
-Bytes NormalFp32(size_t n, uint64_t seed, double stddev = 0.02) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
-  Bytes out(n * 4);
-  for (size_t i = 0; i < n; ++i) {
-    float f = dist(rng);
-    std::memcpy(&out[i * 4], &f, 4);
-  }
-  return out;
-}
-
-// bf16 = the top half of each fp32.
-Bytes ToBf16(const Bytes& fp32) {
-  Bytes out(fp32.size() / 2);
-  for (size_t i = 0; i < fp32.size() / 4; ++i) {
-    out[2 * i] = fp32[4 * i + 2];
-    out[2 * i + 1] = fp32[4 * i + 3];
-  }
-  return out;
-}
-
-Bytes RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bytes out(n);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
-}
+using ::ckptd::testing::NormalFp32;
+using ::ckptd::testing::RandomBytes;
+using ::ckptd::testing::ToBf16;
 
 // Data of `n` elements of `dtype`: normal floats for float dtypes, else random bytes.
 Bytes DataFor(DType dtype, size_t n, uint64_t seed) {

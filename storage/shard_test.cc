@@ -31,6 +31,7 @@
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "storage/testing_data.h"
 #include "storage/testing_matchers.h"
 #include "storage/thread_pool.h"
 
@@ -48,38 +49,13 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
 
-using Bytes = std::vector<uint8_t>;
+using ::ckptd::testing::Bytes;
 
 // ---- Test data ---------------------------------------------------------------
 
-// normal(0, 0.02) fp32 values as little-endian bytes.
-Bytes NormalFp32(size_t n, uint64_t seed, double stddev = 0.02) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.0f, static_cast<float>(stddev));
-  Bytes out(n * 4);
-  for (size_t i = 0; i < n; ++i) {
-    float f = dist(rng);
-    std::memcpy(&out[i * 4], &f, 4);
-  }
-  return out;
-}
-
-// bf16 = the top half of each fp32.
-Bytes ToBf16(const Bytes& fp32) {
-  Bytes out(fp32.size() / 2);
-  for (size_t i = 0; i < fp32.size() / 4; ++i) {
-    out[2 * i] = fp32[4 * i + 2];
-    out[2 * i + 1] = fp32[4 * i + 3];
-  }
-  return out;
-}
-
-Bytes RandomBytes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Bytes out(n);
-  for (auto& b : out) b = static_cast<uint8_t>(rng());
-  return out;
-}
+using ::ckptd::testing::NormalFp32;
+using ::ckptd::testing::RandomBytes;
+using ::ckptd::testing::ToBf16;
 
 // Small gradients-like int64 values (compressible high bytes).
 Bytes SmallInt64(size_t n, uint64_t seed) {

@@ -20,6 +20,7 @@
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "storage/testing_data.h"
 #include "storage/testing_matchers.h"
 #include "storage/thread_pool.h"
 
@@ -46,52 +47,14 @@ constexpr char kRng[] = "rng.state";
 constexpr size_t kParamCount = 3000;
 constexpr size_t kRngBytes = 100;
 
-// The tensors one rank saves at one step; deterministic in (step, rank).
-struct RankData {
-  std::vector<float> params;
-  std::string rng;
-};
+using ::ckptd::testing::OneThread;
+using ::ckptd::testing::RankData;
+using ::ckptd::testing::SmallBlocks;
 
 RankData MakeRankData(uint64_t step, uint32_t rank) {
-  RankData d;
-  d.params.resize(kParamCount);
-  for (size_t i = 0; i < kParamCount; ++i) {
-    d.params[i] = static_cast<float>((i * 7 + step * 13 + rank * 101) % 50) * 0.25f;
-  }
-  for (size_t i = 0; i < kRngBytes; ++i) d.rng.push_back(static_cast<char>((i * 31 + step * 7 + rank) & 0xff));
-  return d;
+  return ::ckptd::testing::MakeRankData(step, rank, kParamCount, kRngBytes);
 }
-
-std::vector<TensorSource> Sources(const RankData& d) {
-  std::vector<TensorSource> out(2);
-  out[0].meta.set_name(kParams);
-  out[0].meta.set_component(ckptd::v1::PARAMS);
-  out[0].meta.set_dtype(ckptd::v1::FLOAT32);
-  out[0].meta.add_shape(kParamCount);
-  out[0].data = d.params.data();
-  out[0].length = d.params.size() * sizeof(float);
-  out[1].meta.set_name(kRng);
-  out[1].meta.set_component(ckptd::v1::RNG);
-  out[1].meta.set_dtype(ckptd::v1::BYTES);
-  out[1].meta.add_shape(kRngBytes);
-  out[1].data = d.rng.data();
-  out[1].length = d.rng.size();
-  return out;
-}
-
-ShardWriteOptions SmallBlocks() {
-  ShardWriteOptions o;
-  o.block_bytes = 4096;
-  o.threads = 1;
-  o.writes_in_flight = 2;
-  return o;
-}
-
-ShardReadOptions OneThread() {
-  ShardReadOptions o;
-  o.threads = 1;
-  return o;
-}
+std::vector<TensorSource> Sources(const RankData& d) { return ::ckptd::testing::RankSources(d, kParams, kRng); }
 
 std::vector<uint64_t> StepNumbers(const std::vector<StepInfo>& steps) {
   std::vector<uint64_t> out;
