@@ -11,9 +11,7 @@
 namespace ckptd::storage {
 
 absl::Status FaultStatus(Fault fault, absl::string_view operation, absl::string_view path) {
-  // absl::string_view is not absl::string_view in this Abseil build.
-  const std::string context = absl::StrCat(absl::string_view(operation.data(), operation.size()), " ",
-                                           absl::string_view(path.data(), path.size()));
+  const std::string context = absl::StrCat(operation, " ", path);
   switch (fault) {
     case Fault::kNone:
       return absl::OkStatus();
@@ -252,7 +250,7 @@ Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> pa
     }
     if (fault == Fault::kNone && fail_path_fault_ != Fault::kNone) {
       for (absl::string_view path : paths) {
-        if (absl::StrContains(absl::string_view(path.data(), path.size()), fail_path_)) {
+        if (absl::StrContains(path, fail_path_)) {
           fault = fail_path_fault_;
         }
       }
