@@ -17,7 +17,7 @@ const char kUsage[] =
     "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
     "\n"
     "`ckptctl <command> --help` describes a command.\n"
-    "exit status: 0 success, 1 failure, 2 usage error, 3 unavailable\n";
+    "exit status: 0 success, 1 failure, 2 usage error\n";
 
 }  // namespace
 
