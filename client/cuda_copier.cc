@@ -1,0 +1,138 @@
+// The CUDA copier: cudaMemcpyAsync on one non-blocking stream per device.
+// Built only when the CUDA toolkit is found (CKPTD_HAVE_CUDA).
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/device_copy.h"
+#include "client/host_copy.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::client {
+namespace {
+
+// The one place where cudaError_t becomes a Status.
+absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
+  switch (e) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+    case cudaErrorDevicesUnavailable:
+      return absl::FailedPreconditionError(message);
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    case cudaErrorInvalidValue:
+    case cudaErrorHostMemoryAlreadyRegistered:
+    case cudaErrorHostMemoryNotRegistered:
+      return absl::InvalidArgumentError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+// Switches the calling thread's current device for a scope and restores the
+// caller's afterwards: the trainer's own device choice is never disturbed.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  }
+  ~ScopedDevice() {
+    // Restoring is best effort; the copy's own status is what is reported.
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = -1;
+  absl::Status status_;
+};
+
+class CudaCopier final : public DeviceCopier {
+ public:
+  CudaCopier(int device_count, int host_threads)
+      : host_threads_(host_threads > 0 ? host_threads : 1), streams_(device_count, nullptr),
+        used_(device_count, false) {}
+
+  ~CudaCopier() override {
+    // Errors while tearing down are not actionable.
+    (void)Synchronize();
+    for (size_t d = 0; d < streams_.size(); ++d) {
+      if (streams_[d] == nullptr) continue;
+      ScopedDevice scope(static_cast<int>(d));
+      (void)cudaStreamDestroy(streams_[d]);
+    }
+  }
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    return Copy(dst, src, n, device, cudaMemcpyDeviceToHost);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    return Copy(dst, src, n, device, cudaMemcpyHostToDevice);
+  }
+
+  absl::Status Synchronize() override {
+    absl::Status first;
+    for (size_t d = 0; d < streams_.size(); ++d) {
+      if (!used_[d]) continue;
+      used_[d] = false;
+      ScopedDevice scope(static_cast<int>(d));
+      absl::Status s = scope.status().ok()
+                           ? CudaStatus(cudaStreamSynchronize(streams_[d]), absl::StrCat("copy on cuda:", d))
+                           : scope.status();
+      if (first.ok()) first = s;
+    }
+    return first;
+  }
+
+  absl::Status RegisterHostMemory(void* p, size_t n) override {
+    return CudaStatus(cudaHostRegister(p, n, cudaHostRegisterPortable),
+                      absl::StrCat("cudaHostRegister of ", n, " bytes"));
+  }
+  absl::Status UnregisterHostMemory(void* p) override {
+    return CudaStatus(cudaHostUnregister(p), "cudaHostUnregister");
+  }
+
+ private:
+  absl::Status Copy(void* dst, const void* src, size_t n, const ckptd::v1::Device& device, cudaMemcpyKind kind) {
+    if (device.kind() == ckptd::v1::Device::HOST) {
+      ParallelMemcpy(dst, src, n, host_threads_);
+      return absl::OkStatus();
+    }
+    const int d = device.index();
+    if (d < 0 || d >= static_cast<int>(streams_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer on cuda:", d, " but this process sees ", streams_.size(), " CUDA devices"));
+    }
+    ScopedDevice scope(d);
+    CKPTD_RETURN_IF_ERROR(scope.status());
+    if (streams_[d] == nullptr) {
+      CKPTD_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&streams_[d], cudaStreamNonBlocking),
+                                       absl::StrCat("creating the copy stream on cuda:", d)));
+    }
+    used_[d] = true;
+    return CudaStatus(cudaMemcpyAsync(dst, src, n, kind, streams_[d]),
+                      absl::StrCat("cudaMemcpyAsync of ", n, " bytes on cuda:", d));
+  }
+
+  const int host_threads_;
+  std::vector<cudaStream_t> streams_;
+  std::vector<bool> used_;
+};
+
+}  // namespace
+
+bool BuiltWithCuda() { return true; }
+
+absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int host_threads) {
+  int count = 0;
+  CKPTD_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
+  if (count == 0) return absl::FailedPreconditionError("cudaGetDeviceCount: no CUDA device");
+  return std::unique_ptr<DeviceCopier>(std::make_unique<CudaCopier>(count, host_threads));
+}
+
+}  // namespace ckptd::client

@@ -1,0 +1,46 @@
+// Copies between a trainer's buffers (host memory or a CUDA device) and host
+// staging memory. The host implementation is what tests use everywhere; the
+// CUDA one is built when the CUDA toolkit is found.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "ckptd/v1/shard.pb.h"
+
+namespace ckptd::client {
+
+class DeviceCopier {
+ public:
+  virtual ~DeviceCopier() = default;
+
+  // Queues copying `n` bytes from `src` (memory of `device`) to host memory
+  // `dst`. `dst` stays in use until Synchronize() returns.
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) = 0;
+  // Queues copying `n` bytes from host memory `src` to `dst` on `device`.
+  virtual absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) = 0;
+  // Waits for every queued copy; returns the first error of any of them.
+  virtual absl::Status Synchronize() = 0;
+
+  // Makes host memory page-locked for the device runtime, so that device
+  // copies into it run as DMA without an intermediate buffer. No-op on host.
+  virtual absl::Status RegisterHostMemory(void* p, size_t n) = 0;
+  virtual absl::Status UnregisterHostMemory(void* p) = 0;
+};
+
+// memcpy for host buffers, split over `threads` threads for large copies
+// (<= 0: one per hardware thread). Device buffers are kFailedPrecondition.
+std::unique_ptr<DeviceCopier> NewHostCopier(int threads = 0);
+
+// Host buffers as NewHostCopier; CUDA buffers with cudaMemcpyAsync on a
+// dedicated non-blocking stream per device. kUnimplemented when ckptd was
+// built without the CUDA toolkit, kFailedPrecondition when no CUDA device or
+// driver is usable.
+absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int host_threads = 0);
+
+// True when this build includes the CUDA copier.
+bool BuiltWithCuda();
+
+}  // namespace ckptd::client

@@ -1,0 +1,161 @@
+#include "client/device_copy.h"
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/aligned_buffer.h"
+#include "storage/testing_matchers.h"
+
+#if defined(CKPTD_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace ckptd::client {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ckptd::v1::Device Host() { return ckptd::v1::Device(); }
+ckptd::v1::Device Cuda(int index) {
+  ckptd::v1::Device d;
+  d.set_kind(ckptd::v1::Device::CUDA);
+  d.set_index(index);
+  return d;
+}
+
+void Fill(uint8_t* p, size_t n, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    p[i] = static_cast<uint8_t>(x);
+  }
+}
+
+TEST(HostCopierTest, CopiesSmallAndLargeBuffersBothWays) {
+  std::unique_ptr<DeviceCopier> copier = NewHostCopier(4);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4097}, size_t{40} << 20}) {
+    storage::AlignedBuffer src(n + 1), staging(n + 1), back(n + 1);
+    Fill(src.data(), n, static_cast<uint32_t>(n));
+    CKPTD_ASSERT_OK(copier->CopyToHost(staging.data(), src.data(), n, Host()));
+    CKPTD_ASSERT_OK(copier->Synchronize());
+    ASSERT_EQ(std::memcmp(staging.data(), src.data(), n), 0) << n;
+    CKPTD_ASSERT_OK(copier->CopyFromHost(back.data(), staging.data(), n, Host()));
+    CKPTD_ASSERT_OK(copier->Synchronize());
+    ASSERT_EQ(std::memcmp(back.data(), src.data(), n), 0) << n;
+  }
+}
+
+TEST(HostCopierTest, DeviceBuffersAreRefused) {
+  std::unique_ptr<DeviceCopier> copier = NewHostCopier(1);
+  uint8_t a = 0, b = 0;
+  EXPECT_THAT(copier->CopyToHost(&a, &b, 1, Cuda(0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda:0")));
+  EXPECT_THAT(copier->RegisterHostMemory(&a, 1), IsOk());
+}
+
+// Without the toolkit the CUDA copier says so; without a device, it says that.
+TEST(CudaCopierTest, ReportsWhyItIsUnavailable) {
+  absl::StatusOr<std::unique_ptr<DeviceCopier>> copier = NewCudaCopier();
+  if (!BuiltWithCuda()) {
+    EXPECT_THAT(copier, StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("without the CUDA toolkit")));
+  } else if (!copier.ok()) {
+    EXPECT_THAT(copier, StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("cuda")));
+  }
+}
+
+#if defined(CKPTD_HAVE_CUDA)
+
+// The checks below need a GPU; tests/gpu/run.sh runs them on a machine with one.
+class CudaDeviceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<DeviceCopier>> copier = NewCudaCopier(4);
+    if (!copier.ok()) GTEST_SKIP() << "no usable CUDA device: " << copier.status();
+    copier_ = *std::move(copier);
+  }
+  std::unique_ptr<DeviceCopier> copier_;
+};
+
+double Seconds(std::chrono::steady_clock::time_point a) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+}
+
+TEST_F(CudaDeviceTest, DeviceToPinnedStagingAndBackIsExact) {
+  constexpr size_t kBytes = size_t{512} << 20;
+  storage::AlignedBuffer src(kBytes), staging(kBytes), back(kBytes);
+  Fill(src.data(), kBytes, 7);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, kBytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, src.data(), kBytes, cudaMemcpyHostToDevice), cudaSuccess);
+
+  // Pageable staging first, then the same memory page-locked.
+  auto t0 = std::chrono::steady_clock::now();
+  CKPTD_ASSERT_OK(copier_->CopyToHost(staging.data(), dev, kBytes, Cuda(0)));
+  CKPTD_ASSERT_OK(copier_->Synchronize());
+  const double pageable_s = Seconds(t0);
+  ASSERT_EQ(std::memcmp(staging.data(), src.data(), kBytes), 0);
+
+  CKPTD_ASSERT_OK(copier_->RegisterHostMemory(staging.data(), kBytes));
+  std::memset(staging.data(), 0, kBytes);
+  t0 = std::chrono::steady_clock::now();
+  CKPTD_ASSERT_OK(copier_->CopyToHost(staging.data(), dev, kBytes, Cuda(0)));
+  const double enqueue_s = Seconds(t0);
+  CKPTD_ASSERT_OK(copier_->Synchronize());
+  const double pinned_s = Seconds(t0);
+  ASSERT_EQ(std::memcmp(staging.data(), src.data(), kBytes), 0);
+
+  // Back to the device (restore direction), then check it there.
+  ASSERT_EQ(cudaMemset(dev, 0, kBytes), cudaSuccess);
+  t0 = std::chrono::steady_clock::now();
+  CKPTD_ASSERT_OK(copier_->CopyFromHost(dev, staging.data(), kBytes, Cuda(0)));
+  CKPTD_ASSERT_OK(copier_->Synchronize());
+  const double restore_s = Seconds(t0);
+  ASSERT_EQ(cudaMemcpy(back.data(), dev, kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::memcmp(back.data(), src.data(), kBytes), 0);
+
+  CKPTD_EXPECT_OK(copier_->UnregisterHostMemory(staging.data()));
+  ASSERT_EQ(cudaFree(dev), cudaSuccess);
+  const double gb = kBytes / 1e9;
+  std::cout << "cuda copy 512 MiB: device->pageable " << gb / pageable_s << " GB/s, device->pinned "
+            << gb / pinned_s << " GB/s (enqueue " << enqueue_s * 1e6 << " us), pinned->device "
+            << gb / restore_s << " GB/s\n";
+}
+
+TEST_F(CudaDeviceTest, KeepsTheCallersCurrentDevice) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  const int mine = count - 1;
+  ASSERT_EQ(cudaSetDevice(mine), cudaSuccess);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 4096), cudaSuccess);
+  std::vector<uint8_t> host(4096, 1);
+  CKPTD_ASSERT_OK(copier_->CopyFromHost(dev, host.data(), host.size(), Cuda(mine)));
+  CKPTD_ASSERT_OK(copier_->CopyToHost(host.data(), dev, host.size(), Cuda(0 == mine ? 0 : mine)));
+  CKPTD_ASSERT_OK(copier_->Synchronize());
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, mine);
+  ASSERT_EQ(cudaFree(dev), cudaSuccess);
+}
+
+TEST_F(CudaDeviceTest, UnknownDeviceAndBadPointersAreErrors) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
+  uint8_t a = 0;
+  EXPECT_THAT(copier_->CopyToHost(&a, &a, 1, Cuda(count)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CUDA devices")));
+  EXPECT_THAT(copier_->UnregisterHostMemory(&a), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cudaHostUnregister")));
+}
+
+#endif  // CKPTD_HAVE_CUDA
+
+}  // namespace
+}  // namespace ckptd::client

@@ -1,0 +1,68 @@
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/device_copy.h"
+#include "client/host_copy.h"
+
+namespace ckptd::client {
+
+void ParallelMemcpy(void* dst, const void* src, size_t n, int threads) {
+  // Below a few MiB a single memcpy wins: threads cost more than they bring.
+  constexpr size_t kMinPerThread = 8u << 20;
+  const size_t by_size = std::max<size_t>(1, n / kMinPerThread);
+  const size_t count = std::min<size_t>(std::max(threads, 1), by_size);
+  if (count <= 1) {
+    if (n > 0) std::memcpy(dst, src, n);
+    return;
+  }
+  // 4 KiB-aligned pieces keep each thread on whole pages.
+  size_t per = (n / count + 4095) / 4096 * 4096;
+  std::vector<std::thread> workers;
+  workers.reserve(count - 1);
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  for (size_t i = 1; i < count; ++i) {
+    const size_t begin = std::min(n, i * per);
+    const size_t end = std::min(n, begin + per);
+    if (begin < end) workers.emplace_back([=] { std::memcpy(d + begin, s + begin, end - begin); });
+  }
+  std::memcpy(d, s, std::min(n, per));
+  for (std::thread& w : workers) w.join();
+}
+
+namespace {
+
+class HostCopier final : public DeviceCopier {
+ public:
+  explicit HostCopier(int threads)
+      : threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+
+  absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
+    ParallelMemcpy(dst, src, n, threads_);
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
+    ParallelMemcpy(dst, src, n, threads_);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status RegisterHostMemory(void*, size_t) override { return absl::OkStatus(); }
+  absl::Status UnregisterHostMemory(void*) override { return absl::OkStatus(); }
+
+ private:
+  static absl::Status NotHost(const ckptd::v1::Device& device) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("buffer on cuda:", device.index(), " but this copier handles host memory only"));
+  }
+  const int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceCopier> NewHostCopier(int threads) { return std::make_unique<HostCopier>(threads); }
+
+}  // namespace ckptd::client
