@@ -1,0 +1,290 @@
+#include "agent/staging.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "storage/aligned_buffer.h"
+#include "storage/posix_error.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::agent {
+
+using storage::AlignUp;
+using storage::PosixError;
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'K', 'P', 'T', 'S', 'T', 'G', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kAlign = storage::kDirectIoAlignment;
+constexpr uint64_t kHeaderBlock = kAlign;
+constexpr size_t kSlotHeaderBytes = 64;
+// Slot headers follow the 64-byte segment header inside the header block.
+constexpr uint32_t kMaxSlots = (kHeaderBlock - 64) / kSlotHeaderBytes;
+
+absl::Status ValidateName(const std::string& name) {
+  bool ok = name.size() >= 2 && name.size() <= 200 && name[0] == '/' && name[1] != '.';
+  for (size_t i = 1; ok && i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    ok = absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("staging segment name \"", absl::CHexEscape(name),
+                                                   "\" must be '/' then 1..199 of A-Z a-z 0-9 . _ -, not starting with '.'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view SlotStateName(SlotState s) {
+  switch (s) {
+    case SlotState::kFree: return "FREE";
+    case SlotState::kFilling: return "FILLING";
+    case SlotState::kReady: return "READY";
+    case SlotState::kPersisting: return "PERSISTING";
+    case SlotState::kRestoring: return "RESTORING";
+    case SlotState::kRestored: return "RESTORED";
+  }
+  return "UNKNOWN";
+}
+
+struct StagingSegment::Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t slots;
+  uint64_t slot_bytes;
+  uint64_t data_offset;
+  uint64_t total_bytes;
+  uint8_t reserved[24];
+};
+
+// Shared between processes: only address-free (lock-free) atomics.
+struct StagingSegment::SlotHeader {
+  std::atomic<uint32_t> state;
+  uint32_t reserved0;
+  std::atomic<uint64_t> step;
+  uint8_t reserved[48];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+StagingLayout PlanLayout(const std::vector<uint64_t>& lengths) {
+  StagingLayout layout;
+  uint64_t offset = 0;
+  for (uint64_t len : lengths) {
+    layout.offsets.push_back(offset);
+    layout.lengths.push_back(len);
+    offset += AlignUp(std::max<uint64_t>(len, 1), kAlign);
+  }
+  layout.slot_bytes = std::max<uint64_t>(offset, kAlign);
+  return layout;
+}
+
+absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes) {
+  const uint64_t fit = slot_bytes == 0 ? wanted : budget_bytes / slot_bytes;
+  if (fit == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("one staging slot needs ", slot_bytes,
+                                                     " bytes but the staging budget is ", budget_bytes,
+                                                     " bytes"));
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>({fit, wanted, kMaxSlots}));
+}
+
+StagingSegment::StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped)
+    : name_(std::move(name)), owner_(owner), base_(base), mapped_(mapped) {}
+
+StagingSegment::~StagingSegment() {
+  ::munmap(base_, mapped_);
+  // Mapped segments stay valid for the trainer; the name only stops new opens.
+  if (owner_) ::shm_unlink(name_.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std::string& name, uint32_t slots,
+                                                                      uint64_t slot_bytes) {
+  CKPTD_RETURN_IF_ERROR(ValidateName(name));
+  if (slots == 0 || slots > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("staging slots must be 1..", kMaxSlots, ", not ", slots));
+  }
+  if (slot_bytes == 0 || slot_bytes % kAlign != 0 || slot_bytes > (uint64_t{1} << 50) / slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging slot size ", slot_bytes, " must be a positive multiple of ", kAlign));
+  }
+  const uint64_t total = kHeaderBlock + slots * slot_bytes;
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
+  auto fail = [&](absl::string_view op, int err) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return PosixError(absl::StrCat(op, " ", name), err);
+  };
+  // The umask must not widen it: owner-only, whatever the process's umask.
+  if (::fchmod(fd, 0600) != 0) return fail("fchmod", errno);
+  // Reserve the memory now: a full /dev/shm must be an error here, not a
+  // SIGBUS in the trainer later.
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+    return fail(absl::StrCat("reserving ", total, " bytes of shared memory for"), err);
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return fail("mmap", errno);
+  ::close(fd);
+  auto* header = static_cast<Header*>(base);
+  std::memcpy(header->magic, kMagic, sizeof(kMagic));
+  header->version = kVersion;
+  header->slots = slots;
+  header->slot_bytes = slot_bytes;
+  header->data_offset = kHeaderBlock;
+  header->total_bytes = total;
+  auto* bytes = static_cast<uint8_t*>(base);
+  for (uint32_t i = 0; i < slots; ++i) {
+    new (bytes + 64 + i * kSlotHeaderBytes) SlotHeader{{static_cast<uint32_t>(SlotState::kFree)}, 0, {0}, {}};
+  }
+  return std::unique_ptr<StagingSegment>(new StagingSegment(name, /*owner=*/true, bytes, total));
+}
+
+absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::string& name) {
+  CKPTD_RETURN_IF_ERROR(ValidateName(name));
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return PosixError(absl::StrCat("fstat ", name), err);
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("staging segment ", name, " is not private to this user (uid ",
+                                                    st.st_uid, ", mode ", st.st_mode & 0777, ")"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBlock) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("staging segment ", name, " is ", size, " bytes: too short"));
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) return PosixError(absl::StrCat("mmap ", name), err);
+  std::unique_ptr<StagingSegment> seg(new StagingSegment(name, /*owner=*/false, static_cast<uint8_t*>(base), size));
+  const Header* h = static_cast<const Header*>(base);
+  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(name, " is not a ckptd staging segment"));
+  }
+  if (h->version != kVersion) {
+    return absl::UnimplementedError(absl::StrCat(name, ": staging version ", h->version, " is not supported"));
+  }
+  if (h->slots == 0 || h->slots > kMaxSlots || h->slot_bytes == 0 || h->slot_bytes % kAlign != 0 ||
+      h->data_offset != kHeaderBlock || h->total_bytes != size ||
+      h->slot_bytes > (size - kHeaderBlock) / h->slots) {
+    return absl::DataLossError(absl::StrCat(name, ": staging header does not match a segment of ", size, " bytes"));
+  }
+  return seg;
+}
+
+uint32_t StagingSegment::slots() const { return reinterpret_cast<const Header*>(base_)->slots; }
+uint64_t StagingSegment::slot_bytes() const { return reinterpret_cast<const Header*>(base_)->slot_bytes; }
+
+uint8_t* StagingSegment::slot_data(uint32_t slot) const {
+  return base_ + kHeaderBlock + static_cast<uint64_t>(slot) * slot_bytes();
+}
+
+StagingSegment::SlotHeader* StagingSegment::slot_header(uint32_t slot) const {
+  static_assert(sizeof(Header) == 64 && sizeof(SlotHeader) == kSlotHeaderBytes);
+  return reinterpret_cast<SlotHeader*>(base_ + 64 + static_cast<uint64_t>(slot) * kSlotHeaderBytes);
+}
+
+SlotState StagingSegment::state(uint32_t slot) const {
+  return static_cast<SlotState>(slot_header(slot)->state.load(std::memory_order_acquire));
+}
+
+uint64_t StagingSegment::step(uint32_t slot) const { return slot_header(slot)->step.load(std::memory_order_acquire); }
+
+bool StagingSegment::Transition(uint32_t slot, SlotState from, SlotState to) {
+  uint32_t expected = static_cast<uint32_t>(from);
+  return slot_header(slot)->state.compare_exchange_strong(expected, static_cast<uint32_t>(to),
+                                                          std::memory_order_acq_rel);
+}
+
+absl::StatusOr<uint32_t> StagingSegment::Acquire(SlotState to, absl::Duration wait, absl::string_view what) {
+  const absl::Time deadline = absl::Now() + wait;
+  absl::Duration backoff = absl::Microseconds(20);
+  while (true) {
+    for (uint32_t i = 0; i < slots(); ++i) {
+      if (Transition(i, SlotState::kFree, to)) return i;
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::ResourceExhaustedError(absl::StrCat("no free staging slot in ", name_, " for ", what, " after ",
+                                                       absl::FormatDuration(wait), " (", slots(),
+                                                       " slots, all in use)"));
+    }
+    absl::SleepFor(std::min(backoff, deadline - now));
+    backoff = std::min(backoff * 2, absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<uint32_t> StagingSegment::AcquireForFill(absl::Duration wait) {
+  return Acquire(SlotState::kFilling, wait, "a snapshot");
+}
+
+absl::StatusOr<uint32_t> StagingSegment::AcquireForRestore(absl::Duration wait) {
+  return Acquire(SlotState::kRestoring, wait, "a restore");
+}
+
+absl::Status StagingSegment::Publish(uint32_t slot, uint64_t step) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  // The step is written before the state that makes it visible.
+  slot_header(slot)->step.store(step, std::memory_order_relaxed);
+  if (Transition(slot, SlotState::kFilling, SlotState::kReady) ||
+      Transition(slot, SlotState::kRestoring, SlotState::kRestored)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not FILLING or RESTORING"));
+}
+
+std::optional<uint32_t> StagingSegment::TakeReady() {
+  while (true) {
+    std::optional<uint32_t> best;
+    for (uint32_t i = 0; i < slots(); ++i) {
+      if (state(i) == SlotState::kReady && (!best || step(i) < step(*best))) best = i;
+    }
+    if (!best) return std::nullopt;
+    if (Transition(*best, SlotState::kReady, SlotState::kPersisting)) return best;
+    // Another taker won the race for that slot: look again.
+  }
+}
+
+absl::Status StagingSegment::Release(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (Transition(slot, SlotState::kPersisting, SlotState::kFree) ||
+      Transition(slot, SlotState::kRestored, SlotState::kFree)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not PERSISTING or RESTORED"));
+}
+
+int StagingSegment::ReclaimAfterTrainerExit() {
+  int freed = 0;
+  for (uint32_t i = 0; i < slots(); ++i) {
+    if (Transition(i, SlotState::kFilling, SlotState::kFree) ||
+        Transition(i, SlotState::kRestored, SlotState::kFree)) {
+      ++freed;
+    }
+  }
+  return freed;
+}
+
+}  // namespace ckptd::agent

@@ -1,0 +1,173 @@
+#include "agent/staging.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::IsOkAndHolds;
+using ::ckptd::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+std::string UniqueName() {
+  static std::atomic<int> counter{0};
+  return absl::StrCat("/ckptd-test-", ::getpid(), "-", counter++);
+}
+
+TEST(PlanLayoutTest, AlignsEveryBuffer) {
+  StagingLayout l = PlanLayout({10, 4096, 0, 5000});
+  EXPECT_THAT(l.offsets, ElementsAre(0, 4096, 8192, 12288));
+  EXPECT_EQ(l.slot_bytes, 12288u + 8192u);
+  EXPECT_EQ(PlanLayout({}).slot_bytes, 4096u);
+}
+
+TEST(SlotsWithinBudgetTest, CapsByBudgetAndRefusesWhenNothingFits) {
+  EXPECT_THAT(SlotsWithinBudget(1 << 20, 2, 10 << 20), IsOkAndHolds(2u));
+  EXPECT_THAT(SlotsWithinBudget(1 << 20, 4, 3 << 20), IsOkAndHolds(3u));
+  EXPECT_THAT(SlotsWithinBudget(8 << 20, 2, 1 << 20),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("8388608")));
+}
+
+TEST(StagingSegmentTest, IsOwnerOnlyAndPreFaultedAndUnlinkedByItsOwner) {
+  const std::string name = UniqueName();
+  {
+    const mode_t old = ::umask(0);  // a permissive umask must not widen the segment
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(name, 2, 1 << 20));
+    ::umask(old);
+    struct stat st;
+    ASSERT_EQ(::stat(absl::StrCat("/dev/shm", name).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(seg->slots(), 2u);
+    EXPECT_EQ(seg->slot_bytes(), 1u << 20);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(seg->slot_data(1)) % 4096, 0u);
+    EXPECT_EQ(seg->state(0), SlotState::kFree);
+    EXPECT_THAT(StagingSegment::Create(name, 2, 1 << 20), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(name)));
+  }
+  EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+TEST(StagingSegmentTest, RejectsBadArguments) {
+  EXPECT_THAT(StagingSegment::Create("no-slash", 2, 4096), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Create("/a/b", 2, 4096), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Create("/..", 2, 4096), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'.'")));
+  EXPECT_THAT(StagingSegment::Create("/.", 2, 4096), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Open("/../etc"), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Create(UniqueName(), 0, 4096), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Create(UniqueName(), 2, 1000), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(StagingSegment::Create(UniqueName(), 1000, 4096), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(StagingSegmentTest, OpenRefusesWhatIsNotASegment) {
+  const std::string name = UniqueName();
+  const std::string path = absl::StrCat("/dev/shm", name);
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY, 0600);
+  ASSERT_GE(fd, 0);
+  std::string garbage(8192, 'x');
+  ASSERT_EQ(::write(fd, garbage.data(), garbage.size()), static_cast<ssize_t>(garbage.size()));
+  ::close(fd);
+  EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("not a ckptd staging")));
+  ASSERT_EQ(::truncate(path.c_str(), 100), 0);
+  EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("too short")));
+  ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
+  EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not private")));
+  ::unlink(path.c_str());
+}
+
+TEST(StagingSegmentTest, SnapshotCycleAcrossProcesses) {
+  const std::string name = UniqueName();
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto agent, StagingSegment::Create(name, 2, 64 << 10));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The trainer: open, fill two slots with steps 20 and 10, publish.
+    auto seg = StagingSegment::Open(name);
+    if (!seg.ok()) ::_exit(10);
+    for (uint64_t step : {20u, 10u}) {
+      auto slot = (*seg)->AcquireForFill(absl::Seconds(5));
+      if (!slot.ok()) ::_exit(11);
+      std::memset((*seg)->slot_data(*slot), static_cast<int>(step), (*seg)->slot_bytes());
+      if (!(*seg)->Publish(*slot, step).ok()) ::_exit(12);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  // Persisted in step order, data as the trainer left it, even though it exited.
+  for (uint64_t want : {10u, 20u}) {
+    std::optional<uint32_t> slot = agent->TakeReady();
+    ASSERT_TRUE(slot.has_value());
+    EXPECT_EQ(agent->step(*slot), want);
+    EXPECT_EQ(agent->slot_data(*slot)[agent->slot_bytes() - 1], static_cast<uint8_t>(want));
+    EXPECT_EQ(agent->state(*slot), SlotState::kPersisting);
+    CKPTD_EXPECT_OK(agent->Release(*slot));
+  }
+  EXPECT_EQ(agent->TakeReady(), std::nullopt);
+}
+
+TEST(StagingSegmentTest, NoFreeSlotWaitsWithABoundOrSkips) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 1, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  // Skip policy: no wait at all.
+  EXPECT_THAT(seg->AcquireForFill(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("no free staging slot")));
+  // Wait policy: gives up after the bound (no upper bound asserted: shared machine).
+  const absl::Time t0 = absl::Now();
+  EXPECT_THAT(seg->AcquireForFill(absl::Milliseconds(30)), StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(30));
+  // And succeeds once the agent frees the slot meanwhile.
+  CKPTD_ASSERT_OK(seg->Publish(slot, 1));
+  std::thread agent([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    std::optional<uint32_t> s = seg->TakeReady();
+    if (s) (void)seg->Release(*s);
+  });
+  EXPECT_THAT(seg->AcquireForFill(absl::Seconds(10)), IsOkAndHolds(slot));
+  agent.join();
+}
+
+TEST(StagingSegmentTest, RestoreCycleAndWrongTransitions) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForRestore(absl::ZeroDuration()));
+  EXPECT_EQ(seg->state(slot), SlotState::kRestoring);
+  EXPECT_THAT(seg->Release(slot), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("RESTORING")));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 42));
+  EXPECT_EQ(seg->state(slot), SlotState::kRestored);
+  EXPECT_EQ(seg->TakeReady(), std::nullopt);  // a restored slot is not persisted
+  CKPTD_ASSERT_OK(seg->Release(slot));
+  EXPECT_THAT(seg->Publish(slot, 1), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FREE")));
+  EXPECT_THAT(seg->Release(7), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+}
+
+TEST(StagingSegmentTest, ReclaimAfterTrainerExitKeepsReadySnapshots) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 3, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t filling, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t ready, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(ready, 5));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t restored, seg->AcquireForRestore(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(restored, 4));
+  EXPECT_EQ(seg->ReclaimAfterTrainerExit(), 2);
+  EXPECT_EQ(seg->state(filling), SlotState::kFree);
+  EXPECT_EQ(seg->state(restored), SlotState::kFree);
+  EXPECT_THAT(seg->TakeReady(), Optional(ready));
+}
+
+}  // namespace
+}  // namespace ckptd::agent
