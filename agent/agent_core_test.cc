@@ -1,0 +1,181 @@
+#include "agent/agent_core.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, ckptd::v1::DType d, uint64_t n) {
+  ckptd::v1::Tensor t;
+  t.set_name(name);
+  t.set_component(c);
+  t.set_dtype(d);
+  t.add_shape(n);
+  return t;
+}
+
+// One rank's five components.
+TrainerRegistration FiveComponents(const std::string& job) {
+  TrainerRegistration r;
+  r.job = job;
+  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
+               Buffer("grads", ckptd::v1::GRADS, ckptd::v1::FLOAT32, 3000),
+               Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6000),
+               Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 100),
+               Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
+  return r;
+}
+
+class AgentCoreTest : public ::testing::Test {
+ protected:
+  AgentCoreTest() {
+    EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk());
+    options_.storage_root = "/ckpt";
+    options_.segment_prefix = absl::StrCat("/ckptd-test-agent-", ::getpid(), "-", counter_++);
+    options_.io_threads = 2;
+    options_.write.block_bytes = 4096;
+  }
+
+  // Fills every buffer of `slot` with a pattern of `step`, as a trainer would.
+  static void Fill(StagingSegment& seg, const TrainerHandle& h, uint32_t slot, uint64_t step) {
+    std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
+  }
+
+  static inline int counter_ = 0;
+  storage::MemFileSystem mem_;
+  AgentOptions options_;
+};
+
+TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  EXPECT_EQ(h.offsets.size(), 5u);
+  EXPECT_EQ(h.slots, 2u);
+
+  // Nothing committed yet.
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult none, agent.Restore(h.trainer_id, absl::ZeroDuration()));
+  EXPECT_EQ(none.step, std::nullopt);
+
+  for (uint64_t step : {10u, 20u, 30u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(10)));
+    Fill(*seg, h, slot, step);
+    CKPTD_ASSERT_OK(seg->Publish(slot, step));
+    CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.WaitPersisted(h.trainer_id, 30, absl::Seconds(30)));
+  EXPECT_THAT(st.last_persisted_step, Optional(30u));
+  EXPECT_THAT(st.last_committed_step, Optional(30u));
+  EXPECT_EQ(st.failed, 0u);
+
+  // Retention kept two; the newest is committed and restorable.
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto steps, store.ListSteps("job"));
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[1].step, 30u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(30u));
+  EXPECT_EQ(seg->state(r.slot), SlotState::kRestored);
+  for (size_t i = 0; i < h.offsets.size(); ++i) {
+    EXPECT_EQ(seg->slot_data(r.slot)[h.offsets[i]], 30) << i;
+  }
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(AgentCoreTest, PublishedSnapshotIsPersistedAfterTheTrainerDies) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t ready, seg->AcquireForFill(absl::ZeroDuration()));
+  Fill(*seg, h, ready, 5);
+  CKPTD_ASSERT_OK(seg->Publish(ready, 5));  // published, never notified
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t half, seg->AcquireForFill(absl::ZeroDuration()));
+  (void)half;  // the trainer died mid-copy
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(5u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto steps, store.ListSteps("job"));
+  EXPECT_EQ(steps.size(), 1u);  // the half-made copy was never persisted
+}
+
+TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 1));
+  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
+  CKPTD_ASSERT_OK(agent.WaitPersisted(h.trainer_id, 1, absl::Seconds(30)).status());
+
+  TrainerRegistration bigger = FiveComponents("job");
+  bigger.buffers[2] = Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6001);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h2, agent.Register(bigger));
+  EXPECT_THAT(agent.Restore(h2.trainer_id, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("buffer 'adam'")));
+
+  TrainerRegistration renamed = FiveComponents("job");
+  renamed.buffers[3].set_name("rng.cpu");
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h3, agent.Register(renamed));
+  EXPECT_THAT(agent.Restore(h3.trainer_id, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("buffer 'rng.cpu' is not in the checkpoint")));
+
+  TrainerRegistration fewer = FiveComponents("job");
+  fewer.buffers.pop_back();
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h4, agent.Register(fewer));
+  EXPECT_THAT(agent.Restore(h4.trainer_id, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("'cursor' that is not registered")));
+}
+
+TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(10)));
+    Fill(*seg, h, slot, step);
+    CKPTD_ASSERT_OK(seg->Publish(slot, step));
+    CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
+    CKPTD_ASSERT_OK(agent.WaitPersisted(h.trainer_id, step, absl::Seconds(30)).status());
+  }
+  // Flip a byte in the first chunk of step 2's shard.
+  const std::string path = storage::ShardPath("/ckpt", "job", 2, 0);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
+  bytes[4096 + 10] ^= 0x40;
+  CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(1u));
+  EXPECT_EQ(seg->slot_data(r.slot)[0], 1);
+}
+
+TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
+  AgentCore agent(&mem_, options_);
+  TrainerRegistration r = FiveComponents("../etc");
+  EXPECT_THAT(agent.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+  r = FiveComponents("job");
+  r.buffers.push_back(r.buffers[0]);
+  EXPECT_THAT(agent.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'params' is registered twice")));
+  r = FiveComponents("job");
+  r.rank = 3;
+  EXPECT_THAT(agent.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("world size")));
+  AgentOptions tiny = options_;
+  tiny.staging_budget_bytes = 4096;
+  AgentCore small(&mem_, tiny);
+  EXPECT_THAT(small.Register(FiveComponents("job")),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("staging budget")));
+}
+
+}  // namespace
+}  // namespace ckptd::agent
