@@ -1,0 +1,200 @@
+#include "agent/agent_service.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/mem_file_system.h"
+#include "storage/store.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, uint64_t n) {
+  ckptd::v1::Tensor t;
+  t.set_name(name);
+  t.set_component(c);
+  t.set_dtype(ckptd::v1::BYTES);
+  t.add_shape(n);
+  return t;
+}
+
+class AgentServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ckptd-agent-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    socket_ = dir_ + "/agent.sock";
+    ASSERT_THAT(mem_.CreateDir("/ckpt"), IsOk());
+    AgentOptions o;
+    o.storage_root = "/ckpt";
+    o.io_threads = 1;
+    o.segment_prefix = absl::StrCat("/ckptd-test-svc-", ::getpid(), "-", counter_++);
+    core_ = std::make_unique<AgentCore>(&mem_, o);
+    service_ = std::make_unique<AgentService>(core_.get());
+    CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartUnixServer(socket_, service_.get()));
+    stub_ = ckptd::v1::Agent::NewStub(grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+    server_.reset();
+    service_.reset();
+    core_.reset();
+    std::system(absl::StrCat("rm -rf ", dir_).c_str());
+  }
+
+  ckptd::v1::RegisterRequest Request(int32_t pid) {
+    ckptd::v1::RegisterRequest req;
+    req.set_job("svc-job");
+    req.set_world_size(1);
+    req.set_pid(pid);
+    *req.add_buffers() = Buffer("params", ckptd::v1::PARAMS, 10000);
+    *req.add_buffers() = Buffer("rng", ckptd::v1::RNG, 64);
+    return req;
+  }
+
+  static inline int counter_ = 0;
+  std::string dir_, socket_;
+  storage::MemFileSystem mem_;
+  std::unique_ptr<AgentCore> core_;
+  std::unique_ptr<AgentService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ckptd::v1::Agent::Stub> stub_;
+};
+
+TEST_F(AgentServiceTest, SocketIsOwnerOnly) {
+  struct stat st;
+  ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(AgentServiceTest, RegisterSnapshotRestoreOverTheSocket) {
+  grpc::ClientContext c1;
+  ckptd::v1::RegisterResponse reg;
+  ASSERT_TRUE(stub_->Register(&c1, Request(::getpid()), &reg).ok());
+  ASSERT_EQ(reg.offsets_size(), 2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(reg.segment()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(5)));
+  std::memset(seg->slot_data(slot), 0x5a, reg.slot_bytes());
+  CKPTD_ASSERT_OK(seg->Publish(slot, 7));
+  grpc::ClientContext c2;
+  ckptd::v1::SnapshotPublishedRequest pub;
+  pub.set_trainer_id(reg.trainer_id());
+  pub.set_slot(slot);
+  pub.set_step(7);
+  ckptd::v1::SnapshotPublishedResponse pub_resp;
+  ASSERT_TRUE(stub_->SnapshotPublished(&c2, pub, &pub_resp).ok());
+
+  ckptd::v1::GetStatusResponse status;
+  for (int i = 0; i < 300 && !status.has_committed(); ++i) {
+    grpc::ClientContext c;
+    ckptd::v1::GetStatusRequest req;
+    req.set_trainer_id(reg.trainer_id());
+    ASSERT_TRUE(stub_->GetStatus(&c, req, &status).ok());
+    if (!status.has_committed()) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(status.has_committed());
+  EXPECT_EQ(status.last_committed_step(), 7u);
+
+  grpc::ClientContext c3;
+  ckptd::v1::RestoreRequest rr;
+  rr.set_trainer_id(reg.trainer_id());
+  rr.set_wait_for_slot_ms(1000);
+  ckptd::v1::RestoreResponse restored;
+  ASSERT_TRUE(stub_->Restore(&c3, rr, &restored).ok());
+  EXPECT_TRUE(restored.found());
+  EXPECT_EQ(restored.step(), 7u);
+  EXPECT_EQ(seg->slot_data(restored.slot())[reg.offsets(1)], 0x5a);
+  CKPTD_ASSERT_OK(seg->Release(restored.slot()));
+
+  grpc::ClientContext c4;
+  ckptd::v1::GoodbyeRequest bye;
+  bye.set_trainer_id(reg.trainer_id());
+  ckptd::v1::GoodbyeResponse bye_resp;
+  EXPECT_TRUE(stub_->Goodbye(&c4, bye, &bye_resp).ok());
+  grpc::ClientContext c5;
+  grpc::Status again = stub_->Goodbye(&c5, bye, &bye_resp);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(AgentServiceTest, BadRegistrationIsInvalidArgument) {
+  ckptd::v1::RegisterRequest req = Request(::getpid());
+  req.set_job("../../etc");
+  grpc::ClientContext c;
+  ckptd::v1::RegisterResponse resp;
+  grpc::Status s = stub_->Register(&c, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("job name"));
+}
+
+TEST_F(AgentServiceTest, TrainerDeathIsNoticedAndItsPublishedSnapshotPersisted) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();  // the "trainer": killed below
+    ::_exit(0);
+  }
+  grpc::ClientContext c1;
+  ckptd::v1::RegisterResponse reg;
+  ASSERT_TRUE(stub_->Register(&c1, Request(child), &reg).ok());
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(reg.segment()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(5)));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 3));  // published; the trainer dies before notifying
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  std::optional<uint64_t> latest;
+  for (int i = 0; i < 500 && !latest; ++i) {
+    absl::StatusOr<std::optional<uint64_t>> l = store.LatestCommittedStep("svc-job");
+    if (l.ok()) latest = *l;
+    if (!latest) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(latest, std::optional<uint64_t>(3));
+  // The agent forgot the trainer once it had persisted what it published.
+  absl::StatusOr<PersistStatus> st = core_->Status(reg.trainer_id());
+  for (int i = 0; i < 500 && st.ok(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+    st = core_->Status(reg.trainer_id());
+  }
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+}
+
+TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
+  char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string file = dir + "/not-a-socket";
+  std::ofstream(file) << "precious";
+  ckptd::v1::Agent::Service dummy;
+  EXPECT_THAT(StartUnixServer(file, &dummy), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a socket")));
+  const std::string sock = dir + "/a.sock";
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> live, StartUnixServer(sock, &dummy));
+  ckptd::v1::Agent::Service other;
+  EXPECT_THAT(StartUnixServer(sock, &other), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another agent")));
+  live->Shutdown();
+  live.reset();
+  // The socket file left behind is stale now: a new agent takes it over.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> again, StartUnixServer(sock, &other));
+  again->Shutdown();
+  EXPECT_THAT(StartUnixServer(std::string(200, 'x'), &other), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("socket path")));
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
+}  // namespace
+}  // namespace ckptd::agent
