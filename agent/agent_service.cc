@@ -14,17 +14,6 @@
 
 namespace ckptd::agent {
 
-grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbers.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
 AgentService::AgentService(AgentCore* core) : core_(core) {}
 
 grpc::Status AgentService::Register(grpc::ServerContext*, const ckptd::v1::RegisterRequest* req,

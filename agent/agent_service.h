@@ -7,15 +7,12 @@
 
 #include "absl/status/statusor.h"
 #include "agent/agent_core.h"
+#include "agent/grpc_status.h"
 #include "agent/process_watcher.h"
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ckptd::agent {
-
-// The one place where absl::Status and grpc::Status meet.
-grpc::Status ToGrpcStatus(const absl::Status& s);
-absl::Status FromGrpcStatus(const grpc::Status& s);
 
 class AgentService final : public ckptd::v1::Agent::Service {
  public:

@@ -276,6 +276,13 @@ absl::Status StagingSegment::Release(uint32_t slot) {
                                                     ", not PERSISTING or RESTORED"));
 }
 
+absl::Status StagingSegment::Abandon(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (Transition(slot, SlotState::kFilling, SlotState::kFree)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not FILLING"));
+}
+
 int StagingSegment::ReclaimAfterTrainerExit() {
   int freed = 0;
   for (uint32_t i = 0; i < slots(); ++i) {

@@ -81,6 +81,8 @@ class StagingSegment {
   std::optional<uint32_t> TakeReady();
   // Agent: claims a FREE slot to restore into (RESTORING).
   absl::StatusOr<uint32_t> AcquireForRestore(absl::Duration wait);
+  // FILLING -> FREE: the trainer gives up a snapshot it could not finish.
+  absl::Status Abandon(uint32_t slot);
   // PERSISTING -> FREE (agent) or RESTORED -> FREE (trainer). A slot in any
   // other state is kFailedPrecondition naming the state.
   absl::Status Release(uint32_t slot);
