@@ -1,0 +1,104 @@
+// The C ABI over Client. No exception or abort crosses it: failures become a
+// status code and a thread-local message.
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/ckptd.h"
+#include "client/client.h"
+
+struct ckptd_client {
+  std::unique_ptr<ckptd::client::Client> client;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int Fail(const absl::Status& s) {
+  g_last_error = std::string(s.message());
+  return s.ok() ? 0 : static_cast<int>(s.code());
+}
+
+}  // namespace
+
+extern "C" {
+
+int ckptd_abi_version(void) { return CKPTD_ABI_VERSION; }
+
+const char* ckptd_last_error(void) { return g_last_error.c_str(); }
+
+int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, size_t count, ckptd_client** out) {
+  if (options == nullptr || out == nullptr || (count > 0 && buffers == nullptr) || options->socket == nullptr ||
+      options->job == nullptr) {
+    return Fail(absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required"));
+  }
+  *out = nullptr;
+  ckptd::client::ClientOptions o;
+  o.socket = options->socket;
+  o.job = options->job;
+  o.rank = options->rank;
+  o.world_size = options->world_size == 0 ? 1 : options->world_size;
+  o.every_steps = options->every_steps;
+  o.slot_wait = absl::Milliseconds(options->slot_wait_ms < 0 ? 0 : options->slot_wait_ms);
+  o.rpc_timeout = absl::Milliseconds(options->rpc_timeout_ms <= 0 ? 5000 : options->rpc_timeout_ms);
+  std::vector<ckptd::client::BufferSpec> specs;
+  for (size_t i = 0; i < count; ++i) {
+    const ckptd_buffer& b = buffers[i];
+    if (b.name == nullptr || (b.ndim > 0 && b.shape == nullptr)) {
+      return Fail(absl::InvalidArgumentError("ckptd_connect: buffer " + std::to_string(i) +
+                                             " needs a name and, with ndim > 0, a shape"));
+    }
+    ckptd::client::BufferSpec s;
+    s.name = b.name;
+    s.component = static_cast<ckptd::v1::Component>(b.component);
+    s.dtype = static_cast<ckptd::v1::DType>(b.dtype);
+    s.shape.assign(b.shape, b.shape + b.ndim);
+    if (b.global_shape != nullptr) s.global_shape.assign(b.global_shape, b.global_shape + b.ndim);
+    if (b.offsets != nullptr) s.offsets.assign(b.offsets, b.offsets + b.ndim);
+    s.device.set_kind(b.device_kind == CKPTD_DEVICE_CUDA ? ckptd::v1::Device::CUDA : ckptd::v1::Device::HOST);
+    s.device.set_index(b.device_index);
+    s.data = b.data;
+    specs.push_back(std::move(s));
+  }
+  absl::StatusOr<std::unique_ptr<ckptd::client::Client>> client = ckptd::client::Client::Connect(o, std::move(specs));
+  if (!client.ok()) return Fail(client.status());
+  auto* handle = new (std::nothrow) ckptd_client{*std::move(client)};
+  if (handle == nullptr) return Fail(absl::ResourceExhaustedError("ckptd_connect: out of memory"));
+  *out = handle;
+  return 0;
+}
+
+int ckptd_should_snapshot(const ckptd_client* client, uint64_t step) {
+  return client != nullptr && client->client->ShouldSnapshot(step) ? 1 : 0;
+}
+
+int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_snapshot: no client"));
+  absl::StatusOr<ckptd::client::SnapshotResult> r = client->client->Snapshot(step);
+  if (!r.ok()) return Fail(r.status());
+  if (stall_seconds != nullptr) *stall_seconds = r->stall_seconds;
+  return 0;
+}
+
+int ckptd_restore(ckptd_client* client, int* found, uint64_t* step) {
+  if (client == nullptr || found == nullptr || step == nullptr) {
+    return Fail(absl::InvalidArgumentError("ckptd_restore: client, found and step are required"));
+  }
+  absl::StatusOr<std::optional<uint64_t>> r = client->client->Restore();
+  if (!r.ok()) return Fail(r.status());
+  *found = r->has_value() ? 1 : 0;
+  *step = r->value_or(0);
+  return 0;
+}
+
+int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_wait_persisted: no client"));
+  return Fail(client->client->WaitPersisted(step, absl::Milliseconds(timeout_ms)));
+}
+
+void ckptd_close(ckptd_client* client) { delete client; }
+
+}  // extern "C"

@@ -1,0 +1,29 @@
+/* Compiled as C: the header is valid C and the ABI is callable from C. */
+#include "client/ckptd.h"
+
+int ckptd_c_smoke(const char* socket, const char* job) {
+  float params[256];
+  unsigned char rng[16];
+  uint64_t params_shape[1] = {256};
+  uint64_t rng_shape[1] = {16};
+  ckptd_buffer buffers[2] = {
+      {"params", CKPTD_PARAMS, CKPTD_FLOAT32, 1, params_shape, 0, 0, CKPTD_DEVICE_HOST, 0, params},
+      {"rng", CKPTD_RNG, CKPTD_BYTES, 1, rng_shape, 0, 0, CKPTD_DEVICE_HOST, 0, rng},
+  };
+  ckptd_options options = {socket, job, 0, 1, 2, 1000, 2000};
+  ckptd_client* client = 0;
+  int i, found = 0, rc;
+  uint64_t step = 0;
+  double stall = 0;
+  for (i = 0; i < 256; ++i) params[i] = (float)i;
+  for (i = 0; i < 16; ++i) rng[i] = (unsigned char)i;
+  if ((rc = ckptd_connect(&options, buffers, 2, &client)) != 0) return 100 + rc;
+  if (!ckptd_should_snapshot(client, 4) || ckptd_should_snapshot(client, 3)) return 2;
+  if ((rc = ckptd_snapshot(client, 4, &stall)) != 0) return 200 + rc;
+  if ((rc = ckptd_wait_persisted(client, 4, 30000)) != 0) return 300 + rc;
+  for (i = 0; i < 256; ++i) params[i] = -1.0f;
+  if ((rc = ckptd_restore(client, &found, &step)) != 0) return 400 + rc;
+  if (!found || step != 4 || params[255] != 255.0f || rng[15] != 15) return 5;
+  ckptd_close(client);
+  return 0;
+}

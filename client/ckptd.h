@@ -1,0 +1,68 @@
+/* libckptd's stable C ABI: what the Python binding (and any other language)
+ * calls. Every function returns 0 on success or a canonical status code
+ * (absl/gRPC numbering: 3 invalid argument, 5 not found, 8 resource
+ * exhausted, 9 failed precondition, 14 unavailable, ...); the message of the
+ * last failure on the calling thread is ckptd_last_error(). Checkpointing is a
+ * weak dependency: every call is bounded in time and never aborts the caller. */
+#ifndef CKPTD_CKPTD_H_
+#define CKPTD_CKPTD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKPTD_ABI_VERSION 1
+
+/* State components and dtypes: the values of ckptd.v1.Component / DType. */
+enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
+enum {
+  CKPTD_BYTES = 1, CKPTD_FLOAT32 = 2, CKPTD_BFLOAT16 = 3, CKPTD_FLOAT16 = 4, CKPTD_FLOAT64 = 5,
+  CKPTD_INT8 = 6, CKPTD_UINT8 = 7, CKPTD_INT16 = 8, CKPTD_INT32 = 9, CKPTD_INT64 = 10, CKPTD_BOOL = 11
+};
+enum { CKPTD_DEVICE_HOST = 0, CKPTD_DEVICE_CUDA = 1 };
+
+typedef struct ckptd_buffer {
+  const char* name;
+  int component;
+  int dtype;
+  size_t ndim;
+  const uint64_t* shape;         /* ndim entries */
+  const uint64_t* global_shape;  /* ndim entries, or NULL when not sharded */
+  const uint64_t* offsets;       /* ndim entries, or NULL when not sharded */
+  int device_kind;
+  int device_index;
+  void* data;                    /* stays valid while the client lives */
+} ckptd_buffer;
+
+typedef struct ckptd_options {
+  const char* socket;
+  const char* job;
+  uint32_t rank;
+  uint32_t world_size;      /* 0 means 1 */
+  uint64_t every_steps;     /* 0: snapshot only when asked */
+  int64_t slot_wait_ms;     /* wait for a free staging slot; 0: skip at once */
+  int64_t rpc_timeout_ms;   /* bound on each call to the agent; 0: 5000 */
+} ckptd_options;
+
+typedef struct ckptd_client ckptd_client;
+
+int ckptd_abi_version(void);
+const char* ckptd_last_error(void);
+
+int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, size_t count, ckptd_client** out);
+/* 1 when the schedule says to snapshot `step`, else 0. No RPC. */
+int ckptd_should_snapshot(const ckptd_client* client, uint64_t step);
+int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds);
+/* *found = 0 when nothing is committed; else *step is the restored step. */
+int ckptd_restore(ckptd_client* client, int* found, uint64_t* step);
+int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms);
+void ckptd_close(ckptd_client* client);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPTD_CKPTD_H_ */
