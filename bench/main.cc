@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bench/persist_bench.h"
+#include "bench/snapshot_bench.h"
 #include "cli/args.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
       "benchmarks:\n"
       "  persist   write a synthetic rank checkpoint, read it back verified; with\n"
       "            --compare, beside fio and the zstd CLI\n"
+      "  snapshot  the blocking part of a snapshot through a live agent, beside memcpy\n"
       "\n"
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -23,6 +25,7 @@ int main(int argc, char** argv) {
   const std::string name = args[0];
   args.erase(args.begin());
   if (name == "persist") return ckptd::bench::RunPersistBench(args, std::cout, std::cerr);
+  if (name == "snapshot") return ckptd::bench::RunSnapshotBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
   return ckptd::cli::kExitUsage;
 }
