@@ -5,6 +5,7 @@
 
 #include "bench/persist_bench.h"
 #include "bench/snapshot_bench.h"
+#include "bench/overhead_bench.h"
 #include "cli/args.h"
 
 int main(int argc, char** argv) {
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
       "  persist   write a synthetic rank checkpoint, read it back verified; with\n"
       "            --compare, beside fio and the zstd CLI\n"
       "  snapshot  the blocking part of a snapshot through a live agent, beside memcpy\n"
+      "  overhead  the demo trainer's training time with snapshots every k steps vs none\n"
       "\n"
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -26,6 +28,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (name == "persist") return ckptd::bench::RunPersistBench(args, std::cout, std::cerr);
   if (name == "snapshot") return ckptd::bench::RunSnapshotBench(args, std::cout, std::cerr);
+  if (name == "overhead") return ckptd::bench::RunOverheadBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
   return ckptd::cli::kExitUsage;
 }

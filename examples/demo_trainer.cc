@@ -29,7 +29,8 @@ const char kUsage[] =
     "\n"
     "Restores from the newest committed step when there is one, trains to step n\n"
     "(micro-batches; an optimizer step every a of them, default 4), snapshots\n"
-    "every k steps (default 10), and prints final_step=<n> digest=<hex>.\n"
+    "every k steps (default 10; 0: never), and prints, as its last line,\n"
+    "final_step=<n> digest=<hex> train_s=<seconds of the training loop>.\n"
     "--step-ms slows each step down (for tests that kill the trainer mid-run).\n"
     "--skip-restore PARAMS|GRADS|OPTIMIZER|RNG|DATA_CURSOR drops that component\n"
     "after a restore (tests use it to show that every component matters).\n";
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
       std::cerr << "ckptd-demo-trainer: restored step " << start << "\n";
     }
   }
+  const absl::Time train_start = absl::Now();
   for (uint64_t step = start + 1; step <= steps; ++step) {
     state.MicroStep();
     if (step % accum == 0) state.OptimizerStep(accum);
@@ -210,6 +212,11 @@ int main(int argc, char** argv) {
     }
     if (vals[6] > 0) absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(vals[6])));
   }
-  std::cout << "final_step=" << steps << " digest=" << state.Digest() << std::endl;
+  const double train_s = absl::ToDoubleSeconds(absl::Now() - train_start);
+  std::cerr << absl::StrFormat("ckptd-demo-trainer: %d steps in %.3f s (%.3f ms/step), %d snapshots\n",
+                               steps - start, train_s, 1e3 * train_s / std::max<uint64_t>(steps - start, 1),
+                               client.ok() ? (*client)->snapshots_taken() : 0);
+  std::cout << "final_step=" << steps << " digest=" << state.Digest() << " train_s=" << absl::StrFormat("%.6f", train_s)
+            << std::endl;
   return 0;
 }
