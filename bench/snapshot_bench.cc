@@ -21,7 +21,7 @@
 namespace ckptd::bench {
 
 const char kSnapshotHelp[] =
-    "usage: ckptd-bench snapshot --bytes <n> [--dir <dir>] [--threads T] [--repeat N] [--json]\n"
+    "usage: ckptd-bench snapshot --bytes <n> [--dir <dir>] [--threads T] [--repeat N] [--cuda D] [--json]\n"
     "\n"
     "Starts an agent in this process (Unix socket and storage under --dir, default\n"
     "a new folder under /tmp, removed afterwards), registers one trainer buffer of\n"
@@ -29,7 +29,8 @@ const char kSnapshotHelp[] =
     "Reports the median blocking time of Snapshot (stall_s) and of a plain\n"
     "single-threaded memcpy of the same bytes into pre-faulted memory (memcpy_s),\n"
     "measured in the same rounds, and their ratio. --threads sets the copy threads\n"
-    "of the client (default: one per core).\n";
+    "of the client (default: one per core). --cuda D puts the buffer on CUDA\n"
+    "device D; the yardstick is then one cudaMemcpy into page-locked memory.\n";
 
 namespace {
 
@@ -41,7 +42,7 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<cli::Args> args = cli::Args::Parse(argv, {"bytes", "dir", "threads", "repeat"}, {"json", "help"});
+  absl::StatusOr<cli::Args> args = cli::Args::Parse(argv, {"bytes", "dir", "threads", "repeat", "cuda"}, {"json", "help"});
   if (args.ok() && args->Has("help")) {
     out << kSnapshotHelp;
     return cli::kExitOk;
@@ -57,6 +58,8 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
   if (!bytes.ok()) return usage(std::string(bytes.status().message()));
   if (!threads.ok()) return usage(std::string(threads.status().message()));
   if (!repeat.ok()) return usage(std::string(repeat.status().message()));
+  absl::StatusOr<std::optional<uint64_t>> cuda = args->GetUint("cuda");
+  if (!cuda.ok()) return usage(std::string(cuda.status().message()));
   if (!*bytes || **bytes == 0) return usage("--bytes is required and must be positive");
   const uint64_t n = **bytes;
   const int rounds = static_cast<int>(std::clamp<uint64_t>(repeat->value_or(5), 1, 100));
@@ -95,8 +98,19 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
       return cli::kExitUnavailable;
     }
     // The trainer's buffer, and a pre-faulted target for the memcpy yardstick.
-    storage::AlignedBuffer buffer(n), target(n);
-    for (uint64_t i = 0; i < n; i += 4096) buffer.data()[i] = static_cast<uint8_t>(i >> 12);
+    storage::AlignedBuffer buffer(*cuda ? 1 : n), target(*cuda ? 1 : n);
+    for (uint64_t i = 0; !*cuda && i < n; i += 4096) buffer.data()[i] = static_cast<uint8_t>(i >> 12);
+    void* device_buffer = nullptr;
+    const int device = *cuda ? static_cast<int>(**cuda) : 0;
+    if (*cuda) {
+      absl::StatusOr<void*> p = client::AllocateDeviceMemory(device, n, 0x5a);
+      if (!p.ok()) {
+        err << "ckptd-bench snapshot: " << p.status().message() << "\n";
+        (*server)->Shutdown();
+        return cli::kExitFailed;
+      }
+      device_buffer = *p;
+    }
     client::ClientOptions co;
     co.socket = socket;
     co.job = "snapbench";
@@ -108,16 +122,30 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     spec.component = ckptd::v1::PARAMS;
     spec.dtype = ckptd::v1::BYTES;
     spec.shape = {n};
-    spec.data = buffer.data();
+    spec.data = *cuda ? device_buffer : buffer.data();
+    if (*cuda) {
+      spec.device.set_kind(ckptd::v1::Device::CUDA);
+      spec.device.set_index(device);
+    }
     absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co, {spec});
     if (!c.ok()) {
       err << "ckptd-bench snapshot: " << c.status().message() << "\n";
       rc = cli::kExitFailed;
     }
     for (int r = 0; rc == cli::kExitOk && r < rounds; ++r) {
-      const absl::Time t0 = absl::Now();
-      std::memcpy(target.data(), buffer.data(), n);
-      memcpys.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      if (*cuda) {
+        absl::StatusOr<double> t = client::TimeDeviceToPinnedCopy(device, device_buffer, n);
+        if (!t.ok()) {
+          err << "ckptd-bench snapshot: " << t.status().message() << "\n";
+          rc = cli::kExitFailed;
+          break;
+        }
+        memcpys.push_back(*t);
+      } else {
+        const absl::Time t0 = absl::Now();
+        std::memcpy(target.data(), buffer.data(), n);
+        memcpys.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      }
       absl::StatusOr<client::SnapshotResult> s = (*c)->Snapshot(r + 1);
       absl::Status persisted = s.ok() ? (*c)->WaitPersisted(r + 1, absl::Minutes(10)) : s.status();
       if (!persisted.ok()) {
@@ -129,6 +157,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     }
     c = absl::CancelledError();  // the client says goodbye before the agent stops
     (*server)->Shutdown();
+    if (device_buffer != nullptr) client::FreeDeviceMemory(device, device_buffer);
   }
   if (own_dir) std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
   if (rc != cli::kExitOk) return rc;
@@ -137,6 +166,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     cli::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
+    w.Field("device", *cuda ? absl::StrCat("cuda:", **cuda) : std::string("host"));
     w.Field("rounds", rounds);
     w.Field("stall_s", stall);
     w.Field("memcpy_s", copy);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/device_copy.h"
 #include "client/host_copy.h"
 #include "storage/status_macros.h"
@@ -133,6 +134,41 @@ absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int host_threads) {
   CKPTD_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (count == 0) return absl::FailedPreconditionError("cudaGetDeviceCount: no CUDA device");
   return std::unique_ptr<DeviceCopier>(std::make_unique<CudaCopier>(count, host_threads));
+}
+
+absl::StatusOr<void*> AllocateDeviceMemory(int device, size_t n, uint8_t pattern) {
+  ScopedDevice scope(device);
+  CKPTD_RETURN_IF_ERROR(scope.status());
+  void* p = nullptr;
+  CKPTD_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, n), absl::StrCat("cudaMalloc of ", n, " bytes")));
+  if (absl::Status s = CudaStatus(cudaMemset(p, pattern, n), "cudaMemset"); !s.ok()) {
+    (void)cudaFree(p);
+    return s;
+  }
+  return p;
+}
+
+void FreeDeviceMemory(int device, void* p) {
+  ScopedDevice scope(device);
+  (void)cudaFree(p);  // freeing is not actionable
+}
+
+absl::StatusOr<double> TimeDeviceToPinnedCopy(int device, const void* src, size_t n) {
+  ScopedDevice scope(device);
+  CKPTD_RETURN_IF_ERROR(scope.status());
+  void* host = nullptr;
+  CKPTD_RETURN_IF_ERROR(CudaStatus(cudaMallocHost(&host, n), absl::StrCat("cudaMallocHost of ", n, " bytes")));
+  // Touch once so that the timed copy measures the transfer alone.
+  absl::Status s = CudaStatus(cudaMemcpy(host, src, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  double seconds = 0;
+  if (s.ok()) {
+    const absl::Time t0 = absl::Now();
+    s = CudaStatus(cudaMemcpy(host, src, n, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  }
+  (void)cudaFreeHost(host);
+  CKPTD_RETURN_IF_ERROR(s);
+  return seconds;
 }
 
 }  // namespace ckptd::client

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -42,5 +43,13 @@ absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int host_threads = 0
 
 // True when this build includes the CUDA copier.
 bool BuiltWithCuda();
+
+// For benchmarks and GPU checks: device memory filled with a byte pattern,
+// and the time of one plain cudaMemcpy of `n` bytes from it into page-locked
+// host memory (the yardstick for a snapshot's stall). kUnimplemented without
+// CUDA, kFailedPrecondition without a device.
+absl::StatusOr<void*> AllocateDeviceMemory(int device, size_t n, uint8_t pattern);
+void FreeDeviceMemory(int device, void* p);
+absl::StatusOr<double> TimeDeviceToPinnedCopy(int device, const void* src, size_t n);
 
 }  // namespace ckptd::client

@@ -9,4 +9,14 @@ absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int) {
   return absl::UnimplementedError("ckptd was built without the CUDA toolkit");
 }
 
+absl::StatusOr<void*> AllocateDeviceMemory(int, size_t, uint8_t) {
+  return absl::UnimplementedError("ckptd was built without the CUDA toolkit");
+}
+
+void FreeDeviceMemory(int, void*) {}
+
+absl::StatusOr<double> TimeDeviceToPinnedCopy(int, const void*, size_t) {
+  return absl::UnimplementedError("ckptd was built without the CUDA toolkit");
+}
+
 }  // namespace ckptd::client
