@@ -196,7 +196,11 @@ int main(int argc, char** argv) {
       const State fresh(n);
       if (skip == "PARAMS") state.params = fresh.params;
       if (skip == "GRADS") state.grads = fresh.grads;
-      if (skip == "OPTIMIZER") state.m = fresh.m, state.v = fresh.v, state.adam = fresh.adam;
+      if (skip == "OPTIMIZER") {
+        state.m = fresh.m;
+        state.v = fresh.v;
+        state.adam = fresh.adam;
+      }
       if (skip == "RNG") state.rng = fresh.rng;
       if (skip == "DATA_CURSOR") state.cursor = fresh.cursor;
       std::cerr << "ckptd-demo-trainer: restored step " << start << "\n";
