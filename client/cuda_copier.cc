@@ -56,7 +56,7 @@ class ScopedDevice {
 class CudaCopier final : public DeviceCopier {
  public:
   CudaCopier(int device_count, int host_threads)
-      : host_threads_(host_threads > 0 ? host_threads : 1), streams_(device_count, nullptr),
+      : host_copier_(host_threads), streams_(device_count, nullptr),
         used_(device_count, false) {}
 
   ~CudaCopier() override {
@@ -101,7 +101,7 @@ class CudaCopier final : public DeviceCopier {
  private:
   absl::Status Copy(void* dst, const void* src, size_t n, const ckptd::v1::Device& device, cudaMemcpyKind kind) {
     if (device.kind() == ckptd::v1::Device::HOST) {
-      ParallelMemcpy(dst, src, n, host_threads_);
+      host_copier_.Copy(dst, src, n);
       return absl::OkStatus();
     }
     const int d = device.index();
@@ -120,7 +120,7 @@ class CudaCopier final : public DeviceCopier {
                       absl::StrCat("cudaMemcpyAsync of ", n, " bytes on cuda:", d));
   }
 
-  const int host_threads_;
+  ParallelCopier host_copier_;
   std::vector<cudaStream_t> streams_;
   std::vector<bool> used_;
 };

@@ -1,6 +1,6 @@
+#include <algorithm>
 #include <cstring>
 #include <thread>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/device_copy.h"
@@ -8,45 +8,53 @@
 
 namespace ckptd::client {
 
-void ParallelMemcpy(void* dst, const void* src, size_t n, int threads) {
-  // Below a few MiB a single memcpy wins: threads cost more than they bring.
+ParallelCopier::ParallelCopier(int threads)
+    : threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
+  if (threads_ > 1) helpers_ = std::make_unique<storage::ThreadPool>(threads_ - 1);
+}
+
+void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
+  // Below a few MiB a single memcpy wins: handing work out costs more.
   constexpr size_t kMinPerThread = 8u << 20;
   const size_t by_size = std::max<size_t>(1, n / kMinPerThread);
-  const size_t count = std::min<size_t>(std::max(threads, 1), by_size);
-  if (count <= 1) {
+  const size_t count = std::min<size_t>(static_cast<size_t>(threads_), by_size);
+  if (count <= 1 || helpers_ == nullptr) {
     if (n > 0) std::memcpy(dst, src, n);
     return;
   }
   // 4 KiB-aligned pieces keep each thread on whole pages.
-  size_t per = (n / count + 4095) / 4096 * 4096;
-  std::vector<std::thread> workers;
-  workers.reserve(count - 1);
+  const size_t per = (n / count + 4095) / 4096 * 4096;
   auto* d = static_cast<uint8_t*>(dst);
   auto* s = static_cast<const uint8_t*>(src);
+  storage::WaitGroup done;
   for (size_t i = 1; i < count; ++i) {
     const size_t begin = std::min(n, i * per);
     const size_t end = std::min(n, begin + per);
-    if (begin < end) workers.emplace_back([=] { std::memcpy(d + begin, s + begin, end - begin); });
+    if (begin >= end) continue;
+    done.Add();
+    helpers_->Schedule([=, &done] {
+      std::memcpy(d + begin, s + begin, end - begin);
+      done.Done();
+    });
   }
   std::memcpy(d, s, std::min(n, per));
-  for (std::thread& w : workers) w.join();
+  done.Wait();
 }
 
 namespace {
 
 class HostCopier final : public DeviceCopier {
  public:
-  explicit HostCopier(int threads)
-      : threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {}
+  explicit HostCopier(int threads) : copier_(threads) {}
 
   absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
     if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
-    ParallelMemcpy(dst, src, n, threads_);
+    copier_.Copy(dst, src, n);
     return absl::OkStatus();
   }
   absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
     if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
-    ParallelMemcpy(dst, src, n, threads_);
+    copier_.Copy(dst, src, n);
     return absl::OkStatus();
   }
   absl::Status Synchronize() override { return absl::OkStatus(); }
@@ -58,7 +66,7 @@ class HostCopier final : public DeviceCopier {
     return absl::FailedPreconditionError(
         absl::StrCat("buffer on cuda:", device.index(), " but this copier handles host memory only"));
   }
-  const int threads_;
+  ParallelCopier copier_;
 };
 
 }  // namespace

@@ -1,10 +1,24 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+
+#include "storage/thread_pool.h"
 
 namespace ckptd::client {
 
-// memcpy split over up to `threads` threads when `n` is large enough to gain.
-void ParallelMemcpy(void* dst, const void* src, size_t n, int threads);
+// memcpy split over up to `threads` threads (the caller's included) when the
+// size is large enough to gain. The helper threads are started once and
+// reused: a snapshot's copy creates no thread.
+class ParallelCopier {
+ public:
+  // `threads` <= 0: one per hardware thread.
+  explicit ParallelCopier(int threads);
+  void Copy(void* dst, const void* src, size_t n);
+
+ private:
+  int threads_;
+  std::unique_ptr<storage::ThreadPool> helpers_;  // threads_ - 1 workers, or none
+};
 
 }  // namespace ckptd::client
