@@ -53,7 +53,8 @@ absl::StatusOr<ShardWriteResult> CheckpointStore::WriteShard(absl::string_view j
 
 absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, uint64_t step,
                                                          uint32_t world_size,
-                                                         const std::vector<ShardRef>* reported) {
+                                                         const std::vector<ShardRef>* reported,
+                                                         CommitCheck check) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   const std::string what = absl::StrCat("commit ", job, " step ", step);
   if (world_size == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": world size is 0"));
@@ -70,10 +71,35 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
   m.set_job(std::string(job));
   m.set_step(step);
   m.set_world_size(world_size);
+  if (check == CommitCheck::kStatOnly && reported == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a stat-only commit needs the reported shards"));
+  }
   ShardReadOptions ro;
   ro.threads = 1;
   for (uint32_t rank = 0; rank < world_size; ++rank) {
     const std::string path = ShardPath(root_, job, step, rank);
+    if (check == CommitCheck::kStatOnly) {
+      auto it = std::find_if(reported->begin(), reported->end(),
+                             [rank](const ShardRef& r) { return r.rank() == rank; });
+      if (it == reported->end()) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported no shard"));
+      }
+      absl::StatusOr<FileInfo> info = fs_->Stat(path);
+      if (!info.ok()) {
+        const absl::StatusCode code =
+            absl::IsNotFound(info.status()) ? absl::StatusCode::kFailedPrecondition : info.status().code();
+        return absl::Status(code, absl::StrCat(what, ": rank ", rank, " has no durable shard: ",
+                                               info.status().message()));
+      }
+      if (info->size != it->file_length()) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported ", it->file_length(),
+                                                          " bytes but ", path, " has ", info->size));
+      }
+      ShardRef* ref = m.add_shards();
+      *ref = *it;
+      ref->set_file(ShardFileName(rank));
+      continue;
+    }
     absl::StatusOr<std::unique_ptr<ShardReader>> reader = ShardReader::Open(fs_, path, ro);
     if (!reader.ok()) {
       // A missing or damaged shard will not appear by retrying; anything else

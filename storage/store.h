@@ -64,10 +64,14 @@ class CheckpointStore {
   // when `reported` is given, that each matches the digest and length its
   // writer reported; then writes the MANIFEST atomically. kFailedPrecondition
   // when a shard is missing or disagrees; kAlreadyExists when already committed.
+  // With kStatOnly (needs `reported`), each shard is only checked to exist with
+  // its reported length: the writer already verified what it wrote, and a
+  // coordinator committing thousands of ranks cannot afford to read them all.
   // REQUIRES: one committer per job at a time (the agent or the coordinator).
+  enum class CommitCheck { kReadIndex, kStatOnly };
   absl::StatusOr<ckptd::v1::StepManifest> CommitStep(
       absl::string_view job, uint64_t step, uint32_t world_size,
-      const std::vector<ckptd::v1::ShardRef>* reported = nullptr);
+      const std::vector<ckptd::v1::ShardRef>* reported = nullptr, CommitCheck check = CommitCheck::kReadIndex);
 
   // Steps of `job` in ascending order (kNotFound when the job has no directory).
   absl::StatusOr<std::vector<StepInfo>> ListSteps(absl::string_view job);

@@ -313,6 +313,47 @@ TEST_F(StoreTest, CommitChecksReportedRefs) {
   }
 }
 
+TEST_F(StoreTest, StatOnlyCommitTrustsReportedDigestsButChecksEachFile) {
+  using Check = CheckpointStore::CommitCheck;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ShardWriteResult> written, WriteAll(5, 2));
+  std::vector<ShardRef> refs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ShardRef ref;
+    ref.set_rank(r);
+    ref.set_file_length(written[r].file_length);
+    ref.set_index_xxh3(written[r].index_xxh3);
+    ref.set_raw_bytes(1000 + r);
+    refs.push_back(ref);
+  }
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, nullptr, Check::kStatOnly),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the reported shards")));
+  std::vector<ShardRef> wrong_length = refs;
+  wrong_length[1].set_file_length(written[1].file_length - 1);
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &wrong_length, Check::kStatOnly),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 reported")));
+  std::vector<ShardRef> missing_rank = refs;
+  missing_rank[1].set_rank(0);
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &missing_rank, Check::kStatOnly),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 reported no shard")));
+  CKPTD_ASSERT_OK(mem_.RemoveFile(ShardPath("/root", kJob, 5, 0)));
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &refs, Check::kStatOnly),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 has no durable shard")));
+  EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 5)));
+
+  CKPTD_ASSERT_OK(WriteAll(6, 2).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ShardWriteResult> again, WriteAll(7, 2));
+  for (uint32_t r = 0; r < 2; ++r) {
+    refs[r].set_file_length(again[r].file_length);
+    refs[r].set_index_xxh3(again[r].index_xxh3);
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store_.CommitStep(kJob, 7, 2, &refs, Check::kStatOnly));
+  ASSERT_EQ(m.shards_size(), 2);
+  EXPECT_EQ(m.shards(1).raw_bytes(), 1001u);
+  EXPECT_EQ(m.shards(1).index_xxh3(), again[1].index_xxh3);
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 7));
+  EXPECT_TRUE(report.ok());
+}
+
 TEST_F(StoreTest, CommitRejectsAShardOfAnotherRankOrStep) {
   CKPTD_ASSERT_OK(WriteAll(6, 2).status());
   const std::string rank1 = ShardPath("/root", kJob, 6, 1);
