@@ -1,0 +1,98 @@
+// A minimal HTTP/1.1 server for small GET endpoints such as /metrics.
+//
+// One thread runs a poll loop over the listening socket and every open
+// connection, so a slow or silent client costs a file descriptor, never the
+// service of another client. Each connection gets one request and one
+// response (`Connection: close`). Requests are GET or HEAD only; anything
+// malformed, oversized or slow gets an error status or is closed, never a
+// crash.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace ckptd::metrics {
+
+class Registry;
+
+// The content type of the Prometheus text exposition format 0.0.4.
+inline constexpr absl::string_view kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+struct HttpResponse {
+  int status_code = 200;  // outside 100..599 is sent as 500
+  std::string content_type = "text/plain; charset=utf-8";
+  std::string body;
+};
+
+struct HttpServerOptions {
+  // A connection that has not delivered its request and taken the response
+  // within this time is closed.
+  absl::Duration request_timeout = absl::Seconds(10);
+  // Longest request line plus headers; a longer request gets 431.
+  size_t max_request_bytes = 8192;
+  // Connections served at once; further ones wait in the listen backlog.
+  int max_connections = 64;
+};
+
+class HttpServer {
+ public:
+  // Maps a request path (the request target without query string, e.g.
+  // "/metrics") to a response. Called on the server's thread, one request at a
+  // time; it must not call Stop(). For HEAD the server drops the body.
+  using Handler = std::function<HttpResponse(absl::string_view path)>;
+
+  // Listens on `host_port`: "127.0.0.1:9090", "[::1]:9090", "localhost:9090",
+  // ":9090" (all interfaces), port 0 for any free port. A host name listens on
+  // the first of its addresses that can be bound. Errors: kInvalidArgument for
+  // a malformed address or unknown host, kUnavailable when the port is in use,
+  // kPermissionDenied for a privileged port, others from the socket calls.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& host_port, Handler handler,
+                                                           HttpServerOptions options = {});
+
+  // Stops (see Stop()).
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Closes the listening socket and every open connection, without waiting
+  // for clients, and joins the server thread. Idempotent; not from the handler.
+  void Stop() ABSL_LOCKS_EXCLUDED(stop_mu_);
+
+  // The bound port (the chosen one when started with port 0).
+  int port() const { return port_; }
+
+ private:
+  HttpServer(int listen_fd, int wake_fd, int port, Handler handler, HttpServerOptions options);
+  void Loop();
+
+  const int listen_fd_;
+  const int wake_fd_;  // an eventfd; Stop() writes it to end the poll loop
+  const int port_;
+  const Handler handler_;
+  const HttpServerOptions options_;
+  std::atomic<bool> stopping_{false};
+  absl::Mutex stop_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
+};
+
+// Splits "host:port" / "[v6]:port" into host (brackets removed, may be empty)
+// and port. kInvalidArgument when malformed, including an IPv6 address
+// without brackets or a port outside 0..65535.
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port);
+
+// Serves `registry`'s Render() at /metrics (kPrometheusContentType) and 404
+// elsewhere. `registry` must outlive the handler.
+HttpServer::Handler MetricsHandler(Registry& registry);
+
+}  // namespace ckptd::metrics
