@@ -6,10 +6,12 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev liburing-dev libzstd-dev zstd libxxhash-dev
+  libabsl-dev liburing-dev libzstd-dev zstd libxxhash-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev
   fio python3
+  openssl  # generates the test CA for the coordinator's mutual-TLS tests
+  prometheus  # for promtool (metrics tests); on a systemd host it also enables a prometheus service
 )
 
 missing=()

@@ -1,0 +1,132 @@
+// StateStore in memory: the same contract as the SQLite store, nothing durable.
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/state_store.h"
+#include "coordinator/state_store_internal.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ckptd::v1::FailureEvent;
+using ckptd::v1::FailureKind;
+using ckptd::v1::JobRecord;
+using ckptd::v1::QuarantinedStep;
+
+class MemStateStore final : public StateStore {
+ public:
+  explicit MemStateStore(const StateStoreOptions& options)
+      : max_events_(std::max<size_t>(options.max_events, 1)) {}
+
+  absl::Status AppendEvent(const FailureEvent& event) override {
+    CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(event).status());
+    absl::MutexLock lock(&mu_);
+    events_.push_back({next_seq_++, event});
+    while (events_.size() > max_events_) events_.pop_front();
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<FailureEvent>> ListEvents(absl::string_view job, size_t limit) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<const Stored*> matching;
+    for (const Stored& s : events_) {
+      if (job.empty() || s.event.job() == job) matching.push_back(&s);
+    }
+    // Newest first by time; ties: last appended first.
+    std::sort(matching.begin(), matching.end(), [](const Stored* a, const Stored* b) {
+      if (a->event.unix_nanos() != b->event.unix_nanos()) {
+        return a->event.unix_nanos() > b->event.unix_nanos();
+      }
+      return a->seq > b->seq;
+    });
+    if (matching.size() > limit) matching.resize(limit);
+    std::vector<FailureEvent> out;
+    out.reserve(matching.size());
+    for (const Stored* s : matching) out.push_back(s->event);
+    return out;
+  }
+
+  absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) override {
+    CKPTD_ASSIGN_OR_RETURN(auto by_kind, CountEventsByKind(job, since));
+    uint64_t total = 0;
+    for (const auto& [kind, n] : by_kind) total += n;
+    return total;
+  }
+
+  absl::StatusOr<absl::flat_hash_map<FailureKind, uint64_t>> CountEventsByKind(absl::string_view job,
+                                                                              absl::Time since) override {
+    const int64_t since_nanos = absl::ToUnixNanos(since);
+    absl::MutexLock lock(&mu_);
+    absl::flat_hash_map<FailureKind, uint64_t> counts;
+    for (const Stored& s : events_) {
+      if ((job.empty() || s.event.job() == job) && s.event.unix_nanos() >= since_nanos) {
+        ++counts[s.event.kind()];
+      }
+    }
+    return counts;
+  }
+
+  absl::Status PutJob(const JobRecord& record) override {
+    if (record.job().empty()) return absl::InvalidArgumentError("PutJob: the record names no job");
+    CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(record).status());
+    absl::MutexLock lock(&mu_);
+    jobs_[record.job()] = record;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<JobRecord>> ListJobs() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<JobRecord> out;
+    out.reserve(jobs_.size());
+    for (const auto& [name, record] : jobs_) out.push_back(record);
+    return out;
+  }
+
+  absl::Status PutQuarantine(const QuarantinedStep& q) override {
+    if (q.job().empty()) return absl::InvalidArgumentError("PutQuarantine: the step names no job");
+    CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(q).status());
+    absl::MutexLock lock(&mu_);
+    quarantine_.try_emplace({q.job(), q.step()}, q);  // the first record of a step is kept
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<QuarantinedStep>> ListQuarantined(absl::string_view job) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<QuarantinedStep> out;
+    for (const auto& [key, q] : quarantine_) {
+      if (job.empty() || key.first == job) out.push_back(q);
+    }
+    return out;
+  }
+
+ private:
+  struct Stored {
+    uint64_t seq;  // append order
+    FailureEvent event;
+  };
+
+  const size_t max_events_;
+  absl::Mutex mu_;
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Stored> events_ ABSL_GUARDED_BY(mu_);  // in append order
+  // std::string orders bytewise (as unsigned char), like SQLite's BLOB keys.
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, uint64_t>, QuarantinedStep> quarantine_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<StateStore> NewMemStateStore(const StateStoreOptions& options) {
+  return std::make_unique<MemStateStore>(options);
+}
+
+}  // namespace ckptd::coordinator
