@@ -1,0 +1,915 @@
+#include "coordinator/coordinator_core.h"
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "storage/layout.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::coordinator {
+
+using ckptd::v1::FailureEvent;
+using ckptd::v1::FailureKind;
+using ckptd::v1::JobRecord;
+using ckptd::v1::RestorePlanResponse;
+using ckptd::v1::ShardRef;
+using ckptd::v1::ShardReport;
+
+namespace {
+
+// Steps are counted by trainers; anything near 2^64 is a corrupt request.
+constexpr uint64_t kMaxStep = uint64_t{1} << 62;
+constexpr uint64_t kMaxShardBytes = uint64_t{1} << 50;
+constexpr size_t kMaxRanksPerAgent = 4096;
+constexpr size_t kMaxAbortedRemembered = 1024;
+
+double Ewma(double old_value, double sample) {
+  if (!(sample >= 0) || !std::isfinite(sample)) return old_value;
+  return old_value == 0 ? sample : 0.8 * old_value + 0.2 * sample;
+}
+
+absl::Status ValidateRankInfo(const ckptd::v1::RankInfo& r, uint32_t max_world) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(r.job()));
+  if (r.world_size() == 0 || r.world_size() > max_world) {
+    return absl::InvalidArgumentError(absl::StrCat("job ", r.job(), ": world size ", r.world_size(),
+                                                   " is outside 1..", max_world));
+  }
+  if (r.rank() >= r.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job ", r.job(), ": rank ", r.rank(), " is not inside world size ", r.world_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateShardReport(const ShardReport& r, uint32_t max_world) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(r.job()));
+  const std::string what = absl::StrCat("shard report of job ", r.job(), " step ", r.step());
+  if (r.world_size() == 0 || r.world_size() > max_world) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world size ", r.world_size(), " is outside 1..", max_world));
+  }
+  if (r.shard().rank() >= r.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": rank ", r.shard().rank(), " is not inside world size ", r.world_size()));
+  }
+  if (r.step() > kMaxStep) return absl::InvalidArgumentError(absl::StrCat(what, ": step is out of range"));
+  if (r.shard().file_length() == 0 || r.shard().file_length() > kMaxShardBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": shard length ", r.shard().file_length(), " is out of range"));
+  }
+  for (double v : {r.stall_seconds(), r.shard().persist_seconds()}) {
+    if (!std::isfinite(v) || v < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": a timing is not a duration"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateNodeId(absl::string_view node_id) {
+  absl::Status s = storage::ValidateJobName(node_id);
+  if (s.ok()) return s;
+  std::string message(s.message());
+  if (absl::StartsWith(message, "job name")) message.replace(0, 8, "node id");
+  return absl::InvalidArgumentError(message);
+}
+
+bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
+  if (step == 0) return false;
+  for (uint64_t s : schedule.extra_steps()) {
+    if (s == step) return true;
+  }
+  return schedule.every_steps() > 0 && step >= schedule.start_step() &&
+         (step - schedule.start_step()) % schedule.every_steps() == 0;
+}
+
+struct CoordinatorCore::Agent {
+  std::string node_id;
+  std::string address;
+  uint64_t session = 0;
+  std::vector<std::string> gpus;
+  std::vector<ckptd::v1::RankInfo> ranks;
+  absl::Time last_heartbeat;
+  bool alive = true;
+};
+
+struct CoordinatorCore::Rank {
+  std::string node_id;
+  int32_t pid = 0;
+  bool alive = false;
+  bool has_progress = false;
+  bool hung = false;
+  uint64_t step = 0;
+  absl::Time last_progress;
+  double step_seconds = 0;
+  uint64_t skipped = 0;
+};
+
+struct CoordinatorCore::PendingStep {
+  absl::Time first_report;
+  absl::Time last_report;
+  uint64_t incarnation = 0;
+  std::map<uint32_t, ShardRef> shards;
+  bool committing = false;
+};
+
+struct CoordinatorCore::RestoreRound {
+  std::optional<uint64_t> step;  // nullopt: fresh start
+  std::set<uint32_t> ok;
+  bool go = false;
+};
+
+struct CoordinatorCore::Job {
+  JobRecord record;  // world size, schedule (with the incarnation), timings, counters
+  std::map<uint32_t, Rank> ranks;
+  std::map<uint64_t, PendingStep> pending;
+  std::set<uint64_t> committed;
+  std::set<uint64_t> quarantined;
+  std::map<uint64_t, uint64_t> aborted;  // step -> incarnation it was aborted in
+  std::optional<RestoreRound> round;
+  bool dirty = false;
+
+  const std::string& name() const { return record.job(); }
+  uint32_t world_size() const { return record.world_size(); }
+  uint64_t incarnation() const { return record.schedule().incarnation(); }
+  std::optional<uint64_t> NewestUsable() const {
+    for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+      if (!quarantined.contains(*it)) return *it;
+    }
+    return std::nullopt;
+  }
+};
+
+struct CoordinatorCore::Effects {
+  struct CommitTask {
+    std::string job;
+    uint64_t step = 0;
+    uint32_t world_size = 0;
+    std::vector<ShardRef> shards;
+    absl::Time last_report;
+  };
+  std::vector<FailureEvent> events;
+  std::vector<JobRecord> records;
+  std::vector<ckptd::v1::QuarantinedStep> quarantines;
+  std::vector<CommitTask> commits;
+  std::vector<std::pair<std::string, uint64_t>> aborts;    // remove an uncommitted step's files
+  std::vector<std::pair<std::string, uint64_t>> removals;  // retention of committed steps
+  std::vector<std::tuple<std::string, uint64_t, std::string>> aborted_notes;
+  bool empty() const {
+    return events.empty() && records.empty() && quarantines.empty() && commits.empty() && aborts.empty() &&
+           removals.empty() && aborted_notes.empty();
+  }
+};
+
+CoordinatorCore::CoordinatorCore(storage::CheckpointStore* store, StateStore* state, Clock* clock,
+                                 CoordinatorOptions options, CoordinatorObserver* observer)
+    : store_(store), state_(state), clock_(clock), options_(std::move(options)), observer_(observer) {
+  // Sessions of an earlier coordinator must not be mistaken for ours.
+  std::random_device rd;
+  next_session_ = ((uint64_t{rd()} << 32) ^ rd()) & 0x7fffffffffffULL;
+  last_tick_ = clock_->Now();
+}
+
+CoordinatorCore::~CoordinatorCore() = default;
+
+absl::Status CoordinatorCore::Recover() {
+  CKPTD_ASSIGN_OR_RETURN(std::vector<JobRecord> records, state_->ListJobs());
+  absl::StatusOr<std::vector<std::string>> listed = store_->ListJobs();
+  if (!listed.ok() && !absl::IsNotFound(listed.status())) return listed.status();
+  const std::vector<std::string> stored_jobs = listed.ok() ? *listed : std::vector<std::string>();
+  absl::MutexLock l(&mu_);
+  for (const JobRecord& r : records) {
+    if (!storage::ValidateJobName(r.job()).ok() || r.world_size() == 0) continue;
+    auto job = std::make_unique<Job>();
+    job->record = r;
+    job->record.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+    jobs_[r.job()] = std::move(job);
+  }
+  for (const std::string& name : stored_jobs) {
+    CKPTD_ASSIGN_OR_RETURN(std::vector<storage::StepInfo> steps, store_->ListSteps(name));
+    Job* job = FindJob(name);
+    for (const storage::StepInfo& s : steps) {
+      if (s.state != storage::StepState::kCommitted) continue;
+      if (job == nullptr) {
+        auto fresh = std::make_unique<Job>();
+        fresh->record.set_job(name);
+        fresh->record.set_world_size(s.manifest->world_size());
+        fresh->record.mutable_schedule()->set_job(name);
+        fresh->record.mutable_schedule()->set_every_steps(options_.every_steps);
+        fresh->record.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+        job = fresh.get();
+        jobs_[name] = std::move(fresh);
+      }
+      job->committed.insert(s.step);
+    }
+  }
+  for (auto& [name, job] : jobs_) {
+    CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::QuarantinedStep> q, state_->ListQuarantined(name));
+    for (const auto& step : q) job->quarantined.insert(step.step());
+  }
+  return absl::OkStatus();
+}
+
+CoordinatorCore::Job* CoordinatorCore::FindJob(const std::string& name) {
+  auto it = jobs_.find(name);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobFor(const std::string& name, uint32_t world_size) {
+  Job* job = FindJob(name);
+  if (job == nullptr) {
+    auto fresh = std::make_unique<Job>();
+    fresh->record.set_job(name);
+    fresh->record.set_world_size(world_size);
+    ckptd::v1::Schedule* s = fresh->record.mutable_schedule();
+    s->set_job(name);
+    s->set_generation(1);
+    s->set_every_steps(options_.every_steps);
+    s->set_state(ckptd::v1::JOB_RUNNING);
+    fresh->dirty = true;
+    job = fresh.get();
+    jobs_[name] = std::move(fresh);
+    return job;
+  }
+  if (job->world_size() != world_size) {
+    bool anyone_alive = false;
+    for (const auto& [r, rank] : job->ranks) anyone_alive |= rank.alive;
+    if (anyone_alive || !job->pending.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", name, " runs with world size ", job->world_size(),
+                                                        ", not ", world_size));
+    }
+    // The whole job came back with another size; its ranks start over.
+    job->record.set_world_size(world_size);
+    job->ranks.clear();
+    job->round.reset();
+    job->dirty = true;
+  }
+  return job;
+}
+
+absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
+    const ckptd::v1::RegisterAgentRequest& request) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
+  if (request.ranks_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", request.node_id(), " registers ", request.ranks_size(),
+                                                   " ranks; at most ", kMaxRanksPerAgent));
+  }
+  for (const auto& r : request.ranks()) CKPTD_RETURN_IF_ERROR(ValidateRankInfo(r, options_.max_world_size));
+  for (const auto& s : request.durable_shards()) {
+    CKPTD_RETURN_IF_ERROR(ValidateShardReport(s, options_.max_world_size));
+  }
+  ckptd::v1::RegisterAgentResponse response;
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    // Every rank's job must accept its world size before anything changes.
+    for (const auto& r : request.ranks()) {
+      Job* job = FindJob(r.job());
+      if (job != nullptr && job->world_size() != r.world_size()) {
+        CKPTD_RETURN_IF_ERROR(JobFor(r.job(), r.world_size()).status());
+      }
+    }
+    auto& agent = agents_[request.node_id()];
+    if (agent == nullptr) agent = std::make_unique<Agent>();
+    agent->node_id = request.node_id();
+    agent->address = request.address();
+    agent->gpus.assign(request.gpus().begin(), request.gpus().end());
+    agent->session = next_session_++;
+    agent->last_heartbeat = clock_->Now();
+    agent->alive = true;
+    agent->ranks.assign(request.ranks().begin(), request.ranks().end());
+    for (const auto& r : request.ranks()) {
+      CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(r.job(), r.world_size()));
+      Rank& rank = job->ranks[r.rank()];
+      rank.node_id = request.node_id();
+      rank.pid = r.pid();
+      rank.alive = true;
+    }
+    response.set_session(agent->session);
+    response.set_heartbeat_interval_ms(
+        static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));
+    for (const auto& s : request.durable_shards()) {
+      // A shard that is no longer wanted is dropped; it does not fail the registration.
+      (void)AcceptShard(s, &fx);
+    }
+  }
+  Apply(fx);
+  return response;
+}
+
+absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd::v1::Heartbeat& hb) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(hb.node_id()));
+  if (hb.ranks_size() > static_cast<int>(kMaxRanksPerAgent) ||
+      hb.progress_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat of node ", hb.node_id(), " lists too many ranks"));
+  }
+  for (const auto& r : hb.ranks()) CKPTD_RETURN_IF_ERROR(ValidateRankInfo(r, options_.max_world_size));
+  ckptd::v1::HeartbeatAck ack;
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = agents_.find(hb.node_id());
+    if (it == agents_.end() || it->second->session != hb.session() || !it->second->alive) {
+      ack.set_known(false);
+      return ack;
+    }
+    Agent* agent = it->second.get();
+    const absl::Time now = clock_->Now();
+    agent->last_heartbeat = now;
+    // Ranks that left the node are no longer alive there.
+    for (const auto& old : agent->ranks) {
+      bool still = false;
+      for (const auto& r : hb.ranks()) still |= r.job() == old.job() && r.rank() == old.rank();
+      Job* job = FindJob(old.job());
+      if (!still && job != nullptr) {
+        auto rit = job->ranks.find(old.rank());
+        if (rit != job->ranks.end() && rit->second.node_id == agent->node_id) rit->second.alive = false;
+      }
+    }
+    std::vector<ckptd::v1::RankInfo> accepted;
+    for (const auto& r : hb.ranks()) {
+      absl::StatusOr<Job*> job = JobFor(r.job(), r.world_size());
+      if (!job.ok()) continue;  // a rank of another world size is refused; the others go on
+      Rank& rank = (*job)->ranks[r.rank()];
+      if (!rank.alive || rank.node_id != agent->node_id || rank.pid != r.pid()) {
+        rank = Rank();
+        rank.node_id = agent->node_id;
+        rank.pid = r.pid();
+        rank.alive = true;
+      }
+      accepted.push_back(r);
+    }
+    agent->ranks = std::move(accepted);
+    for (const auto& p : hb.progress()) {
+      Job* job = FindJob(p.job());
+      if (job == nullptr) continue;
+      auto rit = job->ranks.find(p.rank());
+      if (rit == job->ranks.end() || rit->second.node_id != agent->node_id) continue;
+      Rank& rank = rit->second;
+      if (p.step() > kMaxStep) continue;
+      if (!rank.has_progress || p.step() != rank.step) {
+        rank.has_progress = true;
+        rank.hung = false;
+        rank.step = p.step();
+        rank.last_progress = now;
+      }
+      if (p.step_seconds() > 0 && std::isfinite(p.step_seconds())) rank.step_seconds = p.step_seconds();
+      rank.skipped = p.snapshots_skipped();
+      JobRecord& rec = job->record;
+      if (p.step_seconds() > 0) rec.set_step_seconds(Ewma(rec.step_seconds(), p.step_seconds()));
+      for (uint64_t missed : p.missed_targets()) {
+        auto& extras = *rec.mutable_schedule()->mutable_extra_steps();
+        auto e = std::find(extras.begin(), extras.end(), missed);
+        if (e == extras.end()) continue;
+        // The rank learned of the target too late: pick one ahead of everyone.
+        extras.erase(e);
+        uint64_t fastest = 0;
+        for (const auto& [n, other] : job->ranks) fastest = std::max(fastest, other.step);
+        rec.mutable_schedule()->add_extra_steps(fastest + ManualLead(*job));
+        ChangeSchedule(job);
+        if (job->pending.contains(missed)) AbortPending(job, missed, "a rank passed the target before it knew", &fx);
+      }
+    }
+    std::set<std::string> seen;
+    for (const auto& r : agent->ranks) {
+      if (!seen.insert(r.job()).second) continue;
+      if (Job* job = FindJob(r.job())) *ack.add_schedules() = job->record.schedule();
+    }
+    ack.set_known(true);
+  }
+  Apply(fx);
+  return ack;
+}
+
+void CoordinatorCore::ChangeSchedule(Job* job) {
+  ckptd::v1::Schedule* s = job->record.mutable_schedule();
+  s->set_generation(s->generation() + 1);
+  job->dirty = true;
+}
+
+uint64_t CoordinatorCore::ManualLead(const Job& job) const {
+  // Far enough ahead that every rank hears of it first: two heartbeats and
+  // the client's poll, in steps of the job's pace (at least two steps).
+  const double seconds = 2 * absl::ToDoubleSeconds(options_.heartbeat_interval) + 0.5;
+  const double step_s = job.record.step_seconds();
+  if (step_s <= 0) return 10;
+  return std::max<uint64_t>(2, static_cast<uint64_t>(std::ceil(seconds / step_s)) + 1);
+}
+
+absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, Effects* fx) {
+  const uint64_t step = report.step();
+  const uint32_t rank = report.shard().rank();
+  const std::string what = absl::StrCat("job ", report.job(), " step ", step, " rank ", rank);
+  Job* job = FindJob(report.job());
+  if (job == nullptr) {
+    CKPTD_ASSIGN_OR_RETURN(job, JobFor(report.job(), report.world_size()));
+  }
+  if (job->world_size() != report.world_size()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": reported for a world of ", report.world_size(),
+                                                      "; the job runs ", job->world_size()));
+  }
+  if (job->committed.contains(step)) return true;  // a repeated report of a committed step
+  if (report.incarnation() > job->incarnation()) {
+    // A coordinator that lost its database: trust the rank's count.
+    job->record.mutable_schedule()->set_incarnation(report.incarnation());
+    job->dirty = true;
+  }
+  if (report.incarnation() < job->incarnation()) {
+    fx->aborts.emplace_back(job->name(), step);
+    return absl::AbortedError(absl::StrCat(what, ": written before the job's latest restore; not committed"));
+  }
+  if (auto a = job->aborted.find(step); a != job->aborted.end() && report.incarnation() <= a->second) {
+    return absl::AbortedError(absl::StrCat(what, ": the step was aborted"));
+  }
+  if (std::optional<uint64_t> newest = job->NewestUsable(); newest && step < *newest) {
+    fx->aborts.emplace_back(job->name(), step);
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": older than committed step ", *newest, "; not needed"));
+  }
+  PendingStep& p = job->pending[step];
+  const absl::Time now = clock_->Now();
+  if (p.shards.empty()) {
+    p.first_report = now;
+    p.incarnation = report.incarnation();
+  }
+  p.last_report = now;
+  ShardRef ref = report.shard();
+  ref.set_file(storage::ShardFileName(rank));  // never a client-supplied path
+  p.shards[rank] = ref;
+  JobRecord& rec = job->record;
+  rec.set_stall_seconds(Ewma(rec.stall_seconds(), report.stall_seconds()));
+  rec.set_persist_seconds(Ewma(rec.persist_seconds(), ref.persist_seconds()));
+  job->dirty = true;
+  if (observer_ != nullptr) observer_->OnShardReported(report);
+  if (p.committing || p.shards.size() < job->world_size()) return false;
+  p.committing = true;
+  Effects::CommitTask task;
+  task.job = job->name();
+  task.step = step;
+  task.world_size = job->world_size();
+  for (const auto& [r, s] : p.shards) task.shards.push_back(s);
+  task.last_report = now;
+  fx->commits.push_back(std::move(task));
+  return true;
+}
+
+absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
+    const ckptd::v1::ReportShardRequest& request) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
+  CKPTD_RETURN_IF_ERROR(ValidateShardReport(request.report(), options_.max_world_size));
+  const ShardReport& report = request.report();
+  Effects fx;
+  absl::Status accepted;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = agents_.find(request.node_id());
+    if (it == agents_.end() || it->second->session != request.session()) {
+      return absl::NotFoundError(
+          absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
+    }
+    accepted = AcceptShard(report, &fx).status();
+  }
+  Apply(fx);
+  CKPTD_RETURN_IF_ERROR(accepted);
+  ckptd::v1::ReportShardResponse response;
+  absl::MutexLock l(&mu_);
+  Job* job = FindJob(report.job());
+  response.set_committed(job != nullptr && job->committed.contains(report.step()));
+  return response;
+}
+
+void CoordinatorCore::AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) {
+  auto it = job->pending.find(step);
+  if (it != job->pending.end()) {
+    if (it->second.committing) return;  // the commit decides
+    job->pending.erase(it);
+  }
+  job->aborted[step] = job->incarnation();
+  while (job->aborted.size() > kMaxAbortedRemembered) job->aborted.erase(job->aborted.begin());
+  job->record.set_checkpoints_aborted(job->record.checkpoints_aborted() + 1);
+  ++counters_.aborted;
+  job->dirty = true;
+  fx->aborts.emplace_back(job->name(), step);
+  fx->aborted_notes.emplace_back(job->name(), step, why);
+}
+
+void CoordinatorCore::RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank,
+                                    FailureKind kind, const std::string& detail, Effects* fx) {
+  FailureEvent e;
+  e.set_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+  e.set_node_id(node);
+  if (job != nullptr) e.set_job(job->name());
+  if (rank) {
+    e.set_has_rank(true);
+    e.set_rank(*rank);
+  }
+  e.set_kind(kind);
+  e.set_detail(detail);
+  ++counters_.failures[kind];
+  fx->events.push_back(e);
+  if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) Restart(job, fx);
+}
+
+void CoordinatorCore::Restart(Job* job, Effects* fx) {
+  ckptd::v1::Schedule* s = job->record.mutable_schedule();
+  if (s->state() == ckptd::v1::JOB_RESTARTING) return;
+  s->set_state(ckptd::v1::JOB_RESTARTING);
+  // Targets of manual checkpoints belong to the run that failed.
+  s->clear_extra_steps();
+  ChangeSchedule(job);
+  job->round.reset();
+  for (auto& [r, rank] : job->ranks) {
+    rank.has_progress = false;
+    rank.hung = false;
+  }
+  (void)fx;
+}
+
+absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureRequest& request) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  if (request.kind() != ckptd::v1::TRAINER_DIED && request.kind() != ckptd::v1::TRAINER_HUNG &&
+      request.kind() != ckptd::v1::PERSIST_FAILED) {
+    return absl::InvalidArgumentError(absl::StrCat("an agent cannot report failures of kind ",
+                                                   ckptd::v1::FailureKind_Name(request.kind())));
+  }
+  if (request.detail().size() > 4096) return absl::InvalidArgumentError("failure detail is longer than 4096 bytes");
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = agents_.find(request.node_id());
+    if (it == agents_.end() || it->second->session != request.session()) {
+      return absl::NotFoundError(
+          absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
+    }
+    Job* job = FindJob(request.job());
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+    if (request.rank() >= job->world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", request.rank(), " is not inside world size ", job->world_size()));
+    }
+    std::string detail = request.detail();
+    if (request.kind() == ckptd::v1::PERSIST_FAILED) {
+      absl::StrAppend(&detail, detail.empty() ? "" : "; ", "step ", request.step());
+      if (job->pending.contains(request.step()) || !job->committed.contains(request.step())) {
+        AbortPending(job, request.step(), absl::StrCat("rank ", request.rank(), " could not persist it"), &fx);
+      }
+    }
+    if (request.kind() == ckptd::v1::TRAINER_DIED) {
+      auto r = job->ranks.find(request.rank());
+      if (r != job->ranks.end() && r->second.node_id == request.node_id()) r->second.alive = false;
+    }
+    RecordFailure(job, request.node_id(), request.rank(), request.kind(), detail, &fx);
+  }
+  Apply(fx);
+  return absl::OkStatus();
+}
+
+void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
+  RestoreRound round;
+  round.step = job->NewestUsable();
+  // Work after the restored step is redone; what was pending of it is void
+  // (aborted in the incarnation that wrote it).
+  std::vector<uint64_t> stale;
+  for (const auto& [step, p] : job->pending) {
+    if (!round.step || step > *round.step) stale.push_back(step);
+  }
+  for (uint64_t step : stale) AbortPending(job, step, "the job restarted from an earlier step", fx);
+  job->round = round;
+  ckptd::v1::Schedule* s = job->record.mutable_schedule();
+  s->set_incarnation(s->incarnation() + 1);
+  s->set_state(ckptd::v1::JOB_RUNNING);
+  ChangeSchedule(job);
+  for (auto& [r, rank] : job->ranks) {
+    rank.has_progress = false;
+    rank.hung = false;
+  }
+}
+
+RestorePlanResponse CoordinatorCore::PlanFor(const Job& job) {
+  RestorePlanResponse r;
+  r.set_incarnation(job.incarnation());
+  if (!job.round->step) {
+    r.set_verdict(RestorePlanResponse::FRESH_START);
+  } else {
+    r.set_verdict(job.round->go ? RestorePlanResponse::GO : RestorePlanResponse::LOAD);
+    r.set_step(*job.round->step);
+  }
+  return r;
+}
+
+absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd::v1::RestorePlanRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  if (request.world_size() == 0 || request.world_size() > options_.max_world_size ||
+      request.rank() >= request.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is not inside world size ",
+                                                   request.world_size(), " (at most ", options_.max_world_size, ")"));
+  }
+  if (request.problem().size() > 4096) return absl::InvalidArgumentError("problem is longer than 4096 bytes");
+  Effects fx;
+  RestorePlanResponse response;
+  {
+    absl::MutexLock l(&mu_);
+    CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(request.job(), request.world_size()));
+    const bool fresh_round_needed =
+        !job->round || (job->round->go && !request.has_attempt()) ||
+        (!job->round->step && !request.has_attempt() && job->round->ok.contains(request.rank()));
+    if (fresh_round_needed) StartRestoreRound(job, &fx);
+    RestoreRound& round = *job->round;
+    if (!round.step) {
+      round.ok.insert(request.rank());  // remembers who started fresh in this round
+      response = PlanFor(*job);
+    } else if (!request.has_attempt() || request.attempt_step() != *round.step) {
+      round.ok.erase(request.rank());
+      response = PlanFor(*job);
+    } else if (request.attempt_ok()) {
+      round.ok.insert(request.rank());
+      if (round.ok.size() == job->world_size()) round.go = true;
+      response = PlanFor(*job);
+      if (!round.go) response.set_verdict(RestorePlanResponse::WAIT);
+    } else {
+      // One damaged shard spoils the step for every rank: quarantine it and
+      // send everyone to the step before.
+      const uint64_t bad = *round.step;
+      job->quarantined.insert(bad);
+      ckptd::v1::QuarantinedStep q;
+      q.set_job(job->name());
+      q.set_step(bad);
+      q.set_reason(absl::StrCat("rank ", request.rank(), ": ", request.problem()));
+      q.set_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+      fx.quarantines.push_back(q);
+      RecordFailure(job, "", request.rank(), ckptd::v1::SHARD_DAMAGED,
+                    absl::StrCat("step ", bad, ": ", request.problem()), &fx);
+      // Same incarnation: nothing was written since the round began.
+      job->round = RestoreRound();
+      job->round->step = job->NewestUsable();
+      response = PlanFor(*job);
+    }
+    SaveJob(job, &fx);
+  }
+  Apply(fx);
+  return response;
+}
+
+absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestCheckpoint(
+    const ckptd::v1::RequestCheckpointRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  Effects fx;
+  ckptd::v1::RequestCheckpointResponse response;
+  {
+    absl::MutexLock l(&mu_);
+    Job* job = FindJob(request.job());
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+    if (job->record.schedule().state() != ckptd::v1::JOB_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " is restarting"));
+    }
+    uint64_t fastest = 0;
+    bool any = false;
+    for (const auto& [r, rank] : job->ranks) {
+      if (!rank.alive) continue;
+      any = true;
+      fastest = std::max(fastest, rank.step);
+    }
+    if (!any) return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " has no live rank"));
+    const uint64_t target = fastest + ManualLead(*job);
+    auto* extras = job->record.mutable_schedule()->mutable_extra_steps();
+    if (std::find(extras->begin(), extras->end(), target) == extras->end()) {
+      extras->Add(target);
+      // Only targets still ahead are worth keeping.
+      std::vector<uint64_t> keep;
+      for (uint64_t s : *extras) {
+        if (s + 1000 > fastest && keep.size() < 64) keep.push_back(s);
+      }
+      extras->Assign(keep.begin(), keep.end());
+      ChangeSchedule(job);
+    }
+    response.set_target_step(target);
+    SaveJob(job, &fx);
+  }
+  Apply(fx);
+  return response;
+}
+
+void CoordinatorCore::SaveJob(Job* job, Effects* fx) {
+  if (!job->dirty) return;
+  job->dirty = false;
+  job->record.set_updated_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+  fx->records.push_back(job->record);
+}
+
+void CoordinatorCore::Tick() {
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = clock_->Now();
+    const double elapsed = std::max(0.0, absl::ToDoubleSeconds(now - last_tick_));
+    last_tick_ = now;
+    for (auto& [node, agent] : agents_) {
+      if (!agent->alive || now - agent->last_heartbeat <= options_.node_lost_after) continue;
+      agent->alive = false;
+      const std::string detail =
+          absl::StrCat("no heartbeat for ", absl::FormatDuration(now - agent->last_heartbeat));
+      std::set<std::string> affected;
+      for (const auto& r : agent->ranks) affected.insert(r.job());
+      for (const auto& r : agent->ranks) {
+        if (Job* job = FindJob(r.job())) {
+          auto rit = job->ranks.find(r.rank());
+          if (rit != job->ranks.end() && rit->second.node_id == node) rit->second.alive = false;
+        }
+      }
+      if (affected.empty()) RecordFailure(nullptr, node, std::nullopt, ckptd::v1::NODE_LOST, detail, &fx);
+      for (const std::string& name : affected) {
+        RecordFailure(FindJob(name), node, std::nullopt, ckptd::v1::NODE_LOST, detail, &fx);
+      }
+    }
+    for (auto& [name, job] : jobs_) {
+      uint32_t alive = 0;
+      for (auto& [r, rank] : job->ranks) {
+        if (!rank.alive) continue;
+        ++alive;
+        if (!rank.has_progress || rank.hung || job->record.schedule().state() != ckptd::v1::JOB_RUNNING) continue;
+        const double typical = std::max(rank.step_seconds, job->record.step_seconds());
+        const absl::Duration limit =
+            std::max(options_.hang_floor, absl::Seconds(options_.hang_multiple * typical));
+        if (now - rank.last_progress > limit) {
+          rank.hung = true;
+          RecordFailure(job.get(), rank.node_id, r, ckptd::v1::TRAINER_HUNG,
+                        absl::StrCat("no step past ", rank.step, " for ", absl::FormatDuration(now - rank.last_progress)),
+                        &fx);
+        }
+      }
+      if (job->record.schedule().state() == ckptd::v1::JOB_RUNNING && alive > 0) {
+        job->record.set_gpu_seconds(job->record.gpu_seconds() + alive * elapsed);
+      }
+      std::vector<uint64_t> late;
+      for (const auto& [step, p] : job->pending) {
+        if (!p.committing && now - p.first_report > options_.step_deadline) late.push_back(step);
+      }
+      for (uint64_t step : late) {
+        AbortPending(job.get(), step,
+                     absl::StrCat("only ", job->pending[step].shards.size(), " of ", job->world_size(),
+                                  " shards within ", absl::FormatDuration(options_.step_deadline)),
+                     &fx);
+      }
+      job->dirty |= elapsed > 0 && alive > 0;
+      SaveJob(job.get(), &fx);
+    }
+  }
+  Apply(fx);
+}
+
+absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint32_t world_size,
+                                     const std::vector<ShardRef>& shards) {
+  absl::MutexLock l(&commit_mu_);
+  absl::StatusOr<ckptd::v1::StepManifest> m =
+      store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kStatOnly);
+  if (absl::IsAlreadyExists(m.status())) return absl::OkStatus();
+  return m.status();
+}
+
+void CoordinatorCore::Apply(Effects& fx) {
+  while (!fx.empty()) {
+    Effects next;
+    for (const auto& q : fx.quarantines) {
+      if (absl::Status s = state_->PutQuarantine(q); !s.ok()) {
+        std::cerr << "ckptd-coordinator: recording quarantine of " << q.job() << " step " << q.step() << ": " << s
+                  << "\n";
+      }
+    }
+    for (const FailureEvent& e : fx.events) {
+      if (observer_ != nullptr) observer_->OnFailure(e);
+      if (absl::Status s = state_->AppendEvent(e); !s.ok()) {
+        std::cerr << "ckptd-coordinator: recording failure event: " << s << "\n";
+      }
+    }
+    for (const auto& [job, step, why] : fx.aborted_notes) {
+      if (observer_ != nullptr) observer_->OnAborted(job, step, why);
+    }
+    for (const auto& [job, step] : fx.aborts) {
+      absl::MutexLock l(&commit_mu_);
+      absl::Status s = store_->AbortStep(job, step);
+      // Already gone, or committed after all: nothing to clean.
+      if (!s.ok() && !absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)) {
+        std::cerr << "ckptd-coordinator: removing aborted step " << step << " of " << job << ": " << s << "\n";
+      }
+    }
+    for (Effects::CommitTask& task : fx.commits) {
+      const absl::Status s = Commit(task.job, task.step, task.world_size, task.shards);
+      const absl::Duration latency = clock_->Now() - task.last_report;
+      absl::MutexLock l(&mu_);
+      Job* job = FindJob(task.job);
+      if (job == nullptr) continue;
+      auto pit = job->pending.find(task.step);
+      if (pit != job->pending.end()) pit->second.committing = false;
+      if (!s.ok()) {
+        std::cerr << "ckptd-coordinator: commit of " << task.job << " step " << task.step << " failed: " << s << "\n";
+        AbortPending(job, task.step, std::string(s.message()), &next);
+        continue;
+      }
+      job->pending.erase(task.step);
+      job->committed.insert(task.step);
+      job->record.set_checkpoints_committed(job->record.checkpoints_committed() + 1);
+      ++counters_.committed;
+      job->dirty = true;
+      if (observer_ != nullptr) observer_->OnCommitted(task.job, task.step, latency);
+      // Older steps still pending will never be needed.
+      std::vector<uint64_t> older;
+      for (const auto& [step, p] : job->pending) {
+        if (step < task.step) older.push_back(step);
+      }
+      for (uint64_t step : older) AbortPending(job, step, absl::StrCat("step ", task.step, " committed first"), &next);
+      // Retention: keep the newest keep_last usable steps; quarantined ones stay.
+      int kept = 0;
+      std::vector<uint64_t> drop;
+      for (auto it = job->committed.rbegin(); it != job->committed.rend(); ++it) {
+        if (job->quarantined.contains(*it)) continue;
+        if (kept < std::max(1, options_.keep_last)) {
+          ++kept;
+        } else {
+          drop.push_back(*it);
+        }
+      }
+      for (uint64_t step : drop) {
+        job->committed.erase(step);
+        next.removals.emplace_back(task.job, step);
+      }
+      SaveJob(job, &next);
+    }
+    for (const auto& [job, step] : fx.removals) {
+      absl::MutexLock l(&commit_mu_);
+      if (absl::Status s = store_->RemoveStep(job, step); !s.ok() && !absl::IsNotFound(s)) {
+        std::cerr << "ckptd-coordinator: retention of " << job << " step " << step << ": " << s << "\n";
+      }
+    }
+    for (const JobRecord& r : fx.records) {
+      if (absl::Status s = state_->PutJob(r); !s.ok()) {
+        std::cerr << "ckptd-coordinator: saving job " << r.job() << ": " << s << "\n";
+      }
+    }
+    fx = std::move(next);
+  }
+}
+
+ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
+  ckptd::v1::JobStatus s;
+  s.set_job(job.name());
+  s.set_world_size(job.world_size());
+  s.set_state(job.record.schedule().state());
+  *s.mutable_schedule() = job.record.schedule();
+  if (std::optional<uint64_t> newest = job.NewestUsable()) {
+    s.set_has_committed(true);
+    s.set_newest_committed_step(*newest);
+  }
+  uint64_t fastest = 0, slowest = UINT64_MAX;
+  uint32_t alive = 0;
+  for (const auto& [r, rank] : job.ranks) {
+    if (!rank.alive) continue;
+    ++alive;
+    fastest = std::max(fastest, rank.step);
+    slowest = std::min(slowest, rank.step);
+  }
+  s.set_fastest_step(fastest);
+  s.set_slowest_step(alive == 0 ? 0 : slowest);
+  s.set_ranks_alive(alive);
+  s.set_checkpoints_committed(job.record.checkpoints_committed());
+  s.set_checkpoints_aborted(job.record.checkpoints_aborted());
+  for (const auto& [step, p] : job.pending) s.add_pending_steps(step);
+  for (uint64_t q : job.quarantined) s.add_quarantined_steps(q);
+  s.set_step_seconds(job.record.step_seconds());
+  return s;
+}
+
+ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatus() {
+  ckptd::v1::GetClusterStatusResponse r;
+  absl::MutexLock l(&mu_);
+  for (const auto& [node, agent] : agents_) {
+    ckptd::v1::AgentStatus* a = r.add_agents();
+    a->set_node_id(node);
+    a->set_address(agent->address);
+    a->set_alive(agent->alive);
+    a->set_last_heartbeat_unix_nanos(absl::ToUnixNanos(agent->last_heartbeat));
+    for (const auto& rank : agent->ranks) *a->add_ranks() = rank;
+    for (const auto& g : agent->gpus) a->add_gpus(g);
+  }
+  for (const auto& [name, job] : jobs_) *r.add_jobs() = StatusOf(*job);
+  return r;
+}
+
+absl::StatusOr<ckptd::v1::ListEventsResponse> CoordinatorCore::ListEvents(const ckptd::v1::ListEventsRequest& request) {
+  if (!request.job().empty()) CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  const size_t limit = request.limit() == 0 ? 100 : std::min<size_t>(request.limit(), options_.max_events_listed);
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FailureEvent> events, state_->ListEvents(request.job(), limit));
+  ckptd::v1::ListEventsResponse r;
+  for (FailureEvent& e : events) *r.add_events() = std::move(e);
+  return r;
+}
+
+CoordinatorCounters CoordinatorCore::Counters() {
+  absl::MutexLock l(&mu_);
+  return counters_;
+}
+
+}  // namespace ckptd::coordinator

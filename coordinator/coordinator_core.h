@@ -1,0 +1,153 @@
+// The coordinator's decisions, without any RPC: agent membership and
+// heartbeats, the checkpoint schedule every rank evaluates, failure detection
+// (lost nodes, dead and hung trainers), the two-phase global commit, retention,
+// and restore plans that bring every rank back to the same intact step.
+// The gRPC service translates protos to calls on this class; tests drive it
+// directly with a fake clock and an in-memory file system.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "coordinator/clock.h"
+#include "coordinator/state_store.h"
+#include "storage/store.h"
+
+namespace ckptd::coordinator {
+
+struct CoordinatorOptions {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A node whose heartbeats stop for this long is lost.
+  absl::Duration node_lost_after = absl::Seconds(5);
+  // A rank without step progress for max(hang_floor, hang_multiple x the
+  // job's step time) is hung.
+  double hang_multiple = 20;
+  absl::Duration hang_floor = absl::Seconds(60);
+  // The checkpoint interval in steps until an interval policy sets it.
+  uint64_t every_steps = 100;
+  // A step still incomplete this long after its first shard is aborted.
+  absl::Duration step_deadline = absl::Minutes(30);
+  // Committed steps kept per job (at least 1; quarantined steps are extra).
+  int keep_last = 2;
+  // Limits on what a request may carry.
+  uint32_t max_world_size = 1u << 20;
+  size_t max_events_listed = 10'000;
+};
+
+// What the service layer (and metrics) need to know about every decision.
+struct CoordinatorCounters {
+  uint64_t committed = 0;
+  uint64_t aborted = 0;
+  std::map<ckptd::v1::FailureKind, uint64_t> failures;
+};
+
+// Observations the coordinator hands to whoever exports metrics.
+class CoordinatorObserver {
+ public:
+  virtual ~CoordinatorObserver() = default;
+  virtual void OnShardReported(const ckptd::v1::ShardReport& report) {}
+  virtual void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) {}
+  virtual void OnAborted(const std::string& job, uint64_t step, const std::string& why) {}
+  virtual void OnFailure(const ckptd::v1::FailureEvent& event) {}
+};
+
+class CoordinatorCore {
+ public:
+  // Everything passed in must outlive the core. `observer` may be null.
+  CoordinatorCore(storage::CheckpointStore* store, StateStore* state, Clock* clock, CoordinatorOptions options,
+                  CoordinatorObserver* observer = nullptr);
+  ~CoordinatorCore();
+  CoordinatorCore(const CoordinatorCore&) = delete;
+  CoordinatorCore& operator=(const CoordinatorCore&) = delete;
+
+  // Reads what a previous coordinator left: committed steps from the
+  // manifests in storage; schedules, timings, counters and quarantined steps
+  // from the state store. Call once before serving.
+  absl::Status Recover();
+
+  // Agent-facing. Every request is validated; a bad one changes nothing. A
+  // session the coordinator does not know (it restarted, or declared the node
+  // lost) is kNotFound: the agent registers again.
+  absl::StatusOr<ckptd::v1::RegisterAgentResponse> RegisterAgent(const ckptd::v1::RegisterAgentRequest& request);
+  absl::StatusOr<ckptd::v1::HeartbeatAck> OnHeartbeat(const ckptd::v1::Heartbeat& heartbeat);
+  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportShard(const ckptd::v1::ReportShardRequest& request);
+  absl::Status ReportFailure(const ckptd::v1::ReportFailureRequest& request);
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> GetRestorePlan(const ckptd::v1::RestorePlanRequest& request);
+
+  // Operator-facing.
+  absl::StatusOr<ckptd::v1::RequestCheckpointResponse> RequestCheckpoint(
+      const ckptd::v1::RequestCheckpointRequest& request);
+  ckptd::v1::GetClusterStatusResponse ClusterStatus();
+  absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
+  CoordinatorCounters Counters();
+
+  // Periodic work (the service calls it a few times per heartbeat interval):
+  // declares lost nodes and hung ranks, aborts steps past their deadline and
+  // saves changed job records.
+  void Tick();
+
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  struct Agent;
+  struct Rank;
+  struct PendingStep;
+  struct RestoreRound;
+  struct Job;
+  // Side effects decided under mu_ and carried out after it is released, so
+  // that disk and database latency never blocks heartbeats.
+  struct Effects;
+
+  Job* FindJob(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
+                     const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Restart(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ckptd::v1::RestorePlanResponse PlanFor(const Job& job) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void SaveJob(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChangeSchedule(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Carries out `fx` (commits, removals, database writes); no lock held.
+  void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
+                      const std::vector<ckptd::v1::ShardRef>& shards);
+
+  storage::CheckpointStore* const store_;
+  StateStore* const state_;
+  Clock* const clock_;
+  const CoordinatorOptions options_;
+  CoordinatorObserver* const observer_;
+
+  absl::Mutex mu_;
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Agent>> agents_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
+  // One committer per job (storage::CheckpointStore's rule).
+  absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
+};
+
+// Checks a node id the way job names are checked: [A-Za-z0-9._-]{1,128}.
+absl::Status ValidateNodeId(absl::string_view node_id);
+
+// Whether `schedule` asks for a snapshot at `step` (what every rank evaluates).
+bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step);
+
+}  // namespace ckptd::coordinator

@@ -1,0 +1,611 @@
+#include "coordinator/coordinator_core.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_data.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using v1 = ::ckptd::v1::RestorePlanResponse;
+
+constexpr char kJob[] = "llm-7b";
+constexpr char kRoot[] = "/ckpt";
+
+class CoordinatorCoreTest : public ::testing::Test {
+ protected:
+  CoordinatorCoreTest() { Reset(); }
+
+  void Reset() {
+    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);
+    CKPTD_EXPECT_OK(core_->Recover());
+  }
+
+  // Registers node `node` hosting `ranks` of kJob (world `world`).
+  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node);
+    for (uint32_t r : ranks) {
+      ckptd::v1::RankInfo* info = req.add_ranks();
+      info->set_job(kJob);
+      info->set_rank(r);
+      info->set_world_size(world);
+      info->set_pid(1000 + static_cast<int>(r));
+    }
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
+    EXPECT_THAT(resp.status(), IsOk());
+    sessions_[node] = resp.ok() ? resp->session() : 0;
+    ranks_[node] = req;
+    return sessions_[node];
+  }
+
+  absl::StatusOr<ckptd::v1::HeartbeatAck> Beat(const std::string& node, std::vector<std::pair<uint32_t, uint64_t>> progress = {},
+                                               double step_seconds = 0.1) {
+    ckptd::v1::Heartbeat hb;
+    hb.set_node_id(node);
+    hb.set_session(sessions_[node]);
+    for (const auto& r : ranks_[node].ranks()) *hb.add_ranks() = r;
+    for (const auto& [rank, step] : progress) {
+      ckptd::v1::RankProgress* p = hb.add_progress();
+      p->set_job(kJob);
+      p->set_rank(rank);
+      p->set_step(step);
+      p->set_step_seconds(step_seconds);
+    }
+    return core_->OnHeartbeat(hb);
+  }
+
+  // Writes a real shard of (step, rank): the report its agent would send.
+  absl::StatusOr<ckptd::v1::ShardReport> Write(uint64_t step, uint32_t rank, uint32_t world = 4,
+                                               uint64_t incarnation = 0) {
+    absl::Status prep = store_.PrepareStep(kJob, step);
+    if (!prep.ok()) return prep;
+    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 256, 16);
+    std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
+    absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, world, src);
+    if (!w.ok()) return w.status();
+    ckptd::v1::ShardReport r;
+    r.set_job(kJob);
+    r.set_step(step);
+    r.set_world_size(world);
+    r.set_incarnation(incarnation);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_file_length(w->file_length);
+    r.mutable_shard()->set_index_xxh3(w->index_xxh3);
+    r.mutable_shard()->set_persist_seconds(0.25);
+    r.set_stall_seconds(0.01);
+    return r;
+  }
+
+  // Writes a real shard of (step, rank) and reports it from `node`.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
+                                                       uint32_t world = 4, uint64_t incarnation = 0) {
+    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, world, incarnation);
+    if (!r.ok()) return r.status();
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    *req.mutable_report() = *r;
+    return core_->ReportShard(req);
+  }
+
+  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportOnly(const std::string& node, uint64_t step, uint32_t rank,
+                                                            uint64_t length, uint64_t digest, uint32_t world = 4,
+                                                            uint64_t incarnation = 0) {
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    ckptd::v1::ShardReport* r = req.mutable_report();
+    r->set_job(kJob);
+    r->set_step(step);
+    r->set_world_size(world);
+    r->set_incarnation(incarnation);
+    r->mutable_shard()->set_rank(rank);
+    r->mutable_shard()->set_file_length(length);
+    r->mutable_shard()->set_index_xxh3(digest);
+    r->mutable_shard()->set_persist_seconds(0.25);
+    r->set_stall_seconds(0.01);
+    return core_->ReportShard(req);
+  }
+
+  absl::StatusOr<v1> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
+                          uint32_t world = 4) {
+    ckptd::v1::RestorePlanRequest req;
+    req.set_job(kJob);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    if (attempt) {
+      req.set_has_attempt(true);
+      req.set_attempt_step(*attempt);
+      req.set_attempt_ok(ok);
+      if (!ok) req.set_problem("chunk 3 checksum mismatch");
+    }
+    return core_->GetRestorePlan(req);
+  }
+
+  // Every rank loads `step` intact; returns the incarnation of the round.
+  uint64_t RestoreAll(uint64_t step, uint32_t world = 4) {
+    for (uint32_t r = 0; r < world; ++r) {
+      absl::StatusOr<v1> p = Plan(r, std::nullopt, true, world);
+      EXPECT_THAT(p.status(), IsOk());
+      EXPECT_EQ(p->verdict(), v1::LOAD);
+      EXPECT_EQ(p->step(), step);
+    }
+    uint64_t incarnation = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      absl::StatusOr<v1> p = Plan(r, step, true, world);
+      EXPECT_THAT(p.status(), IsOk());
+      EXPECT_EQ(p->verdict(), r + 1 == world ? v1::GO : v1::WAIT);
+      incarnation = p->incarnation();
+    }
+    return incarnation;
+  }
+
+  void CommitStep(uint64_t step, uint64_t incarnation = 0) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      absl::StatusOr<ckptd::v1::ReportShardResponse> resp = Shard(r < 2 ? "node-a" : "node-b", step, r, 4, incarnation);
+      ASSERT_THAT(resp.status(), IsOk());
+      EXPECT_EQ(resp->committed(), r == 3);
+    }
+  }
+
+  bool Exists(const std::string& path) { return fs_.Stat(path).ok(); }
+
+  ckptd::v1::JobStatus JobState() {
+    ckptd::v1::GetClusterStatusResponse s = core_->ClusterStatus();
+    for (const auto& j : s.jobs()) {
+      if (j.job() == kJob) return j;
+    }
+    ADD_FAILURE() << "no job " << kJob;
+    return {};
+  }
+
+  std::vector<ckptd::v1::FailureKind> EventKinds() {
+    ckptd::v1::ListEventsRequest req;
+    absl::StatusOr<ckptd::v1::ListEventsResponse> r = core_->ListEvents(req);
+    EXPECT_THAT(r.status(), IsOk());
+    std::vector<ckptd::v1::FailureKind> kinds;
+    for (const auto& e : r->events()) kinds.push_back(e.kind());
+    return kinds;
+  }
+
+  void TwoNodes() {
+    Register("node-a", {0, 1});
+    Register("node-b", {2, 3});
+  }
+
+  storage::MemFileSystem fs_;
+  storage::CheckpointStore store_{&fs_, kRoot};
+  std::unique_ptr<StateStore> state_ = NewMemStateStore();
+  FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<CoordinatorCore> core_;
+  std::map<std::string, uint64_t> sessions_;
+  std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
+};
+
+TEST_F(CoordinatorCoreTest, StepCommitsOnlyWhenEveryRankReportedItsShard) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 3; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard(r < 2 ? "node-a" : "node-b", 10, r));
+    EXPECT_FALSE(resp.committed());
+    EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  }
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(10u));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard("node-b", 10, 3));
+  EXPECT_TRUE(resp.committed());
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::StepManifest m, store_.ReadManifest(kJob, 10));
+  EXPECT_EQ(m.world_size(), 4u);
+  ASSERT_EQ(m.shards_size(), 4);
+  EXPECT_DOUBLE_EQ(m.shards(2).persist_seconds(), 0.25);
+  CKPTD_ASSERT_OK_AND_ASSIGN(storage::StepVerifyReport verify, store_.VerifyStep(kJob, 10));
+  EXPECT_TRUE(verify.ok());
+  ckptd::v1::JobStatus s = JobState();
+  EXPECT_TRUE(s.has_committed());
+  EXPECT_EQ(s.newest_committed_step(), 10u);
+  EXPECT_EQ(s.checkpoints_committed(), 1u);
+  EXPECT_TRUE(s.pending_steps().empty());
+  // A repeated report of a committed step is answered, not re-committed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto again, Shard("node-a", 10, 0));
+  EXPECT_TRUE(again.committed());
+  EXPECT_EQ(core_->Counters().committed, 1u);
+}
+
+TEST_F(CoordinatorCoreTest, ShardWhoseFileDisagreesWithTheReportAbortsTheStep) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 10, r).status());
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 10));
+  // Rank 3 claims a shard that is not on disk.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, ReportOnly("node-b", 10, 3, 8192, 42));
+  EXPECT_FALSE(resp.committed());
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
+  EXPECT_EQ(JobState().checkpoints_aborted(), 1u);
+  EXPECT_THAT(Shard("node-a", 10, 0), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));
+}
+
+TEST_F(CoordinatorCoreTest, EveryRankGetsTheSameSchedule) {
+  TwoNodes();
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto a, Beat("node-a"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto b, Beat("node-b"));
+  ASSERT_TRUE(a.known());
+  ASSERT_EQ(a.schedules_size(), 1);
+  ASSERT_EQ(b.schedules_size(), 1);
+  EXPECT_EQ(a.schedules(0).SerializeAsString(), b.schedules(0).SerializeAsString());
+  EXPECT_EQ(a.schedules(0).every_steps(), options_.every_steps);
+  EXPECT_TRUE(ScheduledAt(a.schedules(0), 200));
+  EXPECT_FALSE(ScheduledAt(a.schedules(0), 150));
+  EXPECT_FALSE(ScheduledAt(a.schedules(0), 0));
+}
+
+TEST_F(CoordinatorCoreTest, ManualCheckpointTargetsAStepAheadOfTheFastestRank) {
+  TwoNodes();
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 40}, {1, 42}}, 0.5).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 41}, {3, 39}}, 0.5).status());
+  ckptd::v1::RequestCheckpointRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto target, core_->RequestCheckpoint(req));
+  EXPECT_GT(target.target_step(), 42u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto ack, Beat("node-b"));
+  EXPECT_TRUE(ScheduledAt(ack.schedules(0), target.target_step()));
+  const uint64_t generation = ack.schedules(0).generation();
+
+  // A rank that passed the target before it heard of it says so: a new one.
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id("node-a");
+  hb.set_session(sessions_["node-a"]);
+  for (const auto& r : ranks_["node-a"].ranks()) *hb.add_ranks() = r;
+  ckptd::v1::RankProgress* p = hb.add_progress();
+  p->set_job(kJob);
+  p->set_rank(1);
+  p->set_step(target.target_step() + 3);
+  p->add_missed_targets(target.target_step());
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto moved, core_->OnHeartbeat(hb));
+  EXPECT_GT(moved.schedules(0).generation(), generation);
+  EXPECT_FALSE(ScheduledAt(moved.schedules(0), target.target_step()));
+  ASSERT_EQ(moved.schedules(0).extra_steps_size(), 1);
+  EXPECT_GT(moved.schedules(0).extra_steps(0), target.target_step() + 3);
+
+  req.set_job("no-such-job");
+  EXPECT_THAT(core_->RequestCheckpoint(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-job")));
+}
+
+TEST_F(CoordinatorCoreTest, SlowHeartbeatsAreNotANodeLossButSilenceIs) {
+  TwoNodes();
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Milliseconds(4500));  // slow, under the 5 s threshold
+    CKPTD_ASSERT_OK(Beat("node-a").status());
+    CKPTD_ASSERT_OK(Beat("node-b").status());
+    core_->Tick();
+  }
+  EXPECT_TRUE(EventKinds().empty());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+
+  clock_.Advance(absl::Seconds(4));
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  core_->Tick();
+  EXPECT_TRUE(EventKinds().empty());
+  clock_.Advance(absl::Seconds(2));  // node-b silent for 6 s
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  core_->Tick();
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::NODE_LOST));
+  ckptd::v1::JobStatus s = JobState();
+  EXPECT_EQ(s.state(), ckptd::v1::JOB_RESTARTING);
+  EXPECT_EQ(s.ranks_alive(), 2u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto ack, Beat("node-a"));
+  EXPECT_EQ(ack.schedules(0).state(), ckptd::v1::JOB_RESTARTING);
+  // The lost node's session is void; it registers again when it is back.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto stale, Beat("node-b"));
+  EXPECT_FALSE(stale.known());
+  Register("node-b", {2, 3});
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto back, Beat("node-b"));
+  EXPECT_TRUE(back.known());
+  EXPECT_EQ(JobState().ranks_alive(), 4u);
+  core_->Tick();
+  EXPECT_EQ(EventKinds().size(), 1u);
+}
+
+TEST_F(CoordinatorCoreTest, TrainerDeathIsAFailureAtOnce) {
+  TwoNodes();
+  ckptd::v1::ReportFailureRequest req;
+  req.set_node_id("node-b");
+  req.set_session(sessions_["node-b"]);
+  req.set_job(kJob);
+  req.set_rank(3);
+  req.set_kind(ckptd::v1::TRAINER_DIED);
+  req.set_detail("killed by signal 9");
+  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  ckptd::v1::ListEventsRequest list;
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto events, core_->ListEvents(list));
+  ASSERT_EQ(events.events_size(), 1);
+  EXPECT_EQ(events.events(0).kind(), ckptd::v1::TRAINER_DIED);
+  EXPECT_EQ(events.events(0).node_id(), "node-b");
+  EXPECT_TRUE(events.events(0).has_rank());
+  EXPECT_EQ(events.events(0).rank(), 3u);
+  EXPECT_THAT(events.events(0).detail(), HasSubstr("signal 9"));
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+
+  req.set_rank(4);
+  EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
+  req.set_rank(3);
+  req.set_session(sessions_["node-b"] + 1);
+  EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  req.set_session(sessions_["node-b"]);
+  req.set_kind(ckptd::v1::NODE_LOST);
+  EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NODE_LOST")));
+}
+
+TEST_F(CoordinatorCoreTest, RankWithoutProgressIsHungAfterTheThreshold) {
+  options_.hang_floor = absl::Seconds(30);
+  options_.hang_multiple = 10;
+  Reset();
+  TwoNodes();
+  for (uint64_t step = 1; step <= 5; ++step) {
+    clock_.Advance(absl::Seconds(1));
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, step}, {1, step}}, 1.0).status());
+    CKPTD_ASSERT_OK(Beat("node-b", {{2, step}, {3, step == 5 ? 4 : step}}, 1.0).status());
+  }
+  // Rank 3 stops at step 4: at 1 s a step the floor (30 s) decides.
+  for (int i = 0; i < 25; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, 6 + i}, {1, 6 + i}}, 1.0).status());
+    CKPTD_ASSERT_OK(Beat("node-b", {{2, 6 + i}, {3, 4}}, 1.0).status());
+    core_->Tick();
+  }
+  EXPECT_TRUE(EventKinds().empty());
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    CKPTD_ASSERT_OK(Beat("node-a").status());
+    CKPTD_ASSERT_OK(Beat("node-b", {{3, 4}}, 1.0).status());
+    core_->Tick();
+  }
+  ckptd::v1::ListEventsRequest list;
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto events, core_->ListEvents(list));
+  ASSERT_GE(events.events_size(), 1);
+  EXPECT_EQ(events.events(events.events_size() - 1).kind(), ckptd::v1::TRAINER_HUNG);
+  EXPECT_EQ(events.events(events.events_size() - 1).rank(), 3u);
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+}
+
+TEST_F(CoordinatorCoreTest, NothingCommittedMeansEveryRankStartsFresh) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r));
+    EXPECT_EQ(p.verdict(), v1::FRESH_START);
+    EXPECT_EQ(p.incarnation(), 1u);
+  }
+}
+
+TEST_F(CoordinatorCoreTest, RestoreIsABarrierAndEveryRankGetsTheSameStep) {
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  const uint64_t incarnation = RestoreAll(20);
+  EXPECT_EQ(incarnation, 1u);
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  // A later restart is a new round.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(2));
+  EXPECT_EQ(p.verdict(), v1::LOAD);
+  EXPECT_EQ(p.incarnation(), 2u);
+}
+
+TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBack) {
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 w0, Plan(0, 20, true));
+  EXPECT_EQ(w0.verdict(), v1::WAIT);
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 bad, Plan(2, 20, false));
+  EXPECT_EQ(bad.verdict(), v1::LOAD);
+  EXPECT_EQ(bad.step(), 10u);
+  // Rank 0 already loaded 20: it is sent to 10 as well.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 again, Plan(0, 20, true));
+  EXPECT_EQ(again.verdict(), v1::LOAD);
+  EXPECT_EQ(again.step(), 10u);
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r, 10, true));
+    EXPECT_EQ(p.verdict(), r == 3 ? v1::GO : v1::WAIT);
+    EXPECT_EQ(p.step(), 10u);
+  }
+  EXPECT_THAT(JobState().quarantined_steps(), ElementsAre(20u));
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::SHARD_DAMAGED));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto q, state_->ListQuarantined(kJob));
+  ASSERT_EQ(q.size(), 1u);
+  EXPECT_THAT(q[0].reason(), HasSubstr("checksum mismatch"));
+  // Kept on disk, never chosen again (also after a coordinator restart).
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  Reset();
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 later, Plan(1));
+  EXPECT_EQ(later.step(), 10u);
+}
+
+TEST_F(CoordinatorCoreTest, AgentLostMidCheckpointLeavesTheStepUncommittedAndThePreviousRestores) {
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t inc = RestoreAll(10);
+  CKPTD_ASSERT_OK(Shard("node-a", 20, 0, 4, inc).status());
+  CKPTD_ASSERT_OK(Shard("node-a", 20, 1, 4, inc).status());
+  CKPTD_ASSERT_OK(Shard("node-b", 20, 2, 4, inc).status());
+  clock_.Advance(absl::Seconds(3));
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  clock_.Advance(absl::Seconds(3));
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  core_->Tick();  // node-b lost before rank 3 reported
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  Register("node-b", {2, 3});
+  const uint64_t inc2 = RestoreAll(10);
+  EXPECT_GT(inc2, inc);
+  // The half-written step is gone, and a late shard of it is refused.
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 20)));
+  EXPECT_THAT(Shard("node-b", 20, 3, 4, inc), StatusIs(absl::StatusCode::kAborted, HasSubstr("latest restore")));
+  // The rerun checkpoints step 20 again, this time completely.
+  CommitStep(20, inc2);
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+}
+
+TEST_F(CoordinatorCoreTest, ShardFinishedAfterItsTrainerDiedStillCompletesTheStep) {
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t inc = RestoreAll(10);
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 20, r, 4, inc).status());
+  ckptd::v1::ReportFailureRequest died;
+  died.set_node_id("node-b");
+  died.set_session(sessions_["node-b"]);
+  died.set_job(kJob);
+  died.set_rank(3);
+  died.set_kind(ckptd::v1::TRAINER_DIED);
+  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  // Its agent still persists what the trainer had published.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard("node-b", 20, 3, 4, inc));
+  EXPECT_TRUE(resp.committed());
+  RestoreAll(20);
+}
+
+TEST_F(CoordinatorCoreTest, RetentionKeepsTheNewestStepsAndQuarantinedOnes) {
+  options_.keep_last = 2;
+  Reset();
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  // Quarantine 20 through a failed restore.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK(Plan(0, 20, false).status());
+  uint64_t inc = 0;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r, 10, true));
+    inc = p.incarnation();
+  }
+  CommitStep(30, inc);
+  CommitStep(40, inc);
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));  // quarantined: kept
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 30)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 40)));
+}
+
+TEST_F(CoordinatorCoreTest, StepPastItsDeadlineIsAborted) {
+  options_.step_deadline = absl::Minutes(5);
+  options_.node_lost_after = absl::Hours(1);
+  Reset();
+  TwoNodes();
+  CKPTD_ASSERT_OK(Shard("node-a", 10, 0).status());
+  clock_.Advance(absl::Minutes(4));
+  core_->Tick();
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(10u));
+  clock_.Advance(absl::Minutes(2));
+  core_->Tick();
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  EXPECT_EQ(JobState().checkpoints_aborted(), 1u);
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
+}
+
+TEST_F(CoordinatorCoreTest, PersistFailureAbortsTheStep) {
+  TwoNodes();
+  CKPTD_ASSERT_OK(Shard("node-a", 10, 0).status());
+  ckptd::v1::ReportFailureRequest req;
+  req.set_node_id("node-b");
+  req.set_session(sessions_["node-b"]);
+  req.set_job(kJob);
+  req.set_rank(2);
+  req.set_kind(ckptd::v1::PERSIST_FAILED);
+  req.set_step(10);
+  req.set_detail("No space left on device");
+  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);  // training goes on
+  EXPECT_THAT(Shard("node-a", 10, 1), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));
+}
+
+TEST_F(CoordinatorCoreTest, RestartedCoordinatorLosesNoCommittedStepAndTakesLateReports) {
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t inc = RestoreAll(10);
+  std::vector<ckptd::v1::ShardReport> reports;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport rep, Write(20, r, 4, inc));
+    reports.push_back(rep);
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id("node-a");
+    req.set_session(sessions_["node-a"]);
+    *req.mutable_report() = reports[r];
+    CKPTD_ASSERT_OK(core_->ReportShard(req).status());
+  }
+  // The coordinator restarts (node b wrote its shards of 20 meanwhile): the
+  // pending reports are lost with it, the committed step is not.
+  Reset();
+  ckptd::v1::JobStatus s = JobState();
+  EXPECT_TRUE(s.has_committed());
+  EXPECT_EQ(s.newest_committed_step(), 10u);
+  EXPECT_EQ(s.schedule().incarnation(), inc);
+  EXPECT_EQ(s.checkpoints_committed(), 1u);
+  // Old sessions are unknown; agents register again with the durable shards
+  // whose commit they have not seen.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto stale, Beat("node-a"));
+  EXPECT_FALSE(stale.known());
+  for (const std::string node : {"node-a", "node-b"}) {
+    ckptd::v1::RegisterAgentRequest req = ranks_[node];
+    for (uint32_t r = node == "node-a" ? 0 : 2, end = r + 2; r < end; ++r) *req.add_durable_shards() = reports[r];
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, core_->RegisterAgent(req));
+    sessions_[node] = resp.session();
+  }
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  // Checkpoints resume.
+  CommitStep(30, inc);
+  EXPECT_EQ(JobState().newest_committed_step(), 30u);
+}
+
+TEST_F(CoordinatorCoreTest, MalformedRequestsChangeNothing) {
+  TwoNodes();
+  ckptd::v1::RegisterAgentRequest reg;
+  reg.set_node_id("../../etc");
+  EXPECT_THAT(core_->RegisterAgent(reg), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node id")));
+  reg.set_node_id("node-c");
+  ckptd::v1::RankInfo* r = reg.add_ranks();
+  r->set_job("bad/job");
+  r->set_world_size(4);
+  EXPECT_THAT(core_->RegisterAgent(reg), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+  r->set_job(kJob);
+  r->set_rank(4);
+  EXPECT_THAT(core_->RegisterAgent(reg), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
+  r->set_rank(1);
+  r->set_world_size(8);
+  EXPECT_THAT(core_->RegisterAgent(reg), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("world size 4")));
+  EXPECT_EQ(core_->ClusterStatus().agents_size(), 2);
+
+  EXPECT_THAT(ReportOnly("node-a", 10, 0, 0, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("length")));
+  EXPECT_THAT(ReportOnly("node-a", 10, 7, 4096, 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 7")));
+  EXPECT_THAT(ReportOnly("node-a", uint64_t{1} << 63, 0, 4096, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step")));
+  EXPECT_THAT(ReportOnly("node-a", 10, 0, 4096, 1, 8),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the job runs 4")));
+  sessions_["node-a"] += 7;
+  EXPECT_THAT(ReportOnly("node-a", 10, 0, 4096, 1),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  EXPECT_THAT(Plan(4), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
+  ckptd::v1::ListEventsRequest list;
+  list.set_job("a b");
+  EXPECT_THAT(core_->ListEvents(list), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

@@ -1,0 +1,119 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "storage/status_macros.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+std::string KindLabel(ckptd::v1::FailureKind kind) {
+  return absl::AsciiStrToLower(ckptd::v1::FailureKind_Name(kind));
+}
+
+// Counts that never go down in the source (a job's record) become counter
+// increments; a scrape adds what was counted since the last one.
+void TopUp(metrics::Counter* c, double total) {
+  if (total > c->Value()) c->Increment(total - c->Value());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(metrics::Registry* registry) {
+  std::unique_ptr<CoordinatorMetrics> m(new CoordinatorMetrics(registry));
+  metrics::Registry& r = *registry;
+  CKPTD_ASSIGN_OR_RETURN(m->agents_, r.AddGauge("ckptd_agents", "Agents the coordinator knows of."));
+  CKPTD_ASSIGN_OR_RETURN(m->agents_alive_,
+                         r.AddGauge("ckptd_agents_alive", "Agents whose heartbeats are arriving."));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->job_state_, r.AddGauge("ckptd_job_state", "1 for the state the job is in, 0 for the others.", {"job", "state"}));
+  CKPTD_ASSIGN_OR_RETURN(m->world_size_, r.AddGauge("ckptd_job_world_size", "Ranks in the job's world.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->ranks_alive_,
+                         r.AddGauge("ckptd_job_ranks_alive", "Ranks of the job hosted by live agents.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->job_step_, r.AddGauge("ckptd_job_step", "Training step reached by the job's fastest and slowest live rank.",
+                               {"job", "which"}));
+  CKPTD_ASSIGN_OR_RETURN(m->newest_committed_,
+                         r.AddGauge("ckptd_job_newest_committed_step",
+                                    "Newest committed step a restore would use.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->interval_steps_,
+                         r.AddGauge("ckptd_job_checkpoint_interval_steps",
+                                    "Steps between scheduled checkpoints (the schedule's every_steps).", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->committed_, r.AddCounter("ckptd_checkpoints_committed_total",
+                                                     "Global checkpoints committed (manifest written).", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->aborted_,
+                         r.AddCounter("ckptd_checkpoints_aborted_total", "Global checkpoints aborted.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->stall_, r.AddHistogram("ckptd_snapshot_stall_seconds",
+                                "Time a trainer rank waited to take a snapshot, per reported shard.",
+                                {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60},
+                                {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->persist_, r.AddHistogram("ckptd_shard_persist_seconds", "Time an agent took to make a shard durable.",
+                                  {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}, {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->commit_latency_,
+      r.AddHistogram("ckptd_commit_latency_seconds",
+                     "Time from a step's last shard report to its manifest being durable.",
+                     {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}, {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->failures_,
+                         r.AddCounter("ckptd_failures_total", "Failures detected, by kind.", {"kind"}));
+  // Every kind shows from the start, so that rates over it are defined.
+  for (int k = ckptd::v1::FailureKind_MIN; k <= ckptd::v1::FailureKind_MAX; ++k) {
+    if (k == ckptd::v1::FAILURE_KIND_UNSPECIFIED || !ckptd::v1::FailureKind_IsValid(k)) continue;
+    m->failures_->With({KindLabel(static_cast<ckptd::v1::FailureKind>(k))});
+  }
+  return m;
+}
+
+metrics::CollectorHandle CoordinatorMetrics::Watch(CoordinatorCore* core) {
+  return registry_->AddCollector([this, core] { Collect(core); });
+}
+
+void CoordinatorMetrics::Collect(CoordinatorCore* core) {
+  const ckptd::v1::GetClusterStatusResponse status = core->ClusterStatus();
+  int alive = 0;
+  for (const auto& a : status.agents()) alive += a.alive() ? 1 : 0;
+  agents_->With()->Set(status.agents_size());
+  agents_alive_->With()->Set(alive);
+  for (const ckptd::v1::JobStatus& j : status.jobs()) {
+    const std::string& job = j.job();
+    job_state_->With({job, "running"})->Set(j.state() == ckptd::v1::JOB_RUNNING ? 1 : 0);
+    job_state_->With({job, "restarting"})->Set(j.state() == ckptd::v1::JOB_RESTARTING ? 1 : 0);
+    world_size_->With({job})->Set(j.world_size());
+    ranks_alive_->With({job})->Set(j.ranks_alive());
+    job_step_->With({job, "fastest"})->Set(static_cast<double>(j.fastest_step()));
+    job_step_->With({job, "slowest"})->Set(static_cast<double>(j.slowest_step()));
+    if (j.has_committed()) {
+      newest_committed_->With({job})->Set(static_cast<double>(j.newest_committed_step()));
+    } else {
+      newest_committed_->Remove({job});
+    }
+    interval_steps_->With({job})->Set(static_cast<double>(j.schedule().every_steps()));
+    TopUp(committed_->With({job}), static_cast<double>(j.checkpoints_committed()));
+    TopUp(aborted_->With({job}), static_cast<double>(j.checkpoints_aborted()));
+  }
+}
+
+void CoordinatorMetrics::OnShardReported(const ckptd::v1::ShardReport& report) {
+  const absl::string_view job = report.job();
+  if (std::isfinite(report.stall_seconds()) && report.stall_seconds() >= 0) {
+    stall_->With({job})->Observe(report.stall_seconds());
+  }
+  const double persist = report.shard().persist_seconds();
+  if (std::isfinite(persist) && persist >= 0) persist_->With({job})->Observe(persist);
+}
+
+void CoordinatorMetrics::OnCommitted(const std::string& job, uint64_t, absl::Duration last_report_to_manifest) {
+  commit_latency_->With({job})->Observe(std::max(0.0, absl::ToDoubleSeconds(last_report_to_manifest)));
+}
+
+void CoordinatorMetrics::OnFailure(const ckptd::v1::FailureEvent& event) {
+  failures_->With({KindLabel(event.kind())})->Increment();
+}
+
+}  // namespace ckptd::coordinator

@@ -1,0 +1,65 @@
+// The coordinator's Prometheus metrics: observations of the core's decisions
+// (shard timings, commit latency, failures) and, at every scrape, gauges and
+// per-job totals read from CoordinatorCore::ClusterStatus().
+//
+//   ckptd_agents / ckptd_agents_alive                  gauges
+//   ckptd_job_state{job,state}                         1 for the job's state, 0 for the others
+//   ckptd_job_world_size{job}, ckptd_job_ranks_alive{job}
+//   ckptd_job_step{job,which="fastest"|"slowest"}      step reached by the ranks
+//   ckptd_job_newest_committed_step{job}               only for jobs with a committed step
+//   ckptd_job_checkpoint_interval_steps{job}           the schedule's every_steps
+//   ckptd_checkpoints_committed_total{job}             from the job's record (kept across restarts)
+//   ckptd_checkpoints_aborted_total{job}               likewise
+//   ckptd_snapshot_stall_seconds{job}                  histogram, from each ShardReport
+//   ckptd_shard_persist_seconds{job}                   histogram, from each ShardReport
+//   ckptd_commit_latency_seconds{job}                  histogram, last shard report -> manifest
+//   ckptd_failures_total{kind}                         counter, kind in lower case ("node_lost")
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "coordinator/coordinator_core.h"
+#include "metrics/registry.h"
+
+namespace ckptd::coordinator {
+
+class CoordinatorMetrics final : public CoordinatorObserver {
+ public:
+  // Registers the families in `registry`, which must outlive the result.
+  static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(metrics::Registry* registry);
+
+  // Refreshes the gauges and totals from `core` at every scrape while the
+  // returned handle lives. Drop the handle before `core` goes away.
+  [[nodiscard]] metrics::CollectorHandle Watch(CoordinatorCore* core);
+
+  // CoordinatorObserver. Called by the core (some under its lock): they only
+  // update metrics and never call back into the core.
+  void OnShardReported(const ckptd::v1::ShardReport& report) override;
+  void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) override;
+  void OnFailure(const ckptd::v1::FailureEvent& event) override;
+
+ private:
+  CoordinatorMetrics(metrics::Registry* registry) : registry_(registry) {}
+  // Sets every gauge from one ClusterStatus.
+  void Collect(CoordinatorCore* core);
+
+  metrics::Registry* const registry_;
+  metrics::GaugeFamily* agents_ = nullptr;
+  metrics::GaugeFamily* agents_alive_ = nullptr;
+  metrics::GaugeFamily* job_state_ = nullptr;
+  metrics::GaugeFamily* world_size_ = nullptr;
+  metrics::GaugeFamily* ranks_alive_ = nullptr;
+  metrics::GaugeFamily* job_step_ = nullptr;
+  metrics::GaugeFamily* newest_committed_ = nullptr;
+  metrics::GaugeFamily* interval_steps_ = nullptr;
+  metrics::CounterFamily* committed_ = nullptr;
+  metrics::CounterFamily* aborted_ = nullptr;
+  metrics::HistogramFamily* stall_ = nullptr;
+  metrics::HistogramFamily* persist_ = nullptr;
+  metrics::HistogramFamily* commit_latency_ = nullptr;
+  metrics::CounterFamily* failures_ = nullptr;
+};
+
+}  // namespace ckptd::coordinator

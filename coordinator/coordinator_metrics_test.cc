@@ -1,0 +1,210 @@
+#include "coordinator/coordinator_metrics.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_data.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kJob[] = "llm";
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+std::vector<std::string> Lines(const std::string& text) { return absl::StrSplit(text, '\n', absl::SkipEmpty()); }
+
+class CoordinatorMetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(); }
+
+  void Start() {
+    collector_.Reset();
+    core_.reset();
+    metrics_.reset();
+    registry_ = std::make_unique<metrics::Registry>();
+    CKPTD_ASSERT_OK_AND_ASSIGN(metrics_, CoordinatorMetrics::Create(registry_.get()));
+    CoordinatorOptions o;
+    o.every_steps = 10;
+    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, o, metrics_.get());
+    CKPTD_ASSERT_OK(core_->Recover());
+    collector_ = metrics_->Watch(core_.get());
+  }
+
+  void TearDown() override {
+    collector_.Reset();
+    core_.reset();
+  }
+
+  void Register(const std::string& node, uint32_t rank) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node);
+    ckptd::v1::RankInfo* r = req.add_ranks();
+    r->set_job(kJob);
+    r->set_rank(rank);
+    r->set_world_size(2);
+    r->set_pid(100 + static_cast<int>(rank));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse resp, core_->RegisterAgent(req));
+    sessions_[node] = resp.session();
+  }
+
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
+                                                       double stall, double persist) {
+    if (absl::Status s = store_.PrepareStep(kJob, step); !s.ok()) return s;
+    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 64, 8);
+    std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
+    absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, 2, src);
+    if (!w.ok()) return w.status();
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    ckptd::v1::ShardReport* r = req.mutable_report();
+    r->set_job(kJob);
+    r->set_step(step);
+    r->set_world_size(2);
+    r->set_stall_seconds(stall);
+    r->mutable_shard()->set_rank(rank);
+    r->mutable_shard()->set_file_length(w->file_length);
+    r->mutable_shard()->set_index_xxh3(w->index_xxh3);
+    r->mutable_shard()->set_persist_seconds(persist);
+    return core_->ReportShard(req);
+  }
+
+  // A committed step 10 and, on node-b, a trainer that died.
+  void CommitAndFail() {
+    Register("node-a", 0);
+    Register("node-b", 1);
+    ASSERT_THAT(Shard("node-a", 10, 0, 0.00390625, 0.7).status(), IsOk());
+    clock_.Advance(absl::Milliseconds(30));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse last, Shard("node-b", 10, 1, 0.015625, 3));
+    ASSERT_TRUE(last.committed());
+    // Half of step 20, whose persist then fails on rank 1.
+    ASSERT_THAT(Shard("node-a", 20, 0, 0.00390625, 0.7).status(), IsOk());
+    ckptd::v1::ReportFailureRequest persist;
+    persist.set_node_id("node-b");
+    persist.set_session(sessions_["node-b"]);
+    persist.set_job(kJob);
+    persist.set_rank(1);
+    persist.set_kind(ckptd::v1::PERSIST_FAILED);
+    persist.set_step(20);
+    persist.set_detail("ENOSPC");
+    CKPTD_ASSERT_OK(core_->ReportFailure(persist));
+    ckptd::v1::ReportFailureRequest died = persist;
+    died.set_kind(ckptd::v1::TRAINER_DIED);
+    died.set_detail("exit status 137");
+    CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  }
+
+  storage::MemFileSystem fs_;
+  storage::CheckpointStore store_{&fs_, "/ckpt"};
+  std::unique_ptr<StateStore> state_ = NewMemStateStore();
+  FakeClock clock_;
+  std::unique_ptr<metrics::Registry> registry_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
+  std::unique_ptr<CoordinatorCore> core_;
+  metrics::CollectorHandle collector_;
+  std::map<std::string, uint64_t> sessions_;
+};
+
+TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
+  CommitAndFail();
+  const std::vector<std::string> lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_agents 2"));
+  EXPECT_THAT(lines, Contains("ckptd_agents_alive 2"));
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_aborted_total{job=\"llm\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_job_checkpoint_interval_steps{job=\"llm\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_job_world_size{job=\"llm\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_job_ranks_alive{job=\"llm\"} 1"));
+  // The dead trainer sends the job into a restart.
+  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm\",state=\"restarting\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm\",state=\"running\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"trainer_died\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"persist_failed\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"node_lost\"} 0"));
+  // Three shards reported: stalls 2^-8, 2^-6, 2^-8; persists 0.7, 3, 0.7.
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_count{job=\"llm\"} 3"));
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_bucket{job=\"llm\",le=\"0.005\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_sum{job=\"llm\"} 0.0234375"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_count{job=\"llm\"} 3"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm\",le=\"1\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm\",le=\"5\"} 3"));
+  // The fake clock does not move during the commit: latency 0.
+  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_count{job=\"llm\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_bucket{job=\"llm\",le=\"0.001\"} 1"));
+  EXPECT_THAT(lines, Contains("# TYPE ckptd_commit_latency_seconds histogram"));
+  EXPECT_THAT(lines, Contains("# TYPE ckptd_checkpoints_committed_total counter"));
+  EXPECT_THAT(lines, Contains("# TYPE ckptd_job_state gauge"));
+  // A second scrape adds nothing that did not happen.
+  const std::vector<std::string> again = Lines(registry_->Render());
+  EXPECT_THAT(again, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
+  EXPECT_THAT(again, Contains("ckptd_checkpoints_aborted_total{job=\"llm\"} 1"));
+}
+
+TEST_F(CoordinatorMetricsTest, TotalsSurviveACoordinatorRestart) {
+  CommitAndFail();
+  Start();  // same storage and state store, fresh core and registry
+  const std::vector<std::string> lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_agents 0"));
+  // Observations are this process's own.
+  EXPECT_THAT(lines, Not(Contains(HasSubstr("ckptd_commit_latency_seconds_count"))));
+}
+
+TEST_F(CoordinatorMetricsTest, JobWithoutCommitHasNoNewestStep) {
+  Register("node-a", 0);
+  const std::string text = registry_->Render();
+  EXPECT_THAT(text, HasSubstr("ckptd_job_world_size{job=\"llm\"} 2"));
+  EXPECT_THAT(text, Not(HasSubstr("ckptd_job_newest_committed_step{")));
+}
+
+TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {
+  const std::string promtool = FindOnPath("promtool");
+  if (promtool.empty()) {
+    GTEST_SKIP() << "promtool is not on PATH; it comes with the Debian package 'prometheus'";
+  }
+  CommitAndFail();
+  const std::string file = absl::StrCat(::testing::TempDir(), "/ckptd_coordinator_metrics_", ::getpid(), ".prom");
+  std::ofstream(file, std::ios::binary) << registry_->Render();
+  FILE* pipe = ::popen(absl::StrCat("'", promtool, "' check metrics < '", file, "' 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  std::remove(file.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

@@ -1,0 +1,231 @@
+#include "coordinator/coordinator_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/grpc_status.h"
+#include "grpcpp/support/server_callback.h"
+#include "metrics/http_server.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::agent::ToGrpcStatus;
+
+constexpr absl::string_view kAuthorization = "authorization";
+constexpr absl::string_view kBearer = "Bearer ";
+
+// Finishes a unary call with `result`'s value (moved into `resp`) or error.
+template <typename T>
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx, absl::StatusOr<T> result, T* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (result.ok()) *resp = *std::move(result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// One agent's heartbeat stream: read, decide, answer, read the next. Reads
+// and writes never overlap, so Finish is never called with one outstanding.
+class HeartbeatReactor final : public grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck> {
+ public:
+  explicit HeartbeatReactor(CoordinatorCore* core) : core_(core) { StartRead(&heartbeat_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The client half-closed, cancelled, or the connection broke: the
+      // stream is over either way (a cancelled call ignores the status).
+      Finish(grpc::Status::OK);
+      return;
+    }
+    absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(heartbeat_);
+    if (!ack.ok()) {
+      Finish(ToGrpcStatus(ack.status()));
+      return;
+    }
+    ack_ = *std::move(ack);
+    StartWrite(&ack_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      // The client is gone; nobody reads this status.
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "heartbeat stream closed while answering"));
+      return;
+    }
+    heartbeat_.Clear();
+    StartRead(&heartbeat_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  CoordinatorCore* const core_;
+  ckptd::v1::Heartbeat heartbeat_;
+  ckptd::v1::HeartbeatAck ack_;
+};
+
+}  // namespace
+
+bool ConstantTimeEquals(absl::string_view given, absl::string_view expected) {
+  // Touches every byte of `expected` whatever `given` holds.
+  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
+    diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
+  }
+  return diff == 0;
+}
+
+CoordinatorService::CoordinatorService(CoordinatorCore* core, CoordinatorServiceOptions options)
+    : core_(core), options_(std::move(options)) {
+  ticker_ = std::thread([this] { TickLoop(); });
+}
+
+CoordinatorService::~CoordinatorService() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  ticker_.join();
+}
+
+void CoordinatorService::TickLoop() {
+  absl::Duration every = options_.tick_interval;
+  if (every <= absl::ZeroDuration()) every = core_->options().heartbeat_interval / 4;
+  every = std::max(every, absl::Milliseconds(1));
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      const absl::Time next = absl::Now() + every;
+      while (!stopping_ && absl::Now() < next) mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
+      if (stopping_) return;
+    }
+    core_->Tick();
+  }
+}
+
+absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(grpc::string_ref(kAuthorization.data(), kAuthorization.size()));
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(rpc, " needs the operator token as metadata \"authorization: Bearer <token>\""));
+  }
+  const absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::StartsWith(value, kBearer)) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(rpc, ": the authorization metadata must be \"Bearer <operator token>\""));
+  }
+  if (options_.operator_token.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(rpc, ": this coordinator has no operator token configured"));
+  }
+  if (!ConstantTimeEquals(value.substr(kBearer.size()), options_.operator_token)) {
+    return absl::PermissionDeniedError(absl::StrCat(rpc, ": the operator token is wrong"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(grpc::CallbackServerContext* ctx,
+                                                            const ckptd::v1::RegisterAgentRequest* req,
+                                                            ckptd::v1::RegisterAgentResponse* resp) {
+  return FinishWith(ctx, core_->RegisterAgent(*req), resp);
+}
+
+grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>* CoordinatorService::Heartbeats(
+    grpc::CallbackServerContext*) {
+  return new HeartbeatReactor(core_);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
+                                                          const ckptd::v1::ReportShardRequest* req,
+                                                          ckptd::v1::ReportShardResponse* resp) {
+  return FinishWith(ctx, core_->ReportShard(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,
+                                                            const ckptd::v1::ReportFailureRequest* req,
+                                                            ckptd::v1::ReportFailureResponse*) {
+  return FinishWith(ctx, core_->ReportFailure(*req));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetRestorePlan(grpc::CallbackServerContext* ctx,
+                                                             const ckptd::v1::RestorePlanRequest* req,
+                                                             ckptd::v1::RestorePlanResponse* resp) {
+  return FinishWith(ctx, core_->GetRestorePlan(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetClusterStatus(grpc::CallbackServerContext* ctx,
+                                                               const ckptd::v1::GetClusterStatusRequest*,
+                                                               ckptd::v1::GetClusterStatusResponse* resp) {
+  return FinishWith(ctx, absl::StatusOr<ckptd::v1::GetClusterStatusResponse>(core_->ClusterStatus()), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListEvents(grpc::CallbackServerContext* ctx,
+                                                         const ckptd::v1::ListEventsRequest* req,
+                                                         ckptd::v1::ListEventsResponse* resp) {
+  return FinishWith(ctx, core_->ListEvents(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackServerContext* ctx,
+                                                                const ckptd::v1::RequestCheckpointRequest* req,
+                                                                ckptd::v1::RequestCheckpointResponse* resp) {
+  if (absl::Status auth = CheckOperator(*ctx, "RequestCheckpoint"); !auth.ok()) return FinishWith(ctx, auth);
+  return FinishWith(ctx, core_->RequestCheckpoint(*req), resp);
+}
+
+absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen, CoordinatorService* service,
+                                                         std::shared_ptr<grpc::ServerCredentials> credentials) {
+  absl::StatusOr<std::pair<std::string, uint16_t>> parsed = metrics::ParseHostPort(listen);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("listen address \"", listen, "\": ", parsed.status().message()));
+  }
+  const std::string& host = parsed->first;
+  std::string address;
+  if (host.empty()) {
+    address = absl::StrCat("[::]:", parsed->second);
+  } else if (absl::StrContains(host, ':')) {
+    address = absl::StrCat("[", host, "]:", parsed->second);
+  } else {
+    address = absl::StrCat(host, ":", parsed->second);
+  }
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, std::move(credentials), &port);
+  builder.RegisterService(service);
+  // Agents keep their heartbeat stream open with keepalive pings; a peer
+  // that vanished without closing is noticed within a minute.
+  // A second coordinator on the same port must fail, not share the traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20'000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  CoordinatorServer out;
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || port == 0) {
+    if (out.server != nullptr) out.server->Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", address,
+                     " (port in use, not an address of this host, or TLS files gRPC could not use)"));
+  }
+  out.port = port;
+  return out;
+}
+
+void ShutdownCoordinatorServer(grpc::Server* server, absl::Duration grace) {
+  if (server == nullptr) return;
+  server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server->Wait();
+}
+
+}  // namespace ckptd::coordinator

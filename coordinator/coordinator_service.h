@@ -1,0 +1,101 @@
+// The coordinator's gRPC service: translates requests to CoordinatorCore
+// (which validates and decides), keeps each agent's heartbeat stream, checks
+// the operator token on RPCs that change anything, and runs the core's
+// periodic work on a ticker thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "coordinator/coordinator_core.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ckptd::coordinator {
+
+struct CoordinatorServiceOptions {
+  // What operator RPCs that change anything (RequestCheckpoint) must carry as
+  // metadata "authorization: Bearer <token>". Empty: they are all refused.
+  std::string operator_token;
+  // How often the ticker calls CoordinatorCore::Tick(); zero: a quarter of
+  // the core's heartbeat interval.
+  absl::Duration tick_interval = absl::ZeroDuration();
+};
+
+class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService {
+ public:
+  // `core` must outlive the service. Starts the ticker thread.
+  CoordinatorService(CoordinatorCore* core, CoordinatorServiceOptions options);
+  // Stops the ticker. Shut the server down first.
+  ~CoordinatorService() override;
+  CoordinatorService(const CoordinatorService&) = delete;
+  CoordinatorService& operator=(const CoordinatorService&) = delete;
+
+  grpc::ServerUnaryReactor* RegisterAgent(grpc::CallbackServerContext* ctx,
+                                          const ckptd::v1::RegisterAgentRequest* req,
+                                          ckptd::v1::RegisterAgentResponse* resp) override;
+  // Each Heartbeat read is answered with one HeartbeatAck before the next is
+  // read. The stream ends OK when the client half-closes (or cancels), and
+  // with the core's error for an invalid heartbeat.
+  grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>* Heartbeats(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* ReportShard(grpc::CallbackServerContext* ctx, const ckptd::v1::ReportShardRequest* req,
+                                        ckptd::v1::ReportShardResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* ctx,
+                                          const ckptd::v1::ReportFailureRequest* req,
+                                          ckptd::v1::ReportFailureResponse* resp) override;
+  grpc::ServerUnaryReactor* GetRestorePlan(grpc::CallbackServerContext* ctx,
+                                           const ckptd::v1::RestorePlanRequest* req,
+                                           ckptd::v1::RestorePlanResponse* resp) override;
+  grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
+                                             const ckptd::v1::GetClusterStatusRequest* req,
+                                             ckptd::v1::GetClusterStatusResponse* resp) override;
+  grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx, const ckptd::v1::ListEventsRequest* req,
+                                       ckptd::v1::ListEventsResponse* resp) override;
+  // Needs the operator token.
+  grpc::ServerUnaryReactor* RequestCheckpoint(grpc::CallbackServerContext* ctx,
+                                              const ckptd::v1::RequestCheckpointRequest* req,
+                                              ckptd::v1::RequestCheckpointResponse* resp) override;
+
+ private:
+  // OK when `ctx` carries the operator token; kUnauthenticated when it carries
+  // none (or not as "Bearer <token>"), kPermissionDenied when it is wrong.
+  absl::Status CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const;
+  void TickLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  CoordinatorCore* const core_;
+  const CoordinatorServiceOptions options_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread ticker_;
+};
+
+// Whether `given` equals `expected`, in time that depends only on
+// expected.size() (so that a wrong token's timing says nothing of the right one).
+bool ConstantTimeEquals(absl::string_view given, absl::string_view expected);
+
+struct CoordinatorServer {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // the bound port (the chosen one for port 0)
+};
+
+// Serves `service` on TCP `listen` ("host:port", "[v6]:port", ":port" for
+// every interface; port 0 picks a free one) with `credentials`. Errors:
+// kInvalidArgument for a malformed address, kUnavailable when it cannot be
+// bound. Stop with ShutdownCoordinatorServer (heartbeat streams never end by
+// themselves).
+absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen,
+                                                         CoordinatorService* service,
+                                                         std::shared_ptr<grpc::ServerCredentials> credentials);
+
+// Shuts `server` down, cancelling calls still open after `grace`, and waits
+// for them to end.
+void ShutdownCoordinatorServer(grpc::Server* server, absl::Duration grace = absl::Seconds(1));
+
+}  // namespace ckptd::coordinator

@@ -1,0 +1,376 @@
+// Runs the real ckptd-coordinator binary: port 0, the port read from its
+// stderr, gRPC and /metrics over loopback, SIGTERM, and a restart on the same
+// state directory.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/grpc_status.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "coordinator/operator_token.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "storage/posix_file_system.h"
+#include "storage/store.h"
+#include "storage/testing_data.h"
+#include "storage/testing_matchers.h"
+
+extern char** environ;
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::agent::FromGrpcStatus;
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kBinary[] = CKPTD_COORDINATOR_BINARY;
+constexpr char kJob[] = "bin-job";
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The number after `prefix` in `text`, if any.
+std::optional<int> NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return std::nullopt;
+  size_t end = at + prefix.size();
+  while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+  int n = 0;
+  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &n)) return std::nullopt;
+  return n;
+}
+
+// GET `path` from 127.0.0.1:`port`: the whole response, or "" on failure.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// One run of the binary with stderr (and stdout) in a file.
+class Coordinator {
+ public:
+  Coordinator(std::vector<std::string> args, std::string log) : log_(std::move(log)) {
+    std::vector<std::string> argv = {kBinary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 2, 1);
+    if (posix_spawn(&pid_, kBinary, &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Coordinator() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  std::string Log() const { return ReadAll(log_); }
+
+  // Waits for "listening on 127.0.0.1:<port>"; 0 when the process ended or
+  // it took too long.
+  int WaitForPort() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      const std::string log = Log();
+      if (std::optional<int> port = NumberAfter(log, "ckptd-coordinator: listening on 127.0.0.1:");
+          port && log.find('\n', log.find("listening on")) != std::string::npos) {
+        metrics_port_ = NumberAfter(log, "metrics on http://127.0.0.1:").value_or(0);
+        return *port;
+      }
+      if (Exited(absl::ZeroDuration())) return 0;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return 0;
+  }
+  int metrics_port() const { return metrics_port_; }
+
+  // Whether the process ended within `wait`; its exit code then in exit_code().
+  bool Exited(absl::Duration wait) {
+    if (pid_ <= 0) return true;
+    const absl::Time deadline = absl::Now() + wait;
+    do {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    } while (absl::Now() < deadline);
+    return false;
+  }
+  int exit_code() const { return exit_code_; }
+
+  // SIGTERM, then the exit code (-1 if it did not stop within 30 s).
+  int Stop() {
+    if (pid_ > 0) ::kill(pid_, SIGTERM);
+    return Exited(absl::Seconds(30)) ? exit_code_ : -1;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  int metrics_port_ = 0;
+};
+
+class CoordinatorBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ckptd-coord-bin-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    root_ = dir_ + "/root";
+    state_ = dir_ + "/state";
+  }
+  void TearDown() override {
+    const int rc = std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+    (void)rc;  // a temp dir left behind fails nothing
+  }
+
+  std::vector<std::string> Flags(std::vector<std::string> extra = {}) {
+    std::vector<std::string> f = {"--listen",     "127.0.0.1:0",        "--storage-root", root_,
+                                  "--state-dir",  state_,               "--metrics-listen", "127.0.0.1:0",
+                                  "--every",      "5",                  "--heartbeat-interval", "100ms"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  }
+
+  // Runs the binary to completion; returns its exit code and output.
+  std::pair<int, std::string> RunToEnd(std::vector<std::string> args) {
+    Coordinator c(std::move(args), dir_ + "/run.log");
+    EXPECT_TRUE(c.Exited(absl::Seconds(60)));
+    return {c.exit_code(), c.Log()};
+  }
+
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> Stub(int port) {
+    return ckptd::v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+
+  static void Deadline(grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  }
+
+  std::string dir_, root_, state_;
+};
+
+TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
+  std::optional<uint64_t> committed_step;
+  {
+    Coordinator c(Flags(), dir_ + "/first.log");
+    ASSERT_GT(c.pid(), 0);
+    const int port = c.WaitForPort();
+    ASSERT_GT(port, 0) << c.Log();
+    ASSERT_GT(c.metrics_port(), 0) << c.Log();
+    const std::string token_path = state_ + "/operator-token";
+    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("operator token written to ", token_path)));
+    struct stat st;
+    ASSERT_EQ(::stat(token_path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string token, ReadOperatorTokenFile(token_path));
+    EXPECT_EQ(token.size(), 64u);
+
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
+    std::map<std::string, uint64_t> sessions;
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      const std::string node = absl::StrCat("node-", rank);
+      ckptd::v1::RegisterAgentRequest req;
+      req.set_node_id(node);
+      ckptd::v1::RankInfo* r = req.add_ranks();
+      r->set_job(kJob);
+      r->set_rank(rank);
+      r->set_world_size(2);
+      r->set_pid(4000 + static_cast<int>(rank));
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      ckptd::v1::RegisterAgentResponse resp;
+      ASSERT_THAT(FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp)), IsOk());
+      EXPECT_EQ(resp.heartbeat_interval_ms(), 100u);
+      sessions[node] = resp.session();
+    }
+    // Real shards in the binary's storage root, reported over gRPC.
+    std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+    storage::CheckpointStore store(fs.get(), root_);
+    CKPTD_ASSERT_OK(store.PrepareStep(kJob, 5));
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      ckptd::testing::RankData data = ckptd::testing::MakeRankData(5, rank, 256, 16);
+      std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
+      CKPTD_ASSERT_OK_AND_ASSIGN(storage::ShardWriteResult w, store.WriteShard(kJob, 5, rank, 2, src));
+      ckptd::v1::ReportShardRequest req;
+      req.set_node_id(absl::StrCat("node-", rank));
+      req.set_session(sessions[req.node_id()]);
+      req.mutable_report()->set_job(kJob);
+      req.mutable_report()->set_step(5);
+      req.mutable_report()->set_world_size(2);
+      req.mutable_report()->set_stall_seconds(0.01);
+      req.mutable_report()->mutable_shard()->set_rank(rank);
+      req.mutable_report()->mutable_shard()->set_file_length(w.file_length);
+      req.mutable_report()->mutable_shard()->set_index_xxh3(w.index_xxh3);
+      req.mutable_report()->mutable_shard()->set_persist_seconds(0.2);
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      ckptd::v1::ReportShardResponse resp;
+      ASSERT_THAT(FromGrpcStatus(stub->ReportShard(&ctx, req, &resp)), IsOk());
+      EXPECT_EQ(resp.committed(), rank == 1);
+    }
+    CKPTD_ASSERT_OK_AND_ASSIGN(committed_step, store.LatestCommittedStep(kJob));
+    EXPECT_EQ(committed_step, 5u);
+
+    // The generated token is the one operator RPCs need.
+    ckptd::v1::RequestCheckpointRequest manual;
+    manual.set_job(kJob);
+    for (const std::string& auth : {std::string("Bearer wrong"), absl::StrCat("Bearer ", token)}) {
+      grpc::ClientContext ctx;
+      Deadline(&ctx);
+      ctx.AddMetadata("authorization", auth);
+      ckptd::v1::RequestCheckpointResponse resp;
+      const absl::Status s = FromGrpcStatus(stub->RequestCheckpoint(&ctx, manual, &resp));
+      if (auth == "Bearer wrong") {
+        EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong")));
+      } else {
+        EXPECT_THAT(s, IsOk());
+        EXPECT_GT(resp.target_step(), 0u);
+      }
+    }
+
+    const std::string metrics = HttpGet(c.metrics_port(), "/metrics");
+    EXPECT_THAT(metrics, HasSubstr("HTTP/1.1 200"));
+    EXPECT_THAT(metrics, HasSubstr("ckptd_checkpoints_committed_total{job=\"bin-job\"} 1\n"));
+    EXPECT_THAT(metrics, HasSubstr("ckptd_job_newest_committed_step{job=\"bin-job\"} 5\n"));
+    EXPECT_THAT(metrics, HasSubstr("ckptd_agents_alive 2\n"));
+    EXPECT_THAT(metrics, HasSubstr("ckptd_commit_latency_seconds_count{job=\"bin-job\"} 1\n"));
+    EXPECT_THAT(HttpGet(c.metrics_port(), "/nope"), HasSubstr("HTTP/1.1 404"));
+
+    EXPECT_EQ(c.Stop(), 0) << c.Log();
+    EXPECT_THAT(c.Log(), HasSubstr("stopping"));
+  }
+  {
+    // Same state directory, an operator-supplied token this time.
+    const std::string token_file = dir_ + "/my-token";
+    std::ofstream(token_file) << "my-operator-token\n";
+    Coordinator c(Flags({"--operator-token-file", token_file}), dir_ + "/second.log");
+    const int port = c.WaitForPort();
+    ASSERT_GT(port, 0) << c.Log();
+    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("operator token written")));
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ckptd::v1::GetClusterStatusResponse status;
+    ASSERT_THAT(FromGrpcStatus(stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &status)), IsOk());
+    ASSERT_EQ(status.jobs_size(), 1);
+    EXPECT_EQ(status.jobs(0).job(), kJob);
+    EXPECT_TRUE(status.jobs(0).has_committed());
+    EXPECT_EQ(status.jobs(0).newest_committed_step(), 5u);
+    EXPECT_EQ(status.jobs(0).checkpoints_committed(), 1u);
+    EXPECT_EQ(status.jobs(0).schedule().every_steps(), 5u);
+
+    // The supplied token passes authorization (the job has no live rank now).
+    grpc::ClientContext manual_ctx;
+    Deadline(&manual_ctx);
+    manual_ctx.AddMetadata("authorization", "Bearer my-operator-token");
+    ckptd::v1::RequestCheckpointRequest manual;
+    manual.set_job(kJob);
+    ckptd::v1::RequestCheckpointResponse resp;
+    EXPECT_THAT(FromGrpcStatus(stub->RequestCheckpoint(&manual_ctx, manual, &resp)),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no live rank")));
+    EXPECT_EQ(c.Stop(), 0) << c.Log();
+  }
+}
+
+TEST_F(CoordinatorBinaryTest, HelpNamesEveryFlag) {
+  auto [code, out] = RunToEnd({"--help"});
+  EXPECT_EQ(code, 0);
+  for (const char* flag : {"--listen", "--storage-root", "--state-dir", "--metrics-listen", "--heartbeat-interval",
+                           "--node-lost-after", "--hang-floor", "--every", "--keep", "--step-deadline",
+                           "--operator-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--help"}) {
+    EXPECT_THAT(out, HasSubstr(flag));
+  }
+}
+
+TEST_F(CoordinatorBinaryTest, BadCommandLinesExitWithUsage) {
+  auto [unknown, out1] = RunToEnd(Flags({"--frobnicate"}));
+  EXPECT_EQ(unknown, 2);
+  EXPECT_THAT(out1, HasSubstr("unknown flag --frobnicate"));
+  auto [missing, out2] = RunToEnd({"--listen", "127.0.0.1:0"});
+  EXPECT_EQ(missing, 2);
+  EXPECT_THAT(out2, HasSubstr("required"));
+  auto [duration, out3] = RunToEnd(Flags({"--node-lost-after", "soon"}));
+  EXPECT_EQ(duration, 2);
+  EXPECT_THAT(out3, HasSubstr("--node-lost-after: \"soon\" is not a positive duration"));
+  auto [tls, out4] = RunToEnd(Flags({"--tls-cert", "/nonexistent.pem"}));
+  EXPECT_EQ(tls, 2);
+  EXPECT_THAT(out4, HasSubstr("needs all of --tls-cert, --tls-key and --tls-ca"));
+  auto [every, out5] = RunToEnd(Flags({"--every", "0"}));
+  EXPECT_EQ(every, 2);
+  EXPECT_THAT(out5, HasSubstr("--every"));
+}
+
+TEST_F(CoordinatorBinaryTest, StateThatIsNotADatabaseFailsClearly) {
+  ASSERT_EQ(::mkdir(state_.c_str(), 0700), 0);
+  std::ofstream(state_ + "/coordinator.db") << std::string(8192, 'x');
+  auto [code, out] = RunToEnd(Flags());
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("ckptd-coordinator: state database: "));
+  EXPECT_THAT(out, HasSubstr("coordinator.db"));
+}
+
+TEST_F(CoordinatorBinaryTest, PortInUseExitsUnavailable) {
+  Coordinator first(Flags(), dir_ + "/first.log");
+  const int port = first.WaitForPort();
+  ASSERT_GT(port, 0) << first.Log();
+  auto [code, out] = RunToEnd({"--listen", absl::StrCat("127.0.0.1:", port), "--storage-root", root_, "--state-dir",
+                               dir_ + "/state2"});
+  EXPECT_EQ(code, 3);
+  EXPECT_THAT(out, HasSubstr("cannot listen"));
+  EXPECT_EQ(first.Stop(), 0);
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

@@ -1,0 +1,192 @@
+// Mutual TLS between the coordinator and its clients, with a throw-away CA
+// made by `openssl` at test time (skipped when openssl is not on PATH).
+#include "coordinator/tls.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agent/grpc_status.h"
+#include "coordinator/coordinator_service.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::agent::FromGrpcStatus;
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Makes, in `dir`: ca.pem/ca.key (the test CA), server.pem/key (localhost,
+// 127.0.0.1), client.pem/key (node-a), and other-ca.pem with
+// rogue-client.pem/key signed by that other CA. Returns "" or openssl's output.
+std::string MakeCertificates(const std::string& openssl, const std::string& dir) {
+  const std::string o = absl::StrCat("'", openssl, "'");
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string ca_ext = "-addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign";
+  const std::string script = absl::StrCat(
+      "set -e; cd '", dir, "'\n",
+      o, " req -x509 ", ec, " -keyout ca.key -out ca.pem -days 2 -subj /CN=ckptd-test-ca ", ca_ext, "\n",
+      o, " req -x509 ", ec, " -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=ckptd-other-ca ", ca_ext, "\n",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth\\n' > server.ext\n",
+      "printf 'extendedKeyUsage=clientAuth\\n' > client.ext\n",
+      o, " req ", ec, " -keyout server.key -out server.csr -subj /CN=localhost\n",
+      o, " x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2",
+      " -extfile server.ext\n",
+      o, " req ", ec, " -keyout client.key -out client.csr -subj /CN=node-a\n",
+      o, " x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2",
+      " -extfile client.ext\n",
+      o, " req ", ec, " -keyout rogue-client.key -out rogue-client.csr -subj /CN=rogue\n",
+      o, " x509 -req -in rogue-client.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial",
+      " -out rogue-client.pem -days 2 -extfile client.ext\n");
+  const std::string script_path = dir + "/make-certs.sh";
+  std::ofstream(script_path) << script;
+  const std::string log = dir + "/openssl.log";
+  const int rc = std::system(absl::StrCat("sh '", script_path, "' > '", log, "' 2>&1").c_str());
+  if (rc == 0) return "";
+  return absl::StrCat("openssl failed (", rc, "):\n", ReadAll(log));
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string openssl = FindOnPath("openssl");
+    if (openssl.empty()) {
+      GTEST_SKIP() << "openssl is not on PATH (Debian package openssl; scripts/install-deps.sh installs it)";
+    }
+    char tmpl[] = "/tmp/ckptd-tls-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const std::string failed = MakeCertificates(openssl, dir_);
+    ASSERT_EQ(failed, "");
+
+    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, CoordinatorOptions());
+    CKPTD_ASSERT_OK(core_->Recover());
+    service_ = std::make_unique<CoordinatorService>(core_.get(), CoordinatorServiceOptions{.operator_token = "t"});
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
+                               ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
+    CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), creds));
+  }
+  void TearDown() override {
+    ShutdownCoordinatorServer(server_.server.get());
+    service_.reset();
+    core_.reset();
+    if (!dir_.empty()) {
+      const int rc = std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
+      (void)rc;  // a temp dir left behind fails nothing
+    }
+  }
+
+  std::string File(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
+
+  // GetClusterStatus over a channel with `creds`, naming the server "localhost".
+  absl::Status Probe(std::shared_ptr<grpc::ChannelCredentials> creds) {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_.port), creds, args);
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = ckptd::v1::Coordinator::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ckptd::v1::GetClusterStatusResponse resp;
+    return FromGrpcStatus(stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &resp));
+  }
+
+  std::string dir_;
+  storage::MemFileSystem fs_;
+  storage::CheckpointStore store_{&fs_, "/ckpt"};
+  std::unique_ptr<StateStore> state_ = NewMemStateStore();
+  RealClock clock_;
+  std::unique_ptr<CoordinatorCore> core_;
+  std::unique_ptr<CoordinatorService> service_;
+  CoordinatorServer server_;
+};
+
+TEST_F(TlsTest, AgentWithAClientCertificateConnects) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                             ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}));
+  EXPECT_THAT(Probe(creds), IsOk());
+}
+
+TEST_F(TlsTest, ClientWithoutACertificateIsRefused) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ChannelCredentials> creds,
+                             ChannelCredentialsFromFiles({"", "", File("ca.pem")}));
+  EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST_F(TlsTest, ClientCertificateOfAnotherCaIsRefused) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<grpc::ChannelCredentials> creds,
+      ChannelCredentialsFromFiles({File("rogue-client.pem"), File("rogue-client.key"), File("ca.pem")}));
+  EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST_F(TlsTest, PlaintextClientIsRefused) {
+  EXPECT_THAT(Probe(grpc::InsecureChannelCredentials()), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST_F(TlsTest, ServerOfAnotherCaIsNotTrusted) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<grpc::ChannelCredentials> creds,
+      ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("other-ca.pem")}));
+  EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+TEST_F(TlsTest, MissingOrBadFilesAreClearErrors) {
+  const std::string missing = File("nope.pem");
+  EXPECT_THAT(ServerCredentialsFromFiles({missing, File("server.key"), File("ca.pem")}),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::AllOf(HasSubstr("--tls-cert"), HasSubstr(missing))));
+  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("server.key"), ""}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-ca: no file given")));
+  std::ofstream(File("junk.pem")) << "not a certificate\n";
+  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("junk.pem"), File("ca.pem")}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds no PEM block")));
+  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("server.key"), dir_}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
+  EXPECT_THAT(ChannelCredentialsFromFiles({File("client.pem"), "", File("ca.pem")}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("both --tls-cert and --tls-key")));
+  EXPECT_THAT(ChannelCredentialsFromFiles({"", "", missing}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(missing)));
+  if (::geteuid() != 0) {
+    ASSERT_EQ(::chmod(File("client.key").c_str(), 0), 0);
+    EXPECT_THAT(ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("client.key")));
+  }
+}
+
+TEST_F(TlsTest, KeyThatDoesNotMatchTheCertificateFailsAtStart) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
+                             ServerCredentialsFromFiles({File("server.pem"), File("client.key"), File("ca.pem")}));
+  EXPECT_THAT(StartCoordinatorServer("127.0.0.1:0", service_.get(), creds),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("TLS files")));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator
