@@ -11,7 +11,6 @@ PACKAGES=(
   clang libclang-rt-14-dev
   fio python3
   openssl  # generates the test CA for the coordinator's mutual-TLS tests
-  prometheus  # for promtool (metrics tests); on a systemd host it also enables a prometheus service
 )
 
 missing=()
@@ -21,14 +20,30 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# promtool checks the metrics exposition in the tests. It ships inside
+# Debian's prometheus package, whose installation would also set up a
+# prometheus server; only the one binary is unpacked, into .tools/.
+TOOLS="$(cd "$(dirname "$0")/.." && pwd)/.tools"
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$TOOLS/promtool" ]; then
+  tmp="$(mktemp -d)"
+  if (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) &&
+     dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/unpacked"; then
+    mkdir -p "$TOOLS"
+    cp "$tmp/unpacked/usr/bin/promtool" "$TOOLS/promtool"
+    echo "install-deps: promtool unpacked into .tools/"
+  else
+    echo "install-deps: could not fetch promtool; the metrics format check will be skipped"
+  fi
+  rm -rf "$tmp"
+fi

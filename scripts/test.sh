@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/install-deps.sh
+export PATH="$PWD/.tools:$PATH"  # promtool, when install-deps unpacked it there
 JOBS="${JOBS:-$(nproc)}"
 FUZZ_SECONDS="${FUZZ_SECONDS:-20}"
 LOGS="$(mktemp -d)"
