@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -26,6 +29,15 @@ struct AgentCore::Trainer {
   bool stopping ABSL_GUARDED_BY(mu) = false;
   PersistStatus status ABSL_GUARDED_BY(mu);
   std::optional<uint64_t> last_failed_step ABSL_GUARDED_BY(mu);
+  // For the coordinator: progress, pace, timings, and the restore round the
+  // trainer came from (stamped on its shard reports).
+  uint64_t step ABSL_GUARDED_BY(mu) = 0;
+  double step_seconds ABSL_GUARDED_BY(mu) = 0;
+  double last_stall ABSL_GUARDED_BY(mu) = 0;
+  double last_persist ABSL_GUARDED_BY(mu) = 0;
+  std::map<uint32_t, double> stall_by_slot ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> missed_targets ABSL_GUARDED_BY(mu);
+  uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
 };
 
 AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
@@ -91,6 +103,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   handle.slots = slots;
   handle.slot_bytes = t->layout.slot_bytes;
   handle.offsets = t->layout.offsets;
+  handle.coordinated = options_.coordinator != nullptr;
   Trainer* raw = t.get();
   t->persister = std::thread([this, raw] { PersistLoop(raw); });
   absl::MutexLock l(&mu_);
@@ -98,7 +111,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   return handle;
 }
 
-absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, uint64_t step) {
+absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, uint64_t step, double stall_seconds) {
   std::shared_ptr<Trainer> t = Find(trainer_id);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
   if (slot >= t->segment->slots()) {
@@ -106,6 +119,67 @@ absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, ui
   }
   absl::MutexLock l(&t->mu);
   t->wake = true;
+  if (std::isfinite(stall_seconds) && stall_seconds >= 0) t->stall_by_slot[slot] = stall_seconds;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<ckptd::v1::Schedule>> AgentCore::SyncSchedule(
+    uint64_t trainer_id, uint64_t step, double step_seconds, const std::vector<uint64_t>& missed_targets) {
+  std::shared_ptr<Trainer> t = Find(trainer_id);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
+  {
+    absl::MutexLock l(&t->mu);
+    t->step = step;
+    if (std::isfinite(step_seconds) && step_seconds > 0) t->step_seconds = step_seconds;
+    for (uint64_t m : missed_targets) {
+      if (t->missed_targets.size() < 64) t->missed_targets.push_back(m);
+    }
+  }
+  if (options_.coordinator == nullptr) return std::optional<ckptd::v1::Schedule>();
+  return options_.coordinator->ScheduleFor(t->reg.job);
+}
+
+void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
+  std::vector<std::shared_ptr<Trainer>> trainers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, t] : trainers_) trainers.push_back(t);
+  }
+  for (const auto& t : trainers) {
+    ckptd::v1::RankInfo* r = hb->add_ranks();
+    r->set_job(t->reg.job);
+    r->set_rank(t->reg.rank);
+    r->set_world_size(t->reg.world_size);
+    r->set_pid(t->reg.pid);
+    int gpu = -1;
+    for (const ckptd::v1::Tensor& b : t->reg.buffers) {
+      if (b.device().kind() == ckptd::v1::Device::CUDA) gpu = static_cast<int>(b.device().index());
+    }
+    r->set_gpu(gpu);
+    ckptd::v1::RankProgress* p = hb->add_progress();
+    absl::MutexLock l(&t->mu);
+    p->set_job(t->reg.job);
+    p->set_rank(t->reg.rank);
+    p->set_step(t->step);
+    p->set_step_seconds(t->step_seconds);
+    p->set_stall_seconds(t->last_stall);
+    p->set_persist_seconds(t->last_persist);
+    p->set_snapshots_skipped(t->status.skipped);
+    for (uint64_t m : t->missed_targets) p->add_missed_targets(m);
+    t->missed_targets.clear();
+  }
+}
+
+absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl::string_view reason) {
+  std::shared_ptr<Trainer> t = Find(trainer_id);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
+  absl::MutexLock l(&t->mu);
+  ++t->status.skipped;
+  t->status.last_skipped_step = step;
+  // Cut on a UTF-8 character boundary: the reason travels in proto strings.
+  size_t n = std::min(reason.size(), kMaxSkipReasonBytes);
+  while (n < reason.size() && n > 0 && (static_cast<uint8_t>(reason[n]) & 0xC0) == 0x80) --n;
+  t->status.last_skip_reason = std::string(reason.substr(0, n));
   return absl::OkStatus();
 }
 
@@ -130,10 +204,11 @@ void AgentCore::PersistLoop(Trainer* t) {
       // The slot is free again whatever happened: training goes on.
       (void)t->segment->Release(*slot);
       absl::MutexLock l(&t->mu);
+      t->stall_by_slot.erase(*slot);
       if (s.ok()) {
         t->status.last_persisted_step = step;
         ++t->status.persisted;
-        if (t->reg.world_size == 1) t->status.last_committed_step = step;
+        if (t->reg.world_size == 1 && options_.coordinator == nullptr) t->status.last_committed_step = step;
       } else {
         ++t->status.failed;
         t->status.last_error = s;
@@ -153,10 +228,53 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot) {
     sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
     sources[i].length = t->layout.lengths[i];
   }
-  CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
-  CKPTD_ASSIGN_OR_RETURN(storage::ShardWriteResult written,
-                         store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_));
-  if (reg.world_size != 1) return absl::OkStatus();  // the coordinator commits multi-rank steps
+  const absl::Time start = absl::Now();
+  const absl::Status prepared = store_.PrepareStep(reg.job, step);
+  absl::StatusOr<storage::ShardWriteResult> result =
+      prepared.ok() ? store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_)
+                    : absl::StatusOr<storage::ShardWriteResult>(prepared);
+  const double persist_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  double stall = 0;
+  uint64_t incarnation = 0;
+  {
+    absl::MutexLock l(&t->mu);
+    if (auto it = t->stall_by_slot.find(slot); it != t->stall_by_slot.end()) stall = it->second;
+    incarnation = t->incarnation;
+    t->last_stall = stall;
+    if (result.ok()) t->last_persist = persist_seconds;
+  }
+  if (options_.coordinator != nullptr) {
+    if (!result.ok()) {
+      ckptd::v1::ReportFailureRequest f;
+      f.set_job(reg.job);
+      f.set_rank(reg.rank);
+      f.set_kind(ckptd::v1::PERSIST_FAILED);
+      f.set_step(step);
+      f.set_detail(std::string(result.status().message()).substr(0, 4000));
+      options_.coordinator->Failure(f);
+      return result.status();
+    }
+    // The coordinator commits: it hears of every shard, this one included.
+    ckptd::v1::ShardReport report;
+    report.set_job(reg.job);
+    report.set_step(step);
+    report.set_world_size(reg.world_size);
+    report.set_stall_seconds(stall);
+    report.set_incarnation(incarnation);
+    ckptd::v1::ShardRef* ref = report.mutable_shard();
+    ref->set_rank(reg.rank);
+    ref->set_file(storage::ShardFileName(reg.rank));
+    ref->set_file_length(result->file_length);
+    ref->set_index_xxh3(result->index_xxh3);
+    ref->set_raw_bytes(result->raw_bytes);
+    ref->set_stored_bytes(result->stored_bytes);
+    ref->set_persist_seconds(persist_seconds);
+    options_.coordinator->ShardDurable(report);
+    return absl::OkStatus();
+  }
+  CKPTD_RETURN_IF_ERROR(result.status());
+  const storage::ShardWriteResult& written = *result;
+  if (reg.world_size != 1) return absl::OkStatus();  // a coordinator commits multi-rank steps
   // No coordinator needed: this agent sees every shard of the step.
   absl::MutexLock l(&commit_mu_);
   ckptd::v1::ShardRef ref;
@@ -173,6 +291,57 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot) {
 absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Duration wait_for_slot) {
   std::shared_ptr<Trainer> t = Find(trainer_id);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
+  return options_.coordinator != nullptr ? RestoreCoordinated(t.get(), wait_for_slot)
+                                         : RestoreLocal(t.get(), wait_for_slot);
+}
+
+absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot) {
+  const TrainerRegistration& reg = t->reg;
+  const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                         storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), &pool_));
+  const ckptd::v1::ShardIndex& index = reader->index();
+  if (index.world_size() != reg.world_size) {
+    return absl::FailedPreconditionError(absl::StrCat("step ", step, " was saved by a world of ", index.world_size(),
+                                                      " ranks; this job runs ", reg.world_size));
+  }
+  std::vector<storage::TensorDest> dests;
+  absl::flat_hash_set<std::string> registered;
+  for (size_t i = 0; i < reg.buffers.size(); ++i) {
+    const ckptd::v1::Tensor& b = reg.buffers[i];
+    registered.insert(b.name());
+    const ckptd::v1::Tensor* saved = reader->FindTensor(b.name());
+    const std::string name = absl::CHexEscape(b.name());
+    if (saved == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is not in the checkpoint of step ", step));
+    }
+    if (saved->dtype() != b.dtype() || saved->raw_length() != t->layout.lengths[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "buffer '", name, "' is registered as ", storage::DTypeName(b.dtype()), " of ", t->layout.lengths[i],
+          " bytes but step ", step, " holds ", storage::DTypeName(saved->dtype()), " of ", saved->raw_length(),
+          " bytes"));
+    }
+    dests.push_back({b.name(), nullptr, t->layout.lengths[i]});
+  }
+  for (const ckptd::v1::Tensor& saved : index.tensors()) {
+    if (!registered.contains(saved.name())) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", step, " holds tensor '",
+                                                        absl::CHexEscape(saved.name()), "' that is not registered"));
+    }
+  }
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
+  for (size_t i = 0; i < dests.size(); ++i) dests[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
+  absl::Status read = reader->ReadTensors(dests);
+  // Publish either way; on failure hand the slot straight back.
+  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step));
+  if (!read.ok()) {
+    (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
+    return read;
+  }
+  return slot;
+}
+
+absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration wait_for_slot) {
   const TrainerRegistration& reg = t->reg;
   absl::StatusOr<std::vector<storage::StepInfo>> steps = store_.ListSteps(reg.job);
   RestoreResult result;
@@ -182,61 +351,14 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Dura
   // Newest committed step first; a damaged one falls back to the one before.
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
     if (it->state != StepState::kCommitted) continue;
-    const uint64_t step = it->step;
-    const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
-    absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-        storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), &pool_);
-    if (absl::IsDataLoss(reader.status())) {
-      last_damage = reader.status();
+    absl::StatusOr<uint32_t> slot = LoadStep(t, it->step, wait_for_slot);
+    if (absl::IsDataLoss(slot.status())) {
+      last_damage = slot.status();
       continue;
     }
-    CKPTD_RETURN_IF_ERROR(reader.status());
-    const ckptd::v1::ShardIndex& index = (*reader)->index();
-    if (index.world_size() != reg.world_size) {
-      return absl::FailedPreconditionError(absl::StrCat("step ", step, " was saved by a world of ", index.world_size(),
-                                                        " ranks; this job runs ", reg.world_size));
-    }
-    std::vector<storage::TensorDest> dests;
-    absl::flat_hash_set<std::string> registered;
-    for (size_t i = 0; i < reg.buffers.size(); ++i) {
-      const ckptd::v1::Tensor& b = reg.buffers[i];
-      registered.insert(b.name());
-      const ckptd::v1::Tensor* saved = (*reader)->FindTensor(b.name());
-      const std::string name = absl::CHexEscape(b.name());
-      if (saved == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("buffer '", name, "' is not in the checkpoint of step ", step));
-      }
-      if (saved->dtype() != b.dtype() || saved->raw_length() != t->layout.lengths[i]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "buffer '", name, "' is registered as ", storage::DTypeName(b.dtype()), " of ", t->layout.lengths[i],
-            " bytes but step ", step, " holds ", storage::DTypeName(saved->dtype()), " of ", saved->raw_length(),
-            " bytes"));
-      }
-      dests.push_back({b.name(), nullptr, t->layout.lengths[i]});
-    }
-    for (const ckptd::v1::Tensor& saved : index.tensors()) {
-      if (!registered.contains(saved.name())) {
-        return absl::FailedPreconditionError(absl::StrCat("step ", step, " holds tensor '",
-                                                          absl::CHexEscape(saved.name()),
-                                                          "' that is not registered"));
-      }
-    }
-    CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
-    for (size_t i = 0; i < dests.size(); ++i) dests[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
-    absl::Status read = (*reader)->ReadTensors(dests);
-    // Publish either way; on failure hand the slot straight back.
-    CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step));
-    if (!read.ok()) {
-      (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
-      if (absl::IsDataLoss(read)) {
-        last_damage = read;
-        continue;
-      }
-      return read;
-    }
-    result.step = step;
-    result.slot = slot;
+    CKPTD_RETURN_IF_ERROR(slot.status());
+    result.step = it->step;
+    result.slot = *slot;
     return result;
   }
   if (!last_damage.ok()) {
@@ -246,7 +368,83 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Dura
   return result;
 }
 
-absl::Status AgentCore::TrainerExited(uint64_t trainer_id) {
+absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot) {
+  const TrainerRegistration& reg = t->reg;
+  const absl::Time deadline = absl::Now() + options_.restore_timeout;
+  ckptd::v1::RestorePlanRequest req;
+  req.set_job(reg.job);
+  req.set_rank(reg.rank);
+  req.set_world_size(reg.world_size);
+  bool holding = false;  // a RESTORED slot holds req.attempt_step()
+  uint32_t held = 0;
+  auto release = [&] {
+    if (holding) (void)t->segment->Release(held);
+    holding = false;
+  };
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      release();
+      return absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
+                                                      ": the other ranks did not finish loading within ",
+                                                      absl::FormatDuration(options_.restore_timeout)));
+    }
+    absl::StatusOr<ckptd::v1::RestorePlanResponse> plan = options_.coordinator->RestorePlan(req, left);
+    if (!plan.ok()) {
+      release();
+      return plan.status();
+    }
+    switch (plan->verdict()) {
+      case ckptd::v1::RestorePlanResponse::FRESH_START: {
+        release();
+        absl::MutexLock l(&t->mu);
+        t->incarnation = plan->incarnation();
+        RestoreResult fresh;
+        fresh.incarnation = plan->incarnation();
+        return fresh;
+      }
+      case ckptd::v1::RestorePlanResponse::GO:
+        if (holding && req.attempt_step() == plan->step()) {
+          absl::MutexLock l(&t->mu);
+          t->incarnation = plan->incarnation();
+          RestoreResult r;
+          r.step = plan->step();
+          r.slot = held;
+          r.incarnation = plan->incarnation();
+          return r;
+        }
+        req.set_has_attempt(false);  // we hold nothing of it: load it
+        break;
+      case ckptd::v1::RestorePlanResponse::WAIT:
+        absl::SleepFor(options_.plan_poll);
+        break;
+      case ckptd::v1::RestorePlanResponse::LOAD: {
+        release();
+        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot);
+        req.set_has_attempt(true);
+        req.set_attempt_step(plan->step());
+        req.clear_problem();
+        if (slot.ok()) {
+          held = *slot;
+          holding = true;
+          req.set_attempt_ok(true);
+        } else if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
+          // Damaged or missing: the coordinator sends every rank elsewhere.
+          req.set_attempt_ok(false);
+          req.set_problem(std::string(slot.status().message()).substr(0, 4000));
+        } else {
+          return slot.status();  // the registration does not fit, or no slot: the trainer must know
+        }
+        break;
+      }
+      default:
+        release();
+        return absl::InternalError(absl::StrCat("coordinator sent an unknown restore verdict ", plan->verdict()));
+    }
+  }
+}
+
+absl::Status AgentCore::TrainerExited(uint64_t trainer_id, bool died) {
   std::shared_ptr<Trainer> t;
   {
     absl::MutexLock l(&mu_);
@@ -261,6 +459,14 @@ absl::Status AgentCore::TrainerExited(uint64_t trainer_id) {
     t->stopping = true;  // the persister drains READY slots first
   }
   t->persister.join();
+  if (died && options_.coordinator != nullptr) {
+    ckptd::v1::ReportFailureRequest f;
+    f.set_job(t->reg.job);
+    f.set_rank(t->reg.rank);
+    f.set_kind(ckptd::v1::TRAINER_DIED);
+    f.set_detail(absl::StrCat("trainer process ", t->reg.pid, " exited without saying goodbye"));
+    options_.coordinator->Failure(f);
+  }
   return absl::OkStatus();
 }
 

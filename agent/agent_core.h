@@ -14,8 +14,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/coordinator_link.h"
 #include "agent/staging.h"
 #include "ckptd/v1/shard.pb.h"
 #include "storage/file_system.h"
@@ -37,6 +39,14 @@ struct AgentOptions {
   storage::ShardWriteOptions write;
   // Prefix of staging segment names (unique per agent process).
   std::string segment_prefix;
+  // With a coordinator, every shard is reported to it and it commits; the
+  // agent commits nothing itself, and restores follow its plans. Must
+  // outlive the agent.
+  CoordinatorClient* coordinator = nullptr;
+  // Bound on a coordinated restore (other ranks may be slower to load).
+  absl::Duration restore_timeout = absl::Minutes(5);
+  absl::Duration plan_poll = absl::Milliseconds(50);
+  std::string node_id;
 };
 
 struct TrainerRegistration {
@@ -55,11 +65,13 @@ struct TrainerHandle {
   uint32_t slots = 0;
   uint64_t slot_bytes = 0;
   std::vector<uint64_t> offsets;  // per buffer, in registration order
+  bool coordinated = false;       // the schedule comes from a coordinator
 };
 
 struct RestoreResult {
   std::optional<uint64_t> step;  // nullopt: nothing committed for this job
   uint32_t slot = 0;             // RESTORED slot holding every buffer
+  uint64_t incarnation = 0;      // the coordinator's restore round (0 without one)
 };
 
 struct PersistStatus {
@@ -68,6 +80,11 @@ struct PersistStatus {
   uint64_t persisted = 0;
   uint64_t failed = 0;
   absl::Status last_error;
+  // Snapshots the trainer skipped (no free staging slot in time), as it
+  // reported them; the newest one's step and reason.
+  uint64_t skipped = 0;
+  std::optional<uint64_t> last_skipped_step;
+  std::string last_skip_reason;
 };
 
 class AgentCore {
@@ -85,7 +102,22 @@ class AgentCore {
   absl::StatusOr<TrainerHandle> Register(const TrainerRegistration& registration);
 
   // The trainer published `slot` holding `step`: wake its persister.
-  absl::Status SnapshotPublished(uint64_t trainer_id, uint32_t slot, uint64_t step);
+  absl::Status SnapshotPublished(uint64_t trainer_id, uint32_t slot, uint64_t step, double stall_seconds = 0);
+
+  // The trainer's progress (from its client's background thread); returns
+  // the job's schedule from the coordinator, if one is known.
+  absl::StatusOr<std::optional<ckptd::v1::Schedule>> SyncSchedule(uint64_t trainer_id, uint64_t step,
+                                                                  double step_seconds,
+                                                                  const std::vector<uint64_t>& missed_targets);
+
+  // The ranks this node hosts and their progress, for the coordinator.
+  void FillHeartbeat(ckptd::v1::Heartbeat* heartbeat);
+
+  // The trainer skipped the snapshot of `step` for `reason` (kept up to
+  // kMaxSkipReasonBytes): counted in its PersistStatus, which Status()
+  // reports. kNotFound for an unknown trainer.
+  static constexpr size_t kMaxSkipReasonBytes = 1024;
+  absl::Status SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl::string_view reason);
 
   // Reads the trainer's shard of the newest committed step of its job into a
   // staging slot (verifying every chunk). The shard must hold exactly the
@@ -94,8 +126,9 @@ class AgentCore {
   absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot);
 
   // The trainer process is gone: its half-filled slots are freed, published
-  // snapshots are still persisted; then the trainer is forgotten.
-  absl::Status TrainerExited(uint64_t trainer_id);
+  // snapshots are still persisted; then the trainer is forgotten. `died`:
+  // it exited without saying goodbye, a failure the coordinator hears of.
+  absl::Status TrainerExited(uint64_t trainer_id, bool died = false);
 
   // Waits until `step` of the trainer is persisted (or failed), up to `timeout`.
   absl::StatusOr<PersistStatus> WaitPersisted(uint64_t trainer_id, uint64_t step, absl::Duration timeout);
@@ -105,6 +138,12 @@ class AgentCore {
   struct Trainer;
   void PersistLoop(Trainer* t);
   absl::Status PersistOne(Trainer* t, uint32_t slot);
+  absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
+  absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
+  // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
+  // an error: kDataLoss/kNotFound for a damaged or missing shard,
+  // kFailedPrecondition for one that does not match the registration.
+  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
 
   storage::FileSystem* const fs_;

@@ -160,6 +160,36 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   EXPECT_EQ(seg->slot_data(r.slot)[0], 1);
 }
 
+TEST_F(AgentCoreTest, SkippedSnapshotsAreCountedInTheStatus) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus before, agent.Status(h.trainer_id));
+  EXPECT_EQ(before.skipped, 0u);
+  EXPECT_EQ(before.last_skipped_step, std::nullopt);
+  EXPECT_EQ(before.last_skip_reason, "");
+
+  CKPTD_ASSERT_OK(agent.SnapshotSkipped(h.trainer_id, 10, "no free staging slot"));
+  CKPTD_ASSERT_OK(agent.SnapshotSkipped(h.trainer_id, 20, "second hop still in flight"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.skipped, 2u);
+  EXPECT_THAT(st.last_skipped_step, Optional(20u));
+  EXPECT_EQ(st.last_skip_reason, "second hop still in flight");
+  // A skip is not a failure: persist counters are untouched.
+  EXPECT_EQ(st.failed, 0u);
+  EXPECT_EQ(st.persisted, 0u);
+
+  // A long reason is cut on a character boundary ("é" is two bytes).
+  std::string reason(AgentCore::kMaxSkipReasonBytes - 1, 'x');
+  reason += "\xc3\xa9tail";
+  CKPTD_ASSERT_OK(agent.SnapshotSkipped(h.trainer_id, 30, reason));
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.skipped, 3u);
+  EXPECT_EQ(st.last_skip_reason, std::string(AgentCore::kMaxSkipReasonBytes - 1, 'x'));
+
+  EXPECT_THAT(agent.SnapshotSkipped(h.trainer_id + 100, 1, "x"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+}
+
 TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
   AgentCore agent(&mem_, options_);
   TrainerRegistration r = FiveComponents("../etc");

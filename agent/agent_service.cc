@@ -31,11 +31,12 @@ grpc::Status AgentService::Register(grpc::ServerContext*, const ckptd::v1::Regis
   resp->set_slots(h->slots);
   resp->set_slot_bytes(h->slot_bytes);
   for (uint64_t o : h->offsets) resp->add_offsets(o);
+  resp->set_coordinated(h->coordinated);
   if (req->pid() > 0) {
     const uint64_t id = h->trainer_id;
     absl::Status watched = watcher_.Watch(req->pid(), [this, id] {
       // NotFound: the trainer already said goodbye.
-      (void)core_->TrainerExited(id);
+      (void)core_->TrainerExited(id, /*died=*/true);
     });
     if (!watched.ok()) {
       (void)core_->TrainerExited(id);  // undo the registration; the watch error is what counts
@@ -47,7 +48,7 @@ grpc::Status AgentService::Register(grpc::ServerContext*, const ckptd::v1::Regis
 
 grpc::Status AgentService::SnapshotPublished(grpc::ServerContext*, const ckptd::v1::SnapshotPublishedRequest* req,
                                              ckptd::v1::SnapshotPublishedResponse*) {
-  return ToGrpcStatus(core_->SnapshotPublished(req->trainer_id(), req->slot(), req->step()));
+  return ToGrpcStatus(core_->SnapshotPublished(req->trainer_id(), req->slot(), req->step(), req->stall_seconds()));
 }
 
 grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::RestoreRequest* req,
@@ -55,6 +56,7 @@ grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::Restor
   absl::StatusOr<RestoreResult> r = core_->Restore(req->trainer_id(), absl::Milliseconds(req->wait_for_slot_ms()));
   if (!r.ok()) return ToGrpcStatus(r.status());
   resp->set_found(r->step.has_value());
+  resp->set_incarnation(r->incarnation);
   if (r->step) {
     resp->set_step(*r->step);
     resp->set_slot(r->slot);
@@ -73,6 +75,25 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_persisted(s->persisted);
   resp->set_failed(s->failed);
   resp->set_last_error(std::string(s->last_error.message()));
+  resp->set_skipped(s->skipped);
+  resp->set_has_skipped(s->last_skipped_step.has_value());
+  resp->set_last_skipped_step(s->last_skipped_step.value_or(0));
+  resp->set_last_skip_reason(s->last_skip_reason);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::SnapshotSkipped(grpc::ServerContext*, const ckptd::v1::SnapshotSkippedRequest* req,
+                                           ckptd::v1::SnapshotSkippedResponse*) {
+  return ToGrpcStatus(core_->SnapshotSkipped(req->trainer_id(), req->step(), req->reason()));
+}
+
+grpc::Status AgentService::SyncSchedule(grpc::ServerContext*, const ckptd::v1::SyncScheduleRequest* req,
+                                        ckptd::v1::SyncScheduleResponse* resp) {
+  std::vector<uint64_t> missed(req->missed_targets().begin(), req->missed_targets().end());
+  absl::StatusOr<std::optional<ckptd::v1::Schedule>> s =
+      core_->SyncSchedule(req->trainer_id(), req->step(), req->step_seconds(), missed);
+  if (!s.ok()) return ToGrpcStatus(s.status());
+  if (*s) *resp->mutable_schedule() = **s;
   return grpc::Status::OK;
 }
 

@@ -27,6 +27,10 @@ class AgentService final : public ckptd::v1::Agent::Service {
                        ckptd::v1::RestoreResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext*, const ckptd::v1::GetStatusRequest* req,
                          ckptd::v1::GetStatusResponse* resp) override;
+  grpc::Status SnapshotSkipped(grpc::ServerContext*, const ckptd::v1::SnapshotSkippedRequest* req,
+                               ckptd::v1::SnapshotSkippedResponse* resp) override;
+  grpc::Status SyncSchedule(grpc::ServerContext*, const ckptd::v1::SyncScheduleRequest* req,
+                            ckptd::v1::SyncScheduleResponse* resp) override;
   grpc::Status Goodbye(grpc::ServerContext*, const ckptd::v1::GoodbyeRequest* req,
                        ckptd::v1::GoodbyeResponse* resp) override;
 

@@ -133,6 +133,42 @@ TEST_F(AgentServiceTest, RegisterSnapshotRestoreOverTheSocket) {
   EXPECT_EQ(again.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(AgentServiceTest, SnapshotSkippedIsCountedAndReportedByGetStatus) {
+  grpc::ClientContext c1;
+  ckptd::v1::RegisterResponse reg;
+  ASSERT_TRUE(stub_->Register(&c1, Request(::getpid()), &reg).ok());
+  for (uint64_t step : {4u, 8u}) {
+    grpc::ClientContext c;
+    ckptd::v1::SnapshotSkippedRequest req;
+    req.set_trainer_id(reg.trainer_id());
+    req.set_step(step);
+    req.set_reason(absl::StrCat("no free staging slot at step ", step));
+    ckptd::v1::SnapshotSkippedResponse resp;
+    ASSERT_TRUE(stub_->SnapshotSkipped(&c, req, &resp).ok());
+  }
+  grpc::ClientContext c2;
+  ckptd::v1::GetStatusRequest sreq;
+  sreq.set_trainer_id(reg.trainer_id());
+  ckptd::v1::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(&c2, sreq, &status).ok());
+  EXPECT_EQ(status.skipped(), 2u);
+  EXPECT_TRUE(status.has_skipped());
+  EXPECT_EQ(status.last_skipped_step(), 8u);
+  EXPECT_EQ(status.last_skip_reason(), "no free staging slot at step 8");
+  EXPECT_EQ(status.failed(), 0u);
+  // The core the heartbeats will read holds the same count.
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, core_->Status(reg.trainer_id()));
+  EXPECT_EQ(st.skipped, 2u);
+
+  grpc::ClientContext c3;
+  ckptd::v1::SnapshotSkippedRequest unknown;
+  unknown.set_trainer_id(reg.trainer_id() + 100);
+  ckptd::v1::SnapshotSkippedResponse resp;
+  grpc::Status s = stub_->SnapshotSkipped(&c3, unknown, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("no trainer"));
+}
+
 TEST_F(AgentServiceTest, BadRegistrationIsInvalidArgument) {
   ckptd::v1::RegisterRequest req = Request(::getpid());
   req.set_job("../../etc");

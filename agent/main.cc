@@ -1,22 +1,31 @@
 // ckptd-agent: the per-node sidecar that owns staging memory and persists and
 // restores the trainers' checkpoints.
+#include <unistd.h>
+
 #include <csignal>
 #include <iostream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
+#include "agent/coordinator_link.h"
 #include "cli/args.h"
+#include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
+#include "storage/layout.h"
 #include "storage/posix_file_system.h"
 
 namespace {
 
 const char kUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
-    "                   [--keep N] [--threads N]\n"
+    "                   [--keep N] [--threads N] [--coordinator <host:port> [--node-id <id>]]\n"
+    "                   [--inject-write-latency <duration>]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
     "owns their shared-memory staging, persists every published snapshot in\n"
@@ -29,6 +38,12 @@ const char kUsage[] =
     "  --slots N                 staging slots per trainer (default 2)\n"
     "  --keep N                  committed steps kept per job (default 2)\n"
     "  --threads N               persist/restore threads (default: one per core)\n"
+    "  --coordinator <host:port> report to a ckptd-coordinator: it commits every step (single-rank\n"
+    "                            ones too), sets the schedule and plans restores\n"
+    "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
+    "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
+    "                            data sleeps <d> first (e.g. 200ms), so a persist stays in flight\n"
+    "                            long enough to kill the agent in the middle of it\n"
     "\n"
     "Stops on SIGINT or SIGTERM after persisting what trainers already published.\n";
 
@@ -40,7 +55,8 @@ void OnSignal(int) { g_stop = 1; }
 int main(int argc, char** argv) {
   using ckptd::cli::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
-  absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads"},
+  absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
+                                                     "inject-write-latency"},
                                           {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
@@ -71,8 +87,49 @@ int main(int argc, char** argv) {
     std::cerr << "ckptd-agent: storage root: " << s.message() << "\n";
     return ckptd::cli::kExitFailed;
   }
-  ckptd::agent::AgentCore core(fs.get(), options);
-  ckptd::agent::AgentService service(&core);
+  // The link and the core refer to each other: the link asks the core for
+  // heartbeat contents through `heartbeat_source`, cut before the core goes.
+  absl::Mutex source_mu;
+  ckptd::agent::AgentCore* heartbeat_source = nullptr;
+  std::unique_ptr<ckptd::agent::CoordinatorLink> link;
+  if (args->Get("coordinator")) {
+    ckptd::agent::CoordinatorLinkOptions lo;
+    lo.address = *args->Get("coordinator");
+    char host[256] = {};
+    (void)::gethostname(host, sizeof(host) - 1);  // informational only
+    lo.host_name = host;
+    lo.node_id = args->Get("node-id") ? *args->Get("node-id") : std::string(host);
+    if (absl::Status v = ckptd::storage::ValidateJobName(lo.node_id); !v.ok()) {
+      return usage(absl::StrCat("--node-id \"", lo.node_id, "\" is not a valid name: use A-Z a-z 0-9 . _ -"));
+    }
+    options.node_id = lo.node_id;
+    link = std::make_unique<ckptd::agent::CoordinatorLink>(lo, [&](ckptd::v1::Heartbeat* hb) {
+      absl::MutexLock l(&source_mu);
+      if (heartbeat_source != nullptr) heartbeat_source->FillHeartbeat(hb);
+    });
+    options.coordinator = link.get();
+  } else if (args->Get("node-id")) {
+    return usage("--node-id needs --coordinator");
+  }
+  // Testing and drills: slow storage, so that a persist is reliably in flight.
+  std::unique_ptr<ckptd::storage::FaultInjectionFileSystem> slow_fs;
+  if (std::optional<std::string> v = args->Get("inject-write-latency")) {
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return usage(absl::StrCat("--inject-write-latency: \"", *v, "\" is not a positive duration (e.g. 200ms)"));
+    }
+    slow_fs = std::make_unique<ckptd::storage::FaultInjectionFileSystem>(fs.get());
+    slow_fs->SetLatency(d);
+    std::cerr << "ckptd-agent: injecting " << absl::FormatDuration(d) << " of latency into every write and read\n";
+  }
+  ckptd::storage::FileSystem* const data_fs =
+      slow_fs != nullptr ? static_cast<ckptd::storage::FileSystem*>(slow_fs.get()) : fs.get();
+  auto core = std::make_unique<ckptd::agent::AgentCore>(data_fs, options);
+  {
+    absl::MutexLock l(&source_mu);
+    heartbeat_source = core.get();
+  }
+  ckptd::agent::AgentService service(core.get());
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       ckptd::agent::StartUnixServer(*args->Get("socket"), &service);
   if (!server.ok()) {
@@ -86,5 +143,14 @@ int main(int argc, char** argv) {
   while (!g_stop) ::pause();
   std::cerr << "ckptd-agent: stopping\n";
   (*server)->Shutdown();
+  {
+    absl::MutexLock l(&source_mu);
+    heartbeat_source = nullptr;
+  }
+  core.reset();  // persists what trainers already published
+  if (link != nullptr && !link->Flush(absl::Seconds(5))) {
+    std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "
+                 "cleans them up\n";
+  }
   return 0;
 }

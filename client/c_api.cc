@@ -1,11 +1,14 @@
 // The C ABI over Client. No exception or abort crosses it: failures become a
 // status code and a thread-local message.
+#include <cstddef>
 #include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/c_options.h"
 #include "client/ckptd.h"
 #include "client/client.h"
 
@@ -24,19 +27,13 @@ int Fail(const absl::Status& s) {
 
 }  // namespace
 
-extern "C" {
+namespace ckptd::client {
 
-int ckptd_abi_version(void) { return CKPTD_ABI_VERSION; }
-
-const char* ckptd_last_error(void) { return g_last_error.c_str(); }
-
-int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, size_t count, ckptd_client** out) {
-  if (options == nullptr || out == nullptr || (count > 0 && buffers == nullptr) || options->socket == nullptr ||
-      options->job == nullptr) {
-    return Fail(absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required"));
+absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, const ckptd_options_ext* ext) {
+  if (options == nullptr || options->socket == nullptr || options->job == nullptr) {
+    return absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required");
   }
-  *out = nullptr;
-  ckptd::client::ClientOptions o;
+  ClientOptions o;
   o.socket = options->socket;
   o.job = options->job;
   o.rank = options->rank;
@@ -44,6 +41,49 @@ int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, siz
   o.every_steps = options->every_steps;
   o.slot_wait = absl::Milliseconds(options->slot_wait_ms < 0 ? 0 : options->slot_wait_ms);
   o.rpc_timeout = absl::Milliseconds(options->rpc_timeout_ms <= 0 ? 5000 : options->rpc_timeout_ms);
+  if (ext == nullptr) return o;
+  if (ext->size < sizeof(ext->size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ckptd_connect_ext: ext->size is ", ext->size, "; set it to sizeof(ckptd_options_ext)"));
+  }
+  // A field counts when the caller's struct holds it whole.
+  auto has = [ext](size_t offset, size_t bytes) { return ext->size >= offset + bytes; };
+  if (has(offsetof(ckptd_options_ext, spare_device_buffer), sizeof(ext->spare_device_buffer))) {
+    o.spare_device_buffer = ext->spare_device_buffer != 0;
+  }
+  // A newer caller's fields that this library does not know must be unset.
+  const auto* bytes = reinterpret_cast<const unsigned char*>(ext);
+  for (size_t i = offsetof(ckptd_options_ext, reserved); i < ext->size; ++i) {
+    if (bytes[i] != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
+                                                     " is unknown to this libckptd (ABI version ",
+                                                     CKPTD_ABI_VERSION, ")"));
+    }
+  }
+  return o;
+}
+
+}  // namespace ckptd::client
+
+extern "C" {
+
+int ckptd_abi_version(void) { return CKPTD_ABI_VERSION; }
+
+const char* ckptd_last_error(void) { return g_last_error.c_str(); }
+
+int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, size_t count, ckptd_client** out) {
+  return ckptd_connect_ext(options, nullptr, buffers, count, out);
+}
+
+int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext, const ckptd_buffer* buffers,
+                      size_t count, ckptd_client** out) {
+  if (options == nullptr || out == nullptr || (count > 0 && buffers == nullptr) || options->socket == nullptr ||
+      options->job == nullptr) {
+    return Fail(absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required"));
+  }
+  *out = nullptr;
+  absl::StatusOr<ckptd::client::ClientOptions> o = ckptd::client::ClientOptionsFromC(options, ext);
+  if (!o.ok()) return Fail(o.status());
   std::vector<ckptd::client::BufferSpec> specs;
   for (size_t i = 0; i < count; ++i) {
     const ckptd_buffer& b = buffers[i];
@@ -63,7 +103,7 @@ int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, siz
     s.data = b.data;
     specs.push_back(std::move(s));
   }
-  absl::StatusOr<std::unique_ptr<ckptd::client::Client>> client = ckptd::client::Client::Connect(o, std::move(specs));
+  absl::StatusOr<std::unique_ptr<ckptd::client::Client>> client = ckptd::client::Client::Connect(*o, std::move(specs));
   if (!client.ok()) return Fail(client.status());
   auto* handle = new (std::nothrow) ckptd_client{*std::move(client)};
   if (handle == nullptr) return Fail(absl::ResourceExhaustedError("ckptd_connect: out of memory"));
@@ -73,6 +113,10 @@ int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, siz
 
 int ckptd_should_snapshot(const ckptd_client* client, uint64_t step) {
   return client != nullptr && client->client->ShouldSnapshot(step) ? 1 : 0;
+}
+
+int ckptd_restart_requested(const ckptd_client* client) {
+  return client != nullptr && client->client->restart_requested() ? 1 : 0;
 }
 
 int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds) {

@@ -1,7 +1,9 @@
 /* Compiled as C: the header is valid C and the ABI is callable from C. */
 #include "client/ckptd.h"
 
-int ckptd_c_smoke(const char* socket, const char* job) {
+/* With ext_spare < 0 connects with ckptd_connect, else with
+ * ckptd_connect_ext and spare_device_buffer = ext_spare. */
+int ckptd_c_smoke(const char* socket, const char* job, int ext_spare) {
   float params[256];
   unsigned char rng[16];
   uint64_t params_shape[1] = {256};
@@ -11,13 +13,17 @@ int ckptd_c_smoke(const char* socket, const char* job) {
       {"rng", CKPTD_RNG, CKPTD_BYTES, 1, rng_shape, 0, 0, CKPTD_DEVICE_HOST, 0, rng},
   };
   ckptd_options options = {socket, job, 0, 1, 2, 1000, 2000};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0};
   ckptd_client* client = 0;
   int i, found = 0, rc;
   uint64_t step = 0;
   double stall = 0;
   for (i = 0; i < 256; ++i) params[i] = (float)i;
   for (i = 0; i < 16; ++i) rng[i] = (unsigned char)i;
-  if ((rc = ckptd_connect(&options, buffers, 2, &client)) != 0) return 100 + rc;
+  ext.spare_device_buffer = ext_spare;
+  rc = ext_spare < 0 ? ckptd_connect(&options, buffers, 2, &client)
+                     : ckptd_connect_ext(&options, &ext, buffers, 2, &client);
+  if (rc != 0) return 100 + rc;
   if (!ckptd_should_snapshot(client, 4) || ckptd_should_snapshot(client, 3)) return 2;
   if ((rc = ckptd_snapshot(client, 4, &stall)) != 0) return 200 + rc;
   if ((rc = ckptd_wait_persisted(client, 4, 30000)) != 0) return 300 + rc;

@@ -1,20 +1,25 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
+#include "client/c_options.h"
 #include "client/ckptd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_matchers.h"
 
-extern "C" int ckptd_c_smoke(const char* socket, const char* job);
+extern "C" int ckptd_c_smoke(const char* socket, const char* job, int ext_spare);
 
 namespace {
 
+using ::ckptd::client::ClientOptions;
+using ::ckptd::client::ClientOptionsFromC;
+using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(CApiTest, ConnectSnapshotRestoreFromC) {
@@ -32,7 +37,9 @@ TEST(CApiTest, ConnectSnapshotRestoreFromC) {
   ckptd::agent::AgentService service(&core);
   auto server = ckptd::agent::StartUnixServer(socket, &service);
   ASSERT_TRUE(server.ok()) << server.status();
-  EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi"), 0) << ckptd_last_error();
+  EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi", -1), 0) << ckptd_last_error();
+  // The ext entry point; the spare is for device buffers, these are on the host.
+  EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi-ext", 1), 0) << ckptd_last_error();
   (*server)->Shutdown();
   std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
@@ -51,6 +58,53 @@ TEST(CApiTest, ErrorsAreCodesWithMessages) {
   EXPECT_EQ(client, nullptr);
   EXPECT_EQ(ckptd_snapshot(nullptr, 1, nullptr), 3);
   EXPECT_EQ(ckptd_should_snapshot(nullptr, 1), 0);
+}
+
+TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
+  const ckptd_options options = {"/run/agent.sock", "job", 3, 0, 10, -5, 0};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions plain, ClientOptionsFromC(&options, nullptr));
+  EXPECT_EQ(plain.socket, "/run/agent.sock");
+  EXPECT_EQ(plain.rank, 3u);
+  EXPECT_EQ(plain.world_size, 1u);
+  EXPECT_EQ(plain.slot_wait, absl::ZeroDuration());
+  EXPECT_EQ(plain.rpc_timeout, absl::Seconds(5));
+  EXPECT_FALSE(plain.spare_device_buffer);
+
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions spare, ClientOptionsFromC(&options, &ext));
+  EXPECT_TRUE(spare.spare_device_buffer);
+  // `reserved` is where the next option goes: set, it is not ignored.
+  ext.reserved = 1;
+  EXPECT_THAT(ClientOptionsFromC(&options, &ext),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
+
+  // A caller built before spare_device_buffer existed: the field lies
+  // outside its struct and is not read, whatever the memory there holds.
+  ckptd_options_ext old = {sizeof(size_t), 1, 0};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions older, ClientOptionsFromC(&options, &old));
+  EXPECT_FALSE(older.spare_device_buffer);
+
+  // A newer caller: fields this library does not know must be left zero.
+  struct Newer {
+    ckptd_options_ext ext;
+    uint64_t future;
+  } newer;
+  std::memset(&newer, 0, sizeof(newer));
+  newer.ext.size = sizeof(Newer);
+  newer.ext.spare_device_buffer = 1;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions from_newer, ClientOptionsFromC(&options, &newer.ext));
+  EXPECT_TRUE(from_newer.spare_device_buffer);
+  newer.future = 7;
+  EXPECT_THAT(ClientOptionsFromC(&options, &newer.ext),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
+
+  ckptd_options_ext unset = {0, 1, 0};
+  EXPECT_THAT(ClientOptionsFromC(&options, &unset),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sizeof(ckptd_options_ext)")));
+  ckptd_client* client = nullptr;
+  EXPECT_EQ(ckptd_connect_ext(&options, &unset, nullptr, 0, &client), 3);
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("ext->size"));
+  EXPECT_EQ(client, nullptr);
 }
 
 }  // namespace

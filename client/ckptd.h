@@ -14,7 +14,9 @@
 extern "C" {
 #endif
 
-#define CKPTD_ABI_VERSION 1
+/* Versions only grow, each a superset of the one before: 2 added
+ * ckptd_options_ext and ckptd_connect_ext. */
+#define CKPTD_ABI_VERSION 2
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -47,14 +49,35 @@ typedef struct ckptd_options {
   int64_t rpc_timeout_ms;   /* bound on each call to the agent; 0: 5000 */
 } ckptd_options;
 
+/* Options added after ABI version 1, for ckptd_connect_ext. Set `size` to
+ * sizeof(ckptd_options_ext) and zero what you do not set: the library reads
+ * only the fields inside `size`, and new fields only ever replace `reserved`
+ * or are appended, so a caller built against an older header keeps working.
+ * Bytes past the fields this library knows (`reserved` included) must be zero
+ * (else 3, invalid argument): a newer caller's option is never ignored. */
+typedef struct ckptd_options_ext {
+  size_t size;
+  /* 1: snapshot device buffers in two hops through a spare device buffer of
+   * the same size (allocated once at connect): the stall is a device-to-device
+   * copy, the copy into staging runs in the background. 0: one hop. */
+  int32_t spare_device_buffer;
+  int32_t reserved; /* 0 */
+} ckptd_options_ext;
+
 typedef struct ckptd_client ckptd_client;
 
 int ckptd_abi_version(void);
 const char* ckptd_last_error(void);
 
 int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, size_t count, ckptd_client** out);
+/* ckptd_connect with the options of ckptd_options_ext (`ext` may be NULL). */
+int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext, const ckptd_buffer* buffers,
+                      size_t count, ckptd_client** out);
 /* 1 when the schedule says to snapshot `step`, else 0. No RPC. */
 int ckptd_should_snapshot(const ckptd_client* client, uint64_t step);
+/* 1 when the coordinator asks every rank of the job to restart (a failure was
+   detected): exit, and let the launcher start the trainer again. No RPC. */
+int ckptd_restart_requested(const ckptd_client* client);
 int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds);
 /* *found = 0 when nothing is committed; else *step is the restored step. */
 int ckptd_restore(ckptd_client* client, int* found, uint64_t* step);

@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -19,12 +23,21 @@ namespace ckptd::client {
 
 using agent::FromGrpcStatus;
 
+namespace {
+
+// Restore reads a whole checkpoint back: it may take this many times the
+// rpc_timeout of a control call.
+constexpr int kRestoreTimeoutFactor = 60;
+
+}  // namespace
+
 struct Client::Impl {
   ClientOptions options;
   std::vector<BufferSpec> buffers;
   std::vector<uint64_t> lengths;
   bool any_device = false;
-  std::unique_ptr<DeviceCopier> copier;
+  std::unique_ptr<DeviceCopier> owned_copier;
+  DeviceCopier* copier = nullptr;  // owned_copier, or options.copier
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<ckptd::v1::Agent::Stub> stub;
 
@@ -34,11 +47,69 @@ struct Client::Impl {
   std::unique_ptr<agent::StagingSegment> segment;
   std::vector<uint64_t> offsets;
 
-  // Publish notifications in flight (they do not block Snapshot), and
-  // whether one found the agent gone.
+  // Two-hop snapshots: per buffer its spare on the same device, nullptr for
+  // host buffers (all of them without spare_device_buffer); two_hop when any
+  // exists. While a second hop is in flight, the hop thread alone uses the
+  // copier, the segment and the spares: every call that needs them (or may
+  // register again) waits for the hop first.
+  std::vector<void*> spares;
+  bool two_hop = false;
+  std::thread hop_thread;
+
+  std::atomic<uint64_t> taken{0};
+  std::atomic<uint64_t> skipped{0};
+
+  // Schedule sync (a client thread; see ClientOptions::sync_interval). The
+  // training thread only stores its step and reads the cached schedule.
+  std::atomic<bool> coordinated{false};
+  std::atomic<uint64_t> sync_trainer_id{0};  // 0: not registered
+  std::atomic<uint64_t> current_step{0};
+  std::atomic<double> step_seconds{0};
+  absl::Time last_step_time;  // training thread only
+  uint64_t last_step = 0;     // training thread only
+  std::thread sync_thread;
+  absl::Mutex sched_mu;
+  std::optional<ckptd::v1::Schedule> schedule ABSL_GUARDED_BY(sched_mu);
+  uint64_t incarnation ABSL_GUARDED_BY(sched_mu) = 0;  // from the last restore
+  std::set<uint64_t> taken_steps ABSL_GUARDED_BY(sched_mu);     // recent snapshots
+  std::set<uint64_t> missed_reported ABSL_GUARDED_BY(sched_mu);
+  std::vector<uint64_t> missed_to_send ABSL_GUARDED_BY(sched_mu);
+  bool sync_stop ABSL_GUARDED_BY(sched_mu) = false;
+
+  void SyncLoop();
+  void NoteTaken(uint64_t step) {
+    absl::MutexLock l(&sched_mu);
+    taken_steps.insert(step);
+    while (taken_steps.size() > 256) taken_steps.erase(taken_steps.begin());
+  }
+
+  // Notifications in flight (they do not block Snapshot), and whether one
+  // found the agent gone.
   absl::Mutex mu;
   int notifications ABSL_GUARDED_BY(mu) = 0;
   bool agent_lost ABSL_GUARDED_BY(mu) = false;
+
+  // The second hop handed to the hop thread, not yet started; whether one is
+  // queued or running (and its step); the error of the last one until a call
+  // reports it.
+  struct Hop {
+    uint32_t slot = 0;
+    uint64_t step = 0;
+    uint64_t trainer_id = 0;
+    double stall_seconds = 0;  // of the first hop
+  };
+  std::optional<Hop> hop_queued ABSL_GUARDED_BY(mu);
+  bool hop_busy ABSL_GUARDED_BY(mu) = false;
+  uint64_t hop_step ABSL_GUARDED_BY(mu) = 0;
+  absl::Status hop_error ABSL_GUARDED_BY(mu);
+  bool hop_stop ABSL_GUARDED_BY(mu) = false;
+
+  // REQUIRES: the hop thread has ended (or never started).
+  ~Impl() {
+    for (size_t i = 0; i < spares.size(); ++i) {
+      if (spares[i] != nullptr) copier->FreeOnDevice(spares[i], buffers[i].device);
+    }
+  }
 
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout) const {
     auto ctx = std::make_unique<grpc::ClientContext>();
@@ -56,6 +127,124 @@ struct Client::Impl {
       segment.reset();
     }
     return absl::Status(status.code(), absl::StrCat(what, " (agent at ", options.socket, "): ", status.message()));
+  }
+
+  // Sends a notification without waiting for it (bounded by rpc_timeout).
+  // `send(async, ctx, req, resp, done)` starts the call.
+  template <typename Request, typename Response, typename Send>
+  void Notify(Request request, Send send) {
+    struct Call {
+      grpc::ClientContext ctx;
+      Request req;
+      Response resp;
+    };
+    auto* call = new Call();
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
+    call->req = std::move(request);
+    {
+      absl::MutexLock l(&mu);
+      ++notifications;
+    }
+    send(stub->async(), &call->ctx, &call->req, &call->resp, [call, this](grpc::Status s) {
+      delete call;
+      absl::MutexLock l(&mu);
+      --notifications;
+      // The agent restarted or is gone: the next call registers again (and
+      // reports the agent unavailable if it still is). UNIMPLEMENTED is an
+      // older agent that does not know the call, not a lost one.
+      if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED) agent_lost = true;
+    });
+  }
+
+  // The agent also polls its slots: a lost notification only delays the
+  // persist.
+  void NotifyPublished(uint64_t trainer, uint32_t slot, uint64_t step, double stall_seconds) {
+    ckptd::v1::SnapshotPublishedRequest req;
+    req.set_trainer_id(trainer);
+    req.set_slot(slot);
+    req.set_step(step);
+    req.set_stall_seconds(stall_seconds);
+    Notify<ckptd::v1::SnapshotPublishedRequest, ckptd::v1::SnapshotPublishedResponse>(
+        std::move(req), [](auto* async, auto* ctx, auto* rq, auto* rs, auto done) {
+          async->SnapshotPublished(ctx, rq, rs, std::move(done));
+        });
+  }
+
+  // Counts a skipped snapshot here and (without waiting) at the agent, and
+  // returns the error Snapshot reports for it.
+  absl::Status Skip(uint64_t step, absl::StatusCode code, absl::string_view why) {
+    skipped.fetch_add(1, std::memory_order_relaxed);
+    if (registered) {
+      ckptd::v1::SnapshotSkippedRequest req;
+      req.set_trainer_id(trainer_id);
+      req.set_step(step);
+      req.set_reason(std::string(why));
+      Notify<ckptd::v1::SnapshotSkippedRequest, ckptd::v1::SnapshotSkippedResponse>(
+          std::move(req), [](auto* async, auto* ctx, auto* rq, auto* rs, auto done) {
+            async->SnapshotSkipped(ctx, rq, rs, std::move(done));
+          });
+    }
+    return absl::Status(code, absl::StrCat("snapshot of step ", step, " skipped: ", why));
+  }
+
+  // Waits up to `deadline` until no second hop is in flight; false (with the
+  // step of the one still running) when one is.
+  bool AwaitHopIdle(absl::Time deadline, uint64_t* busy_step) {
+    absl::MutexLock l(&mu);
+    const bool idle = mu.AwaitWithDeadline(
+        absl::Condition(+[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) { return !i->hop_busy; }, this), deadline);
+    if (!idle) *busy_step = hop_step;
+    return idle;
+  }
+
+  // The error of the last second hop, once: reporting it clears it.
+  absl::Status TakeHopError() {
+    absl::MutexLock l(&mu);
+    return std::exchange(hop_error, absl::OkStatus());
+  }
+
+  // The hop thread: runs second hops one at a time until stopped; a hop
+  // queued before the stop still runs.
+  void HopLoop() {
+    while (true) {
+      Hop hop;
+      {
+        absl::MutexLock l(&mu);
+        mu.Await(absl::Condition(
+            +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) { return i->hop_queued.has_value() || i->hop_stop; },
+            this));
+        if (!hop_queued) return;
+        hop = *hop_queued;
+        hop_queued.reset();
+      }
+      absl::Status s = SecondHop(hop);
+      absl::MutexLock l(&mu);
+      hop_error = std::move(s);
+      hop_busy = false;
+    }
+  }
+
+  // Spares -> the slot, then publish and notify. On failure the slot is
+  // given back (FILLING -> FREE).
+  absl::Status SecondHop(const Hop& hop) {
+    uint8_t* base = segment->slot_data(hop.slot);
+    absl::Status s;
+    for (size_t i = 0; i < buffers.size() && s.ok(); ++i) {
+      if (spares[i] == nullptr) continue;
+      s = copier->CopyToHost(base + offsets[i], spares[i], lengths[i], buffers[i].device);
+    }
+    // Even after an error: nothing may still write into a slot given back.
+    absl::Status synced = copier->Synchronize();
+    if (s.ok()) s = synced;
+    if (s.ok()) s = segment->Publish(hop.slot, hop.step);
+    if (!s.ok()) {
+      (void)segment->Abandon(hop.slot);  // FILLING -> FREE; fails only if it is no longer ours
+      return absl::Status(s.code(), absl::StrCat("second hop of the snapshot of step ", hop.step,
+                                                 " (spare device buffers -> staging): ", s.message()));
+    }
+    taken.fetch_add(1, std::memory_order_relaxed);
+    NotifyPublished(hop.trainer_id, hop.slot, hop.step, hop.stall_seconds);
+    return absl::OkStatus();
   }
 };
 
@@ -78,19 +267,86 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->any_device = impl->any_device || b.device.kind() != ckptd::v1::Device::HOST;
   }
   impl->buffers = std::move(buffers);
-  if (impl->any_device) {
-    CKPTD_ASSIGN_OR_RETURN(impl->copier, NewCudaCopier(options.copy_threads));
+  if (options.copier != nullptr) {
+    impl->copier = options.copier;
+  } else if (impl->any_device) {
+    CKPTD_ASSIGN_OR_RETURN(impl->owned_copier, NewCudaCopier(options.copy_threads));
   } else {
-    impl->copier = NewHostCopier(options.copy_threads);
+    impl->owned_copier = NewHostCopier(options.copy_threads);
+  }
+  if (impl->copier == nullptr) impl->copier = impl->owned_copier.get();
+  impl->spares.assign(impl->buffers.size(), nullptr);
+  for (size_t i = 0; options.spare_device_buffer && i < impl->buffers.size(); ++i) {
+    const BufferSpec& b = impl->buffers[i];
+    if (b.device.kind() == ckptd::v1::Device::HOST || impl->lengths[i] == 0) continue;
+    absl::StatusOr<void*> spare = impl->copier->AllocateOnDevice(impl->lengths[i], b.device);
+    if (!spare.ok()) {  // ~Impl frees the spares allocated so far
+      return absl::Status(spare.status().code(), absl::StrCat("spare device buffer for '", absl::CHexEscape(b.name),
+                                                              "': ", spare.status().message()));
+    }
+    impl->spares[i] = *spare;
+    impl->two_hop = true;
   }
   impl->channel = grpc::CreateChannel(absl::StrCat("unix:", options.socket), grpc::InsecureChannelCredentials());
   impl->stub = ckptd::v1::Agent::NewStub(impl->channel);
+  Impl* raw = impl.get();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
+  if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
   CKPTD_RETURN_IF_ERROR(client->EnsureRegistered());
+  raw->sync_thread = std::thread([raw] { raw->SyncLoop(); });
   return client;
 }
 
+void Client::Impl::SyncLoop() {
+  while (true) {
+    ckptd::v1::SyncScheduleRequest req;
+    {
+      absl::MutexLock l(&sched_mu);
+      sched_mu.AwaitWithTimeout(absl::Condition(&sync_stop), options.sync_interval);
+      if (sync_stop) return;
+      req.set_trainer_id(sync_trainer_id.load());
+      req.set_step(current_step.load());
+      req.set_step_seconds(step_seconds.load());
+      for (uint64_t m : missed_to_send) req.add_missed_targets(m);
+    }
+    // Not registered (the training thread registers again at its next call).
+    if (req.trainer_id() == 0) continue;
+    ckptd::v1::SyncScheduleResponse resp;
+    const grpc::Status st = stub->SyncSchedule(Context(options.rpc_timeout).get(), req, &resp);
+    absl::MutexLock l(&sched_mu);
+    if (!st.ok()) continue;  // the agent is away or forgot us: Snapshot handles that
+    missed_to_send.erase(missed_to_send.begin(), missed_to_send.begin() + req.missed_targets_size());
+    if (!resp.has_schedule()) continue;
+    schedule = resp.schedule();
+    // A one-off target this rank has already passed without a snapshot: say
+    // so, and the coordinator picks another.
+    const uint64_t reached = current_step.load();
+    for (uint64_t target : schedule->extra_steps()) {
+      if (target <= reached && !taken_steps.contains(target) && missed_reported.insert(target).second) {
+        missed_to_send.push_back(target);
+      }
+    }
+  }
+}
+
 Client::~Client() {
+  if (impl_->sync_thread.joinable()) {
+    {
+      absl::MutexLock l(&impl_->sched_mu);
+      impl_->sync_stop = true;
+    }
+    impl_->sync_thread.join();
+  }
+  // A second hop in flight is finished and published first. It waits for no
+  // RPC, only for its copy, which always ends.
+  if (impl_->hop_thread.joinable()) {
+    {
+      absl::MutexLock l(&impl_->mu);
+      impl_->hop_stop = true;
+    }
+    impl_->hop_thread.join();
+    // Nobody is left to report a failed last hop to; its slot was given back.
+  }
   // Wait (bounded) for notifications still in flight; they point into impl_.
   {
     absl::MutexLock l(&impl_->mu);
@@ -110,8 +366,37 @@ Client::~Client() {
 }
 
 bool Client::ShouldSnapshot(uint64_t step) const {
-  const uint64_t every = impl_->options.every_steps;
-  return every != 0 && step != 0 && step % every == 0;
+  Impl& im = *impl_;
+  const absl::Time now = absl::Now();
+  if (step > im.last_step && im.last_step_time != absl::Time()) {
+    const double sample = absl::ToDoubleSeconds(now - im.last_step_time) / static_cast<double>(step - im.last_step);
+    const double old = im.step_seconds.load(std::memory_order_relaxed);
+    im.step_seconds.store(old == 0 ? sample : 0.9 * old + 0.1 * sample, std::memory_order_relaxed);
+  }
+  im.last_step = step;
+  im.last_step_time = now;
+  im.current_step.store(step, std::memory_order_relaxed);
+  if (step == 0) return false;
+  if (im.coordinated.load(std::memory_order_relaxed)) {
+    absl::MutexLock l(&im.sched_mu);
+    if (!im.schedule || im.schedule->state() != ckptd::v1::JOB_RUNNING) return false;
+    const ckptd::v1::Schedule& s = *im.schedule;
+    for (uint64_t extra : s.extra_steps()) {
+      if (extra == step) return true;
+    }
+    return s.every_steps() > 0 && step >= s.start_step() && (step - s.start_step()) % s.every_steps() == 0;
+  }
+  const uint64_t every = im.options.every_steps;
+  return every != 0 && step % every == 0;
+}
+
+bool Client::restart_requested() const {
+  Impl& im = *impl_;
+  if (!im.coordinated.load(std::memory_order_relaxed)) return false;
+  absl::MutexLock l(&im.sched_mu);
+  // A RESTARTING schedule of an older restore round is stale news.
+  return im.schedule && im.schedule->state() == ckptd::v1::JOB_RESTARTING &&
+         im.schedule->incarnation() >= im.incarnation;
 }
 
 absl::Status Client::EnsureRegistered() {
@@ -161,69 +446,98 @@ absl::Status Client::EnsureRegistered() {
   }
   im.trainer_id = resp.trainer_id();
   im.registered = true;
+  im.coordinated.store(resp.coordinated());
+  im.sync_trainer_id.store(resp.trainer_id());
   return absl::OkStatus();
 }
+
+uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
+uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::memory_order_relaxed); }
 
 absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   Impl& im = *impl_;
   const absl::Time t0 = absl::Now();
-  CKPTD_RETURN_IF_ERROR(EnsureRegistered());
-  absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(im.options.slot_wait);
-  if (!slot.ok()) {
-    ++skipped_;
-    return absl::Status(slot.status().code(), absl::StrCat("snapshot of step ", step, " skipped: ", slot.status().message()));
+  absl::Duration slot_wait = im.options.slot_wait;
+  if (im.two_hop) {
+    // The previous second hop owns the spares and the copier until it ends.
+    uint64_t busy_step = 0;
+    if (!im.AwaitHopIdle(t0 + slot_wait, &busy_step)) {
+      return im.Skip(step, absl::StatusCode::kResourceExhausted,
+                     absl::StrCat("the second hop of step ", busy_step, " is still in flight after ",
+                                  absl::FormatDuration(slot_wait)));
+    }
+    CKPTD_RETURN_IF_ERROR(im.TakeHopError());
+    slot_wait = std::max(absl::ZeroDuration(), slot_wait - (absl::Now() - t0));
   }
+  CKPTD_RETURN_IF_ERROR(EnsureRegistered());
+  absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(slot_wait);
+  if (!slot.ok()) return im.Skip(step, slot.status().code(), slot.status().message());
   uint8_t* base = im.segment->slot_data(*slot);
+  // Device buffers with a spare are queued device to device first; the other
+  // buffers go straight into the slot meanwhile.
+  bool second_hop = false;
   absl::Status copied;
   for (size_t i = 0; i < im.buffers.size() && copied.ok(); ++i) {
+    if (im.spares[i] == nullptr) continue;
+    copied = im.copier->CopyOnDevice(im.spares[i], im.buffers[i].data, im.lengths[i], im.buffers[i].device);
+    second_hop = true;
+  }
+  for (size_t i = 0; i < im.buffers.size() && copied.ok(); ++i) {
+    if (im.spares[i] != nullptr) continue;
     copied = im.copier->CopyToHost(base + im.offsets[i], im.buffers[i].data, im.lengths[i], im.buffers[i].device);
   }
-  if (copied.ok()) copied = im.copier->Synchronize();
+  // Even after an error: nothing may still write into a slot given back.
+  absl::Status synced = im.copier->Synchronize();
+  if (copied.ok()) copied = synced;
   if (!copied.ok()) {
     (void)im.segment->Abandon(*slot);  // FILLING -> FREE; it is ours, so this cannot fail
     return copied;
   }
-  CKPTD_RETURN_IF_ERROR(im.segment->Publish(*slot, step));
-  const double stall = absl::ToDoubleSeconds(absl::Now() - t0);
-  ++taken_;
-
-  // Tell the agent without waiting: it also polls its slots, so a lost
-  // notification only delays the persist.
-  struct Call {
-    grpc::ClientContext ctx;
-    ckptd::v1::SnapshotPublishedRequest req;
-    ckptd::v1::SnapshotPublishedResponse resp;
-  };
-  auto* call = new Call();
-  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + im.options.rpc_timeout));
-  call->req.set_trainer_id(im.trainer_id);
-  call->req.set_slot(*slot);
-  call->req.set_step(step);
-  {
+  if (second_hop) {
+    const double stall = absl::ToDoubleSeconds(absl::Now() - t0);
     absl::MutexLock l(&im.mu);
-    ++im.notifications;
+    im.hop_queued = Impl::Hop{*slot, step, im.trainer_id, stall};
+    im.hop_busy = true;
+    im.hop_step = step;
+    im.NoteTaken(step);
+    return SnapshotResult{step, stall};
   }
-  Impl* impl = &im;
-  im.stub->async()->SnapshotPublished(&call->ctx, &call->req, &call->resp, [call, impl](grpc::Status s) {
-    delete call;
-    absl::MutexLock l(&impl->mu);
-    --impl->notifications;
-    // The agent restarted or is gone: the next call registers again (and
-    // reports the agent unavailable if it still is).
-    if (!s.ok()) impl->agent_lost = true;
-  });
+  if (absl::Status published = im.segment->Publish(*slot, step); !published.ok()) {
+    (void)im.segment->Abandon(*slot);  // give it back if it is still ours
+    return published;
+  }
+  const double stall = absl::ToDoubleSeconds(absl::Now() - t0);
+  im.taken.fetch_add(1, std::memory_order_relaxed);
+  // Tell the agent without waiting.
+  im.NotifyPublished(im.trainer_id, *slot, step, stall);
+  im.NoteTaken(step);
   return SnapshotResult{step, stall};
 }
 
 absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
   Impl& im = *impl_;
+  const absl::Duration restore_timeout = im.options.rpc_timeout * kRestoreTimeoutFactor;
+  uint64_t busy_step = 0;
+  // The error of a failed second hop stays for the next Snapshot or
+  // WaitPersisted: it is not this call's.
+  if (im.two_hop && !im.AwaitHopIdle(absl::Now() + restore_timeout, &busy_step)) {
+    return absl::DeadlineExceededError(absl::StrCat("restore: the second hop of the snapshot of step ", busy_step,
+                                                    " is still in flight after ",
+                                                    absl::FormatDuration(restore_timeout)));
+  }
   CKPTD_RETURN_IF_ERROR(EnsureRegistered());
   ckptd::v1::RestoreRequest req;
   req.set_trainer_id(im.trainer_id);
   req.set_wait_for_slot_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(im.options.rpc_timeout)));
   ckptd::v1::RestoreResponse resp;
   // Reading a whole checkpoint back takes longer than a control call.
-  CKPTD_RETURN_IF_ERROR(im.Check(im.stub->Restore(im.Context(im.options.rpc_timeout * 60).get(), req, &resp), "restore"));
+  CKPTD_RETURN_IF_ERROR(im.Check(im.stub->Restore(im.Context(restore_timeout).get(), req, &resp), "restore"));
+  {
+    absl::MutexLock l(&im.sched_mu);
+    im.incarnation = resp.incarnation();
+    // What the agent cached from before this restore round is stale.
+    if (im.schedule && im.schedule->incarnation() < resp.incarnation()) im.schedule.reset();
+  }
   if (!resp.found()) return std::optional<uint64_t>();
   const uint8_t* base = im.segment->slot_data(resp.slot());
   absl::Status copied;
@@ -240,6 +554,13 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
 absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
   Impl& im = *impl_;
   const absl::Time deadline = absl::Now() + timeout;
+  uint64_t busy_step = 0;
+  if (im.two_hop && !im.AwaitHopIdle(deadline, &busy_step)) {
+    return absl::DeadlineExceededError(absl::StrCat("step ", step, " not persisted within ",
+                                                    absl::FormatDuration(timeout), ": the second hop of step ",
+                                                    busy_step, " is still in flight"));
+  }
+  if (im.two_hop) CKPTD_RETURN_IF_ERROR(im.TakeHopError());
   while (true) {
     CKPTD_RETURN_IF_ERROR(EnsureRegistered());
     ckptd::v1::GetStatusRequest req;

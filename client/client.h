@@ -40,13 +40,28 @@ struct ClientOptions {
   uint32_t rank = 0;
   uint32_t world_size = 1;
   // Snapshot every this many steps (0: only when asked). Step 0 is never
-  // scheduled: it is the state before training.
+  // scheduled: it is the state before training. When the agent reports to a
+  // coordinator, the coordinator's schedule applies instead (the same on
+  // every rank), and nothing is scheduled until it is known.
   uint64_t every_steps = 0;
+  // How often a client thread tells the agent the step reached and fetches
+  // the coordinator's schedule (never on the training thread).
+  absl::Duration sync_interval = absl::Milliseconds(200);
   // How long Snapshot waits for a free staging slot (zero: skip at once).
   absl::Duration slot_wait = absl::ZeroDuration();
   // Bound on every call to the agent.
   absl::Duration rpc_timeout = absl::Seconds(5);
   int copy_threads = 0;
+  // Two-hop snapshots of device buffers: Connect allocates once, per device
+  // buffer, a spare buffer of the same size on the same device; Snapshot
+  // copies device to device into the spares and returns (the stall), and a
+  // client thread then copies the spares into staging and publishes. Costs
+  // the device memory of every device buffer once more. No effect on host
+  // buffers, which are always copied straight into staging.
+  bool spare_device_buffer = false;
+  // For tests: every copy goes through this copier instead of the one Connect
+  // picks (CUDA when a buffer is on a device, else host). Outlives the client.
+  DeviceCopier* copier = nullptr;
 };
 
 struct SnapshotResult {
@@ -59,27 +74,47 @@ class Client {
   // Connects and registers. An unreachable agent is kUnavailable.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options,
                                                          std::vector<BufferSpec> buffers);
-  ~Client();  // says goodbye to the agent (bounded)
+  // Finishes a second hop in flight (its copy; no RPC), then says goodbye to
+  // the agent (bounded).
+  ~Client();
 
-  // Cheap, no RPC: whether the schedule says to snapshot `step`.
+  // Cheap, no RPC: whether the schedule says to snapshot `step`. Call it
+  // once per step: it also records the step reached and the pace.
   bool ShouldSnapshot(uint64_t step) const;
+
+  // Cheap, no RPC: the coordinator declared a failure of this job (a rank
+  // died or hung, a node was lost) and every rank must restart and restore.
+  // The trainer should exit (or re-exec) for its launcher to start it again.
+  bool restart_requested() const;
 
   // Copies every buffer into a free staging slot and hands it to the agent
   // (the notification does not block). kResourceExhausted when no slot frees
-  // up within slot_wait (the snapshot is skipped and counted); kUnavailable
-  // when the agent cannot be reached. A snapshot published just as the agent
-  // dies is lost with it; the next call reports the agent unavailable.
+  // up within slot_wait (the snapshot is skipped, counted, and reported to
+  // the agent without blocking); kUnavailable when the agent cannot be
+  // reached. A snapshot published just as the agent dies is lost with it; the
+  // next call reports the agent unavailable.
+  //
+  // With spare_device_buffer, it returns once device buffers are copied into
+  // their spares (and host buffers into the slot); the second hop into the
+  // slot runs in the background. It first waits, within slot_wait, for the
+  // previous second hop: still running then, this snapshot is skipped. When
+  // the previous second hop failed, its error is returned instead (prefixed
+  // "second hop"; its slot was given back) and `step` is not taken.
   absl::StatusOr<SnapshotResult> Snapshot(uint64_t step);
 
   // Loads every buffer from the newest committed step that reads back intact
   // and returns that step; nullopt when there is none (start from scratch).
+  // A second hop in flight is finished first (bounded like the restore).
   absl::StatusOr<std::optional<uint64_t>> Restore();
 
-  // Waits until `step` is persisted (or failed) by the agent.
+  // Waits until `step` is persisted (or failed) by the agent. A second hop in
+  // flight is waited for within `timeout`, and its error is returned.
   absl::Status WaitPersisted(uint64_t step, absl::Duration timeout);
 
-  uint64_t snapshots_taken() const { return taken_; }
-  uint64_t snapshots_skipped() const { return skipped_; }
+  // Snapshots published to the agent (with two hops: once the second ended),
+  // and snapshots skipped.
+  uint64_t snapshots_taken() const;
+  uint64_t snapshots_skipped() const;
 
  private:
   struct Impl;
@@ -87,8 +122,6 @@ class Client {
   absl::Status EnsureRegistered();
 
   std::unique_ptr<Impl> impl_;
-  uint64_t taken_ = 0;
-  uint64_t skipped_ = 0;
 };
 
 }  // namespace ckptd::client

@@ -75,6 +75,9 @@ class CudaCopier final : public DeviceCopier {
   absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
     return Copy(dst, src, n, device, cudaMemcpyHostToDevice);
   }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    return Copy(dst, src, n, device, cudaMemcpyDeviceToDevice);
+  }
 
   absl::Status Synchronize() override {
     absl::Status first;
@@ -98,17 +101,41 @@ class CudaCopier final : public DeviceCopier {
     return CudaStatus(cudaHostUnregister(p), "cudaHostUnregister");
   }
 
+  absl::StatusOr<void*> AllocateOnDevice(size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) return AllocateHostMemory(n);
+    CKPTD_RETURN_IF_ERROR(CheckDevice(device.index()));
+    ScopedDevice scope(device.index());
+    CKPTD_RETURN_IF_ERROR(scope.status());
+    void* p = nullptr;
+    CKPTD_RETURN_IF_ERROR(
+        CudaStatus(cudaMalloc(&p, n), absl::StrCat("cudaMalloc of ", n, " bytes on cuda:", device.index())));
+    return p;
+  }
+  void FreeOnDevice(void* p, const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) {
+      FreeHostMemory(p);
+      return;
+    }
+    ScopedDevice scope(device.index());
+    (void)cudaFree(p);  // freeing is not actionable
+  }
+
  private:
+  absl::Status CheckDevice(int d) const {
+    if (d < 0 || d >= static_cast<int>(streams_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer on cuda:", d, " but this process sees ", streams_.size(), " CUDA devices"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Copy(void* dst, const void* src, size_t n, const ckptd::v1::Device& device, cudaMemcpyKind kind) {
     if (device.kind() == ckptd::v1::Device::HOST) {
       host_copier_.Copy(dst, src, n);
       return absl::OkStatus();
     }
     const int d = device.index();
-    if (d < 0 || d >= static_cast<int>(streams_.size())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buffer on cuda:", d, " but this process sees ", streams_.size(), " CUDA devices"));
-    }
+    CKPTD_RETURN_IF_ERROR(CheckDevice(d));
     ScopedDevice scope(d);
     CKPTD_RETURN_IF_ERROR(scope.status());
     if (streams_[d] == nullptr) {

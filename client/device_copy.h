@@ -22,6 +22,9 @@ class DeviceCopier {
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) = 0;
   // Queues copying `n` bytes from host memory `src` to `dst` on `device`.
   virtual absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) = 0;
+  // Queues copying `n` bytes from `src` to `dst`, both memory of `device`
+  // (device to device, on the same stream as the other copies).
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) = 0;
   // Waits for every queued copy; returns the first error of any of them.
   virtual absl::Status Synchronize() = 0;
 
@@ -29,14 +32,22 @@ class DeviceCopier {
   // copies into it run as DMA without an intermediate buffer. No-op on host.
   virtual absl::Status RegisterHostMemory(void* p, size_t n) = 0;
   virtual absl::Status UnregisterHostMemory(void* p) = 0;
+
+  // `n` bytes (n > 0) of memory on `device`, e.g. a spare copy of a buffer;
+  // kResourceExhausted when the device has no room. FreeOnDevice takes back
+  // what AllocateOnDevice returned, for the same device.
+  virtual absl::StatusOr<void*> AllocateOnDevice(size_t n, const ckptd::v1::Device& device) = 0;
+  virtual void FreeOnDevice(void* p, const ckptd::v1::Device& device) = 0;
 };
 
 // memcpy for host buffers, split over `threads` threads for large copies
-// (<= 0: one per hardware thread). Device buffers are kFailedPrecondition.
+// (<= 0: one per hardware thread); "device" memory on the host device is
+// ordinary host memory. Device buffers are kFailedPrecondition.
 std::unique_ptr<DeviceCopier> NewHostCopier(int threads = 0);
 
 // Host buffers as NewHostCopier; CUDA buffers with cudaMemcpyAsync on a
-// dedicated non-blocking stream per device. kUnimplemented when ckptd was
+// dedicated non-blocking stream per device (device-to-device copies too), and
+// device memory from cudaMalloc. kUnimplemented when ckptd was
 // built without the CUDA toolkit, kFailedPrecondition when no CUDA device or
 // driver is usable.
 absl::StatusOr<std::unique_ptr<DeviceCopier>> NewCudaCopier(int host_threads = 0);

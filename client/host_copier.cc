@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +42,12 @@ void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
   done.Wait();
 }
 
+void* AllocateHostMemory(size_t n) {
+  return ::operator new(std::max<size_t>(n, 4096), std::align_val_t{4096});
+}
+
+void FreeHostMemory(void* p) { ::operator delete(p, std::align_val_t{4096}); }
+
 namespace {
 
 class HostCopier final : public DeviceCopier {
@@ -57,9 +64,19 @@ class HostCopier final : public DeviceCopier {
     copier_.Copy(dst, src, n);
     return absl::OkStatus();
   }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
+    copier_.Copy(dst, src, n);
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status RegisterHostMemory(void*, size_t) override { return absl::OkStatus(); }
   absl::Status UnregisterHostMemory(void*) override { return absl::OkStatus(); }
+  absl::StatusOr<void*> AllocateOnDevice(size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
+    return AllocateHostMemory(n);
+  }
+  void FreeOnDevice(void* p, const ckptd::v1::Device&) override { FreeHostMemory(p); }
 
  private:
   static absl::Status NotHost(const ckptd::v1::Device& device) {

@@ -21,4 +21,10 @@ class ParallelCopier {
   std::unique_ptr<storage::ThreadPool> helpers_;  // threads_ - 1 workers, or none
 };
 
+// Page-aligned host memory of `n` bytes (at least one page is reserved for
+// n == 0), freed by FreeHostMemory; what the copiers hand out as "device"
+// memory of the host device.
+void* AllocateHostMemory(size_t n);
+void FreeHostMemory(void* p);
+
 }  // namespace ckptd::client

@@ -33,7 +33,15 @@ const char kUsage[] =
     "final_step=<n> digest=<hex> train_s=<seconds of the training loop>.\n"
     "--step-ms slows each step down (for tests that kill the trainer mid-run).\n"
     "--skip-restore PARAMS|GRADS|OPTIMIZER|RNG|DATA_CURSOR drops that component\n"
-    "after a restore (tests use it to show that every component matters).\n";
+    "after a restore (tests use it to show that every component matters).\n"
+    "\n"
+    "When the node's agent reports to a coordinator, the coordinator's schedule\n"
+    "replaces --every, and when it detects a failure of the job (a rank died or\n"
+    "hung, a node was lost) the trainer exits with status 75: its launcher starts\n"
+    "every rank again, and all of them restore the same committed step.\n";
+
+// The coordinator asked every rank to restart (EX_TEMPFAIL).
+constexpr int kExitRestart = 75;
 
 constexpr uint64_t kDatasetSize = 997;
 
@@ -213,6 +221,11 @@ int main(int argc, char** argv) {
     if (client.ok() && (*client)->ShouldSnapshot(step)) {
       absl::StatusOr<ckptd::client::SnapshotResult> r = (*client)->Snapshot(step);
       if (!r.ok()) std::cerr << "ckptd-demo-trainer: snapshot " << step << ": " << r.status().message() << "\n";
+    }
+    if (client.ok() && (*client)->restart_requested()) {
+      // Another rank failed: every rank goes back to the same committed step.
+      std::cerr << "ckptd-demo-trainer: the coordinator asks the job to restart (at step " << step << ")\n";
+      return kExitRestart;
     }
     if (vals[6] > 0) absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(vals[6])));
   }

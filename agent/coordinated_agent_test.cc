@@ -1,0 +1,296 @@
+// Agents under a coordinator, without sockets: two AgentCores (two nodes)
+// talk to one CoordinatorCore through an in-process CoordinatorClient.
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent_core.h"
+#include "coordinator/coordinator_core.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+
+// CoordinatorClient calling the core directly (what CoordinatorLink does over gRPC).
+class InProcessCoordinator : public CoordinatorClient {
+ public:
+  InProcessCoordinator(coordinator::CoordinatorCore* core, std::string node) : core_(core), node_(std::move(node)) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node_);
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> r = core_->RegisterAgent(req);
+    EXPECT_THAT(r.status(), IsOk());
+    session_ = r.ok() ? r->session() : 0;
+  }
+  void ShardDurable(const ckptd::v1::ShardReport& report) override {
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node_);
+    req.set_session(session_);
+    *req.mutable_report() = report;
+    absl::MutexLock l(&mu_);
+    reports_.push_back(report);
+    results_.push_back(core_->ReportShard(req).status());
+  }
+  void Failure(const ckptd::v1::ReportFailureRequest& failure) override {
+    ckptd::v1::ReportFailureRequest req = failure;
+    req.set_node_id(node_);
+    req.set_session(session_);
+    EXPECT_THAT(core_->ReportFailure(req), IsOk());
+  }
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
+                                                             absl::Duration) override {
+    return core_->GetRestorePlan(request);
+  }
+  std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) override {
+    absl::MutexLock l(&mu_);
+    auto it = schedules_.find(job);
+    if (it == schedules_.end()) return std::nullopt;
+    return it->second;
+  }
+  // One heartbeat with what `agent` reports.
+  void Beat(AgentCore& agent) {
+    ckptd::v1::Heartbeat hb;
+    agent.FillHeartbeat(&hb);
+    hb.set_node_id(node_);
+    hb.set_session(session_);
+    absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(hb);
+    ASSERT_THAT(ack.status(), IsOk());
+    ASSERT_TRUE(ack->known());
+    absl::MutexLock l(&mu_);
+    for (const auto& s : ack->schedules()) schedules_[s.job()] = s;
+  }
+  std::vector<ckptd::v1::ShardReport> reports() {
+    absl::MutexLock l(&mu_);
+    return reports_;
+  }
+  std::vector<absl::Status> results() {
+    absl::MutexLock l(&mu_);
+    return results_;
+  }
+
+ private:
+  coordinator::CoordinatorCore* const core_;
+  const std::string node_;
+  uint64_t session_ = 0;
+  absl::Mutex mu_;
+  std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
+  std::vector<ckptd::v1::ShardReport> reports_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+};
+
+ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, ckptd::v1::DType d, uint64_t n) {
+  ckptd::v1::Tensor t;
+  t.set_name(name);
+  t.set_component(c);
+  t.set_dtype(d);
+  t.add_shape(n);
+  return t;
+}
+
+TrainerRegistration Rank(uint32_t rank, uint32_t world) {
+  TrainerRegistration r;
+  r.job = "job";
+  r.rank = rank;
+  r.world_size = world;
+  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 2000),
+               Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 4000),
+               Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 64)};
+  return r;
+}
+
+uint8_t Pattern(uint64_t step, uint32_t rank) { return static_cast<uint8_t>(step * 7 + rank * 31 + 1); }
+
+class CoordinatedAgentTest : public ::testing::Test {
+ protected:
+  CoordinatedAgentTest() {
+    EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk());
+    EXPECT_THAT(core_.Recover(), IsOk());
+  }
+
+  AgentOptions Options(CoordinatorClient* c) {
+    AgentOptions o;
+    o.storage_root = "/ckpt";
+    o.segment_prefix = absl::StrCat("/ckptd-test-coord-", ::getpid(), "-", counter_++);
+    o.io_threads = 2;
+    o.write.block_bytes = 4096;
+    o.coordinator = c;
+    o.restore_timeout = absl::Seconds(20);
+    o.plan_poll = absl::Milliseconds(2);
+    return o;
+  }
+
+  struct Node {
+    std::unique_ptr<InProcessCoordinator> link;
+    std::unique_ptr<AgentCore> agent;
+    TrainerHandle handle;
+    std::unique_ptr<StagingSegment> seg;
+  };
+
+  Node Start(const std::string& name, uint32_t rank, uint32_t world) {
+    Node n;
+    n.link = std::make_unique<InProcessCoordinator>(&core_, name);
+    n.agent = std::make_unique<AgentCore>(&mem_, Options(n.link.get()));
+    absl::StatusOr<TrainerHandle> h = n.agent->Register(Rank(rank, world));
+    EXPECT_THAT(h.status(), IsOk());
+    n.handle = *h;
+    absl::StatusOr<std::unique_ptr<StagingSegment>> seg = StagingSegment::Open(h->segment);
+    EXPECT_THAT(seg.status(), IsOk());
+    n.seg = std::move(*seg);
+    n.link->Beat(*n.agent);
+    return n;
+  }
+
+  void Snapshot(Node& n, uint32_t rank, uint64_t step) {
+    absl::StatusOr<uint32_t> slot = n.seg->AcquireForFill(absl::Seconds(10));
+    ASSERT_THAT(slot.status(), IsOk());
+    std::memset(n.seg->slot_data(*slot), Pattern(step, rank), n.handle.slot_bytes);
+    ASSERT_THAT(n.seg->Publish(*slot, step), IsOk());
+    ASSERT_THAT(n.agent->SnapshotPublished(n.handle.trainer_id, *slot, step, 0.003), IsOk());
+    ASSERT_THAT(n.agent->WaitPersisted(n.handle.trainer_id, step, absl::Seconds(30)).status(), IsOk());
+  }
+
+  // Restores every node at once (the restore is a barrier) and checks the bytes.
+  std::vector<std::optional<uint64_t>> RestoreAll(std::vector<Node*> nodes) {
+    std::vector<absl::StatusOr<RestoreResult>> results(nodes.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = nodes[i]->agent->Restore(nodes[i]->handle.trainer_id, absl::Seconds(5)); });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<std::optional<uint64_t>> steps;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      EXPECT_THAT(results[i].status(), IsOk());
+      if (!results[i].ok()) {
+        steps.push_back(std::nullopt);
+        continue;
+      }
+      steps.push_back(results[i]->step);
+      if (results[i]->step) {
+        const uint8_t* p = nodes[i]->seg->slot_data(results[i]->slot);
+        EXPECT_EQ(p[0], Pattern(*results[i]->step, static_cast<uint32_t>(i)));
+        EXPECT_EQ(p[nodes[i]->handle.offsets.back()], Pattern(*results[i]->step, static_cast<uint32_t>(i)));
+        EXPECT_THAT(nodes[i]->seg->Release(results[i]->slot), IsOk());
+      }
+    }
+    return steps;
+  }
+
+  bool Exists(const std::string& path) { return mem_.Stat(path).ok(); }
+
+  static inline int counter_ = 0;
+  storage::MemFileSystem mem_;
+  storage::CheckpointStore store_{&mem_, "/ckpt"};
+  std::unique_ptr<coordinator::StateStore> state_ = coordinator::NewMemStateStore();
+  coordinator::FakeClock clock_;
+  coordinator::CoordinatorCore core_{&store_, state_.get(), &clock_, coordinator::CoordinatorOptions()};
+};
+
+TEST_F(CoordinatedAgentTest, TwoNodesCommitThroughTheCoordinatorAndRestoreTheSameStep) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{std::nullopt, std::nullopt}));
+
+  Snapshot(a, 0, 10);
+  EXPECT_FALSE(Exists(storage::ManifestPath("/ckpt", "job", 10)));  // rank 1 has not reported
+  Snapshot(b, 1, 10);
+  EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+  ASSERT_EQ(a.link->reports().size(), 1u);
+  const ckptd::v1::ShardReport& r = a.link->reports()[0];
+  EXPECT_EQ(r.step(), 10u);
+  EXPECT_EQ(r.incarnation(), 1u);  // from the fresh-start plan
+  EXPECT_DOUBLE_EQ(r.stall_seconds(), 0.003);
+  EXPECT_GT(r.shard().persist_seconds(), 0);
+  // The agent itself commits nothing under a coordinator.
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, a.agent->Status(a.handle.trainer_id));
+  EXPECT_EQ(st.last_committed_step, std::nullopt);
+
+  Snapshot(a, 0, 20);
+  Snapshot(b, 1, 20);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{20u, 20u}));
+}
+
+TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  RestoreAll({&a, &b});
+  for (uint64_t step : {10u, 20u}) {
+    Snapshot(a, 0, step);
+    Snapshot(b, 1, step);
+  }
+  // Rank 1's shard of step 20 loses its tail (index and footer).
+  const std::string path = storage::ShardPath("/ckpt", "job", 20, 1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes.substr(0, bytes.size() / 2)));
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{10u, 10u}));
+  ckptd::v1::GetClusterStatusResponse s = core_.ClusterStatus();
+  ASSERT_EQ(s.jobs_size(), 1);
+  EXPECT_THAT(s.jobs(0).quarantined_steps(), ::testing::ElementsAre(20u));
+}
+
+TEST_F(CoordinatedAgentTest, TrainerDeathAndPersistFailureReachTheCoordinator) {
+  Node a = Start("node-a", 0, 2);
+  CKPTD_ASSERT_OK(a.agent->TrainerExited(a.handle.trainer_id, /*died=*/true));
+  ckptd::v1::ListEventsRequest list;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListEventsResponse events, core_.ListEvents(list));
+  ASSERT_EQ(events.events_size(), 1);
+  EXPECT_EQ(events.events(0).kind(), ckptd::v1::TRAINER_DIED);
+  EXPECT_EQ(events.events(0).node_id(), "node-a");
+  EXPECT_EQ(events.events(0).rank(), 0u);
+}
+
+TEST_F(CoordinatedAgentTest, ProgressAndScheduleFlowThroughTheAgent) {
+  Node a = Start("node-a", 0, 2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<ckptd::v1::Schedule> sched,
+                             a.agent->SyncSchedule(a.handle.trainer_id, 57, 0.25, {40}));
+  ASSERT_TRUE(sched.has_value());
+  EXPECT_EQ(sched->every_steps(), coordinator::CoordinatorOptions().every_steps);
+  ckptd::v1::Heartbeat hb;
+  a.agent->FillHeartbeat(&hb);
+  ASSERT_EQ(hb.ranks_size(), 1);
+  EXPECT_EQ(hb.ranks(0).job(), "job");
+  EXPECT_EQ(hb.ranks(0).world_size(), 2u);
+  ASSERT_EQ(hb.progress_size(), 1);
+  EXPECT_EQ(hb.progress(0).step(), 57u);
+  EXPECT_DOUBLE_EQ(hb.progress(0).step_seconds(), 0.25);
+  EXPECT_THAT(hb.progress(0).missed_targets(), ::testing::ElementsAre(40u));
+  ckptd::v1::Heartbeat again;
+  a.agent->FillHeartbeat(&again);
+  EXPECT_TRUE(again.progress(0).missed_targets().empty());  // reported once
+  EXPECT_THAT(a.agent->SyncSchedule(999, 1, 1, {}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("999")));
+}
+
+TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  RestoreAll({&a, &b});
+  Snapshot(a, 0, 10);
+  Snapshot(b, 1, 10);
+  AgentOptions o = Options(a.link.get());
+  o.restore_timeout = absl::Milliseconds(300);
+  AgentCore impatient(&mem_, o);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, impatient.Register(Rank(0, 2)));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(impatient.Restore(h.trainer_id, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinatedAgentTest, SingleRankJobIsCommittedByTheCoordinator) {
+  Node a = Start("node-a", 0, 1);
+  RestoreAll({&a});
+  Snapshot(a, 0, 5);
+  EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 5)));
+  ASSERT_EQ(a.link->results().size(), 1u);
+  EXPECT_THAT(a.link->results()[0], IsOk());
+}
+
+}  // namespace
+}  // namespace ckptd::agent

@@ -1,0 +1,265 @@
+#include "agent/coordinator_link.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "agent/grpc_status.h"
+
+namespace ckptd::agent {
+
+namespace {
+
+constexpr size_t kMaxQueuedFailures = 1024;
+// A heartbeat stream is renewed now and then, so that a silently dead
+// connection cannot hold it forever.
+constexpr absl::Duration kStreamLifetime = absl::Minutes(10);
+
+std::shared_ptr<grpc::Channel> MakeChannel(const CoordinatorLinkOptions& o) {
+  grpc::ChannelArguments args;
+  // Notice a dead TCP connection within seconds, also while idle.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
+  return grpc::CreateCustomChannel(o.address, o.credentials ? o.credentials : grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+// Whether an error may go away by itself (so the report is kept and sent again).
+bool Transient(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s) ||
+         absl::IsInternal(s) || absl::IsUnknown(s) || absl::IsCancelled(s);
+}
+
+}  // namespace
+
+CoordinatorLink::CoordinatorLink(CoordinatorLinkOptions options, HeartbeatFiller fill)
+    : options_(std::move(options)), fill_(std::move(fill)), interval_(options_.heartbeat_interval) {
+  channel_ = MakeChannel(options_);
+  stub_ = ckptd::v1::Coordinator::NewStub(channel_);
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  sender_thread_ = std::thread([this] { SenderLoop(); });
+}
+
+CoordinatorLink::~CoordinatorLink() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+    if (stream_context_ != nullptr) stream_context_->TryCancel();
+  }
+  heartbeat_thread_.join();
+  sender_thread_.join();
+}
+
+bool CoordinatorLink::SleepUnlessStopping(absl::Duration d) {
+  absl::MutexLock l(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  return !stopping_;
+}
+
+void CoordinatorLink::ShardDurable(const ckptd::v1::ShardReport& report) {
+  absl::MutexLock l(&mu_);
+  shards_[ShardKey(report.job(), report.step(), report.shard().rank())] = report;
+  send_wake_ = true;
+}
+
+void CoordinatorLink::Failure(const ckptd::v1::ReportFailureRequest& failure) {
+  absl::MutexLock l(&mu_);
+  if (failures_.size() >= kMaxQueuedFailures) failures_.erase(failures_.begin());
+  failures_.push_back(failure);
+  send_wake_ = true;
+}
+
+std::optional<ckptd::v1::Schedule> CoordinatorLink::ScheduleFor(const std::string& job) {
+  absl::MutexLock l(&mu_);
+  auto it = schedules_.find(job);
+  if (it == schedules_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool CoordinatorLink::Flush(absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  send_wake_ = true;
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shards_.empty() && failures_.empty() && !sending_failures_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+}
+
+bool CoordinatorLink::connected() {
+  absl::MutexLock l(&mu_);
+  return session_.has_value();
+}
+
+size_t CoordinatorLink::unanswered_shards() {
+  absl::MutexLock l(&mu_);
+  return shards_.size();
+}
+
+absl::StatusOr<ckptd::v1::RestorePlanResponse> CoordinatorLink::RestorePlan(
+    const ckptd::v1::RestorePlanRequest& request, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, options_.rpc_timeout)));
+  ckptd::v1::RestorePlanResponse response;
+  grpc::Status s = stub_->GetRestorePlan(&ctx, request, &response);
+  if (!s.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat("restore plan from coordinator ", options_.address, ": ", s.error_message()));
+  }
+  return response;
+}
+
+absl::Status CoordinatorLink::Register() {
+  ckptd::v1::Heartbeat now;
+  fill_(&now);
+  ckptd::v1::RegisterAgentRequest req;
+  req.set_node_id(options_.node_id);
+  req.set_address(options_.host_name);
+  for (const auto& g : options_.gpus) req.add_gpus(g);
+  *req.mutable_ranks() = now.ranks();
+  std::vector<ShardKey> sent;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [key, report] : shards_) {
+      *req.add_durable_shards() = report;
+      sent.push_back(key);
+    }
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  ckptd::v1::RegisterAgentResponse resp;
+  const absl::Status s = FromGrpcStatus(stub_->RegisterAgent(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  absl::MutexLock l(&mu_);
+  // The coordinator took every shard of the registration (or refused it for good).
+  for (const ShardKey& key : sent) shards_.erase(key);
+  session_ = resp.session();
+  if (resp.heartbeat_interval_ms() > 0) interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
+  send_wake_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kStreamLifetime));
+  {
+    absl::MutexLock l(&mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    stream_context_ = &ctx;
+  }
+  std::unique_ptr<grpc::ClientReaderWriter<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>> stream =
+      stub_->Heartbeats(&ctx);
+  absl::Status why = absl::OkStatus();
+  while (true) {
+    ckptd::v1::Heartbeat hb;
+    fill_(&hb);
+    hb.set_node_id(options_.node_id);
+    hb.set_session(session);
+    ckptd::v1::HeartbeatAck ack;
+    if (!stream->Write(hb) || !stream->Read(&ack)) break;
+    absl::Duration interval;
+    {
+      absl::MutexLock l(&mu_);
+      if (!ack.known()) {
+        session_.reset();
+        why = absl::NotFoundError("the coordinator does not know this session");
+        break;
+      }
+      for (const auto& s : ack.schedules()) schedules_[s.job()] = s;
+      interval = interval_;
+    }
+    if (!SleepUnlessStopping(interval)) break;
+  }
+  stream->WritesDone();
+  const grpc::Status finished = stream->Finish();
+  {
+    absl::MutexLock l(&mu_);
+    stream_context_ = nullptr;
+  }
+  if (!why.ok()) return why;
+  return finished.ok() ? absl::UnavailableError("heartbeat stream ended") : FromGrpcStatus(finished);
+}
+
+void CoordinatorLink::HeartbeatLoop() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  absl::Status last = absl::OkStatus();
+  while (true) {
+    std::optional<uint64_t> session;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) return;
+      session = session_;
+    }
+    absl::Status s = session ? StreamHeartbeats(*session) : Register();
+    if (!session && s.ok()) {
+      std::cerr << "ckptd-agent: registered with coordinator " << options_.address << " as node "
+                << options_.node_id << "\n";
+      backoff = absl::Milliseconds(100);
+      continue;
+    }
+    if (!s.ok() && s.code() != last.code()) {
+      std::cerr << "ckptd-agent: coordinator " << options_.address << ": " << s.message() << "\n";
+    }
+    last = s;
+    if (absl::IsNotFound(s)) continue;  // register again at once
+    if (!SleepUnlessStopping(backoff)) return;
+    backoff = std::min(2 * backoff, options_.max_backoff);
+  }
+}
+
+void CoordinatorLink::SenderLoop() {
+  while (true) {
+    std::vector<ckptd::v1::ShardReport> shards;
+    std::vector<ckptd::v1::ReportFailureRequest> failures;
+    uint64_t session = 0;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || send_wake_; };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(500));
+      send_wake_ = false;
+      if (stopping_) return;
+      if (!session_) continue;
+      session = *session_;
+      for (const auto& [key, report] : shards_) shards.push_back(report);
+      failures.swap(failures_);
+      sending_failures_ = !failures.empty();
+    }
+    std::vector<ckptd::v1::ReportFailureRequest> keep;
+    for (ckptd::v1::ReportFailureRequest& f : failures) {
+      f.set_node_id(options_.node_id);
+      f.set_session(session);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      ckptd::v1::ReportFailureResponse resp;
+      const absl::Status s = FromGrpcStatus(stub_->ReportFailure(&ctx, f, &resp));
+      if (Transient(s) || absl::IsNotFound(s)) keep.push_back(f);
+      if (!s.ok() && !Transient(s) && !absl::IsNotFound(s)) {
+        std::cerr << "ckptd-agent: coordinator refused a failure report: " << s.message() << "\n";
+      }
+    }
+    for (const ckptd::v1::ShardReport& report : shards) {
+      ckptd::v1::ReportShardRequest req;
+      req.set_node_id(options_.node_id);
+      req.set_session(session);
+      *req.mutable_report() = report;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      ckptd::v1::ReportShardResponse resp;
+      const absl::Status s = FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
+      // The coordinator is away (or forgot us): keep the rest for later.
+      if (Transient(s) || absl::IsNotFound(s)) break;
+      if (!s.ok()) {
+        std::cerr << "ckptd-agent: shard " << report.shard().rank() << " of " << report.job() << " step "
+                  << report.step() << " not committed: " << s.message() << "\n";
+      }
+      absl::MutexLock l(&mu_);
+      shards_.erase(ShardKey(report.job(), report.step(), report.shard().rank()));
+    }
+    absl::MutexLock l(&mu_);
+    failures_.insert(failures_.begin(), keep.begin(), keep.end());
+    sending_failures_ = false;
+  }
+}
+
+}  // namespace ckptd::agent

@@ -1,0 +1,111 @@
+// The agent's side of the coordinator: registration of the node and the
+// ranks it hosts, the heartbeat stream (progress and timings out, schedules
+// in), shard reports that survive a disconnect, failure reports, and restore
+// plans. AgentCore talks to the CoordinatorClient interface; CoordinatorLink
+// implements it over gRPC, and tests use a fake.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ckptd::agent {
+
+class CoordinatorClient {
+ public:
+  virtual ~CoordinatorClient() = default;
+  // A shard of this node is durable. Queued and sent in the background;
+  // kept (and sent again on the next registration) until the coordinator
+  // has answered for it. Never blocks.
+  virtual void ShardDurable(const ckptd::v1::ShardReport& report) = 0;
+  // A failure on this node (trainer died or hung, persist failed). Queued.
+  virtual void Failure(const ckptd::v1::ReportFailureRequest& failure) = 0;
+  // Asks for a restore plan, bounded by `timeout`; kUnavailable when the
+  // coordinator cannot be reached.
+  virtual absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
+                                                                     absl::Duration timeout) = 0;
+  // The newest schedule heard for `job`, if any.
+  virtual std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) = 0;
+};
+
+struct CoordinatorLinkOptions {
+  std::string address;  // host:port
+  std::string node_id;
+  std::string host_name;  // informational
+  std::vector<std::string> gpus;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // insecure when null
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Used until the coordinator says otherwise at registration.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+// What the agent reports in each heartbeat: the ranks it hosts and their progress.
+using HeartbeatFiller = std::function<void(ckptd::v1::Heartbeat*)>;
+
+class CoordinatorLink : public CoordinatorClient {
+ public:
+  // Starts the background threads at once; the coordinator need not be up.
+  CoordinatorLink(CoordinatorLinkOptions options, HeartbeatFiller fill);
+  ~CoordinatorLink() override;
+  CoordinatorLink(const CoordinatorLink&) = delete;
+  CoordinatorLink& operator=(const CoordinatorLink&) = delete;
+
+  void ShardDurable(const ckptd::v1::ShardReport& report) override;
+  void Failure(const ckptd::v1::ReportFailureRequest& failure) override;
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
+                                                             absl::Duration timeout) override;
+  std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) override;
+
+  // Waits up to `timeout` until every queued report was answered (for a
+  // clean shutdown); false when some are still waiting.
+  bool Flush(absl::Duration timeout);
+
+  // For tests and status: whether a registration is current, and how many
+  // shard reports wait for an answer.
+  bool connected();
+  size_t unanswered_shards();
+
+ private:
+  using ShardKey = std::tuple<std::string, uint64_t, uint32_t>;
+  void HeartbeatLoop();
+  void SenderLoop();
+  absl::Status Register();
+  // Runs one heartbeat stream until it ends; returns why.
+  absl::Status StreamHeartbeats(uint64_t session);
+  bool SleepUnlessStopping(absl::Duration d);
+
+  const CoordinatorLinkOptions options_;
+  const HeartbeatFiller fill_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<uint64_t> session_ ABSL_GUARDED_BY(mu_);
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
+  std::map<ShardKey, ckptd::v1::ShardReport> shards_ ABSL_GUARDED_BY(mu_);  // not yet answered
+  std::vector<ckptd::v1::ReportFailureRequest> failures_ ABSL_GUARDED_BY(mu_);
+  bool send_wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool sending_failures_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  std::thread heartbeat_thread_;
+  std::thread sender_thread_;
+};
+
+}  // namespace ckptd::agent
