@@ -14,6 +14,7 @@
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
 #include "agent/coordinator_link.h"
+#include "coordinator/tls.h"
 #include "cli/args.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
@@ -24,7 +25,8 @@ namespace {
 
 const char kUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
-    "                   [--keep N] [--threads N] [--coordinator <host:port> [--node-id <id>]]\n"
+    "                   [--keep N] [--threads N] [--coordinator <host:port> [--node-id <id>]\n"
+    "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
     "                   [--inject-write-latency <duration>]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
@@ -41,6 +43,9 @@ const char kUsage[] =
     "  --coordinator <host:port> report to a ckptd-coordinator: it commits every step (single-rank\n"
     "                            ones too), sets the schedule and plans restores\n"
     "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
+    "  --tls-ca <pem>            talk TLS to the coordinator, trusting this CA\n"
+    "  --tls-cert/--tls-key <pem> this agent's client certificate and key (the coordinator\n"
+    "                            requires one when it runs with mutual TLS)\n"
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
     "                            data sleeps <d> first (e.g. 200ms), so a persist stays in flight\n"
     "                            long enough to kill the agent in the middle of it\n"
@@ -103,13 +108,23 @@ int main(int argc, char** argv) {
       return usage(absl::StrCat("--node-id \"", lo.node_id, "\" is not a valid name: use A-Z a-z 0-9 . _ -"));
     }
     options.node_id = lo.node_id;
+    if (args->Get("tls-ca") || args->Get("tls-cert") || args->Get("tls-key")) {
+      ckptd::coordinator::TlsFiles files;
+      files.ca = args->Get("tls-ca").value_or("");
+      files.cert = args->Get("tls-cert").value_or("");
+      files.key = args->Get("tls-key").value_or("");
+      absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+          ckptd::coordinator::ChannelCredentialsFromFiles(files);
+      if (!creds.ok()) return usage(std::string(creds.status().message()));
+      lo.credentials = *creds;
+    }
     link = std::make_unique<ckptd::agent::CoordinatorLink>(lo, [&](ckptd::v1::Heartbeat* hb) {
       absl::MutexLock l(&source_mu);
       if (heartbeat_source != nullptr) heartbeat_source->FillHeartbeat(hb);
     });
     options.coordinator = link.get();
-  } else if (args->Get("node-id")) {
-    return usage("--node-id needs --coordinator");
+  } else if (args->Get("node-id") || args->Get("tls-ca") || args->Get("tls-cert") || args->Get("tls-key")) {
+    return usage("--node-id and --tls-* need --coordinator");
   }
   // Testing and drills: slow storage, so that a persist is reliably in flight.
   std::unique_ptr<ckptd::storage::FaultInjectionFileSystem> slow_fs;

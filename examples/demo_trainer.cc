@@ -69,7 +69,11 @@ struct State {
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   Cursor cursor;
 
-  explicit State(size_t n) : params(n), grads(n), m(n), v(n) {
+  // Every rank reads its own shuffle of the data with its own noise, so the
+  // ranks' states differ (a restore of another rank's shard would show).
+  State(size_t n, uint32_t rank) : params(n), grads(n), m(n), v(n) {
+    rng ^= Mix(rank) * (rank != 0);
+    cursor.seed += rank;
     for (size_t i = 0; i < n; ++i) params[i] = static_cast<float>(static_cast<int64_t>(Mix(i) % 2001) - 1000) * 1e-4f;
   }
 
@@ -171,11 +175,12 @@ int main(int argc, char** argv) {
 
   // state-mb counts parameters + gradients + two Adam moments.
   const size_t n = std::max<size_t>(1, state_mb * (1u << 20) / 16);
-  State state(n);
+  const uint32_t rank = static_cast<uint32_t>(vals[2]);
+  State state(n, rank);
   ckptd::client::ClientOptions options;
   options.socket = *args->Get("socket");
   options.job = *args->Get("job");
-  options.rank = static_cast<uint32_t>(vals[2]);
+  options.rank = rank;
   options.world_size = static_cast<uint32_t>(vals[3]);
   options.every_steps = vals[4];
   options.slot_wait = absl::Seconds(30);
@@ -201,7 +206,7 @@ int main(int argc, char** argv) {
     }
     if (*restored) {
       start = **restored;
-      const State fresh(n);
+      const State fresh(n, rank);
       if (skip == "PARAMS") state.params = fresh.params;
       if (skip == "GRADS") state.grads = fresh.grads;
       if (skip == "OPTIMIZER") {
