@@ -203,7 +203,7 @@ TEST_F(CoordinatedAgentTest, TwoNodesCommitThroughTheCoordinatorAndRestoreTheSam
   Snapshot(b, 1, 10);
   EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
   ASSERT_EQ(a.link->reports().size(), 1u);
-  const ckptd::v1::ShardReport& r = a.link->reports()[0];
+  const ckptd::v1::ShardReport r = a.link->reports()[0];
   EXPECT_EQ(r.step(), 10u);
   EXPECT_EQ(r.incarnation(), 1u);  // from the fresh-start plan
   EXPECT_DOUBLE_EQ(r.stall_seconds(), 0.003);
