@@ -28,6 +28,8 @@ constexpr uint64_t kMaxStep = uint64_t{1} << 62;
 constexpr uint64_t kMaxShardBytes = uint64_t{1} << 50;
 constexpr size_t kMaxRanksPerAgent = 4096;
 constexpr size_t kMaxAbortedRemembered = 1024;
+// Timings and GPU time change with every heartbeat; they are saved this often.
+constexpr absl::Duration kTimingsSaveInterval = absl::Seconds(10);
 
 double Ewma(double old_value, double sample) {
   if (!(sample >= 0) || !std::isfinite(sample)) return old_value;
@@ -130,7 +132,11 @@ struct CoordinatorCore::Job {
   std::set<uint64_t> quarantined;
   std::map<uint64_t, uint64_t> aborted;  // step -> incarnation it was aborted in
   std::optional<RestoreRound> round;
+  // Changed schedule, counters or world size: saved at once. Changed
+  // timings only: saved every kTimingsSaveInterval.
   bool dirty = false;
+  bool timings_dirty = false;
+  absl::Time last_saved;
 
   const std::string& name() const { return record.job(); }
   uint32_t world_size() const { return record.world_size(); }
@@ -185,7 +191,9 @@ absl::Status CoordinatorCore::Recover() {
     if (!storage::ValidateJobName(r.job()).ok() || r.world_size() == 0) continue;
     auto job = std::make_unique<Job>();
     job->record = r;
-    job->record.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+    if (job->record.schedule().state() == ckptd::v1::JOB_STATE_UNSPECIFIED) {
+      job->record.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+    }
     jobs_[r.job()] = std::move(job);
   }
   for (const std::string& name : stored_jobs) {
@@ -295,6 +303,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
       // A shard that is no longer wanted is dropped; it does not fail the registration.
       (void)AcceptShard(s, &fx);
     }
+    SaveChangedJobs(&fx);
   }
   Apply(fx);
   return response;
@@ -379,6 +388,7 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
       if (Job* job = FindJob(r.job())) *ack.add_schedules() = job->record.schedule();
     }
     ack.set_known(true);
+    SaveChangedJobs(&fx);
   }
   Apply(fx);
   return ack;
@@ -442,7 +452,7 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, Eff
   JobRecord& rec = job->record;
   rec.set_stall_seconds(Ewma(rec.stall_seconds(), report.stall_seconds()));
   rec.set_persist_seconds(Ewma(rec.persist_seconds(), ref.persist_seconds()));
-  job->dirty = true;
+  job->timings_dirty = true;
   if (observer_ != nullptr) observer_->OnShardReported(report);
   if (p.committing || p.shards.size() < job->world_size()) return false;
   p.committing = true;
@@ -471,6 +481,7 @@ absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
           absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
     }
     accepted = AcceptShard(report, &fx).status();
+    SaveChangedJobs(&fx);
   }
   Apply(fx);
   CKPTD_RETURN_IF_ERROR(accepted);
@@ -563,6 +574,7 @@ absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureReques
       if (r != job->ranks.end() && r->second.node_id == request.node_id()) r->second.alive = false;
     }
     RecordFailure(job, request.node_id(), request.rank(), request.kind(), detail, &fx);
+    SaveChangedJobs(&fx);
   }
   Apply(fx);
   return absl::OkStatus();
@@ -694,10 +706,19 @@ absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestChe
 }
 
 void CoordinatorCore::SaveJob(Job* job, Effects* fx) {
-  if (!job->dirty) return;
+  const absl::Time now = clock_->Now();
+  if (!job->dirty && !(job->timings_dirty && now - job->last_saved >= kTimingsSaveInterval)) return;
   job->dirty = false;
-  job->record.set_updated_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+  job->timings_dirty = false;
+  job->last_saved = now;
+  job->record.set_updated_unix_nanos(absl::ToUnixNanos(now));
   fx->records.push_back(job->record);
+}
+
+void CoordinatorCore::SaveChangedJobs(Effects* fx) {
+  for (auto& [name, job] : jobs_) {
+    if (job->dirty) SaveJob(job.get(), fx);
+  }
 }
 
 void CoordinatorCore::Tick() {
@@ -754,7 +775,7 @@ void CoordinatorCore::Tick() {
                                   " shards within ", absl::FormatDuration(options_.step_deadline)),
                      &fx);
       }
-      job->dirty |= elapsed > 0 && alive > 0;
+      job->timings_dirty |= elapsed > 0 && alive > 0;
       SaveJob(job.get(), &fx);
     }
   }

@@ -120,6 +120,7 @@ class CoordinatorCore {
   void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::RestorePlanResponse PlanFor(const Job& job) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void SaveJob(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveChangedJobs(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ChangeSchedule(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -573,6 +573,66 @@ TEST_F(CoordinatorCoreTest, RestartedCoordinatorLosesNoCommittedStepAndTakesLate
   EXPECT_EQ(JobState().newest_committed_step(), 30u);
 }
 
+// Counts the job records written, to show what reaches the database when.
+class CountingStateStore : public StateStore {
+ public:
+  explicit CountingStateStore(StateStore* base) : base_(base) {}
+  absl::Status AppendEvent(const ckptd::v1::FailureEvent& e) override { return base_->AppendEvent(e); }
+  absl::StatusOr<std::vector<ckptd::v1::FailureEvent>> ListEvents(absl::string_view job, size_t limit) override {
+    return base_->ListEvents(job, limit);
+  }
+  absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) override {
+    return base_->CountEvents(job, since);
+  }
+  absl::StatusOr<absl::flat_hash_map<ckptd::v1::FailureKind, uint64_t>> CountEventsByKind(absl::string_view job,
+                                                                                         absl::Time since) override {
+    return base_->CountEventsByKind(job, since);
+  }
+  absl::Status PutJob(const ckptd::v1::JobRecord& r) override {
+    ++puts;
+    return base_->PutJob(r);
+  }
+  absl::StatusOr<std::vector<ckptd::v1::JobRecord>> ListJobs() override { return base_->ListJobs(); }
+  absl::Status PutQuarantine(const ckptd::v1::QuarantinedStep& q) override { return base_->PutQuarantine(q); }
+  absl::StatusOr<std::vector<ckptd::v1::QuarantinedStep>> ListQuarantined(absl::string_view job) override {
+    return base_->ListQuarantined(job);
+  }
+  int puts = 0;
+
+ private:
+  StateStore* base_;
+};
+
+TEST_F(CoordinatorCoreTest, DecisionsAreSavedAtOnceAndTimingsOnlyNowAndThen) {
+  std::unique_ptr<StateStore> base = NewMemStateStore();
+  CountingStateStore counting(base.get());
+  core_ = std::make_unique<CoordinatorCore>(&store_, &counting, &clock_, options_);
+  CKPTD_ASSERT_OK(core_->Recover());
+  TwoNodes();
+  const int after_register = counting.puts;
+  for (uint64_t step = 1; step <= 20; ++step) {
+    clock_.Advance(absl::Milliseconds(100));
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, step}, {1, step}}).status());
+    CKPTD_ASSERT_OK(Beat("node-b", {{2, step}, {3, step}}).status());
+    core_->Tick();
+  }
+  EXPECT_LE(counting.puts - after_register, 1);  // 2 s of heartbeats: timings saved at most once
+  ckptd::v1::ReportFailureRequest req;
+  req.set_node_id("node-b");
+  req.set_session(sessions_["node-b"]);
+  req.set_job(kJob);
+  req.set_rank(2);
+  req.set_kind(ckptd::v1::TRAINER_DIED);
+  const int before_failure = counting.puts;
+  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  EXPECT_EQ(counting.puts, before_failure + 1);
+  // A coordinator that restarts now still knows the job must restart.
+  core_ = std::make_unique<CoordinatorCore>(&store_, base.get(), &clock_, options_);
+  CKPTD_ASSERT_OK(core_->Recover());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  EXPECT_GT(JobState().schedule().generation(), 1u);
+}
+
 TEST_F(CoordinatorCoreTest, MalformedRequestsChangeNothing) {
   TwoNodes();
   ckptd::v1::RegisterAgentRequest reg;
