@@ -780,6 +780,21 @@ void CoordinatorCore::Tick() {
     }
   }
   Apply(fx);
+  RunRetention();
+}
+
+void CoordinatorCore::RunRetention() {
+  std::vector<std::pair<std::string, uint64_t>> queue;
+  {
+    absl::MutexLock l(&mu_);
+    queue.swap(retention_queue_);
+  }
+  for (const auto& [job, step] : queue) {
+    absl::MutexLock l(&commit_mu_);
+    if (absl::Status s = store_->RemoveStep(job, step); !s.ok() && !absl::IsNotFound(s)) {
+      std::cerr << "ckptd-coordinator: retention of " << job << " step " << step << ": " << s << "\n";
+    }
+  }
 }
 
 absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint32_t world_size,
@@ -859,11 +874,11 @@ void CoordinatorCore::Apply(Effects& fx) {
       }
       SaveJob(job, &next);
     }
-    for (const auto& [job, step] : fx.removals) {
-      absl::MutexLock l(&commit_mu_);
-      if (absl::Status s = store_->RemoveStep(job, step); !s.ok() && !absl::IsNotFound(s)) {
-        std::cerr << "ckptd-coordinator: retention of " << job << " step " << step << ": " << s << "\n";
-      }
+    if (!fx.removals.empty()) {
+      // Removing thousands of files must not delay the answer to the report
+      // that completed a step: Tick() does it.
+      absl::MutexLock l(&mu_);
+      retention_queue_.insert(retention_queue_.end(), fx.removals.begin(), fx.removals.end());
     }
     for (const JobRecord& r : fx.records) {
       if (absl::Status s = state_->PutJob(r); !s.ok()) {

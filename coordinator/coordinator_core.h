@@ -93,8 +93,8 @@ class CoordinatorCore {
   CoordinatorCounters Counters();
 
   // Periodic work (the service calls it a few times per heartbeat interval):
-  // declares lost nodes and hung ranks, aborts steps past their deadline and
-  // saves changed job records.
+  // declares lost nodes and hung ranks, aborts steps past their deadline,
+  // saves changed job records, and removes the steps retention dropped.
   void Tick();
 
   const CoordinatorOptions& options() const { return options_; }
@@ -126,6 +126,7 @@ class CoordinatorCore {
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Carries out `fx` (commits, removals, database writes); no lock held.
   void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
                       const std::vector<ckptd::v1::ShardRef>& shards);
 
@@ -141,6 +142,8 @@ class CoordinatorCore {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
+  // Committed steps retention dropped, removed by the next Tick().
+  std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
 };

@@ -493,6 +493,10 @@ TEST_F(CoordinatorCoreTest, RetentionKeepsTheNewestStepsAndQuarantinedOnes) {
   }
   CommitStep(30, inc);
   CommitStep(40, inc);
+  // Retention is not on the commit's path: the next tick removes the files.
+  EXPECT_EQ(JobState().newest_committed_step(), 40u);
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  core_->Tick();
   EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
   EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));  // quarantined: kept
   EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 30)));
