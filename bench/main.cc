@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/coordinator_bench.h"
 #include "bench/persist_bench.h"
 #include "bench/snapshot_bench.h"
 #include "bench/overhead_bench.h"
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
       "            --compare, beside fio and the zstd CLI\n"
       "  snapshot  the blocking part of a snapshot through a live agent, beside memcpy\n"
       "  overhead  the demo trainer's training time with snapshots every k steps vs none\n"
+      "  coordinator  ckptd-coordinator's CPU use and commit latency under many simulated agents\n"
       "\n"
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -29,6 +31,7 @@ int main(int argc, char** argv) {
   if (name == "persist") return ckptd::bench::RunPersistBench(args, std::cout, std::cerr);
   if (name == "snapshot") return ckptd::bench::RunSnapshotBench(args, std::cout, std::cerr);
   if (name == "overhead") return ckptd::bench::RunOverheadBench(args, std::cout, std::cerr);
+  if (name == "coordinator") return ckptd::bench::RunCoordinatorBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
   return ckptd::cli::kExitUsage;
 }
