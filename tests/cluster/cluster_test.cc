@@ -1,0 +1,789 @@
+// A whole cluster on loopback, with real processes: one ckptd-coordinator,
+// two ckptd-agents (node-a hosts ranks 0 and 1, node-b ranks 2 and 3 of a job
+// of world size 4), and an elastic launcher that runs the four
+// ckptd-demo-trainer ranks and, like torchrun, starts all four again whenever
+// one exits non-zero (75: the coordinator asked for a restart; or killed).
+// Each scenario injects one fault (a trainer, an agent or the coordinator
+// killed, an agent cut off), checks what the coordinator recorded, and checks
+// that every rank ends with the digest of an uninterrupted run.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace ckptd::cluster {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::Lt;
+
+constexpr char kCoordinatorBin[] = CKPTD_COORDINATOR_BIN;
+constexpr char kAgentBin[] = CKPTD_AGENT_BIN;
+constexpr char kTrainerBin[] = CKPTD_TRAINER_BIN;
+
+constexpr char kJob[] = "cluster-job";
+constexpr uint32_t kWorld = 4;
+// Small state and a steady pace (about 5 s of training), a checkpoint every
+// 20 steps (the coordinator's --every), and 7 micro-batches per optimizer
+// step so that snapshots land mid-accumulation and gradients matter.
+constexpr int kSteps = 300;
+constexpr int kStepMs = 15;
+constexpr int kStateMb = 1;
+constexpr uint64_t kEvery = 20;
+constexpr int kAccum = 7;
+// ckptd-demo-trainer's "restart requested" status (EX_TEMPFAIL).
+constexpr int kExitRestart = 75;
+constexpr int kExitKilled = 128 + SIGKILL;
+
+const char* NodeOf(uint32_t rank) { return rank < 2 ? "node-a" : "node-b"; }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+// The number right after `prefix` in `text` (its last occurrence), if any.
+std::optional<uint64_t> NumberAfter(const std::string& text, const std::string& prefix) {
+  const size_t at = text.rfind(prefix);
+  if (at == std::string::npos) return std::nullopt;
+  size_t end = at + prefix.size();
+  while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(text.substr(at + prefix.size(), end - at - prefix.size()), &n)) return std::nullopt;
+  return n;
+}
+
+// Polls `done` every `poll` until it holds or `timeout` passes.
+bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout,
+               absl::Duration poll = absl::Milliseconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(poll);
+  }
+  return true;
+}
+
+// A loopback port that was free a moment ago (bound to port 0, then closed).
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// One child process with its stdout and stderr in files; killed (SIGKILL)
+// and reaped when destroyed. Not thread-safe.
+class Process {
+ public:
+  Process(std::vector<std::string> argv, const std::string& out, const std::string& err) {
+    std::vector<char*> cargv;
+    for (std::string& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~Process() {
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      Wait(absl::InfiniteDuration());
+    }
+  }
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return pid_ > 0 && !exit_code_; }
+  // Sends `sig` unless the process was already reaped.
+  bool Signal(int sig) { return running() && ::kill(pid_, sig) == 0; }
+
+  // Its exit status (the code, or 128 + the signal) once it ended within `wait`.
+  std::optional<int> Wait(absl::Duration wait) {
+    if (pid_ <= 0) return 127;
+    const absl::Time deadline = absl::Now() + wait;
+    while (!exit_code_) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        break;
+      }
+      if (absl::Now() >= deadline) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return exit_code_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> exit_code_;
+};
+
+// One coordinator and one agent per node, in `dir` (storage root, state
+// directory, sockets and logs). Every start of a process logs to a new file.
+class Cluster {
+ public:
+  explicit Cluster(std::string dir) : dir_(std::move(dir)), root_(dir_ + "/root"), state_(dir_ + "/state") {
+    ::mkdir(dir_.c_str(), 0700);
+  }
+  // Stops the agents gracefully (a killed agent leaves its staging segments
+  // in /dev/shm), then the coordinator.
+  ~Cluster() {
+    for (auto& [node, agent] : agents_) {
+      agent->Signal(SIGCONT);
+      agent->Signal(SIGTERM);
+    }
+    for (auto& [node, agent] : agents_) agent->Wait(absl::Seconds(10));
+    if (coordinator_ != nullptr) {
+      coordinator_->Signal(SIGTERM);
+      coordinator_->Wait(absl::Seconds(10));
+    }
+  }
+
+  const std::string& root() const { return root_; }
+  std::string socket(const std::string& node) const { return absl::StrCat(dir_, "/", node, ".sock"); }
+  std::string StepDir(uint64_t step) const { return absl::StrCat(root_, "/", kJob, "/step-", step); }
+  std::string Manifest(uint64_t step) const { return StepDir(step) + "/MANIFEST"; }
+
+  // Starts the coordinator on `port` (0: any free one); its port, or 0 when
+  // it did not come up.
+  int StartCoordinator(int port = 0) {
+    const std::string log = NextLog("coordinator");
+    coordinator_ = std::make_unique<Process>(
+        std::vector<std::string>{kCoordinatorBin, "--listen", absl::StrCat("127.0.0.1:", port), "--storage-root",
+                                 root_, "--state-dir", state_, "--heartbeat-interval", "200ms", "--node-lost-after",
+                                 "1500ms", "--every", std::to_string(kEvery)},
+        log + ".stdout", log);
+    const std::string prefix = "ckptd-coordinator: listening on 127.0.0.1:";
+    std::optional<uint64_t> listening;
+    WaitUntil(
+        [&] {
+          const std::string text = ReadFile(log);
+          if (text.find('\n', text.find(prefix)) != std::string::npos) listening = NumberAfter(text, prefix);
+          return listening.has_value() || coordinator_->Wait(absl::ZeroDuration()).has_value();
+        },
+        absl::Seconds(30));
+    if (!listening) return 0;
+    port_ = static_cast<int>(*listening);
+    grpc::ChannelArguments args;
+    // Reconnect quickly once a restarted coordinator is back.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+    stub_ = ckptd::v1::Coordinator::NewStub(grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
+                                                                      grpc::InsecureChannelCredentials(), args));
+    return port_;
+  }
+  Process* coordinator() { return coordinator_.get(); }
+  int port() const { return port_; }
+
+  // Starts node's agent (again) and waits until it serves its socket.
+  bool StartAgent(const std::string& node, const std::vector<std::string>& extra = {}) {
+    const std::string log = NextLog(node);
+    std::vector<std::string> argv = {kAgentBin,     "--storage-root", root_, "--socket", socket(node),
+                                     "--coordinator", absl::StrCat("127.0.0.1:", port_), "--node-id", node,
+                                     "--threads",   "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto agent = std::make_unique<Process>(argv, log + ".stdout", log);
+    Process* p = agent.get();
+    agents_[node] = std::move(agent);
+    return WaitUntil(
+        [&] {
+          return absl::StrContains(ReadFile(log), "ckptd-agent: serving on") ||
+                 p->Wait(absl::ZeroDuration()).has_value();
+        },
+        absl::Seconds(30)) &&
+           p->running();
+  }
+  Process* agent(const std::string& node) { return agents_[node].get(); }
+
+  // The coordinator's view of the job; nullopt when it cannot say.
+  std::optional<ckptd::v1::JobStatus> Job() {
+    std::optional<ckptd::v1::GetClusterStatusResponse> s = Status();
+    if (!s) return std::nullopt;
+    for (const ckptd::v1::JobStatus& j : s->jobs()) {
+      if (j.job() == kJob) return j;
+    }
+    return std::nullopt;
+  }
+  // The newest committed step the coordinator reports, if any.
+  std::optional<uint64_t> Committed() {
+    std::optional<ckptd::v1::JobStatus> j = Job();
+    if (!j || !j->has_committed()) return std::nullopt;
+    return j->newest_committed_step();
+  }
+  bool AgentAlive(const std::string& node) {
+    std::optional<ckptd::v1::GetClusterStatusResponse> s = Status();
+    if (!s) return false;
+    for (const ckptd::v1::AgentStatus& a : s->agents()) {
+      if (a.node_id() == node) return a.alive();
+    }
+    return false;
+  }
+  std::optional<ckptd::v1::GetClusterStatusResponse> Status() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ckptd::v1::GetClusterStatusResponse resp;
+    if (stub_ == nullptr || !stub_->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &resp).ok()) {
+      return std::nullopt;
+    }
+    return resp;
+  }
+  // The job's failure events, newest first.
+  std::vector<ckptd::v1::FailureEvent> Events() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ckptd::v1::ListEventsRequest req;
+    req.set_job(kJob);
+    ckptd::v1::ListEventsResponse resp;
+    if (stub_ == nullptr || !stub_->ListEvents(&ctx, req, &resp).ok()) return {};
+    return {resp.events().begin(), resp.events().end()};
+  }
+  // Events of `kind` on `node` (and `rank`, when given).
+  std::vector<ckptd::v1::FailureEvent> EventsOf(ckptd::v1::FailureKind kind, const std::string& node,
+                                                std::optional<uint32_t> rank = std::nullopt) {
+    std::vector<ckptd::v1::FailureEvent> out;
+    for (const ckptd::v1::FailureEvent& e : Events()) {
+      if (e.kind() != kind || e.node_id() != node) continue;
+      if (rank && (!e.has_rank() || e.rank() != *rank)) continue;
+      out.push_back(e);
+    }
+    return out;
+  }
+
+ private:
+  std::string NextLog(const std::string& what) { return absl::StrCat(dir_, "/", what, ".", ++starts_[what], ".log"); }
+
+  std::string dir_, root_, state_;
+  std::map<std::string, int> starts_;
+  std::unique_ptr<Process> coordinator_;
+  std::map<std::string, std::unique_ptr<Process>> agents_;
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
+  int port_ = 0;
+};
+
+// The elastic launcher: runs the four ranks, each on its node's agent socket.
+// When one exits non-zero it gives the others `grace` to exit by themselves
+// (they should exit 75 once the coordinator declared the failure), kills
+// those still running, and starts all four again; done when all four of one
+// attempt exit 0. Restarts can be held (a node whose agent is down starts
+// nothing).
+class Launcher {
+ public:
+  struct Options {
+    int max_attempts = 5;
+    absl::Duration grace = absl::Seconds(6);
+    absl::Duration deadline = absl::Seconds(100);
+  };
+
+  Launcher(std::string dir, Cluster* cluster, Options options)
+      : dir_(std::move(dir)), cluster_(cluster), options_(options) {
+    ::mkdir(dir_.c_str(), 0700);
+  }
+  explicit Launcher(std::string dir, Cluster* cluster) : Launcher(std::move(dir), cluster, Options()) {}
+  ~Launcher() {
+    ReleaseRestarts();
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start() {
+    start_ = absl::Now();
+    thread_ = std::thread([this] { Run(); });
+  }
+  // Waits for the loop to end; true when every rank of one attempt exited 0.
+  bool Join() {
+    if (thread_.joinable()) thread_.join();
+    absl::MutexLock l(&mu_);
+    return succeeded_;
+  }
+  absl::Duration elapsed() const { return end_ - start_; }
+
+  // Sends `sig` to `rank` of the running attempt.
+  bool Signal(uint32_t rank, int sig) {
+    absl::MutexLock l(&mu_);
+    return procs_[rank] != nullptr && procs_[rank]->Signal(sig);
+  }
+  void HoldRestarts() {
+    absl::MutexLock l(&mu_);
+    hold_ = true;
+  }
+  void ReleaseRestarts() {
+    absl::MutexLock l(&mu_);
+    hold_ = false;
+  }
+
+  // Per attempt, the exit status of each rank (137 for one the launcher killed).
+  std::vector<std::array<int, kWorld>> exit_codes() {
+    absl::MutexLock l(&mu_);
+    return exit_codes_;
+  }
+  // "final_step=<n> digest=<hex>" of each rank of the attempt that succeeded.
+  std::array<std::string, kWorld> final_lines() {
+    absl::MutexLock l(&mu_);
+    return final_lines_;
+  }
+  // What `rank` wrote to stderr in `attempt`.
+  std::string Stderr(int attempt, uint32_t rank) const { return ReadFile(Log(attempt, rank, "err")); }
+  // The step `rank` restored in `attempt`, if it restored one.
+  std::optional<uint64_t> Restored(int attempt, uint32_t rank) const {
+    return NumberAfter(Stderr(attempt, rank), "ckptd-demo-trainer: restored step ");
+  }
+
+ private:
+  std::string Log(int attempt, uint32_t rank, const char* ext) const {
+    return absl::StrCat(dir_, "/attempt-", attempt, ".rank-", rank, ".", ext);
+  }
+
+  void Run() {
+    const absl::Time deadline = start_ + options_.deadline;
+    for (int attempt = 0; attempt < options_.max_attempts; ++attempt) {
+      {
+        absl::MutexLock l(&mu_);
+        auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !hold_ || stop_; };
+        if (attempt > 0) mu_.AwaitWithDeadline(absl::Condition(&released), deadline);
+        if (stop_ || absl::Now() >= deadline) break;
+        for (uint32_t r = 0; r < kWorld; ++r) {
+          procs_[r] = std::make_unique<Process>(
+              std::vector<std::string>{kTrainerBin, "--socket", cluster_->socket(NodeOf(r)), "--job", kJob,
+                                       "--steps", std::to_string(kSteps), "--state-mb", std::to_string(kStateMb),
+                                       "--rank", std::to_string(r), "--world-size", std::to_string(kWorld),
+                                       "--every", std::to_string(kEvery), "--step-ms", std::to_string(kStepMs),
+                                       "--accum", std::to_string(kAccum)},
+              Log(attempt, r, "out"), Log(attempt, r, "err"));
+        }
+      }
+      std::array<std::optional<int>, kWorld> codes;
+      std::optional<absl::Time> first_failure;
+      while (true) {
+        bool all_ended = true;
+        bool stop = false;
+        {
+          absl::MutexLock l(&mu_);
+          stop = stop_;
+          for (uint32_t r = 0; r < kWorld; ++r) {
+            if (!codes[r]) codes[r] = procs_[r]->Wait(absl::ZeroDuration());
+            if (codes[r] && *codes[r] != 0 && !first_failure) first_failure = absl::Now();
+            all_ended &= codes[r].has_value();
+          }
+          const absl::Time now = absl::Now();
+          if (!all_ended && (stop || now >= deadline || (first_failure && now >= *first_failure + options_.grace))) {
+            for (uint32_t r = 0; r < kWorld; ++r) procs_[r]->Signal(SIGKILL);
+          }
+        }
+        if (all_ended) break;
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      absl::MutexLock l(&mu_);
+      std::array<int, kWorld> ended;
+      bool ok = true;
+      for (uint32_t r = 0; r < kWorld; ++r) {
+        ended[r] = *codes[r];
+        ok &= ended[r] == 0;
+        procs_[r].reset();
+      }
+      exit_codes_.push_back(ended);
+      if (ok) {
+        for (uint32_t r = 0; r < kWorld; ++r) {
+          std::string line, last;
+          std::istringstream in(ReadFile(Log(attempt, r, "out")));
+          while (std::getline(in, line)) {
+            if (!line.empty()) last = line;
+          }
+          final_lines_[r] = last.substr(0, last.find(" train_s="));
+        }
+        succeeded_ = true;
+        break;
+      }
+      if (stop_) break;
+    }
+    end_ = absl::Now();
+  }
+
+  const std::string dir_;
+  Cluster* const cluster_;
+  const Options options_;
+  absl::Time start_, end_;
+  std::thread thread_;
+  absl::Mutex mu_;
+  bool hold_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool succeeded_ ABSL_GUARDED_BY(mu_) = false;
+  std::array<std::unique_ptr<Process>, kWorld> procs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::array<int, kWorld>> exit_codes_ ABSL_GUARDED_BY(mu_);
+  std::array<std::string, kWorld> final_lines_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string Codes(const std::vector<std::array<int, kWorld>>& attempts) {
+  std::vector<std::string> out;
+  for (const auto& a : attempts) out.push_back(absl::StrCat("[", absl::StrJoin(a, ","), "]"));
+  return absl::StrJoin(out, " ");
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ckptd-cluster-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (HasFailure()) DumpLogs();
+    if (std::getenv("CKPTD_CLUSTER_TEST_KEEP") != nullptr) {
+      std::cerr << "kept " << dir_ << "\n";
+      return;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);  // a temp dir left behind fails nothing
+  }
+
+  // A coordinator and both agents under dir_/name; `node_b_flags` go to
+  // node-b's agent.
+  std::unique_ptr<Cluster> StartCluster(const std::string& name, int port = 0,
+                                        const std::vector<std::string>& node_b_flags = {}) {
+    auto cluster = std::make_unique<Cluster>(dir_ + "/" + name);
+    const int got = cluster->StartCoordinator(port);
+    EXPECT_GT(got, 0) << "the coordinator did not start";
+    if (port != 0) {
+      EXPECT_EQ(got, port);
+    }
+    EXPECT_TRUE(cluster->StartAgent("node-a")) << "node-a's agent did not start";
+    EXPECT_TRUE(cluster->StartAgent("node-b", node_b_flags)) << "node-b's agent did not start";
+    return cluster;
+  }
+
+  // The digest lines of an uninterrupted run of the same job (all four
+  // ranks, no faults, a cluster and storage root of its own), once per process.
+  void Reference(std::array<std::string, kWorld>* out) {
+    static std::optional<std::array<std::string, kWorld>> cached;
+    if (!cached) {
+      std::unique_ptr<Cluster> cluster = StartCluster("reference");
+      ASSERT_FALSE(HasFailure());
+      Launcher launcher(dir_ + "/reference/launcher", cluster.get());
+      launcher.Start();
+      ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+      EXPECT_EQ(launcher.exit_codes().size(), 1u) << "the reference run restarted: " << Codes(launcher.exit_codes());
+      const std::array<std::string, kWorld> lines = launcher.final_lines();
+      for (const std::string& line : lines) {
+        ASSERT_THAT(line, ::testing::StartsWith(absl::StrCat("final_step=", kSteps, " digest=")));
+      }
+      std::optional<uint64_t> committed = cluster->Committed();
+      EXPECT_TRUE(committed.has_value()) << "the reference run committed no checkpoint";
+      std::cerr << "reference run: " << absl::FormatDuration(launcher.elapsed()) << ", newest committed step "
+                << committed.value_or(0) << "\n";
+      cached = lines;
+    }
+    *out = *cached;
+  }
+
+  // Steps of the job on disk (committed or not) that hold a temp shard file
+  // of `rank` and no MANIFEST: a persist of that rank in flight.
+  std::vector<uint64_t> InFlight(Cluster* cluster, uint32_t rank) {
+    std::vector<uint64_t> steps;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(cluster->root() + "/" + kJob, ec)) {
+      std::optional<uint64_t> step = NumberAfter(e.path().filename().string(), "step-");
+      if (!step) continue;
+      if (Exists(absl::StrCat(e.path().string(), "/rank-", rank, ".shard.tmp")) && !Exists(cluster->Manifest(*step))) {
+        steps.push_back(*step);
+      }
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  }
+
+  void DumpLogs() {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_, ec)) {
+      const std::string p = e.path().string();
+      if (e.is_regular_file() && (absl::EndsWith(p, ".log") || absl::EndsWith(p, ".err"))) files.push_back(p);
+    }
+    std::sort(files.begin(), files.end());
+    for (const std::string& f : files) {
+      std::istringstream in(ReadFile(f));
+      std::deque<std::string> tail;
+      for (std::string line; std::getline(in, line);) {
+        tail.push_back(line);
+        if (tail.size() > 25) tail.pop_front();
+      }
+      std::cerr << "==== " << f << "\n" << absl::StrJoin(tail, "\n") << "\n";
+    }
+  }
+
+  std::string dir_;
+};
+
+// Expects every rank of `attempt` to have restored the same step, and returns it.
+std::optional<uint64_t> SameRestoredStep(const Launcher& launcher, int attempt) {
+  std::array<std::optional<uint64_t>, kWorld> steps;
+  for (uint32_t r = 0; r < kWorld; ++r) steps[r] = launcher.Restored(attempt, r);
+  for (uint32_t r = 1; r < kWorld; ++r) {
+    EXPECT_EQ(steps[r], steps[0]) << "rank " << r << " restored another step than rank 0 in attempt " << attempt;
+  }
+  return steps[0];
+}
+
+// 1. A trainer rank is SIGKILLed mid-run.
+TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  const absl::Time start = absl::Now();
+  std::unique_ptr<Cluster> cluster = StartCluster("run");
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/run/launcher", cluster.get());
+  launcher.Start();
+
+  // Two checkpoints in, rank 2 (on node-b) dies.
+  uint64_t committed = 0;
+  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
+                        absl::Seconds(30)))
+      << "no second checkpoint committed";
+  ASSERT_TRUE(launcher.Signal(2, SIGKILL));
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+
+  // node-b's agent saw it die; the coordinator recorded it.
+  EXPECT_THAT(cluster->EventsOf(ckptd::v1::TRAINER_DIED, "node-b", 2), ::testing::Not(::testing::IsEmpty()));
+  // The other ranks heard of the restart from their agents and exited 75 by themselves.
+  const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
+  ASSERT_GE(codes.size(), 2u);
+  EXPECT_THAT(codes[0], ElementsAre(kExitRestart, kExitRestart, kExitKilled, kExitRestart)) << Codes(codes);
+  // Every rank came back at the same step, no older than the one committed before the kill.
+  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
+  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
+  EXPECT_GE(*restored, committed);
+  EXPECT_EQ(*restored % kEvery, 0u);
+  EXPECT_EQ(launcher.final_lines(), reference);
+  std::optional<ckptd::v1::JobStatus> job = cluster->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->state(), ckptd::v1::JOB_RUNNING);
+  std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", exit codes " << Codes(codes)
+            << ", restored step " << *restored << "\n";
+}
+
+// 2. node-b's agent is SIGKILLed while it persists a snapshot of its ranks.
+TEST_F(ClusterTest, AgentKilledMidCheckpointLosesOnlyThatStep) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  const absl::Time start = absl::Now();
+  // Slow storage on node-b: every persist there stays in flight for a while.
+  std::unique_ptr<Cluster> cluster = StartCluster("run", 0, {"--inject-write-latency", "100ms"});
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/run/launcher", cluster.get());
+  launcher.HoldRestarts();  // until node-b has an agent again
+  launcher.Start();
+
+  uint64_t committed = 0;
+  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= kEvery; }, absl::Seconds(30)))
+      << "no checkpoint committed";
+  // The next snapshot of rank 2: its shard is being written under a temp name.
+  uint64_t in_flight = 0;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        for (uint64_t s : InFlight(cluster.get(), 2)) {
+          if (s > committed) in_flight = s;
+        }
+        return in_flight != 0;
+      },
+      absl::Seconds(30), absl::Milliseconds(2)))
+      << "no persist of rank 2 seen after step " << committed;
+  const pid_t killed_pid = cluster->agent("node-b")->pid();
+  ASSERT_TRUE(cluster->agent("node-b")->Signal(SIGKILL));
+  ASSERT_EQ(cluster->agent("node-b")->Wait(absl::Seconds(10)), kExitKilled);
+
+  ASSERT_TRUE(WaitUntil([&] { return !cluster->EventsOf(ckptd::v1::NODE_LOST, "node-b").empty(); },
+                        absl::Seconds(15)))
+      << "node-b was not declared lost";
+  const absl::Duration lost_after = absl::Now() - start;
+  // The step that was in flight was never committed; an older one is the newest.
+  EXPECT_FALSE(Exists(cluster->Manifest(in_flight))) << "step " << in_flight << " was committed";
+  const std::optional<uint64_t> newest = cluster->Committed();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_LT(*newest, in_flight);
+
+  ASSERT_TRUE(cluster->StartAgent("node-b")) << "node-b's agent did not start again";
+  launcher.ReleaseRestarts();
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+
+  const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
+  ASSERT_GE(codes.size(), 2u);
+  // node-a's ranks heard of the lost node and exited 75 by themselves.
+  EXPECT_EQ(codes[0][0], kExitRestart) << Codes(codes);
+  EXPECT_EQ(codes[0][1], kExitRestart) << Codes(codes);
+  // The run resumed from the step committed before the kill, not the one in flight.
+  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
+  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
+  EXPECT_EQ(*restored, *newest);
+  EXPECT_THAT(*restored, Lt(in_flight));
+  EXPECT_EQ(launcher.final_lines(), reference);
+  // A SIGKILLed agent leaves its staging segments in /dev/shm and no later
+  // agent reclaims them (a known gap): remove them here.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (absl::StartsWith(e.path().filename().string(), absl::StrCat("ckptd-", killed_pid, "-"))) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+  std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", step " << in_flight
+            << " in flight at the kill, node lost at " << absl::FormatDuration(lost_after) << ", exit codes "
+            << Codes(codes) << ", restored step " << *restored << "\n";
+}
+
+// 3. The coordinator is SIGKILLed mid-run and started again on the same port
+// and state directory.
+TEST_F(ClusterTest, CoordinatorRestartLosesNoCommittedStep) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  const absl::Time start = absl::Now();
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  std::unique_ptr<Cluster> cluster = StartCluster("run", port);
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/run/launcher", cluster.get());
+  launcher.Start();
+
+  uint64_t committed = 0;
+  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
+                        absl::Seconds(30)))
+      << "no second checkpoint committed";
+  ASSERT_TRUE(cluster->coordinator()->Signal(SIGKILL));
+  ASSERT_EQ(cluster->coordinator()->Wait(absl::Seconds(10)), kExitKilled);
+  absl::SleepFor(absl::Seconds(1));  // the agents go on without it meanwhile
+  ASSERT_EQ(cluster->StartCoordinator(port), port) << "the coordinator did not come back on its port";
+
+  // Nothing committed before the kill is lost.
+  std::optional<uint64_t> after_restart = cluster->Committed();
+  ASSERT_TRUE(after_restart.has_value()) << "the restarted coordinator lists no committed step";
+  EXPECT_GE(*after_restart, committed);
+  EXPECT_TRUE(Exists(cluster->Manifest(*after_restart)));
+  // Checkpoints resume: a newer step commits.
+  uint64_t newer = 0;
+  EXPECT_TRUE(WaitUntil([&] { return (newer = cluster->Committed().value_or(0)) > *after_restart; },
+                        absl::Seconds(30)))
+      << "no step committed after the restart";
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  EXPECT_EQ(launcher.final_lines(), reference);
+  const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
+  // Losing the coordinator for a moment is no failure of the job.
+  EXPECT_EQ(codes.size(), 1u) << "the job restarted: " << Codes(codes);
+  EXPECT_THAT(cluster->Events(), ::testing::IsEmpty());
+  std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", committed " << committed
+            << " before the kill, " << *after_restart << " after the restart, then " << newer << "; exit codes "
+            << Codes(codes) << "\n";
+}
+
+// 4. node-b's agent is cut off (SIGSTOP) for 3 s, then comes back (SIGCONT).
+TEST_F(ClusterTest, AgentCutOffIsDeclaredLostAndRejoins) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  const absl::Time start = absl::Now();
+  std::unique_ptr<Cluster> cluster = StartCluster("run");
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/run/launcher", cluster.get());
+  launcher.HoldRestarts();  // until node-b's agent is back
+  launcher.Start();
+
+  uint64_t committed = 0;
+  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
+                        absl::Seconds(30)))
+      << "no second checkpoint committed";
+  Process* agent = cluster->agent("node-b");
+  const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(agent->Signal(SIGSTOP));
+  const bool lost = WaitUntil([&] { return !cluster->EventsOf(ckptd::v1::NODE_LOST, "node-b").empty(); },
+                              absl::Seconds(10));
+  const absl::Duration detected = absl::Now() - stopped;
+  absl::SleepFor(stopped + absl::Seconds(3) - absl::Now());
+  const std::optional<ckptd::v1::JobStatus> before = cluster->Job();
+  ASSERT_TRUE(agent->Signal(SIGCONT));
+  ASSERT_TRUE(lost) << "node-b was not declared lost";
+  EXPECT_FALSE(cluster->AgentAlive("node-b"));
+  ASSERT_TRUE(before.has_value());
+  EXPECT_EQ(before->state(), ckptd::v1::JOB_RESTARTING);
+
+  // It registers again by itself, and reports the snapshots its ranks
+  // published meanwhile once they are durable: a newer step commits before
+  // any rank restarts.
+  EXPECT_TRUE(WaitUntil([&] { return cluster->AgentAlive("node-b"); }, absl::Seconds(10)))
+      << "node-b did not register again";
+  uint64_t rejoined = 0;
+  EXPECT_TRUE(WaitUntil([&] { return (rejoined = cluster->Committed().value_or(0)) > before->newest_committed_step(); },
+                        absl::Seconds(10)))
+      << "no step committed with node-b's shards after it returned (newest " << before->newest_committed_step() << ")";
+  launcher.ReleaseRestarts();
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
+  ASSERT_GE(codes.size(), 2u);
+  // Every rank heard of the restart: node-b's once their agent was back.
+  EXPECT_THAT(codes[0], ElementsAre(kExitRestart, kExitRestart, kExitRestart, kExitRestart)) << Codes(codes);
+  // node-b's shards count again: steps commit after it returned.
+  std::optional<ckptd::v1::JobStatus> after = cluster->Job();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GT(after->checkpoints_committed(), before->checkpoints_committed());
+  EXPECT_GT(after->newest_committed_step(), before->newest_committed_step());
+  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
+  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
+  EXPECT_GE(*restored, rejoined);
+  EXPECT_EQ(launcher.final_lines(), reference);
+  std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", node lost after "
+            << absl::FormatDuration(detected) << ", committed " << before->newest_committed_step()
+            << " when cut off, " << rejoined << " after it returned; exit codes " << Codes(codes)
+            << ", restored step " << *restored << "\n";
+}
+
+}  // namespace
+}  // namespace ckptd::cluster
