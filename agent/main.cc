@@ -144,6 +144,10 @@ int main(int argc, char** argv) {
     absl::MutexLock l(&source_mu);
     heartbeat_source = core.get();
   }
+  // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
+  if (absl::StatusOr<std::vector<std::string>> stale = ckptd::agent::ReclaimStaleSegments(); stale.ok()) {
+    for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
+  }
   ckptd::agent::AgentService service(core.get());
   absl::StatusOr<std::unique_ptr<grpc::Server>> server =
       ckptd::agent::StartUnixServer(*args->Get("socket"), &service);

@@ -1,6 +1,8 @@
 #include "agent/staging.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +13,8 @@
 #include <new>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -292,6 +296,32 @@ int StagingSegment::ReclaimAfterTrainerExit() {
     }
   }
   return freed;
+}
+
+absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir) {
+  DIR* dir = ::opendir(shm_dir.c_str());
+  if (dir == nullptr) return storage::PosixError(absl::StrCat("opendir ", shm_dir), errno);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(dir)) names.emplace_back(e->d_name);
+  ::closedir(dir);
+  std::vector<std::string> removed;
+  for (const std::string& name : names) {
+    // ckptd-<pid>-<n>, exactly: other names (tests' prefixes included) are not ours to judge.
+    std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
+    int64_t pid = 0;
+    uint64_t n = 0;
+    if (parts.size() != 3 || parts[0] != "ckptd" || !absl::SimpleAtoi(parts[1], &pid) ||
+        !absl::SimpleAtoi(parts[2], &n) || pid <= 0) {
+      continue;
+    }
+    struct stat st;
+    const std::string path = absl::StrCat(shm_dir, "/", name);
+    if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    // EPERM means the process exists (as another user): leave it.
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (::shm_unlink(absl::StrCat("/", name).c_str()) == 0) removed.push_back(name);
+  }
+  return removed;
 }
 
 }  // namespace ckptd::agent

@@ -51,6 +51,12 @@ StagingLayout PlanLayout(const std::vector<uint64_t>& lengths);
 // naming both sizes when not even one does.
 absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes);
 
+// Removes staging segments that agents killed without a chance to clean up
+// left behind: names "ckptd-<pid>-<n>" in `shm_dir` (default /dev/shm) of a
+// process that no longer exists, owned by this user. Returns the names
+// removed. Segments of live processes are never touched.
+absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir = "/dev/shm");
+
 class StagingSegment {
  public:
   // Agent side: creates segment `name` ("/ckptd-..." as for shm_open; must not

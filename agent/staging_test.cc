@@ -1,6 +1,7 @@
 #include "agent/staging.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -167,6 +168,47 @@ TEST(StagingSegmentTest, ReclaimAfterTrainerExitKeepsReadySnapshots) {
   EXPECT_EQ(seg->state(filling), SlotState::kFree);
   EXPECT_EQ(seg->state(restored), SlotState::kFree);
   EXPECT_THAT(seg->TakeReady(), Optional(ready));
+}
+
+}  // namespace
+}  // namespace ckptd::agent
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+
+// A raw shared-memory object, as a killed agent leaves it.
+bool MakeShm(const std::string& name) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+bool ShmExists(const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+
+TEST(ReclaimStaleSegmentsTest, FreesSegmentsOfDeadAgentsOnly) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // now a pid of nobody
+  const std::string dead = absl::StrCat("/ckptd-", child, "-3");
+  const std::string live = absl::StrCat("/ckptd-", ::getpid(), "-3");
+  const std::string other = absl::StrCat("/ckptd-test-", child, "-3");  // not an agent's name
+  ASSERT_TRUE(MakeShm(dead));
+  ASSERT_TRUE(MakeShm(live));
+  ASSERT_TRUE(MakeShm(other));
+  absl::StatusOr<std::vector<std::string>> removed = ReclaimStaleSegments();
+  ASSERT_THAT(removed.status(), IsOk());
+  EXPECT_THAT(*removed, ::testing::Contains(dead.substr(1)));
+  EXPECT_FALSE(ShmExists(dead));
+  EXPECT_TRUE(ShmExists(live));
+  EXPECT_TRUE(ShmExists(other));
+  ::shm_unlink(live.c_str());
+  ::shm_unlink(other.c_str());
+  EXPECT_THAT(ReclaimStaleSegments("/no/such/dir").status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("/no/such/dir")));
 }
 
 }  // namespace

@@ -64,6 +64,8 @@ struct Client::Impl {
   std::atomic<bool> coordinated{false};
   std::atomic<uint64_t> sync_trainer_id{0};  // 0: not registered
   std::atomic<uint64_t> current_step{0};
+  // When the sync thread first failed to reach the agent (0: it reaches it).
+  std::atomic<int64_t> unreachable_since_ns{0};
   std::atomic<double> step_seconds{0};
   absl::Time last_step_time;  // training thread only
   uint64_t last_step = 0;     // training thread only
@@ -77,6 +79,11 @@ struct Client::Impl {
   bool sync_stop ABSL_GUARDED_BY(sched_mu) = false;
 
   void SyncLoop();
+  // The sync thread has not reached the agent for at least `d`.
+  bool UnreachableFor(absl::Duration d) const {
+    const int64_t since = unreachable_since_ns.load();
+    return since != 0 && absl::Now() - absl::FromUnixNanos(since) >= d;
+  }
   void NoteTaken(uint64_t step) {
     absl::MutexLock l(&sched_mu);
     taken_steps.insert(step);
@@ -313,8 +320,19 @@ void Client::Impl::SyncLoop() {
     if (req.trainer_id() == 0) continue;
     ckptd::v1::SyncScheduleResponse resp;
     const grpc::Status st = stub->SyncSchedule(Context(options.rpc_timeout).get(), req, &resp);
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::NOT_FOUND) {
+      // Gone, or it forgot us: the next Snapshot registers again.
+      absl::MutexLock l(&mu);
+      agent_lost = true;
+    }
+    if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      int64_t expected = 0;
+      unreachable_since_ns.compare_exchange_strong(expected, absl::ToUnixNanos(absl::Now()));
+    } else {
+      unreachable_since_ns.store(0);
+    }
     absl::MutexLock l(&sched_mu);
-    if (!st.ok()) continue;  // the agent is away or forgot us: Snapshot handles that
+    if (!st.ok()) continue;
     missed_to_send.erase(missed_to_send.begin(), missed_to_send.begin() + req.missed_targets_size());
     if (!resp.has_schedule()) continue;
     schedule = resp.schedule();
@@ -394,6 +412,7 @@ bool Client::restart_requested() const {
   Impl& im = *impl_;
   if (!im.coordinated.load(std::memory_order_relaxed)) return false;
   absl::MutexLock l(&im.sched_mu);
+  if (im.UnreachableFor(im.options.agent_loss_restart_after)) return true;
   // A RESTARTING schedule of an older restore round is stale news.
   return im.schedule && im.schedule->state() == ckptd::v1::JOB_RESTARTING &&
          im.schedule->incarnation() >= im.incarnation;
@@ -470,8 +489,22 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
     slot_wait = std::max(absl::ZeroDuration(), slot_wait - (absl::Now() - t0));
   }
   CKPTD_RETURN_IF_ERROR(EnsureRegistered());
-  absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(slot_wait);
-  if (!slot.ok()) return im.Skip(step, slot.status().code(), slot.status().message());
+  // Waits in short rounds: slots held by an agent that is gone never free up.
+  const absl::Time slot_deadline = absl::Now() + slot_wait;
+  absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(std::min(slot_wait, absl::Milliseconds(100)));
+  while (!slot.ok() && absl::IsResourceExhausted(slot.status()) && absl::Now() < slot_deadline) {
+    if (im.UnreachableFor(absl::ZeroDuration())) {
+      return im.Skip(step, absl::StatusCode::kUnavailable,
+                     "the agent is unreachable and holds every staging slot");
+    }
+    slot = im.segment->AcquireForFill(std::min(slot_deadline - absl::Now(), absl::Milliseconds(100)));
+  }
+  if (!slot.ok()) {
+    return im.Skip(step, slot.status().code(),
+                   absl::IsResourceExhausted(slot.status())
+                       ? absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait))
+                       : std::string(slot.status().message()));
+  }
   uint8_t* base = im.segment->slot_data(*slot);
   // Device buffers with a spare are queued device to device first; the other
   // buffers go straight into the slot meanwhile.

@@ -47,6 +47,10 @@ struct ClientOptions {
   // How often a client thread tells the agent the step reached and fetches
   // the coordinator's schedule (never on the training thread).
   absl::Duration sync_interval = absl::Milliseconds(200);
+  // Under a coordinator, an agent unreachable this long counts as a restart
+  // request: the coordinator declares the node lost (and restarts the job)
+  // when its heartbeats stop, and this rank could not hear of it.
+  absl::Duration agent_loss_restart_after = absl::Seconds(5);
   // How long Snapshot waits for a free staging slot (zero: skip at once).
   absl::Duration slot_wait = absl::ZeroDuration();
   // Bound on every call to the agent.
@@ -83,8 +87,10 @@ class Client {
   bool ShouldSnapshot(uint64_t step) const;
 
   // Cheap, no RPC: the coordinator declared a failure of this job (a rank
-  // died or hung, a node was lost) and every rank must restart and restore.
-  // The trainer should exit (or re-exec) for its launcher to start it again.
+  // died or hung, a node was lost) and every rank must restart and restore,
+  // or (under a coordinator) the agent has been unreachable for
+  // agent_loss_restart_after. The trainer should exit (or re-exec) for its
+  // launcher to start it again.
   bool restart_requested() const;
 
   // Copies every buffer into a free staging slot and hands it to the agent

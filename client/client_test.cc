@@ -167,6 +167,39 @@ class FakeDeviceCopier final : public DeviceCopier {
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
 };
 
+// A coordinator as the agent sees it: a fixed schedule, fresh starts.
+class FixedScheduleCoordinator final : public agent::CoordinatorClient {
+ public:
+  explicit FixedScheduleCoordinator(uint64_t every) {
+    schedule_.set_job("train");
+    schedule_.set_generation(1);
+    schedule_.set_every_steps(every);
+    schedule_.set_state(ckptd::v1::JOB_RUNNING);
+    schedule_.set_incarnation(1);
+  }
+  void ShardDurable(const ckptd::v1::ShardReport&) override {}
+  void Failure(const ckptd::v1::ReportFailureRequest&) override {}
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest&,
+                                                             absl::Duration) override {
+    ckptd::v1::RestorePlanResponse r;
+    r.set_verdict(ckptd::v1::RestorePlanResponse::FRESH_START);
+    r.set_incarnation(1);
+    return r;
+  }
+  std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string&) override {
+    absl::MutexLock l(&mu_);
+    return schedule_;
+  }
+  void SetState(ckptd::v1::JobState state) {
+    absl::MutexLock l(&mu_);
+    schedule_.set_state(state);
+  }
+
+ private:
+  absl::Mutex mu_;
+  ckptd::v1::Schedule schedule_ ABSL_GUARDED_BY(mu_);
+};
+
 class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -186,6 +219,7 @@ class ClientTest : public ::testing::Test {
     o.storage_root = "/ckpt";
     o.io_threads = 1;
     o.segment_prefix = absl::StrCat("/ckptd-test-client-", ::getpid(), "-", counter_++);
+    o.coordinator = coordinator_;
     segment_prefix_ = o.segment_prefix;
     core_ = std::make_unique<agent::AgentCore>(&mem_, o);
     service_ = std::make_unique<agent::AgentService>(core_.get());
@@ -193,6 +227,7 @@ class ClientTest : public ::testing::Test {
     ASSERT_THAT(server.status(), IsOk());
     server_ = *std::move(server);
   }
+  agent::CoordinatorClient* coordinator_ = nullptr;
   void StopAgent() {
     if (server_) server_->Shutdown();
     server_.reset();
@@ -504,6 +539,62 @@ TEST_F(ClientTest, SpareOptionWithOnlyHostBuffersIsOneHop) {
   EXPECT_EQ(client->snapshots_taken(), 1u);  // published before Snapshot returned
   EXPECT_THAT(fake_.TakeLog(), ElementsAre("host 4000", "host 4000", "host 8000", "host 64", "host 16", "sync"));
   CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
+}
+
+TEST_F(ClientTest, CoordinatorScheduleReplacesEveryAndRestartIsRequestedThroughTheAgent) {
+  FixedScheduleCoordinator coordinator(4);
+  StopAgent();
+  coordinator_ = &coordinator;
+  StartAgent();
+  State state;
+  ClientOptions o = Options();
+  o.every_steps = 7;  // ignored: the coordinator's schedule applies
+  o.sync_interval = absl::Milliseconds(10);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> restored, client->Restore());
+  EXPECT_EQ(restored, std::nullopt);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!client->ShouldSnapshot(8) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(client->ShouldSnapshot(8));
+  EXPECT_FALSE(client->ShouldSnapshot(7));
+  EXPECT_FALSE(client->restart_requested());
+  coordinator.SetState(ckptd::v1::JOB_RESTARTING);
+  while (!client->restart_requested() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(client->restart_requested());
+  EXPECT_FALSE(client->ShouldSnapshot(12));  // no snapshots while the job restarts
+  client.reset();
+  StopAgent();
+  coordinator_ = nullptr;
+}
+
+TEST_F(ClientTest, AgentDyingWhileEverySlotIsHeldEndsTheSlotWaitAndAsksForARestart) {
+  FixedScheduleCoordinator coordinator(5);
+  StopAgent();
+  coordinator_ = &coordinator;
+  StartAgent();
+  State state;
+  ClientOptions o = Options();
+  o.slot_wait = absl::Seconds(60);
+  o.sync_interval = absl::Milliseconds(10);
+  o.agent_loss_restart_after = absl::Milliseconds(300);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  CKPTD_ASSERT_OK(client->Restore().status());
+  std::unique_ptr<agent::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  ASSERT_NE(seg, nullptr);
+  for (uint32_t i = 0; i < seg->slots(); ++i) CKPTD_ASSERT_OK(seg->AcquireForFill(absl::ZeroDuration()).status());
+  absl::StatusOr<SnapshotResult> result = absl::UnknownError("not run");
+  const absl::Time start = absl::Now();
+  std::thread snapshot([&] { result = client->Snapshot(5); });
+  absl::SleepFor(absl::Milliseconds(200));
+  StopAgent();  // the agent dies holding every slot
+  snapshot.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the 60 s slot wait
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unreachable")));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!client->restart_requested() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_TRUE(client->restart_requested());
+  client.reset();
+  coordinator_ = nullptr;
 }
 
 }  // namespace
