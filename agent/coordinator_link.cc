@@ -11,6 +11,7 @@ namespace ckptd::agent {
 namespace {
 
 constexpr size_t kMaxQueuedFailures = 1024;
+constexpr size_t kMaxBatch = 256;
 // A heartbeat stream is renewed now and then, so that a silently dead
 // connection cannot hold it forever.
 constexpr absl::Duration kStreamLifetime = absl::Minutes(10);
@@ -238,23 +239,35 @@ void CoordinatorLink::SenderLoop() {
         std::cerr << "ckptd-agent: coordinator refused a failure report: " << s.message() << "\n";
       }
     }
-    for (const ckptd::v1::ShardReport& report : shards) {
+    // The node's ranks usually finish a step together: one call carries them.
+    for (size_t begin = 0; begin < shards.size(); begin += kMaxBatch) {
+      const size_t end = std::min(shards.size(), begin + kMaxBatch);
       ckptd::v1::ReportShardRequest req;
       req.set_node_id(options_.node_id);
       req.set_session(session);
-      *req.mutable_report() = report;
+      for (size_t i = begin; i < end; ++i) *req.add_batch() = shards[i];
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       ckptd::v1::ReportShardResponse resp;
       const absl::Status s = FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
       // The coordinator is away (or forgot us): keep the rest for later.
       if (Transient(s) || absl::IsNotFound(s)) break;
-      if (!s.ok()) {
-        std::cerr << "ckptd-agent: shard " << report.shard().rank() << " of " << report.job() << " step "
-                  << report.step() << " not committed: " << s.message() << "\n";
-      }
       absl::MutexLock l(&mu_);
-      shards_.erase(ShardKey(report.job(), report.step(), report.shard().rank()));
+      for (size_t i = begin; i < end; ++i) {
+        const ckptd::v1::ShardReport& report = shards[i];
+        const size_t k = i - begin;
+        absl::Status result = s;
+        if (s.ok() && k < static_cast<size_t>(resp.batch_results_size())) {
+          result = absl::Status(static_cast<absl::StatusCode>(resp.batch_results(k).code()),
+                                resp.batch_results(k).message());
+        }
+        if (Transient(result)) continue;  // sent again later
+        if (!result.ok()) {
+          std::cerr << "ckptd-agent: shard " << report.shard().rank() << " of " << report.job() << " step "
+                    << report.step() << " not committed: " << result.message() << "\n";
+        }
+        shards_.erase(ShardKey(report.job(), report.step(), report.shard().rank()));
+      }
     }
     absl::MutexLock l(&mu_);
     failures_.insert(failures_.begin(), keep.begin(), keep.end());

@@ -22,6 +22,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -77,12 +78,11 @@ const char kCoordinatorHelp[] =
     "                     (expected: agents x rate)\n"
     "  loadgen_cores      this process's own CPU use in that window\n"
     "  commit_latency_*   for each of --checkpoints steps, with heartbeats going\n"
-    "                     on: every rank's ReportShard is sent at once (as many\n"
-    "                     agents would); the time from the last report sent to the\n"
-    "                     first answer saying the step committed (p50, p99, max;\n"
-    "                     nearest rank); target: p99 under 100 ms\n"
-    "                     (the answer also waits for what the coordinator does\n"
-    "                     after the commit, such as removing steps past --retain)\n"
+    "                     on: every hosting agent sends one ReportShard with its\n"
+    "                     ranks' shards, all at once; the time from the last\n"
+    "                     report sent to the first answer saying the step\n"
+    "                     committed (p50, p99, max; nearest rank); target: p99\n"
+    "                     under 100 ms\n"
     "  manifest_latency_* the same up to the MANIFEST renamed into place (inotify)\n"
     "  coordinator_commit_*  the coordinator's own ckptd_commit_latency_seconds\n"
     "                     (last report received to manifest durable), per step\n"
@@ -762,8 +762,9 @@ struct CheckpointOutcome {
   std::string error;
 };
 
-// Sends every rank's ReportShard for `step` at once from `senders` threads,
-// each from the agent hosting the rank, and times the commit.
+// Sends every rank's shard report for `step` at once from `senders` threads,
+// one batched ReportShard per hosting agent (as agents send them), and times
+// the commit.
 CheckpointOutcome RunCheckpoint(std::vector<Connection>& conns, const std::vector<SimAgent>& agents,
                                 const std::vector<size_t>& host_of_rank, const std::vector<v1::ShardRef>& refs,
                                 uint64_t step, const std::string& step_dir, int senders, int metrics_port) {
@@ -775,21 +776,29 @@ CheckpointOutcome RunCheckpoint(std::vector<Connection>& conns, const std::vecto
     v1::ReportShardRequest req;
     v1::ReportShardResponse resp;
   };
-  std::vector<std::unique_ptr<Call>> calls(world);
+  // One call per hosting agent carrying its ranks' shards, as agents send them.
+  std::vector<std::unique_ptr<Call>> calls;
+  std::map<size_t, Call*> by_agent;
   for (uint32_t rank = 0; rank < world; ++rank) {
-    calls[rank] = std::make_unique<Call>();
-    Call* c = calls[rank].get();
-    const SimAgent& a = agents[host_of_rank[rank]];
-    c->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    c->req.set_node_id(a.node_id);
-    c->req.set_session(a.session);
-    v1::ShardReport* r = c->req.mutable_report();
+    Call*& c = by_agent[host_of_rank[rank]];
+    if (c == nullptr) {
+      calls.push_back(std::make_unique<Call>());
+      c = calls.back().get();
+      const SimAgent& a = agents[host_of_rank[rank]];
+      c->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      c->req.set_node_id(a.node_id);
+      c->req.set_session(a.session);
+    }
+    v1::ShardReport* r = c->req.add_batch();
     r->set_job(kJob);
     r->set_step(step);
     r->set_world_size(world);
     *r->mutable_shard() = refs[rank];
     r->set_stall_seconds(0.001);
   }
+  std::vector<size_t> call_agent;
+  for (const auto& [agent, c] : by_agent) call_agent.push_back(agent);
+  const uint32_t ncalls = static_cast<uint32_t>(calls.size());
   struct State {
     absl::Mutex mu;
     uint32_t answered ABSL_GUARDED_BY(mu) = 0;
@@ -805,22 +814,28 @@ CheckpointOutcome RunCheckpoint(std::vector<Connection>& conns, const std::vecto
   std::vector<std::thread> threads;
   for (int t = 0; t < senders; ++t) {
     threads.emplace_back([&, t] {
-      const uint32_t begin = static_cast<uint32_t>(uint64_t{world} * t / senders);
-      const uint32_t end = static_cast<uint32_t>(uint64_t{world} * (t + 1) / senders);
+      const uint32_t begin = static_cast<uint32_t>(uint64_t{ncalls} * t / senders);
+      const uint32_t end = static_cast<uint32_t>(uint64_t{ncalls} * (t + 1) / senders);
       first[t] = SteadyClock::now();
-      for (uint32_t rank = begin; rank < end; ++rank) {
-        Call* c = calls[rank].get();
-        conns[agents[host_of_rank[rank]].channel].stub->async()->ReportShard(
+      for (uint32_t i = begin; i < end; ++i) {
+        Call* c = calls[i].get();
+        conns[agents[call_agent[i]].channel].stub->async()->ReportShard(
             &c->ctx, &c->req, &c->resp, [state, c](grpc::Status s) {
               const SteadyClock::time_point now = SteadyClock::now();
               absl::MutexLock l(&state->mu);
               ++state->answered;
-              if (!s.ok()) {
+              bool committed = false;
+              std::string bad;
+              for (const v1::ShardResult& r : c->resp.batch_results()) {
+                committed |= r.committed();
+                if (r.code() != 0 && bad.empty()) bad = r.message();
+              }
+              if (!s.ok() || !bad.empty()) {
                 if (state->first_error.empty()) {
-                  state->first_error = absl::StrCat("ReportShard rank ", c->req.report().shard().rank(), ": ",
-                                                    s.error_message());
+                  state->first_error =
+                      absl::StrCat("ReportShard of node ", c->req.node_id(), ": ", s.ok() ? bad : s.error_message());
                 }
-              } else if (c->resp.committed() && !state->committed_at) {
+              } else if (committed && !state->committed_at) {
                 state->committed_at = now;
               }
             });
@@ -835,7 +850,7 @@ CheckpointOutcome RunCheckpoint(std::vector<Connection>& conns, const std::vecto
   {
     // Every call has a deadline, so every callback runs.
     absl::MutexLock l(&st.mu);
-    auto all = [&st, world]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.answered == world; };
+    auto all = [&st, ncalls]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) { return st.answered == ncalls; };
     st.mu.Await(absl::Condition(&all));
     if (st.committed_at) {
       out.committed = true;

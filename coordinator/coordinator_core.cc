@@ -469,8 +469,15 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, Eff
 absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
     const ckptd::v1::ReportShardRequest& request) {
   CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
-  CKPTD_RETURN_IF_ERROR(ValidateShardReport(request.report(), options_.max_world_size));
-  const ShardReport& report = request.report();
+  const bool single = request.has_report();
+  if (!single && request.batch().empty()) return absl::InvalidArgumentError("the request reports no shard");
+  if (request.batch_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(absl::StrCat("a batch of ", request.batch_size(), " shards; at most ",
+                                                   kMaxRanksPerAgent));
+  }
+  if (single) CKPTD_RETURN_IF_ERROR(ValidateShardReport(request.report(), options_.max_world_size));
+  std::vector<absl::Status> results;
+  for (const ShardReport& r : request.batch()) results.push_back(ValidateShardReport(r, options_.max_world_size));
   Effects fx;
   absl::Status accepted;
   {
@@ -480,15 +487,27 @@ absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
       return absl::NotFoundError(
           absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
     }
-    accepted = AcceptShard(report, &fx).status();
+    if (single) accepted = AcceptShard(request.report(), &fx).status();
+    for (int i = 0; i < request.batch_size(); ++i) {
+      if (results[i].ok()) results[i] = AcceptShard(request.batch(i), &fx).status();
+    }
     SaveChangedJobs(&fx);
   }
-  Apply(fx);
+  Apply(fx);  // commits the steps these reports completed
   CKPTD_RETURN_IF_ERROR(accepted);
   ckptd::v1::ReportShardResponse response;
   absl::MutexLock l(&mu_);
-  Job* job = FindJob(report.job());
-  response.set_committed(job != nullptr && job->committed.contains(report.step()));
+  auto committed = [this](const ShardReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Job* job = FindJob(r.job());
+    return job != nullptr && job->committed.contains(r.step());
+  };
+  if (single) response.set_committed(committed(request.report()));
+  for (int i = 0; i < request.batch_size(); ++i) {
+    ckptd::v1::ShardResult* out = response.add_batch_results();
+    out->set_code(static_cast<int32_t>(results[i].code()));
+    out->set_message(std::string(results[i].message()));
+    out->set_committed(results[i].ok() && committed(request.batch(i)));
+  }
   return response;
 }
 

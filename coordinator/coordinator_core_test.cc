@@ -224,6 +224,40 @@ TEST_F(CoordinatorCoreTest, StepCommitsOnlyWhenEveryRankReportedItsShard) {
   EXPECT_EQ(core_->Counters().committed, 1u);
 }
 
+TEST_F(CoordinatorCoreTest, AnAgentReportsItsRanksInOneBatchAndABadEntryFailsAlone) {
+  TwoNodes();
+  ckptd::v1::ReportShardRequest a;
+  a.set_node_id("node-a");
+  a.set_session(sessions_["node-a"]);
+  for (uint32_t r : {0u, 1u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(*a.add_batch(), Write(10, r));
+  }
+  ckptd::v1::ShardReport bad = a.batch(0);
+  bad.mutable_shard()->set_rank(9);
+  *a.add_batch() = bad;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse ra, core_->ReportShard(a));
+  ASSERT_EQ(ra.batch_results_size(), 3);
+  EXPECT_EQ(ra.batch_results(0).code(), 0);
+  EXPECT_FALSE(ra.batch_results(1).committed());
+  EXPECT_EQ(ra.batch_results(2).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ra.batch_results(2).message(), HasSubstr("rank 9"));
+  ckptd::v1::ReportShardRequest b;
+  b.set_node_id("node-b");
+  b.set_session(sessions_["node-b"]);
+  for (uint32_t r : {2u, 3u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(*b.add_batch(), Write(10, r));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse rb, core_->ReportShard(b));
+  ASSERT_EQ(rb.batch_results_size(), 2);
+  EXPECT_TRUE(rb.batch_results(0).committed());
+  EXPECT_TRUE(rb.batch_results(1).committed());
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  ckptd::v1::ReportShardRequest empty;
+  empty.set_node_id("node-b");
+  empty.set_session(sessions_["node-b"]);
+  EXPECT_THAT(core_->ReportShard(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no shard")));
+}
+
 TEST_F(CoordinatorCoreTest, ShardWhoseFileDisagreesWithTheReportAbortsTheStep) {
   TwoNodes();
   for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 10, r).status());
