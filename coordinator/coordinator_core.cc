@@ -808,8 +808,10 @@ void CoordinatorCore::RunRetention() {
     absl::MutexLock l(&mu_);
     queue.swap(retention_queue_);
   }
+  // Without commit_mu_: a committed step that retention dropped is never
+  // written or committed again, and removing its thousands of files must not
+  // hold up the commit of a newer step.
   for (const auto& [job, step] : queue) {
-    absl::MutexLock l(&commit_mu_);
     if (absl::Status s = store_->RemoveStep(job, step); !s.ok() && !absl::IsNotFound(s)) {
       std::cerr << "ckptd-coordinator: retention of " << job << " step " << step << ": " << s << "\n";
     }
