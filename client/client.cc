@@ -299,7 +299,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   Impl* raw = impl.get();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
-  CKPTD_RETURN_IF_ERROR(client->EnsureRegistered());
+  absl::Status registered = client->EnsureRegistered();
+  const absl::Time give_up = absl::Now() + options.connect_wait;
+  while (absl::IsUnavailable(registered) && absl::Now() < give_up) {
+    absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
+    registered = client->EnsureRegistered();
+  }
+  CKPTD_RETURN_IF_ERROR(registered);
   raw->sync_thread = std::thread([raw] { raw->SyncLoop(); });
   return client;
 }

@@ -55,6 +55,10 @@ struct ClientOptions {
   absl::Duration slot_wait = absl::ZeroDuration();
   // Bound on every call to the agent.
   absl::Duration rpc_timeout = absl::Seconds(5);
+  // How long Connect keeps trying an agent that is not up (yet): a trainer
+  // restarted together with its agent must not start without it, or it
+  // would train from scratch while its peers wait in the restore barrier.
+  absl::Duration connect_wait = absl::ZeroDuration();
   int copy_threads = 0;
   // Two-hop snapshots of device buffers: Connect allocates once, per device
   // buffer, a spare buffer of the same size on the same device; Snapshot
@@ -75,7 +79,8 @@ struct SnapshotResult {
 
 class Client {
  public:
-  // Connects and registers. An unreachable agent is kUnavailable.
+  // Connects and registers, retrying for up to connect_wait. An unreachable
+  // agent is kUnavailable.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options,
                                                          std::vector<BufferSpec> buffers);
   // Finishes a second hop in flight (its copy; no RPC), then says goodbye to

@@ -597,5 +597,21 @@ TEST_F(ClientTest, AgentDyingWhileEverySlotIsHeldEndsTheSlotWaitAndAsksForAResta
   coordinator_ = nullptr;
 }
 
+TEST_F(ClientTest, ConnectWaitsForAnAgentThatComesUpLate) {
+  StopAgent();
+  State state;
+  ClientOptions o = Options();
+  EXPECT_THAT(Client::Connect(o, state.Specs()).status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
+  std::thread late([this] {
+    absl::SleepFor(absl::Milliseconds(300));
+    StartAgent();
+  });
+  o.connect_wait = absl::Seconds(20);
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o, state.Specs());
+  late.join();
+  ASSERT_THAT(client.status(), IsOk());
+  CKPTD_ASSERT_OK((*client)->Restore().status());
+}
+
 }  // namespace
 }  // namespace ckptd::client

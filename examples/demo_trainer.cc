@@ -25,13 +25,16 @@ namespace {
 const char kUsage[] =
     "usage: ckptd-demo-trainer --socket <path> --job <name> --steps <n> --state-mb <m>\n"
     "                          [--rank r --world-size w] [--every k] [--accum a] [--step-ms t]\n"
-    "                          [--skip-restore COMPONENT]\n"
+    "                          [--skip-restore COMPONENT] [--agent-wait-ms t]\n"
     "\n"
     "Restores from the newest committed step when there is one, trains to step n\n"
     "(micro-batches; an optimizer step every a of them, default 4), snapshots\n"
     "every k steps (default 10; 0: never), and prints, as its last line,\n"
     "final_step=<n> digest=<hex> train_s=<seconds of the training loop>.\n"
     "--step-ms slows each step down (for tests that kill the trainer mid-run).\n"
+    "--agent-wait-ms keeps trying to reach an agent that is not up yet (default 0:\n"
+    "train without checkpoints at once); ranks of a multi-node job that restart\n"
+    "with their agent should wait for it.\n"
     "--skip-restore PARAMS|GRADS|OPTIMIZER|RNG|DATA_CURSOR drops that component\n"
     "after a restore (tests use it to show that every component matters).\n"
     "\n"
@@ -149,7 +152,7 @@ int main(int argc, char** argv) {
   using ckptd::cli::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(
-      argv_list, {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "skip-restore"},
+      argv_list, {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "skip-restore", "agent-wait-ms"},
       {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
@@ -161,9 +164,9 @@ int main(int argc, char** argv) {
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (!args->Get("socket") || !args->Get("job")) return usage("--socket and --job are required");
-  uint64_t vals[7] = {0, 0, 0, 1, 10, 4, 0};
-  const char* names[7] = {"steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms"};
-  for (int i = 0; i < 7; ++i) {
+  uint64_t vals[8] = {0, 0, 0, 1, 10, 4, 0, 0};
+  const char* names[8] = {"steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "agent-wait-ms"};
+  for (int i = 0; i < 8; ++i) {
     absl::StatusOr<std::optional<uint64_t>> v = args->GetUint(names[i]);
     if (!v.ok()) return usage(std::string(v.status().message()));
     if (*v) vals[i] = **v;
@@ -183,6 +186,7 @@ int main(int argc, char** argv) {
   options.rank = rank;
   options.world_size = static_cast<uint32_t>(vals[3]);
   options.every_steps = vals[4];
+  options.connect_wait = absl::Milliseconds(static_cast<int64_t>(vals[7]));
   options.slot_wait = absl::Seconds(30);
   std::vector<ckptd::client::BufferSpec> specs = {
       Spec("model.params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, n, state.params.data()),
