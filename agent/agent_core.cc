@@ -350,10 +350,16 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
   absl::Status last_damage;
   // Newest committed step first; a damaged one falls back to the one before.
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    if (it->state != StepState::kCommitted) continue;
+    if (it->state != StepState::kCommitted || it->quarantined) continue;
     absl::StatusOr<uint32_t> slot = LoadStep(t, it->step, wait_for_slot);
     if (absl::IsDataLoss(slot.status())) {
       last_damage = slot.status();
+      // This agent is the job's committer (no coordinator): it marks the step
+      // so that nobody restores it again. Best effort; the restore goes on.
+      if (reg.world_size == 1) {
+        absl::MutexLock l(&commit_mu_);
+        (void)store_.QuarantineStep(reg.job, it->step, absl::StrCat("rank ", reg.rank, ": ", slot.status().message()));
+      }
       continue;
     }
     CKPTD_RETURN_IF_ERROR(slot.status());

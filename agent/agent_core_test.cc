@@ -158,6 +158,14 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(1u));
   EXPECT_EQ(seg->slot_data(r.slot)[0], 1);
+  // The agent commits this job alone: it marks step 2, kept but never restored.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string mark,
+                             storage::ReadFileToString(&mem_, storage::QuarantinePath("/ckpt", "job", 2)));
+  EXPECT_THAT(mark, HasSubstr("rank 0"));
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(path, std::string(bytes.size(), '\0')));  // even worse now: not read again
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(again.step, Optional(1u));
 }
 
 TEST_F(AgentCoreTest, SkippedSnapshotsAreCountedInTheStatus) {

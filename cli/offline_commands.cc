@@ -314,6 +314,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       }
       if (!report->ok()) ++failed;
       w.Field("ok", report->ok());
+      if (info.quarantined) w.Field("quarantined", *info.quarantined);
       w.Field("shards", report->shards);
       w.Field("raw_bytes", report->raw_bytes);
       w.Field("stored_bytes", report->stored_bytes);
@@ -335,6 +336,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
                                report->ok() ? "OK  " : "FAIL", report->shards, HumanBytes(report->raw_bytes),
                                HumanBytes(report->stored_bytes));
         for (const storage::VerifyProblem& p : report->problems) out << "    " << p.message << "\n";
+        if (info.quarantined) out << "    quarantined (never restored): " << *info.quarantined << "\n";
       }
     }
     if (*step_flag && !found_step) {

@@ -212,6 +212,7 @@ absl::Status CoordinatorCore::Recover() {
         jobs_[name] = std::move(fresh);
       }
       job->committed.insert(s.step);
+      if (s.quarantined) job->quarantined.insert(s.step);
     }
   }
   for (auto& [name, job] : jobs_) {
@@ -831,6 +832,15 @@ void CoordinatorCore::Apply(Effects& fx) {
   while (!fx.empty()) {
     Effects next;
     for (const auto& q : fx.quarantines) {
+      {
+        // Marked in storage too, so that every reader (ckptctl, an agent
+        // committing alone) sees it. Best effort: the database has it.
+        absl::MutexLock l(&commit_mu_);
+        if (absl::Status s = store_->QuarantineStep(q.job(), q.step(), q.reason()); !s.ok()) {
+          std::cerr << "ckptd-coordinator: marking " << q.job() << " step " << q.step() << " quarantined: " << s
+                    << "\n";
+        }
+      }
       if (absl::Status s = state_->PutQuarantine(q); !s.ok()) {
         std::cerr << "ckptd-coordinator: recording quarantine of " << q.job() << " step " << q.step() << ": " << s
                   << "\n";

@@ -460,11 +460,17 @@ TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBa
   CKPTD_ASSERT_OK_AND_ASSIGN(auto q, state_->ListQuarantined(kJob));
   ASSERT_EQ(q.size(), 1u);
   EXPECT_THAT(q[0].reason(), HasSubstr("checksum mismatch"));
-  // Kept on disk, never chosen again (also after a coordinator restart).
+  // Kept on disk and marked there, never chosen again (also after a
+  // coordinator restart, and even one that lost its database).
   EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  EXPECT_TRUE(Exists(storage::QuarantinePath(kRoot, kJob, 20)));
   Reset();
   CKPTD_ASSERT_OK_AND_ASSIGN(v1 later, Plan(1));
   EXPECT_EQ(later.step(), 10u);
+  state_ = NewMemStateStore();
+  Reset();
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 without_db, Plan(1));
+  EXPECT_EQ(without_db.step(), 10u);
 }
 
 TEST_F(CoordinatorCoreTest, AgentLostMidCheckpointLeavesTheStepUncommittedAndThePreviousRestores) {

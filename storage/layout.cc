@@ -67,6 +67,10 @@ std::string ManifestPath(absl::string_view root, absl::string_view job, uint64_t
   return JoinPath(StepDir(root, job, step), kManifestName);
 }
 
+std::string QuarantinePath(absl::string_view root, absl::string_view job, uint64_t step) {
+  return JoinPath(StepDir(root, job, step), kQuarantineName);
+}
+
 std::optional<uint64_t> ParseStepDirName(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, "step-")) return std::nullopt;
   return ParseCanonicalUint(name);

@@ -16,6 +16,9 @@ namespace ckptd::storage {
 
 inline constexpr absl::string_view kManifestName = "MANIFEST";
 inline constexpr absl::string_view kTempSuffix = ".tmp";
+// Marks a committed step whose data failed verification: kept for a look,
+// never restored.
+inline constexpr absl::string_view kQuarantineName = "QUARANTINED";
 
 // A job name is 1..128 characters of [A-Za-z0-9._-], not starting with '.'
 // or '-'. kInvalidArgument naming the offending character otherwise.
@@ -27,6 +30,7 @@ std::string StepDir(absl::string_view root, absl::string_view job, uint64_t step
 std::string ShardFileName(uint32_t rank);
 std::string ShardPath(absl::string_view root, absl::string_view job, uint64_t step, uint32_t rank);
 std::string ManifestPath(absl::string_view root, absl::string_view job, uint64_t step);
+std::string QuarantinePath(absl::string_view root, absl::string_view job, uint64_t step);
 
 // "step-42" -> 42; nullopt for anything else (including leading zeros, signs
 // and values past uint64).

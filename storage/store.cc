@@ -182,6 +182,13 @@ absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_vi
       if (m.ok()) {
         info.state = StepState::kCommitted;
         info.manifest = *std::move(m);
+        absl::StatusOr<std::string> mark = ReadFileToString(fs_, QuarantinePath(root_, job, *step));
+        if (mark.ok()) {
+          info.quarantined = mark->substr(0, 4096);
+        } else if (!absl::IsNotFound(mark.status())) {
+          // A mark that cannot be read still marks the step.
+          info.quarantined = absl::StrCat("quarantine mark unreadable: ", mark.status().message());
+        }
       } else {
         info.state = StepState::kCorrupt;
         info.detail = std::string(m.status().message());
@@ -198,7 +205,7 @@ absl::StatusOr<std::optional<uint64_t>> CheckpointStore::LatestCommittedStep(abs
   if (absl::IsNotFound(steps.status())) return std::optional<uint64_t>();
   CKPTD_RETURN_IF_ERROR(steps.status());
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    if (it->state == StepState::kCommitted) return std::optional<uint64_t>(it->step);
+    if (it->state == StepState::kCommitted && !it->quarantined) return std::optional<uint64_t>(it->step);
   }
   return std::optional<uint64_t>();
 }
@@ -236,6 +243,14 @@ absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step) {
   }
   CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, dir));
   return fs_->SyncDir(JobDir(root_, job));
+}
+
+absl::Status CheckpointStore::QuarantineStep(absl::string_view job, uint64_t step, absl::string_view reason) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  if (!fs_->Stat(ManifestPath(root_, job, step)).ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot quarantine ", job, " step ", step, ": not committed"));
+  }
+  return WriteFileAtomically(fs_, QuarantinePath(root_, job, step), reason.substr(0, 4096));
 }
 
 absl::Status CheckpointStore::AbortStep(absl::string_view job, uint64_t step) {
@@ -277,7 +292,7 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::ApplyRetention(absl::stri
   CKPTD_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ListSteps(job));
   std::vector<uint64_t> committed;
   for (const StepInfo& s : steps) {
-    if (s.state == StepState::kCommitted) committed.push_back(s.step);
+    if (s.state == StepState::kCommitted && !s.quarantined) committed.push_back(s.step);
   }
   std::vector<uint64_t> removed;
   if (committed.size() <= static_cast<size_t>(keep_last)) return removed;

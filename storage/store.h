@@ -30,6 +30,9 @@ struct StepInfo {
   StepState state = StepState::kIncomplete;
   std::string detail;                                // why a step is corrupt
   std::optional<ckptd::v1::StepManifest> manifest;  // set when committed
+  // Set when a committed step was quarantined (its data failed verification):
+  // why. Such a step is never restored, and retention keeps it.
+  std::optional<std::string> quarantined;
 };
 
 struct StepVerifyReport {
@@ -75,10 +78,14 @@ class CheckpointStore {
 
   // Steps of `job` in ascending order (kNotFound when the job has no directory).
   absl::StatusOr<std::vector<StepInfo>> ListSteps(absl::string_view job);
-  // The newest committed step, or nullopt.
+  // The newest committed step that is not quarantined, or nullopt.
   absl::StatusOr<std::optional<uint64_t>> LatestCommittedStep(absl::string_view job);
   absl::StatusOr<ckptd::v1::StepManifest> ReadManifest(absl::string_view job, uint64_t step);
   absl::StatusOr<std::vector<std::string>> ListJobs();
+
+  // Marks committed `step` as quarantined (durably), with `reason`.
+  // kFailedPrecondition when the step is not committed.
+  absl::Status QuarantineStep(absl::string_view job, uint64_t step, absl::string_view reason);
 
   // Removes a step, committed or not: the MANIFEST first (durably), then the
   // rest. Used by retention and to delete a step on purpose.
@@ -91,8 +98,9 @@ class CheckpointStore {
   // Call it only when no writer is working on those steps.
   absl::StatusOr<std::vector<uint64_t>> RemoveIncompleteSteps(absl::string_view job,
                                                              uint64_t below_step = UINT64_MAX);
-  // Keeps the newest `keep_last` committed steps (at least 1) and removes
-  // older committed ones, MANIFEST first. Returns the steps removed.
+  // Keeps the newest `keep_last` committed steps (at least 1) that are not
+  // quarantined and removes older ones, MANIFEST first; quarantined steps
+  // stay. Returns the steps removed.
   absl::StatusOr<std::vector<uint64_t>> ApplyRetention(absl::string_view job, int keep_last);
 
   // Reads every shard of a committed step back and checks it against the

@@ -354,6 +354,32 @@ TEST_F(StoreTest, StatOnlyCommitTrustsReportedDigestsButChecksEachFile) {
   EXPECT_TRUE(report.ok());
 }
 
+TEST_F(StoreTest, QuarantinedStepIsListedKeptByRetentionAndNotTheLatest) {
+  for (uint64_t step : {1u, 2u, 3u}) {
+    CKPTD_ASSERT_OK(WriteAll(step, 2).status());
+    CKPTD_ASSERT_OK(store_.CommitStep(kJob, step, 2).status());
+  }
+  CKPTD_ASSERT_OK(WriteAll(4, 2).status());
+  EXPECT_THAT(store_.QuarantineStep(kJob, 4, "x"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not committed")));
+  CKPTD_ASSERT_OK(store_.QuarantineStep(kJob, 3, "rank 1: chunk 2 checksum mismatch"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  ASSERT_EQ(steps.size(), 4u);
+  EXPECT_EQ(steps[2].step, 3u);
+  EXPECT_THAT(steps[2].quarantined, Optional(HasSubstr("checksum mismatch")));
+  EXPECT_EQ(steps[1].quarantined, std::nullopt);
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(2u)));
+  // Retention counts usable steps only, and keeps the quarantined one.
+  EXPECT_THAT(store_.ApplyRetention(kJob, 1), IsOkAndHolds(ElementsAre(1u)));
+  EXPECT_TRUE(Exists(ManifestPath("/root", kJob, 2)));
+  EXPECT_TRUE(Exists(ManifestPath("/root", kJob, 3)));
+  // The mark survives a crash once written.
+  mem_.Crash();
+  CKPTD_ASSERT_OK_AND_ASSIGN(steps, store_.ListSteps(kJob));
+  ASSERT_GE(steps.size(), 2u);
+  EXPECT_TRUE(steps[1].quarantined.has_value());
+}
+
 TEST_F(StoreTest, CommitRejectsAShardOfAnotherRankOrStep) {
   CKPTD_ASSERT_OK(WriteAll(6, 2).status());
   const std::string rank1 = ShardPath("/root", kJob, 6, 1);
