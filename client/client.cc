@@ -15,6 +15,7 @@
 #include "agent/grpc_status.h"
 #include "agent/staging.h"
 #include "ckptd/v1/agent.grpc.pb.h"
+#include "coordinator/schedule.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/shard_index.h"
 #include "storage/status_macros.h"
@@ -403,12 +404,8 @@ bool Client::ShouldSnapshot(uint64_t step) const {
   if (step == 0) return false;
   if (im.coordinated.load(std::memory_order_relaxed)) {
     absl::MutexLock l(&im.sched_mu);
-    if (!im.schedule || im.schedule->state() != ckptd::v1::JOB_RUNNING) return false;
-    const ckptd::v1::Schedule& s = *im.schedule;
-    for (uint64_t extra : s.extra_steps()) {
-      if (extra == step) return true;
-    }
-    return s.every_steps() > 0 && step >= s.start_step() && (step - s.start_step()) % s.every_steps() == 0;
+    return im.schedule && im.schedule->state() == ckptd::v1::JOB_RUNNING &&
+           coordinator::ScheduledAt(*im.schedule, step);
   }
   const uint64_t every = im.options.every_steps;
   return every != 0 && step % every == 0;

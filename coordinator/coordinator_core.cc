@@ -79,15 +79,6 @@ absl::Status ValidateNodeId(absl::string_view node_id) {
   return absl::InvalidArgumentError(message);
 }
 
-bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
-  if (step == 0) return false;
-  for (uint64_t s : schedule.extra_steps()) {
-    if (s == step) return true;
-  }
-  return schedule.every_steps() > 0 && step >= schedule.start_step() &&
-         (step - schedule.start_step()) % schedule.every_steps() == 0;
-}
-
 struct CoordinatorCore::Agent {
   std::string node_id;
   std::string address;
@@ -541,10 +532,10 @@ void CoordinatorCore::RecordFailure(Job* job, const std::string& node, std::opti
   e.set_detail(detail);
   ++counters_.failures[kind];
   fx->events.push_back(e);
-  if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) Restart(job, fx);
+  if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) Restart(job);
 }
 
-void CoordinatorCore::Restart(Job* job, Effects* fx) {
+void CoordinatorCore::Restart(Job* job) {
   ckptd::v1::Schedule* s = job->record.mutable_schedule();
   if (s->state() == ckptd::v1::JOB_RESTARTING) return;
   s->set_state(ckptd::v1::JOB_RESTARTING);
@@ -556,7 +547,6 @@ void CoordinatorCore::Restart(Job* job, Effects* fx) {
     rank.has_progress = false;
     rank.hung = false;
   }
-  (void)fx;
 }
 
 absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureRequest& request) {

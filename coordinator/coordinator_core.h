@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.pb.h"
 #include "coordinator/clock.h"
+#include "coordinator/schedule.h"
 #include "coordinator/state_store.h"
 #include "storage/store.h"
 
@@ -113,7 +114,7 @@ class CoordinatorCore {
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
                      const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Restart(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Restart(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -151,7 +152,5 @@ class CoordinatorCore {
 // Checks a node id the way job names are checked: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateNodeId(absl::string_view node_id);
 
-// Whether `schedule` asks for a snapshot at `step` (what every rank evaluates).
-bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step);
 
 }  // namespace ckptd::coordinator

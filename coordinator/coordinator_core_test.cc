@@ -625,9 +625,6 @@ class CountingStateStore : public StateStore {
   absl::StatusOr<std::vector<ckptd::v1::FailureEvent>> ListEvents(absl::string_view job, size_t limit) override {
     return base_->ListEvents(job, limit);
   }
-  absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) override {
-    return base_->CountEvents(job, since);
-  }
   absl::StatusOr<absl::flat_hash_map<ckptd::v1::FailureKind, uint64_t>> CountEventsByKind(absl::string_view job,
                                                                                          absl::Time since) override {
     return base_->CountEventsByKind(job, since);

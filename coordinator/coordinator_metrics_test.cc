@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/testing_env.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_data.h"
 #include "storage/testing_matchers.h"
@@ -28,15 +29,7 @@ using ::testing::Not;
 
 constexpr char kJob[] = "llm";
 
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-    std::string candidate = absl::StrCat(dir, "/", name);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
+using ::ckptd::testing::FindOnPath;
 
 std::vector<std::string> Lines(const std::string& text) { return absl::StrSplit(text, '\n', absl::SkipEmpty()); }
 

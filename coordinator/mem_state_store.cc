@@ -55,13 +55,6 @@ class MemStateStore final : public StateStore {
     return out;
   }
 
-  absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) override {
-    CKPTD_ASSIGN_OR_RETURN(auto by_kind, CountEventsByKind(job, since));
-    uint64_t total = 0;
-    for (const auto& [kind, n] : by_kind) total += n;
-    return total;
-  }
-
   absl::StatusOr<absl::flat_hash_map<FailureKind, uint64_t>> CountEventsByKind(absl::string_view job,
                                                                               absl::Time since) override {
     const int64_t since_nanos = absl::ToUnixNanos(since);

@@ -33,8 +33,15 @@ class StateStore {  // thread-safe
   // last appended first), at most `limit`.
   virtual absl::StatusOr<std::vector<ckptd::v1::FailureEvent>> ListEvents(absl::string_view job,
                                                                           size_t limit) = 0;
-  // Kept events of `job` (empty: every job) with unix_nanos >= `since`.
-  virtual absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) = 0;
+  // Kept events of `job` (empty: every job) with unix_nanos >= `since`: the
+  // sum of CountEventsByKind.
+  absl::StatusOr<uint64_t> CountEvents(absl::string_view job, absl::Time since) {
+    absl::StatusOr<absl::flat_hash_map<ckptd::v1::FailureKind, uint64_t>> by_kind = CountEventsByKind(job, since);
+    if (!by_kind.ok()) return by_kind.status();
+    uint64_t total = 0;
+    for (const auto& [kind, n] : *by_kind) total += n;
+    return total;
+  }
   // The same, per kind (kinds without events are absent).
   virtual absl::StatusOr<absl::flat_hash_map<ckptd::v1::FailureKind, uint64_t>> CountEventsByKind(
       absl::string_view job, absl::Time since) = 0;

@@ -16,6 +16,7 @@
 #include "coordinator/coordinator_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/testing_env.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_matchers.h"
 
@@ -27,15 +28,7 @@ using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-    std::string candidate = absl::StrCat(dir, "/", name);
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
+using ::ckptd::testing::FindOnPath;
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);

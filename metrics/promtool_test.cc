@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/testing_env.h"
 #include "metrics/registry.h"
 #include "storage/testing_matchers.h"
 
@@ -21,15 +22,7 @@ namespace ckptd::metrics {
 namespace {
 
 // The path of `name` on PATH, or "".
-std::string FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  if (path == nullptr) return "";
-  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-    std::string candidate = absl::StrCat(dir, "/", name);
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return "";
-}
+using ::ckptd::testing::FindOnPath;
 
 struct CheckResult {
   int exit_code = -1;
