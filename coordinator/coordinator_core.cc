@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iostream>
 #include <random>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -124,9 +125,13 @@ struct CoordinatorCore::Job {
   std::map<uint64_t, uint64_t> aborted;  // step -> incarnation it was aborted in
   std::optional<RestoreRound> round;
   // Changed schedule, counters or world size: saved at once. Changed
-  // timings only: saved every kTimingsSaveInterval.
+  // timings only: saved every kTimingsSaveInterval. The counters of a commit:
+  // saved by the next Tick, so that the answer to the report that completed
+  // the step does not wait for a database sync (the step itself is durable in
+  // its MANIFEST, which Recover reads back).
   bool dirty = false;
   bool timings_dirty = false;
+  bool save_at_tick = false;
   absl::Time last_saved;
 
   const std::string& name() const { return record.job(); }
@@ -261,6 +266,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
   for (const auto& s : request.durable_shards()) {
     CKPTD_RETURN_IF_ERROR(ValidateShardReport(s, options_.max_world_size));
   }
+  const std::vector<absl::Status> checks = CheckShardFiles(request.durable_shards());
   ckptd::v1::RegisterAgentResponse response;
   Effects fx;
   {
@@ -291,9 +297,9 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     response.set_session(agent->session);
     response.set_heartbeat_interval_ms(
         static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));
-    for (const auto& s : request.durable_shards()) {
+    for (int i = 0; i < request.durable_shards_size(); ++i) {
       // A shard that is no longer wanted is dropped; it does not fail the registration.
-      (void)AcceptShard(s, &fx);
+      (void)AcceptShard(request.durable_shards(i), checks[i], &fx);
     }
     SaveChangedJobs(&fx);
   }
@@ -401,7 +407,8 @@ uint64_t CoordinatorCore::ManualLead(const Job& job) const {
   return std::max<uint64_t>(2, static_cast<uint64_t>(std::ceil(seconds / step_s)) + 1);
 }
 
-absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, Effects* fx) {
+absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, const absl::Status& file_check,
+                                                   Effects* fx) {
   const uint64_t step = report.step();
   const uint32_t rank = report.shard().rank();
   const std::string what = absl::StrCat("job ", report.job(), " step ", step, " rank ", rank);
@@ -430,6 +437,12 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, Eff
     fx->aborts.emplace_back(job->name(), step);
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": older than committed step ", *newest, "; not needed"));
+  }
+  if (!file_check.ok()) {
+    // The rank's shard of this step is not what it said: the step cannot
+    // complete, and waiting for the deadline would only hold its files.
+    AbortPending(job, step, std::string(file_check.message()), fx);
+    return absl::Status(file_check.code(), absl::StrCat(what, ": ", file_check.message(), "; the step is aborted"));
   }
   PendingStep& p = job->pending[step];
   const absl::Time now = clock_->Now();
@@ -470,6 +483,15 @@ absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
   if (single) CKPTD_RETURN_IF_ERROR(ValidateShardReport(request.report(), options_.max_world_size));
   std::vector<absl::Status> results;
   for (const ShardReport& r : request.batch()) results.push_back(ValidateShardReport(r, options_.max_world_size));
+  // The files are looked at here, outside the lock and as each report comes,
+  // not all at once when the last one completes the step: for thousands of
+  // ranks that would put thousands of stat calls between the last report and
+  // the commit.
+  const absl::Status single_check = single ? CheckShardFile(request.report()) : absl::OkStatus();
+  std::vector<absl::Status> checks(request.batch_size());
+  for (int i = 0; i < request.batch_size(); ++i) {
+    if (results[i].ok()) checks[i] = CheckShardFile(request.batch(i));
+  }
   Effects fx;
   absl::Status accepted;
   {
@@ -479,9 +501,9 @@ absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
       return absl::NotFoundError(
           absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
     }
-    if (single) accepted = AcceptShard(request.report(), &fx).status();
+    if (single) accepted = AcceptShard(request.report(), single_check, &fx).status();
     for (int i = 0; i < request.batch_size(); ++i) {
-      if (results[i].ok()) results[i] = AcceptShard(request.batch(i), &fx).status();
+      if (results[i].ok()) results[i] = AcceptShard(request.batch(i), checks[i], &fx).status();
     }
     SaveChangedJobs(&fx);
   }
@@ -786,6 +808,7 @@ void CoordinatorCore::Tick() {
                      &fx);
       }
       job->timings_dirty |= elapsed > 0 && alive > 0;
+      job->dirty |= std::exchange(job->save_at_tick, false);
       SaveJob(job.get(), &fx);
     }
   }
@@ -809,11 +832,24 @@ void CoordinatorCore::RunRetention() {
   }
 }
 
+absl::Status CoordinatorCore::CheckShardFile(const ShardReport& report) {
+  return store_->CheckReportedShard(report.job(), report.step(), report.shard());
+}
+
+std::vector<absl::Status> CoordinatorCore::CheckShardFiles(
+    const google::protobuf::RepeatedPtrField<ShardReport>& reports) {
+  std::vector<absl::Status> checks;
+  checks.reserve(reports.size());
+  for (const ShardReport& r : reports) checks.push_back(CheckShardFile(r));
+  return checks;
+}
+
 absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint32_t world_size,
                                      const std::vector<ShardRef>& shards) {
   absl::MutexLock l(&commit_mu_);
+  // Each file was checked as it was reported (CheckShardFile).
   absl::StatusOr<ckptd::v1::StepManifest> m =
-      store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kStatOnly);
+      store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kCheckedByCaller);
   if (absl::IsAlreadyExists(m.status())) return absl::OkStatus();
   return m.status();
 }
@@ -893,7 +929,7 @@ void CoordinatorCore::Apply(Effects& fx) {
         job->committed.erase(step);
         next.removals.emplace_back(task.job, step);
       }
-      SaveJob(job, &next);
+      job->save_at_tick = true;
     }
     if (!fx.removals.empty()) {
       // Removing thousands of files must not delay the answer to the report

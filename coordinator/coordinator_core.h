@@ -116,7 +116,7 @@ class CoordinatorCore {
                      const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Restart(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, Effects* fx)
+  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::RestorePlanResponse PlanFor(const Job& job) ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -130,6 +130,11 @@ class CoordinatorCore {
   void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
                       const std::vector<ckptd::v1::ShardRef>& shards);
+  // Whether a reported shard's file exists with the reported length; called
+  // without mu_ (a stat per report).
+  absl::Status CheckShardFile(const ckptd::v1::ShardReport& report) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<absl::Status> CheckShardFiles(const google::protobuf::RepeatedPtrField<ckptd::v1::ShardReport>& reports)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   storage::CheckpointStore* const store_;
   StateStore* const state_;

@@ -17,6 +17,7 @@ namespace {
 
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using v1 = ::ckptd::v1::RestorePlanResponse;
@@ -262,9 +263,11 @@ TEST_F(CoordinatorCoreTest, ShardWhoseFileDisagreesWithTheReportAbortsTheStep) {
   TwoNodes();
   for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 10, r).status());
   CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 10));
-  // Rank 3 claims a shard that is not on disk.
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, ReportOnly("node-b", 10, 3, 8192, 42));
-  EXPECT_FALSE(resp.committed());
+  // Rank 3 claims a shard that is not on disk: the report is refused, naming
+  // the rank, and the step is aborted at once rather than at its deadline.
+  EXPECT_THAT(ReportOnly("node-b", 10, 3, 8192, 42),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank 3 has no durable shard"), HasSubstr("aborted"))));
   EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
   EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
   EXPECT_EQ(JobState().checkpoints_aborted(), 1u);

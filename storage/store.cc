@@ -71,29 +71,37 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
   m.set_job(std::string(job));
   m.set_step(step);
   m.set_world_size(world_size);
-  if (check == CommitCheck::kStatOnly && reported == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": a stat-only commit needs the reported shards"));
+  if (check != CommitCheck::kReadIndex && reported == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a commit that trusts the writers needs the reported shards"));
+  }
+  // Each rank's report, found once: a world of thousands must not cost a
+  // search per rank.
+  std::vector<const ShardRef*> by_rank(world_size, nullptr);
+  if (reported != nullptr) {
+    for (const ShardRef& r : *reported) {
+      if (r.rank() >= world_size) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, ": a shard reported for rank ", r.rank(), " outside the world of ", world_size));
+      }
+      if (by_rank[r.rank()] != nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", r.rank(), " reported twice"));
+      }
+      by_rank[r.rank()] = &r;
+    }
   }
   ShardReadOptions ro;
   ro.threads = 1;
   for (uint32_t rank = 0; rank < world_size; ++rank) {
     const std::string path = ShardPath(root_, job, step, rank);
-    if (check == CommitCheck::kStatOnly) {
-      auto it = std::find_if(reported->begin(), reported->end(),
-                             [rank](const ShardRef& r) { return r.rank() == rank; });
-      if (it == reported->end()) {
+    if (check != CommitCheck::kReadIndex) {
+      const ShardRef* it = by_rank[rank];
+      if (it == nullptr) {
         return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported no shard"));
       }
-      absl::StatusOr<FileInfo> info = fs_->Stat(path);
-      if (!info.ok()) {
-        const absl::StatusCode code =
-            absl::IsNotFound(info.status()) ? absl::StatusCode::kFailedPrecondition : info.status().code();
-        return absl::Status(code, absl::StrCat(what, ": rank ", rank, " has no durable shard: ",
-                                               info.status().message()));
-      }
-      if (info->size != it->file_length()) {
-        return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported ", it->file_length(),
-                                                          " bytes but ", path, " has ", info->size));
+      if (check == CommitCheck::kStatOnly) {
+        if (absl::Status s = CheckReportedShard(job, step, *it); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+        }
       }
       ShardRef* ref = m.add_shards();
       *ref = *it;
@@ -125,9 +133,8 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
     ref->set_raw_bytes(idx.raw_bytes());
     ref->set_stored_bytes(idx.stored_bytes());
     if (reported != nullptr) {
-      auto it = std::find_if(reported->begin(), reported->end(),
-                             [rank](const ShardRef& r) { return r.rank() == rank; });
-      if (it == reported->end()) {
+      const ShardRef* it = by_rank[rank];
+      if (it == nullptr) {
         return absl::FailedPreconditionError(absl::StrCat(what, ": rank ", rank, " reported no shard"));
       }
       if (it->index_xxh3() != ref->index_xxh3() || it->file_length() != ref->file_length()) {
@@ -152,6 +159,23 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
     return st;
   }
   return m;
+}
+
+absl::Status CheckpointStore::CheckReportedShard(absl::string_view job, uint64_t step, const ShardRef& reported) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const uint32_t rank = reported.rank();
+  const std::string path = ShardPath(root_, job, step, rank);
+  absl::StatusOr<FileInfo> info = fs_->Stat(path);
+  if (!info.ok()) {
+    const absl::StatusCode code =
+        absl::IsNotFound(info.status()) ? absl::StatusCode::kFailedPrecondition : info.status().code();
+    return absl::Status(code, absl::StrCat("rank ", rank, " has no durable shard: ", info.status().message()));
+  }
+  if (info->size != reported.file_length()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " reported ", reported.file_length(), " bytes but ", path, " has ", info->size));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_view job) {

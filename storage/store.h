@@ -68,13 +68,21 @@ class CheckpointStore {
   // writer reported; then writes the MANIFEST atomically. kFailedPrecondition
   // when a shard is missing or disagrees; kAlreadyExists when already committed.
   // With kStatOnly (needs `reported`), each shard is only checked to exist with
-  // its reported length: the writer already verified what it wrote, and a
-  // coordinator committing thousands of ranks cannot afford to read them all.
+  // its reported length (CheckReportedShard): the writer already verified what
+  // it wrote, and a coordinator committing thousands of ranks cannot afford to
+  // read them all. With kCheckedByCaller (needs `reported`) nothing is read:
+  // the caller ran CheckReportedShard on each shard as it was reported, so
+  // that a commit costs only the MANIFEST write.
   // REQUIRES: one committer per job at a time (the agent or the coordinator).
-  enum class CommitCheck { kReadIndex, kStatOnly };
+  enum class CommitCheck { kReadIndex, kStatOnly, kCheckedByCaller };
   absl::StatusOr<ckptd::v1::StepManifest> CommitStep(
       absl::string_view job, uint64_t step, uint32_t world_size,
       const std::vector<ckptd::v1::ShardRef>* reported = nullptr, CommitCheck check = CommitCheck::kReadIndex);
+
+  // Checks that the shard `reported` for (job, step) exists with the length
+  // its writer reported: kFailedPrecondition naming the rank when it is
+  // missing or its length differs, the file system's error otherwise.
+  absl::Status CheckReportedShard(absl::string_view job, uint64_t step, const ckptd::v1::ShardRef& reported);
 
   // Steps of `job` in ascending order (kNotFound when the job has no directory).
   absl::StatusOr<std::vector<StepInfo>> ListSteps(absl::string_view job);

@@ -300,7 +300,7 @@ TEST_F(StoreTest, CommitChecksReportedRefs) {
   std::vector<ShardRef> duplicate_rank = refs_of();
   duplicate_rank[2] = duplicate_rank[0];
   EXPECT_THAT(store_.CommitStep(kJob, 4, 3, &duplicate_rank),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 2 reported no shard")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 reported twice")));
   EXPECT_FALSE(Exists(ManifestPath("/root", kJob, 4)));
 
   std::vector<ShardRef> reversed = refs_of();  // order does not matter
@@ -334,7 +334,11 @@ TEST_F(StoreTest, StatOnlyCommitTrustsReportedDigestsButChecksEachFile) {
   std::vector<ShardRef> missing_rank = refs;
   missing_rank[1].set_rank(0);
   EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &missing_rank, Check::kStatOnly),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 reported no shard")));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 reported twice")));
+  std::vector<ShardRef> outside = refs;
+  outside[1].set_rank(2);
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &outside, Check::kStatOnly),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 2 outside the world of 2")));
   CKPTD_ASSERT_OK(mem_.RemoveFile(ShardPath("/root", kJob, 5, 0)));
   EXPECT_THAT(store_.CommitStep(kJob, 5, 2, &refs, Check::kStatOnly),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 has no durable shard")));
@@ -351,6 +355,37 @@ TEST_F(StoreTest, StatOnlyCommitTrustsReportedDigestsButChecksEachFile) {
   EXPECT_EQ(m.shards(1).raw_bytes(), 1001u);
   EXPECT_EQ(m.shards(1).index_xxh3(), again[1].index_xxh3);
   CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 7));
+  EXPECT_TRUE(report.ok());
+}
+
+TEST_F(StoreTest, CheckReportedShardNamesTheRankAndACommitCheckedByTheCallerReadsNothing) {
+  using Check = CheckpointStore::CommitCheck;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ShardWriteResult> written, WriteAll(5, 2));
+  std::vector<ShardRef> refs;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ShardRef ref;
+    ref.set_rank(r);
+    ref.set_file_length(written[r].file_length);
+    ref.set_index_xxh3(written[r].index_xxh3);
+    refs.push_back(ref);
+  }
+  CKPTD_EXPECT_OK(store_.CheckReportedShard(kJob, 5, refs[1]));
+  ShardRef longer = refs[1];
+  longer.set_file_length(refs[1].file_length() + 1);
+  EXPECT_THAT(store_.CheckReportedShard(kJob, 5, longer),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 1 reported")));
+  EXPECT_THAT(store_.CheckReportedShard(kJob, 6, refs[0]),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 has no durable shard")));
+  EXPECT_THAT(store_.CheckReportedShard("../etc", 5, refs[0]), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+  EXPECT_THAT(store_.CommitStep(kJob, 5, 2, nullptr, Check::kCheckedByCaller),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs the reported shards")));
+  // The caller vouched for the files: the commit writes the MANIFEST from the
+  // reports alone, and the step then verifies.
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store_.CommitStep(kJob, 5, 2, &refs, Check::kCheckedByCaller));
+  ASSERT_EQ(m.shards_size(), 2);
+  EXPECT_EQ(m.shards(1).index_xxh3(), written[1].index_xxh3);
+  EXPECT_EQ(m.shards(1).file(), ShardFileName(1));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 5));
   EXPECT_TRUE(report.ok());
 }
 
