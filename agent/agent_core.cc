@@ -33,6 +33,8 @@ struct AgentCore::Trainer {
   // trainer came from (stamped on its shard reports).
   uint64_t step ABSL_GUARDED_BY(mu) = 0;
   double step_seconds ABSL_GUARDED_BY(mu) = 0;
+  double step_seconds_idle ABSL_GUARDED_BY(mu) = 0;
+  double step_seconds_persisting ABSL_GUARDED_BY(mu) = 0;
   double last_stall ABSL_GUARDED_BY(mu) = 0;
   double last_persist ABSL_GUARDED_BY(mu) = 0;
   std::map<uint32_t, double> stall_by_slot ABSL_GUARDED_BY(mu);
@@ -124,14 +126,20 @@ absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, ui
 }
 
 absl::StatusOr<std::optional<ckptd::v1::Schedule>> AgentCore::SyncSchedule(
-    uint64_t trainer_id, uint64_t step, double step_seconds, const std::vector<uint64_t>& missed_targets) {
-  std::shared_ptr<Trainer> t = Find(trainer_id);
-  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
+    const ckptd::v1::SyncScheduleRequest& request) {
+  std::shared_ptr<Trainer> t = Find(request.trainer_id());
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", request.trainer_id(), " is registered"));
   {
     absl::MutexLock l(&t->mu);
-    t->step = step;
-    if (std::isfinite(step_seconds) && step_seconds > 0) t->step_seconds = step_seconds;
-    for (uint64_t m : missed_targets) {
+    t->step = request.step();
+    // A nonsense time from a confused client is ignored, not passed on.
+    auto keep = [](double v, double& into) {
+      if (std::isfinite(v) && v > 0) into = v;
+    };
+    keep(request.step_seconds(), t->step_seconds);
+    keep(request.step_seconds_idle(), t->step_seconds_idle);
+    keep(request.step_seconds_persisting(), t->step_seconds_persisting);
+    for (uint64_t m : request.missed_targets()) {
       if (t->missed_targets.size() < 64) t->missed_targets.push_back(m);
     }
   }
@@ -162,6 +170,8 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     p->set_rank(t->reg.rank);
     p->set_step(t->step);
     p->set_step_seconds(t->step_seconds);
+    p->set_step_seconds_idle(t->step_seconds_idle);
+    p->set_step_seconds_persisting(t->step_seconds_persisting);
     p->set_stall_seconds(t->last_stall);
     p->set_persist_seconds(t->last_persist);
     p->set_snapshots_skipped(t->status.skipped);

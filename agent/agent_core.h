@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "agent/coordinator_link.h"
 #include "agent/staging.h"
+#include "ckptd/v1/agent.pb.h"
 #include "ckptd/v1/shard.pb.h"
 #include "storage/file_system.h"
 #include "storage/shard_writer.h"
@@ -106,9 +107,7 @@ class AgentCore {
 
   // The trainer's progress (from its client's background thread); returns
   // the job's schedule from the coordinator, if one is known.
-  absl::StatusOr<std::optional<ckptd::v1::Schedule>> SyncSchedule(uint64_t trainer_id, uint64_t step,
-                                                                  double step_seconds,
-                                                                  const std::vector<uint64_t>& missed_targets);
+  absl::StatusOr<std::optional<ckptd::v1::Schedule>> SyncSchedule(const ckptd::v1::SyncScheduleRequest& request);
 
   // The ranks this node hosts and their progress, for the coordinator.
   void FillHeartbeat(ckptd::v1::Heartbeat* heartbeat);

@@ -89,9 +89,7 @@ grpc::Status AgentService::SnapshotSkipped(grpc::ServerContext*, const ckptd::v1
 
 grpc::Status AgentService::SyncSchedule(grpc::ServerContext*, const ckptd::v1::SyncScheduleRequest* req,
                                         ckptd::v1::SyncScheduleResponse* resp) {
-  std::vector<uint64_t> missed(req->missed_targets().begin(), req->missed_targets().end());
-  absl::StatusOr<std::optional<ckptd::v1::Schedule>> s =
-      core_->SyncSchedule(req->trainer_id(), req->step(), req->step_seconds(), missed);
+  absl::StatusOr<std::optional<ckptd::v1::Schedule>> s = core_->SyncSchedule(*req);
   if (!s.ok()) return ToGrpcStatus(s.status());
   if (*s) *resp->mutable_schedule() = **s;
   return grpc::Status::OK;

@@ -248,8 +248,14 @@ TEST_F(CoordinatedAgentTest, TrainerDeathAndPersistFailureReachTheCoordinator) {
 
 TEST_F(CoordinatedAgentTest, ProgressAndScheduleFlowThroughTheAgent) {
   Node a = Start("node-a", 0, 2);
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<ckptd::v1::Schedule> sched,
-                             a.agent->SyncSchedule(a.handle.trainer_id, 57, 0.25, {40}));
+  ckptd::v1::SyncScheduleRequest sync;
+  sync.set_trainer_id(a.handle.trainer_id);
+  sync.set_step(57);
+  sync.set_step_seconds(0.25);
+  sync.set_step_seconds_idle(0.2);
+  sync.set_step_seconds_persisting(0.3);
+  sync.add_missed_targets(40);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<ckptd::v1::Schedule> sched, a.agent->SyncSchedule(sync));
   ASSERT_TRUE(sched.has_value());
   EXPECT_EQ(sched->every_steps(), coordinator::CoordinatorOptions().every_steps);
   ckptd::v1::Heartbeat hb;
@@ -260,11 +266,20 @@ TEST_F(CoordinatedAgentTest, ProgressAndScheduleFlowThroughTheAgent) {
   ASSERT_EQ(hb.progress_size(), 1);
   EXPECT_EQ(hb.progress(0).step(), 57u);
   EXPECT_DOUBLE_EQ(hb.progress(0).step_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(hb.progress(0).step_seconds_idle(), 0.2);
+  EXPECT_DOUBLE_EQ(hb.progress(0).step_seconds_persisting(), 0.3);
   EXPECT_THAT(hb.progress(0).missed_targets(), ::testing::ElementsAre(40u));
   ckptd::v1::Heartbeat again;
   a.agent->FillHeartbeat(&again);
   EXPECT_TRUE(again.progress(0).missed_targets().empty());  // reported once
-  EXPECT_THAT(a.agent->SyncSchedule(999, 1, 1, {}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("999")));
+  // A nonsense time is not passed on; the last good one stays.
+  sync.set_step_seconds_persisting(-1);
+  CKPTD_ASSERT_OK(a.agent->SyncSchedule(sync).status());
+  ckptd::v1::Heartbeat third;
+  a.agent->FillHeartbeat(&third);
+  EXPECT_DOUBLE_EQ(third.progress(0).step_seconds_persisting(), 0.3);
+  sync.set_trainer_id(999);
+  EXPECT_THAT(a.agent->SyncSchedule(sync), StatusIs(absl::StatusCode::kNotFound, HasSubstr("999")));
 }
 
 TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {

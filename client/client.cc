@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -68,8 +69,13 @@ struct Client::Impl {
   // When the sync thread first failed to reach the agent (0: it reaches it).
   std::atomic<int64_t> unreachable_since_ns{0};
   std::atomic<double> step_seconds{0};
-  absl::Time last_step_time;  // training thread only
-  uint64_t last_step = 0;     // training thread only
+  // The same over steps with no snapshot of ours being persisted, and with one.
+  std::atomic<double> step_seconds_idle{0};
+  std::atomic<double> step_seconds_persisting{0};
+  absl::Time last_step_time;           // training thread only
+  uint64_t last_step = 0;              // training thread only
+  bool persisting_at_last_step = false;  // training thread only
+  absl::Duration snapshot_since_last_step;  // training thread only: time spent in Snapshot
   std::thread sync_thread;
   absl::Mutex sched_mu;
   std::optional<ckptd::v1::Schedule> schedule ABSL_GUARDED_BY(sched_mu);
@@ -80,6 +86,19 @@ struct Client::Impl {
   bool sync_stop ABSL_GUARDED_BY(sched_mu) = false;
 
   void SyncLoop();
+  // Whether a snapshot of ours is on its way to storage: a second hop, or a
+  // slot published or being persisted. Training thread only (it alone
+  // replaces the segment).
+  bool PersistInFlight() {
+    if (segment != nullptr) {
+      for (uint32_t s = 0; s < segment->slots(); ++s) {
+        const agent::SlotState st = segment->state(s);
+        if (st == agent::SlotState::kReady || st == agent::SlotState::kPersisting) return true;
+      }
+    }
+    absl::MutexLock l(&mu);
+    return hop_busy || hop_queued.has_value();
+  }
   // The sync thread has not reached the agent for at least `d`.
   bool UnreachableFor(absl::Duration d) const {
     const int64_t since = unreachable_since_ns.load();
@@ -321,6 +340,8 @@ void Client::Impl::SyncLoop() {
       req.set_trainer_id(sync_trainer_id.load());
       req.set_step(current_step.load());
       req.set_step_seconds(step_seconds.load());
+      req.set_step_seconds_idle(step_seconds_idle.load());
+      req.set_step_seconds_persisting(step_seconds_persisting.load());
       for (uint64_t m : missed_to_send) req.add_missed_targets(m);
     }
     // Not registered (the training thread registers again at its next call).
@@ -393,13 +414,24 @@ Client::~Client() {
 bool Client::ShouldSnapshot(uint64_t step) const {
   Impl& im = *impl_;
   const absl::Time now = absl::Now();
+  const bool persisting = im.PersistInFlight();
   if (step > im.last_step && im.last_step_time != absl::Time()) {
-    const double sample = absl::ToDoubleSeconds(now - im.last_step_time) / static_cast<double>(step - im.last_step);
-    const double old = im.step_seconds.load(std::memory_order_relaxed);
-    im.step_seconds.store(old == 0 ? sample : 0.9 * old + 0.1 * sample, std::memory_order_relaxed);
+    const double sample =
+        std::max(0.0, absl::ToDoubleSeconds(now - im.last_step_time - im.snapshot_since_last_step)) /
+        static_cast<double>(step - im.last_step);
+    auto mean = [sample](std::atomic<double>& m) {
+      const double old = m.load(std::memory_order_relaxed);
+      m.store(old == 0 ? sample : 0.9 * old + 0.1 * sample, std::memory_order_relaxed);
+    };
+    mean(im.step_seconds);
+    // A step counts as slowed by a persist when one was in flight at either
+    // end of it.
+    mean(persisting || im.persisting_at_last_step ? im.step_seconds_persisting : im.step_seconds_idle);
   }
   im.last_step = step;
   im.last_step_time = now;
+  im.persisting_at_last_step = persisting;
+  im.snapshot_since_last_step = absl::ZeroDuration();
   im.current_step.store(step, std::memory_order_relaxed);
   if (step == 0) return false;
   if (im.coordinated.load(std::memory_order_relaxed)) {
@@ -479,6 +511,9 @@ uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::mem
 absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   Impl& im = *impl_;
   const absl::Time t0 = absl::Now();
+  // The stall is a cost of its own: the step times that tell how much a
+  // persist slows training leave it out.
+  absl::Cleanup count_stall = [&im, t0] { im.snapshot_since_last_step += absl::Now() - t0; };
   absl::Duration slot_wait = im.options.slot_wait;
   if (im.two_hop) {
     // The previous second hop owns the spares and the copier until it ends.

@@ -425,6 +425,45 @@ TEST_F(ClientTest, TwoHopSnapshotReturnsAfterTheDeviceCopyAndRestoresExactly) {
   EXPECT_EQ(fake_.live(), 0);  // the spares are freed with the client
 }
 
+TEST_F(ClientTest, StepTimesWithAndWithoutAPersistInFlightReachTheAgentApart) {
+  State state;
+  ClientOptions o = TwoHopOptions();
+  o.sync_interval = absl::Milliseconds(10);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+  // Quick steps with nothing in flight.
+  for (uint64_t step = 1; step <= 4; ++step) {
+    (void)client->ShouldSnapshot(step);
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  // A snapshot whose second hop is held: the next steps are slow ones.
+  fake_.CloseGate();
+  CKPTD_ASSERT_OK(client->Snapshot(4).status());
+  for (uint64_t step = 5; step <= 20; ++step) {
+    (void)client->ShouldSnapshot(step);
+    absl::SleepFor(absl::Milliseconds(40));
+  }
+  fake_.OpenGate();
+  CKPTD_ASSERT_OK(client->WaitPersisted(4, absl::Seconds(30)));
+  (void)client->ShouldSnapshot(21);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ckptd::v1::RankProgress p;
+  while (absl::Now() < deadline) {
+    ckptd::v1::Heartbeat hb;
+    core_->FillHeartbeat(&hb);
+    ASSERT_EQ(hb.progress_size(), 1);
+    p = hb.progress(0);
+    if (p.step() == 21) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // The means move by a tenth of each sample: the slow ones started near the
+  // quick ones and have come most of the way to 40 ms.
+  ASSERT_EQ(p.step(), 21u);
+  EXPECT_GT(p.step_seconds_idle(), 0.0015);
+  EXPECT_LT(p.step_seconds_idle(), 0.02);
+  EXPECT_GT(p.step_seconds_persisting(), 0.025);
+  EXPECT_GT(p.step_seconds(), p.step_seconds_idle());  // over all steps
+}
+
 TEST_F(ClientTest, NextSnapshotWaitsForTheSecondHopOrSkipsWhenItOutlastsSlotWait) {
   State state;
   ClientOptions o = TwoHopOptions();
