@@ -87,4 +87,10 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%.1f %s", v, kUnits[u]);
 }
 
+const std::set<std::string>& CoordinatorValueFlags() {
+  static const std::set<std::string>* const flags =
+      new std::set<std::string>{"coordinator", "tls-ca", "tls-cert", "tls-key"};
+  return *flags;
+}
+
 }  // namespace ckptd::cli

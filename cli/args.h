@@ -43,6 +43,10 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// The flags of every command that talks to a live coordinator
+// (--coordinator HOST:PORT and mutual TLS; cli/remote.h), for Args::Parse.
+const std::set<std::string>& CoordinatorValueFlags();
+
 // "1.5 GiB", "12.0 MiB", "512 B".
 std::string HumanBytes(uint64_t bytes);
 

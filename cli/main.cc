@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/interval_commands.h"
+#include "cli/remote.h"
 #include "cli/offline_commands.h"
 #include "storage/posix_file_system.h"
 
@@ -15,9 +17,12 @@ const char kUsage[] =
     "commands:\n"
     "  inspect <shard file>   show the tensors, components, dtypes, sizes, chunks and codecs of a shard\n"
     "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
+    "  interval               the checkpoint interval for a failure rate and costs (or a live job's,\n"
+    "                         with --job and --coordinator), and its expected waste\n"
+    "  plan                   checkpoint size, stall, persist time and interval for a model and layout\n"
     "\n"
     "`ckptctl <command> --help` describes a command.\n"
-    "exit status: 0 success, 1 failure, 2 usage error\n";
+    "exit status: 0 success, 1 failure, 2 usage error, 3 the coordinator cannot be reached\n";
 
 }  // namespace
 
@@ -32,6 +37,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (command == "inspect") return ckptd::cli::RunInspect(fs.get(), args, std::cout, std::cerr);
   if (command == "verify") return ckptd::cli::RunVerify(fs.get(), args, std::cout, std::cerr);
+  if (command == "interval") return ckptd::cli::RunInterval(args, std::cout, std::cerr, ckptd::cli::FetchInterval);
+  if (command == "plan") return ckptd::cli::RunPlan(args, std::cout, std::cerr);
   std::cerr << "ckptctl: unknown command \"" << command << "\"\n\n" << kUsage;
   return ckptd::cli::kExitUsage;
 }

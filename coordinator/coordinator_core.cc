@@ -99,6 +99,8 @@ struct CoordinatorCore::Rank {
   uint64_t step = 0;
   absl::Time last_progress;
   double step_seconds = 0;
+  double step_seconds_idle = 0;        // with no persist of the rank in flight
+  double step_seconds_persisting = 0;  // with one
   uint64_t skipped = 0;
 };
 
@@ -108,6 +110,9 @@ struct CoordinatorCore::PendingStep {
   uint64_t incarnation = 0;
   std::map<uint32_t, ShardRef> shards;
   bool committing = false;
+  // The slowest rank's: what the step cost the job.
+  double max_stall = 0;
+  double max_persist = 0;
 };
 
 struct CoordinatorCore::RestoreRound {
@@ -133,6 +138,12 @@ struct CoordinatorCore::Job {
   bool timings_dirty = false;
   bool save_at_tick = false;
   absl::Time last_saved;
+  // The interval policy's measurements: per committed checkpoint the slowest
+  // rank's stall and persist time; per restart the time from the failure to
+  // the first step after it. `failed_at`: a restart is under way.
+  policy::RecentWindow stalls, persists, restarts;
+  std::optional<absl::Time> failed_at;
+  absl::Time last_decided;
 
   const std::string& name() const { return record.job(); }
   uint32_t world_size() const { return record.world_size(); }
@@ -152,6 +163,8 @@ struct CoordinatorCore::Effects {
     uint32_t world_size = 0;
     std::vector<ShardRef> shards;
     absl::Time last_report;
+    double stall = 0;    // the slowest rank's
+    double persist = 0;
   };
   std::vector<FailureEvent> events;
   std::vector<JobRecord> records;
@@ -187,6 +200,11 @@ absl::Status CoordinatorCore::Recover() {
     if (!storage::ValidateJobName(r.job()).ok() || r.world_size() == 0) continue;
     auto job = std::make_unique<Job>();
     job->record = r;
+    // The measurements themselves are not kept; their recent means seed the
+    // windows so that the policy need not wait for new ones.
+    if (r.stall_seconds() > 0) job->stalls.Push(r.stall_seconds());
+    if (r.persist_seconds() > 0) job->persists.Push(r.persist_seconds());
+    if (r.restart_seconds() > 0) job->restarts.Push(r.restart_seconds());
     if (job->record.schedule().state() == ckptd::v1::JOB_STATE_UNSPECIFIED) {
       job->record.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
     }
@@ -363,7 +381,21 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
         rank.step = p.step();
         rank.last_progress = now;
       }
-      if (p.step_seconds() > 0 && std::isfinite(p.step_seconds())) rank.step_seconds = p.step_seconds();
+      auto keep = [](double v, double& into) {
+        if (v > 0 && std::isfinite(v)) into = v;
+      };
+      keep(p.step_seconds(), rank.step_seconds);
+      keep(p.step_seconds_idle(), rank.step_seconds_idle);
+      keep(p.step_seconds_persisting(), rank.step_seconds_persisting);
+      if (job->failed_at && job->record.schedule().state() == ckptd::v1::JOB_RUNNING && job->round &&
+          (job->round->go || !job->round->step) && p.step() > job->round->step.value_or(0)) {
+        // The first step past the restored one: the restart is over.
+        const double r = absl::ToDoubleSeconds(now - *job->failed_at);
+        job->restarts.Push(r);
+        job->record.set_restart_seconds(Ewma(job->record.restart_seconds(), r));
+        job->failed_at.reset();
+        job->timings_dirty = true;
+      }
       rank.skipped = p.snapshots_skipped();
       JobRecord& rec = job->record;
       if (p.step_seconds() > 0) rec.set_step_seconds(Ewma(rec.step_seconds(), p.step_seconds()));
@@ -454,6 +486,8 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, con
   ShardRef ref = report.shard();
   ref.set_file(storage::ShardFileName(rank));  // never a client-supplied path
   p.shards[rank] = ref;
+  p.max_stall = std::max(p.max_stall, report.stall_seconds());
+  p.max_persist = std::max(p.max_persist, ref.persist_seconds());
   JobRecord& rec = job->record;
   rec.set_stall_seconds(Ewma(rec.stall_seconds(), report.stall_seconds()));
   rec.set_persist_seconds(Ewma(rec.persist_seconds(), ref.persist_seconds()));
@@ -467,6 +501,8 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, con
   task.world_size = job->world_size();
   for (const auto& [r, s] : p.shards) task.shards.push_back(s);
   task.last_report = now;
+  task.stall = p.max_stall;
+  task.persist = p.max_persist;
   fx->commits.push_back(std::move(task));
   return true;
 }
@@ -561,6 +597,9 @@ void CoordinatorCore::Restart(Job* job) {
   ckptd::v1::Schedule* s = job->record.mutable_schedule();
   if (s->state() == ckptd::v1::JOB_RESTARTING) return;
   s->set_state(ckptd::v1::JOB_RESTARTING);
+  // One failure per restart, however many ranks it took down.
+  job->record.set_failures(job->record.failures() + 1);
+  job->failed_at = clock_->Now();
   // Targets of manual checkpoints belong to the run that failed.
   s->clear_extra_steps();
   ChangeSchedule(job);
@@ -624,6 +663,11 @@ void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
   for (uint64_t step : stale) AbortPending(job, step, "the job restarted from an earlier step", fx);
   job->round = round;
   ckptd::v1::Schedule* s = job->record.mutable_schedule();
+  // Every rank starts over from the plan's step with the schedule it fetches
+  // then: the rule may count from the start again (same phase), so that a
+  // restore to an older step is not left without checkpoints until the start
+  // of an interval that the policy set ahead of the old run.
+  if (s->every_steps() > 0) s->set_start_step(s->start_step() % s->every_steps());
   s->set_incarnation(s->incarnation() + 1);
   s->set_state(ckptd::v1::JOB_RUNNING);
   ChangeSchedule(job);
@@ -737,6 +781,168 @@ absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestChe
   return response;
 }
 
+struct CoordinatorCore::IntervalView {
+  ckptd::v1::IntervalStatus status;
+  std::optional<policy::IntervalInputs> inputs;
+  std::optional<policy::IntervalDecision> decision;
+};
+
+namespace {
+
+// The median of the positive values (0 when there is none).
+double MedianOfPositive(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return !(x > 0) || !std::isfinite(x); });
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+CoordinatorCore::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
+  IntervalView view;
+  ckptd::v1::IntervalStatus& st = view.status;
+  st.set_job(job.name());
+  st.set_automatic(options_.interval_automatic);
+  st.set_every_steps(job.record.schedule().every_steps());
+  st.set_gpus(job.world_size());
+  // The failure rate is the cluster's: every job's failures over every job's
+  // GPU-hours.
+  uint64_t failures = 0;
+  double gpu_seconds = 0;
+  for (const auto& [name, j] : jobs_) {
+    failures += j->record.failures();
+    gpu_seconds += j->record.gpu_seconds();
+  }
+  st.set_failures(failures);
+  st.set_exposure_gpu_hours(gpu_seconds / 3600);
+  st.set_prior_per_gpu_hour(options_.failure_prior.mean_per_gpu_hour);
+  st.set_prior_shape(options_.failure_prior.shape);
+  const policy::FailureRateEstimate rate = policy::EstimateFailureRate(
+      options_.failure_prior, static_cast<int64_t>(failures), st.exposure_gpu_hours(), 0.9);
+  st.set_rate_per_gpu_hour(rate.mean);
+  st.set_rate_lower(rate.lower);
+  st.set_rate_upper(rate.upper);
+  st.set_credible(rate.credible);
+  st.set_mtbf_seconds(policy::JobMtbfSeconds(rate.mean, static_cast<int>(job.world_size())));
+  std::vector<double> idle, persisting;
+  for (const auto& [r, rank] : job.ranks) {
+    if (!rank.alive) continue;
+    idle.push_back(rank.step_seconds_idle);
+    persisting.push_back(rank.step_seconds_persisting);
+  }
+  const double step_idle = MedianOfPositive(idle);
+  const double step_persisting = MedianOfPositive(persisting);
+  st.set_step_seconds(step_idle > 0 ? step_idle : job.record.step_seconds());
+  st.set_step_seconds_persisting(step_persisting);
+  st.set_checkpoints_measured(static_cast<uint32_t>(job.stalls.size()));
+  st.set_restarts_measured(static_cast<uint32_t>(job.restarts.size()));
+  const double stall = job.stalls.empty() ? 0 : job.stalls.Median();
+  const double persist = job.persists.empty() ? 0 : job.persists.Median();
+  // Steps during a persist run slower by (1 - idle/persisting) of their time,
+  // for as long as the persist lasts.
+  const double slowdown =
+      step_idle > 0 && step_persisting > step_idle ? persist * (1 - step_idle / step_persisting) : 0;
+  st.set_stall_seconds(stall);
+  st.set_persist_seconds(persist);
+  st.set_slowdown_seconds(slowdown);
+  // A cost measured as zero (a clock too coarse) is still a cost.
+  st.set_cost_seconds(std::max(stall + slowdown, 1e-6));
+  st.set_restart_assumed(job.restarts.empty());
+  st.set_restart_seconds(job.restarts.empty() ? absl::ToDoubleSeconds(options_.restart_guess)
+                                              : job.restarts.Median());
+  st.set_min_interval_seconds(absl::ToDoubleSeconds(options_.min_interval));
+  st.set_max_interval_seconds(absl::ToDoubleSeconds(options_.max_interval));
+  st.set_alternative_seconds(absl::ToDoubleSeconds(options_.alternative_interval));
+  if (!options_.interval_automatic) {
+    st.set_reason(absl::StrCat("fixed interval of ", st.every_steps(), " steps (--every)"));
+  }
+  if (job.stalls.empty()) {
+    st.set_waiting_for("a committed checkpoint, to measure its stall and persist time");
+    return view;
+  }
+  if (st.step_seconds() <= 0) {
+    st.set_waiting_for("step times from the ranks");
+    return view;
+  }
+  policy::IntervalInputs in;
+  in.mtbf_s = st.mtbf_seconds();
+  in.delta_s = st.cost_seconds();
+  in.persist_s = persist;
+  in.restart_s = st.restart_seconds();
+  in.step_s = st.step_seconds();
+  in.min_interval_s = st.min_interval_seconds();
+  in.max_interval_s = st.max_interval_seconds();
+  in.alternative_s = st.alternative_seconds();
+  absl::StatusOr<policy::IntervalDecision> d = policy::DecideInterval(in);
+  if (!d.ok()) {
+    st.set_waiting_for(std::string(d.status().message()));
+    return view;
+  }
+  st.set_daly_seconds(d->daly_s);
+  st.set_interval_seconds(d->interval_s);
+  st.set_interval_steps(d->interval_steps);
+  st.set_expected_waste(d->expected_waste);
+  st.set_alternative_waste(d->alternative_waste);
+  if (options_.interval_automatic) st.set_reason(d->reason);
+  st.set_decided(true);
+  view.inputs = in;
+  view.decision = *std::move(d);
+  return view;
+}
+
+void CoordinatorCore::DecideInterval(Job* job) {
+  IntervalView v = IntervalFor(*job);
+  if (!v.decision) return;
+  const uint64_t current = job->record.schedule().every_steps();
+  if (policy::ShouldChangeInterval(current, *v.decision, *v.inputs, options_.hysteresis)) {
+    Reschedule(job, v.decision->interval_steps);
+  }
+}
+
+void CoordinatorCore::Reschedule(Job* job, uint64_t every_steps) {
+  ckptd::v1::Schedule* s = job->record.mutable_schedule();
+  uint64_t fastest = 0;
+  for (const auto& [r, rank] : job->ranks) fastest = std::max(fastest, rank.step);
+  // The new rule starts where every rank has heard of it. Until then a rank
+  // may still follow the old one, so the old rule's targets before that step
+  // stay as one-off targets: every rank snapshots the same steps either way.
+  const uint64_t start = fastest + ManualLead(*job);
+  std::vector<uint64_t> extras;
+  for (uint64_t e : s->extra_steps()) {
+    if (e > fastest) extras.push_back(e);
+  }
+  if (s->every_steps() > 0) {
+    const uint64_t every = s->every_steps();
+    uint64_t next = fastest + 1;
+    if (next < s->start_step()) {
+      next = s->start_step();
+    } else {
+      next += (every - (next - s->start_step()) % every) % every;
+    }
+    for (; next < start && extras.size() < 64; next += every) {
+      if (std::find(extras.begin(), extras.end(), next) == extras.end()) extras.push_back(next);
+    }
+  }
+  s->mutable_extra_steps()->Assign(extras.begin(), extras.end());
+  s->set_start_step(start);
+  s->set_every_steps(every_steps);
+  ChangeSchedule(job);
+}
+
+absl::StatusOr<ckptd::v1::IntervalStatus> CoordinatorCore::GetInterval(const ckptd::v1::GetIntervalRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  absl::MutexLock l(&mu_);
+  const Job* job = FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+  IntervalView v = IntervalFor(*job);
+  if (job->last_decided != absl::Time()) {
+    v.status.set_decided_unix_nanos(absl::ToUnixNanos(job->last_decided));
+  }
+  return v.status;
+}
+
 void CoordinatorCore::SaveJob(Job* job, Effects* fx) {
   const absl::Time now = clock_->Now();
   if (!job->dirty && !(job->timings_dirty && now - job->last_saved >= kTimingsSaveInterval)) return;
@@ -809,6 +1015,11 @@ void CoordinatorCore::Tick() {
       }
       job->timings_dirty |= elapsed > 0 && alive > 0;
       job->dirty |= std::exchange(job->save_at_tick, false);
+      if (options_.interval_automatic && job->record.schedule().state() == ckptd::v1::JOB_RUNNING && alive > 0 &&
+          now - job->last_decided >= options_.decide_every) {
+        job->last_decided = now;
+        DecideInterval(job.get());
+      }
       SaveJob(job.get(), &fx);
     }
   }
@@ -904,6 +1115,8 @@ void CoordinatorCore::Apply(Effects& fx) {
       }
       job->pending.erase(task.step);
       job->committed.insert(task.step);
+      job->stalls.Push(task.stall);
+      job->persists.Push(task.persist);
       job->record.set_checkpoints_committed(job->record.checkpoints_committed() + 1);
       ++counters_.committed;
       job->dirty = true;

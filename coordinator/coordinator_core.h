@@ -23,6 +23,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/schedule.h"
 #include "coordinator/state_store.h"
+#include "policy/interval_policy.h"
 #include "storage/store.h"
 
 namespace ckptd::coordinator {
@@ -35,8 +36,22 @@ struct CoordinatorOptions {
   // job's step time) is hung.
   double hang_multiple = 20;
   absl::Duration hang_floor = absl::Seconds(60);
-  // The checkpoint interval in steps until an interval policy sets it.
+  // The checkpoint interval in steps: always (interval_automatic false), or
+  // until the interval policy has measured what it needs (docs/interval.md).
   uint64_t every_steps = 100;
+  // The interval policy: Daly's optimum for the job's MTBF (from the failure
+  // rate observed over GPU-hours, with `failure_prior`) and its measured
+  // checkpoint cost, within [min_interval, max_interval] (zero: no bound),
+  // never shorter than the persist time, changed only past `hysteresis`
+  // (relative). Decided every `decide_every`.
+  bool interval_automatic = true;
+  policy::FailurePrior failure_prior;
+  absl::Duration min_interval = absl::Seconds(10);
+  absl::Duration max_interval = absl::Hours(6);
+  absl::Duration alternative_interval = absl::Minutes(30);  // reported beside the decision
+  absl::Duration restart_guess = absl::Minutes(5);          // R until a restart is measured
+  double hysteresis = 0.2;
+  absl::Duration decide_every = absl::Seconds(10);
   // A step still incomplete this long after its first shard is aborted.
   absl::Duration step_deadline = absl::Minutes(30);
   // Committed steps kept per job (at least 1; quarantined steps are extra).
@@ -91,6 +106,7 @@ class CoordinatorCore {
       const ckptd::v1::RequestCheckpointRequest& request);
   ckptd::v1::GetClusterStatusResponse ClusterStatus();
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
+  absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& request);
   CoordinatorCounters Counters();
 
   // Periodic work (the service calls it a few times per heartbeat interval):
@@ -125,6 +141,14 @@ class CoordinatorCore {
   void ChangeSchedule(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The interval policy for `job` with what has been measured so far: the
+  // status to show, and (when every input is known) the decision.
+  struct IntervalView;
+  IntervalView IntervalFor(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves the job to the policy's interval when it differs enough.
+  void DecideInterval(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new every_steps from a step ahead of every rank (see .cc).
+  void Reschedule(Job* job, uint64_t every_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Carries out `fx` (commits, removals, database writes); no lock held.
   void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
   void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);

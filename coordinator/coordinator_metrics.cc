@@ -43,6 +43,24 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
   CKPTD_ASSIGN_OR_RETURN(m->interval_steps_,
                          r.AddGauge("ckptd_job_checkpoint_interval_steps",
                                     "Steps between scheduled checkpoints (the schedule's every_steps).", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->interval_seconds_,
+                         r.AddGauge("ckptd_job_checkpoint_interval_seconds",
+                                    "The interval policy's choice: compute time between checkpoints.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->expected_waste_,
+                         r.AddGauge("ckptd_job_expected_waste_ratio",
+                                    "Expected fraction of time lost to checkpoints and failures, at the chosen "
+                                    "interval and at the alternative one.",
+                                    {"job", "interval"}));
+  CKPTD_ASSIGN_OR_RETURN(m->mtbf_,
+                         r.AddGauge("ckptd_job_mtbf_seconds", "Estimated mean time between failures of the job.",
+                                    {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->cost_, r.AddGauge("ckptd_job_checkpoint_cost_seconds",
+                                              "Measured cost of a checkpoint: stall plus slowdown while persisting.",
+                                              {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->failure_rate_,
+                         r.AddGauge("ckptd_failure_rate_per_gpu_hour",
+                                    "Estimated failure rate per GPU-hour: posterior mean and 90% credible bounds.",
+                                    {"bound"}));
   CKPTD_ASSIGN_OR_RETURN(m->committed_, r.AddCounter("ckptd_checkpoints_committed_total",
                                                      "Global checkpoints committed (manifest written).", {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->aborted_,
@@ -94,6 +112,22 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
       newest_committed_->Remove({job});
     }
     interval_steps_->With({job})->Set(static_cast<double>(j.schedule().every_steps()));
+    ckptd::v1::GetIntervalRequest req;
+    req.set_job(job);
+    absl::StatusOr<ckptd::v1::IntervalStatus> iv = core->GetInterval(req);
+    if (iv.ok()) {
+      // The failure rate is the cluster's: any job's status carries it.
+      failure_rate_->With({"mean"})->Set(iv->rate_per_gpu_hour());
+      failure_rate_->With({"lower"})->Set(iv->rate_lower());
+      failure_rate_->With({"upper"})->Set(iv->rate_upper());
+      mtbf_->With({job})->Set(iv->mtbf_seconds());
+    }
+    if (iv.ok() && iv->decided()) {
+      interval_seconds_->With({job})->Set(iv->interval_seconds());
+      expected_waste_->With({job, "chosen"})->Set(iv->expected_waste());
+      expected_waste_->With({job, "alternative"})->Set(iv->alternative_waste());
+      cost_->With({job})->Set(iv->cost_seconds());
+    }
     TopUp(committed_->With({job}), static_cast<double>(j.checkpoints_committed()));
     TopUp(aborted_->With({job}), static_cast<double>(j.checkpoints_aborted()));
   }

@@ -54,6 +54,11 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::GaugeFamily* job_step_ = nullptr;
   metrics::GaugeFamily* newest_committed_ = nullptr;
   metrics::GaugeFamily* interval_steps_ = nullptr;
+  metrics::GaugeFamily* interval_seconds_ = nullptr;
+  metrics::GaugeFamily* expected_waste_ = nullptr;
+  metrics::GaugeFamily* mtbf_ = nullptr;
+  metrics::GaugeFamily* cost_ = nullptr;
+  metrics::GaugeFamily* failure_rate_ = nullptr;
   metrics::CounterFamily* committed_ = nullptr;
   metrics::CounterFamily* aborted_ = nullptr;
   metrics::HistogramFamily* stall_ = nullptr;

@@ -179,6 +179,48 @@ TEST_F(CoordinatorMetricsTest, JobWithoutCommitHasNoNewestStep) {
   EXPECT_THAT(text, Not(HasSubstr("ckptd_job_newest_committed_step{")));
 }
 
+TEST_F(CoordinatorMetricsTest, TheIntervalPolicysDecisionAndItsInputsAreExported) {
+  Register("node-a", 0);
+  Register("node-b", 1);
+  std::string text = registry_->Render();
+  // Before any measurement: the rate and MTBF from the prior, no decision yet.
+  EXPECT_THAT(text, HasSubstr("ckptd_failure_rate_per_gpu_hour{bound=\"mean\"} 3e-06"));
+  EXPECT_THAT(text, HasSubstr("ckptd_job_mtbf_seconds{job=\"llm\"} 600000000"));  // 1/(2 GPUs x 3e-6/h)
+  EXPECT_THAT(text, Not(HasSubstr("ckptd_job_checkpoint_interval_seconds{")));
+  for (const auto& [node, rank] : {std::pair<std::string, uint32_t>{"node-a", 0}, {"node-b", 1}}) {
+    ckptd::v1::Heartbeat hb;
+    hb.set_node_id(node);
+    hb.set_session(sessions_[node]);
+    ckptd::v1::RankInfo* info = hb.add_ranks();
+    info->set_job(kJob);
+    info->set_rank(rank);
+    info->set_world_size(2);
+    info->set_pid(100 + static_cast<int>(rank));
+    ckptd::v1::RankProgress* p = hb.add_progress();
+    p->set_job(kJob);
+    p->set_rank(rank);
+    p->set_step(9);
+    p->set_step_seconds(0.5);
+    p->set_step_seconds_idle(0.5);
+    p->set_step_seconds_persisting(0.5);
+    CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  }
+  ASSERT_THAT(Shard("node-a", 10, 0, 0.25, 2).status(), IsOk());
+  ASSERT_THAT(Shard("node-b", 10, 1, 0.5, 4).status(), IsOk());
+  text = registry_->Render();
+  ckptd::v1::GetIntervalRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::IntervalStatus st, core_->GetInterval(req));
+  ASSERT_TRUE(st.decided()) << st.waiting_for();
+  EXPECT_DOUBLE_EQ(st.cost_seconds(), 0.5);  // the slower rank's stall, no slowdown
+  EXPECT_THAT(text, HasSubstr("ckptd_job_checkpoint_cost_seconds{job=\"llm\"} 0.5\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_checkpoint_interval_seconds{job=\"llm\"} ",
+                                           metrics::FormatValue(st.interval_seconds()), "\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_expected_waste_ratio{job=\"llm\",interval=\"chosen\"} ",
+                                           metrics::FormatValue(st.expected_waste()), "\n")));
+  EXPECT_THAT(text, HasSubstr("ckptd_job_expected_waste_ratio{job=\"llm\",interval=\"alternative\"} "));
+}
+
 TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {
   const std::string promtool = FindOnPath("promtool");
   if (promtool.empty()) {

@@ -176,6 +176,12 @@ grpc::ServerUnaryReactor* CoordinatorService::ListEvents(grpc::CallbackServerCon
   return FinishWith(ctx, core_->ListEvents(*req), resp);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetInterval(grpc::CallbackServerContext* ctx,
+                                                          const ckptd::v1::GetIntervalRequest* req,
+                                                          ckptd::v1::IntervalStatus* resp) {
+  return FinishWith(ctx, core_->GetInterval(*req), resp);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                                                 const ckptd::v1::RequestCheckpointRequest* req,
                                                                 ckptd::v1::RequestCheckpointResponse* resp) {

@@ -58,6 +58,8 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
                                              ckptd::v1::GetClusterStatusResponse* resp) override;
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx, const ckptd::v1::ListEventsRequest* req,
                                        ckptd::v1::ListEventsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetInterval(grpc::CallbackServerContext* ctx, const ckptd::v1::GetIntervalRequest* req,
+                                        ckptd::v1::IntervalStatus* resp) override;
   // Needs the operator token.
   grpc::ServerUnaryReactor* RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                               const ckptd::v1::RequestCheckpointRequest* req,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "cli/args.h"
@@ -30,7 +31,10 @@ namespace {
 const char kUsage[] =
     "usage: ckptd-coordinator --listen <host:port> --storage-root <dir> --state-dir <dir>\n"
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
-    "                         [--node-lost-after 5s] [--hang-floor 60s] [--every N] [--keep N]\n"
+    "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
+    "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
+    "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--restart-guess 5m]\n"
+    "                         [--alternative-interval 30m] [--interval-hysteresis 0.2]\n"
     "                         [--step-deadline 30m] [--operator-token-file F]\n"
     "                         [--tls-cert F --tls-key F --tls-ca F]\n"
     "\n"
@@ -46,7 +50,20 @@ const char kUsage[] =
     "  --heartbeat-interval <d>    how often agents send heartbeats (default 1s)\n"
     "  --node-lost-after <d>       heartbeat silence after which a node is lost (default 5s)\n"
     "  --hang-floor <d>            least time without step progress before a rank is hung (default 60s)\n"
-    "  --every N                   checkpoint every N steps (default 100)\n"
+    "  --every N                   a fixed interval: checkpoint every N steps, always (turns the\n"
+    "                              interval policy off)\n"
+    "  --initial-every N           without --every: the interval until the policy has measured a\n"
+    "                              checkpoint (default 100 steps)\n"
+    "  --min-interval <d>          the policy's bounds on the interval (defaults 10s and 6h; 0: none).\n"
+    "  --max-interval <d>          The persist time is a floor above both.\n"
+    "  --failure-rate <rate>       prior mean of the failure rate, per GPU-hour (default 3e-6)\n"
+    "  --failure-prior-weight <n>  the prior's weight in failures (default 1): the estimate moves\n"
+    "                              from the prior to the failures observed as they outweigh it\n"
+    "  --restart-guess <d>         restart cost assumed until one is measured (default 5m)\n"
+    "  --alternative-interval <d>  the interval reported beside the policy's for comparison\n"
+    "                              (default 30m)\n"
+    "  --interval-hysteresis <f>   change the interval only when it moves by more than this\n"
+    "                              fraction (default 0.2) and lowers the expected waste\n"
     "  --keep N                    committed steps kept per job (default 2)\n"
     "  --step-deadline <d>         a step still incomplete this long after its first shard\n"
     "                              is aborted (default 30m)\n"
@@ -86,7 +103,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<Args> args = Args::Parse(
       argv_list,
       {"listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
-       "every", "keep", "step-deadline", "operator-token-file", "tls-cert", "tls-key", "tls-ca"},
+       "every", "initial-every", "keep", "step-deadline", "operator-token-file", "tls-cert", "tls-key", "tls-ca",
+       "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "restart-guess", "alternative-interval",
+       "interval-hysteresis"},
       {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
@@ -117,7 +136,9 @@ int main(int argc, char** argv) {
   for (const DurationFlag& f : {DurationFlag{"heartbeat-interval", &options.heartbeat_interval},
                                 DurationFlag{"node-lost-after", &options.node_lost_after},
                                 DurationFlag{"hang-floor", &options.hang_floor},
-                                DurationFlag{"step-deadline", &options.step_deadline}}) {
+                                DurationFlag{"step-deadline", &options.step_deadline},
+                                DurationFlag{"restart-guess", &options.restart_guess},
+                                DurationFlag{"alternative-interval", &options.alternative_interval}}) {
     std::optional<std::string> v = args->Get(f.name);
     if (!v) continue;
     absl::Duration d;
@@ -126,18 +147,50 @@ int main(int argc, char** argv) {
     }
     *f.value = d;
   }
+  // Bounds: 0 turns one off.
+  for (const DurationFlag& f : {DurationFlag{"min-interval", &options.min_interval},
+                                DurationFlag{"max-interval", &options.max_interval}}) {
+    std::optional<std::string> v = args->Get(f.name);
+    if (!v) continue;
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return usage(absl::StrCat("--", f.name, ": \"", *v, "\" is not a duration (e.g. 30s, 2h; 0 for no bound)"));
+    }
+    *f.value = d;
+  }
+  if (options.max_interval > absl::ZeroDuration() && options.min_interval > options.max_interval) {
+    return usage("--min-interval is longer than --max-interval");
+  }
+  struct RealFlag {
+    const char* name;
+    double* value;
+    double low, high;  // exclusive, inclusive
+  };
+  for (const RealFlag& f : {RealFlag{"failure-rate", &options.failure_prior.mean_per_gpu_hour, 0, 1e3},
+                            RealFlag{"failure-prior-weight", &options.failure_prior.shape, 0, 1e6},
+                            RealFlag{"interval-hysteresis", &options.hysteresis, 0, 10}}) {
+    std::optional<std::string> v = args->Get(f.name);
+    if (!v) continue;
+    double x = 0;
+    if (!absl::SimpleAtod(*v, &x) || !(x > f.low) || !(x <= f.high)) {
+      return usage(absl::StrCat("--", f.name, ": \"", *v, "\" is not a number in (", f.low, ", ", f.high, "]"));
+    }
+    *f.value = x;
+  }
   if (options.heartbeat_interval < absl::Milliseconds(1)) return usage("--heartbeat-interval must be at least 1ms");
   if (options.node_lost_after <= options.heartbeat_interval) {
     return usage("--node-lost-after must be longer than --heartbeat-interval");
   }
-  for (const char* flag : {"every", "keep"}) {
+  if (args->Has("every") && args->Has("initial-every")) return usage("--every and --initial-every exclude each other");
+  options.interval_automatic = !args->Has("every");
+  for (const char* flag : {"every", "initial-every", "keep"}) {
     absl::StatusOr<std::optional<uint64_t>> v = args->GetUint(flag);
     if (!v.ok()) return usage(std::string(v.status().message()));
     if (!*v) continue;
     if (**v == 0 || **v > (std::string(flag) == "keep" ? 1'000'000u : uint64_t{1} << 40)) {
       return usage(absl::StrCat("--", flag, " must be a positive integer of sensible size"));
     }
-    if (std::string(flag) == "every") options.every_steps = **v;
+    if (std::string(flag) != "keep") options.every_steps = **v;
     if (std::string(flag) == "keep") options.keep_last = static_cast<int>(**v);
   }
 

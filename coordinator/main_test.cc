@@ -329,7 +329,10 @@ TEST_F(CoordinatorBinaryTest, HelpNamesEveryFlag) {
   EXPECT_EQ(code, 0);
   for (const char* flag : {"--listen", "--storage-root", "--state-dir", "--metrics-listen", "--heartbeat-interval",
                            "--node-lost-after", "--hang-floor", "--every", "--keep", "--step-deadline",
-                           "--operator-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--help"}) {
+                           "--operator-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--help",
+                           "--initial-every", "--min-interval", "--max-interval", "--failure-rate",
+                           "--failure-prior-weight", "--restart-guess", "--alternative-interval",
+                           "--interval-hysteresis"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -350,6 +353,24 @@ TEST_F(CoordinatorBinaryTest, BadCommandLinesExitWithUsage) {
   auto [every, out5] = RunToEnd(Flags({"--every", "0"}));
   EXPECT_EQ(every, 2);
   EXPECT_THAT(out5, HasSubstr("--every"));
+  struct Case {
+    std::vector<std::string> flags;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--initial-every", "7"}, "--every and --initial-every exclude each other"},  // Flags() has --every
+           {{"--failure-rate", "-1"}, "--failure-rate: \"-1\" is not a number in (0, 1000]"},
+           {{"--failure-rate", "nan"}, "--failure-rate: \"nan\" is not a number"},
+           {{"--failure-prior-weight", "0"}, "--failure-prior-weight: \"0\" is not a number"},
+           {{"--interval-hysteresis", "x"}, "--interval-hysteresis: \"x\" is not a number"},
+           {{"--min-interval", "2h", "--max-interval", "1h"}, "--min-interval is longer than --max-interval"},
+           {{"--max-interval", "-1s"}, "--max-interval: \"-1s\" is not a duration"},
+           {{"--restart-guess", "0s"}, "--restart-guess: \"0s\" is not a positive duration"},
+       }) {
+    auto [code, out] = RunToEnd(Flags(c.flags));
+    EXPECT_EQ(code, 2) << c.message;
+    EXPECT_THAT(out, HasSubstr(c.message));
+  }
 }
 
 TEST_F(CoordinatorBinaryTest, StateThatIsNotADatabaseFailsClearly) {

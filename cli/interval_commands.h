@@ -1,0 +1,82 @@
+// ckptctl interval and ckptctl plan: the checkpoint-interval policy explained
+// from given inputs, and the capacity planner. Both work offline; the
+// rendering of an interval decision (table, JSON, SVG) takes an IntervalReport
+// so that a live mode that fills one from the coordinator prints the same way.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <functional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "cli/args.h"
+#include "policy/interval_policy.h"
+#include "policy/sizing.h"
+
+namespace ckptd::cli {
+
+// One interval decision and what it came from.
+struct IntervalReport {
+  policy::IntervalInputs inputs;
+  policy::IntervalDecision decision;
+  // Live mode only; empty, 0 and absent offline. `rate` is the failure-rate
+  // estimate inputs.mtbf_s came from, with the failures seen and the exposure
+  // (GPU-hours) it was computed over.
+  std::string job;
+  int gpus = 0;
+  std::optional<policy::FailureRateEstimate> rate;
+  // Live mode: the coordinator's whole answer (schedule in force, how δ splits
+  // into stall and slowdown, whether R is measured or assumed, samples).
+  std::optional<ckptd::v1::IntervalStatus> live;
+};
+
+// The report for a live status that has a decision (status.decided()).
+IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& status);
+
+// How live mode asks the coordinator (cli/remote.h: FetchInterval); tests
+// pass a fake.
+using IntervalFetcher = std::function<absl::StatusOr<ckptd::v1::IntervalStatus>(const Args&, const std::string& job)>;
+
+// Every input and output, one per line, times in seconds and a readable unit,
+// waste in %.
+void PrintIntervalTable(const IntervalReport& report, std::ostream& out);
+// One JSON object: the inputs (mtbf_seconds, cost_seconds, persist_seconds,
+// restart_seconds, step_seconds, min_seconds, max_seconds, alternative_seconds)
+// and outputs (daly_seconds, interval_seconds, interval_steps, expected_waste,
+// alternative_waste as fractions, reason); live fields when present. Unknown
+// or unset values (step time, bounds, steps) are null.
+std::string IntervalJson(const IntervalReport& report);
+// A self-contained SVG of W(τ) over a log-scale τ axis with the chosen
+// interval (element id "chosen"), the alternative ("alternative") and, where
+// it differs from the chosen one, Daly's optimum ("daly") marked.
+std::string WasteCurveSvg(const IntervalReport& report);
+
+void PrintPlanTable(const policy::PlanInputs& inputs, const policy::Plan& plan, std::ostream& out);
+std::string PlanJson(const policy::PlanInputs& inputs, const policy::Plan& plan);
+
+// A parameter count: a plain number ("7000000000", "7e9") or one with a
+// decimal suffix K, M, B or T (any case): "350M", "7B", "1.5T".
+// kInvalidArgument naming the text unless positive and finite.
+absl::StatusOr<double> ParseParameterCount(absl::string_view text);
+
+// ckptctl interval --mtbf-hours M --cost-seconds δ [...]; see kIntervalHelp.
+// Returns an ExitCode (cli/args.h): 0, 1 when the SVG cannot be written, 2 on
+// a usage error (message naming the flag and value on `err`).
+// With --job J --coordinator HOST:PORT (live mode) the figures come from
+// `fetch`; an empty one makes live mode a usage error. Exit 3 when the
+// coordinator cannot be reached, 1 when it has no such job.
+int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
+                const IntervalFetcher& fetch = {});
+
+// ckptctl plan --params N --gpus G [...]; see kPlanHelp. Returns an ExitCode.
+int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+
+extern const char kIntervalHelp[];
+extern const char kPlanHelp[];
+
+}  // namespace ckptd::cli

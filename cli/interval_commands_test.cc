@@ -1,0 +1,462 @@
+#include "cli/interval_commands.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "cli/args.h"
+#include "cli/testing_json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/interval_policy.h"
+
+namespace ckptd::cli {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::EndsWith;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+using ::ckptd::testing::IsValidJson;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+Result Interval(const std::vector<std::string>& argv, const IntervalFetcher& fetch = {}) {
+  std::ostringstream out, err;
+  Result r;
+  r.code = RunInterval(argv, out, err, fetch);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+Result Plan(const std::vector<std::string>& argv) {
+  std::ostringstream out, err;
+  Result r;
+  r.code = RunPlan(argv, out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+// The number after "key": in a flat JSON object; NaN when absent or not a number.
+double JsonNumber(absl::string_view json, absl::string_view key) {
+  const std::string needle = absl::StrCat("\"", key, "\":");
+  const size_t at = json.find(needle);
+  if (at == absl::string_view::npos) return std::nan("");
+  absl::string_view rest = json.substr(at + needle.size());
+  const size_t end = rest.find_first_of(",}");
+  double v = 0;
+  if (!absl::SimpleAtod(rest.substr(0, end), &v)) return std::nan("");
+  return v;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// ------------------------------------------------------------------ interval
+
+TEST(IntervalCommandTest, TableShowsInputsAndDecision) {
+  Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--step-seconds", "10", "--restart-seconds",
+                       "600", "--persist-seconds", "120"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_THAT(r.out, AllOf(HasSubstr("MTBF M"), HasSubstr("86400 s (24.00 h)"), HasSubstr("checkpoint cost δ"),
+                           HasSubstr("300.0 s (5.0 min)"), HasSubstr("persist time P"), HasSubstr("120.0 s"),
+                           HasSubstr("restart cost R"), HasSubstr("600.0 s (10.0 min)"), HasSubstr("step time"),
+                           HasSubstr("10.0 s"), HasSubstr("alternative interval"), HasSubstr("1800 s (30.0 min)")));
+  // τ = 7001.4 s, 700 steps of 10 s; W = 300/7001 + (3501 + 600)/86400 = 9.03 %.
+  EXPECT_THAT(r.out, AllOf(HasSubstr("Daly optimum τ"), HasSubstr("7001 s (116.7 min)"),
+                           HasSubstr("every 700 steps"), HasSubstr("reason"), HasSubstr("Daly optimum"),
+                           HasSubstr("9.03 %"), HasSubstr("18.4 %")));
+}
+
+TEST(IntervalCommandTest, JsonCarriesInputsAndOutputs) {
+  Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  // The anchor: δ = 300 s, M = 24 h → τ ≈ 7000 s.
+  EXPECT_NEAR(JsonNumber(r.out, "interval_seconds"), 7000, 70);
+  EXPECT_NEAR(JsonNumber(r.out, "daly_seconds"), 7001.39, 0.01);
+  EXPECT_NEAR(JsonNumber(r.out, "expected_waste"), policy::ExpectedWaste(7001.39, 300, 0, 86400), 1e-5);
+  EXPECT_NEAR(JsonNumber(r.out, "alternative_waste"), 300.0 / 1800 + 900.0 / 86400, 1e-5);
+  EXPECT_EQ(JsonNumber(r.out, "mtbf_seconds"), 86400);
+  EXPECT_EQ(JsonNumber(r.out, "mtbf_hours"), 24);
+  EXPECT_EQ(JsonNumber(r.out, "cost_seconds"), 300);
+  EXPECT_EQ(JsonNumber(r.out, "persist_seconds"), 0);
+  EXPECT_EQ(JsonNumber(r.out, "restart_seconds"), 0);
+  EXPECT_EQ(JsonNumber(r.out, "alternative_seconds"), 1800);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"mode\":\"offline\""), HasSubstr("\"step_seconds\":null"),
+                           HasSubstr("\"min_seconds\":null"), HasSubstr("\"max_seconds\":null"),
+                           HasSubstr("\"interval_steps\":null"), HasSubstr("\"reason\":\"Daly optimum\"")));
+  EXPECT_THAT(r.out, Not(HasSubstr("failure_rate")));
+}
+
+TEST(IntervalCommandTest, JsonWithStepsAndBounds) {
+  Result r = Interval({"--mtbf-hours=24", "--cost-seconds=300", "--step-seconds=10", "--max-seconds=3600",
+                       "--min-seconds=60", "--alternative-seconds=600", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_EQ(JsonNumber(r.out, "interval_seconds"), 3600);
+  EXPECT_EQ(JsonNumber(r.out, "interval_steps"), 360);
+  EXPECT_EQ(JsonNumber(r.out, "step_seconds"), 10);
+  EXPECT_EQ(JsonNumber(r.out, "min_seconds"), 60);
+  EXPECT_EQ(JsonNumber(r.out, "max_seconds"), 3600);
+  EXPECT_EQ(JsonNumber(r.out, "alternative_seconds"), 600);
+  EXPECT_THAT(r.out, HasSubstr("\"reason\":\"clamped to operator maximum\""));
+}
+
+TEST(IntervalCommandTest, PersistFloorIsTheReason) {
+  Result r = Interval({"--mtbf-hours", "6", "--cost-seconds", "300", "--persist-seconds", "5000"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("5000 s (83.3 min)"), HasSubstr("raised to persist time P")));
+}
+
+TEST(IntervalCommandTest, SvgHasTheCurveAndBothMarkers) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/interval_curve.svg");
+  std::remove(path.c_str());
+  Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--svg", path});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("waste curve written to ", path)));
+  const std::string svg = ReadFile(path);
+  EXPECT_THAT(svg, StartsWith("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+  EXPECT_THAT(svg, EndsWith("</svg>\n"));
+  EXPECT_THAT(svg, AllOf(HasSubstr("id=\"chosen\""), HasSubstr("id=\"alternative\""), HasSubstr("id=\"curve\""),
+                         HasSubstr("<polyline"), HasSubstr("log scale"), HasSubstr("expected waste"),
+                         HasSubstr("chosen 1.94 h: 8.34 %"), HasSubstr("alternative 30 min: 17.7 %"),
+                         HasSubstr(">1 h</text>"), HasSubstr(">0 %</text>")));
+  // Daly is the chosen interval here: no separate marker.
+  EXPECT_THAT(svg, Not(HasSubstr("id=\"daly\"")));
+  // Tags balance (a cheap well-formedness check; the text holds no '<').
+  EXPECT_EQ(std::count(svg.begin(), svg.end(), '<'), std::count(svg.begin(), svg.end(), '>'));
+  std::remove(path.c_str());
+}
+
+TEST(IntervalCommandTest, SvgMarksDalyWhenAFloorMovedTheInterval) {
+  IntervalReport report;
+  report.inputs.mtbf_s = 6 * 3600;
+  report.inputs.delta_s = 300;
+  report.inputs.persist_s = 5000;
+  report.decision = *policy::DecideInterval(report.inputs);
+  const std::string svg = WasteCurveSvg(report);
+  EXPECT_THAT(svg, AllOf(HasSubstr("id=\"daly\""), HasSubstr("id=\"persist-floor\""), HasSubstr("τ &lt; P")));
+}
+
+TEST(IntervalCommandTest, SvgWriteFailureExitsOne) {
+  Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--svg", "/nonexistent-dir/x/curve.svg"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("cannot write --svg /nonexistent-dir/x/curve.svg"));
+}
+
+TEST(IntervalCommandTest, LiveReportRendersTheRate) {
+  // What the live mode fills in: the same renderers show the estimate.
+  IntervalReport report;
+  report.job = "llama<70b>";
+  report.gpus = 8192;
+  report.rate = policy::EstimateFailureRate(policy::FailurePrior{}, 12, 2e6);
+  report.inputs.mtbf_s = policy::JobMtbfSeconds(report.rate->mean, report.gpus);
+  report.inputs.delta_s = 20;
+  report.inputs.step_s = 4;
+  report.decision = *policy::DecideInterval(report.inputs);
+
+  std::ostringstream table;
+  PrintIntervalTable(report, table);
+  EXPECT_THAT(table.str(), AllOf(HasSubstr("job llama<70b>"), HasSubstr("GPUs G"), HasSubstr("8192"),
+                                 HasSubstr("failure rate λ"), HasSubstr("90% credible"),
+                                 HasSubstr("12 failures over 2e+06 GPU-hours"), HasSubstr("MTBF range")));
+  const std::string json = IntervalJson(report);
+  ASSERT_TRUE(IsValidJson(json)) << json;
+  EXPECT_THAT(json, AllOf(HasSubstr("\"mode\":\"live\""), HasSubstr("\"job\":\"llama<70b>\""),
+                          HasSubstr("\"gpus\":8192"), HasSubstr("\"failure_rate\":{"), HasSubstr("\"failures\":12")));
+  EXPECT_NEAR(JsonNumber(json, "mean_per_gpu_hour"), 13.0 / (1 / 3e-6 + 2e6), 1e-11);
+  const std::string svg = WasteCurveSvg(report);
+  EXPECT_THAT(svg, HasSubstr("job llama&lt;70b&gt;"));
+  EXPECT_THAT(svg, Not(HasSubstr("llama<70b>")));
+}
+
+TEST(IntervalCommandTest, Help) {
+  Result r = Interval({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  for (const char* flag : {"--mtbf-hours", "--cost-seconds", "--restart-seconds", "--persist-seconds",
+                           "--step-seconds", "--min-seconds", "--max-seconds", "--alternative-seconds", "--json",
+                           "--svg", "--job", "--coordinator"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+  EXPECT_THAT(r.out, AllOf(HasSubstr("Daly"), HasSubstr("W(τ) = δ/τ + (τ/2 + R)/M"), HasSubstr("never under P")));
+}
+
+TEST(IntervalCommandTest, BadInputIsAUsageError) {
+  struct Case {
+    std::vector<std::string> argv;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--cost-seconds", "300"}, "--mtbf-hours is required"},
+           {{"--mtbf-hours", "24"}, "--cost-seconds is required"},
+           {{"--mtbf-hours", "abc", "--cost-seconds", "300"}, "--mtbf-hours: \"abc\" is not a number"},
+           {{"--mtbf-hours", "-2", "--cost-seconds", "300"}, "--mtbf-hours must be positive, got -2"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "0"}, "--cost-seconds must be positive, got 0"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "inf"}, "--cost-seconds: \"inf\" is not a number"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "3", "--restart-seconds", "-1"},
+            "--restart-seconds must not be negative, got -1"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "3", "--alternative-seconds", "0"},
+            "--alternative-seconds must be positive, got 0"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "3", "--min-seconds", "100", "--max-seconds", "50"},
+            "--min-seconds 100 exceeds --max-seconds 50"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "3", "--bogus"}, "unknown flag --bogus"},
+           {{"--mtbf-hours", "24", "--cost-seconds", "3", "extra"}, "unexpected argument \"extra\""},
+           {{"--mtbf-hours"}, "--mtbf-hours needs a value"},
+           {{"--job", "train"}, "--job (live mode) needs --coordinator"},
+           {{"--job", "train", "--coordinator", "host:1234"}, "not available in this build"},
+       }) {
+    Result r = Interval(c.argv);
+    EXPECT_EQ(r.code, kExitUsage) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.out, IsEmpty()) << c.message;
+  }
+}
+
+// ---------------------------------------------------------------------- plan
+
+TEST(ParseParameterCountTest, SuffixesAreDecimal) {
+  EXPECT_EQ(*ParseParameterCount("7B"), 7e9);
+  EXPECT_EQ(*ParseParameterCount("70b"), 70e9);
+  EXPECT_EQ(*ParseParameterCount("1.5T"), 1.5e12);
+  EXPECT_EQ(*ParseParameterCount("350M"), 350e6);
+  EXPECT_EQ(*ParseParameterCount("125K"), 125e3);
+  EXPECT_EQ(*ParseParameterCount("7e9"), 7e9);
+  EXPECT_EQ(*ParseParameterCount("1000"), 1000);
+  for (const char* bad : {"", "B", "-7B", "0", "7X", "seven", "nan", "inf", "7BB"}) {
+    absl::StatusOr<double> v = ParseParameterCount(bad);
+    EXPECT_FALSE(v.ok()) << bad;
+    EXPECT_THAT(v.status().message(), HasSubstr(absl::StrCat("\"", bad, "\""))) << bad;
+  }
+}
+
+TEST(PlanCommandTest, TableSevenBillion) {
+  Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("7B parameters, 64 GPUs on 8 nodes (tp 1 × pp 1 × dp 64), bf16, adam, ZeRO-1"),
+                           HasSubstr("params (weights)"), HasSubstr("14.00 GB"), HasSubstr("grads"),
+                           HasSubstr("optimizer"), HasSubstr("1.31 GB"), HasSubstr("12 B/param / dp 64"),
+                           HasSubstr("rng"), HasSubstr("7.57 kB"), HasSubstr("data cursor"), HasSubstr("4.10 kB"),
+                           HasSubstr("total per rank"), HasSubstr("29.31 GB"), HasSubstr("per node (8 ranks)"),
+                           HasSubstr("234.50 GB"), HasSubstr("job (64 ranks)"), HasSubstr("1.88 TB")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("stall (= δ)"), HasSubstr("1.17 s at 25 GB/s"), HasSubstr("persist P"),
+                           HasSubstr("117.3 s"), HasSubstr("job MTBF M"), HasSubstr("217.0 d"),
+                           HasSubstr("interval τ"), HasSubstr("expected waste"), HasSubstr("waste at 30 min")));
+}
+
+TEST(PlanCommandTest, JsonSevenBillion) {
+  Result r = Plan({"--params", "7e9", "--gpus", "64", "--zero", "1", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"rank_bytes\":{\"params\":14000000000,\"grads\":14000000000,"
+                                     "\"optimizer\":1312500000,\"rng\":7572,\"data_cursor\":4096,"
+                                     "\"total\":29312511668}"),
+                           HasSubstr("\"node_bytes\":234500093344"), HasSubstr("\"job_bytes\":1876000746752"),
+                           HasSubstr("\"dp\":64"), HasSubstr("\"dtype\":\"bf16\""), HasSubstr("\"optimizer\":\"adam\""),
+                           HasSubstr("\"bytes_per_param\":{\"weights\":2,\"grads\":2,\"optimizer\":12}")));
+  EXPECT_NEAR(JsonNumber(r.out, "stall_seconds"), 29312511668 / 25e9, 1e-5);
+  EXPECT_NEAR(JsonNumber(r.out, "persist_seconds"), 234500093344 / 2e9, 1e-3);
+  EXPECT_NEAR(JsonNumber(r.out, "mtbf_seconds"), 3600 / (64 * 3e-6), 100);
+  const double daly = policy::DalyOptimum(29312511668 / 25e9, 3600 / (64 * 3e-6));
+  EXPECT_NEAR(JsonNumber(r.out, "interval_seconds"), daly, daly * 1e-5);
+  EXPECT_GT(JsonNumber(r.out, "expected_waste"), 0);
+  EXPECT_GT(JsonNumber(r.out, "alternative_waste"), JsonNumber(r.out, "expected_waste"));
+}
+
+TEST(PlanCommandTest, AllFlags) {
+  Result r = Plan({"--params", "70B", "--gpus", "512", "--dtype", "fp32", "--optimizer", "sgd", "--zero", "3", "--tp",
+                   "8", "--pp", "4", "--gpus-per-node", "4", "--d2h-gbps", "10", "--write-gbps", "5", "--fail-rate",
+                   "1e-5", "--restart-seconds", "120", "--alternative-seconds", "3600", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  // 70e9/32 params per rank, dp 16, ZeRO-3 fp32 SGD: 4 + 4 + 4 bytes, all / 16.
+  const double rank = 70e9 / 32 * 12 / 16 + 7572 + 4096;
+  EXPECT_NEAR(JsonNumber(r.out, "stall_seconds"), rank / 10e9, 1e-6);
+  EXPECT_NEAR(JsonNumber(r.out, "persist_seconds"), 4 * rank / 5e9, 1e-5);
+  EXPECT_NEAR(JsonNumber(r.out, "mtbf_hours"), 1 / (512 * 1e-5), 1e-3);
+  EXPECT_EQ(JsonNumber(r.out, "nodes"), 128);
+  EXPECT_EQ(JsonNumber(r.out, "restart_seconds"), 120);
+  EXPECT_EQ(JsonNumber(r.out, "alternative_seconds"), 3600);
+}
+
+TEST(PlanCommandTest, Help) {
+  Result r = Plan({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp",
+                           "--gpus-per-node", "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds",
+                           "--alternative-seconds", "--json"}) {
+    EXPECT_THAT(r.out, HasSubstr(flag));
+  }
+  EXPECT_THAT(r.out, AllOf(HasSubstr("bytes per parameter"), HasSubstr("fp32 master 4, m 4, v 4"),
+                           HasSubstr("ZeRO stage 1 divides the"), HasSubstr("7572 bytes per rank"),
+                           HasSubstr("GB = 1e9 bytes"), HasSubstr("not\n  modelled offline")));
+}
+
+TEST(PlanCommandTest, BadInputIsAUsageError) {
+  struct Case {
+    std::vector<std::string> argv;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--gpus", "8"}, "--params is required"},
+           {{"--params", "7B"}, "--gpus is required"},
+           {{"--params", "7Q", "--gpus", "8"}, "--params: \"7Q\" is not a positive parameter count"},
+           {{"--params", "7B", "--gpus", "0"}, "--gpus must be in 1..2147483647, got 0"},
+           {{"--params", "7B", "--gpus", "-8"}, "--gpus: \"-8\" is not a non-negative integer"},
+           {{"--params", "7B", "--gpus", "99999999999"}, "--gpus must be in 1..2147483647, got 99999999999"},
+           {{"--params", "7B", "--gpus", "8", "--zero", "4"}, "--zero must be in 0..3, got 4"},
+           {{"--params", "7B", "--gpus", "8", "--tp", "0"}, "--tp must be in 1.."},
+           {{"--params", "7B", "--gpus", "8", "--dtype", "fp8"},
+            "--dtype: unknown dtype \"fp8\" (accepted: bf16, fp16, fp32)"},
+           {{"--params", "7B", "--gpus", "8", "--optimizer", "lion"},
+            "--optimizer: unknown optimizer \"lion\" (accepted: adam, adam-8bit, sgd)"},
+           {{"--params", "7B", "--gpus", "12", "--tp", "8"}, "--gpus 12 is not a multiple of --tp × --pp = 8"},
+           {{"--params", "7B", "--gpus", "8", "--d2h-gbps", "0"}, "--d2h-gbps must be positive, got 0"},
+           {{"--params", "7B", "--gpus", "8", "--write-gbps", "x"}, "--write-gbps: \"x\" is not a number"},
+           {{"--params", "7B", "--gpus", "8", "--fail-rate", "-1e-6"}, "--fail-rate must be positive, got -1e-6"},
+           {{"--params", "7B", "--gpus", "8", "--restart-seconds", "-5"}, "--restart-seconds must not be negative"},
+           {{"--params", "7B", "--gpus", "8", "--gpus-per-node", "0"}, "--gpus-per-node must be in 1.."},
+           {{"--params", "7B", "--gpus", "8", "--svg", "x"}, "unknown flag --svg"},
+       }) {
+    Result r = Plan(c.argv);
+    EXPECT_EQ(r.code, kExitUsage) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.out, IsEmpty()) << c.message;
+  }
+}
+
+// What a coordinator answers once it has measured a checkpoint.
+ckptd::v1::IntervalStatus DecidedStatus() {
+  ckptd::v1::IntervalStatus st;
+  st.set_job("llm");
+  st.set_automatic(true);
+  st.set_decided(true);
+  st.set_every_steps(300);
+  st.set_gpus(64);
+  st.set_failures(3);
+  st.set_exposure_gpu_hours(1e5);
+  st.set_prior_per_gpu_hour(3e-6);
+  st.set_prior_shape(1);
+  st.set_rate_per_gpu_hour(4e-6);
+  st.set_rate_lower(1e-6);
+  st.set_rate_upper(9e-6);
+  st.set_credible(0.9);
+  st.set_mtbf_seconds(3600 / (64 * 4e-6));
+  st.set_stall_seconds(2);
+  st.set_slowdown_seconds(1);
+  st.set_cost_seconds(3);
+  st.set_persist_seconds(20);
+  st.set_restart_seconds(300);
+  st.set_restart_assumed(true);
+  st.set_step_seconds(1.5);
+  st.set_step_seconds_persisting(1.6);
+  st.set_checkpoints_measured(7);
+  policy::IntervalInputs in;
+  in.mtbf_s = st.mtbf_seconds();
+  in.delta_s = 3;
+  in.persist_s = 20;
+  in.restart_s = 300;
+  in.step_s = 1.5;
+  absl::StatusOr<policy::IntervalDecision> d = policy::DecideInterval(in);
+  EXPECT_TRUE(d.ok());
+  st.set_daly_seconds(d->daly_s);
+  st.set_interval_seconds(d->interval_s);
+  st.set_interval_steps(d->interval_steps);
+  st.set_expected_waste(d->expected_waste);
+  st.set_alternative_seconds(1800);
+  st.set_alternative_waste(policy::ExpectedWaste(1800, 3, 300, in.mtbf_s));
+  st.set_reason(d->reason);
+  return st;
+}
+
+TEST(IntervalLiveTest, ShowsTheCoordinatorsDecisionAndEveryInput) {
+  std::string asked;
+  IntervalFetcher fetch = [&](const Args& args, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    asked = absl::StrCat(*args.Get("coordinator"), " ", job);
+    return DecidedStatus();
+  };
+  Result r = Interval({"--job", "llm", "--coordinator", "coord:7070"}, fetch);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(asked, "coord:7070 llm");
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job llm"), HasSubstr("3 failures over 1e+05 GPU-hours"), HasSubstr("stall"),
+                           HasSubstr("median of 7 checkpoints"), HasSubstr("slowdown"),
+                           HasSubstr("assumed: no restart measured yet"), HasSubstr("schedule in force"),
+                           HasSubstr("every 300 steps"), HasSubstr("inside the hysteresis")));
+  Result j = Interval({"--job", "llm", "--coordinator", "coord:7070", "--json"}, fetch);
+  ASSERT_EQ(j.code, kExitOk);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"mode\":\"live\""), HasSubstr("\"every_steps\":300"),
+                           HasSubstr("\"restart_assumed\":true"), HasSubstr("\"checkpoints_measured\":7"),
+                           HasSubstr("\"interval_seconds\":"), HasSubstr("\"expected_waste\":")));
+  const std::string svg_path = ::testing::TempDir() + "/live_waste.svg";
+  Result s = Interval({"--job", "llm", "--coordinator", "coord:7070", "--svg", svg_path}, fetch);
+  ASSERT_EQ(s.code, kExitOk) << s.err;
+  std::ifstream in(svg_path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(svg, AllOf(StartsWith("<svg"), HasSubstr("id=\"chosen\""), HasSubstr("job llm")));
+  std::remove(svg_path.c_str());
+}
+
+TEST(IntervalLiveTest, UndecidedSaysWhatItWaitsFor) {
+  IntervalFetcher fetch = [](const Args&, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    ckptd::v1::IntervalStatus st;
+    st.set_job(job);
+    st.set_automatic(true);
+    st.set_every_steps(100);
+    st.set_waiting_for("a committed checkpoint, to measure its stall and persist time");
+    return st;
+  };
+  Result r = Interval({"--job", "fresh", "--coordinator", "c:1"}, fetch);
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("waiting for"), HasSubstr("a committed checkpoint"), HasSubstr("every 100 steps")));
+  Result j = Interval({"--job", "fresh", "--coordinator", "c:1", "--json"}, fetch);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"decided\":false"), HasSubstr("\"waiting_for\":\"a committed")));
+  Result s = Interval({"--job", "fresh", "--coordinator", "c:1", "--svg", ::testing::TempDir() + "/none.svg"}, fetch);
+  EXPECT_EQ(s.code, kExitFailed);
+  EXPECT_THAT(s.err, HasSubstr("no curve to draw"));
+}
+
+TEST(IntervalLiveTest, ErrorsMapToExitCodes) {
+  auto failing = [](absl::Status status) {
+    return [status](const Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> { return status; };
+  };
+  Result down = Interval({"--job", "j", "--coordinator", "c:1"},
+                         failing(absl::UnavailableError("coordinator c:1: failed to connect")));
+  EXPECT_EQ(down.code, kExitUnavailable);
+  EXPECT_THAT(down.err, HasSubstr("failed to connect"));
+  Result missing = Interval({"--job", "j", "--coordinator", "c:1"}, failing(absl::NotFoundError("no job j")));
+  EXPECT_EQ(missing.code, kExitFailed);
+  EXPECT_THAT(missing.err, HasSubstr("no job j"));
+  Result mixed = Interval({"--job", "j", "--coordinator", "c:1", "--mtbf-hours", "3"}, failing(absl::OkStatus()));
+  EXPECT_EQ(mixed.code, kExitUsage);
+  EXPECT_THAT(mixed.err, HasSubstr("--mtbf-hours is for offline mode"));
+  Result no_job = Interval({"--coordinator", "c:1"}, failing(absl::OkStatus()));
+  EXPECT_EQ(no_job.code, kExitUsage);
+  EXPECT_THAT(no_job.err, HasSubstr("needs --job"));
+}
+
+}  // namespace
+}  // namespace ckptd::cli

@@ -1,0 +1,29 @@
+// ckptctl's connection to a live coordinator: the flags every online command
+// takes (--coordinator host:port and mutual TLS), the channel, and the calls.
+// Kept apart from the offline commands so that those link no gRPC.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "cli/args.h"
+
+namespace ckptd::cli {
+
+// A stub for the coordinator named by --coordinator, over mutual TLS when
+// --tls-ca, --tls-cert and --tls-key are all given. kInvalidArgument naming
+// the flag when one is missing or a file cannot be read.
+absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const Args& args);
+
+// GetInterval for `job`. kUnavailable (or kDeadlineExceeded) when the
+// coordinator cannot be reached, with its address in the message.
+absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const std::string& job);
+
+// The exit status for a failed call: kExitUnavailable when the coordinator
+// could not be reached, kExitUsage for a request it refused as malformed,
+// kExitFailed otherwise.
+int ExitCodeFor(const absl::Status& status);
+
+}  // namespace ckptd::cli
