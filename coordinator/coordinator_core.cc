@@ -6,6 +6,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -1024,7 +1025,7 @@ void CoordinatorCore::Tick() {
     }
   }
   Apply(fx);
-  RunRetention();
+  if (options_.retention_in_tick) RunRetention();
 }
 
 void CoordinatorCore::RunRetention() {
@@ -1036,8 +1037,15 @@ void CoordinatorCore::RunRetention() {
   // Without commit_mu_: a committed step that retention dropped is never
   // written or committed again, and removing its thousands of files must not
   // hold up the commit of a newer step.
+  storage::CheckpointStore::RemovePacing pacing;
+  pacing.before_batch = [this] {
+    // Bounded: a stream of commits must not hold retention off for ever.
+    absl::MutexLock l(&inflight_mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inflight_mu_) { return commits_in_flight_ == 0; };
+    inflight_mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(1));
+  };
   for (const auto& [job, step] : queue) {
-    if (absl::Status s = store_->RemoveStep(job, step); !s.ok() && !absl::IsNotFound(s)) {
+    if (absl::Status s = store_->RemoveStep(job, step, &pacing); !s.ok() && !absl::IsNotFound(s)) {
       std::cerr << "ckptd-coordinator: retention of " << job << " step " << step << ": " << s << "\n";
     }
   }
@@ -1057,6 +1065,14 @@ std::vector<absl::Status> CoordinatorCore::CheckShardFiles(
 
 absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint32_t world_size,
                                      const std::vector<ShardRef>& shards) {
+  {
+    absl::MutexLock l(&inflight_mu_);
+    ++commits_in_flight_;
+  }
+  absl::Cleanup done = [this] {
+    absl::MutexLock l(&inflight_mu_);
+    --commits_in_flight_;
+  };
   absl::MutexLock l(&commit_mu_);
   // Each file was checked as it was reported (CheckShardFile).
   absl::StatusOr<ckptd::v1::StepManifest> m =

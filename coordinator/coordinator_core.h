@@ -52,6 +52,9 @@ struct CoordinatorOptions {
   absl::Duration restart_guess = absl::Minutes(5);          // R until a restart is measured
   double hysteresis = 0.2;
   absl::Duration decide_every = absl::Seconds(10);
+  // Whether Tick() also removes what retention dropped; false when the caller
+  // runs RunRetention() on a thread of its own (the service does).
+  bool retention_in_tick = true;
   // A step still incomplete this long after its first shard is aborted.
   absl::Duration step_deadline = absl::Minutes(30);
   // Committed steps kept per job (at least 1; quarantined steps are extra).
@@ -111,8 +114,16 @@ class CoordinatorCore {
 
   // Periodic work (the service calls it a few times per heartbeat interval):
   // declares lost nodes and hung ranks, aborts steps past their deadline,
-  // saves changed job records, and removes the steps retention dropped.
+  // saves changed job records, and (with retention_in_tick) removes the steps
+  // retention dropped.
   void Tick();
+
+  // Removes the steps retention dropped, in paced batches that wait while a
+  // commit is in flight (storage::CheckpointStore::RemovePacing). Tick calls
+  // it with retention_in_tick; otherwise the caller runs it on a thread of
+  // its own, so that a removal of thousands of files never delays failure
+  // detection.
+  void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);
 
   const CoordinatorOptions& options() const { return options_; }
 
@@ -151,7 +162,6 @@ class CoordinatorCore {
   void Reschedule(Job* job, uint64_t every_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Carries out `fx` (commits, removals, database writes); no lock held.
   void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
-  void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
                       const std::vector<ckptd::v1::ShardRef>& shards);
   // Whether a reported shard's file exists with the reported length; called
@@ -176,6 +186,9 @@ class CoordinatorCore {
   std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // Commits under way, which retention waits out between its batches.
+  absl::Mutex inflight_mu_;
+  int commits_in_flight_ ABSL_GUARDED_BY(inflight_mu_) = 0;
 };
 
 // Checks a node id the way job names are checked: [A-Za-z0-9._-]{1,128}.

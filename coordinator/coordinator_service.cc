@@ -88,7 +88,13 @@ bool ConstantTimeEquals(absl::string_view given, absl::string_view expected) {
 
 CoordinatorService::CoordinatorService(CoordinatorCore* core, CoordinatorServiceOptions options)
     : core_(core), options_(std::move(options)) {
-  ticker_ = std::thread([this] { TickLoop(); });
+  absl::Duration every = options_.tick_interval;
+  if (every <= absl::ZeroDuration()) every = core_->options().heartbeat_interval / 4;
+  every = std::max(every, absl::Milliseconds(1));
+  ticker_ = std::thread([this, every] { Every(every, [this] { core_->Tick(); }); });
+  if (!core_->options().retention_in_tick) {
+    retention_ = std::thread([this, every] { Every(every, [this] { core_->RunRetention(); }); });
+  }
 }
 
 CoordinatorService::~CoordinatorService() {
@@ -97,12 +103,10 @@ CoordinatorService::~CoordinatorService() {
     stopping_ = true;
   }
   ticker_.join();
+  if (retention_.joinable()) retention_.join();
 }
 
-void CoordinatorService::TickLoop() {
-  absl::Duration every = options_.tick_interval;
-  if (every <= absl::ZeroDuration()) every = core_->options().heartbeat_interval / 4;
-  every = std::max(every, absl::Milliseconds(1));
+void CoordinatorService::Every(absl::Duration every, const std::function<void()>& work) {
   while (true) {
     {
       absl::MutexLock l(&mu_);
@@ -110,7 +114,7 @@ void CoordinatorService::TickLoop() {
       while (!stopping_ && absl::Now() < next) mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
       if (stopping_) return;
     }
-    core_->Tick();
+    work();
   }
 }
 

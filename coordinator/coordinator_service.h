@@ -4,6 +4,7 @@
 // periodic work on a ticker thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -69,13 +70,15 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   // OK when `ctx` carries the operator token; kUnauthenticated when it carries
   // none (or not as "Bearer <token>"), kPermissionDenied when it is wrong.
   absl::Status CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const;
-  void TickLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `work` every `every` until the service stops.
+  void Every(absl::Duration every, const std::function<void()>& work) ABSL_LOCKS_EXCLUDED(mu_);
 
   CoordinatorCore* const core_;
   const CoordinatorServiceOptions options_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
+  std::thread retention_;  // when the core leaves retention to its caller
 };
 
 // Whether `given` equals `expected`, in time that depends only on

@@ -34,7 +34,7 @@ const char kUsage[] =
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
     "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
     "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--restart-guess 5m]\n"
-    "                         [--alternative-interval 30m] [--interval-hysteresis 0.2]\n"
+    "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
     "                         [--step-deadline 30m] [--operator-token-file F]\n"
     "                         [--tls-cert F --tls-key F --tls-ca F]\n"
     "\n"
@@ -64,6 +64,7 @@ const char kUsage[] =
     "                              (default 30m)\n"
     "  --interval-hysteresis <f>   change the interval only when it moves by more than this\n"
     "                              fraction (default 0.2) and lowers the expected waste\n"
+    "  --decide-every <d>          how often the policy looks at its measurements (default 10s)\n"
     "  --keep N                    committed steps kept per job (default 2)\n"
     "  --step-deadline <d>         a step still incomplete this long after its first shard\n"
     "                              is aborted (default 30m)\n"
@@ -105,7 +106,7 @@ int main(int argc, char** argv) {
       {"listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
        "every", "initial-every", "keep", "step-deadline", "operator-token-file", "tls-cert", "tls-key", "tls-ca",
        "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "restart-guess", "alternative-interval",
-       "interval-hysteresis"},
+       "interval-hysteresis", "decide-every"},
       {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
@@ -129,6 +130,7 @@ int main(int argc, char** argv) {
   const std::string state_dir = *args->Get("state-dir");
 
   co::CoordinatorOptions options;
+  options.retention_in_tick = false;  // the service removes old steps on a thread of its own
   struct DurationFlag {
     const char* name;
     absl::Duration* value;
@@ -138,7 +140,8 @@ int main(int argc, char** argv) {
                                 DurationFlag{"hang-floor", &options.hang_floor},
                                 DurationFlag{"step-deadline", &options.step_deadline},
                                 DurationFlag{"restart-guess", &options.restart_guess},
-                                DurationFlag{"alternative-interval", &options.alternative_interval}}) {
+                                DurationFlag{"alternative-interval", &options.alternative_interval},
+                                DurationFlag{"decide-every", &options.decide_every}}) {
     std::optional<std::string> v = args->Get(f.name);
     if (!v) continue;
     absl::Duration d;

@@ -332,7 +332,7 @@ TEST_F(CoordinatorBinaryTest, HelpNamesEveryFlag) {
                            "--operator-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--help",
                            "--initial-every", "--min-interval", "--max-interval", "--failure-rate",
                            "--failure-prior-weight", "--restart-guess", "--alternative-interval",
-                           "--interval-hysteresis"}) {
+                           "--interval-hysteresis", "--decide-every"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }

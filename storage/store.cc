@@ -254,7 +254,7 @@ absl::StatusOr<std::vector<std::string>> CheckpointStore::ListJobs() {
   return jobs;
 }
 
-absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step) {
+absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step, const RemovePacing* pacing) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   const std::string dir = StepDir(root_, job, step);
   // The MANIFEST goes first and durably, so a crash part-way leaves an
@@ -264,6 +264,18 @@ absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step) {
     CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
   } else if (!absl::IsNotFound(s)) {
     return s;
+  }
+  if (pacing != nullptr) {
+    absl::StatusOr<std::vector<FileInfo>> entries = fs_->ListDir(dir);
+    if (!entries.ok() && !absl::IsNotFound(entries.status())) return entries.status();
+    const size_t batch = std::max<size_t>(1, pacing->batch);
+    for (size_t i = 0; entries.ok() && i < entries->size(); ++i) {
+      if (i % batch == 0) {
+        if (i > 0) CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
+        if (pacing->before_batch) pacing->before_batch();
+      }
+      CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, JoinPath(dir, (*entries)[i].name)));
+    }
   }
   CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, dir));
   return fs_->SyncDir(JobDir(root_, job));

@@ -5,6 +5,7 @@
 
 #include "absl/strings/string_view.h"
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -95,9 +96,20 @@ class CheckpointStore {
   // kFailedPrecondition when the step is not committed.
   absl::Status QuarantineStep(absl::string_view job, uint64_t step, absl::string_view reason);
 
+  // How a large removal shares the disk with commits. The files of a step go
+  // in batches of `batch`, each batch made durable (a directory sync) before
+  // the next, and `before_batch` runs before each (e.g. to wait while a
+  // commit is in flight). On ext4 and the like a commit's fsync otherwise
+  // carries every unlink still in the journal: thousands of them.
+  struct RemovePacing {
+    size_t batch = 256;
+    std::function<void()> before_batch;
+  };
+
   // Removes a step, committed or not: the MANIFEST first (durably), then the
-  // rest. Used by retention and to delete a step on purpose.
-  absl::Status RemoveStep(absl::string_view job, uint64_t step);
+  // rest (paced when `pacing` is given). Used by retention and to delete a
+  // step on purpose.
+  absl::Status RemoveStep(absl::string_view job, uint64_t step, const RemovePacing* pacing = nullptr);
   // Removes a step that has not committed (kFailedPrecondition if it has).
   absl::Status AbortStep(absl::string_view job, uint64_t step);
   // Removes every step without a MANIFEST older than `below_step` (all of

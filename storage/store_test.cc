@@ -508,6 +508,26 @@ TEST_F(StoreTest, ApplyRetentionIgnoresIncompleteSteps) {
   EXPECT_THAT(store_.ApplyRetention("no-such-job", 1), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-job")));
 }
 
+TEST_F(StoreTest, PacedRemovalGoesInDurableBatchesAndAsksBeforeEach) {
+  CKPTD_ASSERT_OK(WriteAll(4, 7).status());
+  CKPTD_ASSERT_OK(store_.CommitStep(kJob, 4, 7).status());
+  CheckpointStore::RemovePacing pacing;
+  pacing.batch = 3;
+  std::vector<size_t> left_at_each_batch;
+  pacing.before_batch = [&] {
+    absl::StatusOr<std::vector<FileInfo>> left = mem_.ListDir(StepDir("/root", kJob, 4));
+    left_at_each_batch.push_back(left.ok() ? left->size() : 0);
+  };
+  CKPTD_ASSERT_OK(store_.RemoveStep(kJob, 4, &pacing));
+  // 7 shards (the MANIFEST went first): batches of 3, 3 and 1.
+  EXPECT_THAT(left_at_each_batch, ::testing::ElementsAre(7u, 4u, 1u));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 4)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_TRUE(steps.empty());
+  // A step that is already gone is no error.
+  CKPTD_EXPECT_OK(store_.RemoveStep(kJob, 4, &pacing));
+}
+
 TEST_F(StoreTest, RemoveIncompleteStepsKeepsCommittedAndRecentOnes) {
   Commit(1);
   CKPTD_ASSERT_OK(WriteRanks(2, 2, {0}).status());  // incomplete

@@ -51,11 +51,13 @@ namespace ckptd::cluster {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::Lt;
 
 constexpr char kCoordinatorBin[] = CKPTD_COORDINATOR_BIN;
 constexpr char kAgentBin[] = CKPTD_AGENT_BIN;
 constexpr char kTrainerBin[] = CKPTD_TRAINER_BIN;
+constexpr char kCtlBin[] = CKPTD_CTL_BIN;
 
 constexpr char kJob[] = "cluster-job";
 constexpr uint32_t kWorld = 4;
@@ -197,15 +199,17 @@ class Cluster {
   std::string StepDir(uint64_t step) const { return absl::StrCat(root_, "/", kJob, "/step-", step); }
   std::string Manifest(uint64_t step) const { return StepDir(step) + "/MANIFEST"; }
 
-  // Starts the coordinator on `port` (0: any free one); its port, or 0 when
-  // it did not come up.
-  int StartCoordinator(int port = 0) {
+  // Starts the coordinator on `port` (0: any free one) with `interval_flags`
+  // (a fixed interval unless told otherwise); its port, or 0 when it did not
+  // come up.
+  int StartCoordinator(int port = 0, std::vector<std::string> interval_flags = {"--every", std::to_string(kEvery)}) {
     const std::string log = NextLog("coordinator");
-    coordinator_ = std::make_unique<Process>(
-        std::vector<std::string>{kCoordinatorBin, "--listen", absl::StrCat("127.0.0.1:", port), "--storage-root",
-                                 root_, "--state-dir", state_, "--heartbeat-interval", "200ms", "--node-lost-after",
-                                 "1500ms", "--every", std::to_string(kEvery)},
-        log + ".stdout", log);
+    std::vector<std::string> argv = {kCoordinatorBin,       "--listen",  absl::StrCat("127.0.0.1:", port),
+                                     "--storage-root",      root_,       "--state-dir",
+                                     state_,                "--heartbeat-interval", "200ms",
+                                     "--node-lost-after",   "1500ms"};
+    argv.insert(argv.end(), interval_flags.begin(), interval_flags.end());
+    coordinator_ = std::make_unique<Process>(argv, log + ".stdout", log);
     const std::string prefix = "ckptd-coordinator: listening on 127.0.0.1:";
     std::optional<uint64_t> listening;
     WaitUntil(
@@ -494,9 +498,10 @@ class ClusterTest : public ::testing::Test {
   // A coordinator and both agents under dir_/name; `node_b_flags` go to
   // node-b's agent.
   std::unique_ptr<Cluster> StartCluster(const std::string& name, int port = 0,
-                                        const std::vector<std::string>& node_b_flags = {}) {
+                                        const std::vector<std::string>& node_b_flags = {},
+                                        std::vector<std::string> interval_flags = {"--every", std::to_string(kEvery)}) {
     auto cluster = std::make_unique<Cluster>(dir_ + "/" + name);
-    const int got = cluster->StartCoordinator(port);
+    const int got = cluster->StartCoordinator(port, std::move(interval_flags));
     EXPECT_GT(got, 0) << "the coordinator did not start";
     if (port != 0) {
       EXPECT_EQ(got, port);
@@ -784,6 +789,47 @@ TEST_F(ClusterTest, AgentCutOffIsDeclaredLostAndRejoins) {
             << absl::FormatDuration(detected) << ", committed " << before->newest_committed_step()
             << " when cut off, " << rejoined << " after it returned; exit codes " << Codes(codes)
             << ", restored step " << *restored << "\n";
+}
+
+// 5. No fixed interval: the coordinator's policy measures the job and moves
+// its schedule; `ckptctl interval` shows the decision from the live job.
+TEST_F(ClusterTest, IntervalPolicyMovesALiveJobsScheduleAndCkptctlExplainsIt) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  // 0.5 failures per GPU-hour on 4 GPUs: M = 30 min, so Daly's interval is
+  // seconds (over 100 steps of 15 ms) for any stall from 1 to 100 ms.
+  std::unique_ptr<Cluster> cluster =
+      StartCluster("policy", 0, {},
+                   {"--initial-every", std::to_string(kEvery), "--failure-rate", "0.5", "--min-interval", "0",
+                    "--decide-every", "300ms"});
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/policy/launcher", cluster.get());
+  launcher.Start();
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  EXPECT_EQ(launcher.exit_codes().size(), 1u) << Codes(launcher.exit_codes());
+  // Which steps were snapshotted does not change what training computes.
+  EXPECT_EQ(launcher.final_lines(), reference);
+
+  std::optional<ckptd::v1::JobStatus> job = cluster->Job();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_GE(job->checkpoints_committed(), 2u);
+  EXPECT_GT(job->schedule().every_steps(), kEvery * 2) << job->schedule().DebugString();
+
+  const std::string out = dir_ + "/policy/interval.json";
+  Process ctl({kCtlBin, "interval", "--job", kJob, "--coordinator", absl::StrCat("127.0.0.1:", cluster->port()),
+               "--json"},
+              out, dir_ + "/policy/interval.err");
+  ASSERT_EQ(ctl.Wait(absl::Seconds(30)), 0) << ReadFile(dir_ + "/policy/interval.err");
+  const std::string json = ReadFile(out);
+  EXPECT_THAT(json, HasSubstr("\"mode\":\"live\""));
+  EXPECT_THAT(json, HasSubstr("\"decided\":true"));
+  EXPECT_THAT(json, HasSubstr("\"restart_assumed\":true"));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"every_steps\":", job->schedule().every_steps())));
+  std::optional<uint64_t> stall_samples = NumberAfter(json, "\"checkpoints_measured\":");
+  ASSERT_TRUE(stall_samples.has_value()) << json;
+  EXPECT_GE(*stall_samples, 2u);
+  std::cerr << "scenario: every " << job->schedule().every_steps() << " steps after the policy, "
+            << job->checkpoints_committed() << " checkpoints; " << json << "\n";
 }
 
 }  // namespace
