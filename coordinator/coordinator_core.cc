@@ -127,8 +127,12 @@ struct CoordinatorCore::Job {
   std::map<uint32_t, Rank> ranks;
   std::map<uint64_t, PendingStep> pending;
   std::set<uint64_t> committed;
-  std::set<uint64_t> quarantined;
-  std::map<uint64_t, uint64_t> aborted;  // step -> incarnation it was aborted in
+  std::map<uint64_t, std::string> quarantined;  // step -> why
+  struct Aborted {
+    uint64_t incarnation = 0;  // the step's reports up to this incarnation are void
+    std::string reason;
+  };
+  std::map<uint64_t, Aborted> aborted;
   std::optional<RestoreRound> round;
   // Changed schedule, counters or world size: saved at once. Changed
   // timings only: saved every kTimingsSaveInterval. The counters of a commit:
@@ -227,12 +231,12 @@ absl::Status CoordinatorCore::Recover() {
         jobs_[name] = std::move(fresh);
       }
       job->committed.insert(s.step);
-      if (s.quarantined) job->quarantined.insert(s.step);
+      if (s.quarantined) job->quarantined[s.step] = *s.quarantined;
     }
   }
   for (auto& [name, job] : jobs_) {
     CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::QuarantinedStep> q, state_->ListQuarantined(name));
-    for (const auto& step : q) job->quarantined.insert(step.step());
+    for (const auto& step : q) job->quarantined[step.step()] = step.reason();
   }
   return absl::OkStatus();
 }
@@ -463,7 +467,7 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, con
     fx->aborts.emplace_back(job->name(), step);
     return absl::AbortedError(absl::StrCat(what, ": written before the job's latest restore; not committed"));
   }
-  if (auto a = job->aborted.find(step); a != job->aborted.end() && report.incarnation() <= a->second) {
+  if (auto a = job->aborted.find(step); a != job->aborted.end() && report.incarnation() <= a->second.incarnation) {
     return absl::AbortedError(absl::StrCat(what, ": the step was aborted"));
   }
   if (std::optional<uint64_t> newest = job->NewestUsable(); newest && step < *newest) {
@@ -568,7 +572,7 @@ void CoordinatorCore::AbortPending(Job* job, uint64_t step, const std::string& w
     if (it->second.committing) return;  // the commit decides
     job->pending.erase(it);
   }
-  job->aborted[step] = job->incarnation();
+  job->aborted[step] = Job::Aborted{job->incarnation(), why};
   while (job->aborted.size() > kMaxAbortedRemembered) job->aborted.erase(job->aborted.begin());
   job->record.set_checkpoints_aborted(job->record.checkpoints_aborted() + 1);
   ++counters_.aborted;
@@ -652,6 +656,18 @@ absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureReques
   return absl::OkStatus();
 }
 
+void CoordinatorCore::Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason,
+                                 Effects* fx) {
+  job->quarantined[step] = reason;
+  ckptd::v1::QuarantinedStep q;
+  q.set_job(job->name());
+  q.set_step(step);
+  q.set_reason(reason);
+  q.set_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+  fx->quarantines.push_back(q);
+  RecordFailure(job, "", rank, ckptd::v1::SHARD_DAMAGED, absl::StrCat("step ", step, ": ", reason), fx);
+}
+
 void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
   RestoreRound round;
   round.step = job->NewestUsable();
@@ -723,15 +739,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       // One damaged shard spoils the step for every rank: quarantine it and
       // send everyone to the step before.
       const uint64_t bad = *round.step;
-      job->quarantined.insert(bad);
-      ckptd::v1::QuarantinedStep q;
-      q.set_job(job->name());
-      q.set_step(bad);
-      q.set_reason(absl::StrCat("rank ", request.rank(), ": ", request.problem()));
-      q.set_unix_nanos(absl::ToUnixNanos(clock_->Now()));
-      fx.quarantines.push_back(q);
-      RecordFailure(job, "", request.rank(), ckptd::v1::SHARD_DAMAGED,
-                    absl::StrCat("step ", bad, ": ", request.problem()), &fx);
+      Quarantine(job, bad, request.rank(), absl::StrCat("rank ", request.rank(), ": ", request.problem()), &fx);
       // Same incarnation: nothing was written since the round began.
       job->round = RestoreRound();
       job->round->step = job->NewestUsable();
@@ -942,6 +950,168 @@ absl::StatusOr<ckptd::v1::IntervalStatus> CoordinatorCore::GetInterval(const ckp
     v.status.set_decided_unix_nanos(absl::ToUnixNanos(job->last_decided));
   }
   return v.status;
+}
+
+absl::StatusOr<ckptd::v1::ListStepsResponse> CoordinatorCore::ListSteps(const ckptd::v1::ListStepsRequest& request) {
+  using ckptd::v1::StepEntry;
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  std::map<uint64_t, StepEntry> entries;
+  bool known = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (const Job* job = FindJob(request.job())) {
+      known = true;
+      for (const auto& [step, p] : job->pending) {
+        StepEntry& e = entries[step];
+        e.set_step(step);
+        e.set_state(ckptd::v1::STEP_PENDING);
+        e.set_world_size(job->world_size());
+        e.set_ranks_reported(static_cast<uint32_t>(p.shards.size()));
+        e.set_first_report_unix_nanos(absl::ToUnixNanos(p.first_report));
+      }
+      for (const auto& [step, a] : job->aborted) {
+        StepEntry& e = entries[step];
+        e.set_step(step);
+        e.set_state(ckptd::v1::STEP_ABORTED);
+        e.set_world_size(job->world_size());
+        e.set_reason(a.reason);
+      }
+    }
+  }
+  // Storage is read without the lock: manifests of many steps.
+  absl::StatusOr<std::vector<storage::StepInfo>> stored = store_->ListSteps(request.job());
+  if (absl::IsNotFound(stored.status())) {
+    if (!known) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+    stored = std::vector<storage::StepInfo>();
+  }
+  CKPTD_RETURN_IF_ERROR(stored.status());
+  for (const storage::StepInfo& s : *stored) {
+    StepEntry& e = entries[s.step];
+    e.set_step(s.step);
+    if (s.state == storage::StepState::kCommitted) {
+      const ckptd::v1::StepManifest& m = *s.manifest;
+      e.set_state(s.quarantined ? ckptd::v1::STEP_QUARANTINED : ckptd::v1::STEP_COMMITTED);
+      e.set_reason(s.quarantined.value_or(""));
+      e.set_world_size(m.world_size());
+      e.set_ranks_reported(static_cast<uint32_t>(m.shards_size()));
+      e.set_committed_unix_nanos(m.committed_unix_nanos());
+      uint64_t raw = 0, stored_bytes = 0;
+      double persist = 0;
+      for (const ckptd::v1::ShardRef& r : m.shards()) {
+        raw += r.raw_bytes();
+        stored_bytes += r.stored_bytes();
+        persist = std::max(persist, r.persist_seconds());
+      }
+      e.set_raw_bytes(raw);
+      e.set_stored_bytes(stored_bytes);
+      e.set_persist_seconds(persist);
+    } else if (e.state() == ckptd::v1::STEP_STATE_UNSPECIFIED) {
+      // Files without a MANIFEST that nobody here is waiting for.
+      e.set_state(ckptd::v1::STEP_INCOMPLETE);
+      if (s.state == storage::StepState::kCorrupt) e.set_reason(s.detail);
+    }
+  }
+  ckptd::v1::ListStepsResponse response;
+  for (auto& [step, e] : entries) *response.add_steps() = std::move(e);
+  return response;
+}
+
+absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
+    const ckptd::v1::RestorePreviewRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  absl::MutexLock l(&mu_);
+  const Job* job = FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+  ckptd::v1::RestorePreview p;
+  p.set_job(job->name());
+  p.set_state(job->record.schedule().state());
+  p.set_incarnation(job->incarnation());
+  const std::optional<uint64_t> newest = job->NewestUsable();
+  for (const auto& [step, why] : job->quarantined) {
+    if (newest && step < *newest) continue;
+    ckptd::v1::StepEntry* e = p.add_passed_over();
+    e->set_step(step);
+    e->set_state(ckptd::v1::STEP_QUARANTINED);
+    e->set_reason(absl::StrCat("quarantined: ", why));
+  }
+  for (const auto& [step, pending] : job->pending) {
+    if (newest && step < *newest) continue;
+    ckptd::v1::StepEntry* e = p.add_passed_over();
+    e->set_step(step);
+    e->set_state(ckptd::v1::STEP_PENDING);
+    e->set_world_size(job->world_size());
+    e->set_ranks_reported(static_cast<uint32_t>(pending.shards.size()));
+    e->set_reason(absl::StrCat("not committed: ", pending.shards.size(), " of ", job->world_size(),
+                               " ranks durable"));
+  }
+  std::sort(p.mutable_passed_over()->begin(), p.mutable_passed_over()->end(),
+            [](const ckptd::v1::StepEntry& a, const ckptd::v1::StepEntry& b) { return a.step() > b.step(); });
+  if (!newest) {
+    p.set_fresh_start(true);
+    p.set_reason(job->committed.empty() ? "no step of the job is committed: every rank starts fresh"
+                                        : "every committed step is quarantined: every rank starts fresh");
+    return p;
+  }
+  p.set_step(*newest);
+  p.set_reason(absl::StrCat(
+      "step ", *newest, " is the newest committed step that is not quarantined; every rank loads it and checks ",
+      "its shard, and a damaged shard quarantines it and sends every rank to the committed step before"));
+  return p;
+}
+
+absl::StatusOr<ckptd::v1::VerifyProgress> CoordinatorCore::VerifyStep(
+    const ckptd::v1::VerifyStepRequest& request, const std::function<void(const ckptd::v1::VerifyProgress&)>& progress) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  uint64_t step = request.step();
+  {
+    absl::MutexLock l(&mu_);
+    const Job* job = FindJob(request.job());
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+    if (request.has_step()) {
+      if (!job->committed.contains(step)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("step ", step, " of job ", request.job(), " is not committed"));
+      }
+    } else {
+      std::optional<uint64_t> newest = job->NewestUsable();
+      if (!newest) return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " has no committed step"));
+      step = *newest;
+    }
+  }
+  auto to_proto = [](const storage::StepVerifyReport& r) {
+    ckptd::v1::VerifyProgress p;
+    p.set_step(r.step);
+    p.set_shards_total(static_cast<uint32_t>(r.shards_total));
+    p.set_shards_done(static_cast<uint32_t>(r.shards));
+    p.set_bytes_total(r.bytes_total);
+    p.set_bytes_done(r.bytes_done);
+    return p;
+  };
+  storage::ShardReadOptions ro;
+  ro.threads = 2;  // beside the coordinator's own work
+  absl::StatusOr<storage::StepVerifyReport> report = store_->VerifyStep(
+      request.job(), step, ro, [&](const storage::StepVerifyReport& r) {
+        if (progress) progress(to_proto(r));
+      });
+  CKPTD_RETURN_IF_ERROR(report.status());
+  ckptd::v1::VerifyProgress done = to_proto(*report);
+  done.set_done(true);
+  done.set_ok(report->ok());
+  for (const storage::VerifyProblem& p : report->problems) done.add_problems(p.message);
+  if (!report->ok()) {
+    Effects fx;
+    {
+      absl::MutexLock l(&mu_);
+      Job* job = FindJob(request.job());
+      if (job != nullptr && job->committed.contains(step) && !job->quarantined.contains(step)) {
+        Quarantine(job, step, std::nullopt, absl::StrCat("verification: ", report->problems[0].message), &fx);
+        job->dirty = true;
+        SaveJob(job, &fx);
+      }
+    }
+    Apply(fx);
+  }
+  return done;
 }
 
 void CoordinatorCore::SaveJob(Job* job, Effects* fx) {
@@ -1199,7 +1369,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   s.set_checkpoints_committed(job.record.checkpoints_committed());
   s.set_checkpoints_aborted(job.record.checkpoints_aborted());
   for (const auto& [step, p] : job.pending) s.add_pending_steps(step);
-  for (uint64_t q : job.quarantined) s.add_quarantined_steps(q);
+  for (const auto& [q, why] : job.quarantined) s.add_quarantined_steps(q);
   s.set_step_seconds(job.record.step_seconds());
   return s;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -110,6 +111,19 @@ class CoordinatorCore {
   ckptd::v1::GetClusterStatusResponse ClusterStatus();
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
   absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& request);
+  // Every step of the job: committed and quarantined ones from storage,
+  // pending and recently aborted ones from memory. kNotFound for a job
+  // neither knows.
+  absl::StatusOr<ckptd::v1::ListStepsResponse> ListSteps(const ckptd::v1::ListStepsRequest& request);
+  // The step a restart would restore now and why, without starting a round.
+  absl::StatusOr<ckptd::v1::RestorePreview> GetRestorePreview(const ckptd::v1::RestorePreviewRequest& request);
+  // Reads a committed step (the newest usable one unless named) back from
+  // storage and checks every chunk, calling `progress` after each shard. A
+  // step found damaged is quarantined, so that no restore picks it. Runs on
+  // the caller's thread, without the coordinator's lock.
+  absl::StatusOr<ckptd::v1::VerifyProgress> VerifyStep(
+      const ckptd::v1::VerifyStepRequest& request,
+      const std::function<void(const ckptd::v1::VerifyProgress&)>& progress = {});
   CoordinatorCounters Counters();
 
   // Periodic work (the service calls it a few times per heartbeat interval):
@@ -146,6 +160,9 @@ class CoordinatorCore {
   absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a committed step damaged: never restored again, kept by retention.
+  void Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::RestorePlanResponse PlanFor(const Job& job) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void SaveJob(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveChangedJobs(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -87,6 +87,8 @@ class CoordinatorCoreTest : public ::testing::Test {
     r.mutable_shard()->set_file_length(w->file_length);
     r.mutable_shard()->set_index_xxh3(w->index_xxh3);
     r.mutable_shard()->set_persist_seconds(0.25);
+    r.mutable_shard()->set_raw_bytes(w->raw_bytes);
+    r.mutable_shard()->set_stored_bytes(w->stored_bytes);
     r.set_stall_seconds(0.01);
     return r;
   }
@@ -710,6 +712,109 @@ TEST_F(CoordinatorCoreTest, MalformedRequestsChangeNothing) {
   ckptd::v1::ListEventsRequest list;
   list.set_job("a b");
   EXPECT_THAT(core_->ListEvents(list), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+}
+
+TEST_F(CoordinatorCoreTest, ListStepsShowsCommittedPendingAbortedAndIncompleteSteps) {
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  // Step 30: three of four ranks so far.
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 30, r).status());
+  // Step 25: files nobody reports (a crashed writer).
+  CKPTD_ASSERT_OK(Write(25, 0).status());
+  // Step 40: aborted when rank 3's file turned out missing.
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 40));
+  EXPECT_THAT(ReportOnly("node-b", 40, 3, 8192, 42), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 3")));
+  ckptd::v1::ListStepsRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListStepsResponse list, core_->ListSteps(req));
+  std::vector<std::pair<uint64_t, ckptd::v1::StepState>> got;
+  for (const auto& e : list.steps()) got.emplace_back(e.step(), e.state());
+  EXPECT_THAT(got, ElementsAre(std::pair(uint64_t{10}, ckptd::v1::STEP_COMMITTED),
+                               std::pair(uint64_t{20}, ckptd::v1::STEP_COMMITTED),
+                               std::pair(uint64_t{25}, ckptd::v1::STEP_INCOMPLETE),
+                               std::pair(uint64_t{30}, ckptd::v1::STEP_PENDING),
+                               std::pair(uint64_t{40}, ckptd::v1::STEP_ABORTED)));
+  const ckptd::v1::StepEntry& committed = list.steps(1);
+  EXPECT_EQ(committed.world_size(), 4u);
+  EXPECT_EQ(committed.ranks_reported(), 4u);
+  EXPECT_GT(committed.stored_bytes(), 0u);
+  EXPECT_GT(committed.committed_unix_nanos(), 0);
+  EXPECT_DOUBLE_EQ(committed.persist_seconds(), 0.25);
+  EXPECT_EQ(list.steps(3).ranks_reported(), 3u);
+  EXPECT_THAT(list.steps(4).reason(), HasSubstr("rank 3 has no durable shard"));
+  req.set_job("unknown");
+  EXPECT_THAT(core_->ListSteps(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job unknown")));
+  req.set_job("a/b");
+  EXPECT_THAT(core_->ListSteps(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+}
+
+TEST_F(CoordinatorCoreTest, RestorePreviewNamesTheStepAndWhatItPassesOver) {
+  TwoNodes();
+  ckptd::v1::RestorePreviewRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview fresh, core_->GetRestorePreview(req));
+  EXPECT_TRUE(fresh.fresh_start());
+  EXPECT_THAT(fresh.reason(), HasSubstr("no step of the job is committed"));
+  CommitStep(10);
+  CommitStep(20);
+  for (uint32_t r = 0; r < 2; ++r) CKPTD_ASSERT_OK(Shard("node-a", 30, r).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview p, core_->GetRestorePreview(req));
+  EXPECT_FALSE(p.fresh_start());
+  EXPECT_EQ(p.step(), 20u);
+  EXPECT_THAT(p.reason(), HasSubstr("newest committed step"));
+  ASSERT_EQ(p.passed_over_size(), 1);
+  EXPECT_EQ(p.passed_over(0).step(), 30u);
+  EXPECT_THAT(p.passed_over(0).reason(), HasSubstr("2 of 4 ranks durable"));
+  // Nothing changed: no round was started.
+  EXPECT_EQ(JobState().schedule().incarnation(), p.incarnation());
+  req.set_job("nope");
+  EXPECT_THAT(core_->GetRestorePreview(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
+}
+
+TEST_F(CoordinatorCoreTest, VerifyReadsTheStepBackAndQuarantinesItWhenDamaged) {
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  ckptd::v1::VerifyStepRequest req;
+  req.set_job(kJob);
+  std::vector<uint32_t> seen;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::VerifyProgress ok, core_->VerifyStep(req, [&](const auto& p) {
+    seen.push_back(p.shards_done());
+    EXPECT_EQ(p.shards_total(), 4u);
+  }));
+  EXPECT_THAT(seen, ElementsAre(1u, 2u, 3u, 4u));
+  EXPECT_TRUE(ok.done());
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(ok.step(), 20u);  // the newest usable step by default
+  EXPECT_EQ(ok.bytes_done(), ok.bytes_total());
+  EXPECT_GT(ok.bytes_total(), 0u);
+
+  // Rank 2's shard of step 20 loses its last byte.
+  const std::string path = storage::ShardPath(kRoot, kJob, 20, 2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&fs_, path));
+  bytes.pop_back();
+  CKPTD_ASSERT_OK(fs_.SetFileContents(path, bytes));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::VerifyProgress bad, core_->VerifyStep(req));
+  EXPECT_TRUE(bad.done());
+  EXPECT_FALSE(bad.ok());
+  ASSERT_FALSE(bad.problems().empty());
+  EXPECT_THAT(bad.problems(0), HasSubstr("rank-2"));
+  // Never restored again: the plan falls back to step 10.
+  ckptd::v1::RestorePreviewRequest preview;
+  preview.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview p, core_->GetRestorePreview(preview));
+  EXPECT_EQ(p.step(), 10u);
+  ASSERT_EQ(p.passed_over_size(), 1);
+  EXPECT_EQ(p.passed_over(0).state(), ckptd::v1::STEP_QUARANTINED);
+  EXPECT_THAT(EventKinds(), ::testing::Contains(ckptd::v1::SHARD_DAMAGED));
+  EXPECT_TRUE(Exists(storage::QuarantinePath(kRoot, kJob, 20)));
+
+  req.set_has_step(true);
+  req.set_step(15);
+  EXPECT_THAT(core_->VerifyStep(req), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not committed")));
+  req.set_job("nope");
+  EXPECT_THAT(core_->VerifyStep(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
 }
 
 class IntervalPolicyTest : public CoordinatorCoreTest {

@@ -104,6 +104,9 @@ CoordinatorService::~CoordinatorService() {
   }
   ticker_.join();
   if (retention_.joinable()) retention_.join();
+  absl::MutexLock l(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return verifying_ == 0; };
+  mu_.Await(absl::Condition(&idle));
 }
 
 void CoordinatorService::Every(absl::Duration every, const std::function<void()>& work) {
@@ -184,6 +187,112 @@ grpc::ServerUnaryReactor* CoordinatorService::GetInterval(grpc::CallbackServerCo
                                                           const ckptd::v1::GetIntervalRequest* req,
                                                           ckptd::v1::IntervalStatus* resp) {
   return FinishWith(ctx, core_->GetInterval(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListSteps(grpc::CallbackServerContext* ctx,
+                                                        const ckptd::v1::ListStepsRequest* req,
+                                                        ckptd::v1::ListStepsResponse* resp) {
+  return FinishWith(ctx, core_->ListSteps(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetRestorePreview(grpc::CallbackServerContext* ctx,
+                                                                const ckptd::v1::RestorePreviewRequest* req,
+                                                                ckptd::v1::RestorePreview* resp) {
+  return FinishWith(ctx, core_->GetRestorePreview(*req), resp);
+}
+
+namespace {
+
+// One VerifyStep stream. The verification thread and the reactions share
+// `Shared`; every StartWrite and Finish happens under its lock, and nothing
+// touches the reactor once it has finished (it deletes itself in OnDone).
+class VerifyReactor final : public grpc::ServerWriteReactor<ckptd::v1::VerifyProgress> {
+ public:
+  struct Shared {
+    absl::Mutex mu;
+    VerifyReactor* reactor ABSL_GUARDED_BY(mu);
+    std::optional<ckptd::v1::VerifyProgress> next ABSL_GUARDED_BY(mu);  // newest not yet written
+    std::optional<absl::Status> end ABSL_GUARDED_BY(mu);                 // the verification is over
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool broken ABSL_GUARDED_BY(mu) = false;    // cancelled, or a write failed
+    bool finished ABSL_GUARDED_BY(mu) = false;  // Finish called: the reactor may be gone
+
+    // Writes what is due, or finishes.
+    void Pump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (finished || writing) return;
+      if (broken) {
+        finished = true;
+        reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+        return;
+      }
+      if (next) {
+        reactor->current_ = *std::move(next);
+        next.reset();
+        writing = true;
+        reactor->StartWrite(&reactor->current_);
+        return;
+      }
+      if (end) {
+        finished = true;
+        reactor->Finish(agent::ToGrpcStatus(*end));
+      }
+    }
+  };
+
+  explicit VerifyReactor(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock l(&shared_->mu);
+    shared_->writing = false;
+    if (!ok) shared_->broken = true;
+    shared_->Pump();
+  }
+  void OnCancel() override {
+    absl::MutexLock l(&shared_->mu);
+    shared_->broken = true;
+    shared_->Pump();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  ckptd::v1::VerifyProgress current_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* CoordinatorService::VerifyStep(
+    grpc::CallbackServerContext* ctx, const ckptd::v1::VerifyStepRequest* req) {
+  auto shared = std::make_shared<VerifyReactor::Shared>();
+  auto* reactor = new VerifyReactor(shared);
+  absl::MutexLock hold(&shared->mu);  // no write starts before the reactor is set up
+  shared->reactor = reactor;
+  if (absl::Status auth = CheckOperator(*ctx, "VerifyStep"); !auth.ok()) {
+    shared->end = auth;
+    shared->Pump();
+    return reactor;
+  }
+  {
+    absl::MutexLock sl(&mu_);
+    ++verifying_;
+  }
+  std::thread([this, shared, request = *req] {
+    absl::StatusOr<ckptd::v1::VerifyProgress> done =
+        core_->VerifyStep(request, [&shared](const ckptd::v1::VerifyProgress& p) {
+          absl::MutexLock l(&shared->mu);
+          shared->next = p;
+          shared->Pump();
+        });
+    {
+      absl::MutexLock l(&shared->mu);
+      if (done.ok()) shared->next = *done;
+      shared->end = done.status();
+      shared->Pump();
+    }
+    absl::MutexLock count(&mu_);
+    --verifying_;
+  }).detach();
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackServerContext* ctx,

@@ -21,7 +21,8 @@
 namespace ckptd::coordinator {
 
 struct CoordinatorServiceOptions {
-  // What operator RPCs that change anything (RequestCheckpoint) must carry as
+  // What operator RPCs that change anything or read a whole step
+  // (RequestCheckpoint, VerifyStep) must carry as
   // metadata "authorization: Bearer <token>". Empty: they are all refused.
   std::string operator_token;
   // How often the ticker calls CoordinatorCore::Tick(); zero: a quarter of
@@ -61,6 +62,16 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
                                        ckptd::v1::ListEventsResponse* resp) override;
   grpc::ServerUnaryReactor* GetInterval(grpc::CallbackServerContext* ctx, const ckptd::v1::GetIntervalRequest* req,
                                         ckptd::v1::IntervalStatus* resp) override;
+  grpc::ServerUnaryReactor* ListSteps(grpc::CallbackServerContext* ctx, const ckptd::v1::ListStepsRequest* req,
+                                      ckptd::v1::ListStepsResponse* resp) override;
+  grpc::ServerUnaryReactor* GetRestorePreview(grpc::CallbackServerContext* ctx,
+                                              const ckptd::v1::RestorePreviewRequest* req,
+                                              ckptd::v1::RestorePreview* resp) override;
+  // Needs the operator token. The step is read on a thread of the service's
+  // own; progress goes out after each shard (the newest only, when the
+  // client reads slower than shards verify).
+  grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* VerifyStep(grpc::CallbackServerContext* ctx,
+                                                                  const ckptd::v1::VerifyStepRequest* req) override;
   // Needs the operator token.
   grpc::ServerUnaryReactor* RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                               const ckptd::v1::RequestCheckpointRequest* req,
@@ -79,6 +90,9 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;
   std::thread retention_;  // when the core leaves retention to its caller
+  // Verifications under way (each on a detached thread); the destructor
+  // waits for them.
+  int verifying_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Whether `given` equals `expected`, in time that depends only on

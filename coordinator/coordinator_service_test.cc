@@ -291,6 +291,51 @@ TEST_F(CoordinatorServiceTest, RequestCheckpointNeedsTheOperatorToken) {
   EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::ListEvents, list).status(), IsOk());
 }
 
+TEST_F(CoordinatorServiceTest, VerifyStreamsProgressAndNeedsTheToken) {
+  Register("node-a", {0});
+  Register("node-b", {1});
+  CommitStep(50);
+  ckptd::v1::VerifyStepRequest req;
+  req.set_job(kJob);
+  auto verify = [&](const std::string& authorization, std::vector<ckptd::v1::VerifyProgress>* got) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+    std::unique_ptr<grpc::ClientReader<ckptd::v1::VerifyProgress>> reader = stub_->VerifyStep(&ctx, req);
+    for (ckptd::v1::VerifyProgress p; reader->Read(&p);) got->push_back(p);
+    return FromGrpcStatus(reader->Finish());
+  };
+  std::vector<ckptd::v1::VerifyProgress> none;
+  EXPECT_THAT(verify("", &none), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("VerifyStep")));
+  EXPECT_THAT(verify("Bearer wrong", &none), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong")));
+  EXPECT_TRUE(none.empty());
+  std::vector<ckptd::v1::VerifyProgress> got;
+  EXPECT_THAT(verify(absl::StrCat("Bearer ", kToken), &got), IsOk());
+  ASSERT_FALSE(got.empty());
+  const ckptd::v1::VerifyProgress& last = got.back();
+  EXPECT_TRUE(last.done());
+  EXPECT_TRUE(last.ok());
+  EXPECT_EQ(last.step(), 50u);
+  EXPECT_EQ(last.shards_done(), 2u);
+  EXPECT_EQ(last.shards_total(), 2u);
+  for (size_t i = 1; i < got.size(); ++i) EXPECT_GE(got[i].shards_done(), got[i - 1].shards_done());
+  // An unknown job ends the stream with the core's error.
+  req.set_job("other");
+  got.clear();
+  EXPECT_THAT(verify(absl::StrCat("Bearer ", kToken), &got), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job")));
+
+  ckptd::v1::ListStepsRequest list;
+  list.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListStepsResponse steps, Call(&ckptd::v1::Coordinator::Stub::ListSteps, list));
+  ASSERT_EQ(steps.steps_size(), 1);
+  EXPECT_EQ(steps.steps(0).state(), ckptd::v1::STEP_COMMITTED);
+  ckptd::v1::RestorePreviewRequest preview;
+  preview.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview p,
+                             Call(&ckptd::v1::Coordinator::Stub::GetRestorePreview, preview));
+  EXPECT_EQ(p.step(), 50u);
+}
+
 TEST_F(CoordinatorServiceTest, ACoordinatorWithoutTokenRefusesOperatorChanges) {
   Stop();
   core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);

@@ -1,10 +1,11 @@
 #include "storage/store.h"
 
-#include "absl/strings/string_view.h"
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
@@ -340,15 +341,22 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::ApplyRetention(absl::stri
   return removed;
 }
 
-absl::StatusOr<StepVerifyReport> CheckpointStore::VerifyStep(absl::string_view job, uint64_t step,
-                                                             const ShardReadOptions& options) {
+absl::StatusOr<StepVerifyReport> CheckpointStore::VerifyStep(
+    absl::string_view job, uint64_t step, const ShardReadOptions& options,
+    const std::function<void(const StepVerifyReport&)>& progress) {
   CKPTD_ASSIGN_OR_RETURN(StepManifest m, ReadManifest(job, step));
   StepVerifyReport report;
   report.job = std::string(job);
   report.step = step;
+  report.shards_total = m.shards_size();
+  for (const ShardRef& ref : m.shards()) report.bytes_total += ref.file_length();
   for (const ShardRef& ref : m.shards()) {
     const std::string path = ShardPath(root_, job, step, ref.rank());
     ++report.shards;
+    absl::Cleanup tell = [&] {
+      report.bytes_done += ref.file_length();
+      if (progress) progress(report);
+    };
     auto problem = [&](std::string message) {
       report.problems.push_back({path, "", -1, -1, std::move(message)});
     };

@@ -39,7 +39,10 @@ struct StepInfo {
 struct StepVerifyReport {
   std::string job;
   uint64_t step = 0;
-  int shards = 0;
+  int shards = 0;  // checked so far (all of them once VerifyStep returns)
+  int shards_total = 0;     // in the manifest
+  uint64_t bytes_total = 0;  // file bytes of every shard in the manifest
+  uint64_t bytes_done = 0;   // of the shards checked so far
   uint64_t raw_bytes = 0;
   uint64_t stored_bytes = 0;
   std::vector<VerifyProblem> problems;  // empty when the step verifies
@@ -126,8 +129,10 @@ class CheckpointStore {
   // Reads every shard of a committed step back and checks it against the
   // manifest and every chunk checksum. I/O errors are problems, not statuses,
   // except when the manifest itself cannot be read.
+  // `progress`, when given, is called after each shard with the report so far.
   absl::StatusOr<StepVerifyReport> VerifyStep(absl::string_view job, uint64_t step,
-                                              const ShardReadOptions& options = {});
+                                              const ShardReadOptions& options = {},
+                                              const std::function<void(const StepVerifyReport&)>& progress = {});
 
  private:
   FileSystem* const fs_;
