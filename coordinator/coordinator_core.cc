@@ -89,6 +89,15 @@ struct CoordinatorCore::Agent {
   std::vector<ckptd::v1::RankInfo> ranks;
   absl::Time last_heartbeat;
   bool alive = true;
+  bool drills_allowed = false;
+};
+
+struct CoordinatorCore::Drill {
+  ckptd::v1::RunDrillRequest request;
+  std::string node;
+  absl::Time ordered;
+  std::optional<uint64_t> newest_at_order;
+  std::optional<ckptd::v1::DrillReport> report;
 };
 
 struct CoordinatorCore::Rank {
@@ -310,6 +319,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->last_heartbeat = clock_->Now();
     agent->alive = true;
     agent->ranks.assign(request.ranks().begin(), request.ranks().end());
+    agent->drills_allowed = request.drills_allowed();
     for (const auto& r : request.ranks()) {
       CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(r.job(), r.world_size()));
       Rank& rank = job->ranks[r.rank()];
@@ -421,6 +431,21 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     for (const auto& r : agent->ranks) {
       if (!seen.insert(r.job()).second) continue;
       if (Job* job = FindJob(r.job())) *ack.add_schedules() = job->record.schedule();
+    }
+    for (const ckptd::v1::DrillReport& report : hb.drill_reports()) {
+      auto d = drills_.find(report.drill_id());
+      if (d != drills_.end() && d->second.node == agent->node_id) d->second.report = report;
+    }
+    for (const auto& [id, drill] : drills_) {
+      if (drill.node != agent->node_id || drill.report) continue;
+      ckptd::v1::DrillOrder* o = ack.add_drills();
+      o->set_drill_id(id);
+      o->set_scenario(drill.request.scenario());
+      o->set_job(drill.request.job());
+      o->set_rank(drill.request.rank());
+      o->set_at_step(drill.request.at_step());
+      o->set_duration_seconds(drill.request.duration_seconds());
+      o->set_slow_seconds(drill.request.slow_seconds());
     }
     ack.set_known(true);
     SaveChangedJobs(&fx);
@@ -1112,6 +1137,103 @@ absl::StatusOr<ckptd::v1::VerifyProgress> CoordinatorCore::VerifyStep(
     Apply(fx);
   }
   return done;
+}
+
+absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckptd::v1::RunDrillRequest& request) {
+  using ckptd::v1::DrillScenario;
+  const DrillScenario scenario = request.scenario();
+  if (scenario == ckptd::v1::DRILL_SCENARIO_UNSPECIFIED || !ckptd::v1::DrillScenario_IsValid(scenario)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown drill scenario ", static_cast<int>(scenario)));
+  }
+  const std::string name = ckptd::v1::DrillScenario_Name(scenario);
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  const bool timed = scenario == ckptd::v1::HANG_TRAINER || scenario == ckptd::v1::CUT_OFF_AGENT ||
+                     scenario == ckptd::v1::STORAGE_EIO || scenario == ckptd::v1::STORAGE_ENOSPC ||
+                     scenario == ckptd::v1::STORAGE_SLOW;
+  const double duration = request.duration_seconds();
+  if (timed && !(duration > 0 && duration <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " needs a duration in (0 s, 1 h]; got ", duration, " s"));
+  }
+  if (scenario == ckptd::v1::STORAGE_SLOW && !(request.slow_seconds() > 0 && request.slow_seconds() <= 60)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("STORAGE_SLOW needs a delay per operation in (0 s, 60 s]; got ", request.slow_seconds(), " s"));
+  }
+  if (request.at_step() > kMaxStep) return absl::InvalidArgumentError("the drill's step is out of range");
+  const bool node_scenario = scenario == ckptd::v1::KILL_AGENT || scenario == ckptd::v1::CUT_OFF_AGENT ||
+                             scenario == ckptd::v1::STORAGE_EIO || scenario == ckptd::v1::STORAGE_ENOSPC ||
+                             scenario == ckptd::v1::STORAGE_SLOW;
+  if (!request.target_node().empty()) {
+    CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.target_node()));
+    if (!node_scenario) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " targets a rank, not a node"));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  Job* job = FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+  std::string node = request.target_node();
+  if (node.empty()) {
+    if (request.rank() >= job->world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", request.rank(), " is not inside world size ", job->world_size()));
+    }
+    auto r = job->ranks.find(request.rank());
+    if (r == job->ranks.end() || !r->second.alive) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", request.rank(), " of job ", request.job(), " is not running on any node"));
+    }
+    node = r->second.node_id;
+  }
+  auto a = agents_.find(node);
+  if (a == agents_.end() || !a->second->alive) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", node, " has no live agent"));
+  }
+  if (!a->second->drills_allowed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node, "'s agent was not started with --allow-drills"));
+  }
+  const uint64_t id = next_drill_id_++;
+  Drill& d = drills_[id];
+  d.request = request;
+  d.node = node;
+  d.ordered = clock_->Now();
+  d.newest_at_order = job->NewestUsable();
+  while (drills_.size() > 256) drills_.erase(drills_.begin());
+  ckptd::v1::RunDrillResponse response;
+  response.set_drill_id(id);
+  response.set_node_id(node);
+  return response;
+}
+
+absl::StatusOr<ckptd::v1::DrillStatus> CoordinatorCore::GetDrill(const ckptd::v1::GetDrillRequest& request) {
+  ckptd::v1::DrillStatus st;
+  {
+    absl::MutexLock l(&mu_);
+    auto d = drills_.find(request.drill_id());
+    if (d == drills_.end()) return absl::NotFoundError(absl::StrCat("no drill ", request.drill_id()));
+    const Drill& drill = d->second;
+    *st.mutable_request() = drill.request;
+    st.set_drill_id(d->first);
+    st.set_node_id(drill.node);
+    st.set_ordered_unix_nanos(absl::ToUnixNanos(drill.ordered));
+    if (drill.report) *st.mutable_report() = *drill.report;
+    st.set_had_committed_at_order(drill.newest_at_order.has_value());
+    st.set_newest_committed_at_order(drill.newest_at_order.value_or(0));
+  }
+  // The history is in the state store, read without the lock.
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FailureEvent> events, state_->ListEvents("", options_.max_events_listed));
+  std::vector<FailureEvent> since;
+  for (FailureEvent& e : events) {
+    if (e.unix_nanos() < st.ordered_unix_nanos()) continue;
+    if (e.job() != st.request().job() && e.node_id() != st.node_id()) continue;
+    since.push_back(std::move(e));
+  }
+  std::sort(since.begin(), since.end(),
+            [](const FailureEvent& a, const FailureEvent& b) { return a.unix_nanos() < b.unix_nanos(); });
+  if (!since.empty()) st.set_first_detection_unix_nanos(since.front().unix_nanos());
+  for (FailureEvent& e : since) *st.add_events() = std::move(e);
+  return st;
 }
 
 void CoordinatorCore::SaveJob(Job* job, Effects* fx) {

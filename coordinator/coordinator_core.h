@@ -108,6 +108,12 @@ class CoordinatorCore {
   // Operator-facing.
   absl::StatusOr<ckptd::v1::RequestCheckpointResponse> RequestCheckpoint(
       const ckptd::v1::RequestCheckpointRequest& request);
+  // Orders a drill from the agent of the node concerned (sent with its
+  // heartbeat answers until it reports). kFailedPrecondition when that agent
+  // is down or was not started with --allow-drills.
+  absl::StatusOr<ckptd::v1::RunDrillResponse> RunDrill(const ckptd::v1::RunDrillRequest& request);
+  // A drill's order, the agent's report, and the failures recorded since.
+  absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest& request);
   ckptd::v1::GetClusterStatusResponse ClusterStatus();
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
   absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& request);
@@ -147,6 +153,7 @@ class CoordinatorCore {
   struct PendingStep;
   struct RestoreRound;
   struct Job;
+  struct Drill;
   // Side effects decided under mu_ and carried out after it is released, so
   // that disk and database latency never blocks heartbeats.
   struct Effects;
@@ -199,6 +206,8 @@ class CoordinatorCore {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Drill> drills_ ABSL_GUARDED_BY(mu_);  // the newest few hundred
+  uint64_t next_drill_id_ ABSL_GUARDED_BY(mu_) = 1;
   // Committed steps retention dropped, removed by the next Tick().
   std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).

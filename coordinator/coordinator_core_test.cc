@@ -817,6 +817,109 @@ TEST_F(CoordinatorCoreTest, VerifyReadsTheStepBackAndQuarantinesItWhenDamaged) {
   EXPECT_THAT(core_->VerifyStep(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
 }
 
+TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
+  // node-a allows drills, node-b does not.
+  ckptd::v1::RegisterAgentRequest a;
+  a.set_node_id("node-a");
+  a.set_drills_allowed(true);
+  for (uint32_t r : {0u, 1u}) {
+    ckptd::v1::RankInfo* info = a.add_ranks();
+    info->set_job(kJob);
+    info->set_rank(r);
+    info->set_world_size(4);
+    info->set_pid(1000 + static_cast<int>(r));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse ra, core_->RegisterAgent(a));
+  sessions_["node-a"] = ra.session();
+  ranks_["node-a"] = a;
+  Register("node-b", {2, 3});
+  CommitStep(10);
+
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(3);
+  EXPECT_THAT(core_->RunDrill(req),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("node-b's agent was not started with --allow-drills")));
+  req.set_rank(1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  EXPECT_EQ(ordered.node_id(), "node-a");
+
+  // The order rides on node-a's heartbeat answers, not node-b's, until reported.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck b_ack, Beat("node-b"));
+  EXPECT_TRUE(b_ack.drills().empty());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).drill_id(), ordered.drill_id());
+  EXPECT_EQ(ack.drills(0).scenario(), ckptd::v1::KILL_TRAINER);
+  EXPECT_EQ(ack.drills(0).rank(), 1u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, Beat("node-a"));
+  EXPECT_EQ(ack.drills_size(), 1);  // sent again: not reported yet
+
+  clock_.Advance(absl::Milliseconds(300));
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id("node-a");
+  hb.set_session(sessions_["node-a"]);
+  for (const auto& r : a.ranks()) *hb.add_ranks() = r;
+  ckptd::v1::DrillReport* rep = hb.add_drill_reports();
+  rep->set_drill_id(ordered.drill_id());
+  rep->set_injected(true);
+  rep->set_injected_unix_nanos(absl::ToUnixNanos(clock_.Now()));
+  rep->set_detail("SIGKILL to pid 1001");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, core_->OnHeartbeat(hb));
+  EXPECT_TRUE(ack.drills().empty());
+  // The agent saw its trainer die.
+  clock_.Advance(absl::Milliseconds(20));
+  ckptd::v1::ReportFailureRequest died;
+  died.set_node_id("node-a");
+  died.set_session(sessions_["node-a"]);
+  died.set_job(kJob);
+  died.set_rank(1);
+  died.set_kind(ckptd::v1::TRAINER_DIED);
+  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  EXPECT_EQ(st.node_id(), "node-a");
+  EXPECT_TRUE(st.report().injected());
+  EXPECT_EQ(st.report().detail(), "SIGKILL to pid 1001");
+  EXPECT_TRUE(st.had_committed_at_order());
+  EXPECT_EQ(st.newest_committed_at_order(), 10u);
+  ASSERT_EQ(st.events_size(), 1);
+  EXPECT_EQ(st.events(0).kind(), ckptd::v1::TRAINER_DIED);
+  EXPECT_EQ(st.first_detection_unix_nanos() - st.report().injected_unix_nanos(), 20'000'000);
+  get.set_drill_id(999);
+  EXPECT_THAT(core_->GetDrill(get), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no drill 999")));
+}
+
+TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
+  TwoNodes();
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown drill scenario")));
+  req.set_scenario(ckptd::v1::HANG_TRAINER);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a duration")));
+  req.set_duration_seconds(1e9);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a duration")));
+  req.set_scenario(ckptd::v1::STORAGE_SLOW);
+  req.set_duration_seconds(5);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("delay per operation")));
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(9);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 9")));
+  req.set_target_node("node-a");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets a rank")));
+  req.set_scenario(ckptd::v1::KILL_AGENT);
+  req.set_target_node("node-z");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no live agent")));
+  req.set_target_node("../x");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node id")));
+  req.set_target_node("node-a");
+  req.set_job("other");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job other")));
+}
+
 class IntervalPolicyTest : public CoordinatorCoreTest {
  protected:
   IntervalPolicyTest() {

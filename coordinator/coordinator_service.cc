@@ -295,6 +295,19 @@ grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* CoordinatorService::VerifyS
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::RunDrill(grpc::CallbackServerContext* ctx,
+                                                       const ckptd::v1::RunDrillRequest* req,
+                                                       ckptd::v1::RunDrillResponse* resp) {
+  if (absl::Status auth = CheckOperator(*ctx, "RunDrill"); !auth.ok()) return FinishWith(ctx, auth);
+  return FinishWith(ctx, core_->RunDrill(*req), resp);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetDrill(grpc::CallbackServerContext* ctx,
+                                                       const ckptd::v1::GetDrillRequest* req,
+                                                       ckptd::v1::DrillStatus* resp) {
+  return FinishWith(ctx, core_->GetDrill(*req), resp);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                                                 const ckptd::v1::RequestCheckpointRequest* req,
                                                                 ckptd::v1::RequestCheckpointResponse* resp) {

@@ -73,6 +73,11 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* VerifyStep(grpc::CallbackServerContext* ctx,
                                                                   const ckptd::v1::VerifyStepRequest* req) override;
   // Needs the operator token.
+  grpc::ServerUnaryReactor* RunDrill(grpc::CallbackServerContext* ctx, const ckptd::v1::RunDrillRequest* req,
+                                     ckptd::v1::RunDrillResponse* resp) override;
+  grpc::ServerUnaryReactor* GetDrill(grpc::CallbackServerContext* ctx, const ckptd::v1::GetDrillRequest* req,
+                                     ckptd::v1::DrillStatus* resp) override;
+  // Needs the operator token.
   grpc::ServerUnaryReactor* RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                               const ckptd::v1::RequestCheckpointRequest* req,
                                               ckptd::v1::RequestCheckpointResponse* resp) override;

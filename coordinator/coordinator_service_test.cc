@@ -336,6 +336,23 @@ TEST_F(CoordinatorServiceTest, VerifyStreamsProgressAndNeedsTheToken) {
   EXPECT_EQ(p.step(), 50u);
 }
 
+TEST_F(CoordinatorServiceTest, DrillsNeedTheOperatorToken) {
+  Register("node-a", {0});
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  const auto rpc = &ckptd::v1::Coordinator::Stub::RunDrill;
+  EXPECT_THAT(Call(rpc, req), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("RunDrill")));
+  EXPECT_THAT(Call(rpc, req, "Bearer nope"), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong")));
+  // With the token the core decides: this agent does not allow drills.
+  EXPECT_THAT(Call(rpc, req, absl::StrCat("Bearer ", kToken)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--allow-drills")));
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(1);
+  EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::GetDrill, get),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no drill 1")));
+}
+
 TEST_F(CoordinatorServiceTest, ACoordinatorWithoutTokenRefusesOperatorChanges) {
   Stop();
   core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);
