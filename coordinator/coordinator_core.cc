@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <iostream>
 #include <random>
 #include <utility>
@@ -157,7 +158,16 @@ struct CoordinatorCore::Job {
   // the first step after it. `failed_at`: a restart is under way.
   policy::RecentWindow stalls, persists, restarts;
   std::optional<absl::Time> failed_at;
+  uint64_t step_at_failure = 0;  // the fastest rank's, when failed_at was set
   absl::Time last_decided;
+  // The restarts that completed, newest last (a few), for drill reports.
+  struct Resume {
+    absl::Time failed;
+    absl::Time resumed;
+    std::optional<uint64_t> restored;  // nullopt: fresh start
+    uint64_t step_at_failure = 0;
+  };
+  std::deque<Resume> resumes;
 
   const std::string& name() const { return record.job(); }
   uint32_t world_size() const { return record.world_size(); }
@@ -407,6 +417,8 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
         // The first step past the restored one: the restart is over.
         const double r = absl::ToDoubleSeconds(now - *job->failed_at);
         job->restarts.Push(r);
+        job->resumes.push_back(Job::Resume{*job->failed_at, now, job->round->step, job->step_at_failure});
+        while (job->resumes.size() > 16) job->resumes.pop_front();
         job->record.set_restart_seconds(Ewma(job->record.restart_seconds(), r));
         job->failed_at.reset();
         job->timings_dirty = true;
@@ -630,6 +642,8 @@ void CoordinatorCore::Restart(Job* job) {
   // One failure per restart, however many ranks it took down.
   job->record.set_failures(job->record.failures() + 1);
   job->failed_at = clock_->Now();
+  job->step_at_failure = 0;
+  for (const auto& [r, rank] : job->ranks) job->step_at_failure = std::max(job->step_at_failure, rank.step);
   // Targets of manual checkpoints belong to the run that failed.
   s->clear_extra_steps();
   ChangeSchedule(job);
@@ -1220,6 +1234,19 @@ absl::StatusOr<ckptd::v1::DrillStatus> CoordinatorCore::GetDrill(const ckptd::v1
     if (drill.report) *st.mutable_report() = *drill.report;
     st.set_had_committed_at_order(drill.newest_at_order.has_value());
     st.set_newest_committed_at_order(drill.newest_at_order.value_or(0));
+    if (const Job* job = FindJob(drill.request.job())) {
+      st.set_step_seconds(job->record.step_seconds());
+      for (const Job::Resume& r : job->resumes) {
+        if (r.failed < drill.ordered) continue;
+        st.set_resumed(true);
+        st.set_fresh_start(!r.restored.has_value());
+        st.set_restored_step(r.restored.value_or(0));
+        st.set_step_at_failure(r.step_at_failure);
+        st.set_failed_unix_nanos(absl::ToUnixNanos(r.failed));
+        st.set_resumed_unix_nanos(absl::ToUnixNanos(r.resumed));
+        break;
+      }
+    }
   }
   // The history is in the state store, read without the lock.
   CKPTD_ASSIGN_OR_RETURN(std::vector<FailureEvent> events, state_->ListEvents("", options_.max_events_listed));

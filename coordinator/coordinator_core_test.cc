@@ -889,6 +889,16 @@ TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFo
   ASSERT_EQ(st.events_size(), 1);
   EXPECT_EQ(st.events(0).kind(), ckptd::v1::TRAINER_DIED);
   EXPECT_EQ(st.first_detection_unix_nanos() - st.report().injected_unix_nanos(), 20'000'000);
+  EXPECT_FALSE(st.resumed());
+  // Every rank restores step 10 and takes a step 3 s after the failure.
+  clock_.Advance(absl::Seconds(3));
+  RestoreAll(10);
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 11}, {1, 11}}).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, core_->GetDrill(get));
+  EXPECT_TRUE(st.resumed());
+  EXPECT_FALSE(st.fresh_start());
+  EXPECT_EQ(st.restored_step(), 10u);
+  EXPECT_EQ(st.resumed_unix_nanos() - st.failed_unix_nanos(), 3'000'000'000);
   get.set_drill_id(999);
   EXPECT_THAT(core_->GetDrill(get), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no drill 999")));
 }
