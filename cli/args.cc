@@ -89,7 +89,7 @@ std::string HumanBytes(uint64_t bytes) {
 
 const std::set<std::string>& CoordinatorValueFlags() {
   static const std::set<std::string>* const flags =
-      new std::set<std::string>{"coordinator", "tls-ca", "tls-cert", "tls-key"};
+      new std::set<std::string>{"coordinator", "tls-ca", "tls-cert", "tls-key", "token-file"};
   return *flags;
 }
 

@@ -44,7 +44,8 @@ class Args {
 };
 
 // The flags of every command that talks to a live coordinator
-// (--coordinator HOST:PORT and mutual TLS; cli/remote.h), for Args::Parse.
+// (--coordinator HOST:PORT, mutual TLS and the operator's --token-file;
+// cli/remote.h), for Args::Parse.
 const std::set<std::string>& CoordinatorValueFlags();
 
 // "1.5 GiB", "12.0 MiB", "512 B".

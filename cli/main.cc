@@ -5,8 +5,9 @@
 
 #include "cli/args.h"
 #include "cli/interval_commands.h"
-#include "cli/remote.h"
 #include "cli/offline_commands.h"
+#include "cli/operator_commands.h"
+#include "cli/remote.h"
 #include "storage/posix_file_system.h"
 
 namespace {
@@ -14,12 +15,19 @@ namespace {
 const char kUsage[] =
     "usage: ckptctl <command> [options]\n"
     "\n"
-    "commands:\n"
+    "offline commands (a shard file or a storage root, no coordinator):\n"
     "  inspect <shard file>   show the tensors, components, dtypes, sizes, chunks and codecs of a shard\n"
     "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
     "  interval               the checkpoint interval for a failure rate and costs (or a live job's,\n"
     "                         with --job and --coordinator), and its expected waste\n"
     "  plan                   checkpoint size, stall, persist time and interval for a model and layout\n"
+    "\n"
+    "online commands (--coordinator HOST:PORT, optionally --tls-ca/--tls-cert/--tls-key):\n"
+    "  status                 agents, jobs, schedules, the policy's interval and recent failures\n"
+    "  checkpoint --job J     take a manual checkpoint now and wait for it to commit (--token-file F)\n"
+    "  list --job J           every step of a job: state, ranks, size, ratio, commit time, persist time\n"
+    "  restore-plan --job J   the step a restart would restore now, and the newer steps passed over\n"
+    "  verify --job J         the coordinator reads a committed step back and checks it (--token-file F)\n"
     "\n"
     "`ckptctl <command> --help` describes a command.\n"
     "exit status: 0 success, 1 failure, 2 usage error, 3 the coordinator cannot be reached\n";
@@ -36,9 +44,14 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (command == "inspect") return ckptd::cli::RunInspect(fs.get(), args, std::cout, std::cerr);
-  if (command == "verify") return ckptd::cli::RunVerify(fs.get(), args, std::cout, std::cerr);
+  const ckptd::cli::CoordinatorApiFactory remote = ckptd::cli::NewRemoteCoordinatorApi;
+  if (command == "verify") return ckptd::cli::RunVerifyCommand(fs.get(), args, remote, std::cout, std::cerr);
   if (command == "interval") return ckptd::cli::RunInterval(args, std::cout, std::cerr, ckptd::cli::FetchInterval);
   if (command == "plan") return ckptd::cli::RunPlan(args, std::cout, std::cerr);
+  if (command == "status") return ckptd::cli::RunStatus(args, remote, std::cout, std::cerr);
+  if (command == "checkpoint") return ckptd::cli::RunCheckpoint(args, remote, std::cout, std::cerr);
+  if (command == "list") return ckptd::cli::RunList(args, remote, std::cout, std::cerr);
+  if (command == "restore-plan") return ckptd::cli::RunRestorePlan(args, remote, std::cout, std::cerr);
   std::cerr << "ckptctl: unknown command \"" << command << "\"\n\n" << kUsage;
   return ckptd::cli::kExitUsage;
 }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "cli/args.h"
+#include "cli/operator_commands.h"
 
 namespace ckptd::cli {
 
@@ -20,6 +21,14 @@ absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator
 // GetInterval for `job`. kUnavailable (or kDeadlineExceeded) when the
 // coordinator cannot be reached, with its address in the message.
 absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const std::string& job);
+
+// CoordinatorApi over gRPC to the coordinator named by --coordinator (TLS as
+// ConnectCoordinator). Unary calls have a 10 s deadline; VerifyStep has none
+// unless --timeout is given. RequestCheckpoint and VerifyStep carry the token
+// of --token-file as "authorization: Bearer <token>" (the others carry none).
+// Errors name the coordinator's address. kInvalidArgument naming the flag
+// when a TLS or token file cannot be read or --timeout is malformed.
+absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const Args& args);
 
 // The exit status for a failed call: kExitUnavailable when the coordinator
 // could not be reached, kExitUsage for a request it refused as malformed,

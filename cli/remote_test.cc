@@ -1,13 +1,18 @@
 // ckptctl's live calls against a coordinator served in-process on loopback.
 #include "cli/remote.h"
 
+#include <chrono>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cli/interval_commands.h"
+#include "cli/operator_commands.h"
+#include "cli/testing_json.h"
 #include "coordinator/clock.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_service.h"
@@ -22,9 +27,43 @@
 namespace ckptd::cli {
 namespace {
 
+using ::ckptd::testing::IsValidJson;
 using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+constexpr char kToken[] = "s3cret-operator-token";
+
+coordinator::CoordinatorServiceOptions ServiceOptions() {
+  coordinator::CoordinatorServiceOptions o;
+  o.operator_token = kToken;
+  return o;
+}
+
+std::string WriteFile(absl::string_view name, absl::string_view contents) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  std::ofstream(path) << contents;
+  return path;
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+Result RunCli(int (*run)(const std::vector<std::string>&, const CoordinatorApiFactory&, std::ostream&, std::ostream&,
+                      const OperatorEnv&),
+           const std::vector<std::string>& argv) {
+  std::ostringstream out, err;
+  Result r;
+  r.code = run(argv, NewRemoteCoordinatorApi, out, err, OperatorEnv());
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
 
 class RemoteTest : public ::testing::Test {
  protected:
@@ -57,7 +96,7 @@ class RemoteTest : public ::testing::Test {
   std::unique_ptr<coordinator::StateStore> state_ = coordinator::NewMemStateStore();
   coordinator::RealClock clock_;
   coordinator::CoordinatorCore core_{&store_, state_.get(), &clock_, coordinator::CoordinatorOptions()};
-  coordinator::CoordinatorService service_{&core_, coordinator::CoordinatorServiceOptions()};
+  coordinator::CoordinatorService service_{&core_, ServiceOptions()};
   coordinator::CoordinatorServer server_;
 };
 
@@ -98,6 +137,230 @@ TEST_F(RemoteTest, UnreachableCoordinatorAndBadFlagsAreTold) {
   ASSERT_TRUE(files.ok());
   EXPECT_THAT(FetchInterval(*files, "llm"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/no/")));
   EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), kExitFailed);
+}
+
+TEST_F(RemoteTest, StatusEndToEnd) {
+  Result r = RunCli(RunStatus, {"--coordinator", Address()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("coordinator ", Address())), HasSubstr("agents: 1 (1 alive)"),
+                           HasSubstr("node-a"), HasSubstr("llm 0"), HasSubstr("jobs: 1"),
+                           HasSubstr("recent failures: none")));
+  EXPECT_THAT(r.out, HasSubstr("waiting"));  // no interval decided before a committed checkpoint
+
+  r = RunCli(RunStatus, {"--coordinator", Address(), "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"count\":1"), HasSubstr("\"node_id\":\"node-a\""),
+                           HasSubstr("\"job\":\"llm\""), HasSubstr("\"state\":\"running\""),
+                           HasSubstr("\"ranks_alive\":1"), HasSubstr("\"newest_committed_step\":null"),
+                           HasSubstr("\"decided\":false")));
+
+  r = RunCli(RunStatus, {"--coordinator", Address(), "--job", "other"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("no job other"));
+}
+
+TEST_F(RemoteTest, CheckpointNoWaitEndToEnd) {
+  const std::string token = WriteFile("remote-token", absl::StrCat("  ", kToken, "\n"));
+  Result r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", token});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  // No step time known yet: ten steps ahead of the fastest rank (step 0).
+  EXPECT_THAT(r.out, HasSubstr("job llm at step 10"));
+  r = RunCli(RunCheckpoint,
+          {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", token, "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"requested\""), HasSubstr("\"target_step\":10")));
+  // The schedule carries the target.
+  r = RunCli(RunStatus, {"--coordinator", Address(), "--json"});
+  EXPECT_THAT(r.out, HasSubstr("\"extra_steps\":[10]"));
+
+  r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "nope", "--no-wait", "--token-file", token});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("no job nope"));
+  r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "../x", "--no-wait", "--token-file", token});
+  EXPECT_EQ(r.code, kExitUsage);
+}
+
+TEST_F(RemoteTest, TheOperatorTokenIsCheckedEndToEnd) {
+  // Wrong token: PermissionDenied, naming the file.
+  const std::string wrong = WriteFile("wrong-token", "not-the-token\n");
+  Result r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", wrong});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("the operator token is wrong"), HasSubstr(wrong), HasSubstr("--token-file")));
+  EXPECT_THAT(r.out, IsEmpty());
+  // No token: Unauthenticated, saying to pass one.
+  r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("needs the operator token"), HasSubstr("pass --token-file")));
+  // A token file that is not there: a usage error before any call.
+  r = RunCli(RunCheckpoint,
+          {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", "/no/such/operator-token"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("/no/such/operator-token"));
+  // Read-only RPCs carry no token and need none.
+  EXPECT_EQ(RunCli(RunStatus, {"--coordinator", Address(), "--token-file", wrong}).code, kExitOk);
+}
+
+TEST_F(RemoteTest, ListRestorePlanAndVerifyOfAJobWithoutCheckpoints) {
+  Result r = RunCli(RunList, {"--coordinator", Address(), "--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(r.out, "job llm: no steps\n");
+  r = RunCli(RunList, {"--coordinator", Address(), "--job", "other"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("no job other"));
+
+  r = RunCli(RunRestorePlan, {"--coordinator", Address(), "--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"fresh_start\":true"), HasSubstr("\"step\":null"),
+                           HasSubstr("\"state\":\"running\"")));
+
+  const std::string token = WriteFile("verify-token", kToken);
+  r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", token});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("no committed step"));
+  r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("pass --token-file"));
+}
+
+TEST_F(RemoteTest, OperatorCommandsSayWhenTheCoordinatorIsUnreachable) {
+  const std::string gone = Address();
+  coordinator::ShutdownCoordinatorServer(server_.server.get());
+  for (auto* run : {RunStatus, RunList, RunRestorePlan}) {
+    Result r = RunCli(run, {"--coordinator", gone, "--job", "llm"});
+    EXPECT_EQ(r.code, kExitUnavailable);
+    EXPECT_THAT(r.err, AllOf(HasSubstr("cannot reach the coordinator"), HasSubstr(gone)));
+  }
+}
+
+// A coordinator that answers only what the newer operator commands need, in
+// the sync API: ListSteps, GetRestorePreview and VerifyStep (which wants the
+// token, and for job "slow" never finishes). Everything else is UNIMPLEMENTED,
+// as on an older coordinator.
+class ScriptedCoordinator final : public ckptd::v1::Coordinator::Service {
+ public:
+  grpc::Status ListSteps(grpc::ServerContext*, const ckptd::v1::ListStepsRequest* req,
+                         ckptd::v1::ListStepsResponse* resp) override {
+    if (req->job() != "llm") return grpc::Status(grpc::StatusCode::NOT_FOUND, "no job " + req->job());
+    ckptd::v1::StepEntry* e = resp->add_steps();
+    e->set_step(100);
+    e->set_state(ckptd::v1::STEP_COMMITTED);
+    e->set_world_size(2);
+    e->set_ranks_reported(2);
+    e->set_raw_bytes(3000);
+    e->set_stored_bytes(1000);
+    e->set_committed_unix_nanos(1714564800000000000);
+    e->set_persist_seconds(1.5);
+    return grpc::Status::OK;
+  }
+  grpc::Status GetRestorePreview(grpc::ServerContext*, const ckptd::v1::RestorePreviewRequest* req,
+                                 ckptd::v1::RestorePreview* resp) override {
+    resp->set_job(req->job());
+    resp->set_step(100);
+    resp->set_reason("the newest committed step");
+    resp->set_state(ckptd::v1::JOB_RUNNING);
+    return grpc::Status::OK;
+  }
+  grpc::Status VerifyStep(grpc::ServerContext* ctx, const ckptd::v1::VerifyStepRequest* req,
+                          grpc::ServerWriter<ckptd::v1::VerifyProgress>* writer) override {
+    auto it = ctx->client_metadata().find("authorization");
+    if (it == ctx->client_metadata().end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "VerifyStep needs the operator token");
+    }
+    if (std::string(it->second.data(), it->second.size()) != absl::StrCat("Bearer ", kToken)) {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "VerifyStep: the operator token is wrong");
+    }
+    ckptd::v1::VerifyProgress p;
+    p.set_step(req->has_step() ? req->step() : 100);
+    p.set_shards_total(2);
+    p.set_bytes_total(1000);
+    writer->Write(p);
+    if (req->job() == "slow") {
+      for (int i = 0; i < 500 && !ctx->IsCancelled(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      return grpc::Status(grpc::StatusCode::ABORTED, "should have been cancelled");
+    }
+    p.set_shards_done(2);
+    p.set_bytes_done(1000);
+    p.set_done(true);
+    p.set_ok(req->job() != "bad");
+    if (req->job() == "bad") p.add_problems("rank-1.shard: tensor w block 0 chunk 0: checksum mismatch");
+    writer->Write(p);
+    return grpc::Status::OK;
+  }
+};
+
+class ScriptedRemoteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    token_ = WriteFile("scripted-token", kToken);
+  }
+  void TearDown() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
+  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  ScriptedCoordinator service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string token_;
+};
+
+TEST_F(ScriptedRemoteTest, ListAndRestorePlanOverGrpc) {
+  Result r = RunCli(RunList, {"--coordinator", Address(), "--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job llm: 1 step"), HasSubstr("committed"), HasSubstr("2/2"),
+                           HasSubstr("1000 B"), HasSubstr("3.00"), HasSubstr("2024-05-01T12:00:00Z"),
+                           HasSubstr("1.5 s")));
+  r = RunCli(RunList, {"--coordinator", Address(), "--job", "other"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr(Address()), HasSubstr("no job other")));
+  r = RunCli(RunRestorePlan, {"--coordinator", Address(), "--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":100"), HasSubstr("\"fresh_start\":false")));
+}
+
+TEST_F(ScriptedRemoteTest, VerifyStreamsWithTheTokenOverGrpc) {
+  Result r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", token_});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("step 100: 0/2 shards"), HasSubstr("job llm step 100: OK  2/2 shards")));
+  r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "bad", "--step", "7", "--token-file", token_,
+                            "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":7"), HasSubstr("\"ok\":false"), HasSubstr("checksum mismatch")));
+  r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("pass --token-file"));
+  const std::string wrong = WriteFile("scripted-wrong-token", "nope");
+  r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", wrong});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("the operator token is wrong"), HasSubstr(wrong)));
+}
+
+TEST_F(ScriptedRemoteTest, VerifyHonorsTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  Result r = RunCli(RunOnlineVerify,
+                 {"--coordinator", Address(), "--job", "slow", "--token-file", token_, "--timeout", "300ms"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("did not finish within --timeout 300ms"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+}
+
+TEST_F(ScriptedRemoteTest, AnOlderCoordinatorIsToldApart) {
+  Result r = RunCli(RunStatus, {"--coordinator", Address()});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("too old for `ckptctl status`"), HasSubstr("GetClusterStatus"),
+                           HasSubstr(Address())));
+  r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--token-file", token_});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("too old for `ckptctl checkpoint`"));
+  EXPECT_THAT(r.out, Not(HasSubstr("requested")));
 }
 
 }  // namespace

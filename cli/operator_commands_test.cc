@@ -1,0 +1,1010 @@
+#include "cli/operator_commands.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "cli/args.h"
+#include "cli/offline_commands.h"
+#include "cli/testing_json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/mem_file_system.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::cli {
+namespace {
+
+using ::ckptd::testing::IsOkAndHolds;
+using ::ckptd::testing::IsValidJson;
+using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+
+using ckptd::v1::StepEntry;
+
+constexpr char kAddress[] = "coord.example:7070";
+// 2024-05-01T12:00:00Z.
+const absl::Time kNow = absl::FromUnixSeconds(1714564800);
+
+int64_t NanosBefore(absl::Duration d) { return absl::ToUnixNanos(kNow - d); }
+
+// What the fake coordinator answers, and what it was asked.
+struct FakeCoordinator {
+  // When set, every RPC fails with it.
+  std::optional<absl::Status> error;
+
+  ckptd::v1::GetClusterStatusResponse cluster;
+  ckptd::v1::ListEventsResponse events;
+  std::map<std::string, absl::StatusOr<ckptd::v1::IntervalStatus>> intervals;
+  absl::StatusOr<ckptd::v1::RequestCheckpointResponse> checkpoint = ckptd::v1::RequestCheckpointResponse();
+  // ListSteps' answer to its n-th call (0-based); the last one repeats.
+  std::vector<absl::StatusOr<ckptd::v1::ListStepsResponse>> steps{ckptd::v1::ListStepsResponse()};
+  // The cluster status from the n-th call on (for a moved target).
+  std::map<int, ckptd::v1::GetClusterStatusResponse> cluster_from_call;
+  absl::StatusOr<ckptd::v1::RestorePreview> preview = ckptd::v1::RestorePreview();
+  std::vector<ckptd::v1::VerifyProgress> verify_stream;
+  absl::Status verify_end;  // returned after the stream when not OK
+
+  int list_steps_calls = 0;
+  int cluster_calls = 0;
+  std::vector<std::string> interval_jobs;
+  std::optional<ckptd::v1::ListEventsRequest> events_request;
+  std::optional<ckptd::v1::VerifyStepRequest> verify_request;
+  std::optional<Args> args;  // what the factory was given
+  int connects = 0;
+};
+
+class FakeApi final : public CoordinatorApi {
+ public:
+  explicit FakeApi(FakeCoordinator* f) : f_(f) {}
+
+  absl::StatusOr<ckptd::v1::GetClusterStatusResponse> ClusterStatus() override {
+    const int call = f_->cluster_calls++;
+    if (f_->error) return *f_->error;
+    ckptd::v1::GetClusterStatusResponse r = f_->cluster;
+    for (const auto& [from, cs] : f_->cluster_from_call) {
+      if (call >= from) r = cs;
+    }
+    return r;
+  }
+  absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& req) override {
+    f_->events_request = req;
+    if (f_->error) return *f_->error;
+    return f_->events;
+  }
+  absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& req) override {
+    f_->interval_jobs.push_back(req.job());
+    if (f_->error) return *f_->error;
+    auto it = f_->intervals.find(req.job());
+    if (it == f_->intervals.end()) return absl::NotFoundError(absl::StrCat("no job ", req.job()));
+    return it->second;
+  }
+  absl::StatusOr<ckptd::v1::RequestCheckpointResponse> RequestCheckpoint(
+      const ckptd::v1::RequestCheckpointRequest& req) override {
+    if (f_->error) return *f_->error;
+    return f_->checkpoint;
+  }
+  absl::StatusOr<ckptd::v1::ListStepsResponse> ListSteps(const ckptd::v1::ListStepsRequest& req) override {
+    const int call = f_->list_steps_calls++;
+    if (f_->error) return *f_->error;
+    return f_->steps[std::min<size_t>(call, f_->steps.size() - 1)];
+  }
+  absl::StatusOr<ckptd::v1::RestorePreview> GetRestorePreview(const ckptd::v1::RestorePreviewRequest& req) override {
+    if (f_->error) return *f_->error;
+    return f_->preview;
+  }
+  absl::StatusOr<ckptd::v1::VerifyProgress> VerifyStep(
+      const ckptd::v1::VerifyStepRequest& req,
+      const std::function<void(const ckptd::v1::VerifyProgress&)>& on_progress) override {
+    f_->verify_request = req;
+    if (f_->error) return *f_->error;
+    for (const auto& p : f_->verify_stream) on_progress(p);
+    if (!f_->verify_end.ok()) return f_->verify_end;
+    if (f_->verify_stream.empty() || !f_->verify_stream.back().done()) {
+      return absl::UnknownError("the verification stream ended without a final result");
+    }
+    return f_->verify_stream.back();
+  }
+
+ private:
+  FakeCoordinator* f_;
+};
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+using Runner = std::function<int(const std::vector<std::string>&, const CoordinatorApiFactory&, std::ostream&,
+                                 std::ostream&, const OperatorEnv&)>;
+
+class OperatorCommandsTest : public ::testing::Test {
+ protected:
+  CoordinatorApiFactory Factory() {
+    return [this](const Args& args) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+      fake_.args = args;
+      ++fake_.connects;
+      return std::unique_ptr<CoordinatorApi>(new FakeApi(&fake_));
+    };
+  }
+  OperatorEnv Env() {
+    OperatorEnv env;
+    env.now = [this] { return now_; };
+    env.sleep = [this](absl::Duration d) {
+      sleeps_.push_back(d);
+      now_ += d;
+    };
+    return env;
+  }
+  // Runs `run` with --coordinator kAddress added.
+  Result Run(const Runner& run, std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"--coordinator", kAddress});
+    return RunExactly(run, argv);
+  }
+  Result RunExactly(const Runner& run, const std::vector<std::string>& argv) {
+    std::ostringstream out, err;
+    Result r;
+    r.code = run(argv, Factory(), out, err, Env());
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  }
+
+  // A job "llm" of world 4 on two nodes, one of them lost, with an interval
+  // decided, and two failures.
+  void TwoNodes() {
+    ckptd::v1::AgentStatus* a = fake_.cluster.add_agents();
+    a->set_node_id("node-a");
+    a->set_address("host-a");
+    a->set_alive(true);
+    a->set_last_heartbeat_unix_nanos(NanosBefore(absl::Milliseconds(400)));
+    a->add_gpus("cuda:0");
+    a->add_gpus("cuda:1");
+    for (uint32_t r : {0u, 1u}) {
+      ckptd::v1::RankInfo* ri = a->add_ranks();
+      ri->set_job("llm");
+      ri->set_rank(r);
+      ri->set_world_size(4);
+      ri->set_pid(100 + static_cast<int>(r));
+      ri->set_gpu(static_cast<int>(r));
+    }
+    ckptd::v1::AgentStatus* b = fake_.cluster.add_agents();
+    b->set_node_id("node-b");
+    b->set_alive(false);
+    b->set_last_heartbeat_unix_nanos(NanosBefore(absl::Seconds(12)));
+    for (uint32_t r : {2u, 3u}) {
+      ckptd::v1::RankInfo* ri = b->add_ranks();
+      ri->set_job("llm");
+      ri->set_rank(r);
+      ri->set_world_size(4);
+    }
+    ckptd::v1::JobStatus* j = fake_.cluster.add_jobs();
+    j->set_job("llm");
+    j->set_world_size(4);
+    j->set_state(ckptd::v1::JOB_RESTARTING);
+    j->mutable_schedule()->set_every_steps(100);
+    j->mutable_schedule()->set_incarnation(3);
+    j->set_has_committed(true);
+    j->set_newest_committed_step(1200);
+    j->set_fastest_step(1240);
+    j->set_slowest_step(1236);
+    j->set_ranks_alive(2);
+    j->set_checkpoints_committed(12);
+    j->set_checkpoints_aborted(1);
+    j->add_pending_steps(1240);
+    j->add_quarantined_steps(1100);
+    j->set_step_seconds(2.5);
+    ckptd::v1::JobStatus* other = fake_.cluster.add_jobs();
+    other->set_job("aaa");
+    other->set_world_size(1);
+    other->set_state(ckptd::v1::JOB_RUNNING);
+    ckptd::v1::IntervalStatus iv;
+    iv.set_job("llm");
+    iv.set_automatic(true);
+    iv.set_decided(true);
+    iv.set_interval_seconds(1000);
+    iv.set_interval_steps(400);
+    iv.set_expected_waste(0.031);
+    iv.set_reason("Daly optimum");
+    fake_.intervals["llm"] = iv;
+    ckptd::v1::IntervalStatus waiting;
+    waiting.set_automatic(true);
+    waiting.set_waiting_for("a committed checkpoint");
+    fake_.intervals["aaa"] = waiting;
+    ckptd::v1::FailureEvent* old = fake_.events.add_events();
+    old->set_unix_nanos(NanosBefore(absl::Hours(3)));
+    old->set_node_id("node-a");
+    old->set_job("llm");
+    old->set_kind(ckptd::v1::TRAINER_HUNG);
+    old->set_has_rank(true);
+    old->set_rank(0);
+    old->set_detail("no step for 120 s");
+    ckptd::v1::FailureEvent* e = fake_.events.add_events();
+    e->set_unix_nanos(NanosBefore(absl::Minutes(5)));
+    e->set_node_id("node-b");
+    e->set_kind(ckptd::v1::NODE_LOST);
+    e->set_detail("no heartbeat for 5 s");
+  }
+
+  // ListSteps answers: each a list of (step, state, reported of 4, reason).
+  struct StepSpec {
+    uint64_t step;
+    ckptd::v1::StepState state;
+    uint32_t reported;
+    std::string reason;
+  };
+  static ckptd::v1::ListStepsResponse Steps(const std::vector<StepSpec>& specs) {
+    ckptd::v1::ListStepsResponse r;
+    for (const StepSpec& s : specs) {
+      StepEntry* e = r.add_steps();
+      e->set_step(s.step);
+      e->set_state(s.state);
+      e->set_world_size(4);
+      e->set_ranks_reported(s.reported);
+      e->set_reason(s.reason);
+      if (s.state == ckptd::v1::STEP_COMMITTED) {
+        e->set_raw_bytes(uint64_t{8} << 30);
+        e->set_stored_bytes(uint64_t{4} << 30);
+      }
+    }
+    return r;
+  }
+  // A running job "llm" of world 4 whose fastest rank is at `fastest`, with
+  // one-off targets `extras`.
+  static ckptd::v1::GetClusterStatusResponse Running(uint64_t fastest, std::vector<uint64_t> extras) {
+    ckptd::v1::GetClusterStatusResponse cs;
+    ckptd::v1::JobStatus* j = cs.add_jobs();
+    j->set_job("llm");
+    j->set_world_size(4);
+    j->set_state(ckptd::v1::JOB_RUNNING);
+    j->set_fastest_step(fastest);
+    for (uint64_t e : extras) j->mutable_schedule()->add_extra_steps(e);
+    return cs;
+  }
+  void Requested(uint64_t target) {
+    ckptd::v1::RequestCheckpointResponse r;
+    r.set_target_step(target);
+    fake_.checkpoint = r;
+    fake_.cluster = Running(target - 10, {target});
+  }
+
+  std::string TokenFile(absl::string_view name, absl::string_view contents) {
+    const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+    std::ofstream(path) << contents;
+    return path;
+  }
+
+  FakeCoordinator fake_;
+  absl::Time now_ = kNow;
+  std::vector<absl::Duration> sleeps_;
+};
+
+std::vector<std::string> Lines(absl::string_view s) { return absl::StrSplit(s, '\n', absl::SkipEmpty()); }
+
+// The number after "key": in JSON output; NaN when absent or not a number.
+double JsonNumber(absl::string_view json, absl::string_view key) {
+  const std::string needle = absl::StrCat("\"", key, "\":");
+  const size_t at = json.find(needle);
+  if (at == absl::string_view::npos) return std::nan("");
+  absl::string_view rest = json.substr(at + needle.size());
+  double v = 0;
+  if (!absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}]")), &v)) return std::nan("");
+  return v;
+}
+
+// ------------------------------------------------------------------ status
+
+TEST_F(OperatorCommandsTest, StatusTableShowsAgentsJobsAndFailures) {
+  TwoNodes();
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_THAT(r.out, AllOf(HasSubstr("coordinator coord.example:7070"), HasSubstr("agents: 2 (1 alive)"),
+                           HasSubstr("jobs: 2"), HasSubstr("recent failures: 2")));
+  std::vector<std::string> lines = Lines(r.out);
+  auto line_with = [&](absl::string_view needle) -> std::string {
+    for (const std::string& l : lines) {
+      if (absl::StrContains(l, needle)) return l;
+    }
+    return "";
+  };
+  EXPECT_THAT(line_with("node-a"), AllOf(HasSubstr("alive"), HasSubstr("0.4 s ago"), HasSubstr("llm 0-1")));
+  EXPECT_THAT(line_with("node-b "), AllOf(HasSubstr("LOST"), HasSubstr("12 s ago"), HasSubstr("llm 2-3")));
+  // The job row: state, world, alive, fastest, slowest, committed, every, interval, waste.
+  EXPECT_THAT(line_with("llm  restarting"), AllOf(HasSubstr("2/4"), HasSubstr("1240"), HasSubstr("1236"),
+                                                  HasSubstr("1200"), HasSubstr("100"), HasSubstr("16.7 min"),
+                                                  HasSubstr("3.1 %")));
+  EXPECT_THAT(line_with("aaa  running"), HasSubstr("waiting"));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("llm: step 2.5 s; checkpoints 12 committed, 1 aborted; pending 1240; "
+                                     "quarantined 1100"),
+                           HasSubstr("aaa: checkpoints 0 committed, 0 aborted; policy waiting for a committed "
+                                     "checkpoint")));
+  // Jobs sorted by name; failures newest first, with their age.
+  EXPECT_LT(r.out.find("aaa  running"), r.out.find("llm  restarting"));
+  EXPECT_LT(r.out.find("node_lost"), r.out.find("trainer_hung"));
+  EXPECT_THAT(line_with("node_lost"), AllOf(HasSubstr("5.0 min"), HasSubstr("2024-05-01T11:55:00Z"),
+                                            HasSubstr("no heartbeat for 5 s")));
+  EXPECT_THAT(line_with("trainer_hung"), AllOf(HasSubstr("3.0 h"), HasSubstr("llm"), HasSubstr("no step for 120 s")));
+  ASSERT_TRUE(fake_.events_request.has_value());
+  EXPECT_EQ(fake_.events_request->limit(), 10u);
+  EXPECT_EQ(fake_.events_request->job(), "");
+  EXPECT_THAT(fake_.interval_jobs, ElementsAre("aaa", "llm"));
+}
+
+TEST_F(OperatorCommandsTest, StatusJsonIsOneObjectWithTheKeyFields) {
+  TwoNodes();
+  Result r = Run(RunStatus, {"--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"coordinator\":\"coord.example:7070\""), HasSubstr("\"count\":2"),
+                           HasSubstr("\"alive\":1"), HasSubstr("\"node_id\":\"node-a\""),
+                           HasSubstr("\"seconds_since_heartbeat\":0.4"), HasSubstr("\"gpus\":[\"cuda:0\",\"cuda:1\"]"),
+                           HasSubstr("{\"job\":\"llm\",\"rank\":1,\"world_size\":4,\"pid\":101,\"gpu\":1}")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"state\":\"restarting\""), HasSubstr("\"ranks_alive\":2"),
+                           HasSubstr("\"fastest_step\":1240"), HasSubstr("\"slowest_step\":1236"),
+                           HasSubstr("\"newest_committed_step\":1200"), HasSubstr("\"every_steps\":100"),
+                           HasSubstr("\"pending_steps\":[1240]"), HasSubstr("\"quarantined_steps\":[1100]"),
+                           HasSubstr("\"interval_seconds\":1000"), HasSubstr("\"expected_waste\":0.031")));
+  // Job aaa: nothing committed, no decision yet.
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"newest_committed_step\":null"), HasSubstr("\"interval_seconds\":null"),
+                           HasSubstr("\"waiting_for\":\"a committed checkpoint\"")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"kind\":\"node_lost\""), HasSubstr("\"rank\":null"),
+                           HasSubstr("\"kind\":\"trainer_hung\""), HasSubstr("\"time\":\"2024-05-01T11:55:00Z\"")));
+  EXPECT_EQ(JsonNumber(r.out, "age_seconds"), 300);  // the newest first
+  EXPECT_EQ(r.out.back(), '\n');
+  EXPECT_EQ(Lines(r.out).size(), 1u);
+}
+
+TEST_F(OperatorCommandsTest, StatusForOneJob) {
+  TwoNodes();
+  Result r = Run(RunStatus, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("jobs: 1"), HasSubstr("llm  restarting"), Not(HasSubstr("aaa"))));
+  EXPECT_EQ(fake_.events_request->job(), "llm");
+  EXPECT_THAT(fake_.interval_jobs, ElementsAre("llm"));
+
+  r = Run(RunStatus, {"--job", "nope"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("no job nope"));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+TEST_F(OperatorCommandsTest, StatusWithoutAnIntervalShowsItUnknown) {
+  TwoNodes();
+  fake_.intervals["llm"] = absl::UnimplementedError("GetInterval");
+  Result r = Run(RunStatus, {"--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"interval\":null"));
+  // But a coordinator that cannot be reached fails the command.
+  fake_.intervals["llm"] = absl::UnavailableError("coordinator coord.example:7070: connection refused");
+  r = Run(RunStatus, {});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("coord.example:7070"));
+}
+
+TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("agents: 0 (0 alive)"), HasSubstr("jobs: 0"), HasSubstr("recent failures: none")));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"nodes\":[]"), HasSubstr("\"jobs\":[]"), HasSubstr("\"failures\":[]")));
+}
+
+// ------------------------------------------------------------------ checkpoint
+
+TEST_F(OperatorCommandsTest, CheckpointNoWaitPrintsTheTarget) {
+  Requested(1240);
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--no-wait"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job llm at step 1240"), HasSubstr("not waiting")));
+  EXPECT_EQ(fake_.list_steps_calls, 0);
+  r = Run(RunCheckpoint, {"--job", "llm", "--no-wait", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"requested\""), HasSubstr("\"target_step\":1240"),
+                           HasSubstr("\"committed_step\":null")));
+  EXPECT_EQ(Run(RunCheckpoint, {"--job", "llm", "--no-wait", "--timeout", "1m"}).code, kExitUsage);
+}
+
+TEST_F(OperatorCommandsTest, CheckpointWaitsUntilCommittedPrintingProgressWhenItChanges) {
+  Requested(1240);
+  // Files in storage before any report: incomplete, world unknown.
+  ckptd::v1::ListStepsResponse files = Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}});
+  StepEntry* incomplete = files.add_steps();
+  incomplete->set_step(1240);
+  incomplete->set_state(ckptd::v1::STEP_INCOMPLETE);
+  fake_.steps = {Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}}),  // not reached yet
+                 files,
+                 Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_PENDING, 1, ""}}),
+                 Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
+  fake_.cluster_from_call[1] = Running(1236, {1240});  // the fastest rank moves: no new line for it
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(Lines(r.out), ElementsAre("requested a checkpoint of job llm at step 1240; waiting for it to commit "
+                                        "(timeout 10m)",
+                                        "step 1240: 0/4 ranks durable (fastest rank at step 1230)",
+                                        "step 1240: 1/4 ranks durable", "step 1240: 3/4 ranks durable",
+                                        "step 1240 committed: 4/4 ranks, 4.0 GiB stored, after 1.5 s"));
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_EQ(fake_.list_steps_calls, 7);
+  // Six 250 ms polls on the fake clock, nothing slept for real.
+  EXPECT_EQ(sleeps_, std::vector<absl::Duration>(6, absl::Milliseconds(250)));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointJsonPrintsNothingButTheFinalObject) {
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 2, ""}}), Steps({{1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_EQ(Lines(r.out).size(), 1u);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\":\"llm\""), HasSubstr("\"requested_step\":1240"),
+                           HasSubstr("\"target_step\":1240"), HasSubstr("\"outcome\":\"committed\""),
+                           HasSubstr("\"committed_step\":1240"), HasSubstr("\"ranks_reported\":4"),
+                           HasSubstr("\"world_size\":4"), HasSubstr("\"stored_bytes\":4294967296")));
+  EXPECT_EQ(JsonNumber(r.out, "waited_seconds"), 0.25);
+}
+
+TEST_F(OperatorCommandsTest, CheckpointAbortedExitsOneWithTheReason) {
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 3, "rank 2 could not persist it"}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("step 1240 was aborted: rank 2 could not persist it"));
+  EXPECT_THAT(r.out, Not(HasSubstr("committed:")));
+
+  fake_.list_steps_calls = 0;
+  r = Run(RunCheckpoint, {"--job", "llm", "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"aborted\""), HasSubstr("\"committed_step\":null"),
+                           HasSubstr("rank 2 could not persist it")));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointQuarantinedExitsOne) {
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_QUARANTINED, 4, "rank 1: chunk 3 checksum mismatch"}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"outcome\":\"quarantined\""));
+  EXPECT_THAT(r.err, AllOf(HasSubstr("quarantined"), HasSubstr("chunk 3 checksum mismatch")));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointSupersededByANewerCommittedStepSucceedsAndSaysSo) {
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 3, "step 1300 committed first"},
+                        {1300, ckptd::v1::STEP_COMMITTED, 4, ""}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step 1240 was passed over: step 1300 committed first, so the job's state is saved at "
+                               "step 1300"));
+  fake_.list_steps_calls = 0;
+  r = Run(RunCheckpoint, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"superseded\""), HasSubstr("\"target_step\":1240"),
+                           HasSubstr("\"committed_step\":1300")));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointFollowsATargetTheCoordinatorMoved) {
+  Requested(1240);
+  // A rank passed 1240 before it heard of it: the coordinator aborts it and
+  // schedules 1260 instead.
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 1, ""}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 1, "a rank passed the target before it knew"}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 1, "a rank passed the target before it knew"}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 1, "a rank passed the target before it knew"},
+                        {1260, ckptd::v1::STEP_PENDING, 2, ""}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 1, "a rank passed the target before it knew"},
+                        {1260, ckptd::v1::STEP_COMMITTED, 4, ""}})};
+  fake_.cluster_from_call[0] = Running(1245, {1260});
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"requested_step\":1240"), HasSubstr("\"target_step\":1260"),
+                           HasSubstr("\"outcome\":\"committed\""), HasSubstr("\"committed_step\":1260")));
+
+  fake_.list_steps_calls = 0;
+  fake_.cluster_calls = 0;
+  r = Run(RunCheckpoint, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("step 1240: 1/4 ranks durable"),
+                           HasSubstr("step 1240: the coordinator moved the checkpoint to step 1260 (a rank passed the "
+                                     "target before it knew)"),
+                           HasSubstr("step 1260: 0/4 ranks durable (fastest rank at step 1245)"),
+                           HasSubstr("step 1260: 2/4 ranks durable"), HasSubstr("step 1260 committed")));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointTimesOut) {
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "2s"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("step 1240 did not commit within 2s (3/4 ranks durable)"),
+                           HasSubstr("stays scheduled")));
+  EXPECT_EQ(sleeps_.size(), 8u);  // 2 s of 250 ms polls
+  EXPECT_EQ(now_ - kNow, absl::Seconds(2));
+
+  r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "1", "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"timeout\""), HasSubstr("\"ranks_reported\":3")));
+  EXPECT_EQ(JsonNumber(r.out, "waited_seconds"), 1);
+}
+
+TEST_F(OperatorCommandsTest, CheckpointRidesOutABriefOutageButNotALongOne) {
+  Requested(1240);
+  fake_.steps = {absl::UnavailableError("coordinator coord.example:7070: connection refused"),
+                 Steps({{1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("connection refused; retrying"));
+  EXPECT_THAT(r.out, HasSubstr("step 1240 committed"));
+
+  fake_.steps = {absl::UnavailableError("coordinator coord.example:7070: connection refused")};
+  r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "1s"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator coord.example:7070"));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointOnACoordinatorWithoutListStepsSuggestsNoWait) {
+  Requested(1240);
+  fake_.steps = {absl::UnimplementedError("")};
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("step 1240 was requested"), HasSubstr("too old"), HasSubstr("--no-wait")));
+}
+
+TEST_F(OperatorCommandsTest, CheckpointOfAJobThatCannotTakeOne) {
+  fake_.checkpoint = absl::FailedPreconditionError("job llm is restarting");
+  Result r = Run(RunCheckpoint, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("ckptctl checkpoint: job llm is restarting"));
+  EXPECT_THAT(r.out, IsEmpty());
+}
+
+// ------------------------------------------------------------------ list
+
+TEST_F(OperatorCommandsTest, ListTableAndJson) {
+  ckptd::v1::ListStepsResponse steps;
+  StepEntry* q = steps.add_steps();  // out of order on purpose
+  q->set_step(1200);
+  q->set_state(ckptd::v1::STEP_COMMITTED);
+  q->set_world_size(4);
+  q->set_ranks_reported(4);
+  q->set_raw_bytes(uint64_t{12} << 30);
+  q->set_stored_bytes(uint64_t{8} << 30);
+  q->set_committed_unix_nanos(NanosBefore(absl::Minutes(10)));
+  q->set_persist_seconds(35.25);
+  StepEntry* old = steps.add_steps();
+  old->set_step(1100);
+  old->set_state(ckptd::v1::STEP_QUARANTINED);
+  old->set_world_size(4);
+  old->set_ranks_reported(4);
+  old->set_raw_bytes(1000);
+  old->set_stored_bytes(500);
+  old->set_committed_unix_nanos(NanosBefore(absl::Hours(1)));
+  old->set_persist_seconds(30);
+  old->set_reason("rank 3: chunk 5 checksum mismatch");
+  StepEntry* pending = steps.add_steps();
+  pending->set_step(1240);
+  pending->set_state(ckptd::v1::STEP_PENDING);
+  pending->set_world_size(4);
+  pending->set_ranks_reported(3);
+  pending->set_first_report_unix_nanos(NanosBefore(absl::Seconds(12)));
+  pending->set_persist_seconds(0.04);  // not sent for pending steps, but shown when it is
+  StepEntry* aborted = steps.add_steps();
+  aborted->set_step(1230);
+  aborted->set_state(ckptd::v1::STEP_ABORTED);
+  aborted->set_world_size(4);
+  aborted->set_ranks_reported(1);
+  aborted->set_reason("rank 2 could not persist it");
+  fake_.steps = {steps};
+
+  Result r = Run(RunList, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 6u) << r.out;
+  EXPECT_EQ(lines[0], "job llm: 4 steps");
+  EXPECT_THAT(lines[1], AllOf(HasSubstr("STEP"), HasSubstr("STATE"), HasSubstr("RANKS"), HasSubstr("STORED"),
+                              HasSubstr("RATIO"), HasSubstr("COMMITTED (UTC)"), HasSubstr("PERSIST"),
+                              HasSubstr("REASON")));
+  EXPECT_THAT(lines[2], AllOf(HasSubstr("1100"), HasSubstr("quarantined"), HasSubstr("4/4"), HasSubstr("500 B"),
+                              HasSubstr("2.00"), HasSubstr("2024-05-01T11:00:00Z"), HasSubstr("30.0 s"),
+                              HasSubstr("rank 3: chunk 5 checksum mismatch")));
+  EXPECT_THAT(lines[3], AllOf(HasSubstr("1200"), HasSubstr("committed"), HasSubstr("8.0 GiB"), HasSubstr("1.50"),
+                              HasSubstr("2024-05-01T11:50:00Z"), HasSubstr("35.2 s")));
+  EXPECT_THAT(lines[4], AllOf(HasSubstr("1230"), HasSubstr("aborted"), HasSubstr("1/4"),
+                              HasSubstr("rank 2 could not persist it")));
+  EXPECT_THAT(lines[5], AllOf(HasSubstr("1240"), HasSubstr("pending"), HasSubstr("3/4"), HasSubstr("0.04 s"),
+                              HasSubstr("first shard reported 12 s ago")));
+
+  r = Run(RunList, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\":\"llm\""),
+                           HasSubstr("{\"step\":1100,\"state\":\"quarantined\",\"world_size\":4,\"ranks_reported\":4,"
+                                     "\"raw_bytes\":1000,\"stored_bytes\":500,\"ratio\":2,"
+                                     "\"committed\":\"2024-05-01T11:00:00Z\",\"persist_seconds\":30,"
+                                     "\"first_report\":null,\"reason\":\"rank 3: chunk 5 checksum mismatch\"}"),
+                           HasSubstr("\"step\":1240,\"state\":\"pending\""), HasSubstr("\"ratio\":null"),
+                           HasSubstr("\"first_report\":\"2024-05-01T11:59:48Z\"")));
+  EXPECT_LT(r.out.find("\"step\":1100"), r.out.find("\"step\":1200"));
+
+  fake_.steps = {ckptd::v1::ListStepsResponse()};
+  r = Run(RunList, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.out, "job llm: no steps\n");
+}
+
+// ------------------------------------------------------------------ restore-plan
+
+TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
+  ckptd::v1::RestorePreview p;
+  p.set_job("llm");
+  p.set_step(1200);
+  p.set_reason("the newest committed step that is not quarantined");
+  p.set_state(ckptd::v1::JOB_RUNNING);
+  p.set_incarnation(3);
+  StepEntry* bad = p.add_passed_over();  // the coordinator leaves the ranks of a quarantined step out
+  bad->set_step(1250);
+  bad->set_state(ckptd::v1::STEP_QUARANTINED);
+  bad->set_reason("quarantined: verification: rank-1.shard: checksum mismatch");
+  StepEntry* pending = p.add_passed_over();
+  pending->set_step(1240);
+  pending->set_state(ckptd::v1::STEP_PENDING);
+  pending->set_world_size(4);
+  pending->set_ranks_reported(3);
+  pending->set_reason("not committed: 3 of 4 ranks reported");
+  fake_.preview = p;
+  Result r = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job llm: running, incarnation 3"),
+                           HasSubstr("a restart now restores step 1200"),
+                           HasSubstr("why: the newest committed step that is not quarantined"),
+                           HasSubstr("newer steps passed over: 2")));
+  EXPECT_THAT(r.out, HasSubstr("1250  quarantined      -  quarantined: verification: rank-1.shard: checksum mismatch"));
+  EXPECT_THAT(Lines(r.out).back(), AllOf(HasSubstr("1240"), HasSubstr("pending"), HasSubstr("3/4"),
+                                         HasSubstr("not committed: 3 of 4 ranks reported")));
+
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"fresh_start\":false"), HasSubstr("\"step\":1200"),
+                           HasSubstr("\"state\":\"running\""), HasSubstr("\"incarnation\":3"),
+                           HasSubstr("{\"step\":1240,\"state\":\"pending\",\"ranks_reported\":3,"
+                                     "\"world_size\":4,\"reason\":\"not committed: 3 of 4 ranks reported\"}]")));
+
+  ckptd::v1::RestorePreview fresh;
+  fresh.set_job("llm");
+  fresh.set_fresh_start(true);
+  fresh.set_reason("nothing is committed");
+  fake_.preview = fresh;
+  r = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("a restart now starts fresh"), HasSubstr("why: nothing is committed"),
+                           HasSubstr("no newer step is passed over")));
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"fresh_start\":true"), HasSubstr("\"step\":null"),
+                           HasSubstr("\"passed_over\":[]")));
+}
+
+// ------------------------------------------------------------------ online verify
+
+ckptd::v1::VerifyProgress Progress(uint32_t done, uint64_t bytes_done, bool last = false, bool ok = true) {
+  ckptd::v1::VerifyProgress p;
+  p.set_step(1200);
+  p.set_shards_total(4);
+  p.set_shards_done(done);
+  p.set_bytes_total(uint64_t{4} << 30);
+  p.set_bytes_done(bytes_done);
+  p.set_done(last);
+  p.set_ok(ok);
+  return p;
+}
+
+TEST_F(OperatorCommandsTest, OnlineVerifyStreamsProgressAndSucceeds) {
+  fake_.verify_stream = {Progress(0, 0), Progress(1, uint64_t{1} << 30), Progress(1, uint64_t{3} << 29),
+                         Progress(4, uint64_t{4} << 30), Progress(4, uint64_t{4} << 30, /*last=*/true)};
+  const std::string token = TokenFile("verify-token", "secret\n");
+  Result r = Run(RunOnlineVerify, {"--job", "llm", "--token-file", token});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(Lines(r.out), ElementsAre("step 1200: 0/4 shards, 0 B of 4.0 GiB", "step 1200: 1/4 shards, 1.0 GiB of 4.0 GiB",
+                                        "step 1200: 4/4 shards, 4.0 GiB of 4.0 GiB",
+                                        "job llm step 1200: OK  4/4 shards, 4.0 GiB of 4.0 GiB stored bytes read"));
+  ASSERT_TRUE(fake_.verify_request.has_value());
+  EXPECT_FALSE(fake_.verify_request->has_step());
+  EXPECT_EQ(*fake_.args->Get("token-file"), token);
+
+  r = Run(RunOnlineVerify, {"--job", "llm", "--step", "1200", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_EQ(Lines(r.out).size(), 1u);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":1200"), HasSubstr("\"ok\":true"), HasSubstr("\"shards_total\":4"),
+                           HasSubstr("\"shards_done\":4"), HasSubstr("\"bytes_total\":4294967296"),
+                           HasSubstr("\"problems\":[]")));
+  EXPECT_TRUE(fake_.verify_request->has_step());
+  EXPECT_EQ(fake_.verify_request->step(), 1200u);
+}
+
+TEST_F(OperatorCommandsTest, OnlineVerifyReportsProblemsAndExitsOne) {
+  ckptd::v1::VerifyProgress mid = Progress(2, uint64_t{2} << 30);
+  mid.add_problems("rank-1.shard: tensor adam.m block 0 chunk 3: checksum mismatch");
+  ckptd::v1::VerifyProgress last = Progress(4, uint64_t{4} << 30, /*last=*/true, /*ok=*/false);
+  last.add_problems("rank-1.shard: tensor adam.m block 0 chunk 3: checksum mismatch");  // cumulative or not
+  last.add_problems("rank-3.shard: file is 10 bytes shorter than the MANIFEST says");
+  fake_.verify_stream = {mid, last};
+  Result r = Run(RunOnlineVerify, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("job llm step 1200: FAILED"), HasSubstr("    rank-1.shard: tensor adam.m"),
+                           HasSubstr("    rank-3.shard: file is 10 bytes shorter")));
+  EXPECT_EQ(r.out.find("chunk 3"), r.out.rfind("chunk 3"));  // said once
+
+  r = Run(RunOnlineVerify, {"--job", "llm", "--json"});
+  EXPECT_EQ(r.code, kExitFailed);
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"ok\":false"),
+                           HasSubstr("\"problems\":[\"rank-1.shard: tensor adam.m block 0 chunk 3: checksum mismatch\","
+                                     "\"rank-3.shard: file is 10 bytes shorter than the MANIFEST says\"]")));
+}
+
+TEST_F(OperatorCommandsTest, OnlineVerifyTimeoutAndBrokenStream) {
+  fake_.verify_stream = {Progress(1, 100)};
+  fake_.verify_end = absl::DeadlineExceededError("coordinator coord.example:7070: Deadline Exceeded");
+  Result r = Run(RunOnlineVerify, {"--job", "llm", "--timeout", "30s"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("did not finish within --timeout 30s"));
+  // Without progress a deadline means the coordinator was not reached.
+  fake_.verify_stream.clear();
+  r = Run(RunOnlineVerify, {"--job", "llm", "--timeout", "30s"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+
+  fake_.verify_end = absl::OkStatus();
+  fake_.verify_stream = {Progress(1, 100)};
+  r = Run(RunOnlineVerify, {"--job", "llm"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, HasSubstr("without a final result"));
+
+  EXPECT_EQ(Run(RunOnlineVerify, {"--job", "llm", "--step", "x"}).code, kExitUsage);
+}
+
+// ------------------------------------------------------------------ the token
+
+TEST_F(OperatorCommandsTest, ReadTokenFileTrimsAndChecks) {
+  EXPECT_THAT(ReadTokenFile(TokenFile("t1", "  abc123\n\n")), IsOkAndHolds(std::string("abc123")));
+  EXPECT_THAT(ReadTokenFile(TokenFile("t2", " \n\t")),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("--token-file"), HasSubstr("t2"),
+                                                                 HasSubstr("empty"))));
+  EXPECT_THAT(ReadTokenFile(TokenFile("t3", "two words")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("printable ASCII")));
+  EXPECT_THAT(ReadTokenFile(TokenFile("t4", std::string(5000, 'a'))),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("longer than 4096")));
+  EXPECT_THAT(ReadTokenFile("/no/such/token"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/no/such/token")));
+  EXPECT_THAT(ReadTokenFile(::testing::TempDir()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("directory")));
+}
+
+TEST_F(OperatorCommandsTest, AMissingOrEmptyTokenFileIsAUsageErrorNamingIt) {
+  Requested(1240);
+  for (const std::string& file : {std::string("/no/such/token"), TokenFile("empty-token", "\n")}) {
+    for (const Runner& run : std::vector<Runner>{RunCheckpoint, RunOnlineVerify, RunStatus}) {
+      Result r = Run(run, {"--job", "llm", "--token-file", file});
+      EXPECT_EQ(r.code, kExitUsage) << file;
+      EXPECT_THAT(r.err, HasSubstr(file));
+      EXPECT_THAT(r.out, IsEmpty());
+    }
+  }
+  EXPECT_EQ(fake_.connects, 0);
+}
+
+// ------------------------------------------------------------------ errors
+
+struct CommandCase {
+  std::string name;
+  Runner run;
+  std::vector<std::string> argv;
+  std::string rpc;
+};
+
+std::vector<CommandCase> AllCommands() {
+  return {{"status", RunStatus, {}, "GetClusterStatus"},
+          {"checkpoint", RunCheckpoint, {"--job", "llm"}, "RequestCheckpoint"},
+          {"list", RunList, {"--job", "llm"}, "ListSteps"},
+          {"restore-plan", RunRestorePlan, {"--job", "llm"}, "GetRestorePreview"},
+          {"verify", RunOnlineVerify, {"--job", "llm"}, "VerifyStep"}};
+}
+
+TEST_F(OperatorCommandsTest, EveryCommandMapsErrorsToExitStatuses) {
+  struct ErrorCase {
+    absl::Status status;
+    int code;
+    std::vector<std::string> says;
+  };
+  const std::vector<ErrorCase> cases = {
+      {absl::UnavailableError("coordinator coord.example:7070: failed to connect"), kExitUnavailable,
+       {"cannot reach the coordinator coord.example:7070: failed to connect"}},
+      {absl::UnavailableError("failed to connect"), kExitUnavailable, {"at coord.example:7070"}},
+      {absl::DeadlineExceededError("coordinator coord.example:7070: Deadline Exceeded"), kExitUnavailable,
+       {"cannot reach", "coord.example:7070"}},
+      {absl::NotFoundError("coordinator coord.example:7070: no job llm"), kExitFailed, {"no job llm"}},
+      {absl::InvalidArgumentError("coordinator coord.example:7070: bad job name"), kExitUsage, {"bad job name"}},
+      {absl::UnauthenticatedError("RequestCheckpoint needs the operator token"), kExitFailed,
+       {"needs the operator token", "pass --token-file"}},
+      {absl::PermissionDeniedError("RequestCheckpoint: the operator token is wrong"), kExitFailed,
+       {"the operator token is wrong", "--token-file"}},
+      {absl::UnimplementedError(""), kExitFailed, {"too old", "upgrade ckptd-coordinator"}},
+      {absl::FailedPreconditionError("job llm has no live rank"), kExitFailed, {"job llm has no live rank"}},
+  };
+  for (const CommandCase& cmd : AllCommands()) {
+    for (const ErrorCase& e : cases) {
+      fake_.error = e.status;
+      Result r = Run(cmd.run, cmd.argv);
+      EXPECT_EQ(r.code, e.code) << cmd.name << " " << e.status;
+      EXPECT_THAT(r.err, HasSubstr(absl::StrCat("ckptctl ", cmd.name, ": "))) << e.status;
+      for (const std::string& s : e.says) EXPECT_THAT(r.err, HasSubstr(s)) << cmd.name << " " << e.status;
+      if (absl::IsUnimplemented(e.status)) {
+        EXPECT_THAT(r.err, AllOf(HasSubstr(absl::StrCat("`ckptctl ", cmd.name, "`")), HasSubstr(cmd.rpc)));
+      }
+      EXPECT_THAT(r.out, IsEmpty()) << cmd.name << " " << e.status;
+    }
+  }
+}
+
+TEST_F(OperatorCommandsTest, ARefusedTokenFileIsNamed) {
+  fake_.error = absl::PermissionDeniedError("RequestCheckpoint: the operator token is wrong");
+  const std::string token = TokenFile("wrong-token", "nope\n");
+  Result r = Run(RunCheckpoint, {"--job", "llm", "--token-file", token});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("refused the operator token in"), HasSubstr(token)));
+}
+
+TEST_F(OperatorCommandsTest, AFactoryErrorIsMappedToo) {
+  std::ostringstream out, err;
+  CoordinatorApiFactory broken = [](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+    return absl::InvalidArgumentError("mutual TLS needs all of --tls-ca, --tls-cert and --tls-key");
+  };
+  EXPECT_EQ(RunList({"--coordinator", kAddress, "--job", "llm", "--tls-ca", "x"}, broken, out, err), kExitUsage);
+  EXPECT_THAT(err.str(), HasSubstr("--tls-cert"));
+}
+
+TEST_F(OperatorCommandsTest, BadFlagsAreUsageErrorsNamingTheFlag) {
+  for (const CommandCase& cmd : AllCommands()) {
+    Result r = Run(cmd.run, {"--frobnicate"});
+    EXPECT_EQ(r.code, kExitUsage) << cmd.name;
+    EXPECT_THAT(r.err, AllOf(HasSubstr("unknown flag --frobnicate"),
+                             HasSubstr(absl::StrCat("`ckptctl ", cmd.name, " --help`"))));
+    r = RunExactly(cmd.run, cmd.argv);
+    EXPECT_EQ(r.code, kExitUsage) << cmd.name;
+    EXPECT_THAT(r.err, HasSubstr("--coordinator HOST:PORT is required"));
+    r = Run(cmd.run, {"stray"});
+    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_THAT(r.err, HasSubstr("unexpected argument \"stray\""));
+    r = Run(cmd.run, {"--job"});
+    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_THAT(r.err, HasSubstr("--job needs a value"));
+  }
+  for (const Runner& run : std::vector<Runner>{RunCheckpoint, RunList, RunRestorePlan, RunOnlineVerify}) {
+    Result r = Run(run, {});
+    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_THAT(r.err, HasSubstr("--job is required"));
+  }
+  for (const char* bad : {"soon", "0", "-5s", "inf"}) {
+    Result r = Run(RunCheckpoint, {"--job", "llm", "--timeout", bad});
+    EXPECT_EQ(r.code, kExitUsage) << bad;
+    EXPECT_THAT(r.err, HasSubstr("--timeout")) << bad;
+  }
+  EXPECT_EQ(Run(RunStatus, {"--no-wait"}).code, kExitUsage);
+  EXPECT_EQ(fake_.connects, 0);
+}
+
+TEST_F(OperatorCommandsTest, TimeoutFlagParses) {
+  auto parse = [](const std::string& v) { return TimeoutFlag(*Args::Parse({"--timeout", v}, {"timeout"}, {})); };
+  EXPECT_THAT(parse("90s"), IsOkAndHolds(std::optional<absl::Duration>(absl::Seconds(90))));
+  EXPECT_THAT(parse("10m"), IsOkAndHolds(std::optional<absl::Duration>(absl::Minutes(10))));
+  EXPECT_THAT(parse("1h30m"), IsOkAndHolds(std::optional<absl::Duration>(absl::Minutes(90))));
+  EXPECT_THAT(parse("2.5"), IsOkAndHolds(std::optional<absl::Duration>(absl::Milliseconds(2500))));
+  EXPECT_THAT(TimeoutFlag(*Args::Parse({}, {"timeout"}, {})), IsOkAndHolds(std::nullopt));
+}
+
+TEST_F(OperatorCommandsTest, HelpDocumentsFlagsAndExitStatuses) {
+  for (const CommandCase& cmd : AllCommands()) {
+    Result r = RunExactly(cmd.run, {"--help"});
+    EXPECT_EQ(r.code, kExitOk) << cmd.name;
+    EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("usage: ckptctl ", cmd.name)), HasSubstr("--coordinator HOST:PORT"),
+                             HasSubstr("--json"), HasSubstr("exit status: 0"), HasSubstr("3 the coordinator")));
+    EXPECT_THAT(r.err, IsEmpty());
+  }
+  EXPECT_THAT(kCheckpointHelp, AllOf(HasSubstr("--token-file"), HasSubstr("--no-wait"), HasSubstr("--timeout"),
+                                     HasSubstr("superseded")));
+  EXPECT_THAT(kOnlineVerifyHelp, AllOf(HasSubstr("--token-file"), HasSubstr("--step"), HasSubstr("--timeout")));
+  EXPECT_EQ(fake_.connects, 0);
+}
+
+// ------------------------------------------------------------------ verify dispatch
+
+TEST(VerifyDispatchTest, OnlyCoordinatorMakesItOnline) {
+  EXPECT_TRUE(IsOnlineVerify({"--job", "x", "--coordinator", "h:1"}));
+  EXPECT_TRUE(IsOnlineVerify({"--coordinator=h:1"}));
+  EXPECT_FALSE(IsOnlineVerify({"--root", "/r", "--job", "x"}));
+  EXPECT_FALSE(IsOnlineVerify({"--root", "/r", "--", "--coordinator"}));
+  EXPECT_FALSE(IsOnlineVerify({"--coordinators"}));
+}
+
+TEST(VerifyDispatchTest, OfflineVerifyIsUnaffected) {
+  storage::MemFileSystem fs;
+  ASSERT_TRUE(fs.CreateDir("/root").ok());
+  int connects = 0;
+  CoordinatorApiFactory never = [&](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+    ++connects;
+    return absl::InternalError("not used");
+  };
+  for (const std::vector<std::string>& argv : std::vector<std::vector<std::string>>{
+           {"--root", "/root"},
+           {"--root", "/root", "--json"},
+           {"--root", "/root", "--job", "train", "--step", "7"},
+           {"--job", "train"},
+           {"--root", "/root", "--step", "x", "--job", "j"},
+           {"--root", "/root", "--help"}}) {
+    std::ostringstream out1, err1, out2, err2;
+    const int direct = RunVerify(&fs, argv, out1, err1);
+    const int dispatched = RunVerifyCommand(&fs, argv, never, out2, err2);
+    EXPECT_EQ(direct, dispatched) << argv[0];
+    EXPECT_EQ(out1.str(), out2.str());
+    EXPECT_EQ(err1.str(), err2.str());
+  }
+  EXPECT_EQ(connects, 0);
+
+  // A bare --help describes both forms.
+  std::ostringstream out, err;
+  EXPECT_EQ(RunVerifyCommand(&fs, {"--help"}, never, out, err), kExitOk);
+  EXPECT_THAT(out.str(), AllOf(HasSubstr(kVerifyHelp), HasSubstr(kOnlineVerifyHelp)));
+}
+
+TEST(VerifyDispatchTest, CoordinatorGoesOnlineAndRootWithItIsAUsageError) {
+  storage::MemFileSystem fs;
+  int connects = 0;
+  CoordinatorApiFactory counting = [&](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+    ++connects;
+    return absl::UnavailableError("coordinator h:1: failed to connect");
+  };
+  std::ostringstream out, err;
+  EXPECT_EQ(RunVerifyCommand(&fs, {"--job", "llm", "--coordinator", "h:1"}, counting, out, err), kExitUnavailable);
+  EXPECT_EQ(connects, 1);
+  EXPECT_THAT(err.str(), HasSubstr("ckptctl verify: cannot reach the coordinator h:1"));
+
+  std::ostringstream out2, err2;
+  EXPECT_EQ(RunVerifyCommand(&fs, {"--root", "/r", "--job", "llm", "--coordinator", "h:1"}, counting, out2, err2),
+            kExitUsage);
+  EXPECT_THAT(err2.str(), AllOf(HasSubstr("--root"), HasSubstr("--coordinator"), HasSubstr("do not go together")));
+  EXPECT_EQ(connects, 1);
+}
+
+}  // namespace
+}  // namespace ckptd::cli
