@@ -27,6 +27,7 @@ const char kUsage[] =
     "  checkpoint --job J     take a manual checkpoint now and wait for it to commit (--token-file F)\n"
     "  list --job J           every step of a job: state, ranks, size, ratio, commit time, persist time\n"
     "  restore-plan --job J   the step a restart would restore now, and the newer steps passed over\n"
+    "  drill run --job J --scenario S   inject a failure through an agent, watch, and report a verdict\n"
     "  verify --job J         the coordinator reads a committed step back and checks it (--token-file F)\n"
     "\n"
     "`ckptctl <command> --help` describes a command.\n"
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   const ckptd::cli::CoordinatorApiFactory remote = ckptd::cli::NewRemoteCoordinatorApi;
   if (command == "verify") return ckptd::cli::RunVerifyCommand(fs.get(), args, remote, std::cout, std::cerr);
   if (command == "interval") return ckptd::cli::RunInterval(args, std::cout, std::cerr, ckptd::cli::FetchInterval);
+  if (command == "drill") return ckptd::cli::RunDrillCommand(args, remote, std::cout, std::cerr);
   if (command == "plan") return ckptd::cli::RunPlan(args, std::cout, std::cerr);
   if (command == "status") return ckptd::cli::RunStatus(args, remote, std::cout, std::cerr);
   if (command == "checkpoint") return ckptd::cli::RunCheckpoint(args, remote, std::cout, std::cerr);

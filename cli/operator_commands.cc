@@ -113,6 +113,45 @@ const char kRestorePlanHelp[] =
     "exit status: 0 success (a fresh start included), 1 no such job (or the\n"
     "coordinator is too old), 2 usage error, 3 the coordinator cannot be reached\n";
 
+const char kDrillHelp[] =
+    "usage: ckptctl drill run --job J --scenario S [--target RANK|NODE] [--at-step N]\n"
+    "                         [--duration 10s] [--slow 200ms] [--watch 2m] [--json]\n"
+    "                         --coordinator HOST:PORT --token-file F [--tls-ca F --tls-cert F --tls-key F]\n"
+    "\n"
+    "Rehearses a failure: the coordinator has the agent of the node concerned\n"
+    "inject it (only agents started with --allow-drills do), then this command\n"
+    "watches what follows and reports a timeline (injected, detected and the\n"
+    "detection latency, failed, resumed), the step restored, the work lost in steps\n"
+    "and seconds, the restart duration, and a verdict against what ckptd promises.\n"
+    "Restarting the job's processes is the launcher's part (torchrun, Slurm, ...):\n"
+    "the drill waits for the job to come back.\n"
+    "\n"
+    "scenarios (--target is a rank of the job unless said otherwise):\n"
+    "  kill-trainer     SIGKILL the rank's trainer; expects detection, a restart from a\n"
+    "                   committed step no newer than the failure\n"
+    "  hang-trainer     SIGSTOP it for --duration; expects the hang to be detected when\n"
+    "                   --duration outlasts the coordinator's hang threshold\n"
+    "  kill-agent       SIGKILL the agent of the rank's node (or of node --target)\n"
+    "  cut-off-agent    the agent talks to nobody for --duration; expects the node lost\n"
+    "  corrupt-shard    flip a byte of the rank's shard of the newest committed step; the\n"
+    "                   drill then verifies that step through the coordinator and expects\n"
+    "                   it quarantined and never chosen for a restore\n"
+    "  storage-eio      the agent's checkpoint storage fails with EIO for --duration\n"
+    "  storage-enospc   ... fails with ENOSPC (a full disk) for --duration\n"
+    "  storage-slow     ... waits --slow per operation for --duration; for the three\n"
+    "                   storage scenarios training must go on without a restart and\n"
+    "                   checkpoints commit again once the fault is lifted\n"
+    "\n"
+    "  --target T       a rank number of the job, or a node id (agent and storage scenarios)\n"
+    "  --at-step N      inject once the target rank reaches step N (default: at once)\n"
+    "  --duration D     how long a hang, cut-off or storage fault lasts (default 10s)\n"
+    "  --slow D         the delay per storage operation of storage-slow (default 200ms)\n"
+    "  --watch D        how long to watch after the injection (default 2m)\n"
+    "  --json           one JSON object: the timeline, the figures and the verdict\n"
+    "\n"
+    "exit status: 0 every expectation held, 1 one did not (or the drill could not be\n"
+    "carried out), 2 usage error, 3 the coordinator cannot be reached\n";
+
 const char kOnlineVerifyHelp[] =
     "usage: ckptctl verify --job J [--step S] --coordinator HOST:PORT --token-file F\n"
     "                      [--timeout D] [--json]\n"
@@ -1143,6 +1182,361 @@ int RunVerifyCommand(storage::FileSystem* fs, const std::vector<std::string>& ar
     return kExitOk;
   }
   return RunVerify(fs, argv, out, err);
+}
+
+// ------------------------------------------------------------- drills
+
+namespace {
+
+struct ScenarioInfo {
+  const char* name;
+  ckptd::v1::DrillScenario scenario;
+  bool timed;       // lasts --duration
+  bool node_level;  // may target a node
+};
+constexpr ScenarioInfo kScenarios[] = {
+    {"kill-trainer", ckptd::v1::KILL_TRAINER, false, false},
+    {"hang-trainer", ckptd::v1::HANG_TRAINER, true, false},
+    {"kill-agent", ckptd::v1::KILL_AGENT, false, true},
+    {"cut-off-agent", ckptd::v1::CUT_OFF_AGENT, true, true},
+    {"corrupt-shard", ckptd::v1::CORRUPT_SHARD, false, false},
+    {"storage-eio", ckptd::v1::STORAGE_EIO, true, true},
+    {"storage-enospc", ckptd::v1::STORAGE_ENOSPC, true, true},
+    {"storage-slow", ckptd::v1::STORAGE_SLOW, true, true},
+};
+
+bool IsStorageScenario(ckptd::v1::DrillScenario s) {
+  return s == ckptd::v1::STORAGE_EIO || s == ckptd::v1::STORAGE_ENOSPC || s == ckptd::v1::STORAGE_SLOW;
+}
+
+struct Verdict {
+  std::string expectation;
+  bool held = false;
+  std::string detail;
+};
+
+// A positive duration flag, or `fallback` when absent.
+absl::StatusOr<absl::Duration> PositiveDuration(const Args& args, const std::string& flag, absl::Duration fallback) {
+  std::optional<std::string> v = args.Get(flag);
+  if (!v) return fallback;
+  absl::Duration d;
+  if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", *v, "\" is not a positive duration (e.g. 10s)"));
+  }
+  return d;
+}
+
+double SecondsBetween(int64_t from_nanos, int64_t to_nanos) {
+  return static_cast<double>(to_nanos - from_nanos) / 1e9;
+}
+
+}  // namespace
+
+int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
+                    std::ostream& err, const OperatorEnv& env) {
+  if (!argv.empty() && (argv[0] == "--help" || argv[0] == "-h")) {
+    out << kDrillHelp;
+    return kExitOk;
+  }
+  if (argv.empty() || argv[0] != "run") {
+    err << "ckptctl drill: expected `drill run`\n(`ckptctl drill --help` describes it)\n";
+    return kExitUsage;
+  }
+  Command c("drill run", kDrillHelp, out, err);
+  const std::vector<std::string> rest(argv.begin() + 1, argv.end());
+  if (std::optional<int> done =
+          c.Start(rest, {"job", "scenario", "target", "at-step", "duration", "slow", "watch"}, {}, true, api)) {
+    return *done;
+  }
+  const Args& args = c.args();
+  const std::string scenario_name = args.Get("scenario").value_or("");
+  const ScenarioInfo* info = nullptr;
+  std::vector<std::string> names;
+  for (const ScenarioInfo& s : kScenarios) {
+    names.push_back(s.name);
+    if (scenario_name == s.name) info = &s;
+  }
+  if (info == nullptr) {
+    return c.Usage(absl::StrCat("--scenario must be one of ", absl::StrJoin(names, ", "),
+                                scenario_name.empty() ? "" : absl::StrCat("; got \"", scenario_name, "\"")));
+  }
+  absl::StatusOr<absl::Duration> duration = PositiveDuration(args, "duration", absl::Seconds(10));
+  absl::StatusOr<absl::Duration> slow = PositiveDuration(args, "slow", absl::Milliseconds(200));
+  absl::StatusOr<absl::Duration> watch = PositiveDuration(args, "watch", absl::Minutes(2));
+  for (const absl::Status& s : {duration.status(), slow.status(), watch.status()}) {
+    if (!s.ok()) return c.Usage(s.message());
+  }
+  absl::StatusOr<std::optional<uint64_t>> at_step = args.GetUint("at-step");
+  if (!at_step.ok()) return c.Usage(at_step.status().message());
+
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(c.job());
+  req.set_scenario(info->scenario);
+  if (std::optional<std::string> target = args.Get("target")) {
+    uint32_t rank = 0;
+    if (absl::SimpleAtoi(*target, &rank)) {
+      req.set_rank(rank);
+    } else if (info->node_level) {
+      req.set_target_node(*target);
+    } else {
+      return c.Usage(absl::StrCat("--target of ", info->name, " is a rank number; got \"", *target, "\""));
+    }
+  }
+  req.set_at_step(at_step->value_or(0));
+  if (info->timed) req.set_duration_seconds(absl::ToDoubleSeconds(*duration));
+  if (info->scenario == ckptd::v1::STORAGE_SLOW) req.set_slow_seconds(absl::ToDoubleSeconds(*slow));
+  absl::StatusOr<ckptd::v1::RunDrillResponse> ordered = c.api().RunDrill(req);
+  if (!ordered.ok()) return c.Fail("RunDrill", ordered.status());
+  if (!c.json()) {
+    out << "drill " << ordered->drill_id() << ": " << info->name << " on node " << ordered->node_id()
+        << (req.target_node().empty() ? absl::StrCat(" (rank ", req.rank(), " of job ", c.job(), ")") : "")
+        << (req.at_step() > 0 ? absl::StrCat(" at step ", req.at_step()) : "") << "\n"
+        << std::flush;
+  }
+
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered->drill_id());
+  ckptd::v1::DrillStatus st;
+  auto refresh = [&]() -> absl::Status {
+    absl::StatusOr<ckptd::v1::DrillStatus> got = c.api().GetDrill(get);
+    if (!got.ok()) return got.status();
+    st = *std::move(got);
+    return absl::OkStatus();
+  };
+  // 1. The agent's report.
+  const absl::Time give_up = env.now() + *watch;
+  while (true) {
+    if (absl::Status s = refresh(); !s.ok()) return c.Fail("GetDrill", s);
+    if (st.has_report() && (st.report().injected() || !st.report().error().empty())) break;
+    if (env.now() >= give_up) break;
+    env.sleep(env.poll_interval);
+  }
+  if (st.has_report() && !st.report().error().empty()) {
+    err << "ckptctl drill run: node " << st.node_id() << " did not carry the drill out: " << st.report().error()
+        << "\n";
+    return kExitFailed;
+  }
+  std::vector<Verdict> verdicts;
+  const bool injected = st.has_report() && st.report().injected();
+  verdicts.push_back({"the agent injected the fault", injected,
+                      injected ? st.report().detail() : absl::StrCat("no report within ", absl::FormatDuration(*watch))});
+
+  // 2. What follows.
+  std::optional<ckptd::v1::VerifyProgress> verified;
+  int64_t verified_at = 0;
+  if (injected && info->scenario == ckptd::v1::CORRUPT_SHARD) {
+    // Nothing reads a committed step until a restore or a verification: the
+    // drill verifies it, as an operator would.
+    ckptd::v1::VerifyStepRequest vr;
+    vr.set_job(c.job());
+    vr.set_has_step(true);
+    vr.set_step(st.newest_committed_at_order());
+    absl::StatusOr<ckptd::v1::VerifyProgress> v = c.api().VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
+    if (!v.ok()) return c.Fail("VerifyStep", v.status());
+    verified = *v;
+    verified_at = absl::ToUnixNanos(env.now());
+  }
+  auto latest_commit_after = [&](int64_t nanos) -> std::optional<uint64_t> {
+    ckptd::v1::ListStepsRequest lr;
+    lr.set_job(c.job());
+    absl::StatusOr<ckptd::v1::ListStepsResponse> steps = c.api().ListSteps(lr);
+    if (!steps.ok()) return std::nullopt;
+    std::optional<uint64_t> newest;
+    for (const StepEntry& e : steps->steps()) {
+      if (e.state() == ckptd::v1::STEP_COMMITTED && e.committed_unix_nanos() > nanos) newest = e.step();
+    }
+    return newest;
+  };
+  auto settled = [&]() {
+    if (!injected) return true;
+    switch (info->scenario) {
+      case ckptd::v1::CORRUPT_SHARD:
+        return true;
+      case ckptd::v1::HANG_TRAINER:
+        // A hang shorter than the coordinator's threshold is not a failure.
+        return st.resumed() || (st.report().ended() && st.events().empty() &&
+                                env.now() > absl::FromUnixNanos(st.report().ended_unix_nanos()) + absl::Seconds(5));
+      case ckptd::v1::STORAGE_EIO:
+      case ckptd::v1::STORAGE_ENOSPC:
+      case ckptd::v1::STORAGE_SLOW:
+        return st.report().ended() && latest_commit_after(st.report().ended_unix_nanos()).has_value();
+      default:
+        return st.resumed();
+    }
+  };
+  std::string last_line;
+  while (true) {
+    if (absl::Status s = refresh(); !s.ok()) return c.Fail("GetDrill", s);
+    if (!c.json()) {
+      std::string line = absl::StrCat("  ", st.events_size(), " failure(s) recorded",
+                                      st.resumed() ? absl::StrCat("; resumed from step ", st.restored_step()) : "",
+                                      st.report().ended() ? "; fault lifted" : "");
+      if (line != last_line) out << line << "\n" << std::flush;
+      last_line = line;
+    }
+    if (settled() || env.now() >= give_up) break;
+    env.sleep(env.poll_interval);
+  }
+
+  // 3. The verdict.
+  ckptd::v1::ListStepsRequest lr;
+  lr.set_job(c.job());
+  absl::StatusOr<ckptd::v1::ListStepsResponse> steps = c.api().ListSteps(lr);
+  if (!steps.ok()) return c.Fail("ListSteps", steps.status());
+  ckptd::v1::RestorePreviewRequest pr;
+  pr.set_job(c.job());
+  absl::StatusOr<ckptd::v1::RestorePreview> preview = c.api().GetRestorePreview(pr);
+  if (!preview.ok()) return c.Fail("GetRestorePreview", preview.status());
+  std::map<uint64_t, const StepEntry*> by_step;
+  bool partial = false;
+  for (const StepEntry& e : steps->steps()) {
+    by_step[e.step()] = &e;
+    partial |= e.state() == ckptd::v1::STEP_COMMITTED && e.ranks_reported() != e.world_size();
+  }
+  verdicts.push_back({"nothing partial committed", !partial, partial ? "a committed step lacks a rank" : ""});
+  const int64_t injected_at = st.report().injected_unix_nanos();
+  const bool detected = st.first_detection_unix_nanos() > 0;
+  const bool restart_scenario = info->scenario == ckptd::v1::KILL_TRAINER || info->scenario == ckptd::v1::KILL_AGENT ||
+                                info->scenario == ckptd::v1::CUT_OFF_AGENT ||
+                                (info->scenario == ckptd::v1::HANG_TRAINER && detected);
+  if (restart_scenario) {
+    verdicts.push_back({"the failure was detected", detected,
+                        detected ? absl::StrFormat("%.3f s after the injection",
+                                                   SecondsBetween(injected_at, st.first_detection_unix_nanos()))
+                                 : "no failure recorded"});
+    verdicts.push_back({"the job restarted and resumed training", st.resumed(),
+                        st.resumed() ? absl::StrCat("from step ", st.restored_step()) : "not within --watch"});
+    if (st.resumed()) {
+      const StepEntry* restored = st.fresh_start() ? nullptr : by_step[st.restored_step()];
+      const bool good = st.fresh_start() ? !st.had_committed_at_order()
+                                         : restored != nullptr && restored->state() == ckptd::v1::STEP_COMMITTED &&
+                                               st.restored_step() <= st.step_at_failure();
+      verdicts.push_back({"it restored the newest intact committed step, no newer than the failure", good,
+                          st.fresh_start() ? "a fresh start" : absl::StrCat("step ", st.restored_step())});
+    }
+  }
+  if (info->scenario == ckptd::v1::HANG_TRAINER) {
+    verdicts.push_back({"the trainer was let go again", st.report().ended(), ""});
+  }
+  if (info->scenario == ckptd::v1::CORRUPT_SHARD && verified) {
+    const uint64_t bad = verified->step();
+    const StepEntry* e = by_step.count(bad) ? by_step[bad] : nullptr;
+    verdicts.push_back({"verification found the damage", !verified->ok(),
+                        verified->problems().empty() ? "no problem found" : verified->problems(0)});
+    verdicts.push_back({"the damaged step is quarantined", e != nullptr && e->state() == ckptd::v1::STEP_QUARANTINED,
+                        absl::StrCat("step ", bad)});
+    const bool never = preview->fresh_start() || preview->step() != bad;
+    verdicts.push_back({"corrupt data is never restored", never,
+                        preview->fresh_start() ? "a restart would start fresh"
+                                               : absl::StrCat("a restart would restore step ", preview->step())});
+    verdicts.push_back({"a restart falls back to the previous good step",
+                        never && (preview->fresh_start() || preview->step() < bad), ""});
+  }
+  if (IsStorageScenario(info->scenario)) {
+    bool restarted = st.resumed();
+    for (const auto& e : st.events()) {
+      restarted |= e.kind() == ckptd::v1::TRAINER_DIED || e.kind() == ckptd::v1::NODE_LOST ||
+                   e.kind() == ckptd::v1::TRAINER_HUNG;
+    }
+    verdicts.push_back({"training went on without a restart", !restarted, ""});
+    verdicts.push_back({"the fault was lifted", st.report().ended(), ""});
+    std::optional<uint64_t> after =
+        st.report().ended() ? latest_commit_after(st.report().ended_unix_nanos()) : std::nullopt;
+    verdicts.push_back({"checkpoints commit again after the fault", after.has_value(),
+                        after ? absl::StrCat("step ", *after) : "none within --watch"});
+  }
+  bool all = true;
+  for (const Verdict& v : verdicts) all &= v.held;
+  // Work lost: the steps past the restored one, redone.
+  const uint64_t lost_steps = st.resumed() && st.step_at_failure() > st.restored_step()
+                                  ? st.step_at_failure() - st.restored_step()
+                                  : 0;
+  const double lost_seconds = static_cast<double>(lost_steps) * st.step_seconds();
+  const double restart_seconds = st.resumed() ? SecondsBetween(st.failed_unix_nanos(), st.resumed_unix_nanos()) : 0;
+
+  if (c.json()) {
+    JsonWriter w;
+    w.BeginObject();
+    w.Field("drill_id", st.drill_id());
+    w.Field("scenario", info->name);
+    w.Field("job", c.job());
+    w.Field("node", st.node_id());
+    w.Field("ordered_unix_nanos", st.ordered_unix_nanos());
+    w.Field("injected", injected);
+    w.Field("injected_unix_nanos", injected_at);
+    w.Field("detail", st.report().detail());
+    w.Key("detection_seconds");
+    if (detected && injected) {
+      w.Double(SecondsBetween(injected_at, st.first_detection_unix_nanos()));
+    } else {
+      w.Null();
+    }
+    w.Key("failures");
+    w.BeginArray();
+    for (const auto& e : st.events()) {
+      w.BeginObject();
+      w.Field("kind", FailureKindName(e.kind()));
+      w.Field("node", e.node_id());
+      w.Field("unix_nanos", e.unix_nanos());
+      w.Field("detail", e.detail());
+      w.EndObject();
+    }
+    w.EndArray();
+    w.Field("resumed", st.resumed());
+    w.Field("fresh_start", st.fresh_start());
+    w.Field("restored_step", st.restored_step());
+    w.Field("step_at_failure", st.step_at_failure());
+    w.Field("lost_steps", lost_steps);
+    w.Field("lost_seconds", lost_seconds);
+    w.Field("restart_seconds", restart_seconds);
+    w.Field("fault_lifted", st.report().ended());
+    if (verified) w.Field("verified_step", verified->step());
+    w.Key("verdict");
+    w.BeginArray();
+    for (const Verdict& v : verdicts) {
+      w.BeginObject();
+      w.Field("expectation", v.expectation);
+      w.Field("held", v.held);
+      w.Field("detail", v.detail);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.Field("passed", all);
+    w.EndObject();
+    out << w.str() << "\n";
+    return all ? kExitOk : kExitFailed;
+  }
+  auto at = [&](int64_t nanos) {
+    return injected_at > 0 ? absl::StrFormat("%+8.3f s", SecondsBetween(injected_at, nanos)) : IsoTime(nanos);
+  };
+  out << "\ntimeline (from the injection)\n";
+  out << "  " << at(st.ordered_unix_nanos()) << "  ordered\n";
+  if (injected) out << "  " << at(injected_at) << "  injected: " << st.report().detail() << "\n";
+  for (const auto& e : st.events()) {
+    out << "  " << at(e.unix_nanos()) << "  detected " << FailureKindName(e.kind()) << " on " << e.node_id()
+        << (e.has_rank() ? absl::StrCat(" rank ", e.rank()) : "") << ": " << e.detail() << "\n";
+  }
+  if (verified) {
+    out << "  " << at(verified_at) << "  verified step " << verified->step() << ": "
+        << (verified->ok() ? "intact" : absl::StrCat(verified->problems_size(), " problem(s)")) << "\n";
+  }
+  if (st.report().ended()) out << "  " << at(st.report().ended_unix_nanos()) << "  fault lifted\n";
+  if (st.resumed()) {
+    out << "  " << at(st.resumed_unix_nanos()) << "  training resumed from "
+        << (st.fresh_start() ? std::string("a fresh start") : absl::StrCat("step ", st.restored_step())) << "\n";
+  }
+  if (st.resumed()) {
+    out << absl::StrFormat("\nwork lost    %d steps (%.1f s at %.3f s per step)\nrestart      %.3f s from the "
+                           "failure to the first step after the restore\n",
+                           lost_steps, lost_seconds, st.step_seconds(), restart_seconds);
+  }
+  out << "\nverdict\n";
+  for (const Verdict& v : verdicts) {
+    out << "  " << (v.held ? "PASS" : "FAIL") << "  " << v.expectation << (v.detail.empty() ? "" : ": ") << v.detail
+        << "\n";
+  }
+  out << (all ? "drill: PASS\n" : "drill: FAIL\n");
+  return all ? kExitOk : kExitFailed;
 }
 
 }  // namespace ckptd::cli

@@ -42,6 +42,9 @@ class CoordinatorApi {
   virtual absl::StatusOr<ckptd::v1::VerifyProgress> VerifyStep(
       const ckptd::v1::VerifyStepRequest& request,
       const std::function<void(const ckptd::v1::VerifyProgress&)>& on_progress) = 0;
+  // Needs the operator token.
+  virtual absl::StatusOr<ckptd::v1::RunDrillResponse> RunDrill(const ckptd::v1::RunDrillRequest& request) = 0;
+  virtual absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest& request) = 0;
 };
 
 // Makes the API for a command's flags (--coordinator, TLS, --token-file,
@@ -112,5 +115,13 @@ extern const char kCheckpointHelp[];
 extern const char kListHelp[];
 extern const char kRestorePlanHelp[];
 extern const char kOnlineVerifyHelp[];
+extern const char kDrillHelp[];
+
+// ckptctl drill run --job J --scenario S [--target rank|node] ...: orders a
+// drill, watches what follows, and reports a timeline and a verdict. Exit 0
+// when every expectation held, 1 when one did not (or the drill could not
+// be carried out), 2 usage, 3 the coordinator cannot be reached.
+int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
+                    std::ostream& err, const OperatorEnv& env = {});
 
 }  // namespace ckptd::cli

@@ -68,6 +68,12 @@ struct FakeCoordinator {
   std::optional<ckptd::v1::VerifyStepRequest> verify_request;
   std::optional<Args> args;  // what the factory was given
   int connects = 0;
+  // Drills: RunDrill's answer, and GetDrill's answer to its n-th call (the
+  // last one repeats).
+  absl::StatusOr<ckptd::v1::RunDrillResponse> run_drill = ckptd::v1::RunDrillResponse();
+  std::optional<ckptd::v1::RunDrillRequest> drill_request;
+  std::vector<ckptd::v1::DrillStatus> drill{ckptd::v1::DrillStatus()};
+  int get_drill_calls = 0;
 };
 
 class FakeApi final : public CoordinatorApi {
@@ -120,6 +126,16 @@ class FakeApi final : public CoordinatorApi {
       return absl::UnknownError("the verification stream ended without a final result");
     }
     return f_->verify_stream.back();
+  }
+  absl::StatusOr<ckptd::v1::RunDrillResponse> RunDrill(const ckptd::v1::RunDrillRequest& req) override {
+    f_->drill_request = req;
+    if (f_->error) return *f_->error;
+    return f_->run_drill;
+  }
+  absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest&) override {
+    const int call = f_->get_drill_calls++;
+    if (f_->error) return *f_->error;
+    return f_->drill[std::min<size_t>(call, f_->drill.size() - 1)];
   }
 
  private:
@@ -1004,6 +1020,182 @@ TEST(VerifyDispatchTest, CoordinatorGoesOnlineAndRootWithItIsAUsageError) {
             kExitUsage);
   EXPECT_THAT(err2.str(), AllOf(HasSubstr("--root"), HasSubstr("--coordinator"), HasSubstr("do not go together")));
   EXPECT_EQ(connects, 1);
+}
+
+// ----------------------------------------------------------------- drills
+
+class DrillCommandTest : public OperatorCommandsTest {
+ protected:
+  static constexpr int64_t kT0 = 1'900'000'000'000'000'000;
+  void SetUp() override {
+    fake_.run_drill->set_drill_id(7);
+    fake_.run_drill->set_node_id("node-b");
+  }
+  ckptd::v1::DrillStatus Base() {
+    ckptd::v1::DrillStatus st;
+    st.set_drill_id(7);
+    st.set_node_id("node-b");
+    st.set_ordered_unix_nanos(kT0);
+    st.set_had_committed_at_order(true);
+    st.set_newest_committed_at_order(40);
+    st.set_step_seconds(0.015);
+    return st;
+  }
+  // ckptctl drill run --coordinator kAddress `argv`.
+  Result Drill(std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"run", "--coordinator", kAddress});
+    return RunExactly(RunDrillCommand, argv);
+  }
+  static ckptd::v1::StepEntry Step(uint64_t step, ckptd::v1::StepState state, uint32_t ranks = 4) {
+    ckptd::v1::StepEntry e;
+    e.set_step(step);
+    e.set_state(state);
+    e.set_world_size(4);
+    e.set_ranks_reported(ranks);
+    e.set_committed_unix_nanos(kT0 - 1'000'000'000 + static_cast<int64_t>(step) * 1'000'000);
+    return e;
+  }
+};
+
+TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
+  ckptd::v1::DrillStatus injected = Base();
+  injected.mutable_report()->set_drill_id(7);
+  injected.mutable_report()->set_injected(true);
+  injected.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
+  injected.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
+  ckptd::v1::DrillStatus after = injected;
+  ckptd::v1::FailureEvent* e = after.add_events();
+  e->set_kind(ckptd::v1::TRAINER_DIED);
+  e->set_node_id("node-b");
+  e->set_has_rank(true);
+  e->set_rank(2);
+  e->set_unix_nanos(kT0 + 62'000'000);
+  after.set_first_detection_unix_nanos(kT0 + 62'000'000);
+  after.set_resumed(true);
+  after.set_restored_step(40);
+  after.set_step_at_failure(47);
+  after.set_failed_unix_nanos(kT0 + 62'000'000);
+  after.set_resumed_unix_nanos(kT0 + 2'062'000'000);
+  fake_.drill = {Base(), injected, injected, after};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+  fake_.steps = {steps};
+  fake_.preview->set_step(40);
+
+  Result r = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
+                                   "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::KILL_TRAINER);
+  EXPECT_EQ(fake_.drill_request->rank(), 2u);
+  EXPECT_THAT(r.out, HasSubstr("drill 7: kill-trainer on node node-b (rank 2 of job llm)"));
+  EXPECT_THAT(r.out, HasSubstr("+0.012 s  detected"));
+  EXPECT_THAT(r.out, HasSubstr("training resumed from step 40"));
+  EXPECT_THAT(r.out, HasSubstr("work lost    7 steps (0.1 s at 0.015 s per step)"));
+  EXPECT_THAT(r.out, HasSubstr("restart      2.000 s"));
+  EXPECT_THAT(r.out, HasSubstr("PASS  the failure was detected: 0.012 s after the injection"));
+  EXPECT_THAT(r.out, HasSubstr("drill: PASS"));
+
+  fake_.get_drill_calls = 0;
+  Result j = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
+                                   "--token-file", TokenFile("drill-token", "s3cret"), "--json"});
+  EXPECT_EQ(j.code, kExitOk);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"detection_seconds\":0.012"), HasSubstr("\"lost_steps\":7"),
+                           HasSubstr("\"restored_step\":40"), HasSubstr("\"passed\":true")));
+}
+
+TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(kT0 + 1'000'000);
+  st.mutable_report()->set_detail("flipped a byte of rank-0002.shard");
+  fake_.drill = {st};
+  ckptd::v1::VerifyProgress done;
+  done.set_step(40);
+  done.set_done(true);
+  done.set_ok(false);
+  done.add_problems("rank-0002.shard: tensor w block 0 chunk 3: checksum mismatch");
+  fake_.verify_stream = {done};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_QUARANTINED);
+  fake_.steps = {steps};
+  fake_.preview->set_step(20);
+  Result good = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
+                                      "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(good.code, kExitOk) << good.out;
+  ASSERT_TRUE(fake_.verify_request.has_value());
+  EXPECT_EQ(fake_.verify_request->step(), 40u);
+  EXPECT_THAT(good.out, AllOf(HasSubstr("PASS  the damaged step is quarantined"),
+                              HasSubstr("PASS  corrupt data is never restored: a restart would restore step 20")));
+  // A coordinator that would still restore step 40 fails the drill.
+  fake_.preview->set_step(40);
+  fake_.get_drill_calls = 0;
+  Result bad = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
+                                     "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(bad.code, kExitFailed);
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  corrupt data is never restored"), HasSubstr("drill: FAIL")));
+}
+
+TEST_F(DrillCommandTest, StorageFaultMustLeaveTrainingRunningAndCheckpointsCommittingAfterward) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(kT0);
+  st.mutable_report()->set_ended(true);
+  st.mutable_report()->set_ended_unix_nanos(kT0 + 10'000'000);
+  ckptd::v1::FailureEvent* e = st.add_events();
+  e->set_kind(ckptd::v1::PERSIST_FAILED);
+  e->set_node_id("node-b");
+  e->set_unix_nanos(kT0 + 5'000'000);
+  st.set_first_detection_unix_nanos(kT0 + 5'000'000);
+  fake_.drill = {st};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+  ckptd::v1::StepEntry later = Step(60, ckptd::v1::STEP_COMMITTED);
+  later.set_committed_unix_nanos(kT0 + 20'000'000);
+  *steps.add_steps() = later;
+  fake_.steps = {steps};
+  fake_.preview->set_step(60);
+  Result r = Drill({"--job", "llm", "--scenario", "storage-enospc", "--target", "node-b",
+                                   "--duration", "10ms", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(fake_.drill_request->target_node(), "node-b");
+  EXPECT_DOUBLE_EQ(fake_.drill_request->duration_seconds(), 0.01);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PASS  training went on without a restart"),
+                           HasSubstr("PASS  checkpoints commit again after the fault: step 60")));
+}
+
+TEST_F(DrillCommandTest, RefusalsAndBadFlags) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_error("drills are not allowed on this agent; start it with --allow-drills");
+  fake_.drill = {st};
+  Result refused = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(refused.code, kExitFailed);
+  EXPECT_THAT(refused.err, HasSubstr("--allow-drills"));
+  Result no_scenario = Drill({"--job", "llm", "--scenario", "meteor", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(no_scenario.code, kExitUsage);
+  EXPECT_THAT(no_scenario.err, HasSubstr("--scenario must be one of kill-trainer, hang-trainer"));
+  Result node_for_rank =
+      Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "node-a"});
+  EXPECT_EQ(node_for_rank.code, kExitUsage);
+  EXPECT_THAT(node_for_rank.err, HasSubstr("--target of kill-trainer is a rank number"));
+  Result bad_duration =
+      Drill({"--job", "llm", "--scenario", "hang-trainer", "--duration", "soon"});
+  EXPECT_EQ(bad_duration.code, kExitUsage);
+  EXPECT_THAT(bad_duration.err, HasSubstr("--duration: \"soon\""));
+  Result not_run = RunExactly(RunDrillCommand, {"start"});
+  EXPECT_EQ(not_run.code, kExitUsage);
+  fake_.error = absl::UnavailableError("coordinator c:1: connection refused");
+  Result down = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(down.code, kExitUnavailable);
+  Result help = RunExactly(RunDrillCommand, {"--help"});
+  EXPECT_EQ(help.code, kExitOk);
+  for (const char* s : {"kill-trainer", "hang-trainer", "kill-agent", "cut-off-agent", "corrupt-shard", "storage-eio",
+                        "storage-enospc", "storage-slow", "--watch", "--at-step"}) {
+    EXPECT_THAT(help.out, HasSubstr(s));
+  }
 }
 
 }  // namespace

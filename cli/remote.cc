@@ -55,6 +55,14 @@ class RemoteCoordinatorApi final : public CoordinatorApi {
     return Unary<ckptd::v1::ListStepsResponse>(
         kPlain, [&](grpc::ClientContext* ctx, auto* resp) { return stub_->ListSteps(ctx, req, resp); });
   }
+  absl::StatusOr<ckptd::v1::RunDrillResponse> RunDrill(const ckptd::v1::RunDrillRequest& req) override {
+    return Unary<ckptd::v1::RunDrillResponse>(
+        kOperator, [&](grpc::ClientContext* ctx, auto* resp) { return stub_->RunDrill(ctx, req, resp); });
+  }
+  absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest& req) override {
+    return Unary<ckptd::v1::DrillStatus>(
+        kPlain, [&](grpc::ClientContext* ctx, auto* resp) { return stub_->GetDrill(ctx, req, resp); });
+  }
   absl::StatusOr<ckptd::v1::RestorePreview> GetRestorePreview(const ckptd::v1::RestorePreviewRequest& req) override {
     return Unary<ckptd::v1::RestorePreview>(
         kPlain, [&](grpc::ClientContext* ctx, auto* resp) { return stub_->GetRestorePreview(ctx, req, resp); });
