@@ -147,6 +147,23 @@ absl::StatusOr<std::optional<ckptd::v1::Schedule>> AgentCore::SyncSchedule(
   return options_.coordinator->ScheduleFor(t->reg.job);
 }
 
+std::optional<TrainerInfo> AgentCore::FindTrainer(const std::string& job, uint32_t rank) {
+  std::shared_ptr<Trainer> found;
+  {
+    absl::MutexLock l(&mu_);
+    // Ids grow: the last match is the newest registration.
+    for (const auto& [id, t] : trainers_) {
+      if (t->reg.job == job && t->reg.rank == rank) found = t;
+    }
+  }
+  if (found == nullptr) return std::nullopt;
+  TrainerInfo info;
+  info.pid = found->reg.pid;
+  absl::MutexLock l(&found->mu);
+  info.step = found->step;
+  return info;
+}
+
 void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
   std::vector<std::shared_ptr<Trainer>> trainers;
   {

@@ -88,6 +88,12 @@ struct PersistStatus {
   std::string last_skip_reason;
 };
 
+// A registered trainer as drills see it.
+struct TrainerInfo {
+  int32_t pid = 0;
+  uint64_t step = 0;  // as its last SyncSchedule said
+};
+
 class AgentCore {
  public:
   // `fs` must outlive the agent.
@@ -111,6 +117,9 @@ class AgentCore {
 
   // The ranks this node hosts and their progress, for the coordinator.
   void FillHeartbeat(ckptd::v1::Heartbeat* heartbeat);
+
+  // The trainer registered (most recently) for `rank` of `job`, if any.
+  std::optional<TrainerInfo> FindTrainer(const std::string& job, uint32_t rank);
 
   // The trainer skipped the snapshot of `step` for `reason` (kept up to
   // kMaxSkipReasonBytes): counted in its PersistStatus, which Status()

@@ -198,6 +198,29 @@ TEST_F(AgentCoreTest, SkippedSnapshotsAreCountedInTheStatus) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
 }
 
+TEST_F(AgentCoreTest, FindTrainerByJobAndRank) {
+  AgentCore agent(&mem_, options_);
+  EXPECT_EQ(agent.FindTrainer("job", 0), std::nullopt);
+  TrainerRegistration r = FiveComponents("job");
+  r.pid = 4242;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(r));
+  std::optional<TrainerInfo> info = agent.FindTrainer("job", 0);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->pid, 4242);
+  EXPECT_EQ(info->step, 0u);
+  ckptd::v1::SyncScheduleRequest sync;
+  sync.set_trainer_id(h.trainer_id);
+  sync.set_step(17);
+  CKPTD_ASSERT_OK(agent.SyncSchedule(sync).status());
+  info = agent.FindTrainer("job", 0);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->step, 17u);
+  EXPECT_EQ(agent.FindTrainer("job", 1), std::nullopt);
+  EXPECT_EQ(agent.FindTrainer("other", 0), std::nullopt);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+  EXPECT_EQ(agent.FindTrainer("job", 0), std::nullopt);
+}
+
 TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
   AgentCore agent(&mem_, options_);
   TrainerRegistration r = FiveComponents("../etc");

@@ -88,6 +88,22 @@ bool CoordinatorLink::Flush(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
 
+void CoordinatorLink::CutOff(absl::Duration duration) {
+  absl::MutexLock l(&mu_);
+  if (duration <= absl::ZeroDuration()) {
+    cut_until_ = absl::InfinitePast();
+    return;
+  }
+  cut_until_ = absl::Now() + duration;
+  // Ends the heartbeat stream now rather than at its next beat.
+  if (stream_context_ != nullptr) stream_context_->TryCancel();
+}
+
+bool CoordinatorLink::cut_off() {
+  absl::MutexLock l(&mu_);
+  return CutOffLocked();
+}
+
 bool CoordinatorLink::connected() {
   absl::MutexLock l(&mu_);
   return session_.has_value();
@@ -100,6 +116,13 @@ size_t CoordinatorLink::unanswered_shards() {
 
 absl::StatusOr<ckptd::v1::RestorePlanResponse> CoordinatorLink::RestorePlan(
     const ckptd::v1::RestorePlanRequest& request, absl::Duration timeout) {
+  {
+    absl::MutexLock l(&mu_);
+    if (CutOffLocked()) {
+      return absl::UnavailableError(
+          absl::StrCat("restore plan from coordinator ", options_.address, ": cut off for a drill"));
+    }
+  }
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, options_.rpc_timeout)));
   ckptd::v1::RestorePlanResponse response;
@@ -119,6 +142,7 @@ absl::Status CoordinatorLink::Register() {
   req.set_address(options_.host_name);
   for (const auto& g : options_.gpus) req.add_gpus(g);
   *req.mutable_ranks() = now.ranks();
+  req.set_drills_allowed(options_.drills_allowed);
   std::vector<ShardKey> sent;
   {
     absl::MutexLock l(&mu_);
@@ -147,6 +171,7 @@ absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
+    if (CutOffLocked()) return absl::UnavailableError("cut off for a drill");
     stream_context_ = &ctx;
   }
   std::unique_ptr<grpc::ClientReaderWriter<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>> stream =
@@ -158,7 +183,16 @@ absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
     hb.set_node_id(options_.node_id);
     hb.set_session(session);
     ckptd::v1::HeartbeatAck ack;
+    {
+      // A cut-off that began while the heartbeat was filled: send nothing.
+      absl::MutexLock l(&mu_);
+      if (CutOffLocked()) {
+        why = absl::UnavailableError("cut off for a drill");
+        break;
+      }
+    }
     if (!stream->Write(hb) || !stream->Read(&ack)) break;
+    if (options_.on_ack) options_.on_ack(ack);
     absl::Duration interval;
     {
       absl::MutexLock l(&mu_);
@@ -170,9 +204,29 @@ absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
       for (const auto& s : ack.schedules()) schedules_[s.job()] = s;
       interval = interval_;
     }
-    if (!SleepUnlessStopping(interval)) break;
+    {
+      // Sleeps until the next beat, or until stopping or cut off.
+      absl::MutexLock l(&mu_);
+      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || CutOffLocked(); };
+      mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
+      if (stopping_) break;
+      if (CutOffLocked()) {
+        why = absl::UnavailableError("cut off for a drill");
+        break;
+      }
+    }
   }
-  stream->WritesDone();
+  {
+    // A cut-off that cancelled the stream under a Write or Read.
+    absl::MutexLock l(&mu_);
+    if (why.ok() && !stopping_ && CutOffLocked()) why = absl::UnavailableError("cut off for a drill");
+  }
+  if (absl::IsUnavailable(why)) {
+    // Cut off: the stream is dropped, not closed politely.
+    ctx.TryCancel();
+  } else {
+    stream->WritesDone();
+  }
   const grpc::Status finished = stream->Finish();
   {
     absl::MutexLock l(&mu_);
@@ -189,6 +243,12 @@ void CoordinatorLink::HeartbeatLoop() {
     std::optional<uint64_t> session;
     {
       absl::MutexLock l(&mu_);
+      if (CutOffLocked()) {
+        // A drill: silent until the cut-off ends (or is lifted).
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !CutOffLocked(); };
+        mu_.AwaitWithDeadline(absl::Condition(&wake), cut_until_);
+        backoff = absl::Milliseconds(100);
+      }
       if (stopping_) return;
       session = session_;
     }
@@ -220,7 +280,7 @@ void CoordinatorLink::SenderLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(500));
       send_wake_ = false;
       if (stopping_) return;
-      if (!session_) continue;
+      if (!session_ || CutOffLocked()) continue;
       session = *session_;
       for (const auto& [key, report] : shards_) shards.push_back(report);
       failures.swap(failures_);

@@ -51,6 +51,11 @@ struct CoordinatorLinkOptions {
   // Used until the coordinator says otherwise at registration.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Started with --allow-drills (told to the coordinator at registration).
+  bool drills_allowed = false;
+  // Called with every heartbeat answer, on the heartbeat thread (drill
+  // orders, and the delivery of the drill reports the heartbeat carried).
+  std::function<void(const ckptd::v1::HeartbeatAck&)> on_ack;
 };
 
 // What the agent reports in each heartbeat: the ranks it hosts and their progress.
@@ -74,10 +79,17 @@ class CoordinatorLink : public CoordinatorClient {
   // clean shutdown); false when some are still waiting.
   bool Flush(absl::Duration timeout);
 
+  // A drill: for `duration` the link sends nothing to the coordinator (the
+  // heartbeat stream is dropped, reports stay queued, restore plans fail with
+  // kUnavailable); then it reconnects by itself, registering again if the
+  // coordinator forgot it. Zero (or less) lifts a cut-off in progress.
+  void CutOff(absl::Duration duration);
+
   // For tests and status: whether a registration is current, and how many
   // shard reports wait for an answer.
   bool connected();
   size_t unanswered_shards();
+  bool cut_off();
 
  private:
   using ShardKey = std::tuple<std::string, uint64_t, uint32_t>;
@@ -87,6 +99,8 @@ class CoordinatorLink : public CoordinatorClient {
   // Runs one heartbeat stream until it ends; returns why.
   absl::Status StreamHeartbeats(uint64_t session);
   bool SleepUnlessStopping(absl::Duration d);
+  // REQUIRES: mu_ held.
+  bool CutOffLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return absl::Now() < cut_until_; }
 
   const CoordinatorLinkOptions options_;
   const HeartbeatFiller fill_;
@@ -103,6 +117,7 @@ class CoordinatorLink : public CoordinatorClient {
   bool send_wake_ ABSL_GUARDED_BY(mu_) = false;
   bool sending_failures_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::Time cut_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 
   std::thread heartbeat_thread_;
   std::thread sender_thread_;

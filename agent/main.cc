@@ -14,6 +14,7 @@
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
 #include "agent/coordinator_link.h"
+#include "agent/drills.h"
 #include "coordinator/tls.h"
 #include "cli/args.h"
 #include "storage/fault_injection_file_system.h"
@@ -27,7 +28,7 @@ const char kUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--coordinator <host:port> [--node-id <id>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
-    "                   [--inject-write-latency <duration>]\n"
+    "                   [--inject-write-latency <duration>] [--allow-drills]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
     "owns their shared-memory staging, persists every published snapshot in\n"
@@ -49,6 +50,11 @@ const char kUsage[] =
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
     "                            data sleeps <d> first (e.g. 200ms), so a persist stays in flight\n"
     "                            long enough to kill the agent in the middle of it\n"
+    "  --allow-drills            testing and drills only: carry out the failure drills the coordinator\n"
+    "                            sends (ckptctl drill): SIGKILL or SIGSTOP this node's trainers, kill\n"
+    "                            this agent, cut it off from the coordinator, corrupt a byte of a\n"
+    "                            committed shard, make checkpoint storage fail (EIO, ENOSPC) or slow\n"
+    "                            for a while. Without it, every drill is refused with an error report\n"
     "\n"
     "Stops on SIGINT or SIGTERM after persisting what trainers already published.\n";
 
@@ -62,7 +68,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
                                                      "inject-write-latency"},
-                                          {"help"});
+                                          {"help", "allow-drills"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
     return 0;
@@ -92,10 +98,13 @@ int main(int argc, char** argv) {
     std::cerr << "ckptd-agent: storage root: " << s.message() << "\n";
     return ckptd::cli::kExitFailed;
   }
+  const bool allow_drills = args->Has("allow-drills");
   // The link and the core refer to each other: the link asks the core for
-  // heartbeat contents through `heartbeat_source`, cut before the core goes.
+  // heartbeat contents through `heartbeat_source`, and hands heartbeat answers
+  // to the drill executor through `drill_sink`; both are cut before they go.
   absl::Mutex source_mu;
   ckptd::agent::AgentCore* heartbeat_source = nullptr;
+  ckptd::agent::DrillExecutor* drill_sink = nullptr;
   std::unique_ptr<ckptd::agent::CoordinatorLink> link;
   if (args->Get("coordinator")) {
     ckptd::agent::CoordinatorLinkOptions lo;
@@ -118,31 +127,53 @@ int main(int argc, char** argv) {
       if (!creds.ok()) return usage(std::string(creds.status().message()));
       lo.credentials = *creds;
     }
+    lo.drills_allowed = allow_drills;
+    lo.on_ack = [&](const ckptd::v1::HeartbeatAck& ack) {
+      absl::MutexLock l(&source_mu);
+      if (drill_sink != nullptr) drill_sink->OnAck(ack);
+    };
     link = std::make_unique<ckptd::agent::CoordinatorLink>(lo, [&](ckptd::v1::Heartbeat* hb) {
       absl::MutexLock l(&source_mu);
       if (heartbeat_source != nullptr) heartbeat_source->FillHeartbeat(hb);
+      if (drill_sink != nullptr) drill_sink->FillReports(hb);
     });
     options.coordinator = link.get();
   } else if (args->Get("node-id") || args->Get("tls-ca") || args->Get("tls-cert") || args->Get("tls-key")) {
     return usage("--node-id and --tls-* need --coordinator");
   }
-  // Testing and drills: slow storage, so that a persist is reliably in flight.
-  std::unique_ptr<ckptd::storage::FaultInjectionFileSystem> slow_fs;
+  // Testing and drills: slow storage (so that a persist is reliably in
+  // flight), and storage faults that drills switch on and off.
+  std::unique_ptr<ckptd::storage::FaultInjectionFileSystem> fault_fs;
   if (std::optional<std::string> v = args->Get("inject-write-latency")) {
     absl::Duration d;
     if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
       return usage(absl::StrCat("--inject-write-latency: \"", *v, "\" is not a positive duration (e.g. 200ms)"));
     }
-    slow_fs = std::make_unique<ckptd::storage::FaultInjectionFileSystem>(fs.get());
-    slow_fs->SetLatency(d);
+    fault_fs = std::make_unique<ckptd::storage::FaultInjectionFileSystem>(fs.get());
+    fault_fs->SetLatency(d);
     std::cerr << "ckptd-agent: injecting " << absl::FormatDuration(d) << " of latency into every write and read\n";
   }
+  if (allow_drills && fault_fs == nullptr) {
+    fault_fs = std::make_unique<ckptd::storage::FaultInjectionFileSystem>(fs.get());
+  }
   ckptd::storage::FileSystem* const data_fs =
-      slow_fs != nullptr ? static_cast<ckptd::storage::FileSystem*>(slow_fs.get()) : fs.get();
+      fault_fs != nullptr ? static_cast<ckptd::storage::FileSystem*>(fault_fs.get()) : fs.get();
   auto core = std::make_unique<ckptd::agent::AgentCore>(data_fs, options);
+  // Without --allow-drills the executor only refuses (and reports) orders.
+  ckptd::agent::DrillOptions drill_options;
+  drill_options.allowed = allow_drills;
+  drill_options.storage_root = options.storage_root;
+  ckptd::agent::DrillHooks hooks;
+  hooks.find_trainer = [&core](const std::string& job, uint32_t rank) { return core->FindTrainer(job, rank); };
+  if (link != nullptr) hooks.cut_off = [&link](absl::Duration d) { link->CutOff(d); };
+  hooks.fault_fs = fault_fs.get();
+  hooks.real_fs = fs.get();
+  auto drills = std::make_unique<ckptd::agent::DrillExecutor>(drill_options, std::move(hooks));
+  if (allow_drills) std::cerr << "ckptd-agent: drills allowed: the coordinator may inject failures on this node\n";
   {
     absl::MutexLock l(&source_mu);
     heartbeat_source = core.get();
+    drill_sink = drills.get();
   }
   // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
   if (absl::StatusOr<std::vector<std::string>> stale = ckptd::agent::ReclaimStaleSegments(); stale.ok()) {
@@ -165,7 +196,9 @@ int main(int argc, char** argv) {
   {
     absl::MutexLock l(&source_mu);
     heartbeat_source = nullptr;
+    drill_sink = nullptr;
   }
+  drills.reset();  // lifts faults in place and resumes a stopped trainer
   core.reset();  // persists what trainers already published
   if (link != nullptr && !link->Flush(absl::Seconds(5))) {
     std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "

@@ -302,7 +302,11 @@ class OperatorCommandsTest : public ::testing::Test {
   }
 
   std::string TokenFile(absl::string_view name, absl::string_view contents) {
-    const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+    // Named after the test: ctest runs tests side by side, and one test
+    // rewriting a file another is reading would read as an empty token.
+    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+    const std::string path =
+        absl::StrCat(::testing::TempDir(), "/", t->test_suite_name(), ".", t->name(), ".", name);
     std::ofstream(path) << contents;
     return path;
   }

@@ -43,7 +43,9 @@ coordinator::CoordinatorServiceOptions ServiceOptions() {
 }
 
 std::string WriteFile(absl::string_view name, absl::string_view contents) {
-  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  // Named after the test: ctest runs tests side by side.
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", t->test_suite_name(), ".", t->name(), ".", name);
   std::ofstream(path) << contents;
   return path;
 }

@@ -322,6 +322,19 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     }
     auto& agent = agents_[request.node_id()];
     if (agent == nullptr) agent = std::make_unique<Agent>();
+    // An agent told to kill itself may die before its report gets out; when
+    // it comes back, the order must not kill it again.
+    for (auto& [id, drill] : drills_) {
+      if (drill.node != request.node_id() || drill.report || drill.request.scenario() != ckptd::v1::KILL_AGENT) {
+        continue;
+      }
+      ckptd::v1::DrillReport r;
+      r.set_drill_id(id);
+      r.set_injected(true);
+      r.set_injected_unix_nanos(absl::ToUnixNanos(std::max(drill.ordered, agent->last_heartbeat)));
+      r.set_detail("the agent registered again without reporting: it was killed");
+      drill.report = r;
+    }
     agent->node_id = request.node_id();
     agent->address = request.address();
     agent->gpus.assign(request.gpus().begin(), request.gpus().end());

@@ -903,6 +903,37 @@ TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFo
   EXPECT_THAT(core_->GetDrill(get), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no drill 999")));
 }
 
+TEST_F(CoordinatorCoreTest, AnAgentKilledBeforeItsReportIsNotToldToDieAgain) {
+  ckptd::v1::RegisterAgentRequest a;
+  a.set_node_id("node-a");
+  a.set_drills_allowed(true);
+  for (uint32_t r : {0u, 1u}) {
+    ckptd::v1::RankInfo* info = a.add_ranks();
+    info->set_job(kJob);
+    info->set_rank(r);
+    info->set_world_size(4);
+    info->set_pid(1000 + static_cast<int>(r));
+  }
+  CKPTD_ASSERT_OK(core_->RegisterAgent(a).status());
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_AGENT);
+  req.set_rank(0);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  // It dies without a word and comes back as a new process.
+  clock_.Advance(absl::Seconds(2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse again, core_->RegisterAgent(a));
+  sessions_["node-a"] = again.session();
+  ranks_["node-a"] = a;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  EXPECT_TRUE(ack.drills().empty());
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  EXPECT_TRUE(st.report().injected());
+  EXPECT_THAT(st.report().detail(), HasSubstr("registered again"));
+}
+
 TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
   TwoNodes();
   ckptd::v1::RunDrillRequest req;

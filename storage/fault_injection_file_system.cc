@@ -37,8 +37,8 @@ class FaultWritableFile : public WritableFile {
   size_t alignment() const override { return base_->alignment(); }
 
   absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
-    const Fault fault = fs_->NextOperation(path(), n);
-    const absl::Duration delay = fs_->latency();
+    const Fault fault = fs_->NextOperation(path(), n, /*writes=*/true);
+    const absl::Duration delay = fs_->LatencyFor(path());
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
     if (fault == Fault::kShortWrite) {
       // Store the first half (rounded down to the alignment), then report ENOSPC.
@@ -68,7 +68,7 @@ class FaultWritableFile : public WritableFile {
   }
 
   absl::Status Allocate(uint64_t length) override {
-    const Fault fault = fs_->NextOperation(path(), 0);
+    const Fault fault = fs_->NextOperation(path(), 0, /*writes=*/true);
     if (fault == Fault::kCrash) return Fail(FaultStatus(fault, "fallocate", path()));
     // A failed reservation leaves the file usable, as fallocate(2) does.
     if (fault != Fault::kNone) return FaultStatus(fault, "fallocate", path());
@@ -77,14 +77,14 @@ class FaultWritableFile : public WritableFile {
   }
 
   absl::Status Truncate(uint64_t length) override {
-    const Fault fault = fs_->NextOperation(path(), 0);
+    const Fault fault = fs_->NextOperation(path(), 0, /*writes=*/true);
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "ftruncate", path()));
     if (!error_.ok()) return error_;
     return base_->Truncate(length);
   }
 
   absl::Status Sync() override {
-    const Fault fault = fs_->NextOperation(path(), 0);
+    const Fault fault = fs_->NextOperation(path(), 0, /*writes=*/true);
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "fsync", path()));
     if (!error_.ok()) return error_;
     return base_->Sync();
@@ -128,7 +128,7 @@ class FaultReadableFile : public ReadableFile {
 
   absl::StatusOr<uint64_t> Read(uint64_t offset, void* buf, size_t n) override {
     const Fault fault = fs_->NextOperation(path(), 0);
-    const absl::Duration delay = fs_->latency();
+    const absl::Duration delay = fs_->LatencyFor(path());
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "read", path()));
     if (!error_.ok()) return error_;
@@ -194,15 +194,32 @@ void FaultInjectionFileSystem::FailWritesAfterBytes(uint64_t bytes, Fault fault)
   disk_full_ = false;
 }
 
-void FaultInjectionFileSystem::FailPath(const std::string& path_substring, Fault fault) {
+void FaultInjectionFileSystem::FailPath(const std::string& path_substring, Fault fault, FaultScope scope) {
   absl::MutexLock lock(&mu_);
-  fail_path_ = path_substring;
-  fail_path_fault_ = fault;
+  if (fault == Fault::kNone) {
+    path_rules_.erase(path_substring);
+  } else {
+    path_rules_[path_substring] = PathRule{fault, scope};
+  }
+}
+
+void FaultInjectionFileSystem::ClearPath(const std::string& path_substring) {
+  absl::MutexLock lock(&mu_);
+  path_rules_.erase(path_substring);
 }
 
 void FaultInjectionFileSystem::SetLatency(absl::Duration delay) {
   absl::MutexLock lock(&mu_);
   latency_ = delay;
+}
+
+void FaultInjectionFileSystem::SlowPath(const std::string& path_substring, absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  if (delay <= absl::ZeroDuration()) {
+    slow_paths_.erase(path_substring);
+  } else {
+    slow_paths_[path_substring] = delay;
+  }
 }
 
 void FaultInjectionFileSystem::Reset() {
@@ -212,9 +229,9 @@ void FaultInjectionFileSystem::Reset() {
   bytes_budget_ = UINT64_MAX;
   bytes_fault_ = Fault::kNone;
   disk_full_ = false;
-  fail_path_.clear();
-  fail_path_fault_ = Fault::kNone;
+  path_rules_.clear();
   latency_ = absl::ZeroDuration();
+  slow_paths_.clear();
   crashed_ = false;
 }
 
@@ -233,12 +250,21 @@ absl::Duration FaultInjectionFileSystem::latency() const {
   return latency_;
 }
 
-Fault FaultInjectionFileSystem::NextOperation(const std::string& path, uint64_t write_bytes) {
-  return Next({path}, write_bytes);
+absl::Duration FaultInjectionFileSystem::LatencyFor(const std::string& path) const {
+  absl::MutexLock lock(&mu_);
+  absl::Duration delay = latency_;
+  for (const auto& [substring, extra] : slow_paths_) {
+    if (absl::StrContains(path, substring)) delay += extra;
+  }
+  return delay;
 }
 
-Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> paths,
-                                     uint64_t write_bytes) {
+Fault FaultInjectionFileSystem::NextOperation(const std::string& path, uint64_t write_bytes, bool writes) {
+  return Next({path}, write_bytes, writes);
+}
+
+Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> paths, uint64_t write_bytes,
+                                     bool writes) {
   Fault fault = Fault::kNone;
   {
     absl::MutexLock lock(&mu_);
@@ -248,11 +274,11 @@ Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> pa
       fault = it->second;
       fail_ops_.erase(it);
     }
-    if (fault == Fault::kNone && fail_path_fault_ != Fault::kNone) {
+    for (const auto& [substring, rule] : path_rules_) {
+      if (fault != Fault::kNone) break;
+      if (rule.scope == FaultScope::kWrites && !writes) continue;
       for (absl::string_view path : paths) {
-        if (absl::StrContains(path, fail_path_)) {
-          fault = fail_path_fault_;
-        }
+        if (absl::StrContains(path, substring)) fault = rule.fault;
       }
     }
     if (fault == Fault::kNone && write_bytes > 0 && bytes_fault_ != Fault::kNone) {
@@ -273,7 +299,7 @@ Fault FaultInjectionFileSystem::Next(std::initializer_list<absl::string_view> pa
 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectionFileSystem::NewWritableFile(
     const std::string& path, const OpenOptions& options) {
-  const Fault fault = NextOperation(path, 0);
+  const Fault fault = NextOperation(path, 0, /*writes=*/true);
   if (fault != Fault::kNone) return FaultStatus(fault, "open", path);
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path, options));
   return std::make_unique<FaultWritableFile>(this, std::move(file));
@@ -288,7 +314,7 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectionFileSystem::NewReada
 }
 
 absl::Status FaultInjectionFileSystem::CreateDir(const std::string& path) {
-  const Fault fault = NextOperation(path, 0);
+  const Fault fault = NextOperation(path, 0, /*writes=*/true);
   if (fault != Fault::kNone) return FaultStatus(fault, "mkdir", path);
   return base_->CreateDir(path);
 }
@@ -306,7 +332,7 @@ absl::Status FaultInjectionFileSystem::RemoveDir(const std::string& path) {
 }
 
 absl::Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
-  const Fault fault = Next({from, to}, 0);
+  const Fault fault = Next({from, to}, 0, /*writes=*/true);
   if (fault != Fault::kNone) return FaultStatus(fault, "rename", absl::StrCat(from, " -> ", to));
   return base_->Rename(from, to);
 }

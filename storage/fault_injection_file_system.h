@@ -27,6 +27,13 @@ enum class Fault {
   kCrash,       // the crash callback runs; this and every later operation fail (kAborted)
 };
 
+// Which operations a path rule applies to.
+enum class FaultScope {
+  kAll,     // every operation on a matching path
+  kWrites,  // only those that write: open for writing, write, fallocate,
+            // ftruncate, fsync of a written file, mkdir, rename (a full disk)
+};
+
 // Operations counted: every FileSystem call, and every Write, Read, Sync and
 // Close on files opened through the wrapper. Numbering starts at 0 after
 // construction or Reset().
@@ -42,10 +49,17 @@ class FaultInjectionFileSystem : public FileSystem {
   // Makes every write fail with `fault` once `bytes` more bytes have been
   // written through the wrapper (a disk that fills up).
   void FailWritesAfterBytes(uint64_t bytes, Fault fault = Fault::kEnospc);
-  // Makes every operation whose path contains `path_substring` fail with `fault`.
-  void FailPath(const std::string& path_substring, Fault fault);
+  // Makes every operation (in `scope`) whose path contains `path_substring`
+  // fail with `fault`. Rules for different substrings apply together; a new
+  // rule for the same substring replaces the old one, and kNone removes it.
+  void FailPath(const std::string& path_substring, Fault fault, FaultScope scope = FaultScope::kAll);
+  // Removes the FailPath rule for exactly `path_substring` (others stay).
+  void ClearPath(const std::string& path_substring);
   // Adds `delay` to every read and write.
   void SetLatency(absl::Duration delay);
+  // Adds `delay` to every read and write whose path contains
+  // `path_substring`, on top of SetLatency's; zero removes the rule.
+  void SlowPath(const std::string& path_substring, absl::Duration delay);
   // Clears all faults, the crash flag and the operation counter.
   void Reset();
 
@@ -66,14 +80,19 @@ class FaultInjectionFileSystem : public FileSystem {
 
   // Internal, used by the wrapped files: counts one operation on `path` and
   // returns the fault to apply (kNone to proceed). `write_bytes` is the size
-  // of a write, 0 otherwise.
-  Fault NextOperation(const std::string& path, uint64_t write_bytes);
+  // of a write, 0 otherwise; `writes` says whether the operation writes
+  // (FaultScope::kWrites rules apply only then).
+  Fault NextOperation(const std::string& path, uint64_t write_bytes, bool writes = false);
+  // SetLatency's delay.
   absl::Duration latency() const;
+  // The delay of a read or write of `path`: SetLatency's plus every
+  // matching SlowPath rule's.
+  absl::Duration LatencyFor(const std::string& path) const;
 
  private:
   // NextOperation for an operation on one or more paths (a rename has two);
   // a FailPath rule matches when any of them contains the substring.
-  Fault Next(std::initializer_list<absl::string_view> paths, uint64_t write_bytes);
+  Fault Next(std::initializer_list<absl::string_view> paths, uint64_t write_bytes, bool writes);
 
   FileSystem* const base_;
   std::function<void()> on_crash_;
@@ -85,9 +104,13 @@ class FaultInjectionFileSystem : public FileSystem {
   uint64_t bytes_budget_ ABSL_GUARDED_BY(mu_) = UINT64_MAX;
   Fault bytes_fault_ ABSL_GUARDED_BY(mu_) = Fault::kNone;
   bool disk_full_ ABSL_GUARDED_BY(mu_) = false;  // a write exceeded the budget
-  std::string fail_path_ ABSL_GUARDED_BY(mu_);
-  Fault fail_path_fault_ ABSL_GUARDED_BY(mu_) = Fault::kNone;
+  struct PathRule {
+    Fault fault = Fault::kNone;
+    FaultScope scope = FaultScope::kAll;
+  };
+  std::map<std::string, PathRule> path_rules_ ABSL_GUARDED_BY(mu_);  // by substring
   absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::map<std::string, absl::Duration> slow_paths_ ABSL_GUARDED_BY(mu_);  // by substring
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

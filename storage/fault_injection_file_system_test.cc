@@ -205,6 +205,54 @@ TEST_F(FaultInjectionFileSystemTest, FailPath) {
   EXPECT_THAT(w->Sync(), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("fsync /root/step-4/rank-1")));
 }
 
+TEST_F(FaultInjectionFileSystemTest, ClearPathLiftsOnlyItsRule) {
+  fs_.FailPath("step-1", Fault::kEio);
+  fs_.FailPath("step-2", Fault::kEnospc);
+  EXPECT_THAT(fs_.CreateDir("/root/step-1"), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("mkdir /root/step-1")));
+  EXPECT_THAT(fs_.CreateDir("/root/step-2"),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("mkdir /root/step-2")));
+  fs_.ClearPath("step-1");
+  CKPTD_EXPECT_OK(fs_.CreateDir("/root/step-1"));
+  EXPECT_THAT(fs_.CreateDir("/root/step-2"), StatusIs(absl::StatusCode::kResourceExhausted, _));
+  fs_.ClearPath("step-9");  // no such rule: nothing changes
+  EXPECT_THAT(fs_.CreateDir("/root/step-2"), StatusIs(absl::StatusCode::kResourceExhausted, _));
+  fs_.FailPath("step-2", Fault::kNone);
+  CKPTD_EXPECT_OK(fs_.CreateDir("/root/step-2"));
+}
+
+TEST_F(FaultInjectionFileSystemTest, WriteScopedRuleLetsReadsThrough) {
+  CKPTD_ASSERT_OK(WriteFileAtomically(&fs_, "/root/a", "abc"));
+  fs_.FailPath("/root", Fault::kEnospc, FaultScope::kWrites);
+  // Reads, listings and stats pass.
+  EXPECT_THAT(ReadFileToString(&fs_, "/root/a"), IsOkAndHolds(std::string("abc")));
+  CKPTD_EXPECT_OK(fs_.ListDir("/root").status());
+  CKPTD_EXPECT_OK(fs_.Stat("/root/a").status());
+  // Every kind of write fails.
+  EXPECT_THAT(fs_.NewWritableFile("/root/b", Buffered()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("open /root/b")));
+  EXPECT_THAT(fs_.CreateDir("/root/d"), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("mkdir")));
+  EXPECT_THAT(WriteFileAtomically(&fs_, "/root/a", "xyz"), StatusIs(absl::StatusCode::kResourceExhausted, _));
+  fs_.ClearPath("/root");
+  CKPTD_EXPECT_OK(WriteFileAtomically(&fs_, "/root/a", "xyz"));
+  EXPECT_THAT(ReadFileToString(&fs_, "/root/a"), IsOkAndHolds(std::string("xyz")));
+}
+
+TEST_F(FaultInjectionFileSystemTest, SlowPathDelaysOnlyMatchingFiles) {
+  const absl::Duration delay = absl::Milliseconds(30);
+  fs_.SlowPath("/root/slow", delay);
+  EXPECT_EQ(fs_.LatencyFor("/root/slow/a"), delay);
+  EXPECT_EQ(fs_.LatencyFor("/root/fast/a"), absl::ZeroDuration());
+  fs_.SetLatency(absl::Milliseconds(1));
+  EXPECT_EQ(fs_.LatencyFor("/root/slow/a"), delay + absl::Milliseconds(1));
+  fs_.SetLatency(absl::ZeroDuration());
+  CKPTD_ASSERT_OK(fs_.CreateDir("/root/slow"));
+  absl::Time start = absl::Now();
+  CKPTD_ASSERT_OK(WriteFileAtomically(&fs_, "/root/slow/a", "abc"));
+  EXPECT_GE(absl::Now() - start, delay);
+  fs_.SlowPath("/root/slow", absl::ZeroDuration());
+  EXPECT_EQ(fs_.LatencyFor("/root/slow/a"), absl::ZeroDuration());
+}
+
 TEST_F(FaultInjectionFileSystemTest, ShortWriteStoresFirstHalf) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> w, fs_.NewWritableFile("/root/a", Buffered()));
   CKPTD_ASSERT_OK(w->Write(0, "xy", 2).status());

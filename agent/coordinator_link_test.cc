@@ -1,0 +1,183 @@
+// CoordinatorLink against a fake coordinator served over gRPC on a local port.
+#include "agent/coordinator_link.h"
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace ckptd::agent {
+namespace {
+
+bool Eventually(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
+ public:
+  grpc::Status RegisterAgent(grpc::ServerContext*, const ckptd::v1::RegisterAgentRequest* req,
+                             ckptd::v1::RegisterAgentResponse* resp) override {
+    absl::MutexLock l(&mu_);
+    registrations_.push_back(*req);
+    forgotten_ = false;
+    resp->set_session(registrations_.size());
+    resp->set_heartbeat_interval_ms(10);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeats(grpc::ServerContext*,
+                          grpc::ServerReaderWriter<ckptd::v1::HeartbeatAck, ckptd::v1::Heartbeat>* stream) override {
+    ckptd::v1::Heartbeat hb;
+    while (stream->Read(&hb)) {
+      ckptd::v1::HeartbeatAck ack;
+      {
+        absl::MutexLock l(&mu_);
+        ++heartbeats_;
+        ack.set_known(!forgotten_);
+        for (const auto& o : orders_) *ack.add_drills() = o;
+      }
+      if (!stream->Write(ack)) break;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReportShard(grpc::ServerContext*, const ckptd::v1::ReportShardRequest* req,
+                           ckptd::v1::ReportShardResponse* resp) override {
+    absl::MutexLock l(&mu_);
+    shard_reports_ += req->batch_size();
+    for (int i = 0; i < req->batch_size(); ++i) resp->add_batch_results();
+    return grpc::Status::OK;
+  }
+
+  int heartbeats() {
+    absl::MutexLock l(&mu_);
+    return heartbeats_;
+  }
+  int shard_reports() {
+    absl::MutexLock l(&mu_);
+    return shard_reports_;
+  }
+  std::vector<ckptd::v1::RegisterAgentRequest> registrations() {
+    absl::MutexLock l(&mu_);
+    return registrations_;
+  }
+  void Forget() {
+    absl::MutexLock l(&mu_);
+    forgotten_ = true;
+  }
+  void AddOrder(const ckptd::v1::DrillOrder& o) {
+    absl::MutexLock l(&mu_);
+    orders_.push_back(o);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int shard_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<ckptd::v1::RegisterAgentRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<ckptd::v1::DrillOrder> orders_ ABSL_GUARDED_BY(mu_);
+};
+
+class CoordinatorLinkTest : public ::testing::Test {
+ protected:
+  CoordinatorLinkTest() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+  }
+  ~CoordinatorLinkTest() override { server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1))); }
+
+  CoordinatorLinkOptions Options() {
+    CoordinatorLinkOptions o;
+    o.address = absl::StrCat("127.0.0.1:", port_);
+    o.node_id = "node-a";
+    o.heartbeat_interval = absl::Milliseconds(10);
+    o.max_backoff = absl::Milliseconds(200);
+    return o;
+  }
+
+  FakeCoordinator fake_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST_F(CoordinatorLinkTest, RegistrationSaysDrillsAllowedAndAcksReachTheCaller) {
+  ASSERT_NE(port_, 0);
+  ckptd::v1::DrillOrder order;
+  order.set_drill_id(7);
+  order.set_scenario(ckptd::v1::KILL_TRAINER);
+  fake_.AddOrder(order);
+  absl::Mutex mu;
+  std::vector<uint64_t> seen;
+  CoordinatorLinkOptions o = Options();
+  o.drills_allowed = true;
+  o.on_ack = [&](const ckptd::v1::HeartbeatAck& ack) {
+    absl::MutexLock l(&mu);
+    for (const auto& d : ack.drills()) seen.push_back(d.drill_id());
+  };
+  CoordinatorLink link(o, [](ckptd::v1::Heartbeat*) {});
+  ASSERT_TRUE(Eventually([&] {
+    absl::MutexLock l(&mu);
+    return !seen.empty();
+  }));
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(seen.front(), 7u);
+  }
+  ASSERT_FALSE(fake_.registrations().empty());
+  EXPECT_TRUE(fake_.registrations().front().drills_allowed());
+}
+
+TEST_F(CoordinatorLinkTest, CutOffSendsNothingThenReconnectsAndRegistersAgain) {
+  CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
+  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() >= 3; }));
+  EXPECT_FALSE(link.cut_off());
+  link.CutOff(absl::Milliseconds(600));
+  EXPECT_TRUE(link.cut_off());
+  absl::SleepFor(absl::Milliseconds(100));  // a beat already in flight may land
+  const int during = fake_.heartbeats();
+  // Reports wait, and restore plans fail as if the coordinator were away.
+  ckptd::v1::ShardReport shard;
+  shard.set_job("job");
+  shard.set_step(1);
+  link.ShardDurable(shard);
+  EXPECT_EQ(link.RestorePlan(ckptd::v1::RestorePlanRequest(), absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  // The coordinator forgets the node meanwhile.
+  fake_.Forget();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(fake_.heartbeats(), during);
+  EXPECT_EQ(fake_.shard_reports(), 0);
+  EXPECT_EQ(link.unanswered_shards(), 1u);
+  // Afterwards it beats again, registers anew and sends what it held.
+  ASSERT_TRUE(Eventually([&] { return fake_.registrations().size() >= 2; }));
+  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() > during + 2; }));
+  EXPECT_FALSE(link.cut_off());
+  EXPECT_TRUE(Eventually([&] { return link.unanswered_shards() == 0; }));
+}
+
+TEST_F(CoordinatorLinkTest, ACutOffCanBeLiftedEarly) {
+  CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
+  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() >= 1; }));
+  link.CutOff(absl::Hours(1));
+  absl::SleepFor(absl::Milliseconds(100));
+  const int during = fake_.heartbeats();
+  link.CutOff(absl::ZeroDuration());
+  EXPECT_FALSE(link.cut_off());
+  EXPECT_TRUE(Eventually([&] { return fake_.heartbeats() > during; }, absl::Seconds(5)));
+}
+
+}  // namespace
+}  // namespace ckptd::agent

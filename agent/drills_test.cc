@@ -1,0 +1,453 @@
+#include "agent/drills.h"
+
+#include <csignal>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+#include "storage/mem_file_system.h"
+#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "storage/store.h"
+#include "storage/testing_data.h"
+#include "storage/testing_matchers.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::IsOkAndHolds;
+using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+using ::testing::SizeIs;
+
+constexpr char kRoot[] = "/ckpt";
+constexpr char kJob[] = "job";
+constexpr int32_t kPid = 4242;
+
+// Polls `done` until it holds or 10 s pass.
+bool Eventually(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return true;
+}
+
+ckptd::v1::DrillOrder Order(uint64_t id, ckptd::v1::DrillScenario scenario, double duration = 0) {
+  ckptd::v1::DrillOrder o;
+  o.set_drill_id(id);
+  o.set_scenario(scenario);
+  o.set_job(kJob);
+  o.set_rank(1);
+  o.set_duration_seconds(duration);
+  return o;
+}
+
+class DrillsTest : public ::testing::Test {
+ protected:
+  DrillsTest() {
+    EXPECT_TRUE(mem_.CreateDir(kRoot).ok());
+    options_.allowed = true;
+    options_.storage_root = kRoot;
+    options_.step_poll = absl::Milliseconds(1);
+    SetTrainer(kPid, 0);
+  }
+
+  DrillHooks Hooks() {
+    DrillHooks h;
+    h.find_trainer = [this](const std::string& job, uint32_t rank) -> std::optional<TrainerInfo> {
+      absl::MutexLock l(&mu_);
+      if (job != kJob || rank != 1 || !trainer_) return std::nullopt;
+      return trainer_;
+    };
+    h.signal = [this](int32_t pid, int sig) {
+      absl::MutexLock l(&mu_);
+      signals_.emplace_back(pid, sig);
+      return absl::OkStatus();
+    };
+    h.kill_self = [this] {
+      absl::MutexLock l(&mu_);
+      ++self_kills_;
+    };
+    h.cut_off = [this](absl::Duration d) {
+      absl::MutexLock l(&mu_);
+      cut_offs_.push_back(d);
+    };
+    h.fault_fs = &fault_fs_;
+    h.real_fs = &mem_;
+    return h;
+  }
+
+  void SetTrainer(int32_t pid, uint64_t step) {
+    absl::MutexLock l(&mu_);
+    trainer_ = TrainerInfo{pid, step};
+  }
+  std::vector<std::pair<int32_t, int>> signals() {
+    absl::MutexLock l(&mu_);
+    return signals_;
+  }
+  int self_kills() {
+    absl::MutexLock l(&mu_);
+    return self_kills_;
+  }
+  std::vector<absl::Duration> cut_offs() {
+    absl::MutexLock l(&mu_);
+    return cut_offs_;
+  }
+
+  // Waits until drill `id` has a report that is ended or failed.
+  static ckptd::v1::DrillReport Finished(DrillExecutor& ex, uint64_t id) {
+    std::optional<ckptd::v1::DrillReport> r;
+    EXPECT_TRUE(Eventually([&] {
+      r = ex.Report(id);
+      return r && (r->ended() || !r->error().empty());
+    })) << "drill " << id << " did not finish";
+    return r.value_or(ckptd::v1::DrillReport());
+  }
+  static ckptd::v1::DrillReport InjectedReport(DrillExecutor& ex, uint64_t id) {
+    std::optional<ckptd::v1::DrillReport> r;
+    EXPECT_TRUE(Eventually([&] {
+      r = ex.Report(id);
+      return r && (r->injected() || !r->error().empty());
+    })) << "drill " << id << " was not injected";
+    return r.value_or(ckptd::v1::DrillReport());
+  }
+
+  storage::MemFileSystem mem_;
+  storage::FaultInjectionFileSystem fault_fs_{&mem_};
+  DrillOptions options_;
+  absl::Mutex mu_;
+  std::optional<TrainerInfo> trainer_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int32_t, int>> signals_ ABSL_GUARDED_BY(mu_);
+  int self_kills_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<absl::Duration> cut_offs_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(DrillsTest, NotAllowedReportsAnErrorAndDoesNothing) {
+  options_.allowed = false;
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::KILL_TRAINER));
+  ckptd::v1::Heartbeat hb;
+  ex.FillReports(&hb);
+  ASSERT_THAT(hb.drill_reports(), SizeIs(1));
+  EXPECT_EQ(hb.drill_reports(0).drill_id(), 1u);
+  EXPECT_FALSE(hb.drill_reports(0).injected());
+  EXPECT_EQ(hb.drill_reports(0).error(), "drills are not allowed on this agent; start it with --allow-drills");
+  EXPECT_THAT(signals(), IsEmpty());
+}
+
+TEST_F(DrillsTest, KillTrainerSignalsItsPid) {
+  SetTrainer(kPid, 12);
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::KILL_TRAINER));
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  EXPECT_TRUE(r.injected());
+  EXPECT_GT(r.injected_unix_nanos(), 0);
+  EXPECT_TRUE(r.ended());
+  EXPECT_EQ(r.error(), "");
+  EXPECT_THAT(r.detail(), AllOf(HasSubstr("SIGKILL"), HasSubstr("pid 4242"), HasSubstr("rank 1"),
+                                HasSubstr("job job"), HasSubstr("step 12")));
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGKILL)));
+}
+
+TEST_F(DrillsTest, KillTrainerOfAnUnknownRankReportsAnError) {
+  DrillExecutor ex(options_, Hooks());
+  ckptd::v1::DrillOrder o = Order(1, ckptd::v1::KILL_TRAINER);
+  o.set_rank(7);
+  ex.Submit(o);
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  EXPECT_FALSE(r.injected());
+  EXPECT_THAT(r.error(), AllOf(HasSubstr("no trainer"), HasSubstr("rank 7")));
+  // A trainer without a usable pid is never signalled (kill(0) would hit the group).
+  SetTrainer(0, 0);
+  ex.Submit(Order(2, ckptd::v1::KILL_TRAINER));
+  EXPECT_THAT(Finished(ex, 2).error(), HasSubstr("pid"));
+  EXPECT_THAT(signals(), IsEmpty());
+}
+
+TEST_F(DrillsTest, ResubmittedOrderRunsOnce) {
+  DrillExecutor ex(options_, Hooks());
+  for (int i = 0; i < 5; ++i) ex.Submit(Order(9, ckptd::v1::KILL_TRAINER));
+  Finished(ex, 9);
+  ckptd::v1::HeartbeatAck ack;
+  *ack.add_drills() = Order(9, ckptd::v1::KILL_TRAINER);
+  ex.OnAck(ack);
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_THAT(signals(), SizeIs(1));
+}
+
+TEST_F(DrillsTest, AtStepWaitsUntilTheRankReachesIt) {
+  SetTrainer(kPid, 3);
+  DrillExecutor ex(options_, Hooks());
+  ckptd::v1::DrillOrder o = Order(1, ckptd::v1::KILL_TRAINER);
+  o.set_at_step(5);
+  ex.Submit(o);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_THAT(signals(), IsEmpty());
+  EXPECT_EQ(ex.Report(1), std::nullopt);  // nothing to report while waiting
+  SetTrainer(kPid, 5);
+  EXPECT_THAT(Finished(ex, 1).detail(), HasSubstr("step 5"));
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGKILL)));
+}
+
+TEST_F(DrillsTest, AtStepWaitIsBounded) {
+  options_.max_wait_for_step = absl::Milliseconds(30);
+  SetTrainer(kPid, 3);
+  DrillExecutor ex(options_, Hooks());
+  ckptd::v1::DrillOrder o = Order(1, ckptd::v1::KILL_TRAINER);
+  o.set_at_step(100);
+  ex.Submit(o);
+  EXPECT_THAT(Finished(ex, 1).error(), AllOf(HasSubstr("did not reach step 100"), HasSubstr("last seen at step 3")));
+  EXPECT_THAT(signals(), IsEmpty());
+}
+
+TEST_F(DrillsTest, HangTrainerStopsAndResumesIt) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::HANG_TRAINER, 0.05));
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  EXPECT_TRUE(r.injected());
+  EXPECT_TRUE(r.ended());
+  EXPECT_GE(r.ended_unix_nanos() - r.injected_unix_nanos(), absl::ToInt64Nanoseconds(absl::Milliseconds(50)));
+  EXPECT_THAT(r.detail(), AllOf(HasSubstr("SIGSTOP"), HasSubstr("pid 4242"), HasSubstr("SIGCONT sent")));
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGSTOP), Pair(kPid, SIGCONT)));
+}
+
+TEST_F(DrillsTest, HangWithoutDurationIsRefused) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::HANG_TRAINER, 0));
+  EXPECT_THAT(Finished(ex, 1).error(), HasSubstr("duration_seconds must be positive"));
+  EXPECT_THAT(signals(), IsEmpty());
+}
+
+TEST_F(DrillsTest, DestructorDuringHangResumesTheTrainer) {
+  const absl::Time start = absl::Now();
+  {
+    DrillExecutor ex(options_, Hooks());
+    ex.Submit(Order(1, ckptd::v1::HANG_TRAINER, 600));
+    InjectedReport(ex, 1);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGSTOP), Pair(kPid, SIGCONT)));
+}
+
+TEST_F(DrillsTest, KillAgentWaitsForItsReportToBeDelivered) {
+  options_.kill_agent_grace = absl::Seconds(30);
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::KILL_AGENT));
+  InjectedReport(ex, 1);
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_EQ(self_kills(), 0);
+  ckptd::v1::Heartbeat hb;
+  ex.FillReports(&hb);
+  ASSERT_THAT(hb.drill_reports(), SizeIs(1));
+  EXPECT_TRUE(hb.drill_reports(0).injected());
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_EQ(self_kills(), 0);  // sent, not yet answered
+  ckptd::v1::HeartbeatAck unknown;
+  ex.OnAck(unknown);  // the coordinator did not take it
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_EQ(self_kills(), 0);
+  ckptd::v1::Heartbeat again;
+  ex.FillReports(&again);
+  ASSERT_THAT(again.drill_reports(), SizeIs(1));
+  ckptd::v1::HeartbeatAck ack;
+  ack.set_known(true);
+  ex.OnAck(ack);
+  EXPECT_TRUE(Eventually([&] { return self_kills() == 1; }));
+}
+
+TEST_F(DrillsTest, KillAgentWaitsForDeliveryOnlySoLong) {
+  options_.kill_agent_grace = absl::Milliseconds(30);
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::KILL_AGENT));
+  EXPECT_TRUE(Eventually([&] { return self_kills() == 1; }));
+}
+
+TEST_F(DrillsTest, CutOffAgentCutsTheLinkForTheDuration) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::CUT_OFF_AGENT, 0.05));
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  EXPECT_TRUE(r.injected());
+  EXPECT_TRUE(r.ended());
+  EXPECT_THAT(r.detail(), HasSubstr("cut off"));
+  EXPECT_THAT(cut_offs(), ElementsAre(absl::Milliseconds(50)));
+}
+
+TEST_F(DrillsTest, DestructorLiftsACutOff) {
+  {
+    DrillExecutor ex(options_, Hooks());
+    ex.Submit(Order(1, ckptd::v1::CUT_OFF_AGENT, 600));
+    InjectedReport(ex, 1);
+  }
+  EXPECT_THAT(cut_offs(), ElementsAre(absl::Seconds(600), absl::ZeroDuration()));
+}
+
+TEST_F(DrillsTest, StorageEioFailsWritesAndReadsUntilLifted) {
+  const std::string path = absl::StrCat(kRoot, "/file");
+  ASSERT_TRUE(storage::WriteFileAtomically(&fault_fs_, path, "before").ok());
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::STORAGE_EIO, 0.3));
+  const ckptd::v1::DrillReport injected = InjectedReport(ex, 1);
+  EXPECT_THAT(injected.detail(), AllOf(HasSubstr("EIO"), HasSubstr(kRoot)));
+  if (!injected.ended()) {
+    EXPECT_THAT(storage::WriteFileAtomically(&fault_fs_, path, "during"),
+                StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
+    EXPECT_THAT(storage::ReadFileToString(&fault_fs_, path), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(path)));
+  }
+  EXPECT_TRUE(Finished(ex, 1).ended());
+  EXPECT_TRUE(storage::WriteFileAtomically(&fault_fs_, path, "after").ok());
+  EXPECT_THAT(storage::ReadFileToString(&fault_fs_, path), IsOkAndHolds(std::string("after")));
+}
+
+TEST_F(DrillsTest, StorageEnospcFailsWritesButNotReads) {
+  const std::string path = absl::StrCat(kRoot, "/file");
+  ASSERT_TRUE(storage::WriteFileAtomically(&fault_fs_, path, "before").ok());
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::STORAGE_ENOSPC, 0.3));
+  const ckptd::v1::DrillReport injected = InjectedReport(ex, 1);
+  if (!injected.ended()) {
+    EXPECT_THAT(storage::WriteFileAtomically(&fault_fs_, path, "during"),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr(path)));
+    EXPECT_THAT(storage::ReadFileToString(&fault_fs_, path), IsOkAndHolds(std::string("before")));
+  }
+  EXPECT_TRUE(Finished(ex, 1).ended());
+  EXPECT_TRUE(storage::WriteFileAtomically(&fault_fs_, path, "after").ok());
+}
+
+TEST_F(DrillsTest, StorageSlowDelaysReadsAndWritesUntilLifted) {
+  DrillExecutor ex(options_, Hooks());
+  ckptd::v1::DrillOrder o = Order(1, ckptd::v1::STORAGE_SLOW, 0.3);
+  o.set_slow_seconds(0.02);
+  ex.Submit(o);
+  const ckptd::v1::DrillReport injected = InjectedReport(ex, 1);
+  if (!injected.ended()) {
+    EXPECT_EQ(fault_fs_.LatencyFor(absl::StrCat(kRoot, "/job/x")), absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(Finished(ex, 1).ended());
+  EXPECT_EQ(fault_fs_.LatencyFor(absl::StrCat(kRoot, "/job/x")), absl::ZeroDuration());
+}
+
+TEST_F(DrillsTest, OneStorageDrillAtATime) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::STORAGE_EIO, 600));
+  InjectedReport(ex, 1);
+  ex.Submit(Order(2, ckptd::v1::STORAGE_ENOSPC, 1));
+  EXPECT_THAT(Finished(ex, 2).error(), HasSubstr("storage drill 1 is still running"));
+}
+
+TEST_F(DrillsTest, DestructorLiftsAStorageFault) {
+  const std::string path = absl::StrCat(kRoot, "/file");
+  {
+    DrillExecutor ex(options_, Hooks());
+    ex.Submit(Order(1, ckptd::v1::STORAGE_EIO, 600));
+    InjectedReport(ex, 1);
+    EXPECT_FALSE(storage::WriteFileAtomically(&fault_fs_, path, "during").ok());
+  }
+  EXPECT_TRUE(storage::WriteFileAtomically(&fault_fs_, path, "after").ok());
+}
+
+TEST_F(DrillsTest, StorageDrillWithoutAFaultFileSystemReportsAnError) {
+  DrillHooks hooks = Hooks();
+  hooks.fault_fs = nullptr;
+  DrillExecutor ex(options_, std::move(hooks));
+  ex.Submit(Order(1, ckptd::v1::STORAGE_EIO, 1));
+  EXPECT_THAT(Finished(ex, 1).error(), HasSubstr("fault-injecting file system"));
+}
+
+TEST_F(DrillsTest, CorruptShardIsFoundByVerifyStep) {
+  storage::CheckpointStore store(&mem_, kRoot);
+  ASSERT_TRUE(store.PrepareStep(kJob, 7).ok());
+  std::vector<testing::RankData> data;
+  for (uint32_t rank = 0; rank < 2; ++rank) data.push_back(testing::MakeRankData(7, rank, 5000, 64));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    const std::vector<storage::TensorSource> sources = testing::RankSources(data[rank], "params", "rng");
+    ASSERT_TRUE(store.WriteShard(kJob, 7, rank, 2, sources, testing::SmallBlocks()).ok());
+  }
+  ASSERT_TRUE(store.CommitStep(kJob, 7, 2).ok());
+  const std::string shard = storage::ShardPath(kRoot, kJob, 7, 1);
+  absl::StatusOr<storage::FileInfo> before = mem_.Stat(shard);
+  ASSERT_TRUE(before.ok());
+
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::CORRUPT_SHARD));
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  ASSERT_EQ(r.error(), "");
+  EXPECT_TRUE(r.injected());
+  EXPECT_THAT(r.detail(), AllOf(HasSubstr(shard), HasSubstr("offset"), HasSubstr("tensor '"), HasSubstr("chunk 0"),
+                                HasSubstr("step 7")));
+  EXPECT_THAT(mem_.Stat(shard), IsOkAndHolds(::testing::Field(&storage::FileInfo::size, before->size)));
+
+  absl::StatusOr<storage::StepVerifyReport> verify = store.VerifyStep(kJob, 7, testing::OneThread());
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  ASSERT_THAT(verify->problems, SizeIs(1));
+  EXPECT_THAT(verify->problems[0].file, HasSubstr("rank-1.shard"));
+  EXPECT_EQ(verify->problems[0].chunk, 0);
+  EXPECT_FALSE(verify->problems[0].tensor.empty());
+  EXPECT_THAT(r.detail(), HasSubstr(absl::StrCat("tensor '", verify->problems[0].tensor, "'")));
+}
+
+TEST_F(DrillsTest, CorruptShardWithoutACommittedStepReportsAnError) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::CORRUPT_SHARD));
+  EXPECT_THAT(Finished(ex, 1).error(), HasSubstr("job"));
+}
+
+TEST_F(DrillsTest, ReportsAreSentUntilDeliveredAndAgainWhenTheyChange) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::HANG_TRAINER, 0.2));
+  InjectedReport(ex, 1);
+  // Sent in every heartbeat until one carrying it is answered.
+  ckptd::v1::Heartbeat hb1;
+  ex.FillReports(&hb1);
+  ASSERT_THAT(hb1.drill_reports(), SizeIs(1));
+  ckptd::v1::Heartbeat hb2;
+  ex.FillReports(&hb2);  // the answer to hb1 never came
+  ASSERT_THAT(hb2.drill_reports(), SizeIs(1));
+  ex.Delivered();
+  ckptd::v1::Heartbeat hb3;
+  ex.FillReports(&hb3);
+  if (!ex.Report(1)->ended()) {
+    EXPECT_THAT(hb3.drill_reports(), IsEmpty());
+  }
+  ex.Delivered();
+  // The drill ends: its new state goes out until delivered.
+  Finished(ex, 1);
+  ckptd::v1::Heartbeat hb4;
+  ex.FillReports(&hb4);
+  ASSERT_THAT(hb4.drill_reports(), SizeIs(1));
+  EXPECT_TRUE(hb4.drill_reports(0).ended());
+  ex.Delivered();
+  ckptd::v1::Heartbeat hb5;
+  ex.FillReports(&hb5);
+  EXPECT_THAT(hb5.drill_reports(), IsEmpty());
+}
+
+TEST_F(DrillsTest, AReportChangedWhileInFlightIsSentAgain) {
+  DrillExecutor ex(options_, Hooks());
+  ex.Submit(Order(1, ckptd::v1::HANG_TRAINER, 0.05));
+  InjectedReport(ex, 1);
+  ckptd::v1::Heartbeat hb1;
+  ex.FillReports(&hb1);
+  ASSERT_THAT(hb1.drill_reports(), SizeIs(1));
+  Finished(ex, 1);  // changes after hb1 went out
+  const bool ended_in_hb1 = hb1.drill_reports(0).ended();
+  ex.Delivered();
+  ckptd::v1::Heartbeat hb2;
+  ex.FillReports(&hb2);
+  if (!ended_in_hb1) {
+    ASSERT_THAT(hb2.drill_reports(), SizeIs(1));
+    EXPECT_TRUE(hb2.drill_reports(0).ended());
+  }
+}
+
+}  // namespace
+}  // namespace ckptd::agent
