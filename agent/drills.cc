@@ -322,6 +322,10 @@ absl::Status DrillExecutor::CorruptShard(Drill* d) {
   }
   contents[offset] = static_cast<char>(contents[offset] ^ 0xff);
   CKPTD_RETURN_IF_ERROR(storage::WriteFileAtomically(hooks_.real_fs, path, contents));
+  {
+    absl::MutexLock l(&mu_);
+    d->report.set_step(*step);
+  }
   Injected(d, absl::StrCat("flipped the byte at offset ", offset, " of ", path, " (step ", *step, ", tensor '",
                            tensor, "', block ", block, ", chunk ", chunk, ")"));
   Ended(d);

@@ -382,6 +382,7 @@ TEST_F(DrillsTest, CorruptShardIsFoundByVerifyStep) {
   const ckptd::v1::DrillReport r = Finished(ex, 1);
   ASSERT_EQ(r.error(), "");
   EXPECT_TRUE(r.injected());
+  EXPECT_EQ(r.step(), 7u);
   EXPECT_THAT(r.detail(), AllOf(HasSubstr(shard), HasSubstr("offset"), HasSubstr("tensor '"), HasSubstr("chunk 0"),
                                 HasSubstr("step 7")));
   EXPECT_THAT(mem_.Stat(shard), IsOkAndHolds(::testing::Field(&storage::FileInfo::size, before->size)));

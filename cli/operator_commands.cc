@@ -1330,7 +1330,8 @@ int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFa
     ckptd::v1::VerifyStepRequest vr;
     vr.set_job(c.job());
     vr.set_has_step(true);
-    vr.set_step(st.newest_committed_at_order());
+    // The step the agent damaged: newer ones may have committed since the order.
+    vr.set_step(st.report().step() != 0 ? st.report().step() : st.newest_committed_at_order());
     absl::StatusOr<ckptd::v1::VerifyProgress> v = c.api().VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
     if (!v.ok()) return c.Fail("VerifyStep", v.status());
     verified = *v;
@@ -1429,8 +1430,19 @@ int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFa
     verdicts.push_back({"corrupt data is never restored", never,
                         preview->fresh_start() ? "a restart would start fresh"
                                                : absl::StrCat("a restart would restore step ", preview->step())});
-    verdicts.push_back({"a restart falls back to the previous good step",
-                        never && (preview->fresh_start() || preview->step() < bad), ""});
+    // The newest step that is committed and intact: the one before the
+    // damaged step, or one committed after it.
+    std::optional<uint64_t> newest_good;
+    for (const StepEntry& s : steps->steps()) {
+      if (s.state() == ckptd::v1::STEP_COMMITTED) newest_good = s.step();
+    }
+    const bool picks_good = newest_good ? !preview->fresh_start() && preview->step() == *newest_good
+                                        : preview->fresh_start();
+    verdicts.push_back({"a restart picks the newest intact committed step", picks_good,
+                        newest_good ? absl::StrCat("step ", *newest_good,
+                                                   *newest_good < bad ? " (the one before the damaged step)"
+                                                                      : " (committed after the damaged step)")
+                                    : "none: a fresh start"});
   }
   if (IsStorageScenario(info->scenario)) {
     bool restarted = st.resumed();
@@ -1513,7 +1525,8 @@ int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFa
   out << "  " << at(st.ordered_unix_nanos()) << "  ordered\n";
   if (injected) out << "  " << at(injected_at) << "  injected: " << st.report().detail() << "\n";
   for (const auto& e : st.events()) {
-    out << "  " << at(e.unix_nanos()) << "  detected " << FailureKindName(e.kind()) << " on " << e.node_id()
+    out << "  " << at(e.unix_nanos()) << "  detected " << FailureKindName(e.kind())
+        << (e.node_id().empty() ? "" : " on ") << e.node_id()
         << (e.has_rank() ? absl::StrCat(" rank ", e.rank()) : "") << ": " << e.detail() << "\n";
   }
   if (verified) {

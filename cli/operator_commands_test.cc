@@ -1115,6 +1115,8 @@ TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
   st.mutable_report()->set_injected(true);
   st.mutable_report()->set_injected_unix_nanos(kT0 + 1'000'000);
   st.mutable_report()->set_detail("flipped a byte of rank-0002.shard");
+  st.set_newest_committed_at_order(30);  // step 40 committed between the order and the injection
+  st.mutable_report()->set_step(40);
   fake_.drill = {st};
   ckptd::v1::VerifyProgress done;
   done.set_step(40);
@@ -1133,7 +1135,9 @@ TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
   ASSERT_TRUE(fake_.verify_request.has_value());
   EXPECT_EQ(fake_.verify_request->step(), 40u);
   EXPECT_THAT(good.out, AllOf(HasSubstr("PASS  the damaged step is quarantined"),
-                              HasSubstr("PASS  corrupt data is never restored: a restart would restore step 20")));
+                              HasSubstr("PASS  corrupt data is never restored: a restart would restore step 20"),
+                              HasSubstr("PASS  a restart picks the newest intact committed step: step 20 (the one "
+                                        "before the damaged step)")));
   // A coordinator that would still restore step 40 fails the drill.
   fake_.preview->set_step(40);
   fake_.get_drill_calls = 0;
