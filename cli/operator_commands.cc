@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "cli/json.h"
 #include "cli/offline_commands.h"
+#include "coordinator/operator_token.h"
 #include "storage/posix_file_system.h"
 
 namespace ckptd::cli {
@@ -181,7 +182,6 @@ const char kOnlineVerifyHelp[] =
 
 namespace {
 
-constexpr size_t kMaxTokenBytes = 4096;
 constexpr uint32_t kStatusEvents = 10;
 constexpr absl::Duration kDefaultCheckpointTimeout = absl::Minutes(10);
 
@@ -948,24 +948,9 @@ void PrintVerifyJson(const Command& c, const ckptd::v1::VerifyProgress& p, const
 }  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, ": ", why));
-  };
-  storage::PosixFileSystemOptions options;
-  options.use_io_uring = false;  // one small read
-  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem(options);
-  absl::StatusOr<storage::FileInfo> info = fs->Stat(path);
-  if (!info.ok()) return bad(info.status().message());
-  if (info->is_directory) return bad("is a directory");
-  if (info->size > 2 * kMaxTokenBytes) return bad(absl::StrCat("is ", info->size, " bytes; a token is a short line"));
-  absl::StatusOr<std::string> data = storage::ReadFileToString(fs.get(), path);
-  if (!data.ok()) return bad(data.status().message());
-  const std::string token(absl::StripAsciiWhitespace(*data));
-  if (token.empty()) return bad("is empty");
-  if (token.size() > kMaxTokenBytes) return bad(absl::StrCat("the token is longer than ", kMaxTokenBytes, " bytes"));
-  for (char ch : token) {
-    if (ch < 0x21 || ch > 0x7e) return bad("the token holds characters other than printable ASCII without spaces");
-  }
+  // The coordinator's own rules for the file; any failure is a usage error here.
+  absl::StatusOr<std::string> token = coordinator::ReadOperatorTokenFile(path);
+  if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, ": ", token.status().message()));
   return token;
 }
 

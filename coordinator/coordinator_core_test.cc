@@ -36,9 +36,11 @@ class CoordinatorCoreTest : public ::testing::Test {
   }
 
   // Registers node `node` hosting `ranks` of kJob (world `world`).
-  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4) {
+  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
+                    bool drills_allowed = false) {
     ckptd::v1::RegisterAgentRequest req;
     req.set_node_id(node);
+    req.set_drills_allowed(drills_allowed);
     for (uint32_t r : ranks) {
       ckptd::v1::RankInfo* info = req.add_ranks();
       info->set_job(kJob);
@@ -819,19 +821,8 @@ TEST_F(CoordinatorCoreTest, VerifyReadsTheStepBackAndQuarantinesItWhenDamaged) {
 
 TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
   // node-a allows drills, node-b does not.
-  ckptd::v1::RegisterAgentRequest a;
-  a.set_node_id("node-a");
-  a.set_drills_allowed(true);
-  for (uint32_t r : {0u, 1u}) {
-    ckptd::v1::RankInfo* info = a.add_ranks();
-    info->set_job(kJob);
-    info->set_rank(r);
-    info->set_world_size(4);
-    info->set_pid(1000 + static_cast<int>(r));
-  }
-  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse ra, core_->RegisterAgent(a));
-  sessions_["node-a"] = ra.session();
-  ranks_["node-a"] = a;
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"];
   Register("node-b", {2, 3});
   CommitStep(10);
 
@@ -904,17 +895,8 @@ TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFo
 }
 
 TEST_F(CoordinatorCoreTest, AnAgentKilledBeforeItsReportIsNotToldToDieAgain) {
-  ckptd::v1::RegisterAgentRequest a;
-  a.set_node_id("node-a");
-  a.set_drills_allowed(true);
-  for (uint32_t r : {0u, 1u}) {
-    ckptd::v1::RankInfo* info = a.add_ranks();
-    info->set_job(kJob);
-    info->set_rank(r);
-    info->set_world_size(4);
-    info->set_pid(1000 + static_cast<int>(r));
-  }
-  CKPTD_ASSERT_OK(core_->RegisterAgent(a).status());
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"];
   ckptd::v1::RunDrillRequest req;
   req.set_job(kJob);
   req.set_scenario(ckptd::v1::KILL_AGENT);
