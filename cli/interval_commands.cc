@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/args.h"
+#include "cli/command.h"
 #include "cli/json.h"
 
 namespace ckptd::cli {
@@ -193,16 +194,12 @@ std::string Duration(double s) {
 }
 
 // "30 s", "1 min", "1.94 h", "217 d": labels, three significant digits.
-std::string ShortDuration(double s) {
+std::string LabelDuration(double s) {
   if (s < kMinute) return absl::StrFormat("%.3g s", s);
   if (s < kHour) return absl::StrFormat("%.3g min", s / kMinute);
   if (s < kDay) return absl::StrFormat("%.3g h", s / kHour);
   return absl::StrFormat("%.3g d", s / kDay);
 }
-
-// "9.03 %", "18.4 %", "0.0374 %": three significant digits, so that small
-// wastes still compare.
-std::string Percent(double fraction) { return absl::StrFormat("%.3g %%", 100 * fraction); }
 
 // "7B", "1.5T", "350M", "125000": parameter counts with decimal suffixes.
 std::string Count(double n) {
@@ -227,20 +224,6 @@ std::string DecimalBytes(double bytes) {
 }
 
 uint64_t WholeBytes(double bytes) { return static_cast<uint64_t>(std::llround(bytes)); }
-
-std::string XmlEscape(absl::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // The smallest round number (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 × 10^k) that is ≥ v
 // (v > 0): the top of the waste axis, in five ticks.
@@ -420,9 +403,9 @@ std::string WasteCurveSvg(const IntervalReport& r) {
                         "W(τ) = δ/τ + (τ/2 + R)/M%s</text>\n",
                         kWidth / 2, r.job.empty() ? "" : XmlEscape(absl::StrCat(" — job ", r.job)));
   absl::StrAppendFormat(&s, "<text x=\"%.0f\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">%s</text>\n", kWidth / 2,
-                        XmlEscape(absl::StrCat("M ", ShortDuration(in.mtbf_s), ", δ ", ShortDuration(in.delta_s),
-                                               ", R ", ShortDuration(in.restart_s),
-                                               in.persist_s > 0 ? absl::StrCat(", P ", ShortDuration(in.persist_s))
+                        XmlEscape(absl::StrCat("M ", LabelDuration(in.mtbf_s), ", δ ", LabelDuration(in.delta_s),
+                                               ", R ", LabelDuration(in.restart_s),
+                                               in.persist_s > 0 ? absl::StrCat(", P ", LabelDuration(in.persist_s))
                                                                 : std::string())));
   absl::StrAppendFormat(&s,
                         "<defs><clipPath id=\"plot\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
@@ -453,7 +436,7 @@ std::string WasteCurveSvg(const IntervalReport& r) {
                           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
                           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>"
                           "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                          x, y0, x, y1, x, y1, x, y1 + 5, x, y1 + 19, ShortDuration(ticks[i]));
+                          x, y0, x, y1, x, y1, x, y1 + 5, x, y1 + 19, LabelDuration(ticks[i]));
   }
   // Y ticks: five steps of y_max.
   for (int i = 0; i <= 5; ++i) {
@@ -517,14 +500,14 @@ std::string WasteCurveSvg(const IntervalReport& r) {
                           right_half ? "end" : "start", colour, XmlEscape(label));
   };
   marker("alternative", "#d62728", " stroke-dasharray=\"5 4\"",
-         absl::StrCat("alternative ", ShortDuration(in.alternative_s), ": ", Percent(d.alternative_waste)),
+         absl::StrCat("alternative ", LabelDuration(in.alternative_s), ": ", Percent(d.alternative_waste)),
          in.alternative_s, 1);
   if (std::fabs(d.daly_s - d.interval_s) > 1e-9 * d.interval_s) {
     marker("daly", "#7f7f7f", " stroke-dasharray=\"2 3\"",
-           absl::StrCat("Daly optimum ", ShortDuration(d.daly_s), ": ", Percent(waste(d.daly_s))), d.daly_s, 2);
+           absl::StrCat("Daly optimum ", LabelDuration(d.daly_s), ": ", Percent(waste(d.daly_s))), d.daly_s, 2);
   }
   marker("chosen", "#2ca02c", "",
-         absl::StrCat("chosen ", ShortDuration(d.interval_s), ": ", Percent(d.expected_waste)), d.interval_s, 0);
+         absl::StrCat("chosen ", LabelDuration(d.interval_s), ": ", Percent(d.expected_waste)), d.interval_s, 0);
   s += labels;
   s += "</svg>\n";
   return s;
@@ -540,14 +523,8 @@ int PrintReport(const Args& args, const IntervalReport& report, std::ostream& ou
     PrintIntervalTable(report, out);
   }
   if (std::optional<std::string> svg = args.Get("svg")) {
-    errno = 0;
-    std::ofstream file(*svg, std::ios::out | std::ios::trunc);
-    file << WasteCurveSvg(report);
-    file.close();
-    if (!file) {
-      // The streams do not promise errno; most failures (open) do set it.
-      err << "ckptctl interval: cannot write --svg " << *svg << ": "
-          << (errno != 0 ? std::strerror(errno) : "write failed") << "\n";
+    if (absl::Status s = WriteTextFile(*svg, WasteCurveSvg(report)); !s.ok()) {
+      err << "ckptctl interval: --svg: " << s.message() << "\n";
       return kExitFailed;
     }
     if (!args.Has("json")) out << "\nwaste curve written to " << *svg << "\n";
@@ -752,7 +729,7 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   Line(out, "Daly optimum τ", Duration(p.interval.daly_s));
   Line(out, "interval τ", absl::StrCat(Duration(p.interval.interval_s), ", ", p.interval.reason));
   Line(out, "expected waste W(τ)", Percent(p.interval.expected_waste));
-  Line(out, absl::StrCat("waste at ", ShortDuration(in.alternative_s)), Percent(p.interval.alternative_waste));
+  Line(out, absl::StrCat("waste at ", LabelDuration(in.alternative_s)), Percent(p.interval.alternative_waste));
 }
 
 std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {

@@ -164,7 +164,7 @@ TEST(IntervalCommandTest, SvgMarksDalyWhenAFloorMovedTheInterval) {
 TEST(IntervalCommandTest, SvgWriteFailureExitsOne) {
   Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--svg", "/nonexistent-dir/x/curve.svg"});
   EXPECT_EQ(r.code, kExitFailed);
-  EXPECT_THAT(r.err, HasSubstr("cannot write --svg /nonexistent-dir/x/curve.svg"));
+  EXPECT_THAT(r.err, HasSubstr("--svg: cannot write /nonexistent-dir/x/curve.svg"));
 }
 
 TEST(IntervalCommandTest, LiveReportRendersTheRate) {

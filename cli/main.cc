@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cli/args.h"
+#include "cli/drill_commands.h"
 #include "cli/interval_commands.h"
 #include "cli/offline_commands.h"
 #include "cli/operator_commands.h"

@@ -115,13 +115,5 @@ extern const char kCheckpointHelp[];
 extern const char kListHelp[];
 extern const char kRestorePlanHelp[];
 extern const char kOnlineVerifyHelp[];
-extern const char kDrillHelp[];
-
-// ckptctl drill run --job J --scenario S [--target rank|node] ...: orders a
-// drill, watches what follows, and reports a timeline and a verdict. Exit 0
-// when every expectation held, 1 when one did not (or the drill could not
-// be carried out), 2 usage, 3 the coordinator cannot be reached.
-int RunDrillCommand(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
-                    std::ostream& err, const OperatorEnv& env = {});
 
 }  // namespace ckptd::cli

@@ -138,6 +138,9 @@ struct CoordinatorCore::Job {
   std::map<uint64_t, PendingStep> pending;
   std::set<uint64_t> committed;
   std::map<uint64_t, std::string> quarantined;  // step -> why
+  // Committed steps being verified (a count per step): retention leaves them
+  // alone until the verification ends; the next commit drops them if due.
+  std::map<uint64_t, int> verifying;
   struct Aborted {
     uint64_t incarnation = 0;  // the step's reports up to this incarnation are void
     std::string reason;
@@ -1129,7 +1132,18 @@ absl::StatusOr<ckptd::v1::VerifyProgress> CoordinatorCore::VerifyStep(
       if (!newest) return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " has no committed step"));
       step = *newest;
     }
+    ++FindJob(request.job())->verifying[step];
   }
+  // Unpinned however the verification ends.
+  struct Unpin {
+    CoordinatorCore* core;
+    const std::string& job;
+    uint64_t step;
+    ~Unpin() {
+      absl::MutexLock l(&core->mu_);
+      if (Job* j = core->FindJob(job); j != nullptr && --j->verifying[step] <= 0) j->verifying.erase(step);
+    }
+  } unpin{this, request.job(), step};
   auto to_proto = [](const storage::StepVerifyReport& r) {
     ckptd::v1::VerifyProgress p;
     p.set_step(r.step);
@@ -1482,7 +1496,7 @@ void CoordinatorCore::Apply(Effects& fx) {
         if (job->quarantined.contains(*it)) continue;
         if (kept < std::max(1, options_.keep_last)) {
           ++kept;
-        } else {
+        } else if (!job->verifying.contains(*it)) {
           drop.push_back(*it);
         }
       }

@@ -819,6 +819,37 @@ TEST_F(CoordinatorCoreTest, VerifyReadsTheStepBackAndQuarantinesItWhenDamaged) {
   EXPECT_THAT(core_->VerifyStep(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
 }
 
+TEST_F(CoordinatorCoreTest, RetentionLeavesAStepAloneWhileItIsVerified) {
+  options_.keep_last = 1;
+  Reset();
+  TwoNodes();
+  CommitStep(10);
+  ckptd::v1::VerifyStepRequest req;
+  req.set_job(kJob);
+  req.set_has_step(true);
+  req.set_step(10);
+  bool committed_meanwhile = false;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::VerifyProgress v, core_->VerifyStep(req, [&](const auto&) {
+    if (committed_meanwhile) return;
+    committed_meanwhile = true;
+    // Two newer steps commit while step 10 is read back; with keep_last 1
+    // step 10 would go, but not under the verification.
+    CommitStep(20);
+    CommitStep(30);
+    core_->Tick();
+    EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+    EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  }));
+  EXPECT_TRUE(v.ok()) << v.DebugString();
+  EXPECT_EQ(v.step(), 10u);
+  // Once verified it is retained no more: the next commit drops it.
+  CommitStep(40);
+  core_->Tick();
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 30)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 40)));
+}
+
 TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
   // node-a allows drills, node-b does not.
   Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);

@@ -1,0 +1,121 @@
+// The frame that ckptctl's online commands share: parsing the flags every
+// one takes, connecting to the coordinator, saying why a call failed with
+// the documented exit status, and the small formatting helpers of their
+// tables. Internal to ckptd::cli.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "cli/args.h"
+#include "cli/operator_commands.h"
+
+namespace ckptd::cli {
+
+// "2024-05-01T12:00:00Z"; "-" for 0 (unknown).
+std::string IsoTime(int64_t unix_nanos);
+// "0.4 s", "12 s", "5.2 min", "3.1 h", "2.0 d".
+std::string ShortDuration(double s);
+std::string Percent(double fraction);
+// "0.04 s", "1.5 s", "35.2 s", "412 s"; "-" for 0 (unknown).
+std::string Seconds(double s);
+// "3/4"; "-" when neither is known (an entry that carries no world size).
+std::string Ranks(uint32_t reported, uint32_t world);
+double SecondsSince(absl::Time now, int64_t unix_nanos);
+// "0-3,8,10-11" for sorted, distinct ranks.
+std::string RankRanges(std::vector<uint32_t> ranks);
+std::string JobStateName(ckptd::v1::JobState s);
+std::string StepStateName(ckptd::v1::StepState s);
+std::string FailureKindName(ckptd::v1::FailureKind k);
+// `s` with & < > " ' escaped, for XML and HTML text and attributes.
+std::string XmlEscape(absl::string_view s);
+// Writes `content` to `path` (created or truncated); an error naming the
+// file and why when it cannot.
+absl::Status WriteTextFile(const std::string& path, absl::string_view content);
+
+// Columns padded to their widest cell, two spaces apart, indented by two;
+// the last column is not padded.
+class Table {
+ public:
+  // `right`: the columns aligned right (numbers).
+  explicit Table(std::vector<std::string> header, std::set<size_t> right = {}) : right_(std::move(right)) {
+    rows_.push_back(std::move(header));
+  }
+  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print(std::ostream& out) const {
+    std::vector<size_t> width(rows_[0].size(), 0);
+    for (const auto& row : rows_) {
+      for (size_t c = 0; c < row.size() && c < width.size(); ++c) width[c] = std::max(width[c], row[c].size());
+    }
+    for (const auto& row : rows_) {
+      std::string line = " ";
+      for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+        const bool last = c + 1 == row.size();
+        const std::string pad(width[c] - row[c].size(), ' ');
+        line += " ";
+        line += right_.count(c) ? pad + row[c] : last ? row[c] : row[c] + pad;
+        if (!last) line += " ";
+      }
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out << line << "\n";
+    }
+  }
+
+ private:
+  std::set<size_t> right_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// ------------------------------------------------------------- the commands' frame
+
+// A parsed command line and the coordinator it talks to.
+class Command {
+ public:
+  Command(absl::string_view name, const char* help, std::ostream& out, std::ostream& err)
+      : name_(name), help_(help), out_(out), err_(err) {}
+
+  // Parses `argv` (the coordinator's flags, `value_flags`, `bool_flags`,
+  // --help and --json, and up to `max_positional` positional arguments),
+  // reads the token file when given, and connects. Returns the exit status
+  // when the command is over already (--help, a usage error, a failed
+  // connect), nullopt when it goes on.
+  std::optional<int> Start(const std::vector<std::string>& argv, std::set<std::string> value_flags,
+                           std::set<std::string> bool_flags, bool needs_job, const CoordinatorApiFactory& factory,
+                           size_t max_positional = 0);
+
+  int Usage(absl::string_view why) const {
+    err_ << "ckptctl " << name_ << ": " << why << "\n(`ckptctl " << name_ << " --help` describes the flags)\n";
+    return kExitUsage;
+  }
+
+  // Says why `rpc` failed and returns the exit status for it.
+  int Fail(absl::string_view rpc, const absl::Status& s) const;
+
+  const Args& args() const { return args_; }
+  CoordinatorApi& api() const { return *api_; }
+  bool json() const { return args_.Has("json"); }
+  std::string job() const { return args_.Get("job").value_or(""); }
+  std::ostream& out() const { return out_; }
+  std::ostream& err() const { return err_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  const std::string name_;
+  const char* const help_;
+  std::ostream& out_;
+  std::ostream& err_;
+  Args args_;
+  std::unique_ptr<CoordinatorApi> api_;
+};
+
+}  // namespace ckptd::cli

@@ -1,0 +1,455 @@
+#include "cli/drill_commands.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cli/testing_fake_coordinator.h"
+#include "cli/testing_json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckptd::cli {
+namespace {
+
+using ::ckptd::testing::IsValidJson;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// ----------------------------------------------------------------- drills
+
+class DrillCommandTest : public OperatorCommandsTest {
+ protected:
+  static constexpr int64_t kT0 = 1'900'000'000'000'000'000;
+  void SetUp() override {
+    now_ = absl::FromUnixNanos(kT0);  // the coordinator's clock and this one agree
+    fake_.run_drill->set_drill_id(7);
+    fake_.run_drill->set_node_id("node-b");
+  }
+  ckptd::v1::DrillStatus Base() {
+    ckptd::v1::DrillStatus st;
+    st.set_drill_id(7);
+    st.set_node_id("node-b");
+    st.set_ordered_unix_nanos(kT0);
+    st.set_had_committed_at_order(true);
+    st.set_newest_committed_at_order(40);
+    st.set_step_seconds(0.015);
+    return st;
+  }
+  // ckptctl drill run --coordinator kAddress `argv`.
+  Result Drill(std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"run", "--coordinator", kAddress});
+    return RunExactly(RunDrillCommand, argv);
+  }
+  static ckptd::v1::VerifyProgress Verified(uint64_t step, bool ok) {
+    ckptd::v1::VerifyProgress v;
+    v.set_step(step);
+    v.set_done(true);
+    v.set_ok(ok);
+    v.set_shards_total(4);
+    v.set_shards_done(4);
+    v.set_bytes_done(4 << 20);
+    if (!ok) v.add_problems("rank-0001.shard: tensor w block 0 chunk 2: checksum mismatch");
+    return v;
+  }
+  // A kill-trainer drill on rank 2 whose job resumed from step 40 two
+  // seconds after the failure at step 47.
+  ckptd::v1::DrillStatus Resumed() {
+    ckptd::v1::DrillStatus st = Base();
+    st.mutable_request()->set_scenario(ckptd::v1::KILL_TRAINER);
+    st.mutable_request()->set_rank(2);
+    st.mutable_report()->set_drill_id(7);
+    st.mutable_report()->set_injected(true);
+    st.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
+    st.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
+    st.mutable_report()->set_ended(true);
+    st.mutable_report()->set_ended_unix_nanos(kT0 + 50'000'000);
+    ckptd::v1::FailureEvent* e = st.add_events();
+    e->set_kind(ckptd::v1::TRAINER_DIED);
+    e->set_node_id("node-b");
+    e->set_has_rank(true);
+    e->set_rank(2);
+    e->set_unix_nanos(kT0 + 62'000'000);
+    e->set_detail("exited on signal 9");
+    st.set_first_detection_unix_nanos(kT0 + 62'000'000);
+    st.set_resumed(true);
+    st.set_restored_step(40);
+    st.set_step_at_failure(47);
+    st.set_failed_unix_nanos(kT0 + 62'000'000);
+    st.set_resumed_unix_nanos(kT0 + 2'062'000'000);
+    return st;
+  }
+  // Steps 20 and 40 committed, and a running job "llm" with every rank alive.
+  void HealthyJob() {
+    ckptd::v1::ListStepsResponse steps;
+    *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+    *steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+    fake_.steps = {steps};
+    fake_.preview->set_step(40);
+    fake_.cluster = Running(47, {});
+    fake_.cluster.mutable_jobs(0)->set_ranks_alive(4);
+  }
+  // A suite file named after the test.
+  std::string SuiteFile(absl::string_view contents) { return TokenFile("suite", contents); }
+  // ckptctl drill suite `file` --coordinator kAddress --job llm --token-file F `more`.
+  Result Suite(const std::string& file, std::vector<std::string> more = {}) {
+    std::vector<std::string> argv = {"suite", file, "--coordinator", kAddress, "--job", "llm", "--token-file",
+                                     TokenFile("drill-token", "s3cret")};
+    argv.insert(argv.end(), more.begin(), more.end());
+    return RunExactly(RunDrillCommand, argv);
+  }
+  std::string ReadBack(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static ckptd::v1::StepEntry Step(uint64_t step, ckptd::v1::StepState state, uint32_t ranks = 4) {
+    ckptd::v1::StepEntry e;
+    e.set_step(step);
+    e.set_state(state);
+    e.set_world_size(4);
+    e.set_ranks_reported(ranks);
+    e.set_committed_unix_nanos(kT0 - 1'000'000'000 + static_cast<int64_t>(step) * 1'000'000);
+    return e;
+  }
+};
+
+TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
+  ckptd::v1::DrillStatus injected = Base();
+  injected.mutable_report()->set_drill_id(7);
+  injected.mutable_report()->set_injected(true);
+  injected.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
+  injected.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
+  ckptd::v1::DrillStatus after = injected;
+  ckptd::v1::FailureEvent* e = after.add_events();
+  e->set_kind(ckptd::v1::TRAINER_DIED);
+  e->set_node_id("node-b");
+  e->set_has_rank(true);
+  e->set_rank(2);
+  e->set_unix_nanos(kT0 + 62'000'000);
+  after.set_first_detection_unix_nanos(kT0 + 62'000'000);
+  after.set_resumed(true);
+  after.set_restored_step(40);
+  after.set_step_at_failure(47);
+  after.set_failed_unix_nanos(kT0 + 62'000'000);
+  after.set_resumed_unix_nanos(kT0 + 2'062'000'000);
+  fake_.drill = {Base(), injected, injected, after};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+  fake_.steps = {steps};
+  fake_.preview->set_step(40);
+  fake_.verify_stream = {Verified(40, true)};
+
+  Result r = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
+                                   "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::KILL_TRAINER);
+  EXPECT_EQ(fake_.drill_request->rank(), 2u);
+  EXPECT_THAT(r.out, HasSubstr("drill 7: kill-trainer on node node-b (rank 2 of job llm)"));
+  EXPECT_THAT(r.out, HasSubstr("+0.012 s  detected"));
+  EXPECT_THAT(r.out, HasSubstr("training resumed from step 40"));
+  EXPECT_THAT(r.out, HasSubstr("work lost    7 steps (0.1 s at 0.015 s per step)"));
+  EXPECT_THAT(r.out, HasSubstr("restart      2.000 s"));
+  EXPECT_THAT(r.out, HasSubstr("PASS  the failure was detected: 0.012 s after the injection"));
+  EXPECT_THAT(r.out, HasSubstr("PASS  the restored step verifies intact: 4 shards"));
+  EXPECT_THAT(r.out, HasSubstr("drill: PASS"));
+  ASSERT_TRUE(fake_.verify_request.has_value());
+  EXPECT_EQ(fake_.verify_request->step(), 40u);
+
+  fake_.get_drill_calls = 0;
+  Result j = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
+                                   "--token-file", TokenFile("drill-token", "s3cret"), "--json"});
+  EXPECT_EQ(j.code, kExitOk);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"detection_seconds\":0.012"), HasSubstr("\"lost_steps\":7"),
+                           HasSubstr("\"restored_step\":40"), HasSubstr("\"passed\":true")));
+}
+
+TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(kT0 + 1'000'000);
+  st.mutable_report()->set_detail("flipped a byte of rank-0002.shard");
+  st.set_newest_committed_at_order(30);  // step 40 committed between the order and the injection
+  st.mutable_report()->set_step(40);
+  fake_.drill = {st};
+  ckptd::v1::VerifyProgress done;
+  done.set_step(40);
+  done.set_done(true);
+  done.set_ok(false);
+  done.add_problems("rank-0002.shard: tensor w block 0 chunk 3: checksum mismatch");
+  fake_.verify_stream = {done};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_QUARANTINED);
+  fake_.steps = {steps};
+  fake_.preview->set_step(20);
+  Result good = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
+                                      "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(good.code, kExitOk) << good.out;
+  ASSERT_TRUE(fake_.verify_request.has_value());
+  EXPECT_EQ(fake_.verify_request->step(), 40u);
+  EXPECT_THAT(good.out, AllOf(HasSubstr("PASS  the damaged step is quarantined"),
+                              HasSubstr("PASS  corrupt data is never restored: a restart would restore step 20"),
+                              HasSubstr("PASS  a restart picks the newest intact committed step: step 20 (the one "
+                                        "before the damaged step)")));
+  // A coordinator that would still restore step 40 fails the drill.
+  fake_.preview->set_step(40);
+  fake_.get_drill_calls = 0;
+  Result bad = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
+                                     "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(bad.code, kExitFailed);
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  corrupt data is never restored"), HasSubstr("drill: FAIL")));
+}
+
+TEST_F(DrillCommandTest, StorageFaultMustLeaveTrainingRunningAndCheckpointsCommittingAfterward) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(kT0);
+  st.mutable_report()->set_ended(true);
+  st.mutable_report()->set_ended_unix_nanos(kT0 + 10'000'000);
+  ckptd::v1::FailureEvent* e = st.add_events();
+  e->set_kind(ckptd::v1::PERSIST_FAILED);
+  e->set_node_id("node-b");
+  e->set_unix_nanos(kT0 + 5'000'000);
+  st.set_first_detection_unix_nanos(kT0 + 5'000'000);
+  fake_.drill = {st};
+  ckptd::v1::ListStepsResponse steps;
+  *steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+  ckptd::v1::StepEntry later = Step(60, ckptd::v1::STEP_COMMITTED);
+  later.set_committed_unix_nanos(kT0 + 20'000'000);
+  *steps.add_steps() = later;
+  fake_.steps = {steps};
+  fake_.preview->set_step(60);
+  Result r = Drill({"--job", "llm", "--scenario", "storage-enospc", "--target", "node-b",
+                                   "--duration", "10ms", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(fake_.drill_request->target_node(), "node-b");
+  EXPECT_DOUBLE_EQ(fake_.drill_request->duration_seconds(), 0.01);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PASS  training went on without a restart"),
+                           HasSubstr("PASS  checkpoints commit again after the fault: step 60")));
+}
+
+TEST_F(DrillCommandTest, RefusalsAndBadFlags) {
+  ckptd::v1::DrillStatus st = Base();
+  st.mutable_report()->set_error("drills are not allowed on this agent; start it with --allow-drills");
+  fake_.drill = {st};
+  Result refused = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(refused.code, kExitFailed);
+  EXPECT_THAT(refused.err, HasSubstr("--allow-drills"));
+  Result no_scenario = Drill({"--job", "llm", "--scenario", "meteor", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(no_scenario.code, kExitUsage);
+  EXPECT_THAT(no_scenario.err, HasSubstr("--scenario must be one of kill-trainer, hang-trainer"));
+  Result node_for_rank =
+      Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "node-a"});
+  EXPECT_EQ(node_for_rank.code, kExitUsage);
+  EXPECT_THAT(node_for_rank.err, HasSubstr("--target of kill-trainer is a rank number"));
+  Result bad_duration =
+      Drill({"--job", "llm", "--scenario", "hang-trainer", "--duration", "soon"});
+  EXPECT_EQ(bad_duration.code, kExitUsage);
+  EXPECT_THAT(bad_duration.err, HasSubstr("--duration: \"soon\""));
+  Result not_run = RunExactly(RunDrillCommand, {"start"});
+  EXPECT_EQ(not_run.code, kExitUsage);
+  fake_.error = absl::UnavailableError("coordinator c:1: connection refused");
+  Result down = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(down.code, kExitUnavailable);
+  Result help = RunExactly(RunDrillCommand, {"--help"});
+  EXPECT_EQ(help.code, kExitOk);
+  for (const char* s : {"kill-trainer", "hang-trainer", "kill-agent", "cut-off-agent", "corrupt-shard", "storage-eio",
+                        "storage-enospc", "storage-slow", "--watch", "--at-step"}) {
+    EXPECT_THAT(help.out, HasSubstr(s));
+  }
+}
+
+TEST_F(DrillCommandTest, ADamagedRestoredStepFailsTheVerdictAndAnUnreadableOneIsNotAFailure) {
+  fake_.drill = {Resumed()};
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, false)};
+  Result bad = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
+                      TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(bad.code, kExitFailed) << bad.out;
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  the restored step verifies intact: rank-0001.shard"),
+                             HasSubstr("drill: FAIL")));
+  // Retention may remove the restored step before the drill reads it:
+  // said, not judged.
+  fake_.verify_stream.clear();
+  fake_.verify_end = absl::FailedPreconditionError("step 40 of job llm is not committed");
+  Result gone = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
+                       TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(gone.code, kExitOk) << gone.out;
+  EXPECT_THAT(gone.out, HasSubstr("restored step not verified: step 40 of job llm is not committed"));
+  EXPECT_THAT(gone.out, Not(HasSubstr("verifies intact")));
+  // A verification that breaks for another reason fails the drill.
+  fake_.verify_end = absl::DataLossError("shard rank-0003.shard: read failed");
+  Result broken = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
+                         TokenFile("drill-token", "s3cret"), "--json"});
+  EXPECT_EQ(broken.code, kExitFailed);
+  EXPECT_TRUE(IsValidJson(broken.out)) << broken.out;
+  EXPECT_THAT(broken.out, HasSubstr("\"restored_verify_error\":\"shard rank-0003.shard: read failed\""));
+  // --no-verify-restored reads nothing back.
+  fake_.verify_request.reset();
+  Result skipped = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--no-verify-restored",
+                          "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(skipped.code, kExitOk) << skipped.out;
+  EXPECT_FALSE(fake_.verify_request.has_value());
+  EXPECT_THAT(skipped.out, HasSubstr("not asked for (--no-verify-restored)"));
+}
+
+TEST_F(DrillCommandTest, HtmlReportIsOneSelfContainedPageWithATimeline) {
+  ckptd::v1::DrillStatus st = Resumed();
+  // Names and details come from agents and the job: escaped on the page.
+  st.set_node_id("node-<b>&\"x\"");
+  st.mutable_events(0)->set_detail("<script>alert(1)</script>");
+  fake_.drill = {st};
+  HealthyJob();
+  ckptd::v1::ListStepsResponse steps = fake_.steps[0].value();
+  ckptd::v1::StepEntry after = Step(60, ckptd::v1::STEP_COMMITTED);
+  after.set_committed_unix_nanos(kT0 + 1'500'000'000);
+  *steps.add_steps() = after;
+  fake_.steps = {steps};
+  fake_.verify_stream = {Verified(40, true)};
+  const std::string page = TokenFile("report.html", "");
+  Result r = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--html", page, "--token-file",
+                    TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("report written to ", page)));
+  const std::string html = ReadBack(page);
+  EXPECT_THAT(html, ::testing::StartsWith("<!DOCTYPE html>"));
+  EXPECT_THAT(html, HasSubstr("</html>"));
+  // Nothing from outside: no scripts, no links to fetch.
+  EXPECT_THAT(html, AllOf(Not(HasSubstr("<script")), Not(HasSubstr("src=")), Not(HasSubstr("http://www.w3.org/1999")),
+                          Not(HasSubstr("<link"))));
+  EXPECT_THAT(html, HasSubstr("&lt;script&gt;alert(1)&lt;/script&gt;"));
+  EXPECT_THAT(html, HasSubstr("node-&lt;b&gt;&amp;&quot;x&quot;"));
+  // The timeline: one SVG with the injection, the detection, the commit
+  // after the restart, the downtime band and the axis from the injection.
+  EXPECT_EQ(absl::StrContains(html, "<svg"), true);
+  EXPECT_THAT(html, AllOf(HasSubstr(">injected</text>"), HasSubstr(">detected trainer_died</text>"),
+                          HasSubstr(">resumed from 40</text>"), HasSubstr(">verified step 40</text>"),
+                          HasSubstr("class=\"band-down\""), HasSubstr("step 60 committed"),
+                          HasSubstr(">+1.0 s</text>"), HasSubstr(">0</text>")));
+  EXPECT_THAT(html, AllOf(HasSubstr("0.012 s"), HasSubstr("7 steps"), HasSubstr("class=\"pass\">PASS")));
+  // Where the page cannot be written: said, and the drill fails.
+  Result unwritable = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--html",
+                             "/nonexistent-dir/x/report.html", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(unwritable.code, kExitFailed);
+  EXPECT_THAT(unwritable.err, HasSubstr("--html: cannot write /nonexistent-dir/x/report.html"));
+}
+
+TEST_F(DrillCommandTest, SuiteRunsEveryLineInOrderAndSumsUp) {
+  fake_.drill = {Resumed()};
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  const std::string file = SuiteFile(
+      "# this week's drills\n"
+      "\n"
+      "kill-trainer --target 2 --at-step 45\n"
+      "   kill-trainer\t--target 3 once\n");
+  Result bad = Suite(file);
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_THAT(bad.err, HasSubstr(absl::StrCat(file, " line 4: unexpected \"once\"")));
+  EXPECT_EQ(fake_.drill_request, std::nullopt) << "a bad file runs nothing";
+
+  const std::string good = SuiteFile(
+      "# this week's drills\n"
+      "\n"
+      "kill-trainer --target 2 --at-step 45\n"
+      "   kill-trainer\t--target 3   # and the other node\n");
+  // A step commits after each drill: the next one starts from it.
+  ckptd::v1::StepEntry later = Step(60, ckptd::v1::STEP_COMMITTED);
+  later.set_committed_unix_nanos(kT0 + 3600'000'000'000);
+  *fake_.steps[0]->add_steps() = later;
+  const std::string page = TokenFile("suite.html", "");
+  Result r = Suite(good, {"--html", page});
+  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("=== drill 1/2 (line 3): kill-trainer --target 2 --at-step 45"));
+  EXPECT_THAT(r.out, HasSubstr("=== drill 2/2 (line 4): kill-trainer\t--target 3\n"));
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->rank(), 3u);  // the last one ordered
+  EXPECT_EQ(fake_.drill_request->job(), "llm");
+  EXPECT_THAT(r.out, HasSubstr("suite summary: job llm"));
+  EXPECT_THAT(r.out, HasSubstr("suite: PASS (2 of 2 drills passed)"));
+  const std::string html = ReadBack(page);
+  EXPECT_THAT(html, AllOf(HasSubstr("2 of 2 drills passed"), HasSubstr("id=\"drill-1\""), HasSubstr("id=\"drill-2\"")));
+
+  Result j = Suite(good, {"--json"});
+  EXPECT_EQ(j.code, kExitOk);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"drills_passed\":2"), HasSubstr("\"drills_not_run\":0"),
+                           HasSubstr("\"line\":3"), HasSubstr("\"passed\":true")));
+}
+
+TEST_F(DrillCommandTest, SuiteWaitsForAHealthyJobAndReportsWhatItCouldNotRun) {
+  fake_.drill = {Resumed()};
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  // The job is restarting, and stays so.
+  fake_.cluster.mutable_jobs(0)->set_state(ckptd::v1::JOB_RESTARTING);
+  const std::string file = SuiteFile("kill-trainer --target 2\nstorage-eio --target node-b --duration 5s\n");
+  Result r = Suite(file, {"--settle", "3s"});
+  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(fake_.drill_request, std::nullopt);
+  EXPECT_THAT(r.out, HasSubstr("suite: FAIL (0 of 2 drills passed, 2 not run)"));
+  EXPECT_THAT(r.err, HasSubstr("job llm was not healthy within 3s: the job is restarting"));
+  // Back to running halfway through the wait: the drills run.
+  fake_.cluster_calls = 0;
+  ckptd::v1::GetClusterStatusResponse running = fake_.cluster;
+  running.mutable_jobs(0)->set_state(ckptd::v1::JOB_RUNNING);
+  fake_.cluster_from_call[3] = running;
+  Result later = Suite(SuiteFile("kill-trainer --target 2\n"), {"--settle", "3s"});
+  EXPECT_EQ(later.code, kExitOk) << later.out << later.err;
+  // A failing drill with --stop-on-failure leaves the rest not run.
+  fake_.verify_stream = {Verified(40, false)};
+  Result stop = Suite(SuiteFile("kill-trainer --target 2\nkill-trainer --target 1\n"),
+                      {"--stop-on-failure", "--json"});
+  EXPECT_EQ(stop.code, kExitFailed);
+  EXPECT_TRUE(IsValidJson(stop.out)) << stop.out;
+  EXPECT_THAT(stop.out, AllOf(HasSubstr("\"drills_failed\":1"), HasSubstr("\"drills_not_run\":1"),
+                              HasSubstr("--stop-on-failure")));
+  EXPECT_EQ(fake_.drill_request->rank(), 2u);
+}
+
+TEST_F(DrillCommandTest, SuiteFileErrorsNameTheFileAndLine) {
+  struct Case {
+    std::string contents;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"", "lists no drill"},
+      {"# only a comment\n", "lists no drill"},
+      {"meteor --target 1\n", "line 1: the scenario must be one of kill-trainer"},
+      {"kill-trainer --target node-a\n", "line 1: --target of kill-trainer is a rank number"},
+      {"\nhang-trainer --duration soon\n", "line 2: --duration: \"soon\""},
+      {"storage-slow --bogus 1\n", "line 1: unknown flag --bogus"},
+      {"kill-trainer --target\n", "line 1:"},
+      {std::string("kill-trainer\x01\n"), "line 1: holds a control character"},
+  };
+  for (const Case& c : cases) {
+    const std::string file = SuiteFile(c.contents);
+    Result r = Suite(file);
+    EXPECT_EQ(r.code, kExitUsage) << c.contents;
+    EXPECT_THAT(r.err, HasSubstr(c.says)) << c.contents;
+  }
+  Result missing = Suite("/nonexistent-dir/drills.txt");
+  EXPECT_EQ(missing.code, kExitUsage);
+  EXPECT_THAT(missing.err, HasSubstr("cannot read the suite file /nonexistent-dir/drills.txt"));
+  Result no_file = RunExactly(RunDrillCommand, {"suite", "--coordinator", kAddress, "--job", "llm"});
+  EXPECT_EQ(no_file.code, kExitUsage);
+  EXPECT_THAT(no_file.err, HasSubstr("the suite FILE is required"));
+  Result two = RunExactly(RunDrillCommand, {"suite", "a", "b", "--coordinator", kAddress, "--job", "llm"});
+  EXPECT_EQ(two.code, kExitUsage);
+  EXPECT_THAT(two.err, HasSubstr("unexpected argument \"b\""));
+  Result help = RunExactly(RunDrillCommand, {"suite", "--help"});
+  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_THAT(help.out, AllOf(HasSubstr("--settle"), HasSubstr("--stop-on-failure"), HasSubstr("exit status")));
+}
+
+}  // namespace
+}  // namespace ckptd::cli
