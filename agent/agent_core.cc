@@ -148,20 +148,30 @@ absl::StatusOr<std::optional<ckptd::v1::Schedule>> AgentCore::SyncSchedule(
 }
 
 std::optional<TrainerInfo> AgentCore::FindTrainer(const std::string& job, uint32_t rank) {
-  std::shared_ptr<Trainer> found;
+  for (TrainerInfo& t : Trainers()) {
+    if (t.job == job && t.rank == rank) return std::move(t);
+  }
+  return std::nullopt;
+}
+
+std::vector<TrainerInfo> AgentCore::Trainers() {
+  std::map<std::pair<std::string, uint32_t>, std::shared_ptr<Trainer>> newest;
   {
     absl::MutexLock l(&mu_);
     // Ids grow: the last match is the newest registration.
-    for (const auto& [id, t] : trainers_) {
-      if (t->reg.job == job && t->reg.rank == rank) found = t;
-    }
+    for (const auto& [id, t] : trainers_) newest[{t->reg.job, t->reg.rank}] = t;
   }
-  if (found == nullptr) return std::nullopt;
-  TrainerInfo info;
-  info.pid = found->reg.pid;
-  absl::MutexLock l(&found->mu);
-  info.step = found->step;
-  return info;
+  std::vector<TrainerInfo> out;
+  for (const auto& [key, t] : newest) {
+    TrainerInfo info;
+    info.pid = t->reg.pid;
+    info.job = key.first;
+    info.rank = key.second;
+    absl::MutexLock l(&t->mu);
+    info.step = t->step;
+    out.push_back(std::move(info));
+  }
+  return out;
 }
 
 void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {

@@ -92,6 +92,8 @@ struct PersistStatus {
 struct TrainerInfo {
   int32_t pid = 0;
   uint64_t step = 0;  // as its last SyncSchedule said
+  std::string job;
+  uint32_t rank = 0;
 };
 
 class AgentCore {
@@ -120,6 +122,8 @@ class AgentCore {
 
   // The trainer registered (most recently) for `rank` of `job`, if any.
   std::optional<TrainerInfo> FindTrainer(const std::string& job, uint32_t rank);
+  // Every trainer registered with this agent (the newest per job and rank).
+  std::vector<TrainerInfo> Trainers();
 
   // The trainer skipped the snapshot of `step` for `reason` (kept up to
   // kMaxSkipReasonBytes): counted in its PersistStatus, which Status()

@@ -217,6 +217,23 @@ TEST_F(AgentCoreTest, FindTrainerByJobAndRank) {
   EXPECT_EQ(info->step, 17u);
   EXPECT_EQ(agent.FindTrainer("job", 1), std::nullopt);
   EXPECT_EQ(agent.FindTrainer("other", 0), std::nullopt);
+  // Every trainer of the node, the newest registration per rank.
+  TrainerRegistration again = FiveComponents("job");
+  again.pid = 4343;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h2, agent.Register(again));
+  TrainerRegistration other = FiveComponents("other");
+  other.pid = 5000;
+  other.rank = 3;
+  other.world_size = 4;
+  CKPTD_ASSERT_OK(agent.Register(other).status());
+  std::vector<TrainerInfo> all = agent.Trainers();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].job, "job");
+  EXPECT_EQ(all[0].pid, 4343);
+  EXPECT_EQ(all[1].job, "other");
+  EXPECT_EQ(all[1].rank, 3u);
+  EXPECT_EQ(all[1].pid, 5000);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h2.trainer_id));
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
   EXPECT_EQ(agent.FindTrainer("job", 0), std::nullopt);
 }

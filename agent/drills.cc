@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "storage/layout.h"
 #include "storage/posix_error.h"
 #include "storage/shard_reader.h"
@@ -166,6 +167,8 @@ absl::Status DrillExecutor::Execute(Drill* d) {
     }
     case ckptd::v1::KILL_AGENT:
       return KillAgent(d);
+    case ckptd::v1::KILL_NODE:
+      return KillNode(d);
     case ckptd::v1::CUT_OFF_AGENT: {
       CKPTD_ASSIGN_OR_RETURN(absl::Duration duration,
                              Seconds(o.duration_seconds(), "duration_seconds", options_.max_duration));
@@ -248,6 +251,29 @@ absl::Status DrillExecutor::HangTrainer(Drill* d, absl::Duration duration) {
 absl::Status DrillExecutor::KillAgent(Drill* d) {
   Injected(d, absl::StrCat("agent pid ", ::getpid(), " kills itself with SIGKILL"));
   Ended(d);
+  ReportThenDie(d);
+  return absl::OkStatus();
+}
+
+absl::Status DrillExecutor::KillNode(Drill* d) {
+  if (!hooks_.list_trainers) return absl::FailedPreconditionError("this agent cannot list its trainers");
+  std::vector<std::string> killed;
+  for (const TrainerInfo& t : hooks_.list_trainers()) {
+    // kill(0) and kill(-1) would signal whole process groups; never this agent.
+    if (t.pid <= 1 || t.pid == ::getpid()) continue;
+    if (hooks_.signal(t.pid, SIGKILL).ok()) {
+      killed.push_back(absl::StrCat("rank ", t.rank, " of job ", t.job, " (pid ", t.pid, ", at step ", t.step, ")"));
+    }
+  }
+  Injected(d, absl::StrCat("node crash: SIGKILL sent to ", killed.size(), " trainer(s)",
+                           killed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(killed, ", ")), ", then to agent pid ",
+                           ::getpid()));
+  Ended(d);
+  ReportThenDie(d);
+  return absl::OkStatus();
+}
+
+void DrillExecutor::ReportThenDie(Drill* d) {
   uint64_t version = 0;
   {
     absl::MutexLock l(&mu_);
@@ -263,9 +289,8 @@ absl::Status DrillExecutor::KillAgent(Drill* d) {
     mu_.AwaitWithTimeout(absl::Condition(&sent), options_.kill_agent_grace);
     stop = stopping_;
   }
-  if (stop) return absl::OkStatus();  // the agent is going anyway
+  if (stop) return;  // the agent is going anyway
   hooks_.kill_self();
-  return absl::OkStatus();
 }
 
 absl::Status DrillExecutor::CutOffAgent(Drill* d, absl::Duration duration) {

@@ -33,7 +33,8 @@ struct DrillOptions {
   // long at most before it reports an error.
   absl::Duration step_poll = absl::Milliseconds(10);
   absl::Duration max_wait_for_step = absl::Hours(24);
-  // KILL_AGENT waits this long at most for its report to be delivered.
+  // KILL_AGENT and KILL_NODE wait this long at most for their report to be
+  // delivered.
   absl::Duration kill_agent_grace = absl::Seconds(2);
   // Longest duration_seconds (and slow_seconds) accepted.
   absl::Duration max_duration = absl::Hours(1);
@@ -43,6 +44,8 @@ struct DrillOptions {
 struct DrillHooks {
   // The trainer of (job, rank) on this node: pid and current step.
   std::function<std::optional<TrainerInfo>(const std::string& job, uint32_t rank)> find_trainer;
+  // Every trainer on this node (KILL_NODE); null: KILL_NODE reports an error.
+  std::function<std::vector<TrainerInfo>()> list_trainers;
   // Sends `sig` to `pid`. Default: kill(2).
   std::function<absl::Status(int32_t pid, int sig)> signal;
   // Ends this agent at once. Default: raise(SIGKILL).
@@ -103,6 +106,9 @@ class DrillExecutor {
   absl::Status KillTrainer(Drill* d);
   absl::Status HangTrainer(Drill* d, absl::Duration duration);
   absl::Status KillAgent(Drill* d);
+  absl::Status KillNode(Drill* d);
+  // Waits (a while) for `d`'s report to be delivered, then kills the agent.
+  void ReportThenDie(Drill* d);
   absl::Status CutOffAgent(Drill* d, absl::Duration duration);
   absl::Status CorruptShard(Drill* d);
   absl::Status StorageFault(Drill* d, absl::Duration duration);

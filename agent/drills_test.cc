@@ -89,7 +89,7 @@ class DrillsTest : public ::testing::Test {
 
   void SetTrainer(int32_t pid, uint64_t step) {
     absl::MutexLock l(&mu_);
-    trainer_ = TrainerInfo{pid, step};
+    trainer_ = TrainerInfo{pid, step, kJob, 1};
   }
   std::vector<std::pair<int32_t, int>> signals() {
     absl::MutexLock l(&mu_);
@@ -270,6 +270,31 @@ TEST_F(DrillsTest, KillAgentWaitsForDeliveryOnlySoLong) {
   DrillExecutor ex(options_, Hooks());
   ex.Submit(Order(1, ckptd::v1::KILL_AGENT));
   EXPECT_TRUE(Eventually([&] { return self_kills() == 1; }));
+}
+
+TEST_F(DrillsTest, KillNodeKillsEveryTrainerThenTheAgent) {
+  options_.kill_agent_grace = absl::Milliseconds(30);
+  DrillHooks hooks = Hooks();
+  hooks.list_trainers = [] {
+    TrainerInfo a{101, 40, "llm", 0};
+    TrainerInfo b{102, 41, "llm", 1};
+    TrainerInfo unusable{1, 0, "llm", 2};  // kill(1) would reach init's group: never
+    return std::vector<TrainerInfo>{a, b, unusable};
+  };
+  DrillExecutor ex(options_, hooks);
+  ex.Submit(Order(1, ckptd::v1::KILL_NODE));
+  EXPECT_TRUE(Eventually([&] { return self_kills() == 1; }));
+  EXPECT_THAT(signals(), ElementsAre(std::make_pair(101, SIGKILL), std::make_pair(102, SIGKILL)));
+  std::optional<ckptd::v1::DrillReport> r = ex.Report(1);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(r->injected());
+  EXPECT_THAT(r->detail(), AllOf(HasSubstr("node crash: SIGKILL sent to 2 trainer(s)"),
+                                 HasSubstr("rank 1 of job llm (pid 102, at step 41)"), HasSubstr("then to agent pid")));
+  // An agent that cannot list its trainers says so.
+  DrillExecutor bare(options_, Hooks());
+  bare.Submit(Order(2, ckptd::v1::KILL_NODE));
+  EXPECT_THAT(Finished(bare, 2).error(), HasSubstr("cannot list its trainers"));
+  EXPECT_EQ(self_kills(), 1);
 }
 
 TEST_F(DrillsTest, CutOffAgentCutsTheLinkForTheDuration) {

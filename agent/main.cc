@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
   drill_options.storage_root = options.storage_root;
   ckptd::agent::DrillHooks hooks;
   hooks.find_trainer = [&core](const std::string& job, uint32_t rank) { return core->FindTrainer(job, rank); };
+  hooks.list_trainers = [&core] { return core->Trainers(); };
   if (link != nullptr) hooks.cut_off = [&link](absl::Duration d) { link->CutOff(d); };
   hooks.fault_fs = fault_fs.get();
   hooks.real_fs = fs.get();

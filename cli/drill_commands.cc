@@ -45,6 +45,8 @@ const char kDrillHelp[] =
     "  hang-trainer     SIGSTOP it for --duration; expects the hang to be detected when\n"
     "                   --duration outlasts the coordinator's hang threshold\n"
     "  kill-agent       SIGKILL the agent of the rank's node (or of node --target)\n"
+    "  kill-node        a node crash: the agent SIGKILLs every trainer on its node, then\n"
+    "                   itself (the rank's node, or node --target)\n"
     "  cut-off-agent    the agent talks to nobody for --duration; expects the node lost\n"
     "  corrupt-shard    flip a byte of the rank's shard of the newest committed step; the\n"
     "                   drill then verifies that step through the coordinator and expects\n"
@@ -114,6 +116,7 @@ constexpr ScenarioInfo kScenarios[] = {
     {"kill-trainer", ckptd::v1::KILL_TRAINER, false, false},
     {"hang-trainer", ckptd::v1::HANG_TRAINER, true, false},
     {"kill-agent", ckptd::v1::KILL_AGENT, false, true},
+    {"kill-node", ckptd::v1::KILL_NODE, false, true},
     {"cut-off-agent", ckptd::v1::CUT_OFF_AGENT, true, true},
     {"corrupt-shard", ckptd::v1::CORRUPT_SHARD, false, false},
     {"storage-eio", ckptd::v1::STORAGE_EIO, true, true},
@@ -454,6 +457,7 @@ void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& 
   verdicts.push_back({"nothing partial committed", !partial, partial ? "a committed step lacks a rank" : ""});
   const std::optional<double> detection = d->detection_seconds();
   const bool restart_scenario = scenario == ckptd::v1::KILL_TRAINER || scenario == ckptd::v1::KILL_AGENT ||
+                                scenario == ckptd::v1::KILL_NODE ||
                                 scenario == ckptd::v1::CUT_OFF_AGENT ||
                                 (scenario == ckptd::v1::HANG_TRAINER && st.first_detection_unix_nanos() > 0);
   if (restart_scenario) {

@@ -328,7 +328,9 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     // An agent told to kill itself may die before its report gets out; when
     // it comes back, the order must not kill it again.
     for (auto& [id, drill] : drills_) {
-      if (drill.node != request.node_id() || drill.report || drill.request.scenario() != ckptd::v1::KILL_AGENT) {
+      const bool kills_agent = drill.request.scenario() == ckptd::v1::KILL_AGENT ||
+                               drill.request.scenario() == ckptd::v1::KILL_NODE;
+      if (drill.node != request.node_id() || drill.report || !kills_agent) {
         continue;
       }
       ckptd::v1::DrillReport r;
@@ -1201,7 +1203,8 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
         absl::StrCat("STORAGE_SLOW needs a delay per operation in (0 s, 60 s]; got ", request.slow_seconds(), " s"));
   }
   if (request.at_step() > kMaxStep) return absl::InvalidArgumentError("the drill's step is out of range");
-  const bool node_scenario = scenario == ckptd::v1::KILL_AGENT || scenario == ckptd::v1::CUT_OFF_AGENT ||
+  const bool node_scenario = scenario == ckptd::v1::KILL_AGENT || scenario == ckptd::v1::KILL_NODE ||
+                             scenario == ckptd::v1::CUT_OFF_AGENT ||
                              scenario == ckptd::v1::STORAGE_EIO || scenario == ckptd::v1::STORAGE_ENOSPC ||
                              scenario == ckptd::v1::STORAGE_SLOW;
   if (!request.target_node().empty()) {

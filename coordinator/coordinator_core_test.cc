@@ -928,23 +928,27 @@ TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFo
 TEST_F(CoordinatorCoreTest, AnAgentKilledBeforeItsReportIsNotToldToDieAgain) {
   Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
   const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"];
-  ckptd::v1::RunDrillRequest req;
-  req.set_job(kJob);
-  req.set_scenario(ckptd::v1::KILL_AGENT);
-  req.set_rank(0);
-  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
-  // It dies without a word and comes back as a new process.
-  clock_.Advance(absl::Seconds(2));
-  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse again, core_->RegisterAgent(a));
-  sessions_["node-a"] = again.session();
-  ranks_["node-a"] = a;
-  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
-  EXPECT_TRUE(ack.drills().empty());
-  ckptd::v1::GetDrillRequest get;
-  get.set_drill_id(ordered.drill_id());
-  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
-  EXPECT_TRUE(st.report().injected());
-  EXPECT_THAT(st.report().detail(), HasSubstr("registered again"));
+  for (ckptd::v1::DrillScenario scenario : {ckptd::v1::KILL_AGENT, ckptd::v1::KILL_NODE}) {
+    SCOPED_TRACE(ckptd::v1::DrillScenario_Name(scenario));
+    ckptd::v1::RunDrillRequest req;
+    req.set_job(kJob);
+    req.set_scenario(scenario);
+    req.set_rank(0);
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+    EXPECT_EQ(ordered.node_id(), "node-a");
+    // It dies without a word and comes back as a new process.
+    clock_.Advance(absl::Seconds(2));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse again, core_->RegisterAgent(a));
+    sessions_["node-a"] = again.session();
+    ranks_["node-a"] = a;
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+    EXPECT_TRUE(ack.drills().empty());
+    ckptd::v1::GetDrillRequest get;
+    get.set_drill_id(ordered.drill_id());
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+    EXPECT_TRUE(st.report().injected());
+    EXPECT_THAT(st.report().detail(), HasSubstr("registered again"));
+  }
 }
 
 TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
