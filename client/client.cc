@@ -314,18 +314,31 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     impl->spares[i] = *spare;
     impl->two_hop = true;
   }
-  impl->channel = grpc::CreateChannel(absl::StrCat("unix:", options.socket), grpc::InsecureChannelCredentials());
-  impl->stub = ckptd::v1::Agent::NewStub(impl->channel);
+  // The agent is on this node. When it is not up yet (restarting after a
+  // crash), each try gets a new channel: a channel that failed to connect
+  // waits out gRPC's reconnect backoff (seconds) before it tries again,
+  // which would hold up the restart of the whole job.
+  auto connect = [&options](Impl* im) {
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    im->channel = grpc::CreateCustomChannel(absl::StrCat("unix:", options.socket),
+                                            grpc::InsecureChannelCredentials(), channel_args);
+    im->stub = ckptd::v1::Agent::NewStub(im->channel);
+  };
+  connect(impl.get());
   Impl* raw = impl.get();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
-  if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
   absl::Status registered = client->EnsureRegistered();
   const absl::Time give_up = absl::Now() + options.connect_wait;
   while (absl::IsUnavailable(registered) && absl::Now() < give_up) {
     absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
+    connect(raw);  // no other thread uses the stub yet
     registered = client->EnsureRegistered();
   }
   CKPTD_RETURN_IF_ERROR(registered);
+  if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
   raw->sync_thread = std::thread([raw] { raw->SyncLoop(); });
   return client;
 }

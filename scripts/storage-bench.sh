@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job until the local cluster exists: builds ckptd and runs the
+# The storage benchmark in one command: builds ckptd and runs the
 # storage benchmark (write a 1 GiB synthetic checkpoint for fp32 and bf16,
 # compressed and raw, read each back verified; three rounds each, medians),
 # beside fio and the zstd CLI, in a scratch folder that it removes at the end.

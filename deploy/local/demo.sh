@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# ckptd's whole job on one machine. Starts a coordinator and three agents as
+# if on three nodes (loopback, node ids node-a, node-b, node-c), and a job of
+# six ckptd-demo-trainer ranks spread over them under an elastic launcher
+# (deploy/local/launch.sh). First a reference run with no failure; then the
+# same job with failure drills: a committed shard corrupted, then node-c
+# crashing (its agent and trainers SIGKILLed) mid-run. ckptd detects the
+# crash, the launcher restarts the job, every rank restores the newest
+# intact checkpoint (never the corrupted one), and the job finishes. The
+# final digest of every rank must equal the reference run's.
+#
+# Prints progress, a summary, and as its last line `demo: PASS` or
+# `demo: FAIL <reason>` (exit 0 or 1). Leaves no process behind, also when
+# interrupted. Data (storage roots, state, logs, the drill reports as HTML)
+# stays under one folder, named at the start.
+#
+#   CKPTD_DEMO_DIR=DIR     where to keep it all (default build/demo/cluster; emptied first)
+#   CKPTD_DEMO_STEPS=N     training steps per run (default 400)
+#   CKPTD_DEMO_STEP_MS=MS  time per step (default 25)
+#   CKPTD_DEMO_STATE_MB=M  model state per rank in MiB (default 16)
+#   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
+#   CKPTD_BIN=DIR          where the binaries are (default build/bin)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+REPO="$PWD"
+BIN="${CKPTD_BIN:-$REPO/build/bin}"
+DIR="${CKPTD_DEMO_DIR:-$REPO/build/demo/cluster}"
+STEPS="${CKPTD_DEMO_STEPS:-400}"
+STEP_MS="${CKPTD_DEMO_STEP_MS:-25}"
+STATE_MB="${CKPTD_DEMO_STATE_MB:-16}"
+JOB="demo-job"
+NODES=(node-a node-b node-c)
+RANKS_PER_NODE=2
+WORLD=$((${#NODES[@]} * RANKS_PER_NODE))
+CRASH_NODE="node-c"
+
+say() { echo "demo: $*"; }
+fail() {
+  echo "demo: FAIL $*"
+  exit 1
+}
+
+# ------------------------------------------------------------------ set-up
+if [ "${CKPTD_DEMO_NO_BUILD:-0}" != 1 ]; then
+  say "[setup] installing what is missing and building"
+  ./scripts/install-deps.sh || fail "could not install the Debian packages (scripts/install-deps.sh)"
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || fail "cmake could not configure build/"
+  cmake --build build -j "$(nproc)" --target ckptd-coordinator ckptd-agent ckptd-demo-trainer ckptctl >/dev/null ||
+    fail "the build failed (run: cmake --build build)"
+fi
+for b in ckptd-coordinator ckptd-agent ckptd-demo-trainer ckptctl; do
+  [ -x "$BIN/$b" ] || fail "$BIN/$b is missing: build first"
+done
+command -v python3 >/dev/null || fail "python3 is needed to read ckptctl's JSON"
+case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
+rm -rf "$DIR" && mkdir -p "$DIR" || fail "cannot create $DIR"
+say "data, logs and reports under $DIR"
+
+# -------------------------------------------------------------- processes
+# Every process this script starts is recorded; cleanup stops them all.
+PIDFILE="$DIR/pids"
+: >"$PIDFILE"
+STOP="$DIR/stop"
+remember() { echo "$1" >>"$PIDFILE"; }
+cleanup() {
+  local code=$?
+  trap - EXIT INT TERM
+  touch "$STOP"
+  # Launchers and supervisors first, so that nothing is started again.
+  if [ -s "$PIDFILE" ]; then
+    while read -r pid; do kill -TERM "$pid" 2>/dev/null; done <"$PIDFILE"
+    for run in "$DIR"/*/launcher/pids; do
+      [ -f "$run" ] && while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$run"
+    done
+    for _ in $(seq 50); do
+      local alive=0
+      while read -r pid; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$PIDFILE"
+      [ "$alive" -eq 0 ] && break
+      sleep 0.1
+    done
+    while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$PIDFILE"
+  fi
+  wait 2>/dev/null
+  # An agent killed by a drill cannot free its shared-memory staging.
+  for f in "$DIR"/*/agent-pids; do
+    [ -f "$f" ] && while read -r pid; do rm -f /dev/shm/ckptd-"$pid"-* 2>/dev/null; done <"$f"
+  done
+  exit "$code"
+}
+trap cleanup EXIT
+trap 'echo; echo "demo: FAIL interrupted"; exit 130' INT TERM
+
+# A cluster under $DIR/$1: coordinator, one agent per node (restarted when it
+# dies, as systemd would), and the helpers to ask it how the job is doing.
+start_cluster() {
+  local run="$1"
+  CL="$DIR/$run"
+  mkdir -p "$CL/root" "$CL/state" "$CL/logs" "$CL/launcher"
+  # The interval policy on: the failure rate assumed here (0.5 per GPU-hour)
+  # makes its choice seconds, which suits a demo that lasts seconds.
+  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --storage-root "$CL/root" --state-dir "$CL/state" \
+    --heartbeat-interval 200ms --node-lost-after 1500ms --initial-every 20 --failure-rate 0.5 \
+    --min-interval 0 --decide-every 1s --keep 3 >"$CL/logs/coordinator.out" 2>"$CL/logs/coordinator.log" &
+  remember $!
+  local port=""
+  for _ in $(seq 300); do
+    port=$(sed -n 's/^ckptd-coordinator: listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$CL/logs/coordinator.log")
+    [ -n "$port" ] && break
+    sleep 0.1
+  done
+  [ -n "$port" ] || fail "the coordinator did not start (see $CL/logs/coordinator.log)"
+  ADDR="127.0.0.1:$port"
+  TOKEN="$CL/state/operator-token"
+  # Node i serves ranks i*RANKS_PER_NODE... on socket node<i>.sock.
+  for i in "${!NODES[@]}"; do
+    # (Its stderr: bash's own note when an agent is killed.)
+    supervise_agent "${NODES[$i]}" "$CL/node$i.sock" 2>>"$CL/logs/supervisor.log" &
+    remember $!
+  done
+  for i in "${!NODES[@]}"; do
+    for _ in $(seq 300); do
+      [ -S "$CL/node$i.sock" ] && break
+      sleep 0.1
+    done
+    [ -S "$CL/node$i.sock" ] || fail "the agent of ${NODES[$i]} did not start (see $CL/logs/agent-${NODES[$i]}.*.log)"
+  done
+}
+
+supervise_agent() {
+  local node="$1" socket="$2" n=0 child=""
+  trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
+  while [ ! -e "$STOP" ]; do
+    n=$((n + 1))
+    "$BIN/ckptd-agent" --storage-root "$CL/root" --socket "$socket" --coordinator "$ADDR" \
+      --node-id "$node" --threads 2 --allow-drills \
+      >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
+    child=$!
+    echo "$child" >>"$CL/agent-pids"
+    wait "$child"
+    local code=$?
+    [ -e "$STOP" ] && break
+    echo "demo:   the agent of $node exited ($code); restarting it, as systemd would"
+    sleep 0.5
+  done
+}
+
+# `ckptctl status --job` as JSON, and one field of its job.
+job_field() {
+  "$BIN/ckptctl" status --coordinator "$ADDR" --job "$JOB" --json 2>/dev/null |
+    python3 -c 'import json,sys
+d=json.load(sys.stdin); j=[x for x in d.get("jobs",[]) if x.get("job")==sys.argv[1]]
+v=j[0].get(sys.argv[2]) if j else None
+print("" if v is None else v)' "$JOB" "$1" 2>/dev/null
+}
+
+# Runs the job under the launcher in the background; LAUNCHER is its pid.
+start_job() {
+  "$REPO/deploy/local/launch.sh" --ranks "$WORLD" --grace 10 --max-restarts 4 --log-dir "$CL/launcher" -- \
+    sh -c 'exec "$0" --socket "$1/node$((RANK / $2)).sock" --job "$3" --rank "$RANK" --world-size "$WORLD_SIZE" \
+           --steps "$4" --state-mb "$5" --step-ms "$6" --accum 4 --agent-wait-ms 30000' \
+    "$BIN/ckptd-demo-trainer" "$CL" "$RANKS_PER_NODE" "$JOB" "$STEPS" "$STATE_MB" "$STEP_MS" \
+    2>"$CL/launcher/launch.log" &
+  LAUNCHER=$!
+  remember "$LAUNCHER"
+}
+
+# Prints progress every second until the launcher ends; its exit status.
+follow_job() {
+  local last=""
+  while kill -0 "$LAUNCHER" 2>/dev/null; do
+    local step committed state
+    step=$(job_field fastest_step)
+    committed=$(job_field newest_committed_step)
+    state=$(job_field state)
+    local line="step ${step:-?}/$STEPS, newest checkpoint ${committed:--}, ${state:-starting}"
+    [ "$line" != "$last" ] && say "  $line"
+    last="$line"
+    sleep 1
+  done
+  wait "$LAUNCHER"
+}
+
+# "final_step=N digest=HEX" of each rank of the last attempt.
+digests() {
+  local last
+  last=$(ls "$CL/launcher" | sed -n 's/^attempt-\([0-9]*\)\.rank-0\.out$/\1/p' | sort -n | tail -1)
+  for ((r = 0; r < WORLD; r++)); do
+    tail -n 1 "$CL/launcher/attempt-$last.rank-$r.out" | sed 's/ train_s=.*//'
+  done
+}
+
+stop_cluster() {
+  touch "$STOP"
+  while read -r pid; do kill -TERM "$pid" 2>/dev/null; done <"$PIDFILE"
+  wait 2>/dev/null
+  : >"$PIDFILE"
+  rm -f "$STOP"
+}
+
+# ------------------------------------------------------- 1. reference run
+say "[1/3] reference run: ${#NODES[@]} nodes x $RANKS_PER_NODE ranks, job $JOB, $STEPS steps of ${STEP_MS} ms, ${STATE_MB} MiB of state per rank, no failure"
+start_cluster reference
+start_job
+follow_job || fail "the reference run failed (see $CL/launcher/launch.log)"
+mapfile -t REFERENCE < <(digests)
+REF_COMMITTED=$(job_field checkpoints_committed)
+stop_cluster
+say "  done: ${REF_COMMITTED:-0} checkpoints committed; rank 0 ${REFERENCE[0]}"
+
+# ---------------------------------------------------------- 2. drill run
+say "[2/3] the same job with failures: a corrupted shard, then $CRASH_NODE crashing mid-run"
+start_cluster run
+start_job
+# Wait for a few checkpoints before breaking things.
+for _ in $(seq 600); do
+  [ "$(job_field checkpoints_committed)" -ge 3 ] 2>/dev/null && break
+  kill -0 "$LAUNCHER" 2>/dev/null || break
+  sleep 0.1
+done
+[ "$(job_field checkpoints_committed)" -ge 3 ] 2>/dev/null || fail "no three checkpoints committed in the drill run"
+say "  drill 1: corrupt rank 0's shard of the newest committed step"
+"$BIN/ckptctl" drill run --job "$JOB" --scenario corrupt-shard --target 0 --watch 1m \
+  --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
+  >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
+CORRUPT_CODE=$?
+say "  drill 2: crash $CRASH_NODE (its agent and trainers SIGKILLed); the launcher restarts the job"
+"$BIN/ckptctl" drill run --job "$JOB" --scenario kill-node --target "$CRASH_NODE" --watch 2m \
+  --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-node.html" \
+  >"$DIR/drill-kill-node.json" 2>"$DIR/drill-kill-node.err" &
+DRILL=$!
+remember "$DRILL"
+follow_job
+JOB_CODE=$?
+wait "$DRILL"
+NODE_CODE=$?
+mapfile -t DIGESTS < <(digests)
+RUN_COMMITTED=$(job_field checkpoints_committed)
+RUN_ABORTED=$(job_field checkpoints_aborted)
+INTERVAL_JSON=$("$BIN/ckptctl" interval --job "$JOB" --coordinator "$ADDR" --json 2>/dev/null)
+stop_cluster
+
+# ------------------------------------------------------------ 3. verdict
+say "[3/3] comparing"
+matching=0
+for ((r = 0; r < WORLD; r++)); do
+  [ -n "${DIGESTS[$r]:-}" ] && [ "${DIGESTS[$r]}" = "${REFERENCE[$r]}" ] && matching=$((matching + 1))
+done
+python3 - "$DIR" "$INTERVAL_JSON" "${RUN_COMMITTED:-0}" "${RUN_ABORTED:-0}" "$matching" "$WORLD" <<'EOF'
+import json, sys
+d, interval_json, committed, aborted, matching, world = sys.argv[1:7]
+def load(name):
+    try:
+        with open(f"{d}/{name}") as f:
+            return json.load(f)
+    except Exception:
+        return None
+corrupt, node = load("drill-corrupt-shard.json"), load("drill-kill-node.json")
+try:
+    iv = json.loads(interval_json)
+except Exception:
+    iv = None
+print()
+print("summary")
+print(f"  checkpoints      {committed} committed, {aborted} aborted in the drill run")
+if iv and iv.get("interval_seconds") is not None:
+    print(f"  interval         every {iv.get('every_steps')} steps ({iv['interval_seconds']:.1f} s): "
+          f"{iv.get('reason', '?')} for a job MTBF of {iv['mtbf_seconds'] / 60:.0f} min and a checkpoint cost"
+          f" of {iv['cost_seconds'] * 1000:.0f} ms (from {iv.get('checkpoints_measured', 0)} checkpoints),"
+          f" expected waste {100 * iv['expected_waste']:.1f} %")
+if corrupt:
+    bad = corrupt.get("verified_step")
+    ok = [v for v in corrupt.get("verdict", []) if v["expectation"].startswith("the damaged step is quarantined")]
+    print(f"  corrupted shard  step {bad}: found by verification, "
+          + ("quarantined" if ok and ok[0]["held"] else "NOT quarantined"))
+if node:
+    det = node.get("detection_seconds")
+    kinds = sorted({f["kind"] for f in node.get("failures", [])})
+    print(f"  node crash       detected in {det:.3f} s ({', '.join(kinds)})" if det is not None
+          else "  node crash       not detected")
+    if node.get("resumed"):
+        rv = node.get("restored_verified") or {}
+        print(f"  restored         step {node['restored_step']} (the failure at step {node['step_at_failure']}),"
+              f" read back {'intact' if rv.get('ok') else 'NOT verified'}")
+        print(f"  work lost        {node['lost_steps']} steps ({node['lost_seconds']:.1f} s);"
+              f" restart took {node['restart_seconds']:.1f} s")
+    failed = [v["expectation"] for v in node.get("verdict", []) if not v["held"]]
+    if failed:
+        print(f"  drill verdict    FAIL: {'; '.join(failed)}")
+print(f"  digests          {matching} of {world} ranks equal to the reference run")
+print(f"  reports          {d}/drill-kill-node.html, {d}/drill-corrupt-shard.html")
+EOF
+[ "$CORRUPT_CODE" -eq 0 ] || fail "the corrupt-shard drill did not pass (see $DIR/drill-corrupt-shard.json and .err)"
+[ "$JOB_CODE" -eq 0 ] || fail "the job did not finish (see $DIR/run/launcher/launch.log)"
+[ "$NODE_CODE" -eq 0 ] || fail "the kill-node drill did not pass (see $DIR/drill-kill-node.json and .err)"
+[ "$matching" -eq "$WORLD" ] || fail "only $matching of $WORLD ranks ended with the reference digest"
+echo "demo: PASS"
