@@ -858,10 +858,7 @@ namespace {
 // The median of the positive values (0 when there is none).
 double MedianOfPositive(std::vector<double> v) {
   std::erase_if(v, [](double x) { return !(x > 0) || !std::isfinite(x); });
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  return v.empty() ? 0 : policy::Median(std::move(v));
 }
 
 }  // namespace

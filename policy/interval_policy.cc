@@ -120,6 +120,8 @@ absl::Status ValidateInputs(const IntervalInputs& in) {
 
 }  // namespace
 
+double Median(std::vector<double> values) { return MedianOf(values); }
+
 double DalyOptimum(double delta_s, double mtbf_s) {
   if (!PositiveFinite(delta_s) || !PositiveFinite(mtbf_s)) return kNaN;
   if (delta_s >= 2 * mtbf_s) return mtbf_s;

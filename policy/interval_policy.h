@@ -92,6 +92,10 @@ double GammaQuantile(double shape, double rate, double p);
 // ---------------------------------------------------------------------------
 // Robust statistics over a recent window.
 
+// The median of `values` (the mean of the two middle ones for an even count);
+// NaN when there is none.
+double Median(std::vector<double> values);
+
 // The last `capacity` samples of one measurement (stall, persist time, step
 // time with and without a persist in flight, restart cost), with the median
 // and the median absolute deviation, which one slow outlier cannot move much.

@@ -226,6 +226,13 @@ TEST(JobMtbfTest, Values) {
 
 // -------------------------------------------------------------- RecentWindow
 
+TEST(MedianTest, MiddleValueOrMeanOfTheTwoMiddleOnes) {
+  EXPECT_DOUBLE_EQ(Median({3, 1, 2}), 2);
+  EXPECT_DOUBLE_EQ(Median({4, 1, 3, 2}), 2.5);
+  EXPECT_DOUBLE_EQ(Median({7}), 7);
+  EXPECT_TRUE(std::isnan(Median({})));
+}
+
 TEST(RecentWindowTest, EmptyIsNaN) {
   RecentWindow w;
   EXPECT_EQ(w.capacity(), RecentWindow::kDefaultCapacity);
