@@ -306,6 +306,45 @@ absl::Status DrillExecutor::CutOffAgent(Drill* d, absl::Duration duration) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Rewrites `path` with the byte at `offset` inverted, as a whole new file
+// renamed over it (shards are written once and never changed in place), a
+// few MiB at a time: a shard may be many GiB.
+absl::Status CopyWithFlippedByte(storage::FileSystem* fs, const std::string& path, uint64_t offset) {
+  constexpr size_t kPiece = size_t{4} << 20;
+  storage::OpenOptions options;
+  options.direct_io = false;
+  const std::string tmp = absl::StrCat(path, ".drill-tmp");
+  absl::Status status = [&]() -> absl::Status {
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ReadableFile> in, fs->NewReadableFile(path, options));
+    const uint64_t size = in->size();
+    if (offset >= size) {
+      return absl::DataLossError(absl::StrCat(path, ": chunk offset ", offset, " is past the end (", size, " bytes)"));
+    }
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::WritableFile> out, fs->NewWritableFile(tmp, options));
+    std::string piece;
+    for (uint64_t at = 0; at < size; at += piece.size()) {
+      piece.resize(static_cast<size_t>(std::min<uint64_t>(kPiece, size - at)));
+      CKPTD_RETURN_IF_ERROR(in->ReadAt(at, piece.data(), piece.size()));
+      if (offset >= at && offset < at + piece.size()) {
+        piece[offset - at] = static_cast<char>(piece[offset - at] ^ 0xff);
+      }
+      CKPTD_ASSIGN_OR_RETURN(uint64_t ticket, out->Write(at, piece.data(), piece.size()));
+      CKPTD_RETURN_IF_ERROR(out->WaitFor(ticket));
+    }
+    CKPTD_RETURN_IF_ERROR(in->Close());
+    CKPTD_RETURN_IF_ERROR(out->Sync());
+    CKPTD_RETURN_IF_ERROR(out->Close());
+    CKPTD_RETURN_IF_ERROR(fs->Rename(tmp, path));
+    return fs->SyncDir(storage::DirName(path));
+  }();
+  if (!status.ok()) (void)fs->RemoveFile(tmp);  // best effort: it may not exist
+  return status;
+}
+
+}  // namespace
+
 absl::Status DrillExecutor::CorruptShard(Drill* d) {
   const ckptd::v1::DrillOrder& o = d->order;
   if (hooks_.real_fs == nullptr) return absl::FailedPreconditionError("this agent has no file system for drills");
@@ -340,13 +379,7 @@ absl::Status DrillExecutor::CorruptShard(Drill* d) {
     }
   }
   if (chunk < 0) return absl::FailedPreconditionError(absl::StrCat(path, " holds no chunk data to corrupt"));
-  CKPTD_ASSIGN_OR_RETURN(std::string contents, storage::ReadFileToString(hooks_.real_fs, path));
-  if (offset >= contents.size()) {
-    return absl::DataLossError(absl::StrCat(path, ": chunk offset ", offset, " is past the end (", contents.size(),
-                                            " bytes)"));
-  }
-  contents[offset] = static_cast<char>(contents[offset] ^ 0xff);
-  CKPTD_RETURN_IF_ERROR(storage::WriteFileAtomically(hooks_.real_fs, path, contents));
+  CKPTD_RETURN_IF_ERROR(CopyWithFlippedByte(hooks_.real_fs, path, offset));
   {
     absl::MutexLock l(&mu_);
     d->report.set_step(*step);

@@ -401,6 +401,8 @@ TEST_F(DrillsTest, CorruptShardIsFoundByVerifyStep) {
   const std::string shard = storage::ShardPath(kRoot, kJob, 7, 1);
   absl::StatusOr<storage::FileInfo> before = mem_.Stat(shard);
   ASSERT_TRUE(before.ok());
+  absl::StatusOr<std::string> old_bytes = storage::ReadFileToString(&mem_, shard);
+  ASSERT_TRUE(old_bytes.ok());
 
   DrillExecutor ex(options_, Hooks());
   ex.Submit(Order(1, ckptd::v1::CORRUPT_SHARD));
@@ -411,6 +413,16 @@ TEST_F(DrillsTest, CorruptShardIsFoundByVerifyStep) {
   EXPECT_THAT(r.detail(), AllOf(HasSubstr(shard), HasSubstr("offset"), HasSubstr("tensor '"), HasSubstr("chunk 0"),
                                 HasSubstr("step 7")));
   EXPECT_THAT(mem_.Stat(shard), IsOkAndHolds(::testing::Field(&storage::FileInfo::size, before->size)));
+  // Exactly one byte changed, the one the report names; no temp file left.
+  absl::StatusOr<std::string> new_bytes = storage::ReadFileToString(&mem_, shard);
+  ASSERT_TRUE(new_bytes.ok());
+  std::vector<size_t> changed;
+  for (size_t i = 0; i < old_bytes->size() && i < new_bytes->size(); ++i) {
+    if ((*old_bytes)[i] != (*new_bytes)[i]) changed.push_back(i);
+  }
+  ASSERT_THAT(changed, SizeIs(1));
+  EXPECT_THAT(r.detail(), HasSubstr(absl::StrCat("offset ", changed[0], " ")));
+  EXPECT_FALSE(mem_.Stat(shard + ".drill-tmp").ok());
 
   absl::StatusOr<storage::StepVerifyReport> verify = store.VerifyStep(kJob, 7, testing::OneThread());
   ASSERT_TRUE(verify.ok()) << verify.status();
