@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "agent/grpc_status.h"
@@ -35,8 +36,19 @@ bool Transient(const absl::Status& s) {
 
 }  // namespace
 
+namespace {
+
+uint64_t NewInstance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t{rd()} << 32) ^ rd();
+  return v;
+}
+
+}  // namespace
+
 CoordinatorLink::CoordinatorLink(CoordinatorLinkOptions options, HeartbeatFiller fill)
-    : options_(std::move(options)), fill_(std::move(fill)), interval_(options_.heartbeat_interval) {
+    : options_(std::move(options)), fill_(std::move(fill)), instance_(NewInstance()), interval_(options_.heartbeat_interval) {
   channel_ = MakeChannel(options_);
   stub_ = ckptd::v1::Coordinator::NewStub(channel_);
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
@@ -143,6 +155,7 @@ absl::Status CoordinatorLink::Register() {
   for (const auto& g : options_.gpus) req.add_gpus(g);
   *req.mutable_ranks() = now.ranks();
   req.set_drills_allowed(options_.drills_allowed);
+  req.set_instance(instance_);
   std::vector<ShardKey> sent;
   {
     absl::MutexLock l(&mu_);

@@ -104,6 +104,9 @@ class CoordinatorLink : public CoordinatorClient {
 
   const CoordinatorLinkOptions options_;
   const HeartbeatFiller fill_;
+  // Random per agent process, sent with every registration: it tells the
+  // coordinator a restarted agent from the same one registering again.
+  const uint64_t instance_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
 

@@ -91,6 +91,7 @@ struct CoordinatorCore::Agent {
   absl::Time last_heartbeat;
   bool alive = true;
   bool drills_allowed = false;
+  uint64_t instance = 0;  // the agent process's (0: an agent that does not say)
 };
 
 struct CoordinatorCore::Drill {
@@ -325,6 +326,15 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     }
     auto& agent = agents_[request.node_id()];
     if (agent == nullptr) agent = std::make_unique<Agent>();
+    // A new agent process while the old one still counts as alive: it
+    // crashed and was started again before it was missed. The snapshots it
+    // held and the ranks' registrations went with it: the node is lost, as
+    // if it had stayed away, and its jobs restart.
+    if (agent->alive && agent->instance != 0 && request.instance() != 0 && agent->instance != request.instance()) {
+      agent->node_id = request.node_id();
+      LoseAgent(agent.get(), "its agent restarted (a new process registered): the snapshots it held are lost", &fx);
+    }
+    agent->instance = request.instance();
     // An agent told to kill itself may die before its report gets out; when
     // it comes back, the order must not kill it again.
     for (auto& [id, drill] : drills_) {
@@ -427,6 +437,9 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
       auto keep = [](double v, double& into) {
         if (v > 0 && std::isfinite(v)) into = v;
       };
+      if (job->failed_at && !job->round && job->record.schedule().state() == ckptd::v1::JOB_RESTARTING) {
+        job->step_at_failure = std::max(job->step_at_failure, p.step());
+      }
       keep(p.step_seconds(), rank.step_seconds);
       keep(p.step_seconds_idle(), rank.step_seconds_idle);
       keep(p.step_seconds_persisting(), rank.step_seconds_persisting);
@@ -660,7 +673,10 @@ void CoordinatorCore::Restart(Job* job) {
   // One failure per restart, however many ranks it took down.
   job->record.set_failures(job->record.failures() + 1);
   job->failed_at = clock_->Now();
-  job->step_at_failure = 0;
+  // The ranks' progress reaches here a heartbeat or two late, and ranks go on
+  // training until they hear of the failure: until the restore round starts,
+  // later progress and commits raise it (OnHeartbeat, the commit).
+  job->step_at_failure = job->NewestUsable().value_or(0);
   for (const auto& [r, rank] : job->ranks) job->step_at_failure = std::max(job->step_at_failure, rank.step);
   // Targets of manual checkpoints belong to the run that failed.
   s->clear_extra_steps();
@@ -1230,13 +1246,31 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
   if (a == agents_.end() || !a->second->alive) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node, " has no live agent"));
   }
+  ckptd::v1::RunDrillRequest order = request;
+  if (!request.target_node().empty()) {
+    // The agent watches a rank of the job on its node for at_step: the
+    // lowest one it hosts.
+    std::optional<uint32_t> hosted;
+    for (const auto& [r, rank] : job->ranks) {
+      if (rank.alive && rank.node_id == node) {
+        hosted = r;
+        break;
+      }
+    }
+    if (hosted) {
+      order.set_rank(*hosted);
+    } else if (request.at_step() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat("node ", node, " hosts no rank of job ", request.job(),
+                                                        ": a drill at a step needs one there to watch"));
+    }
+  }
   if (!a->second->drills_allowed) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", node, "'s agent was not started with --allow-drills"));
   }
   const uint64_t id = next_drill_id_++;
   Drill& d = drills_[id];
-  d.request = request;
+  d.request = order;
   d.node = node;
   d.ordered = clock_->Now();
   d.newest_at_order = job->NewestUsable();
@@ -1306,6 +1340,23 @@ void CoordinatorCore::SaveChangedJobs(Effects* fx) {
   }
 }
 
+void CoordinatorCore::LoseAgent(Agent* agent, const std::string& detail, Effects* fx) {
+  const std::string& node = agent->node_id;
+  agent->alive = false;
+  std::set<std::string> affected;
+  for (const auto& r : agent->ranks) affected.insert(r.job());
+  for (const auto& r : agent->ranks) {
+    if (Job* job = FindJob(r.job())) {
+      auto rit = job->ranks.find(r.rank());
+      if (rit != job->ranks.end() && rit->second.node_id == node) rit->second.alive = false;
+    }
+  }
+  if (affected.empty()) RecordFailure(nullptr, node, std::nullopt, ckptd::v1::NODE_LOST, detail, fx);
+  for (const std::string& name : affected) {
+    RecordFailure(FindJob(name), node, std::nullopt, ckptd::v1::NODE_LOST, detail, fx);
+  }
+}
+
 void CoordinatorCore::Tick() {
   Effects fx;
   {
@@ -1315,21 +1366,8 @@ void CoordinatorCore::Tick() {
     last_tick_ = now;
     for (auto& [node, agent] : agents_) {
       if (!agent->alive || now - agent->last_heartbeat <= options_.node_lost_after) continue;
-      agent->alive = false;
-      const std::string detail =
-          absl::StrCat("no heartbeat for ", absl::FormatDuration(now - agent->last_heartbeat));
-      std::set<std::string> affected;
-      for (const auto& r : agent->ranks) affected.insert(r.job());
-      for (const auto& r : agent->ranks) {
-        if (Job* job = FindJob(r.job())) {
-          auto rit = job->ranks.find(r.rank());
-          if (rit != job->ranks.end() && rit->second.node_id == node) rit->second.alive = false;
-        }
-      }
-      if (affected.empty()) RecordFailure(nullptr, node, std::nullopt, ckptd::v1::NODE_LOST, detail, &fx);
-      for (const std::string& name : affected) {
-        RecordFailure(FindJob(name), node, std::nullopt, ckptd::v1::NODE_LOST, detail, &fx);
-      }
+      LoseAgent(agent.get(), absl::StrCat("no heartbeat for ", absl::FormatDuration(now - agent->last_heartbeat)),
+                &fx);
     }
     for (auto& [name, job] : jobs_) {
       uint32_t alive = 0;
@@ -1337,6 +1375,10 @@ void CoordinatorCore::Tick() {
         if (!rank.alive) continue;
         ++alive;
         if (!rank.has_progress || rank.hung || job->record.schedule().state() != ckptd::v1::JOB_RUNNING) continue;
+        // A rank whose agent has gone quiet is no news of a hang: the node
+        // may be lost, which the heartbeat check above decides.
+        auto agent = agents_.find(rank.node_id);
+        if (agent == agents_.end() || now - agent->second->last_heartbeat > 2 * options_.heartbeat_interval) continue;
         const double typical = std::max(rank.step_seconds, job->record.step_seconds());
         const absl::Duration limit =
             std::max(options_.hang_floor, absl::Seconds(options_.hang_multiple * typical));
@@ -1477,6 +1519,7 @@ void CoordinatorCore::Apply(Effects& fx) {
       }
       job->pending.erase(task.step);
       job->committed.insert(task.step);
+      if (job->failed_at && !job->round) job->step_at_failure = std::max(job->step_at_failure, task.step);
       job->stalls.Push(task.stall);
       job->persists.Push(task.persist);
       job->record.set_checkpoints_committed(job->record.checkpoints_committed() + 1);

@@ -162,6 +162,9 @@ class CoordinatorCore {
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
                      const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
+  // jobs (they restart).
+  void LoseAgent(Agent* agent, const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Restart(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)

@@ -951,6 +951,123 @@ TEST_F(CoordinatorCoreTest, AnAgentKilledBeforeItsReportIsNotToldToDieAgain) {
   }
 }
 
+TEST_F(CoordinatorCoreTest, AnAgentRestartedBeforeItWasMissedLosesItsNode) {
+  auto register_as = [&](const std::string& node, std::vector<uint32_t> ranks, uint64_t instance) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node);
+    req.set_instance(instance);
+    for (uint32_t r : ranks) {
+      ckptd::v1::RankInfo* info = req.add_ranks();
+      info->set_job(kJob);
+      info->set_rank(r);
+      info->set_world_size(4);
+      info->set_pid(1000 + static_cast<int>(r));
+    }
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
+    EXPECT_THAT(resp.status(), IsOk());
+    sessions_[node] = resp.ok() ? resp->session() : 0;
+    ranks_[node] = req;
+  };
+  register_as("node-a", {0, 1}, 111);
+  register_as("node-b", {2, 3}, 222);
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 10}, {1, 10}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 10}, {3, 10}}).status());
+  // The same process registering again (a coordinator blip): nothing lost.
+  register_as("node-b", {2, 3}, 222);
+  EXPECT_THAT(EventKinds(), ::testing::IsEmpty());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  // A new process, a moment after the old one died: node-b is lost.
+  clock_.Advance(absl::Milliseconds(300));
+  register_as("node-b", {}, 333);
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::NODE_LOST));
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  ckptd::v1::ListEventsRequest req;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListEventsResponse events, core_->ListEvents(req));
+  ASSERT_EQ(events.events_size(), 1);
+  EXPECT_EQ(events.events(0).node_id(), "node-b");
+  EXPECT_THAT(events.events(0).detail(), HasSubstr("agent restarted"));
+  // An agent that does not say which process it is changes nothing.
+  register_as("node-a", {0, 1}, 0);
+  EXPECT_EQ(EventKinds().size(), 1u);
+}
+
+TEST_F(CoordinatorCoreTest, TheStepAtTheFailureFollowsRanksThatTrainUntilTheyHear) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3}, 4, /*drills_allowed=*/true);
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 20}, {1, 20}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 20}, {3, 20}}).status());
+  ckptd::v1::RunDrillRequest drill;
+  drill.set_job(kJob);
+  drill.set_scenario(ckptd::v1::KILL_TRAINER);
+  drill.set_rank(2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(drill));
+  ckptd::v1::ReportFailureRequest died;
+  died.set_node_id("node-b");
+  died.set_session(sessions_["node-b"]);
+  died.set_job(kJob);
+  died.set_rank(2);
+  died.set_kind(ckptd::v1::TRAINER_DIED);
+  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  // The others' progress arrives late, and they train on until told.
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 27}, {1, 26}}).status());
+  // Once the restore round starts, steps are the new run's.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 3}, {1, 3}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 3}, {3, 3}}).status());
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  ASSERT_TRUE(st.resumed()) << st.DebugString();
+  EXPECT_TRUE(st.fresh_start());
+  EXPECT_EQ(st.step_at_failure(), 27u);
+}
+
+TEST_F(CoordinatorCoreTest, ANodeDrillAtAStepWatchesARankOfThatNode) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3}, 4, /*drills_allowed=*/true);
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::STORAGE_EIO);
+  req.set_duration_seconds(1);
+  req.set_target_node("node-b");
+  req.set_at_step(50);
+  CKPTD_ASSERT_OK(core_->RunDrill(req).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-b"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).rank(), 2u);  // the lowest rank node-b hosts
+  EXPECT_EQ(ack.drills(0).at_step(), 50u);
+  // A node with no rank of the job has nothing to watch.
+  Register("node-c", {}, 4, /*drills_allowed=*/true);
+  req.set_target_node("node-c");
+  EXPECT_THAT(core_->RunDrill(req),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("hosts no rank of job")));
+  req.set_at_step(0);  // at once it can
+  CKPTD_EXPECT_OK(core_->RunDrill(req).status());
+}
+
+TEST_F(CoordinatorCoreTest, RanksOfASilentNodeAreNotCalledHung) {
+  options_.hang_floor = absl::Seconds(1);
+  options_.heartbeat_interval = absl::Milliseconds(200);
+  options_.node_lost_after = absl::Seconds(10);
+  Reset();
+  TwoNodes();
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 10}, {1, 10}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 10}, {3, 10}}).status());
+  // node-a keeps beating without progress; node-b goes quiet.
+  for (int i = 0; i < 25; ++i) {
+    clock_.Advance(absl::Milliseconds(200));
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, 10}, {1, 10}}).status());
+    core_->Tick();
+  }
+  ckptd::v1::ListEventsRequest req;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListEventsResponse events, core_->ListEvents(req));
+  ASSERT_FALSE(events.events().empty());
+  for (const auto& e : events.events()) {
+    EXPECT_EQ(e.node_id(), "node-a") << "a rank of the quiet node-b was called hung: " << e.DebugString();
+    EXPECT_EQ(e.kind(), ckptd::v1::TRAINER_HUNG);
+  }
+}
+
 TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
   TwoNodes();
   ckptd::v1::RunDrillRequest req;

@@ -47,6 +47,12 @@
 
 extern char** environ;
 
+namespace ckptd::v1 {
+// For gtest's messages (its generic protobuf printer trips GCC 12's
+// -Wrestrict false positive in this file).
+void PrintTo(const FailureEvent& e, std::ostream* os) { *os << e.ShortDebugString(); }
+}  // namespace ckptd::v1
+
 namespace ckptd::cluster {
 namespace {
 
@@ -69,6 +75,11 @@ constexpr int kStepMs = 15;
 constexpr int kStateMb = 1;
 constexpr uint64_t kEvery = 20;
 constexpr int kAccum = 7;
+// The coordinator's failure detection: heartbeats, node-lost silence, and how
+// often it looks (a quarter of the heartbeat interval).
+constexpr absl::Duration kHeartbeat = absl::Milliseconds(200);
+constexpr absl::Duration kNodeLostAfter = absl::Milliseconds(1500);
+constexpr absl::Duration kTick = absl::Milliseconds(50);
 // ckptd-demo-trainer's "restart requested" status (EX_TEMPFAIL).
 constexpr int kExitRestart = 75;
 constexpr int kExitKilled = 128 + SIGKILL;
@@ -121,6 +132,17 @@ int FreePort() {
   }
   ::close(fd);
   return port;
+}
+
+// A SIGKILLed agent leaves its staging segments in /dev/shm and no later
+// agent reclaims them (a known gap): removes those of agent `pid`.
+void RemoveStagingSegments(pid_t pid) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (absl::StartsWith(e.path().filename().string(), absl::StrCat("ckptd-", pid, "-"))) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
 }
 
 // One child process with its stdout and stderr in files; killed (SIGKILL)
@@ -199,16 +221,16 @@ class Cluster {
   std::string StepDir(uint64_t step) const { return absl::StrCat(root_, "/", kJob, "/step-", step); }
   std::string Manifest(uint64_t step) const { return StepDir(step) + "/MANIFEST"; }
 
-  // Starts the coordinator on `port` (0: any free one) with `interval_flags`
-  // (a fixed interval unless told otherwise); its port, or 0 when it did not
-  // come up.
-  int StartCoordinator(int port = 0, std::vector<std::string> interval_flags = {"--every", std::to_string(kEvery)}) {
+  // Starts the coordinator on `port` (0: any free one) with `flags` beyond
+  // the timing ones (a fixed interval unless told otherwise); its port, or 0
+  // when it did not come up.
+  int StartCoordinator(int port = 0, std::vector<std::string> flags = {"--every", std::to_string(kEvery)}) {
     const std::string log = NextLog("coordinator");
     std::vector<std::string> argv = {kCoordinatorBin,       "--listen",  absl::StrCat("127.0.0.1:", port),
                                      "--storage-root",      root_,       "--state-dir",
-                                     state_,                "--heartbeat-interval", "200ms",
-                                     "--node-lost-after",   "1500ms"};
-    argv.insert(argv.end(), interval_flags.begin(), interval_flags.end());
+                                     state_,                "--heartbeat-interval", absl::FormatDuration(kHeartbeat),
+                                     "--node-lost-after",   absl::FormatDuration(kNodeLostAfter)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
     coordinator_ = std::make_unique<Process>(argv, log + ".stdout", log);
     const std::string prefix = "ckptd-coordinator: listening on 127.0.0.1:";
     std::optional<uint64_t> listening;
@@ -231,9 +253,12 @@ class Cluster {
   }
   Process* coordinator() { return coordinator_.get(); }
   int port() const { return port_; }
+  // The operator token the coordinator generated at its start.
+  std::string token_file() const { return state_ + "/operator-token"; }
 
   // Starts node's agent (again) and waits until it serves its socket.
   bool StartAgent(const std::string& node, const std::vector<std::string>& extra = {}) {
+    agent_flags_[node] = extra;
     const std::string log = NextLog(node);
     std::vector<std::string> argv = {kAgentBin,     "--storage-root", root_, "--socket", socket(node),
                                      "--coordinator", absl::StrCat("127.0.0.1:", port_), "--node-id", node,
@@ -251,6 +276,8 @@ class Cluster {
            p->running();
   }
   Process* agent(const std::string& node) { return agents_[node].get(); }
+  // Starts node's agent again with the flags of its last start.
+  bool RestartAgent(const std::string& node) { return StartAgent(node, agent_flags_[node]); }
 
   // The coordinator's view of the job; nullopt when it cannot say.
   std::optional<ckptd::v1::JobStatus> Job() {
@@ -284,6 +311,16 @@ class Cluster {
     }
     return resp;
   }
+  // The job's steps as the coordinator knows them, ascending.
+  std::vector<ckptd::v1::StepEntry> Steps() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ckptd::v1::ListStepsRequest req;
+    req.set_job(kJob);
+    ckptd::v1::ListStepsResponse resp;
+    if (stub_ == nullptr || !stub_->ListSteps(&ctx, req, &resp).ok()) return {};
+    return {resp.steps().begin(), resp.steps().end()};
+  }
   // The job's failure events, newest first.
   std::vector<ckptd::v1::FailureEvent> Events() {
     grpc::ClientContext ctx;
@@ -313,6 +350,7 @@ class Cluster {
   std::map<std::string, int> starts_;
   std::unique_ptr<Process> coordinator_;
   std::map<std::string, std::unique_ptr<Process>> agents_;
+  std::map<std::string, std::vector<std::string>> agent_flags_;
   std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
   int port_ = 0;
 };
@@ -329,6 +367,8 @@ class Launcher {
     int max_attempts = 5;
     absl::Duration grace = absl::Seconds(6);
     absl::Duration deadline = absl::Seconds(100);
+    // The trainers' pace (it does not change what they compute).
+    int step_ms = kStepMs;
   };
 
   Launcher(std::string dir, Cluster* cluster, Options options)
@@ -406,7 +446,7 @@ class Launcher {
               std::vector<std::string>{kTrainerBin, "--socket", cluster_->socket(NodeOf(r)), "--job", kJob,
                                        "--steps", std::to_string(kSteps), "--state-mb", std::to_string(kStateMb),
                                        "--rank", std::to_string(r), "--world-size", std::to_string(kWorld),
-                                       "--every", std::to_string(kEvery), "--step-ms", std::to_string(kStepMs),
+                                       "--every", std::to_string(kEvery), "--step-ms", std::to_string(options_.step_ms),
                                        "--accum", std::to_string(kAccum)},
               Log(attempt, r, "out"), Log(attempt, r, "err"));
         }
@@ -495,30 +535,39 @@ class ClusterTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ec);  // a temp dir left behind fails nothing
   }
 
-  // A coordinator and both agents under dir_/name; `node_b_flags` go to
-  // node-b's agent.
+  // A coordinator and both agents under dir_/name; `coordinator_flags` go to
+  // the coordinator (a fixed interval unless told otherwise), `agent_flags` to
+  // both agents, `node_b_flags` to node-b's only.
   std::unique_ptr<Cluster> StartCluster(const std::string& name, int port = 0,
                                         const std::vector<std::string>& node_b_flags = {},
-                                        std::vector<std::string> interval_flags = {"--every", std::to_string(kEvery)}) {
+                                        std::vector<std::string> coordinator_flags = {"--every",
+                                                                                      std::to_string(kEvery)},
+                                        const std::vector<std::string>& agent_flags = {}) {
     auto cluster = std::make_unique<Cluster>(dir_ + "/" + name);
-    const int got = cluster->StartCoordinator(port, std::move(interval_flags));
+    const int got = cluster->StartCoordinator(port, std::move(coordinator_flags));
     EXPECT_GT(got, 0) << "the coordinator did not start";
     if (port != 0) {
       EXPECT_EQ(got, port);
     }
-    EXPECT_TRUE(cluster->StartAgent("node-a")) << "node-a's agent did not start";
-    EXPECT_TRUE(cluster->StartAgent("node-b", node_b_flags)) << "node-b's agent did not start";
+    std::vector<std::string> b_flags = agent_flags;
+    b_flags.insert(b_flags.end(), node_b_flags.begin(), node_b_flags.end());
+    EXPECT_TRUE(cluster->StartAgent("node-a", agent_flags)) << "node-a's agent did not start";
+    EXPECT_TRUE(cluster->StartAgent("node-b", b_flags)) << "node-b's agent did not start";
     return cluster;
   }
 
   // The digest lines of an uninterrupted run of the same job (all four
   // ranks, no faults, a cluster and storage root of its own), once per process.
+  // The pace does not change what the trainers compute: 3 ms a step is
+  // cheap, and slow enough for every rank to take checkpoints.
   void Reference(std::array<std::string, kWorld>* out) {
     static std::optional<std::array<std::string, kWorld>> cached;
     if (!cached) {
       std::unique_ptr<Cluster> cluster = StartCluster("reference");
       ASSERT_FALSE(HasFailure());
-      Launcher launcher(dir_ + "/reference/launcher", cluster.get());
+      Launcher::Options fast;
+      fast.step_ms = 3;
+      Launcher launcher(dir_ + "/reference/launcher", cluster.get(), fast);
       launcher.Start();
       ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
       EXPECT_EQ(launcher.exit_codes().size(), 1u) << "the reference run restarted: " << Codes(launcher.exit_codes());
@@ -675,14 +724,7 @@ TEST_F(ClusterTest, AgentKilledMidCheckpointLosesOnlyThatStep) {
   EXPECT_EQ(*restored, *newest);
   EXPECT_THAT(*restored, Lt(in_flight));
   EXPECT_EQ(launcher.final_lines(), reference);
-  // A SIGKILLed agent leaves its staging segments in /dev/shm and no later
-  // agent reclaims them (a known gap): remove them here.
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    if (absl::StartsWith(e.path().filename().string(), absl::StrCat("ckptd-", killed_pid, "-"))) {
-      std::filesystem::remove(e.path(), ec);
-    }
-  }
+  RemoveStagingSegments(killed_pid);
   std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", step " << in_flight
             << " in flight at the kill, node lost at " << absl::FormatDuration(lost_after) << ", exit codes "
             << Codes(codes) << ", restored step " << *restored << "\n";
@@ -831,6 +873,252 @@ TEST_F(ClusterTest, IntervalPolicyMovesALiveJobsScheduleAndCkptctlExplainsIt) {
   std::cerr << "scenario: every " << job->schedule().every_steps() << " steps after the policy, "
             << job->checkpoints_committed() << " checkpoints; " << json << "\n";
 }
+
+// 6. `ckptctl drill run` on the live job, one scenario each: the coordinator
+// has the agent concerned (started with --allow-drills) inject the failure,
+// ckptctl watches what follows and gives its verdict. Each drill must pass,
+// its figures must agree with the cluster's flags and with what the ranks
+// printed, and the job must end with the digests of an uninterrupted run.
+
+// A rank without step progress for max(kHangFloor, kHangMultiple x its step
+// time) is hung (the coordinator's --hang-floor; the multiple is fixed). Above
+// kNodeLostAfter, so that a silent node is lost before its ranks look hung.
+constexpr absl::Duration kHangFloor = absl::Milliseconds(2500);
+constexpr double kHangMultiple = 20;
+// How often a trainer tells its agent its step (the client's sync interval).
+constexpr absl::Duration kSync = absl::Milliseconds(200);
+// Added to every latency bound the flags imply: a loaded or sanitized build
+// on a shared machine is slow, but not this slow. Taken off the earliest
+// detection the flags allow: how late a heartbeat or progress report may be.
+constexpr absl::Duration kSlack = absl::Seconds(2);
+constexpr absl::Duration kJitter = absl::Milliseconds(500);
+
+struct DrillCase {
+  std::string scenario;
+  uint32_t target;  // a rank of the job (node scenarios: the node hosting it)
+  uint64_t at_step;
+  absl::Duration duration;  // of the timed scenarios; zero for the others
+  // The failure the coordinator must record first, which restarts the job;
+  // unspecified: the job must not restart because of the drill.
+  ckptd::v1::FailureKind detected = ckptd::v1::FAILURE_KIND_UNSPECIFIED;
+  // Another kind that may come first (a node crash: its agent may report its
+  // trainers' deaths, or die before it could and come back as a new process).
+  ckptd::v1::FailureKind or_detected = ckptd::v1::FAILURE_KIND_UNSPECIFIED;
+  // The agent killed is started again at once, as systemd with a short
+  // RestartSec would, rather than after its node was declared lost.
+  bool restart_agent_at_once = false;
+};
+
+void PrintTo(const DrillCase& c, std::ostream* os) { *os << c.scenario; }
+
+// Starts an agent whose process ended again with the flags of its last start,
+// as systemd would, once the coordinator has declared its node lost; removes
+// the staging segments the dead one left and releases the launcher's restarts.
+class AgentSupervisor {
+ public:
+  AgentSupervisor(Cluster* cluster, Launcher* launcher, bool at_once = false)
+      : cluster_(cluster), launcher_(launcher), at_once_(at_once) {}
+
+  // One look at each agent; call it every few ms.
+  void Poll() {
+    for (const char* node : {"node-a", "node-b"}) {
+      Process* agent = cluster_->agent(node);
+      if (!agent->Wait(absl::ZeroDuration()).has_value()) continue;
+      const absl::Time ended = ended_.try_emplace(node, absl::Now()).first->second;
+      // Like systemd with a RestartSec beyond --node-lost-after: the drill
+      // expects the loss to be detected and the job restarted.
+      if (!at_once_ && cluster_->AgentAlive(node) && absl::Now() < ended + absl::Seconds(10)) continue;
+      RemoveStagingSegments(agent->pid());
+      EXPECT_TRUE(cluster_->RestartAgent(node)) << node << "'s agent did not start again";
+      ended_.erase(node);
+      ++restarts_;
+      launcher_->ReleaseRestarts();
+    }
+  }
+  int restarts() const { return restarts_; }
+
+ private:
+  Cluster* const cluster_;
+  Launcher* const launcher_;
+  const bool at_once_;
+  std::map<std::string, absl::Time> ended_;  // agents seen ended, not started again yet
+  int restarts_ = 0;
+};
+
+// In ckptctl's compact JSON: the number after "key": at its last occurrence
+// (nullopt for null), whether "key":true occurs, whether an expectation held.
+std::optional<double> JsonNumber(const std::string& json, const std::string& key) {
+  const std::string k = absl::StrCat("\"", key, "\":");
+  const size_t at = json.rfind(k);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t from = at + k.size();
+  double v = 0;
+  if (!absl::SimpleAtod(json.substr(from, json.find_first_of(",}]", from) - from), &v)) return std::nullopt;
+  return v;
+}
+bool JsonTrue(const std::string& json, const std::string& key) {
+  return absl::StrContains(json, absl::StrCat("\"", key, "\":true"));
+}
+bool VerdictHeld(const std::string& json, const std::string& expectation) {
+  return absl::StrContains(json, absl::StrCat("{\"expectation\":\"", expectation, "\",\"held\":true"));
+}
+
+class DrillTest : public ClusterTest, public ::testing::WithParamInterface<DrillCase> {};
+
+TEST_P(DrillTest, PassesAndTheJobEndsWithTheReferenceDigests) {
+  const DrillCase& c = GetParam();
+  const bool restarts = c.detected != ckptd::v1::FAILURE_KIND_UNSPECIFIED;
+  const bool storage = absl::StartsWith(c.scenario, "storage-");
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  const absl::Time start = absl::Now();
+  std::unique_ptr<Cluster> cluster = StartCluster(
+      "drill", 0, {}, {"--every", std::to_string(kEvery), "--hang-floor", absl::FormatDuration(kHangFloor)},
+      {"--allow-drills"});
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/drill/launcher", cluster.get());
+  // A node whose agent is down starts nothing: the supervisor releases them.
+  const bool kills_agent = c.scenario == "kill-agent" || c.scenario == "kill-node";
+  if (kills_agent) launcher.HoldRestarts();
+  launcher.Start();
+  ASSERT_TRUE(WaitUntil([&] { return cluster->Committed().value_or(0) >= kEvery; }, absl::Seconds(30)))
+      << "no checkpoint committed";
+
+  std::vector<std::string> argv = {kCtlBin, "drill", "run", "--job", kJob, "--scenario", c.scenario,
+                                   "--target", std::to_string(c.target), "--at-step", std::to_string(c.at_step),
+                                   "--watch", "40s", "--coordinator", absl::StrCat("127.0.0.1:", cluster->port()),
+                                   "--token-file", cluster->token_file(), "--json"};
+  if (c.duration > absl::ZeroDuration()) argv.insert(argv.end(), {"--duration", absl::FormatDuration(c.duration)});
+  if (c.scenario == "storage-slow") argv.insert(argv.end(), {"--slow", "200ms"});
+  const std::string out = dir_ + "/drill/ctl.json";
+  const std::string err = dir_ + "/drill/ctl.err";
+  Process ctl(argv, out, err);
+  AgentSupervisor supervisor(cluster.get(), &launcher, c.restart_agent_at_once);
+  // The job's step time while it runs (the hang threshold follows from it).
+  double step_seconds = 0;
+  std::optional<int> exit_code;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!(exit_code = ctl.Wait(absl::ZeroDuration())) && absl::Now() < give_up) {
+    supervisor.Poll();
+    if (std::optional<ckptd::v1::JobStatus> job = cluster->Job(); job && job->state() == ckptd::v1::JOB_RUNNING) {
+      step_seconds = std::max(step_seconds, job->step_seconds());
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string json = ReadFile(out);
+  const std::string report = absl::StrCat("ckptctl drill run exited ", exit_code.value_or(-1), "; stdout:\n", json,
+                                          "stderr:\n", ReadFile(err));
+  ASSERT_EQ(exit_code, 0) << report;
+  EXPECT_TRUE(JsonTrue(json, "passed")) << report;
+  EXPECT_TRUE(JsonTrue(json, "injected")) << report;
+  const std::optional<double> ordered_nanos = JsonNumber(json, "ordered_unix_nanos");
+  const std::optional<double> injected_nanos = JsonNumber(json, "injected_unix_nanos");
+  ASSERT_TRUE(ordered_nanos.has_value() && injected_nanos.has_value()) << report;
+  const absl::Time injected = absl::FromUnixNanos(static_cast<int64_t>(*injected_nanos));
+  const std::optional<double> detection = JsonNumber(json, "detection_seconds");
+
+  if (restarts) {
+    // The coordinator recorded the failure the scenario causes, before any other.
+    std::vector<ckptd::v1::FailureEvent> since;
+    for (const ckptd::v1::FailureEvent& e : cluster->Events()) {
+      if (static_cast<double>(e.unix_nanos()) >= *ordered_nanos) since.push_back(e);
+    }
+    ASSERT_FALSE(since.empty()) << report;
+    EXPECT_THAT(since.back().kind(), ::testing::AnyOf(c.detected, c.or_detected)) << since.back().ShortDebugString();
+    EXPECT_EQ(since.back().node_id(), NodeOf(c.target)) << since.back().ShortDebugString();
+    // Detected within what the flags allow, and not before they allow it.
+    absl::Duration earliest = absl::ZeroDuration();
+    absl::Duration latest = kSlack;  // a trainer's death: its agent reports it at once
+    if (c.restart_agent_at_once) {
+      // Its trainers' deaths, or the agent back as a new process: both soon.
+      latest = kSlack + kHeartbeat;
+    } else if (c.detected == ckptd::v1::NODE_LOST) {
+      earliest = kNodeLostAfter - kHeartbeat - kJitter;
+      latest = kNodeLostAfter + kHeartbeat + kTick + kSlack;
+    } else if (c.detected == ckptd::v1::TRAINER_HUNG) {
+      const absl::Duration threshold = std::max(kHangFloor, absl::Seconds(kHangMultiple * step_seconds));
+      ASSERT_LT(threshold + kSlack, c.duration) << "the hang does not outlast the threshold";
+      earliest = kHangFloor - kSync - kHeartbeat - kJitter;
+      latest = threshold + kSync + kHeartbeat + kTick + kSlack;
+    }
+    ASSERT_TRUE(detection.has_value()) << report;
+    EXPECT_GE(*detection, absl::ToDoubleSeconds(earliest)) << report;
+    EXPECT_LE(*detection, absl::ToDoubleSeconds(latest)) << report;
+    EXPECT_TRUE(JsonTrue(json, "resumed")) << report;
+    EXPECT_FALSE(JsonTrue(json, "fresh_start")) << report;
+  }
+  std::optional<uint64_t> damaged;
+  if (c.scenario == "corrupt-shard") {
+    // The damage was found and the step quarantined at once.
+    EXPECT_TRUE(VerdictHeld(json, "verification found the damage")) << report;
+    damaged = NumberAfter(json, "\"verified_step\":");
+    ASSERT_TRUE(damaged.has_value()) << report;
+    bool quarantined = false;
+    for (const ckptd::v1::StepEntry& e : cluster->Steps()) {
+      quarantined |= e.step() == *damaged && e.state() == ckptd::v1::STEP_QUARANTINED;
+    }
+    EXPECT_TRUE(quarantined) << "step " << *damaged << " is not quarantined";
+    // A failure now must restore another step.
+    ASSERT_TRUE(launcher.Signal(0, SIGKILL)) << "the job ended before the kill";
+  }
+  if (storage) {
+    // The fault is lifted and a step commits after it, as the coordinator lists it.
+    EXPECT_TRUE(JsonTrue(json, "fault_lifted")) << report;
+    std::optional<uint64_t> after;
+    for (const ckptd::v1::StepEntry& e : cluster->Steps()) {
+      if (e.state() == ckptd::v1::STEP_COMMITTED &&
+          absl::FromUnixNanos(e.committed_unix_nanos()) > injected + c.duration) {
+        after = e.step();
+      }
+    }
+    EXPECT_TRUE(after.has_value()) << "no step committed after the fault was lifted\n" << report;
+  }
+
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
+  std::optional<uint64_t> restored;
+  if (restarts || damaged) {
+    ASSERT_GE(codes.size(), 2u) << Codes(codes);
+    restored = SameRestoredStep(launcher, 1);
+    ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
+    EXPECT_EQ(*restored % kEvery, 0u);
+  } else {
+    EXPECT_EQ(codes.size(), 1u) << "the job restarted: " << Codes(codes);
+  }
+  if (restarts) {
+    // The drill reports the step the ranks restored, no newer than the failure.
+    EXPECT_EQ(NumberAfter(json, "\"restored_step\":"), restored) << report;
+    const std::optional<uint64_t> at_failure = NumberAfter(json, "\"step_at_failure\":");
+    ASSERT_TRUE(at_failure.has_value()) << report;
+    EXPECT_LE(*restored, *at_failure) << report;
+  }
+  if (damaged) {
+    EXPECT_NE(*restored, *damaged) << "the damaged step was restored";
+  }
+  EXPECT_EQ(supervisor.restarts(), kills_agent ? 1 : 0);
+  EXPECT_EQ(launcher.final_lines(), reference);
+  std::cerr << "scenario " << c.scenario << ": " << absl::FormatDuration(absl::Now() - start) << ", detection "
+            << (detection ? absl::StrCat(*detection, " s") : "none") << ", exit codes " << Codes(codes)
+            << (restored ? absl::StrCat(", restored step ", *restored) : "") << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scenarios, DrillTest,
+    ::testing::Values(DrillCase{"kill-trainer", 2, 60, absl::ZeroDuration(), ckptd::v1::TRAINER_DIED},
+                      DrillCase{"hang-trainer", 1, 60, absl::Seconds(5), ckptd::v1::TRAINER_HUNG},
+                      DrillCase{"kill-agent", 2, 60, absl::ZeroDuration(), ckptd::v1::NODE_LOST},
+                      DrillCase{"kill-node", 2, 60, absl::ZeroDuration(), ckptd::v1::TRAINER_DIED,
+                                ckptd::v1::NODE_LOST, /*restart_agent_at_once=*/true},
+                      DrillCase{"cut-off-agent", 3, 60, absl::Seconds(3), ckptd::v1::NODE_LOST},
+                      DrillCase{"corrupt-shard", 3, 60, absl::ZeroDuration()},
+                      DrillCase{"storage-eio", 0, 60, absl::Seconds(1)},
+                      DrillCase{"storage-enospc", 2, 60, absl::Seconds(1)},
+                      DrillCase{"storage-slow", 3, 60, absl::Seconds(1)}),
+    [](const ::testing::TestParamInfo<DrillCase>& param) {
+      std::string name = param.param.scenario;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 }  // namespace
 }  // namespace ckptd::cluster
