@@ -1102,6 +1102,43 @@ TEST_P(DrillTest, PassesAndTheJobEndsWithTheReferenceDigests) {
             << (restored ? absl::StrCat(", restored step ", *restored) : "") << "\n";
 }
 
+// `ckptctl drill suite`: two drills from a file in one run of the job, one
+// summary, one HTML page.
+TEST_F(ClusterTest, DrillSuiteRunsItsDrillsInOrderAndSumsThemUp) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  std::unique_ptr<Cluster> cluster = StartCluster(
+      "suite", 0, {}, {"--every", std::to_string(kEvery), "--hang-floor", absl::FormatDuration(kHangFloor)},
+      {"--allow-drills"});
+  ASSERT_FALSE(HasFailure());
+  Launcher launcher(dir_ + "/suite/launcher", cluster.get());
+  launcher.Start();
+  const std::string file = dir_ + "/suite/drills.txt";
+  std::ofstream(file) << "# a storage fault, then a crash, in one run\n"
+                         "storage-eio  --target 0 --at-step 40 --duration 1s --watch 30s\n"
+                         "kill-trainer --target 2 --at-step 200 --watch 30s   # rank 2 is on node-b\n";
+  const std::string page = dir_ + "/suite/report.html";
+  Process ctl({kCtlBin, "drill", "suite", file, "--job", kJob, "--coordinator",
+               absl::StrCat("127.0.0.1:", cluster->port()), "--token-file", cluster->token_file(), "--settle", "30s",
+               "--json", "--html", page},
+              dir_ + "/suite/ctl.json", dir_ + "/suite/ctl.err");
+  const std::optional<int> code = ctl.Wait(absl::Seconds(90));
+  const std::string json = ReadFile(dir_ + "/suite/ctl.json");
+  const std::string report = absl::StrCat("stdout:\n", json, "stderr:\n", ReadFile(dir_ + "/suite/ctl.err"));
+  ASSERT_EQ(code, 0) << report;
+  EXPECT_THAT(json, HasSubstr("\"drills_passed\":2")) << report;
+  EXPECT_THAT(json, HasSubstr("\"drills_not_run\":0")) << report;
+  EXPECT_THAT(json, HasSubstr("\"spec\":\"storage-eio  --target 0 --at-step 40 --duration 1s --watch 30s\""));
+  const std::string html = ReadFile(page);
+  EXPECT_THAT(html, HasSubstr("2 of 2 drills passed"));
+  EXPECT_THAT(html, HasSubstr("id=\"drill-2\""));
+  EXPECT_THAT(html, HasSubstr("<svg"));
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  // The storage fault restarted nothing; the crash restarted the job once.
+  EXPECT_EQ(launcher.exit_codes().size(), 2u) << Codes(launcher.exit_codes());
+  EXPECT_EQ(launcher.final_lines(), reference);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Scenarios, DrillTest,
     ::testing::Values(DrillCase{"kill-trainer", 2, 60, absl::ZeroDuration(), ckptd::v1::TRAINER_DIED},
