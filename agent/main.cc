@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
   using ckptd::cli::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
-                                                     "inject-write-latency"},
+                                                     "inject-write-latency", "tls-ca", "tls-cert", "tls-key"},
                                           {"help", "allow-drills"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;

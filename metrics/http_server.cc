@@ -426,6 +426,7 @@ void HttpServer::Loop() {
 
 HttpServer::Handler MetricsHandler(Registry& registry) {
   return [&registry](absl::string_view path) {
+    if (path == "/healthz") return HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
     if (path != "/metrics") return ErrorResponse(404);
     return HttpResponse{200, std::string(kPrometheusContentType), registry.Render()};
   };

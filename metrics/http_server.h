@@ -91,8 +91,9 @@ class HttpServer {
 // without brackets or a port outside 0..65535.
 absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port);
 
-// Serves `registry`'s Render() at /metrics (kPrometheusContentType) and 404
-// elsewhere. `registry` must outlive the handler.
+// Serves `registry`'s Render() at /metrics (kPrometheusContentType), "ok" at
+// /healthz (for liveness probes: the process serves), and 404 elsewhere.
+// `registry` must outlive the handler.
 HttpServer::Handler MetricsHandler(Registry& registry);
 
 }  // namespace ckptd::metrics

@@ -153,6 +153,14 @@ TEST_F(HttpServerTest, HeadHasHeadersButNoBody) {
   EXPECT_THAT(response, EndsWith("\r\n\r\n"));
 }
 
+TEST_F(HttpServerTest, HealthzSaysOk) {
+  std::unique_ptr<HttpServer> server = StartServer();
+  ASSERT_NE(server, nullptr);
+  const std::string response = Exchange(server->port(), "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_EQ(Body(response), "ok\n");
+}
+
 TEST_F(HttpServerTest, UnknownPathIs404) {
   std::unique_ptr<HttpServer> server = StartServer();
   ASSERT_NE(server, nullptr);

@@ -11,6 +11,14 @@ PACKAGES=(
   clang libclang-rt-14-dev
   fio python3
   openssl  # generates the test CA for the coordinator's mutual-TLS tests
+  # tests/deploy/deploy_files_test.sh: lints the Kubernetes manifests
+  # (yamllint), loads them (python3-yaml) and checks the shell scripts
+  # (shellcheck); systemd-analyze comes with systemd.
+  yamllint python3-yaml shellcheck systemd
+  # deploy/slurm/test-single-node.sh (ctest DeployTest.SlurmSingleNodeRequeueResumes)
+  # runs the sbatch example on a one-node Slurm it starts itself: about 10 s
+  # to install, about 35 s to run.
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -1,0 +1,760 @@
+#!/usr/bin/env bash
+# The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm) and
+# docs/operations.md checked against each other and against the binaries just
+# built, in a few seconds:
+#   1. Kubernetes: yamllint, and a structural check of every manifest;
+#   2. systemd: `systemd-analyze verify` and `security --offline` on the units
+#      (ExecStart pointed at BIN_DIR), and their env files against the units;
+#   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh and
+#      this test; install.sh into a temporary root;
+#   4. every --flag passed to a ckptd binary in those files (and in
+#      docs/operations.md) is one its --help lists; every ckptd_* metric the
+#      doc names is one the coordinator registers;
+#   5. the doc's TLS recipe, run as written: a coordinator started with
+#      coordinator.env's flags, an agent with agent.env's, and ckptctl talk
+#      mutual TLS with its certificates;
+#   6. the Dockerfile: its runtime packages hold every shared library the
+#      binaries load; its build packages are ones install-deps installs.
+#
+#   deploy_files_test.sh BIN_DIR [WORK_DIR]
+# Needs yamllint, shellcheck, python3-yaml, openssl and systemd-analyze
+# (scripts/install-deps.sh installs them). Prints ok/FAILED per check and
+# "N passed, M failed"; exits 1 when any failed.
+set -uo pipefail
+BIN="$(cd "${1:?usage: deploy_files_test.sh BIN_DIR [WORK_DIR]}" && pwd)"
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
+if [ -n "${2:-}" ]; then
+  W="$2"
+  rm -rf "$W" && mkdir -p "$W"
+else
+  W="$(mktemp -d)"
+fi
+W="$(cd "$W" && pwd)"
+KEEP_W="${2:-}"
+# Processes the checks start (in subshells) are listed here, for cleanup.
+PIDFILE="$W/pids"
+: >"$PIDFILE"
+stop_started() {
+  local p
+  while read -r p; do kill -KILL "$p" 2>/dev/null; done <"$PIDFILE"
+  : >"$PIDFILE"
+}
+cleanup() {
+  stop_started
+  wait 2>/dev/null
+  [ -z "$KEEP_W" ] && [ "$failures" -eq 0 ] && rm -rf "$W"
+}
+passed=0
+failures=0
+trap cleanup EXIT
+check() {  # check WHAT COMMAND...: runs COMMAND; its output is shown when it fails
+  local what="$1" out
+  shift
+  if out="$("$@" 2>&1)"; then
+    echo "ok: $what"
+    passed=$((passed + 1))
+  else
+    echo "FAILED: $what"
+    [ -n "$out" ] && sed 's/^/    /' <<<"$out"
+    failures=$((failures + 1))
+  fi
+}
+# Debian's python3 (with python3-yaml), also where another python3 comes first on PATH.
+PY=python3
+[ -x /usr/bin/python3 ] && PY=/usr/bin/python3
+have() { command -v "$1" >/dev/null 2>&1; }
+need() {  # need TOOL PACKAGE
+  have "$1" || { echo "FAILED: $1 is missing (Debian package $2; scripts/install-deps.sh installs it)"; failures=$((failures + 1)); return 1; }
+}
+K8S="$REPO/deploy/kubernetes"
+SYSD="$REPO/deploy/systemd"
+SLURM="$REPO/deploy/slurm"
+DOC="$REPO/docs/operations.md"
+BINARIES=(ckptd-coordinator ckptd-agent ckptctl ckptd-demo-trainer)
+
+# ---------------------------------------------------------- 1. Kubernetes
+if need yamllint yamllint; then
+  check "yamllint deploy/kubernetes" yamllint -s -c "$K8S/.yamllint" "$K8S"
+fi
+k8s_structure() {
+  "$PY" - "$K8S" <<'PYEOF'
+import glob, os, re, sys
+import yaml
+
+root = sys.argv[1]
+problems = []
+def bad(msg):
+    problems.append(msg)
+
+KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service"), ("v1", "Secret"),
+         ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("batch/v1", "Job"),
+         ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+# Secrets the operator creates with kubectl before applying (docs/operations.md).
+EXTERNAL_SECRETS = {"ckptd-operator-token"}
+
+docs = []
+for path in sorted(glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True)):
+    rel = os.path.relpath(path, root)
+    try:
+        with open(path) as f:
+            loaded = [d for d in yaml.safe_load_all(f) if d is not None]
+    except yaml.YAMLError as e:
+        bad(f"{rel}: not YAML: {e}")
+        continue
+    if not loaded:
+        bad(f"{rel}: empty")
+    for d in loaded:
+        if not isinstance(d, dict):
+            bad(f"{rel}: a document that is not a mapping")
+            continue
+        docs.append((rel, d))
+
+def name_of(d):
+    return (d.get("metadata") or {}).get("name")
+
+for rel, d in docs:
+    av, kind = d.get("apiVersion"), d.get("kind")
+    if (av, kind) not in KNOWN:
+        bad(f"{rel}: unexpected apiVersion/kind {av!r}/{kind!r}")
+    if kind != "Kustomization" and not name_of(d):
+        bad(f"{rel}: {kind} without metadata.name")
+
+kusts = [(rel, d) for rel, d in docs if d.get("kind") == "Kustomization"]
+objects = [(rel, d) for rel, d in docs if d.get("kind") != "Kustomization"]
+if not kusts:
+    bad("no kustomization.yaml")
+
+# Every manifest is listed by a kustomization, every listed file exists, and
+# every kustomization replaces the image name the containers use.
+listed = set()
+image_names = set()
+for rel, k in kusts:
+    base = os.path.dirname(rel)
+    for r in k.get("resources") or []:
+        target = os.path.normpath(os.path.join(base, r))
+        if not os.path.exists(os.path.join(root, target)):
+            bad(f"{rel}: resource {r} does not exist")
+        listed.add(target)
+    imgs = k.get("images") or []
+    if not imgs:
+        bad(f"{rel}: no images: entry (the image is a placeholder to replace)")
+    for i in imgs:
+        if not i.get("name") or not i.get("newName"):
+            bad(f"{rel}: an images: entry needs name and newName")
+        image_names.add(i.get("name"))
+for rel in sorted({rel for rel, _ in objects}):
+    if rel not in listed:
+        bad(f"{rel}: not listed in any kustomization.yaml")
+
+by_kind = {}
+for rel, d in objects:
+    by_kind.setdefault(d["kind"], []).append((rel, d))
+pvcs = {name_of(d): d for _, d in by_kind.get("PersistentVolumeClaim", [])}
+secrets = {name_of(d) for _, d in by_kind.get("Secret", [])} | EXTERNAL_SECRETS
+
+workloads = []  # (rel, kind, name, pod template)
+for kind in ("Deployment", "DaemonSet", "Job"):
+    for rel, d in by_kind.get(kind, []):
+        spec = d.get("spec") or {}
+        tmpl = spec.get("template") or {}
+        labels = (tmpl.get("metadata") or {}).get("labels") or {}
+        what = f"{rel}: {kind} {name_of(d)}"
+        if not labels:
+            bad(f"{what}: pod template without labels")
+        if kind in ("Deployment", "DaemonSet"):
+            sel = (spec.get("selector") or {}).get("matchLabels") or {}
+            if not sel:
+                bad(f"{what}: no selector.matchLabels")
+            for k, v in sel.items():
+                if labels.get(k) != v:
+                    bad(f"{what}: selector {k}={v} does not match the pod labels")
+        workloads.append((rel, kind, name_of(d), d, tmpl))
+
+def containers_of(tmpl):
+    spec = tmpl.get("spec") or {}
+    return (spec.get("initContainers") or []) + (spec.get("containers") or [])
+
+def program(c):
+    cmd = c.get("command") or []
+    return os.path.basename(cmd[0]) if cmd else None
+
+def arg_after(c, flag):
+    args = (c.get("command") or [])[1:] + (c.get("args") or [])
+    for i, a in enumerate(args[:-1]):
+        if a == flag:
+            return str(args[i + 1])
+    return None
+
+def mounts_by_path(c, spec):
+    vols = {v.get("name"): v for v in spec.get("volumes") or []}
+    return {m.get("mountPath"): vols.get(m.get("name")) for m in c.get("volumeMounts") or []}
+
+def mount_for(c, spec, path):
+    """The volume whose mount holds `path` (the longest mountPath prefix)."""
+    best = None
+    for mp, vol in mounts_by_path(c, spec).items():
+        if mp and (path == mp or path.startswith(mp.rstrip("/") + "/")):
+            if best is None or len(mp) > len(best[0]):
+                best = (mp, vol)
+    return best
+
+roles = {}  # ckptd program -> (what, container, pod spec)
+for rel, kind, name, d, tmpl in workloads:
+    spec = tmpl.get("spec") or {}
+    what = f"{rel}: {kind} {name}"
+    volumes = spec.get("volumes") or []
+    vol_names = [v.get("name") for v in volumes]
+    if len(set(vol_names)) != len(vol_names):
+        bad(f"{what}: duplicate volume names")
+    used = set()
+    cs = containers_of(tmpl)
+    if not spec.get("containers"):
+        bad(f"{what}: no containers")
+    for c in cs:
+        cw = f"{what}: container {c.get('name')!r}"
+        if not c.get("name"):
+            bad(f"{what}: a container without a name")
+        if not c.get("image"):
+            bad(f"{cw}: no image")
+        elif c["image"] not in image_names:
+            bad(f"{cw}: image {c['image']!r} is not one the kustomizations replace ({sorted(image_names)})")
+        if not c.get("command"):
+            bad(f"{cw}: no command")
+        for m in c.get("volumeMounts") or []:
+            if m.get("name") not in vol_names:
+                bad(f"{cw}: mounts volume {m.get('name')!r}, which the pod does not declare")
+            used.add(m.get("name"))
+        paths = [m.get("mountPath") for m in c.get("volumeMounts") or []]
+        if len(set(paths)) != len(paths):
+            bad(f"{cw}: two mounts at one path")
+        env_names = {e.get("name") for e in c.get("env") or []}
+        for a in (c.get("command") or []) + (c.get("args") or []):
+            for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(a)):
+                if var not in env_names:
+                    bad(f"{cw}: $({var}) in its command line is not in its env")
+        ports = [p.get("name") for p in c.get("ports") or []]
+        if len(set(ports)) != len(ports):
+            bad(f"{cw}: duplicate port names")
+        if program(c) in ("ckptd-coordinator", "ckptd-agent", "ckptd-demo-trainer"):
+            if program(c) in roles:
+                bad(f"{cw}: a second {program(c)} container")
+            roles[program(c)] = (cw, c, spec)
+    for v in volumes:
+        if v.get("name") not in used:
+            bad(f"{what}: volume {v.get('name')!r} is mounted by no container")
+        if "persistentVolumeClaim" in v:
+            claim = v["persistentVolumeClaim"].get("claimName")
+            if claim not in pvcs:
+                bad(f"{what}: volume {v.get('name')!r} claims {claim!r}, which no manifest declares")
+        if "secret" in v and v["secret"].get("secretName") not in secrets:
+            bad(f"{what}: secret {v['secret'].get('secretName')!r} is neither declared nor a documented external one")
+
+# Services select pods and reach their ports.
+for rel, svc in by_kind.get("Service", []):
+    what = f"{rel}: Service {name_of(svc)}"
+    sel = (svc.get("spec") or {}).get("selector") or {}
+    if not sel:
+        bad(f"{what}: no selector")
+    targets = [t for t in workloads
+               if all(((t[4].get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in sel.items())]
+    if not targets:
+        bad(f"{what}: its selector matches no pod template")
+    for p in (svc.get("spec") or {}).get("ports") or []:
+        tp = p.get("targetPort", p.get("port"))
+        found = False
+        for t in targets:
+            for c in (t[4].get("spec") or {}).get("containers") or []:
+                for cp in c.get("ports") or []:
+                    if tp == cp.get("name") or tp == cp.get("containerPort"):
+                        found = True
+        if not found:
+            bad(f"{what}: port {p.get('name')!r} targets {tp!r}, which no selected container exposes")
+
+# ckptd's own wiring.
+def port_of(listen):
+    return int(listen.rsplit(":", 1)[1]) if listen and ":" in listen else None
+
+for prog in ("ckptd-coordinator", "ckptd-agent", "ckptd-demo-trainer"):
+    if prog not in roles:
+        bad(f"no workload runs {prog}")
+if not problems:
+    cw, coord, cspec = roles["ckptd-coordinator"]
+    aw, agent, aspec = roles["ckptd-agent"]
+    tw, trainer, tspec = roles["ckptd-demo-trainer"]
+    dep = [d for _, k, _, d, t in workloads if k == "Deployment" and coord in containers_of(t)][0]
+    if (dep.get("spec") or {}).get("replicas") != 1 or ((dep["spec"].get("strategy") or {}).get("type")) != "Recreate":
+        bad(f"{cw}: the coordinator's Deployment must have replicas: 1 and strategy Recreate")
+    cports = {p.get("containerPort"): p.get("name") for p in coord.get("ports") or []}
+    for flag in ("--listen", "--metrics-listen"):
+        port = port_of(arg_after(coord, flag))
+        if port is None or port not in cports:
+            bad(f"{cw}: {flag} {arg_after(coord, flag)} is not one of its containerPorts {sorted(cports)}")
+    # The agents reach the coordinator through a Service on its --listen port.
+    addr = arg_after(agent, "--coordinator") or ""
+    host, _, port = addr.rpartition(":")
+    svc = [s for _, s in by_kind.get("Service", []) if name_of(s) == host.split(".")[0]]
+    if not svc:
+        bad(f"{aw}: --coordinator {addr}: no Service named {host.split('.')[0]!r}")
+    else:
+        sp = [p for p in svc[0]["spec"].get("ports") or [] if str(p.get("port")) == port]
+        if not sp:
+            bad(f"{aw}: --coordinator {addr}: the Service has no port {port}")
+        elif sp[0].get("targetPort") not in (cports.get(port_of(arg_after(coord, "--listen"))), port_of(arg_after(coord, "--listen"))):
+            bad(f"{aw}: --coordinator {addr}: the Service port does not lead to the coordinator's --listen port")
+    # Coordinator and agents share one ReadWriteMany storage root.
+    claims = []
+    for w, c, spec in ((cw, coord, cspec), (aw, agent, aspec)):
+        root_dir = arg_after(c, "--storage-root")
+        m = mount_for(c, spec, root_dir or "")
+        if not m or not m[1] or "persistentVolumeClaim" not in m[1]:
+            bad(f"{w}: --storage-root {root_dir} is not on a PersistentVolumeClaim")
+        else:
+            claims.append(m[1]["persistentVolumeClaim"]["claimName"])
+    if len(claims) == 2:
+        if claims[0] != claims[1]:
+            bad(f"the coordinator ({claims[0]}) and the agents ({claims[1]}) use different storage roots")
+        elif "ReadWriteMany" not in ((pvcs[claims[0]].get("spec") or {}).get("accessModes") or []):
+            bad(f"PersistentVolumeClaim {claims[0]}: the shared storage root must be ReadWriteMany")
+    for flag, kind in (("--state-dir", "persistentVolumeClaim"), ("--operator-token-file", "secret")):
+        m = mount_for(coord, cspec, arg_after(coord, flag) or "")
+        if not m or not m[1] or kind not in m[1]:
+            bad(f"{cw}: {flag} {arg_after(coord, flag)} is not on a {kind} volume")
+    # The agent's node id comes from the downward API.
+    node = arg_after(agent, "--node-id") or ""
+    var = re.fullmatch(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", node)
+    env = {e.get("name"): e for e in agent.get("env") or []}
+    if not var or (((env.get(var.group(1)) or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") != "spec.nodeName":
+        bad(f"{aw}: --node-id must be the node name (env from fieldRef spec.nodeName)")
+    # Agent and trainers: one socket folder, one /dev/shm, one uid, one PID namespace.
+    def uid(c, spec):
+        return (c.get("securityContext") or {}).get("runAsUser", (spec.get("securityContext") or {}).get("runAsUser"))
+    if uid(agent, aspec) is None or uid(agent, aspec) != uid(trainer, tspec):
+        bad(f"the agent (uid {uid(agent, aspec)}) and the trainers (uid {uid(trainer, tspec)}) must run as one uid: "
+            "the socket and the staging are owner-only")
+    for w, spec in ((aw, aspec), (tw, tspec)):
+        if spec.get("hostPID") is not True:
+            bad(f"{w}: needs hostPID: true (the agent watches and signals trainer pids)")
+    sockets = []
+    for w, c, spec in ((aw, agent, aspec), (tw, trainer, tspec)):
+        sock = arg_after(c, "--socket") or ""
+        m = mount_for(c, spec, sock)
+        if not m or not m[1] or "hostPath" not in m[1]:
+            bad(f"{w}: --socket {sock} is not on a hostPath volume")
+        else:
+            sockets.append((sock, m[1]["hostPath"].get("path"), os.path.relpath(sock, m[0])))
+        shm = mounts_by_path(c, spec).get("/dev/shm")
+        if not shm or (shm.get("hostPath") or {}).get("path") != "/dev/shm":
+            bad(f"{w}: must mount the host's /dev/shm (hostPath) at /dev/shm: the staging memory is there")
+    if len(sockets) == 2 and (sockets[0][1], sockets[0][2]) != (sockets[1][1], sockets[1][2]):
+        bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
+
+for p in problems:
+    print(p)
+sys.exit(1 if problems else 0)
+PYEOF
+}
+if "$PY" -c "import yaml" 2>/dev/null; then
+  check "Kubernetes manifests: structure, volumes, selectors, ports, and the agent/trainer wiring" k8s_structure
+else
+  echo "FAILED: python3-yaml is missing ($PY; Debian package python3-yaml; scripts/install-deps.sh installs it)"
+  failures=$((failures + 1))
+fi
+
+# -------------------------------------------------------------- 2. systemd
+mkdir -p "$W/units"
+for u in ckptd-coordinator.service ckptd-agent.service; do
+  sed -e "s|/usr/local/bin/|$BIN/|g" -e "s|EnvironmentFile=/etc/ckptd/|EnvironmentFile=$SYSD/|" "$SYSD/$u" >"$W/units/$u"
+done
+verify_units() {
+  local out
+  out="$(cd "$W/units" && systemd-analyze verify ckptd-coordinator.service ckptd-agent.service 2>&1)" || { echo "$out"; return 1; }
+  # Any word about our units (unknown keys are only warnings) fails.
+  if grep -i ckptd <<<"$out"; then return 1; fi
+  return 0
+}
+if need systemd-analyze systemd; then
+  check "systemd-analyze verify ckptd-coordinator.service ckptd-agent.service" verify_units
+  # --threshold counts tenths: 30 is an exposure of 3.0 ("OK" in its words).
+  check "systemd-analyze security --offline: exposure at most 3.0" \
+    bash -c "cd '$W/units' && systemd-analyze security --offline=true --threshold=30 ckptd-coordinator.service ckptd-agent.service >/dev/null"
+fi
+units_match_env() {
+  "$PY" - "$SYSD" <<'PYEOF'
+import os, re, sys
+d = sys.argv[1]
+problems = []
+def env(path):
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if line and not line.startswith("#"):
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+def unit(path):
+    text = re.sub(r"\\\n\s*", " ", open(path).read())
+    out = {}
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            k, _, v = line.partition("=")
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+roots = set()
+for u, e in (("ckptd-coordinator.service", "coordinator.env"), ("ckptd-agent.service", "agent.env")):
+    uv, ev = unit(os.path.join(d, u)), env(os.path.join(d, e))
+    if uv.get("EnvironmentFile") != ["/etc/ckptd/" + e]:
+        problems.append(f"{u}: EnvironmentFile= is not /etc/ckptd/{e}")
+    for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", " ".join(uv.get("ExecStart", []))):
+        if var not in ev:
+            problems.append(f"{u}: ExecStart uses ${var}, which {e} does not set")
+    root = ev.get("CKPTD_STORAGE_ROOT")
+    roots.add(root)
+    if root not in " ".join(uv.get("ReadWritePaths", [])).split():
+        problems.append(f"{u}: ReadWritePaths= does not hold the storage root {root} of {e}")
+    if uv.get("RequiresMountsFor") != [root]:
+        problems.append(f"{u}: RequiresMountsFor= is not the storage root {root} of {e}")
+    for k in ("Restart", "User", "ProtectSystem", "NoNewPrivileges", "PrivateTmp", "ProtectHome"):
+        if k not in uv:
+            problems.append(f"{u}: no {k}=")
+    if uv.get("RemoveIPC") != ["no"]:
+        problems.append(f"{u}: RemoveIPC=no is needed (the agent's staging belongs to the same user)")
+    if "DynamicUser" in uv:
+        problems.append(f"{u}: DynamicUser= removes the staging memory (RemoveIPC) and changes the socket's owner")
+if len(roots) != 1:
+    problems.append(f"coordinator.env and agent.env name different storage roots: {sorted(map(str, roots))}")
+agent = unit(os.path.join(d, "ckptd-agent.service"))
+if agent.get("RuntimeDirectory") != ["ckptd"] or "%t/ckptd/" not in " ".join(agent.get("ExecStart", [])):
+    problems.append("ckptd-agent.service: the socket must be in its RuntimeDirectory (%t/ckptd/)")
+if "PrivateDevices" in agent:
+    problems.append("ckptd-agent.service: PrivateDevices= would give it a /dev/shm of its own")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "systemd units and env files agree (variables, storage root, ReadWritePaths, socket)" units_match_env
+
+# ---------------------------------------------------------------- 3. shell
+SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$0")
+for s in "${SCRIPTS[@]}"; do
+  check "bash -n ${s#"$REPO"/}" bash -n "$s"
+done
+if need shellcheck shellcheck; then
+  check "shellcheck -S warning: the Slurm scripts, install.sh, this test" shellcheck -S warning -s bash "${SCRIPTS[@]}"
+fi
+sbatch_directives() {
+  local d
+  for d in '--requeue' '--open-mode=append' '--signal=B:USR1@[0-9]*'; do
+    grep -q "^#SBATCH $d\$" "$SLURM/ckptd-job.sbatch" || { echo "no #SBATCH $d"; return 1; }
+  done
+}
+check "the sbatch script asks for requeueing, appended output and a signal before the time limit" sbatch_directives
+install_into_root() {
+  local r="$W/install-root" f
+  "$SYSD/install.sh" --bin "$BIN" --root "$r" >/dev/null || return 1
+  for f in ckptd-coordinator ckptd-agent ckptctl ckptd-demo-trainer; do
+    [ -x "$r/usr/local/bin/$f" ] || { echo "no /usr/local/bin/$f"; return 1; }
+  done
+  for f in etc/systemd/system/ckptd-coordinator.service etc/systemd/system/ckptd-agent.service \
+    etc/ckptd/coordinator.env etc/ckptd/agent.env usr/lib/sysusers.d/ckptd.conf usr/local/share/doc/ckptd/operations.md; do
+    [ -s "$r/$f" ] || { echo "no /$f"; return 1; }
+  done
+  [ "$(stat -c %a "$r/etc/ckptd/operator-token")" = 600 ] || { echo "operator-token is not 0600"; return 1; }
+  grep -qE '^[0-9a-f]{64}$' "$r/etc/ckptd/operator-token" || { echo "operator-token is not 32 random bytes in hex"; return 1; }
+  # A second run keeps the settings and the token.
+  echo "# edited" >>"$r/etc/ckptd/agent.env"
+  local token
+  token="$(cat "$r/etc/ckptd/operator-token")"
+  "$SYSD/install.sh" --bin "$BIN" --root "$r" >/dev/null || return 1
+  grep -q "^# edited" "$r/etc/ckptd/agent.env" || { echo "a second run replaced agent.env"; return 1; }
+  [ "$(cat "$r/etc/ckptd/operator-token")" = "$token" ] || { echo "a second run replaced the token"; return 1; }
+}
+check "install.sh --root installs binaries, units, settings and a 0600 token, and keeps edited settings" install_into_root
+
+# ------------------------------------------------------------ 4. flags and metrics
+flags_match_help() {
+  "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
+    "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
+    "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" <<'PYEOF'
+import os, re, subprocess, sys
+import yaml
+
+bin_dir, repo, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+BINS = ["ckptd-coordinator", "ckptd-agent", "ckptctl", "ckptd-demo-trainer", "ckptd-bench"]
+BIN_RE = re.compile(r"(?<![\w.@-])(?:[^\s\"'`=(]*/)?(" + "|".join(map(re.escape, BINS)) + r")(?![\w.:@/-])")
+FLAG_RE = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+SEP_RE = re.compile(r"(;|&&|\|\||\s\|\s|\s&\s|\s&$|\n)")
+OPTS = {"CKPTD_COORDINATOR_OPTS": "ckptd-coordinator", "CKPTD_AGENT_OPTS": "ckptd-agent"}
+FOREIGN = {"srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo", "#SBATCH", "kubectl", "docker", "cmake",
+           "openssl", "systemctl", "systemd-analyze", "mount", "sudoedit", "install.sh", "test-single-node.sh",
+           "apt-get", "yamllint", "shellcheck", "ctest"}
+
+problems = []
+helps = {}
+def help_flags(b, sub=()):
+    key = (b,) + tuple(sub)
+    if key not in helps:
+        try:
+            r = subprocess.run([os.path.join(bin_dir, b), *sub, "--help"], capture_output=True, text=True, timeout=20)
+            text = r.stdout + r.stderr
+        except OSError as e:
+            problems.append(f"cannot run {b} --help: {e}")
+            text = ""
+        flags = set(FLAG_RE.findall(text)) | {"help"}
+        helps[key] = flags if len(flags) > 1 else None
+    return helps[key]
+
+def allowed(b, words):
+    """The flags of binary b, of its subcommand when the words after it name one."""
+    if b in ("ckptctl", "ckptd-bench") and words and re.fullmatch(r"[a-z][a-z-]*", words[0]):
+        sub = tuple(words[:2]) if words[0] == "drill" and len(words) > 1 else (words[0],)
+        f = help_flags(b, sub)
+        if f:
+            return f, " ".join((b,) + sub)
+    return help_flags(b), b
+
+union = set()
+for b in BINS:
+    union |= help_flags(b) or set()
+for sub in (("status",), ("checkpoint",), ("list",), ("restore-plan",), ("verify",), ("interval",), ("plan",),
+            ("inspect",), ("drill", "run"), ("drill", "suite")):
+    union |= help_flags("ckptctl", sub) or set()
+
+checked = 0
+def check_segment(where, b, text):
+    global checked
+    words = text.split()
+    ok, name = allowed(b, words)
+    for f in FLAG_RE.findall(text):
+        checked += 1
+        if f not in ok:
+            problems.append(f"{where}: {name} has no --{f} (not in its --help)")
+
+def scan_text(where, text, bare_check=False):
+    """Flags after a ckptd binary, up to a shell separator or the next binary;
+    flags on a line that names CKPTD_<X>_OPTS belong to X; with bare_check,
+    flags of a line with no ckptd binary and no foreign command must be
+    flags of some ckptd binary."""
+    for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+        matches = list(BIN_RE.finditer(line))
+        for i, m in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+            seg = line[m.end():end]
+            s = SEP_RE.search(seg)
+            check_segment(where, m.group(1), seg[: s.start()] if s else seg)
+        for var, b in OPTS.items():
+            if var in line and not matches:
+                # VAR="value", VAR='value', VAR=value (to the end), or VAR mentioned (the rest of the line).
+                m = re.search(re.escape(var) + r"""=(?:"([^"]*)"|'([^']*)'|(.*))""", line)
+                value = next((g for g in m.groups() if g is not None), "") if m else line.split(var, 1)[1]
+                check_segment(where, b, value)
+        if bare_check and not matches and not any(v in line for v in OPTS):
+            first = line.split()
+            first = first[1] if first[:1] == ["sudo"] and len(first) > 1 else (first[0] if first else "")
+            if os.path.basename(first) in FOREIGN or first.startswith("#"):
+                continue
+            for f in FLAG_RE.findall(line):
+                global checked
+                checked += 1
+                if f not in union:
+                    problems.append(f"{where}: --{f} is no flag of any ckptd binary: {line.strip()[:100]}")
+
+def markdown(path):
+    rel = os.path.relpath(path, repo)
+    text = open(path).read()
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        scan_text(rel + " (code block)", block, bare_check=True)
+    prose = re.sub(r"```[a-z]*\n.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`]+)`", prose):
+        scan_text(rel, span.replace("\n", " "), bare_check=True)
+    # Flags outside code spans are written as code; none may hide in prose.
+    for f in FLAG_RE.findall(re.sub(r"`[^`]+`", "", prose)):
+        problems.append(f"{rel}: --{f} outside a code span")
+
+def service(path):
+    rel = os.path.relpath(path, repo)
+    text = open(path).read()
+    env_name = re.search(r"EnvironmentFile=/etc/ckptd/(\S+)", text).group(1)
+    env = {}
+    for line in open(os.path.join(os.path.dirname(path), env_name)):
+        if "=" in line and not line.startswith("#"):
+            k, _, v = line.strip().partition("=")
+            env[k] = v
+    joined = re.sub(r"\\\n\s*", " ", text)
+    for line in joined.splitlines():
+        if line.startswith("ExecStart="):
+            cmd = re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: env.get(m.group(1), ""), line[len("ExecStart="):])
+            cmd = cmd.replace("%t", "/run").replace("%S", "/var/lib").replace("%d", "/run/credentials/x")
+            scan_text(rel + " ExecStart (with " + env_name + ")", cmd)
+        elif line.startswith("#"):
+            scan_text(rel, line, bare_check=True)
+
+def env_file(path):
+    rel = os.path.relpath(path, repo)
+    b = "ckptd-coordinator" if "coordinator" in os.path.basename(path) else "ckptd-agent"
+    for line in open(path):
+        if BIN_RE.search(line):
+            scan_text(rel, line)
+        else:
+            check_segment(rel, b, line.split("=", 1)[1] if "=" in line and not line.startswith("#") else line)
+
+def manifest(path):
+    rel = os.path.relpath(path, repo)
+    for d in yaml.safe_load_all(open(path)):
+        if not isinstance(d, dict) or d.get("kind") not in ("Deployment", "DaemonSet", "Job"):
+            continue
+        spec = d["spec"]["template"]["spec"]
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            words = [str(x) for x in (c.get("command") or []) + (c.get("args") or [])]
+            where = f"{rel}: container {c.get('name')}"
+            if words and os.path.basename(words[0]) in BINS:
+                check_segment(where, os.path.basename(words[0]), " ".join(words[1:]))
+            else:
+                scan_text(where, " ".join(words))
+
+for path in files:
+    if path.endswith(".md"):
+        markdown(path)
+    elif path.endswith(".service"):
+        service(path)
+    elif path.endswith(".env"):
+        env_file(path)
+    elif path.endswith(".yaml"):
+        manifest(path)
+    else:
+        scan_text(os.path.relpath(path, repo), open(path).read())
+print("\n".join(problems))
+if checked < 40:
+    print(f"only {checked} flags found: the scanner is broken")
+    sys.exit(1)
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, operations.md) is in its --help" \
+  flags_match_help
+metrics_exist() {
+  "$PY" - "$REPO" "$DOC" <<'PYEOF'
+import glob, re, sys
+repo, doc = sys.argv[1], sys.argv[2]
+registered = set()
+for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/metrics/*.cc"):
+    if not path.endswith("_test.cc"):
+        registered |= set(re.findall(r'Add(?:Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', open(path).read()))
+if len(registered) < 10:
+    print(f"found only {len(registered)} metrics in coordinator/: the pattern is out of date")
+    sys.exit(1)
+named = set(re.findall(r"\bckptd_[a-z0-9_]+", open(doc).read()))
+missing = sorted(n for n in named if re.sub(r"_(bucket|sum|count)$", "", n) not in registered and n not in registered)
+for n in missing:
+    print(f"docs/operations.md names {n}, which the coordinator does not register")
+sys.exit(1 if missing else 0)
+PYEOF
+}
+check "every ckptd_* metric in docs/operations.md is one the coordinator registers" metrics_exist
+
+# ------------------------------------------------------------------ 5. TLS
+# The recipe between the markers in docs/operations.md, run as written.
+sed -n '/<!-- tls-recipe:begin -->/,/<!-- tls-recipe:end -->/p' "$DOC" | sed '/^<!--/d; /^```/d' >"$W/make-certs.sh"
+env_value() { sed -n "s/^$2=//p" "$SYSD/$1" | tail -n 1; }
+wait_for() {  # wait_for SECONDS COMMAND...: until COMMAND succeeds; gives up at once when it returns 2
+  local n=$(($1 * 10)) code
+  shift
+  for _ in $(seq "$n"); do
+    "$@"
+    code=$?
+    [ "$code" -eq 0 ] && return 0
+    [ "$code" -eq 2 ] && return 1
+    sleep 0.1
+  done
+  return 1
+}
+tls_smoke() {
+  tls_smoke_run
+  local code=$?
+  stop_started
+  return "$code"
+}
+tls_smoke_run() {
+  local t="$W/tls" log="$W/tls-run" port agent_opts coord_opts
+  mkdir -p "$log"
+  CKPTD_TLS_DIR="$t" CKPTD_TLS_SERVER_SAN="DNS:localhost,IP:127.0.0.1" CKPTD_TLS_CLIENTS="agent operator" \
+    bash "$W/make-certs.sh" >"$log/openssl.log" 2>&1 || { echo "the recipe failed:"; cat "$log/openssl.log"; return 1; }
+  for f in ca.pem coordinator.pem coordinator.key agent.pem agent.key operator.pem operator.key; do
+    [ -s "$t/$f" ] || { echo "the recipe made no $f"; return 1; }
+  done
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/token"
+  # The coordinator as the unit starts it, with coordinator.env's flags, and TLS.
+  coord_opts="$(env_value coordinator.env CKPTD_COORDINATOR_OPTS)"
+  # shellcheck disable=SC2086  # the OPTS hold several flags, as systemd splits them
+  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --storage-root "$log/root" \
+    --state-dir "$log/state" --operator-token-file "$log/token" $coord_opts \
+    --tls-cert "$t/coordinator.pem" --tls-key "$t/coordinator.key" --tls-ca "$t/ca.pem" \
+    >"$log/coordinator.out" 2>"$log/coordinator.log" &
+  local coord=$!
+  echo "$coord" >>"$PIDFILE"
+  wait_for 30 grep -q "listening on" "$log/coordinator.log" || { echo "no coordinator:"; cat "$log/coordinator.log"; return 1; }
+  port="$(sed -n 's/^ckptd-coordinator: listening on .*:\([0-9]*\)$/\1/p' "$log/coordinator.log")"
+  grep -q "mutual TLS" "$log/coordinator.log" || { echo "the coordinator does not say mutual TLS"; return 1; }
+  local tls=(--tls-ca "$t/ca.pem" --tls-cert "$t/operator.pem" --tls-key "$t/operator.key")
+  "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" >"$log/status.out" 2>&1 ||
+    { echo "ckptctl with the operator's certificate failed:"; cat "$log/status.out"; return 1; }
+  local code=0
+  "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" >/dev/null 2>&1 || code=$?
+  [ "$code" -eq 3 ] || { echo "ckptctl without the certificates got exit $code, not 3 (unreachable)"; return 1; }
+  # The agent as the unit starts it, with agent.env's flags (its --coordinator pointed here), and TLS.
+  agent_opts="$(env_value agent.env CKPTD_AGENT_OPTS | sed "s/--coordinator [^ ]*/--coordinator 127.0.0.1:$port/")"
+  # shellcheck disable=SC2086
+  "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/agent.sock" $agent_opts --node-id tls-node \
+    --tls-ca "$t/ca.pem" --tls-cert "$t/agent.pem" --tls-key "$t/agent.key" >"$log/agent.out" 2>"$log/agent.log" &
+  local agent=$!
+  echo "$agent" >>"$PIDFILE"
+  alive() {
+    kill -0 "$agent" 2>/dev/null || return 2
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" --json 2>/dev/null |
+      "$PY" -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(a.get("node_id")=="tls-node" and a.get("alive") for a in d["agents"]["nodes"]) else 1)'
+  }
+  if ! wait_for 30 alive || ! kill -0 "$agent" 2>/dev/null; then
+    echo "the agent did not register over TLS:"
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" 2>&1
+    tail -n 5 "$log/agent.log" "$log/coordinator.log"
+    return 1
+  fi
+  kill -TERM "$agent" "$coord"
+  wait "$agent" || { echo "the agent did not stop cleanly"; return 1; }
+  wait "$coord" || { echo "the coordinator did not stop cleanly"; return 1; }
+}
+if need openssl openssl; then
+  check "the TLS recipe's certificates: coordinator (coordinator.env flags), agent (agent.env flags) and ckptctl talk mutual TLS" \
+    tls_smoke
+fi
+
+# -------------------------------------------------------------- 6. Dockerfile
+dockerfile_packages() {
+  local df="$K8S/Dockerfile" runtime build deps missing=() p lib pkg
+  # The apt-get install lists of the build stage and of the final stage.
+  build="$(awk '/^FROM /{n++} n==1' "$df" | sed -n '/--no-install-recommends/,/&&/p' | tr -d '\\' |
+    tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vx -e apt-get -e install -e rm)"
+  runtime="$(awk '/^FROM /{n++} n==2' "$df" | sed -n '/--no-install-recommends/,/&&/p' | tr -d '\\' |
+    tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$' | grep -vx -e apt-get -e install -e rm)"
+  deps="$(sed -n '/^PACKAGES=(/,/^)/p' "$REPO/scripts/install-deps.sh" | sed 's/#.*//' | tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$')"
+  [ -n "$build" ] && [ -n "$runtime" ] || { echo "could not read the Dockerfile's package lists"; return 1; }
+  for p in $build; do grep -qx "$p" <<<"$deps" || missing+=("build stage: $p is not in scripts/install-deps.sh"); done
+  for lib in $(for b in "${BINARIES[@]}"; do ldd "$BIN/$b"; done | awk '/=>/ { print $3 }' | sort -u); do
+    pkg="$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null)" || { missing+=("no package owns $lib"); continue; }
+    pkg="${pkg%%:*}"
+    case "$pkg" in libc6 | libgcc-s1 | libstdc++6) continue ;; esac  # in debian:12-slim
+    case "$pkg" in libasan* | libubsan* | liblsan* | libtsan* | libclang-rt*) continue ;; esac  # sanitizer builds
+    grep -qx "$pkg" <<<"$runtime" || missing+=("final stage: $lib comes from $pkg, which it does not install")
+  done
+  for b in "${BINARIES[@]}"; do
+    grep -q "/build/bin/$b" "$df" || missing+=("the final stage does not copy $b")
+    grep -q -- "--target.*$b" "$df" || missing+=("the build stage does not build $b")
+  done
+  [ ${#missing[@]} -eq 0 ] || { printf '%s\n' "${missing[@]}"; return 1; }
+}
+if need dpkg dpkg && need ldd libc-bin; then
+  check "Dockerfile: its runtime packages hold every library the binaries load; its build packages are install-deps'" \
+    dockerfile_packages
+fi
+
+echo "$passed passed, $failures failed"
+[ "$failures" -eq 0 ]
