@@ -96,7 +96,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     t->id = next_id_++;
   }
   const std::string prefix =
-      options_.segment_prefix.empty() ? absl::StrCat("/ckptd-", ::getpid()) : options_.segment_prefix;
+      options_.segment_prefix.empty() ? AgentSegmentPrefix() : options_.segment_prefix;
   CKPTD_ASSIGN_OR_RETURN(t->segment,
                          StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes));
   TrainerHandle handle;

@@ -11,12 +11,15 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <random>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "storage/aligned_buffer.h"
 #include "storage/posix_error.h"
@@ -298,27 +301,48 @@ int StagingSegment::ReclaimAfterTrainerExit() {
   return freed;
 }
 
+const std::string& AgentSegmentPrefix() {
+  static const std::string prefix = [] {
+    std::random_device rd;
+    return absl::StrFormat("/ckptd-%d-%08x", ::getpid(), rd());
+  }();
+  return prefix;
+}
+
 absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir) {
   DIR* dir = ::opendir(shm_dir.c_str());
   if (dir == nullptr) return storage::PosixError(absl::StrCat("opendir ", shm_dir), errno);
   std::vector<std::string> names;
   while (dirent* e = ::readdir(dir)) names.emplace_back(e->d_name);
   ::closedir(dir);
+  // "ckptd-<pid>-<tag>" of this process.
+  const std::string own = AgentSegmentPrefix().substr(1);
+  const std::string own_pid = absl::StrCat("ckptd-", ::getpid(), "-");
   std::vector<std::string> removed;
   for (const std::string& name : names) {
-    // ckptd-<pid>-<n>, exactly: other names (tests' prefixes included) are not ours to judge.
+    // ckptd-<pid>-<n> or ckptd-<pid>-<tag>-<n>, exactly: other names (tests'
+    // prefixes included) are not ours to judge.
     std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
     int64_t pid = 0;
     uint64_t n = 0;
-    if (parts.size() != 3 || parts[0] != "ckptd" || !absl::SimpleAtoi(parts[1], &pid) ||
-        !absl::SimpleAtoi(parts[2], &n) || pid <= 0) {
+    if ((parts.size() != 3 && parts.size() != 4) || parts[0] != "ckptd" || !absl::SimpleAtoi(parts[1], &pid) ||
+        !absl::SimpleAtoi(parts.back(), &n) || pid <= 0) {
       continue;
     }
+    if (parts.size() == 4 && (parts[2].size() != 8 || !std::all_of(parts[2].begin(), parts[2].end(), [](char c) {
+                                return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+                              }))) {
+      continue;
+    }
+    if (absl::StartsWith(name, absl::StrCat(own, "-"))) continue;  // this agent's own
     struct stat st;
     const std::string path = absl::StrCat(shm_dir, "/", name);
     if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-    // EPERM means the process exists (as another user): leave it.
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    // Our pid with another tag: a predecessor that had our pid in another
+    // PID namespace. Otherwise EPERM means the process exists (as another
+    // user): leave it.
+    const bool predecessor = parts.size() == 4 && absl::StartsWith(name, own_pid);
+    if (!predecessor && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
     if (::shm_unlink(absl::StrCat("/", name).c_str()) == 0) removed.push_back(name);
   }
   return removed;

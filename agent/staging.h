@@ -51,10 +51,19 @@ StagingLayout PlanLayout(const std::vector<uint64_t>& lengths);
 // naming both sizes when not even one does.
 absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes);
 
+// The prefix of this agent process's staging segment names:
+// "/ckptd-<pid>-<tag>", the tag random per process. In a container the
+// agent's pid is the same at every start (often 1), so the pid alone would
+// not tell this agent's segments from those a killed predecessor left in the
+// host's /dev/shm.
+const std::string& AgentSegmentPrefix();
+
 // Removes staging segments that agents killed without a chance to clean up
-// left behind: names "ckptd-<pid>-<n>" in `shm_dir` (default /dev/shm) of a
-// process that no longer exists, owned by this user. Returns the names
-// removed. Segments of live processes are never touched.
+// left behind, owned by this user, in `shm_dir` (default /dev/shm): names
+// "ckptd-<pid>-<tag>-<n>" (or the older "ckptd-<pid>-<n>") of a process that
+// no longer exists, and those with this process's pid but another tag (a
+// predecessor in another PID namespace). Returns the names removed. Segments
+// of other live processes and this process's own are never touched.
 absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir = "/dev/shm");
 
 class StagingSegment {

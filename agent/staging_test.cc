@@ -194,19 +194,28 @@ TEST(ReclaimStaleSegmentsTest, FreesSegmentsOfDeadAgentsOnly) {
   if (child == 0) ::_exit(0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // now a pid of nobody
   const std::string dead = absl::StrCat("/ckptd-", child, "-3");
-  const std::string live = absl::StrCat("/ckptd-", ::getpid(), "-3");
+  const std::string dead_tagged = absl::StrCat("/ckptd-", child, "-0badc0de-3");
+  const std::string live = absl::StrCat("/ckptd-", ::getppid(), "-12345678-3");  // a live process's
+  const std::string own = AgentSegmentPrefix() + "-3";
+  // This process's pid with another tag: a predecessor in another PID
+  // namespace (a restarted agent container is pid 1 again).
+  const std::string predecessor = absl::StrCat("/ckptd-", ::getpid(), "-",
+                                               AgentSegmentPrefix().substr(AgentSegmentPrefix().size() - 8) ==
+                                                       "00000000"
+                                                   ? "11111111"
+                                                   : "00000000",
+                                               "-3");
   const std::string other = absl::StrCat("/ckptd-test-", child, "-3");  // not an agent's name
-  ASSERT_TRUE(MakeShm(dead));
-  ASSERT_TRUE(MakeShm(live));
-  ASSERT_TRUE(MakeShm(other));
+  const std::string not_a_tag = absl::StrCat("/ckptd-", child, "-xyz-3");
+  for (const std::string& s : {dead, dead_tagged, live, own, predecessor, other, not_a_tag}) ASSERT_TRUE(MakeShm(s)) << s;
   absl::StatusOr<std::vector<std::string>> removed = ReclaimStaleSegments();
   ASSERT_THAT(removed.status(), IsOk());
-  EXPECT_THAT(*removed, ::testing::Contains(dead.substr(1)));
-  EXPECT_FALSE(ShmExists(dead));
-  EXPECT_TRUE(ShmExists(live));
-  EXPECT_TRUE(ShmExists(other));
-  ::shm_unlink(live.c_str());
-  ::shm_unlink(other.c_str());
+  EXPECT_THAT(*removed, ::testing::IsSupersetOf({dead.substr(1), dead_tagged.substr(1), predecessor.substr(1)}));
+  for (const std::string& s : {dead, dead_tagged, predecessor}) EXPECT_FALSE(ShmExists(s)) << s;
+  for (const std::string& s : {live, own, other, not_a_tag}) {
+    EXPECT_TRUE(ShmExists(s)) << s;
+    ::shm_unlink(s.c_str());
+  }
   EXPECT_THAT(ReclaimStaleSegments("/no/such/dir").status(),
               StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("/no/such/dir")));
 }

@@ -21,7 +21,7 @@
 #   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
 #   CKPTD_BIN=DIR          where the binaries are (default build/bin)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 REPO="$PWD"
 BIN="${CKPTD_BIN:-$REPO/build/bin}"
 DIR="${CKPTD_DEMO_DIR:-$REPO/build/demo/cluster}"
@@ -62,26 +62,31 @@ PIDFILE="$DIR/pids"
 : >"$PIDFILE"
 STOP="$DIR/stop"
 remember() { echo "$1" >>"$PIDFILE"; }
+any_alive() {
+  local pid
+  for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done
+  return 1
+}
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
   touch "$STOP"
-  # Launchers and supervisors first, so that nothing is started again.
-  if [ -s "$PIDFILE" ]; then
-    while read -r pid; do kill -TERM "$pid" 2>/dev/null; done <"$PIDFILE"
-    for run in "$DIR"/*/launcher/pids; do
-      [ -f "$run" ] && while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$run"
-    done
+  # Everything started: the processes of this script (coordinators, agent
+  # supervisors, launchers, drills), every agent and every trainer rank.
+  local pids=()
+  mapfile -t pids < <(cat "$PIDFILE" "$DIR"/*/agent-pids "$DIR"/*/launcher/pids 2>/dev/null)
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[@]}" 2>/dev/null
+    # An agent persists what it holds before it exits: a few seconds, then
+    # whatever is left is killed.
     for _ in $(seq 50); do
-      local alive=0
-      while read -r pid; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$PIDFILE"
-      [ "$alive" -eq 0 ] && break
+      any_alive "${pids[@]}" || break
       sleep 0.1
     done
-    while read -r pid; do kill -KILL "$pid" 2>/dev/null; done <"$PIDFILE"
+    kill -KILL "${pids[@]}" 2>/dev/null
   fi
   wait 2>/dev/null
-  # An agent killed by a drill cannot free its shared-memory staging.
+  # An agent killed (by a drill, or here) cannot free its shared-memory staging.
   for f in "$DIR"/*/agent-pids; do
     [ -f "$f" ] && while read -r pid; do rm -f /dev/shm/ckptd-"$pid"-* 2>/dev/null; done <"$f"
   done

@@ -434,12 +434,13 @@ PYEOF
 check "systemd units and env files agree (variables, storage root, ReadWritePaths, socket)" units_match_env
 
 # ---------------------------------------------------------------- 3. shell
-SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$0")
+SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$REPO/deploy/local/demo.sh"
+         "$REPO/deploy/local/launch.sh" "$REPO/tests/deploy/demo_test.sh" "$0")
 for s in "${SCRIPTS[@]}"; do
   check "bash -n ${s#"$REPO"/}" bash -n "$s"
 done
 if need shellcheck shellcheck; then
-  check "shellcheck -S warning: the Slurm scripts, install.sh, this test" shellcheck -S warning -s bash "${SCRIPTS[@]}"
+  check "shellcheck -S warning: the Slurm scripts, install.sh, the local demo, this test" shellcheck -S warning -s bash "${SCRIPTS[@]}"
 fi
 sbatch_directives() {
   local d
