@@ -171,6 +171,16 @@ bool IsCoordinatorError(const absl::Status& s) {
   }
 }
 
+// The newest of `steps` (ascending) committed after `nanos`, if any.
+template <typename Steps>
+std::optional<uint64_t> NewestCommittedAfter(const Steps& steps, int64_t nanos) {
+  std::optional<uint64_t> newest;
+  for (const StepEntry& e : steps) {
+    if (e.state() == ckptd::v1::STEP_COMMITTED && e.committed_unix_nanos() > nanos) newest = e.step();
+  }
+  return newest;
+}
+
 // One drill to run: the request (without the job) and how long to watch.
 struct DrillSpec {
   const ScenarioInfo* info = nullptr;
@@ -274,11 +284,7 @@ std::optional<uint64_t> DrillRunner::CommittedAfter(int64_t nanos) {
   lr.set_job(job_);
   absl::StatusOr<ckptd::v1::ListStepsResponse> steps = api_.ListSteps(lr);
   if (!steps.ok()) return std::nullopt;
-  std::optional<uint64_t> newest;
-  for (const StepEntry& e : steps->steps()) {
-    if (e.state() == ckptd::v1::STEP_COMMITTED && e.committed_unix_nanos() > nanos) newest = e.step();
-  }
-  return newest;
+  return NewestCommittedAfter(steps->steps(), nanos);
 }
 
 absl::Status DrillRunner::Settle(int64_t committed_after, absl::Duration settle, RpcError* error) {
@@ -526,13 +532,8 @@ void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& 
     }
     verdicts.push_back({"training went on without a restart", !restarted, ""});
     verdicts.push_back({"the fault was lifted", st.report().ended(), ""});
-    std::optional<uint64_t> after;
-    for (const StepEntry& e : d->steps) {
-      if (st.report().ended() && e.state() == ckptd::v1::STEP_COMMITTED &&
-          e.committed_unix_nanos() > st.report().ended_unix_nanos()) {
-        after = e.step();
-      }
-    }
+    const std::optional<uint64_t> after =
+        st.report().ended() ? NewestCommittedAfter(d->steps, st.report().ended_unix_nanos()) : std::nullopt;
     verdicts.push_back({"checkpoints commit again after the fault", after.has_value(),
                         after ? absl::StrCat("step ", *after) : "none within --watch"});
   }

@@ -120,24 +120,10 @@ class DrillCommandTest : public OperatorCommandsTest {
 };
 
 TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
+  // Reported, then detected and resumed.
+  const ckptd::v1::DrillStatus after = Resumed();
   ckptd::v1::DrillStatus injected = Base();
-  injected.mutable_report()->set_drill_id(7);
-  injected.mutable_report()->set_injected(true);
-  injected.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
-  injected.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
-  ckptd::v1::DrillStatus after = injected;
-  ckptd::v1::FailureEvent* e = after.add_events();
-  e->set_kind(ckptd::v1::TRAINER_DIED);
-  e->set_node_id("node-b");
-  e->set_has_rank(true);
-  e->set_rank(2);
-  e->set_unix_nanos(kT0 + 62'000'000);
-  after.set_first_detection_unix_nanos(kT0 + 62'000'000);
-  after.set_resumed(true);
-  after.set_restored_step(40);
-  after.set_step_at_failure(47);
-  after.set_failed_unix_nanos(kT0 + 62'000'000);
-  after.set_resumed_unix_nanos(kT0 + 2'062'000'000);
+  *injected.mutable_report() = after.report();
   fake_.drill = {Base(), injected, injected, after};
   ckptd::v1::ListStepsResponse steps;
   *steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);

@@ -331,7 +331,6 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     // held and the ranks' registrations went with it: the node is lost, as
     // if it had stayed away, and its jobs restart.
     if (agent->alive && agent->instance != 0 && request.instance() != 0 && agent->instance != request.instance()) {
-      agent->node_id = request.node_id();
       LoseAgent(agent.get(), "its agent restarted (a new process registered): the snapshots it held are lost", &fx);
     }
     agent->instance = request.instance();
