@@ -29,6 +29,7 @@ const char kUsage[] =
     "  list --job J           every step of a job: state, ranks, size, ratio, commit time, persist time\n"
     "  restore-plan --job J   the step a restart would restore now, and the newer steps passed over\n"
     "  drill run --job J --scenario S   inject a failure through an agent, watch, and report a verdict\n"
+    "  drill suite FILE --job J         run the drills FILE lists, one after the other, and sum them up\n"
     "  verify --job J         the coordinator reads a committed step back and checks it (--token-file F)\n"
     "\n"
     "`ckptctl <command> --help` describes a command.\n"
