@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
@@ -46,7 +48,29 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
     : fs_(fs),
       options_(std::move(options)),
       store_(fs, options_.storage_root),
-      pool_(options_.io_threads) {}
+      local_fs_(options_.local_fs != nullptr ? options_.local_fs : fs),
+      pool_(options_.io_threads) {
+  if (options_.local_cache.empty()) return;
+  local_store_.emplace(local_fs_, options_.local_cache);
+  // What a killed predecessor left in the local tier: half-written files go,
+  // finished shards stay (a restore may use them), down to the newest steps.
+  absl::StatusOr<std::vector<std::string>> jobs = local_store_->ListJobs();
+  if (!jobs.ok()) return;
+  for (const std::string& job : *jobs) {
+    absl::StatusOr<std::vector<storage::FileInfo>> steps = local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
+    if (!steps.ok()) continue;
+    for (const storage::FileInfo& d : *steps) {
+      if (!d.is_directory || !storage::ParseStepDirName(d.name)) continue;
+      const std::string dir = storage::JoinPath(storage::JobDir(options_.local_cache, job), d.name);
+      absl::StatusOr<std::vector<storage::FileInfo>> files = local_fs_->ListDir(dir);
+      if (!files.ok()) continue;
+      for (const storage::FileInfo& f : *files) {
+        if (absl::EndsWith(f.name, storage::kTempSuffix)) (void)local_fs_->RemoveFile(storage::JoinPath(dir, f.name));
+      }
+    }
+    PruneLocalCache(job);
+  }
+}
 
 AgentCore::~AgentCore() {
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers;
@@ -237,11 +261,15 @@ void AgentCore::PersistLoop(Trainer* t) {
     }
     while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
       const uint64_t step = t->segment->step(*slot);
-      absl::Status s = PersistOne(t, *slot);
+      bool released = false;
+      auto release = [&] {
+        if (!released) (void)t->segment->Release(*slot);
+        released = true;
+      };
+      absl::Status s = PersistOne(t, *slot, release);
       // The slot is free again whatever happened: training goes on.
-      (void)t->segment->Release(*slot);
+      release();
       absl::MutexLock l(&t->mu);
-      t->stall_by_slot.erase(*slot);
       if (s.ok()) {
         t->status.last_persisted_step = step;
         ++t->status.persisted;
@@ -256,9 +284,74 @@ void AgentCore::PersistLoop(Trainer* t) {
   }
 }
 
-absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot) {
+absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint64_t step,
+                                                            absl::Span<const storage::TensorSource> sources,
+                                                            const std::function<void()>& release) {
+  const TrainerRegistration& reg = t->reg;
+  if (local_store_) {
+    absl::Status prepared = local_store_->PrepareStep(reg.job, step);
+    absl::StatusOr<storage::ShardWriteResult> local =
+        prepared.ok() ? local_store_->WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_)
+                      : absl::StatusOr<storage::ShardWriteResult>(prepared);
+    if (local.ok()) {
+      release();  // the trainer may snapshot into the slot again while the copy runs
+      {
+        absl::MutexLock l(&t->mu);
+        ++t->status.local_writes;
+      }
+      CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
+      CKPTD_RETURN_IF_ERROR(storage::CopyFileDurably(local_fs_,
+                                                     storage::ShardPath(options_.local_cache, reg.job, step, reg.rank),
+                                                     fs_, storage::ShardPath(options_.storage_root, reg.job, step, reg.rank))
+                                .status());
+      PruneLocalCache(reg.job);
+      return local;
+    }
+    // A full or failing local disk costs the tier, not the checkpoint.
+    const absl::Status why(local.status().code(),
+                           absl::StrCat("node-local tier ", options_.local_cache, ": ", local.status().message()));
+    std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << " step " << step << ": " << why.message()
+              << "; writing the storage root directly\n";
+    absl::MutexLock l(&t->mu);
+    ++t->status.local_fallbacks;
+    t->status.last_local_error = why;
+  }
+  CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
+  return store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_);
+}
+
+void AgentCore::PruneLocalCache(const std::string& job) {
+  absl::MutexLock l(&local_prune_mu_);
+  const std::string dir = storage::JobDir(options_.local_cache, job);
+  absl::StatusOr<std::vector<storage::FileInfo>> entries = local_fs_->ListDir(dir);
+  if (!entries.ok()) return;
+  std::vector<uint64_t> steps;
+  for (const storage::FileInfo& e : *entries) {
+    if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
+  }
+  std::sort(steps.begin(), steps.end());
+  const size_t keep = static_cast<size_t>(std::max(options_.local_cache_keep, 1));
+  for (size_t i = 0; i + keep < steps.size(); ++i) {
+    // Best effort: a reader that has the file open keeps reading it.
+    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, steps[i]));
+  }
+}
+
+absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release) {
   const TrainerRegistration& reg = t->reg;
   const uint64_t step = t->segment->step(slot);
+  double stall = 0;
+  uint64_t incarnation = 0;
+  {
+    // Taken now: once the slot is released it may hold the next snapshot.
+    absl::MutexLock l(&t->mu);
+    if (auto it = t->stall_by_slot.find(slot); it != t->stall_by_slot.end()) {
+      stall = it->second;
+      t->stall_by_slot.erase(it);
+    }
+    incarnation = t->incarnation;
+    t->last_stall = stall;
+  }
   std::vector<storage::TensorSource> sources(reg.buffers.size());
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
     sources[i].meta = reg.buffers[i];
@@ -266,19 +359,11 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot) {
     sources[i].length = t->layout.lengths[i];
   }
   const absl::Time start = absl::Now();
-  const absl::Status prepared = store_.PrepareStep(reg.job, step);
-  absl::StatusOr<storage::ShardWriteResult> result =
-      prepared.ok() ? store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_)
-                    : absl::StatusOr<storage::ShardWriteResult>(prepared);
+  absl::StatusOr<storage::ShardWriteResult> result = WriteShard(t, step, sources, release);
   const double persist_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  double stall = 0;
-  uint64_t incarnation = 0;
-  {
+  if (result.ok()) {
     absl::MutexLock l(&t->mu);
-    if (auto it = t->stall_by_slot.find(slot); it != t->stall_by_slot.end()) stall = it->second;
-    incarnation = t->incarnation;
-    t->last_stall = stall;
-    if (result.ok()) t->last_persist = persist_seconds;
+    t->last_persist = persist_seconds;
   }
   if (options_.coordinator != nullptr) {
     if (!result.ok()) {
@@ -332,12 +417,57 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Dura
                                          : RestoreLocal(t.get(), wait_for_slot);
 }
 
-absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot) {
+std::unique_ptr<storage::ShardReader> AgentCore::OpenLocalCopy(Trainer* t, uint64_t step) {
+  if (!local_store_) return nullptr;
   const TrainerRegistration& reg = t->reg;
+  absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
+  if (!manifest.ok()) return nullptr;
+  const ckptd::v1::ShardRef* ref = nullptr;
+  for (const ckptd::v1::ShardRef& s : manifest->shards()) {
+    if (s.rank() == reg.rank) ref = &s;
+  }
+  if (ref == nullptr) return nullptr;
+  const std::string path = storage::ShardPath(options_.local_cache, reg.job, step, reg.rank);
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
+      storage::ShardReader::Open(local_fs_, path, storage::ShardReadOptions(), &pool_);
+  if (!reader.ok()) {
+    if (absl::IsDataLoss(reader.status())) (void)local_fs_->RemoveFile(path);  // damaged: never again
+    return nullptr;
+  }
+  // Another attempt at the step may have written different bytes.
+  if ((*reader)->file_length() != ref->file_length() || (*reader)->index_xxh3() != ref->index_xxh3()) return nullptr;
+  return std::move(*reader);
+}
+
+absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot,
+                                             bool* from_local) {
+  const TrainerRegistration& reg = t->reg;
+  *from_local = false;
+  if (std::unique_ptr<storage::ShardReader> local = OpenLocalCopy(t, step)) {
+    absl::StatusOr<uint32_t> slot = LoadFrom(t, step, *local, wait_for_slot);
+    if (!absl::IsDataLoss(slot.status())) {
+      *from_local = slot.ok();
+      if (slot.ok()) {
+        std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << ": step " << step
+                  << " read from the node-local tier\n";
+        absl::MutexLock l(&t->mu);
+        ++t->status.local_restores;
+      }
+      return slot;
+    }
+    // A damaged local copy: drop it and read the storage root's.
+    (void)local_fs_->RemoveFile(storage::ShardPath(options_.local_cache, reg.job, step, reg.rank));
+  }
   const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
                          storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), &pool_));
-  const ckptd::v1::ShardIndex& index = reader->index();
+  return LoadFrom(t, step, *reader, wait_for_slot);
+}
+
+absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
+                                             absl::Duration wait_for_slot) {
+  const TrainerRegistration& reg = t->reg;
+  const ckptd::v1::ShardIndex& index = reader.index();
   if (index.world_size() != reg.world_size) {
     return absl::FailedPreconditionError(absl::StrCat("step ", step, " was saved by a world of ", index.world_size(),
                                                       " ranks; this job runs ", reg.world_size));
@@ -347,7 +477,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
     const ckptd::v1::Tensor& b = reg.buffers[i];
     registered.insert(b.name());
-    const ckptd::v1::Tensor* saved = reader->FindTensor(b.name());
+    const ckptd::v1::Tensor* saved = reader.FindTensor(b.name());
     const std::string name = absl::CHexEscape(b.name());
     if (saved == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is not in the checkpoint of step ", step));
@@ -368,7 +498,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
   }
   CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
   for (size_t i = 0; i < dests.size(); ++i) dests[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
-  absl::Status read = reader->ReadTensors(dests);
+  absl::Status read = reader.ReadTensors(dests);
   // Publish either way; on failure hand the slot straight back.
   CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step));
   if (!read.ok()) {
@@ -388,7 +518,8 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
   // Newest committed step first; a damaged one falls back to the one before.
   for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
     if (it->state != StepState::kCommitted || it->quarantined) continue;
-    absl::StatusOr<uint32_t> slot = LoadStep(t, it->step, wait_for_slot);
+    bool from_local = false;
+    absl::StatusOr<uint32_t> slot = LoadStep(t, it->step, wait_for_slot, &from_local);
     if (absl::IsDataLoss(slot.status())) {
       last_damage = slot.status();
       // This agent is the job's committer (no coordinator): it marks the step
@@ -402,6 +533,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
     CKPTD_RETURN_IF_ERROR(slot.status());
     result.step = it->step;
     result.slot = *slot;
+    result.from_local_cache = from_local;
     return result;
   }
   if (!last_damage.ok()) {
@@ -420,6 +552,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
   req.set_world_size(reg.world_size);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
+  bool held_from_local = false;
   auto release = [&] {
     if (holding) (void)t->segment->Release(held);
     holding = false;
@@ -454,6 +587,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
           r.step = plan->step();
           r.slot = held;
           r.incarnation = plan->incarnation();
+          r.from_local_cache = held_from_local;
           return r;
         }
         req.set_has_attempt(false);  // we hold nothing of it: load it
@@ -463,7 +597,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
         break;
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
-        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot);
+        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot, &held_from_local);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());
         req.clear_problem();

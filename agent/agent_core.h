@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -17,11 +18,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "agent/coordinator_link.h"
 #include "agent/staging.h"
 #include "ckptd/v1/agent.pb.h"
 #include "ckptd/v1/shard.pb.h"
 #include "storage/file_system.h"
+#include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
 #include "storage/thread_pool.h"
@@ -48,6 +51,18 @@ struct AgentOptions {
   absl::Duration restore_timeout = absl::Minutes(5);
   absl::Duration plan_poll = absl::Milliseconds(50);
   std::string node_id;
+  // The node-local tier (e.g. an NVMe mount): when set, each shard is
+  // written here first, its staging slot is handed back to the trainer, and
+  // the file is then copied to the storage root (where the step commits, as
+  // without the tier). Restores read the local copy when it is the shard the
+  // step committed (same length and index digest) and the storage root
+  // otherwise. A local write that fails falls back to writing the storage
+  // root directly. Holds the newest `local_cache_keep` steps per job.
+  std::string local_cache;
+  int local_cache_keep = 2;
+  // The file system of the local tier (default: the agent's); must outlive
+  // the agent.
+  storage::FileSystem* local_fs = nullptr;
 };
 
 struct TrainerRegistration {
@@ -73,6 +88,7 @@ struct RestoreResult {
   std::optional<uint64_t> step;  // nullopt: nothing committed for this job
   uint32_t slot = 0;             // RESTORED slot holding every buffer
   uint64_t incarnation = 0;      // the coordinator's restore round (0 without one)
+  bool from_local_cache = false;  // read from the node-local tier
 };
 
 struct PersistStatus {
@@ -86,6 +102,13 @@ struct PersistStatus {
   uint64_t skipped = 0;
   std::optional<uint64_t> last_skipped_step;
   std::string last_skip_reason;
+  // With a node-local tier: shards written there first, shards that fell
+  // back to the storage root because the local write failed (and why, the
+  // newest), and restores served from the local copy.
+  uint64_t local_writes = 0;
+  uint64_t local_fallbacks = 0;
+  absl::Status last_local_error;
+  uint64_t local_restores = 0;
 };
 
 // A registered trainer as drills see it.
@@ -149,18 +172,37 @@ class AgentCore {
  private:
   struct Trainer;
   void PersistLoop(Trainer* t);
-  absl::Status PersistOne(Trainer* t, uint32_t slot);
+  // Persists `slot`; calls `release` as soon as the slot's bytes are no
+  // longer needed (after the local write when there is a local tier).
+  absl::Status PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release);
+  // Writes the shard of `step` to the local tier (then copies it to the
+  // storage root after `release`), or straight to the storage root.
+  absl::StatusOr<storage::ShardWriteResult> WriteShard(Trainer* t, uint64_t step,
+                                                       absl::Span<const storage::TensorSource> sources,
+                                                       const std::function<void()>& release);
+  // Keeps the newest local_cache_keep step directories of `job` in the local tier.
+  void PruneLocalCache(const std::string& job);
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
   // an error: kDataLoss/kNotFound for a damaged or missing shard,
   // kFailedPrecondition for one that does not match the registration.
-  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot);
+  // `from_local` is set when the local tier's copy served it.
+  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot, bool* from_local);
+  // LoadStep from one open shard.
+  absl::StatusOr<uint32_t> LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
+                                    absl::Duration wait_for_slot);
+  // The local tier's copy of the trainer's shard of committed `step`, opened,
+  // when it is exactly the shard the step's MANIFEST names; else nullptr.
+  std::unique_ptr<storage::ShardReader> OpenLocalCopy(Trainer* t, uint64_t step);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
 
   storage::FileSystem* const fs_;
   const AgentOptions options_;
   storage::CheckpointStore store_;
+  storage::FileSystem* const local_fs_;
+  std::optional<storage::CheckpointStore> local_store_;
+  absl::Mutex local_prune_mu_;
   storage::ThreadPool pool_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

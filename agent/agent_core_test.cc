@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_matchers.h"
@@ -14,6 +15,7 @@ namespace {
 
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
+using ::testing::_;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 
@@ -253,6 +255,162 @@ TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
   AgentCore small(&mem_, tiny);
   EXPECT_THAT(small.Register(FiveComponents("job")),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("staging budget")));
+}
+
+// Snapshots `step` (every byte = the step's low byte) and waits until persisted.
+void SnapshotAndWait(AgentCore& agent, StagingSegment& seg, const TrainerHandle& h, uint64_t step) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg.AcquireForFill(absl::Seconds(10)));
+  std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
+  CKPTD_ASSERT_OK(seg.Publish(slot, step));
+  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.WaitPersisted(h.trainer_id, step, absl::Seconds(30)));
+  ASSERT_THAT(st.last_persisted_step, Optional(step)) << st.last_error;
+}
+
+class LocalTierTest : public AgentCoreTest {
+ protected:
+  LocalTierTest() {
+    EXPECT_THAT(mem_.CreateDir("/nvme"), IsOk());
+    options_.local_cache = "/nvme";
+  }
+  std::vector<uint64_t> LocalSteps(const std::string& job) {
+    std::vector<uint64_t> out;
+    absl::StatusOr<std::vector<storage::FileInfo>> entries = mem_.ListDir(storage::JobDir("/nvme", job));
+    if (!entries.ok()) return out;
+    for (const storage::FileInfo& e : *entries) {
+      if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name)) out.push_back(*s);
+    }
+    return out;
+  }
+};
+
+TEST_F(LocalTierTest, WritesLocallyCopiesToTheRootAndRestoresFromTheLocalCopy) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  for (uint64_t step : {10u, 20u, 30u}) SnapshotAndWait(agent, *seg, h, step);
+  // The storage root has the committed steps, byte for byte the local copies.
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(30u)));
+  for (uint64_t step : {20u, 30u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string local,
+                               storage::ReadFileToString(&mem_, storage::ShardPath("/nvme", "job", step, 0)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string root,
+                               storage::ReadFileToString(&mem_, storage::ShardPath("/ckpt", "job", step, 0)));
+    EXPECT_EQ(local, root) << step;
+    EXPECT_FALSE(local.empty());
+  }
+  // The tier keeps the newest two steps.
+  EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{20, 30}));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(30u));
+  EXPECT_TRUE(r.from_local_cache);
+  for (size_t i = 0; i < h.offsets.size(); ++i) EXPECT_EQ(seg->slot_data(r.slot)[h.offsets[i]], 30) << i;
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.local_writes, 3u);
+  EXPECT_EQ(st.local_fallbacks, 0u);
+  EXPECT_EQ(st.local_restores, 1u);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, ALocalCopyThatIsDamagedOrNotTheCommittedShardIsNotUsed) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) SnapshotAndWait(agent, *seg, h, step);
+  const std::string local2 = storage::ShardPath("/nvme", "job", 2, 0);
+  // Step 1's shard where step 2's should be: a well-formed file, but not the
+  // shard step 2 committed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string one,
+                             storage::ReadFileToString(&mem_, storage::ShardPath("/nvme", "job", 1, 0)));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(local2, one));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(2u));
+  EXPECT_FALSE(r.from_local_cache);
+  EXPECT_EQ(seg->slot_data(r.slot)[0], 2);
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  // A truncated local copy: read from the root, and the copy is dropped.
+  CKPTD_ASSERT_OK(mem_.SetFileContents(local2, one.substr(0, one.size() / 2)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(2u));
+  EXPECT_FALSE(r.from_local_cache);
+  EXPECT_EQ(seg->slot_data(r.slot)[0], 2);
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  EXPECT_THAT(mem_.Stat(local2), StatusIs(absl::StatusCode::kNotFound, _));
+  // Gone from the root: the local copy of an uncommitted step is never used.
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK(store.RemoveStep("job", 2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(1u));
+  EXPECT_TRUE(r.from_local_cache);
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, AFullLocalDiskFallsBackToTheStorageRoot) {
+  storage::FaultInjectionFileSystem local(&mem_);
+  local.FailPath("/nvme", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  options_.local_fs = &local;
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  SnapshotAndWait(agent, *seg, h, 7);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
+  EXPECT_THAT(st.last_committed_step, Optional(7u));
+  EXPECT_EQ(st.failed, 0u);
+  EXPECT_EQ(st.local_writes, 0u);
+  EXPECT_EQ(st.local_fallbacks, 1u);
+  EXPECT_THAT(st.last_local_error,
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("node-local tier /nvme")));
+  // Space again: the next snapshot goes through the tier.
+  local.ClearPath("/nvme");
+  SnapshotAndWait(agent, *seg, h, 8);
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.local_writes, 1u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(8u));
+  EXPECT_TRUE(r.from_local_cache);
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, TheSlotIsHandedBackBeforeTheCopyToSlowSharedStorage) {
+  storage::FaultInjectionFileSystem shared(&mem_);
+  shared.SlowPath("/ckpt", absl::Seconds(1));
+  options_.local_fs = &mem_;
+  options_.slots = 1;
+  AgentCore agent(&shared, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 1));
+  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
+  // The only slot comes back once the local write is done, while the copy to
+  // the storage root (a second per write) is still running.
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t again, seg->AcquireForFill(absl::Seconds(30)));
+  EXPECT_EQ(again, slot);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.last_persisted_step, std::nullopt);
+  CKPTD_ASSERT_OK(seg->Publish(again, 2));
+  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, again, 2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.WaitPersisted(h.trainer_id, 2, absl::Seconds(60)));
+  EXPECT_THAT(st.last_committed_step, Optional(2u));
+  EXPECT_EQ(st.persisted, 2u);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, StartingUpDropsHalfWrittenFilesAndOldSteps) {
+  for (uint64_t step : {1u, 2u, 3u}) {
+    CKPTD_ASSERT_OK(storage::CreateDirs(&mem_, storage::StepDir("/nvme", "job", step)));
+    CKPTD_ASSERT_OK(mem_.SetFileContents(storage::ShardPath("/nvme", "job", step, 0), "x"));
+  }
+  const std::string tmp = absl::StrCat(storage::ShardPath("/nvme", "job", 3, 1), storage::kTempSuffix);
+  CKPTD_ASSERT_OK(mem_.SetFileContents(tmp, "half"));
+  AgentCore agent(&mem_, options_);
+  EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{2, 3}));
+  EXPECT_THAT(mem_.Stat(tmp), StatusIs(absl::StatusCode::kNotFound, _));
+  CKPTD_EXPECT_OK(mem_.Stat(storage::ShardPath("/nvme", "job", 3, 0)).status());
 }
 
 }  // namespace

@@ -79,6 +79,10 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_has_skipped(s->last_skipped_step.has_value());
   resp->set_last_skipped_step(s->last_skipped_step.value_or(0));
   resp->set_last_skip_reason(s->last_skip_reason);
+  resp->set_local_writes(s->local_writes);
+  resp->set_local_fallbacks(s->local_fallbacks);
+  resp->set_last_local_error(std::string(s->last_local_error.message()));
+  resp->set_local_restores(s->local_restores);
   return grpc::Status::OK;
 }
 

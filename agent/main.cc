@@ -2,7 +2,9 @@
 // restores the trainers' checkpoints.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -26,7 +28,8 @@ namespace {
 
 const char kUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
-    "                   [--keep N] [--threads N] [--coordinator <host:port> [--node-id <id>]\n"
+    "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
+    "                   [--coordinator <host:port> [--node-id <id>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
     "                   [--inject-write-latency <duration>] [--allow-drills]\n"
     "\n"
@@ -41,6 +44,12 @@ const char kUsage[] =
     "  --slots N                 staging slots per trainer (default 2)\n"
     "  --keep N                  committed steps kept per job (default 2)\n"
     "  --threads N               persist/restore threads (default: one per core)\n"
+    "  --local-cache <dir>       node-local tier (e.g. an NVMe mount): each shard is written here\n"
+    "                            first and its staging slot handed back, then copied to the storage\n"
+    "                            root, where the step commits as usual; restores read the local copy\n"
+    "                            when it is the committed shard, else the storage root. A local\n"
+    "                            write that fails (full disk) falls back to the storage root\n"
+    "  --local-cache-keep N      steps per job kept in the local tier (default 2)\n"
     "  --coordinator <host:port> report to a ckptd-coordinator: it commits every step (single-rank\n"
     "                            ones too), sets the schedule and plans restores\n"
     "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
@@ -48,8 +57,8 @@ const char kUsage[] =
     "  --tls-cert/--tls-key <pem> this agent's client certificate and key (the coordinator\n"
     "                            requires one when it runs with mutual TLS)\n"
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
-    "                            data sleeps <d> first (e.g. 200ms), so a persist stays in flight\n"
-    "                            long enough to kill the agent in the middle of it\n"
+    "                            data in the storage root sleeps <d> first (e.g. 200ms), so a persist\n"
+    "                            stays in flight long enough to kill the agent in the middle of it\n"
     "  --allow-drills            testing and drills only: carry out the failure drills the coordinator\n"
     "                            sends (ckptctl drill): SIGKILL or SIGSTOP this node's trainers, kill\n"
     "                            this agent, cut it off from the coordinator, corrupt a byte of a\n"
@@ -67,6 +76,7 @@ int main(int argc, char** argv) {
   using ckptd::cli::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
+                                                     "local-cache", "local-cache-keep",
                                                      "inject-write-latency", "tls-ca", "tls-cert", "tls-key"},
                                           {"help", "allow-drills"});
   if (args.ok() && args->Has("help")) {
@@ -81,7 +91,7 @@ int main(int argc, char** argv) {
   if (!args->Get("storage-root") || !args->Get("socket")) return usage("--storage-root and --socket are required");
   ckptd::agent::AgentOptions options;
   options.storage_root = *args->Get("storage-root");
-  for (const char* flag : {"staging-budget", "slots", "keep", "threads"}) {
+  for (const char* flag : {"staging-budget", "slots", "keep", "threads", "local-cache-keep"}) {
     absl::StatusOr<std::optional<uint64_t>> v = args->GetUint(flag, std::string(flag) == "staging-budget");
     if (!v.ok()) return usage(std::string(v.status().message()));
     if (!*v) continue;
@@ -90,13 +100,39 @@ int main(int argc, char** argv) {
     if (f == "slots") options.slots = static_cast<uint32_t>(**v);
     if (f == "keep") options.keep_last = static_cast<int>(**v);
     if (f == "threads") options.io_threads = static_cast<int>(**v);
+    if (f == "local-cache-keep") options.local_cache_keep = static_cast<int>(std::min<uint64_t>(**v, 1000000));
   }
+  if (options.local_cache_keep < 1) return usage("--local-cache-keep must be at least 1");
+  if (args->Get("local-cache-keep") && !args->Get("local-cache")) return usage("--local-cache-keep needs --local-cache");
   if (options.slots == 0) return usage("--slots must be at least 1");
 
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) {
     std::cerr << "ckptd-agent: storage root: " << s.message() << "\n";
     return ckptd::cli::kExitFailed;
+  }
+  if (std::optional<std::string> local = args->Get("local-cache")) {
+    options.local_cache = *local;
+    if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) {
+      std::cerr << "ckptd-agent: --local-cache: " << s.message() << "\n";
+      return ckptd::cli::kExitFailed;
+    }
+    // Neither may hold the other: the coordinator would take the local
+    // tier for a job, or the tier would copy files onto themselves.
+    std::error_code ec1, ec2;
+    const std::filesystem::path root = std::filesystem::weakly_canonical(options.storage_root, ec1);
+    const std::filesystem::path tier = std::filesystem::weakly_canonical(options.local_cache, ec2);
+    auto inside = [](const std::filesystem::path& a, const std::filesystem::path& b) {  // a at or below b
+      auto [end_b, at_a] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+      return end_b == b.end();
+    };
+    if (!ec1 && !ec2 && (inside(root, tier) || inside(tier, root))) {
+      return usage(absl::StrCat("--local-cache ", options.local_cache, " and --storage-root ", options.storage_root,
+                                " overlap: the node-local tier must be a directory of its own"));
+    }
+    // The local tier is this node's own disk: drills and injected latency
+    // are about the shared storage root, and leave it alone.
+    options.local_fs = fs.get();
   }
   const bool allow_drills = args->Has("allow-drills");
   // The link and the core refer to each other: the link asks the core for
@@ -190,7 +226,8 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   std::cerr << "ckptd-agent: serving on unix:" << *args->Get("socket") << ", storage root "
-            << options.storage_root << (fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)") << "\n";
+            << options.storage_root << (fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
+            << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << "\n";
   while (!g_stop) ::pause();
   std::cerr << "ckptd-agent: stopping\n";
   (*server)->Shutdown();

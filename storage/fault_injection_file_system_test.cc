@@ -237,6 +237,15 @@ TEST_F(FaultInjectionFileSystemTest, WriteScopedRuleLetsReadsThrough) {
   EXPECT_THAT(ReadFileToString(&fs_, "/root/a"), IsOkAndHolds(std::string("xyz")));
 }
 
+TEST_F(FaultInjectionFileSystemTest, CopyThatFailsLeavesNeitherTheTargetNorItsTempFile) {
+  CKPTD_ASSERT_OK(WriteFileAtomically(&mem_, "/root/from", std::string(10000, 'a')));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/dst"));
+  fs_.FailWritesAfterBytes(4096, Fault::kEnospc);
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", 4096),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("copy: writing /root/dst/to.tmp")));
+  EXPECT_THAT(mem_.ListDir("/root/dst"), IsOkAndHolds(::testing::IsEmpty()));
+}
+
 TEST_F(FaultInjectionFileSystemTest, SlowPathDelaysOnlyMatchingFiles) {
   const absl::Duration delay = absl::Milliseconds(30);
   fs_.SlowPath("/root/slow", delay);

@@ -1,9 +1,13 @@
 #include "storage/file_system.h"
 
 #include "absl/strings/string_view.h"
+#include <algorithm>
+#include <cstring>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "storage/aligned_buffer.h"
 #include "storage/status_macros.h"
 
 namespace ckptd::storage {
@@ -89,6 +93,66 @@ absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path, absl::
     (void)fs->RemoveFile(tmp);
   }
   return status;
+}
+
+absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string& from, FileSystem* to_fs,
+                                         const std::string& to, size_t chunk_bytes) {
+  const std::string tmp = absl::StrCat(to, ".tmp");
+  auto in_context = [&](const absl::Status& s, absl::string_view what) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  };
+  // The source is read buffered (its tail is not a whole block); the copy is
+  // written direct where the file system allows, padded to the block and cut
+  // back to the source's length at the end.
+  OpenOptions read_options;
+  read_options.direct_io = false;
+  absl::StatusOr<std::unique_ptr<ReadableFile>> in = from_fs->NewReadableFile(from, read_options);
+  if (!in.ok()) return in_context(in.status(), absl::StrCat("copy: reading ", from));
+  const uint64_t length = (*in)->size();
+  absl::StatusOr<uint64_t> copied = [&]() -> absl::StatusOr<uint64_t> {
+    absl::StatusOr<std::unique_ptr<WritableFile>> out = to_fs->NewWritableFile(tmp, OpenOptions());
+    if (!out.ok()) return in_context(out.status(), absl::StrCat("copy: creating ", tmp));
+    const size_t align = std::max<size_t>((*out)->alignment(), 1);
+    const size_t chunk = AlignUp(std::max<size_t>(chunk_bytes, align), align);
+    if (absl::Status s = length == 0 ? absl::OkStatus() : (*out)->Allocate(AlignUp(length, align));
+        !s.ok() && !absl::IsUnimplemented(s)) {
+      return in_context(s, absl::StrCat("copy: reserving ", length, " bytes for ", tmp));
+    }
+    AlignedBuffer buffers[2] = {AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment)),
+                                AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment))};
+    // Chunk i is read into buffers[i % 2]; its write is queued while chunk
+    // i + 1 is read into the other buffer.
+    std::optional<uint64_t> pending_write;  // ticket of the write of the previous chunk
+    uint64_t offset = 0;
+    for (int i = 0; offset < length; ++i, offset += chunk) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - offset));
+      AlignedBuffer& buf = buffers[i % 2];
+      if (absl::Status s = (*in)->ReadAt(offset, buf.data(), n); !s.ok()) {
+        return in_context(s, absl::StrCat("copy: reading ", from, " at ", offset));
+      }
+      if (pending_write) {
+        if (absl::Status s = (*out)->WaitFor(*pending_write); !s.ok()) {
+          return in_context(s, absl::StrCat("copy: writing ", tmp));
+        }
+      }
+      const size_t padded = AlignUp(n, align);
+      if (padded > n) std::memset(buf.data() + n, 0, padded - n);
+      absl::StatusOr<uint64_t> ticket = (*out)->Write(offset, buf.data(), padded);
+      if (!ticket.ok()) return in_context(ticket.status(), absl::StrCat("copy: writing ", tmp, " at ", offset));
+      pending_write = *ticket;
+    }
+    absl::Status s = (*out)->WaitAll();
+    if (s.ok()) s = (*out)->Truncate(length);
+    if (s.ok()) s = (*out)->Sync();
+    if (s.ok()) s = (*out)->Close();
+    if (!s.ok()) return in_context(s, absl::StrCat("copy: writing ", tmp));
+    if (s = to_fs->Rename(tmp, to); !s.ok()) return in_context(s, absl::StrCat("copy: renaming ", tmp));
+    if (s = to_fs->SyncDir(DirName(to)); !s.ok()) return in_context(s, absl::StrCat("copy: syncing ", DirName(to)));
+    return length;
+  }();
+  (void)(*in)->Close();
+  if (!copied.ok()) (void)to_fs->RemoveFile(tmp);  // best effort: it may not exist
+  return copied;
 }
 
 }  // namespace ckptd::storage

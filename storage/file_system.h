@@ -122,6 +122,14 @@ absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& 
 // failure.
 absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path, absl::string_view contents);
 
+// Copies `from` (on `from_fs`) to `to` (on `to_fs`) durably and atomically:
+// into `to` + ".tmp" in chunks of `chunk_bytes`, reading the next chunk while
+// the last one is written, then fsync, rename over `to`, fsync the directory.
+// The temp file is removed on failure. Returns the bytes copied. Errors name
+// the file and the side (reading or writing) that failed.
+absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string& from, FileSystem* to_fs,
+                                         const std::string& to, size_t chunk_bytes = 4 << 20);
+
 // Path helpers ("a/b" + "c" -> "a/b/c"; dirname of "a/b/c" is "a/b").
 std::string JoinPath(absl::string_view a, absl::string_view b);
 std::string DirName(absl::string_view path);

@@ -669,6 +669,59 @@ TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
             << ", restored step " << *restored << "\n";
 }
 
+// 1b. The same crash with each agent's node-local tier (--local-cache): the
+// restart reads every shard from the nodes' own disks, and the storage root
+// still holds every committed step in full.
+TEST_F(ClusterTest, NodeLocalTierServesTheRestoreAfterATrainerCrash) {
+  std::array<std::string, kWorld> reference;
+  ASSERT_NO_FATAL_FAILURE(Reference(&reference));
+  auto cluster = std::make_unique<Cluster>(dir_ + "/run");
+  ASSERT_GT(cluster->StartCoordinator(), 0);
+  for (const char* node : {"node-a", "node-b"}) {
+    ASSERT_TRUE(cluster->StartAgent(node, {"--local-cache", absl::StrCat(dir_, "/run/", node, "-nvme")})) << node;
+  }
+  Launcher launcher(dir_ + "/run/launcher", cluster.get());
+  launcher.Start();
+  uint64_t committed = 0;
+  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
+                        absl::Seconds(30)))
+      << "no second checkpoint committed";
+  ASSERT_TRUE(launcher.Signal(2, SIGKILL));
+  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
+  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
+  EXPECT_GE(*restored, committed);
+  EXPECT_EQ(launcher.final_lines(), reference);
+  // Each agent read its ranks' shards of the restored step from its tier.
+  for (const auto& [node, ranks] : std::vector<std::pair<std::string, std::vector<uint32_t>>>{
+           {"node-a", {0, 1}}, {"node-b", {2, 3}}}) {
+    const std::string logs = ReadFile(absl::StrCat(dir_, "/run/", node, ".1.log"));
+    for (uint32_t r : ranks) {
+      EXPECT_THAT(logs, HasSubstr(absl::StrCat("rank ", r, ": step ", *restored, " read from the node-local tier")))
+          << node;
+    }
+  }
+  // The tier keeps two steps per job; what it holds of a committed step is
+  // byte for byte the storage root's shard.
+  const std::optional<uint64_t> newest = cluster->Committed();
+  ASSERT_TRUE(newest.has_value());
+  int compared = 0;
+  for (const auto& [node, ranks] : std::vector<std::pair<std::string, std::vector<uint32_t>>>{
+           {"node-a", {0, 1}}, {"node-b", {2, 3}}}) {
+    const std::string job_dir = absl::StrCat(dir_, "/run/", node, "-nvme/", kJob);
+    int steps = 0;
+    for (const auto& e : std::filesystem::directory_iterator(job_dir)) steps += e.is_directory() ? 1 : 0;
+    EXPECT_LE(steps, 2) << job_dir;
+    for (uint32_t r : ranks) {
+      const std::string local = absl::StrCat(job_dir, "/step-", *newest, "/rank-", r, ".shard");
+      if (!std::filesystem::exists(local)) continue;
+      EXPECT_EQ(ReadFile(local), ReadFile(absl::StrCat(cluster->StepDir(*newest), "/rank-", r, ".shard"))) << local;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0) << "no local copy of the newest committed step " << *newest;
+}
+
 // 2. node-b's agent is SIGKILLed while it persists a snapshot of its ranks.
 TEST_F(ClusterTest, AgentKilledMidCheckpointLosesOnlyThatStep) {
   std::array<std::string, kWorld> reference;

@@ -345,6 +345,16 @@ if not problems:
         shm = mounts_by_path(c, spec).get("/dev/shm")
         if not shm or (shm.get("hostPath") or {}).get("path") != "/dev/shm":
             bad(f"{w}: must mount the host's /dev/shm (hostPath) at /dev/shm: the staging memory is there")
+    # The node-local tier: on the node's own disk (a hostPath), not on the
+    # shared checkpoint volume.
+    tier = arg_after(agent, "--local-cache")
+    if tier is not None:
+        m = mount_for(agent, aspec, tier)
+        root = mount_for(agent, aspec, arg_after(agent, "--storage-root") or "")
+        if not m or not m[1] or "hostPath" not in m[1]:
+            bad(f"{aw}: --local-cache {tier} is not on a hostPath volume (the node's local disk)")
+        elif root and root[0] == m[0]:
+            bad(f"{aw}: --local-cache {tier} is on the same volume as --storage-root")
     if len(sockets) == 2 and (sockets[0][1], sockets[0][2]) != (sockets[1][1], sockets[1][2]):
         bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
 
