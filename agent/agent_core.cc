@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
@@ -487,6 +488,12 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
           "buffer '", name, "' is registered as ", storage::DTypeName(b.dtype()), " of ", t->layout.lengths[i],
           " bytes but step ", step, " holds ", storage::DTypeName(saved->dtype()), " of ", saved->raw_length(),
           " bytes"));
+    }
+    // Same bytes in another shape (a transposed layer) is another model.
+    if (!std::equal(saved->shape().begin(), saved->shape().end(), b.shape().begin(), b.shape().end())) {
+      return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is registered with shape [",
+                                                        absl::StrJoin(b.shape(), ", "), "] but step ", step,
+                                                        " holds shape [", absl::StrJoin(saved->shape(), ", "), "]"));
     }
     dests.push_back({b.name(), nullptr, t->layout.lengths[i]});
   }

@@ -128,6 +128,15 @@ TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
   EXPECT_THAT(agent.Restore(h2.trainer_id, absl::ZeroDuration()),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("buffer 'adam'")));
 
+  TrainerRegistration reshaped = FiveComponents("job");
+  reshaped.buffers[0].clear_shape();
+  reshaped.buffers[0].add_shape(1000);
+  reshaped.buffers[0].add_shape(3);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h5, agent.Register(reshaped));
+  EXPECT_THAT(agent.Restore(h5.trainer_id, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("buffer 'params' is registered with shape [1000, 3] but step 1 holds shape [3000]")));
+
   TrainerRegistration renamed = FiveComponents("job");
   renamed.buffers[3].set_name("rng.cpu");
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h3, agent.Register(renamed));

@@ -19,6 +19,10 @@ PACKAGES=(
   # runs the sbatch example on a one-node Slurm it starts itself: about 10 s
   # to install, about 35 s to run.
   slurmctld slurmd slurm-client munge
+  # tests/python: the Python binding's tests (ctest python.*) train small
+  # PyTorch models through libckptd.so, CPU only; without these they are
+  # reported as skipped.
+  python3-torch python3-numpy
 )
 
 missing=()

@@ -1,0 +1,377 @@
+"""ckptd for Python: the C ABI of libckptd (client/ckptd.h) through ctypes.
+
+    client = ckptd.Client(socket, job, [ckptd.Buffer("weights", array)], every_steps=100)
+    start = client.restore() or 0
+    ...
+    if client.should_snapshot(step):
+        client.snapshot(step)
+
+Every call goes to libckptd.so: nothing of the client is reimplemented here,
+and nothing is compiled at import time. A call that fails raises a subclass
+of ckptd.Error whose message is libckptd's (ckptd_last_error). For PyTorch
+training loops, see ckptd.torch.Checkpointer.
+
+libckptd.so is looked up in this order: $CKPTD_LIBRARY; next to this package;
+the build tree of the checkout the package lies in (build/lib/); the system
+loader (e.g. after `cmake --install`).
+"""
+
+import ctypes
+import os
+import time
+
+__all__ = [
+    "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
+    "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
+    "DataLossError", "CheckpointWarning", "library_path", "PARAMS", "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR",
+]
+
+# The ABI version this binding needs (ckptd_options_ext came with 2).
+_ABI_REQUIRED = 2
+
+# State components, dtypes and device kinds: the values of ckptd.h.
+PARAMS, GRADS, OPTIMIZER, RNG, DATA_CURSOR = 1, 2, 3, 4, 5
+COMPONENTS = {"params": PARAMS, "grads": GRADS, "optimizer": OPTIMIZER, "rng": RNG, "data_cursor": DATA_CURSOR}
+(BYTES, FLOAT32, BFLOAT16, FLOAT16, FLOAT64, INT8, UINT8, INT16, INT32, INT64, BOOL) = range(1, 12)
+DTYPE_SIZES = {BYTES: 1, FLOAT32: 4, BFLOAT16: 2, FLOAT16: 2, FLOAT64: 8, INT8: 1, UINT8: 1, INT16: 2, INT32: 4,
+               INT64: 8, BOOL: 1}
+DEVICE_HOST, DEVICE_CUDA = 0, 1
+
+
+class Error(Exception):
+    """A failure reported by libckptd: `code` is its canonical status code
+    (absl/gRPC numbering), str(error) its message."""
+
+    code = 2  # UNKNOWN
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgumentError(Error, ValueError):
+    code = 3
+
+
+class DeadlineExceededError(Error, TimeoutError):
+    code = 4
+
+
+class NotFoundError(Error):
+    code = 5
+
+
+class ResourceExhaustedError(Error):
+    """No free staging slot: the snapshot was skipped."""
+    code = 8
+
+
+class FailedPreconditionError(Error):
+    """Do not retry: e.g. the checkpoint does not fit the registered buffers."""
+    code = 9
+
+
+class AbortedError(Error):
+    code = 10
+
+
+class InternalError(Error):
+    code = 13
+
+
+class UnavailableError(Error, ConnectionError):
+    """The agent cannot be reached."""
+    code = 14
+
+
+class DataLossError(Error):
+    code = 15
+
+
+_ERRORS = {c.code: c for c in (InvalidArgumentError, DeadlineExceededError, NotFoundError, ResourceExhaustedError,
+                               FailedPreconditionError, AbortedError, InternalError, UnavailableError, DataLossError)}
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint that failed without stopping training (checkpointing is a
+    weak dependency): the category ckptd.torch warns with."""
+
+
+def error_for(code, message):
+    """The exception for a status code and message of libckptd."""
+    return _ERRORS.get(code, Error)(message, code)
+
+
+# --- loading libckptd.so -----------------------------------------------------
+
+def _candidates():
+    env = os.environ.get("CKPTD_LIBRARY")
+    if env:
+        return [env]  # asked for explicitly: nothing else
+    here = os.path.dirname(os.path.abspath(__file__))
+    checkout = os.path.dirname(os.path.dirname(here))  # python/ckptd -> the repository root
+    return [os.path.join(here, "libckptd.so"), os.path.join(checkout, "build", "lib", "libckptd.so"), "libckptd.so"]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(f"{path} (no such file)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise ImportError("ckptd: cannot load libckptd.so; tried " + "; ".join(tried) +
+                      ". Build it (cmake --build build, target ckptd_shared) or point CKPTD_LIBRARY at it.")
+
+
+class _BufferC(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("component", ctypes.c_int), ("dtype", ctypes.c_int),
+                ("ndim", ctypes.c_size_t), ("shape", ctypes.POINTER(ctypes.c_uint64)),
+                ("global_shape", ctypes.POINTER(ctypes.c_uint64)), ("offsets", ctypes.POINTER(ctypes.c_uint64)),
+                ("device_kind", ctypes.c_int), ("device_index", ctypes.c_int), ("data", ctypes.c_void_p)]
+
+
+class _OptionsC(ctypes.Structure):
+    _fields_ = [("socket", ctypes.c_char_p), ("job", ctypes.c_char_p), ("rank", ctypes.c_uint32),
+                ("world_size", ctypes.c_uint32), ("every_steps", ctypes.c_uint64), ("slot_wait_ms", ctypes.c_int64),
+                ("rpc_timeout_ms", ctypes.c_int64)]
+
+
+class _OptionsExtC(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("spare_device_buffer", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+
+
+_lib, _lib_path = _load()
+_P = ctypes.POINTER
+for _name, _res, _args in [
+        ("ckptd_abi_version", ctypes.c_int, []),
+        ("ckptd_last_error", ctypes.c_char_p, []),
+        ("ckptd_connect_ext", ctypes.c_int, [_P(_OptionsC), _P(_OptionsExtC), _P(_BufferC), ctypes.c_size_t,
+                                             _P(ctypes.c_void_p)]),
+        ("ckptd_should_snapshot", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
+        ("ckptd_restart_requested", ctypes.c_int, [ctypes.c_void_p]),
+        ("ckptd_snapshot", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, _P(ctypes.c_double)]),
+        ("ckptd_restore", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_uint64)]),
+        ("ckptd_wait_persisted", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64]),
+        ("ckptd_close", None, [ctypes.c_void_p])]:
+    _fn = getattr(_lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+if _lib.ckptd_abi_version() < _ABI_REQUIRED:
+    raise ImportError(f"ckptd: {_lib_path} has ABI version {_lib.ckptd_abi_version()}; this package needs "
+                      f"{_ABI_REQUIRED} or later")
+
+
+def library_path():
+    """The libckptd.so this package loaded."""
+    return _lib_path
+
+
+def _check(rc):
+    # ctypes calls the library on this thread: its last error is ours.
+    if rc != 0:
+        raise error_for(rc, (_lib.ckptd_last_error() or b"").decode("utf-8", "replace"))
+
+
+# --- buffers -----------------------------------------------------------------
+
+# memoryview formats (struct module codes) -> ckptd dtypes, by item size for
+# the integer codes whose size is platform dependent.
+_SIGNED = {1: INT8, 2: INT16, 4: INT32, 8: INT64}
+_FORMATS = {"f": FLOAT32, "d": FLOAT64, "e": FLOAT16, "?": BOOL, "B": UINT8, "c": BYTES}
+
+
+def _dtype_of(view):
+    fmt = view.format.lstrip("@=<")
+    if fmt in _FORMATS:
+        return _FORMATS[fmt]
+    if fmt in ("b", "h", "i", "l", "q", "n"):
+        return _SIGNED.get(view.itemsize)
+    return None  # unsigned wider than a byte, structs, ...: registered as bytes
+
+
+class Buffer:
+    """One buffer of the trainer's state, registered with the agent by its
+    memory: libckptd copies from it at each snapshot and into it at restore.
+
+    Buffer(name, obj): `obj` exposes writable, C-contiguous memory through
+    the buffer protocol (bytearray, NumPy array, array.array, ctypes array,
+    memoryview). The dtype and shape come from it (bytes for a bytearray)
+    unless given. The memory stays exported (a bytearray cannot be resized)
+    while the Buffer lives.
+
+    Buffer.at(name, address, dtype, shape, ...): raw memory, e.g. a tensor's
+    data_ptr(); `owner` is kept referenced so the memory stays valid.
+    """
+
+    def __init__(self, name, obj, component=PARAMS, dtype=None, shape=None, global_shape=None, offsets=None):
+        view = memoryview(obj)
+        if view.readonly:
+            raise InvalidArgumentError(f"buffer '{name}': the memory of {type(obj).__name__} is read-only")
+        if not view.c_contiguous:
+            raise InvalidArgumentError(f"buffer '{name}': the memory is not C-contiguous")
+        nbytes = view.nbytes
+        inferred = BYTES if isinstance(obj, bytearray) else _dtype_of(view)
+        if dtype is None:
+            dtype = inferred if inferred is not None else BYTES
+        if shape is None:
+            shape = view.shape if dtype == inferred and view.ndim > 0 else (nbytes // DTYPE_SIZES[dtype],)
+        flat = view.cast("B") if nbytes > 0 else None
+        array = (ctypes.c_ubyte * nbytes).from_buffer(flat) if nbytes > 0 else None
+        self._init(name, ctypes.addressof(array) if array is not None else 0, nbytes, component, dtype, shape,
+                   global_shape, offsets, DEVICE_HOST, 0, (obj, view, flat, array))
+
+    @classmethod
+    def at(cls, name, address, dtype, shape, component=PARAMS, device_kind=DEVICE_HOST, device_index=0,
+           global_shape=None, offsets=None, owner=None):
+        b = cls.__new__(cls)
+        n = DTYPE_SIZES.get(dtype, 0)
+        for d in shape:
+            n *= int(d)
+        b._init(name, int(address), n, component, dtype, shape, global_shape, offsets, device_kind, device_index,
+                owner)
+        return b
+
+    def _init(self, name, address, nbytes, component, dtype, shape, global_shape, offsets, device_kind,
+              device_index, owner):
+        if isinstance(component, str):
+            if component not in COMPONENTS:
+                raise InvalidArgumentError(f"buffer '{name}': component '{component}' is none of "
+                                           f"{', '.join(COMPONENTS)}")
+            component = COMPONENTS[component]
+        if dtype not in DTYPE_SIZES:
+            raise InvalidArgumentError(f"buffer '{name}': unknown dtype {dtype}")
+        shape = tuple(int(d) for d in shape)
+        expected = DTYPE_SIZES[dtype]
+        for d in shape:
+            expected *= d
+        if expected != nbytes:
+            raise InvalidArgumentError(f"buffer '{name}': shape {list(shape)} of dtype {dtype} is {expected} bytes, "
+                                       f"the memory {nbytes}")
+        if nbytes > 0 and address == 0:
+            raise InvalidArgumentError(f"buffer '{name}' has no memory")
+        self.name, self.component, self.dtype, self.shape = name, component, dtype, shape
+        self.global_shape = tuple(int(d) for d in global_shape) if global_shape is not None else None
+        self.offsets = tuple(int(d) for d in offsets) if offsets is not None else None
+        self.address, self.nbytes = address, nbytes
+        self.device_kind, self.device_index = device_kind, device_index
+        self._owner = owner
+
+    def __repr__(self):
+        device = "host" if self.device_kind == DEVICE_HOST else f"cuda:{self.device_index}"
+        return f"ckptd.Buffer({self.name!r}, dtype={self.dtype}, shape={list(self.shape)}, {device})"
+
+
+def _dims(values):
+    return (ctypes.c_uint64 * len(values))(*values) if values is not None else None
+
+
+class Client:
+    """A trainer rank's connection to its node's agent (libckptd's client).
+
+    Registers `buffers` (ckptd.Buffer) at once; raises UnavailableError when
+    the agent cannot be reached within `connect_wait` seconds. Times are in
+    seconds. Close it (or use `with`) to say goodbye to the agent, which
+    still persists what was published.
+    """
+
+    def __init__(self, socket, job, buffers, rank=0, world_size=1, every_steps=0, slot_wait=0.0, rpc_timeout=5.0,
+                 spare_device_buffer=False, connect_wait=0.0):
+        self._handle = None
+        buffers = list(buffers)
+        self._buffers = buffers  # keeps their memory alive
+        self._names = [b.name.encode("utf-8") for b in buffers]
+        self._dims = []
+        array = (_BufferC * max(len(buffers), 1))()
+        for i, b in enumerate(buffers):
+            dims = [_dims(b.shape), _dims(b.global_shape), _dims(b.offsets)]
+            self._dims.append(dims)
+            array[i] = _BufferC(self._names[i], b.component, b.dtype, len(b.shape),
+                                ctypes.cast(dims[0], _P(ctypes.c_uint64)),
+                                ctypes.cast(dims[1], _P(ctypes.c_uint64)) if dims[1] is not None else None,
+                                ctypes.cast(dims[2], _P(ctypes.c_uint64)) if dims[2] is not None else None,
+                                b.device_kind, b.device_index, b.address or None)
+        self._socket, self._job = socket.encode("utf-8"), job.encode("utf-8")
+        options = _OptionsC(self._socket, self._job, rank, world_size, every_steps, int(slot_wait * 1000),
+                            int(rpc_timeout * 1000))
+        ext = _OptionsExtC(ctypes.sizeof(_OptionsExtC), 1 if spare_device_buffer else 0, 0)
+        deadline = time.monotonic() + connect_wait
+        while True:
+            handle = ctypes.c_void_p()
+            try:
+                _check(_lib.ckptd_connect_ext(ctypes.byref(options), ctypes.byref(ext), array, len(buffers),
+                                              ctypes.byref(handle)))
+                break
+            except UnavailableError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        self._handle = handle
+
+    def _live(self):
+        if self._handle is None:
+            raise InvalidArgumentError("ckptd.Client is closed")
+        return self._handle
+
+    @property
+    def buffers(self):
+        return list(self._buffers)
+
+    def should_snapshot(self, step):
+        """Whether the schedule says to snapshot `step` (no RPC). Call it once
+        per step: it also tells the agent the pace of training."""
+        return _lib.ckptd_should_snapshot(self._live(), step) == 1
+
+    def restart_requested(self):
+        """The coordinator asks every rank of the job to restart (no RPC)."""
+        return _lib.ckptd_restart_requested(self._live()) == 1
+
+    def snapshot(self, step):
+        """Copies every buffer into staging and hands it to the agent; returns
+        the seconds training waited (the stall)."""
+        stall = ctypes.c_double(0.0)
+        _check(_lib.ckptd_snapshot(self._live(), step, ctypes.byref(stall)))
+        return stall.value
+
+    def restore(self):
+        """Loads every buffer from the newest committed step and returns that
+        step; None when nothing is committed (start from scratch)."""
+        found, step = ctypes.c_int(0), ctypes.c_uint64(0)
+        _check(_lib.ckptd_restore(self._live(), ctypes.byref(found), ctypes.byref(step)))
+        return step.value if found.value else None
+
+    def wait_persisted(self, step, timeout=60.0):
+        """Waits until the agent has persisted `step` (or a later one)."""
+        _check(_lib.ckptd_wait_persisted(self._live(), step, int(timeout * 1000)))
+
+    def close(self):
+        handle, self._handle = self._handle, None
+        if handle is not None and _lib is not None:
+            _lib.ckptd_close(handle)
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to tell the agent
+            pass
+
+
+def __getattr__(name):
+    # `ckptd.torch` without importing torch with ckptd.
+    if name == "torch":
+        import importlib
+        return importlib.import_module("ckptd.torch")
+    raise AttributeError(f"module 'ckptd' has no attribute '{name}'")

@@ -1,0 +1,717 @@
+"""ckptd for PyTorch training loops.
+
+    ckpt = ckptd.torch.Checkpointer("my-job", "/run/ckptd/agent.sock", every=100)
+    ckpt.track("model", model)
+    ckpt.track("optimizer", optimizer)
+    ckpt.track("scheduler", scheduler)
+    ckpt.track("data", loader)            # a ckptd.torch.ResumableLoader
+    start = ckpt.restore()                # 0 when nothing is committed
+    for step in range(start + 1, total + 1):
+        ...train one step...
+        ckpt.maybe_snapshot(step)
+
+Every tensor of every tracked state_dict() is registered with the agent by
+its memory (CPU or CUDA) and copied by libckptd at a snapshot; the rest of a
+state_dict (numbers, strings, lists, dicts, ...) is stored as JSON in one small
+buffer per tracked object. Nothing is pickled. The RNG streams of Python,
+NumPy and torch (CPU and every CUDA device) are saved and restored too.
+docs/python.md describes the design and its limits.
+"""
+
+import base64
+import collections
+import json
+import random
+import struct
+import sys
+import time
+import warnings
+
+import torch
+
+import ckptd as _ckptd
+
+try:
+    import numpy as _np
+except ImportError:  # NumPy is optional: its RNG is saved when it is there
+    _np = None
+
+__all__ = ["Checkpointer", "ResumableLoader"]
+
+_DTYPES = {torch.float32: _ckptd.FLOAT32, torch.bfloat16: _ckptd.BFLOAT16, torch.float16: _ckptd.FLOAT16,
+           torch.float64: _ckptd.FLOAT64, torch.int8: _ckptd.INT8, torch.uint8: _ckptd.UINT8,
+           torch.int16: _ckptd.INT16, torch.int32: _ckptd.INT32, torch.int64: _ckptd.INT64,
+           torch.bool: _ckptd.BOOL}
+
+# A tracked object's non-tensor state: this header, its length (u64, little
+# endian), then UTF-8 JSON; the rest of the buffer is zero.
+_META_MAGIC = b"CKPTDPY1"
+_META_HEADER = len(_META_MAGIC) + 8
+_META_MIN_BYTES = 4096
+# Numbers count this wide when the size of the JSON buffer is chosen, so that
+# the size depends only on the structure of the state, not on its values: a
+# fresh process that restores registers the same size as the one that saved.
+_NUMBER_WIDTH = 32
+
+# Optimizers whose lazily created state starts as zeros: after the trial step
+# (see _materialize) zeroing it is the same as creating it lazily.
+_ZERO_INIT_OPTIMIZERS = tuple(getattr(torch.optim, n) for n in
+                              ("Adam", "AdamW", "Adamax", "RAdam", "RMSprop", "Adadelta") if hasattr(torch.optim, n))
+
+_CURSOR_WORDS = ("sampler", "loader", "cursor", "data")
+
+
+def _escape(key):
+    return str(key).replace("%", "%25").replace("/", "%2F").replace("#", "%23")
+
+
+# --- non-tensor state as JSON -------------------------------------------------
+
+def _encode(value, path, on_tensor):
+    """The JSON form of `value`; tensors become {"$T": buffer name, ...}."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, float)):
+        return value  # floats keep every bit: json writes repr()
+    if isinstance(value, torch.Tensor):
+        return {"$T": on_tensor(path, value), "shape": list(value.shape), "dtype": str(value.dtype)[6:]}
+    if isinstance(value, dict):
+        return {"$d": [[_encode(k, path + ("<key>",), on_tensor), _encode(v, path + (k,), on_tensor)]
+                       for k, v in value.items()]}
+    if isinstance(value, list):
+        return [_encode(v, path + (i,), on_tensor) for i, v in enumerate(value)]
+    if isinstance(value, tuple):
+        return {"$t": [_encode(v, path + (i,), on_tensor) for i, v in enumerate(value)]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"$b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, torch.dtype):
+        return {"$dtype": str(value)[6:]}
+    if isinstance(value, torch.device):
+        return {"$device": str(value)}
+    if _np is not None and isinstance(value, _np.ndarray):
+        a = _np.ascontiguousarray(value)
+        return {"$nd": [a.dtype.str, list(a.shape), base64.b64encode(a.tobytes()).decode("ascii")]}
+    if _np is not None and isinstance(value, _np.generic):
+        return {"$ns": [value.dtype.str, value.item()]}
+    where = "/".join(_escape(k) for k in path)
+    raise TypeError(f"ckptd: the state at '{where}' is a {type(value).__name__}, which the Checkpointer cannot "
+                    "store (it stores tensors, numbers, strings, bytes, None, lists, tuples, dicts and NumPy "
+                    "arrays)")
+
+
+def _decode(node, tensor_for):
+    if isinstance(node, list):
+        return [_decode(v, tensor_for) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if "$d" in node:
+        return {_decode(k, tensor_for): _decode(v, tensor_for) for k, v in node["$d"]}
+    if "$t" in node:
+        return tuple(_decode(v, tensor_for) for v in node["$t"])
+    if "$T" in node:
+        return tensor_for(node)
+    if "$b" in node:
+        return base64.b64decode(node["$b"])
+    if "$dtype" in node:
+        return getattr(torch, node["$dtype"])
+    if "$device" in node:
+        return torch.device(node["$device"])
+    if "$nd" in node:
+        dtype, shape, data = node["$nd"]
+        return _np.frombuffer(base64.b64decode(data), dtype=_np.dtype(dtype)).reshape(shape).copy()
+    if "$ns" in node:
+        dtype, value = node["$ns"]
+        return _np.dtype(dtype).type(value)
+    raise ValueError(f"ckptd: unknown node in stored state: {sorted(node)}")
+
+
+def _size_bound(node):
+    """JSON bytes of `node` with every number at _NUMBER_WIDTH: a function of
+    the structure of the state."""
+    if node is None or isinstance(node, bool):
+        return 5
+    if isinstance(node, (int, float)):
+        return max(_NUMBER_WIDTH, len(repr(node)))
+    if isinstance(node, str):
+        return len(json.dumps(node))
+    if isinstance(node, list):
+        return 2 + sum(_size_bound(v) + 1 for v in node)
+    return 2 + sum(len(json.dumps(k)) + 2 + _size_bound(v) for k, v in node.items())
+
+
+def _meta_capacity(tree):
+    n = _META_MIN_BYTES
+    while n < 2 * _size_bound(tree) + _META_HEADER:
+        n *= 2
+    return n
+
+
+# --- RNG streams ---------------------------------------------------------------
+
+class _Rng:
+    """One RNG stream: a fixed-size byte buffer it is saved in and loaded from."""
+
+    def __init__(self, name, size, get, set_):
+        self.name, self.size, self.get, self.set = name, size, get, set_
+
+
+def _python_rng():
+    fmt = "<I625I?d"
+
+    def get():
+        version, words, gauss = random.getstate()
+        return struct.pack(fmt, version, *words, gauss is not None, gauss or 0.0)
+
+    def set_(data):
+        v = struct.unpack(fmt, data)
+        random.setstate((v[0], tuple(v[1:626]), v[627] if v[626] else None))
+
+    return _Rng("#rng/python", struct.calcsize(fmt), get, set_)
+
+
+def _numpy_rng():
+    def get():
+        kind, keys, pos, has_gauss, cached = _np.random.get_state()
+        if kind != "MT19937" or len(keys) != 624:
+            raise ValueError(f"ckptd: NumPy's global RNG is {kind}; only MT19937 is saved")
+        return keys.astype("<u4").tobytes() + struct.pack("<iid", pos, has_gauss, cached)
+
+    def set_(data):
+        pos, has_gauss, cached = struct.unpack("<iid", data[2496:])
+        _np.random.set_state(("MT19937", _np.frombuffer(data[:2496], dtype="<u4").astype(_np.uint32), pos,
+                              has_gauss, cached))
+
+    return _Rng("#rng/numpy", 2496 + 16, get, set_)
+
+
+def _torch_rngs():
+    rngs = [_Rng("#rng/torch", torch.get_rng_state().numel(), lambda: torch.get_rng_state().numpy().tobytes(),
+                 lambda data: torch.set_rng_state(torch.frombuffer(bytearray(data), dtype=torch.uint8)))]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            rngs.append(_Rng(f"#rng/cuda:{i}", torch.cuda.get_rng_state(i).numel(),
+                             lambda i=i: torch.cuda.get_rng_state(i).numpy().tobytes(),
+                             lambda data, i=i: torch.cuda.set_rng_state(
+                                 torch.frombuffer(bytearray(data), dtype=torch.uint8), i)))
+    return rngs
+
+
+def _rng_streams():
+    return [_python_rng()] + ([_numpy_rng()] if _np is not None else []) + _torch_rngs()
+
+
+# --- what is tracked, what is registered ---------------------------------------
+
+class _Tracked:
+    def __init__(self, name, obj, component, meta_bytes):
+        self.name, self.obj, self.component, self.meta_bytes = name, obj, component, meta_bytes
+
+
+class _Leaf:
+    """A tensor in a tracked object's state_dict() now."""
+
+    def __init__(self, name, tensor, path, tracked):
+        self.name, self.tensor, self.path, self.tracked = name, tensor, path, tracked
+
+
+class _Plan:
+    """The tracked state now: the tensors by buffer name and, per tracked
+    object, its state_dict() as JSON (tensors by buffer name)."""
+
+    def __init__(self):
+        self.leaves = collections.OrderedDict()
+        self.trees = collections.OrderedDict()
+
+
+class _Reg:
+    """A registered tensor buffer. `tensor` is the registered memory, which
+    the Checkpointer keeps alive for as long as the registration."""
+
+    def __init__(self, name, tensor):
+        self.name, self.tensor = name, tensor
+        self.shape, self.dtype, self.device = tuple(tensor.shape), tensor.dtype, tensor.device
+
+
+class _Layout:
+    def __init__(self):
+        self.regs = collections.OrderedDict()
+        self.metas = collections.OrderedDict()  # tracked name -> ctypes byte array
+        self.meta_used = {}
+        self.rngs = []  # (_Rng, ctypes byte array)
+        self.cuda_devices = set()
+        self.client = None
+
+
+def _caller_level():
+    """The stacklevel of warnings.warn called here that names the first frame
+    outside this module: the training loop's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _memory_key(t):
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape))
+
+
+class Checkpointer:
+    """Checkpoints the objects a training loop tracks through the node's
+    ckptd-agent, and resumes them bit-identically.
+
+    job, socket, rank, world_size: as for ckptd.Client. every: snapshot every
+    this many steps (0: only when a coordinator schedules it, or snapshot()).
+    on_error: what a failed snapshot does, "warn" (a ckptd.CheckpointWarning,
+    the default), "raise" (the ckptd.Error) or "ignore"; training goes on
+    after a warning. Times are in seconds.
+    """
+
+    def __init__(self, job, socket, rank=0, world_size=1, *, every=0, slot_wait=0.0, rpc_timeout=5.0,
+                 connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0):
+        if on_error not in ("warn", "raise", "ignore"):
+            raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
+        self._client_args = dict(socket=socket, job=job, rank=rank, world_size=world_size, every_steps=every,
+                                 slot_wait=slot_wait, rpc_timeout=rpc_timeout,
+                                 spare_device_buffer=spare_device_buffer, connect_wait=connect_wait)
+        self._rng = rng
+        self._on_error = on_error
+        self._retry_interval = retry_interval
+        self._retry_at = 0.0
+        self._tracked = collections.OrderedDict()
+        self._layout = None
+        self.last_error = None  # the last failure, also when it was only a warning
+        self.last_stall = None  # seconds the last snapshot stalled training
+        self.snapshots_taken = 0
+        self.registrations = 0  # times the tracked state was registered with the agent
+
+    # --- the training loop's calls ---
+
+    def track(self, name, obj, component=None, meta_bytes=None):
+        """Checkpoints `obj` (anything with state_dict() and load_state_dict():
+        modules, optimizers, LR schedulers, loaders, your own objects) as
+        `name`. component: "params", "grads", "optimizer", "rng" or
+        "data_cursor"; by default from the object's type (a ResumableLoader,
+        sampler or loader is the data cursor). meta_bytes: the size of the
+        buffer of its non-tensor state (default: twice what its structure
+        needs, at least 4 KiB); an object whose non-tensor state grows must
+        give it, the same in every run. Track everything before restore()."""
+        if not name or "/" in name or "#" in name:
+            raise ValueError(f"ckptd: track name {name!r} must be non-empty, without '/' or '#'")
+        if name in self._tracked:
+            raise ValueError(f"ckptd: '{name}' is already tracked")
+        if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
+            raise TypeError(f"ckptd: '{name}' ({type(obj).__name__}) has no state_dict() and load_state_dict()")
+        if component is None:
+            component = self._component_of(name, obj)
+        if component not in _ckptd.COMPONENTS:
+            raise ValueError(f"ckptd: component {component!r} is none of {', '.join(_ckptd.COMPONENTS)}")
+        tracked = _Tracked(name, obj, _ckptd.COMPONENTS[component], meta_bytes)
+        # Anything it cannot store fails here, not at the first snapshot.
+        _encode(obj.state_dict(), (name,), lambda path, t: "")
+        self._tracked[name] = tracked
+        return obj
+
+    def restore(self):
+        """Loads every tracked object (and the RNG streams) from the newest
+        committed checkpoint of the job and returns its step, the number of
+        steps done; 0 when nothing is committed (start from scratch). An
+        agent that cannot be reached is a warning as for snapshots (training
+        starts from scratch, without checkpoints for now); any other failure
+        raises
+        ckptd.Error, e.g. FailedPreconditionError naming the tensor when the
+        model does not match the checkpoint."""
+        if not self._tracked:
+            raise ValueError("ckptd: nothing is tracked; track() the model, optimizer, ... before restore()")
+        if self._layout is None:
+            try:
+                self._open()
+            except _ckptd.UnavailableError as e:
+                self._retry_at = time.monotonic() + self._retry_interval
+                self._fail("restore (training starts from scratch)", e)
+                return 0
+        step = self._layout.client.restore()
+        if step is None:
+            return 0
+        self._load(step)
+        return step
+
+    def maybe_snapshot(self, step):
+        """Snapshots `step` when the schedule says so and returns True once
+        it is handed to the agent; returns False at once otherwise. Call it
+        every step, after the optimizer step. A failure does not stop
+        training (see on_error)."""
+        if self._layout is None:
+            if time.monotonic() < self._retry_at:
+                return False
+            try:
+                self._open()
+            except Exception as e:
+                self._retry_at = time.monotonic() + self._retry_interval
+                return self._fail("connect", e)
+        if not self._layout.client.should_snapshot(step):
+            return False
+        return self.snapshot(step)
+
+    def snapshot(self, step):
+        """Snapshots `step` now, whatever the schedule; as maybe_snapshot."""
+        try:
+            if self._layout is None:
+                self._open()
+            plan = self._collect()
+            stale = self._reconcile(plan)
+            if stale:
+                warnings.warn(f"ckptd: {stale}; registering the tracked state again", _ckptd.CheckpointWarning,
+                              stacklevel=_caller_level())
+                self._close_client()
+                self._open()
+                plan = self._collect()
+                stale = self._reconcile(plan)
+                if stale:
+                    raise _ckptd.InternalError(f"ckptd: the tracked state changed while registering: {stale}")
+            self._fill(plan)
+            self.last_stall = self._layout.client.snapshot(step)
+            self.snapshots_taken += 1
+            return True
+        except Exception as e:
+            return self._fail(f"snapshot of step {step}", e)
+
+    def wait_persisted(self, step, timeout=60.0):
+        """Waits until the agent has persisted `step`; raises ckptd.Error."""
+        if self._layout is None:
+            raise _ckptd.FailedPreconditionError("ckptd: not connected to the agent")
+        self._layout.client.wait_persisted(step, timeout)
+
+    def restart_requested(self):
+        """The coordinator asks every rank to restart (a failure elsewhere):
+        exit, and let the launcher start the job again (no RPC)."""
+        return self._layout is not None and self._layout.client.restart_requested()
+
+    def close(self):
+        """Says goodbye to the agent (which persists what was handed to it)."""
+        self._close_client()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- internals ---
+
+    @staticmethod
+    def _component_of(name, obj):
+        if isinstance(obj, torch.nn.Module):
+            return "params"
+        if isinstance(obj, (torch.optim.Optimizer, torch.optim.lr_scheduler.ReduceLROnPlateau)) or \
+                hasattr(obj, "optimizer") or type(obj).__name__ == "GradScaler":
+            return "optimizer"
+        if isinstance(obj, (ResumableLoader, torch.utils.data.Sampler, torch.utils.data.DataLoader)) or any(
+                w in name.lower() or w in type(obj).__name__.lower() for w in _CURSOR_WORDS):
+            return "data_cursor"
+        return "params"
+
+    def _fail(self, what, error):
+        self.last_error = error
+        if self._on_error == "raise":
+            raise error
+        if self._on_error != "ignore":
+            warnings.warn(f"ckptd: {what} failed: {error}", _ckptd.CheckpointWarning, stacklevel=_caller_level())
+        return False
+
+    def _close_client(self):
+        layout, self._layout = self._layout, None
+        if layout is not None and layout.client is not None:
+            layout.client.close()
+
+    def _collect(self):
+        plan = _Plan()
+        seen = {}
+
+        for tracked in self._tracked.values():
+            def on_tensor(path, t, tracked=tracked):
+                if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
+                    raise TypeError(f"ckptd: tensor at '{'/'.join(map(_escape, path))}' is {t.layout} on "
+                                    f"{t.device}; only dense CPU and CUDA tensors can be checkpointed")
+                if t.is_contiguous() and t.numel() > 0:
+                    key = _memory_key(t)
+                    if key in seen:
+                        return seen[key]  # the same memory twice (tied weights): one buffer
+                name = "/".join(_escape(k) for k in path)
+                if name in plan.leaves:
+                    raise ValueError(f"ckptd: two tensors are named '{name}'")
+                plan.leaves[name] = _Leaf(name, t.detach(), path[1:], tracked)
+                if t.is_contiguous() and t.numel() > 0:
+                    seen[_memory_key(t)] = name
+                return name
+
+            sd = tracked.obj.state_dict()
+            tree = {"state": _encode(sd, (tracked.name,), on_tensor)}
+            metadata = getattr(sd, "_metadata", None)
+            if metadata is not None:
+                tree["metadata"] = _encode(dict(metadata), (tracked.name, "<metadata>"), on_tensor)
+            plan.trees[tracked.name] = tree
+        return plan
+
+    def _open(self):
+        """Registers the tracked state with the agent."""
+        rng_state = self._capture_rngs()
+        undo = self._materialize()
+        try:
+            plan = self._collect()
+            layout = _Layout()
+            buffers = []
+            for leaf in plan.leaves.values():
+                t = leaf.tensor if leaf.tensor.is_contiguous() else leaf.tensor.contiguous()
+                reg = _Reg(leaf.name, t)
+                layout.regs[leaf.name] = reg
+                if t.device.type == "cuda":
+                    layout.cuda_devices.add(t.device.index)
+                buffers.append(self._buffer(leaf.name, t, leaf.tracked.component))
+            for name, tree in plan.trees.items():
+                tracked = self._tracked[name]
+                size = tracked.meta_bytes or _meta_capacity(tree)
+                array = (_ckptd.ctypes.c_ubyte * size)()
+                layout.metas[name] = array
+                layout.meta_used[name] = size
+                buffers.append(_ckptd.Buffer(f"{name}#meta", array, component=tracked.component,
+                                             dtype=_ckptd.BYTES, shape=(size,)))
+            if self._rng:
+                for rng in _rng_streams():
+                    array = (_ckptd.ctypes.c_ubyte * rng.size)()
+                    layout.rngs.append((rng, array))
+                    buffers.append(_ckptd.Buffer(rng.name, array, component=_ckptd.RNG, dtype=_ckptd.BYTES,
+                                                 shape=(rng.size,)))
+            layout.client = _ckptd.Client(buffers=buffers, **self._client_args)
+            self._layout = layout
+            self.registrations += 1
+        finally:
+            self._settle(undo)
+            self._apply_rngs(rng_state)
+
+    @staticmethod
+    def _buffer(name, t, component):
+        dtype = _DTYPES.get(t.dtype)
+        shape = tuple(t.shape)
+        if dtype is None:  # complex and other dtypes: their bytes
+            dtype, shape = _ckptd.BYTES, (t.numel() * t.element_size(),)
+        kind = _ckptd.DEVICE_CUDA if t.device.type == "cuda" else _ckptd.DEVICE_HOST
+        return _ckptd.Buffer.at(name, t.data_ptr(), dtype, shape, component=component, device_kind=kind,
+                                device_index=t.device.index or 0, owner=t)
+
+    def _materialize(self):
+        """Optimizers create their state at their first step. A trial step with
+        zero gradients creates it now, so that it is registered (and restored)
+        from the start; parameters, gradients and RNG are put back. Returns the
+        optimizers it stepped."""
+        stepped = []
+        for tracked in self._tracked.values():
+            opt = tracked.obj
+            if not isinstance(opt, torch.optim.Optimizer) or len(opt.state) > 0:
+                continue
+            params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
+            if not params:
+                continue
+            saved = [(p, p.detach().to("cpu", copy=True), p.grad) for p in params]
+            count = opt.__dict__.get("_step_count")
+            try:
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+                opt.step()
+                stepped.append(opt)
+            except Exception:  # e.g. a closure is required (LBFGS): its state is created lazily
+                opt.state.clear()
+            finally:
+                with torch.no_grad():
+                    for p, data, grad in saved:
+                        p.copy_(data)
+                        p.grad = grad
+                if count is not None:
+                    opt._step_count = count
+        return stepped
+
+    @staticmethod
+    def _settle(stepped):
+        """After registering: the trial step's state becomes the initial state.
+        Where that is zeros it is zeroed in place; other optimizers forget it
+        and create theirs at their first step, which the next snapshot copies
+        into the registered memory."""
+        for opt in stepped:
+            if type(opt) in _ZERO_INIT_OPTIMIZERS:
+                for state in opt.state.values():
+                    for k, v in state.items():
+                        if isinstance(v, torch.Tensor):
+                            v.zero_()
+                        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                            state[k] = type(v)(0)
+            else:
+                opt.state.clear()
+
+    def _reconcile(self, plan):
+        """Makes the registered memory hold, or receive at _fill, every tensor of
+        `plan`; returns why it cannot (a new or reshaped tensor), else None.
+        An optimizer that replaced a state tensor (its first step, its
+        load_state_dict) is pointed back at the registered one."""
+        regs = self._layout.regs
+        for leaf in plan.leaves.values():
+            reg = regs.get(leaf.name)
+            t = leaf.tensor
+            if reg is None:
+                return f"tensor '{leaf.name}' is new"
+            if tuple(t.shape) != reg.shape or t.dtype != reg.dtype or t.device != reg.device:
+                return (f"tensor '{leaf.name}' is now {str(t.dtype)[6:]}{list(t.shape)} on {t.device}, registered "
+                        f"as {str(reg.dtype)[6:]}{list(reg.shape)} on {reg.device}")
+            if t.data_ptr() == reg.tensor.data_ptr() and t.is_contiguous():
+                continue
+            self._rebind(leaf, reg)
+        return None
+
+    @staticmethod
+    def _rebind(leaf, reg):
+        """Points an optimizer's state entry at the registered tensor, with the
+        entry's values. Other objects' tensors are copied in by _fill."""
+        opt, path = leaf.tracked.obj, leaf.path
+        if not isinstance(opt, torch.optim.Optimizer) or len(path) != 3 or path[0] != "state":
+            return
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if not isinstance(path[1], int) or not 0 <= path[1] < len(params):
+            return
+        state = opt.state.get(params[path[1]])
+        live = state.get(path[2]) if state is not None else None
+        if not isinstance(live, torch.Tensor) or live.data_ptr() != leaf.tensor.data_ptr() or \
+                live.stride() != reg.tensor.stride():
+            return
+        with torch.no_grad():
+            reg.tensor.copy_(live)
+        state[path[2]] = reg.tensor
+        leaf.tensor = reg.tensor
+
+    def _fill(self, plan):
+        layout = self._layout
+        for leaf in plan.leaves.values():
+            reg = layout.regs[leaf.name]
+            if leaf.tensor.data_ptr() != reg.tensor.data_ptr() or not leaf.tensor.is_contiguous():
+                with torch.no_grad():
+                    reg.tensor.copy_(leaf.tensor)
+        for name, tree in plan.trees.items():
+            data = json.dumps(tree, separators=(",", ":")).encode("utf-8")
+            array = layout.metas[name]
+            size = len(array)
+            if _META_HEADER + len(data) > size:
+                raise _ckptd.ResourceExhaustedError(
+                    f"ckptd: the non-tensor state of '{name}' is {len(data)} bytes, over the {size - _META_HEADER} "
+                    f"registered; track('{name}', ..., meta_bytes=N) with a larger N (the same in every run)")
+            blob = _META_MAGIC + struct.pack("<Q", len(data)) + data
+            used = layout.meta_used[name]
+            _ckptd.ctypes.memmove(array, blob, len(blob))
+            if used > len(blob):
+                _ckptd.ctypes.memset(_ckptd.ctypes.addressof(array) + len(blob), 0, used - len(blob))
+            layout.meta_used[name] = len(blob)
+        for rng, array in layout.rngs:
+            data = rng.get()
+            _ckptd.ctypes.memmove(array, data, len(data))
+        for device in layout.cuda_devices:
+            torch.cuda.synchronize(device)  # libckptd copies on its own stream
+
+    def _load(self, step):
+        """Loads every tracked object from the registered buffers that the
+        restore of `step` filled."""
+        layout = self._layout
+        states = []
+        for name, tracked in self._tracked.items():
+            raw = bytes(layout.metas[name])
+            n = struct.unpack("<Q", raw[len(_META_MAGIC):_META_HEADER])[0]
+            if raw[:len(_META_MAGIC)] != _META_MAGIC or _META_HEADER + n > len(raw):
+                raise _ckptd.DataLossError(f"ckptd: step {step} holds no state of '{name}' that ckptd.torch wrote")
+            tree = json.loads(raw[_META_HEADER:_META_HEADER + n].decode("utf-8"))
+
+            def tensor_for(node, step=step):
+                reg = layout.regs.get(node["$T"])
+                if reg is None:
+                    raise _ckptd.FailedPreconditionError(
+                        f"ckptd: step {step} refers to tensor '{node['$T']}', which is not registered")
+                if list(reg.shape) != node["shape"] or str(reg.dtype)[6:] != node["dtype"]:
+                    raise _ckptd.FailedPreconditionError(
+                        f"ckptd: tensor '{reg.name}' is {str(reg.dtype)[6:]}{list(reg.shape)} here but "
+                        f"{node['dtype']}{node['shape']} in the checkpoint of step {step}")
+                return reg.tensor
+
+            state = _decode(tree["state"], tensor_for)
+            if "metadata" in tree:
+                state = collections.OrderedDict(state)
+                state._metadata = _decode(tree["metadata"], tensor_for)
+            states.append((tracked, state))
+        # Every object's state is checked before any is loaded.
+        for tracked, state in states:
+            tracked.obj.load_state_dict(state)
+        if layout.rngs:
+            self._apply_rngs([(rng, bytes(array)) for rng, array in layout.rngs])
+        # load_state_dict may have replaced tensors (optimizers do). A state
+        # that no longer fits is registered again at the next snapshot.
+        self._reconcile(self._collect())
+
+    def _capture_rngs(self):
+        return [(rng, rng.get()) for rng in _rng_streams()]
+
+    @staticmethod
+    def _apply_rngs(states):
+        for rng, data in states:
+            rng.set(data)
+
+
+class ResumableLoader:
+    """A DataLoader over `dataset` that resumes mid-epoch: each epoch reads
+    the samples in an order drawn from (seed, epoch) (or in index order with
+    shuffle=False), and its state_dict() is the data cursor: epoch, samples
+    the training loop has received in it, seed. Batches are counted as the
+    loop receives them, so worker processes reading ahead do not move it.
+
+    Other keyword arguments go to torch.utils.data.DataLoader (num_workers,
+    collate_fn, pin_memory, ...), except sampler, batch_sampler, shuffle and
+    generator, which it sets. Each epoch starts a new DataLoader.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0, drop_last=False, **loader_kwargs):
+        for k in ("sampler", "batch_sampler", "shuffle", "generator"):
+            if k in loader_kwargs:
+                raise TypeError(f"ResumableLoader sets {k} itself")
+        self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
+        self.drop_last = drop_last
+        self.loader_kwargs = loader_kwargs
+        self.epoch = 0
+        self.offset = 0
+
+    def __len__(self):
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+
+    def _generator(self, epoch):
+        g = torch.Generator()
+        g.manual_seed((self.seed * 1_000_003 + epoch) % (1 << 63))
+        return g
+
+    def order(self, epoch):
+        """The order of the samples in `epoch`."""
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        return torch.randperm(n, generator=self._generator(epoch)).tolist()
+
+    def __iter__(self):
+        n = len(self.dataset)
+        order = self.order(self.epoch)[self.offset:]
+        # Its own generator: worker seeds come from it, not from torch's
+        # global RNG, which a resumed run must find where it was saved.
+        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=order,
+                                             drop_last=self.drop_last, generator=self._generator(self.epoch),
+                                             **self.loader_kwargs)
+        for batch in loader:
+            self.offset = min(self.offset + self.batch_size, n)
+            yield batch
+        self.epoch += 1
+        self.offset = 0
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+
+    def load_state_dict(self, state):
+        self.epoch, self.offset, self.seed = int(state["epoch"]), int(state["offset"]), int(state["seed"])

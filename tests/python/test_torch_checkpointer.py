@@ -1,0 +1,300 @@
+"""ckptd.torch.Checkpointer in one process against a real ckptd-agent: resume
+with several optimizers (their state created lazily), a model that does not
+match the checkpoint, failed snapshots as warnings, and state it cannot store."""
+
+import collections
+import itertools
+import os
+import time
+import unittest
+import warnings
+
+import ckptd
+from support import Agent, AgentTestCase
+
+try:
+    import torch
+    import ckptd.torch as ckt
+except ImportError:
+    torch = None
+
+_jobs = itertools.count()
+
+
+def _net(hidden=16, names=("fc1", "fc2"), out=3):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(collections.OrderedDict([
+        (names[0], torch.nn.Linear(6, hidden)), ("drop", torch.nn.Dropout(0.25)),
+        (names[1], torch.nn.Linear(hidden, out))]))
+
+
+def _step(model, opt, i):
+    g = torch.Generator().manual_seed(100 + i)
+    x, y = torch.randn(5, 6, generator=g), torch.randint(0, 3, (5,), generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _train(ckpt, model, opt, steps):
+    for i in steps:
+        _step(model, opt, i)
+        ckpt.maybe_snapshot(i)
+
+
+def _bits(state):
+    """A state_dict's tensors as bytes, the rest as is."""
+    if isinstance(state, torch.Tensor):
+        return (str(state.dtype), tuple(state.shape), state.numpy().tobytes())
+    if isinstance(state, dict):
+        return {k: _bits(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [_bits(v) for v in state]
+    return state
+
+
+OPTIMIZERS = {
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "adamw_amsgrad": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1, amsgrad=True),
+    "sgd_momentum_dampening": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, dampening=0.1),
+    "rmsprop_centered": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True),
+}
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class CheckpointerTest(AgentTestCase):
+    def job(self):
+        return f"py-ckpt-{next(_jobs)}"
+
+    def checkpointer(self, job, model=None, opt=None, **kw):
+        """A Checkpointer of `job` on the class's agent, tracking `model` and `opt`."""
+        kw.setdefault("slot_wait", 10.0)
+        ckpt = ckt.Checkpointer(job, kw.pop("socket", self.agent.socket), **kw)
+        if model is not None:
+            ckpt.track("model", model)
+        if opt is not None:
+            ckpt.track("optimizer", opt)
+        return ckpt
+
+    def test_resume_is_exact_for_lazily_created_optimizer_state(self):
+        for name, make in OPTIMIZERS.items():
+            with self.subTest(optimizer=name):
+                # Without ckptd.
+                model = _net()
+                opt = make(model.parameters())
+                for i in range(1, 7):
+                    _step(model, opt, i)
+                plain = (_bits(model.state_dict()), _bits(opt.state_dict()))
+
+                # With ckptd: registering (and its trial step) changes nothing.
+                job = self.job()
+                model = _net()
+                opt = make(model.parameters())
+                with self.checkpointer(job, model, opt, every=3) as ckpt:
+                    self.assertEqual(ckpt.restore(), 0)
+                    _train(ckpt, model, opt, range(1, 4))
+                    self.assertEqual(ckpt.snapshots_taken, 1)
+                    # State created at the first step went into the memory registered before it.
+                    self.assertEqual(ckpt.registrations, 1)
+                    ckpt.wait_persisted(3, timeout=30)
+                    for i in range(4, 7):
+                        _step(model, opt, i)
+                    self.assertEqual((_bits(model.state_dict()), _bits(opt.state_dict())), plain)
+
+                # A new process's objects resume from step 3.
+                model = _net()
+                opt = make(model.parameters())
+                with self.checkpointer(job, model, opt, every=3) as ckpt:
+                    self.assertEqual(ckpt.restore(), 3)
+                    _train(ckpt, model, opt, range(4, 7))
+                    self.assertEqual((_bits(model.state_dict()), _bits(opt.state_dict())), plain)
+                    # The restored optimizer works on the registered memory: no new registration.
+                    self.assertEqual((ckpt.snapshots_taken, ckpt.registrations), (1, 1))
+                    registered = {r.tensor.data_ptr() for r in ckpt._layout.regs.values()}
+                    for state in opt.state.values():
+                        for v in state.values():
+                            if isinstance(v, torch.Tensor):
+                                self.assertIn(v.data_ptr(), registered)
+                    ckpt.wait_persisted(6, timeout=30)
+
+    def save_one(self, job, model):
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        with self.checkpointer(job, model, opt) as ckpt:
+            ckpt.restore()
+            _step(model, opt, 1)
+            self.assertTrue(ckpt.snapshot(1))
+            ckpt.wait_persisted(1, timeout=30)
+
+    def restore_error(self, job, model):
+        with self.checkpointer(job, model, torch.optim.Adam(model.parameters(), lr=0.01)) as ckpt:
+            with self.assertRaises(ckptd.FailedPreconditionError) as e:
+                ckpt.restore()
+            return str(e.exception)
+
+    def test_a_model_that_does_not_match_is_refused_naming_the_tensor(self):
+        job = self.job()
+        self.save_one(job, _net())
+        renamed = self.restore_error(job, _net(names=("fc1", "head")))
+        self.assertIn("'model/head.weight' is not in the checkpoint", renamed)
+        self.assertRegex(self.restore_error(job, _net(hidden=12)), r"'model/fc1\.weight' is registered as .* bytes but")
+        # Same bytes, another shape: refused by the agent before any data is loaded.
+        model = _net()
+        model.fc2.weight = torch.nn.Parameter(torch.zeros(16, 3))  # [3, 16] when saved
+        before = model.fc2.weight.detach().clone()
+        self.assertIn("'model/fc2.weight' is registered with shape [16, 3] but step 1 holds shape [3, 16]",
+                      self.restore_error(job, model))
+        self.assertTrue(torch.equal(model.fc2.weight.detach(), before))
+
+    def test_a_failed_snapshot_is_a_warning_and_snapshots_resume_with_the_agent(self):
+        agent = Agent().start()
+        try:
+            model = _net()
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            ckpt = self.checkpointer("warned", model, opt, socket=agent.socket, every=1, rpc_timeout=1.0,
+                                     slot_wait=0.0)
+            self.assertEqual(ckpt.restore(), 0)
+            _step(model, opt, 1)
+            self.assertTrue(ckpt.maybe_snapshot(1))
+            ckpt.wait_persisted(1, timeout=30)
+            agent.kill()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                results = []
+                for i in range(2, 7):
+                    _step(model, opt, i)
+                    results.append(ckpt.maybe_snapshot(i))
+                    time.sleep(0.25)
+            failures = [w for w in caught if issubclass(w.category, ckptd.CheckpointWarning)]
+            self.assertTrue(failures, [str(w.message) for w in caught])
+            self.assertFalse(results[-1])
+            self.assertIn("snapshot of step", str(failures[-1].message))
+            self.assertEqual(os.path.basename(failures[-1].filename), "test_torch_checkpointer.py")  # the loop's line
+            self.assertIsInstance(ckpt.last_error, ckptd.Error)
+            # The agent is back: the client registers again by itself.
+            agent.start()
+            deadline = time.monotonic() + 15
+            step, ok = 6, False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ckptd.CheckpointWarning)
+                while not ok and time.monotonic() < deadline:
+                    step += 1
+                    _step(model, opt, step)
+                    ok = ckpt.maybe_snapshot(step)
+                    time.sleep(0.1)
+            self.assertTrue(ok)
+            ckpt.wait_persisted(step, timeout=30)
+            ckpt.close()
+        finally:
+            agent.cleanup()
+
+    def test_on_error_raise_and_an_agent_that_is_down(self):
+        model = _net()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        gone = self.agent.dir + "/gone.sock"
+        ckpt = self.checkpointer("down", model, opt, socket=gone, every=1, rpc_timeout=0.5, retry_interval=0.0)
+        with self.assertWarns(ckptd.CheckpointWarning):
+            self.assertEqual(ckpt.restore(), 0)  # trains from scratch
+        _step(model, opt, 1)
+        with self.assertWarns(ckptd.CheckpointWarning):
+            self.assertFalse(ckpt.maybe_snapshot(1))
+        strict = self.checkpointer("down", model, socket=gone, every=1, rpc_timeout=0.5, on_error="raise")
+        with self.assertRaises(ckptd.UnavailableError) as e:
+            strict.snapshot(1)
+        self.assertIn("gone.sock", str(e.exception))
+
+    def test_everything_a_state_dict_holds_round_trips(self):
+        class Counter:
+            def __init__(self):
+                self.state = {"epoch": 0, "seen": [], "name": "", "best": float("inf"), "pair": (0, 0.0),
+                              "flags": {1: False}, "blob": b"", "none": None,
+                              "tensor": torch.zeros(3, dtype=torch.int64)}
+
+            def state_dict(self):
+                return self.state
+
+            def load_state_dict(self, s):
+                self.state = dict(s)
+
+        job = self.job()
+        c = Counter()
+        with self.checkpointer(job) as ckpt:
+            ckpt.track("counter", c)
+            ckpt.restore()
+            c.state.update(epoch=3, seen=[1, 2, 3], name="é", best=0.1 + 0.2, pair=(7, -0.0),
+                           flags={1: True, 2: None}, blob=b"\x00\xff", none=None)
+            c.state["tensor"] += torch.tensor([1, 2, 3])
+            saved = dict(c.state, tensor=c.state["tensor"].clone())
+            self.assertTrue(ckpt.snapshot(2))
+            ckpt.wait_persisted(2, timeout=30)
+        fresh = Counter()
+        with self.checkpointer(job) as ckpt:
+            ckpt.track("counter", fresh)
+            self.assertEqual(ckpt.restore(), 2)
+        got = fresh.state
+        self.assertTrue(torch.equal(got.pop("tensor"), saved.pop("tensor")))
+        self.assertEqual(got, saved)
+        self.assertEqual(got["best"].hex(), (0.1 + 0.2).hex())
+        self.assertEqual(str(got["pair"][1]), "-0.0")
+
+    def test_state_it_cannot_store_and_state_that_outgrows_its_buffer(self):
+        class Odd:
+            def __init__(self, value):
+                self.value = value
+
+            def state_dict(self):
+                return {"value": self.value}
+
+            def load_state_dict(self, s):
+                self.value = s["value"]
+
+        ckpt = self.checkpointer(self.job(), on_error="raise")
+        with self.assertRaisesRegex(TypeError, "'odd/value' is a set"):
+            ckpt.track("odd", Odd({1}))
+        grows = Odd("")
+        ckpt.track("grows", grows)
+        ckpt.restore()
+        grows.value = "x" * 10000
+        with self.assertRaisesRegex(ckptd.ResourceExhaustedError, "meta_bytes"):
+            ckpt.snapshot(1)
+        ckpt.close()
+
+    def test_tied_weights_and_a_loader_cursor(self):
+        job = self.job()
+        data = torch.utils.data.TensorDataset(torch.arange(10.0))
+        emb = torch.nn.Embedding(4, 3)
+        head = torch.nn.Linear(3, 4, bias=False)
+        head.weight = emb.weight
+        model = torch.nn.ModuleDict({"emb": emb, "head": head})
+        loader = ckt.ResumableLoader(data, batch_size=3, seed=7)
+        with self.checkpointer(job) as ckpt:
+            ckpt.track("model", model)
+            ckpt.track("loader", loader)
+            ckpt.restore()
+            self.assertEqual(len(ckpt._layout.regs), 1)  # one buffer for the tied weight
+            it = iter(loader)
+            first = [next(it)[0].tolist() for _ in range(2)]
+            ckpt.snapshot(2)
+            ckpt.wait_persisted(2, timeout=30)
+            rest = [b[0].tolist() for b in it]
+            with torch.no_grad():
+                emb.weight.add_(1)
+            expected = emb.weight.clone()
+            with torch.no_grad():
+                emb.weight.add_(1)
+        self.assertEqual(sorted(sum(first + rest, [])), [float(i) for i in range(10)])
+        loader2 = ckt.ResumableLoader(data, batch_size=3, seed=7)
+        emb2 = torch.nn.Embedding(4, 3)
+        head2 = torch.nn.Linear(3, 4, bias=False)
+        head2.weight = emb2.weight
+        with self.checkpointer(job) as ckpt:
+            ckpt.track("model", torch.nn.ModuleDict({"emb": emb2, "head": head2}))
+            ckpt.track("loader", loader2)
+            self.assertEqual(ckpt.restore(), 2)
+        self.assertEqual([b[0].tolist() for b in loader2], rest)
+        self.assertEqual(loader2.state_dict(), {"epoch": 1, "offset": 0, "seed": 7})
+        self.assertFalse(torch.equal(emb2.weight, expected))  # the weight of step 2, not later
+
+
+if __name__ == "__main__":
+    unittest.main()
