@@ -136,8 +136,10 @@ supervise_agent() {
   trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
   while [ ! -e "$STOP" ]; do
     n=$((n + 1))
+    # The node's own disk ($CL/nvme-<node>, which survives the node's crash)
+    # is its node-local tier: shards go there first, then to the shared root.
     "$BIN/ckptd-agent" --storage-root "$CL/root" --socket "$socket" --coordinator "$ADDR" \
-      --node-id "$node" --threads 2 --allow-drills \
+      --node-id "$node" --threads 2 --allow-drills --local-cache "$CL/nvme-$node" --local-cache-keep 3 \
       >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
     child=$!
     echo "$child" >>"$CL/agent-pids"
@@ -251,7 +253,7 @@ for ((r = 0; r < WORLD; r++)); do
   [ -n "${DIGESTS[$r]:-}" ] && [ "${DIGESTS[$r]}" = "${REFERENCE[$r]}" ] && matching=$((matching + 1))
 done
 python3 - "$DIR" "$INTERVAL_JSON" "${RUN_COMMITTED:-0}" "${RUN_ABORTED:-0}" "$matching" "$WORLD" <<'EOF'
-import json, sys
+import glob, json, re, sys
 d, interval_json, committed, aborted, matching, world = sys.argv[1:7]
 def load(name):
     try:
@@ -288,6 +290,15 @@ if node:
               f" read back {'intact' if rv.get('ok') else 'NOT verified'}")
         print(f"  work lost        {node['lost_steps']} steps ({node['lost_seconds']:.1f} s);"
               f" restart took {node['restart_seconds']:.1f} s")
+        # Which ranks read the restored step from their node's own disk.
+        local = set()
+        for log in glob.glob(f"{d}/run/logs/agent-*.log"):
+            with open(log, errors="replace") as f:
+                for m in re.finditer(r"rank (\d+): step (\d+) read from the node-local tier", f.read()):
+                    if int(m.group(2)) == node["restored_step"]:
+                        local.add(int(m.group(1)))
+        print(f"  node-local tier  {len(local)} of {world} ranks read the restored step from their node's own disk"
+              + (", the others from the shared root" if len(local) < int(world) else ""))
     failed = [v["expectation"] for v in node.get("verdict", []) if not v["held"]]
     if failed:
         print(f"  drill verdict    FAIL: {'; '.join(failed)}")
