@@ -1,5 +1,7 @@
 #include "agent/agent_service.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -7,8 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/server_posix.h"
 #include "storage/posix_error.h"
 #include "storage/status_macros.h"
 
@@ -16,13 +20,20 @@ namespace ckptd::agent {
 
 AgentService::AgentService(AgentCore* core) : core_(core) {}
 
-grpc::Status AgentService::Register(grpc::ServerContext*, const ckptd::v1::RegisterRequest* req,
+grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v1::RegisterRequest* req,
                                     ckptd::v1::RegisterResponse* resp) {
   TrainerRegistration reg;
   reg.job = req->job();
   reg.rank = req->rank();
   reg.world_size = req->world_size();
-  reg.pid = req->pid();
+  // The pid to watch: the one the kernel saw connect, when the trainer's own
+  // number means nothing here (it runs in another PID namespace, e.g. a pod).
+  const std::optional<PeerCredentials> peer = context != nullptr ? peers_.Find(context->peer()) : std::nullopt;
+  reg.pid = TrainerPid(req->pid(), peer, InOwnPidNamespace);
+  if (reg.pid != req->pid()) {
+    std::cerr << "ckptd-agent: job " << req->job() << " rank " << req->rank() << " reports pid " << req->pid()
+              << " from another PID namespace; watching its pid here, " << reg.pid << "\n";
+  }
   reg.buffers.assign(req->buffers().begin(), req->buffers().end());
   absl::StatusOr<TrainerHandle> h = core_->Register(reg);
   if (!h.ok()) return ToGrpcStatus(h.status());
@@ -32,9 +43,9 @@ grpc::Status AgentService::Register(grpc::ServerContext*, const ckptd::v1::Regis
   resp->set_slot_bytes(h->slot_bytes);
   for (uint64_t o : h->offsets) resp->add_offsets(o);
   resp->set_coordinated(h->coordinated);
-  if (req->pid() > 0) {
+  if (reg.pid > 0) {
     const uint64_t id = h->trainer_id;
-    absl::Status watched = watcher_.Watch(req->pid(), [this, id] {
+    absl::Status watched = watcher_.Watch(reg.pid, [this, id] {
       // NotFound: the trainer already said goodbye.
       (void)core_->TrainerExited(id, /*died=*/true);
     });
@@ -104,12 +115,51 @@ grpc::Status AgentService::Goodbye(grpc::ServerContext*, const ckptd::v1::Goodby
   return ToGrpcStatus(core_->TrainerExited(req->trainer_id()));
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartUnixServer(const std::string& path, grpc::Service* service) {
+void PeerTable::Set(const std::string& peer, const PeerCredentials& credentials) {
+  absl::MutexLock l(&mu_);
+  peers_[peer] = credentials;
+}
+
+std::optional<PeerCredentials> PeerTable::Find(const std::string& peer) {
+  absl::MutexLock l(&mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t TrainerPid(int32_t reported, const std::optional<PeerCredentials>& peer,
+                   const std::function<bool(int32_t)>& same_namespace) {
+  if (!peer || peer->pid <= 0 || reported == peer->pid) return reported;
+  if (same_namespace(peer->pid)) return reported;
+  return peer->pid;
+}
+
+bool InOwnPidNamespace(int32_t pid) {
+  auto link = [](const std::string& path) -> std::optional<std::string> {
+    char buf[128];
+    const ssize_t n = ::readlink(path.c_str(), buf, sizeof(buf));
+    if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf)) return std::nullopt;
+    return std::string(buf, static_cast<size_t>(n));
+  };
+  std::optional<std::string> own = link("/proc/self/ns/pid");
+  std::optional<std::string> theirs = link(absl::StrCat("/proc/", pid, "/ns/pid"));
+  return own && theirs && *own == *theirs;
+}
+
+absl::StatusOr<std::unique_ptr<UnixServer>> StartUnixServer(const std::string& path, grpc::Service* service,
+                                                            PeerTable* peers) {
+  return UnixServer::Start(path, service, peers);
+}
+
+absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string& path, grpc::Service* service,
+                                                             PeerTable* peers) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat("socket path \"", path, "\" must be 1..", sizeof(addr.sun_path) - 1, " bytes"));
   }
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
@@ -117,27 +167,79 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartUnixServer(const std::string&
     }
     // A socket nobody answers on was left by an agent that died.
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
     const bool live = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (fd >= 0) ::close(fd);
     if (live) return absl::FailedPreconditionError(absl::StrCat("another agent is serving on ", path));
     if (::unlink(path.c_str()) != 0) return storage::PosixError(absl::StrCat("unlink stale socket ", path), errno);
   }
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("unix:", path), grpc::InsecureServerCredentials());
-  builder.RegisterService(service);
+  std::unique_ptr<UnixServer> server(new UnixServer());
+  server->peers_ = peers;
+  server->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (server->listen_fd_ < 0) return storage::PosixError("socket", errno);
   // The socket is created owner-only: no window where others could connect.
   const mode_t old = ::umask(077);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const int bound = ::bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
   ::umask(old);
-  if (server == nullptr) return absl::UnavailableError(absl::StrCat("cannot serve on unix:", path));
-  if (::chmod(path.c_str(), 0600) != 0) {
-    const int err = errno;
-    server->Shutdown();
-    return storage::PosixError(absl::StrCat("chmod ", path), err);
-  }
+  if (bound != 0) return storage::PosixError(absl::StrCat("bind ", path), bind_errno);
+  if (::chmod(path.c_str(), 0600) != 0) return storage::PosixError(absl::StrCat("chmod ", path), errno);
+  if (::listen(server->listen_fd_, 128) != 0) return storage::PosixError(absl::StrCat("listen ", path), errno);
+  server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (server->wake_fd_ < 0) return storage::PosixError("eventfd", errno);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot serve on unix:", path));
+  UnixServer* raw = server.get();
+  server->acceptor_ = std::thread([raw] { raw->AcceptLoop(); });
   return server;
+}
+
+void UnixServer::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      std::cerr << "ckptd-agent: poll on the socket: " << std::strerror(errno) << "; no new connections\n";
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    // Non-blocking: gRPC polls it and must never block reading it.
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // EAGAIN: another wakeup took it; EMFILE and the like: try again soon.
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+        std::cerr << "ckptd-agent: accept: " << std::strerror(errno) << "\n";
+        ::usleep(100 * 1000);
+      }
+      continue;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (peers_ != nullptr && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      // Recorded before gRPC sees the connection, under the name gRPC gives it.
+      peers_->Set(absl::StrCat("fd:", fd), {cred.pid, cred.uid, cred.gid});
+    }
+    grpc::AddInsecureChannelFromFd(server_.get(), fd);  // gRPC owns (and closes) fd now
+  }
+}
+
+void UnixServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (wake_fd_ >= 0) {
+    const uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+UnixServer::~UnixServer() {
+  Shutdown();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 }  // namespace ckptd::agent

@@ -47,7 +47,7 @@ class AgentServiceTest : public ::testing::Test {
     o.segment_prefix = absl::StrCat("/ckptd-test-svc-", ::getpid(), "-", counter_++);
     core_ = std::make_unique<AgentCore>(&mem_, o);
     service_ = std::make_unique<AgentService>(core_.get());
-    CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartUnixServer(socket_, service_.get()));
+    CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartUnixServer(socket_, service_.get(), service_->peers()));
     stub_ = ckptd::v1::Agent::NewStub(grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
@@ -73,7 +73,7 @@ class AgentServiceTest : public ::testing::Test {
   storage::MemFileSystem mem_;
   std::unique_ptr<AgentCore> core_;
   std::unique_ptr<AgentService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UnixServer> server_;
   std::unique_ptr<ckptd::v1::Agent::Stub> stub_;
 };
 
@@ -211,6 +211,36 @@ TEST_F(AgentServiceTest, TrainerDeathIsNoticedAndItsPublishedSnapshotPersisted) 
   EXPECT_THAT(st, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
 }
 
+TEST(TrainerPidTest, ThePeersPidWhenTheReportedOneIsFromAnotherNamespace) {
+  auto same = [](int32_t) { return true; };
+  auto other = [](int32_t) { return false; };
+  const PeerCredentials peer{4242, 1000, 1000};
+  // No credentials, or a peer the agent cannot see: the reported pid.
+  EXPECT_EQ(TrainerPid(7, std::nullopt, other), 7);
+  EXPECT_EQ(TrainerPid(7, PeerCredentials{0, 1000, 1000}, other), 7);
+  // The trainer's own pid, in the agent's namespace.
+  EXPECT_EQ(TrainerPid(4242, peer, other), 4242);
+  // Another process of the agent's own namespace (a wrapper registering its child).
+  EXPECT_EQ(TrainerPid(7, peer, same), 7);
+  // pid 1 of a pod's namespace means the peer, 4242 here.
+  EXPECT_EQ(TrainerPid(1, peer, other), 4242);
+  EXPECT_TRUE(InOwnPidNamespace(::getpid()));
+  EXPECT_FALSE(InOwnPidNamespace(-5));
+}
+
+TEST_F(AgentServiceTest, ConnectionsAreRecordedWithTheirPeersCredentials) {
+  grpc::ClientContext c1;
+  ckptd::v1::RegisterResponse reg;
+  ASSERT_TRUE(stub_->Register(&c1, Request(::getpid()), &reg).ok());
+  // The connection the stub used was recorded as this process.
+  bool found = false;
+  for (int fd = 0; fd < 1024 && !found; ++fd) {
+    std::optional<PeerCredentials> p = service_->peers()->Find(absl::StrCat("fd:", fd));
+    found = p && p->pid == ::getpid() && p->uid == ::getuid() && p->gid == ::getgid();
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
   char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
@@ -220,13 +250,13 @@ TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
   ckptd::v1::Agent::Service dummy;
   EXPECT_THAT(StartUnixServer(file, &dummy), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a socket")));
   const std::string sock = dir + "/a.sock";
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> live, StartUnixServer(sock, &dummy));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> live, StartUnixServer(sock, &dummy));
   ckptd::v1::Agent::Service other;
   EXPECT_THAT(StartUnixServer(sock, &other), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("another agent")));
   live->Shutdown();
   live.reset();
   // The socket file left behind is stale now: a new agent takes it over.
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> again, StartUnixServer(sock, &other));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> again, StartUnixServer(sock, &other));
   again->Shutdown();
   EXPECT_THAT(StartUnixServer(std::string(200, 'x'), &other), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("socket path")));
   std::system(absl::StrCat("rm -rf ", dir).c_str());

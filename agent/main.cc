@@ -37,6 +37,9 @@ const char kUsage[] =
     "owns their shared-memory staging, persists every published snapshot in\n"
     "the background (per rank, in step order), commits single-rank steps by\n"
     "itself, and restores the newest committed step that reads back intact.\n"
+    "It watches each trainer process to notice its death at once; a trainer in\n"
+    "another PID namespace (a pod of its own) is watched by the pid the kernel\n"
+    "recorded for its connection, so the agent must see the trainers' processes.\n"
     "\n"
     "  --storage-root <dir>      where checkpoints live (<dir>/<job>/step-<s>/...)\n"
     "  --socket <path>           Unix socket to serve on\n"
@@ -217,8 +220,8 @@ int main(int argc, char** argv) {
     for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
   }
   ckptd::agent::AgentService service(core.get());
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server =
-      ckptd::agent::StartUnixServer(*args->Get("socket"), &service);
+  absl::StatusOr<std::unique_ptr<ckptd::agent::UnixServer>> server =
+      ckptd::agent::StartUnixServer(*args->Get("socket"), &service, service.peers());
   if (!server.ok()) {
     std::cerr << "ckptd-agent: " << server.status().message() << "\n";
     return ckptd::cli::kExitUnavailable;

@@ -99,7 +99,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
   {
     agent::AgentCore core(fs.get(), options);
     agent::AgentService service(&core);
-    absl::StatusOr<std::unique_ptr<grpc::Server>> server = agent::StartUnixServer(socket, &service);
+    absl::StatusOr<std::unique_ptr<agent::UnixServer>> server = agent::StartUnixServer(socket, &service, service.peers());
     if (!server.ok()) {
       err << "ckptd-bench snapshot: " << server.status().message() << "\n";
       return cli::kExitUnavailable;

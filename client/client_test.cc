@@ -277,7 +277,7 @@ class ClientTest : public ::testing::Test {
   storage::MemFileSystem mem_;
   std::unique_ptr<agent::AgentCore> core_;
   std::unique_ptr<agent::AgentService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<agent::UnixServer> server_;
 };
 
 TEST_F(ClientTest, SnapshotsOnScheduleAndRestoresAllFiveComponentsExactly) {

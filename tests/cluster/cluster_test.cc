@@ -106,6 +106,14 @@ std::optional<uint64_t> NumberAfter(const std::string& text, const std::string& 
   return n;
 }
 
+// NumberAfter in the file at `path`, once the line holding it is complete.
+std::optional<uint64_t> NumberInLogLine(const std::string& path, const std::string& prefix) {
+  const std::string text = ReadFile(path);
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos || text.find('\n', at) == std::string::npos) return std::nullopt;
+  return NumberAfter(text, prefix);
+}
+
 // Polls `done` every `poll` until it holds or `timeout` passes.
 bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout,
                absl::Duration poll = absl::Milliseconds(20)) {
@@ -236,8 +244,7 @@ class Cluster {
     std::optional<uint64_t> listening;
     WaitUntil(
         [&] {
-          const std::string text = ReadFile(log);
-          if (text.find('\n', text.find(prefix)) != std::string::npos) listening = NumberAfter(text, prefix);
+          listening = NumberInLogLine(log, prefix);
           return listening.has_value() || coordinator_->Wait(absl::ZeroDuration()).has_value();
         },
         absl::Seconds(30));
@@ -720,6 +727,41 @@ TEST_F(ClusterTest, NodeLocalTierServesTheRestoreAfterATrainerCrash) {
     }
   }
   EXPECT_GT(compared, 0) << "no local copy of the newest committed step " << *newest;
+}
+
+// 1c. A trainer in a PID namespace of its own (as in a pod without hostPID)
+// reports its pid as 1; the agent watches the pid the kernel gave for its
+// connection instead, so the trainer's death is still noticed at once.
+TEST_F(ClusterTest, TrainerInItsOwnPidNamespaceIsWatchedByItsRealPid) {
+  if (::access("/usr/bin/unshare", X_OK) != 0) GTEST_SKIP() << "no unshare (util-linux)";
+  auto cluster = std::make_unique<Cluster>(dir_ + "/run");
+  ASSERT_GT(cluster->StartCoordinator(), 0);
+  ASSERT_TRUE(cluster->StartAgent("node-a"));
+  const std::string err = dir_ + "/run/trainer.err";
+  Process trainer({"/usr/bin/unshare", "--pid", "--fork", "--kill-child", kTrainerBin, "--socket",
+                   cluster->socket("node-a"), "--job", kJob, "--steps", "100000", "--state-mb", "1", "--every",
+                   std::to_string(kEvery), "--step-ms", "5"},
+                  dir_ + "/run/trainer.out", err);
+  const std::string log = dir_ + "/run/node-a.1.log";
+  const std::string prefix = "reports pid 1 from another PID namespace; watching its pid here, ";
+  std::optional<uint64_t> real;
+  WaitUntil(
+      [&] {
+        real = NumberInLogLine(log, prefix);
+        return real.has_value() || trainer.Wait(absl::ZeroDuration()).has_value();
+      },
+      absl::Seconds(30));
+  if (!real && absl::StrContains(ReadFile(err), "unshare failed")) GTEST_SKIP() << ReadFile(err);
+  ASSERT_TRUE(real.has_value()) << "agent log:\n" << ReadFile(log) << "\ntrainer:\n" << ReadFile(err);
+  EXPECT_NE(*real, 1u);
+  EXPECT_THAT(ReadFile(absl::StrCat("/proc/", *real, "/cmdline")), HasSubstr("ckptd-demo-trainer"));
+  ASSERT_TRUE(WaitUntil([&] { return cluster->Committed().has_value(); }, absl::Seconds(30)))
+      << "no checkpoint committed";
+  ASSERT_EQ(::kill(static_cast<pid_t>(*real), SIGKILL), 0);
+  EXPECT_TRUE(WaitUntil([&] { return !cluster->EventsOf(ckptd::v1::TRAINER_DIED, "node-a", 0).empty(); },
+                        absl::Seconds(5)))
+      << "the trainer's death was not reported";
+  EXPECT_TRUE(trainer.Wait(absl::Seconds(10)).has_value());
 }
 
 // 2. node-b's agent is SIGKILLed while it persists a snapshot of its ranks.

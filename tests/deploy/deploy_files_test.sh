@@ -331,9 +331,10 @@ if not problems:
     if uid(agent, aspec) is None or uid(agent, aspec) != uid(trainer, tspec):
         bad(f"the agent (uid {uid(agent, aspec)}) and the trainers (uid {uid(trainer, tspec)}) must run as one uid: "
             "the socket and the staging are owner-only")
-    for w, spec in ((aw, aspec), (tw, tspec)):
-        if spec.get("hostPID") is not True:
-            bad(f"{w}: needs hostPID: true (the agent watches and signals trainer pids)")
+    if aspec.get("hostPID") is not True:
+        bad(f"{aw}: needs hostPID: true (the agent watches and signals the trainers' processes)")
+    if tspec.get("hostPID") is True:
+        bad(f"{tw}: needs no hostPID (the agent takes a trainer's pid from its connection); drop it")
     sockets = []
     for w, c, spec in ((aw, agent, aspec), (tw, trainer, tspec)):
         sock = arg_after(c, "--socket") or ""

@@ -1,11 +1,19 @@
 """A small PyTorch training run checkpointed through ckptd, for the resume
-test: a model with dropout, Adam, an LR schedule, a shuffled ResumableLoader,
+tests: a model with dropout, Adam, an LR schedule, a shuffled ResumableLoader,
 and draws from Python's and NumPy's RNGs. Restores, trains to --steps,
-snapshots every --every steps. With --kill-at K it SIGKILLs itself after
-step K (once its last snapshot is persisted, so that the next run has one to
-restore). It writes to --out (torch.save: test output, not a checkpoint) the
-step it started from, each step's loss and batch, and at the end the model,
-optimizer, scheduler and RNG states and the next batches and dropout masks.
+snapshots every --every steps (under a coordinator: when its schedule says).
+With --kill-at K it SIGKILLs itself after step K (once its last snapshot is
+persisted, so that the next run has one to restore; with --commit-dir D, after
+the first step from K on at which D, the job's directory in the storage root,
+holds a committed step). It writes to --out (torch.save: test output, not a
+checkpoint) the step it started from, each step's loss and batch, and at the
+end the model, optimizer, scheduler and RNG states and the next batches and
+dropout masks.
+
+--rank R --world-size W: one rank of a job (its own model, data and RNG
+streams, seeded by R; rank 0 is the single-rank run). When the coordinator
+asks for a restart, it writes --out (with "restart_at": the step) and exits
+75, as a launcher expects.
 """
 
 import argparse
@@ -13,6 +21,8 @@ import hashlib
 import os
 import random
 import signal
+import sys
+import time
 
 import numpy as np
 import torch
@@ -32,6 +42,16 @@ class Net(torch.nn.Module):
         return self.fc2(self.drop(F.relu(self.fc1(x))))
 
 
+def committed_steps(job_dir):
+    """The steps of the job that have a MANIFEST in the storage root."""
+    try:
+        names = os.listdir(job_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[5:]) for n in names
+                  if n.startswith("step-") and os.path.exists(os.path.join(job_dir, n, "MANIFEST")))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
@@ -41,19 +61,28 @@ def main():
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--commit-dir", default="")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step sleeps (pacing)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
 
-    torch.manual_seed(1)
-    random.seed(2)
-    np.random.seed(3)
-    g = torch.Generator().manual_seed(4)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    seed = 100 * args.rank  # rank 0: the seeds of the single-rank run
+    torch.manual_seed(seed + 1)
+    random.seed(seed + 2)
+    np.random.seed(seed + 3)
+    g = torch.Generator().manual_seed(seed + 4)
     data = torch.utils.data.TensorDataset(torch.randn(200, 8, generator=g), torch.randint(0, 4, (200,), generator=g))
     model = Net()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.9)
-    loader = ckptd.torch.ResumableLoader(data, batch_size=16, seed=5, num_workers=args.workers)
+    loader = ckptd.torch.ResumableLoader(data, batch_size=16, seed=seed + 5, num_workers=args.workers)
 
-    ckpt = ckptd.torch.Checkpointer(args.job, args.socket, every=args.every, slot_wait=10.0, on_error="raise")
+    ckpt = ckptd.torch.Checkpointer(args.job, args.socket, rank=args.rank, world_size=args.world_size,
+                                    every=args.every, slot_wait=10.0, on_error="raise")
     ckpt.track("model", model)
     ckpt.track("optimizer", opt)
     ckpt.track("scheduler", sched)
@@ -75,10 +104,21 @@ def main():
                                   .hexdigest())
             if ckpt.maybe_snapshot(step):
                 last_snapshot = step
-            if step == args.kill_at:
-                ckpt.wait_persisted(last_snapshot, timeout=30)
+            if ckpt.restart_requested():  # a failure elsewhere: the launcher starts every rank again
+                log["restart_at"] = step
                 torch.save(log, args.out)
-                os.kill(os.getpid(), signal.SIGKILL)
+                sys.exit(75)
+            if args.kill_at and step >= args.kill_at and last_snapshot:
+                committed = committed_steps(args.commit_dir) if args.commit_dir else None
+                if committed is None or committed:
+                    ckpt.wait_persisted(last_snapshot, timeout=30)
+                    log["killed_at"] = step
+                    if committed is not None:
+                        log["committed_at_kill"] = committed_steps(args.commit_dir)[-1]
+                    torch.save(log, args.out)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
             if step == args.steps:
                 break
 
