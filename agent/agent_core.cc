@@ -123,7 +123,8 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   const std::string prefix =
       options_.segment_prefix.empty() ? AgentSegmentPrefix() : options_.segment_prefix;
   CKPTD_ASSIGN_OR_RETURN(t->segment,
-                         StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes));
+                         StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
+                                                                options_.trainer_group));
   TrainerHandle handle;
   handle.trainer_id = t->id;
   handle.segment = t->segment->name();

@@ -51,6 +51,9 @@ struct AgentOptions {
   absl::Duration restore_timeout = absl::Minutes(5);
   absl::Duration plan_poll = absl::Milliseconds(50);
   std::string node_id;
+  // The trainers' group: staging segments are made read-write for it (0660)
+  // instead of owner-only.
+  std::optional<uint32_t> trainer_group;
   // The node-local tier (e.g. an NVMe mount): when set, each shard is
   // written here first, its staging slot is handed back to the trainer, and
   // the file is then copied to the storage root (where the step commits, as

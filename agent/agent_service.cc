@@ -147,12 +147,12 @@ bool InOwnPidNamespace(int32_t pid) {
 }
 
 absl::StatusOr<std::unique_ptr<UnixServer>> StartUnixServer(const std::string& path, grpc::Service* service,
-                                                            PeerTable* peers) {
-  return UnixServer::Start(path, service, peers);
+                                                            PeerTable* peers, std::optional<uint32_t> group) {
+  return UnixServer::Start(path, service, peers, group);
 }
 
 absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string& path, grpc::Service* service,
-                                                             PeerTable* peers) {
+                                                             PeerTable* peers, std::optional<uint32_t> group) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -182,7 +182,12 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string&
   const int bind_errno = errno;
   ::umask(old);
   if (bound != 0) return storage::PosixError(absl::StrCat("bind ", path), bind_errno);
-  if (::chmod(path.c_str(), 0600) != 0) return storage::PosixError(absl::StrCat("chmod ", path), errno);
+  if (group && ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(*group)) != 0) {
+    const int err = errno;
+    ::unlink(path.c_str());
+    return storage::PosixError(absl::StrCat("giving group ", *group, " (the trainers' group) the socket ", path), err);
+  }
+  if (::chmod(path.c_str(), group ? 0660 : 0600) != 0) return storage::PosixError(absl::StrCat("chmod ", path), errno);
   if (::listen(server->listen_fd_, 128) != 0) return storage::PosixError(absl::StrCat("listen ", path), errno);
   server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (server->wake_fd_ < 0) return storage::PosixError("eventfd", errno);

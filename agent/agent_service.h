@@ -85,11 +85,13 @@ class AgentService final : public ckptd::v1::Agent::Service {
 // to record each peer's credentials before gRPC serves the connection.
 class UnixServer {
  public:
-  // Serves `service` on a Unix socket at `path` with owner-only permissions,
-  // recording each connection's credentials in `peers` (when not null). A
-  // stale socket file left by an agent that died is replaced.
+  // Serves `service` on a Unix socket at `path` with owner-only permissions
+  // (0660 and group `group` when given: the trainers' group), recording each
+  // connection's credentials in `peers` (when not null). A stale socket file
+  // left by an agent that died is replaced.
   static absl::StatusOr<std::unique_ptr<UnixServer>> Start(const std::string& path, grpc::Service* service,
-                                                           PeerTable* peers = nullptr);
+                                                           PeerTable* peers = nullptr,
+                                                           std::optional<uint32_t> group = std::nullopt);
   ~UnixServer();
   UnixServer(const UnixServer&) = delete;
   UnixServer& operator=(const UnixServer&) = delete;
@@ -110,6 +112,7 @@ class UnixServer {
 };
 
 absl::StatusOr<std::unique_ptr<UnixServer>> StartUnixServer(const std::string& path, grpc::Service* service,
-                                                            PeerTable* peers = nullptr);
+                                                            PeerTable* peers = nullptr,
+                                                            std::optional<uint32_t> group = std::nullopt);
 
 }  // namespace ckptd::agent

@@ -241,6 +241,34 @@ TEST_F(AgentServiceTest, ConnectionsAreRecordedWithTheirPeersCredentials) {
   EXPECT_TRUE(found);
 }
 
+TEST(StartUnixServerTest, TrainerGroupGetsTheSocketAndTheStaging) {
+  char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string sock = dir + "/a.sock";
+  // This process's own group: one it may always give files to.
+  const uint32_t gid = static_cast<uint32_t>(::getegid());
+  ckptd::v1::Agent::Service dummy;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> server, StartUnixServer(sock, &dummy, nullptr, gid));
+  struct stat st;
+  ASSERT_EQ(::stat(sock.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, gid);
+  server->Shutdown();
+  const std::string name = absl::StrCat("/ckptd-test-group-", ::getpid());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingSegment> seg, StagingSegment::Create(name, 1, 4096, gid));
+  ASSERT_EQ(::stat(absl::StrCat("/dev/shm", name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  EXPECT_EQ(st.st_gid, gid);
+  seg.reset();
+  if (::geteuid() != 0) {
+    // A group this process is not in (and, not being root, cannot use).
+    EXPECT_THAT(StartUnixServer(dir + "/b.sock", &dummy, nullptr, 65534 == gid ? 65533u : 65534u),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("the trainers' group")));
+  }
+  std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
 TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
   char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);

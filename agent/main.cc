@@ -1,5 +1,6 @@
 // ckptd-agent: the per-node sidecar that owns staging memory and persists and
 // restores the trainers' checkpoints.
+#include <grp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
@@ -29,6 +31,7 @@ namespace {
 const char kUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
+    "                   [--trainer-group <group>]\n"
     "                   [--coordinator <host:port> [--node-id <id>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
     "                   [--inject-write-latency <duration>] [--allow-drills]\n"
@@ -53,6 +56,9 @@ const char kUsage[] =
     "                            when it is the committed shard, else the storage root. A local\n"
     "                            write that fails (full disk) falls back to the storage root\n"
     "  --local-cache-keep N      steps per job kept in the local tier (default 2)\n"
+    "  --trainer-group <group>   let this group's processes use the agent: the socket and the\n"
+    "                            staging memory become 0660 with this group (name or number);\n"
+    "                            the agent must be a member. Default: owner-only (0600)\n"
     "  --coordinator <host:port> report to a ckptd-coordinator: it commits every step (single-rank\n"
     "                            ones too), sets the schedule and plans restores\n"
     "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
@@ -79,7 +85,7 @@ int main(int argc, char** argv) {
   using ckptd::cli::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
-                                                     "local-cache", "local-cache-keep",
+                                                     "local-cache", "local-cache-keep", "trainer-group",
                                                      "inject-write-latency", "tls-ca", "tls-cert", "tls-key"},
                                           {"help", "allow-drills"});
   if (args.ok() && args->Has("help")) {
@@ -113,6 +119,20 @@ int main(int argc, char** argv) {
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) {
     std::cerr << "ckptd-agent: storage root: " << s.message() << "\n";
     return ckptd::cli::kExitFailed;
+  }
+  if (std::optional<std::string> group = args->Get("trainer-group")) {
+    uint32_t gid = 0;
+    if (absl::SimpleAtoi(*group, &gid)) {
+      options.trainer_group = gid;
+    } else {
+      struct group entry;
+      struct group* found = nullptr;
+      std::vector<char> buf(16384);
+      if (::getgrnam_r(group->c_str(), &entry, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
+        return usage(absl::StrCat("--trainer-group: no group \"", *group, "\" on this machine"));
+      }
+      options.trainer_group = static_cast<uint32_t>(found->gr_gid);
+    }
   }
   if (std::optional<std::string> local = args->Get("local-cache")) {
     options.local_cache = *local;
@@ -221,7 +241,7 @@ int main(int argc, char** argv) {
   }
   ckptd::agent::AgentService service(core.get());
   absl::StatusOr<std::unique_ptr<ckptd::agent::UnixServer>> server =
-      ckptd::agent::StartUnixServer(*args->Get("socket"), &service, service.peers());
+      ckptd::agent::StartUnixServer(*args->Get("socket"), &service, service.peers(), options.trainer_group);
   if (!server.ok()) {
     std::cerr << "ckptd-agent: " << server.status().message() << "\n";
     return ckptd::cli::kExitUnavailable;

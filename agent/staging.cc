@@ -118,7 +118,8 @@ StagingSegment::~StagingSegment() {
 }
 
 absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std::string& name, uint32_t slots,
-                                                                      uint64_t slot_bytes) {
+                                                                      uint64_t slot_bytes,
+                                                                      std::optional<uint32_t> group) {
   CKPTD_RETURN_IF_ERROR(ValidateName(name));
   if (slots == 0 || slots > kMaxSlots) {
     return absl::InvalidArgumentError(absl::StrCat("staging slots must be 1..", kMaxSlots, ", not ", slots));
@@ -135,8 +136,16 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
     ::shm_unlink(name.c_str());
     return PosixError(absl::StrCat(op, " ", name), err);
   };
-  // The umask must not widen it: owner-only, whatever the process's umask.
-  if (::fchmod(fd, 0600) != 0) return fail("fchmod", errno);
+  // The umask must not widen it: owner-only, whatever the process's umask,
+  // or owner and `group` (the trainers' group) read-write.
+  if (group) {
+    if (::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(*group)) != 0) {
+      return fail(absl::StrCat("giving group ", *group, " (the trainers' group) the staging segment"), errno);
+    }
+    if (::fchmod(fd, 0660) != 0) return fail("fchmod", errno);
+  } else if (::fchmod(fd, 0600) != 0) {
+    return fail("fchmod", errno);
+  }
   // Reserve the memory now: a full /dev/shm must be an error here, not a
   // SIGBUS in the trainer later.
   if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {

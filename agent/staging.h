@@ -69,10 +69,12 @@ absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string&
 class StagingSegment {
  public:
   // Agent side: creates segment `name` ("/ckptd-..." as for shm_open; must not
-  // exist) with `slots` slots of `slot_bytes`, mode 0600, pre-faulted. The
-  // segment's name is unlinked when this object is destroyed.
+  // exist) with `slots` slots of `slot_bytes`, mode 0600 (0660 and group
+  // `group` when given: the trainers' group), pre-faulted. The segment's name
+  // is unlinked when this object is destroyed.
   static absl::StatusOr<std::unique_ptr<StagingSegment>> Create(const std::string& name, uint32_t slots,
-                                                                uint64_t slot_bytes);
+                                                                uint64_t slot_bytes,
+                                                                std::optional<uint32_t> group = std::nullopt);
   // Trainer side: maps an existing segment (pre-faulted) after checking its
   // header. kNotFound when absent, kDataLoss when it is not a staging segment.
   static absl::StatusOr<std::unique_ptr<StagingSegment>> Open(const std::string& name);
