@@ -386,7 +386,7 @@ TEST_F(LocalTierTest, AFullLocalDiskFallsBackToTheStorageRoot) {
 
 TEST_F(LocalTierTest, TheSlotIsHandedBackBeforeTheCopyToSlowSharedStorage) {
   storage::FaultInjectionFileSystem shared(&mem_);
-  shared.SlowPath("/ckpt", absl::Seconds(1));
+  shared.SlowPath("/ckpt", absl::Milliseconds(300));
   options_.local_fs = &mem_;
   options_.slots = 1;
   AgentCore agent(&shared, options_);
@@ -396,7 +396,7 @@ TEST_F(LocalTierTest, TheSlotIsHandedBackBeforeTheCopyToSlowSharedStorage) {
   CKPTD_ASSERT_OK(seg->Publish(slot, 1));
   CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
   // The only slot comes back once the local write is done, while the copy to
-  // the storage root (a second per write) is still running.
+  // the storage root (300 ms per read and write there) is still running.
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t again, seg->AcquireForFill(absl::Seconds(30)));
   EXPECT_EQ(again, slot);
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
