@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -291,6 +292,15 @@ absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint
                                                             const std::function<void()>& release) {
   const TrainerRegistration& reg = t->reg;
   if (local_store_) {
+    {
+      absl::MutexLock l(&local_prune_mu_);
+      local_in_flight_[reg.job].insert(step);
+    }
+    absl::Cleanup done = [&] {
+      absl::MutexLock l(&local_prune_mu_);
+      std::multiset<uint64_t>& steps = local_in_flight_[reg.job];
+      steps.erase(steps.find(step));
+    };
     absl::Status prepared = local_store_->PrepareStep(reg.job, step);
     absl::StatusOr<storage::ShardWriteResult> local =
         prepared.ok() ? local_store_->WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_)
@@ -332,10 +342,26 @@ void AgentCore::PruneLocalCache(const std::string& job) {
     if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
   }
   std::sort(steps.begin(), steps.end());
+  const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
+  const uint64_t oldest_in_flight = in_flight.empty() ? UINT64_MAX : *in_flight.begin();
   const size_t keep = static_cast<size_t>(std::max(options_.local_cache_keep, 1));
-  for (size_t i = 0; i + keep < steps.size(); ++i) {
+  for (size_t i = 0; i + keep < steps.size() && steps[i] < oldest_in_flight; ++i) {
     // Best effort: a reader that has the file open keeps reading it.
     (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, steps[i]));
+  }
+}
+
+void AgentCore::DropLocalStepsAbove(const std::string& job, uint64_t step) {
+  if (!local_store_) return;
+  absl::MutexLock l(&local_prune_mu_);
+  absl::StatusOr<std::vector<storage::FileInfo>> entries =
+      local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
+  if (!entries.ok()) return;
+  const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
+  for (const storage::FileInfo& e : *entries) {
+    std::optional<uint64_t> s = storage::ParseStepDirName(e.name);
+    if (!s || !e.is_directory || *s <= step || in_flight.contains(*s)) continue;
+    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, *s));
   }
 }
 
@@ -447,7 +473,10 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
   *from_local = false;
   if (std::unique_ptr<storage::ShardReader> local = OpenLocalCopy(t, step)) {
     absl::StatusOr<uint32_t> slot = LoadFrom(t, step, *local, wait_for_slot);
-    if (!absl::IsDataLoss(slot.status())) {
+    // A local copy that cannot be read for any other reason than the
+    // registration or a staging slot: the storage root's may still be.
+    if (slot.ok() || absl::IsFailedPrecondition(slot.status()) || absl::IsDeadlineExceeded(slot.status()) ||
+        absl::IsResourceExhausted(slot.status())) {
       *from_local = slot.ok();
       if (slot.ok()) {
         std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << ": step " << step
@@ -458,7 +487,11 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
       return slot;
     }
     // A damaged local copy: drop it and read the storage root's.
-    (void)local_fs_->RemoveFile(storage::ShardPath(options_.local_cache, reg.job, step, reg.rank));
+    std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << ": the node-local copy of step " << step
+              << " cannot be read (" << slot.status().message() << "); reading the storage root\n";
+    if (absl::IsDataLoss(slot.status())) {
+      (void)local_fs_->RemoveFile(storage::ShardPath(options_.local_cache, reg.job, step, reg.rank));
+    }
   }
   const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
@@ -542,6 +575,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
     result.step = it->step;
     result.slot = *slot;
     result.from_local_cache = from_local;
+    DropLocalStepsAbove(reg.job, it->step);
     return result;
   }
   if (!last_damage.ok()) {
@@ -581,6 +615,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
     switch (plan->verdict()) {
       case ckptd::v1::RestorePlanResponse::FRESH_START: {
         release();
+        DropLocalStepsAbove(reg.job, 0);
         absl::MutexLock l(&t->mu);
         t->incarnation = plan->incarnation();
         RestoreResult fresh;
@@ -596,6 +631,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
           r.slot = held;
           r.incarnation = plan->incarnation();
           r.from_local_cache = held_from_local;
+          DropLocalStepsAbove(reg.job, plan->step());
           return r;
         }
         req.set_has_attempt(false);  // we hold nothing of it: load it

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -183,8 +184,13 @@ class AgentCore {
   absl::StatusOr<storage::ShardWriteResult> WriteShard(Trainer* t, uint64_t step,
                                                        absl::Span<const storage::TensorSource> sources,
                                                        const std::function<void()>& release);
-  // Keeps the newest local_cache_keep step directories of `job` in the local tier.
+  // Keeps the newest local_cache_keep step directories of `job` in the local
+  // tier; never one a trainer of this node is still writing or copying, nor
+  // any newer than that.
   void PruneLocalCache(const std::string& job);
+  // Removes the local tier's steps of `job` newer than `step` (a restore went
+  // back to `step`: they are from a run that is gone), except those in flight.
+  void DropLocalStepsAbove(const std::string& job, uint64_t step);
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
@@ -206,6 +212,8 @@ class AgentCore {
   storage::FileSystem* const local_fs_;
   std::optional<storage::CheckpointStore> local_store_;
   absl::Mutex local_prune_mu_;
+  // Steps of each job being written to the local tier or copied from it.
+  std::map<std::string, std::multiset<uint64_t>> local_in_flight_ ABSL_GUARDED_BY(local_prune_mu_);
   storage::ThreadPool pool_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

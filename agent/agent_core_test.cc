@@ -409,6 +409,35 @@ TEST_F(LocalTierTest, TheSlotIsHandedBackBeforeTheCopyToSlowSharedStorage) {
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
+TEST_F(LocalTierTest, NewerStepsOfAGoneRunNeitherPushOutTheCurrentOnesNorOutliveTheRestore) {
+  // A run that got to step 60 on this node, then went back (e.g. to 10).
+  for (uint64_t step : {50u, 60u}) {
+    CKPTD_ASSERT_OK(storage::CreateDirs(&mem_, storage::StepDir("/nvme", "job", step)));
+    CKPTD_ASSERT_OK(mem_.SetFileContents(storage::ShardPath("/nvme", "job", step, 0), "old"));
+  }
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  // Kept by number, 50 and 60 outrank it; the copy of 10 still completes.
+  SnapshotAndWait(agent, *seg, h, 10);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.failed, 0u);
+  EXPECT_THAT(st.last_committed_step, Optional(10u));
+  // The restore goes back to 10: what is newer on this node is gone with it.
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(10u));
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  std::vector<uint64_t> left = LocalSteps("job");
+  EXPECT_THAT(left, ::testing::Not(::testing::Contains(50u)));
+  EXPECT_THAT(left, ::testing::Not(::testing::Contains(60u)));
+  SnapshotAndWait(agent, *seg, h, 20);
+  CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(20u));
+  EXPECT_TRUE(r.from_local_cache);
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 TEST_F(LocalTierTest, StartingUpDropsHalfWrittenFilesAndOldSteps) {
   for (uint64_t step : {1u, 2u, 3u}) {
     CKPTD_ASSERT_OK(storage::CreateDirs(&mem_, storage::StepDir("/nvme", "job", step)));

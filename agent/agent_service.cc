@@ -30,7 +30,12 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
   // number means nothing here (it runs in another PID namespace, e.g. a pod).
   const std::optional<PeerCredentials> peer = context != nullptr ? peers_.Find(context->peer()) : std::nullopt;
   reg.pid = TrainerPid(req->pid(), peer, InOwnPidNamespace);
-  if (reg.pid != req->pid()) {
+  if (reg.pid == 0 && req->pid() > 0) {
+    std::cerr << "ckptd-agent: job " << req->job() << " rank " << req->rank() << " (pid " << req->pid()
+              << " in its namespace) runs where this agent cannot see its process: its death is noticed only "
+                 "by the coordinator's hang check, and drills cannot signal it (give the agent the host's PID "
+                 "namespace)\n";
+  } else if (reg.pid != req->pid()) {
     std::cerr << "ckptd-agent: job " << req->job() << " rank " << req->rank() << " reports pid " << req->pid()
               << " from another PID namespace; watching its pid here, " << reg.pid << "\n";
   }
@@ -120,6 +125,11 @@ void PeerTable::Set(const std::string& peer, const PeerCredentials& credentials)
   peers_[peer] = credentials;
 }
 
+void PeerTable::Erase(const std::string& peer) {
+  absl::MutexLock l(&mu_);
+  peers_.erase(peer);
+}
+
 std::optional<PeerCredentials> PeerTable::Find(const std::string& peer) {
   absl::MutexLock l(&mu_);
   auto it = peers_.find(peer);
@@ -129,7 +139,11 @@ std::optional<PeerCredentials> PeerTable::Find(const std::string& peer) {
 
 int32_t TrainerPid(int32_t reported, const std::optional<PeerCredentials>& peer,
                    const std::function<bool(int32_t)>& same_namespace) {
-  if (!peer || peer->pid <= 0 || reported == peer->pid) return reported;
+  if (!peer || reported == peer->pid) return reported;
+  // The kernel could not name the peer's process here: the agent cannot see
+  // it (no shared PID namespace), and a number from the trainer's namespace
+  // would mean another process, or none. Not watched.
+  if (peer->pid <= 0) return 0;
   if (same_namespace(peer->pid)) return reported;
   return peer->pid;
 }
@@ -205,8 +219,9 @@ void UnixServer::AcceptLoop() {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      std::cerr << "ckptd-agent: poll on the socket: " << std::strerror(errno) << "; no new connections\n";
-      return;
+      std::cerr << "ckptd-agent: poll on the socket: " << std::strerror(errno) << "; trying again\n";
+      ::usleep(100 * 1000);
+      continue;
     }
     if (fds[1].revents != 0) return;
     // Non-blocking: gRPC polls it and must never block reading it.
@@ -221,9 +236,14 @@ void UnixServer::AcceptLoop() {
     }
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (peers_ != nullptr && ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      // Recorded before gRPC sees the connection, under the name gRPC gives it.
-      peers_->Set(absl::StrCat("fd:", fd), {cred.pid, cred.uid, cred.gid});
+    if (peers_ != nullptr) {
+      // Recorded before gRPC sees the connection, under the name gRPC gives
+      // it; without credentials, none of an earlier connection may linger.
+      if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        peers_->Set(absl::StrCat("fd:", fd), {cred.pid, cred.uid, cred.gid});
+      } else {
+        peers_->Erase(absl::StrCat("fd:", fd));
+      }
     }
     grpc::AddInsecureChannelFromFd(server_.get(), fd);  // gRPC owns (and closes) fd now
   }

@@ -33,6 +33,7 @@ struct PeerCredentials {
 class PeerTable {
  public:
   void Set(const std::string& peer, const PeerCredentials& credentials);
+  void Erase(const std::string& peer);
   std::optional<PeerCredentials> Find(const std::string& peer);
 
  private:

@@ -215,9 +215,9 @@ TEST(TrainerPidTest, ThePeersPidWhenTheReportedOneIsFromAnotherNamespace) {
   auto same = [](int32_t) { return true; };
   auto other = [](int32_t) { return false; };
   const PeerCredentials peer{4242, 1000, 1000};
-  // No credentials, or a peer the agent cannot see: the reported pid.
+  // No credentials: the reported pid; a peer the agent cannot see: none.
   EXPECT_EQ(TrainerPid(7, std::nullopt, other), 7);
-  EXPECT_EQ(TrainerPid(7, PeerCredentials{0, 1000, 1000}, other), 7);
+  EXPECT_EQ(TrainerPid(7, PeerCredentials{0, 1000, 1000}, other), 0);  // not watched
   // The trainer's own pid, in the agent's namespace.
   EXPECT_EQ(TrainerPid(4242, peer, other), 4242);
   // Another process of the agent's own namespace (a wrapper registering its child).

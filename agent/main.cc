@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -128,30 +130,42 @@ int main(int argc, char** argv) {
       struct group entry;
       struct group* found = nullptr;
       std::vector<char> buf(16384);
-      if (::getgrnam_r(group->c_str(), &entry, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
-        return usage(absl::StrCat("--trainer-group: no group \"", *group, "\" on this machine"));
+      int err;
+      // Groups with many members (LDAP) need a larger buffer.
+      while ((err = ::getgrnam_r(group->c_str(), &entry, buf.data(), buf.size(), &found)) == ERANGE &&
+             buf.size() < (64u << 20)) {
+        buf.resize(buf.size() * 4);
+      }
+      if (err != 0 || found == nullptr) {
+        return usage(absl::StrCat("--trainer-group: no group \"", *group, "\" on this machine",
+                                  err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : ""));
       }
       options.trainer_group = static_cast<uint32_t>(found->gr_gid);
     }
   }
   if (std::optional<std::string> local = args->Get("local-cache")) {
     options.local_cache = *local;
-    if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) {
-      std::cerr << "ckptd-agent: --local-cache: " << s.message() << "\n";
-      return ckptd::cli::kExitFailed;
-    }
     // Neither may hold the other: the coordinator would take the local
-    // tier for a job, or the tier would copy files onto themselves.
+    // tier for a job, or the tier would copy files onto themselves. Checked
+    // before the tier's directory is created (in the storage root, perhaps).
     std::error_code ec1, ec2;
     const std::filesystem::path root = std::filesystem::weakly_canonical(options.storage_root, ec1);
     const std::filesystem::path tier = std::filesystem::weakly_canonical(options.local_cache, ec2);
+    if (ec1 || ec2) {
+      return usage(absl::StrCat("--local-cache ", options.local_cache, ": cannot resolve it or the storage root (",
+                                (ec1 ? ec1 : ec2).message(), ")"));
+    }
     auto inside = [](const std::filesystem::path& a, const std::filesystem::path& b) {  // a at or below b
       auto [end_b, at_a] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
       return end_b == b.end();
     };
-    if (!ec1 && !ec2 && (inside(root, tier) || inside(tier, root))) {
+    if (inside(root, tier) || inside(tier, root)) {
       return usage(absl::StrCat("--local-cache ", options.local_cache, " and --storage-root ", options.storage_root,
                                 " overlap: the node-local tier must be a directory of its own"));
+    }
+    if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) {
+      std::cerr << "ckptd-agent: --local-cache: " << s.message() << "\n";
+      return ckptd::cli::kExitFailed;
     }
     // The local tier is this node's own disk: drills and injected latency
     // are about the shared storage root, and leave it alone.
@@ -239,9 +253,9 @@ int main(int argc, char** argv) {
   if (absl::StatusOr<std::vector<std::string>> stale = ckptd::agent::ReclaimStaleSegments(); stale.ok()) {
     for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
   }
-  ckptd::agent::AgentService service(core.get());
+  auto service = std::make_unique<ckptd::agent::AgentService>(core.get());
   absl::StatusOr<std::unique_ptr<ckptd::agent::UnixServer>> server =
-      ckptd::agent::StartUnixServer(*args->Get("socket"), &service, service.peers(), options.trainer_group);
+      ckptd::agent::StartUnixServer(*args->Get("socket"), service.get(), service->peers(), options.trainer_group);
   if (!server.ok()) {
     std::cerr << "ckptd-agent: " << server.status().message() << "\n";
     return ckptd::cli::kExitUnavailable;
@@ -254,6 +268,8 @@ int main(int argc, char** argv) {
   while (!g_stop) ::pause();
   std::cerr << "ckptd-agent: stopping\n";
   (*server)->Shutdown();
+  server->reset();
+  service.reset();  // stops watching the trainers: no death reaches the core after it is gone
   {
     absl::MutexLock l(&source_mu);
     heartbeat_source = nullptr;

@@ -110,6 +110,9 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
   if (!in.ok()) return in_context(in.status(), absl::StrCat("copy: reading ", from));
   const uint64_t length = (*in)->size();
   absl::StatusOr<uint64_t> copied = [&]() -> absl::StatusOr<uint64_t> {
+    // Declared before the file: on an early return the file (whose
+    // destructor waits for queued writes) goes first, then the buffers.
+    AlignedBuffer buffers[2];
     absl::StatusOr<std::unique_ptr<WritableFile>> out = to_fs->NewWritableFile(tmp, OpenOptions());
     if (!out.ok()) return in_context(out.status(), absl::StrCat("copy: creating ", tmp));
     const size_t align = std::max<size_t>((*out)->alignment(), 1);
@@ -118,8 +121,7 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
         !s.ok() && !absl::IsUnimplemented(s)) {
       return in_context(s, absl::StrCat("copy: reserving ", length, " bytes for ", tmp));
     }
-    AlignedBuffer buffers[2] = {AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment)),
-                                AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment))};
+    for (AlignedBuffer& b : buffers) b = AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment));
     // Chunk i is read into buffers[i % 2]; its write is queued while chunk
     // i + 1 is read into the other buffer.
     std::optional<uint64_t> pending_write;  // ticket of the write of the previous chunk

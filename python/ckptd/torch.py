@@ -315,17 +315,25 @@ class Checkpointer:
         """Loads every tracked object (and the RNG streams) from the newest
         committed checkpoint of the job and returns its step, the number of
         steps done; 0 when nothing is committed (start from scratch). An
-        agent that cannot be reached is a warning as for snapshots (training
-        starts from scratch, without checkpoints for now); any other failure
-        raises
-        ckptd.Error, e.g. FailedPreconditionError naming the tensor when the
-        model does not match the checkpoint."""
+        agent that cannot be reached (after `connect_wait`) is a warning as
+        for snapshots when the job has one rank (training starts from
+        scratch, without checkpoints for now), and raises UnavailableError
+        when it has several: one rank starting from scratch while the others
+        restore would train a different model on each rank. Any other
+        failure raises ckptd.Error, e.g. FailedPreconditionError naming the
+        tensor when the model does not match the checkpoint."""
         if not self._tracked:
             raise ValueError("ckptd: nothing is tracked; track() the model, optimizer, ... before restore()")
         if self._layout is None:
             try:
                 self._open()
             except _ckptd.UnavailableError as e:
+                rank, world_size = self._client_args["rank"], self._client_args["world_size"]
+                if world_size > 1:
+                    raise _ckptd.UnavailableError(
+                        f"{e} (rank {rank} of {world_size} cannot restore; the other ranks may: "
+                        "exit and let the launcher start the job again, or pass connect_wait= to wait for the "
+                        "node's agent)", code=e.code) from e
                 self._retry_at = time.monotonic() + self._retry_interval
                 self._fail("restore (training starts from scratch)", e)
                 return 0

@@ -202,6 +202,12 @@ class CheckpointerTest(AgentTestCase):
         with self.assertRaises(ckptd.UnavailableError) as e:
             strict.snapshot(1)
         self.assertIn("gone.sock", str(e.exception))
+        # With several ranks, a rank that cannot restore must not train on from
+        # scratch while the others restore: it raises.
+        ranked = self.checkpointer("down", model, opt, socket=gone, rank=1, world_size=2, rpc_timeout=0.5)
+        with self.assertRaises(ckptd.UnavailableError) as e:
+            ranked.restore()
+        self.assertIn("rank 1 of 2 cannot restore", str(e.exception))
 
     def test_everything_a_state_dict_holds_round_trips(self):
         class Counter:
