@@ -59,11 +59,8 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
   absl::StatusOr<std::vector<std::string>> jobs = local_store_->ListJobs();
   if (!jobs.ok()) return;
   for (const std::string& job : *jobs) {
-    absl::StatusOr<std::vector<storage::FileInfo>> steps = local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
-    if (!steps.ok()) continue;
-    for (const storage::FileInfo& d : *steps) {
-      if (!d.is_directory || !storage::ParseStepDirName(d.name)) continue;
-      const std::string dir = storage::JoinPath(storage::JobDir(options_.local_cache, job), d.name);
+    for (uint64_t step : LocalSteps(job)) {
+      const std::string dir = storage::StepDir(options_.local_cache, job, step);
       absl::StatusOr<std::vector<storage::FileInfo>> files = local_fs_->ListDir(dir);
       if (!files.ok()) continue;
       for (const storage::FileInfo& f : *files) {
@@ -332,15 +329,20 @@ absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint
   return store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_);
 }
 
-void AgentCore::PruneLocalCache(const std::string& job) {
-  absl::MutexLock l(&local_prune_mu_);
-  const std::string dir = storage::JobDir(options_.local_cache, job);
-  absl::StatusOr<std::vector<storage::FileInfo>> entries = local_fs_->ListDir(dir);
-  if (!entries.ok()) return;
+std::vector<uint64_t> AgentCore::LocalSteps(const std::string& job) {
   std::vector<uint64_t> steps;
+  absl::StatusOr<std::vector<storage::FileInfo>> entries =
+      local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
+  if (!entries.ok()) return steps;
   for (const storage::FileInfo& e : *entries) {
     if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
   }
+  return steps;
+}
+
+void AgentCore::PruneLocalCache(const std::string& job) {
+  absl::MutexLock l(&local_prune_mu_);
+  std::vector<uint64_t> steps = LocalSteps(job);
   std::sort(steps.begin(), steps.end());
   const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
   const uint64_t oldest_in_flight = in_flight.empty() ? UINT64_MAX : *in_flight.begin();
@@ -354,14 +356,10 @@ void AgentCore::PruneLocalCache(const std::string& job) {
 void AgentCore::DropLocalStepsAbove(const std::string& job, uint64_t step) {
   if (!local_store_) return;
   absl::MutexLock l(&local_prune_mu_);
-  absl::StatusOr<std::vector<storage::FileInfo>> entries =
-      local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
-  if (!entries.ok()) return;
   const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
-  for (const storage::FileInfo& e : *entries) {
-    std::optional<uint64_t> s = storage::ParseStepDirName(e.name);
-    if (!s || !e.is_directory || *s <= step || in_flight.contains(*s)) continue;
-    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, *s));
+  for (uint64_t s : LocalSteps(job)) {
+    if (s <= step || in_flight.contains(s)) continue;
+    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, s));
   }
 }
 

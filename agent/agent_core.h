@@ -191,6 +191,8 @@ class AgentCore {
   // Removes the local tier's steps of `job` newer than `step` (a restore went
   // back to `step`: they are from a run that is gone), except those in flight.
   void DropLocalStepsAbove(const std::string& job, uint64_t step);
+  // The step directories of `job` in the local tier (unsorted).
+  std::vector<uint64_t> LocalSteps(const std::string& job);
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or

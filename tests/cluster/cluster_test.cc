@@ -639,6 +639,23 @@ std::optional<uint64_t> SameRestoredStep(const Launcher& launcher, int attempt) 
   return steps[0];
 }
 
+// Starts `launcher`, SIGKILLs rank 2 (on node-b) once two checkpoints have
+// committed, waits until the job finishes, and sets `committed` to the newest
+// step committed before the kill and `restored` to the step every rank
+// restored in the second attempt.
+void CrashRank2AfterTwoCheckpoints(Cluster* cluster, Launcher* launcher, uint64_t* committed,
+                                   std::optional<uint64_t>* restored) {
+  launcher->Start();
+  ASSERT_TRUE(WaitUntil([&] { return (*committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
+                        absl::Seconds(30)))
+      << "no second checkpoint committed";
+  ASSERT_TRUE(launcher->Signal(2, SIGKILL));
+  ASSERT_TRUE(launcher->Join()) << "exit codes per attempt: " << Codes(launcher->exit_codes());
+  *restored = SameRestoredStep(*launcher, 1);
+  ASSERT_TRUE(restored->has_value()) << launcher->Stderr(1, 0);
+  EXPECT_GE(**restored, *committed);
+}
+
 // 1. A trainer rank is SIGKILLed mid-run.
 TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
   std::array<std::string, kWorld> reference;
@@ -647,15 +664,11 @@ TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
   std::unique_ptr<Cluster> cluster = StartCluster("run");
   ASSERT_FALSE(HasFailure());
   Launcher launcher(dir_ + "/run/launcher", cluster.get());
-  launcher.Start();
-
-  // Two checkpoints in, rank 2 (on node-b) dies.
+  // Two checkpoints in, rank 2 (on node-b) dies; every rank comes back at the
+  // same step, no older than the one committed before the kill.
   uint64_t committed = 0;
-  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
-                        absl::Seconds(30)))
-      << "no second checkpoint committed";
-  ASSERT_TRUE(launcher.Signal(2, SIGKILL));
-  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
+  std::optional<uint64_t> restored;
+  ASSERT_NO_FATAL_FAILURE(CrashRank2AfterTwoCheckpoints(cluster.get(), &launcher, &committed, &restored));
 
   // node-b's agent saw it die; the coordinator recorded it.
   EXPECT_THAT(cluster->EventsOf(ckptd::v1::TRAINER_DIED, "node-b", 2), ::testing::Not(::testing::IsEmpty()));
@@ -663,10 +676,6 @@ TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
   const std::vector<std::array<int, kWorld>> codes = launcher.exit_codes();
   ASSERT_GE(codes.size(), 2u);
   EXPECT_THAT(codes[0], ElementsAre(kExitRestart, kExitRestart, kExitKilled, kExitRestart)) << Codes(codes);
-  // Every rank came back at the same step, no older than the one committed before the kill.
-  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
-  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
-  EXPECT_GE(*restored, committed);
   EXPECT_EQ(*restored % kEvery, 0u);
   EXPECT_EQ(launcher.final_lines(), reference);
   std::optional<ckptd::v1::JobStatus> job = cluster->Job();
@@ -688,16 +697,9 @@ TEST_F(ClusterTest, NodeLocalTierServesTheRestoreAfterATrainerCrash) {
     ASSERT_TRUE(cluster->StartAgent(node, {"--local-cache", absl::StrCat(dir_, "/run/", node, "-nvme")})) << node;
   }
   Launcher launcher(dir_ + "/run/launcher", cluster.get());
-  launcher.Start();
   uint64_t committed = 0;
-  ASSERT_TRUE(WaitUntil([&] { return (committed = cluster->Committed().value_or(0)) >= 2 * kEvery; },
-                        absl::Seconds(30)))
-      << "no second checkpoint committed";
-  ASSERT_TRUE(launcher.Signal(2, SIGKILL));
-  ASSERT_TRUE(launcher.Join()) << "exit codes per attempt: " << Codes(launcher.exit_codes());
-  std::optional<uint64_t> restored = SameRestoredStep(launcher, 1);
-  ASSERT_TRUE(restored.has_value()) << launcher.Stderr(1, 0);
-  EXPECT_GE(*restored, committed);
+  std::optional<uint64_t> restored;
+  ASSERT_NO_FATAL_FAILURE(CrashRank2AfterTwoCheckpoints(cluster.get(), &launcher, &committed, &restored));
   EXPECT_EQ(launcher.final_lines(), reference);
   // Each agent read its ranks' shards of the restored step from its tier.
   for (const auto& [node, ranks] : std::vector<std::pair<std::string, std::vector<uint32_t>>>{
