@@ -4,18 +4,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iostream>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::agent {
 
@@ -24,8 +21,8 @@ using storage::StepState;
 struct AgentCore::Trainer {
   uint64_t id = 0;
   TrainerRegistration reg;
-  StagingLayout layout;
-  std::unique_ptr<StagingSegment> segment;
+  staging::StagingLayout layout;
+  std::unique_ptr<staging::StagingSegment> segment;
   std::thread persister;
 
   absl::Mutex mu;
@@ -44,31 +41,32 @@ struct AgentCore::Trainer {
   std::map<uint32_t, double> stall_by_slot ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> missed_targets ABSL_GUARDED_BY(mu);
   uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
+  // What the local tier did for this trainer.
+  LocalTierCounters local;
+
+  // `status` with the local tier's counters.
+  PersistStatus StatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    PersistStatus s = status;
+    const LocalTierStats l = local.Get();
+    s.local_writes = l.writes;
+    s.local_fallbacks = l.fallbacks;
+    s.last_local_error = l.last_error;
+    s.local_restores = l.restores;
+    return s;
+  }
 };
 
 AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
-    : fs_(fs),
-      options_(std::move(options)),
-      store_(fs, options_.storage_root),
-      local_fs_(options_.local_fs != nullptr ? options_.local_fs : fs),
-      pool_(options_.io_threads) {
+    : fs_(fs), options_(std::move(options)), store_(fs, options_.storage_root), pool_(options_.io_threads) {
   if (options_.local_cache.empty()) return;
-  local_store_.emplace(local_fs_, options_.local_cache);
-  // What a killed predecessor left in the local tier: half-written files go,
-  // finished shards stay (a restore may use them), down to the newest steps.
-  absl::StatusOr<std::vector<std::string>> jobs = local_store_->ListJobs();
-  if (!jobs.ok()) return;
-  for (const std::string& job : *jobs) {
-    for (uint64_t step : LocalSteps(job)) {
-      const std::string dir = storage::StepDir(options_.local_cache, job, step);
-      absl::StatusOr<std::vector<storage::FileInfo>> files = local_fs_->ListDir(dir);
-      if (!files.ok()) continue;
-      for (const storage::FileInfo& f : *files) {
-        if (absl::EndsWith(f.name, storage::kTempSuffix)) (void)local_fs_->RemoveFile(storage::JoinPath(dir, f.name));
-      }
-    }
-    PruneLocalCache(job);
-  }
+  LocalTierOptions local;
+  local.dir = options_.local_cache;
+  local.fs = options_.local_fs != nullptr ? options_.local_fs : fs;
+  local.keep = options_.local_cache_keep;
+  local.write = options_.write;
+  local.pool = &pool_;
+  local.logger = logger_;
+  local_ = std::make_unique<LocalTier>(std::move(local), &store_);
 }
 
 AgentCore::~AgentCore() {
@@ -110,19 +108,19 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   }
   auto t = std::make_shared<Trainer>();
   t->reg = reg;
-  t->layout = PlanLayout(lengths);
+  t->layout = staging::PlanLayout(lengths);
   const uint64_t budget =
       options_.staging_budget_bytes != 0 ? options_.staging_budget_bytes : options_.slots * t->layout.slot_bytes;
-  CKPTD_ASSIGN_OR_RETURN(uint32_t slots, SlotsWithinBudget(t->layout.slot_bytes, options_.slots, budget));
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slots, staging::SlotsWithinBudget(t->layout.slot_bytes, options_.slots, budget));
   {
     absl::MutexLock l(&mu_);
     t->id = next_id_++;
   }
   const std::string prefix =
-      options_.segment_prefix.empty() ? AgentSegmentPrefix() : options_.segment_prefix;
+      options_.segment_prefix.empty() ? staging::AgentSegmentPrefix() : options_.segment_prefix;
   CKPTD_ASSIGN_OR_RETURN(t->segment,
-                         StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
-                                                                options_.trainer_group));
+                         staging::StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
+                                                         options_.trainer_group, clock_));
   TrainerHandle handle;
   handle.trainer_id = t->id;
   handle.segment = t->segment->name();
@@ -250,12 +248,13 @@ void AgentCore::PersistLoop(Trainer* t) {
     {
       absl::MutexLock l(&t->mu);
       // Also polls: a trainer may publish and die before it could notify.
-      t->mu.AwaitWithTimeout(absl::Condition(
-                                 +[](Trainer* tr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tr->mu) {
-                                   return tr->wake || tr->stopping;
-                                 },
-                                 t),
-                             absl::Milliseconds(100));
+      clock_->AwaitWithTimeout(&t->mu,
+                               absl::Condition(
+                                   +[](Trainer* tr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tr->mu) {
+                                     return tr->wake || tr->stopping;
+                                   },
+                                   t),
+                               absl::Milliseconds(100));
       t->wake = false;
       stop = t->stopping;
     }
@@ -288,79 +287,13 @@ absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint
                                                             absl::Span<const storage::TensorSource> sources,
                                                             const std::function<void()>& release) {
   const TrainerRegistration& reg = t->reg;
-  if (local_store_) {
-    {
-      absl::MutexLock l(&local_prune_mu_);
-      local_in_flight_[reg.job].insert(step);
-    }
-    absl::Cleanup done = [&] {
-      absl::MutexLock l(&local_prune_mu_);
-      std::multiset<uint64_t>& steps = local_in_flight_[reg.job];
-      steps.erase(steps.find(step));
-    };
-    absl::Status prepared = local_store_->PrepareStep(reg.job, step);
-    absl::StatusOr<storage::ShardWriteResult> local =
-        prepared.ok() ? local_store_->WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_)
-                      : absl::StatusOr<storage::ShardWriteResult>(prepared);
-    if (local.ok()) {
-      release();  // the trainer may snapshot into the slot again while the copy runs
-      {
-        absl::MutexLock l(&t->mu);
-        ++t->status.local_writes;
-      }
-      CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
-      CKPTD_RETURN_IF_ERROR(storage::CopyFileDurably(local_fs_,
-                                                     storage::ShardPath(options_.local_cache, reg.job, step, reg.rank),
-                                                     fs_, storage::ShardPath(options_.storage_root, reg.job, step, reg.rank))
-                                .status());
-      PruneLocalCache(reg.job);
-      return local;
-    }
-    // A full or failing local disk costs the tier, not the checkpoint.
-    const absl::Status why(local.status().code(),
-                           absl::StrCat("node-local tier ", options_.local_cache, ": ", local.status().message()));
-    std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << " step " << step << ": " << why.message()
-              << "; writing the storage root directly\n";
-    absl::MutexLock l(&t->mu);
-    ++t->status.local_fallbacks;
-    t->status.last_local_error = why;
-  }
+  if (local_) return local_->Persist({reg.job, step, reg.rank, reg.world_size}, sources, release, &t->local);
   CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
   return store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_);
 }
 
-std::vector<uint64_t> AgentCore::LocalSteps(const std::string& job) {
-  std::vector<uint64_t> steps;
-  absl::StatusOr<std::vector<storage::FileInfo>> entries =
-      local_fs_->ListDir(storage::JobDir(options_.local_cache, job));
-  if (!entries.ok()) return steps;
-  for (const storage::FileInfo& e : *entries) {
-    if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
-  }
-  return steps;
-}
-
-void AgentCore::PruneLocalCache(const std::string& job) {
-  absl::MutexLock l(&local_prune_mu_);
-  std::vector<uint64_t> steps = LocalSteps(job);
-  std::sort(steps.begin(), steps.end());
-  const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
-  const uint64_t oldest_in_flight = in_flight.empty() ? UINT64_MAX : *in_flight.begin();
-  const size_t keep = static_cast<size_t>(std::max(options_.local_cache_keep, 1));
-  for (size_t i = 0; i + keep < steps.size() && steps[i] < oldest_in_flight; ++i) {
-    // Best effort: a reader that has the file open keeps reading it.
-    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, steps[i]));
-  }
-}
-
 void AgentCore::DropLocalStepsAbove(const std::string& job, uint64_t step) {
-  if (!local_store_) return;
-  absl::MutexLock l(&local_prune_mu_);
-  const std::multiset<uint64_t>& in_flight = local_in_flight_[job];
-  for (uint64_t s : LocalSteps(job)) {
-    if (s <= step || in_flight.contains(s)) continue;
-    (void)storage::RemoveTree(local_fs_, storage::StepDir(options_.local_cache, job, s));
-  }
+  if (local_) local_->DropStepsAbove(job, step);
 }
 
 absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release) {
@@ -384,9 +317,9 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
     sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
     sources[i].length = t->layout.lengths[i];
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> result = WriteShard(t, step, sources, release);
-  const double persist_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const double persist_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
   if (result.ok()) {
     absl::MutexLock l(&t->mu);
     t->last_persist = persist_seconds;
@@ -443,52 +376,23 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Dura
                                          : RestoreLocal(t.get(), wait_for_slot);
 }
 
-std::unique_ptr<storage::ShardReader> AgentCore::OpenLocalCopy(Trainer* t, uint64_t step) {
-  if (!local_store_) return nullptr;
-  const TrainerRegistration& reg = t->reg;
-  absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
-  if (!manifest.ok()) return nullptr;
-  const ckptd::v1::ShardRef* ref = nullptr;
-  for (const ckptd::v1::ShardRef& s : manifest->shards()) {
-    if (s.rank() == reg.rank) ref = &s;
-  }
-  if (ref == nullptr) return nullptr;
-  const std::string path = storage::ShardPath(options_.local_cache, reg.job, step, reg.rank);
-  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-      storage::ShardReader::Open(local_fs_, path, storage::ShardReadOptions(), &pool_);
-  if (!reader.ok()) {
-    if (absl::IsDataLoss(reader.status())) (void)local_fs_->RemoveFile(path);  // damaged: never again
-    return nullptr;
-  }
-  // Another attempt at the step may have written different bytes.
-  if ((*reader)->file_length() != ref->file_length() || (*reader)->index_xxh3() != ref->index_xxh3()) return nullptr;
-  return std::move(*reader);
-}
-
 absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot,
                                              bool* from_local) {
   const TrainerRegistration& reg = t->reg;
   *from_local = false;
-  if (std::unique_ptr<storage::ShardReader> local = OpenLocalCopy(t, step)) {
-    absl::StatusOr<uint32_t> slot = LoadFrom(t, step, *local, wait_for_slot);
-    // A local copy that cannot be read for any other reason than the
-    // registration or a staging slot: the storage root's may still be.
-    if (slot.ok() || absl::IsFailedPrecondition(slot.status()) || absl::IsDeadlineExceeded(slot.status()) ||
-        absl::IsResourceExhausted(slot.status())) {
-      *from_local = slot.ok();
-      if (slot.ok()) {
-        std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << ": step " << step
-                  << " read from the node-local tier\n";
-        absl::MutexLock l(&t->mu);
-        ++t->status.local_restores;
-      }
+  if (local_) {
+    uint32_t slot = 0;
+    std::optional<absl::Status> local = local_->Read(
+        {reg.job, step, reg.rank, reg.world_size},
+        [&](storage::ShardReader& reader) -> absl::Status {
+          CKPTD_ASSIGN_OR_RETURN(slot, LoadFrom(t, step, reader, wait_for_slot));
+          return absl::OkStatus();
+        },
+        &t->local);
+    if (local.has_value()) {
+      CKPTD_RETURN_IF_ERROR(*local);
+      *from_local = true;
       return slot;
-    }
-    // A damaged local copy: drop it and read the storage root's.
-    std::cerr << "ckptd-agent: job " << reg.job << " rank " << reg.rank << ": the node-local copy of step " << step
-              << " cannot be read (" << slot.status().message() << "); reading the storage root\n";
-    if (absl::IsDataLoss(slot.status())) {
-      (void)local_fs_->RemoveFile(storage::ShardPath(options_.local_cache, reg.job, step, reg.rank));
     }
   }
   const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
@@ -585,7 +489,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot) {
   const TrainerRegistration& reg = t->reg;
-  const absl::Time deadline = absl::Now() + options_.restore_timeout;
+  const absl::Time deadline = clock_->Now() + options_.restore_timeout;
   ckptd::v1::RestorePlanRequest req;
   req.set_job(reg.job);
   req.set_rank(reg.rank);
@@ -598,7 +502,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
     holding = false;
   };
   while (true) {
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - clock_->Now();
     if (left <= absl::ZeroDuration()) {
       release();
       return absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
@@ -635,7 +539,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
         req.set_has_attempt(false);  // we hold nothing of it: load it
         break;
       case ckptd::v1::RestorePlanResponse::WAIT:
-        absl::SleepFor(options_.plan_poll);
+        clock_->SleepFor(options_.plan_poll);
         break;
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
@@ -698,18 +602,18 @@ absl::StatusOr<PersistStatus> AgentCore::WaitPersisted(uint64_t trainer_id, uint
     return (tr->status.last_persisted_step && *tr->status.last_persisted_step >= step) ||
            (tr->last_failed_step && *tr->last_failed_step >= step);
   };
-  if (!t->mu.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+  if (!clock_->AwaitWithTimeout(&t->mu, absl::Condition(&done), timeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat("step ", step, " of trainer ", trainer_id, " not persisted within ", absl::FormatDuration(timeout)));
   }
-  return t->status;
+  return t->StatusLocked();
 }
 
 absl::StatusOr<PersistStatus> AgentCore::Status(uint64_t trainer_id) {
   std::shared_ptr<Trainer> t = Find(trainer_id);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
   absl::MutexLock l(&t->mu);
-  return t->status;
+  return t->StatusLocked();
 }
 
 }  // namespace ckptd::agent

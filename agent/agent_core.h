@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,14 +20,17 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "agent/coordinator_link.h"
-#include "agent/staging.h"
+#include "agent/local_tier.h"
+#include "base/clock.h"
+#include "base/logger.h"
+#include "base/thread_pool.h"
 #include "ckptd/v1/agent.pb.h"
 #include "ckptd/v1/shard.pb.h"
+#include "staging/staging.h"
 #include "storage/file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::agent {
 
@@ -55,18 +57,27 @@ struct AgentOptions {
   // The trainers' group: staging segments are made read-write for it (0660)
   // instead of owner-only.
   std::optional<uint32_t> trainer_group;
-  // The node-local tier (e.g. an NVMe mount): when set, each shard is
-  // written here first, its staging slot is handed back to the trainer, and
-  // the file is then copied to the storage root (where the step commits, as
-  // without the tier). Restores read the local copy when it is the shard the
-  // step committed (same length and index digest) and the storage root
-  // otherwise. A local write that fails falls back to writing the storage
-  // root directly. Holds the newest `local_cache_keep` steps per job.
+  // The node-local tier (e.g. an NVMe mount; see agent/local_tier.h): when
+  // set, each shard is written here first, its staging slot is handed back
+  // to the trainer, and the file is then copied to the storage root (where
+  // the step commits, as without the tier). Restores read the local copy
+  // when it is the shard the step committed (same length and index digest)
+  // and the storage root otherwise. A local write that fails falls back to
+  // writing the storage root directly. Holds the newest `local_cache_keep`
+  // steps per job.
   std::string local_cache;
   int local_cache_keep = 2;
   // The file system of the local tier (default: the agent's); must outlive
   // the agent.
   storage::FileSystem* local_fs = nullptr;
+  // Where the component reports what an operator should read (default:
+  // base::DefaultLogger()); must outlive it.
+  base::Logger* logger = nullptr;
+  // Measures and waits on time: the persisters' poll, WaitPersisted, the
+  // coordinated restore's bound and plan polls, persist durations, and the
+  // waits for a staging slot (default: base::RealClock::Get()); must outlive
+  // the agent.
+  base::Clock* clock = nullptr;
 };
 
 struct TrainerRegistration {
@@ -132,6 +143,11 @@ class AgentCore {
   AgentCore(const AgentCore&) = delete;
   AgentCore& operator=(const AgentCore&) = delete;
 
+  // Where the agent's components report (AgentOptions::logger).
+  base::Logger* logger() const { return logger_; }
+  // The clock the agent's components measure time with (AgentOptions::clock).
+  base::Clock* clock() const { return clock_; }
+
   // Checks the buffers (names, dtypes, shapes), creates the trainer's staging
   // segment and starts its persister. kInvalidArgument names the buffer at
   // fault; kResourceExhausted when the budget holds no slot.
@@ -179,20 +195,13 @@ class AgentCore {
   // Persists `slot`; calls `release` as soon as the slot's bytes are no
   // longer needed (after the local write when there is a local tier).
   absl::Status PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release);
-  // Writes the shard of `step` to the local tier (then copies it to the
-  // storage root after `release`), or straight to the storage root.
+  // Writes the shard of `step` through the local tier (which calls `release`
+  // before its copy to the storage root), or straight to the storage root.
   absl::StatusOr<storage::ShardWriteResult> WriteShard(Trainer* t, uint64_t step,
                                                        absl::Span<const storage::TensorSource> sources,
                                                        const std::function<void()>& release);
-  // Keeps the newest local_cache_keep step directories of `job` in the local
-  // tier; never one a trainer of this node is still writing or copying, nor
-  // any newer than that.
-  void PruneLocalCache(const std::string& job);
-  // Removes the local tier's steps of `job` newer than `step` (a restore went
-  // back to `step`: they are from a run that is gone), except those in flight.
+  // The local tier's steps of `job` above `step` go (see LocalTier).
   void DropLocalStepsAbove(const std::string& job, uint64_t step);
-  // The step directories of `job` in the local tier (unsorted).
-  std::vector<uint64_t> LocalSteps(const std::string& job);
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
@@ -203,20 +212,16 @@ class AgentCore {
   // LoadStep from one open shard.
   absl::StatusOr<uint32_t> LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
                                     absl::Duration wait_for_slot);
-  // The local tier's copy of the trainer's shard of committed `step`, opened,
-  // when it is exactly the shard the step's MANIFEST names; else nullptr.
-  std::unique_ptr<storage::ShardReader> OpenLocalCopy(Trainer* t, uint64_t step);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
 
   storage::FileSystem* const fs_;
   const AgentOptions options_;
+  base::Logger* const logger_ = options_.logger != nullptr ? options_.logger : &base::DefaultLogger();
+  base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   storage::CheckpointStore store_;
-  storage::FileSystem* const local_fs_;
-  std::optional<storage::CheckpointStore> local_store_;
-  absl::Mutex local_prune_mu_;
-  // Steps of each job being written to the local tier or copied from it.
-  std::map<std::string, std::multiset<uint64_t>> local_in_flight_ ABSL_GUARDED_BY(local_prune_mu_);
-  storage::ThreadPool pool_;
+  base::ThreadPool pool_;
+  // Null without a local tier.
+  std::unique_ptr<LocalTier> local_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);

@@ -1,18 +1,26 @@
 #include "agent/agent_core.h"
 
 #include <cstring>
+#include <optional>
+#include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "base/testing/capturing_logger.h"
+#include "base/testing/eventually.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::_;
@@ -51,7 +59,7 @@ class AgentCoreTest : public ::testing::Test {
   }
 
   // Fills every buffer of `slot` with a pattern of `step`, as a trainer would.
-  static void Fill(StagingSegment& seg, const TrainerHandle& h, uint32_t slot, uint64_t step) {
+  static void Fill(staging::StagingSegment& seg, const TrainerHandle& h, uint32_t slot, uint64_t step) {
     std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
   }
 
@@ -63,7 +71,7 @@ class AgentCoreTest : public ::testing::Test {
 TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   EXPECT_EQ(h.offsets.size(), 5u);
   EXPECT_EQ(h.slots, 2u);
 
@@ -89,7 +97,7 @@ TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
   EXPECT_EQ(steps[1].step, 30u);
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(30u));
-  EXPECT_EQ(seg->state(r.slot), SlotState::kRestored);
+  EXPECT_EQ(seg->state(r.slot), staging::SlotState::kRestored);
   for (size_t i = 0; i < h.offsets.size(); ++i) {
     EXPECT_EQ(seg->slot_data(r.slot)[h.offsets[i]], 30) << i;
   }
@@ -100,7 +108,7 @@ TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
 TEST_F(AgentCoreTest, PublishedSnapshotIsPersistedAfterTheTrainerDies) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t ready, seg->AcquireForFill(absl::ZeroDuration()));
   Fill(*seg, h, ready, 5);
   CKPTD_ASSERT_OK(seg->Publish(ready, 5));  // published, never notified
@@ -116,7 +124,7 @@ TEST_F(AgentCoreTest, PublishedSnapshotIsPersistedAfterTheTrainerDies) {
 TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
   CKPTD_ASSERT_OK(seg->Publish(slot, 1));
   CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
@@ -153,7 +161,7 @@ TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
 TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   for (uint64_t step : {1u, 2u}) {
     CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(10)));
     Fill(*seg, h, slot, step);
@@ -266,8 +274,79 @@ TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("staging budget")));
 }
 
+TEST_F(AgentCoreTest, APublishedSnapshotIsFoundByThePersistersPollWithoutANotification) {
+  base::FakeClock clock;
+  options_.clock = &clock;
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  // The persister waits for a notification, or 100 ms of the agent's clock.
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 1; }));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  Fill(*seg, h, slot, 4);
+  CKPTD_ASSERT_OK(seg->Publish(slot, 4));  // the trainer dies before it can notify
+  clock.Advance(absl::Milliseconds(99));
+  EXPECT_EQ(clock.waiters(), 1);  // saw the time and waits on: nothing taken yet
+  EXPECT_EQ(seg->state(slot), staging::SlotState::kReady);
+  clock.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(Eventually([&] {
+    absl::StatusOr<PersistStatus> st = agent.Status(h.trainer_id);
+    return st.ok() && st->last_committed_step == std::optional<uint64_t>(4);
+  }));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(AgentCoreTest, WaitPersistedGivesUpAfterItsTimeoutOnTheAgentsClock) {
+  base::FakeClock clock;
+  options_.clock = &clock;
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<PersistStatus>> result;
+  std::thread waiter([&] {
+    absl::StatusOr<PersistStatus> r = agent.WaitPersisted(h.trainer_id, 5, absl::Seconds(10));
+    absl::MutexLock l(&mu);
+    result = std::move(r);
+  });
+  auto done = [&] {
+    absl::MutexLock l(&mu);
+    return result.has_value();
+  };
+  absl::Cleanup join = [&] {
+    if (!done()) clock.Set(absl::InfiniteFuture());
+    waiter.join();
+  };
+  // The persister and WaitPersisted wait on the clock.
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 2; }));
+  clock.Advance(absl::Seconds(9));
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 2; }));
+  EXPECT_FALSE(done());
+  clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually(done));
+  absl::MutexLock l(&mu);
+  EXPECT_THAT(*result, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not persisted within 10s")));
+}
+
+TEST_F(AgentCoreTest, PersistSecondsAreMeasuredOnTheAgentsClock) {
+  // The agent's clock stands still: the persist took no time by it.
+  base::FakeClock clock;
+  options_.clock = &clock;
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 1));
+  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
+  CKPTD_ASSERT_OK(agent.WaitPersisted(h.trainer_id, 1, absl::Seconds(30)).status());
+  ckptd::v1::Heartbeat hb;
+  agent.FillHeartbeat(&hb);
+  ASSERT_EQ(hb.progress_size(), 1);
+  EXPECT_EQ(hb.progress(0).persist_seconds(), 0.0);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 // Snapshots `step` (every byte = the step's low byte) and waits until persisted.
-void SnapshotAndWait(AgentCore& agent, StagingSegment& seg, const TrainerHandle& h, uint64_t step) {
+void SnapshotAndWait(AgentCore& agent, staging::StagingSegment& seg, const TrainerHandle& h, uint64_t step) {
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg.AcquireForFill(absl::Seconds(10)));
   std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
   CKPTD_ASSERT_OK(seg.Publish(slot, step));
@@ -294,9 +373,11 @@ class LocalTierTest : public AgentCoreTest {
 };
 
 TEST_F(LocalTierTest, WritesLocallyCopiesToTheRootAndRestoresFromTheLocalCopy) {
+  ckptd::testing::CapturingLogger logger;
+  options_.logger = &logger;
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   for (uint64_t step : {10u, 20u, 30u}) SnapshotAndWait(agent, *seg, h, step);
   // The storage root has the committed steps, byte for byte the local copies.
   storage::CheckpointStore store(&mem_, "/ckpt");
@@ -320,13 +401,16 @@ TEST_F(LocalTierTest, WritesLocallyCopiesToTheRootAndRestoresFromTheLocalCopy) {
   EXPECT_EQ(st.local_writes, 3u);
   EXPECT_EQ(st.local_fallbacks, 0u);
   EXPECT_EQ(st.local_restores, 1u);
+  EXPECT_TRUE(logger.Contains("job job rank 0: step 30 read from the node-local tier"));
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
 TEST_F(LocalTierTest, ALocalCopyThatIsDamagedOrNotTheCommittedShardIsNotUsed) {
+  ckptd::testing::CapturingLogger logger;
+  options_.logger = &logger;
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   for (uint64_t step : {1u, 2u}) SnapshotAndWait(agent, *seg, h, step);
   const std::string local2 = storage::ShardPath("/nvme", "job", 2, 0);
   // Step 1's shard where step 2's should be: a well-formed file, but not the
@@ -347,6 +431,7 @@ TEST_F(LocalTierTest, ALocalCopyThatIsDamagedOrNotTheCommittedShardIsNotUsed) {
   EXPECT_EQ(seg->slot_data(r.slot)[0], 2);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   EXPECT_THAT(mem_.Stat(local2), StatusIs(absl::StatusCode::kNotFound, _));
+  EXPECT_FALSE(logger.Contains("step 2 read from the node-local tier"));
   // Gone from the root: the local copy of an uncommitted step is never used.
   storage::CheckpointStore store(&mem_, "/ckpt");
   CKPTD_ASSERT_OK(store.RemoveStep("job", 2));
@@ -361,9 +446,11 @@ TEST_F(LocalTierTest, AFullLocalDiskFallsBackToTheStorageRoot) {
   storage::FaultInjectionFileSystem local(&mem_);
   local.FailPath("/nvme", storage::Fault::kEnospc, storage::FaultScope::kWrites);
   options_.local_fs = &local;
+  ckptd::testing::CapturingLogger logger;
+  options_.logger = &logger;
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   SnapshotAndWait(agent, *seg, h, 7);
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
   EXPECT_THAT(st.last_committed_step, Optional(7u));
@@ -372,6 +459,8 @@ TEST_F(LocalTierTest, AFullLocalDiskFallsBackToTheStorageRoot) {
   EXPECT_EQ(st.local_fallbacks, 1u);
   EXPECT_THAT(st.last_local_error,
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("node-local tier /nvme")));
+  EXPECT_TRUE(logger.Contains("job job rank 0 step 7: node-local tier /nvme: "));
+  EXPECT_TRUE(logger.Contains("; writing the storage root directly"));
   // Space again: the next snapshot goes through the tier.
   local.ClearPath("/nvme");
   SnapshotAndWait(agent, *seg, h, 8);
@@ -391,7 +480,7 @@ TEST_F(LocalTierTest, TheSlotIsHandedBackBeforeTheCopyToSlowSharedStorage) {
   options_.slots = 1;
   AgentCore agent(&shared, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
   CKPTD_ASSERT_OK(seg->Publish(slot, 1));
   CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, 1));
@@ -417,7 +506,7 @@ TEST_F(LocalTierTest, NewerStepsOfAGoneRunNeitherPushOutTheCurrentOnesNorOutlive
   }
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(h.segment));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   // Kept by number, 50 and 60 outrank it; the copy of 10 still completes.
   SnapshotAndWait(agent, *seg, h, 10);
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));

@@ -9,12 +9,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 #include "grpcpp/server_posix.h"
-#include "storage/posix_error.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::agent {
 
@@ -31,17 +30,13 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
   const std::optional<PeerCredentials> peer = context != nullptr ? peers_.Find(context->peer()) : std::nullopt;
   reg.pid = TrainerPid(req->pid(), peer, InOwnPidNamespace);
   if (reg.pid == 0 && req->pid() > 0) {
-    std::cerr << "ckptd-agent: job " << req->job() << " rank " << req->rank() << " (pid " << req->pid()
-              << " in its namespace) runs where this agent cannot see its process: its death is noticed only "
-                 "by the coordinator's hang check, and drills cannot signal it (give the agent the host's PID "
-                 "namespace)\n";
+    core_->logger()->Warning(absl::StrCat("job ", req->job(), " rank ", req->rank(), " (pid ", req->pid(), " in its namespace) runs where this agent cannot see its process: its death is noticed only " "by the coordinator's hang check, and drills cannot signal it (give the agent the host's PID " "namespace)"));
   } else if (reg.pid != req->pid()) {
-    std::cerr << "ckptd-agent: job " << req->job() << " rank " << req->rank() << " reports pid " << req->pid()
-              << " from another PID namespace; watching its pid here, " << reg.pid << "\n";
+    core_->logger()->Warning(absl::StrCat("job ", req->job(), " rank ", req->rank(), " reports pid ", req->pid(), " from another PID namespace; watching its pid here, ", reg.pid));
   }
   reg.buffers.assign(req->buffers().begin(), req->buffers().end());
   absl::StatusOr<TrainerHandle> h = core_->Register(reg);
-  if (!h.ok()) return ToGrpcStatus(h.status());
+  if (!h.ok()) return rpc::ToGrpcStatus(h.status());
   resp->set_trainer_id(h->trainer_id);
   resp->set_segment(h->segment);
   resp->set_slots(h->slots);
@@ -56,7 +51,7 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
     });
     if (!watched.ok()) {
       (void)core_->TrainerExited(id);  // undo the registration; the watch error is what counts
-      return ToGrpcStatus(watched);
+      return rpc::ToGrpcStatus(watched);
     }
   }
   return grpc::Status::OK;
@@ -64,13 +59,13 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
 
 grpc::Status AgentService::SnapshotPublished(grpc::ServerContext*, const ckptd::v1::SnapshotPublishedRequest* req,
                                              ckptd::v1::SnapshotPublishedResponse*) {
-  return ToGrpcStatus(core_->SnapshotPublished(req->trainer_id(), req->slot(), req->step(), req->stall_seconds()));
+  return rpc::ToGrpcStatus(core_->SnapshotPublished(req->trainer_id(), req->slot(), req->step(), req->stall_seconds()));
 }
 
 grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::RestoreRequest* req,
                                    ckptd::v1::RestoreResponse* resp) {
   absl::StatusOr<RestoreResult> r = core_->Restore(req->trainer_id(), absl::Milliseconds(req->wait_for_slot_ms()));
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   resp->set_found(r->step.has_value());
   resp->set_incarnation(r->incarnation);
   if (r->step) {
@@ -83,7 +78,7 @@ grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::Restor
 grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetStatusRequest* req,
                                      ckptd::v1::GetStatusResponse* resp) {
   absl::StatusOr<PersistStatus> s = core_->Status(req->trainer_id());
-  if (!s.ok()) return ToGrpcStatus(s.status());
+  if (!s.ok()) return rpc::ToGrpcStatus(s.status());
   resp->set_has_persisted(s->last_persisted_step.has_value());
   resp->set_last_persisted_step(s->last_persisted_step.value_or(0));
   resp->set_has_committed(s->last_committed_step.has_value());
@@ -104,20 +99,20 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
 
 grpc::Status AgentService::SnapshotSkipped(grpc::ServerContext*, const ckptd::v1::SnapshotSkippedRequest* req,
                                            ckptd::v1::SnapshotSkippedResponse*) {
-  return ToGrpcStatus(core_->SnapshotSkipped(req->trainer_id(), req->step(), req->reason()));
+  return rpc::ToGrpcStatus(core_->SnapshotSkipped(req->trainer_id(), req->step(), req->reason()));
 }
 
 grpc::Status AgentService::SyncSchedule(grpc::ServerContext*, const ckptd::v1::SyncScheduleRequest* req,
                                         ckptd::v1::SyncScheduleResponse* resp) {
   absl::StatusOr<std::optional<ckptd::v1::Schedule>> s = core_->SyncSchedule(*req);
-  if (!s.ok()) return ToGrpcStatus(s.status());
+  if (!s.ok()) return rpc::ToGrpcStatus(s.status());
   if (*s) *resp->mutable_schedule() = **s;
   return grpc::Status::OK;
 }
 
 grpc::Status AgentService::Goodbye(grpc::ServerContext*, const ckptd::v1::GoodbyeRequest* req,
                                    ckptd::v1::GoodbyeResponse*) {
-  return ToGrpcStatus(core_->TrainerExited(req->trainer_id()));
+  return rpc::ToGrpcStatus(core_->TrainerExited(req->trainer_id()));
 }
 
 void PeerTable::Set(const std::string& peer, const PeerCredentials& credentials) {
@@ -166,7 +161,8 @@ absl::StatusOr<std::unique_ptr<UnixServer>> StartUnixServer(const std::string& p
 }
 
 absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string& path, grpc::Service* service,
-                                                             PeerTable* peers, std::optional<uint32_t> group) {
+                                                             PeerTable* peers, std::optional<uint32_t> group,
+                                                             base::Logger* logger) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -184,27 +180,28 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string&
     const bool live = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (fd >= 0) ::close(fd);
     if (live) return absl::FailedPreconditionError(absl::StrCat("another agent is serving on ", path));
-    if (::unlink(path.c_str()) != 0) return storage::PosixError(absl::StrCat("unlink stale socket ", path), errno);
+    if (::unlink(path.c_str()) != 0) return base::PosixError(absl::StrCat("unlink stale socket ", path), errno);
   }
   std::unique_ptr<UnixServer> server(new UnixServer());
   server->peers_ = peers;
+  server->logger_ = logger != nullptr ? logger : &base::DefaultLogger();
   server->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (server->listen_fd_ < 0) return storage::PosixError("socket", errno);
+  if (server->listen_fd_ < 0) return base::PosixError("socket", errno);
   // The socket is created owner-only: no window where others could connect.
   const mode_t old = ::umask(077);
   const int bound = ::bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
   const int bind_errno = errno;
   ::umask(old);
-  if (bound != 0) return storage::PosixError(absl::StrCat("bind ", path), bind_errno);
+  if (bound != 0) return base::PosixError(absl::StrCat("bind ", path), bind_errno);
   if (group && ::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(*group)) != 0) {
     const int err = errno;
     ::unlink(path.c_str());
-    return storage::PosixError(absl::StrCat("giving group ", *group, " (the trainers' group) the socket ", path), err);
+    return base::PosixError(absl::StrCat("giving group ", *group, " (the trainers' group) the socket ", path), err);
   }
-  if (::chmod(path.c_str(), group ? 0660 : 0600) != 0) return storage::PosixError(absl::StrCat("chmod ", path), errno);
-  if (::listen(server->listen_fd_, 128) != 0) return storage::PosixError(absl::StrCat("listen ", path), errno);
+  if (::chmod(path.c_str(), group ? 0660 : 0600) != 0) return base::PosixError(absl::StrCat("chmod ", path), errno);
+  if (::listen(server->listen_fd_, 128) != 0) return base::PosixError(absl::StrCat("listen ", path), errno);
   server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (server->wake_fd_ < 0) return storage::PosixError("eventfd", errno);
+  if (server->wake_fd_ < 0) return base::PosixError("eventfd", errno);
   grpc::ServerBuilder builder;
   builder.RegisterService(service);
   server->server_ = builder.BuildAndStart();
@@ -219,7 +216,7 @@ void UnixServer::AcceptLoop() {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
-      std::cerr << "ckptd-agent: poll on the socket: " << std::strerror(errno) << "; trying again\n";
+      logger_->Warning(absl::StrCat("poll on the socket: ", std::strerror(errno), "; trying again"));
       ::usleep(100 * 1000);
       continue;
     }
@@ -229,7 +226,7 @@ void UnixServer::AcceptLoop() {
     if (fd < 0) {
       // EAGAIN: another wakeup took it; EMFILE and the like: try again soon.
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-        std::cerr << "ckptd-agent: accept: " << std::strerror(errno) << "\n";
+        logger_->Warning(absl::StrCat("accept: ", std::strerror(errno)));
         ::usleep(100 * 1000);
       }
       continue;

@@ -13,10 +13,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/agent_core.h"
-#include "agent/grpc_status.h"
 #include "agent/process_watcher.h"
+#include "base/logger.h"
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/grpc_status.h"
 
 namespace ckptd::agent {
 
@@ -89,10 +90,12 @@ class UnixServer {
   // Serves `service` on a Unix socket at `path` with owner-only permissions
   // (0660 and group `group` when given: the trainers' group), recording each
   // connection's credentials in `peers` (when not null). A stale socket file
-  // left by an agent that died is replaced.
+  // left by an agent that died is replaced. Accept errors go to `logger`
+  // (default: base::DefaultLogger()).
   static absl::StatusOr<std::unique_ptr<UnixServer>> Start(const std::string& path, grpc::Service* service,
                                                            PeerTable* peers = nullptr,
-                                                           std::optional<uint32_t> group = std::nullopt);
+                                                           std::optional<uint32_t> group = std::nullopt,
+                                                           base::Logger* logger = nullptr);
   ~UnixServer();
   UnixServer(const UnixServer&) = delete;
   UnixServer& operator=(const UnixServer&) = delete;
@@ -106,6 +109,7 @@ class UnixServer {
 
   std::unique_ptr<grpc::Server> server_;
   PeerTable* peers_ = nullptr;
+  base::Logger* logger_ = nullptr;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd that stops AcceptLoop
   std::thread acceptor_;

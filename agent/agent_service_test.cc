@@ -5,21 +5,22 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "base/testing/eventually.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -36,10 +37,8 @@ ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, uint64
 class AgentServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ckptd-agent-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    socket_ = dir_ + "/agent.sock";
+    ASSERT_FALSE(dir_.path().empty());
+    socket_ = dir_.Sub("agent.sock");
     ASSERT_THAT(mem_.CreateDir("/ckpt"), IsOk());
     AgentOptions o;
     o.storage_root = "/ckpt";
@@ -55,7 +54,6 @@ class AgentServiceTest : public ::testing::Test {
     server_.reset();
     service_.reset();
     core_.reset();
-    std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
 
   ckptd::v1::RegisterRequest Request(int32_t pid) {
@@ -69,7 +67,8 @@ class AgentServiceTest : public ::testing::Test {
   }
 
   static inline int counter_ = 0;
-  std::string dir_, socket_;
+  ckptd::testing::TempDir dir_{"ckptd-agent-"};
+  std::string socket_;
   storage::MemFileSystem mem_;
   std::unique_ptr<AgentCore> core_;
   std::unique_ptr<AgentService> service_;
@@ -89,7 +88,7 @@ TEST_F(AgentServiceTest, RegisterSnapshotRestoreOverTheSocket) {
   ckptd::v1::RegisterResponse reg;
   ASSERT_TRUE(stub_->Register(&c1, Request(::getpid()), &reg).ok());
   ASSERT_EQ(reg.offsets_size(), 2);
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(reg.segment()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(reg.segment()));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(5)));
   std::memset(seg->slot_data(slot), 0x5a, reg.slot_bytes());
   CKPTD_ASSERT_OK(seg->Publish(slot, 7));
@@ -101,15 +100,14 @@ TEST_F(AgentServiceTest, RegisterSnapshotRestoreOverTheSocket) {
   ckptd::v1::SnapshotPublishedResponse pub_resp;
   ASSERT_TRUE(stub_->SnapshotPublished(&c2, pub, &pub_resp).ok());
 
+  // The agent's persister commits the step.
   ckptd::v1::GetStatusResponse status;
-  for (int i = 0; i < 300 && !status.has_committed(); ++i) {
+  EXPECT_TRUE(Eventually([&] {
     grpc::ClientContext c;
     ckptd::v1::GetStatusRequest req;
     req.set_trainer_id(reg.trainer_id());
-    ASSERT_TRUE(stub_->GetStatus(&c, req, &status).ok());
-    if (!status.has_committed()) absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(status.has_committed());
+    return stub_->GetStatus(&c, req, &status).ok() && status.has_committed();
+  }));
   EXPECT_EQ(status.last_committed_step(), 7u);
 
   grpc::ClientContext c3;
@@ -189,26 +187,20 @@ TEST_F(AgentServiceTest, TrainerDeathIsNoticedAndItsPublishedSnapshotPersisted) 
   grpc::ClientContext c1;
   ckptd::v1::RegisterResponse reg;
   ASSERT_TRUE(stub_->Register(&c1, Request(child), &reg).ok());
-  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Open(reg.segment()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(reg.segment()));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(5)));
   CKPTD_ASSERT_OK(seg->Publish(slot, 3));  // published; the trainer dies before notifying
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  // The agent's process watcher notices the death, and its persister commits.
   storage::CheckpointStore store(&mem_, "/ckpt");
-  std::optional<uint64_t> latest;
-  for (int i = 0; i < 500 && !latest; ++i) {
+  EXPECT_TRUE(Eventually([&] {
     absl::StatusOr<std::optional<uint64_t>> l = store.LatestCommittedStep("svc-job");
-    if (l.ok()) latest = *l;
-    if (!latest) absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_EQ(latest, std::optional<uint64_t>(3));
+    return l.ok() && *l == std::optional<uint64_t>(3);
+  }));
   // The agent forgot the trainer once it had persisted what it published.
-  absl::StatusOr<PersistStatus> st = core_->Status(reg.trainer_id());
-  for (int i = 0; i < 500 && st.ok(); ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-    st = core_->Status(reg.trainer_id());
-  }
-  EXPECT_THAT(st, StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+  EXPECT_TRUE(Eventually([&] { return !core_->Status(reg.trainer_id()).ok(); }));
+  EXPECT_THAT(core_->Status(reg.trainer_id()), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
 }
 
 TEST(TrainerPidTest, ThePeersPidWhenTheReportedOneIsFromAnotherNamespace) {
@@ -242,9 +234,9 @@ TEST_F(AgentServiceTest, ConnectionsAreRecordedWithTheirPeersCredentials) {
 }
 
 TEST(StartUnixServerTest, TrainerGroupGetsTheSocketAndTheStaging) {
-  char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  ckptd::testing::TempDir tmp("ckptd-sock-");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string& dir = tmp.path();
   const std::string sock = dir + "/a.sock";
   // This process's own group: one it may always give files to.
   const uint32_t gid = static_cast<uint32_t>(::getegid());
@@ -256,7 +248,7 @@ TEST(StartUnixServerTest, TrainerGroupGetsTheSocketAndTheStaging) {
   EXPECT_EQ(st.st_gid, gid);
   server->Shutdown();
   const std::string name = absl::StrCat("/ckptd-test-group-", ::getpid());
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StagingSegment> seg, StagingSegment::Create(name, 1, 4096, gid));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<staging::StagingSegment> seg, staging::StagingSegment::Create(name, 1, 4096, gid));
   ASSERT_EQ(::stat(absl::StrCat("/dev/shm", name).c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0660u);
   EXPECT_EQ(st.st_gid, gid);
@@ -266,13 +258,12 @@ TEST(StartUnixServerTest, TrainerGroupGetsTheSocketAndTheStaging) {
     EXPECT_THAT(StartUnixServer(dir + "/b.sock", &dummy, nullptr, 65534 == gid ? 65533u : 65534u),
                 StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("the trainers' group")));
   }
-  std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
 
 TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
-  char tmpl[] = "/tmp/ckptd-sock-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  ckptd::testing::TempDir tmp("ckptd-sock-");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string& dir = tmp.path();
   const std::string file = dir + "/not-a-socket";
   std::ofstream(file) << "precious";
   ckptd::v1::Agent::Service dummy;
@@ -287,7 +278,6 @@ TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> again, StartUnixServer(sock, &other));
   again->Shutdown();
   EXPECT_THAT(StartUnixServer(std::string(200, 'x'), &other), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("socket path")));
-  std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
 
 }  // namespace

@@ -3,18 +3,22 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core.h"
+#include "base/clock.h"
+#include "base/testing/eventually.h"
+#include "base/testing/matchers.h"
 #include "coordinator/coordinator_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -131,7 +135,7 @@ class CoordinatedAgentTest : public ::testing::Test {
     std::unique_ptr<InProcessCoordinator> link;
     std::unique_ptr<AgentCore> agent;
     TrainerHandle handle;
-    std::unique_ptr<StagingSegment> seg;
+    std::unique_ptr<staging::StagingSegment> seg;
   };
 
   Node Start(const std::string& name, uint32_t rank, uint32_t world) {
@@ -141,7 +145,7 @@ class CoordinatedAgentTest : public ::testing::Test {
     absl::StatusOr<TrainerHandle> h = n.agent->Register(Rank(rank, world));
     EXPECT_THAT(h.status(), IsOk());
     n.handle = *h;
-    absl::StatusOr<std::unique_ptr<StagingSegment>> seg = StagingSegment::Open(h->segment);
+    absl::StatusOr<std::unique_ptr<staging::StagingSegment>> seg = staging::StagingSegment::Open(h->segment);
     EXPECT_THAT(seg.status(), IsOk());
     n.seg = std::move(*seg);
     n.link->Beat(*n.agent);
@@ -189,7 +193,7 @@ class CoordinatedAgentTest : public ::testing::Test {
   storage::MemFileSystem mem_;
   storage::CheckpointStore store_{&mem_, "/ckpt"};
   std::unique_ptr<coordinator::StateStore> state_ = coordinator::NewMemStateStore();
-  coordinator::FakeClock clock_;
+  base::FakeClock clock_;
   coordinator::CoordinatorCore core_{&store_, state_.get(), &clock_, coordinator::CoordinatorOptions()};
 };
 
@@ -288,14 +292,39 @@ TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
   RestoreAll({&a, &b});
   Snapshot(a, 0, 10);
   Snapshot(b, 1, 10);
+  // The agent's own clock bounds the restore and spaces its plan polls.
+  base::FakeClock agent_clock;
   AgentOptions o = Options(a.link.get());
-  o.restore_timeout = absl::Milliseconds(300);
+  o.restore_timeout = absl::Seconds(30);
+  o.plan_poll = absl::Milliseconds(50);
+  o.clock = &agent_clock;
   AgentCore impatient(&mem_, o);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, impatient.Register(Rank(0, 2)));
-  const absl::Time start = absl::Now();
-  EXPECT_THAT(impatient.Restore(h.trainer_id, absl::Seconds(1)),
-              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading")));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::Mutex mu;
+  std::optional<absl::StatusOr<RestoreResult>> result;
+  std::thread restore([&] {
+    absl::StatusOr<RestoreResult> r = impatient.Restore(h.trainer_id, absl::Seconds(1));
+    absl::MutexLock l(&mu);
+    result = std::move(r);
+  });
+  auto done = [&] {
+    absl::MutexLock l(&mu);
+    return result.has_value();
+  };
+  absl::Cleanup join = [&] {
+    if (!done()) agent_clock.Set(absl::InfiniteFuture());
+    restore.join();
+  };
+  // Its persister and the restore, between two polls for a plan, wait on the
+  // agent's clock.
+  ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));
+  agent_clock.Advance(absl::Seconds(29));
+  ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));  // polled again, and waits on
+  EXPECT_FALSE(done());
+  agent_clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually(done));
+  absl::MutexLock l(&mu);
+  EXPECT_THAT(*result, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading within 30s")));
 }
 
 TEST_F(CoordinatedAgentTest, SingleRankJobIsCommittedByTheCoordinator) {

@@ -1,11 +1,10 @@
 #include "agent/coordinator_link.h"
 
 #include <algorithm>
-#include <iostream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "agent/grpc_status.h"
+#include "rpc/grpc_status.h"
 
 namespace ckptd::agent {
 
@@ -67,7 +66,7 @@ CoordinatorLink::~CoordinatorLink() {
 
 bool CoordinatorLink::SleepUnlessStopping(absl::Duration d) {
   absl::MutexLock l(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&stopping_), d);
   return !stopping_;
 }
 
@@ -97,7 +96,7 @@ bool CoordinatorLink::Flush(absl::Duration timeout) {
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shards_.empty() && failures_.empty() && !sending_failures_;
   };
-  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+  return clock_->AwaitWithTimeout(&mu_, absl::Condition(&drained), timeout);
 }
 
 void CoordinatorLink::CutOff(absl::Duration duration) {
@@ -106,7 +105,7 @@ void CoordinatorLink::CutOff(absl::Duration duration) {
     cut_until_ = absl::InfinitePast();
     return;
   }
-  cut_until_ = absl::Now() + duration;
+  cut_until_ = clock_->Now() + duration;
   // Ends the heartbeat stream now rather than at its next beat.
   if (stream_context_ != nullptr) stream_context_->TryCancel();
 }
@@ -167,7 +166,7 @@ absl::Status CoordinatorLink::Register() {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   ckptd::v1::RegisterAgentResponse resp;
-  const absl::Status s = FromGrpcStatus(stub_->RegisterAgent(&ctx, req, &resp));
+  const absl::Status s = rpc::FromGrpcStatus(stub_->RegisterAgent(&ctx, req, &resp));
   if (!s.ok()) return s;
   absl::MutexLock l(&mu_);
   // The coordinator took every shard of the registration (or refused it for good).
@@ -218,10 +217,12 @@ absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
       interval = interval_;
     }
     {
-      // Sleeps until the next beat, or until stopping or cut off.
+      // Sleeps until the next beat, or until stopping or cut off (a cut-off
+      // that began since `now` ends later than it).
       absl::MutexLock l(&mu_);
-      auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || CutOffLocked(); };
-      mu_.AwaitWithTimeout(absl::Condition(&wake), interval);
+      const absl::Time now = clock_->Now();
+      auto wake = [this, now]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || cut_until_ > now; };
+      clock_->AwaitWithDeadline(&mu_, absl::Condition(&wake), now + interval);
       if (stopping_) break;
       if (CutOffLocked()) {
         why = absl::UnavailableError("cut off for a drill");
@@ -246,7 +247,7 @@ absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
     stream_context_ = nullptr;
   }
   if (!why.ok()) return why;
-  return finished.ok() ? absl::UnavailableError("heartbeat stream ended") : FromGrpcStatus(finished);
+  return finished.ok() ? absl::UnavailableError("heartbeat stream ended") : rpc::FromGrpcStatus(finished);
 }
 
 void CoordinatorLink::HeartbeatLoop() {
@@ -256,10 +257,11 @@ void CoordinatorLink::HeartbeatLoop() {
     std::optional<uint64_t> session;
     {
       absl::MutexLock l(&mu_);
-      if (CutOffLocked()) {
-        // A drill: silent until the cut-off ends (or is lifted).
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !CutOffLocked(); };
-        mu_.AwaitWithDeadline(absl::Condition(&wake), cut_until_);
+      // A drill: silent until the cut-off ends (or is lifted or changed).
+      while (!stopping_ && CutOffLocked()) {
+        const absl::Time until = cut_until_;
+        auto wake = [this, until]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || cut_until_ != until; };
+        clock_->AwaitWithDeadline(&mu_, absl::Condition(&wake), until);
         backoff = absl::Milliseconds(100);
       }
       if (stopping_) return;
@@ -267,13 +269,12 @@ void CoordinatorLink::HeartbeatLoop() {
     }
     absl::Status s = session ? StreamHeartbeats(*session) : Register();
     if (!session && s.ok()) {
-      std::cerr << "ckptd-agent: registered with coordinator " << options_.address << " as node "
-                << options_.node_id << "\n";
+      logger_->Info(absl::StrCat("registered with coordinator ", options_.address, " as node ", options_.node_id));
       backoff = absl::Milliseconds(100);
       continue;
     }
     if (!s.ok() && s.code() != last.code()) {
-      std::cerr << "ckptd-agent: coordinator " << options_.address << ": " << s.message() << "\n";
+      logger_->Warning(absl::StrCat("coordinator ", options_.address, ": ", s.message()));
     }
     last = s;
     if (absl::IsNotFound(s)) continue;  // register again at once
@@ -290,7 +291,7 @@ void CoordinatorLink::SenderLoop() {
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || send_wake_; };
-      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(500));
+      clock_->AwaitWithTimeout(&mu_, absl::Condition(&ready), absl::Milliseconds(500));
       send_wake_ = false;
       if (stopping_) return;
       if (!session_ || CutOffLocked()) continue;
@@ -306,10 +307,10 @@ void CoordinatorLink::SenderLoop() {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       ckptd::v1::ReportFailureResponse resp;
-      const absl::Status s = FromGrpcStatus(stub_->ReportFailure(&ctx, f, &resp));
+      const absl::Status s = rpc::FromGrpcStatus(stub_->ReportFailure(&ctx, f, &resp));
       if (Transient(s) || absl::IsNotFound(s)) keep.push_back(f);
       if (!s.ok() && !Transient(s) && !absl::IsNotFound(s)) {
-        std::cerr << "ckptd-agent: coordinator refused a failure report: " << s.message() << "\n";
+        logger_->Warning(absl::StrCat("coordinator refused a failure report: ", s.message()));
       }
     }
     // The node's ranks usually finish a step together: one call carries them.
@@ -322,7 +323,7 @@ void CoordinatorLink::SenderLoop() {
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
       ckptd::v1::ReportShardResponse resp;
-      const absl::Status s = FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
+      const absl::Status s = rpc::FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
       // The coordinator is away (or forgot us): keep the rest for later.
       if (Transient(s) || absl::IsNotFound(s)) break;
       absl::MutexLock l(&mu_);
@@ -336,8 +337,7 @@ void CoordinatorLink::SenderLoop() {
         }
         if (Transient(result)) continue;  // sent again later
         if (!result.ok()) {
-          std::cerr << "ckptd-agent: shard " << report.shard().rank() << " of " << report.job() << " step "
-                    << report.step() << " not committed: " << result.message() << "\n";
+          logger_->Warning(absl::StrCat("shard ", report.shard().rank(), " of ", report.job(), " step ", report.step(), " not committed: ", result.message()));
         }
         shards_.erase(ShardKey(report.job(), report.step(), report.shard().rank()));
       }

@@ -19,6 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
+#include "base/logger.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -56,6 +58,13 @@ struct CoordinatorLinkOptions {
   // Called with every heartbeat answer, on the heartbeat thread (drill
   // orders, and the delivery of the drill reports the heartbeat carried).
   std::function<void(const ckptd::v1::HeartbeatAck&)> on_ack;
+  // Where the component reports what an operator should read (default:
+  // base::DefaultLogger()); must outlive it.
+  base::Logger* logger = nullptr;
+  // Measures and waits on time: heartbeat intervals, back-off, the sender's
+  // poll, Flush, and cut-offs (default: base::RealClock::Get()); must outlive
+  // the link. The deadlines of its RPCs stay on real time.
+  base::Clock* clock = nullptr;
 };
 
 // What the agent reports in each heartbeat: the ranks it hosts and their progress.
@@ -100,9 +109,11 @@ class CoordinatorLink : public CoordinatorClient {
   absl::Status StreamHeartbeats(uint64_t session);
   bool SleepUnlessStopping(absl::Duration d);
   // REQUIRES: mu_ held.
-  bool CutOffLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return absl::Now() < cut_until_; }
+  bool CutOffLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_->Now() < cut_until_; }
 
   const CoordinatorLinkOptions options_;
+  base::Logger* const logger_ = options_.logger != nullptr ? options_.logger : &base::DefaultLogger();
+  base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   const HeartbeatFiller fill_;
   // Random per agent process, sent with every registration: it tells the
   // coordinator a restarted agent from the same one registering again.

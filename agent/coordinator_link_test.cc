@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/clock.h"
+#include "base/testing/eventually.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -14,14 +16,7 @@
 namespace ckptd::agent {
 namespace {
 
-bool Eventually(const std::function<bool()>& done, absl::Duration limit = absl::Seconds(10)) {
-  const absl::Time deadline = absl::Now() + limit;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
+using ::ckptd::testing::Eventually;
 
 class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
  public:
@@ -105,9 +100,27 @@ class CoordinatorLinkTest : public ::testing::Test {
     o.node_id = "node-a";
     o.heartbeat_interval = absl::Milliseconds(10);
     o.max_backoff = absl::Milliseconds(200);
+    o.clock = &clock_;
     return o;
   }
 
+  // Both threads of the link (heartbeats, sender) wait on its clock: nothing
+  // of it is in flight, and nothing happens until the clock moves.
+  bool Idle() {
+    return Eventually([this] { return clock_.waiters() == 2; });
+  }
+  // Moves the link's clock by `step` at a time, each time once the link is
+  // idle, until `done` holds; false when it does not within `max`.
+  bool AdvanceUntil(const std::function<bool()>& done, absl::Duration step, absl::Duration max = absl::Minutes(1)) {
+    for (absl::Duration spent = absl::ZeroDuration();; spent += step) {
+      if (!Idle()) return false;
+      if (done()) return true;
+      if (spent >= max) return false;
+      clock_.Advance(step);
+    }
+  }
+
+  base::FakeClock clock_;
   FakeCoordinator fake_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -128,10 +141,12 @@ TEST_F(CoordinatorLinkTest, RegistrationSaysDrillsAllowedAndAcksReachTheCaller) 
     for (const auto& d : ack.drills()) seen.push_back(d.drill_id());
   };
   CoordinatorLink link(o, [](ckptd::v1::Heartbeat*) {});
-  ASSERT_TRUE(Eventually([&] {
-    absl::MutexLock l(&mu);
-    return !seen.empty();
-  }));
+  ASSERT_TRUE(AdvanceUntil(
+      [&] {
+        absl::MutexLock l(&mu);
+        return !seen.empty();
+      },
+      absl::Milliseconds(100)));
   {
     absl::MutexLock l(&mu);
     EXPECT_EQ(seen.front(), 7u);
@@ -142,11 +157,12 @@ TEST_F(CoordinatorLinkTest, RegistrationSaysDrillsAllowedAndAcksReachTheCaller) 
 
 TEST_F(CoordinatorLinkTest, CutOffSendsNothingThenReconnectsAndRegistersAgain) {
   CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
-  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() >= 3; }));
+  // A beat every interval (10 ms) of the link's clock.
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() >= 3; }, absl::Milliseconds(10)));
   EXPECT_FALSE(link.cut_off());
-  link.CutOff(absl::Milliseconds(600));
+  // Idle: no beat is in flight that could still land.
+  link.CutOff(absl::Minutes(1));
   EXPECT_TRUE(link.cut_off());
-  absl::SleepFor(absl::Milliseconds(100));  // a beat already in flight may land
   const int during = fake_.heartbeats();
   // Reports wait, and restore plans fail as if the coordinator were away.
   ckptd::v1::ShardReport shard;
@@ -155,28 +171,36 @@ TEST_F(CoordinatorLinkTest, CutOffSendsNothingThenReconnectsAndRegistersAgain) {
   link.ShardDurable(shard);
   EXPECT_EQ(link.RestorePlan(ckptd::v1::RestorePlanRequest(), absl::Seconds(1)).status().code(),
             absl::StatusCode::kUnavailable);
-  // The coordinator forgets the node meanwhile.
+  // The coordinator forgets the node meanwhile. 59 s of the cut-off go by:
+  // nothing is sent.
   fake_.Forget();
-  absl::SleepFor(absl::Milliseconds(300));
+  for (int i = 0; i < 59; ++i) {
+    ASSERT_TRUE(Idle());
+    clock_.Advance(absl::Seconds(1));
+  }
+  ASSERT_TRUE(Idle());
+  EXPECT_TRUE(link.cut_off());
   EXPECT_EQ(fake_.heartbeats(), during);
   EXPECT_EQ(fake_.shard_reports(), 0);
+  EXPECT_EQ(fake_.registrations().size(), 1u);
   EXPECT_EQ(link.unanswered_shards(), 1u);
   // Afterwards it beats again, registers anew and sends what it held.
-  ASSERT_TRUE(Eventually([&] { return fake_.registrations().size() >= 2; }));
-  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() > during + 2; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.registrations().size() >= 2 && fake_.heartbeats() > during + 2; },
+                           absl::Seconds(1)));
   EXPECT_FALSE(link.cut_off());
-  EXPECT_TRUE(Eventually([&] { return link.unanswered_shards() == 0; }));
+  EXPECT_TRUE(AdvanceUntil([&] { return link.unanswered_shards() == 0; }, absl::Milliseconds(100)));
 }
 
 TEST_F(CoordinatorLinkTest, ACutOffCanBeLiftedEarly) {
   CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
-  ASSERT_TRUE(Eventually([&] { return fake_.heartbeats() >= 1; }));
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() >= 1; }, absl::Milliseconds(10)));
   link.CutOff(absl::Hours(1));
-  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Idle());
   const int during = fake_.heartbeats();
   link.CutOff(absl::ZeroDuration());
   EXPECT_FALSE(link.cut_off());
-  EXPECT_TRUE(Eventually([&] { return fake_.heartbeats() > during; }, absl::Seconds(5)));
+  // It beats again within its back-off, long before the hour is up.
+  EXPECT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() > during; }, absl::Milliseconds(100), absl::Seconds(5)));
 }
 
 }  // namespace

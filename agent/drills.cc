@@ -10,17 +10,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 #include "storage/layout.h"
-#include "storage/posix_error.h"
 #include "storage/shard_reader.h"
-#include "storage/status_macros.h"
 #include "storage/store.h"
 
 namespace ckptd::agent {
 
 namespace {
-
-int64_t NowNanos() { return absl::ToUnixNanos(absl::Now()); }
 
 std::string RankName(const ckptd::v1::DrillOrder& o) { return absl::StrCat("rank ", o.rank(), " of job ", o.job()); }
 
@@ -43,7 +41,7 @@ DrillExecutor::DrillExecutor(DrillOptions options, DrillHooks hooks)
     : options_(std::move(options)), hooks_(std::move(hooks)) {
   if (!hooks_.signal) {
     hooks_.signal = [](int32_t pid, int sig) -> absl::Status {
-      if (::kill(pid, sig) != 0) return storage::PosixError(absl::StrCat("kill(", pid, ", ", sig, ")"), errno);
+      if (::kill(pid, sig) != 0) return base::PosixError(absl::StrCat("kill(", pid, ", ", sig, ")"), errno);
       return absl::OkStatus();
     };
   }
@@ -71,7 +69,7 @@ bool DrillExecutor::stopping() {
 
 bool DrillExecutor::Sleep(absl::Duration d) {
   absl::MutexLock l(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&stopping_), d);
   return !stopping_;
 }
 
@@ -131,7 +129,7 @@ std::optional<ckptd::v1::DrillReport> DrillExecutor::Report(uint64_t drill_id) {
 void DrillExecutor::Injected(Drill* d, const std::string& detail) {
   absl::MutexLock l(&mu_);
   d->report.set_injected(true);
-  d->report.set_injected_unix_nanos(NowNanos());
+  d->report.set_injected_unix_nanos(absl::ToUnixNanos(clock_->Now()));
   d->report.set_detail(detail);
   ++d->version;
 }
@@ -139,7 +137,7 @@ void DrillExecutor::Injected(Drill* d, const std::string& detail) {
 void DrillExecutor::Ended(Drill* d, const std::string& detail_suffix) {
   absl::MutexLock l(&mu_);
   d->report.set_ended(true);
-  d->report.set_ended_unix_nanos(NowNanos());
+  d->report.set_ended_unix_nanos(absl::ToUnixNanos(clock_->Now()));
   if (!detail_suffix.empty()) d->report.set_detail(absl::StrCat(d->report.detail(), "; ", detail_suffix));
   ++d->version;
 }
@@ -200,7 +198,7 @@ absl::StatusOr<TrainerInfo> DrillExecutor::Trainer(const ckptd::v1::DrillOrder& 
 }
 
 absl::Status DrillExecutor::WaitForStep(const ckptd::v1::DrillOrder& o) {
-  const absl::Time deadline = absl::Now() + options_.max_wait_for_step;
+  const absl::Time deadline = clock_->Now() + options_.max_wait_for_step;
   std::optional<uint64_t> last;
   while (true) {
     // The trainer may be away (restarting) for a while: keep looking.
@@ -209,7 +207,7 @@ absl::Status DrillExecutor::WaitForStep(const ckptd::v1::DrillOrder& o) {
       if (t->step >= o.at_step()) return absl::OkStatus();
       last = t->step;
     }
-    if (absl::Now() >= deadline) {
+    if (clock_->Now() >= deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat(RankName(o), " did not reach step ", o.at_step(), " within ",
                        absl::FormatDuration(options_.max_wait_for_step),
@@ -286,7 +284,7 @@ void DrillExecutor::ReportThenDie(Drill* d) {
     auto sent = [this, d, version]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stopping_ || d->delivered >= version;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&sent), options_.kill_agent_grace);
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&sent), options_.kill_agent_grace);
     stop = stopping_;
   }
   if (stop) return;  // the agent is going anyway

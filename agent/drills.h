@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
+#include "base/clock.h"
 #include "ckptd/v1/coordinator.pb.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
@@ -38,6 +39,10 @@ struct DrillOptions {
   absl::Duration kill_agent_grace = absl::Seconds(2);
   // Longest duration_seconds (and slow_seconds) accepted.
   absl::Duration max_duration = absl::Hours(1);
+  // Measures and waits on time: the drills' durations, the waits for a step
+  // and for delivery, and the reports' timestamps (default:
+  // base::RealClock::Get()); must outlive the executor.
+  base::Clock* clock = nullptr;
 };
 
 // What the executor acts through; every hook can be replaced in tests.
@@ -122,6 +127,7 @@ class DrillExecutor {
   bool stopping();
 
   const DrillOptions options_;
+  base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   DrillHooks hooks_;
 
   absl::Mutex mu_;

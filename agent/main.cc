@@ -21,8 +21,9 @@
 #include "agent/agent_service.h"
 #include "agent/coordinator_link.h"
 #include "agent/drills.h"
-#include "coordinator/tls.h"
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/logger.h"
+#include "rpc/tls.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
 #include "storage/layout.h"
@@ -84,7 +85,8 @@ void OnSignal(int) { g_stop = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  using ckptd::cli::Args;
+  ckptd::base::SetProgramName("ckptd-agent");
+  using ckptd::base::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list, {"storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id",
                                                      "local-cache", "local-cache-keep", "trainer-group",
@@ -96,7 +98,7 @@ int main(int argc, char** argv) {
   }
   auto usage = [](const std::string& why) {
     std::cerr << "ckptd-agent: " << why << "\n" << kUsage;
-    return ckptd::cli::kExitUsage;
+    return ckptd::base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (!args->Get("storage-root") || !args->Get("socket")) return usage("--storage-root and --socket are required");
@@ -120,7 +122,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) {
     std::cerr << "ckptd-agent: storage root: " << s.message() << "\n";
-    return ckptd::cli::kExitFailed;
+    return ckptd::base::kExitFailed;
   }
   if (std::optional<std::string> group = args->Get("trainer-group")) {
     uint32_t gid = 0;
@@ -165,7 +167,7 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) {
       std::cerr << "ckptd-agent: --local-cache: " << s.message() << "\n";
-      return ckptd::cli::kExitFailed;
+      return ckptd::base::kExitFailed;
     }
     // The local tier is this node's own disk: drills and injected latency
     // are about the shared storage root, and leave it alone.
@@ -191,12 +193,12 @@ int main(int argc, char** argv) {
     }
     options.node_id = lo.node_id;
     if (args->Get("tls-ca") || args->Get("tls-cert") || args->Get("tls-key")) {
-      ckptd::coordinator::TlsFiles files;
+      ckptd::rpc::TlsFiles files;
       files.ca = args->Get("tls-ca").value_or("");
       files.cert = args->Get("tls-cert").value_or("");
       files.key = args->Get("tls-key").value_or("");
       absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
-          ckptd::coordinator::ChannelCredentialsFromFiles(files);
+          ckptd::rpc::ChannelCredentialsFromFiles(files);
       if (!creds.ok()) return usage(std::string(creds.status().message()));
       lo.credentials = *creds;
     }
@@ -250,7 +252,7 @@ int main(int argc, char** argv) {
     drill_sink = drills.get();
   }
   // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
-  if (absl::StatusOr<std::vector<std::string>> stale = ckptd::agent::ReclaimStaleSegments(); stale.ok()) {
+  if (absl::StatusOr<std::vector<std::string>> stale = ckptd::staging::ReclaimStaleSegments(); stale.ok()) {
     for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
   }
   auto service = std::make_unique<ckptd::agent::AgentService>(core.get());
@@ -258,7 +260,7 @@ int main(int argc, char** argv) {
       ckptd::agent::StartUnixServer(*args->Get("socket"), service.get(), service->peers(), options.trainer_group);
   if (!server.ok()) {
     std::cerr << "ckptd-agent: " << server.status().message() << "\n";
-    return ckptd::cli::kExitUnavailable;
+    return ckptd::base::kExitUnavailable;
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);

@@ -8,7 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
-#include "storage/posix_error.h"
+#include "base/posix_error.h"
 
 namespace ckptd::agent {
 
@@ -44,7 +44,7 @@ absl::Status ProcessWatcher::Watch(pid_t pid, std::function<void()> on_exit) {
       on_exit();
       return absl::OkStatus();
     }
-    return storage::PosixError(absl::StrCat("pidfd_open ", pid), errno);
+    return base::PosixError(absl::StrCat("pidfd_open ", pid), errno);
   }
   absl::MutexLock l(&mu_);
   callbacks_[fd] = std::move(on_exit);
@@ -55,7 +55,7 @@ absl::Status ProcessWatcher::Watch(pid_t pid, std::function<void()> on_exit) {
     const int err = errno;
     callbacks_.erase(fd);
     ::close(fd);
-    return storage::PosixError(absl::StrCat("epoll_ctl for pid ", pid), err);
+    return base::PosixError(absl::StrCat("epoll_ctl for pid ", pid), err);
   }
   return absl::OkStatus();
 }

@@ -41,18 +41,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/flags.h"
+#include "base/format.h"
+#include "base/thread_pool.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
-#include "cli/args.h"
 #include "cli/json.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/store.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::bench {
 
-using cli::Args;
+using base::Args;
 using cli::JsonWriter;
 using SteadyClock = std::chrono::steady_clock;
 namespace v1 = ::ckptd::v1;
@@ -718,7 +719,7 @@ absl::StatusOr<std::vector<std::vector<v1::ShardRef>>> PrepareShards(storage::Ch
   o.encode.compress = false;
   o.direct_io = false;
   o.writes_in_flight = 1;
-  storage::ThreadPool pool(1);  // one block per shard: encoding is trivial
+  base::ThreadPool pool(1);  // one block per shard: encoding is trivial
   std::vector<std::vector<v1::ShardRef>> refs(steps, std::vector<v1::ShardRef>(world));
   // Writers wait on fsync, not on the CPU.
   const uint32_t writers = std::min<uint32_t>(64, world);
@@ -1006,7 +1007,7 @@ bool WriteResults(const Flags& f, const Results& r, bool json, std::ostream& out
         r.heartbeats_per_s, expected_per_s, r.window_s, Percentile(r.ack_ms, 50), Percentile(r.ack_ms, 99),
         r.skipped, r.unknown, r.broken);
     out << absl::StrFormat("  coordinator  %.3f cores (target < 1: %s), RSS %s; %.3f cores while checkpointing\n",
-                           r.coordinator_cores, cores_met ? "met" : "NOT met", cli::HumanBytes(r.coordinator_rss),
+                           r.coordinator_cores, cores_met ? "met" : "NOT met", base::HumanBytes(r.coordinator_rss),
                            r.checkpointing_cores);
     out << absl::StrFormat("  load gen     %.3f cores of the %d on this machine\n", r.loadgen_cores, cpus);
     out << absl::StrFormat(
@@ -1041,11 +1042,11 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
                                           {"json", "keep", "help"});
   if (args.ok() && args->Has("help")) {
     out << kCoordinatorHelp;
-    return cli::kExitOk;
+    return base::kExitOk;
   }
   auto usage = [&](const std::string& why) {
     err << "ckptd-bench coordinator: " << why << "\n" << kCoordinatorHelp;
-    return cli::kExitUsage;
+    return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (!args->positional().empty()) return usage(absl::StrCat("unexpected argument \"", args->positional()[0], "\""));
@@ -1086,7 +1087,7 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   const uint32_t world = static_cast<uint32_t>(f.ranks);
   auto fail = [&](const std::string& what) {
     err << "ckptd-bench coordinator: " << what << "\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   };
 
   Results r;
@@ -1261,9 +1262,9 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   if (!stopped.ok()) err << "ckptd-bench coordinator: " << stopped.message() << "\n";
   if (!ok || !stopped.ok()) {
     err << "ckptd-bench coordinator: coordinator stderr (last lines):\n" << coord.StderrTail() << "\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   }
-  return cli::kExitOk;
+  return base::kExitOk;
 }
 
 }  // namespace ckptd::bench

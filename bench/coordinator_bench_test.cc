@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.h"
+#include "base/flags.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -23,7 +23,7 @@ TEST(CoordinatorBenchTest, SmallRunCommitsEveryCheckpointAndReportsTheFields) {
                                       "--rate", "4", "--channels", "4", "--coordinator-bin", CKPTD_COORDINATOR_BINARY,
                                       "--json"},
                                      out, err);
-  ASSERT_EQ(rc, cli::kExitOk) << err.str();
+  ASSERT_EQ(rc, base::kExitOk) << err.str();
   google::protobuf::Struct json;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out.str(), &json).ok()) << out.str();
   const auto& fields = json.fields();
@@ -53,7 +53,7 @@ TEST(CoordinatorBenchTest, SmallRunCommitsEveryCheckpointAndReportsTheFields) {
 
 TEST(CoordinatorBenchTest, TooFewAgentsForTheRanksIsAUsageError) {
   std::ostringstream out, err;
-  EXPECT_EQ(RunCoordinatorBench({"--agents", "10", "--ranks", "4096"}, out, err), cli::kExitUsage);
+  EXPECT_EQ(RunCoordinatorBench({"--agents", "10", "--ranks", "4096"}, out, err), base::kExitUsage);
   EXPECT_THAT(err.str(), HasSubstr("need 512 agents; --agents is 10"));
 }
 
@@ -62,7 +62,7 @@ TEST(CoordinatorBenchTest, MissingCoordinatorBinaryFailsNamingIt) {
   EXPECT_EQ(RunCoordinatorBench({"--agents", "2", "--ranks", "2", "--checkpoints", "1", "--coordinator-bin",
                                  "/nonexistent/ckptd-coordinator"},
                                 out, err),
-            cli::kExitFailed);
+            base::kExitFailed);
   EXPECT_THAT(err.str(), HasSubstr("cannot run /nonexistent/ckptd-coordinator"));
 }
 

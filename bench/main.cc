@@ -3,11 +3,11 @@
 #include <string>
 #include <vector>
 
+#include "base/flags.h"
 #include "bench/coordinator_bench.h"
+#include "bench/overhead_bench.h"
 #include "bench/persist_bench.h"
 #include "bench/snapshot_bench.h"
-#include "bench/overhead_bench.h"
-#include "cli/args.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     (args.empty() ? std::cerr : std::cout) << kUsage;
-    return args.empty() ? ckptd::cli::kExitUsage : ckptd::cli::kExitOk;
+    return args.empty() ? ckptd::base::kExitUsage : ckptd::base::kExitOk;
   }
   const std::string name = args[0];
   args.erase(args.begin());
@@ -33,5 +33,5 @@ int main(int argc, char** argv) {
   if (name == "overhead") return ckptd::bench::RunOverheadBench(args, std::cout, std::cerr);
   if (name == "coordinator") return ckptd::bench::RunCoordinatorBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
-  return ckptd::cli::kExitUsage;
+  return ckptd::base::kExitUsage;
 }

@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "cli/json.h"
 
 namespace ckptd::bench {
@@ -67,15 +67,15 @@ std::optional<double> RunTrainer(const std::string& command) {
 }  // namespace
 
 int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<cli::Args> args =
-      cli::Args::Parse(argv, {"state-mb", "steps", "step-ms", "every", "repeat"}, {"json", "help"});
+  absl::StatusOr<base::Args> args =
+      base::Args::Parse(argv, {"state-mb", "steps", "step-ms", "every", "repeat"}, {"json", "help"});
   if (args.ok() && args->Has("help")) {
     out << kOverheadHelp;
-    return cli::kExitOk;
+    return base::kExitOk;
   }
   auto usage = [&](const std::string& why) {
     err << "ckptd-bench overhead: " << why << "\n" << kOverheadHelp;
-    return cli::kExitUsage;
+    return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   uint64_t vals[4] = {4, 200, 50, 3};
@@ -96,7 +96,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
   char tmpl[] = "/tmp/ckptd-overhead-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) {
     err << "ckptd-bench overhead: cannot create a temporary folder\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   }
   const std::string dir = tmpl;
   const std::string bin = SelfDir();
@@ -109,10 +109,10 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
     ::_exit(127);
   }
   for (int i = 0; i < 1000 && ::access(socket.c_str(), F_OK) != 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-  int rc = cli::kExitOk;
+  int rc = base::kExitOk;
   // Index 0: no checkpoints; then one per --every value.
   std::vector<std::vector<double>> runs(everies.size() + 1);
-  for (uint64_t round = 0; rc == cli::kExitOk && round < vals[3]; ++round) {
+  for (uint64_t round = 0; rc == base::kExitOk && round < vals[3]; ++round) {
     for (size_t k = 0; k <= everies.size(); ++k) {
       const size_t which = round % 2 == 0 ? k : everies.size() - k;
       const uint64_t every = which == 0 ? 0 : everies[which - 1];
@@ -122,7 +122,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
       std::optional<double> t = RunTrainer(cmd);
       if (!t) {
         err << "ckptd-bench overhead: the trainer failed: " << cmd << "\n";
-        rc = cli::kExitFailed;
+        rc = base::kExitFailed;
         break;
       }
       runs[which].push_back(*t);
@@ -131,7 +131,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
   ::kill(agent, SIGTERM);
   ::waitpid(agent, nullptr, 0);
   std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
-  if (rc != cli::kExitOk) return rc;
+  if (rc != base::kExitOk) return rc;
   const double base = Median(runs[0]);
   cli::JsonWriter w;
   w.BeginObject();
@@ -157,7 +157,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
   w.EndArray();
   w.EndObject();
   if (args->Has("json")) out << w.str() << "\n";
-  return cli::kExitOk;
+  return base::kExitOk;
 }
 
 }  // namespace ckptd::bench

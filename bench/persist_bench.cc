@@ -15,18 +15,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cli/args.h"
+#include "base/aligned_buffer.h"
+#include "base/flags.h"
+#include "base/format.h"
+#include "base/thread_pool.h"
 #include "cli/json.h"
-#include "storage/aligned_buffer.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/store.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::bench {
 
-using cli::Args;
+using base::Args;
 using cli::JsonWriter;
 
 const char kPersistHelp[] =
@@ -232,11 +233,11 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
       Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat", "io-depth"}, {"keep", "json", "compare", "help"});
   if (args.ok() && args->Has("help")) {
     out << kPersistHelp;
-    return cli::kExitOk;
+    return base::kExitOk;
   }
   auto usage = [&](const std::string& why) {
     err << "ckptd-bench persist: " << why << "\n" << kPersistHelp;
-    return cli::kExitUsage;
+    return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   absl::StatusOr<std::optional<uint64_t>> bytes_flag = args->GetUint("bytes", /*allow_suffix=*/true);
@@ -276,12 +277,12 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     std::string name;
     ckptd::v1::Component component;
     ckptd::v1::DType dtype;
-    storage::AlignedBuffer data;
+    base::AlignedBuffer data;
     size_t length;
   };
   std::vector<Buffer> buffers;
   auto add = [&](std::string name, ckptd::v1::Component c, ckptd::v1::DType d, size_t length) {
-    buffers.push_back({std::move(name), c, d, storage::AlignedBuffer(std::max<size_t>(length, 1)), length});
+    buffers.push_back({std::move(name), c, d, base::AlignedBuffer(std::max<size_t>(length, 1)), length});
   };
   const ckptd::v1::DType float_dtype = bf16 ? ckptd::v1::BFLOAT16 : ckptd::v1::FLOAT32;
   add("model.params", ckptd::v1::PARAMS, float_dtype, params_bytes);
@@ -313,15 +314,15 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   const std::string job = "bench";
   if (absl::Status s = storage::CreateDirs(fs.get(), dir); !s.ok()) {
     err << "ckptd-bench persist: " << s.message() << "\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   }
   if (store.ReadManifest(job, step).ok() || fs->Stat(storage::StepDir(dir, job, step)).ok()) {
     err << "ckptd-bench persist: " << storage::StepDir(dir, job, step)
         << " already exists; remove it or pass another --step\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   }
 
-  storage::ThreadPool pool(threads);
+  base::ThreadPool pool(threads);
   storage::ShardWriteOptions wopt;
   wopt.encode.compress = codec == "zstd";
   wopt.writes_in_flight = io_depth;
@@ -354,7 +355,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     written = *result;
 
     // Read back into fresh (pre-faulted) buffers, verifying every chunk.
-    std::vector<storage::AlignedBuffer> dest;
+    std::vector<base::AlignedBuffer> dest;
     std::vector<storage::TensorDest> dests;
     for (const Buffer& b : buffers) {
       dest.emplace_back(std::max<size_t>(b.length, 1));
@@ -386,7 +387,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   };
   // The yardsticks' side: fio on the same directory, and the zstd CLI.
   auto run_yardsticks = [&] {
-    fio = RunFio(dir, storage::AlignUp(raw_bytes, 1 << 20), io_depth);
+    fio = RunFio(dir, base::AlignUp(raw_bytes, 1 << 20), io_depth);
     if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
     if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
     if (codec == "zstd") {
@@ -399,7 +400,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   for (int round = 0; round < repeat; ++round) {
     const bool compare = args->Has("compare");
     if (compare && round % 2 == 1) run_yardsticks();
-    if (!run_ckptd(round + 1 == repeat)) return cli::kExitFailed;
+    if (!run_ckptd(round + 1 == repeat)) return base::kExitFailed;
     if (compare && round % 2 == 0) run_yardsticks();
   }
   const double write_gbps = Median(write_runs);
@@ -447,7 +448,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     out << w.str() << "\n";
   } else {
     out << absl::StrFormat("persist %s %s: %s raw -> %s stored (ratio %.3f)\n", codec, dtype,
-                           cli::HumanBytes(raw_bytes), cli::HumanBytes(written.stored_bytes), ratio);
+                           base::HumanBytes(raw_bytes), base::HumanBytes(written.stored_bytes), ratio);
     out << absl::StrFormat("  write %.3f GB/s (until durable), read+verify %.3f GB/s; median of %d round(s)\n",
                            write_gbps, read_gbps, repeat);
     if (fio.write_gbps && fio.read_gbps) {
@@ -462,7 +463,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     if (!fio.error.empty()) out << "  fio: " << fio.error << "\n";
     if (!zstd.error.empty()) out << "  zstd: " << zstd.error << "\n";
   }
-  return cli::kExitOk;
+  return base::kExitOk;
 }
 
 }  // namespace ckptd::bench

@@ -12,10 +12,11 @@
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
-#include "cli/args.h"
+#include "base/aligned_buffer.h"
+#include "base/flags.h"
+#include "base/format.h"
 #include "cli/json.h"
 #include "client/client.h"
-#include "storage/aligned_buffer.h"
 #include "storage/posix_file_system.h"
 
 namespace ckptd::bench {
@@ -46,15 +47,15 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<cli::Args> args =
-      cli::Args::Parse(argv, {"bytes", "dir", "threads", "repeat", "cuda"}, {"spare", "json", "help"});
+  absl::StatusOr<base::Args> args =
+      base::Args::Parse(argv, {"bytes", "dir", "threads", "repeat", "cuda"}, {"spare", "json", "help"});
   if (args.ok() && args->Has("help")) {
     out << kSnapshotHelp;
-    return cli::kExitOk;
+    return base::kExitOk;
   }
   auto usage = [&](const std::string& why) {
     err << "ckptd-bench snapshot: " << why << "\n" << kSnapshotHelp;
-    return cli::kExitUsage;
+    return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   absl::StatusOr<std::optional<uint64_t>> bytes = args->GetUint("bytes", true);
@@ -79,7 +80,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     char tmpl[] = "/tmp/ckptd-snapbench-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) {
       err << "ckptd-bench snapshot: cannot create a temporary folder\n";
-      return cli::kExitFailed;
+      return base::kExitFailed;
     }
     dir = tmpl;
     own_dir = true;
@@ -91,10 +92,10 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
   options.segment_prefix = absl::StrCat("/ckptd-snapbench-", ::getpid());
   if (absl::Status s = storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) {
     err << "ckptd-bench snapshot: " << s.message() << "\n";
-    return cli::kExitFailed;
+    return base::kExitFailed;
   }
   const std::string socket = storage::JoinPath(dir, "agent.sock");
-  int rc = cli::kExitOk;
+  int rc = base::kExitOk;
   std::vector<double> stalls, memcpys;
   {
     agent::AgentCore core(fs.get(), options);
@@ -102,10 +103,10 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     absl::StatusOr<std::unique_ptr<agent::UnixServer>> server = agent::StartUnixServer(socket, &service, service.peers());
     if (!server.ok()) {
       err << "ckptd-bench snapshot: " << server.status().message() << "\n";
-      return cli::kExitUnavailable;
+      return base::kExitUnavailable;
     }
     // The trainer's buffer, and a pre-faulted target for the memcpy yardstick.
-    storage::AlignedBuffer buffer(*cuda ? 1 : n), target(*cuda ? 1 : n);
+    base::AlignedBuffer buffer(*cuda ? 1 : n), target(*cuda ? 1 : n);
     for (uint64_t i = 0; !*cuda && i < n; i += 4096) buffer.data()[i] = static_cast<uint8_t>(i >> 12);
     void* device_buffer = nullptr;
     const int device = *cuda ? static_cast<int>(**cuda) : 0;
@@ -114,7 +115,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
       if (!p.ok()) {
         err << "ckptd-bench snapshot: " << p.status().message() << "\n";
         (*server)->Shutdown();
-        return cli::kExitFailed;
+        return base::kExitFailed;
       }
       device_buffer = *p;
     }
@@ -138,14 +139,14 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Connect(co, {spec});
     if (!c.ok()) {
       err << "ckptd-bench snapshot: " << c.status().message() << "\n";
-      rc = cli::kExitFailed;
+      rc = base::kExitFailed;
     }
-    for (int r = 0; rc == cli::kExitOk && r < rounds; ++r) {
+    for (int r = 0; rc == base::kExitOk && r < rounds; ++r) {
       if (*cuda) {
         absl::StatusOr<double> t = client::TimeDeviceToPinnedCopy(device, device_buffer, n);
         if (!t.ok()) {
           err << "ckptd-bench snapshot: " << t.status().message() << "\n";
-          rc = cli::kExitFailed;
+          rc = base::kExitFailed;
           break;
         }
         memcpys.push_back(*t);
@@ -158,7 +159,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
       absl::Status persisted = s.ok() ? (*c)->WaitPersisted(r + 1, absl::Minutes(10)) : s.status();
       if (!persisted.ok()) {
         err << "ckptd-bench snapshot: " << persisted.message() << "\n";
-        rc = cli::kExitFailed;
+        rc = base::kExitFailed;
         break;
       }
       stalls.push_back(s->stall_seconds);
@@ -168,7 +169,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     if (device_buffer != nullptr) client::FreeDeviceMemory(device, device_buffer);
   }
   if (own_dir) std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
-  if (rc != cli::kExitOk) return rc;
+  if (rc != base::kExitOk) return rc;
   const double stall = Median(stalls), copy = Median(memcpys);
   if (args->Has("json")) {
     cli::JsonWriter w;
@@ -184,10 +185,10 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     out << w.str() << "\n";
   } else {
     out << absl::StrFormat("snapshot of %s%s: stall %.4f s, memcpy %.4f s (stall %.2fx memcpy), median of %d\n",
-                           cli::HumanBytes(n), spare ? " (two hops)" : "", stall, copy,
+                           base::HumanBytes(n), spare ? " (two hops)" : "", stall, copy,
                            copy > 0 ? stall / copy : 0.0, rounds);
   }
-  return cli::kExitOk;
+  return base::kExitOk;
 }
 
 }  // namespace ckptd::bench

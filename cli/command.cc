@@ -15,32 +15,13 @@
 
 namespace ckptd::cli {
 
-// "2024-05-01T12:00:00Z"; "-" for 0 (unknown).
-std::string IsoTime(int64_t unix_nanos) {
-  if (unix_nanos == 0) return "-";
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixNanos(unix_nanos), absl::UTCTimeZone());
-}
-
-// "0.4 s", "12 s", "5.2 min", "3.1 h", "2.0 d".
-std::string ShortDuration(double s) {
-  if (!std::isfinite(s)) return "-";
-  if (s < 0) s = 0;  // clock skew between the coordinator and here
-  if (s < 10) return absl::StrFormat("%.1f s", s);
-  if (s < 120) return absl::StrFormat("%.0f s", s);
-  if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
-  if (s < 172800) return absl::StrFormat("%.1f h", s / 3600);
-  return absl::StrFormat("%.1f d", s / 86400);
+const std::set<std::string>& CoordinatorValueFlags() {
+  static const std::set<std::string>* const flags =
+      new std::set<std::string>{"coordinator", "tls-ca", "tls-cert", "tls-key", "token-file"};
+  return *flags;
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.3g %%", 100 * fraction); }
-
-// "0.04 s", "1.5 s", "35.2 s", "412 s"; "-" for 0 (unknown).
-std::string Seconds(double s) {
-  if (!(s > 0) || !std::isfinite(s)) return "-";
-  if (s < 1) return absl::StrFormat("%.2f s", s);
-  if (s < 100) return absl::StrFormat("%.1f s", s);
-  return absl::StrFormat("%.0f s", s);
-}
 
 // "3/4"; "-" when neither is known (an entry that carries no world size).
 std::string Ranks(uint32_t reported, uint32_t world) {
@@ -51,6 +32,8 @@ std::string Ranks(uint32_t reported, uint32_t world) {
 double SecondsSince(absl::Time now, int64_t unix_nanos) {
   return absl::ToDoubleSeconds(now - absl::FromUnixNanos(unix_nanos));
 }
+
+double SecondsBetween(int64_t from_nanos, int64_t to_nanos) { return static_cast<double>(to_nanos - from_nanos) / 1e9; }
 
 // "0-3,8,10-11" for sorted, distinct ranks.
 std::string RankRanges(std::vector<uint32_t> ranks) {
@@ -96,6 +79,11 @@ std::string FailureKindName(ckptd::v1::FailureKind k) {
   }
 }
 
+size_t DisplayWidth(absl::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
 
 std::string XmlEscape(absl::string_view s) {
   std::string out;
@@ -126,17 +114,51 @@ absl::Status WriteTextFile(const std::string& path, absl::string_view content) {
   return absl::OkStatus();
 }
 
+void NullableUint(JsonWriter& w, absl::string_view key, bool present, uint64_t value) {
+  w.Key(key);
+  if (present) {
+    w.Uint(value);
+  } else {
+    w.Null();
+  }
+}
+
+void NullablePositive(JsonWriter& w, absl::string_view key, double value) {
+  w.Key(key);
+  if (value > 0 && std::isfinite(value)) {
+    w.Double(value);
+  } else {
+    w.Null();
+  }
+}
+
+void NullableTime(JsonWriter& w, absl::string_view key, int64_t unix_nanos) {
+  w.Key(key);
+  if (unix_nanos != 0) {
+    w.String(IsoTime(unix_nanos));
+  } else {
+    w.Null();
+  }
+}
+
+void UintArray(JsonWriter& w, absl::string_view key, const google::protobuf::RepeatedField<uint64_t>& values) {
+  w.Key(key);
+  w.BeginArray();
+  for (uint64_t v : values) w.Uint(v);
+  w.EndArray();
+}
+
 std::optional<int> Command::Start(const std::vector<std::string>& argv, std::set<std::string> value_flags,
                                   std::set<std::string> bool_flags, bool needs_job,
                                   const CoordinatorApiFactory& factory, size_t max_positional) {
   value_flags.insert(CoordinatorValueFlags().begin(), CoordinatorValueFlags().end());
   bool_flags.insert({"help", "json"});
-  absl::StatusOr<Args> args = Args::Parse(argv, value_flags, bool_flags);
+  absl::StatusOr<base::Args> args = base::Args::Parse(argv, value_flags, bool_flags);
   if (!args.ok()) return Usage(args.status().message());
   args_ = *std::move(args);
   if (args_.Has("help")) {
     out_ << help_;
-    return kExitOk;
+    return base::kExitOk;
   }
   if (args_.positional().size() > max_positional) {
     return Usage(absl::StrCat("unexpected argument \"", args_.positional()[max_positional], "\""));
@@ -169,7 +191,7 @@ int Command::Fail(absl::string_view rpc, const absl::Status& s) const {
                : absl::StrContains(s.message(), address)      ? std::string("the coordinator: ")
                                                               : absl::StrCat("the coordinator at ", address, ": "))
            << s.message() << "\n";
-      return kExitUnavailable;
+      return base::kExitUnavailable;
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
       err_ << prefix << s.message() << "\n";
@@ -182,18 +204,18 @@ int Command::Fail(absl::string_view rpc, const absl::Status& s) const {
                 "<state-dir>/operator-token of the coordinator (or the file given to ckptd-coordinator "
                 "--operator-token-file)\n";
       }
-      return kExitFailed;
+      return base::kExitFailed;
     case absl::StatusCode::kUnimplemented:
       err_ << prefix << "the coordinator at " << address << " is too old for `ckptctl " << name_ << "`"
            << (rpc.empty() ? "" : absl::StrCat(" (it does not implement ", rpc, ")"))
            << "; upgrade ckptd-coordinator\n";
-      return kExitFailed;
+      return base::kExitFailed;
     case absl::StatusCode::kInvalidArgument:
       err_ << prefix << s.message() << "\n";
-      return kExitUsage;
+      return base::kExitUsage;
     default:
       err_ << prefix << s.message() << "\n";
-      return kExitFailed;
+      return base::kExitFailed;
   }
 }
 

@@ -1,7 +1,8 @@
 // The frame that ckptctl's online commands share: parsing the flags every
 // one takes, connecting to the coordinator, saying why a call failed with
 // the documented exit status, and the small formatting helpers of their
-// tables. Internal to ckptd::cli.
+// tables and JSON objects (the offline ones use these too). Internal to
+// ckptd::cli.
 #pragma once
 
 #include <algorithm>
@@ -17,31 +18,51 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.pb.h"
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/format.h"
+#include "cli/json.h"
 #include "cli/operator_commands.h"
 
 namespace ckptd::cli {
 
-// "2024-05-01T12:00:00Z"; "-" for 0 (unknown).
-std::string IsoTime(int64_t unix_nanos);
-// "0.4 s", "12 s", "5.2 min", "3.1 h", "2.0 d".
-std::string ShortDuration(double s);
+using base::HumanBytes;
+using base::IsoTime;
+using base::Seconds;
+using base::ShortDuration;
+
+// The flags of every command that talks to a live coordinator
+// (--coordinator HOST:PORT, mutual TLS and the operator's --token-file;
+// cli/remote.h), for base::Args::Parse.
+const std::set<std::string>& CoordinatorValueFlags();
+
 std::string Percent(double fraction);
-// "0.04 s", "1.5 s", "35.2 s", "412 s"; "-" for 0 (unknown).
-std::string Seconds(double s);
 // "3/4"; "-" when neither is known (an entry that carries no world size).
 std::string Ranks(uint32_t reported, uint32_t world);
 double SecondsSince(absl::Time now, int64_t unix_nanos);
+// From `from_nanos` to `to_nanos` (Unix nanoseconds, one clock), in seconds.
+double SecondsBetween(int64_t from_nanos, int64_t to_nanos);
 // "0-3,8,10-11" for sorted, distinct ranks.
 std::string RankRanges(std::vector<uint32_t> ranks);
 std::string JobStateName(ckptd::v1::JobState s);
 std::string StepStateName(ckptd::v1::StepState s);
 std::string FailureKindName(ckptd::v1::FailureKind k);
+// The width of UTF-8 text in columns: code points, not bytes (labels use δ, τ).
+size_t DisplayWidth(absl::string_view s);
 // `s` with & < > " ' escaped, for XML and HTML text and attributes.
 std::string XmlEscape(absl::string_view s);
 // Writes `content` to `path` (created or truncated); an error naming the
 // file and why when it cannot.
 absl::Status WriteTextFile(const std::string& path, absl::string_view content);
+
+// JSON fields of the commands' objects that may be unknown (null).
+// key: `value`, or null when not `present`.
+void NullableUint(JsonWriter& w, absl::string_view key, bool present, uint64_t value);
+// key: `value`, or null unless it is positive and finite.
+void NullablePositive(JsonWriter& w, absl::string_view key, double value);
+// key: the time as IsoTime, or null for 0 (unknown).
+void NullableTime(JsonWriter& w, absl::string_view key, int64_t unix_nanos);
+// key: [values...].
+void UintArray(JsonWriter& w, absl::string_view key, const google::protobuf::RepeatedField<uint64_t>& values);
 
 // Columns padded to their widest cell, two spaces apart, indented by two;
 // the last column is not padded.
@@ -95,13 +116,13 @@ class Command {
 
   int Usage(absl::string_view why) const {
     err_ << "ckptctl " << name_ << ": " << why << "\n(`ckptctl " << name_ << " --help` describes the flags)\n";
-    return kExitUsage;
+    return base::kExitUsage;
   }
 
   // Says why `rpc` failed and returns the exit status for it.
   int Fail(absl::string_view rpc, const absl::Status& s) const;
 
-  const Args& args() const { return args_; }
+  const base::Args& args() const { return args_; }
   CoordinatorApi& api() const { return *api_; }
   bool json() const { return args_.Has("json"); }
   std::string job() const { return args_.Get("job").value_or(""); }
@@ -114,7 +135,7 @@ class Command {
   const char* const help_;
   std::ostream& out_;
   std::ostream& err_;
-  Args args_;
+  base::Args args_;
   std::unique_ptr<CoordinatorApi> api_;
 };
 

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/testing_fake_coordinator.h"
 #include "cli/testing_json.h"
@@ -134,7 +133,7 @@ TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
 
   Result r = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
                                    "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   ASSERT_TRUE(fake_.drill_request.has_value());
   EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::KILL_TRAINER);
   EXPECT_EQ(fake_.drill_request->rank(), 2u);
@@ -152,7 +151,7 @@ TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
   fake_.get_drill_calls = 0;
   Result j = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2",
                                    "--token-file", TokenFile("drill-token", "s3cret"), "--json"});
-  EXPECT_EQ(j.code, kExitOk);
+  EXPECT_EQ(j.code, base::kExitOk);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr("\"detection_seconds\":0.012"), HasSubstr("\"lost_steps\":7"),
                            HasSubstr("\"restored_step\":40"), HasSubstr("\"passed\":true")));
@@ -179,7 +178,7 @@ TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
   fake_.preview->set_step(20);
   Result good = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
                                       "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(good.code, kExitOk) << good.out;
+  EXPECT_EQ(good.code, base::kExitOk) << good.out;
   ASSERT_TRUE(fake_.verify_request.has_value());
   EXPECT_EQ(fake_.verify_request->step(), 40u);
   EXPECT_THAT(good.out, AllOf(HasSubstr("PASS  the damaged step is quarantined"),
@@ -191,7 +190,7 @@ TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
   fake_.get_drill_calls = 0;
   Result bad = Drill({"--job", "llm", "--scenario", "corrupt-shard", "--target", "2",
                                      "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(bad.code, kExitFailed);
+  EXPECT_EQ(bad.code, base::kExitFailed);
   EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  corrupt data is never restored"), HasSubstr("drill: FAIL")));
 }
 
@@ -216,7 +215,7 @@ TEST_F(DrillCommandTest, StorageFaultMustLeaveTrainingRunningAndCheckpointsCommi
   fake_.preview->set_step(60);
   Result r = Drill({"--job", "llm", "--scenario", "storage-enospc", "--target", "node-b",
                                    "--duration", "10ms", "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_EQ(fake_.drill_request->target_node(), "node-b");
   EXPECT_DOUBLE_EQ(fake_.drill_request->duration_seconds(), 0.01);
   EXPECT_THAT(r.out, AllOf(HasSubstr("PASS  training went on without a restart"),
@@ -228,26 +227,26 @@ TEST_F(DrillCommandTest, RefusalsAndBadFlags) {
   st.mutable_report()->set_error("drills are not allowed on this agent; start it with --allow-drills");
   fake_.drill = {st};
   Result refused = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(refused.code, kExitFailed);
+  EXPECT_EQ(refused.code, base::kExitFailed);
   EXPECT_THAT(refused.err, HasSubstr("--allow-drills"));
   Result no_scenario = Drill({"--job", "llm", "--scenario", "meteor", "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(no_scenario.code, kExitUsage);
+  EXPECT_EQ(no_scenario.code, base::kExitUsage);
   EXPECT_THAT(no_scenario.err, HasSubstr("--scenario must be one of kill-trainer, hang-trainer"));
   Result node_for_rank =
       Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "node-a"});
-  EXPECT_EQ(node_for_rank.code, kExitUsage);
+  EXPECT_EQ(node_for_rank.code, base::kExitUsage);
   EXPECT_THAT(node_for_rank.err, HasSubstr("--target of kill-trainer is a rank number"));
   Result bad_duration =
       Drill({"--job", "llm", "--scenario", "hang-trainer", "--duration", "soon"});
-  EXPECT_EQ(bad_duration.code, kExitUsage);
+  EXPECT_EQ(bad_duration.code, base::kExitUsage);
   EXPECT_THAT(bad_duration.err, HasSubstr("--duration: \"soon\""));
   Result not_run = RunExactly(RunDrillCommand, {"start"});
-  EXPECT_EQ(not_run.code, kExitUsage);
+  EXPECT_EQ(not_run.code, base::kExitUsage);
   fake_.error = absl::UnavailableError("coordinator c:1: connection refused");
   Result down = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(down.code, kExitUnavailable);
+  EXPECT_EQ(down.code, base::kExitUnavailable);
   Result help = RunExactly(RunDrillCommand, {"--help"});
-  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_EQ(help.code, base::kExitOk);
   for (const char* s : {"kill-trainer", "hang-trainer", "kill-agent", "cut-off-agent", "corrupt-shard", "storage-eio",
                         "storage-enospc", "storage-slow", "--watch", "--at-step"}) {
     EXPECT_THAT(help.out, HasSubstr(s));
@@ -260,7 +259,7 @@ TEST_F(DrillCommandTest, ADamagedRestoredStepFailsTheVerdictAndAnUnreadableOneIs
   fake_.verify_stream = {Verified(40, false)};
   Result bad = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
                       TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(bad.code, kExitFailed) << bad.out;
+  EXPECT_EQ(bad.code, base::kExitFailed) << bad.out;
   EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  the restored step verifies intact: rank-0001.shard"),
                              HasSubstr("drill: FAIL")));
   // Retention may remove the restored step before the drill reads it:
@@ -269,63 +268,48 @@ TEST_F(DrillCommandTest, ADamagedRestoredStepFailsTheVerdictAndAnUnreadableOneIs
   fake_.verify_end = absl::FailedPreconditionError("step 40 of job llm is not committed");
   Result gone = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
                        TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(gone.code, kExitOk) << gone.out;
+  EXPECT_EQ(gone.code, base::kExitOk) << gone.out;
   EXPECT_THAT(gone.out, HasSubstr("restored step not verified: step 40 of job llm is not committed"));
   EXPECT_THAT(gone.out, Not(HasSubstr("verifies intact")));
   // A verification that breaks for another reason fails the drill.
   fake_.verify_end = absl::DataLossError("shard rank-0003.shard: read failed");
   Result broken = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
                          TokenFile("drill-token", "s3cret"), "--json"});
-  EXPECT_EQ(broken.code, kExitFailed);
+  EXPECT_EQ(broken.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(broken.out)) << broken.out;
   EXPECT_THAT(broken.out, HasSubstr("\"restored_verify_error\":\"shard rank-0003.shard: read failed\""));
   // --no-verify-restored reads nothing back.
   fake_.verify_request.reset();
   Result skipped = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--no-verify-restored",
                           "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(skipped.code, kExitOk) << skipped.out;
+  EXPECT_EQ(skipped.code, base::kExitOk) << skipped.out;
   EXPECT_FALSE(fake_.verify_request.has_value());
   EXPECT_THAT(skipped.out, HasSubstr("not asked for (--no-verify-restored)"));
 }
 
-TEST_F(DrillCommandTest, HtmlReportIsOneSelfContainedPageWithATimeline) {
-  ckptd::v1::DrillStatus st = Resumed();
-  // Names and details come from agents and the job: escaped on the page.
-  st.set_node_id("node-<b>&\"x\"");
-  st.mutable_events(0)->set_detail("<script>alert(1)</script>");
-  fake_.drill = {st};
+// The page's content is tested in drill_report_test.cc.
+TEST_F(DrillCommandTest, HtmlWritesThePageAndFailsTheDrillWhenItCannot) {
+  fake_.drill = {Resumed()};
   HealthyJob();
-  ckptd::v1::ListStepsResponse steps = fake_.steps[0].value();
-  ckptd::v1::StepEntry after = Step(60, ckptd::v1::STEP_COMMITTED);
-  after.set_committed_unix_nanos(kT0 + 1'500'000'000);
-  *steps.add_steps() = after;
-  fake_.steps = {steps};
   fake_.verify_stream = {Verified(40, true)};
   const std::string page = TokenFile("report.html", "");
   Result r = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--html", page, "--token-file",
                     TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("report written to ", page)));
   const std::string html = ReadBack(page);
   EXPECT_THAT(html, ::testing::StartsWith("<!DOCTYPE html>"));
-  EXPECT_THAT(html, HasSubstr("</html>"));
-  // Nothing from outside: no scripts, no links to fetch.
-  EXPECT_THAT(html, AllOf(Not(HasSubstr("<script")), Not(HasSubstr("src=")), Not(HasSubstr("http://www.w3.org/1999")),
-                          Not(HasSubstr("<link"))));
-  EXPECT_THAT(html, HasSubstr("&lt;script&gt;alert(1)&lt;/script&gt;"));
-  EXPECT_THAT(html, HasSubstr("node-&lt;b&gt;&amp;&quot;x&quot;"));
-  // The timeline: one SVG with the injection, the detection, the commit
-  // after the restart, the downtime band and the axis from the injection.
-  EXPECT_EQ(absl::StrContains(html, "<svg"), true);
-  EXPECT_THAT(html, AllOf(HasSubstr(">injected</text>"), HasSubstr(">detected trainer_died</text>"),
-                          HasSubstr(">resumed from 40</text>"), HasSubstr(">verified step 40</text>"),
-                          HasSubstr("class=\"band-down\""), HasSubstr("step 60 committed"),
-                          HasSubstr(">+1.0 s</text>"), HasSubstr(">0</text>")));
-  EXPECT_THAT(html, AllOf(HasSubstr("0.012 s"), HasSubstr("7 steps"), HasSubstr("class=\"pass\">PASS")));
+  EXPECT_THAT(html, AllOf(HasSubstr("<title>ckptd drill: kill-trainer on node node-b (rank 2)</title>"),
+                          HasSubstr("<svg"), HasSubstr("1 of 1 drill passed")));
+  // --json says nothing of the page.
+  Result j = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--html", page, "--json",
+                    "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(j.code, base::kExitOk) << j.out << j.err;
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   // Where the page cannot be written: said, and the drill fails.
   Result unwritable = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--html",
                              "/nonexistent-dir/x/report.html", "--token-file", TokenFile("drill-token", "s3cret")});
-  EXPECT_EQ(unwritable.code, kExitFailed);
+  EXPECT_EQ(unwritable.code, base::kExitFailed);
   EXPECT_THAT(unwritable.err, HasSubstr("--html: cannot write /nonexistent-dir/x/report.html"));
 }
 
@@ -339,7 +323,7 @@ TEST_F(DrillCommandTest, SuiteRunsEveryLineInOrderAndSumsUp) {
       "kill-trainer --target 2 --at-step 45\n"
       "   kill-trainer\t--target 3 once\n");
   Result bad = Suite(file);
-  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_EQ(bad.code, base::kExitUsage);
   EXPECT_THAT(bad.err, HasSubstr(absl::StrCat(file, " line 4: unexpected \"once\"")));
   EXPECT_EQ(fake_.drill_request, std::nullopt) << "a bad file runs nothing";
 
@@ -354,7 +338,7 @@ TEST_F(DrillCommandTest, SuiteRunsEveryLineInOrderAndSumsUp) {
   *fake_.steps[0]->add_steps() = later;
   const std::string page = TokenFile("suite.html", "");
   Result r = Suite(good, {"--html", page});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("=== drill 1/2 (line 3): kill-trainer --target 2 --at-step 45"));
   EXPECT_THAT(r.out, HasSubstr("=== drill 2/2 (line 4): kill-trainer\t--target 3\n"));
   ASSERT_TRUE(fake_.drill_request.has_value());
@@ -366,7 +350,7 @@ TEST_F(DrillCommandTest, SuiteRunsEveryLineInOrderAndSumsUp) {
   EXPECT_THAT(html, AllOf(HasSubstr("2 of 2 drills passed"), HasSubstr("id=\"drill-1\""), HasSubstr("id=\"drill-2\"")));
 
   Result j = Suite(good, {"--json"});
-  EXPECT_EQ(j.code, kExitOk);
+  EXPECT_EQ(j.code, base::kExitOk);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr("\"drills_passed\":2"), HasSubstr("\"drills_not_run\":0"),
                            HasSubstr("\"line\":3"), HasSubstr("\"passed\":true")));
@@ -380,7 +364,7 @@ TEST_F(DrillCommandTest, SuiteWaitsForAHealthyJobAndReportsWhatItCouldNotRun) {
   fake_.cluster.mutable_jobs(0)->set_state(ckptd::v1::JOB_RESTARTING);
   const std::string file = SuiteFile("kill-trainer --target 2\nstorage-eio --target node-b --duration 5s\n");
   Result r = Suite(file, {"--settle", "3s"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_EQ(fake_.drill_request, std::nullopt);
   EXPECT_THAT(r.out, HasSubstr("suite: FAIL (0 of 2 drills passed, 2 not run)"));
   EXPECT_THAT(r.err, HasSubstr("job llm was not healthy within 3s: the job is restarting"));
@@ -390,12 +374,12 @@ TEST_F(DrillCommandTest, SuiteWaitsForAHealthyJobAndReportsWhatItCouldNotRun) {
   running.mutable_jobs(0)->set_state(ckptd::v1::JOB_RUNNING);
   fake_.cluster_from_call[3] = running;
   Result later = Suite(SuiteFile("kill-trainer --target 2\n"), {"--settle", "3s"});
-  EXPECT_EQ(later.code, kExitOk) << later.out << later.err;
+  EXPECT_EQ(later.code, base::kExitOk) << later.out << later.err;
   // A failing drill with --stop-on-failure leaves the rest not run.
   fake_.verify_stream = {Verified(40, false)};
   Result stop = Suite(SuiteFile("kill-trainer --target 2\nkill-trainer --target 1\n"),
                       {"--stop-on-failure", "--json"});
-  EXPECT_EQ(stop.code, kExitFailed);
+  EXPECT_EQ(stop.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(stop.out)) << stop.out;
   EXPECT_THAT(stop.out, AllOf(HasSubstr("\"drills_failed\":1"), HasSubstr("\"drills_not_run\":1"),
                               HasSubstr("--stop-on-failure")));
@@ -420,20 +404,20 @@ TEST_F(DrillCommandTest, SuiteFileErrorsNameTheFileAndLine) {
   for (const Case& c : cases) {
     const std::string file = SuiteFile(c.contents);
     Result r = Suite(file);
-    EXPECT_EQ(r.code, kExitUsage) << c.contents;
+    EXPECT_EQ(r.code, base::kExitUsage) << c.contents;
     EXPECT_THAT(r.err, HasSubstr(c.says)) << c.contents;
   }
   Result missing = Suite("/nonexistent-dir/drills.txt");
-  EXPECT_EQ(missing.code, kExitUsage);
+  EXPECT_EQ(missing.code, base::kExitUsage);
   EXPECT_THAT(missing.err, HasSubstr("cannot read the suite file /nonexistent-dir/drills.txt"));
   Result no_file = RunExactly(RunDrillCommand, {"suite", "--coordinator", kAddress, "--job", "llm"});
-  EXPECT_EQ(no_file.code, kExitUsage);
+  EXPECT_EQ(no_file.code, base::kExitUsage);
   EXPECT_THAT(no_file.err, HasSubstr("the suite FILE is required"));
   Result two = RunExactly(RunDrillCommand, {"suite", "a", "b", "--coordinator", kAddress, "--job", "llm"});
-  EXPECT_EQ(two.code, kExitUsage);
+  EXPECT_EQ(two.code, base::kExitUsage);
   EXPECT_THAT(two.err, HasSubstr("unexpected argument \"b\""));
   Result help = RunExactly(RunDrillCommand, {"suite", "--help"});
-  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_EQ(help.code, base::kExitOk);
   EXPECT_THAT(help.out, AllOf(HasSubstr("--settle"), HasSubstr("--stop-on-failure"), HasSubstr("exit status")));
 }
 

@@ -2,6 +2,7 @@
 // from given inputs, and the capacity planner. Both work offline; the
 // rendering of an interval decision (table, JSON, SVG) takes an IntervalReport
 // so that a live mode that fills one from the coordinator prints the same way.
+// `plan` is implemented in cli/plan_command.cc.
 #pragma once
 
 #include <optional>
@@ -14,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "ckptd/v1/coordinator.pb.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "policy/interval_policy.h"
 #include "policy/sizing.h"
 
@@ -40,7 +41,7 @@ IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& status)
 
 // How live mode asks the coordinator (cli/remote.h: FetchInterval); tests
 // pass a fake.
-using IntervalFetcher = std::function<absl::StatusOr<ckptd::v1::IntervalStatus>(const Args&, const std::string& job)>;
+using IntervalFetcher = std::function<absl::StatusOr<ckptd::v1::IntervalStatus>(const base::Args&, const std::string& job)>;
 
 // Every input and output, one per line, times in seconds and a readable unit,
 // waste in %.
@@ -65,7 +66,7 @@ std::string PlanJson(const policy::PlanInputs& inputs, const policy::Plan& plan)
 absl::StatusOr<double> ParseParameterCount(absl::string_view text);
 
 // ckptctl interval --mtbf-hours M --cost-seconds δ [...]; see kIntervalHelp.
-// Returns an ExitCode (cli/args.h): 0, 1 when the SVG cannot be written, 2 on
+// Returns a base::ExitCode (base/flags.h): 0, 1 when the SVG cannot be written, 2 on
 // a usage error (message naming the flag and value on `err`).
 // With --job J --coordinator HOST:PORT (live mode) the figures come from
 // `fetch`; an empty one makes live mode a usage error. Exit 3 when the
@@ -73,7 +74,7 @@ absl::StatusOr<double> ParseParameterCount(absl::string_view text);
 int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
                 const IntervalFetcher& fetch = {});
 
-// ckptctl plan --params N --gpus G [...]; see kPlanHelp. Returns an ExitCode.
+// ckptctl plan --params N --gpus G [...]; see kPlanHelp. Returns a base::ExitCode.
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
 
 extern const char kIntervalHelp[];

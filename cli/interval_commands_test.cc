@@ -12,7 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "cli/testing_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,7 +78,7 @@ std::string ReadFile(const std::string& path) {
 TEST(IntervalCommandTest, TableShowsInputsAndDecision) {
   Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--step-seconds", "10", "--restart-seconds",
                        "600", "--persist-seconds", "120"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.err, IsEmpty());
   EXPECT_THAT(r.out, AllOf(HasSubstr("MTBF M"), HasSubstr("86400 s (24.00 h)"), HasSubstr("checkpoint cost δ"),
                            HasSubstr("300.0 s (5.0 min)"), HasSubstr("persist time P"), HasSubstr("120.0 s"),
@@ -92,7 +92,7 @@ TEST(IntervalCommandTest, TableShowsInputsAndDecision) {
 
 TEST(IntervalCommandTest, JsonCarriesInputsAndOutputs) {
   Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   // The anchor: δ = 300 s, M = 24 h → τ ≈ 7000 s.
   EXPECT_NEAR(JsonNumber(r.out, "interval_seconds"), 7000, 70);
@@ -114,7 +114,7 @@ TEST(IntervalCommandTest, JsonCarriesInputsAndOutputs) {
 TEST(IntervalCommandTest, JsonWithStepsAndBounds) {
   Result r = Interval({"--mtbf-hours=24", "--cost-seconds=300", "--step-seconds=10", "--max-seconds=3600",
                        "--min-seconds=60", "--alternative-seconds=600", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_EQ(JsonNumber(r.out, "interval_seconds"), 3600);
   EXPECT_EQ(JsonNumber(r.out, "interval_steps"), 360);
@@ -127,7 +127,7 @@ TEST(IntervalCommandTest, JsonWithStepsAndBounds) {
 
 TEST(IntervalCommandTest, PersistFloorIsTheReason) {
   Result r = Interval({"--mtbf-hours", "6", "--cost-seconds", "300", "--persist-seconds", "5000"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("5000 s (83.3 min)"), HasSubstr("raised to persist time P")));
 }
 
@@ -135,7 +135,7 @@ TEST(IntervalCommandTest, SvgHasTheCurveAndBothMarkers) {
   const std::string path = absl::StrCat(::testing::TempDir(), "/interval_curve.svg");
   std::remove(path.c_str());
   Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--svg", path});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("waste curve written to ", path)));
   const std::string svg = ReadFile(path);
   EXPECT_THAT(svg, StartsWith("<svg xmlns=\"http://www.w3.org/2000/svg\""));
@@ -163,7 +163,7 @@ TEST(IntervalCommandTest, SvgMarksDalyWhenAFloorMovedTheInterval) {
 
 TEST(IntervalCommandTest, SvgWriteFailureExitsOne) {
   Result r = Interval({"--mtbf-hours", "24", "--cost-seconds", "300", "--svg", "/nonexistent-dir/x/curve.svg"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("--svg: cannot write /nonexistent-dir/x/curve.svg"));
 }
 
@@ -195,7 +195,7 @@ TEST(IntervalCommandTest, LiveReportRendersTheRate) {
 
 TEST(IntervalCommandTest, Help) {
   Result r = Interval({"--help"});
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--mtbf-hours", "--cost-seconds", "--restart-seconds", "--persist-seconds",
                            "--step-seconds", "--min-seconds", "--max-seconds", "--alternative-seconds", "--json",
                            "--svg", "--job", "--coordinator"}) {
@@ -229,7 +229,7 @@ TEST(IntervalCommandTest, BadInputIsAUsageError) {
            {{"--job", "train", "--coordinator", "host:1234"}, "not available in this build"},
        }) {
     Result r = Interval(c.argv);
-    EXPECT_EQ(r.code, kExitUsage) << c.message;
+    EXPECT_EQ(r.code, base::kExitUsage) << c.message;
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_THAT(r.out, IsEmpty()) << c.message;
   }
@@ -254,7 +254,7 @@ TEST(ParseParameterCountTest, SuffixesAreDecimal) {
 
 TEST(PlanCommandTest, TableSevenBillion) {
   Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("7B parameters, 64 GPUs on 8 nodes (tp 1 × pp 1 × dp 64), bf16, adam, ZeRO-1"),
                            HasSubstr("params (weights)"), HasSubstr("14.00 GB"), HasSubstr("grads"),
                            HasSubstr("optimizer"), HasSubstr("1.31 GB"), HasSubstr("12 B/param / dp 64"),
@@ -268,7 +268,7 @@ TEST(PlanCommandTest, TableSevenBillion) {
 
 TEST(PlanCommandTest, JsonSevenBillion) {
   Result r = Plan({"--params", "7e9", "--gpus", "64", "--zero", "1", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"rank_bytes\":{\"params\":14000000000,\"grads\":14000000000,"
                                      "\"optimizer\":1312500000,\"rng\":7572,\"data_cursor\":4096,"
@@ -289,7 +289,7 @@ TEST(PlanCommandTest, AllFlags) {
   Result r = Plan({"--params", "70B", "--gpus", "512", "--dtype", "fp32", "--optimizer", "sgd", "--zero", "3", "--tp",
                    "8", "--pp", "4", "--gpus-per-node", "4", "--d2h-gbps", "10", "--write-gbps", "5", "--fail-rate",
                    "1e-5", "--restart-seconds", "120", "--alternative-seconds", "3600", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   // 70e9/32 params per rank, dp 16, ZeRO-3 fp32 SGD: 4 + 4 + 4 bytes, all / 16.
   const double rank = 70e9 / 32 * 12 / 16 + 7572 + 4096;
@@ -303,7 +303,7 @@ TEST(PlanCommandTest, AllFlags) {
 
 TEST(PlanCommandTest, Help) {
   Result r = Plan({"--help"});
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp",
                            "--gpus-per-node", "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds",
                            "--alternative-seconds", "--json"}) {
@@ -341,7 +341,7 @@ TEST(PlanCommandTest, BadInputIsAUsageError) {
            {{"--params", "7B", "--gpus", "8", "--svg", "x"}, "unknown flag --svg"},
        }) {
     Result r = Plan(c.argv);
-    EXPECT_EQ(r.code, kExitUsage) << c.message;
+    EXPECT_EQ(r.code, base::kExitUsage) << c.message;
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_THAT(r.out, IsEmpty()) << c.message;
   }
@@ -393,26 +393,26 @@ ckptd::v1::IntervalStatus DecidedStatus() {
 
 TEST(IntervalLiveTest, ShowsTheCoordinatorsDecisionAndEveryInput) {
   std::string asked;
-  IntervalFetcher fetch = [&](const Args& args, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+  IntervalFetcher fetch = [&](const base::Args& args, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
     asked = absl::StrCat(*args.Get("coordinator"), " ", job);
     return DecidedStatus();
   };
   Result r = Interval({"--job", "llm", "--coordinator", "coord:7070"}, fetch);
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_EQ(asked, "coord:7070 llm");
   EXPECT_THAT(r.out, AllOf(HasSubstr("job llm"), HasSubstr("3 failures over 1e+05 GPU-hours"), HasSubstr("stall"),
                            HasSubstr("median of 7 checkpoints"), HasSubstr("slowdown"),
                            HasSubstr("assumed: no restart measured yet"), HasSubstr("schedule in force"),
                            HasSubstr("every 300 steps"), HasSubstr("inside the hysteresis")));
   Result j = Interval({"--job", "llm", "--coordinator", "coord:7070", "--json"}, fetch);
-  ASSERT_EQ(j.code, kExitOk);
+  ASSERT_EQ(j.code, base::kExitOk);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr("\"mode\":\"live\""), HasSubstr("\"every_steps\":300"),
                            HasSubstr("\"restart_assumed\":true"), HasSubstr("\"checkpoints_measured\":7"),
                            HasSubstr("\"interval_seconds\":"), HasSubstr("\"expected_waste\":")));
   const std::string svg_path = ::testing::TempDir() + "/live_waste.svg";
   Result s = Interval({"--job", "llm", "--coordinator", "coord:7070", "--svg", svg_path}, fetch);
-  ASSERT_EQ(s.code, kExitOk) << s.err;
+  ASSERT_EQ(s.code, base::kExitOk) << s.err;
   std::ifstream in(svg_path);
   const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(svg, AllOf(StartsWith("<svg"), HasSubstr("id=\"chosen\""), HasSubstr("job llm")));
@@ -420,7 +420,7 @@ TEST(IntervalLiveTest, ShowsTheCoordinatorsDecisionAndEveryInput) {
 }
 
 TEST(IntervalLiveTest, UndecidedSaysWhatItWaitsFor) {
-  IntervalFetcher fetch = [](const Args&, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+  IntervalFetcher fetch = [](const base::Args&, const std::string& job) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
     ckptd::v1::IntervalStatus st;
     st.set_job(job);
     st.set_automatic(true);
@@ -429,32 +429,32 @@ TEST(IntervalLiveTest, UndecidedSaysWhatItWaitsFor) {
     return st;
   };
   Result r = Interval({"--job", "fresh", "--coordinator", "c:1"}, fetch);
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, base::kExitOk);
   EXPECT_THAT(r.out, AllOf(HasSubstr("waiting for"), HasSubstr("a committed checkpoint"), HasSubstr("every 100 steps")));
   Result j = Interval({"--job", "fresh", "--coordinator", "c:1", "--json"}, fetch);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr("\"decided\":false"), HasSubstr("\"waiting_for\":\"a committed")));
   Result s = Interval({"--job", "fresh", "--coordinator", "c:1", "--svg", ::testing::TempDir() + "/none.svg"}, fetch);
-  EXPECT_EQ(s.code, kExitFailed);
+  EXPECT_EQ(s.code, base::kExitFailed);
   EXPECT_THAT(s.err, HasSubstr("no curve to draw"));
 }
 
 TEST(IntervalLiveTest, ErrorsMapToExitCodes) {
   auto failing = [](absl::Status status) {
-    return [status](const Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> { return status; };
+    return [status](const base::Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> { return status; };
   };
   Result down = Interval({"--job", "j", "--coordinator", "c:1"},
                          failing(absl::UnavailableError("coordinator c:1: failed to connect")));
-  EXPECT_EQ(down.code, kExitUnavailable);
+  EXPECT_EQ(down.code, base::kExitUnavailable);
   EXPECT_THAT(down.err, HasSubstr("failed to connect"));
   Result missing = Interval({"--job", "j", "--coordinator", "c:1"}, failing(absl::NotFoundError("no job j")));
-  EXPECT_EQ(missing.code, kExitFailed);
+  EXPECT_EQ(missing.code, base::kExitFailed);
   EXPECT_THAT(missing.err, HasSubstr("no job j"));
   Result mixed = Interval({"--job", "j", "--coordinator", "c:1", "--mtbf-hours", "3"}, failing(absl::OkStatus()));
-  EXPECT_EQ(mixed.code, kExitUsage);
+  EXPECT_EQ(mixed.code, base::kExitUsage);
   EXPECT_THAT(mixed.err, HasSubstr("--mtbf-hours is for offline mode"));
   Result no_job = Interval({"--coordinator", "c:1"}, failing(absl::OkStatus()));
-  EXPECT_EQ(no_job.code, kExitUsage);
+  EXPECT_EQ(no_job.code, base::kExitUsage);
   EXPECT_THAT(no_job.err, HasSubstr("needs --job"));
 }
 

@@ -3,7 +3,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/logger.h"
 #include "cli/drill_commands.h"
 #include "cli/interval_commands.h"
 #include "cli/offline_commands.h"
@@ -38,10 +39,11 @@ const char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  ckptd::base::SetProgramName("ckptctl");
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     (args.empty() ? std::cerr : std::cout) << kUsage;
-    return args.empty() ? ckptd::cli::kExitUsage : ckptd::cli::kExitOk;
+    return args.empty() ? ckptd::base::kExitUsage : ckptd::base::kExitOk;
   }
   const std::string command = args[0];
   args.erase(args.begin());
@@ -57,5 +59,5 @@ int main(int argc, char** argv) {
   if (command == "list") return ckptd::cli::RunList(args, remote, std::cout, std::cerr);
   if (command == "restore-plan") return ckptd::cli::RunRestorePlan(args, remote, std::cout, std::cerr);
   std::cerr << "ckptctl: unknown command \"" << command << "\"\n\n" << kUsage;
-  return ckptd::cli::kExitUsage;
+  return ckptd::base::kExitUsage;
 }

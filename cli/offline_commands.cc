@@ -8,7 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/format.h"
 #include "cli/json.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
@@ -158,8 +159,8 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
       << absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()), absl::UTCTimeZone())
       << "\n";
   out << absl::StrFormat("size    %s raw, %s stored, ratio %.3f, file %s, index xxh3 %s\n",
-                         HumanBytes(idx.raw_bytes()), HumanBytes(idx.stored_bytes()),
-                         Ratio(idx.raw_bytes(), idx.stored_bytes()), HumanBytes(r.file_length()),
+                         base::HumanBytes(idx.raw_bytes()), base::HumanBytes(idx.stored_bytes()),
+                         Ratio(idx.raw_bytes(), idx.stored_bytes()), base::HumanBytes(r.file_length()),
                          storage::ChecksumHex(r.index_xxh3()));
   out << absl::StrFormat("\n%-32s %-11s %-9s %-18s %-22s %10s %10s %6s %7s %s\n", "TENSOR", "COMPONENT", "DTYPE",
                          "SHAPE", "SLICE OF", "RAW", "STORED", "RATIO", "CHUNKS", "CODECS");
@@ -172,7 +173,7 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
     out << absl::StrFormat("%-32s %-11s %-9s %-18s %-22s %10s %10s %6.3f %7d zstd %d, raw %d\n",
                            absl::CHexEscape(t.name()), storage::ComponentName(t.component()),
                            storage::DTypeName(t.dtype()), ShapeString(t.shape()), slice,
-                           HumanBytes(t.raw_length()), HumanBytes(s.stored), Ratio(t.raw_length(), s.stored),
+                           base::HumanBytes(t.raw_length()), base::HumanBytes(s.stored), Ratio(t.raw_length(), s.stored),
                            s.chunks, s.zstd_chunks, s.chunks - s.zstd_chunks);
     if (!chunks) continue;
     for (int b = 0; b < t.blocks_size(); ++b) {
@@ -192,11 +193,11 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
 
 int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
                std::ostream& err) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {}, {"json", "chunks", "help"});
+  absl::StatusOr<base::Args> args = base::Args::Parse(argv, {}, {"json", "chunks", "help"});
   if (!args.ok() || args->Has("help") || args->positional().size() != 1) {
     if (!args.ok()) err << "ckptctl inspect: " << args.status().message() << "\n";
     (args.ok() && args->Has("help") ? out : err) << kInspectHelp;
-    return args.ok() && args->Has("help") ? kExitOk : kExitUsage;
+    return args.ok() && args->Has("help") ? base::kExitOk : base::kExitUsage;
   }
   storage::ShardReadOptions options;
   options.threads = 1;
@@ -204,22 +205,22 @@ int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, st
       storage::ShardReader::Open(fs, args->positional()[0], options);
   if (!reader.ok()) {
     err << "ckptctl inspect: " << reader.status().message() << "\n";
-    return kExitFailed;
+    return base::kExitFailed;
   }
   if (args->Has("json")) {
     PrintInspectJson(**reader, args->Has("chunks"), out);
   } else {
     PrintInspectText(**reader, args->Has("chunks"), out);
   }
-  return kExitOk;
+  return base::kExitOk;
 }
 
 int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
               std::ostream& err) {
-  absl::StatusOr<Args> args = Args::Parse(argv, {"root", "job", "step", "threads"}, {"json", "help"});
+  absl::StatusOr<base::Args> args = base::Args::Parse(argv, {"root", "job", "step", "threads"}, {"json", "help"});
   if (args.ok() && args->Has("help")) {
     out << kVerifyHelp;
-    return kExitOk;
+    return base::kExitOk;
   }
   absl::StatusOr<std::optional<uint64_t>> step_flag =
       args.ok() ? args->GetUint("step") : absl::StatusOr<std::optional<uint64_t>>(args.status());
@@ -234,7 +235,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
                       : !args->positional().empty() ? absl::StrCat("unexpected argument ", args->positional()[0])
                                                     : "--step needs --job";
     err << "ckptctl verify: " << why << "\n" << kVerifyHelp;
-    return kExitUsage;
+    return base::kExitUsage;
   }
   const bool json = args->Has("json");
   storage::CheckpointStore store(fs, *args->Get("root"));
@@ -245,14 +246,14 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   if (std::optional<std::string> job = args->Get("job")) {
     if (absl::Status s = storage::ValidateJobName(*job); !s.ok()) {
       err << "ckptctl verify: " << s.message() << "\n";
-      return kExitUsage;
+      return base::kExitUsage;
     }
     jobs.push_back(*job);
   } else {
     absl::StatusOr<std::vector<std::string>> all = store.ListJobs();
     if (!all.ok()) {
       err << "ckptctl verify: " << all.status().message() << "\n";
-      return kExitFailed;
+      return base::kExitFailed;
     }
     jobs = *all;
   }
@@ -333,8 +334,8 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       w.EndObject();
       if (!json) {
         out << absl::StrFormat("%-24s step %-10d %s  %d shards, %s raw, %s stored\n", job, info.step,
-                               report->ok() ? "OK  " : "FAIL", report->shards, HumanBytes(report->raw_bytes),
-                               HumanBytes(report->stored_bytes));
+                               report->ok() ? "OK  " : "FAIL", report->shards, base::HumanBytes(report->raw_bytes),
+                               base::HumanBytes(report->stored_bytes));
         for (const storage::VerifyProblem& p : report->problems) out << "    " << p.message << "\n";
         if (info.quarantined) out << "    quarantined (never restored): " << *info.quarantined << "\n";
       }
@@ -359,7 +360,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
     for (const std::string& n : notes) out << "error: " << n << "\n";
     out << absl::StrFormat("%d step(s) checked, %d failed: %s\n", checked, failed, ok ? "OK" : "FAILED");
   }
-  return ok ? kExitOk : kExitFailed;
+  return ok ? base::kExitOk : base::kExitFailed;
 }
 
 }  // namespace ckptd::cli

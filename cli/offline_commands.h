@@ -11,7 +11,7 @@
 namespace ckptd::cli {
 
 // ckptctl inspect <shard file> [--json] [--chunks]
-// Returns an ExitCode.
+// Returns a base::ExitCode.
 int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
                std::ostream& err);
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "cli/testing_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,7 +18,7 @@
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
-#include "storage/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ckptd::cli {
 namespace {
@@ -152,14 +152,14 @@ class OfflineCommandsTest : public ::testing::Test {
   }
 
   storage::MemFileSystem mem_;
-  storage::ThreadPool pool_{1};
+  base::ThreadPool pool_{1};
   storage::CheckpointStore store_{&mem_, kRoot};
 };
 
 TEST_F(OfflineCommandsTest, InspectPrintsTheTensors) {
   const std::string path = storage::ShardPath(kRoot, kJob, 10, 1);
   Result r = Inspect({path});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.err, IsEmpty());
   EXPECT_THAT(r.out, AllOf(HasSubstr(path), HasSubstr("job     train  step 10  rank 1 of 2"), HasSubstr("ratio")));
   EXPECT_THAT(r.out, AllOf(HasSubstr("layer0.weight"), HasSubstr("adam.m"), HasSubstr("rng.state"),
@@ -172,7 +172,7 @@ TEST_F(OfflineCommandsTest, InspectPrintsTheTensors) {
 
 TEST_F(OfflineCommandsTest, InspectChunksListsEveryChunk) {
   Result r = Inspect({storage::ShardPath(kRoot, kJob, 10, 0), "--chunks"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("block 0 chunk 0"), HasSubstr("block 2 chunk 3"), HasSubstr("plane 3"),
                            HasSubstr("  zstd"), HasSubstr("xxh3")));
 }
@@ -180,7 +180,7 @@ TEST_F(OfflineCommandsTest, InspectChunksListsEveryChunk) {
 TEST_F(OfflineCommandsTest, InspectJson) {
   const std::string path = storage::ShardPath(kRoot, kJob, 10, 0);
   Result r = Inspect({"--json", path});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"tensors\":["), HasSubstr(absl::StrCat("\"file\":\"", path, "\"")),
                            HasSubstr("\"job\":\"train\""), HasSubstr("\"step\":10"), HasSubstr("\"rank\":0"),
@@ -198,7 +198,7 @@ TEST_F(OfflineCommandsTest, InspectJson) {
   EXPECT_THAT(r.out, Not(HasSubstr("block_list")));
 
   Result chunks = Inspect({path, "--json", "--chunks"});
-  ASSERT_EQ(chunks.code, kExitOk) << chunks.err;
+  ASSERT_EQ(chunks.code, base::kExitOk) << chunks.err;
   EXPECT_TRUE(IsValidJson(chunks.out));
   EXPECT_THAT(chunks.out, AllOf(HasSubstr("\"block_list\":["), HasSubstr("\"codec\":\"zstd\""),
                                 HasSubstr("\"filter\":\"byte-planes\""), HasSubstr("\"stored_xxh3\":\"")));
@@ -206,43 +206,43 @@ TEST_F(OfflineCommandsTest, InspectJson) {
 
 TEST_F(OfflineCommandsTest, InspectMissingFile) {
   Result r = Inspect({"/root/train/step-10/rank-7.shard"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("ckptctl inspect"), HasSubstr("/root/train/step-10/rank-7.shard")));
   EXPECT_THAT(r.out, IsEmpty());
 }
 
 TEST_F(OfflineCommandsTest, InspectNotAShard) {
   Result r = Inspect({storage::ManifestPath(kRoot, kJob, 10)});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr(storage::ManifestPath(kRoot, kJob, 10)));
 }
 
 TEST_F(OfflineCommandsTest, InspectUsageErrors) {
   Result none = Inspect({});
-  EXPECT_EQ(none.code, kExitUsage);
+  EXPECT_EQ(none.code, base::kExitUsage);
   EXPECT_THAT(none.err, HasSubstr("usage: ckptctl inspect"));
   EXPECT_THAT(none.out, IsEmpty());
 
   Result two = Inspect({"a.shard", "b.shard"});
-  EXPECT_EQ(two.code, kExitUsage);
+  EXPECT_EQ(two.code, base::kExitUsage);
   EXPECT_THAT(two.err, HasSubstr("usage: ckptctl inspect"));
 
   Result bogus = Inspect({"--bogus", storage::ShardPath(kRoot, kJob, 10, 0)});
-  EXPECT_EQ(bogus.code, kExitUsage);
+  EXPECT_EQ(bogus.code, base::kExitUsage);
   EXPECT_THAT(bogus.err, AllOf(HasSubstr("unknown flag --bogus"), HasSubstr("usage: ckptctl inspect")));
 
   Result value = Inspect({"--json=yes", storage::ShardPath(kRoot, kJob, 10, 0)});
-  EXPECT_EQ(value.code, kExitUsage);
+  EXPECT_EQ(value.code, base::kExitUsage);
   EXPECT_THAT(value.err, HasSubstr("--json takes no value"));
 
   Result help = Inspect({"--help"});
-  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_EQ(help.code, base::kExitOk);
   EXPECT_THAT(help.out, HasSubstr("usage: ckptctl inspect"));
 }
 
 TEST_F(OfflineCommandsTest, VerifyIntactRoot) {
   Result r = Verify({"--root", kRoot});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_THAT(r.err, IsEmpty());
   EXPECT_THAT(r.out, AllOf(HasSubstr("train"), HasSubstr("step 10"), HasSubstr("OK"), HasSubstr("2 shards"),
                            HasSubstr("1 step(s) checked, 0 failed: OK")));
@@ -252,7 +252,7 @@ TEST_F(OfflineCommandsTest, VerifyIntactRoot) {
 
 TEST_F(OfflineCommandsTest, VerifyJson) {
   Result r = Verify({"--root=/root", "--json", "--threads", "2"});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"root\":\"/root\""), HasSubstr("\"steps\":["), HasSubstr("\"job\":\"train\""),
                            HasSubstr("\"step\":10"), HasSubstr("\"shards\":2"), HasSubstr("\"problems\":[]"),
@@ -265,12 +265,12 @@ TEST_F(OfflineCommandsTest, VerifyJson) {
 TEST_F(OfflineCommandsTest, VerifyCorruptedChunk) {
   const std::string path = CorruptChunk(10);
   Result r = Verify({"--root", kRoot});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, AllOf(HasSubstr("FAIL"), HasSubstr(path), HasSubstr("layer0.weight"), HasSubstr("block 1"),
                            HasSubstr("chunk 0"), HasSubstr("1 step(s) checked, 1 failed: FAILED")));
 
   Result j = Verify({"--root", kRoot, "--json", "--job", kJob, "--step", "10"});
-  EXPECT_EQ(j.code, kExitFailed);
+  EXPECT_EQ(j.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr(absl::StrCat("\"file\":\"", path, "\"")), HasSubstr("\"tensor\":\"layer0.weight\""),
                            HasSubstr("\"block\":1"), HasSubstr("\"chunk\":0"), HasSubstr("\"failed\":1"),
@@ -280,87 +280,87 @@ TEST_F(OfflineCommandsTest, VerifyCorruptedChunk) {
 TEST_F(OfflineCommandsTest, VerifyCorruptManifest) {
   ASSERT_TRUE(mem_.SetFileContents(storage::ManifestPath(kRoot, kJob, 10), "not a manifest").ok());
   Result r = Verify({"--root", kRoot, "--job", kJob});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, AllOf(HasSubstr("FAIL"), HasSubstr(storage::ManifestPath(kRoot, kJob, 10))));
 }
 
 TEST_F(OfflineCommandsTest, VerifyMissingStep) {
   Result r = Verify({"--root", kRoot, "--job", kJob, "--step", "99"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, HasSubstr("job train has no step 99"));
   EXPECT_THAT(r.out, HasSubstr("0 step(s) checked"));
 
   Result j = Verify({"--root", kRoot, "--job", kJob, "--step", "99", "--json"});
-  EXPECT_EQ(j.code, kExitFailed);
+  EXPECT_EQ(j.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(j.out)) << j.out;
   EXPECT_THAT(j.out, AllOf(HasSubstr("has no step 99"), HasSubstr("\"ok\":false")));
 }
 
 TEST_F(OfflineCommandsTest, VerifyMissingJob) {
   Result r = Verify({"--root", kRoot, "--job", "nope"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, HasSubstr("job nope"));
 }
 
 TEST_F(OfflineCommandsTest, VerifyIncompleteStepNamedExplicitly) {
   Result r = Verify({"--root", kRoot, "--job", kJob, "--step", "11"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, AllOf(HasSubstr("job train step 11 is not committed"), HasSubstr("INCOMPLETE")));
 }
 
 TEST_F(OfflineCommandsTest, VerifyMissingRoot) {
   Result r = Verify({"--root", "/nowhere"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("/nowhere"));
 }
 
 TEST_F(OfflineCommandsTest, VerifyUsageErrors) {
   Result no_root = Verify({});
-  EXPECT_EQ(no_root.code, kExitUsage);
+  EXPECT_EQ(no_root.code, base::kExitUsage);
   EXPECT_THAT(no_root.err, AllOf(HasSubstr("--root is required"), HasSubstr("usage: ckptctl verify")));
   EXPECT_THAT(no_root.out, IsEmpty());
 
   Result no_root_json = Verify({"--json", "--job", kJob});
-  EXPECT_EQ(no_root_json.code, kExitUsage);
+  EXPECT_EQ(no_root_json.code, base::kExitUsage);
   EXPECT_THAT(no_root_json.err, HasSubstr("--root is required"));
 
   Result unknown = Verify({"--root", kRoot, "--frobnicate"});
-  EXPECT_EQ(unknown.code, kExitUsage);
+  EXPECT_EQ(unknown.code, base::kExitUsage);
   EXPECT_THAT(unknown.err, HasSubstr("unknown flag --frobnicate"));
 
   Result hostile = Verify({"--root", kRoot, "--job", "../x"});
-  EXPECT_EQ(hostile.code, kExitUsage);
+  EXPECT_EQ(hostile.code, base::kExitUsage);
   EXPECT_THAT(hostile.err, AllOf(HasSubstr("ckptctl verify"), HasSubstr("must not start with")));
   Result slash = Verify({"--root", kRoot, "--job", "a/b"});
-  EXPECT_EQ(slash.code, kExitUsage);
+  EXPECT_EQ(slash.code, base::kExitUsage);
   EXPECT_THAT(slash.err, HasSubstr("not allowed"));
 
   Result step_without_job = Verify({"--root", kRoot, "--step", "10"});
-  EXPECT_EQ(step_without_job.code, kExitUsage);
+  EXPECT_EQ(step_without_job.code, base::kExitUsage);
   EXPECT_THAT(step_without_job.err, HasSubstr("--step needs --job"));
 
   Result bad_step = Verify({"--root", kRoot, "--job", kJob, "--step", "ten"});
-  EXPECT_EQ(bad_step.code, kExitUsage);
+  EXPECT_EQ(bad_step.code, base::kExitUsage);
   EXPECT_THAT(bad_step.err, HasSubstr("--step: \"ten\" is not a non-negative integer"));
 
   Result negative = Verify({"--root", kRoot, "--job", kJob, "--step", "-1"});
-  EXPECT_EQ(negative.code, kExitUsage);
+  EXPECT_EQ(negative.code, base::kExitUsage);
   EXPECT_THAT(negative.err, HasSubstr("--step"));
 
   Result bad_threads = Verify({"--root", kRoot, "--threads", "x"});
-  EXPECT_EQ(bad_threads.code, kExitUsage);
+  EXPECT_EQ(bad_threads.code, base::kExitUsage);
   EXPECT_THAT(bad_threads.err, HasSubstr("--threads"));
 
   Result missing_value = Verify({"--root"});
-  EXPECT_EQ(missing_value.code, kExitUsage);
+  EXPECT_EQ(missing_value.code, base::kExitUsage);
   EXPECT_THAT(missing_value.err, HasSubstr("--root needs a value"));
 
   Result extra = Verify({"--root", kRoot, "stray"});
-  EXPECT_EQ(extra.code, kExitUsage);
+  EXPECT_EQ(extra.code, base::kExitUsage);
   EXPECT_THAT(extra.err, HasSubstr("unexpected argument stray"));
 
   Result help = Verify({"--help"});
-  EXPECT_EQ(help.code, kExitOk);
+  EXPECT_EQ(help.code, base::kExitOk);
   EXPECT_THAT(help.out, HasSubstr("usage: ckptctl verify"));
 }
 
@@ -370,14 +370,14 @@ TEST_F(OfflineCommandsTest, VerifyEveryJobUnderTheRoot) {
   // A directory that is not a valid job name is not a job.
   ASSERT_TRUE(mem_.CreateDir("/root/.trash").ok());
   Result r = Verify({"--root", kRoot});
-  EXPECT_EQ(r.code, kExitOk) << r.out << r.err;
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("other"), HasSubstr("3 step(s) checked, 0 failed: OK")));
   EXPECT_THAT(r.out, Not(HasSubstr(".trash")));
 
   // One bad step fails the run, the others are still reported.
   const std::string path = CorruptChunk(10);
   Result bad = Verify({"--root", kRoot, "--json"});
-  EXPECT_EQ(bad.code, kExitFailed);
+  EXPECT_EQ(bad.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(bad.out)) << bad.out;
   EXPECT_THAT(bad.out, AllOf(HasSubstr("\"checked\":3"), HasSubstr("\"failed\":1"), HasSubstr(path)));
 }

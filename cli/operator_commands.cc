@@ -3,45 +3,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <map>
 #include <set>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/command.h"
 #include "cli/json.h"
 #include "cli/offline_commands.h"
-#include "coordinator/operator_token.h"
+#include "rpc/operator_token.h"
 #include "storage/posix_file_system.h"
 
 namespace ckptd::cli {
 
 using ckptd::v1::StepEntry;
-
-const char kStatusHelp[] =
-    "usage: ckptctl status --coordinator HOST:PORT [--job J] [--json]\n"
-    "\n"
-    "The cluster as the coordinator sees it: every agent (alive or lost, the time\n"
-    "since its last heartbeat, the ranks it hosts), every job (state, world size,\n"
-    "ranks alive, fastest and slowest rank's step, newest committed step, the\n"
-    "schedule's every_steps, the interval policy's choice and its expected waste,\n"
-    "step time, checkpoints committed and aborted, pending and quarantined\n"
-    "steps), and the 10 newest failures with their age.\n"
-    "\n"
-    "  --coordinator HOST:PORT  the coordinator to ask\n"
-    "  --tls-ca F --tls-cert F --tls-key F\n"
-    "                           mutual TLS (PEM files), as the coordinator was started with\n"
-    "  --job J                  only job J (and its failures)\n"
-    "  --json                   one JSON object instead of the tables\n"
-    "\n"
-    "exit status: 0 success, 1 no such job (or the coordinator refused), 2 usage\n"
-    "error, 3 the coordinator cannot be reached\n";
 
 const char kCheckpointHelp[] =
     "usage: ckptctl checkpoint --job J --coordinator HOST:PORT --token-file F\n"
@@ -144,244 +122,9 @@ const char kOnlineVerifyHelp[] =
 
 namespace {
 
-constexpr uint32_t kStatusEvents = 10;
 constexpr absl::Duration kDefaultCheckpointTimeout = absl::Minutes(10);
 
-
-void NullableUint(JsonWriter& w, absl::string_view key, bool present, uint64_t value) {
-  w.Key(key);
-  if (present) {
-    w.Uint(value);
-  } else {
-    w.Null();
-  }
-}
-
-void NullablePositive(JsonWriter& w, absl::string_view key, double value) {
-  w.Key(key);
-  if (value > 0 && std::isfinite(value)) {
-    w.Double(value);
-  } else {
-    w.Null();
-  }
-}
-
-void NullableTime(JsonWriter& w, absl::string_view key, int64_t unix_nanos) {
-  w.Key(key);
-  if (unix_nanos != 0) {
-    w.String(IsoTime(unix_nanos));
-  } else {
-    w.Null();
-  }
-}
-
-void UintArray(JsonWriter& w, absl::string_view key, const google::protobuf::RepeatedField<uint64_t>& values) {
-  w.Key(key);
-  w.BeginArray();
-  for (uint64_t v : values) w.Uint(v);
-  w.EndArray();
-}
-
 double Ratio(uint64_t raw, uint64_t stored) { return stored == 0 ? 0 : static_cast<double>(raw) / stored; }
-
-// ------------------------------------------------------------------ status
-
-void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
-                     const std::vector<const ckptd::v1::JobStatus*>& jobs,
-                     const std::map<std::string, ckptd::v1::IntervalStatus>& intervals,
-                     const ckptd::v1::ListEventsResponse& events) {
-  JsonWriter w;
-  w.BeginObject();
-  w.Field("coordinator", *c.args().Get("coordinator"));
-  w.Key("agents");
-  w.BeginObject();
-  int alive = 0;
-  for (const auto& a : cs.agents()) alive += a.alive();
-  w.Field("count", cs.agents_size());
-  w.Field("alive", alive);
-  w.Key("nodes");
-  w.BeginArray();
-  for (const auto& a : cs.agents()) {
-    w.BeginObject();
-    w.Field("node_id", a.node_id());
-    w.Field("address", a.address());
-    w.Field("alive", a.alive());
-    NullableTime(w, "last_heartbeat", a.last_heartbeat_unix_nanos());
-    w.Key("seconds_since_heartbeat");
-    if (a.last_heartbeat_unix_nanos() != 0) {
-      w.Double(SecondsSince(now, a.last_heartbeat_unix_nanos()));
-    } else {
-      w.Null();
-    }
-    w.Key("gpus");
-    w.BeginArray();
-    for (const std::string& g : a.gpus()) w.String(g);
-    w.EndArray();
-    w.Key("ranks");
-    w.BeginArray();
-    for (const auto& r : a.ranks()) {
-      w.BeginObject();
-      w.Field("job", r.job());
-      w.Field("rank", r.rank());
-      w.Field("world_size", r.world_size());
-      w.Field("pid", r.pid());
-      w.Field("gpu", r.gpu());
-      w.EndObject();
-    }
-    w.EndArray();
-    w.EndObject();
-  }
-  w.EndArray();
-  w.EndObject();
-
-  w.Key("jobs");
-  w.BeginArray();
-  for (const ckptd::v1::JobStatus* j : jobs) {
-    w.BeginObject();
-    w.Field("job", j->job());
-    w.Field("state", JobStateName(j->state()));
-    w.Field("world_size", j->world_size());
-    w.Field("ranks_alive", j->ranks_alive());
-    w.Field("fastest_step", j->fastest_step());
-    w.Field("slowest_step", j->slowest_step());
-    NullableUint(w, "newest_committed_step", j->has_committed(), j->newest_committed_step());
-    w.Field("every_steps", j->schedule().every_steps());
-    w.Field("start_step", j->schedule().start_step());
-    UintArray(w, "extra_steps", j->schedule().extra_steps());
-    w.Field("incarnation", j->schedule().incarnation());
-    NullablePositive(w, "step_seconds", j->step_seconds());
-    w.Field("checkpoints_committed", j->checkpoints_committed());
-    w.Field("checkpoints_aborted", j->checkpoints_aborted());
-    UintArray(w, "pending_steps", j->pending_steps());
-    UintArray(w, "quarantined_steps", j->quarantined_steps());
-    auto it = intervals.find(j->job());
-    const ckptd::v1::IntervalStatus* iv = it == intervals.end() ? nullptr : &it->second;
-    w.Key("interval");
-    if (iv == nullptr) {
-      w.Null();
-    } else {
-      w.BeginObject();
-      w.Field("automatic", iv->automatic());
-      w.Field("decided", iv->decided());
-      if (iv->decided()) {
-        w.Field("interval_seconds", iv->interval_seconds());
-        w.Field("interval_steps", iv->interval_steps());
-        w.Field("expected_waste", iv->expected_waste());
-        w.Field("reason", iv->reason());
-      } else {
-        w.Key("interval_seconds");
-        w.Null();
-        w.Key("interval_steps");
-        w.Null();
-        w.Key("expected_waste");
-        w.Null();
-        w.Field("waiting_for", iv->waiting_for());
-      }
-      w.EndObject();
-    }
-    w.EndObject();
-  }
-  w.EndArray();
-
-  w.Key("failures");
-  w.BeginArray();
-  for (const auto& e : events.events()) {
-    w.BeginObject();
-    w.Field("time", IsoTime(e.unix_nanos()));
-    w.Field("unix_nanos", static_cast<int64_t>(e.unix_nanos()));
-    w.Field("age_seconds", SecondsSince(now, e.unix_nanos()));
-    w.Field("node_id", e.node_id());
-    w.Field("job", e.job());
-    NullableUint(w, "rank", e.has_rank(), e.rank());
-    w.Field("kind", FailureKindName(e.kind()));
-    w.Field("detail", e.detail());
-    w.EndObject();
-  }
-  w.EndArray();
-  w.EndObject();
-  c.out() << w.str() << "\n";
-}
-
-void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
-                      const std::vector<const ckptd::v1::JobStatus*>& jobs,
-                      const std::map<std::string, ckptd::v1::IntervalStatus>& intervals,
-                      const ckptd::v1::ListEventsResponse& events) {
-  std::ostream& out = c.out();
-  out << "coordinator " << *c.args().Get("coordinator") << "\n\n";
-  int alive = 0;
-  for (const auto& a : cs.agents()) alive += a.alive();
-  out << "agents: " << cs.agents_size() << " (" << alive << " alive)\n";
-  if (cs.agents_size() > 0) {
-    Table t({"NODE", "STATE", "LAST HEARTBEAT", "GPUS", "RANKS"}, {3});
-    for (const auto& a : cs.agents()) {
-      std::map<std::string, std::vector<uint32_t>> by_job;
-      for (const auto& r : a.ranks()) by_job[r.job()].push_back(r.rank());
-      std::vector<std::string> ranks;
-      for (const auto& [job, rs] : by_job) ranks.push_back(absl::StrCat(job, " ", RankRanges(rs)));
-      t.Add({a.node_id(), a.alive() ? "alive" : "LOST",
-             a.last_heartbeat_unix_nanos() == 0
-                 ? "-"
-                 : absl::StrCat(ShortDuration(SecondsSince(now, a.last_heartbeat_unix_nanos())), " ago"),
-             absl::StrCat(a.gpus_size()), ranks.empty() ? "-" : absl::StrJoin(ranks, "; ")});
-    }
-    t.Print(out);
-  }
-
-  out << "\njobs: " << jobs.size() << "\n";
-  if (!jobs.empty()) {
-    Table t({"JOB", "STATE", "WORLD", "ALIVE", "FASTEST", "SLOWEST", "COMMITTED", "EVERY", "INTERVAL", "WASTE"},
-            {2, 3, 4, 5, 6, 7});
-    std::vector<std::string> details;
-    for (const ckptd::v1::JobStatus* j : jobs) {
-      std::string interval = "-";
-      std::string waste = "-";
-      auto it = intervals.find(j->job());
-      if (it != intervals.end()) {
-        const ckptd::v1::IntervalStatus& iv = it->second;
-        if (iv.decided()) {
-          interval = absl::StrCat(ShortDuration(iv.interval_seconds()), iv.automatic() ? "" : " (advice)");
-          waste = Percent(iv.expected_waste());
-        } else {
-          interval = iv.automatic() ? "waiting" : "fixed";
-        }
-      }
-      t.Add({j->job(), JobStateName(j->state()), absl::StrCat(j->world_size()),
-             absl::StrCat(j->ranks_alive(), "/", j->world_size()), absl::StrCat(j->fastest_step()),
-             absl::StrCat(j->slowest_step()), j->has_committed() ? absl::StrCat(j->newest_committed_step()) : "-",
-             j->schedule().every_steps() > 0 ? absl::StrCat(j->schedule().every_steps()) : "-", interval, waste});
-    }
-    t.Print(out);
-    for (const ckptd::v1::JobStatus* j : jobs) {
-      std::vector<std::string> parts;
-      if (j->step_seconds() > 0) parts.push_back(absl::StrFormat("step %.3g s", j->step_seconds()));
-      parts.push_back(absl::StrCat("checkpoints ", j->checkpoints_committed(), " committed, ",
-                                   j->checkpoints_aborted(), " aborted"));
-      if (j->pending_steps_size() > 0) parts.push_back(absl::StrCat("pending ", absl::StrJoin(j->pending_steps(), ",")));
-      if (j->quarantined_steps_size() > 0) {
-        parts.push_back(absl::StrCat("quarantined ", absl::StrJoin(j->quarantined_steps(), ",")));
-      }
-      if (j->schedule().extra_steps_size() > 0) {
-        parts.push_back(absl::StrCat("manual targets ", absl::StrJoin(j->schedule().extra_steps(), ",")));
-      }
-      auto it = intervals.find(j->job());
-      if (it != intervals.end() && !it->second.decided() && !it->second.waiting_for().empty()) {
-        parts.push_back(absl::StrCat("policy waiting for ", it->second.waiting_for()));
-      }
-      out << "  " << j->job() << ": " << absl::StrJoin(parts, "; ") << "\n";
-    }
-  }
-
-  out << "\nrecent failures: " << (events.events_size() == 0 ? "none" : absl::StrCat(events.events_size())) << "\n";
-  if (events.events_size() > 0) {
-    Table t({"AGE", "TIME (UTC)", "NODE", "JOB", "RANK", "KIND", "DETAIL"}, {0, 4});
-    for (const auto& e : events.events()) {
-      t.Add({ShortDuration(SecondsSince(now, e.unix_nanos())), IsoTime(e.unix_nanos()), e.node_id(),
-             e.job().empty() ? "-" : e.job(), e.has_rank() ? absl::StrCat(e.rank()) : "-", FailureKindName(e.kind()),
-             e.detail()});
-    }
-    t.Print(out);
-  }
-}
 
 // ------------------------------------------------------------------ checkpoint
 
@@ -435,10 +178,10 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
     o.waited_s = absl::ToDoubleSeconds(env.now() - start);
     if (c.json()) {
       PrintCheckpointJson(c, o);
-    } else if (code == kExitOk) {
+    } else if (code == base::kExitOk) {
       if (o.outcome == "committed") {
         c.out() << absl::StrFormat("step %d committed: %d/%d ranks, %s stored, after %s\n", o.target_step,
-                                   o.ranks_reported, o.world_size, HumanBytes(o.stored_bytes),
+                                   o.ranks_reported, o.world_size, base::HumanBytes(o.stored_bytes),
                                    ShortDuration(o.waited_s));
       } else {
         c.out() << absl::StrFormat(
@@ -447,7 +190,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
             o.target_step, *o.committed_step, *o.committed_step, ShortDuration(o.waited_s));
       }
     }
-    if (code != kExitOk) c.err() << "ckptctl checkpoint: " << o.reason << "\n";
+    if (code != base::kExitOk) c.err() << "ckptctl checkpoint: " << o.reason << "\n";
     return code;
   };
   // A transient error is retried until the timeout: the request was accepted.
@@ -461,7 +204,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
       c.err() << "ckptctl checkpoint: step " << target
               << " was requested, but the coordinator is too old to follow it (it does not implement ListSteps); "
                  "use --no-wait, or upgrade ckptd-coordinator\n";
-      return kExitFailed;
+      return base::kExitFailed;
     }
     if (!steps.ok() && !transient(steps.status())) return c.Fail("ListSteps", steps.status());
     if (!steps.ok()) {
@@ -486,13 +229,13 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
       }
       if (entry != nullptr && entry->state() == ckptd::v1::STEP_COMMITTED) {
         o.committed_step = entry->step();
-        return finish("committed", kExitOk);
+        return finish("committed", base::kExitOk);
       }
       if (entry != nullptr && entry->state() == ckptd::v1::STEP_QUARANTINED) {
         o.committed_step = entry->step();
         o.reason = absl::StrCat("step ", entry->step(), " committed but is quarantined (it will not be restored): ",
                                 entry->reason());
-        return finish("quarantined", kExitFailed);
+        return finish("quarantined", base::kExitFailed);
       }
       if (newer != nullptr) {
         o.committed_step = newer->step();
@@ -500,7 +243,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
         o.world_size = newer->world_size() != 0 ? newer->world_size() : job_world;
         o.stored_bytes = newer->stored_bytes();
         o.reason = absl::StrCat("step ", o.target_step, " was passed over: step ", newer->step(), " committed first");
-        return finish("superseded", kExitOk);
+        return finish("superseded", base::kExitOk);
       }
       const bool aborted = entry != nullptr && entry->state() == ckptd::v1::STEP_ABORTED;
       if (entry == nullptr || entry->ranks_reported() == 0 || aborted) {
@@ -541,7 +284,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
         if (aborted) {
           o.reason = absl::StrCat("step ", o.target_step, " was aborted: ",
                                   entry->reason().empty() ? "no reason given" : entry->reason());
-          return finish("aborted", kExitFailed);
+          return finish("aborted", base::kExitFailed);
         }
         if (job != nullptr) {
           progress(absl::StrCat("step ", o.target_step, ": 0/", job_world, " ranks durable"),
@@ -557,7 +300,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
                               o.ranks_reported, "/", o.world_size,
                               " ranks durable); it stays scheduled: `ckptctl list --job ", c.job(),
                               "` shows what became of it");
-      return finish("timeout", kExitFailed);
+      return finish("timeout", base::kExitFailed);
     }
     env.sleep(env.poll_interval);
   }
@@ -611,7 +354,7 @@ void PrintStepsTable(const Command& c, absl::Time now, const ckptd::v1::ListStep
                             " ago");
     }
     t.Add({absl::StrCat(e.step()), StepStateName(e.state()), Ranks(e.ranks_reported(), e.world_size()),
-           e.stored_bytes() > 0 ? HumanBytes(e.stored_bytes()) : "-",
+           e.stored_bytes() > 0 ? base::HumanBytes(e.stored_bytes()) : "-",
            e.stored_bytes() > 0 ? absl::StrFormat("%.2f", Ratio(e.raw_bytes(), e.stored_bytes())) : "-",
            IsoTime(e.committed_unix_nanos()), Seconds(e.persist_seconds()), reason});
   }
@@ -692,12 +435,12 @@ void PrintVerifyJson(const Command& c, const ckptd::v1::VerifyProgress& p, const
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   // The coordinator's own rules for the file; any failure is a usage error here.
-  absl::StatusOr<std::string> token = coordinator::ReadOperatorTokenFile(path);
+  absl::StatusOr<std::string> token = rpc::ReadOperatorTokenFile(path);
   if (!token.ok()) return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, ": ", token.status().message()));
   return token;
 }
 
-absl::StatusOr<std::optional<absl::Duration>> TimeoutFlag(const Args& args) {
+absl::StatusOr<std::optional<absl::Duration>> TimeoutFlag(const base::Args& args) {
   std::optional<std::string> text = args.Get("timeout");
   if (!text) return std::optional<absl::Duration>();
   absl::Duration d;
@@ -712,52 +455,6 @@ absl::StatusOr<std::optional<absl::Duration>> TimeoutFlag(const Args& args) {
     return absl::InvalidArgumentError(absl::StrCat("--timeout must be positive and finite, got ", *text));
   }
   return std::optional<absl::Duration>(d);
-}
-
-int RunStatus(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
-              std::ostream& err, const OperatorEnv& env) {
-  Command c("status", kStatusHelp, out, err);
-  if (std::optional<int> done = c.Start(argv, {"job"}, {}, /*needs_job=*/false, api)) return *done;
-  absl::StatusOr<ckptd::v1::GetClusterStatusResponse> cs = c.api().ClusterStatus();
-  if (!cs.ok()) return c.Fail("GetClusterStatus", cs.status());
-  std::vector<const ckptd::v1::JobStatus*> jobs;
-  for (const auto& j : cs->jobs()) {
-    if (!c.args().Has("job") || j.job() == c.job()) jobs.push_back(&j);
-  }
-  if (c.args().Has("job") && jobs.empty()) {
-    return c.Fail("GetClusterStatus", absl::NotFoundError(absl::StrCat("no job ", c.job())));
-  }
-  std::sort(jobs.begin(), jobs.end(), [](auto* a, auto* b) { return a->job() < b->job(); });
-  std::map<std::string, ckptd::v1::IntervalStatus> intervals;
-  for (const ckptd::v1::JobStatus* j : jobs) {
-    ckptd::v1::GetIntervalRequest req;
-    req.set_job(j->job());
-    absl::StatusOr<ckptd::v1::IntervalStatus> iv = c.api().GetInterval(req);
-    if (iv.ok()) {
-      intervals[j->job()] = *std::move(iv);
-    } else if (absl::IsUnavailable(iv.status()) || absl::IsDeadlineExceeded(iv.status())) {
-      return c.Fail("GetInterval", iv.status());
-    }
-    // Otherwise (a coordinator without the policy, a job gone since) the
-    // interval is shown as unknown: the rest of the status still holds.
-  }
-  ckptd::v1::ListEventsRequest ereq;
-  ereq.set_job(c.job());
-  ereq.set_limit(kStatusEvents);
-  absl::StatusOr<ckptd::v1::ListEventsResponse> events = c.api().ListEvents(ereq);
-  if (!events.ok()) return c.Fail("ListEvents", events.status());
-  // Newest first, at most kStatusEvents, whatever order the coordinator used.
-  std::sort(events->mutable_events()->begin(), events->mutable_events()->end(),
-            [](const auto& a, const auto& b) { return a.unix_nanos() > b.unix_nanos(); });
-  while (events->events_size() > static_cast<int>(kStatusEvents)) events->mutable_events()->RemoveLast();
-
-  const absl::Time now = env.now();
-  if (c.json()) {
-    PrintStatusJson(c, now, *cs, jobs, intervals, *events);
-  } else {
-    PrintStatusTable(c, now, *cs, jobs, intervals, *events);
-  }
-  return kExitOk;
 }
 
 int RunCheckpoint(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
@@ -781,7 +478,7 @@ int RunCheckpoint(const std::vector<std::string>& argv, const CoordinatorApiFact
       out << "requested a checkpoint of job " << c.job() << " at step " << target << " (not waiting: `ckptctl list --job "
           << c.job() << "` shows its progress)\n";
     }
-    return kExitOk;
+    return base::kExitOk;
   }
   if (!c.json()) {
     out << "requested a checkpoint of job " << c.job() << " at step " << target << "; waiting for it to commit (timeout "
@@ -806,7 +503,7 @@ int RunList(const std::vector<std::string>& argv, const CoordinatorApiFactory& a
   } else {
     PrintStepsTable(c, env.now(), *steps);
   }
-  return kExitOk;
+  return base::kExitOk;
 }
 
 int RunRestorePlan(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
@@ -822,7 +519,7 @@ int RunRestorePlan(const std::vector<std::string>& argv, const CoordinatorApiFac
   } else {
     PrintPreviewText(c, *preview);
   }
-  return kExitOk;
+  return base::kExitOk;
 }
 
 int RunOnlineVerify(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
@@ -849,7 +546,7 @@ int RunOnlineVerify(const std::vector<std::string>& argv, const CoordinatorApiFa
     if (c.json() || p.done()) return;
     const std::string line =
         absl::StrFormat("step %d: %d/%d shards, %s of %s", p.step(), p.shards_done(), p.shards_total(),
-                        HumanBytes(p.bytes_done()), HumanBytes(p.bytes_total()));
+                        base::HumanBytes(p.bytes_done()), base::HumanBytes(p.bytes_total()));
     // Only when the shard count moves, so that a byte-by-byte stream stays readable.
     if (line.substr(0, line.find(',')) == last_line.substr(0, last_line.find(','))) return;
     last_line = line;
@@ -860,7 +557,7 @@ int RunOnlineVerify(const std::vector<std::string>& argv, const CoordinatorApiFa
     if (any && c.args().Has("timeout") && absl::IsDeadlineExceeded(result.status())) {
       err << "ckptctl verify: the verification did not finish within --timeout " << *c.args().Get("timeout")
           << "\n";
-      return kExitFailed;
+      return base::kExitFailed;
     }
     return c.Fail("VerifyStep", result.status());
   }
@@ -873,11 +570,11 @@ int RunOnlineVerify(const std::vector<std::string>& argv, const CoordinatorApiFa
   } else {
     out << absl::StrFormat("job %s step %d: %s  %d/%d shards, %s of %s stored bytes read\n", c.job(), result->step(),
                            ok ? "OK" : "FAILED", result->shards_done(), result->shards_total(),
-                           HumanBytes(result->bytes_done()), HumanBytes(result->bytes_total()));
+                           base::HumanBytes(result->bytes_done()), base::HumanBytes(result->bytes_total()));
     for (const std::string& s : problems) out << "    " << s << "\n";
     if (!ok && problems.empty()) out << "    (the coordinator reported a failure without a problem)\n";
   }
-  return ok ? kExitOk : kExitFailed;
+  return ok ? base::kExitOk : base::kExitFailed;
 }
 
 bool IsOnlineVerify(const std::vector<std::string>& argv) {
@@ -901,13 +598,13 @@ int RunVerifyCommand(storage::FileSystem* fs, const std::vector<std::string>& ar
     if (has("root")) {
       err << "ckptctl verify: --root (offline: read the storage root here) and --coordinator (online: the "
              "coordinator reads its own) do not go together\n(`ckptctl verify --help` describes both)\n";
-      return kExitUsage;
+      return base::kExitUsage;
     }
     return RunOnlineVerify(argv, api, out, err);
   }
   if (has("help") && !has("root")) {
     out << kVerifyHelp << "\n" << kOnlineVerifyHelp;
-    return kExitOk;
+    return base::kExitOk;
   }
   return RunVerify(fs, argv, out, err);
 }

@@ -1,7 +1,8 @@
 // ckptctl's online operator commands: status, checkpoint, list, restore-plan
 // and online verify. They reach the coordinator through CoordinatorApi, so
 // tests drive them with a fake; cli/remote.h has the gRPC implementation.
-// docs/ckptctl.md describes the output and exit statuses.
+// docs/ckptctl.md describes the output and exit statuses. `status` is
+// implemented in cli/status_command.cc.
 #pragma once
 
 #include <functional>
@@ -15,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.pb.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "storage/file_system.h"
 
 namespace ckptd::cli {
@@ -50,7 +51,7 @@ class CoordinatorApi {
 // Makes the API for a command's flags (--coordinator, TLS, --token-file,
 // --timeout); cli/remote.h: NewRemoteCoordinatorApi. kInvalidArgument for a
 // bad flag.
-using CoordinatorApiFactory = std::function<absl::StatusOr<std::unique_ptr<CoordinatorApi>>(const Args&)>;
+using CoordinatorApiFactory = std::function<absl::StatusOr<std::unique_ptr<CoordinatorApi>>(const base::Args&)>;
 
 // What the commands take from their surroundings, so that tests run the
 // checkpoint poll on a fake clock.
@@ -69,9 +70,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
 // --timeout as a duration: "90s", "10m", "1h30m", or plain seconds ("600").
 // Absent: std::nullopt. kInvalidArgument naming the flag unless positive.
-absl::StatusOr<std::optional<absl::Duration>> TimeoutFlag(const Args& args);
+absl::StatusOr<std::optional<absl::Duration>> TimeoutFlag(const base::Args& args);
 
-// Every command returns an ExitCode (cli/args.h): 0 success, 1 the operation
+// Every command returns a base::ExitCode (base/flags.h): 0 success, 1 the operation
 // failed (no such job, a checkpoint aborted, a problem found, the token
 // refused, a coordinator too old for the command), 2 usage error (naming the
 // flag), 3 the coordinator cannot be reached (naming its address).

@@ -16,14 +16,14 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "cli/offline_commands.h"
 #include "cli/testing_fake_coordinator.h"
 #include "cli/testing_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
+#include "base/testing/matchers.h"
 
 namespace ckptd::cli {
 namespace {
@@ -43,7 +43,7 @@ using ::testing::Not;
 TEST_F(OperatorCommandsTest, StatusTableShowsAgentsJobsAndFailures) {
   TwoNodes();
   Result r = Run(RunStatus, {});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.err, IsEmpty());
   EXPECT_THAT(r.out, AllOf(HasSubstr("coordinator coord.example:7070"), HasSubstr("agents: 2 (1 alive)"),
                            HasSubstr("jobs: 2"), HasSubstr("recent failures: 2")));
@@ -80,7 +80,7 @@ TEST_F(OperatorCommandsTest, StatusTableShowsAgentsJobsAndFailures) {
 TEST_F(OperatorCommandsTest, StatusJsonIsOneObjectWithTheKeyFields) {
   TwoNodes();
   Result r = Run(RunStatus, {"--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"coordinator\":\"coord.example:7070\""), HasSubstr("\"count\":2"),
                            HasSubstr("\"alive\":1"), HasSubstr("\"node_id\":\"node-a\""),
@@ -104,13 +104,13 @@ TEST_F(OperatorCommandsTest, StatusJsonIsOneObjectWithTheKeyFields) {
 TEST_F(OperatorCommandsTest, StatusForOneJob) {
   TwoNodes();
   Result r = Run(RunStatus, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("jobs: 1"), HasSubstr("llm  restarting"), Not(HasSubstr("aaa"))));
   EXPECT_EQ(fake_.events_request->job(), "llm");
   EXPECT_THAT(fake_.interval_jobs, ElementsAre("llm"));
 
   r = Run(RunStatus, {"--job", "nope"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("no job nope"));
   EXPECT_THAT(r.out, IsEmpty());
 }
@@ -119,19 +119,19 @@ TEST_F(OperatorCommandsTest, StatusWithoutAnIntervalShowsItUnknown) {
   TwoNodes();
   fake_.intervals["llm"] = absl::UnimplementedError("GetInterval");
   Result r = Run(RunStatus, {"--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\"interval\":null"));
   // But a coordinator that cannot be reached fails the command.
   fake_.intervals["llm"] = absl::UnavailableError("coordinator coord.example:7070: connection refused");
   r = Run(RunStatus, {});
-  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_EQ(r.code, base::kExitUnavailable);
   EXPECT_THAT(r.err, HasSubstr("coord.example:7070"));
 }
 
 TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {
   Result r = Run(RunStatus, {});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("agents: 0 (0 alive)"), HasSubstr("jobs: 0"), HasSubstr("recent failures: none")));
   r = Run(RunStatus, {"--json"});
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
@@ -143,15 +143,15 @@ TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {
 TEST_F(OperatorCommandsTest, CheckpointNoWaitPrintsTheTarget) {
   Requested(1240);
   Result r = Run(RunCheckpoint, {"--job", "llm", "--no-wait"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("job llm at step 1240"), HasSubstr("not waiting")));
   EXPECT_EQ(fake_.list_steps_calls, 0);
   r = Run(RunCheckpoint, {"--job", "llm", "--no-wait", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"requested\""), HasSubstr("\"target_step\":1240"),
                            HasSubstr("\"committed_step\":null")));
-  EXPECT_EQ(Run(RunCheckpoint, {"--job", "llm", "--no-wait", "--timeout", "1m"}).code, kExitUsage);
+  EXPECT_EQ(Run(RunCheckpoint, {"--job", "llm", "--no-wait", "--timeout", "1m"}).code, base::kExitUsage);
 }
 
 TEST_F(OperatorCommandsTest, CheckpointWaitsUntilCommittedPrintingProgressWhenItChanges) {
@@ -170,7 +170,7 @@ TEST_F(OperatorCommandsTest, CheckpointWaitsUntilCommittedPrintingProgressWhenIt
                  Steps({{1200, ckptd::v1::STEP_COMMITTED, 4, ""}, {1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
   fake_.cluster_from_call[1] = Running(1236, {1240});  // the fastest rank moves: no new line for it
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(Lines(r.out), ElementsAre("requested a checkpoint of job llm at step 1240; waiting for it to commit "
                                         "(timeout 10m)",
                                         "step 1240: 0/4 ranks durable (fastest rank at step 1230)",
@@ -186,7 +186,7 @@ TEST_F(OperatorCommandsTest, CheckpointJsonPrintsNothingButTheFinalObject) {
   Requested(1240);
   fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 2, ""}}), Steps({{1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
   Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_EQ(Lines(r.out).size(), 1u);
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\":\"llm\""), HasSubstr("\"requested_step\":1240"),
@@ -201,13 +201,13 @@ TEST_F(OperatorCommandsTest, CheckpointAbortedExitsOneWithTheReason) {
   fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}}),
                  Steps({{1240, ckptd::v1::STEP_ABORTED, 3, "rank 2 could not persist it"}})};
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("step 1240 was aborted: rank 2 could not persist it"));
   EXPECT_THAT(r.out, Not(HasSubstr("committed:")));
 
   fake_.list_steps_calls = 0;
   r = Run(RunCheckpoint, {"--job", "llm", "--json"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"aborted\""), HasSubstr("\"committed_step\":null"),
                            HasSubstr("rank 2 could not persist it")));
@@ -217,7 +217,7 @@ TEST_F(OperatorCommandsTest, CheckpointQuarantinedExitsOne) {
   Requested(1240);
   fake_.steps = {Steps({{1240, ckptd::v1::STEP_QUARANTINED, 4, "rank 1: chunk 3 checksum mismatch"}})};
   Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, HasSubstr("\"outcome\":\"quarantined\""));
   EXPECT_THAT(r.err, AllOf(HasSubstr("quarantined"), HasSubstr("chunk 3 checksum mismatch")));
@@ -229,12 +229,12 @@ TEST_F(OperatorCommandsTest, CheckpointSupersededByANewerCommittedStepSucceedsAn
                  Steps({{1240, ckptd::v1::STEP_ABORTED, 3, "step 1300 committed first"},
                         {1300, ckptd::v1::STEP_COMMITTED, 4, ""}})};
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("step 1240 was passed over: step 1300 committed first, so the job's state is saved at "
                                "step 1300"));
   fake_.list_steps_calls = 0;
   r = Run(RunCheckpoint, {"--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"superseded\""), HasSubstr("\"target_step\":1240"),
                            HasSubstr("\"committed_step\":1300")));
@@ -253,7 +253,7 @@ TEST_F(OperatorCommandsTest, CheckpointFollowsATargetTheCoordinatorMoved) {
                         {1260, ckptd::v1::STEP_COMMITTED, 4, ""}})};
   fake_.cluster_from_call[0] = Running(1245, {1260});
   Result r = Run(RunCheckpoint, {"--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"requested_step\":1240"), HasSubstr("\"target_step\":1260"),
                            HasSubstr("\"outcome\":\"committed\""), HasSubstr("\"committed_step\":1260")));
@@ -261,7 +261,7 @@ TEST_F(OperatorCommandsTest, CheckpointFollowsATargetTheCoordinatorMoved) {
   fake_.list_steps_calls = 0;
   fake_.cluster_calls = 0;
   r = Run(RunCheckpoint, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("step 1240: 1/4 ranks durable"),
                            HasSubstr("step 1240: the coordinator moved the checkpoint to step 1260 (a rank passed the "
                                      "target before it knew)"),
@@ -273,14 +273,14 @@ TEST_F(OperatorCommandsTest, CheckpointTimesOut) {
   Requested(1240);
   fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}})};
   Result r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "2s"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("step 1240 did not commit within 2s (3/4 ranks durable)"),
                            HasSubstr("stays scheduled")));
   EXPECT_EQ(sleeps_.size(), 8u);  // 2 s of 250 ms polls
   EXPECT_EQ(now_ - kNow, absl::Seconds(2));
 
   r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "1", "--json"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"timeout\""), HasSubstr("\"ranks_reported\":3")));
   EXPECT_EQ(JsonNumber(r.out, "waited_seconds"), 1);
@@ -291,13 +291,13 @@ TEST_F(OperatorCommandsTest, CheckpointRidesOutABriefOutageButNotALongOne) {
   fake_.steps = {absl::UnavailableError("coordinator coord.example:7070: connection refused"),
                  Steps({{1240, ckptd::v1::STEP_COMMITTED, 4, ""}})};
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.err, HasSubstr("connection refused; retrying"));
   EXPECT_THAT(r.out, HasSubstr("step 1240 committed"));
 
   fake_.steps = {absl::UnavailableError("coordinator coord.example:7070: connection refused")};
   r = Run(RunCheckpoint, {"--job", "llm", "--timeout", "1s"});
-  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_EQ(r.code, base::kExitUnavailable);
   EXPECT_THAT(r.err, HasSubstr("cannot reach the coordinator coord.example:7070"));
 }
 
@@ -305,14 +305,14 @@ TEST_F(OperatorCommandsTest, CheckpointOnACoordinatorWithoutListStepsSuggestsNoW
   Requested(1240);
   fake_.steps = {absl::UnimplementedError("")};
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("step 1240 was requested"), HasSubstr("too old"), HasSubstr("--no-wait")));
 }
 
 TEST_F(OperatorCommandsTest, CheckpointOfAJobThatCannotTakeOne) {
   fake_.checkpoint = absl::FailedPreconditionError("job llm is restarting");
   Result r = Run(RunCheckpoint, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("ckptctl checkpoint: job llm is restarting"));
   EXPECT_THAT(r.out, IsEmpty());
 }
@@ -356,7 +356,7 @@ TEST_F(OperatorCommandsTest, ListTableAndJson) {
   fake_.steps = {steps};
 
   Result r = Run(RunList, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   std::vector<std::string> lines = Lines(r.out);
   ASSERT_EQ(lines.size(), 6u) << r.out;
   EXPECT_EQ(lines[0], "job llm: 4 steps");
@@ -374,7 +374,7 @@ TEST_F(OperatorCommandsTest, ListTableAndJson) {
                               HasSubstr("first shard reported 12 s ago")));
 
   r = Run(RunList, {"--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"job\":\"llm\""),
                            HasSubstr("{\"step\":1100,\"state\":\"quarantined\",\"world_size\":4,\"ranks_reported\":4,"
@@ -387,7 +387,7 @@ TEST_F(OperatorCommandsTest, ListTableAndJson) {
 
   fake_.steps = {ckptd::v1::ListStepsResponse()};
   r = Run(RunList, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, base::kExitOk);
   EXPECT_EQ(r.out, "job llm: no steps\n");
 }
 
@@ -412,7 +412,7 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
   pending->set_reason("not committed: 3 of 4 ranks reported");
   fake_.preview = p;
   Result r = Run(RunRestorePlan, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("job llm: running, incarnation 3"),
                            HasSubstr("a restart now restores step 1200"),
                            HasSubstr("why: the newest committed step that is not quarantined"),
@@ -422,7 +422,7 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
                                          HasSubstr("not committed: 3 of 4 ranks reported")));
 
   r = Run(RunRestorePlan, {"--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"fresh_start\":false"), HasSubstr("\"step\":1200"),
                            HasSubstr("\"state\":\"running\""), HasSubstr("\"incarnation\":3"),
@@ -435,7 +435,7 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
   fresh.set_reason("nothing is committed");
   fake_.preview = fresh;
   r = Run(RunRestorePlan, {"--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("a restart now starts fresh"), HasSubstr("why: nothing is committed"),
                            HasSubstr("no newer step is passed over")));
   r = Run(RunRestorePlan, {"--job", "llm", "--json"});
@@ -463,7 +463,7 @@ TEST_F(OperatorCommandsTest, OnlineVerifyStreamsProgressAndSucceeds) {
                          Progress(4, uint64_t{4} << 30), Progress(4, uint64_t{4} << 30, /*last=*/true)};
   const std::string token = TokenFile("verify-token", "secret\n");
   Result r = Run(RunOnlineVerify, {"--job", "llm", "--token-file", token});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(Lines(r.out), ElementsAre("step 1200: 0/4 shards, 0 B of 4.0 GiB", "step 1200: 1/4 shards, 1.0 GiB of 4.0 GiB",
                                         "step 1200: 4/4 shards, 4.0 GiB of 4.0 GiB",
                                         "job llm step 1200: OK  4/4 shards, 4.0 GiB of 4.0 GiB stored bytes read"));
@@ -472,7 +472,7 @@ TEST_F(OperatorCommandsTest, OnlineVerifyStreamsProgressAndSucceeds) {
   EXPECT_EQ(*fake_.args->Get("token-file"), token);
 
   r = Run(RunOnlineVerify, {"--job", "llm", "--step", "1200", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_EQ(Lines(r.out).size(), 1u);
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":1200"), HasSubstr("\"ok\":true"), HasSubstr("\"shards_total\":4"),
@@ -490,13 +490,13 @@ TEST_F(OperatorCommandsTest, OnlineVerifyReportsProblemsAndExitsOne) {
   last.add_problems("rank-3.shard: file is 10 bytes shorter than the MANIFEST says");
   fake_.verify_stream = {mid, last};
   Result r = Run(RunOnlineVerify, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.out, AllOf(HasSubstr("job llm step 1200: FAILED"), HasSubstr("    rank-1.shard: tensor adam.m"),
                            HasSubstr("    rank-3.shard: file is 10 bytes shorter")));
   EXPECT_EQ(r.out.find("chunk 3"), r.out.rfind("chunk 3"));  // said once
 
   r = Run(RunOnlineVerify, {"--job", "llm", "--json"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"ok\":false"),
                            HasSubstr("\"problems\":[\"rank-1.shard: tensor adam.m block 0 chunk 3: checksum mismatch\","
@@ -507,20 +507,20 @@ TEST_F(OperatorCommandsTest, OnlineVerifyTimeoutAndBrokenStream) {
   fake_.verify_stream = {Progress(1, 100)};
   fake_.verify_end = absl::DeadlineExceededError("coordinator coord.example:7070: Deadline Exceeded");
   Result r = Run(RunOnlineVerify, {"--job", "llm", "--timeout", "30s"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("did not finish within --timeout 30s"));
   // Without progress a deadline means the coordinator was not reached.
   fake_.verify_stream.clear();
   r = Run(RunOnlineVerify, {"--job", "llm", "--timeout", "30s"});
-  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_EQ(r.code, base::kExitUnavailable);
 
   fake_.verify_end = absl::OkStatus();
   fake_.verify_stream = {Progress(1, 100)};
   r = Run(RunOnlineVerify, {"--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("without a final result"));
 
-  EXPECT_EQ(Run(RunOnlineVerify, {"--job", "llm", "--step", "x"}).code, kExitUsage);
+  EXPECT_EQ(Run(RunOnlineVerify, {"--job", "llm", "--step", "x"}).code, base::kExitUsage);
 }
 
 // ------------------------------------------------------------------ the token
@@ -545,7 +545,7 @@ TEST_F(OperatorCommandsTest, AMissingOrEmptyTokenFileIsAUsageErrorNamingIt) {
   for (const std::string& file : {std::string("/no/such/token"), TokenFile("empty-token", "\n")}) {
     for (const Runner& run : std::vector<Runner>{RunCheckpoint, RunOnlineVerify, RunStatus}) {
       Result r = Run(run, {"--job", "llm", "--token-file", file});
-      EXPECT_EQ(r.code, kExitUsage) << file;
+      EXPECT_EQ(r.code, base::kExitUsage) << file;
       EXPECT_THAT(r.err, HasSubstr(file));
       EXPECT_THAT(r.out, IsEmpty());
     }
@@ -577,19 +577,19 @@ TEST_F(OperatorCommandsTest, EveryCommandMapsErrorsToExitStatuses) {
     std::vector<std::string> says;
   };
   const std::vector<ErrorCase> cases = {
-      {absl::UnavailableError("coordinator coord.example:7070: failed to connect"), kExitUnavailable,
+      {absl::UnavailableError("coordinator coord.example:7070: failed to connect"), base::kExitUnavailable,
        {"cannot reach the coordinator coord.example:7070: failed to connect"}},
-      {absl::UnavailableError("failed to connect"), kExitUnavailable, {"at coord.example:7070"}},
-      {absl::DeadlineExceededError("coordinator coord.example:7070: Deadline Exceeded"), kExitUnavailable,
+      {absl::UnavailableError("failed to connect"), base::kExitUnavailable, {"at coord.example:7070"}},
+      {absl::DeadlineExceededError("coordinator coord.example:7070: Deadline Exceeded"), base::kExitUnavailable,
        {"cannot reach", "coord.example:7070"}},
-      {absl::NotFoundError("coordinator coord.example:7070: no job llm"), kExitFailed, {"no job llm"}},
-      {absl::InvalidArgumentError("coordinator coord.example:7070: bad job name"), kExitUsage, {"bad job name"}},
-      {absl::UnauthenticatedError("RequestCheckpoint needs the operator token"), kExitFailed,
+      {absl::NotFoundError("coordinator coord.example:7070: no job llm"), base::kExitFailed, {"no job llm"}},
+      {absl::InvalidArgumentError("coordinator coord.example:7070: bad job name"), base::kExitUsage, {"bad job name"}},
+      {absl::UnauthenticatedError("RequestCheckpoint needs the operator token"), base::kExitFailed,
        {"needs the operator token", "pass --token-file"}},
-      {absl::PermissionDeniedError("RequestCheckpoint: the operator token is wrong"), kExitFailed,
+      {absl::PermissionDeniedError("RequestCheckpoint: the operator token is wrong"), base::kExitFailed,
        {"the operator token is wrong", "--token-file"}},
-      {absl::UnimplementedError(""), kExitFailed, {"too old", "upgrade ckptd-coordinator"}},
-      {absl::FailedPreconditionError("job llm has no live rank"), kExitFailed, {"job llm has no live rank"}},
+      {absl::UnimplementedError(""), base::kExitFailed, {"too old", "upgrade ckptd-coordinator"}},
+      {absl::FailedPreconditionError("job llm has no live rank"), base::kExitFailed, {"job llm has no live rank"}},
   };
   for (const CommandCase& cmd : AllCommands()) {
     for (const ErrorCase& e : cases) {
@@ -610,62 +610,62 @@ TEST_F(OperatorCommandsTest, ARefusedTokenFileIsNamed) {
   fake_.error = absl::PermissionDeniedError("RequestCheckpoint: the operator token is wrong");
   const std::string token = TokenFile("wrong-token", "nope\n");
   Result r = Run(RunCheckpoint, {"--job", "llm", "--token-file", token});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("refused the operator token in"), HasSubstr(token)));
 }
 
 TEST_F(OperatorCommandsTest, AFactoryErrorIsMappedToo) {
   std::ostringstream out, err;
-  CoordinatorApiFactory broken = [](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+  CoordinatorApiFactory broken = [](const base::Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
     return absl::InvalidArgumentError("mutual TLS needs all of --tls-ca, --tls-cert and --tls-key");
   };
-  EXPECT_EQ(RunList({"--coordinator", kAddress, "--job", "llm", "--tls-ca", "x"}, broken, out, err), kExitUsage);
+  EXPECT_EQ(RunList({"--coordinator", kAddress, "--job", "llm", "--tls-ca", "x"}, broken, out, err), base::kExitUsage);
   EXPECT_THAT(err.str(), HasSubstr("--tls-cert"));
 }
 
 TEST_F(OperatorCommandsTest, BadFlagsAreUsageErrorsNamingTheFlag) {
   for (const CommandCase& cmd : AllCommands()) {
     Result r = Run(cmd.run, {"--frobnicate"});
-    EXPECT_EQ(r.code, kExitUsage) << cmd.name;
+    EXPECT_EQ(r.code, base::kExitUsage) << cmd.name;
     EXPECT_THAT(r.err, AllOf(HasSubstr("unknown flag --frobnicate"),
                              HasSubstr(absl::StrCat("`ckptctl ", cmd.name, " --help`"))));
     r = RunExactly(cmd.run, cmd.argv);
-    EXPECT_EQ(r.code, kExitUsage) << cmd.name;
+    EXPECT_EQ(r.code, base::kExitUsage) << cmd.name;
     EXPECT_THAT(r.err, HasSubstr("--coordinator HOST:PORT is required"));
     r = Run(cmd.run, {"stray"});
-    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_EQ(r.code, base::kExitUsage);
     EXPECT_THAT(r.err, HasSubstr("unexpected argument \"stray\""));
     r = Run(cmd.run, {"--job"});
-    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_EQ(r.code, base::kExitUsage);
     EXPECT_THAT(r.err, HasSubstr("--job needs a value"));
   }
   for (const Runner& run : std::vector<Runner>{RunCheckpoint, RunList, RunRestorePlan, RunOnlineVerify}) {
     Result r = Run(run, {});
-    EXPECT_EQ(r.code, kExitUsage);
+    EXPECT_EQ(r.code, base::kExitUsage);
     EXPECT_THAT(r.err, HasSubstr("--job is required"));
   }
   for (const char* bad : {"soon", "0", "-5s", "inf"}) {
     Result r = Run(RunCheckpoint, {"--job", "llm", "--timeout", bad});
-    EXPECT_EQ(r.code, kExitUsage) << bad;
+    EXPECT_EQ(r.code, base::kExitUsage) << bad;
     EXPECT_THAT(r.err, HasSubstr("--timeout")) << bad;
   }
-  EXPECT_EQ(Run(RunStatus, {"--no-wait"}).code, kExitUsage);
+  EXPECT_EQ(Run(RunStatus, {"--no-wait"}).code, base::kExitUsage);
   EXPECT_EQ(fake_.connects, 0);
 }
 
 TEST_F(OperatorCommandsTest, TimeoutFlagParses) {
-  auto parse = [](const std::string& v) { return TimeoutFlag(*Args::Parse({"--timeout", v}, {"timeout"}, {})); };
+  auto parse = [](const std::string& v) { return TimeoutFlag(*base::Args::Parse({"--timeout", v}, {"timeout"}, {})); };
   EXPECT_THAT(parse("90s"), IsOkAndHolds(std::optional<absl::Duration>(absl::Seconds(90))));
   EXPECT_THAT(parse("10m"), IsOkAndHolds(std::optional<absl::Duration>(absl::Minutes(10))));
   EXPECT_THAT(parse("1h30m"), IsOkAndHolds(std::optional<absl::Duration>(absl::Minutes(90))));
   EXPECT_THAT(parse("2.5"), IsOkAndHolds(std::optional<absl::Duration>(absl::Milliseconds(2500))));
-  EXPECT_THAT(TimeoutFlag(*Args::Parse({}, {"timeout"}, {})), IsOkAndHolds(std::nullopt));
+  EXPECT_THAT(TimeoutFlag(*base::Args::Parse({}, {"timeout"}, {})), IsOkAndHolds(std::nullopt));
 }
 
 TEST_F(OperatorCommandsTest, HelpDocumentsFlagsAndExitStatuses) {
   for (const CommandCase& cmd : AllCommands()) {
     Result r = RunExactly(cmd.run, {"--help"});
-    EXPECT_EQ(r.code, kExitOk) << cmd.name;
+    EXPECT_EQ(r.code, base::kExitOk) << cmd.name;
     EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("usage: ckptctl ", cmd.name)), HasSubstr("--coordinator HOST:PORT"),
                              HasSubstr("--json"), HasSubstr("exit status: 0"), HasSubstr("3 the coordinator")));
     EXPECT_THAT(r.err, IsEmpty());
@@ -690,7 +690,7 @@ TEST(VerifyDispatchTest, OfflineVerifyIsUnaffected) {
   storage::MemFileSystem fs;
   ASSERT_TRUE(fs.CreateDir("/root").ok());
   int connects = 0;
-  CoordinatorApiFactory never = [&](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+  CoordinatorApiFactory never = [&](const base::Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
     ++connects;
     return absl::InternalError("not used");
   };
@@ -712,25 +712,25 @@ TEST(VerifyDispatchTest, OfflineVerifyIsUnaffected) {
 
   // A bare --help describes both forms.
   std::ostringstream out, err;
-  EXPECT_EQ(RunVerifyCommand(&fs, {"--help"}, never, out, err), kExitOk);
+  EXPECT_EQ(RunVerifyCommand(&fs, {"--help"}, never, out, err), base::kExitOk);
   EXPECT_THAT(out.str(), AllOf(HasSubstr(kVerifyHelp), HasSubstr(kOnlineVerifyHelp)));
 }
 
 TEST(VerifyDispatchTest, CoordinatorGoesOnlineAndRootWithItIsAUsageError) {
   storage::MemFileSystem fs;
   int connects = 0;
-  CoordinatorApiFactory counting = [&](const Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+  CoordinatorApiFactory counting = [&](const base::Args&) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
     ++connects;
     return absl::UnavailableError("coordinator h:1: failed to connect");
   };
   std::ostringstream out, err;
-  EXPECT_EQ(RunVerifyCommand(&fs, {"--job", "llm", "--coordinator", "h:1"}, counting, out, err), kExitUnavailable);
+  EXPECT_EQ(RunVerifyCommand(&fs, {"--job", "llm", "--coordinator", "h:1"}, counting, out, err), base::kExitUnavailable);
   EXPECT_EQ(connects, 1);
   EXPECT_THAT(err.str(), HasSubstr("ckptctl verify: cannot reach the coordinator h:1"));
 
   std::ostringstream out2, err2;
   EXPECT_EQ(RunVerifyCommand(&fs, {"--root", "/r", "--job", "llm", "--coordinator", "h:1"}, counting, out2, err2),
-            kExitUsage);
+            base::kExitUsage);
   EXPECT_THAT(err2.str(), AllOf(HasSubstr("--root"), HasSubstr("--coordinator"), HasSubstr("do not go together")));
   EXPECT_EQ(connects, 1);
 }

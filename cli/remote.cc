@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "agent/grpc_status.h"
-#include "coordinator/tls.h"
+#include "rpc/grpc_status.h"
+#include "rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ckptd::cli {
@@ -18,7 +18,7 @@ namespace {
 constexpr auto kCallTimeout = std::chrono::seconds(10);
 
 absl::Status Annotated(const std::string& address, const grpc::Status& status) {
-  const absl::Status s = agent::FromGrpcStatus(status);
+  const absl::Status s = rpc::FromGrpcStatus(status);
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat("coordinator ", address, ": ", s.message()));
 }
@@ -114,7 +114,7 @@ class RemoteCoordinatorApi final : public CoordinatorApi {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const Args& args) {
+absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const base::Args& args) {
   absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> stub = ConnectCoordinator(args);
   if (!stub.ok()) return stub.status();
   std::optional<std::string> token;
@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const Ar
       new RemoteCoordinatorApi(*args.Get("coordinator"), *std::move(stub), std::move(token), *timeout));
 }
 
-absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const Args& args) {
+absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const base::Args& args) {
   std::optional<std::string> address = args.Get("coordinator");
   if (!address || address->empty()) return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
@@ -139,14 +139,14 @@ absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator
   }
   if (tls == 3) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> c =
-        coordinator::ChannelCredentialsFromFiles({*args.Get("tls-cert"), *args.Get("tls-key"), *args.Get("tls-ca")});
+        rpc::ChannelCredentialsFromFiles({*args.Get("tls-cert"), *args.Get("tls-key"), *args.Get("tls-ca")});
     if (!c.ok()) return absl::InvalidArgumentError(c.status().message());
     credentials = *c;
   }
   return ckptd::v1::Coordinator::NewStub(grpc::CreateChannel(*address, credentials));
 }
 
-absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const std::string& job) {
+absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const base::Args& args, const std::string& job) {
   absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> stub = ConnectCoordinator(args);
   if (!stub.ok()) return stub.status();
   grpc::ClientContext ctx;
@@ -154,7 +154,7 @@ absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const 
   ckptd::v1::GetIntervalRequest req;
   req.set_job(job);
   ckptd::v1::IntervalStatus resp;
-  const absl::Status s = agent::FromGrpcStatus((*stub)->GetInterval(&ctx, req, &resp));
+  const absl::Status s = rpc::FromGrpcStatus((*stub)->GetInterval(&ctx, req, &resp));
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("coordinator ", *args.Get("coordinator"), ": ", s.message()));
   }
@@ -162,9 +162,9 @@ absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const 
 }
 
 int ExitCodeFor(const absl::Status& status) {
-  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return kExitUnavailable;
-  if (absl::IsInvalidArgument(status)) return kExitUsage;
-  return kExitFailed;
+  if (absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) return base::kExitUnavailable;
+  if (absl::IsInvalidArgument(status)) return base::kExitUsage;
+  return base::kExitFailed;
 }
 
 }  // namespace ckptd::cli

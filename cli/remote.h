@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "cli/operator_commands.h"
 
 namespace ckptd::cli {
@@ -16,11 +16,11 @@ namespace ckptd::cli {
 // A stub for the coordinator named by --coordinator, over mutual TLS when
 // --tls-ca, --tls-cert and --tls-key are all given. kInvalidArgument naming
 // the flag when one is missing or a file cannot be read.
-absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const Args& args);
+absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const base::Args& args);
 
 // GetInterval for `job`. kUnavailable (or kDeadlineExceeded) when the
 // coordinator cannot be reached, with its address in the message.
-absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const std::string& job);
+absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const base::Args& args, const std::string& job);
 
 // CoordinatorApi over gRPC to the coordinator named by --coordinator (TLS as
 // ConnectCoordinator). Unary calls have a 10 s deadline; VerifyStep has none
@@ -28,11 +28,11 @@ absl::StatusOr<ckptd::v1::IntervalStatus> FetchInterval(const Args& args, const 
 // of --token-file as "authorization: Bearer <token>" (the others carry none).
 // Errors name the coordinator's address. kInvalidArgument naming the flag
 // when a TLS or token file cannot be read or --timeout is malformed.
-absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const Args& args);
+absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const base::Args& args);
 
-// The exit status for a failed call: kExitUnavailable when the coordinator
-// could not be reached, kExitUsage for a request it refused as malformed,
-// kExitFailed otherwise.
+// The exit status for a failed call: base::kExitUnavailable when the coordinator
+// could not be reached, base::kExitUsage for a request it refused as malformed,
+// base::kExitFailed otherwise.
 int ExitCodeFor(const absl::Status& status);
 
 }  // namespace ckptd::cli

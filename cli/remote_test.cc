@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/command.h"
 #include "cli/interval_commands.h"
 #include "cli/operator_commands.h"
 #include "cli/testing_json.h"
-#include "coordinator/clock.h"
+#include "base/clock.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/state_store.h"
@@ -22,7 +23,7 @@
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
-#include "storage/testing_matchers.h"
+#include "base/testing/matchers.h"
 
 namespace ckptd::cli {
 namespace {
@@ -86,8 +87,8 @@ class RemoteTest : public ::testing::Test {
   }
   void TearDown() override { coordinator::ShutdownCoordinatorServer(server_.server.get()); }
 
-  Args Flags(const std::string& address) {
-    absl::StatusOr<Args> a = Args::Parse({"--coordinator", address}, CoordinatorValueFlags(), {});
+  base::Args Flags(const std::string& address) {
+    absl::StatusOr<base::Args> a = base::Args::Parse({"--coordinator", address}, CoordinatorValueFlags(), {});
     EXPECT_TRUE(a.ok());
     return *a;
   }
@@ -96,7 +97,7 @@ class RemoteTest : public ::testing::Test {
   storage::MemFileSystem fs_;
   storage::CheckpointStore store_{&fs_, "/ckpt"};
   std::unique_ptr<coordinator::StateStore> state_ = coordinator::NewMemStateStore();
-  coordinator::RealClock clock_;
+  base::RealClock clock_;
   coordinator::CoordinatorCore core_{&store_, state_.get(), &clock_, coordinator::CoordinatorOptions()};
   coordinator::CoordinatorService service_{&core_, ServiceOptions()};
   coordinator::CoordinatorServer server_;
@@ -115,7 +116,7 @@ TEST_F(RemoteTest, FetchesTheLiveIntervalOfAJob) {
 
   // The command end to end.
   std::ostringstream out, err;
-  EXPECT_EQ(RunInterval({"--job", "llm", "--coordinator", Address()}, out, err, FetchInterval), kExitOk) << err.str();
+  EXPECT_EQ(RunInterval({"--job", "llm", "--coordinator", Address()}, out, err, FetchInterval), base::kExitOk) << err.str();
   EXPECT_THAT(out.str(), AllOf(HasSubstr("job llm"), HasSubstr("waiting for")));
 }
 
@@ -125,32 +126,32 @@ TEST_F(RemoteTest, UnreachableCoordinatorAndBadFlagsAreTold) {
   coordinator::ShutdownCoordinatorServer(server_.server.get());
   absl::Status s = FetchInterval(Flags(gone), "llm").status();
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(gone)));
-  EXPECT_EQ(ExitCodeFor(s), kExitUnavailable);
+  EXPECT_EQ(ExitCodeFor(s), base::kExitUnavailable);
   std::ostringstream out, err;
-  EXPECT_EQ(RunInterval({"--job", "llm", "--coordinator", gone}, out, err, FetchInterval), kExitUnavailable);
+  EXPECT_EQ(RunInterval({"--job", "llm", "--coordinator", gone}, out, err, FetchInterval), base::kExitUnavailable);
   EXPECT_THAT(err.str(), HasSubstr(gone));
 
-  absl::StatusOr<Args> half = Args::Parse({"--coordinator", gone, "--tls-ca", "ca.pem"}, CoordinatorValueFlags(), {});
+  absl::StatusOr<base::Args> half = base::Args::Parse({"--coordinator", gone, "--tls-ca", "ca.pem"}, CoordinatorValueFlags(), {});
   ASSERT_TRUE(half.ok());
   EXPECT_THAT(FetchInterval(*half, "llm"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-cert")));
-  absl::StatusOr<Args> files = Args::Parse(
+  absl::StatusOr<base::Args> files = base::Args::Parse(
       {"--coordinator", gone, "--tls-ca", "/no/ca.pem", "--tls-cert", "/no/c.pem", "--tls-key", "/no/k.pem"},
       CoordinatorValueFlags(), {});
   ASSERT_TRUE(files.ok());
   EXPECT_THAT(FetchInterval(*files, "llm"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/no/")));
-  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), kExitFailed);
+  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), base::kExitFailed);
 }
 
 TEST_F(RemoteTest, StatusEndToEnd) {
   Result r = RunCli(RunStatus, {"--coordinator", Address()});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("coordinator ", Address())), HasSubstr("agents: 1 (1 alive)"),
                            HasSubstr("node-a"), HasSubstr("llm 0"), HasSubstr("jobs: 1"),
                            HasSubstr("recent failures: none")));
   EXPECT_THAT(r.out, HasSubstr("waiting"));  // no interval decided before a committed checkpoint
 
   r = RunCli(RunStatus, {"--coordinator", Address(), "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"count\":1"), HasSubstr("\"node_id\":\"node-a\""),
                            HasSubstr("\"job\":\"llm\""), HasSubstr("\"state\":\"running\""),
@@ -158,19 +159,19 @@ TEST_F(RemoteTest, StatusEndToEnd) {
                            HasSubstr("\"decided\":false")));
 
   r = RunCli(RunStatus, {"--coordinator", Address(), "--job", "other"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("no job other"));
 }
 
 TEST_F(RemoteTest, CheckpointNoWaitEndToEnd) {
   const std::string token = WriteFile("remote-token", absl::StrCat("  ", kToken, "\n"));
   Result r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", token});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   // No step time known yet: ten steps ahead of the fastest rank (step 0).
   EXPECT_THAT(r.out, HasSubstr("job llm at step 10"));
   r = RunCli(RunCheckpoint,
           {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", token, "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"outcome\":\"requested\""), HasSubstr("\"target_step\":10")));
   // The schedule carries the target.
@@ -178,52 +179,52 @@ TEST_F(RemoteTest, CheckpointNoWaitEndToEnd) {
   EXPECT_THAT(r.out, HasSubstr("\"extra_steps\":[10]"));
 
   r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "nope", "--no-wait", "--token-file", token});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("no job nope"));
   r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "../x", "--no-wait", "--token-file", token});
-  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.code, base::kExitUsage);
 }
 
 TEST_F(RemoteTest, TheOperatorTokenIsCheckedEndToEnd) {
   // Wrong token: PermissionDenied, naming the file.
   const std::string wrong = WriteFile("wrong-token", "not-the-token\n");
   Result r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", wrong});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("the operator token is wrong"), HasSubstr(wrong), HasSubstr("--token-file")));
   EXPECT_THAT(r.out, IsEmpty());
   // No token: Unauthenticated, saying to pass one.
   r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("needs the operator token"), HasSubstr("pass --token-file")));
   // A token file that is not there: a usage error before any call.
   r = RunCli(RunCheckpoint,
           {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", "/no/such/operator-token"});
-  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_EQ(r.code, base::kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("/no/such/operator-token"));
   // Read-only RPCs carry no token and need none.
-  EXPECT_EQ(RunCli(RunStatus, {"--coordinator", Address(), "--token-file", wrong}).code, kExitOk);
+  EXPECT_EQ(RunCli(RunStatus, {"--coordinator", Address(), "--token-file", wrong}).code, base::kExitOk);
 }
 
 TEST_F(RemoteTest, ListRestorePlanAndVerifyOfAJobWithoutCheckpoints) {
   Result r = RunCli(RunList, {"--coordinator", Address(), "--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_EQ(r.out, "job llm: no steps\n");
   r = RunCli(RunList, {"--coordinator", Address(), "--job", "other"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("no job other"));
 
   r = RunCli(RunRestorePlan, {"--coordinator", Address(), "--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"fresh_start\":true"), HasSubstr("\"step\":null"),
                            HasSubstr("\"state\":\"running\"")));
 
   const std::string token = WriteFile("verify-token", kToken);
   r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", token});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("no committed step"));
   r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("pass --token-file"));
 }
 
@@ -232,7 +233,7 @@ TEST_F(RemoteTest, OperatorCommandsSayWhenTheCoordinatorIsUnreachable) {
   coordinator::ShutdownCoordinatorServer(server_.server.get());
   for (auto* run : {RunStatus, RunList, RunRestorePlan}) {
     Result r = RunCli(run, {"--coordinator", gone, "--job", "llm"});
-    EXPECT_EQ(r.code, kExitUnavailable);
+    EXPECT_EQ(r.code, base::kExitUnavailable);
     EXPECT_THAT(r.err, AllOf(HasSubstr("cannot reach the coordinator"), HasSubstr(gone)));
   }
 }
@@ -314,34 +315,34 @@ class ScriptedRemoteTest : public ::testing::Test {
 
 TEST_F(ScriptedRemoteTest, ListAndRestorePlanOverGrpc) {
   Result r = RunCli(RunList, {"--coordinator", Address(), "--job", "llm"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("job llm: 1 step"), HasSubstr("committed"), HasSubstr("2/2"),
                            HasSubstr("1000 B"), HasSubstr("3.00"), HasSubstr("2024-05-01T12:00:00Z"),
                            HasSubstr("1.5 s")));
   r = RunCli(RunList, {"--coordinator", Address(), "--job", "other"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr(Address()), HasSubstr("no job other")));
   r = RunCli(RunRestorePlan, {"--coordinator", Address(), "--job", "llm", "--json"});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":100"), HasSubstr("\"fresh_start\":false")));
 }
 
 TEST_F(ScriptedRemoteTest, VerifyStreamsWithTheTokenOverGrpc) {
   Result r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", token_});
-  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("step 100: 0/2 shards"), HasSubstr("job llm step 100: OK  2/2 shards")));
   r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "bad", "--step", "7", "--token-file", token_,
                             "--json"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"step\":7"), HasSubstr("\"ok\":false"), HasSubstr("checksum mismatch")));
   r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("pass --token-file"));
   const std::string wrong = WriteFile("scripted-wrong-token", "nope");
   r = RunCli(RunOnlineVerify, {"--coordinator", Address(), "--job", "llm", "--token-file", wrong});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("the operator token is wrong"), HasSubstr(wrong)));
 }
 
@@ -349,18 +350,18 @@ TEST_F(ScriptedRemoteTest, VerifyHonorsTimeout) {
   const auto start = std::chrono::steady_clock::now();
   Result r = RunCli(RunOnlineVerify,
                  {"--coordinator", Address(), "--job", "slow", "--token-file", token_, "--timeout", "300ms"});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("did not finish within --timeout 300ms"));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
 }
 
 TEST_F(ScriptedRemoteTest, AnOlderCoordinatorIsToldApart) {
   Result r = RunCli(RunStatus, {"--coordinator", Address()});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, AllOf(HasSubstr("too old for `ckptctl status`"), HasSubstr("GetClusterStatus"),
                            HasSubstr(Address())));
   r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--token-file", token_});
-  EXPECT_EQ(r.code, kExitFailed);
+  EXPECT_EQ(r.code, base::kExitFailed);
   EXPECT_THAT(r.err, HasSubstr("too old for `ckptctl checkpoint`"));
   EXPECT_THAT(r.out, Not(HasSubstr("requested")));
 }

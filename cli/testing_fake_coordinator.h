@@ -19,7 +19,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/testing/temp_dir.h"
 #include "cli/operator_commands.h"
 #include "gtest/gtest.h"
 
@@ -55,7 +56,7 @@ struct FakeCoordinator {
   std::vector<std::string> interval_jobs;
   std::optional<ckptd::v1::ListEventsRequest> events_request;
   std::optional<ckptd::v1::VerifyStepRequest> verify_request;
-  std::optional<Args> args;  // what the factory was given
+  std::optional<base::Args> args;  // what the factory was given
   int connects = 0;
   // Drills: RunDrill's answer, and GetDrill's answer to its n-th call (the
   // last one repeats).
@@ -143,7 +144,7 @@ using Runner = std::function<int(const std::vector<std::string>&, const Coordina
 class OperatorCommandsTest : public ::testing::Test {
  protected:
   CoordinatorApiFactory Factory() {
-    return [this](const Args& args) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
+    return [this](const base::Args& args) -> absl::StatusOr<std::unique_ptr<CoordinatorApi>> {
       fake_.args = args;
       ++fake_.connects;
       return std::unique_ptr<CoordinatorApi>(new FakeApi(&fake_));
@@ -290,16 +291,14 @@ class OperatorCommandsTest : public ::testing::Test {
     fake_.cluster = Running(target - 10, {target});
   }
 
+  // A file `name` holding `contents` in the test's own temp dir.
   std::string TokenFile(absl::string_view name, absl::string_view contents) {
-    // Named after the test: ctest runs tests side by side, and one test
-    // rewriting a file another is reading would read as an empty token.
-    const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-    const std::string path =
-        absl::StrCat(::testing::TempDir(), "/", t->test_suite_name(), ".", t->name(), ".", name);
+    const std::string path = temp_.Sub(std::string(name));
     std::ofstream(path) << contents;
     return path;
   }
 
+  ckptd::testing::TempDir temp_{"cli_test_"};
   FakeCoordinator fake_;
   absl::Time now_ = kNow;
   std::vector<absl::Duration> sleeps_;

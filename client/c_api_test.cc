@@ -6,12 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
 #include "client/c_options.h"
 #include "client/ckptd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
 
 extern "C" int ckptd_c_smoke(const char* socket, const char* job, int ext_spare);
 
@@ -23,9 +24,8 @@ using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(CApiTest, ConnectSnapshotRestoreFromC) {
-  char tmpl[] = "/tmp/ckptd-capi-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  ckptd::testing::TempDir tmp("ckptd-capi-");
+  const std::string dir = tmp.path();
   const std::string socket = dir + "/agent.sock";
   ckptd::storage::MemFileSystem mem;
   ASSERT_TRUE(mem.CreateDir("/ckpt").ok());

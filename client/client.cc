@@ -13,17 +13,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "agent/grpc_status.h"
-#include "agent/staging.h"
+#include "base/status_macros.h"
 #include "ckptd/v1/agent.grpc.pb.h"
-#include "coordinator/schedule.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/grpc_status.h"
+#include "rpc/schedule.h"
+#include "staging/staging.h"
 #include "storage/shard_index.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::client {
 
-using agent::FromGrpcStatus;
+using rpc::FromGrpcStatus;
 
 namespace {
 
@@ -46,7 +46,7 @@ struct Client::Impl {
   // The current registration; dropped when the agent forgets us.
   bool registered = false;
   uint64_t trainer_id = 0;
-  std::unique_ptr<agent::StagingSegment> segment;
+  std::unique_ptr<staging::StagingSegment> segment;
   std::vector<uint64_t> offsets;
 
   // Two-hop snapshots: per buffer its spare on the same device, nullptr for
@@ -92,8 +92,8 @@ struct Client::Impl {
   bool PersistInFlight() {
     if (segment != nullptr) {
       for (uint32_t s = 0; s < segment->slots(); ++s) {
-        const agent::SlotState st = segment->state(s);
-        if (st == agent::SlotState::kReady || st == agent::SlotState::kPersisting) return true;
+        const staging::SlotState st = segment->state(s);
+        if (st == staging::SlotState::kReady || st == staging::SlotState::kPersisting) return true;
       }
     }
     absl::MutexLock l(&mu);
@@ -450,7 +450,7 @@ bool Client::ShouldSnapshot(uint64_t step) const {
   if (im.coordinated.load(std::memory_order_relaxed)) {
     absl::MutexLock l(&im.sched_mu);
     return im.schedule && im.schedule->state() == ckptd::v1::JOB_RUNNING &&
-           coordinator::ScheduledAt(*im.schedule, step);
+           rpc::ScheduledAt(*im.schedule, step);
   }
   const uint64_t every = im.options.every_steps;
   return every != 0 && step % every == 0;
@@ -498,7 +498,7 @@ absl::Status Client::EnsureRegistered() {
     return absl::InternalError(absl::StrCat("agent laid out ", resp.offsets_size(), " buffers for ",
                                             im.buffers.size(), " registered"));
   }
-  CKPTD_ASSIGN_OR_RETURN(im.segment, agent::StagingSegment::Open(resp.segment()));
+  CKPTD_ASSIGN_OR_RETURN(im.segment, staging::StagingSegment::Open(resp.segment()));
   im.offsets.assign(resp.offsets().begin(), resp.offsets().end());
   for (size_t i = 0; i < im.buffers.size(); ++i) {
     if (im.offsets[i] + im.lengths[i] > im.segment->slot_bytes()) {

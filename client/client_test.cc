@@ -15,11 +15,12 @@
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
-#include "agent/staging.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "staging/staging.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::client {
 namespace {
@@ -203,16 +204,13 @@ class FixedScheduleCoordinator final : public agent::CoordinatorClient {
 class ClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ckptd-client-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = tmp_.path();
     socket_ = dir_ + "/agent.sock";
     ASSERT_THAT(mem_.CreateDir("/ckpt"), IsOk());
     StartAgent();
   }
   void TearDown() override {
     StopAgent();
-    std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
   void StartAgent() {
     agent::AgentOptions o;
@@ -251,9 +249,9 @@ class ClientTest : public ::testing::Test {
   }
   // The staging segment of the agent's `trainer_id`-th registration, mapped
   // as a second trainer-side view.
-  std::unique_ptr<agent::StagingSegment> OpenSegment(uint64_t trainer_id) {
-    absl::StatusOr<std::unique_ptr<agent::StagingSegment>> seg =
-        agent::StagingSegment::Open(absl::StrCat(segment_prefix_, "-", trainer_id));
+  std::unique_ptr<staging::StagingSegment> OpenSegment(uint64_t trainer_id) {
+    absl::StatusOr<std::unique_ptr<staging::StagingSegment>> seg =
+        staging::StagingSegment::Open(absl::StrCat(segment_prefix_, "-", trainer_id));
     EXPECT_THAT(seg.status(), IsOk());
     return seg.ok() ? *std::move(seg) : nullptr;
   }
@@ -273,6 +271,7 @@ class ClientTest : public ::testing::Test {
   static inline int counter_ = 0;
   FakeDeviceCopier fake_;  // outlives every client of a test
   std::string segment_prefix_;
+  ckptd::testing::TempDir tmp_{"ckptd-client-"};
   std::string dir_, socket_;
   storage::MemFileSystem mem_;
   std::unique_ptr<agent::AgentCore> core_;
@@ -367,7 +366,7 @@ TEST_F(ClientTest, SkippedSnapshotIsCountedAndReportedToTheAgent) {
   o.slot_wait = absl::ZeroDuration();
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
   // Another view of the staging holds every slot, as slow persists would.
-  std::unique_ptr<agent::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
   ASSERT_NE(seg, nullptr);
   std::vector<uint32_t> held;
   for (uint32_t i = 0; i < seg->slots(); ++i) {
@@ -496,7 +495,7 @@ TEST_F(ClientTest, NextSnapshotWaitsForTheSecondHopOrSkipsWhenItOutlastsSlotWait
 TEST_F(ClientTest, FailedSecondHopIsReportedOnceByTheNextCallAndItsSlotGivenBack) {
   State state;
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(TwoHopOptions(), state.DeviceSpecs()));
-  std::unique_ptr<agent::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
   ASSERT_NE(seg, nullptr);
 
   fake_.FailNextDeviceToHost(absl::InternalError("injected copy failure"));
@@ -504,14 +503,14 @@ TEST_F(ClientTest, FailedSecondHopIsReportedOnceByTheNextCallAndItsSlotGivenBack
   EXPECT_THAT(client->WaitPersisted(5, absl::Seconds(30)),
               StatusIs(absl::StatusCode::kInternal,
                        AllOf(HasSubstr("second hop of the snapshot of step 5"), HasSubstr("injected copy failure"))));
-  for (uint32_t i = 0; i < seg->slots(); ++i) EXPECT_EQ(seg->state(i), agent::SlotState::kFree) << i;
+  for (uint32_t i = 0; i < seg->slots(); ++i) EXPECT_EQ(seg->state(i), staging::SlotState::kFree) << i;
   EXPECT_EQ(client->snapshots_taken(), 0u);
 
   // Reported by the next Snapshot, which then takes nothing; only once.
   fake_.FailNextDeviceToHost(absl::InternalError("injected copy failure"));
   CKPTD_ASSERT_OK(client->Snapshot(10).status());
   EXPECT_THAT(client->Snapshot(15), StatusIs(absl::StatusCode::kInternal, HasSubstr("snapshot of step 10")));
-  for (uint32_t i = 0; i < seg->slots(); ++i) EXPECT_EQ(seg->state(i), agent::SlotState::kFree) << i;
+  for (uint32_t i = 0; i < seg->slots(); ++i) EXPECT_EQ(seg->state(i), staging::SlotState::kFree) << i;
   // Every slot is usable again: more snapshots than slots, back to back.
   for (uint64_t step = 20; step < 20 + 2 * seg->slots() + 1; ++step) {
     state.Step(step);
@@ -618,7 +617,7 @@ TEST_F(ClientTest, AgentDyingWhileEverySlotIsHeldEndsTheSlotWaitAndAsksForAResta
   o.agent_loss_restart_after = absl::Milliseconds(300);
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
   CKPTD_ASSERT_OK(client->Restore().status());
-  std::unique_ptr<agent::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
   ASSERT_NE(seg, nullptr);
   for (uint32_t i = 0; i < seg->slots(); ++i) CKPTD_ASSERT_OK(seg->AcquireForFill(absl::ZeroDuration()).status());
   absl::StatusOr<SnapshotResult> result = absl::UnknownError("not run");

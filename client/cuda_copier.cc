@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "client/device_copy.h"
 #include "client/host_copy.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::client {
 namespace {

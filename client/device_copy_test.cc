@@ -5,10 +5,10 @@
 #include <iostream>
 #include <vector>
 
+#include "base/aligned_buffer.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/aligned_buffer.h"
-#include "storage/testing_matchers.h"
 
 #if defined(CKPTD_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -42,7 +42,7 @@ void Fill(uint8_t* p, size_t n, uint32_t seed) {
 TEST(HostCopierTest, CopiesSmallAndLargeBuffersBothWays) {
   std::unique_ptr<DeviceCopier> copier = NewHostCopier(4);
   for (size_t n : {size_t{0}, size_t{1}, size_t{4097}, size_t{40} << 20}) {
-    storage::AlignedBuffer src(n + 1), staging(n + 1), back(n + 1);
+    base::AlignedBuffer src(n + 1), staging(n + 1), back(n + 1);
     Fill(src.data(), n, static_cast<uint32_t>(n));
     CKPTD_ASSERT_OK(copier->CopyToHost(staging.data(), src.data(), n, Host()));
     CKPTD_ASSERT_OK(copier->Synchronize());
@@ -110,7 +110,7 @@ double Seconds(std::chrono::steady_clock::time_point a) {
 
 TEST_F(CudaDeviceTest, DeviceToPinnedStagingAndBackIsExact) {
   constexpr size_t kBytes = size_t{512} << 20;
-  storage::AlignedBuffer src(kBytes), staging(kBytes), back(kBytes);
+  base::AlignedBuffer src(kBytes), staging(kBytes), back(kBytes);
   Fill(src.data(), kBytes, 7);
   void* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, kBytes), cudaSuccess);
@@ -153,7 +153,7 @@ TEST_F(CudaDeviceTest, DeviceToPinnedStagingAndBackIsExact) {
 // (the stall), then spare to page-locked staging; exact, and how long each is.
 TEST_F(CudaDeviceTest, SpareDeviceBufferTwoHopsAreExact) {
   constexpr size_t kBytes = size_t{512} << 20;
-  storage::AlignedBuffer src(kBytes), staging(kBytes);
+  base::AlignedBuffer src(kBytes), staging(kBytes);
   Fill(src.data(), kBytes, 11);
   void* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, kBytes), cudaSuccess);

@@ -11,7 +11,7 @@ namespace ckptd::client {
 
 ParallelCopier::ParallelCopier(int threads)
     : threads_(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
-  if (threads_ > 1) helpers_ = std::make_unique<storage::ThreadPool>(threads_ - 1);
+  if (threads_ > 1) helpers_ = std::make_unique<base::ThreadPool>(threads_ - 1);
 }
 
 void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
@@ -27,7 +27,7 @@ void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
   const size_t per = (n / count + 4095) / 4096 * 4096;
   auto* d = static_cast<uint8_t*>(dst);
   auto* s = static_cast<const uint8_t*>(src);
-  storage::WaitGroup done;
+  base::WaitGroup done;
   for (size_t i = 1; i < count; ++i) {
     const size_t begin = std::min(n, i * per);
     const size_t end = std::min(n, begin + per);

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "storage/thread_pool.h"
+#include "base/thread_pool.h"
 
 namespace ckptd::client {
 
@@ -18,7 +18,7 @@ class ParallelCopier {
 
  private:
   int threads_;
-  std::unique_ptr<storage::ThreadPool> helpers_;  // threads_ - 1 workers, or none
+  std::unique_ptr<base::ThreadPool> helpers_;  // threads_ - 1 workers, or none
 };
 
 // Page-aligned host memory of `n` bytes (at least one page is reserved for

@@ -20,14 +20,21 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
+#include "base/logger.h"
 #include "ckptd/v1/coordinator.pb.h"
-#include "coordinator/clock.h"
-#include "coordinator/schedule.h"
 #include "coordinator/state_store.h"
 #include "policy/interval_policy.h"
+#include "rpc/schedule.h"
 #include "storage/store.h"
 
 namespace ckptd::coordinator {
+
+namespace internal {
+class Job;
+class DrillBook;
+struct IntervalView;
+}  // namespace internal
 
 struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -63,6 +70,9 @@ struct CoordinatorOptions {
   // Limits on what a request may carry.
   uint32_t max_world_size = 1u << 20;
   size_t max_events_listed = 10'000;
+  // Where the component reports what an operator should read (default:
+  // base::DefaultLogger()); must outlive it.
+  base::Logger* logger = nullptr;
 };
 
 // What the service layer (and metrics) need to know about every decision.
@@ -85,7 +95,7 @@ class CoordinatorObserver {
 class CoordinatorCore {
  public:
   // Everything passed in must outlive the core. `observer` may be null.
-  CoordinatorCore(storage::CheckpointStore* store, StateStore* state, Clock* clock, CoordinatorOptions options,
+  CoordinatorCore(storage::CheckpointStore* store, StateStore* state, base::Clock* clock, CoordinatorOptions options,
                   CoordinatorObserver* observer = nullptr);
   ~CoordinatorCore();
   CoordinatorCore(const CoordinatorCore&) = delete;
@@ -148,59 +158,80 @@ class CoordinatorCore {
   const CoordinatorOptions& options() const { return options_; }
 
  private:
+  // The core's private types are in coordinator_core_internal.h, job.h and
+  // drill_book.h; its definitions are spread over coordinator_*.cc by
+  // concern. Each decision runs under mu_ and leaves its side effects in an
+  // Effects, which Apply carries out after mu_ is released, so that disk and
+  // database latency never blocks heartbeats.
+  using Job = internal::Job;
   struct Agent;
-  struct Rank;
-  struct PendingStep;
-  struct RestoreRound;
-  struct Job;
-  struct Drill;
-  // Side effects decided under mu_ and carried out after it is released, so
-  // that disk and database latency never blocks heartbeats.
   struct Effects;
+  struct CommitResult;
 
+  // Membership, failure detection and saving (coordinator_core.cc).
   Job* FindJob(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
-                     const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
   // jobs (they restart).
   void LoseAgent(Agent* agent, const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Restart(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks a committed step damaged: never restored again, kept by retention.
-  void Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason, Effects* fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ckptd::v1::RestorePlanResponse PlanFor(const Job& job) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Declares the hung ranks of `job`; returns how many of its ranks are alive.
+  uint32_t FindHungRanks(Job* job, absl::Time now, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveJob(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveChangedJobs(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ChangeSchedule(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The interval policy for `job` with what has been measured so far: the
-  // status to show, and (when every input is known) the decision.
-  struct IntervalView;
-  IntervalView IntervalFor(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Moves the job to the policy's interval when it differs enough.
-  void DecideInterval(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new every_steps from a step ahead of every rank (see .cc).
-  void Reschedule(Job* job, uint64_t every_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Carries out `fx` (commits, removals, database writes); no lock held.
-  void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
-                      const std::vector<ckptd::v1::ShardRef>& shards);
+
+  // Heartbeats (coordinator_heartbeat.cc): the ranks an agent reports, their
+  // progress, and the answer (schedules and drill orders).
+  void RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordProgress(const Agent& agent, const ckptd::v1::RankProgress& progress, absl::Time now, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ckptd::v1::HeartbeatAck HeartbeatReply(const Agent& agent, const ckptd::v1::Heartbeat& hb)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Shards and the global commit (coordinator_commit.cc).
+  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a reported shard's file exists with the reported length; called
   // without mu_ (a stat per report).
   absl::Status CheckShardFile(const ckptd::v1::ShardReport& report) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<absl::Status> CheckShardFiles(const google::protobuf::RepeatedPtrField<ckptd::v1::ShardReport>& reports)
       ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Commit(const std::string& job, uint64_t step, uint32_t world_size,
+                      const std::vector<ckptd::v1::ShardRef>& shards) ABSL_LOCKS_EXCLUDED(mu_);
+  // The locked step after commits: what each result means for its job (the
+  // step committed or aborted, older pending steps aborted, the steps
+  // retention drops queued). Leaves what follows in `next`.
+  void AfterCommits(std::vector<CommitResult>& results, Effects* next) ABSL_LOCKS_EXCLUDED(mu_);
+  void AfterCommit(CommitResult& result, Effects* next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Carries out `fx` (commits, removal of aborted steps, database writes,
+  // observer calls, logging); it decides nothing, and takes mu_ only for
+  // AfterCommits once the commits' results are known.
+  void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Failures and restore rounds (coordinator_restore.cc).
+  void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
+                     const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a committed step damaged: never restored again, kept by retention.
+  void Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason, Effects* fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The schedule: manual targets and the interval policy (coordinator_interval.cc).
+  // Steps ahead of the fastest rank that every rank hears of a target first.
+  uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The interval policy for `job` with what has been measured so far.
+  internal::IntervalView IntervalFor(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Moves the job to the policy's interval when it differs enough.
+  void DecideInterval(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new every_steps from a step ahead of every rank (see .cc).
+  void Reschedule(Job* job, uint64_t every_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   storage::CheckpointStore* const store_;
   StateStore* const state_;
-  Clock* const clock_;
+  base::Clock* const clock_;
   const CoordinatorOptions options_;
+  base::Logger* const logger_ = options_.logger != nullptr ? options_.logger : &base::DefaultLogger();
   CoordinatorObserver* const observer_;
 
   absl::Mutex mu_;
@@ -209,9 +240,9 @@ class CoordinatorCore {
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Drill> drills_ ABSL_GUARDED_BY(mu_);  // the newest few hundred
-  uint64_t next_drill_id_ ABSL_GUARDED_BY(mu_) = 1;
-  // Committed steps retention dropped, removed by the next Tick().
+  const std::unique_ptr<internal::DrillBook> drills_ ABSL_PT_GUARDED_BY(mu_);
+  // Committed steps retention dropped (queued by AfterCommit), removed by
+  // the next RunRetention().
   std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
@@ -222,6 +253,5 @@ class CoordinatorCore {
 
 // Checks a node id the way job names are checked: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateNodeId(absl::string_view node_id);
-
 
 }  // namespace ckptd::coordinator

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "storage/status_macros.h"
+#include "base/status_macros.h"
 
 namespace ckptd::coordinator {
 namespace {

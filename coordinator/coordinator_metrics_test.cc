@@ -12,12 +12,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/testing/env.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/testing_env.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -117,7 +117,7 @@ class CoordinatorMetricsTest : public ::testing::Test {
   storage::MemFileSystem fs_;
   storage::CheckpointStore store_{&fs_, "/ckpt"};
   std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  FakeClock clock_;
+  base::FakeClock clock_;
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<CoordinatorCore> core_;

@@ -7,14 +7,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/grpc_status.h"
+#include "base/host_port.h"
 #include "grpcpp/support/server_callback.h"
 #include "metrics/http_server.h"
+#include "rpc/grpc_status.h"
 
 namespace ckptd::coordinator {
 namespace {
 
-using ::ckptd::agent::ToGrpcStatus;
+using ::ckptd::rpc::ToGrpcStatus;
 
 constexpr absl::string_view kAuthorization = "authorization";
 constexpr absl::string_view kBearer = "Bearer ";
@@ -234,7 +235,7 @@ class VerifyReactor final : public grpc::ServerWriteReactor<ckptd::v1::VerifyPro
       }
       if (end) {
         finished = true;
-        reactor->Finish(agent::ToGrpcStatus(*end));
+        reactor->Finish(rpc::ToGrpcStatus(*end));
       }
     }
   };
@@ -317,7 +318,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackSe
 
 absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen, CoordinatorService* service,
                                                          std::shared_ptr<grpc::ServerCredentials> credentials) {
-  absl::StatusOr<std::pair<std::string, uint16_t>> parsed = metrics::ParseHostPort(listen);
+  absl::StatusOr<std::pair<std::string, uint16_t>> parsed = base::ParseHostPort(listen);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("listen address \"", listen, "\": ", parsed.status().message()));
   }

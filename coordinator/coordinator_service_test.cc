@@ -12,18 +12,18 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/grpc_status.h"
-#include "coordinator/operator_token.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/grpc_status.h"
+#include "rpc/operator_token.h"
 #include "storage/mem_file_system.h"
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::coordinator {
 namespace {
 
-using ::ckptd::agent::FromGrpcStatus;
+using ::ckptd::rpc::FromGrpcStatus;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -193,7 +193,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   storage::MemFileSystem fs_;
   storage::CheckpointStore store_{&fs_, "/ckpt"};
   std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  RealClock clock_;
+  base::RealClock clock_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<CoordinatorService> service_;
   CoordinatorServer server_;
@@ -504,52 +504,6 @@ TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
   EXPECT_FALSE(ConstantTimeEquals("", "secret"));
   EXPECT_FALSE(ConstantTimeEquals("secret", ""));
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("secret\0", 7), "secret"));
-}
-
-class OperatorTokenTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ckptd-token-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    const int rc = std::system(absl::StrCat("rm -rf '", dir_, "'").c_str());
-    (void)rc;  // a temp dir left behind fails nothing
-  }
-  std::string dir_;
-};
-
-TEST_F(OperatorTokenTest, GeneratedTokensAreRandomHex) {
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::string a, GenerateOperatorToken());
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::string b, GenerateOperatorToken());
-  EXPECT_EQ(a.size(), 64u);
-  EXPECT_NE(a, b);
-  for (char c : a) EXPECT_TRUE(absl::ascii_isxdigit(static_cast<unsigned char>(c)) && !absl::ascii_isupper(c)) << a;
-}
-
-TEST_F(OperatorTokenTest, WrittenOwnerOnlyAndReadBack) {
-  const std::string path = dir_ + "/operator-token";
-  CKPTD_ASSERT_OK(WriteOperatorTokenFile(path, "tok-1"));
-  CKPTD_ASSERT_OK(WriteOperatorTokenFile(path, "tok-2"));  // replaces
-  struct stat st;
-  ASSERT_EQ(::stat(path.c_str(), &st), 0);
-  EXPECT_EQ(st.st_mode & 0777, 0600u);
-  EXPECT_THAT(ReadOperatorTokenFile(path), ckptd::testing::IsOkAndHolds(std::string("tok-2")));
-  EXPECT_NE(::access((path + ".tmp").c_str(), F_OK), 0);
-}
-
-TEST_F(OperatorTokenTest, BadTokenFilesAreRefusedWithTheirPath) {
-  const std::string path = dir_ + "/token";
-  EXPECT_THAT(ReadOperatorTokenFile(path), StatusIs(absl::StatusCode::kNotFound, HasSubstr(path)));
-  std::ofstream(path) << "  \n";
-  EXPECT_THAT(ReadOperatorTokenFile(path), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
-  std::ofstream(path) << "two words\n";
-  EXPECT_THAT(ReadOperatorTokenFile(path), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("printable")));
-  std::ofstream(path) << std::string(5000, 'x');
-  EXPECT_THAT(ReadOperatorTokenFile(path), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4096")));
-  std::ofstream(path) << "\n  s3cret-token \n";
-  EXPECT_THAT(ReadOperatorTokenFile(path), ckptd::testing::IsOkAndHolds(std::string("s3cret-token")));
 }
 
 }  // namespace

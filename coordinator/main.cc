@@ -13,15 +13,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "cli/args.h"
+#include "base/flags.h"
+#include "base/logger.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/operator_token.h"
 #include "coordinator/state_store.h"
-#include "coordinator/tls.h"
 #include "metrics/http_server.h"
 #include "metrics/registry.h"
+#include "rpc/operator_token.h"
+#include "rpc/tls.h"
 #include "storage/file_system.h"
 #include "storage/posix_file_system.h"
 #include "storage/store.h"
@@ -90,8 +91,9 @@ std::string WithPort(const std::string& listen, int port) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ckptd::base::SetProgramName("ckptd-coordinator");
   namespace co = ckptd::coordinator;
-  using ckptd::cli::Args;
+  using ckptd::base::Args;
   // Signals are taken by sigwait() below; blocked here, before any thread
   // starts, so that every thread inherits the mask.
   sigset_t stop_signals;
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
   }
   auto usage = [](const std::string& why) {
     std::cerr << "ckptd-coordinator: " << why << "\n" << kUsage;
-    return ckptd::cli::kExitUsage;
+    return ckptd::base::kExitUsage;
   };
   auto fail = [](const std::string& what, const absl::Status& s, int code) {
     std::cerr << "ckptd-coordinator: " << what << ": " << s.message() << "\n";
@@ -202,42 +204,42 @@ int main(int argc, char** argv) {
   if (tls_flags != 0 && tls_flags != 3) return usage("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca");
   if (tls_flags == 3) {
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> tls =
-        co::ServerCredentialsFromFiles({*args->Get("tls-cert"), *args->Get("tls-key"), *args->Get("tls-ca")});
-    if (!tls.ok()) return fail("TLS", tls.status(), ckptd::cli::kExitUsage);
+        ckptd::rpc::ServerCredentialsFromFiles({*args->Get("tls-cert"), *args->Get("tls-key"), *args->Get("tls-ca")});
+    if (!tls.ok()) return fail("TLS", tls.status(), ckptd::base::kExitUsage);
     credentials = *tls;
   }
 
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), storage_root); !s.ok()) {
-    return fail("storage root", s, ckptd::cli::kExitFailed);
+    return fail("storage root", s, ckptd::base::kExitFailed);
   }
   absl::StatusOr<std::unique_ptr<co::StateStore>> state = co::OpenSqliteStateStore(state_dir);
   if (!state.ok()) {
     return fail("state database", state.status(),
-                absl::IsUnavailable(state.status()) ? ckptd::cli::kExitUnavailable : ckptd::cli::kExitFailed);
+                absl::IsUnavailable(state.status()) ? ckptd::base::kExitUnavailable : ckptd::base::kExitFailed);
   }
 
   co::CoordinatorServiceOptions service_options;
   if (std::optional<std::string> token_file = args->Get("operator-token-file")) {
-    absl::StatusOr<std::string> token = co::ReadOperatorTokenFile(*token_file);
-    if (!token.ok()) return fail("--operator-token-file", token.status(), ckptd::cli::kExitUsage);
+    absl::StatusOr<std::string> token = ckptd::rpc::ReadOperatorTokenFile(*token_file);
+    if (!token.ok()) return fail("--operator-token-file", token.status(), ckptd::base::kExitUsage);
     service_options.operator_token = *token;
   } else {
-    absl::StatusOr<std::string> token = co::GenerateOperatorToken();
-    const std::string path = absl::StrCat(state_dir, "/", co::kOperatorTokenFileName);
-    absl::Status written = token.ok() ? co::WriteOperatorTokenFile(path, *token) : token.status();
-    if (!written.ok()) return fail("operator token", written, ckptd::cli::kExitFailed);
+    absl::StatusOr<std::string> token = ckptd::rpc::GenerateOperatorToken();
+    const std::string path = absl::StrCat(state_dir, "/", ckptd::rpc::kOperatorTokenFileName);
+    absl::Status written = token.ok() ? ckptd::rpc::WriteOperatorTokenFile(path, *token) : token.status();
+    if (!written.ok()) return fail("operator token", written, ckptd::base::kExitFailed);
     service_options.operator_token = *token;
     std::cerr << "ckptd-coordinator: operator token written to " << path << "\n";
   }
 
   ckptd::storage::CheckpointStore store(fs.get(), storage_root);
-  co::RealClock clock;
+  ckptd::base::RealClock clock;
   ckptd::metrics::Registry registry;
   absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
-  if (!metrics.ok()) return fail("metrics", metrics.status(), ckptd::cli::kExitFailed);
+  if (!metrics.ok()) return fail("metrics", metrics.status(), ckptd::base::kExitFailed);
   co::CoordinatorCore core(&store, state->get(), &clock, options, metrics->get());
-  if (absl::Status s = core.Recover(); !s.ok()) return fail("recovering state", s, ckptd::cli::kExitFailed);
+  if (absl::Status s = core.Recover(); !s.ok()) return fail("recovering state", s, ckptd::base::kExitFailed);
   ckptd::metrics::CollectorHandle collector = (*metrics)->Watch(&core);
 
   std::unique_ptr<ckptd::metrics::HttpServer> http;
@@ -245,7 +247,7 @@ int main(int argc, char** argv) {
     absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> started =
         ckptd::metrics::HttpServer::Start(*metrics_listen, ckptd::metrics::MetricsHandler(registry));
     if (!started.ok()) {
-      return fail(absl::StrCat("--metrics-listen ", *metrics_listen), started.status(), ckptd::cli::kExitUnavailable);
+      return fail(absl::StrCat("--metrics-listen ", *metrics_listen), started.status(), ckptd::base::kExitUnavailable);
     }
     http = *std::move(started);
   }
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<co::CoordinatorServer> server = co::StartCoordinatorServer(listen, service.get(), credentials);
   if (!server.ok()) {
     return fail(absl::StrCat("--listen ", listen), server.status(),
-                absl::IsInvalidArgument(server.status()) ? ckptd::cli::kExitUsage : ckptd::cli::kExitUnavailable);
+                absl::IsInvalidArgument(server.status()) ? ckptd::base::kExitUsage : ckptd::base::kExitUnavailable);
   }
   if (http != nullptr) {
     std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*args->Get("metrics-listen"), http->port())
@@ -271,5 +273,5 @@ int main(int argc, char** argv) {
   if (http != nullptr) http->Stop();
   service.reset();  // stops the ticker
   collector.Reset();
-  return ckptd::cli::kExitOk;
+  return ckptd::base::kExitOk;
 }

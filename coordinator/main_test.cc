@@ -23,23 +23,23 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "agent/grpc_status.h"
+#include "base/testing/matchers.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
-#include "coordinator/operator_token.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "rpc/grpc_status.h"
+#include "rpc/operator_token.h"
 #include "storage/posix_file_system.h"
 #include "storage/store.h"
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
 
 extern char** environ;
 
 namespace ckptd::coordinator {
 namespace {
 
-using ::ckptd::agent::FromGrpcStatus;
+using ::ckptd::rpc::FromGrpcStatus;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -214,7 +214,7 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
     struct stat st;
     ASSERT_EQ(::stat(token_path.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    CKPTD_ASSERT_OK_AND_ASSIGN(std::string token, ReadOperatorTokenFile(token_path));
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string token, rpc::ReadOperatorTokenFile(token_path));
     EXPECT_EQ(token.size(), 64u);
 
     std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);

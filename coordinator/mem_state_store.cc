@@ -10,9 +10,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
 #include "coordinator/state_store.h"
 #include "coordinator/state_store_internal.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::coordinator {
 namespace {

@@ -19,12 +19,12 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 #include "coordinator/state_store.h"
 #include "coordinator/state_store_internal.h"
 #include "storage/file_system.h"
-#include "storage/posix_error.h"
 #include "storage/posix_file_system.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -84,10 +84,10 @@ absl::StatusCode CodeForSqlite(int rc, int system_errno) {
     case SQLITE_MISMATCH:
       return absl::StatusCode::kInvalidArgument;
     case SQLITE_CANTOPEN:
-      if (system_errno != 0) return storage::PosixError("", system_errno).code();
+      if (system_errno != 0) return base::PosixError("", system_errno).code();
       return absl::StatusCode::kFailedPrecondition;
     case SQLITE_IOERR:
-      if (system_errno != 0) return storage::PosixError("", system_errno).code();
+      if (system_errno != 0) return base::PosixError("", system_errno).code();
       return absl::StatusCode::kDataLoss;
     default:
       return absl::StatusCode::kInternal;
@@ -504,7 +504,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::stri
   // SQLite creates the database, its WAL and its shared-memory index beside
   // each other; its own error for a read-only directory does not say why.
   if (::faccessat(AT_FDCWD, state_dir.c_str(), W_OK | X_OK, AT_EACCESS) != 0) {
-    return storage::PosixError(
+    return base::PosixError(
         absl::StrCat("coordinator state directory ", state_dir, " is not writable"), errno);
   }
 

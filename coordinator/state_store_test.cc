@@ -14,12 +14,12 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/file_system.h"
 #include "storage/posix_file_system.h"
-#include "storage/status_macros.h"  // testing_matchers.h uses its CONCAT macro
-#include "storage/testing_matchers.h"
 
 namespace ckptd::coordinator {
 namespace {

@@ -1,6 +1,6 @@
 // Mutual TLS between the coordinator and its clients, with a throw-away CA
 // made by `openssl` at test time (skipped when openssl is not on PATH).
-#include "coordinator/tls.h"
+#include "rpc/tls.h"
 
 #include <unistd.h>
 
@@ -12,18 +12,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "agent/grpc_status.h"
+#include "base/testing/env.h"
+#include "base/testing/matchers.h"
 #include "coordinator/coordinator_service.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/testing_env.h"
+#include "rpc/grpc_status.h"
 #include "storage/mem_file_system.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::coordinator {
 namespace {
 
-using ::ckptd::agent::FromGrpcStatus;
+using ::ckptd::rpc::FromGrpcStatus;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
@@ -84,7 +84,7 @@ class TlsTest : public ::testing::Test {
     CKPTD_ASSERT_OK(core_->Recover());
     service_ = std::make_unique<CoordinatorService>(core_.get(), CoordinatorServiceOptions{.operator_token = "t"});
     CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
-                               ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
+                               rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
     CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), creds));
   }
   void TearDown() override {
@@ -116,7 +116,7 @@ class TlsTest : public ::testing::Test {
   storage::MemFileSystem fs_;
   storage::CheckpointStore store_{&fs_, "/ckpt"};
   std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  RealClock clock_;
+  base::RealClock clock_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<CoordinatorService> service_;
   CoordinatorServer server_;
@@ -124,20 +124,20 @@ class TlsTest : public ::testing::Test {
 
 TEST_F(TlsTest, AgentWithAClientCertificateConnects) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ChannelCredentials> creds,
-                             ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}));
+                             rpc::ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}));
   EXPECT_THAT(Probe(creds), IsOk());
 }
 
 TEST_F(TlsTest, ClientWithoutACertificateIsRefused) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ChannelCredentials> creds,
-                             ChannelCredentialsFromFiles({"", "", File("ca.pem")}));
+                             rpc::ChannelCredentialsFromFiles({"", "", File("ca.pem")}));
   EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
 TEST_F(TlsTest, ClientCertificateOfAnotherCaIsRefused) {
   CKPTD_ASSERT_OK_AND_ASSIGN(
       std::shared_ptr<grpc::ChannelCredentials> creds,
-      ChannelCredentialsFromFiles({File("rogue-client.pem"), File("rogue-client.key"), File("ca.pem")}));
+      rpc::ChannelCredentialsFromFiles({File("rogue-client.pem"), File("rogue-client.key"), File("ca.pem")}));
   EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
@@ -148,35 +148,35 @@ TEST_F(TlsTest, PlaintextClientIsRefused) {
 TEST_F(TlsTest, ServerOfAnotherCaIsNotTrusted) {
   CKPTD_ASSERT_OK_AND_ASSIGN(
       std::shared_ptr<grpc::ChannelCredentials> creds,
-      ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("other-ca.pem")}));
+      rpc::ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("other-ca.pem")}));
   EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
 }
 
 TEST_F(TlsTest, MissingOrBadFilesAreClearErrors) {
   const std::string missing = File("nope.pem");
-  EXPECT_THAT(ServerCredentialsFromFiles({missing, File("server.key"), File("ca.pem")}),
+  EXPECT_THAT(rpc::ServerCredentialsFromFiles({missing, File("server.key"), File("ca.pem")}),
               StatusIs(absl::StatusCode::kNotFound, ::testing::AllOf(HasSubstr("--tls-cert"), HasSubstr(missing))));
-  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("server.key"), ""}),
+  EXPECT_THAT(rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), ""}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls-ca: no file given")));
   std::ofstream(File("junk.pem")) << "not a certificate\n";
-  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("junk.pem"), File("ca.pem")}),
+  EXPECT_THAT(rpc::ServerCredentialsFromFiles({File("server.pem"), File("junk.pem"), File("ca.pem")}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("holds no PEM block")));
-  EXPECT_THAT(ServerCredentialsFromFiles({File("server.pem"), File("server.key"), dir_}),
+  EXPECT_THAT(rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), dir_}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a regular file")));
-  EXPECT_THAT(ChannelCredentialsFromFiles({File("client.pem"), "", File("ca.pem")}),
+  EXPECT_THAT(rpc::ChannelCredentialsFromFiles({File("client.pem"), "", File("ca.pem")}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("both --tls-cert and --tls-key")));
-  EXPECT_THAT(ChannelCredentialsFromFiles({"", "", missing}),
+  EXPECT_THAT(rpc::ChannelCredentialsFromFiles({"", "", missing}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(missing)));
   if (::geteuid() != 0) {
     ASSERT_EQ(::chmod(File("client.key").c_str(), 0), 0);
-    EXPECT_THAT(ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}),
+    EXPECT_THAT(rpc::ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("ca.pem")}),
                 StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("client.key")));
   }
 }
 
 TEST_F(TlsTest, KeyThatDoesNotMatchTheCertificateFailsAtStart) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
-                             ServerCredentialsFromFiles({File("server.pem"), File("client.key"), File("ca.pem")}));
+                             rpc::ServerCredentialsFromFiles({File("server.pem"), File("client.key"), File("ca.pem")}));
   EXPECT_THAT(StartCoordinatorServer("127.0.0.1:0", service_.get(), creds),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("TLS files")));
 }

@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "cli/args.h"
+#include "base/flags.h"
 #include "client/client.h"
 #include "storage/checksum.h"
 
@@ -149,7 +149,7 @@ ckptd::client::BufferSpec Spec(std::string name, ckptd::v1::Component c, ckptd::
 }  // namespace
 
 int main(int argc, char** argv) {
-  using ckptd::cli::Args;
+  using ckptd::base::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(
       argv_list, {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "skip-restore", "agent-wait-ms"},
@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   }
   auto usage = [](const std::string& why) {
     std::cerr << "ckptd-demo-trainer: " << why << "\n" << kUsage;
-    return ckptd::cli::kExitUsage;
+    return ckptd::base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (!args->Get("socket") || !args->Get("job")) return usage("--socket and --job are required");

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -54,9 +55,7 @@ std::string LastLine(const std::string& path) {
 class DemoTrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/ckptd-demo-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = tmp_.path();
     socket_ = dir_ + "/agent.sock";
     agent_ = Spawn({CKPTD_AGENT_BIN, "--storage-root", dir_ + "/root", "--socket", socket_, "--threads", "1"},
                    dir_ + "/agent.out");
@@ -66,7 +65,6 @@ class DemoTrainerTest : public ::testing::Test {
   void TearDown() override {
     ::kill(agent_, SIGTERM);
     Wait(agent_);
-    std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
 
   std::vector<std::string> Trainer(const std::string& job, int step_ms, const std::string& skip = "") {
@@ -99,6 +97,7 @@ class DemoTrainerTest : public ::testing::Test {
     return Run(job, skip);
   }
 
+  ckptd::testing::TempDir tmp_{"ckptd-demo-"};
   std::string dir_, socket_;
   pid_t agent_ = -1;
 };

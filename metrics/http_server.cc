@@ -19,6 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/host_port.h"
+#include "base/posix_error.h"
 #include "metrics/registry.h"
 
 namespace ckptd::metrics {
@@ -31,42 +33,6 @@ constexpr absl::Duration kLingerTime = absl::Seconds(1);
 constexpr size_t kMaxLingerBytes = 64 * 1024;
 // How long accept() pauses after running out of file descriptors.
 constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
-
-absl::Status SocketError(absl::string_view context, int error_number) {
-  absl::StatusCode code;
-  switch (error_number) {
-    case EADDRINUSE:
-    case EAGAIN:
-    case EINTR:
-      code = absl::StatusCode::kUnavailable;
-      break;
-    case EACCES:
-    case EPERM:
-      code = absl::StatusCode::kPermissionDenied;
-      break;
-    case EADDRNOTAVAIL:
-    case EINVAL:
-      code = absl::StatusCode::kInvalidArgument;
-      break;
-    case EAFNOSUPPORT:
-    case EPROTONOSUPPORT:
-      code = absl::StatusCode::kUnimplemented;
-      break;
-    case EMFILE:
-    case ENFILE:
-    case ENOBUFS:
-    case ENOMEM:
-      code = absl::StatusCode::kResourceExhausted;
-      break;
-    default:
-      code = absl::StatusCode::kInternal;
-      break;
-  }
-  char buf[256];
-  // GNU strerror_r returns the message pointer (possibly not buf).
-  const char* msg = strerror_r(error_number, buf, sizeof(buf));
-  return absl::Status(code, absl::StrCat(context, ": ", msg, " (errno ", error_number, ")"));
-}
 
 const char* ReasonPhrase(int code) {
   switch (code) {
@@ -180,40 +146,9 @@ int PollTimeoutMs(absl::Time now, absl::Time next) {
 
 }  // namespace
 
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port) {
-  absl::string_view host;
-  absl::string_view port;
-  if (absl::StartsWith(host_port, "[")) {
-    const size_t close = host_port.find(']');
-    if (close == absl::string_view::npos || host_port.substr(close + 1, 1) != ":") {
-      return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not [ipv6]:port"));
-    }
-    host = host_port.substr(1, close - 1);
-    port = host_port.substr(close + 2);
-    if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" has an empty [host]"));
-  } else {
-    const size_t colon = host_port.rfind(':');
-    if (colon == absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not host:port"));
-    }
-    host = host_port.substr(0, colon);
-    port = host_port.substr(colon + 1);
-    if (host.find(':') != absl::string_view::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("\"", host_port, "\": an IPv6 address needs brackets, as in [::1]:9090"));
-    }
-  }
-  uint32_t port_number = 0;
-  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
-      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\": port must be 0..65535"));
-  }
-  return std::make_pair(std::string(host), static_cast<uint16_t>(port_number));
-}
-
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& host_port, Handler handler,
                                                               HttpServerOptions options) {
-  absl::StatusOr<std::pair<std::string, uint16_t>> parsed = ParseHostPort(host_port);
+  absl::StatusOr<std::pair<std::string, uint16_t>> parsed = base::ParseHostPort(host_port);
   if (!parsed.ok()) return parsed.status();
   const auto& [host, port] = *parsed;
 
@@ -235,7 +170,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   for (const addrinfo* a = addrs; a != nullptr && listen_fd < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
-      last_error = SocketError(absl::StrCat("socket for ", host_port), errno);
+      last_error = base::PosixError(absl::StrCat("socket for ", host_port), errno);
       continue;
     }
     const int one = 1;
@@ -243,12 +178,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     // failing to set it only costs that.
     (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      last_error = SocketError(absl::StrCat("bind ", host_port), errno);
+      last_error = base::PosixError(absl::StrCat("bind ", host_port), errno);
       close(fd);
       continue;
     }
     if (listen(fd, 128) != 0) {
-      last_error = SocketError(absl::StrCat("listen ", host_port), errno);
+      last_error = base::PosixError(absl::StrCat("listen ", host_port), errno);
       close(fd);
       continue;
     }
@@ -260,7 +195,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   sockaddr_storage bound{};
   socklen_t bound_len = sizeof(bound);
   if (getsockname(listen_fd, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) {
-    absl::Status s = SocketError(absl::StrCat("getsockname ", host_port), errno);
+    absl::Status s = base::PosixError(absl::StrCat("getsockname ", host_port), errno);
     close(listen_fd);
     return s;
   }
@@ -269,7 +204,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
                              : ntohs(reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) {
-    absl::Status s = SocketError("eventfd", errno);
+    absl::Status s = base::PosixError("eventfd", errno);
     close(listen_fd);
     return s;
   }

@@ -86,11 +86,6 @@ class HttpServer {
   std::thread thread_ ABSL_GUARDED_BY(stop_mu_);
 };
 
-// Splits "host:port" / "[v6]:port" into host (brackets removed, may be empty)
-// and port. kInvalidArgument when malformed, including an IPv6 address
-// without brackets or a port outside 0..65535.
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port);
-
 // Serves `registry`'s Render() at /metrics (kPrometheusContentType), "ok" at
 // /healthz (for liveness probes: the process serves), and 404 elsewhere.
 // `registry` must outlive the handler.

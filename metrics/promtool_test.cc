@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/testing/env.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/testing_env.h"
 #include "metrics/registry.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::metrics {
 namespace {

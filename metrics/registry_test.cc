@@ -6,9 +6,9 @@
 #include <thread>
 #include <vector>
 
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::metrics {
 namespace {

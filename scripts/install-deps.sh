@@ -23,6 +23,8 @@ PACKAGES=(
   # PyTorch models through libckptd.so, CPU only; without these they are
   # reported as skipped.
   python3-torch python3-numpy
+  # tests/python/test_packaging.py: `pip install ./python` into a venv, offline.
+  python3-venv python3-pip python3-setuptools python3-wheel
 )
 
 missing=()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds ckptd and runs every test: the release build's tests, the same tests
-# under AddressSanitizer + UndefinedBehaviorSanitizer, and a short libFuzzer
-# run of the shard reader and the manifest parser. Installs missing Debian
+# Builds ckptd and runs every test: the release build's tests (gcc), the same
+# tests under AddressSanitizer + UndefinedBehaviorSanitizer in a clang build
+# that also checks every thread-safety annotation (-Wthread-safety -Werror),
+# and a short libFuzzer run of the shard reader and the manifest parser. Installs missing Debian
 # packages first. Exits non-zero when anything fails.
 #   JOBS=N          parallel build jobs (default: nproc)
 #   FUZZ_SECONDS=N  seconds per fuzz target (default 20; 0 skips fuzzing)
@@ -42,8 +43,9 @@ cmake --build build -j "$JOBS"
 run_ctest release build
 
 if [ "${SKIP_ASAN:-0}" != "1" ]; then
-  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPTD_SANITIZE=ON >/dev/null
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (clang, -Wthread-safety -Werror) and tests"
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCKPTD_SANITIZE=ON \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ >/dev/null
   cmake --build build-asan -j "$JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     run_ctest asan build-asan

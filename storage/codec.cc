@@ -11,7 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "storage/aligned_buffer.h"
+#include "base/aligned_buffer.h"
 #include "storage/checksum.h"
 
 #if defined(__SSE2__)
@@ -436,7 +436,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
       chunk.stored_length = raw_length;
       chunk.stored_xxh3 = block.raw_xxh3;
     }
-    block.encoded_length = AlignUp(chunk.stored_length, alignment);
+    block.encoded_length = base::AlignUp(chunk.stored_length, alignment);
     ZeroBytes(out + chunk.stored_length, block.encoded_length - chunk.stored_length);
     block.chunks.push_back(chunk);
     return block;
@@ -465,7 +465,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
   for (size_t p = 0; p < es; ++p) {
     if (p < first_zstd) {
       dst[p] = out + offset;
-      offset = AlignUp(offset + n, alignment);
+      offset = base::AlignUp(offset + n, alignment);
     } else {
       dst[p] = scratch + p * n;
     }
@@ -474,7 +474,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
 
   uint64_t cursor = 0;
   for (size_t p = 0; p < es; ++p) {
-    const uint64_t start = AlignUp(cursor, alignment);
+    const uint64_t start = base::AlignUp(cursor, alignment);
     ZeroBytes(out + cursor, start - cursor);
     uint8_t* at = out + start;
     EncodedChunk chunk;
@@ -497,7 +497,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
     cursor = start + chunk.stored_length;
     block.chunks.push_back(chunk);
   }
-  block.encoded_length = AlignUp(cursor, alignment);
+  block.encoded_length = base::AlignUp(cursor, alignment);
   ZeroBytes(out + cursor, block.encoded_length - cursor);
   return block;
 }

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "base/aligned_buffer.h"
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/aligned_buffer.h"
 #include "storage/checksum.h"
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
 namespace {
@@ -644,7 +644,7 @@ TEST(CodecBenchmark, Throughput64MiBFp32) {
   BlockEncoder enc(EncodeOptions{});
   BlockDecoder dec;
   const size_t cap = BlockEncoder::MaxEncodedLength(kBlock, 4096);
-  AlignedBuffer out(cap * kBlocks);  // zero-filled, so pre-faulted
+  base::AlignedBuffer out(cap * kBlocks);  // zero-filled, so pre-faulted
   Bytes back(kBytes);
   std::vector<EncodedBlock> blocks(kBlocks);
   double enc_s = 1e9, dec_s = 1e9;

@@ -14,6 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "base/testing/matchers.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection_file_system.h"
@@ -21,11 +24,8 @@
 #include "storage/mem_file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
-#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
 #include "storage/store.h"
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::storage {
 namespace {
@@ -64,7 +64,7 @@ struct World {
   MemFileSystem mem;
   FaultInjectionFileSystem fi{&mem, [this] { mem.Crash(); }};
   CheckpointStore store{&fi, kRoot};
-  ThreadPool pool{1};
+  base::ThreadPool pool{1};
 };
 
 absl::Status WriteStep(World& w, uint64_t step) {

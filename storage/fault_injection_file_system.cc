@@ -5,8 +5,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "storage/posix_error.h"
-#include "storage/status_macros.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 
 namespace ckptd::storage {
 
@@ -16,10 +16,10 @@ absl::Status FaultStatus(Fault fault, absl::string_view operation, absl::string_
     case Fault::kNone:
       return absl::OkStatus();
     case Fault::kEio:
-      return PosixError(context, EIO);
+      return base::PosixError(context, EIO);
     case Fault::kEnospc:
     case Fault::kShortWrite:
-      return PosixError(context, ENOSPC);
+      return base::PosixError(context, ENOSPC);
     case Fault::kCrash:
       return absl::AbortedError(absl::StrCat(context, ": simulated crash"));
   }

@@ -4,11 +4,11 @@
 #include <tuple>
 
 #include "absl/time/clock.h"
+#include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
-#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
-#include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
 namespace {

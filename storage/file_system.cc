@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "storage/aligned_buffer.h"
-#include "storage/status_macros.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"
 
 namespace ckptd::storage {
 
@@ -112,23 +112,23 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
   absl::StatusOr<uint64_t> copied = [&]() -> absl::StatusOr<uint64_t> {
     // Declared before the file: on an early return the file (whose
     // destructor waits for queued writes) goes first, then the buffers.
-    AlignedBuffer buffers[2];
+    base::AlignedBuffer buffers[2];
     absl::StatusOr<std::unique_ptr<WritableFile>> out = to_fs->NewWritableFile(tmp, OpenOptions());
     if (!out.ok()) return in_context(out.status(), absl::StrCat("copy: creating ", tmp));
     const size_t align = std::max<size_t>((*out)->alignment(), 1);
-    const size_t chunk = AlignUp(std::max<size_t>(chunk_bytes, align), align);
-    if (absl::Status s = length == 0 ? absl::OkStatus() : (*out)->Allocate(AlignUp(length, align));
+    const size_t chunk = base::AlignUp(std::max<size_t>(chunk_bytes, align), align);
+    if (absl::Status s = length == 0 ? absl::OkStatus() : (*out)->Allocate(base::AlignUp(length, align));
         !s.ok() && !absl::IsUnimplemented(s)) {
       return in_context(s, absl::StrCat("copy: reserving ", length, " bytes for ", tmp));
     }
-    for (AlignedBuffer& b : buffers) b = AlignedBuffer(chunk, std::max<size_t>(align, kDirectIoAlignment));
+    for (base::AlignedBuffer& b : buffers) b = base::AlignedBuffer(chunk, std::max<size_t>(align, base::kDirectIoAlignment));
     // Chunk i is read into buffers[i % 2]; its write is queued while chunk
     // i + 1 is read into the other buffer.
     std::optional<uint64_t> pending_write;  // ticket of the write of the previous chunk
     uint64_t offset = 0;
     for (int i = 0; offset < length; ++i, offset += chunk) {
       const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk, length - offset));
-      AlignedBuffer& buf = buffers[i % 2];
+      base::AlignedBuffer& buf = buffers[i % 2];
       if (absl::Status s = (*in)->ReadAt(offset, buf.data(), n); !s.ok()) {
         return in_context(s, absl::StrCat("copy: reading ", from, " at ", offset));
       }
@@ -137,7 +137,7 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
           return in_context(s, absl::StrCat("copy: writing ", tmp));
         }
       }
-      const size_t padded = AlignUp(n, align);
+      const size_t padded = base::AlignUp(n, align);
       if (padded > n) std::memset(buf.data() + n, 0, padded - n);
       absl::StatusOr<uint64_t> ticket = (*out)->Write(offset, buf.data(), padded);
       if (!ticket.ok()) return in_context(ticket.status(), absl::StrCat("copy: writing ", tmp, " at ", offset));

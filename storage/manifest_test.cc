@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
-#include "storage/status_macros.h"  // testing_matchers.h uses its CONCAT macro
-#include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "storage/posix_error.h"
-#include "storage/status_macros.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 
 namespace ckptd::storage {
 
@@ -58,9 +58,9 @@ struct FsState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::shared_ptr<Node> node = root;
     for (const std::string& part : SplitPath(path)) {
-      if (!node->is_directory) return PosixError(absl::StrCat(op, " ", path), ENOTDIR);
+      if (!node->is_directory) return base::PosixError(absl::StrCat(op, " ", path), ENOTDIR);
       auto it = node->entries.find(part);
-      if (it == node->entries.end()) return PosixError(absl::StrCat(op, " ", path), ENOENT);
+      if (it == node->entries.end()) return base::PosixError(absl::StrCat(op, " ", path), ENOENT);
       node = it->second;
     }
     return node;
@@ -79,9 +79,9 @@ struct FsState {
     std::shared_ptr<Node> node = root;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       auto it = node->entries.find(parts[i]);
-      if (it == node->entries.end()) return PosixError(absl::StrCat(op, " ", path), ENOENT);
+      if (it == node->entries.end()) return base::PosixError(absl::StrCat(op, " ", path), ENOENT);
       node = it->second;
-      if (!node->is_directory) return PosixError(absl::StrCat(op, " ", path), ENOTDIR);
+      if (!node->is_directory) return base::PosixError(absl::StrCat(op, " ", path), ENOTDIR);
     }
     return Parent{std::move(node), parts.back()};
   }
@@ -100,7 +100,7 @@ class MemWritableFile : public WritableFile {
     absl::MutexLock lock(&state_->mu);
     CKPTD_RETURN_IF_ERROR(Check("write"));
     if (offset + n < offset) {
-      return PosixError(absl::StrCat("write ", path_), EFBIG);
+      return base::PosixError(absl::StrCat("write ", path_), EFBIG);
     }
     std::string& contents = node_->data;
     if (contents.size() < offset + n) contents.resize(offset + n, '\0');
@@ -261,12 +261,12 @@ absl::StatusOr<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(
     const std::string& path, const OpenOptions& options) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(FsState::Parent parent, state_->ResolveParent("open", path));
-  if (parent.name.empty()) return PosixError(absl::StrCat("open ", path), EISDIR);
+  if (parent.name.empty()) return base::PosixError(absl::StrCat("open ", path), EISDIR);
   std::shared_ptr<Node>& slot = parent.dir->entries[parent.name];
   if (slot == nullptr) {
     slot = std::make_shared<Node>(/*dir=*/false);
   } else if (slot->is_directory) {
-    return PosixError(absl::StrCat("open ", path), EISDIR);
+    return base::PosixError(absl::StrCat("open ", path), EISDIR);
   } else {
     slot->data.clear();  // O_TRUNC; durable once synced
   }
@@ -277,7 +277,7 @@ absl::StatusOr<std::unique_ptr<ReadableFile>> MemFileSystem::NewReadableFile(
     const std::string& path, const OpenOptions& options) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, state_->Resolve("open", path));
-  if (node->is_directory) return PosixError(absl::StrCat("open ", path), EISDIR);
+  if (node->is_directory) return base::PosixError(absl::StrCat("open ", path), EISDIR);
   const uint64_t size = node->data.size();
   return std::make_unique<MemReadableFile>(state_, std::move(node), path, state_->epoch, size);
 }
@@ -289,7 +289,7 @@ absl::Status MemFileSystem::CreateDir(const std::string& path) {
   auto it = parent.dir->entries.find(parent.name);
   if (it != parent.dir->entries.end()) {
     if (it->second->is_directory) return absl::OkStatus();
-    return PosixError(absl::StrCat("mkdir ", path), EEXIST);
+    return base::PosixError(absl::StrCat("mkdir ", path), EEXIST);
   }
   parent.dir->entries.emplace(parent.name, std::make_shared<Node>(/*dir=*/true));
   return absl::OkStatus();
@@ -298,10 +298,10 @@ absl::Status MemFileSystem::CreateDir(const std::string& path) {
 absl::Status MemFileSystem::RemoveFile(const std::string& path) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(FsState::Parent parent, state_->ResolveParent("unlink", path));
-  if (parent.name.empty()) return PosixError(absl::StrCat("unlink ", path), EISDIR);
+  if (parent.name.empty()) return base::PosixError(absl::StrCat("unlink ", path), EISDIR);
   auto it = parent.dir->entries.find(parent.name);
-  if (it == parent.dir->entries.end()) return PosixError(absl::StrCat("unlink ", path), ENOENT);
-  if (it->second->is_directory) return PosixError(absl::StrCat("unlink ", path), EISDIR);
+  if (it == parent.dir->entries.end()) return base::PosixError(absl::StrCat("unlink ", path), ENOENT);
+  if (it->second->is_directory) return base::PosixError(absl::StrCat("unlink ", path), EISDIR);
   parent.dir->entries.erase(it);
   return absl::OkStatus();
 }
@@ -309,11 +309,11 @@ absl::Status MemFileSystem::RemoveFile(const std::string& path) {
 absl::Status MemFileSystem::RemoveDir(const std::string& path) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(FsState::Parent parent, state_->ResolveParent("rmdir", path));
-  if (parent.name.empty()) return PosixError(absl::StrCat("rmdir ", path), EBUSY);
+  if (parent.name.empty()) return base::PosixError(absl::StrCat("rmdir ", path), EBUSY);
   auto it = parent.dir->entries.find(parent.name);
-  if (it == parent.dir->entries.end()) return PosixError(absl::StrCat("rmdir ", path), ENOENT);
-  if (!it->second->is_directory) return PosixError(absl::StrCat("rmdir ", path), ENOTDIR);
-  if (!it->second->entries.empty()) return PosixError(absl::StrCat("rmdir ", path), ENOTEMPTY);
+  if (it == parent.dir->entries.end()) return base::PosixError(absl::StrCat("rmdir ", path), ENOENT);
+  if (!it->second->is_directory) return base::PosixError(absl::StrCat("rmdir ", path), ENOTDIR);
+  if (!it->second->entries.empty()) return base::PosixError(absl::StrCat("rmdir ", path), ENOTEMPTY);
   parent.dir->entries.erase(it);
   return absl::OkStatus();
 }
@@ -322,22 +322,22 @@ absl::Status MemFileSystem::Rename(const std::string& from, const std::string& t
   absl::MutexLock lock(&state_->mu);
   const std::string context = absl::StrCat("rename ", from, " -> ", to);
   absl::StatusOr<FsState::Parent> src = state_->ResolveParent("rename", from);
-  if (!src.ok()) return PosixError(context, ENOENT);
+  if (!src.ok()) return base::PosixError(context, ENOENT);
   absl::StatusOr<FsState::Parent> dst = state_->ResolveParent("rename", to);
-  if (!dst.ok()) return PosixError(context, ENOENT);
-  if (src->name.empty() || dst->name.empty()) return PosixError(context, EBUSY);
+  if (!dst.ok()) return base::PosixError(context, ENOENT);
+  if (src->name.empty() || dst->name.empty()) return base::PosixError(context, EBUSY);
   auto src_it = src->dir->entries.find(src->name);
-  if (src_it == src->dir->entries.end()) return PosixError(context, ENOENT);
+  if (src_it == src->dir->entries.end()) return base::PosixError(context, ENOENT);
   std::shared_ptr<Node> node = src_it->second;
   auto dst_it = dst->dir->entries.find(dst->name);
   if (dst_it != dst->dir->entries.end()) {
     const std::shared_ptr<Node>& target = dst_it->second;
     if (target == node) return absl::OkStatus();  // same file: POSIX does nothing
-    if (node->is_directory && !target->is_directory) return PosixError(context, ENOTDIR);
-    if (!node->is_directory && target->is_directory) return PosixError(context, EISDIR);
-    if (target->is_directory && !target->entries.empty()) return PosixError(context, ENOTEMPTY);
+    if (node->is_directory && !target->is_directory) return base::PosixError(context, ENOTDIR);
+    if (!node->is_directory && target->is_directory) return base::PosixError(context, EISDIR);
+    if (target->is_directory && !target->entries.empty()) return base::PosixError(context, ENOTEMPTY);
   }
-  if (node->is_directory && IsWithin(node.get(), dst->dir.get())) return PosixError(context, EINVAL);
+  if (node->is_directory && IsWithin(node.get(), dst->dir.get())) return base::PosixError(context, EINVAL);
   dst->dir->entries[dst->name] = node;
   src->dir->entries.erase(src->name);
   return absl::OkStatus();
@@ -346,7 +346,7 @@ absl::Status MemFileSystem::Rename(const std::string& from, const std::string& t
 absl::Status MemFileSystem::SyncDir(const std::string& path) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, state_->Resolve("fsync dir", path));
-  if (!node->is_directory) return PosixError(absl::StrCat("fsync dir ", path), ENOTDIR);
+  if (!node->is_directory) return base::PosixError(absl::StrCat("fsync dir ", path), ENOTDIR);
   node->durable_entries = node->entries;
   return absl::OkStatus();
 }
@@ -354,7 +354,7 @@ absl::Status MemFileSystem::SyncDir(const std::string& path) {
 absl::StatusOr<std::vector<FileInfo>> MemFileSystem::ListDir(const std::string& path) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, state_->Resolve("opendir", path));
-  if (!node->is_directory) return PosixError(absl::StrCat("opendir ", path), ENOTDIR);
+  if (!node->is_directory) return base::PosixError(absl::StrCat("opendir ", path), ENOTDIR);
   std::vector<FileInfo> infos;
   infos.reserve(node->entries.size());
   for (const auto& [name, child] : node->entries) {
@@ -379,12 +379,12 @@ void MemFileSystem::Crash() {
 absl::Status MemFileSystem::SetFileContents(const std::string& path, std::string contents) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(FsState::Parent parent, state_->ResolveParent("open", path));
-  if (parent.name.empty()) return PosixError(absl::StrCat("open ", path), EISDIR);
+  if (parent.name.empty()) return base::PosixError(absl::StrCat("open ", path), EISDIR);
   std::shared_ptr<Node>& slot = parent.dir->entries[parent.name];
   if (slot == nullptr) {
     slot = std::make_shared<Node>(/*dir=*/false);
   } else if (slot->is_directory) {
-    return PosixError(absl::StrCat("open ", path), EISDIR);
+    return base::PosixError(absl::StrCat("open ", path), EISDIR);
   }
   slot->durable_data = contents;
   slot->data = std::move(contents);

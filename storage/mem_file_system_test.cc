@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
-#include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
 namespace {

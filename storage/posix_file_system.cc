@@ -21,9 +21,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "storage/aligned_buffer.h"
-#include "storage/posix_error.h"
-#include "storage/status_macros.h"
+#include "base/aligned_buffer.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
 
 namespace ckptd::storage {
 namespace {
@@ -81,10 +81,10 @@ absl::StatusOr<OpenedFd> OpenFd(const std::string& path, int flags, bool want_di
       }
       return result;
     }
-    if (errno != EINVAL) return PosixError(absl::StrCat("open ", path), errno);
+    if (errno != EINVAL) return base::PosixError(absl::StrCat("open ", path), errno);
   }
   result.fd = RetryOpen(path, flags, kFileMode);
-  if (result.fd < 0) return PosixError(absl::StrCat("open ", path), errno);
+  if (result.fd < 0) return base::PosixError(absl::StrCat("open ", path), errno);
   return result;
 }
 
@@ -113,15 +113,15 @@ class PosixFile {
   }
 
   const std::string& path() const { return path_; }
-  size_t alignment() const { return direct_ ? kDirectIoAlignment : 1; }
+  size_t alignment() const { return direct_ ? base::kDirectIoAlignment : 1; }
   uint64_t size() const { return size_; }
 
   absl::StatusOr<uint64_t> Submit(uint64_t offset, void* buf, size_t n) {
     if (closed_) return Closed();
     CKPTD_RETURN_IF_ERROR(error_);
     const size_t align = alignment();
-    if (!IsAligned(reinterpret_cast<uintptr_t>(buf), align) || !IsAligned(offset, align) ||
-        !IsAligned(n, align)) {
+    if (!base::IsAligned(reinterpret_cast<uintptr_t>(buf), align) || !base::IsAligned(offset, align) ||
+        !base::IsAligned(n, align)) {
       return absl::InvalidArgumentError(
           absl::StrCat(OpName(), " ", path_, ": buffer, offset ", offset, " and length ", n,
                        " must be multiples of ", align, " with O_DIRECT"));
@@ -169,7 +169,7 @@ class PosixFile {
     } while (ret < 0 && errno == EINTR);
     if (ret == 0) return absl::OkStatus();
     // Not sticky: the file is still usable without the reservation.
-    return PosixError(absl::StrCat("fallocate ", path_, " to ", length, " bytes"), errno);
+    return base::PosixError(absl::StrCat("fallocate ", path_, " to ", length, " bytes"), errno);
   }
 
   absl::Status Truncate(uint64_t length) {
@@ -178,7 +178,7 @@ class PosixFile {
     do {
       ret = ::ftruncate(fd_, static_cast<off_t>(length));
     } while (ret < 0 && errno == EINTR);
-    if (ret < 0) Fail(PosixError(absl::StrCat("ftruncate ", path_, " to ", length, " bytes"), errno));
+    if (ret < 0) Fail(base::PosixError(absl::StrCat("ftruncate ", path_, " to ", length, " bytes"), errno));
     return error_;
   }
 
@@ -190,7 +190,7 @@ class PosixFile {
     } while (ret < 0 && errno == EINTR);
     // After a failed fsync the kernel may have dropped dirty pages: the file
     // can no longer be trusted, so the error sticks.
-    if (ret < 0) Fail(PosixError(absl::StrCat("fsync ", path_), errno));
+    if (ret < 0) Fail(base::PosixError(absl::StrCat("fsync ", path_), errno));
     return error_;
   }
 
@@ -201,7 +201,7 @@ class PosixFile {
     has_ring_ = false;
     closed_ = true;
     // No retry on EINTR: Linux releases the descriptor regardless.
-    if (::close(fd_) < 0) Fail(PosixError(absl::StrCat("close ", path_), errno));
+    if (::close(fd_) < 0) Fail(base::PosixError(absl::StrCat("close ", path_), errno));
     fd_ = -1;
     return error_;
   }
@@ -230,7 +230,7 @@ class PosixFile {
   bool Advance(Transfer& t, int64_t res) {
     if (res == -EINTR || res == -EAGAIN) return false;
     if (res < 0) {
-      Fail(PosixError(absl::StrCat(OpName(), " ", path_, " at offset ", t.offset), static_cast<int>(-res)));
+      Fail(base::PosixError(absl::StrCat(OpName(), " ", path_, " at offset ", t.offset), static_cast<int>(-res)));
       return true;
     }
     if (res == 0) {
@@ -249,7 +249,7 @@ class PosixFile {
     if (t.remaining == 0) return true;
     // A short O_DIRECT read that stops unaligned at or past the size seen at
     // open hit end of file; resubmitting would fail with EINVAL instead.
-    if (!is_write_ && direct_ && !IsAligned(t.offset, kDirectIoAlignment) && t.offset >= size_) {
+    if (!is_write_ && direct_ && !base::IsAligned(t.offset, base::kDirectIoAlignment) && t.offset >= size_) {
       Fail(Truncated(t));
       return true;
     }
@@ -317,7 +317,7 @@ class PosixFile {
         ReapOnce();
         continue;
       }
-      Fail(PosixError(absl::StrCat("io_uring_submit ", path_), ret == 0 ? EAGAIN : -ret));
+      Fail(base::PosixError(absl::StrCat("io_uring_submit ", path_), ret == 0 ? EAGAIN : -ret));
       for (uint64_t ticket : unsubmitted_) in_flight_.erase(ticket);
       unsubmitted_.clear();
       // The dropped SQEs stay in the queue and must never be submitted;
@@ -337,7 +337,7 @@ class PosixFile {
     } while (ret == -EINTR);
     if (ret < 0) {
       // The ring itself failed; nothing more can be learnt about the transfers.
-      Fail(PosixError(absl::StrCat("io_uring_wait_cqe ", path_), -ret));
+      Fail(base::PosixError(absl::StrCat("io_uring_wait_cqe ", path_), -ret));
       in_flight_.clear();
       unsubmitted_.clear();
       ring_broken_ = true;
@@ -451,11 +451,11 @@ class PosixFileSystemImpl final : public PosixFileSystem {
     if (::fstat(opened.fd, &st) < 0) {
       const int err = errno;
       ::close(opened.fd);  // The fstat error is the one worth reporting.
-      return PosixError(absl::StrCat("fstat ", path), err);
+      return base::PosixError(absl::StrCat("fstat ", path), err);
     }
     if (S_ISDIR(st.st_mode)) {
       ::close(opened.fd);
-      return PosixError(absl::StrCat("open ", path), EISDIR);
+      return base::PosixError(absl::StrCat("open ", path), EISDIR);
     }
     auto file = std::make_unique<PosixFile>(path, opened.fd, opened.direct, /*is_write=*/false,
                                             static_cast<uint64_t>(st.st_size));
@@ -470,49 +470,49 @@ class PosixFileSystemImpl final : public PosixFileSystem {
       struct stat st;
       if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
     }
-    return PosixError(absl::StrCat("mkdir ", path), err);
+    return base::PosixError(absl::StrCat("mkdir ", path), err);
   }
 
   absl::Status RemoveFile(const std::string& path) override {
-    if (::unlink(path.c_str()) < 0) return PosixError(absl::StrCat("unlink ", path), errno);
+    if (::unlink(path.c_str()) < 0) return base::PosixError(absl::StrCat("unlink ", path), errno);
     return absl::OkStatus();
   }
 
   absl::Status RemoveDir(const std::string& path) override {
-    if (::rmdir(path.c_str()) < 0) return PosixError(absl::StrCat("rmdir ", path), errno);
+    if (::rmdir(path.c_str()) < 0) return base::PosixError(absl::StrCat("rmdir ", path), errno);
     return absl::OkStatus();
   }
 
   absl::Status Rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) < 0) {
-      return PosixError(absl::StrCat("rename ", from, " to ", to), errno);
+      return base::PosixError(absl::StrCat("rename ", from, " to ", to), errno);
     }
     return absl::OkStatus();
   }
 
   absl::Status SyncDir(const std::string& path) override {
     const int fd = RetryOpen(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-    if (fd < 0) return PosixError(absl::StrCat("open ", path), errno);
+    if (fd < 0) return base::PosixError(absl::StrCat("open ", path), errno);
     int ret;
     do {
       ret = ::fsync(fd);
     } while (ret < 0 && errno == EINTR);
     absl::Status status;
-    if (ret < 0) status = PosixError(absl::StrCat("fsync ", path), errno);
-    if (::close(fd) < 0 && status.ok()) status = PosixError(absl::StrCat("close ", path), errno);
+    if (ret < 0) status = base::PosixError(absl::StrCat("fsync ", path), errno);
+    if (::close(fd) < 0 && status.ok()) status = base::PosixError(absl::StrCat("close ", path), errno);
     return status;
   }
 
   absl::StatusOr<std::vector<FileInfo>> ListDir(const std::string& path) override {
     DIR* dir = ::opendir(path.c_str());
-    if (dir == nullptr) return PosixError(absl::StrCat("opendir ", path), errno);
+    if (dir == nullptr) return base::PosixError(absl::StrCat("opendir ", path), errno);
     std::vector<FileInfo> entries;
     absl::Status status;
     for (;;) {
       errno = 0;
       const dirent* entry = ::readdir(dir);
       if (entry == nullptr) {
-        if (errno != 0) status = PosixError(absl::StrCat("readdir ", path), errno);
+        if (errno != 0) status = base::PosixError(absl::StrCat("readdir ", path), errno);
         break;
       }
       const std::string name = entry->d_name;
@@ -520,7 +520,7 @@ class PosixFileSystemImpl final : public PosixFileSystem {
       struct stat st;
       if (::fstatat(::dirfd(dir), entry->d_name, &st, 0) < 0) {
         if (errno == ENOENT) continue;  // removed since readdir saw it
-        status = PosixError(absl::StrCat("stat ", JoinPath(path, name)), errno);
+        status = base::PosixError(absl::StrCat("stat ", JoinPath(path, name)), errno);
         break;
       }
       entries.push_back(FileInfo{std::string(name), S_ISDIR(st.st_mode),
@@ -536,7 +536,7 @@ class PosixFileSystemImpl final : public PosixFileSystem {
 
   absl::StatusOr<FileInfo> Stat(const std::string& path) override {
     struct stat st;
-    if (::stat(path.c_str(), &st) < 0) return PosixError(absl::StrCat("stat ", path), errno);
+    if (::stat(path.c_str(), &st) < 0) return base::PosixError(absl::StrCat("stat ", path), errno);
     return FileInfo{path, S_ISDIR(st.st_mode),
                     S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size)};
   }

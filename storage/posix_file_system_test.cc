@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/aligned_buffer.h"
-#include "storage/status_macros.h"  // testing_matchers.h uses its CONCAT macro
-#include "storage/testing_matchers.h"
 
 namespace ckptd::storage {
 namespace {
@@ -31,7 +31,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr size_t kBlock = kDirectIoAlignment;
+constexpr size_t kBlock = base::kDirectIoAlignment;
 
 enum class Mode { kIoUring, kPread };
 
@@ -133,7 +133,7 @@ TEST_P(PosixFileSystemTest, ReportsIoMode) {
 TEST_P(PosixFileSystemTest, WritesOutOfOrderBlocksInFlightAndReadsBack) {
   constexpr size_t kBlocks = 64;
   const std::string path = Path("blocks");
-  AlignedBuffer src(kBlocks * kBlock);
+  base::AlignedBuffer src(kBlocks * kBlock);
   for (size_t i = 0; i < kBlocks; ++i) FillBlock(src.data() + i * kBlock, kBlock, i);
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
@@ -154,7 +154,7 @@ TEST_P(PosixFileSystemTest, WritesOutOfOrderBlocksInFlightAndReadsBack) {
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto reader, fs_->NewReadableFile(path, Direct(true)));
   EXPECT_EQ(reader->size(), kBlocks * kBlock);
-  AlignedBuffer dst(kBlocks * kBlock);
+  base::AlignedBuffer dst(kBlocks * kBlock);
   std::vector<uint64_t> read_tickets(kBlocks);
   for (size_t i : Shuffled(kBlocks, 2)) {
     CKPTD_ASSERT_OK_AND_ASSIGN(read_tickets[i], reader->Read(i * kBlock, dst.data() + i * kBlock, kBlock));
@@ -168,7 +168,7 @@ TEST_P(PosixFileSystemTest, QueueDeeperThanQueueDepth) {
   auto fs = MakeFs(4);
   constexpr size_t kWrites = 100;
   const std::string path = Path("deep");
-  AlignedBuffer src(kWrites * kBlock);
+  base::AlignedBuffer src(kWrites * kBlock);
   for (size_t i = 0; i < kWrites; ++i) FillBlock(src.data() + i * kBlock, kBlock, i + 1000);
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs->NewWritableFile(path, Direct(true)));
@@ -178,7 +178,7 @@ TEST_P(PosixFileSystemTest, QueueDeeperThanQueueDepth) {
   CKPTD_ASSERT_OK(writer->Close());
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto reader, fs->NewReadableFile(path, Direct(true)));
-  AlignedBuffer dst(kWrites * kBlock);
+  base::AlignedBuffer dst(kWrites * kBlock);
   for (size_t i = 0; i < kWrites; ++i) {
     CKPTD_ASSERT_OK(reader->Read(i * kBlock, dst.data() + i * kBlock, kBlock).status());
   }
@@ -190,7 +190,7 @@ TEST_P(PosixFileSystemTest, QueueDeeperThanQueueDepth) {
 TEST_P(PosixFileSystemTest, WaitForInArbitraryOrder) {
   constexpr size_t kWrites = 32;
   const std::string path = Path("wait_order");
-  AlignedBuffer src(kWrites * kBlock);
+  base::AlignedBuffer src(kWrites * kBlock);
   for (size_t i = 0; i < kWrites; ++i) FillBlock(src.data() + i * kBlock, kBlock, i + 7);
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
@@ -215,11 +215,11 @@ TEST_P(PosixFileSystemTest, WaitForInArbitraryOrder) {
 TEST_P(PosixFileSystemTest, DirectIoReportsAlignmentAndRejectsMisalignedTransfers) {
   const std::string path = Path("direct");
   const bool direct = DirHonoursDirectIo(dir_);
-  AlignedBuffer buf(2 * kBlock);
+  base::AlignedBuffer buf(2 * kBlock);
   FillBlock(buf.data(), 2 * kBlock, 3);
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
-  EXPECT_EQ(writer->alignment(), direct ? kDirectIoAlignment : 1);
+  EXPECT_EQ(writer->alignment(), direct ? base::kDirectIoAlignment : 1);
   if (direct) {
     const auto invalid = StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path));
     EXPECT_THAT(writer->Write(0, buf.data() + 1, kBlock), invalid);
@@ -232,8 +232,8 @@ TEST_P(PosixFileSystemTest, DirectIoReportsAlignmentAndRejectsMisalignedTransfer
   CKPTD_ASSERT_OK(writer->Close());
 
   CKPTD_ASSERT_OK_AND_ASSIGN(auto reader, fs_->NewReadableFile(path, Direct(true)));
-  EXPECT_EQ(reader->alignment(), direct ? kDirectIoAlignment : 1);
-  AlignedBuffer dst(2 * kBlock);
+  EXPECT_EQ(reader->alignment(), direct ? base::kDirectIoAlignment : 1);
+  base::AlignedBuffer dst(2 * kBlock);
   if (direct) {
     EXPECT_THAT(reader->Read(0, dst.data() + 512, kBlock),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
@@ -300,7 +300,7 @@ TEST_P(PosixFileSystemTest, ReadPastEndIsTruncatedAndTheErrorSticks) {
 
 TEST_P(PosixFileSystemTest, DirectReadPastEndIsTruncated) {
   const std::string path = Path("direct_short");
-  AlignedBuffer buf(3 * kBlock);
+  base::AlignedBuffer buf(3 * kBlock);
   FillBlock(buf.data(), 3 * kBlock, 9);
   {
     // Two whole blocks, then a partial one through a buffered file.
@@ -310,7 +310,7 @@ TEST_P(PosixFileSystemTest, DirectReadPastEndIsTruncated) {
   }
   const auto truncated =
       StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("truncated"), HasSubstr(path)));
-  AlignedBuffer dst(4 * kBlock);
+  base::AlignedBuffer dst(4 * kBlock);
   {
     CKPTD_ASSERT_OK_AND_ASSIGN(auto reader, fs_->NewReadableFile(path, Direct(true)));
     EXPECT_THAT(reader->ReadAt(0, dst.data(), 3 * kBlock), truncated);
@@ -445,7 +445,7 @@ TEST_P(PosixFileSystemTest, CreatingTruncatesAnExistingFile) {
 
 TEST_P(PosixFileSystemTest, AllocateExtendsAndTruncateCuts) {
   const std::string path = Path("alloc");
-  AlignedBuffer src(2 * kBlock);
+  base::AlignedBuffer src(2 * kBlock);
   FillBlock(src.data(), 2 * kBlock, 5);
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
   // ext4 and xfs support fallocate; a file system that does not says so.
@@ -479,7 +479,7 @@ TEST_P(PosixFileSystemTest, AllocatePastFreeSpaceIsResourceExhausted) {
 TEST_P(PosixFileSystemTest, DestructorFinishesQueuedWrites) {
   constexpr size_t kBlocks = 8;
   const std::string path = Path("unclosed");
-  AlignedBuffer src(kBlocks * kBlock);
+  base::AlignedBuffer src(kBlocks * kBlock);
   FillBlock(src.data(), kBlocks * kBlock, 11);
   {
     CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
@@ -496,14 +496,14 @@ TEST_P(PosixFileSystemTest, DestructorFinishesQueuedWrites) {
 TEST_P(PosixFileSystemTest, LargeTransfer) {
   constexpr size_t kSize = 8 << 20;
   const std::string path = Path("large");
-  AlignedBuffer src(kSize);
+  base::AlignedBuffer src(kSize);
   FillBlock(src.data(), kSize, 17);
   CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(true)));
   CKPTD_ASSERT_OK(writer->Write(0, src.data(), kSize).status());
   CKPTD_ASSERT_OK(writer->Sync());
   CKPTD_ASSERT_OK(writer->Close());
   CKPTD_ASSERT_OK_AND_ASSIGN(auto reader, fs_->NewReadableFile(path, Direct(true)));
-  AlignedBuffer dst(kSize);
+  base::AlignedBuffer dst(kSize);
   CKPTD_ASSERT_OK(reader->ReadAt(0, dst.data(), kSize));
   CKPTD_ASSERT_OK(reader->Close());
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), kSize), 0);
@@ -518,7 +518,7 @@ TEST_P(PosixFileSystemTest, OneFileSystemManyThreads) {
     threads.emplace_back([&, t] {
       results[t] = [&]() -> absl::Status {
         const std::string path = Path(absl::StrCat("thread_", t));
-        AlignedBuffer src(kBlocks * kBlock);
+        base::AlignedBuffer src(kBlocks * kBlock);
         FillBlock(src.data(), kBlocks * kBlock, 100 + t);
         absl::StatusOr<std::unique_ptr<WritableFile>> writer = fs_->NewWritableFile(path, Direct(true));
         if (!writer.ok()) return writer.status();

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "storage/aligned_buffer.h"
+#include "base/aligned_buffer.h"
 #include "storage/checksum.h"
 
 namespace ckptd::storage {
@@ -102,7 +102,7 @@ absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes
   }
   // The index lies between the header block and the footer, aligned.
   const uint64_t index_limit = f.file_length - kShardFooterBytes;
-  if (f.index_offset < kShardHeaderBlock || !IsAligned(f.index_offset, kShardAlignment) ||
+  if (f.index_offset < kShardHeaderBlock || !base::IsAligned(f.index_offset, kShardAlignment) ||
       f.index_offset > index_limit || f.index_length > index_limit - f.index_offset ||
       f.index_length > kMaxIndexBytes) {
     return absl::DataLossError(absl::StrCat(what, ": footer index range [", f.index_offset, ", +",

@@ -6,10 +6,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "storage/aligned_buffer.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"
 #include "storage/codec.h"
 #include "storage/shard_format.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::storage {
 
@@ -116,7 +116,7 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
 ByteRange BlockFileRange(const Block& block) {
   const Chunk& first = block.chunks(0);
   const Chunk& last = block.chunks(block.chunks_size() - 1);
-  const uint64_t end = AlignUp(last.file_offset() + last.stored_length(), kShardAlignment);
+  const uint64_t end = base::AlignUp(last.file_offset() + last.stored_length(), kShardAlignment);
   return {first.file_offset(), end - first.file_offset()};
 }
 
@@ -169,7 +169,7 @@ absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, 
       uint64_t next = kShardHeaderBlock;
       for (int c = 0; c < block.chunks_size(); ++c) {
         const Chunk& chunk = block.chunks(c);
-        if (!IsAligned(chunk.file_offset(), kShardAlignment) || chunk.file_offset() < next ||
+        if (!base::IsAligned(chunk.file_offset(), kShardAlignment) || chunk.file_offset() < next ||
             chunk.file_offset() > index_offset || chunk.stored_length() > index_offset - chunk.file_offset()) {
           return absl::DataLossError(absl::StrCat(bwhere, " chunk ", c, ": file range [", chunk.file_offset(),
                                                   ", +", chunk.stored_length(),

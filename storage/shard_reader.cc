@@ -9,13 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
-#include "storage/aligned_buffer.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "storage/checksum.h"
 #include "storage/codec.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
-#include "storage/status_macros.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::storage {
 
@@ -50,8 +50,8 @@ struct ShardReader::Job {
 namespace {
 
 struct ReadSlot {
-  AlignedBuffer buffer;
-  AlignedBuffer scratch;
+  base::AlignedBuffer buffer;
+  base::AlignedBuffer scratch;
   size_t item = 0;
   uint64_t ticket = 0;
   bool in_place = false;  // read straight into the destination (raw, aligned)
@@ -62,8 +62,8 @@ struct ReadSlot {
 bool CanReadInPlace(const Block& block, const uint8_t* dest) {
   return dest != nullptr && block.filter() == ckptd::v1::FILTER_NONE && block.chunks_size() == 1 &&
          block.chunks(0).codec() == ckptd::v1::RAW &&
-         IsAligned(reinterpret_cast<uintptr_t>(dest), kShardAlignment) &&
-         IsAligned(block.raw_length(), kShardAlignment);
+         base::IsAligned(reinterpret_cast<uintptr_t>(dest), kShardAlignment) &&
+         base::IsAligned(block.raw_length(), kShardAlignment);
 }
 
 }  // namespace
@@ -72,7 +72,7 @@ ShardReader::~ShardReader() = default;
 
 absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, const std::string& path,
                                                                const ShardReadOptions& options,
-                                                               ThreadPool* pool) {
+                                                               base::ThreadPool* pool) {
   std::unique_ptr<ShardReader> r(new ShardReader());
   r->fs_ = fs;
   r->path_ = path;
@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   CKPTD_ASSIGN_OR_RETURN(r->file_, fs->NewReadableFile(path, open));
   const uint64_t size = r->file_->size();
   r->file_length_ = size;
-  AlignedBuffer block(kShardAlignment, kShardAlignment);
+  base::AlignedBuffer block(kShardAlignment, kShardAlignment);
   if (size < kShardHeaderBlock) {
     return absl::DataLossError(absl::StrCat(path, ": file of ", size,
                                             " bytes is too short to be a shard (truncated?)"));
@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
     return absl::DataLossError(absl::StrCat(path, ": file of ", size,
                                             " bytes is too short to be a shard (truncated?)"));
   }
-  if (!IsAligned(size, kShardAlignment)) {
+  if (!base::IsAligned(size, kShardAlignment)) {
     return absl::DataLossError(absl::StrCat(path, ": file length ", size, " is not a multiple of ",
                                             kShardAlignment, " (truncated or extended?)"));
   }
@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   CKPTD_ASSIGN_OR_RETURN(ShardFooter footer,
                          DecodeShardFooter(block.data() + kShardAlignment - kShardFooterBytes, size, path));
 
-  AlignedBuffer index_buf(std::max<uint64_t>(footer.index_length, 1), kShardAlignment);
+  base::AlignedBuffer index_buf(std::max<uint64_t>(footer.index_length, 1), kShardAlignment);
   CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(footer.index_offset, index_buf.data(), index_buf.capacity()));
   if (Xxh3(index_buf.data(), footer.index_length) != footer.index_xxh3) {
     return absl::DataLossError(absl::StrCat(path, ": index checksum mismatch"));
@@ -162,7 +162,7 @@ absl::StatusOr<std::vector<VerifyProblem>> ShardReader::Verify() {
 absl::Status ShardReader::RunBlocks(Job& job) {
   if (job.items.empty()) return absl::OkStatus();
   if (pool_ == nullptr) {
-    own_pool_ = std::make_unique<ThreadPool>(options_.threads);
+    own_pool_ = std::make_unique<base::ThreadPool>(options_.threads);
     pool_ = own_pool_.get();
   }
   uint64_t max_range = 0;
@@ -182,15 +182,15 @@ absl::Status ShardReader::RunBlocks(Job& job) {
   std::vector<ReadSlot> slots(nslots);
   std::vector<ReadSlot*> free_slots;
   for (ReadSlot& s : slots) {
-    s.buffer = AlignedBuffer(max_range, kShardAlignment);
-    if (job.verify) s.scratch = AlignedBuffer(max_raw, kShardAlignment);
+    s.buffer = base::AlignedBuffer(max_range, kShardAlignment);
+    if (job.verify) s.scratch = base::AlignedBuffer(max_raw, kShardAlignment);
     free_slots.push_back(&s);
   }
 
   absl::Mutex mu;
   std::vector<ReadSlot*> returned;  // guarded by mu: slots whose decode finished
   absl::Status first_error;         // guarded by mu
-  WaitGroup pending;
+  base::WaitGroup pending;
 
   auto where = [&](const Job::Item& item) {
     return absl::StrCat(path_, ": tensor '", absl::CHexEscape(index_.tensors(item.tensor).name()), "' block ",

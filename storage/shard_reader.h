@@ -14,9 +14,11 @@
 #include "ckptd/v1/shard.pb.h"
 #include "storage/file_system.h"
 
-namespace ckptd::storage {
-
+namespace ckptd::base {
 class ThreadPool;
+}  // namespace ckptd::base
+
+namespace ckptd::storage {
 
 struct ShardReadOptions {
   int threads = 0;  // decoder threads when no pool is passed; <= 0: one per hardware thread
@@ -49,7 +51,7 @@ class ShardReader {
   // wrong; kNotFound when the file does not exist.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Open(FileSystem* fs, const std::string& path,
                                                            const ShardReadOptions& options = {},
-                                                           ThreadPool* pool = nullptr);
+                                                           base::ThreadPool* pool = nullptr);
   ~ShardReader();
 
   const std::string& path() const { return path_; }
@@ -78,8 +80,8 @@ class ShardReader {
   FileSystem* fs_ = nullptr;
   std::string path_;
   ShardReadOptions options_;
-  ThreadPool* pool_ = nullptr;
-  std::unique_ptr<ThreadPool> own_pool_;
+  base::ThreadPool* pool_ = nullptr;
+  std::unique_ptr<base::ThreadPool> own_pool_;
   std::unique_ptr<ReadableFile> file_;
   ckptd::v1::ShardIndex index_;
   uint64_t index_xxh3_ = 0;

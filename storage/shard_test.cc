@@ -16,9 +16,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "base/testing/matchers.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/aligned_buffer.h"
 #include "storage/checksum.h"
 #include "storage/codec.h"
 #include "storage/fault_injection_file_system.h"
@@ -30,10 +33,7 @@
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
-#include "storage/status_macros.h"  // testing_matchers.h uses its CONCAT macro
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::storage {
 namespace {
@@ -175,7 +175,7 @@ void ExpectSameData(const std::vector<Bytes>& got, const std::vector<TestTensor>
 
 // Opens `path`, checks Verify finds nothing and every tensor reads back.
 void ExpectReadsBack(FileSystem* fs, const std::string& path, const std::vector<TestTensor>& tensors,
-                     ThreadPool* pool, const ShardReadOptions& options = {}) {
+                     base::ThreadPool* pool, const ShardReadOptions& options = {}) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader, ShardReader::Open(fs, path, options, pool));
   CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<VerifyProblem> problems, reader->Verify());
   EXPECT_THAT(problems, IsEmpty());
@@ -253,7 +253,7 @@ std::string WithIndexBytes(const std::string& file, const ShardFooter& footer, c
   ShardFooter f = footer;
   f.index_length = serialized.size();
   f.index_xxh3 = Xxh3(serialized);
-  f.file_length = footer.index_offset + AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
+  f.file_length = footer.index_offset + base::AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
   out += serialized;
   out.resize(f.file_length, '\0');
   EncodeShardFooter(f, reinterpret_cast<uint8_t*>(out.data()) + out.size() - kShardFooterBytes);
@@ -351,7 +351,7 @@ class MemRoundTripTest : public ::testing::TestWithParam<RoundTripParam> {};
 
 TEST_P(MemRoundTripTest, WritesReadsAndVerifies) {
   MemFileSystem fs;
-  ThreadPool pool(4);
+  base::ThreadPool pool(4);
   const std::string dir = "/ckpt/llama-test/step-1200";
   CKPTD_ASSERT_OK(CreateDirs(&fs, dir));
   const std::string path = JoinPath(dir, ShardFileName(3));
@@ -415,7 +415,7 @@ INSTANTIATE_TEST_SUITE_P(Options, MemRoundTripTest,
 
 TEST(ShardTest, EmptyShardRoundTrips) {
   MemFileSystem fs;
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult result,
                              WriteShard(&fs, "/rank-0.shard", {"j", 1, 0, 1}, {}, SmallBlocks(), &pool));
   EXPECT_EQ(result.file_length, kShardHeaderBlock + kShardAlignment);
@@ -431,7 +431,7 @@ TEST(ShardTest, EmptyShardRoundTrips) {
 
 TEST(ShardTest, OnlyEmptyTensors) {
   MemFileSystem fs;
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   std::vector<TestTensor> tensors;
   tensors.push_back({Meta("a", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, {0}), Bytes{}});
   tensors.push_back({Meta("b", ckptd::v1::RNG, ckptd::v1::BYTES, {0}), Bytes{}});
@@ -447,7 +447,7 @@ TEST(ShardTest, OnlyEmptyTensors) {
 
 TEST(ShardTest, OverwritesAnExistingShard) {
   MemFileSystem fs;
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   const std::vector<TestTensor> first = MakeTensors(1, 1);
   const std::vector<TestTensor> second = SmallTensors(2);
   CKPTD_ASSERT_OK(WriteShard(&fs, "/s", Identity(), Sources(first), SmallBlocks(), &pool).status());
@@ -461,7 +461,7 @@ TEST(ShardTest, TensorNamesWithOddBytesRoundTripOrAreRejected) {
   // refused by the writer or read back, never produce a shard that the reader
   // then calls corrupt.
   MemFileSystem fs;
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   std::vector<TestTensor> tensors;
   tensors.push_back({Meta("layer\xff\xfe.weight", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, {4}), NormalFp32(4, 1)});
   absl::StatusOr<ShardWriteResult> written =
@@ -484,7 +484,7 @@ TEST(ShardTest, TensorNamesWithOddBytesRoundTripOrAreRejected) {
 
 TEST(ShardTest, WriterAndReaderAgreeOnAllDTypes) {
   MemFileSystem fs;
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   std::vector<TestTensor> tensors;
   int i = 0;
   for (DType d : {ckptd::v1::BYTES, ckptd::v1::FLOAT32, ckptd::v1::BFLOAT16, ckptd::v1::FLOAT16,
@@ -534,7 +534,7 @@ std::string PosixName(const ::testing::TestParamInfo<std::tuple<bool, bool>>& in
 }
 
 TEST_P(PosixShardTest, WritesReadsAndVerifies) {
-  ThreadPool pool(4);
+  base::ThreadPool pool(4);
   const std::string path = JoinPath(dir_, ShardFileName(3));
   const std::vector<TestTensor> tensors = MakeTensors(21, /*scale=*/4);
   ShardWriteOptions options = SmallBlocks(std::get<1>(GetParam()));
@@ -559,7 +559,7 @@ TEST_P(PosixShardTest, WritesReadsAndVerifies) {
 }
 
 TEST_P(PosixShardTest, SmallBlocksBufferedWrites) {
-  ThreadPool pool(3);
+  base::ThreadPool pool(3);
   const std::string path = JoinPath(dir_, ShardFileName(0));
   const std::vector<TestTensor> tensors = MakeTensors(22, 1);
   ShardWriteOptions options = SmallBlocks(std::get<1>(GetParam()));
@@ -570,7 +570,7 @@ TEST_P(PosixShardTest, SmallBlocksBufferedWrites) {
 }
 
 TEST_P(PosixShardTest, DetectsCorruptionOnDisk) {
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   const std::string path = JoinPath(dir_, ShardFileName(0));
   const std::vector<TestTensor> tensors = SmallTensors(23);
   CKPTD_ASSERT_OK(WriteShard(fs_.get(), path, Identity(), Sources(tensors), SmallBlocks(), &pool).status());
@@ -603,7 +603,7 @@ class ShardReadTest : public ::testing::Test {
   }
 
   MemFileSystem fs_;
-  ThreadPool pool_{3};
+  base::ThreadPool pool_{3};
   const std::string path_ = "/rank-3.shard";
   std::vector<TestTensor> tensors_;
   std::unique_ptr<ShardReader> reader_;
@@ -712,7 +712,7 @@ TEST(ShardWriterTest, RejectsBadTensorsBeforeCreatingAnyFile) {
     SCOPED_TRACE(c.what);
     MemFileSystem mem;
     FaultInjectionFileSystem fs(&mem);
-    ThreadPool pool(1);
+    base::ThreadPool pool(1);
     std::vector<TensorSource> sources = Sources(tensors);
     c.mutate(sources);
     std::vector<::testing::Matcher<std::string>> subs;
@@ -738,7 +738,7 @@ TEST(ShardWriterTest, RejectsAnIdentityItsReaderWouldRefuse) {
   for (ShardIdentity id : {ShardIdentity{"j", 1, 8, 8}, ShardIdentity{"j", 1, 0, 0}}) {
     SCOPED_TRACE(absl::StrCat("rank ", id.rank, " world ", id.world_size));
     MemFileSystem fs;
-    ThreadPool pool(1);
+    base::ThreadPool pool(1);
     EXPECT_THAT(WriteShard(&fs, "/s", id, Sources(tensors), SmallBlocks(), &pool).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          AllOf(HasSubstr("writing shard /s"), HasSubstr(absl::StrCat("rank ", id.rank)))));
@@ -749,7 +749,7 @@ TEST(ShardWriterTest, RejectsAnIdentityItsReaderWouldRefuse) {
 
 TEST(ShardWriterTest, MissingDirectoryIsNotFoundAndLeavesNothing) {
   MemFileSystem fs;
-  ThreadPool pool(1);
+  base::ThreadPool pool(1);
   const std::vector<TestTensor> tensors = SmallTensors(43);
   EXPECT_THAT(WriteShard(&fs, "/no/such/dir/s", Identity(), Sources(tensors), SmallBlocks(), &pool).status(),
               StatusIs(absl::StatusCode::kNotFound, AllOf(HasSubstr("writing shard /no/such/dir/s"))));
@@ -799,7 +799,7 @@ class ShardCorruptionTest : public ::testing::Test {
   }
 
   MemFileSystem fs_;
-  ThreadPool pool_{2};
+  base::ThreadPool pool_{2};
   const std::string path_ = "/ckpt/rank-3.shard";
   std::vector<TestTensor> tensors_;
   std::string file_;
@@ -1302,7 +1302,7 @@ class ShardWriteFaultTest : public ::testing::TestWithParam<FaultCase> {
 
   MemFileSystem mem_;
   FaultInjectionFileSystem fs_{&mem_};
-  ThreadPool pool_{3};
+  base::ThreadPool pool_{3};
   const std::string dir_ = "/ckpt/job/step-1";
   const std::string path_ = "/ckpt/job/step-1/rank-3.shard";
   std::vector<TestTensor> tensors_;
@@ -1406,7 +1406,7 @@ INSTANTIATE_TEST_SUITE_P(Faults, ShardWriteFaultTest,
 TEST(ShardCrashTest, CrashAtEveryOperationLeavesNoPartialShard) {
   MemFileSystem mem;
   FaultInjectionFileSystem fs(&mem, [&mem] { mem.Crash(); });
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   const std::string dir = "/ckpt/step-1";
   CKPTD_ASSERT_OK(CreateDirs(&mem, dir));
   CKPTD_ASSERT_OK(mem.SyncDir("/"));
@@ -1442,7 +1442,7 @@ TEST(ShardCrashTest, CrashAtEveryOperationLeavesNoPartialShard) {
 TEST(ShardReadFaultTest, EioAtEveryReadOperation) {
   MemFileSystem mem;
   FaultInjectionFileSystem fs(&mem);
-  ThreadPool pool(2);
+  base::ThreadPool pool(2);
   const std::string path = "/rank-1.shard";
   const std::vector<TestTensor> tensors = SmallTensors(65);
   CKPTD_ASSERT_OK(WriteShard(&mem, path, Identity(), Sources(tensors), SmallBlocks(), &pool).status());
@@ -1495,7 +1495,7 @@ TEST(ShardReadFaultTest, EioAtEveryReadOperation) {
 
 TEST(ShardTest, OddBlockSizesAreRoundedToWholeElements) {
   MemFileSystem fs;
-  ThreadPool pool(3);
+  base::ThreadPool pool(3);
   const std::vector<TestTensor> tensors = MakeTensors(81, 2);
   // Requested -> used: at least one alignment unit, a multiple of 8 bytes.
   for (auto [requested, used] : std::vector<std::pair<size_t, uint64_t>>{
@@ -1514,7 +1514,7 @@ TEST(ShardTest, OddBlockSizesAreRoundedToWholeElements) {
 
 TEST(ShardTest, ManyTinyTensorsGiveAMultiBlockIndex) {
   MemFileSystem fs;
-  ThreadPool pool(3);
+  base::ThreadPool pool(3);
   std::vector<TestTensor> tensors;
   for (int i = 0; i < 600; ++i) {
     const DType d = i % 3 == 0 ? ckptd::v1::FLOAT32 : i % 3 == 1 ? ckptd::v1::BFLOAT16 : ckptd::v1::INT64;
@@ -1539,7 +1539,7 @@ TEST(ShardTest, SlowIoRoundTrips) {
   MemFileSystem mem;
   FaultInjectionFileSystem fs(&mem);
   fs.SetLatency(absl::Milliseconds(1));
-  ThreadPool pool(3);
+  base::ThreadPool pool(3);
   const std::vector<TestTensor> tensors = SmallTensors(71);
   CKPTD_ASSERT_OK(WriteShard(&fs, "/slow", Identity(), Sources(tensors), SmallBlocks(), &pool).status());
   ExpectReadsBack(&fs, "/slow", tensors, &pool);
@@ -1548,7 +1548,7 @@ TEST(ShardTest, SlowIoRoundTrips) {
 
 TEST(ShardTest, ParallelWritersShareOnePool) {
   MemFileSystem fs;
-  ThreadPool pool(3);
+  base::ThreadPool pool(3);
   constexpr int kWriters = 6;
   std::vector<std::vector<TestTensor>> tensors;
   for (int i = 0; i < kWriters; ++i) tensors.push_back(MakeTensors(100 + i, 1));

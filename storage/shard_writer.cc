@@ -10,13 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "storage/aligned_buffer.h"
+#include "base/aligned_buffer.h"
+#include "base/status_macros.h"
+#include "base/thread_pool.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
-#include "storage/status_macros.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::storage {
 namespace {
@@ -31,7 +31,7 @@ struct BlockRef {
 
 // A buffer an encoder fills and the file writes from.
 struct Slot {
-  AlignedBuffer buffer;
+  base::AlignedBuffer buffer;
   size_t block = 0;
   absl::StatusOr<EncodedBlock> encoded;
   // The bytes to write: `buffer`, or the caller's memory for a raw block that
@@ -65,7 +65,7 @@ class EncoderPool {
 class ShardWriteJob {
  public:
   ShardWriteJob(FileSystem* fs, std::string path, const ShardIdentity& identity,
-                absl::Span<const TensorSource> tensors, const ShardWriteOptions& options, ThreadPool* pool)
+                absl::Span<const TensorSource> tensors, const ShardWriteOptions& options, base::ThreadPool* pool)
       : fs_(fs),
         path_(std::move(path)),
         temp_path_(absl::StrCat(path_, kTempSuffix)),
@@ -128,15 +128,15 @@ class ShardWriteJob {
     // compressed data): writes inside the file's length are not serialised as
     // extending O_DIRECT writes are, and a full disk shows before any write.
     allocated_ = kShardHeaderBlock;
-    for (const BlockRef& b : blocks_) allocated_ += AlignUp(b.raw_length, kShardAlignment);
+    for (const BlockRef& b : blocks_) allocated_ += base::AlignUp(b.raw_length, kShardAlignment);
     if (absl::Status s = file_->Allocate(allocated_); !s.ok()) {
       if (!absl::IsUnimplemented(s)) return s;
       allocated_ = 0;  // not supported here: the writes extend the file instead
     }
 
-    std::unique_ptr<ThreadPool> own_pool;
+    std::unique_ptr<base::ThreadPool> own_pool;
     if (pool_ == nullptr) {
-      own_pool = std::make_unique<ThreadPool>(options_.threads);
+      own_pool = std::make_unique<base::ThreadPool>(options_.threads);
       pool_ = own_pool.get();
     }
     absl::Status status = Pipeline();
@@ -154,7 +154,7 @@ class ShardWriteJob {
     slots_.resize(nslots);
     std::vector<Slot*> free_slots;
     for (Slot& s : slots_) {
-      s.buffer = AlignedBuffer(capacity, kShardAlignment);
+      s.buffer = base::AlignedBuffer(capacity, kShardAlignment);
       free_slots.push_back(&s);
     }
     std::deque<Slot*> in_flight;  // writes submitted, oldest first
@@ -204,8 +204,8 @@ class ShardWriteJob {
       const BlockRef& ref = blocks_[slot->block];
       const TensorSource& src = tensors_[ref.tensor];
       const uint8_t* raw = static_cast<const uint8_t*>(src.data) + ref.raw_offset;
-      if (!options_.encode.compress && IsAligned(reinterpret_cast<uintptr_t>(raw), kShardAlignment) &&
-          IsAligned(ref.raw_length, kShardAlignment)) {
+      if (!options_.encode.compress && base::IsAligned(reinterpret_cast<uintptr_t>(raw), kShardAlignment) &&
+          base::IsAligned(ref.raw_length, kShardAlignment)) {
         slot->encoded = RawInPlace(raw, ref.raw_length);
         slot->write_from = raw;
       } else {
@@ -274,13 +274,13 @@ class ShardWriteJob {
     footer.index_offset = next_offset_;
     footer.index_length = serialized.size();
     footer.index_xxh3 = Xxh3(serialized);
-    const uint64_t tail = AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
+    const uint64_t tail = base::AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
     footer.file_length = next_offset_ + tail;
-    AlignedBuffer tail_buf(tail, kShardAlignment);
+    base::AlignedBuffer tail_buf(tail, kShardAlignment);
     std::memcpy(tail_buf.data(), serialized.data(), serialized.size());
     EncodeShardFooter(footer, tail_buf.data() + tail - kShardFooterBytes);
 
-    AlignedBuffer header(kShardHeaderBlock, kShardAlignment);
+    base::AlignedBuffer header(kShardHeaderBlock, kShardAlignment);
     EncodeShardHeader(header.data());
     CKPTD_ASSIGN_OR_RETURN(uint64_t t1, file_->Write(0, header.data(), kShardHeaderBlock));
     CKPTD_ASSIGN_OR_RETURN(uint64_t t2, file_->Write(next_offset_, tail_buf.data(), tail));
@@ -312,7 +312,7 @@ class ShardWriteJob {
   const ShardIdentity identity_;
   const absl::Span<const TensorSource> tensors_;
   const ShardWriteOptions options_;
-  ThreadPool* pool_;
+  base::ThreadPool* pool_;
   EncoderPool encoders_;
 
   std::vector<BlockRef> blocks_;
@@ -324,7 +324,7 @@ class ShardWriteJob {
   uint64_t allocated_ = 0;  // bytes reserved with Allocate
   uint64_t stored_bytes_ = 0;
   ShardWriteResult result_;
-  WaitGroup pending_;
+  base::WaitGroup pending_;
 
   absl::Mutex mu_;
   std::deque<Slot*> ready_ ABSL_GUARDED_BY(mu_);
@@ -355,7 +355,7 @@ absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors) {
 absl::StatusOr<ShardWriteResult> WriteShard(FileSystem* fs, const std::string& path,
                                             const ShardIdentity& identity,
                                             absl::Span<const TensorSource> tensors,
-                                            const ShardWriteOptions& options, ThreadPool* pool) {
+                                            const ShardWriteOptions& options, base::ThreadPool* pool) {
   ShardWriteJob job(fs, path, identity, tensors, options, pool);
   return job.Run();
 }

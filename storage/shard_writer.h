@@ -16,9 +16,11 @@
 #include "storage/codec.h"
 #include "storage/file_system.h"
 
-namespace ckptd::storage {
-
+namespace ckptd::base {
 class ThreadPool;
+}  // namespace ckptd::base
+
+namespace ckptd::storage {
 
 // One buffer to store. `meta` carries name, component, dtype, shape, sharding
 // and device; the writer fills raw_length and blocks.
@@ -62,6 +64,6 @@ absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors);
 absl::StatusOr<ShardWriteResult> WriteShard(FileSystem* fs, const std::string& path,
                                             const ShardIdentity& identity,
                                             absl::Span<const TensorSource> tensors,
-                                            const ShardWriteOptions& options, ThreadPool* pool = nullptr);
+                                            const ShardWriteOptions& options, base::ThreadPool* pool = nullptr);
 
 }  // namespace ckptd::storage

@@ -1,16 +1,17 @@
 #include "storage/store.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/manifest.h"
-#include "storage/status_macros.h"
 
 namespace ckptd::storage {
 
@@ -43,7 +44,7 @@ absl::Status CheckpointStore::PrepareStep(absl::string_view job, uint64_t step) 
 absl::StatusOr<ShardWriteResult> CheckpointStore::WriteShard(absl::string_view job, uint64_t step, uint32_t rank,
                                                              uint32_t world_size,
                                                              absl::Span<const TensorSource> tensors,
-                                                             const ShardWriteOptions& options, ThreadPool* pool) {
+                                                             const ShardWriteOptions& options, base::ThreadPool* pool) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   if (world_size == 0 || rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not inside world size ", world_size));
@@ -324,19 +325,29 @@ absl::StatusOr<std::vector<uint64_t>> CheckpointStore::RemoveIncompleteSteps(abs
   return removed;
 }
 
+std::vector<uint64_t> RetentionDrops(const std::set<uint64_t>& committed, int keep_last,
+                                     const std::function<bool(uint64_t)>& pinned) {
+  const size_t keep = static_cast<size_t>(std::max(1, keep_last));
+  std::vector<uint64_t> drop;
+  if (committed.size() <= keep) return drop;
+  auto end = committed.begin();
+  std::advance(end, committed.size() - keep);
+  for (auto it = committed.begin(); it != end; ++it) {
+    if (!pinned || !pinned(*it)) drop.push_back(*it);
+  }
+  return drop;
+}
+
 absl::StatusOr<std::vector<uint64_t>> CheckpointStore::ApplyRetention(absl::string_view job, int keep_last) {
-  keep_last = std::max(1, keep_last);
   CKPTD_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ListSteps(job));
-  std::vector<uint64_t> committed;
+  std::set<uint64_t> committed;
   for (const StepInfo& s : steps) {
-    if (s.state == StepState::kCommitted && !s.quarantined) committed.push_back(s.step);
+    if (s.state == StepState::kCommitted && !s.quarantined) committed.insert(s.step);
   }
   std::vector<uint64_t> removed;
-  if (committed.size() <= static_cast<size_t>(keep_last)) return removed;
-  const size_t remove_count = committed.size() - keep_last;
-  for (size_t i = 0; i < remove_count; ++i) {
-    CKPTD_RETURN_IF_ERROR(RemoveStep(job, committed[i]));
-    removed.push_back(committed[i]);
+  for (uint64_t step : RetentionDrops(committed, keep_last)) {
+    CKPTD_RETURN_IF_ERROR(RemoveStep(job, step));
+    removed.push_back(step);
   }
   return removed;
 }

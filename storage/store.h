@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,13 @@ struct StepVerifyReport {
   bool ok() const { return problems.empty(); }
 };
 
+// The retention rule, for every committer: of the usable committed steps
+// `committed` (quarantined ones left out), the newest `keep_last` (at least 1)
+// stay and the older ones go, oldest first, except those `pinned` (e.g. being
+// verified), which stay without counting as kept.
+std::vector<uint64_t> RetentionDrops(const std::set<uint64_t>& committed, int keep_last,
+                                     const std::function<bool(uint64_t)>& pinned = nullptr);
+
 class CheckpointStore {
  public:
   // `fs` must outlive the store.
@@ -64,7 +72,7 @@ class CheckpointStore {
   absl::StatusOr<ShardWriteResult> WriteShard(absl::string_view job, uint64_t step, uint32_t rank,
                                               uint32_t world_size, absl::Span<const TensorSource> tensors,
                                               const ShardWriteOptions& options = {},
-                                              ThreadPool* pool = nullptr);
+                                              base::ThreadPool* pool = nullptr);
 
   // Commits `step` once every rank 0..world_size-1 has a durable shard: checks
   // each shard's header, footer and index (job, step, rank, world size) and,
@@ -122,8 +130,8 @@ class CheckpointStore {
   absl::StatusOr<std::vector<uint64_t>> RemoveIncompleteSteps(absl::string_view job,
                                                              uint64_t below_step = UINT64_MAX);
   // Keeps the newest `keep_last` committed steps (at least 1) that are not
-  // quarantined and removes older ones, MANIFEST first; quarantined steps
-  // stay. Returns the steps removed.
+  // quarantined and removes older ones (RetentionDrops), MANIFEST first;
+  // quarantined steps stay. Returns the steps removed.
   absl::StatusOr<std::vector<uint64_t>> ApplyRetention(absl::string_view job, int keep_last);
 
   // Reads every shard of a committed step back and checks it against the

@@ -10,6 +10,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
+#include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection_file_system.h"
@@ -19,10 +23,7 @@
 #include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
-#include "storage/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
 #include "storage/testing_data.h"
-#include "storage/testing_matchers.h"
-#include "storage/thread_pool.h"
 
 namespace ckptd::storage {
 namespace {
@@ -129,7 +130,7 @@ class StoreTest : public ::testing::Test {
   bool Exists(const std::string& path) { return mem_.Stat(path).ok(); }
 
   MemFileSystem mem_;
-  ThreadPool pool_{1};
+  base::ThreadPool pool_{1};
   CheckpointStore store_{&mem_, "/root"};
 };
 
@@ -470,6 +471,23 @@ TEST_F(StoreTest, WriteShardRejectsARankOutsideTheWorld) {
   EXPECT_THAT(files, IsEmpty());
 }
 
+TEST(RetentionDropsTest, KeepsTheNewestAndDropsOlderOnesOldestFirst) {
+  EXPECT_THAT(RetentionDrops({1, 2, 3, 4, 5}, 2), ElementsAre(1u, 2u, 3u));
+  EXPECT_THAT(RetentionDrops({1, 2, 3}, 3), IsEmpty());
+  EXPECT_THAT(RetentionDrops({}, 2), IsEmpty());
+  // keep_last 0 or less still keeps the newest step.
+  EXPECT_THAT(RetentionDrops({7, 9}, 0), ElementsAre(7u));
+  EXPECT_THAT(RetentionDrops({7, 9}, -3), ElementsAre(7u));
+}
+
+TEST(RetentionDropsTest, PinnedStepsStayWithoutCountingAsKept) {
+  auto pin_two = [](uint64_t step) { return step == 2; };
+  EXPECT_THAT(RetentionDrops({1, 2, 3, 4}, 1, pin_two), ElementsAre(1u, 3u));
+  EXPECT_THAT(RetentionDrops({2, 3}, 1, pin_two), IsEmpty());
+  // A pinned step among the newest counts as kept.
+  EXPECT_THAT(RetentionDrops({1, 2, 3}, 2, pin_two), ElementsAre(1u));
+}
+
 TEST_F(StoreTest, ApplyRetentionKeepsTheNewestCommitted) {
   for (uint64_t s = 1; s <= 5; ++s) Commit(s);
   EXPECT_THAT(store_.ApplyRetention(kJob, 2), IsOkAndHolds(ElementsAre(1u, 2u, 3u)));
@@ -757,14 +775,12 @@ TEST_F(StoreTest, JobsAreIndependent) {
 
 // The same flow on the real file system, in a temp directory.
 TEST(StorePosixTest, WriteCommitVerifyReadBack) {
-  const char* tmp_env = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(tmp_env != nullptr && *tmp_env != '\0' ? tmp_env : "/tmp", "/ckptd_store_XXXXXX");
-  ASSERT_NE(mkdtemp(templ.data()), nullptr) << std::strerror(errno);
-  const std::string root = templ;
+  ckptd::testing::TempDir tmp("ckptd_store_");
+  const std::string root = tmp.path();
   std::unique_ptr<PosixFileSystem> fs = NewPosixFileSystem();
   {
     CheckpointStore store(fs.get(), root);
-    ThreadPool pool(2);
+    base::ThreadPool pool(2);
     std::vector<RankData> data;
     for (uint32_t r = 0; r < 2; ++r) data.push_back(MakeRankData(3, r));
     CKPTD_ASSERT_OK(store.PrepareStep(kJob, 3));

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "base/thread_pool.h"
 #include "ckptd/v1/shard.pb.h"
 #include "google/protobuf/stubs/logging.h"
 #include "storage/checksum.h"
@@ -28,7 +29,6 @@
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
-#include "storage/thread_pool.h"
 
 namespace {
 
@@ -57,7 +57,7 @@ constexpr char kPath[] = "/fuzz/rank-0.shard";
 
 struct Env {
   ckptd::storage::MemFileSystem fs;
-  ckptd::storage::ThreadPool pool{1};
+  ckptd::base::ThreadPool pool{1};
 };
 
 Env& GetEnv() {

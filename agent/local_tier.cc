@@ -1,0 +1,160 @@
+#include "agent/local_tier.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "storage/layout.h"
+
+namespace ckptd::agent {
+
+LocalTier::LocalTier(LocalTierOptions options, storage::CheckpointStore* root)
+    : options_(std::move(options)), root_(root), store_(options_.fs, options_.dir) {
+  absl::StatusOr<std::vector<std::string>> jobs = store_.ListJobs();
+  if (!jobs.ok()) return;  // nothing there yet, or unreadable: the writes will say
+  for (const std::string& job : *jobs) {
+    for (uint64_t step : Steps(job)) {
+      const std::string dir = storage::StepDir(options_.dir, job, step);
+      absl::StatusOr<std::vector<storage::FileInfo>> files = options_.fs->ListDir(dir);
+      if (!files.ok()) continue;
+      for (const storage::FileInfo& f : *files) {
+        // Best effort: a leftover is only wasted space.
+        if (absl::EndsWith(f.name, storage::kTempSuffix)) (void)options_.fs->RemoveFile(storage::JoinPath(dir, f.name));
+      }
+    }
+    Prune(job);
+  }
+}
+
+absl::StatusOr<storage::ShardWriteResult> LocalTier::Persist(const ShardId& shard,
+                                                             absl::Span<const storage::TensorSource> sources,
+                                                             const std::function<void()>& release,
+                                                             LocalTierCounters* counters) {
+  absl::Status why;
+  {
+    {
+      absl::MutexLock l(&mu_);
+      in_flight_[shard.job].insert(shard.step);
+    }
+    absl::Cleanup done = [&] {
+      absl::MutexLock l(&mu_);
+      std::multiset<uint64_t>& steps = in_flight_[shard.job];
+      steps.erase(steps.find(shard.step));
+    };
+    absl::Status prepared = store_.PrepareStep(shard.job, shard.step);
+    absl::StatusOr<storage::ShardWriteResult> local =
+        prepared.ok() ? store_.WriteShard(shard.job, shard.step, shard.rank, shard.world_size, sources,
+                                          options_.write, options_.pool)
+                      : absl::StatusOr<storage::ShardWriteResult>(prepared);
+    if (local.ok()) {
+      release();  // the trainer may snapshot into the slot again while the copy runs
+      {
+        absl::MutexLock l(&counters->mu_);
+        ++counters->stats_.writes;
+      }
+      CKPTD_RETURN_IF_ERROR(root_->PrepareStep(shard.job, shard.step));
+      CKPTD_RETURN_IF_ERROR(
+          storage::CopyFileDurably(options_.fs, storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank),
+                                   root_->fs(), storage::ShardPath(root_->root(), shard.job, shard.step, shard.rank))
+              .status());
+      Prune(shard.job);
+      return local;
+    }
+    // A full or failing local disk costs the tier, not the checkpoint.
+    why = absl::Status(local.status().code(),
+                       absl::StrCat("node-local tier ", options_.dir, ": ", local.status().message()));
+  }
+  options_.logger->Warning(absl::StrCat("job ", shard.job, " rank ", shard.rank, " step ", shard.step, ": ",
+                                        why.message(), "; writing the storage root directly"));
+  {
+    absl::MutexLock l(&counters->mu_);
+    ++counters->stats_.fallbacks;
+    counters->stats_.last_error = why;
+  }
+  CKPTD_RETURN_IF_ERROR(root_->PrepareStep(shard.job, shard.step));
+  return root_->WriteShard(shard.job, shard.step, shard.rank, shard.world_size, sources, options_.write,
+                           options_.pool);
+}
+
+std::unique_ptr<storage::ShardReader> LocalTier::OpenCommitted(const ShardId& shard) {
+  absl::StatusOr<ckptd::v1::StepManifest> manifest = root_->ReadManifest(shard.job, shard.step);
+  if (!manifest.ok()) return nullptr;
+  const ckptd::v1::ShardRef* ref = nullptr;
+  for (const ckptd::v1::ShardRef& s : manifest->shards()) {
+    if (s.rank() == shard.rank) ref = &s;
+  }
+  if (ref == nullptr) return nullptr;
+  const std::string path = storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank);
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
+      storage::ShardReader::Open(options_.fs, path, storage::ShardReadOptions(), options_.pool);
+  if (!reader.ok()) {
+    if (absl::IsDataLoss(reader.status())) (void)options_.fs->RemoveFile(path);  // damaged: never again
+    return nullptr;
+  }
+  // Another attempt at the step may have written different bytes.
+  if ((*reader)->file_length() != ref->file_length() || (*reader)->index_xxh3() != ref->index_xxh3()) return nullptr;
+  return std::move(*reader);
+}
+
+std::optional<absl::Status> LocalTier::Read(const ShardId& shard,
+                                            const std::function<absl::Status(storage::ShardReader&)>& read,
+                                            LocalTierCounters* counters) {
+  std::unique_ptr<storage::ShardReader> local = OpenCommitted(shard);
+  if (local == nullptr) return std::nullopt;
+  absl::Status s = read(*local);
+  // A local copy that cannot be read for any other reason than what reads it
+  // (or where it goes): the storage root's may still be.
+  if (s.ok() || absl::IsFailedPrecondition(s) || absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s)) {
+    if (s.ok()) {
+      options_.logger->Info(absl::StrCat("job ", shard.job, " rank ", shard.rank, ": step ", shard.step,
+                                         " read from the node-local tier"));
+      absl::MutexLock l(&counters->mu_);
+      ++counters->stats_.restores;
+    }
+    return s;
+  }
+  // A damaged local copy: drop it and read the storage root's.
+  options_.logger->Warning(absl::StrCat("job ", shard.job, " rank ", shard.rank, ": the node-local copy of step ",
+                                        shard.step, " cannot be read (", s.message(), "); reading the storage root"));
+  if (absl::IsDataLoss(s)) {
+    (void)options_.fs->RemoveFile(storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank));
+  }
+  return std::nullopt;
+}
+
+std::vector<uint64_t> LocalTier::Steps(const std::string& job) {
+  std::vector<uint64_t> steps;
+  absl::StatusOr<std::vector<storage::FileInfo>> entries = options_.fs->ListDir(storage::JobDir(options_.dir, job));
+  if (!entries.ok()) return steps;
+  for (const storage::FileInfo& e : *entries) {
+    if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+void LocalTier::Prune(const std::string& job) {
+  absl::MutexLock l(&mu_);
+  const std::vector<uint64_t> steps = Steps(job);
+  const std::multiset<uint64_t>& in_flight = in_flight_[job];
+  const uint64_t oldest_in_flight = in_flight.empty() ? UINT64_MAX : *in_flight.begin();
+  const size_t keep = static_cast<size_t>(std::max(options_.keep, 1));
+  for (size_t i = 0; i + keep < steps.size() && steps[i] < oldest_in_flight; ++i) {
+    // Best effort: a reader that has the file open keeps reading it.
+    (void)storage::RemoveTree(options_.fs, storage::StepDir(options_.dir, job, steps[i]));
+  }
+}
+
+void LocalTier::DropStepsAbove(const std::string& job, uint64_t step) {
+  absl::MutexLock l(&mu_);
+  const std::multiset<uint64_t>& in_flight = in_flight_[job];
+  for (uint64_t s : Steps(job)) {
+    if (s <= step || in_flight.contains(s)) continue;
+    (void)storage::RemoveTree(options_.fs, storage::StepDir(options_.dir, job, s));
+  }
+}
+
+}  // namespace ckptd::agent

@@ -1,0 +1,123 @@
+#include "base/format.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckptd::base {
+namespace {
+
+constexpr uint64_t kKiB = uint64_t{1} << 10;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kTiB = uint64_t{1} << 40;
+constexpr uint64_t kPiB = uint64_t{1} << 50;
+
+TEST(HumanBytesTest, BytesBelowOneKiBAreWhole) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(1), "1 B");
+  EXPECT_EQ(HumanBytes(512), "512 B");
+  EXPECT_EQ(HumanBytes(1023), "1023 B");
+}
+
+TEST(HumanBytesTest, LargerSizesHaveOneDecimalAndABinaryUnit) {
+  EXPECT_EQ(HumanBytes(kKiB), "1.0 KiB");
+  EXPECT_EQ(HumanBytes(1536), "1.5 KiB");
+  EXPECT_EQ(HumanBytes(12 * kMiB), "12.0 MiB");
+  EXPECT_EQ(HumanBytes(kGiB + kGiB / 2), "1.5 GiB");
+  EXPECT_EQ(HumanBytes(kTiB), "1.0 TiB");
+  EXPECT_EQ(HumanBytes(3 * kTiB + kTiB / 4 + kGiB), "3.3 TiB");
+  EXPECT_EQ(HumanBytes(kPiB), "1.0 PiB");
+}
+
+TEST(HumanBytesTest, UnitChangesAtEach1024) {
+  EXPECT_EQ(HumanBytes(kMiB - kKiB), "1023.0 KiB");
+  EXPECT_EQ(HumanBytes(kMiB), "1.0 MiB");
+  EXPECT_EQ(HumanBytes(kGiB), "1.0 GiB");
+  EXPECT_EQ(HumanBytes(kGiB - kMiB), "1023.0 MiB");
+}
+
+TEST(HumanBytesTest, PiBIsTheLargestUnit) {
+  EXPECT_EQ(HumanBytes(1024 * kPiB), "1024.0 PiB");
+  EXPECT_EQ(HumanBytes(std::numeric_limits<uint64_t>::max()), "16384.0 PiB");
+}
+
+TEST(IsoTimeTest, ZeroIsUnknown) { EXPECT_EQ(IsoTime(0), "-"); }
+
+TEST(IsoTimeTest, KnownTimesInUtc) {
+  constexpr int64_t kNanos = 1'000'000'000;
+  EXPECT_EQ(IsoTime(int64_t{1714564800} * kNanos), "2024-05-01T12:00:00Z");
+  EXPECT_EQ(IsoTime(int64_t{1'800'000'000} * kNanos), "2027-01-15T08:00:00Z");
+  EXPECT_EQ(IsoTime(1), "1970-01-01T00:00:00Z");  // not "unknown": only 0 is
+  EXPECT_EQ(IsoTime(-kNanos), "1969-12-31T23:59:59Z");
+}
+
+TEST(IsoTimeTest, FractionsOfASecondAreDropped) {
+  EXPECT_EQ(IsoTime(int64_t{1714564800} * 1'000'000'000 + 999'999'999), "2024-05-01T12:00:00Z");
+}
+
+TEST(ShortDurationTest, Seconds) {
+  EXPECT_EQ(ShortDuration(0), "0.0 s");
+  EXPECT_EQ(ShortDuration(0.4), "0.4 s");
+  EXPECT_EQ(ShortDuration(9.9), "9.9 s");
+  EXPECT_EQ(ShortDuration(10), "10 s");
+  EXPECT_EQ(ShortDuration(12), "12 s");
+  EXPECT_EQ(ShortDuration(119), "119 s");
+}
+
+TEST(ShortDurationTest, MinutesFromTwo) {
+  EXPECT_EQ(ShortDuration(120), "2.0 min");
+  EXPECT_EQ(ShortDuration(312), "5.2 min");
+  EXPECT_EQ(ShortDuration(7140), "119.0 min");
+}
+
+TEST(ShortDurationTest, HoursFromTwo) {
+  EXPECT_EQ(ShortDuration(7200), "2.0 h");
+  EXPECT_EQ(ShortDuration(3.1 * 3600), "3.1 h");
+  EXPECT_EQ(ShortDuration(172440), "47.9 h");
+}
+
+TEST(ShortDurationTest, DaysFromTwo) {
+  EXPECT_EQ(ShortDuration(172800), "2.0 d");
+  EXPECT_EQ(ShortDuration(10 * 86400), "10.0 d");
+}
+
+TEST(ShortDurationTest, NegativeIsZeroAndNonFiniteIsUnknown) {
+  EXPECT_EQ(ShortDuration(-5), "0.0 s");
+  EXPECT_EQ(ShortDuration(-1e9), "0.0 s");
+  EXPECT_EQ(ShortDuration(std::numeric_limits<double>::quiet_NaN()), "-");
+  EXPECT_EQ(ShortDuration(std::numeric_limits<double>::infinity()), "-");
+  EXPECT_EQ(ShortDuration(-std::numeric_limits<double>::infinity()), "-");
+}
+
+TEST(SecondsTest, BelowOneSecondTwoDecimals) {
+  EXPECT_EQ(Seconds(0.04), "0.04 s");
+  EXPECT_EQ(Seconds(0.5), "0.50 s");
+  EXPECT_EQ(Seconds(0.99), "0.99 s");
+}
+
+TEST(SecondsTest, BelowOneHundredOneDecimal) {
+  EXPECT_EQ(Seconds(1), "1.0 s");
+  EXPECT_EQ(Seconds(1.5), "1.5 s");
+  EXPECT_EQ(Seconds(35.2), "35.2 s");
+  EXPECT_EQ(Seconds(99.9), "99.9 s");
+}
+
+TEST(SecondsTest, FromOneHundredWhole) {
+  EXPECT_EQ(Seconds(100), "100 s");
+  EXPECT_EQ(Seconds(412), "412 s");
+  EXPECT_EQ(Seconds(86400), "86400 s");
+}
+
+TEST(SecondsTest, ZeroNegativeAndNonFiniteAreUnknown) {
+  EXPECT_EQ(Seconds(0), "-");
+  EXPECT_EQ(Seconds(-0.0), "-");
+  EXPECT_EQ(Seconds(-1), "-");
+  EXPECT_EQ(Seconds(std::numeric_limits<double>::quiet_NaN()), "-");
+  EXPECT_EQ(Seconds(std::numeric_limits<double>::infinity()), "-");
+}
+
+}  // namespace
+}  // namespace ckptd::base

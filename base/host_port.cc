@@ -1,0 +1,43 @@
+#include "base/host_port.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ckptd::base {
+
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port) {
+  absl::string_view host;
+  absl::string_view port;
+  if (absl::StartsWith(host_port, "[")) {
+    const size_t close = host_port.find(']');
+    if (close == absl::string_view::npos || host_port.substr(close + 1, 1) != ":") {
+      return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not [ipv6]:port"));
+    }
+    host = host_port.substr(1, close - 1);
+    port = host_port.substr(close + 2);
+    if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" has an empty [host]"));
+  } else {
+    const size_t colon = host_port.rfind(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\" is not host:port"));
+    }
+    host = host_port.substr(0, colon);
+    port = host_port.substr(colon + 1);
+    if (host.find(':') != absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", host_port, "\": an IPv6 address needs brackets, as in [::1]:9090"));
+    }
+  }
+  uint32_t port_number = 0;
+  if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\": port must be 0..65535"));
+  }
+  return std::make_pair(std::string(host), static_cast<uint16_t>(port_number));
+}
+
+}  // namespace ckptd::base

@@ -1,0 +1,350 @@
+#include "cli/drill_runner.h"
+
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "cli/command.h"
+
+namespace ckptd::cli {
+
+using ckptd::v1::StepEntry;
+
+namespace {
+
+bool IsStorageScenario(ckptd::v1::DrillScenario s) {
+  return s == ckptd::v1::STORAGE_EIO || s == ckptd::v1::STORAGE_ENOSPC || s == ckptd::v1::STORAGE_SLOW;
+}
+
+// Errors that say the coordinator cannot be asked (or refuses the asker)
+// rather than something about the step.
+bool IsCoordinatorError(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The newest of `steps` (ascending) committed after `nanos`, if any.
+template <typename Steps>
+std::optional<uint64_t> NewestCommittedAfter(const Steps& steps, int64_t nanos) {
+  std::optional<uint64_t> newest;
+  for (const StepEntry& e : steps) {
+    if (e.state() == ckptd::v1::STEP_COMMITTED && e.committed_unix_nanos() > nanos) newest = e.step();
+  }
+  return newest;
+}
+
+}  // namespace
+
+const DrillScenarioInfo* FindDrillScenario(ckptd::v1::DrillScenario s) {
+  for (const DrillScenarioInfo& i : kDrillScenarios) {
+    if (i.scenario == s) return &i;
+  }
+  return nullptr;
+}
+
+bool DrillOutcome::passed() const {
+  if (verdicts.empty()) return false;
+  for (const DrillVerdict& v : verdicts) {
+    if (!v.held) return false;
+  }
+  return true;
+}
+
+std::optional<double> DrillOutcome::detection_seconds() const {
+  if (!injected || status.first_detection_unix_nanos() <= 0) return std::nullopt;
+  return SecondsBetween(status.report().injected_unix_nanos(), status.first_detection_unix_nanos());
+}
+
+size_t PassedCount(const std::vector<DrillOutcome>& drills) {
+  size_t passed = 0;
+  for (const DrillOutcome& d : drills) passed += d.passed() ? 1 : 0;
+  return passed;
+}
+
+absl::Status DrillRunner::Refresh(uint64_t drill_id, ckptd::v1::DrillStatus* st, RpcError* error) {
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(drill_id);
+  absl::StatusOr<ckptd::v1::DrillStatus> got = api_.GetDrill(get);
+  if (!got.ok()) {
+    *error = {"GetDrill", got.status()};
+    return got.status();
+  }
+  *st = *std::move(got);
+  return absl::OkStatus();
+}
+
+std::optional<uint64_t> DrillRunner::CommittedAfter(int64_t nanos) {
+  ckptd::v1::ListStepsRequest lr;
+  lr.set_job(job_);
+  absl::StatusOr<ckptd::v1::ListStepsResponse> steps = api_.ListSteps(lr);
+  if (!steps.ok()) return std::nullopt;
+  return NewestCommittedAfter(steps->steps(), nanos);
+}
+
+absl::Status DrillRunner::Settle(int64_t committed_after, absl::Duration settle, RpcError* error) {
+  const absl::Time give_up = env_.now() + settle;
+  std::string missing;
+  while (true) {
+    absl::StatusOr<ckptd::v1::GetClusterStatusResponse> status = api_.ClusterStatus();
+    if (!status.ok()) {
+      *error = {"GetClusterStatus", status.status()};
+      return status.status();
+    }
+    const ckptd::v1::JobStatus* job = nullptr;
+    for (const ckptd::v1::JobStatus& j : status->jobs()) {
+      if (j.job() == job_) job = &j;
+    }
+    if (job == nullptr) {
+      missing = absl::StrCat("the coordinator knows no job ", job_);
+    } else if (job->state() != ckptd::v1::JOB_RUNNING) {
+      missing = "the job is restarting";
+    } else if (job->world_size() == 0 || job->ranks_alive() < job->world_size()) {
+      missing = absl::StrCat(job->ranks_alive(), " of ", job->world_size(), " ranks are alive");
+    } else if (committed_after != 0 && !CommittedAfter(committed_after)) {
+      missing = "no step committed since the previous drill";
+    } else {
+      return absl::OkStatus();
+    }
+    if (env_.now() >= give_up) break;
+    env_.sleep(env_.poll_interval);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("job ", job_, " was not healthy within ", absl::FormatDuration(settle), ": ", missing));
+}
+
+absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* error) {
+  DrillOutcome d;
+  d.scenario = spec.info->name;
+  d.job = job_;
+  d.target = spec.target;
+  ckptd::v1::RunDrillRequest req = spec.request;
+  req.set_job(job_);
+  absl::StatusOr<ckptd::v1::RunDrillResponse> ordered = api_.RunDrill(req);
+  if (!ordered.ok()) {
+    *error = {"RunDrill", ordered.status()};
+    return ordered.status();
+  }
+  if (progress_ != nullptr) {
+    *progress_ << "drill " << ordered->drill_id() << ": " << spec.info->name << " on node " << ordered->node_id()
+               << (req.target_node().empty() ? absl::StrCat(" (rank ", req.rank(), " of job ", job_, ")") : "")
+               << (req.at_step() > 0 ? absl::StrCat(" at step ", req.at_step()) : "") << "\n"
+               << std::flush;
+  }
+  ckptd::v1::DrillStatus& st = d.status;
+  // 1. The agent's report.
+  const absl::Time give_up = env_.now() + spec.watch;
+  while (true) {
+    CKPTD_RETURN_IF_ERROR(Refresh(ordered->drill_id(), &st, error));
+    if (st.has_report() && (st.report().injected() || !st.report().error().empty())) break;
+    if (env_.now() >= give_up) break;
+    env_.sleep(env_.poll_interval);
+  }
+  d.injected = st.has_report() && st.report().injected();
+  const ckptd::v1::DrillScenario scenario = spec.info->scenario;
+
+  // 2. What follows.
+  if (d.injected && scenario == ckptd::v1::CORRUPT_SHARD) {
+    // Nothing reads a committed step until a restore or a verification: the
+    // drill verifies it, as an operator would.
+    ckptd::v1::VerifyStepRequest vr;
+    vr.set_job(job_);
+    vr.set_has_step(true);
+    // The step the agent damaged: newer ones may have committed since the order.
+    vr.set_step(st.report().step() != 0 ? st.report().step() : st.newest_committed_at_order());
+    absl::StatusOr<ckptd::v1::VerifyProgress> v = api_.VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
+    if (!v.ok()) {
+      *error = {"VerifyStep", v.status()};
+      return v.status();
+    }
+    d.damaged_verified = *v;
+    d.damaged_verified_unix_nanos = absl::ToUnixNanos(env_.now());
+  }
+  auto settled = [&]() {
+    if (!d.injected) return true;
+    switch (scenario) {
+      case ckptd::v1::CORRUPT_SHARD:
+        return true;
+      case ckptd::v1::HANG_TRAINER:
+        // A hang shorter than the coordinator's threshold is not a failure.
+        return st.resumed() || (st.report().ended() && st.events().empty() &&
+                                env_.now() > absl::FromUnixNanos(st.report().ended_unix_nanos()) + absl::Seconds(5));
+      case ckptd::v1::STORAGE_EIO:
+      case ckptd::v1::STORAGE_ENOSPC:
+      case ckptd::v1::STORAGE_SLOW:
+        return st.report().ended() && CommittedAfter(st.report().ended_unix_nanos()).has_value();
+      default:
+        return st.resumed();
+    }
+  };
+  std::string last_line;
+  while (true) {
+    CKPTD_RETURN_IF_ERROR(Refresh(ordered->drill_id(), &st, error));
+    if (progress_ != nullptr) {
+      std::string line = absl::StrCat("  ", st.events_size(), " failure(s) recorded",
+                                      st.resumed() ? absl::StrCat("; resumed from step ", st.restored_step()) : "",
+                                      st.report().ended() ? "; fault lifted" : "");
+      if (line != last_line) *progress_ << line << "\n" << std::flush;
+      last_line = line;
+    }
+    if (settled() || env_.now() >= give_up) break;
+    env_.sleep(env_.poll_interval);
+  }
+  // The step restored, read back at once: the coordinator keeps it from
+  // retention while it is being verified, but not before.
+  if (st.resumed() && !st.fresh_start()) {
+    if (!verify_restored_) {
+      d.restored_unverified_reason = "not asked for (--no-verify-restored)";
+    } else {
+      ckptd::v1::VerifyStepRequest vr;
+      vr.set_job(job_);
+      vr.set_has_step(true);
+      vr.set_step(st.restored_step());
+      absl::StatusOr<ckptd::v1::VerifyProgress> v = api_.VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
+      if (v.ok()) {
+        d.restored_verified = *v;
+        d.restored_verified_unix_nanos = absl::ToUnixNanos(env_.now());
+      } else if (v.status().code() == absl::StatusCode::kFailedPrecondition) {
+        // Retention removed it: newer steps committed since the restart.
+        d.restored_unverified_reason = std::string(v.status().message());
+      } else if (IsCoordinatorError(v.status())) {
+        *error = {"VerifyStep", v.status()};
+        return v.status();
+      } else {
+        d.restored_verify_error = std::string(v.status().message());
+      }
+    }
+  }
+
+  // 3. The verdict.
+  ckptd::v1::ListStepsRequest lr;
+  lr.set_job(job_);
+  absl::StatusOr<ckptd::v1::ListStepsResponse> steps = api_.ListSteps(lr);
+  if (!steps.ok()) {
+    *error = {"ListSteps", steps.status()};
+    return steps.status();
+  }
+  d.steps.assign(steps->steps().begin(), steps->steps().end());
+  ckptd::v1::RestorePreviewRequest pr;
+  pr.set_job(job_);
+  absl::StatusOr<ckptd::v1::RestorePreview> preview = api_.GetRestorePreview(pr);
+  if (!preview.ok()) {
+    *error = {"GetRestorePreview", preview.status()};
+    return preview.status();
+  }
+  d.ended_unix_nanos = absl::ToUnixNanos(env_.now());
+  Judge(spec, *preview, &d);
+  return d;
+}
+
+void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& preview, DrillOutcome* d) const {
+  const ckptd::v1::DrillStatus& st = d->status;
+  const ckptd::v1::DrillScenario scenario = spec.info->scenario;
+  std::vector<DrillVerdict>& verdicts = d->verdicts;
+  if (st.has_report() && !st.report().error().empty()) {
+    verdicts.push_back({"the agent injected the fault", false,
+                        absl::StrCat("node ", st.node_id(), " did not carry the drill out: ", st.report().error())});
+    return;
+  }
+  verdicts.push_back(
+      {"the agent injected the fault", d->injected,
+       d->injected ? st.report().detail() : absl::StrCat("no report within ", absl::FormatDuration(spec.watch))});
+  std::map<uint64_t, const StepEntry*> by_step;
+  bool partial = false;
+  for (const StepEntry& e : d->steps) {
+    by_step[e.step()] = &e;
+    partial |= e.state() == ckptd::v1::STEP_COMMITTED && e.ranks_reported() != e.world_size();
+  }
+  verdicts.push_back({"nothing partial committed", !partial, partial ? "a committed step lacks a rank" : ""});
+  const std::optional<double> detection = d->detection_seconds();
+  const bool restart_scenario = scenario == ckptd::v1::KILL_TRAINER || scenario == ckptd::v1::KILL_AGENT ||
+                                scenario == ckptd::v1::KILL_NODE || scenario == ckptd::v1::CUT_OFF_AGENT ||
+                                (scenario == ckptd::v1::HANG_TRAINER && st.first_detection_unix_nanos() > 0);
+  if (restart_scenario) {
+    verdicts.push_back({"the failure was detected", detection.has_value(),
+                        detection ? absl::StrFormat("%.3f s after the injection", *detection) : "no failure recorded"});
+    verdicts.push_back({"the job restarted and resumed training", st.resumed(),
+                        st.resumed() ? absl::StrCat("from step ", st.restored_step()) : "not within --watch"});
+    if (st.resumed()) {
+      auto it = by_step.find(st.restored_step());
+      const StepEntry* restored = st.fresh_start() || it == by_step.end() ? nullptr : it->second;
+      // The restored step may since have been removed by retention: only a
+      // quarantine of it counts against it.
+      const bool good = st.fresh_start() ? !st.had_committed_at_order()
+                                         : (restored == nullptr || restored->state() != ckptd::v1::STEP_QUARANTINED) &&
+                                               st.restored_step() <= st.step_at_failure();
+      verdicts.push_back({"it restored a committed step no newer than the failure", good,
+                          st.fresh_start() ? "a fresh start"
+                                           : absl::StrCat("step ", st.restored_step(), ", the failure at step ",
+                                                          st.step_at_failure())});
+      if (!d->restored_verify_error.empty()) {
+        verdicts.push_back({"the restored step verifies intact", false,
+                            absl::StrCat("the verification failed: ", d->restored_verify_error)});
+      } else if (d->restored_verified) {
+        const ckptd::v1::VerifyProgress& v = *d->restored_verified;
+        verdicts.push_back({"the restored step verifies intact", v.ok(),
+                            v.ok() ? absl::StrCat(v.shards_done(), " shards, ", HumanBytes(v.bytes_done()))
+                                   : (v.problems().empty() ? "a problem" : v.problems(0))});
+      }
+    }
+  }
+  if (scenario == ckptd::v1::HANG_TRAINER) {
+    verdicts.push_back({"the trainer was let go again", st.report().ended(), ""});
+  }
+  if (scenario == ckptd::v1::CORRUPT_SHARD && d->damaged_verified) {
+    const ckptd::v1::VerifyProgress& v = *d->damaged_verified;
+    const uint64_t bad = v.step();
+    auto it = by_step.find(bad);
+    const StepEntry* e = it == by_step.end() ? nullptr : it->second;
+    verdicts.push_back(
+        {"verification found the damage", !v.ok(), v.problems().empty() ? "no problem found" : v.problems(0)});
+    verdicts.push_back({"the damaged step is quarantined", e != nullptr && e->state() == ckptd::v1::STEP_QUARANTINED,
+                        absl::StrCat("step ", bad)});
+    const bool never = preview.fresh_start() || preview.step() != bad;
+    verdicts.push_back({"corrupt data is never restored", never,
+                        preview.fresh_start() ? "a restart would start fresh"
+                                              : absl::StrCat("a restart would restore step ", preview.step())});
+    // The newest step that is committed and intact: the one before the
+    // damaged step, or one committed after it.
+    std::optional<uint64_t> newest_good;
+    for (const StepEntry& s : d->steps) {
+      if (s.state() == ckptd::v1::STEP_COMMITTED) newest_good = s.step();
+    }
+    const bool picks_good =
+        newest_good ? !preview.fresh_start() && preview.step() == *newest_good : preview.fresh_start();
+    verdicts.push_back({"a restart picks the newest intact committed step", picks_good,
+                        newest_good ? absl::StrCat("step ", *newest_good,
+                                                   *newest_good < bad ? " (the one before the damaged step)"
+                                                                      : " (committed after the damaged step)")
+                                    : "none: a fresh start"});
+  }
+  if (IsStorageScenario(scenario)) {
+    bool restarted = st.resumed();
+    for (const auto& e : st.events()) {
+      restarted |= e.kind() == ckptd::v1::TRAINER_DIED || e.kind() == ckptd::v1::NODE_LOST ||
+                   e.kind() == ckptd::v1::TRAINER_HUNG;
+    }
+    verdicts.push_back({"training went on without a restart", !restarted, ""});
+    verdicts.push_back({"the fault was lifted", st.report().ended(), ""});
+    const std::optional<uint64_t> after =
+        st.report().ended() ? NewestCommittedAfter(d->steps, st.report().ended_unix_nanos()) : std::nullopt;
+    verdicts.push_back({"checkpoints commit again after the fault", after.has_value(),
+                        after ? absl::StrCat("step ", *after) : "none within --watch"});
+  }
+  // Work lost: the steps past the restored one, redone.
+  d->lost_steps =
+      st.resumed() && st.step_at_failure() > st.restored_step() ? st.step_at_failure() - st.restored_step() : 0;
+  d->lost_seconds = static_cast<double>(d->lost_steps) * st.step_seconds();
+  d->restart_seconds = st.resumed() ? SecondsBetween(st.failed_unix_nanos(), st.resumed_unix_nanos()) : 0;
+}
+
+}  // namespace ckptd::cli

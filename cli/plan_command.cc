@@ -1,0 +1,271 @@
+// ckptctl plan (cli/interval_commands.h): what one checkpoint of a job holds
+// and costs, and the interval that follows.
+
+#include "cli/interval_commands.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/flags.h"
+#include "cli/command.h"
+#include "cli/figures.h"
+#include "cli/json.h"
+
+namespace ckptd::cli {
+
+const char kPlanHelp[] =
+    "usage: ckptctl plan --params N --gpus G [options]\n"
+    "\n"
+    "Estimates what one checkpoint of a training job holds per rank, per node and\n"
+    "in all, how long it blocks training and takes to persist, and the interval\n"
+    "and waste that follow. Offline arithmetic from the assumptions below.\n"
+    "\n"
+    "  --params N               model parameters: a number (7e9) or one with a\n"
+    "                           decimal suffix K, M, B, T (350M, 7B, 1.5T)\n"
+    "  --gpus G                 GPUs in the job, one rank each\n"
+    "  --dtype D                weights' dtype: bf16 (default), fp16 or fp32\n"
+    "  --optimizer O            adam (default), adam-8bit or sgd\n"
+    "  --zero Z                 ZeRO stage 0 (default), 1, 2 or 3\n"
+    "  --tp T                   tensor-parallel degree (default 1)\n"
+    "  --pp P                   pipeline-parallel degree (default 1); G must be a\n"
+    "                           multiple of T·P, and dp = G/(T·P)\n"
+    "  --gpus-per-node K        default 8\n"
+    "  --d2h-gbps X             device-to-host copy bandwidth per GPU, GB/s\n"
+    "                           (default 25)\n"
+    "  --write-gbps Y           storage write bandwidth per node, GB/s (default 2)\n"
+    "  --fail-rate L            failures per GPU-hour (default 3e-6)\n"
+    "  --restart-seconds R      cost of one restart, seconds (default 300)\n"
+    "  --alternative-seconds T  interval to compare with, seconds (default 1800)\n"
+    "  --json                   one JSON object instead of the table (bytes, seconds,\n"
+    "                           waste as fractions)\n"
+    "\n"
+    "Assumptions:\n"
+    "  bytes per parameter      weights  grads  optimizer state\n"
+    "    bf16/fp16, adam           2       2    12: fp32 master 4, m 4, v 4\n"
+    "    fp32, adam                4       4     8: m 4, v 4\n"
+    "    bf16/fp16, adam-8bit      2       2     6.004: master 4, m 1, v 1, and two\n"
+    "                                            fp32 scales per block of 2048\n"
+    "    fp32, adam-8bit           4       4     2.004: m 1, v 1, scales\n"
+    "    bf16/fp16, sgd            2       2     8: master 4, momentum 4\n"
+    "    fp32, sgd                 4       4     4: momentum 4\n"
+    "  (mixed-precision Adam: 16 bytes per parameter, as in the ZeRO paper)\n"
+    "  Each rank holds params/(tp·pp) parameters. ZeRO stage 1 divides the\n"
+    "  optimizer state by dp, stage 2 also the grads, stage 3 also the weights.\n"
+    "  RNG: 7572 bytes per rank (CPU Mersenne Twister 5056, one CUDA Philox 16,\n"
+    "  Python random 2500). Data cursor: 4096 bytes per rank.\n"
+    "  Every rank writes its own shard, data-parallel replicas included; sizes\n"
+    "  are before compression. GB = 1e9 bytes, GB/s = 1e9 bytes/s.\n"
+    "  stall = bytes per rank / --d2h-gbps; persist P = bytes per node /\n"
+    "  --write-gbps (ranks per node = --gpus-per-node, or G when fewer).\n"
+    "  δ = stall only: the slowdown of steps while a persist is in flight is not\n"
+    "  modelled offline (`ckptctl interval` takes a measured δ).\n"
+    "  M = 1/(G·λ); interval = Daly's optimum for (δ, M), never under P;\n"
+    "  waste W(τ) = δ/τ + (τ/2 + R)/M (see `ckptctl interval --help`).\n"
+    "\n"
+    "exit status: 0 success, 2 usage error\n";
+
+namespace {
+
+// "7B", "1.5T", "350M", "125000": parameter counts with decimal suffixes.
+std::string Count(double n) {
+  if (n >= 1e12) return absl::StrFormat("%.4gT", n / 1e12);
+  if (n >= 1e9) return absl::StrFormat("%.4gB", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.4gM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.4gK", n / 1e3);
+  return absl::StrFormat("%.4g", n);
+}
+
+// Decimal units, to match bandwidths in GB/s: "14.00 GB", "7.57 kB".
+std::string DecimalBytes(double bytes) {
+  static const char* kUnits[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
+  int u = 0;
+  double v = bytes;
+  while (v >= 1000 && u < 6) {
+    v /= 1000;
+    ++u;
+  }
+  if (u == 0) return absl::StrFormat("%.0f B", v);
+  return absl::StrFormat("%.2f %s", v, kUnits[u]);
+}
+
+uint64_t WholeBytes(double bytes) { return static_cast<uint64_t>(std::llround(bytes)); }
+
+}  // namespace
+
+absl::StatusOr<double> ParseParameterCount(absl::string_view text) {
+  absl::string_view number = text;
+  double scale = 1;
+  if (!number.empty()) {
+    switch (absl::ascii_toupper(static_cast<unsigned char>(number.back()))) {
+      case 'K': scale = 1e3; break;
+      case 'M': scale = 1e6; break;
+      case 'B': scale = 1e9; break;
+      case 'T': scale = 1e12; break;
+      default: break;
+    }
+    if (scale != 1) number.remove_suffix(1);
+  }
+  double v = 0;
+  if (number.empty() || !absl::SimpleAtod(number, &v) || !std::isfinite(v * scale) || !(v > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\" is not a positive parameter count (a number, optionally with K, M, B or T)"));
+  }
+  return v * scale;
+}
+
+void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::ostream& out) {
+  out << absl::StrFormat("checkpoint plan: %s parameters, %d GPUs on %d node%s (tp %d × pp %d × dp %d), %s, %s, "
+                         "ZeRO-%d\n",
+                         Count(in.params), in.gpus, p.nodes, p.nodes == 1 ? "" : "s", in.tp, in.pp, p.dp, in.dtype,
+                         in.optimizer, in.zero);
+  out << absl::StrFormat("%s parameters per rank\n", Count(p.params_per_rank));
+  // "2 B/param", "12 B/param / dp 64".
+  auto per_param = [&](double bytes, bool partitioned) {
+    return partitioned ? absl::StrFormat("%g B/param / dp %d", bytes, p.dp) : absl::StrFormat("%g B/param", bytes);
+  };
+  out << "\nper rank\n";
+  FigureLine(out, "params (weights)",
+             absl::StrFormat("%-12s %s", DecimalBytes(p.params_bytes), per_param(p.per_param.weights, in.zero >= 3)));
+  FigureLine(out, "grads",
+             absl::StrFormat("%-12s %s", DecimalBytes(p.grads_bytes), per_param(p.per_param.grads, in.zero >= 2)));
+  FigureLine(
+      out, "optimizer",
+      absl::StrFormat("%-12s %s", DecimalBytes(p.optimizer_bytes), per_param(p.per_param.optimizer, in.zero >= 1)));
+  FigureLine(out, "rng", absl::StrFormat("%-12s fixed", DecimalBytes(p.rng_bytes)));
+  FigureLine(out, "data cursor", absl::StrFormat("%-12s fixed", DecimalBytes(p.data_cursor_bytes)));
+  FigureLine(out, "total per rank", DecimalBytes(p.rank_bytes));
+  FigureLine(out, absl::StrFormat("per node (%d ranks)", p.ranks_per_node), DecimalBytes(p.node_bytes));
+  FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), DecimalBytes(p.job_bytes));
+
+  out << "\ntime and interval\n";
+  FigureLine(out, "stall (= δ)",
+             absl::StrFormat("%s at %g GB/s device-to-host", DurationFigure(p.stall_s), in.d2h_gbps));
+  FigureLine(out, "persist P", absl::StrFormat("%s at %g GB/s per node", DurationFigure(p.persist_s), in.write_gbps));
+  FigureLine(
+      out, "job MTBF M",
+      absl::StrFormat("%s at %g failures per GPU-hour", DurationFigure(p.job_mtbf_s), in.fail_rate_per_gpu_hour));
+  FigureLine(out, "restart cost R", DurationFigure(in.restart_s));
+  FigureLine(out, "Daly optimum τ", DurationFigure(p.interval.daly_s));
+  FigureLine(out, "interval τ", absl::StrCat(DurationFigure(p.interval.interval_s), ", ", p.interval.reason));
+  FigureLine(out, "expected waste W(τ)", Percent(p.interval.expected_waste));
+  FigureLine(out, absl::StrCat("waste at ", DurationLabel(in.alternative_s)), Percent(p.interval.alternative_waste));
+}
+
+std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("params", in.params);
+  w.Field("gpus", in.gpus);
+  w.Field("dtype", in.dtype);
+  w.Field("optimizer", in.optimizer);
+  w.Field("zero", in.zero);
+  w.Field("tp", in.tp);
+  w.Field("pp", in.pp);
+  w.Field("dp", p.dp);
+  w.Field("gpus_per_node", in.gpus_per_node);
+  w.Field("nodes", p.nodes);
+  w.Field("ranks_per_node", p.ranks_per_node);
+  w.Field("d2h_gbps", in.d2h_gbps);
+  w.Field("write_gbps", in.write_gbps);
+  w.Field("fail_rate_per_gpu_hour", in.fail_rate_per_gpu_hour);
+  w.Field("restart_seconds", in.restart_s);
+  w.Field("alternative_seconds", in.alternative_s);
+  w.Field("params_per_rank", p.params_per_rank);
+  w.Key("bytes_per_param");
+  w.BeginObject();
+  w.Field("weights", p.per_param.weights);
+  w.Field("grads", p.per_param.grads);
+  w.Field("optimizer", p.per_param.optimizer);
+  w.EndObject();
+  w.Key("rank_bytes");
+  w.BeginObject();
+  w.Field("params", WholeBytes(p.params_bytes));
+  w.Field("grads", WholeBytes(p.grads_bytes));
+  w.Field("optimizer", WholeBytes(p.optimizer_bytes));
+  w.Field("rng", WholeBytes(p.rng_bytes));
+  w.Field("data_cursor", WholeBytes(p.data_cursor_bytes));
+  w.Field("total", WholeBytes(p.rank_bytes));
+  w.EndObject();
+  w.Field("node_bytes", WholeBytes(p.node_bytes));
+  w.Field("job_bytes", WholeBytes(p.job_bytes));
+  w.Field("stall_seconds", p.stall_s);
+  w.Field("persist_seconds", p.persist_s);
+  w.Field("mtbf_seconds", p.job_mtbf_s);
+  w.Field("mtbf_hours", p.job_mtbf_s / kHour);
+  w.Field("cost_seconds", p.delta_s);
+  w.Field("daly_seconds", p.interval.daly_s);
+  w.Field("interval_seconds", p.interval.interval_s);
+  w.Field("interval_minutes", p.interval.interval_s / kMinute);
+  w.Field("expected_waste", p.interval.expected_waste);
+  w.Field("alternative_waste", p.interval.alternative_waste);
+  w.Field("reason", p.interval.reason);
+  w.EndObject();
+  return w.str();
+}
+
+int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<base::Args> args =
+      base::Args::Parse(argv,
+                  {"params", "gpus", "dtype", "optimizer", "zero", "tp", "pp", "gpus-per-node", "d2h-gbps",
+                   "write-gbps", "fail-rate", "restart-seconds", "alternative-seconds"},
+                  {"json", "help"});
+  auto usage = [&](absl::string_view why) {
+    err << "ckptctl plan: " << why << "\n(`ckptctl plan --help` describes the flags)\n";
+    return base::kExitUsage;
+  };
+  if (!args.ok()) return usage(args.status().message());
+  if (args->Has("help")) {
+    out << kPlanHelp;
+    return base::kExitOk;
+  }
+  if (!args->positional().empty()) return usage(absl::StrCat("unexpected argument \"", args->positional()[0], "\""));
+  if (!args->Has("params")) return usage("--params is required");
+  if (!args->Has("gpus")) return usage("--gpus is required");
+
+  policy::PlanInputs in;
+  absl::StatusOr<double> params = ParseParameterCount(*args->Get("params"));
+  if (!params.ok()) return usage(absl::StrCat("--params: ", params.status().message()));
+  in.params = *params;
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  for (absl::Status s : {ReadInt(*args, "gpus", 1, kIntMax, &in.gpus), ReadInt(*args, "zero", 0, 3, &in.zero),
+                         ReadInt(*args, "tp", 1, kIntMax, &in.tp), ReadInt(*args, "pp", 1, kIntMax, &in.pp),
+                         ReadInt(*args, "gpus-per-node", 1, kIntMax, &in.gpus_per_node),
+                         ReadNumber(*args, "d2h-gbps", NumberRange::kPositive, &in.d2h_gbps),
+                         ReadNumber(*args, "write-gbps", NumberRange::kPositive, &in.write_gbps),
+                         ReadNumber(*args, "fail-rate", NumberRange::kPositive, &in.fail_rate_per_gpu_hour),
+                         ReadNumber(*args, "restart-seconds", NumberRange::kNonNegative, &in.restart_s),
+                         ReadNumber(*args, "alternative-seconds", NumberRange::kPositive, &in.alternative_s)}) {
+    if (!s.ok()) return usage(s.message());
+  }
+  if (std::optional<std::string> dtype = args->Get("dtype")) in.dtype = *dtype;
+  if (std::optional<std::string> optimizer = args->Get("optimizer")) in.optimizer = *optimizer;
+  // Checked one at a time so that the message names the flag.
+  if (absl::Status s = policy::BytesPerParameter(in.dtype, "adam").status(); !s.ok()) {
+    return usage(absl::StrCat("--dtype: ", s.message()));
+  }
+  if (absl::Status s = policy::BytesPerParameter("bf16", in.optimizer).status(); !s.ok()) {
+    return usage(absl::StrCat("--optimizer: ", s.message()));
+  }
+  if (in.gpus % (int64_t{in.tp} * in.pp) != 0) {
+    return usage(absl::StrCat("--gpus ", in.gpus, " is not a multiple of --tp × --pp = ", int64_t{in.tp} * in.pp,
+                              " (tp ", in.tp, ", pp ", in.pp, ")"));
+  }
+  absl::StatusOr<policy::Plan> plan = policy::PlanCheckpoint(in);
+  if (!plan.ok()) return usage(plan.status().message());
+  if (args->Has("json")) {
+    out << PlanJson(in, *plan) << "\n";
+  } else {
+    PrintPlanTable(in, *plan, out);
+  }
+  return base::kExitOk;
+}
+
+}  // namespace ckptd::cli

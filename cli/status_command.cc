@@ -1,0 +1,288 @@
+// ckptctl status (cli/operator_commands.h): the cluster as the coordinator
+// sees it, as tables or as one JSON object.
+
+#include "cli/operator_commands.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/command.h"
+#include "cli/json.h"
+
+namespace ckptd::cli {
+
+const char kStatusHelp[] =
+    "usage: ckptctl status --coordinator HOST:PORT [--job J] [--json]\n"
+    "\n"
+    "The cluster as the coordinator sees it: every agent (alive or lost, the time\n"
+    "since its last heartbeat, the ranks it hosts), every job (state, world size,\n"
+    "ranks alive, fastest and slowest rank's step, newest committed step, the\n"
+    "schedule's every_steps, the interval policy's choice and its expected waste,\n"
+    "step time, checkpoints committed and aborted, pending and quarantined\n"
+    "steps), and the 10 newest failures with their age.\n"
+    "\n"
+    "  --coordinator HOST:PORT  the coordinator to ask\n"
+    "  --tls-ca F --tls-cert F --tls-key F\n"
+    "                           mutual TLS (PEM files), as the coordinator was started with\n"
+    "  --job J                  only job J (and its failures)\n"
+    "  --json                   one JSON object instead of the tables\n"
+    "\n"
+    "exit status: 0 success, 1 no such job (or the coordinator refused), 2 usage\n"
+    "error, 3 the coordinator cannot be reached\n";
+
+namespace {
+
+constexpr uint32_t kStatusEvents = 10;
+
+void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
+                     const std::vector<const ckptd::v1::JobStatus*>& jobs,
+                     const std::map<std::string, ckptd::v1::IntervalStatus>& intervals,
+                     const ckptd::v1::ListEventsResponse& events) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("coordinator", *c.args().Get("coordinator"));
+  w.Key("agents");
+  w.BeginObject();
+  int alive = 0;
+  for (const auto& a : cs.agents()) alive += a.alive();
+  w.Field("count", cs.agents_size());
+  w.Field("alive", alive);
+  w.Key("nodes");
+  w.BeginArray();
+  for (const auto& a : cs.agents()) {
+    w.BeginObject();
+    w.Field("node_id", a.node_id());
+    w.Field("address", a.address());
+    w.Field("alive", a.alive());
+    NullableTime(w, "last_heartbeat", a.last_heartbeat_unix_nanos());
+    w.Key("seconds_since_heartbeat");
+    if (a.last_heartbeat_unix_nanos() != 0) {
+      w.Double(SecondsSince(now, a.last_heartbeat_unix_nanos()));
+    } else {
+      w.Null();
+    }
+    w.Key("gpus");
+    w.BeginArray();
+    for (const std::string& g : a.gpus()) w.String(g);
+    w.EndArray();
+    w.Key("ranks");
+    w.BeginArray();
+    for (const auto& r : a.ranks()) {
+      w.BeginObject();
+      w.Field("job", r.job());
+      w.Field("rank", r.rank());
+      w.Field("world_size", r.world_size());
+      w.Field("pid", r.pid());
+      w.Field("gpu", r.gpu());
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+
+  w.Key("jobs");
+  w.BeginArray();
+  for (const ckptd::v1::JobStatus* j : jobs) {
+    w.BeginObject();
+    w.Field("job", j->job());
+    w.Field("state", JobStateName(j->state()));
+    w.Field("world_size", j->world_size());
+    w.Field("ranks_alive", j->ranks_alive());
+    w.Field("fastest_step", j->fastest_step());
+    w.Field("slowest_step", j->slowest_step());
+    NullableUint(w, "newest_committed_step", j->has_committed(), j->newest_committed_step());
+    w.Field("every_steps", j->schedule().every_steps());
+    w.Field("start_step", j->schedule().start_step());
+    UintArray(w, "extra_steps", j->schedule().extra_steps());
+    w.Field("incarnation", j->schedule().incarnation());
+    NullablePositive(w, "step_seconds", j->step_seconds());
+    w.Field("checkpoints_committed", j->checkpoints_committed());
+    w.Field("checkpoints_aborted", j->checkpoints_aborted());
+    UintArray(w, "pending_steps", j->pending_steps());
+    UintArray(w, "quarantined_steps", j->quarantined_steps());
+    auto it = intervals.find(j->job());
+    const ckptd::v1::IntervalStatus* iv = it == intervals.end() ? nullptr : &it->second;
+    w.Key("interval");
+    if (iv == nullptr) {
+      w.Null();
+    } else {
+      w.BeginObject();
+      w.Field("automatic", iv->automatic());
+      w.Field("decided", iv->decided());
+      if (iv->decided()) {
+        w.Field("interval_seconds", iv->interval_seconds());
+        w.Field("interval_steps", iv->interval_steps());
+        w.Field("expected_waste", iv->expected_waste());
+        w.Field("reason", iv->reason());
+      } else {
+        w.Key("interval_seconds");
+        w.Null();
+        w.Key("interval_steps");
+        w.Null();
+        w.Key("expected_waste");
+        w.Null();
+        w.Field("waiting_for", iv->waiting_for());
+      }
+      w.EndObject();
+    }
+    w.EndObject();
+  }
+  w.EndArray();
+
+  w.Key("failures");
+  w.BeginArray();
+  for (const auto& e : events.events()) {
+    w.BeginObject();
+    w.Field("time", IsoTime(e.unix_nanos()));
+    w.Field("unix_nanos", static_cast<int64_t>(e.unix_nanos()));
+    w.Field("age_seconds", SecondsSince(now, e.unix_nanos()));
+    w.Field("node_id", e.node_id());
+    w.Field("job", e.job());
+    NullableUint(w, "rank", e.has_rank(), e.rank());
+    w.Field("kind", FailureKindName(e.kind()));
+    w.Field("detail", e.detail());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+  c.out() << w.str() << "\n";
+}
+
+void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
+                      const std::vector<const ckptd::v1::JobStatus*>& jobs,
+                      const std::map<std::string, ckptd::v1::IntervalStatus>& intervals,
+                      const ckptd::v1::ListEventsResponse& events) {
+  std::ostream& out = c.out();
+  out << "coordinator " << *c.args().Get("coordinator") << "\n\n";
+  int alive = 0;
+  for (const auto& a : cs.agents()) alive += a.alive();
+  out << "agents: " << cs.agents_size() << " (" << alive << " alive)\n";
+  if (cs.agents_size() > 0) {
+    Table t({"NODE", "STATE", "LAST HEARTBEAT", "GPUS", "RANKS"}, {3});
+    for (const auto& a : cs.agents()) {
+      std::map<std::string, std::vector<uint32_t>> by_job;
+      for (const auto& r : a.ranks()) by_job[r.job()].push_back(r.rank());
+      std::vector<std::string> ranks;
+      for (const auto& [job, rs] : by_job) ranks.push_back(absl::StrCat(job, " ", RankRanges(rs)));
+      t.Add({a.node_id(), a.alive() ? "alive" : "LOST",
+             a.last_heartbeat_unix_nanos() == 0
+                 ? "-"
+                 : absl::StrCat(ShortDuration(SecondsSince(now, a.last_heartbeat_unix_nanos())), " ago"),
+             absl::StrCat(a.gpus_size()), ranks.empty() ? "-" : absl::StrJoin(ranks, "; ")});
+    }
+    t.Print(out);
+  }
+
+  out << "\njobs: " << jobs.size() << "\n";
+  if (!jobs.empty()) {
+    Table t({"JOB", "STATE", "WORLD", "ALIVE", "FASTEST", "SLOWEST", "COMMITTED", "EVERY", "INTERVAL", "WASTE"},
+            {2, 3, 4, 5, 6, 7});
+    std::vector<std::string> details;
+    for (const ckptd::v1::JobStatus* j : jobs) {
+      std::string interval = "-";
+      std::string waste = "-";
+      auto it = intervals.find(j->job());
+      if (it != intervals.end()) {
+        const ckptd::v1::IntervalStatus& iv = it->second;
+        if (iv.decided()) {
+          interval = absl::StrCat(ShortDuration(iv.interval_seconds()), iv.automatic() ? "" : " (advice)");
+          waste = Percent(iv.expected_waste());
+        } else {
+          interval = iv.automatic() ? "waiting" : "fixed";
+        }
+      }
+      t.Add({j->job(), JobStateName(j->state()), absl::StrCat(j->world_size()),
+             absl::StrCat(j->ranks_alive(), "/", j->world_size()), absl::StrCat(j->fastest_step()),
+             absl::StrCat(j->slowest_step()), j->has_committed() ? absl::StrCat(j->newest_committed_step()) : "-",
+             j->schedule().every_steps() > 0 ? absl::StrCat(j->schedule().every_steps()) : "-", interval, waste});
+    }
+    t.Print(out);
+    for (const ckptd::v1::JobStatus* j : jobs) {
+      std::vector<std::string> parts;
+      if (j->step_seconds() > 0) parts.push_back(absl::StrFormat("step %.3g s", j->step_seconds()));
+      parts.push_back(absl::StrCat("checkpoints ", j->checkpoints_committed(), " committed, ",
+                                   j->checkpoints_aborted(), " aborted"));
+      if (j->pending_steps_size() > 0) parts.push_back(absl::StrCat("pending ", absl::StrJoin(j->pending_steps(), ",")));
+      if (j->quarantined_steps_size() > 0) {
+        parts.push_back(absl::StrCat("quarantined ", absl::StrJoin(j->quarantined_steps(), ",")));
+      }
+      if (j->schedule().extra_steps_size() > 0) {
+        parts.push_back(absl::StrCat("manual targets ", absl::StrJoin(j->schedule().extra_steps(), ",")));
+      }
+      auto it = intervals.find(j->job());
+      if (it != intervals.end() && !it->second.decided() && !it->second.waiting_for().empty()) {
+        parts.push_back(absl::StrCat("policy waiting for ", it->second.waiting_for()));
+      }
+      out << "  " << j->job() << ": " << absl::StrJoin(parts, "; ") << "\n";
+    }
+  }
+
+  out << "\nrecent failures: " << (events.events_size() == 0 ? "none" : absl::StrCat(events.events_size())) << "\n";
+  if (events.events_size() > 0) {
+    Table t({"AGE", "TIME (UTC)", "NODE", "JOB", "RANK", "KIND", "DETAIL"}, {0, 4});
+    for (const auto& e : events.events()) {
+      t.Add({ShortDuration(SecondsSince(now, e.unix_nanos())), IsoTime(e.unix_nanos()), e.node_id(),
+             e.job().empty() ? "-" : e.job(), e.has_rank() ? absl::StrCat(e.rank()) : "-", FailureKindName(e.kind()),
+             e.detail()});
+    }
+    t.Print(out);
+  }
+}
+
+}  // namespace
+
+int RunStatus(const std::vector<std::string>& argv, const CoordinatorApiFactory& api, std::ostream& out,
+              std::ostream& err, const OperatorEnv& env) {
+  Command c("status", kStatusHelp, out, err);
+  if (std::optional<int> done = c.Start(argv, {"job"}, {}, /*needs_job=*/false, api)) return *done;
+  absl::StatusOr<ckptd::v1::GetClusterStatusResponse> cs = c.api().ClusterStatus();
+  if (!cs.ok()) return c.Fail("GetClusterStatus", cs.status());
+  std::vector<const ckptd::v1::JobStatus*> jobs;
+  for (const auto& j : cs->jobs()) {
+    if (!c.args().Has("job") || j.job() == c.job()) jobs.push_back(&j);
+  }
+  if (c.args().Has("job") && jobs.empty()) {
+    return c.Fail("GetClusterStatus", absl::NotFoundError(absl::StrCat("no job ", c.job())));
+  }
+  std::sort(jobs.begin(), jobs.end(), [](auto* a, auto* b) { return a->job() < b->job(); });
+  std::map<std::string, ckptd::v1::IntervalStatus> intervals;
+  for (const ckptd::v1::JobStatus* j : jobs) {
+    ckptd::v1::GetIntervalRequest req;
+    req.set_job(j->job());
+    absl::StatusOr<ckptd::v1::IntervalStatus> iv = c.api().GetInterval(req);
+    if (iv.ok()) {
+      intervals[j->job()] = *std::move(iv);
+    } else if (absl::IsUnavailable(iv.status()) || absl::IsDeadlineExceeded(iv.status())) {
+      return c.Fail("GetInterval", iv.status());
+    }
+    // Otherwise (a coordinator without the policy, a job gone since) the
+    // interval is shown as unknown: the rest of the status still holds.
+  }
+  ckptd::v1::ListEventsRequest ereq;
+  ereq.set_job(c.job());
+  ereq.set_limit(kStatusEvents);
+  absl::StatusOr<ckptd::v1::ListEventsResponse> events = c.api().ListEvents(ereq);
+  if (!events.ok()) return c.Fail("ListEvents", events.status());
+  // Newest first, at most kStatusEvents, whatever order the coordinator used.
+  std::sort(events->mutable_events()->begin(), events->mutable_events()->end(),
+            [](const auto& a, const auto& b) { return a.unix_nanos() > b.unix_nanos(); });
+  while (events->events_size() > static_cast<int>(kStatusEvents)) events->mutable_events()->RemoveLast();
+
+  const absl::Time now = env.now();
+  if (c.json()) {
+    PrintStatusJson(c, now, *cs, jobs, intervals, *events);
+  } else {
+    PrintStatusTable(c, now, *cs, jobs, intervals, *events);
+  }
+  return base::kExitOk;
+}
+
+}  // namespace ckptd::cli

@@ -1,0 +1,256 @@
+// CoordinatorCore: the two-phase global commit. Agents report durable
+// shards; the report that completes a step commits it (Apply, without mu_);
+// the locked step after the commit records what it came to, aborts older
+// pending steps and queues what retention drops.
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/coordinator_core_internal.h"
+#include "coordinator/job.h"
+#include "storage/layout.h"
+
+namespace ckptd::coordinator {
+
+using ckptd::v1::ShardRef;
+using ckptd::v1::ShardReport;
+using internal::kMaxRanksPerAgent;
+
+absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, const absl::Status& file_check,
+                                                  Effects* fx) {
+  const uint64_t step = report.step();
+  const uint32_t rank = report.shard().rank();
+  const std::string what = absl::StrCat("job ", report.job(), " step ", step, " rank ", rank);
+  Job* job = FindJob(report.job());
+  if (job == nullptr) {
+    CKPTD_ASSIGN_OR_RETURN(job, JobFor(report.job(), report.world_size()));
+  }
+  if (job->world_size() != report.world_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": reported for a world of ", report.world_size(), "; the job runs ", job->world_size()));
+  }
+  if (job->committed().contains(step)) return true;  // a repeated report of a committed step
+  // A coordinator that lost its database: trust the rank's count.
+  job->RaiseIncarnation(report.incarnation());
+  if (report.incarnation() < job->incarnation()) {
+    fx->aborts.emplace_back(job->name(), step);
+    return absl::AbortedError(absl::StrCat(what, ": written before the job's latest restore; not committed"));
+  }
+  if (auto a = job->aborted().find(step); a != job->aborted().end() && report.incarnation() <= a->second.incarnation) {
+    return absl::AbortedError(absl::StrCat(what, ": the step was aborted"));
+  }
+  if (std::optional<uint64_t> newest = job->NewestUsable(); newest && step < *newest) {
+    fx->aborts.emplace_back(job->name(), step);
+    return absl::FailedPreconditionError(absl::StrCat(what, ": older than committed step ", *newest, "; not needed"));
+  }
+  if (!file_check.ok()) {
+    // The rank's shard of this step is not what it said: the step cannot
+    // complete, and waiting for the deadline would only hold its files.
+    AbortPending(job, step, std::string(file_check.message()), fx);
+    return absl::Status(file_check.code(), absl::StrCat(what, ": ", file_check.message(), "; the step is aborted"));
+  }
+  ShardRef ref = report.shard();
+  ref.set_file(storage::ShardFileName(rank));  // never a client-supplied path
+  const absl::Time now = clock_->Now();
+  const bool complete = job->AddShard(step, ref, report.stall_seconds(), report.incarnation(), now);
+  if (observer_ != nullptr) observer_->OnShardReported(report);
+  if (!complete) return false;
+  const internal::PendingStep& p = job->pending().at(step);
+  Effects::CommitTask task;
+  task.job = job->name();
+  task.step = step;
+  task.world_size = job->world_size();
+  for (const auto& [r, s] : p.shards) task.shards.push_back(s);
+  task.last_report = now;
+  task.stall = p.max_stall;
+  task.persist = p.max_persist;
+  fx->commits.push_back(std::move(task));
+  return true;
+}
+
+absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
+    const ckptd::v1::ReportShardRequest& request) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
+  const bool single = request.has_report();
+  if (!single && request.batch().empty()) return absl::InvalidArgumentError("the request reports no shard");
+  if (request.batch_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a batch of ", request.batch_size(), " shards; at most ", kMaxRanksPerAgent));
+  }
+  if (single) CKPTD_RETURN_IF_ERROR(internal::ValidateShardReport(request.report(), options_.max_world_size));
+  std::vector<absl::Status> results;
+  for (const ShardReport& r : request.batch()) {
+    results.push_back(internal::ValidateShardReport(r, options_.max_world_size));
+  }
+  // The files are looked at here, outside the lock and as each report comes,
+  // not all at once when the last one completes the step: for thousands of
+  // ranks that would put thousands of stat calls between the last report and
+  // the commit.
+  const absl::Status single_check = single ? CheckShardFile(request.report()) : absl::OkStatus();
+  std::vector<absl::Status> checks(request.batch_size());
+  for (int i = 0; i < request.batch_size(); ++i) {
+    if (results[i].ok()) checks[i] = CheckShardFile(request.batch(i));
+  }
+  Effects fx;
+  absl::Status accepted;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = agents_.find(request.node_id());
+    if (it == agents_.end() || it->second->session != request.session()) {
+      return absl::NotFoundError(
+          absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
+    }
+    if (single) accepted = AcceptShard(request.report(), single_check, &fx).status();
+    for (int i = 0; i < request.batch_size(); ++i) {
+      if (results[i].ok()) results[i] = AcceptShard(request.batch(i), checks[i], &fx).status();
+    }
+    SaveChangedJobs(&fx);
+  }
+  Apply(fx);  // commits the steps these reports completed
+  CKPTD_RETURN_IF_ERROR(accepted);
+  ckptd::v1::ReportShardResponse response;
+  absl::MutexLock l(&mu_);
+  auto committed = [this](const ShardReport& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Job* job = FindJob(r.job());
+    return job != nullptr && job->committed().contains(r.step());
+  };
+  if (single) response.set_committed(committed(request.report()));
+  for (int i = 0; i < request.batch_size(); ++i) {
+    ckptd::v1::ShardResult* out = response.add_batch_results();
+    out->set_code(static_cast<int32_t>(results[i].code()));
+    out->set_message(std::string(results[i].message()));
+    out->set_committed(results[i].ok() && committed(request.batch(i)));
+  }
+  return response;
+}
+
+void CoordinatorCore::AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) {
+  if (!job->AbortStep(step, why)) return;  // committing: the commit decides
+  ++counters_.aborted;
+  fx->aborts.emplace_back(job->name(), step);
+  fx->aborted_notes.emplace_back(job->name(), step, why);
+}
+
+absl::Status CoordinatorCore::CheckShardFile(const ShardReport& report) {
+  return store_->CheckReportedShard(report.job(), report.step(), report.shard());
+}
+
+std::vector<absl::Status> CoordinatorCore::CheckShardFiles(
+    const google::protobuf::RepeatedPtrField<ShardReport>& reports) {
+  std::vector<absl::Status> checks;
+  checks.reserve(reports.size());
+  for (const ShardReport& r : reports) checks.push_back(CheckShardFile(r));
+  return checks;
+}
+
+absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint32_t world_size,
+                                     const std::vector<ShardRef>& shards) {
+  {
+    absl::MutexLock l(&inflight_mu_);
+    ++commits_in_flight_;
+  }
+  absl::Cleanup done = [this] {
+    absl::MutexLock l(&inflight_mu_);
+    --commits_in_flight_;
+  };
+  absl::MutexLock l(&commit_mu_);
+  // Each file was checked as it was reported (CheckShardFile).
+  absl::StatusOr<ckptd::v1::StepManifest> m =
+      store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kCheckedByCaller);
+  if (absl::IsAlreadyExists(m.status())) return absl::OkStatus();
+  return m.status();
+}
+
+void CoordinatorCore::AfterCommits(std::vector<CommitResult>& results, Effects* next) {
+  absl::MutexLock l(&mu_);
+  for (CommitResult& r : results) AfterCommit(r, next);
+}
+
+void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
+  const Effects::CommitTask& task = result.task;
+  Job* job = FindJob(task.job);
+  if (job == nullptr) return;
+  job->EndCommit(task.step);
+  if (!result.status.ok()) {
+    AbortPending(job, task.step, std::string(result.status.message()), next);
+    return;
+  }
+  job->MarkCommitted(task.step, task.stall, task.persist);
+  ++counters_.committed;
+  result.counted = true;
+  // Older steps still pending will never be needed.
+  for (uint64_t step : job->PendingBefore(task.step)) {
+    AbortPending(job, step, absl::StrCat("step ", task.step, " committed first"), next);
+  }
+  // Removing thousands of files must not delay the answer to the report that
+  // completed a step: RunRetention does it.
+  for (uint64_t step : internal::RetentionDrops(*job, options_.keep_last)) {
+    job->DropCommitted(step);
+    retention_queue_.emplace_back(task.job, step);
+  }
+}
+
+void CoordinatorCore::Apply(Effects& fx) {
+  while (!fx.empty()) {
+    Effects next;
+    for (const auto& q : fx.quarantines) {
+      {
+        // Marked in storage too, so that every reader (ckptctl, an agent
+        // committing alone) sees it. Best effort: the database has it.
+        absl::MutexLock l(&commit_mu_);
+        if (absl::Status s = store_->QuarantineStep(q.job(), q.step(), q.reason()); !s.ok()) {
+          logger_->Warning(absl::StrCat("marking ", q.job(), " step ", q.step(), " quarantined: ", s.ToString()));
+        }
+      }
+      if (absl::Status s = state_->PutQuarantine(q); !s.ok()) {
+        logger_->Warning(absl::StrCat("recording quarantine of ", q.job(), " step ", q.step(), ": ", s.ToString()));
+      }
+    }
+    for (const ckptd::v1::FailureEvent& e : fx.events) {
+      if (observer_ != nullptr) observer_->OnFailure(e);
+      if (absl::Status s = state_->AppendEvent(e); !s.ok()) {
+        logger_->Warning(absl::StrCat("recording failure event: ", s.ToString()));
+      }
+    }
+    for (const auto& [job, step, why] : fx.aborted_notes) {
+      if (observer_ != nullptr) observer_->OnAborted(job, step, why);
+    }
+    for (const auto& [job, step] : fx.aborts) {
+      absl::MutexLock l(&commit_mu_);
+      absl::Status s = store_->AbortStep(job, step);
+      // Already gone, or committed after all: nothing to clean.
+      if (!s.ok() && !absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)) {
+        logger_->Warning(absl::StrCat("removing aborted step ", step, " of ", job, ": ", s.ToString()));
+      }
+    }
+    std::vector<CommitResult> results;
+    for (Effects::CommitTask& task : fx.commits) {
+      CommitResult& r = results.emplace_back();
+      r.status = Commit(task.job, task.step, task.world_size, task.shards);
+      r.latency = clock_->Now() - task.last_report;
+      if (!r.status.ok()) {
+        logger_->Warning(absl::StrCat("commit of ", task.job, " step ", task.step, " failed: ", r.status.ToString()));
+      }
+      r.task = std::move(task);
+    }
+    if (!results.empty()) {
+      AfterCommits(results, &next);
+      for (const CommitResult& r : results) {
+        if (r.counted && observer_ != nullptr) observer_->OnCommitted(r.task.job, r.task.step, r.latency);
+      }
+    }
+    for (const ckptd::v1::JobRecord& r : fx.records) {
+      if (absl::Status s = state_->PutJob(r); !s.ok()) {
+        logger_->Warning(absl::StrCat("saving job ", r.job(), ": ", s.ToString()));
+      }
+    }
+    fx = std::move(next);
+  }
+}
+
+}  // namespace ckptd::coordinator

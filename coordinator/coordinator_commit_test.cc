@@ -1,0 +1,165 @@
+// CoordinatorCore: shard reports, the global commit, aborts and retention.
+#include <cstdint>
+#include <string>
+
+#include "base/status_macros.h"
+#include "base/testing/matchers.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/testing_core_harness.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/layout.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using v1 = ::ckptd::v1::RestorePlanResponse;
+
+class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
+ protected:
+  CoordinatorCoreTest() { Reset(); }
+  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
+};
+
+TEST_F(CoordinatorCoreTest, StepCommitsOnlyWhenEveryRankReportedItsShard) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 3; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard(r < 2 ? "node-a" : "node-b", 10, r));
+    EXPECT_FALSE(resp.committed());
+    EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  }
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(10u));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard("node-b", 10, 3));
+  EXPECT_TRUE(resp.committed());
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::StepManifest m, store_.ReadManifest(kJob, 10));
+  EXPECT_EQ(m.world_size(), 4u);
+  ASSERT_EQ(m.shards_size(), 4);
+  EXPECT_DOUBLE_EQ(m.shards(2).persist_seconds(), 0.25);
+  CKPTD_ASSERT_OK_AND_ASSIGN(storage::StepVerifyReport verify, store_.VerifyStep(kJob, 10));
+  EXPECT_TRUE(verify.ok());
+  ckptd::v1::JobStatus s = JobState();
+  EXPECT_TRUE(s.has_committed());
+  EXPECT_EQ(s.newest_committed_step(), 10u);
+  EXPECT_EQ(s.checkpoints_committed(), 1u);
+  EXPECT_TRUE(s.pending_steps().empty());
+  // A repeated report of a committed step is answered, not re-committed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto again, Shard("node-a", 10, 0));
+  EXPECT_TRUE(again.committed());
+  EXPECT_EQ(core_->Counters().committed, 1u);
+}
+
+TEST_F(CoordinatorCoreTest, AnAgentReportsItsRanksInOneBatchAndABadEntryFailsAlone) {
+  TwoNodes();
+  ckptd::v1::ReportShardRequest a;
+  a.set_node_id("node-a");
+  a.set_session(sessions_["node-a"]);
+  for (uint32_t r : {0u, 1u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(*a.add_batch(), Write(10, r));
+  }
+  ckptd::v1::ShardReport bad = a.batch(0);
+  bad.mutable_shard()->set_rank(9);
+  *a.add_batch() = bad;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse ra, core_->ReportShard(a));
+  ASSERT_EQ(ra.batch_results_size(), 3);
+  EXPECT_EQ(ra.batch_results(0).code(), 0);
+  EXPECT_FALSE(ra.batch_results(1).committed());
+  EXPECT_EQ(ra.batch_results(2).code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ra.batch_results(2).message(), HasSubstr("rank 9"));
+  ckptd::v1::ReportShardRequest b;
+  b.set_node_id("node-b");
+  b.set_session(sessions_["node-b"]);
+  for (uint32_t r : {2u, 3u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(*b.add_batch(), Write(10, r));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse rb, core_->ReportShard(b));
+  ASSERT_EQ(rb.batch_results_size(), 2);
+  EXPECT_TRUE(rb.batch_results(0).committed());
+  EXPECT_TRUE(rb.batch_results(1).committed());
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  ckptd::v1::ReportShardRequest empty;
+  empty.set_node_id("node-b");
+  empty.set_session(sessions_["node-b"]);
+  EXPECT_THAT(core_->ReportShard(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no shard")));
+}
+
+TEST_F(CoordinatorCoreTest, ShardWhoseFileDisagreesWithTheReportAbortsTheStep) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 10, r).status());
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 10));
+  // Rank 3 claims a shard that is not on disk: the report is refused, naming
+  // the rank, and the step is aborted at once rather than at its deadline.
+  EXPECT_THAT(ReportOnly("node-b", 10, 3, 8192, 42),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank 3 has no durable shard"), HasSubstr("aborted"))));
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
+  EXPECT_EQ(JobState().checkpoints_aborted(), 1u);
+  EXPECT_THAT(Shard("node-a", 10, 0), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));
+}
+
+TEST_F(CoordinatorCoreTest, RetentionKeepsTheNewestStepsAndQuarantinedOnes) {
+  options_.keep_last = 2;
+  Reset();
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  // Quarantine 20 through a failed restore.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK(Plan(0, 20, false).status());
+  uint64_t inc = 0;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r, 10, true));
+    inc = p.incarnation();
+  }
+  CommitStep(30, inc);
+  CommitStep(40, inc);
+  // Retention is not on the commit's path: the next tick removes the files.
+  EXPECT_EQ(JobState().newest_committed_step(), 40u);
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  core_->Tick();
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 10)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));  // quarantined: kept
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 30)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 40)));
+}
+
+TEST_F(CoordinatorCoreTest, StepPastItsDeadlineIsAborted) {
+  options_.step_deadline = absl::Minutes(5);
+  options_.node_lost_after = absl::Hours(1);
+  Reset();
+  TwoNodes();
+  CKPTD_ASSERT_OK(Shard("node-a", 10, 0).status());
+  clock_.Advance(absl::Minutes(4));
+  core_->Tick();
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(10u));
+  clock_.Advance(absl::Minutes(2));
+  core_->Tick();
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  EXPECT_EQ(JobState().checkpoints_aborted(), 1u);
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
+}
+
+TEST_F(CoordinatorCoreTest, PersistFailureAbortsTheStep) {
+  TwoNodes();
+  CKPTD_ASSERT_OK(Shard("node-a", 10, 0).status());
+  ckptd::v1::ReportFailureRequest req;
+  req.set_node_id("node-b");
+  req.set_session(sessions_["node-b"]);
+  req.set_job(kJob);
+  req.set_rank(2);
+  req.set_kind(ckptd::v1::PERSIST_FAILED);
+  req.set_step(10);
+  req.set_detail("No space left on device");
+  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);  // training goes on
+  EXPECT_THAT(Shard("node-a", 10, 1), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

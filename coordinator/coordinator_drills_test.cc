@@ -1,0 +1,206 @@
+// CoordinatorCore: drills (orders to agents, their reports, and what followed).
+#include <cstdint>
+#include <string>
+
+#include "base/status_macros.h"
+#include "base/testing/matchers.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/testing_core_harness.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
+ protected:
+  CoordinatorCoreTest() { Reset(); }
+  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
+};
+
+TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
+  // node-a allows drills, node-b does not.
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"];
+  Register("node-b", {2, 3});
+  CommitStep(10);
+
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(3);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("node-b's agent was not started with --allow-drills")));
+  req.set_rank(1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  EXPECT_EQ(ordered.node_id(), "node-a");
+
+  // The order rides on node-a's heartbeat answers, not node-b's, until reported.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck b_ack, Beat("node-b"));
+  EXPECT_TRUE(b_ack.drills().empty());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).drill_id(), ordered.drill_id());
+  EXPECT_EQ(ack.drills(0).scenario(), ckptd::v1::KILL_TRAINER);
+  EXPECT_EQ(ack.drills(0).rank(), 1u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, Beat("node-a"));
+  EXPECT_EQ(ack.drills_size(), 1);  // sent again: not reported yet
+
+  clock_.Advance(absl::Milliseconds(300));
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id("node-a");
+  hb.set_session(sessions_["node-a"]);
+  for (const auto& r : a.ranks()) *hb.add_ranks() = r;
+  ckptd::v1::DrillReport* rep = hb.add_drill_reports();
+  rep->set_drill_id(ordered.drill_id());
+  rep->set_injected(true);
+  rep->set_injected_unix_nanos(absl::ToUnixNanos(clock_.Now()));
+  rep->set_detail("SIGKILL to pid 1001");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, core_->OnHeartbeat(hb));
+  EXPECT_TRUE(ack.drills().empty());
+  // The agent saw its trainer die.
+  clock_.Advance(absl::Milliseconds(20));
+  ckptd::v1::ReportFailureRequest died;
+  died.set_node_id("node-a");
+  died.set_session(sessions_["node-a"]);
+  died.set_job(kJob);
+  died.set_rank(1);
+  died.set_kind(ckptd::v1::TRAINER_DIED);
+  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  EXPECT_EQ(st.node_id(), "node-a");
+  EXPECT_TRUE(st.report().injected());
+  EXPECT_EQ(st.report().detail(), "SIGKILL to pid 1001");
+  EXPECT_TRUE(st.had_committed_at_order());
+  EXPECT_EQ(st.newest_committed_at_order(), 10u);
+  ASSERT_EQ(st.events_size(), 1);
+  EXPECT_EQ(st.events(0).kind(), ckptd::v1::TRAINER_DIED);
+  EXPECT_EQ(st.first_detection_unix_nanos() - st.report().injected_unix_nanos(), 20'000'000);
+  EXPECT_FALSE(st.resumed());
+  // Every rank restores step 10 and takes a step 3 s after the failure.
+  clock_.Advance(absl::Seconds(3));
+  RestoreAll(10);
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 11}, {1, 11}}).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, core_->GetDrill(get));
+  EXPECT_TRUE(st.resumed());
+  EXPECT_FALSE(st.fresh_start());
+  EXPECT_EQ(st.restored_step(), 10u);
+  EXPECT_EQ(st.resumed_unix_nanos() - st.failed_unix_nanos(), 3'000'000'000);
+  get.set_drill_id(999);
+  EXPECT_THAT(core_->GetDrill(get), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no drill 999")));
+}
+
+TEST_F(CoordinatorCoreTest, AnAgentKilledBeforeItsReportIsNotToldToDieAgain) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"];
+  for (ckptd::v1::DrillScenario scenario : {ckptd::v1::KILL_AGENT, ckptd::v1::KILL_NODE}) {
+    SCOPED_TRACE(ckptd::v1::DrillScenario_Name(scenario));
+    ckptd::v1::RunDrillRequest req;
+    req.set_job(kJob);
+    req.set_scenario(scenario);
+    req.set_rank(0);
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+    EXPECT_EQ(ordered.node_id(), "node-a");
+    // It dies without a word and comes back as a new process.
+    clock_.Advance(absl::Seconds(2));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse again, core_->RegisterAgent(a));
+    sessions_["node-a"] = again.session();
+    ranks_["node-a"] = a;
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+    EXPECT_TRUE(ack.drills().empty());
+    ckptd::v1::GetDrillRequest get;
+    get.set_drill_id(ordered.drill_id());
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+    EXPECT_TRUE(st.report().injected());
+    EXPECT_THAT(st.report().detail(), HasSubstr("registered again"));
+  }
+}
+
+TEST_F(CoordinatorCoreTest, TheStepAtTheFailureFollowsRanksThatTrainUntilTheyHear) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3}, 4, /*drills_allowed=*/true);
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 20}, {1, 20}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 20}, {3, 20}}).status());
+  ckptd::v1::RunDrillRequest drill;
+  drill.set_job(kJob);
+  drill.set_scenario(ckptd::v1::KILL_TRAINER);
+  drill.set_rank(2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(drill));
+  ckptd::v1::ReportFailureRequest died;
+  died.set_node_id("node-b");
+  died.set_session(sessions_["node-b"]);
+  died.set_job(kJob);
+  died.set_rank(2);
+  died.set_kind(ckptd::v1::TRAINER_DIED);
+  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  // The others' progress arrives late, and they train on until told.
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 27}, {1, 26}}).status());
+  // Once the restore round starts, steps are the new run's.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 3}, {1, 3}}).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 3}, {3, 3}}).status());
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  ASSERT_TRUE(st.resumed()) << st.DebugString();
+  EXPECT_TRUE(st.fresh_start());
+  EXPECT_EQ(st.step_at_failure(), 27u);
+}
+
+TEST_F(CoordinatorCoreTest, ANodeDrillAtAStepWatchesARankOfThatNode) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3}, 4, /*drills_allowed=*/true);
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::STORAGE_EIO);
+  req.set_duration_seconds(1);
+  req.set_target_node("node-b");
+  req.set_at_step(50);
+  CKPTD_ASSERT_OK(core_->RunDrill(req).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-b"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).rank(), 2u);  // the lowest rank node-b hosts
+  EXPECT_EQ(ack.drills(0).at_step(), 50u);
+  // A node with no rank of the job has nothing to watch.
+  Register("node-c", {}, 4, /*drills_allowed=*/true);
+  req.set_target_node("node-c");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("hosts no rank of job")));
+  req.set_at_step(0);  // at once it can
+  CKPTD_EXPECT_OK(core_->RunDrill(req).status());
+}
+
+TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
+  TwoNodes();
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown drill scenario")));
+  req.set_scenario(ckptd::v1::HANG_TRAINER);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a duration")));
+  req.set_duration_seconds(1e9);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a duration")));
+  req.set_scenario(ckptd::v1::STORAGE_SLOW);
+  req.set_duration_seconds(5);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("delay per operation")));
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(9);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 9")));
+  req.set_target_node("node-a");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets a rank")));
+  req.set_scenario(ckptd::v1::KILL_AGENT);
+  req.set_target_node("node-z");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no live agent")));
+  req.set_target_node("../x");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node id")));
+  req.set_target_node("node-a");
+  req.set_job("other");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job other")));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

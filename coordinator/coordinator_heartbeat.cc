@@ -1,0 +1,91 @@
+// CoordinatorCore: heartbeats. Each refreshes the agent's membership (the
+// ranks it hosts), records its ranks' progress, and is answered with the
+// schedules of their jobs and the drills ordered from the agent.
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/coordinator_core_internal.h"
+#include "coordinator/drill_book.h"
+#include "coordinator/job.h"
+
+namespace ckptd::coordinator {
+
+using internal::kMaxRanksPerAgent;
+
+absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd::v1::Heartbeat& hb) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(hb.node_id()));
+  if (hb.ranks_size() > static_cast<int>(kMaxRanksPerAgent) ||
+      hb.progress_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(absl::StrCat("heartbeat of node ", hb.node_id(), " lists too many ranks"));
+  }
+  for (const auto& r : hb.ranks()) CKPTD_RETURN_IF_ERROR(internal::ValidateRankInfo(r, options_.max_world_size));
+  ckptd::v1::HeartbeatAck ack;
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = agents_.find(hb.node_id());
+    if (it == agents_.end() || it->second->session != hb.session() || !it->second->alive) {
+      ack.set_known(false);
+      return ack;
+    }
+    Agent* agent = it->second.get();
+    const absl::Time now = clock_->Now();
+    agent->last_heartbeat = now;
+    RefreshMembership(agent, hb);
+    for (const auto& p : hb.progress()) RecordProgress(*agent, p, now, &fx);
+    ack = HeartbeatReply(*agent, hb);
+    SaveChangedJobs(&fx);
+  }
+  Apply(fx);
+  return ack;
+}
+
+void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb) {
+  // Ranks that left the node are no longer alive there.
+  for (const auto& old : agent->ranks) {
+    bool still = false;
+    for (const auto& r : hb.ranks()) still |= r.job() == old.job() && r.rank() == old.rank();
+    Job* job = FindJob(old.job());
+    if (!still && job != nullptr) job->RankGone(old.rank(), agent->node_id);
+  }
+  std::vector<ckptd::v1::RankInfo> accepted;
+  for (const auto& r : hb.ranks()) {
+    absl::StatusOr<Job*> job = JobFor(r.job(), r.world_size());
+    if (!job.ok()) continue;  // a rank of another world size is refused; the others go on
+    (*job)->RefreshRank(r.rank(), agent->node_id, r.pid());
+    accepted.push_back(r);
+  }
+  agent->ranks = std::move(accepted);
+}
+
+void CoordinatorCore::RecordProgress(const Agent& agent, const ckptd::v1::RankProgress& p, absl::Time now,
+                                     Effects* fx) {
+  Job* job = FindJob(p.job());
+  if (job == nullptr || p.step() > internal::kMaxStep) return;
+  if (!job->RecordProgress(agent.node_id, p, now)) return;
+  for (uint64_t missed : p.missed_targets()) {
+    // The rank learned of the target too late: pick one ahead of everyone.
+    if (!job->RetargetMissed(missed, ManualLead(*job))) continue;
+    if (job->pending().contains(missed)) AbortPending(job, missed, "a rank passed the target before it knew", fx);
+  }
+}
+
+ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, const ckptd::v1::Heartbeat& hb) {
+  ckptd::v1::HeartbeatAck ack;
+  std::set<std::string> seen;
+  for (const auto& r : agent.ranks) {
+    if (!seen.insert(r.job()).second) continue;
+    if (Job* job = FindJob(r.job())) *ack.add_schedules() = job->schedule();
+  }
+  for (const ckptd::v1::DrillReport& report : hb.drill_reports()) drills_->Report(agent.node_id, report);
+  drills_->AddOrders(agent.node_id, &ack);
+  ack.set_known(true);
+  return ack;
+}
+
+}  // namespace ckptd::coordinator

@@ -1,0 +1,218 @@
+// CoordinatorCore: the schedule every rank evaluates. Manual checkpoints at
+// a step ahead of every rank, and the interval policy: a view of the job's
+// measurements (a pure function), the decision, and the move to a new rule
+// that keeps every rank snapshotting the same steps.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/coordinator_core_internal.h"
+#include "coordinator/job.h"
+#include "storage/layout.h"
+
+namespace ckptd::coordinator {
+
+namespace internal {
+namespace {
+
+constexpr size_t kMaxTargets = 64;
+
+// The median of the positive values (0 when there is none).
+double MedianOfPositive(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return !(x > 0) || !std::isfinite(x); });
+  return v.empty() ? 0 : policy::Median(std::move(v));
+}
+
+}  // namespace
+
+IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options) {
+  IntervalView view;
+  ckptd::v1::IntervalStatus& st = view.status;
+  st.set_job(job.name());
+  st.set_automatic(options.interval_automatic);
+  st.set_every_steps(job.schedule().every_steps());
+  st.set_gpus(job.world_size());
+  st.set_failures(cluster.failures);
+  st.set_exposure_gpu_hours(cluster.gpu_seconds / 3600);
+  st.set_prior_per_gpu_hour(options.failure_prior.mean_per_gpu_hour);
+  st.set_prior_shape(options.failure_prior.shape);
+  const policy::FailureRateEstimate rate = policy::EstimateFailureRate(
+      options.failure_prior, static_cast<int64_t>(cluster.failures), st.exposure_gpu_hours(), 0.9);
+  st.set_rate_per_gpu_hour(rate.mean);
+  st.set_rate_lower(rate.lower);
+  st.set_rate_upper(rate.upper);
+  st.set_credible(rate.credible);
+  st.set_mtbf_seconds(policy::JobMtbfSeconds(rate.mean, static_cast<int>(job.world_size())));
+  std::vector<double> idle, persisting;
+  for (const auto& [r, rank] : job.ranks()) {
+    if (!rank.alive) continue;
+    idle.push_back(rank.step_seconds_idle);
+    persisting.push_back(rank.step_seconds_persisting);
+  }
+  const double step_idle = MedianOfPositive(idle);
+  const double step_persisting = MedianOfPositive(persisting);
+  st.set_step_seconds(step_idle > 0 ? step_idle : job.record().step_seconds());
+  st.set_step_seconds_persisting(step_persisting);
+  st.set_checkpoints_measured(static_cast<uint32_t>(job.stalls().size()));
+  st.set_restarts_measured(static_cast<uint32_t>(job.restarts().size()));
+  const double stall = job.stalls().empty() ? 0 : job.stalls().Median();
+  const double persist = job.persists().empty() ? 0 : job.persists().Median();
+  // Steps during a persist run slower by (1 - idle/persisting) of their time,
+  // for as long as the persist lasts.
+  const double slowdown =
+      step_idle > 0 && step_persisting > step_idle ? persist * (1 - step_idle / step_persisting) : 0;
+  st.set_stall_seconds(stall);
+  st.set_persist_seconds(persist);
+  st.set_slowdown_seconds(slowdown);
+  // A cost measured as zero (a clock too coarse) is still a cost.
+  st.set_cost_seconds(std::max(stall + slowdown, 1e-6));
+  st.set_restart_assumed(job.restarts().empty());
+  st.set_restart_seconds(job.restarts().empty() ? absl::ToDoubleSeconds(options.restart_guess)
+                                                : job.restarts().Median());
+  st.set_min_interval_seconds(absl::ToDoubleSeconds(options.min_interval));
+  st.set_max_interval_seconds(absl::ToDoubleSeconds(options.max_interval));
+  st.set_alternative_seconds(absl::ToDoubleSeconds(options.alternative_interval));
+  if (!options.interval_automatic) {
+    st.set_reason(absl::StrCat("fixed interval of ", st.every_steps(), " steps (--every)"));
+  }
+  if (job.stalls().empty()) {
+    st.set_waiting_for("a committed checkpoint, to measure its stall and persist time");
+    return view;
+  }
+  if (st.step_seconds() <= 0) {
+    st.set_waiting_for("step times from the ranks");
+    return view;
+  }
+  policy::IntervalInputs in;
+  in.mtbf_s = st.mtbf_seconds();
+  in.delta_s = st.cost_seconds();
+  in.persist_s = persist;
+  in.restart_s = st.restart_seconds();
+  in.step_s = st.step_seconds();
+  in.min_interval_s = st.min_interval_seconds();
+  in.max_interval_s = st.max_interval_seconds();
+  in.alternative_s = st.alternative_seconds();
+  absl::StatusOr<policy::IntervalDecision> d = policy::DecideInterval(in);
+  if (!d.ok()) {
+    st.set_waiting_for(std::string(d.status().message()));
+    return view;
+  }
+  st.set_daly_seconds(d->daly_s);
+  st.set_interval_seconds(d->interval_s);
+  st.set_interval_steps(d->interval_steps);
+  st.set_expected_waste(d->expected_waste);
+  st.set_alternative_waste(d->alternative_waste);
+  if (options.interval_automatic) st.set_reason(d->reason);
+  st.set_decided(true);
+  view.inputs = in;
+  view.decision = *std::move(d);
+  return view;
+}
+
+std::vector<uint64_t> TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t fastest, uint64_t start) {
+  std::vector<uint64_t> extras;
+  for (uint64_t e : current.extra_steps()) {
+    if (e > fastest) extras.push_back(e);
+  }
+  if (current.every_steps() > 0) {
+    const uint64_t every = current.every_steps();
+    uint64_t next = fastest + 1;
+    if (next < current.start_step()) {
+      next = current.start_step();
+    } else {
+      next += (every - (next - current.start_step()) % every) % every;
+    }
+    for (; next < start && extras.size() < kMaxTargets; next += every) {
+      if (std::find(extras.begin(), extras.end(), next) == extras.end()) extras.push_back(next);
+    }
+  }
+  return extras;
+}
+
+}  // namespace internal
+
+uint64_t CoordinatorCore::ManualLead(const Job& job) const {
+  // Far enough ahead that every rank hears of it first: two heartbeats and
+  // the client's poll, in steps of the job's pace (at least two steps).
+  const double seconds = 2 * absl::ToDoubleSeconds(options_.heartbeat_interval) + 0.5;
+  const double step_s = job.record().step_seconds();
+  if (step_s <= 0) return 10;
+  return std::max<uint64_t>(2, static_cast<uint64_t>(std::ceil(seconds / step_s)) + 1);
+}
+
+absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestCheckpoint(
+    const ckptd::v1::RequestCheckpointRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  Effects fx;
+  ckptd::v1::RequestCheckpointResponse response;
+  {
+    absl::MutexLock l(&mu_);
+    Job* job = FindJob(request.job());
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+    if (job->state() != ckptd::v1::JOB_RUNNING) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " is restarting"));
+    }
+    uint64_t fastest = 0;
+    bool any = false;
+    for (const auto& [r, rank] : job->ranks()) {
+      if (!rank.alive) continue;
+      any = true;
+      fastest = std::max(fastest, rank.step);
+    }
+    if (!any) return absl::FailedPreconditionError(absl::StrCat("job ", request.job(), " has no live rank"));
+    const uint64_t target = fastest + ManualLead(*job);
+    job->AddManualTarget(target, fastest);
+    response.set_target_step(target);
+    SaveJob(job, &fx);
+  }
+  Apply(fx);
+  return response;
+}
+
+internal::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
+  // The failure rate is the cluster's: every job's failures over every job's
+  // GPU-hours.
+  internal::ClusterExposure cluster;
+  for (const auto& [name, j] : jobs_) {
+    cluster.failures += j->record().failures();
+    cluster.gpu_seconds += j->record().gpu_seconds();
+  }
+  return internal::ViewInterval(job, cluster, options_);
+}
+
+void CoordinatorCore::DecideInterval(Job* job) {
+  internal::IntervalView v = IntervalFor(*job);
+  if (!v.decision) return;
+  const uint64_t current = job->schedule().every_steps();
+  if (policy::ShouldChangeInterval(current, *v.decision, *v.inputs, options_.hysteresis)) {
+    Reschedule(job, v.decision->interval_steps);
+  }
+}
+
+void CoordinatorCore::Reschedule(Job* job, uint64_t every_steps) {
+  const uint64_t fastest = job->FastestStep();
+  // The new rule starts where every rank has heard of it. Until then a rank
+  // may still follow the old one, so the old rule's targets before that step
+  // stay as one-off targets: every rank snapshots the same steps either way.
+  const uint64_t start = fastest + ManualLead(*job);
+  job->SetRule(every_steps, start, internal::TargetsUntilNewRule(job->schedule(), fastest, start));
+}
+
+absl::StatusOr<ckptd::v1::IntervalStatus> CoordinatorCore::GetInterval(const ckptd::v1::GetIntervalRequest& request) {
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
+  absl::MutexLock l(&mu_);
+  const Job* job = FindJob(request.job());
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+  internal::IntervalView v = IntervalFor(*job);
+  if (job->last_decided() != absl::Time()) {
+    v.status.set_decided_unix_nanos(absl::ToUnixNanos(job->last_decided()));
+  }
+  return v.status;
+}
+
+}  // namespace ckptd::coordinator

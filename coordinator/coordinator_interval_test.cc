@@ -1,0 +1,290 @@
+// CoordinatorCore: the schedule (manual checkpoints and the interval policy).
+#include <cstdint>
+#include <string>
+
+#include "base/status_macros.h"
+#include "base/testing/matchers.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/state_store.h"
+#include "coordinator/testing_core_harness.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rpc/schedule.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
+ protected:
+  CoordinatorCoreTest() { Reset(); }
+  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
+};
+
+TEST_F(CoordinatorCoreTest, EveryRankGetsTheSameSchedule) {
+  TwoNodes();
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto a, Beat("node-a"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto b, Beat("node-b"));
+  ASSERT_TRUE(a.known());
+  ASSERT_EQ(a.schedules_size(), 1);
+  ASSERT_EQ(b.schedules_size(), 1);
+  EXPECT_EQ(a.schedules(0).SerializeAsString(), b.schedules(0).SerializeAsString());
+  EXPECT_EQ(a.schedules(0).every_steps(), options_.every_steps);
+  EXPECT_TRUE(rpc::ScheduledAt(a.schedules(0), 200));
+  EXPECT_FALSE(rpc::ScheduledAt(a.schedules(0), 150));
+  EXPECT_FALSE(rpc::ScheduledAt(a.schedules(0), 0));
+}
+
+TEST_F(CoordinatorCoreTest, ManualCheckpointTargetsAStepAheadOfTheFastestRank) {
+  TwoNodes();
+  CKPTD_ASSERT_OK(Beat("node-a", {{0, 40}, {1, 42}}, 0.5).status());
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 41}, {3, 39}}, 0.5).status());
+  ckptd::v1::RequestCheckpointRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto target, core_->RequestCheckpoint(req));
+  EXPECT_GT(target.target_step(), 42u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto ack, Beat("node-b"));
+  EXPECT_TRUE(rpc::ScheduledAt(ack.schedules(0), target.target_step()));
+  const uint64_t generation = ack.schedules(0).generation();
+
+  // A rank that passed the target before it heard of it says so: a new one.
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id("node-a");
+  hb.set_session(sessions_["node-a"]);
+  for (const auto& r : ranks_["node-a"].ranks()) *hb.add_ranks() = r;
+  ckptd::v1::RankProgress* p = hb.add_progress();
+  p->set_job(kJob);
+  p->set_rank(1);
+  p->set_step(target.target_step() + 3);
+  p->add_missed_targets(target.target_step());
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto moved, core_->OnHeartbeat(hb));
+  EXPECT_GT(moved.schedules(0).generation(), generation);
+  EXPECT_FALSE(rpc::ScheduledAt(moved.schedules(0), target.target_step()));
+  ASSERT_EQ(moved.schedules(0).extra_steps_size(), 1);
+  EXPECT_GT(moved.schedules(0).extra_steps(0), target.target_step() + 3);
+
+  req.set_job("no-such-job");
+  EXPECT_THAT(core_->RequestCheckpoint(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no-such-job")));
+}
+
+class IntervalPolicyTest : public CoordinatorCoreTest {
+ protected:
+  IntervalPolicyTest() {
+    // A failure-prone cluster, so that the optimum is seconds, not days.
+    options_.failure_prior.mean_per_gpu_hour = 10.0;
+    options_.min_interval = absl::ZeroDuration();
+    StartOver();
+  }
+
+  // A new coordinator with options_ and nothing remembered.
+  void StartOver() {
+    state_ = NewMemStateStore();
+    Reset();
+    TwoNodes();
+  }
+
+  absl::Status BeatAll(uint64_t step, double idle, double persisting) {
+    for (const std::string node : {"node-a", "node-b"}) {
+      ckptd::v1::Heartbeat hb;
+      hb.set_node_id(node);
+      hb.set_session(sessions_[node]);
+      for (const auto& r : ranks_[node].ranks()) {
+        *hb.add_ranks() = r;
+        ckptd::v1::RankProgress* p = hb.add_progress();
+        p->set_job(kJob);
+        p->set_rank(r.rank());
+        p->set_step(step);
+        p->set_step_seconds((idle + persisting) / 2);
+        p->set_step_seconds_idle(idle);
+        p->set_step_seconds_persisting(persisting);
+      }
+      absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(hb);
+      if (!ack.ok()) return ack.status();
+    }
+    return absl::OkStatus();
+  }
+
+  ckptd::v1::IntervalStatus Interval() {
+    ckptd::v1::GetIntervalRequest req;
+    req.set_job(kJob);
+    absl::StatusOr<ckptd::v1::IntervalStatus> s = core_->GetInterval(req);
+    EXPECT_THAT(s.status(), IsOk());
+    return s.ok() ? *s : ckptd::v1::IntervalStatus();
+  }
+
+  // The policy's next decision, with every rank at `step` (heartbeats keep
+  // the nodes alive across the wait).
+  absl::Status DecideAt(uint64_t step, double idle = 0.1, double persisting = 0.125) {
+    clock_.Advance(options_.decide_every);
+    CKPTD_RETURN_IF_ERROR(BeatAll(step, idle, persisting));
+    core_->Tick();
+    return absl::OkStatus();
+  }
+
+  ckptd::v1::Schedule Schedule() { return JobState().schedule(); }
+
+  absl::Status Die(const std::string& node, uint32_t rank) {
+    ckptd::v1::ReportFailureRequest died;
+    died.set_node_id(node);
+    died.set_session(sessions_[node]);
+    died.set_job(kJob);
+    died.set_rank(rank);
+    died.set_kind(ckptd::v1::TRAINER_DIED);
+    return core_->ReportFailure(died);
+  }
+};
+
+TEST_F(IntervalPolicyTest, WaitsForAMeasuredCheckpointThenMovesTheScheduleToTheOptimum) {
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  ckptd::v1::IntervalStatus before = Interval();
+  EXPECT_TRUE(before.automatic());
+  EXPECT_FALSE(before.decided());
+  EXPECT_THAT(before.waiting_for(), HasSubstr("committed checkpoint"));
+  EXPECT_EQ(before.every_steps(), options_.every_steps);
+
+  CommitStep(100);  // stall 0.01 s, persist 0.25 s on every rank
+  const uint64_t generation = Schedule().generation();
+  CKPTD_ASSERT_OK(DecideAt(105));
+
+  const ckptd::v1::IntervalStatus st = Interval();
+  ASSERT_TRUE(st.decided()) << st.waiting_for();
+  EXPECT_EQ(st.gpus(), 4u);
+  EXPECT_EQ(st.failures(), 0u);
+  EXPECT_DOUBLE_EQ(st.stall_seconds(), 0.01);
+  EXPECT_DOUBLE_EQ(st.persist_seconds(), 0.25);
+  // Steps run 25 % slower for the 0.25 s of a persist: 0.05 s per checkpoint.
+  EXPECT_NEAR(st.slowdown_seconds(), 0.25 * (1 - 0.1 / 0.125), 1e-12);
+  EXPECT_NEAR(st.cost_seconds(), 0.06, 1e-12);
+  EXPECT_DOUBLE_EQ(st.step_seconds(), 0.1);
+  EXPECT_TRUE(st.restart_assumed());
+  EXPECT_DOUBLE_EQ(st.restart_seconds(), absl::ToDoubleSeconds(options_.restart_guess));
+  // λ from the prior alone (a few GPU-seconds seen), M = 1/(G λ).
+  const policy::FailureRateEstimate rate =
+      policy::EstimateFailureRate(options_.failure_prior, 0, st.exposure_gpu_hours(), 0.9);
+  EXPECT_DOUBLE_EQ(st.rate_per_gpu_hour(), rate.mean);
+  EXPECT_LT(st.rate_lower(), st.rate_per_gpu_hour());
+  EXPECT_GT(st.rate_upper(), st.rate_per_gpu_hour());
+  EXPECT_NEAR(st.mtbf_seconds(), 3600 / (4 * rate.mean), 1e-6);
+  EXPECT_NEAR(st.daly_seconds(), policy::DalyOptimum(0.06, st.mtbf_seconds()), 1e-9);
+  EXPECT_NEAR(st.expected_waste(),
+              policy::ExpectedWaste(st.interval_seconds(), 0.06, st.restart_seconds(), st.mtbf_seconds()), 1e-12);
+  EXPECT_GT(st.alternative_waste(), st.expected_waste());
+  EXPECT_FALSE(st.reason().empty());
+
+  // The schedule moved to the decision, from a step ahead of every rank.
+  const ckptd::v1::Schedule sched = Schedule();
+  EXPECT_GT(sched.generation(), generation);
+  EXPECT_EQ(sched.every_steps(), st.interval_steps());
+  EXPECT_NE(sched.every_steps(), options_.every_steps);
+  EXPECT_GT(sched.start_step(), 105u);
+  EXPECT_EQ(st.every_steps(), st.interval_steps());
+
+  // The same measurements again: no churn.
+  CKPTD_ASSERT_OK(DecideAt(110));
+  EXPECT_EQ(Schedule().generation(), sched.generation());
+  // Twice the stall on every later checkpoint moves the optimum by ~40 %: the
+  // schedule follows once the median does.
+  for (uint64_t step : {200u, 300u, 400u}) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      absl::StatusOr<ckptd::v1::ShardReport> rep = Write(step, r);
+      ASSERT_THAT(rep.status(), IsOk());
+      rep->set_stall_seconds(0.2);
+      ckptd::v1::ReportShardRequest req;
+      req.set_node_id(r < 2 ? "node-a" : "node-b");
+      req.set_session(sessions_[req.node_id()]);
+      *req.mutable_report() = *rep;
+      CKPTD_ASSERT_OK(core_->ReportShard(req).status());
+    }
+  }
+  CKPTD_ASSERT_OK(DecideAt(405));
+  const ckptd::v1::IntervalStatus later = Interval();
+  EXPECT_DOUBLE_EQ(later.stall_seconds(), 0.2);
+  EXPECT_GT(Schedule().every_steps(), sched.every_steps());
+  EXPECT_EQ(Schedule().every_steps(), later.interval_steps());
+}
+
+TEST_F(IntervalPolicyTest, OldTargetsBeforeTheNewStartStayForRanksThatHaveNotHeard) {
+  options_.every_steps = 5;
+  StartOver();
+  CKPTD_ASSERT_OK(BeatAll(3, 0.1, 0.125));
+  CommitStep(5);
+  CKPTD_ASSERT_OK(DecideAt(7));
+  const ckptd::v1::Schedule sched = Schedule();
+  ASSERT_NE(sched.every_steps(), 5u);
+  // Between the fastest rank (7) and the new start, every step the old rule
+  // named is still a target, and no other.
+  ckptd::v1::Schedule old;
+  old.set_every_steps(5);
+  for (uint64_t step = 8; step < sched.start_step(); ++step) {
+    EXPECT_EQ(rpc::ScheduledAt(sched, step), rpc::ScheduledAt(old, step)) << step;
+  }
+  EXPECT_TRUE(rpc::ScheduledAt(sched, sched.start_step()));
+}
+
+TEST_F(IntervalPolicyTest, FixedIntervalNeverMoves) {
+  options_.interval_automatic = false;
+  StartOver();
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);
+  CKPTD_ASSERT_OK(DecideAt(105));
+  EXPECT_EQ(Schedule().every_steps(), options_.every_steps);
+  const ckptd::v1::IntervalStatus st = Interval();
+  EXPECT_FALSE(st.automatic());
+  EXPECT_THAT(st.reason(), HasSubstr("fixed"));
+  EXPECT_GT(st.interval_steps(), 0u);  // what the policy would choose, for comparison
+}
+
+TEST_F(IntervalPolicyTest, AFailureCountsOnceAndItsRestartIsTimedToTheFirstStepAfterTheRestore) {
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);
+  CKPTD_ASSERT_OK(BeatAll(120, 0.1, 0.125));
+  CKPTD_ASSERT_OK(Die("node-a", 1));
+  CKPTD_ASSERT_OK(Die("node-b", 3));  // the same incident
+  EXPECT_EQ(Interval().failures(), 1u);
+  clock_.Advance(absl::Seconds(30));
+  RestoreAll(100);
+  CKPTD_ASSERT_OK(BeatAll(100, 0.1, 0.125));  // loaded, not yet stepping
+  EXPECT_EQ(Interval().restarts_measured(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  CKPTD_ASSERT_OK(BeatAll(101, 0.1, 0.125));
+  const ckptd::v1::IntervalStatus st = Interval();
+  EXPECT_EQ(st.restarts_measured(), 1u);
+  EXPECT_FALSE(st.restart_assumed());
+  EXPECT_DOUBLE_EQ(st.restart_seconds(), 32);
+  // More failures raise the estimated rate.
+  const double rate = st.rate_per_gpu_hour();
+  CKPTD_ASSERT_OK(Die("node-a", 0));
+  EXPECT_EQ(Interval().failures(), 2u);
+  EXPECT_GT(Interval().rate_per_gpu_hour(), rate);
+}
+
+TEST_F(IntervalPolicyTest, RestoreToAnOlderStepCountsTheScheduleFromTheStart) {
+  options_.every_steps = 10;
+  StartOver();
+  CKPTD_ASSERT_OK(BeatAll(5, 0.1, 0.125));
+  CommitStep(10);
+  CKPTD_ASSERT_OK(DecideAt(12));
+  const ckptd::v1::Schedule moved = Schedule();
+  ASSERT_GT(moved.start_step(), 12u);
+  CKPTD_ASSERT_OK(Die("node-a", 0));
+  RestoreAll(10);
+  const ckptd::v1::Schedule after = Schedule();
+  EXPECT_EQ(after.every_steps(), moved.every_steps());
+  EXPECT_LT(after.start_step(), after.every_steps());
+  // Same phase: the steps the moved rule named are still named.
+  EXPECT_TRUE(rpc::ScheduledAt(after, moved.start_step() + moved.every_steps()));
+}
+
+TEST_F(IntervalPolicyTest, UnknownOrHostileJobIsAnError) {
+  ckptd::v1::GetIntervalRequest req;
+  req.set_job("nope");
+  EXPECT_THAT(core_->GetInterval(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  req.set_job("../x");
+  EXPECT_THAT(core_->GetInterval(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator

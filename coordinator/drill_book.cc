@@ -1,0 +1,57 @@
+#include "coordinator/drill_book.h"
+
+#include <algorithm>
+
+namespace ckptd::coordinator::internal {
+
+uint64_t DrillBook::Order(const ckptd::v1::RunDrillRequest& order, const std::string& node, absl::Time now,
+                          std::optional<uint64_t> newest_at_order) {
+  const uint64_t id = next_id_++;
+  Drill& d = drills_[id];
+  d.request = order;
+  d.node = node;
+  d.ordered = now;
+  d.newest_at_order = newest_at_order;
+  while (drills_.size() > kMaxDrills) drills_.erase(drills_.begin());
+  return id;
+}
+
+void DrillBook::AgentRegistered(const std::string& node, absl::Time last_heartbeat) {
+  for (auto& [id, drill] : drills_) {
+    const bool kills_agent =
+        drill.request.scenario() == ckptd::v1::KILL_AGENT || drill.request.scenario() == ckptd::v1::KILL_NODE;
+    if (drill.node != node || drill.report || !kills_agent) continue;
+    ckptd::v1::DrillReport r;
+    r.set_drill_id(id);
+    r.set_injected(true);
+    r.set_injected_unix_nanos(absl::ToUnixNanos(std::max(drill.ordered, last_heartbeat)));
+    r.set_detail("the agent registered again without reporting: it was killed");
+    drill.report = r;
+  }
+}
+
+void DrillBook::Report(const std::string& node, const ckptd::v1::DrillReport& report) {
+  auto d = drills_.find(report.drill_id());
+  if (d != drills_.end() && d->second.node == node) d->second.report = report;
+}
+
+void DrillBook::AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack) const {
+  for (const auto& [id, drill] : drills_) {
+    if (drill.node != node || drill.report) continue;
+    ckptd::v1::DrillOrder* o = ack->add_drills();
+    o->set_drill_id(id);
+    o->set_scenario(drill.request.scenario());
+    o->set_job(drill.request.job());
+    o->set_rank(drill.request.rank());
+    o->set_at_step(drill.request.at_step());
+    o->set_duration_seconds(drill.request.duration_seconds());
+    o->set_slow_seconds(drill.request.slow_seconds());
+  }
+}
+
+const Drill* DrillBook::Find(uint64_t id) const {
+  auto d = drills_.find(id);
+  return d == drills_.end() ? nullptr : &d->second;
+}
+
+}  // namespace ckptd::coordinator::internal

@@ -1,0 +1,46 @@
+// The drills an operator ordered (the newest few hundred): each one's order,
+// the node whose agent carries it out, and the agent's report. A private
+// part of CoordinatorCore, which holds its mutex around every call.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.pb.h"
+
+namespace ckptd::coordinator::internal {
+
+struct Drill {
+  ckptd::v1::RunDrillRequest request;
+  std::string node;
+  absl::Time ordered;
+  std::optional<uint64_t> newest_at_order;  // the job's newest usable step then
+  std::optional<ckptd::v1::DrillReport> report;
+};
+
+class DrillBook {
+ public:
+  // Records an order for `node`'s agent; returns the drill's id.
+  uint64_t Order(const ckptd::v1::RunDrillRequest& order, const std::string& node, absl::Time now,
+                 std::optional<uint64_t> newest_at_order);
+  // `node`'s agent registered again. An agent told to kill itself may die
+  // before its report gets out: an order to kill it that it never reported
+  // is taken as carried out (by `last_heartbeat` at the latest), so that it
+  // is not sent again.
+  void AgentRegistered(const std::string& node, absl::Time last_heartbeat);
+  // An agent's report on an order of its node; others are ignored.
+  void Report(const std::string& node, const ckptd::v1::DrillReport& report);
+  // Adds the orders `node`'s agent has not reported on to its heartbeat answer.
+  void AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack) const;
+  const Drill* Find(uint64_t id) const;
+
+ private:
+  static constexpr size_t kMaxDrills = 256;
+  std::map<uint64_t, Drill> drills_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace ckptd::coordinator::internal

@@ -1,0 +1,377 @@
+#include "coordinator/job.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckptd::coordinator::internal {
+
+using ckptd::v1::JobRecord;
+using ckptd::v1::RestorePlanResponse;
+
+namespace {
+
+constexpr size_t kMaxAbortedRemembered = 1024;
+constexpr size_t kMaxResumesRemembered = 16;
+constexpr size_t kMaxManualTargets = 64;
+// Timings and GPU time change with every heartbeat; they are saved this often.
+constexpr absl::Duration kTimingsSaveInterval = absl::Seconds(10);
+
+double Ewma(double old_value, double sample) {
+  if (!(sample >= 0) || !std::isfinite(sample)) return old_value;
+  return old_value == 0 ? sample : 0.8 * old_value + 0.2 * sample;
+}
+
+}  // namespace
+
+std::unique_ptr<Job> Job::Create(const std::string& name, uint32_t world_size, uint64_t every_steps) {
+  std::unique_ptr<Job> job(new Job());
+  job->record_.set_job(name);
+  job->record_.set_world_size(world_size);
+  ckptd::v1::Schedule* s = job->record_.mutable_schedule();
+  s->set_job(name);
+  s->set_generation(1);
+  s->set_every_steps(every_steps);
+  s->set_state(ckptd::v1::JOB_RUNNING);
+  job->dirty_ = true;
+  return job;
+}
+
+std::unique_ptr<Job> Job::Recovered(const JobRecord& record) {
+  std::unique_ptr<Job> job(new Job());
+  job->record_ = record;
+  // The measurements themselves are not kept; their recent means seed the
+  // windows so that the policy need not wait for new ones.
+  if (record.stall_seconds() > 0) job->stalls_.Push(record.stall_seconds());
+  if (record.persist_seconds() > 0) job->persists_.Push(record.persist_seconds());
+  if (record.restart_seconds() > 0) job->restarts_.Push(record.restart_seconds());
+  if (job->state() == ckptd::v1::JOB_STATE_UNSPECIFIED) {
+    job->record_.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+  }
+  return job;
+}
+
+std::unique_ptr<Job> Job::Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps) {
+  std::unique_ptr<Job> job(new Job());
+  job->record_.set_job(name);
+  job->record_.set_world_size(world_size);
+  job->record_.mutable_schedule()->set_job(name);
+  job->record_.mutable_schedule()->set_every_steps(every_steps);
+  job->record_.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
+  return job;
+}
+
+std::optional<uint64_t> Job::NewestUsable() const {
+  for (auto it = committed_.rbegin(); it != committed_.rend(); ++it) {
+    if (!quarantined_.contains(*it)) return *it;
+  }
+  return std::nullopt;
+}
+
+uint64_t Job::FastestStep() const {
+  uint64_t fastest = 0;
+  for (const auto& [r, rank] : ranks_) fastest = std::max(fastest, rank.step);
+  return fastest;
+}
+
+bool Job::AnyRankAlive() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r.second.alive; });
+}
+
+absl::Status Job::Resize(uint32_t world_size) {
+  if (world_size == this->world_size()) return absl::OkStatus();
+  if (AnyRankAlive() || !pending_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", name(), " runs with world size ", this->world_size(), ", not ", world_size));
+  }
+  record_.set_world_size(world_size);
+  ranks_.clear();
+  round_.reset();
+  dirty_ = true;
+  return absl::OkStatus();
+}
+
+void Job::RegisterRank(uint32_t rank, const std::string& node, int32_t pid) {
+  Rank& r = ranks_[rank];
+  r.node_id = node;
+  r.pid = pid;
+  r.alive = true;
+}
+
+void Job::RefreshRank(uint32_t rank, const std::string& node, int32_t pid) {
+  Rank& r = ranks_[rank];
+  if (!r.alive || r.node_id != node || r.pid != pid) {
+    r = Rank();
+    r.node_id = node;
+    r.pid = pid;
+    r.alive = true;
+  }
+}
+
+void Job::RankGone(uint32_t rank, const std::string& node) {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end() && it->second.node_id == node) it->second.alive = false;
+}
+
+void Job::MarkHung(uint32_t rank) {
+  if (auto it = ranks_.find(rank); it != ranks_.end()) it->second.hung = true;
+}
+
+bool Job::RecordProgress(const std::string& node, const ckptd::v1::RankProgress& p, absl::Time now) {
+  auto it = ranks_.find(p.rank());
+  if (it == ranks_.end() || it->second.node_id != node) return false;
+  Rank& rank = it->second;
+  if (!rank.has_progress || p.step() != rank.step) {
+    rank.has_progress = true;
+    rank.hung = false;
+    rank.step = p.step();
+    rank.last_progress = now;
+  }
+  auto keep = [](double v, double& into) {
+    if (v > 0 && std::isfinite(v)) into = v;
+  };
+  // The ranks' progress reaches here a heartbeat or two late, and ranks go
+  // on training until they hear of the failure: until the restore round
+  // starts, later progress raises the step at the failure.
+  if (failed_at_ && !round_ && state() == ckptd::v1::JOB_RESTARTING) {
+    step_at_failure_ = std::max(step_at_failure_, p.step());
+  }
+  keep(p.step_seconds(), rank.step_seconds);
+  keep(p.step_seconds_idle(), rank.step_seconds_idle);
+  keep(p.step_seconds_persisting(), rank.step_seconds_persisting);
+  if (failed_at_ && state() == ckptd::v1::JOB_RUNNING && round_ && (round_->go || !round_->step) &&
+      p.step() > round_->step.value_or(0)) {
+    // The first step past the restored one: the restart is over.
+    const double r = absl::ToDoubleSeconds(now - *failed_at_);
+    restarts_.Push(r);
+    resumes_.push_back(Resume{*failed_at_, now, round_->step, step_at_failure_});
+    while (resumes_.size() > kMaxResumesRemembered) resumes_.pop_front();
+    record_.set_restart_seconds(Ewma(record_.restart_seconds(), r));
+    failed_at_.reset();
+    timings_dirty_ = true;
+  }
+  rank.skipped = p.snapshots_skipped();
+  if (p.step_seconds() > 0) record_.set_step_seconds(Ewma(record_.step_seconds(), p.step_seconds()));
+  return true;
+}
+
+void Job::Tick(uint32_t ranks_alive, double elapsed) {
+  if (state() == ckptd::v1::JOB_RUNNING && ranks_alive > 0) {
+    record_.set_gpu_seconds(record_.gpu_seconds() + ranks_alive * elapsed);
+  }
+  timings_dirty_ |= elapsed > 0 && ranks_alive > 0;
+  dirty_ |= std::exchange(save_at_tick_, false);
+}
+
+void Job::ScheduleChanged() {
+  ckptd::v1::Schedule* s = record_.mutable_schedule();
+  s->set_generation(s->generation() + 1);
+  dirty_ = true;
+}
+
+bool Job::RetargetMissed(uint64_t missed, uint64_t lead) {
+  auto& extras = *record_.mutable_schedule()->mutable_extra_steps();
+  auto e = std::find(extras.begin(), extras.end(), missed);
+  if (e == extras.end()) return false;
+  extras.erase(e);
+  extras.Add(FastestStep() + lead);
+  ScheduleChanged();
+  return true;
+}
+
+bool Job::AddManualTarget(uint64_t target, uint64_t fastest) {
+  auto* extras = record_.mutable_schedule()->mutable_extra_steps();
+  if (std::find(extras->begin(), extras->end(), target) != extras->end()) return false;
+  extras->Add(target);
+  // Only targets still ahead are worth keeping.
+  std::vector<uint64_t> keep;
+  for (uint64_t s : *extras) {
+    if (s + 1000 > fastest && keep.size() < kMaxManualTargets) keep.push_back(s);
+  }
+  extras->Assign(keep.begin(), keep.end());
+  ScheduleChanged();
+  return true;
+}
+
+void Job::SetRule(uint64_t every_steps, uint64_t start_step, const std::vector<uint64_t>& extra_steps) {
+  ckptd::v1::Schedule* s = record_.mutable_schedule();
+  s->mutable_extra_steps()->Assign(extra_steps.begin(), extra_steps.end());
+  s->set_start_step(start_step);
+  s->set_every_steps(every_steps);
+  ScheduleChanged();
+}
+
+void Job::RaiseIncarnation(uint64_t incarnation) {
+  if (incarnation <= this->incarnation()) return;
+  record_.mutable_schedule()->set_incarnation(incarnation);
+  dirty_ = true;
+}
+
+bool Job::AddShard(uint64_t step, const ckptd::v1::ShardRef& shard, double stall_seconds, uint64_t incarnation,
+                   absl::Time now) {
+  PendingStep& p = pending_[step];
+  if (p.shards.empty()) {
+    p.first_report = now;
+    p.incarnation = incarnation;
+  }
+  p.last_report = now;
+  p.shards[shard.rank()] = shard;
+  p.max_stall = std::max(p.max_stall, stall_seconds);
+  p.max_persist = std::max(p.max_persist, shard.persist_seconds());
+  record_.set_stall_seconds(Ewma(record_.stall_seconds(), stall_seconds));
+  record_.set_persist_seconds(Ewma(record_.persist_seconds(), shard.persist_seconds()));
+  timings_dirty_ = true;
+  if (p.committing || p.shards.size() < world_size()) return false;
+  p.committing = true;
+  return true;
+}
+
+bool Job::AbortStep(uint64_t step, const std::string& why) {
+  auto it = pending_.find(step);
+  if (it != pending_.end()) {
+    if (it->second.committing) return false;  // the commit decides
+    pending_.erase(it);
+  }
+  aborted_[step] = AbortedStep{incarnation(), why};
+  while (aborted_.size() > kMaxAbortedRemembered) aborted_.erase(aborted_.begin());
+  record_.set_checkpoints_aborted(record_.checkpoints_aborted() + 1);
+  dirty_ = true;
+  return true;
+}
+
+void Job::EndCommit(uint64_t step) {
+  if (auto it = pending_.find(step); it != pending_.end()) it->second.committing = false;
+}
+
+void Job::MarkCommitted(uint64_t step, double stall, double persist) {
+  pending_.erase(step);
+  committed_.insert(step);
+  if (failed_at_ && !round_) step_at_failure_ = std::max(step_at_failure_, step);
+  stalls_.Push(stall);
+  persists_.Push(persist);
+  record_.set_checkpoints_committed(record_.checkpoints_committed() + 1);
+  dirty_ = true;
+  save_at_tick_ = true;
+}
+
+std::vector<uint64_t> Job::PendingBefore(uint64_t step) const {
+  std::vector<uint64_t> steps;
+  for (const auto& [s, p] : pending_) {
+    if (s < step) steps.push_back(s);
+  }
+  return steps;
+}
+
+std::vector<uint64_t> Job::PendingAfter(std::optional<uint64_t> step) const {
+  std::vector<uint64_t> steps;
+  for (const auto& [s, p] : pending_) {
+    if (!step || s > *step) steps.push_back(s);
+  }
+  return steps;
+}
+
+std::vector<uint64_t> Job::PendingPastDeadline(absl::Time now, absl::Duration deadline) const {
+  std::vector<uint64_t> steps;
+  for (const auto& [s, p] : pending_) {
+    if (!p.committing && now - p.first_report > deadline) steps.push_back(s);
+  }
+  return steps;
+}
+
+void Job::ForgetProgress() {
+  for (auto& [r, rank] : ranks_) {
+    rank.has_progress = false;
+    rank.hung = false;
+  }
+}
+
+bool Job::Restart(absl::Time now) {
+  ckptd::v1::Schedule* s = record_.mutable_schedule();
+  if (s->state() == ckptd::v1::JOB_RESTARTING) return false;
+  s->set_state(ckptd::v1::JOB_RESTARTING);
+  // One failure per restart, however many ranks it took down.
+  record_.set_failures(record_.failures() + 1);
+  failed_at_ = now;
+  // Raised by later progress and commits until the restore round starts
+  // (RecordProgress, MarkCommitted).
+  step_at_failure_ = std::max(NewestUsable().value_or(0), FastestStep());
+  // Targets of manual checkpoints belong to the run that failed.
+  s->clear_extra_steps();
+  ScheduleChanged();
+  round_.reset();
+  ForgetProgress();
+  return true;
+}
+
+void Job::StartRestoreRound() {
+  RestoreRound round;
+  round.step = NewestUsable();
+  round_ = round;
+  ckptd::v1::Schedule* s = record_.mutable_schedule();
+  // Every rank starts over from the plan's step with the schedule it fetches
+  // then: the rule may count from the start again (same phase), so that a
+  // restore to an older step is not left without checkpoints until the start
+  // of an interval that the policy set ahead of the old run.
+  if (s->every_steps() > 0) s->set_start_step(s->start_step() % s->every_steps());
+  s->set_incarnation(s->incarnation() + 1);
+  s->set_state(ckptd::v1::JOB_RUNNING);
+  ScheduleChanged();
+  ForgetProgress();
+}
+
+bool Job::NeedsNewRound(uint32_t rank, bool has_attempt) const {
+  return !round_ || (round_->go && !has_attempt) || (!round_->step && !has_attempt && round_->ok.contains(rank));
+}
+
+RestorePlanResponse Job::StartsFresh(uint32_t rank) {
+  round_->ok.insert(rank);  // remembers who started fresh in this round
+  return Plan();
+}
+
+RestorePlanResponse Job::NotLoaded(uint32_t rank) {
+  round_->ok.erase(rank);
+  return Plan();
+}
+
+RestorePlanResponse Job::Loaded(uint32_t rank) {
+  round_->ok.insert(rank);
+  if (round_->ok.size() == world_size()) round_->go = true;
+  RestorePlanResponse r = Plan();
+  if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);
+  return r;
+}
+
+RestorePlanResponse Job::FallBack() {
+  round_ = RestoreRound();
+  round_->step = NewestUsable();
+  return Plan();
+}
+
+RestorePlanResponse Job::Plan() const {
+  RestorePlanResponse r;
+  r.set_incarnation(incarnation());
+  if (!round_->step) {
+    r.set_verdict(RestorePlanResponse::FRESH_START);
+  } else {
+    r.set_verdict(round_->go ? RestorePlanResponse::GO : RestorePlanResponse::LOAD);
+    r.set_step(*round_->step);
+  }
+  return r;
+}
+
+void Job::Unpin(uint64_t step) {
+  if (--verifying_[step] <= 0) verifying_.erase(step);
+}
+
+std::optional<JobRecord> Job::RecordToSave(absl::Time now) {
+  if (!dirty_ && !(timings_dirty_ && now - last_saved_ >= kTimingsSaveInterval)) return std::nullopt;
+  dirty_ = false;
+  timings_dirty_ = false;
+  last_saved_ = now;
+  record_.set_updated_unix_nanos(absl::ToUnixNanos(now));
+  return record_;
+}
+
+}  // namespace ckptd::coordinator::internal

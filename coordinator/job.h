@@ -1,0 +1,232 @@
+// What the coordinator knows of one job, and the rules that keep it
+// consistent: its ranks and their progress, pending, aborted, committed and
+// quarantined steps, the restore round, the schedule's generation, and the
+// measurements the interval policy reads. A private part of CoordinatorCore,
+// which holds its mutex around every call (the class itself is not
+// thread-safe) and decides what to do; this class keeps the bookkeeping right.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "policy/interval_policy.h"
+
+namespace ckptd::coordinator::internal {
+
+// A rank of the job, as its agent last told.
+struct Rank {
+  std::string node_id;
+  int32_t pid = 0;
+  bool alive = false;
+  bool has_progress = false;
+  bool hung = false;
+  uint64_t step = 0;
+  absl::Time last_progress;
+  double step_seconds = 0;
+  double step_seconds_idle = 0;        // with no persist of the rank in flight
+  double step_seconds_persisting = 0;  // with one
+  uint64_t skipped = 0;
+};
+
+// A step some ranks have reported durable.
+struct PendingStep {
+  absl::Time first_report;
+  absl::Time last_report;
+  uint64_t incarnation = 0;
+  std::map<uint32_t, ckptd::v1::ShardRef> shards;
+  bool committing = false;
+  // The slowest rank's: what the step cost the job.
+  double max_stall = 0;
+  double max_persist = 0;
+};
+
+// The ranks' agreement on what to restore after a restart.
+struct RestoreRound {
+  std::optional<uint64_t> step;  // nullopt: fresh start
+  std::set<uint32_t> ok;
+  bool go = false;
+};
+
+struct AbortedStep {
+  uint64_t incarnation = 0;  // the step's reports up to this incarnation are void
+  std::string reason;
+};
+
+// A restart that completed, for drill reports.
+struct Resume {
+  absl::Time failed;
+  absl::Time resumed;
+  std::optional<uint64_t> restored;  // nullopt: fresh start
+  uint64_t step_at_failure = 0;
+};
+
+class Job {
+ public:
+  // A job first heard of now: schedule generation 1, saved at once.
+  static std::unique_ptr<Job> Create(const std::string& name, uint32_t world_size, uint64_t every_steps);
+  // A job a previous coordinator saved; the recent means of its
+  // measurements seed the policy's windows.
+  static std::unique_ptr<Job> Recovered(const ckptd::v1::JobRecord& record);
+  // A job known only from committed steps in storage.
+  static std::unique_ptr<Job> Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps);
+
+  const std::string& name() const { return record_.job(); }
+  uint32_t world_size() const { return record_.world_size(); }
+  uint64_t incarnation() const { return record_.schedule().incarnation(); }
+  ckptd::v1::JobState state() const { return record_.schedule().state(); }
+  const ckptd::v1::JobRecord& record() const { return record_; }
+  const ckptd::v1::Schedule& schedule() const { return record_.schedule(); }
+  const std::map<uint32_t, Rank>& ranks() const { return ranks_; }
+  const std::map<uint64_t, PendingStep>& pending() const { return pending_; }
+  const std::set<uint64_t>& committed() const { return committed_; }
+  const std::map<uint64_t, std::string>& quarantined() const { return quarantined_; }
+  const std::map<uint64_t, AbortedStep>& aborted() const { return aborted_; }
+  const std::optional<RestoreRound>& round() const { return round_; }
+  const std::deque<Resume>& resumes() const { return resumes_; }
+  const policy::RecentWindow& stalls() const { return stalls_; }
+  const policy::RecentWindow& persists() const { return persists_; }
+  const policy::RecentWindow& restarts() const { return restarts_; }
+  bool verifying(uint64_t step) const { return verifying_.contains(step); }
+  absl::Time last_decided() const { return last_decided_; }
+  void set_last_decided(absl::Time t) { last_decided_ = t; }
+
+  // The newest committed step that is not quarantined.
+  std::optional<uint64_t> NewestUsable() const;
+  // The highest step any rank (alive or not) reported.
+  uint64_t FastestStep() const;
+  bool AnyRankAlive() const;
+
+  // --- Recovery.
+  void RecoverCommitted(uint64_t step) { committed_.insert(step); }
+
+  // --- Membership.
+  // The whole job came back with another world size: its ranks start over.
+  // kFailedPrecondition while a rank is alive or a step pending.
+  absl::Status Resize(uint32_t world_size);
+  // A rank its agent registered (what it knew of the rank's progress stays).
+  void RegisterRank(uint32_t rank, const std::string& node, int32_t pid);
+  // A rank its agent's heartbeat lists: a new one when it was dead, or runs
+  // elsewhere or as another process.
+  void RefreshRank(uint32_t rank, const std::string& node, int32_t pid);
+  // The rank, if it runs on `node`, is no longer alive.
+  void RankGone(uint32_t rank, const std::string& node);
+  void MarkHung(uint32_t rank);
+
+  // --- Progress.
+  // Records a rank's progress and step times, and ends a restart at the
+  // first step past the restored one. False (nothing changed) when the rank
+  // does not run on `node`.
+  bool RecordProgress(const std::string& node, const ckptd::v1::RankProgress& progress, absl::Time now);
+  // Adds the GPU time of `ranks_alive` ranks over `elapsed` seconds, and
+  // saves the commits' counters (MarkCommitted) with the next record.
+  void Tick(uint32_t ranks_alive, double elapsed);
+
+  // --- The schedule (each change raises its generation).
+  // A rank passed the manual target `missed` before it heard of it: moves it
+  // to `lead` steps ahead of the fastest rank. False when `missed` is no
+  // manual target.
+  bool RetargetMissed(uint64_t missed, uint64_t lead);
+  // Adds a manual checkpoint at `target`, keeping at most 64 targets that
+  // are not far behind `fastest`. False when it was there already.
+  bool AddManualTarget(uint64_t target, uint64_t fastest);
+  // A new rule: every `every_steps` from `start_step`, and `extra_steps`.
+  void SetRule(uint64_t every_steps, uint64_t start_step, const std::vector<uint64_t>& extra_steps);
+
+  // --- Shards and commits.
+  // A rank counts incarnations further than the job does (the coordinator
+  // lost its database): the job takes the rank's count.
+  void RaiseIncarnation(uint64_t incarnation);
+  // Adds a rank's durable shard of `step`. True when it completes the step,
+  // which is then committing until EndCommit.
+  bool AddShard(uint64_t step, const ckptd::v1::ShardRef& shard, double stall_seconds, uint64_t incarnation,
+                absl::Time now);
+  // Aborts a step (pending or not): its reports of this incarnation are void
+  // from now on. False, and nothing changes, while the step is committing.
+  bool AbortStep(uint64_t step, const std::string& why);
+  void EndCommit(uint64_t step);
+  // The step committed with the slowest rank's stall and persist time.
+  void MarkCommitted(uint64_t step, double stall, double persist);
+  // Retention removed the committed step.
+  void DropCommitted(uint64_t step) { committed_.erase(step); }
+  std::vector<uint64_t> PendingBefore(uint64_t step) const;
+  // Pending steps after `step` (all of them for nullopt).
+  std::vector<uint64_t> PendingAfter(std::optional<uint64_t> step) const;
+  // Pending steps not committing whose first report is older than `deadline`.
+  std::vector<uint64_t> PendingPastDeadline(absl::Time now, absl::Duration deadline) const;
+
+  // --- Failures and restore rounds.
+  // The job stops for a restart (once per restart: false when it already
+  // was restarting).
+  bool Restart(absl::Time now);
+  // Every rank restores from the newest usable step, in a new incarnation.
+  void StartRestoreRound();
+  // Whether a plan request of `rank` needs a new round.
+  bool NeedsNewRound(uint32_t rank, bool has_attempt) const;
+  // A rank's turn in the round under way, and the plan it gets: it starts
+  // fresh; it has not loaded the round's step yet; it loaded it intact.
+  ckptd::v1::RestorePlanResponse StartsFresh(uint32_t rank);
+  ckptd::v1::RestorePlanResponse NotLoaded(uint32_t rank);
+  ckptd::v1::RestorePlanResponse Loaded(uint32_t rank);
+  // The round's step was found damaged (and quarantined): every rank falls
+  // back to the newest usable step, in the same incarnation.
+  ckptd::v1::RestorePlanResponse FallBack();
+  ckptd::v1::RestorePlanResponse Plan() const;
+  // Marks a committed step damaged: never restored again, kept by retention.
+  void Quarantine(uint64_t step, const std::string& reason) { quarantined_[step] = reason; }
+
+  // --- Verification: retention leaves a pinned step alone.
+  void Pin(uint64_t step) { ++verifying_[step]; }
+  void Unpin(uint64_t step);
+
+  // --- Saving.
+  bool dirty() const { return dirty_; }
+  void MarkChanged() { dirty_ = true; }
+  // The record to save now: at once after a decision, every few seconds
+  // when only timings changed; nullopt when nothing is due.
+  std::optional<ckptd::v1::JobRecord> RecordToSave(absl::Time now);
+
+ private:
+  Job() = default;
+  void ScheduleChanged();
+  void ForgetProgress();
+
+  ckptd::v1::JobRecord record_;  // world size, schedule (with the incarnation), timings, counters
+  std::map<uint32_t, Rank> ranks_;
+  std::map<uint64_t, PendingStep> pending_;
+  std::set<uint64_t> committed_;
+  std::map<uint64_t, std::string> quarantined_;  // step -> why
+  // Committed steps being verified (a count per step): retention leaves them
+  // alone until the verification ends; the next commit drops them if due.
+  std::map<uint64_t, int> verifying_;
+  std::map<uint64_t, AbortedStep> aborted_;
+  std::optional<RestoreRound> round_;
+  // Changed schedule, counters or world size: saved at once. Changed
+  // timings only: saved every few seconds. The counters of a commit: saved
+  // by the next Tick, so that the answer to the report that completed the
+  // step does not wait for a database sync (the step itself is durable in
+  // its MANIFEST, which Recover reads back).
+  bool dirty_ = false;
+  bool timings_dirty_ = false;
+  bool save_at_tick_ = false;
+  absl::Time last_saved_;
+  // The interval policy's measurements: per committed checkpoint the slowest
+  // rank's stall and persist time; per restart the time from the failure to
+  // the first step after it. `failed_at_`: a restart is under way.
+  policy::RecentWindow stalls_, persists_, restarts_;
+  std::optional<absl::Time> failed_at_;
+  uint64_t step_at_failure_ = 0;  // the fastest rank's, when failed_at_ was set
+  absl::Time last_decided_;
+  // The restarts that completed, newest last (a few).
+  std::deque<Resume> resumes_;
+};
+
+}  // namespace ckptd::coordinator::internal

@@ -1,0 +1,226 @@
+// What the CoordinatorCore tests (coordinator_*_test.cc) share: a core over
+// MemFileSystem, the in-memory state store and a FakeClock, and the calls
+// its agents and ranks make. Free of gtest, which files of this folder other
+// than tests may not include: a helper whose call goes wrong reports it
+// through Fail(), which each test fixture turns into a test failure.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "coordinator/coordinator_core.h"
+#include "coordinator/state_store.h"
+#include "storage/mem_file_system.h"
+#include "storage/store.h"
+#include "storage/testing_data.h"
+
+namespace ckptd::coordinator {
+
+class CoreHarness {
+ public:
+  static constexpr char kJob[] = "llm-7b";
+  static constexpr char kRoot[] = "/ckpt";
+
+  virtual ~CoreHarness() = default;
+
+ protected:
+  using PlanResponse = ckptd::v1::RestorePlanResponse;
+
+  // A helper's call went wrong: `what` says which and how.
+  virtual void Fail(const std::string& what) = 0;
+
+  void Check(const absl::Status& s, absl::string_view what) {
+    if (!s.ok()) Fail(absl::StrCat(what, ": ", s.ToString()));
+  }
+
+  // A new core over the same storage and state store, recovered.
+  void Reset() {
+    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);
+    Check(core_->Recover(), "Recover");
+  }
+
+  // Registers node `node` hosting `ranks` of kJob (world `world`).
+  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
+                    bool drills_allowed = false) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node);
+    req.set_drills_allowed(drills_allowed);
+    for (uint32_t r : ranks) {
+      ckptd::v1::RankInfo* info = req.add_ranks();
+      info->set_job(kJob);
+      info->set_rank(r);
+      info->set_world_size(world);
+      info->set_pid(1000 + static_cast<int>(r));
+    }
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
+    Check(resp.status(), absl::StrCat("registering ", node));
+    sessions_[node] = resp.ok() ? resp->session() : 0;
+    ranks_[node] = req;
+    return sessions_[node];
+  }
+
+  absl::StatusOr<ckptd::v1::HeartbeatAck> Beat(const std::string& node,
+                                               std::vector<std::pair<uint32_t, uint64_t>> progress = {},
+                                               double step_seconds = 0.1) {
+    ckptd::v1::Heartbeat hb;
+    hb.set_node_id(node);
+    hb.set_session(sessions_[node]);
+    for (const auto& r : ranks_[node].ranks()) *hb.add_ranks() = r;
+    for (const auto& [rank, step] : progress) {
+      ckptd::v1::RankProgress* p = hb.add_progress();
+      p->set_job(kJob);
+      p->set_rank(rank);
+      p->set_step(step);
+      p->set_step_seconds(step_seconds);
+    }
+    return core_->OnHeartbeat(hb);
+  }
+
+  // Writes a real shard of (step, rank): the report its agent would send.
+  absl::StatusOr<ckptd::v1::ShardReport> Write(uint64_t step, uint32_t rank, uint32_t world = 4,
+                                               uint64_t incarnation = 0) {
+    absl::Status prep = store_.PrepareStep(kJob, step);
+    if (!prep.ok()) return prep;
+    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 256, 16);
+    std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
+    absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, world, src);
+    if (!w.ok()) return w.status();
+    ckptd::v1::ShardReport r;
+    r.set_job(kJob);
+    r.set_step(step);
+    r.set_world_size(world);
+    r.set_incarnation(incarnation);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_file_length(w->file_length);
+    r.mutable_shard()->set_index_xxh3(w->index_xxh3);
+    r.mutable_shard()->set_persist_seconds(0.25);
+    r.mutable_shard()->set_raw_bytes(w->raw_bytes);
+    r.mutable_shard()->set_stored_bytes(w->stored_bytes);
+    r.set_stall_seconds(0.01);
+    return r;
+  }
+
+  // Writes a real shard of (step, rank) and reports it from `node`.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
+                                                       uint32_t world = 4, uint64_t incarnation = 0) {
+    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, world, incarnation);
+    if (!r.ok()) return r.status();
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    *req.mutable_report() = *r;
+    return core_->ReportShard(req);
+  }
+
+  // Reports a shard of (step, rank) from `node` without writing it.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportOnly(const std::string& node, uint64_t step, uint32_t rank,
+                                                            uint64_t length, uint64_t digest, uint32_t world = 4,
+                                                            uint64_t incarnation = 0) {
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    ckptd::v1::ShardReport* r = req.mutable_report();
+    r->set_job(kJob);
+    r->set_step(step);
+    r->set_world_size(world);
+    r->set_incarnation(incarnation);
+    r->mutable_shard()->set_rank(rank);
+    r->mutable_shard()->set_file_length(length);
+    r->mutable_shard()->set_index_xxh3(digest);
+    r->mutable_shard()->set_persist_seconds(0.25);
+    r->set_stall_seconds(0.01);
+    return core_->ReportShard(req);
+  }
+
+  absl::StatusOr<PlanResponse> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
+                                    uint32_t world = 4) {
+    ckptd::v1::RestorePlanRequest req;
+    req.set_job(kJob);
+    req.set_rank(rank);
+    req.set_world_size(world);
+    if (attempt) {
+      req.set_has_attempt(true);
+      req.set_attempt_step(*attempt);
+      req.set_attempt_ok(ok);
+      if (!ok) req.set_problem("chunk 3 checksum mismatch");
+    }
+    return core_->GetRestorePlan(req);
+  }
+
+  // Every rank loads `step` intact; returns the incarnation of the round.
+  uint64_t RestoreAll(uint64_t step, uint32_t world = 4) {
+    auto expect = [&](uint32_t r, const absl::StatusOr<PlanResponse>& p, PlanResponse::Verdict verdict) {
+      if (!p.ok()) {
+        Fail(absl::StrCat("plan for rank ", r, ": ", p.status().ToString()));
+      } else if (p->verdict() != verdict || (verdict == PlanResponse::LOAD && p->step() != step)) {
+        Fail(absl::StrCat("plan for rank ", r, ": ", PlanResponse::Verdict_Name(p->verdict()), " step ", p->step(),
+                          ", expected ", PlanResponse::Verdict_Name(verdict), " step ", step));
+      }
+    };
+    for (uint32_t r = 0; r < world; ++r) expect(r, Plan(r, std::nullopt, true, world), PlanResponse::LOAD);
+    uint64_t incarnation = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      absl::StatusOr<PlanResponse> p = Plan(r, step, true, world);
+      expect(r, p, r + 1 == world ? PlanResponse::GO : PlanResponse::WAIT);
+      if (p.ok()) incarnation = p->incarnation();
+    }
+    return incarnation;
+  }
+
+  // Every rank reports its shard of `step`; the last report commits it.
+  void CommitStep(uint64_t step, uint64_t incarnation = 0) {
+    for (uint32_t r = 0; r < 4; ++r) {
+      absl::StatusOr<ckptd::v1::ReportShardResponse> resp = Shard(r < 2 ? "node-a" : "node-b", step, r, 4, incarnation);
+      if (!resp.ok()) return Fail(absl::StrCat("shard of step ", step, " rank ", r, ": ", resp.status().ToString()));
+      if (resp->committed() != (r == 3)) {
+        Fail(absl::StrCat("step ", step, " rank ", r, ": committed is ", resp->committed()));
+      }
+    }
+  }
+
+  bool Exists(const std::string& path) { return fs_.Stat(path).ok(); }
+
+  ckptd::v1::JobStatus JobState() {
+    ckptd::v1::GetClusterStatusResponse s = core_->ClusterStatus();
+    for (const auto& j : s.jobs()) {
+      if (j.job() == kJob) return j;
+    }
+    Fail(absl::StrCat("no job ", kJob));
+    return {};
+  }
+
+  std::vector<ckptd::v1::FailureKind> EventKinds() {
+    ckptd::v1::ListEventsRequest req;
+    absl::StatusOr<ckptd::v1::ListEventsResponse> r = core_->ListEvents(req);
+    Check(r.status(), "ListEvents");
+    std::vector<ckptd::v1::FailureKind> kinds;
+    if (!r.ok()) return kinds;
+    for (const auto& e : r->events()) kinds.push_back(e.kind());
+    return kinds;
+  }
+
+  void TwoNodes() {
+    Register("node-a", {0, 1});
+    Register("node-b", {2, 3});
+  }
+
+  storage::MemFileSystem fs_;
+  storage::CheckpointStore store_{&fs_, kRoot};
+  std::unique_ptr<StateStore> state_ = NewMemStateStore();
+  base::FakeClock clock_;
+  CoordinatorOptions options_;
+  std::unique_ptr<CoordinatorCore> core_;
+  std::map<std::string, uint64_t> sessions_;
+  std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
+};
+
+}  // namespace ckptd::coordinator

@@ -1,0 +1,44 @@
+"""Everything is declared in pyproject.toml; this only makes a wheel that
+bundles libckptd.so (a libckptd.so* copied into ckptd/ before the build) a
+platform wheel (py3-none-linux_x86_64, not py3-none-any), and keeps a library
+bundled by an earlier build out of one that bundles none."""
+
+import glob
+import os
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+BUNDLED = glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckptd", "libckptd.so*"))
+
+
+class Dist(Distribution):
+    def has_ext_modules(self):
+        return bool(BUNDLED) or super().has_ext_modules()
+
+
+class BuildPy(build_py):
+    def run(self):
+        # pip builds in the source tree: build/lib/ckptd/ may hold a library
+        # an earlier build bundled; only what ckptd/ holds now goes in.
+        for stale in glob.glob(os.path.join(self.build_lib, "ckptd", "libckptd.so*")):
+            os.remove(stale)
+        super().run()
+
+
+cmdclass = {"build_py": BuildPy}
+if BUNDLED:
+    try:
+        from setuptools.command.bdist_wheel import bdist_wheel  # setuptools >= 70.1
+    except ImportError:
+        from wheel.bdist_wheel import bdist_wheel
+
+    class BdistWheel(bdist_wheel):
+        def get_tag(self):
+            # ctypes loads the library: any Python 3, this platform only.
+            return ("py3", "none", super().get_tag()[2])
+
+    cmdclass["bdist_wheel"] = BdistWheel
+
+setup(distclass=Dist, cmdclass=cmdclass)

@@ -1,0 +1,378 @@
+#include "staging/staging.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "base/aligned_buffer.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
+
+namespace ckptd::staging {
+
+using base::AlignUp;
+using base::PosixError;
+
+namespace {
+
+constexpr char kMagic[8] = {'C', 'K', 'P', 'T', 'S', 'T', 'G', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kAlign = base::kDirectIoAlignment;
+constexpr uint64_t kHeaderBlock = kAlign;
+constexpr size_t kSlotHeaderBytes = 64;
+// Slot headers follow the 64-byte segment header inside the header block.
+constexpr uint32_t kMaxSlots = (kHeaderBlock - 64) / kSlotHeaderBytes;
+
+absl::Status ValidateName(const std::string& name) {
+  bool ok = name.size() >= 2 && name.size() <= 200 && name[0] == '/' && name[1] != '.';
+  for (size_t i = 1; ok && i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    ok = absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-';
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("staging segment name \"", absl::CHexEscape(name),
+                                                   "\" must be '/' then 1..199 of A-Z a-z 0-9 . _ -, not starting with '.'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::string_view SlotStateName(SlotState s) {
+  switch (s) {
+    case SlotState::kFree: return "FREE";
+    case SlotState::kFilling: return "FILLING";
+    case SlotState::kReady: return "READY";
+    case SlotState::kPersisting: return "PERSISTING";
+    case SlotState::kRestoring: return "RESTORING";
+    case SlotState::kRestored: return "RESTORED";
+  }
+  return "UNKNOWN";
+}
+
+struct StagingSegment::Header {
+  char magic[8];
+  uint32_t version;
+  uint32_t slots;
+  uint64_t slot_bytes;
+  uint64_t data_offset;
+  uint64_t total_bytes;
+  uint8_t reserved[24];
+};
+
+// Shared between processes: only address-free (lock-free) atomics.
+struct StagingSegment::SlotHeader {
+  std::atomic<uint32_t> state;
+  uint32_t reserved0;
+  std::atomic<uint64_t> step;
+  uint8_t reserved[48];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+StagingLayout PlanLayout(const std::vector<uint64_t>& lengths) {
+  StagingLayout layout;
+  uint64_t offset = 0;
+  for (uint64_t len : lengths) {
+    layout.offsets.push_back(offset);
+    layout.lengths.push_back(len);
+    offset += AlignUp(std::max<uint64_t>(len, 1), kAlign);
+  }
+  layout.slot_bytes = std::max<uint64_t>(offset, kAlign);
+  return layout;
+}
+
+absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes) {
+  const uint64_t fit = slot_bytes == 0 ? wanted : budget_bytes / slot_bytes;
+  if (fit == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("one staging slot needs ", slot_bytes,
+                                                     " bytes but the staging budget is ", budget_bytes,
+                                                     " bytes"));
+  }
+  return static_cast<uint32_t>(std::min<uint64_t>({fit, wanted, kMaxSlots}));
+}
+
+StagingSegment::StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped, base::Clock* clock)
+    : name_(std::move(name)),
+      owner_(owner),
+      base_(base),
+      mapped_(mapped),
+      clock_(clock != nullptr ? clock : base::RealClock::Get()) {}
+
+StagingSegment::~StagingSegment() {
+  ::munmap(base_, mapped_);
+  // Mapped segments stay valid for the trainer; the name only stops new opens.
+  if (owner_) ::shm_unlink(name_.c_str());
+}
+
+absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std::string& name, uint32_t slots,
+                                                                      uint64_t slot_bytes,
+                                                                      std::optional<uint32_t> group,
+                                                                      base::Clock* clock) {
+  CKPTD_RETURN_IF_ERROR(ValidateName(name));
+  if (slots == 0 || slots > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat("staging slots must be 1..", kMaxSlots, ", not ", slots));
+  }
+  if (slot_bytes == 0 || slot_bytes % kAlign != 0 || slot_bytes > (uint64_t{1} << 50) / slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging slot size ", slot_bytes, " must be a positive multiple of ", kAlign));
+  }
+  const uint64_t total = kHeaderBlock + slots * slot_bytes;
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
+  auto fail = [&](absl::string_view op, int err) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return PosixError(absl::StrCat(op, " ", name), err);
+  };
+  // The umask must not widen it: owner-only, whatever the process's umask,
+  // or owner and `group` (the trainers' group) read-write.
+  if (group) {
+    if (::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(*group)) != 0) {
+      return fail(absl::StrCat("giving group ", *group, " (the trainers' group) the staging segment"), errno);
+    }
+    if (::fchmod(fd, 0660) != 0) return fail("fchmod", errno);
+  } else if (::fchmod(fd, 0600) != 0) {
+    return fail("fchmod", errno);
+  }
+  // Reserve the memory now: a full /dev/shm must be an error here, not a
+  // SIGBUS in the trainer later.
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+    return fail(absl::StrCat("reserving ", total, " bytes of shared memory for"), err);
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) return fail("mmap", errno);
+  ::close(fd);
+  auto* header = static_cast<Header*>(base);
+  std::memcpy(header->magic, kMagic, sizeof(kMagic));
+  header->version = kVersion;
+  header->slots = slots;
+  header->slot_bytes = slot_bytes;
+  header->data_offset = kHeaderBlock;
+  header->total_bytes = total;
+  auto* bytes = static_cast<uint8_t*>(base);
+  for (uint32_t i = 0; i < slots; ++i) {
+    new (bytes + 64 + i * kSlotHeaderBytes) SlotHeader{{static_cast<uint32_t>(SlotState::kFree)}, 0, {0}, {}};
+  }
+  return std::unique_ptr<StagingSegment>(new StagingSegment(name, /*owner=*/true, bytes, total, clock));
+}
+
+absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::string& name, base::Clock* clock) {
+  CKPTD_RETURN_IF_ERROR(ValidateName(name));
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return PosixError(absl::StrCat("fstat ", name), err);
+  }
+  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("staging segment ", name, " is not private to this user (uid ",
+                                                    st.st_uid, ", mode ", st.st_mode & 0777, ")"));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size < kHeaderBlock) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("staging segment ", name, " is ", size, " bytes: too short"));
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) return PosixError(absl::StrCat("mmap ", name), err);
+  std::unique_ptr<StagingSegment> seg(
+      new StagingSegment(name, /*owner=*/false, static_cast<uint8_t*>(base), size, clock));
+  const Header* h = static_cast<const Header*>(base);
+  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) {
+    return absl::DataLossError(absl::StrCat(name, " is not a ckptd staging segment"));
+  }
+  if (h->version != kVersion) {
+    return absl::UnimplementedError(absl::StrCat(name, ": staging version ", h->version, " is not supported"));
+  }
+  if (h->slots == 0 || h->slots > kMaxSlots || h->slot_bytes == 0 || h->slot_bytes % kAlign != 0 ||
+      h->data_offset != kHeaderBlock || h->total_bytes != size ||
+      h->slot_bytes > (size - kHeaderBlock) / h->slots) {
+    return absl::DataLossError(absl::StrCat(name, ": staging header does not match a segment of ", size, " bytes"));
+  }
+  return seg;
+}
+
+uint32_t StagingSegment::slots() const { return reinterpret_cast<const Header*>(base_)->slots; }
+uint64_t StagingSegment::slot_bytes() const { return reinterpret_cast<const Header*>(base_)->slot_bytes; }
+
+uint8_t* StagingSegment::slot_data(uint32_t slot) const {
+  return base_ + kHeaderBlock + static_cast<uint64_t>(slot) * slot_bytes();
+}
+
+StagingSegment::SlotHeader* StagingSegment::slot_header(uint32_t slot) const {
+  static_assert(sizeof(Header) == 64 && sizeof(SlotHeader) == kSlotHeaderBytes);
+  return reinterpret_cast<SlotHeader*>(base_ + 64 + static_cast<uint64_t>(slot) * kSlotHeaderBytes);
+}
+
+SlotState StagingSegment::state(uint32_t slot) const {
+  return static_cast<SlotState>(slot_header(slot)->state.load(std::memory_order_acquire));
+}
+
+uint64_t StagingSegment::step(uint32_t slot) const { return slot_header(slot)->step.load(std::memory_order_acquire); }
+
+bool StagingSegment::Transition(uint32_t slot, SlotState from, SlotState to) {
+  uint32_t expected = static_cast<uint32_t>(from);
+  return slot_header(slot)->state.compare_exchange_strong(expected, static_cast<uint32_t>(to),
+                                                          std::memory_order_acq_rel);
+}
+
+bool StagingSegment::AnyFree() const {
+  for (uint32_t i = 0; i < slots(); ++i) {
+    if (state(i) == SlotState::kFree) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<uint32_t> StagingSegment::Acquire(SlotState to, absl::Duration wait, absl::string_view what) {
+  const absl::Time deadline = clock_->Now() + wait;
+  absl::Duration backoff = absl::Microseconds(20);
+  // Nobody else takes `mu`: the slots change in another process without
+  // telling, so the wait looks at them again after each backoff (and, on a
+  // fake clock, at every poll of the clock).
+  absl::Mutex mu;
+  absl::MutexLock l(&mu);
+  while (true) {
+    for (uint32_t i = 0; i < slots(); ++i) {
+      if (Transition(i, SlotState::kFree, to)) return i;
+    }
+    const absl::Time now = clock_->Now();
+    if (now >= deadline) {
+      return absl::ResourceExhaustedError(absl::StrCat("no free staging slot in ", name_, " for ", what, " after ",
+                                                       absl::FormatDuration(wait), " (", slots(),
+                                                       " slots, all in use)"));
+    }
+    clock_->AwaitWithDeadline(&mu, absl::Condition(this, &StagingSegment::AnyFree), std::min(deadline, now + backoff));
+    backoff = std::min(backoff * 2, absl::Milliseconds(1));
+  }
+}
+
+absl::StatusOr<uint32_t> StagingSegment::AcquireForFill(absl::Duration wait) {
+  return Acquire(SlotState::kFilling, wait, "a snapshot");
+}
+
+absl::StatusOr<uint32_t> StagingSegment::AcquireForRestore(absl::Duration wait) {
+  return Acquire(SlotState::kRestoring, wait, "a restore");
+}
+
+absl::Status StagingSegment::Publish(uint32_t slot, uint64_t step) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  // The step is written before the state that makes it visible.
+  slot_header(slot)->step.store(step, std::memory_order_relaxed);
+  if (Transition(slot, SlotState::kFilling, SlotState::kReady) ||
+      Transition(slot, SlotState::kRestoring, SlotState::kRestored)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not FILLING or RESTORING"));
+}
+
+std::optional<uint32_t> StagingSegment::TakeReady() {
+  while (true) {
+    std::optional<uint32_t> best;
+    for (uint32_t i = 0; i < slots(); ++i) {
+      if (state(i) == SlotState::kReady && (!best || step(i) < step(*best))) best = i;
+    }
+    if (!best) return std::nullopt;
+    if (Transition(*best, SlotState::kReady, SlotState::kPersisting)) return best;
+    // Another taker won the race for that slot: look again.
+  }
+}
+
+absl::Status StagingSegment::Release(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (Transition(slot, SlotState::kPersisting, SlotState::kFree) ||
+      Transition(slot, SlotState::kRestored, SlotState::kFree)) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not PERSISTING or RESTORED"));
+}
+
+absl::Status StagingSegment::Abandon(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (Transition(slot, SlotState::kFilling, SlotState::kFree)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not FILLING"));
+}
+
+int StagingSegment::ReclaimAfterTrainerExit() {
+  int freed = 0;
+  for (uint32_t i = 0; i < slots(); ++i) {
+    if (Transition(i, SlotState::kFilling, SlotState::kFree) ||
+        Transition(i, SlotState::kRestored, SlotState::kFree)) {
+      ++freed;
+    }
+  }
+  return freed;
+}
+
+const std::string& AgentSegmentPrefix() {
+  static const std::string prefix = [] {
+    std::random_device rd;
+    return absl::StrFormat("/ckptd-%d-%08x", ::getpid(), rd());
+  }();
+  return prefix;
+}
+
+absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir) {
+  DIR* dir = ::opendir(shm_dir.c_str());
+  if (dir == nullptr) return base::PosixError(absl::StrCat("opendir ", shm_dir), errno);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(dir)) names.emplace_back(e->d_name);
+  ::closedir(dir);
+  // "ckptd-<pid>-<tag>" of this process.
+  const std::string own = AgentSegmentPrefix().substr(1);
+  const std::string own_pid = absl::StrCat("ckptd-", ::getpid(), "-");
+  std::vector<std::string> removed;
+  for (const std::string& name : names) {
+    // ckptd-<pid>-<n> or ckptd-<pid>-<tag>-<n>, exactly: other names (tests'
+    // prefixes included) are not ours to judge.
+    std::vector<absl::string_view> parts = absl::StrSplit(name, '-');
+    int64_t pid = 0;
+    uint64_t n = 0;
+    if ((parts.size() != 3 && parts.size() != 4) || parts[0] != "ckptd" || !absl::SimpleAtoi(parts[1], &pid) ||
+        !absl::SimpleAtoi(parts.back(), &n) || pid <= 0) {
+      continue;
+    }
+    if (parts.size() == 4 && (parts[2].size() != 8 || !std::all_of(parts[2].begin(), parts[2].end(), [](char c) {
+                                return absl::ascii_isxdigit(static_cast<unsigned char>(c));
+                              }))) {
+      continue;
+    }
+    if (absl::StartsWith(name, absl::StrCat(own, "-"))) continue;  // this agent's own
+    struct stat st;
+    const std::string path = absl::StrCat(shm_dir, "/", name);
+    if (::stat(path.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
+    // Our pid with another tag: a predecessor that had our pid in another
+    // PID namespace. Otherwise EPERM means the process exists (as another
+    // user): leave it.
+    const bool predecessor = parts.size() == 4 && absl::StartsWith(name, own_pid);
+    if (!predecessor && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    if (::shm_unlink(absl::StrCat("/", name).c_str()) == 0) removed.push_back(name);
+  }
+  return removed;
+}
+
+}  // namespace ckptd::staging
