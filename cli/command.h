@@ -17,9 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "ckptd/v1/coordinator.pb.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "ckptd/v1/coordinator.pb.h"
 #include "cli/json.h"
 #include "cli/operator_commands.h"
 

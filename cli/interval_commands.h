@@ -14,8 +14,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "ckptd/v1/coordinator.pb.h"
 #include "base/flags.h"
+#include "ckptd/v1/coordinator.pb.h"
 #include "policy/interval_policy.h"
 #include "policy/sizing.h"
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
+#include "base/thread_pool.h"
 #include "cli/testing_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,7 +19,6 @@
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
-#include "base/thread_pool.h"
 
 namespace ckptd::cli {
 namespace {

@@ -15,8 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "ckptd/v1/coordinator.pb.h"
 #include "base/flags.h"
+#include "ckptd/v1/coordinator.pb.h"
 #include "storage/file_system.h"
 
 namespace ckptd::cli {

@@ -17,13 +17,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/flags.h"
+#include "base/testing/matchers.h"
 #include "cli/offline_commands.h"
 #include "cli/testing_fake_coordinator.h"
 #include "cli/testing_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
-#include "base/testing/matchers.h"
 
 namespace ckptd::cli {
 namespace {

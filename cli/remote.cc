@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
-#include "grpcpp/grpcpp.h"
 
 namespace ckptd::cli {
 

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "ckptd/v1/coordinator.grpc.pb.h"
 #include "base/flags.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
 #include "cli/operator_commands.h"
 
 namespace ckptd::cli {

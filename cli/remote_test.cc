@@ -10,11 +10,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
+#include "base/testing/matchers.h"
 #include "cli/command.h"
 #include "cli/interval_commands.h"
 #include "cli/operator_commands.h"
 #include "cli/testing_json.h"
-#include "base/clock.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/state_store.h"
@@ -23,7 +24,6 @@
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
-#include "base/testing/matchers.h"
 
 namespace ckptd::cli {
 namespace {
