@@ -24,12 +24,6 @@ using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
- protected:
-  CoordinatorCoreTest() { Reset(); }
-  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
-};
-
 TEST_F(CoordinatorCoreTest, SlowHeartbeatsAreNotANodeLossButSilenceIs) {
   TwoNodes();
   for (int i = 0; i < 5; ++i) {

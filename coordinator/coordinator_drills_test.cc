@@ -15,12 +15,6 @@ namespace {
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
-class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
- protected:
-  CoordinatorCoreTest() { Reset(); }
-  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
-};
-
 TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
   // node-a allows drills, node-b does not.
   Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);

@@ -18,12 +18,6 @@ using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
-class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
- protected:
-  CoordinatorCoreTest() { Reset(); }
-  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
-};
-
 TEST_F(CoordinatorCoreTest, EveryRankGetsTheSameSchedule) {
   TwoNodes();
   CKPTD_ASSERT_OK_AND_ASSIGN(auto a, Beat("node-a"));

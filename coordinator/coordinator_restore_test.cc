@@ -19,12 +19,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using v1 = ::ckptd::v1::RestorePlanResponse;
 
-class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
- protected:
-  CoordinatorCoreTest() { Reset(); }
-  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
-};
-
 TEST_F(CoordinatorCoreTest, NothingCommittedMeansEveryRankStartsFresh) {
   TwoNodes();
   for (uint32_t r = 0; r < 4; ++r) {

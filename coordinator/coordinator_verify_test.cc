@@ -19,12 +19,6 @@ using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
- protected:
-  CoordinatorCoreTest() { Reset(); }
-  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
-};
-
 TEST_F(CoordinatorCoreTest, VerifyReadsTheStepBackAndQuarantinesItWhenDamaged) {
   TwoNodes();
   CommitStep(10);

@@ -1,8 +1,7 @@
 // What the CoordinatorCore tests (coordinator_*_test.cc) share: a core over
-// MemFileSystem, the in-memory state store and a FakeClock, and the calls
-// its agents and ranks make. Free of gtest, which files of this folder other
-// than tests may not include: a helper whose call goes wrong reports it
-// through Fail(), which each test fixture turns into a test failure.
+// MemFileSystem, the in-memory state store and a FakeClock, the calls its
+// agents and ranks make, and their fixture. A helper whose call goes wrong
+// reports it through Fail(), which the fixture turns into a test failure.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +18,7 @@
 #include "ckptd/v1/coordinator.pb.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/state_store.h"
+#include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
 #include "storage/testing_data.h"
@@ -221,6 +221,13 @@ class CoreHarness {
   std::unique_ptr<CoordinatorCore> core_;
   std::map<std::string, uint64_t> sessions_;
   std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
+};
+
+// The fixture of the core's tests: a fresh core per test.
+class CoordinatorCoreTest : public ::testing::Test, public CoreHarness {
+ protected:
+  CoordinatorCoreTest() { Reset(); }
+  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
 };
 
 }  // namespace ckptd::coordinator
