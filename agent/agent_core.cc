@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/limits.h"
 #include "base/status_macros.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
@@ -17,6 +18,12 @@
 namespace ckptd::agent {
 
 using storage::StepState;
+
+namespace {
+// Without a coordinator: steps of a job kept waiting for the rest of their
+// ranks' shards.
+constexpr size_t kMaxPendingSteps = 64;
+}  // namespace
 
 struct AgentCore::Trainer {
   uint64_t id = 0;
@@ -92,8 +99,27 @@ std::shared_ptr<AgentCore::Trainer> AgentCore::Find(uint64_t trainer_id) {
 
 absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg) {
   CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(reg.job));
-  if (reg.world_size == 0 || reg.rank >= reg.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", reg.rank, " is not inside world size ", reg.world_size));
+  // A world the coordinator would refuse (and a single-rank agent would
+  // never commit) is refused here, at registration.
+  if (reg.world_size == 0 || reg.world_size > base::kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register: world_size ", reg.world_size, " is outside 1..", base::kMaxWorldSize));
+  }
+  if (reg.rank >= reg.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("register: rank ", reg.rank, " is not inside world size ",
+                                                   reg.world_size, " (rank must be 0..", reg.world_size - 1, ")"));
+  }
+  if (reg.local_world_size > reg.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("register: local world size ", reg.local_world_size,
+                                                   " is larger than world size ", reg.world_size));
+  }
+  if (options_.coordinator == nullptr && reg.local_world_size != 0 && reg.local_world_size < reg.world_size) {
+    // Its ranks on other nodes write to other agents: none of them sees a
+    // whole step, and nothing would ever commit.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", reg.job, " has ", reg.world_size, " ranks, ", reg.local_world_size,
+        " of them on this node: this agent runs without a coordinator and commits only jobs whose ranks all run on "
+        "its node; run ckptd-coordinator and start the agent of every node with --coordinator HOST:PORT"));
   }
   if (reg.buffers.empty()) return absl::InvalidArgumentError("no buffers registered");
   std::vector<uint64_t> lengths;
@@ -129,8 +155,27 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   handle.offsets = t->layout.offsets;
   handle.coordinated = options_.coordinator != nullptr;
   Trainer* raw = t.get();
-  t->persister = std::thread([this, raw] { PersistLoop(raw); });
   absl::MutexLock l(&mu_);
+  if (options_.coordinator == nullptr) {
+    for (const auto& [id, other] : trainers_) {
+      if (other->reg.job == reg.job && other->reg.world_size != reg.world_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", reg.job, " rank ", reg.rank, " registers a world of ", reg.world_size, " ranks, but rank ",
+            other->reg.rank, " is registered here with a world of ", other->reg.world_size));
+      }
+    }
+    absl::MutexLock ll(&lone_mu_);
+    LoneJob& job = lone_[reg.job];
+    if (job.world_size != reg.world_size) {
+      // Its first registration, or the job came back with another world size.
+      job = LoneJob();
+      job.world_size = reg.world_size;
+    }
+    // From now on the shards of this rank count only if this trainer (or its
+    // process) wrote them: a predecessor's that are not committed are void.
+    job.newest[reg.rank] = {t->id, reg.pid};
+  }
+  t->persister = std::thread([this, raw] { PersistLoop(raw); });
   trainers_[handle.trainer_id] = std::move(t);
   return handle;
 }
@@ -272,7 +317,6 @@ void AgentCore::PersistLoop(Trainer* t) {
       if (s.ok()) {
         t->status.last_persisted_step = step;
         ++t->status.persisted;
-        if (t->reg.world_size == 1 && options_.coordinator == nullptr) t->status.last_committed_step = step;
       } else {
         ++t->status.failed;
         t->status.last_error = s;
@@ -354,19 +398,96 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
     return absl::OkStatus();
   }
   CKPTD_RETURN_IF_ERROR(result.status());
-  const storage::ShardWriteResult& written = *result;
-  if (reg.world_size != 1) return absl::OkStatus();  // a coordinator commits multi-rank steps
-  // No coordinator needed: this agent sees every shard of the step.
-  absl::MutexLock l(&commit_mu_);
+  return CommitAlone(t, step, *result);
+}
+
+absl::Status AgentCore::CommitAlone(Trainer* t, uint64_t step, const storage::ShardWriteResult& written) {
+  const TrainerRegistration& reg = t->reg;
   ckptd::v1::ShardRef ref;
   ref.set_rank(reg.rank);
   ref.set_file(storage::ShardFileName(reg.rank));
   ref.set_file_length(written.file_length);
   ref.set_index_xxh3(written.index_xxh3);
-  std::vector<ckptd::v1::ShardRef> reported{ref};
-  CKPTD_RETURN_IF_ERROR(store_.CommitStep(reg.job, step, 1, &reported).status());
+  ref.set_raw_bytes(written.raw_bytes);
+  ref.set_stored_bytes(written.stored_bytes);
+  std::vector<ckptd::v1::ShardRef> shards;
+  {
+    absl::MutexLock l(&lone_mu_);
+    LoneJob& job = lone_[reg.job];
+    const LoneRegistration writer{t->id, reg.pid};
+    // Counts when its writer is still the newest registration of its rank, or
+    // the same process registered again (after losing its agent connection).
+    auto current = [&job](uint32_t rank, const LoneRegistration& w) {
+      auto it = job.newest.find(rank);
+      return it != job.newest.end() &&
+             (it->second.trainer_id == w.trainer_id || (w.pid != 0 && it->second.pid == w.pid));
+    };
+    if (job.world_size != reg.world_size || !current(reg.rank, writer)) {
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, " step ", step,
+                                    ": the rank registered again since this shard was taken; not committed"));
+      return absl::OkStatus();
+    }
+    if (job.committed && step <= *job.committed) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", reg.job, " step ", step, ": not newer than committed step ", *job.committed, "; not committed"));
+    }
+    std::map<uint32_t, LoneShard>& pending = job.pending[step];
+    pending[reg.rank] = {ref, writer};
+    for (const auto& [rank, s] : pending) {
+      if (current(rank, s.writer)) shards.push_back(s.ref);
+    }
+    if (shards.size() < reg.world_size) {
+      // Steps some rank never wrote (it skipped them, or it runs on another
+      // node) are not kept forever.
+      while (job.pending.size() > kMaxPendingSteps) job.pending.erase(job.pending.begin());
+      if (job.newest.size() < reg.world_size && !job.warned_unseen_ranks) {
+        job.warned_unseen_ranks = true;
+        logger_->Warning(absl::StrCat(
+            "job ", reg.job, ": ", job.newest.size(), " of its ", reg.world_size,
+            " ranks registered with this agent, which runs without a coordinator: a step commits only once every "
+            "rank's shard of it is written through this agent; a job with ranks on other nodes needs "
+            "ckptd-coordinator (start every agent with --coordinator HOST:PORT)"));
+      }
+      return absl::OkStatus();
+    }
+    job.pending.erase(step);
+  }
+  // Every rank's shard of the step is durable and this agent saw them all:
+  // it commits the step, as the coordinator would.
+  absl::MutexLock l(&commit_mu_);
+  {
+    absl::MutexLock ll(&lone_mu_);
+    LoneJob& job = lone_[reg.job];
+    if (job.committed && step <= *job.committed) return absl::OkStatus();
+  }
+  CKPTD_RETURN_IF_ERROR(store_.CommitStep(reg.job, step, reg.world_size, &shards).status());
+  {
+    absl::MutexLock ll(&lone_mu_);
+    LoneJob& job = lone_[reg.job];
+    job.committed = step;
+    // Older steps still pending never will be: their files go below.
+    job.pending.erase(job.pending.begin(), job.pending.lower_bound(step));
+  }
+  MarkCommitted(reg.job, step, t);
   CKPTD_RETURN_IF_ERROR(store_.ApplyRetention(reg.job, options_.keep_last).status());
   return store_.RemoveIncompleteSteps(reg.job, step).status();
+}
+
+void AgentCore::MarkCommitted(const std::string& job, uint64_t step, Trainer* committer) {
+  std::vector<std::shared_ptr<Trainer>> trainers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, t] : trainers_) {
+      if (t->reg.job == job && t.get() != committer) trainers.push_back(t);
+    }
+  }
+  auto mark = [step](Trainer* t) {
+    absl::MutexLock l(&t->mu);
+    if (!t->status.last_committed_step || *t->status.last_committed_step < step) t->status.last_committed_step = step;
+  };
+  // The committer may have left trainers_ already (it exited; its persister drains).
+  mark(committer);
+  for (const std::shared_ptr<Trainer>& t : trainers) mark(t.get());
 }
 
 absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Duration wait_for_slot) {
@@ -451,40 +572,135 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
   return slot;
 }
 
+absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Trainer* t) {
+  const TrainerRegistration& reg = t->reg;
+  // A round under way is joined; one that is over (every rank went, or it
+  // failed, or it found nothing to restore) is not.
+  auto joinable = [&reg](const std::shared_ptr<LoneRound>& r) {
+    return r != nullptr && !r->go && r->failed.ok() && r->at < r->steps.size() && r->world_size == reg.world_size;
+  };
+  {
+    absl::MutexLock l(&lone_mu_);
+    if (std::shared_ptr<LoneRound>& round = lone_[reg.job].round; joinable(round)) return round;
+  }
+  auto fresh = std::make_shared<LoneRound>();
+  fresh->world_size = reg.world_size;
+  absl::StatusOr<std::vector<storage::StepInfo>> steps = store_.ListSteps(reg.job);
+  if (!steps.ok() && !absl::IsNotFound(steps.status())) return steps.status();
+  if (steps.ok()) {
+    for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
+      if (it->state == StepState::kCommitted && !it->quarantined) fresh->steps.push_back(it->step);
+    }
+  }
+  absl::MutexLock l(&lone_mu_);
+  std::shared_ptr<LoneRound>& round = lone_[reg.job].round;
+  if (!joinable(round)) round = std::move(fresh);  // else another rank started one meanwhile
+  return round;
+}
+
 absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration wait_for_slot) {
   const TrainerRegistration& reg = t->reg;
-  absl::StatusOr<std::vector<storage::StepInfo>> steps = store_.ListSteps(reg.job);
-  RestoreResult result;
-  if (absl::IsNotFound(steps.status())) return result;
-  CKPTD_RETURN_IF_ERROR(steps.status());
-  absl::Status last_damage;
-  // Newest committed step first; a damaged one falls back to the one before.
-  for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-    if (it->state != StepState::kCommitted || it->quarantined) continue;
+  const absl::Time deadline = clock_->Now() + options_.restore_timeout;
+  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<LoneRound> round, JoinRound(t));
+  LoneRound* const r = round.get();
+  // Newest committed step first; a damaged one sends every rank to the one before.
+  while (true) {
+    uint64_t step = 0;
+    uint64_t attempt = 0;
+    {
+      absl::MutexLock l(&lone_mu_);
+      if (!r->failed.ok()) return r->failed;
+      if (r->at == r->steps.size()) {
+        if (!r->last_damage.ok()) {
+          return absl::DataLossError(absl::StrCat("no committed step of job ", reg.job,
+                                                  " reads back intact; last problem: ", r->last_damage.message()));
+        }
+        return RestoreResult();  // nothing committed: every rank starts fresh
+      }
+      step = r->steps[r->at];
+      attempt = r->attempt;
+    }
     bool from_local = false;
-    absl::StatusOr<uint32_t> slot = LoadStep(t, it->step, wait_for_slot, &from_local);
-    if (absl::IsDataLoss(slot.status())) {
-      last_damage = slot.status();
+    absl::StatusOr<uint32_t> slot = LoadStep(t, step, wait_for_slot, &from_local);
+    if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
       // This agent is the job's committer (no coordinator): it marks the step
       // so that nobody restores it again. Best effort; the restore goes on.
-      if (reg.world_size == 1) {
+      {
         absl::MutexLock l(&commit_mu_);
-        (void)store_.QuarantineStep(reg.job, it->step, absl::StrCat("rank ", reg.rank, ": ", slot.status().message()));
+        (void)store_.QuarantineStep(reg.job, step, absl::StrCat("rank ", reg.rank, ": ", slot.status().message()));
+      }
+      absl::MutexLock l(&lone_mu_);
+      if (r->attempt == attempt) {
+        ++r->at;
+        ++r->attempt;
+        r->loaded.clear();
+        r->last_damage = slot.status();
       }
       continue;
     }
-    CKPTD_RETURN_IF_ERROR(slot.status());
-    result.step = it->step;
-    result.slot = *slot;
-    result.from_local_cache = from_local;
-    DropLocalStepsAbove(reg.job, it->step);
-    return result;
+    if (!slot.ok()) {
+      // The registration does not fit, or no slot: the trainer must know, and
+      // the other ranks cannot go on without this one.
+      absl::MutexLock l(&lone_mu_);
+      if (!r->go && r->failed.ok()) {
+        r->failed = absl::Status(slot.status().code(),
+                                 absl::StrCat("restore of job ", reg.job, ": rank ", reg.rank, " could not load step ",
+                                              step, ": ", slot.status().message()));
+      }
+      return slot.status();
+    }
+    enum { kGo, kAgain, kFailed, kTimedOut } outcome;
+    size_t loaded = 0;
+    absl::Status failed;
+    {
+      absl::MutexLock l(&lone_mu_);
+      if (r->attempt == attempt && r->failed.ok() && !r->go) {
+        r->loaded.insert(reg.rank);
+        if (r->loaded.size() == r->world_size) {
+          r->go = true;
+          // The job goes on from `step`: its shards of later steps that are
+          // not committed belong to a timeline that is gone.
+          LoneJob& job = lone_[reg.job];
+          job.pending.erase(job.pending.upper_bound(step), job.pending.end());
+          job.committed = step;
+        }
+      }
+      auto settled = [r, attempt] { return r->go || r->attempt != attempt || !r->failed.ok(); };
+      clock_->AwaitWithDeadline(&lone_mu_, absl::Condition(&settled), deadline);
+      if (r->attempt != attempt) {
+        outcome = kAgain;
+      } else if (r->go) {
+        outcome = kGo;
+      } else if (!r->failed.ok()) {
+        outcome = kFailed;
+        failed = r->failed;
+      } else {
+        outcome = kTimedOut;
+        loaded = r->loaded.size();
+        // The round is over for every rank: a later restore starts another.
+        r->failed =
+            absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, ": not every rank loaded step ", step,
+                                                     " within ", absl::FormatDuration(options_.restore_timeout)));
+      }
+    }
+    if (outcome == kGo) {
+      DropLocalStepsAbove(reg.job, step);
+      RestoreResult result;
+      result.step = step;
+      result.slot = *slot;
+      result.from_local_cache = from_local;
+      return result;
+    }
+    (void)t->segment->Release(*slot);  // RESTORED -> FREE
+    if (outcome == kFailed) return failed;
+    if (outcome == kTimedOut) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "restore of job ", reg.job, " rank ", reg.rank, ": ", loaded, " of ", reg.world_size, " ranks loaded step ",
+          step, " within ", absl::FormatDuration(options_.restore_timeout),
+          "; without a coordinator every rank of the job restores through this agent, and the others did not"));
+    }
+    // kAgain: a rank found the step damaged; load the one before.
   }
-  if (!last_damage.ok()) {
-    return absl::DataLossError(absl::StrCat("no committed step of job ", reg.job,
-                                            " reads back intact; last problem: ", last_damage.message()));
-  }
-  return result;
 }
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot) {

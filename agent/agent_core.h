@@ -1,6 +1,7 @@
 // The agent's decisions, without any RPC: trainer registration and staging,
 // background persist of published snapshots (in step order, per rank), the
-// single-rank commit when no coordinator is used, and restores into staging.
+// commit of jobs whose ranks all run on this node when no coordinator is used,
+// and restores into staging.
 // The gRPC service that serves trainers over a Unix socket translates to this.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,7 @@
 #include "base/logger.h"
 #include "base/thread_pool.h"
 #include "ckptd/v1/agent.pb.h"
+#include "ckptd/v1/manifest.pb.h"
 #include "ckptd/v1/shard.pb.h"
 #include "staging/staging.h"
 #include "storage/file_system.h"
@@ -50,7 +53,8 @@ struct AgentOptions {
   // agent commits nothing itself, and restores follow its plans. Must
   // outlive the agent.
   CoordinatorClient* coordinator = nullptr;
-  // Bound on a coordinated restore (other ranks may be slower to load).
+  // Bound on a restore of a job of several ranks, with or without a
+  // coordinator (other ranks may be slower to load).
   absl::Duration restore_timeout = absl::Minutes(5);
   absl::Duration plan_poll = absl::Milliseconds(50);
   std::string node_id;
@@ -84,6 +88,9 @@ struct TrainerRegistration {
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  // Ranks of the job on this node, as the trainer's launcher says
+  // (LOCAL_WORLD_SIZE); 0: unknown.
+  uint32_t local_world_size = 0;
   int32_t pid = 0;
   // Every buffer the trainer saves: name, component, dtype, shape, sharding,
   // device. The shape and dtype fix each buffer's size.
@@ -151,6 +158,17 @@ class AgentCore {
   // Checks the buffers (names, dtypes, shapes), creates the trainer's staging
   // segment and starts its persister. kInvalidArgument names the buffer at
   // fault; kResourceExhausted when the budget holds no slot.
+  //
+  // Without a coordinator the agent commits a job by itself, which it can do
+  // only when every rank of the job registers with it: a registration whose
+  // local_world_size is known and below its world size (ranks on other
+  // nodes) is kFailedPrecondition, saying to run a coordinator; so is one
+  // whose world size differs from that of a trainer of the job registered
+  // now. A step of a job of N ranks commits once the shards of that step of
+  // ranks 0..N-1 are durable, each written for the newest registration of
+  // its rank (or the same process): a rank registered again from another
+  // process (a restart) voids the shards of its predecessor that are not
+  // committed yet.
   absl::StatusOr<TrainerHandle> Register(const TrainerRegistration& registration);
 
   // The trainer published `slot` holding `step`: wake its persister.
@@ -178,6 +196,14 @@ class AgentCore {
   // staging slot (verifying every chunk). The shard must hold exactly the
   // registered buffers with the same dtypes and sizes; a difference is
   // kFailedPrecondition naming the buffer.
+  //
+  // Every rank of a job restores the same step. Without a coordinator the
+  // agent runs the round itself: each rank loads the newest committed step
+  // that is not quarantined and waits (up to restore_timeout) until all N
+  // ranks have loaded it; a rank whose shard of it is damaged or missing
+  // quarantines the step and sends every rank to the committed step before.
+  // A rank that cannot load for another reason (its registration does not
+  // fit, no slot) fails the round for all.
   absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot);
 
   // The trainer process is gone: its half-filled slots are freed, published
@@ -191,6 +217,36 @@ class AgentCore {
 
  private:
   struct Trainer;
+  // Without a coordinator, for each job: who registered each rank last, the
+  // durable shards of steps not committed yet, and the restore round. Read
+  // and written under lone_mu_ only.
+  struct LoneRegistration {
+    uint64_t trainer_id = 0;
+    int32_t pid = 0;  // as the agent sees it; 0: unknown
+  };
+  struct LoneShard {
+    ckptd::v1::ShardRef ref;
+    LoneRegistration writer;
+  };
+  // Every rank loads the same step before any of them trains (see Restore).
+  struct LoneRound {
+    uint32_t world_size = 0;
+    std::vector<uint64_t> steps;  // committed steps not quarantined, newest first
+    size_t at = 0;                // the step being loaded: steps[at]; none left at steps.size()
+    uint64_t attempt = 0;         // raised at each fall back to an older step
+    std::set<uint32_t> loaded;    // ranks holding steps[at] intact
+    bool go = false;              // every rank holds it: the round is over
+    absl::Status failed;          // a rank could not load for another reason than damage
+    absl::Status last_damage;
+  };
+  struct LoneJob {
+    uint32_t world_size = 0;
+    std::map<uint32_t, LoneRegistration> newest;                // by rank
+    std::map<uint64_t, std::map<uint32_t, LoneShard>> pending;  // by step, then rank
+    std::optional<uint64_t> committed;                          // newest step this agent committed
+    bool warned_unseen_ranks = false;
+    std::shared_ptr<LoneRound> round;
+  };
   void PersistLoop(Trainer* t);
   // Persists `slot`; calls `release` as soon as the slot's bytes are no
   // longer needed (after the local write when there is a local tier).
@@ -202,7 +258,18 @@ class AgentCore {
                                                        const std::function<void()>& release);
   // The local tier's steps of `job` above `step` go (see LocalTier).
   void DropLocalStepsAbove(const std::string& job, uint64_t step);
+  // Without a coordinator: records the durable shard `written` of `step` of
+  // the trainer and commits the step once every rank's shard of it is
+  // durable (see Register).
+  absl::Status CommitAlone(Trainer* t, uint64_t step, const storage::ShardWriteResult& written);
+  // Every trainer of `job`, and `committer`, learns that `step` committed
+  // (PersistStatus).
+  void MarkCommitted(const std::string& job, uint64_t step, Trainer* committer);
+  // The restore round without a coordinator (see Restore).
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
+  // The round `t` takes part in: the one under way for its job, or a new one
+  // over the job's committed steps as storage lists them now.
+  absl::StatusOr<std::shared_ptr<LoneRound>> JoinRound(Trainer* t);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
   // an error: kDataLoss/kNotFound for a damaged or missing shard,
@@ -227,6 +294,10 @@ class AgentCore {
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   // Commits and retention of one job are serialised (one committer per job).
   absl::Mutex commit_mu_;
+  // Without a coordinator: the jobs this agent commits, and their restore
+  // rounds. Never held while persisting, loading or committing.
+  absl::Mutex lone_mu_;
+  std::map<std::string, LoneJob> lone_ ABSL_GUARDED_BY(lone_mu_);
 };
 
 }  // namespace ckptd::agent

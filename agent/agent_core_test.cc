@@ -1,12 +1,14 @@
 #include "agent/agent_core.h"
 
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/capturing_logger.h"
 #include "base/testing/eventually.h"
@@ -24,17 +26,9 @@ using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::_;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Optional;
-
-ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, ckptd::v1::DType d, uint64_t n) {
-  ckptd::v1::Tensor t;
-  t.set_name(name);
-  t.set_component(c);
-  t.set_dtype(d);
-  t.add_shape(n);
-  return t;
-}
 
 // One rank's five components.
 TrainerRegistration FiveComponents(const std::string& job) {
@@ -50,22 +44,15 @@ TrainerRegistration FiveComponents(const std::string& job) {
 
 class AgentCoreTest : public ::testing::Test {
  protected:
-  AgentCoreTest() {
-    EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk());
-    options_.storage_root = "/ckpt";
-    options_.segment_prefix = absl::StrCat("/ckptd-test-agent-", ::getpid(), "-", counter_++);
-    options_.io_threads = 2;
-    options_.write.block_bytes = 4096;
-  }
+  AgentCoreTest() { EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk()); }
 
   // Fills every buffer of `slot` with a pattern of `step`, as a trainer would.
   static void Fill(staging::StagingSegment& seg, const TrainerHandle& h, uint32_t slot, uint64_t step) {
     std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
   }
 
-  static inline int counter_ = 0;
   storage::MemFileSystem mem_;
-  AgentOptions options_;
+  AgentOptions options_ = TestAgentOptions("agent");
 };
 
 TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
@@ -79,12 +66,7 @@ TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult none, agent.Restore(h.trainer_id, absl::ZeroDuration()));
   EXPECT_EQ(none.step, std::nullopt);
 
-  for (uint64_t step : {10u, 20u, 30u}) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(10)));
-    Fill(*seg, h, slot, step);
-    CKPTD_ASSERT_OK(seg->Publish(slot, step));
-    CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
-  }
+  for (uint64_t step : {10u, 20u, 30u}) ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *seg, h, step));
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.WaitPersisted(h.trainer_id, 30, absl::Seconds(30)));
   EXPECT_THAT(st.last_persisted_step, Optional(30u));
   EXPECT_THAT(st.last_committed_step, Optional(30u));
@@ -162,13 +144,7 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
-  for (uint64_t step : {1u, 2u}) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::Seconds(10)));
-    Fill(*seg, h, slot, step);
-    CKPTD_ASSERT_OK(seg->Publish(slot, step));
-    CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
-    CKPTD_ASSERT_OK(agent.WaitPersisted(h.trainer_id, step, absl::Seconds(30)).status());
-  }
+  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, step));
   // Flip a byte in the first chunk of step 2's shard.
   const std::string path = storage::ShardPath("/ckpt", "job", 2, 0);
   CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
@@ -301,30 +277,16 @@ TEST_F(AgentCoreTest, WaitPersistedGivesUpAfterItsTimeoutOnTheAgentsClock) {
   options_.clock = &clock;
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
-  absl::Mutex mu;
-  std::optional<absl::StatusOr<PersistStatus>> result;
-  std::thread waiter([&] {
-    absl::StatusOr<PersistStatus> r = agent.WaitPersisted(h.trainer_id, 5, absl::Seconds(10));
-    absl::MutexLock l(&mu);
-    result = std::move(r);
-  });
-  auto done = [&] {
-    absl::MutexLock l(&mu);
-    return result.has_value();
-  };
-  absl::Cleanup join = [&] {
-    if (!done()) clock.Set(absl::InfiniteFuture());
-    waiter.join();
-  };
+  BackgroundCall<absl::StatusOr<PersistStatus>> wait(
+      &clock, [&] { return agent.WaitPersisted(h.trainer_id, 5, absl::Seconds(10)); });
   // The persister and WaitPersisted wait on the clock.
   ASSERT_TRUE(Eventually([&] { return clock.waiters() == 2; }));
   clock.Advance(absl::Seconds(9));
   ASSERT_TRUE(Eventually([&] { return clock.waiters() == 2; }));
-  EXPECT_FALSE(done());
+  EXPECT_FALSE(wait.done());
   clock.Advance(absl::Seconds(1));
-  ASSERT_TRUE(Eventually(done));
-  absl::MutexLock l(&mu);
-  EXPECT_THAT(*result, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not persisted within 10s")));
+  ASSERT_TRUE(Eventually([&] { return wait.done(); }));
+  EXPECT_THAT(wait.result(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("not persisted within 10s")));
 }
 
 TEST_F(AgentCoreTest, PersistSecondsAreMeasuredOnTheAgentsClock) {
@@ -343,16 +305,6 @@ TEST_F(AgentCoreTest, PersistSecondsAreMeasuredOnTheAgentsClock) {
   ASSERT_EQ(hb.progress_size(), 1);
   EXPECT_EQ(hb.progress(0).persist_seconds(), 0.0);
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
-}
-
-// Snapshots `step` (every byte = the step's low byte) and waits until persisted.
-void SnapshotAndWait(AgentCore& agent, staging::StagingSegment& seg, const TrainerHandle& h, uint64_t step) {
-  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg.AcquireForFill(absl::Seconds(10)));
-  std::memset(seg.slot_data(slot), static_cast<int>(step & 0xff), h.slot_bytes);
-  CKPTD_ASSERT_OK(seg.Publish(slot, step));
-  CKPTD_ASSERT_OK(agent.SnapshotPublished(h.trainer_id, slot, step));
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.WaitPersisted(h.trainer_id, step, absl::Seconds(30)));
-  ASSERT_THAT(st.last_persisted_step, Optional(step)) << st.last_error;
 }
 
 class LocalTierTest : public AgentCoreTest {
@@ -538,6 +490,311 @@ TEST_F(LocalTierTest, StartingUpDropsHalfWrittenFilesAndOldSteps) {
   EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{2, 3}));
   EXPECT_THAT(mem_.Stat(tmp), StatusIs(absl::StatusCode::kNotFound, _));
   CKPTD_EXPECT_OK(mem_.Stat(storage::ShardPath("/nvme", "job", 3, 0)).status());
+}
+
+// --- One node, many ranks, no coordinator (the torchrun --nproc-per-node case).
+
+// Rank `rank` of a job of `world` ranks, all on this node.
+TrainerRegistration LoneRank(const std::string& job, uint32_t rank, uint32_t world) {
+  TrainerRegistration r;
+  r.job = job;
+  r.rank = rank;
+  r.world_size = world;
+  r.local_world_size = world;
+  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 1000),
+               Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
+  return r;
+}
+
+// What rank `rank` holds at `step`: each rank's shard differs.
+uint8_t RankFill(uint64_t step, uint32_t rank) { return static_cast<uint8_t>((step * 3 + rank) & 0xff); }
+
+// Every rank of one job, each registered as a trainer of its own.
+struct LoneJobRanks {
+  std::vector<TrainerHandle> handles;
+  std::vector<std::unique_ptr<staging::StagingSegment>> segments;
+};
+
+void RegisterRanks(AgentCore& agent, const std::string& job, uint32_t world, LoneJobRanks* out) {
+  *out = LoneJobRanks();
+  for (uint32_t r = 0; r < world; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(LoneRank(job, r, world)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+    out->handles.push_back(h);
+    out->segments.push_back(std::move(seg));
+  }
+}
+
+// Rank `rank` snapshots `step` and waits until it is persisted.
+void RankSnapshot(AgentCore& agent, LoneJobRanks& ranks, uint32_t rank, uint64_t step) {
+  SnapshotAndWait(agent, *ranks.segments[rank], ranks.handles[rank], step, RankFill(step, rank));
+}
+
+// Every rank restores at once, each from a thread of its own, as trainers do.
+std::vector<absl::StatusOr<RestoreResult>> RestoreAll(AgentCore& agent, const LoneJobRanks& ranks) {
+  std::vector<absl::StatusOr<RestoreResult>> results(ranks.handles.size(), absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.handles.size(); ++r) {
+    threads.emplace_back([&, r] { results[r] = agent.Restore(ranks.handles[r].trainer_id, absl::Seconds(10)); });
+  }
+  for (std::thread& th : threads) th.join();
+  return results;
+}
+
+// Every rank restored `step`, each its own shard of it; the slots go back.
+void ExpectAllRestored(LoneJobRanks& ranks, const std::vector<absl::StatusOr<RestoreResult>>& results, uint64_t step) {
+  ASSERT_EQ(results.size(), ranks.handles.size());
+  for (uint32_t r = 0; r < results.size(); ++r) {
+    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
+    EXPECT_THAT(results[r]->step, Optional(step)) << "rank " << r;
+    if (!results[r]->step) continue;
+    staging::StagingSegment& seg = *ranks.segments[r];
+    for (uint64_t offset : ranks.handles[r].offsets) {
+      EXPECT_EQ(seg.slot_data(results[r]->slot)[offset], RankFill(step, r)) << "rank " << r;
+    }
+    CKPTD_EXPECT_OK(seg.Release(results[r]->slot));
+  }
+}
+
+class LoneAgentTest : public AgentCoreTest, public ::testing::WithParamInterface<uint32_t> {
+ protected:
+  // The shards the MANIFEST of `step` lists, by rank.
+  std::vector<uint32_t> ManifestRanks(uint64_t step) {
+    storage::CheckpointStore store(&mem_, "/ckpt");
+    std::vector<uint32_t> ranks;
+    absl::StatusOr<ckptd::v1::StepManifest> m = store.ReadManifest("job", step);
+    if (!m.ok()) return ranks;
+    for (const ckptd::v1::ShardRef& s : m->shards()) ranks.push_back(s.rank());
+    return ranks;
+  }
+  std::vector<uint32_t> AllRanks() {
+    std::vector<uint32_t> all(GetParam());
+    for (uint32_t r = 0; r < GetParam(); ++r) all[r] = r;
+    return all;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LoneAgentTest, ::testing::Values(2u, 4u),
+                         [](const ::testing::TestParamInfo<uint32_t>& p) { return absl::StrCat(p.param); });
+
+TEST_P(LoneAgentTest, CommitsEveryStepThatAllRanksWroteAndRestoresThemAllToTheSameStep) {
+  const uint32_t world = GetParam();
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  for (uint64_t step : {10u, 20u, 30u}) {
+    for (uint32_t r = 0; r < world; ++r) {
+      // Not before the last rank's shard is durable.
+      EXPECT_THAT(mem_.Stat(storage::ManifestPath("/ckpt", "job", step)), StatusIs(absl::StatusCode::kNotFound, _));
+      ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, step));
+    }
+    EXPECT_EQ(ManifestRanks(step), AllRanks()) << step;
+    EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(step)));
+    for (uint32_t r = 0; r < world; ++r) {
+      CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(ranks.handles[r].trainer_id));
+      EXPECT_THAT(st.last_committed_step, Optional(step)) << "rank " << r;
+    }
+  }
+  // The retention rule of every committer: the newest two stay.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<storage::StepInfo> steps, store.ListSteps("job"));
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].step, 20u);
+  EXPECT_EQ(steps[1].step, 30u);
+
+  // Step 40: only rank 0 got to write it before the job went down.
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 0, 40));
+  EXPECT_THAT(mem_.Stat(storage::ManifestPath("/ckpt", "job", 40)), StatusIs(absl::StatusCode::kNotFound, _));
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(30u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(ranks.handles[0].trainer_id));
+  EXPECT_THAT(st.last_persisted_step, Optional(40u));
+  EXPECT_THAT(st.last_committed_step, Optional(30u));
+
+  // The restart: every rank comes back and restores step 30, its own shard.
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 30));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_P(LoneAgentTest, OneRanksDamagedShardSendsEveryRankBackAStep) {
+  const uint32_t world = GetParam();
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  for (uint64_t step : {10u, 20u}) {
+    for (uint32_t r = 0; r < world; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, step));
+  }
+  ASSERT_EQ(ManifestRanks(20), AllRanks());
+  // Flip a byte in the first chunk of the last rank's shard of step 20.
+  const uint32_t damaged = world - 1;
+  const std::string path = storage::ShardPath("/ckpt", "job", 20, damaged);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
+  bytes[4096 + 10] ^= 0x40;
+  CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes));
+
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  // Every rank, those whose shard of step 20 is intact included, loads step 10.
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 10));
+  // The agent commits this job alone: it marks step 20, kept but never restored.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string mark,
+                             storage::ReadFileToString(&mem_, storage::QuarantinePath("/ckpt", "job", 20)));
+  EXPECT_THAT(mark, HasSubstr(absl::StrCat("rank ", damaged)));
+  // A second restart does not even try step 20.
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 10));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_P(LoneAgentTest, ShardsOfARankThatRegisteredAgainFromAnotherProcessAreNotMixedIn) {
+  const uint32_t world = GetParam();
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  for (uint32_t r = 0; r < world; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
+  // Every rank but 0 writes step 20; rank 0 fails before it does.
+  for (uint32_t r = 1; r < world; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 20));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id, /*died=*/true));
+  // The launcher starts every rank again, as new processes.
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
+  // The new rank 0's step 20 does not complete the old ranks' step 20 ...
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 0, 20));
+  EXPECT_THAT(mem_.Stat(storage::ManifestPath("/ckpt", "job", 20)), StatusIs(absl::StatusCode::kNotFound, _));
+  // ... the new ranks' own do.
+  for (uint32_t r = 1; r < world; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 20));
+  EXPECT_EQ(ManifestRanks(20), AllRanks());
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 20));
+
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(AgentCoreTest, LoneAgentKeepsTheShardsOfAProcessThatRegistersAgain) {
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ranks.handles.resize(2);
+  ranks.segments.resize(2);
+  auto register_rank = [&](uint32_t rank, int32_t pid) {
+    TrainerRegistration r = LoneRank("job", rank, 2);
+    r.pid = pid;
+    CKPTD_ASSERT_OK_AND_ASSIGN(ranks.handles[rank], agent.Register(r));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ranks.segments[rank], staging::StagingSegment::Open(ranks.handles[rank].segment));
+  };
+  ASSERT_NO_FATAL_FAILURE(register_rank(0, 1000));
+  ASSERT_NO_FATAL_FAILURE(register_rank(1, 1001));
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 1, 10));
+  // Rank 1's process lost its connection to the agent and registers again:
+  // what it wrote before still counts.
+  const TrainerHandle first = ranks.handles[1];
+  ASSERT_NO_FATAL_FAILURE(register_rank(1, 1001));
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 0, 10));
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(10u)));
+  // Another process as rank 1 (a restart): the old one's step 20 is void.
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 1, 20));
+  const TrainerHandle second = ranks.handles[1];
+  ASSERT_NO_FATAL_FAILURE(register_rank(1, 2001));
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 0, 20));
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(10u)));
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 1, 20));
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(20u)));
+  for (const TrainerHandle& h : {first, second, ranks.handles[0], ranks.handles[1]}) {
+    CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+  }
+}
+
+TEST_F(AgentCoreTest, LoneAgentRestoreThatNotEveryRankJoinsIsBounded) {
+  base::FakeClock clock;
+  options_.clock = &clock;
+  options_.restore_timeout = absl::Minutes(5);
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
+  // Rank 1 never asks: rank 0 holds step 10 and waits for it.
+  {
+    BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+        &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, absl::Seconds(10)); });
+    // Both persisters and the restore wait on the clock.
+    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+    clock.Advance(absl::Minutes(5) - absl::Seconds(1));
+    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+    EXPECT_FALSE(restore.done());
+    clock.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+    EXPECT_THAT(restore.result(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 ranks loaded step 10 within 5m")));
+  }
+  // The slot it held went back, and the next restore is a round of its own.
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t a, ranks.segments[0]->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t b, ranks.segments[0]->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(ranks.segments[0]->Abandon(a));
+  CKPTD_ASSERT_OK(ranks.segments[0]->Abandon(b));
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 10));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+// A coordinator that is never asked anything: for registrations only.
+class SilentCoordinator : public CoordinatorClient {
+ public:
+  void ShardDurable(const ckptd::v1::ShardReport&) override {}
+  void Failure(const ckptd::v1::ReportFailureRequest&) override {}
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest&,
+                                                             absl::Duration) override {
+    return absl::UnavailableError("silent");
+  }
+  std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string&) override { return std::nullopt; }
+};
+
+TEST_F(AgentCoreTest, LoneAgentRefusesAJobWithRanksOnOtherNodes) {
+  AgentCore agent(&mem_, options_);
+  // Two nodes of two ranks each: this agent would never see a whole step.
+  TrainerRegistration r = LoneRank("job", 1, 4);
+  r.local_world_size = 2;
+  EXPECT_THAT(agent.Register(r), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                          AllOf(HasSubstr("4 ranks, 2 of them on this node"),
+                                                HasSubstr("run ckptd-coordinator"), HasSubstr("--coordinator"))));
+  r.local_world_size = 5;
+  EXPECT_THAT(agent.Register(r), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("local world size 5")));
+  // Unknown (an older client), or every rank here: accepted.
+  r.local_world_size = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle unknown, agent.Register(r));
+  r.rank = 0;
+  r.local_world_size = 4;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle all, agent.Register(r));
+  // The same job registered with another world size while its ranks run.
+  TrainerRegistration other = LoneRank("job", 0, 2);
+  EXPECT_THAT(agent.Register(other),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("registered here with a world of 4")));
+  CKPTD_ASSERT_OK(agent.TrainerExited(unknown.trainer_id));
+  CKPTD_ASSERT_OK(agent.TrainerExited(all.trainer_id));
+  // With a coordinator the agent commits nothing itself: ranks on other nodes are fine.
+  SilentCoordinator coordinator;
+  AgentOptions coordinated = options_;
+  coordinated.coordinator = &coordinator;
+  AgentCore with(&mem_, coordinated);
+  r.local_world_size = 2;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, with.Register(r));
+  EXPECT_TRUE(h.coordinated);
+  CKPTD_ASSERT_OK(with.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, LoneAgentJobOfTwoRanksCommitsAndRestoresFromTheLocalCopies) {
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
+  for (uint64_t step : {10u, 20u, 30u}) {
+    for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, step));
+  }
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(30u)));
+  EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{20, 30}));
+  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
+  for (const absl::StatusOr<RestoreResult>& r : results) {
+    ASSERT_THAT(r, IsOk());
+    EXPECT_TRUE(r->from_local_cache);
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, results, 30));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
 }  // namespace

@@ -25,6 +25,7 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
   reg.job = req->job();
   reg.rank = req->rank();
   reg.world_size = req->world_size();
+  reg.local_world_size = req->local_world_size();
   // The pid to watch: the one the kernel saw connect, when the trainer's own
   // number means nothing here (it runs in another PID namespace, e.g. a pod).
   const std::optional<PeerCredentials> peer = context != nullptr ? peers_.Find(context->peer()) : std::nullopt;

@@ -282,3 +282,174 @@ TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
 
 }  // namespace
 }  // namespace ckptd::agent
+
+// The trainer-group test below makes up users of its own (root only).
+#include <grp.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <functional>
+
+namespace ckptd::agent {
+namespace {
+
+// Runs `fn` in a child process as user `uid` with `groups` (the first one its
+// primary group) and returns what it returned, or why the child could not
+// become that user or did not finish.
+std::string RunAsUser(uint32_t uid, const std::vector<uint32_t>& groups, const std::function<std::string()>& fn) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::vector<gid_t> gids(groups.begin(), groups.end());
+    std::string out;
+    if (::setgroups(gids.size(), gids.data()) != 0 || ::setgid(gids[0]) != 0 || ::setuid(uid) != 0) {
+      out = absl::StrCat("cannot become uid ", uid, ": ", std::strerror(errno));
+    } else {
+      out = fn();
+    }
+    (void)!::write(pipe_fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
+  return out;
+}
+
+// With --trainer-group G, a trainer of another user in G reaches the agent's
+// socket and maps its staging, trusting it as the agent's (the owner of the
+// socket); a user outside G gets neither. The agent is this process (root).
+TEST(TrainerGroupTest, AgentServesTrainersOfAnotherUserInItsGroupOnly) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as users of its own making (setuid)";
+  // Numbers that name no user and no group here: no account is touched.
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 61000; id < 62000 && ids.size() < 3; ++id) {
+    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
+  }
+  if (ids.size() < 3) GTEST_SKIP() << "no 3 unused uids and gids in 61000..61999";
+  const uint32_t group = ids[0];
+  const uint32_t in_group = ids[1];
+  const uint32_t outsider = ids[2];
+  const std::string probe = RunAsUser(in_group, {in_group, group}, [] { return std::string("ok"); });
+  if (probe != "ok") GTEST_SKIP() << "root here cannot act as another user: " << probe;
+
+  ckptd::testing::TempDir dir("ckptd-group-");
+  ASSERT_FALSE(dir.path().empty());
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);  // as /run/ckptd
+  const std::string socket = dir.Sub("agent.sock");
+  storage::MemFileSystem mem;
+  ASSERT_THAT(mem.CreateDir("/ckpt"), IsOk());
+  AgentOptions o;
+  o.storage_root = "/ckpt";
+  o.io_threads = 1;
+  o.segment_prefix = absl::StrCat("/ckptd-test-svc-group-", ::getpid());
+  o.trainer_group = group;
+  AgentCore core(&mem, o);
+  AgentService service(&core);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> server,
+                             StartUnixServer(socket, &service, service.peers(), group));
+  auto stub = ckptd::v1::Agent::NewStub(grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials()));
+  ckptd::v1::RegisterRequest req;
+  req.set_job("group-job");
+  req.set_world_size(1);
+  req.set_pid(::getpid());
+  *req.add_buffers() = Buffer("params", ckptd::v1::PARAMS, 10000);
+  grpc::ClientContext c1;
+  ckptd::v1::RegisterResponse reg;
+  ASSERT_TRUE(stub->Register(&c1, req, &reg).ok());
+
+  // What a trainer does: connect, take the agent's uid from its socket, map the staging.
+  auto trainer = [&](bool publish) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, socket.data(), socket.size());
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const bool connected = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    const std::string connect_error = connected ? "" : std::strerror(errno);
+    ::close(fd);
+    struct stat st;
+    if (::stat(socket.c_str(), &st) != 0) return absl::StrCat("stat ", socket, ": ", std::strerror(errno));
+    absl::StatusOr<std::unique_ptr<staging::StagingSegment>> seg =
+        staging::StagingSegment::Open(reg.segment(), nullptr, st.st_uid);
+    std::string out = absl::StrCat("connect: ", connected ? "ok" : connect_error,
+                                   "; open: ", seg.ok() ? "ok" : seg.status().ToString());
+    if (seg.ok() && publish) {
+      absl::StatusOr<uint32_t> slot = (*seg)->AcquireForFill(absl::ZeroDuration());
+      if (!slot.ok()) return slot.status().ToString();
+      std::memset((*seg)->slot_data(*slot), 0x3c, (*seg)->slot_bytes());
+      absl::Status published = (*seg)->Publish(*slot, 9);
+      absl::StrAppend(&out, "; slot ", *slot, " published: ", published.ok() ? "ok" : published.ToString());
+    }
+    return out;
+  };
+  EXPECT_EQ(RunAsUser(in_group, {in_group, group}, [&] { return trainer(true); }),
+            "connect: ok; open: ok; slot 0 published: ok");
+  // The agent persists what that trainer staged.
+  grpc::ClientContext c2;
+  ckptd::v1::SnapshotPublishedRequest pub;
+  pub.set_trainer_id(reg.trainer_id());
+  pub.set_slot(0);
+  pub.set_step(9);
+  ckptd::v1::SnapshotPublishedResponse pub_resp;
+  ASSERT_TRUE(stub->SnapshotPublished(&c2, pub, &pub_resp).ok());
+  storage::CheckpointStore store(&mem, "/ckpt");
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<std::optional<uint64_t>> l = store.LatestCommittedStep("group-job");
+    return l.ok() && *l == std::optional<uint64_t>(9);
+  }));
+
+  const std::string refused = RunAsUser(outsider, {outsider}, [&] { return trainer(false); });
+  EXPECT_THAT(refused, HasSubstr("connect: Permission denied; open: PERMISSION_DENIED: staging segment /dev/shm" +
+                                 reg.segment()));
+  EXPECT_THAT(refused, HasSubstr(absl::StrCat("(owner uid 0, group ", group, ", mode 0660)")));
+  EXPECT_THAT(refused, HasSubstr(absl::StrCat("shared with group ", group, ", which this process is not in")));
+  server->Shutdown();
+}
+
+// Issue 16, finding 9: a registration whose numbers the agent cannot honour
+// (a world it would never commit, a rank outside it) is refused naming the
+// field, over the real socket.
+TEST_F(AgentServiceTest, RegistrationOutsideTheWorldSizesCkptdHandlesIsInvalidArgumentNamingTheField) {
+  struct Case {
+    uint32_t rank;
+    uint32_t world_size;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {0, 4294967295u, "world_size 4294967295 is outside 1..1048576"},
+           {4294967295u, 4294967295u, "world_size 4294967295 is outside 1..1048576"},
+           {0, (1u << 20) + 1, "world_size 1048577 is outside 1..1048576"},
+           {0, 0, "world_size 0 is outside 1..1048576"},
+           {4, 4, "rank 4 is not inside world size 4"},
+           {4294967295u, 8, "rank 4294967295 is not inside world size 8"},
+       }) {
+    ckptd::v1::RegisterRequest req = Request(::getpid());
+    req.set_rank(c.rank);
+    req.set_world_size(c.world_size);
+    grpc::ClientContext ctx;
+    ckptd::v1::RegisterResponse resp;
+    grpc::Status s = stub_->Register(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+  }
+  // The largest world the coordinator takes is one the agent takes too.
+  ckptd::v1::RegisterRequest req = Request(::getpid());
+  req.set_rank((1u << 20) - 1);
+  req.set_world_size(1u << 20);
+  grpc::ClientContext ctx;
+  ckptd::v1::RegisterResponse resp;
+  grpc::Status s = stub_->Register(&ctx, req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+}  // namespace
+}  // namespace ckptd::agent

@@ -1,11 +1,9 @@
 // Agents under a coordinator, without sockets: two AgentCores (two nodes)
 // talk to one CoordinatorCore through an in-process CoordinatorClient.
-#include <cstring>
 #include <thread>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/strings/str_cat.h"
 #include "agent/agent_core.h"
+#include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
@@ -90,15 +88,6 @@ class InProcessCoordinator : public CoordinatorClient {
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
 };
 
-ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c, ckptd::v1::DType d, uint64_t n) {
-  ckptd::v1::Tensor t;
-  t.set_name(name);
-  t.set_component(c);
-  t.set_dtype(d);
-  t.add_shape(n);
-  return t;
-}
-
 TrainerRegistration Rank(uint32_t rank, uint32_t world) {
   TrainerRegistration r;
   r.job = "job";
@@ -120,11 +109,7 @@ class CoordinatedAgentTest : public ::testing::Test {
   }
 
   AgentOptions Options(CoordinatorClient* c) {
-    AgentOptions o;
-    o.storage_root = "/ckpt";
-    o.segment_prefix = absl::StrCat("/ckptd-test-coord-", ::getpid(), "-", counter_++);
-    o.io_threads = 2;
-    o.write.block_bytes = 4096;
+    AgentOptions o = TestAgentOptions("coord");
     o.coordinator = c;
     o.restore_timeout = absl::Seconds(20);
     o.plan_poll = absl::Milliseconds(2);
@@ -153,12 +138,7 @@ class CoordinatedAgentTest : public ::testing::Test {
   }
 
   void Snapshot(Node& n, uint32_t rank, uint64_t step) {
-    absl::StatusOr<uint32_t> slot = n.seg->AcquireForFill(absl::Seconds(10));
-    ASSERT_THAT(slot.status(), IsOk());
-    std::memset(n.seg->slot_data(*slot), Pattern(step, rank), n.handle.slot_bytes);
-    ASSERT_THAT(n.seg->Publish(*slot, step), IsOk());
-    ASSERT_THAT(n.agent->SnapshotPublished(n.handle.trainer_id, *slot, step, 0.003), IsOk());
-    ASSERT_THAT(n.agent->WaitPersisted(n.handle.trainer_id, step, absl::Seconds(30)).status(), IsOk());
+    SnapshotAndWait(*n.agent, *n.seg, n.handle, step, Pattern(step, rank), /*stall_seconds=*/0.003);
   }
 
   // Restores every node at once (the restore is a barrier) and checks the bytes.
@@ -189,7 +169,6 @@ class CoordinatedAgentTest : public ::testing::Test {
 
   bool Exists(const std::string& path) { return mem_.Stat(path).ok(); }
 
-  static inline int counter_ = 0;
   storage::MemFileSystem mem_;
   storage::CheckpointStore store_{&mem_, "/ckpt"};
   std::unique_ptr<coordinator::StateStore> state_ = coordinator::NewMemStateStore();
@@ -300,31 +279,18 @@ TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
   o.clock = &agent_clock;
   AgentCore impatient(&mem_, o);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, impatient.Register(Rank(0, 2)));
-  absl::Mutex mu;
-  std::optional<absl::StatusOr<RestoreResult>> result;
-  std::thread restore([&] {
-    absl::StatusOr<RestoreResult> r = impatient.Restore(h.trainer_id, absl::Seconds(1));
-    absl::MutexLock l(&mu);
-    result = std::move(r);
-  });
-  auto done = [&] {
-    absl::MutexLock l(&mu);
-    return result.has_value();
-  };
-  absl::Cleanup join = [&] {
-    if (!done()) agent_clock.Set(absl::InfiniteFuture());
-    restore.join();
-  };
+  BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+      &agent_clock, [&] { return impatient.Restore(h.trainer_id, absl::Seconds(1)); });
   // Its persister and the restore, between two polls for a plan, wait on the
   // agent's clock.
   ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));
   agent_clock.Advance(absl::Seconds(29));
   ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));  // polled again, and waits on
-  EXPECT_FALSE(done());
+  EXPECT_FALSE(restore.done());
   agent_clock.Advance(absl::Seconds(1));
-  ASSERT_TRUE(Eventually(done));
-  absl::MutexLock l(&mu);
-  EXPECT_THAT(*result, StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading within 30s")));
+  ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+  EXPECT_THAT(restore.result(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading within 30s")));
 }
 
 TEST_F(CoordinatedAgentTest, SingleRankJobIsCommittedByTheCoordinator) {

@@ -127,10 +127,25 @@ std::optional<absl::Status> LocalTier::Read(const ShardId& shard,
 
 std::vector<uint64_t> LocalTier::Steps(const std::string& job) {
   std::vector<uint64_t> steps;
-  absl::StatusOr<std::vector<storage::FileInfo>> entries = options_.fs->ListDir(storage::JobDir(options_.dir, job));
+  // The tier makes its job and step directories itself, never as links: one
+  // in their place (to a folder elsewhere) is reported and left alone, never
+  // pruned or removed through.
+  const std::string job_dir = storage::JobDir(options_.dir, job);
+  if (absl::Status s = storage::CheckIsDirectory(options_.fs, job_dir); !s.ok()) {
+    if (!absl::IsNotFound(s)) options_.logger->Warning(absl::StrCat("node-local tier: ", s.message(), "; left alone"));
+    return steps;
+  }
+  absl::StatusOr<std::vector<storage::FileInfo>> entries = options_.fs->ListDir(job_dir);
   if (!entries.ok()) return steps;
   for (const storage::FileInfo& e : *entries) {
-    if (std::optional<uint64_t> s = storage::ParseStepDirName(e.name); s && e.is_directory) steps.push_back(*s);
+    std::optional<uint64_t> s = storage::ParseStepDirName(e.name);
+    if (!s) continue;
+    if (!e.is_directory) {
+      options_.logger->Warning(absl::StrCat("node-local tier: ", storage::JoinPath(job_dir, e.name), " is a ",
+                                            storage::FileTypeName(e.type), ", not a directory; left alone"));
+      continue;
+    }
+    steps.push_back(*s);
   }
   std::sort(steps.begin(), steps.end());
   return steps;

@@ -118,7 +118,9 @@ class LocalTier {
   // run that is gone and are removed, except those being written or copied.
   void DropStepsAbove(const std::string& job, uint64_t step);
 
-  // The step directories of `job` in the tier, in ascending order.
+  // The step directories of `job` in the tier, in ascending order. A link (or
+  // anything but a directory) in place of the job's or a step's directory is
+  // reported to the logger and left out.
   std::vector<uint64_t> Steps(const std::string& job);
 
  private:

@@ -2,7 +2,13 @@
 // LocalTierTest checks through AgentCore is not repeated here).
 #include "agent/local_tier.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,12 +16,14 @@
 #include "absl/strings/str_cat.h"
 #include "base/testing/capturing_logger.h"
 #include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
+#include "storage/posix_file_system.h"
 #include "storage/store.h"
 #include "storage/testing_data.h"
 
@@ -284,6 +292,78 @@ TEST_F(LocalTierAloneTest, StartingUpCleansEveryJobAndKeepsFinishedShards) {
   missing.dir = "/nowhere";
   LocalTier empty(missing, &root_);
   EXPECT_THAT(empty.Steps(kJob), ElementsAre());
+}
+
+// Issue 16 (2): a step folder of the tier that is a link to a folder
+// elsewhere had everything in that folder deleted by the tier's pruning. On
+// the real file system, since memory holds no links.
+TEST_F(LocalTierAloneTest, ALinkInPlaceOfAStepIsReportedAndNothingIsPrunedThroughIt) {
+  ckptd::testing::TempDir tmp("ckptd_local_tier_");
+  std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+  const std::string local = tmp.Sub("nvme");
+  const std::string outside = tmp.Sub("outside");
+  ASSERT_THAT(storage::CreateDirs(posix.get(), storage::JobDir(local, kJob)), IsOk());
+  ASSERT_THAT(storage::CreateDirs(posix.get(), storage::JoinPath(outside, "sub")), IsOk());
+  ASSERT_THAT(storage::WriteFileAtomically(posix.get(), storage::JoinPath(outside, "rank-0.shard"), "keep"), IsOk());
+  ASSERT_THAT(storage::WriteFileAtomically(posix.get(), storage::JoinPath(outside, "sub/inner"), "keep"), IsOk());
+  const std::string link = storage::StepDir(local, kJob, 1);
+  ASSERT_EQ(::symlink(outside.c_str(), link.c_str()), 0) << std::strerror(errno);
+
+  LocalTierOptions options = Options(posix.get(), /*keep=*/1);
+  options.dir = local;
+  {
+    LocalTier tier(options, &root_);
+    for (uint64_t step : {2u, 3u, 4u}) ASSERT_THAT(Persist(tier, step).status(), IsOk()) << step;
+    EXPECT_EQ(counters_.Get().writes, 3u);
+    EXPECT_THAT(tier.Steps(kJob), ElementsAre(4u));
+    tier.DropStepsAbove(kJob, 0);
+    EXPECT_THAT(tier.Steps(kJob), ElementsAre());
+  }
+  EXPECT_TRUE(logger_.Contains(absl::StrCat(link, " is a symbolic link, not a directory; left alone")));
+  struct stat st;
+  ASSERT_EQ(::lstat(link.c_str(), &st), 0) << std::strerror(errno);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  for (const char* name : {"rank-0.shard", "sub/inner"}) {
+    EXPECT_THAT(storage::ReadFileToString(posix.get(), storage::JoinPath(outside, name)),
+                ::ckptd::testing::IsOkAndHolds(std::string("keep")))
+        << name;
+  }
+}
+
+TEST_F(LocalTierAloneTest, ALinkInPlaceOfTheJobsFolderIsNeitherWrittenNorPrunedThrough) {
+  ckptd::testing::TempDir tmp("ckptd_local_tier_");
+  std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+  const std::string local = tmp.Sub("nvme");
+  const std::string elsewhere = tmp.Sub("elsewhere");
+  for (uint64_t step : {1u, 2u}) {
+    ASSERT_THAT(storage::CreateDirs(posix.get(), storage::StepDir(elsewhere, kJob, step)), IsOk());
+    ASSERT_THAT(storage::WriteFileAtomically(posix.get(), storage::ShardPath(elsewhere, kJob, step, 0), "keep"),
+                IsOk());
+  }
+  ASSERT_THAT(posix->CreateDir(local), IsOk());
+  const std::string link = storage::JobDir(local, kJob);
+  ASSERT_EQ(::symlink(storage::JobDir(elsewhere, kJob).c_str(), link.c_str()), 0) << std::strerror(errno);
+
+  LocalTierOptions options = Options(posix.get(), /*keep=*/1);
+  options.dir = local;
+  {
+    LocalTier tier(options, &root_);
+    // The shards go to the storage root directly: the tier writes nothing
+    // through the link.
+    for (uint64_t step : {5u, 6u}) ASSERT_THAT(Persist(tier, step).status(), IsOk()) << step;
+    EXPECT_EQ(counters_.Get().writes, 0u);
+    EXPECT_EQ(counters_.Get().fallbacks, 2u);
+    EXPECT_TRUE(Exists(storage::ShardPath(kRoot, kJob, 6, 0)));
+    EXPECT_THAT(tier.Steps(kJob), ElementsAre());
+    tier.DropStepsAbove(kJob, 0);
+  }
+  EXPECT_TRUE(logger_.Contains(absl::StrCat(link, " is a symbolic link, not a directory; left alone")));
+  for (uint64_t step : {1u, 2u}) {
+    EXPECT_THAT(storage::ReadFileToString(posix.get(), storage::ShardPath(elsewhere, kJob, step, 0)),
+                ::ckptd::testing::IsOkAndHolds(std::string("keep")))
+        << step;
+  }
+  for (uint64_t step : {5u, 6u}) EXPECT_FALSE(posix->Stat(storage::StepDir(elsewhere, kJob, step)).ok()) << step;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -206,6 +207,70 @@ TEST(ArgsGetUintTest, ExactMessage) {
   EXPECT_THAT(SizeOf("tenG", true),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "--size: \"tenG\" is not a non-negative integer (optionally with K, M, G or T)"));
+}
+
+// GetUintInRange, ReadUint, GetDurationInRange.
+
+TEST(ArgsGetUintInRangeTest, InsideTheRange) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(Args args, Parse({"--size", "1024", "--name", "2G"}));
+  EXPECT_THAT(args.GetUintInRange("size", 1, 1024), IsOkAndHolds(Optional(uint64_t{1024})));
+  EXPECT_THAT(args.GetUintInRange("name", 1, uint64_t{2} << 30, /*allow_suffix=*/true),
+              IsOkAndHolds(Optional(uint64_t{2} << 30)));
+  EXPECT_THAT(args.GetUintInRange("root", 1, 2), IsOkAndHolds(std::optional<uint64_t>()));
+}
+
+TEST(ArgsGetUintInRangeTest, OutsideTheRangeNamesTheFlagAndTheRange) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(Args args, Parse({"--size", "100000"}));
+  EXPECT_THAT(args.GetUintInRange("size", 1, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--size must be an integer in 1..1024, got \"100000\""));
+  CKPTD_ASSERT_OK_AND_ASSIGN(Args zero, Parse({"--size", "0"}));
+  EXPECT_THAT(zero.GetUintInRange("size", 1, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1..1024, got \"0\"")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(Args big, Parse({"--size", "2T"}));
+  EXPECT_THAT(big.GetUintInRange("size", 1, uint64_t{1} << 40, /*allow_suffix=*/true),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--size must be a size in 1..1T (bytes, or with K, M, G or T), got \"2T\""));
+  // Past 64 bits, and not numbers at all: the same message.
+  for (const char* bad : {"18446744073709551616", "99999999999999999999999", "-1", "+1", " 1", "1.5", "x"}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(Args a, Parse({"--size", bad}));
+    EXPECT_THAT(a.GetUintInRange("size", 0, UINT64_MAX),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("--size must be an integer in 0..18446744073709551615"), HasSubstr(bad))))
+        << bad;
+  }
+}
+
+TEST(ArgsReadUintTest, NarrowsOnlyWhatFits) {
+  // 4294967296 is 2^32: a 32-bit destination would hold 0.
+  CKPTD_ASSERT_OK_AND_ASSIGN(Args args, Parse({"--size", "4294967296"}));
+  uint32_t narrow = 7;
+  EXPECT_THAT(args.ReadUint("size", 0, UINT32_MAX, &narrow),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--size must be an integer in 0..4294967295")));
+  EXPECT_EQ(narrow, 7u);
+  uint64_t wide = 0;
+  CKPTD_ASSERT_OK(args.ReadUint("size", 0, UINT64_MAX, &wide));
+  EXPECT_EQ(wide, uint64_t{1} << 32);
+  // A range wider than the destination is the caller's mistake, never a truncation.
+  int small = 3;
+  EXPECT_THAT(args.ReadUint("size", 0, UINT64_MAX, &small), StatusIs(absl::StatusCode::kInternal, HasSubstr("--size")));
+  EXPECT_EQ(small, 3);
+  // Absent: left alone.
+  int absent = 5;
+  CKPTD_ASSERT_OK(args.ReadUint("name", 1, 10, &absent));
+  EXPECT_EQ(absent, 5);
+}
+
+TEST(ArgsGetDurationInRangeTest, FiniteAndInsideTheRange) {
+  auto parse = [](const std::string& v) {
+    return Parse({"--name", v})->GetDurationInRange("name", absl::Milliseconds(1), absl::Hours(1));
+  };
+  EXPECT_THAT(parse("250ms"), IsOkAndHolds(Optional(absl::Milliseconds(250))));
+  EXPECT_THAT(parse("1h"), IsOkAndHolds(Optional(absl::Hours(1))));
+  for (const char* bad : {"inf", "-inf", "0", "500us", "2h", "-1s", "soon", ""}) {
+    EXPECT_THAT(parse(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("--name must be a duration in 1ms..1h"), HasSubstr(bad))))
+        << bad;
+  }
 }
 
 }  // namespace

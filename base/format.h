@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/string_view.h"
+
 namespace ckptd::base {
 
 // "1.5 GiB", "12.0 MiB", "512 B".
@@ -14,5 +16,13 @@ std::string IsoTime(int64_t unix_nanos);
 std::string ShortDuration(double s);
 // "0.04 s", "1.5 s", "35.2 s", "412 s"; "-" for 0 (unknown).
 std::string Seconds(double s);
+
+// `s` safe to print on a terminal, for text that came from elsewhere (the
+// network, a file): valid, printable UTF-8 is kept; control characters are
+// written visibly instead: \n, \r, \t, other C0 characters and DEL as \x1b,
+// C1 controls (U+0080..U+009F), the bidirectional overrides and isolates and
+// the line and paragraph separators as \u009b, and bytes that are not UTF-8
+// as \xff. A backslash is kept, so applying it twice changes nothing more.
+std::string TerminalSafe(absl::string_view s);
 
 }  // namespace ckptd::base

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,6 +118,38 @@ TEST(SecondsTest, ZeroNegativeAndNonFiniteAreUnknown) {
   EXPECT_EQ(Seconds(-1), "-");
   EXPECT_EQ(Seconds(std::numeric_limits<double>::quiet_NaN()), "-");
   EXPECT_EQ(Seconds(std::numeric_limits<double>::infinity()), "-");
+}
+
+TEST(TerminalSafeTest, PrintableAsciiAndUtf8AreKept) {
+  EXPECT_EQ(TerminalSafe(""), "");
+  EXPECT_EQ(TerminalSafe("step 40: rank-1.shard 'w' ~!@#$%^&*()"), "step 40: rank-1.shard 'w' ~!@#$%^&*()");
+  EXPECT_EQ(TerminalSafe("τ δ — 节点 \xF0\x9F\x98\x80"), "τ δ — 节点 \xF0\x9F\x98\x80");
+  EXPECT_EQ(TerminalSafe("C:\\dir\\x1b"), "C:\\dir\\x1b");  // a backslash stays
+}
+
+TEST(TerminalSafeTest, ControlCharactersAreWrittenVisibly) {
+  EXPECT_EQ(TerminalSafe("\x1b[2J\rFAKE\nline\tend"), "\\x1b[2J\\rFAKE\\nline\\tend");
+  EXPECT_EQ(TerminalSafe(std::string("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(TerminalSafe("\x07\x08\x7f"), "\\x07\\x08\\x7f");
+  // C1 controls: as UTF-8 (U+009B, CSI) and as raw bytes, which are not UTF-8.
+  EXPECT_EQ(TerminalSafe("\xC2\x9B" "31m"), "\\u009b31m");
+  EXPECT_EQ(TerminalSafe("\x9B" "31m\x85"), "\\x9b31m\\x85");
+  // Text that reorders or breaks what follows.
+  EXPECT_EQ(TerminalSafe("a\xE2\x80\xAE" "b\xE2\x81\xA6" "c\xE2\x80\xA8"), "a\\u202eb\\u2066c\\u2028");
+}
+
+TEST(TerminalSafeTest, BytesThatAreNotUtf8AreEscapedOneByOne) {
+  EXPECT_EQ(TerminalSafe("\xFF\xFE"), "\\xff\\xfe");
+  EXPECT_EQ(TerminalSafe("\xC0\xAF"), "\\xc0\\xaf");                    // overlong '/'
+  EXPECT_EQ(TerminalSafe("\xED\xA0\x80"), "\\xed\\xa0\\x80");           // a surrogate
+  EXPECT_EQ(TerminalSafe("ok\xE2\x82"), "ok\\xe2\\x82");                // cut short
+  EXPECT_EQ(TerminalSafe("\xF4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // past U+10FFFF
+}
+
+TEST(TerminalSafeTest, TwiceIsOnce) {
+  const std::string once = TerminalSafe("\x1b]0;title\x07\xC2\x9B\xFF x");
+  EXPECT_EQ(TerminalSafe(once), once);
+  for (char c : once) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 
 namespace ckptd::base {
 
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port) {
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port, PortUse use) {
   absl::string_view host;
   absl::string_view port;
   if (absl::StartsWith(host_port, "[")) {
@@ -32,10 +32,12 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
           absl::StrCat("\"", host_port, "\": an IPv6 address needs brackets, as in [::1]:9090"));
     }
   }
+  // Parsed wide and checked before it is narrowed to 16 bits.
+  const uint32_t lowest = use == PortUse::kListen ? 0 : 1;
   uint32_t port_number = 0;
   if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
-      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\": port must be 0..65535"));
+      !absl::SimpleAtoi(port, &port_number) || port_number < lowest || port_number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\": port must be ", lowest, "..65535"));
   }
   return std::make_pair(std::string(host), static_cast<uint16_t>(port_number));
 }

@@ -10,9 +10,17 @@
 
 namespace ckptd::base {
 
+// What the address is for, which decides whether port 0 is one.
+enum class PortUse {
+  kListen,   // an address to serve on: port 0 asks for any free port (0..65535)
+  kConnect,  // an address to connect to: 1..65535
+};
+
 // Splits "host:port" / "[v6]:port" into host (brackets removed, may be empty)
-// and port. kInvalidArgument when malformed, including an IPv6 address
-// without brackets or a port outside 0..65535.
-absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port);
+// and port. kInvalidArgument naming the text when malformed, including an
+// IPv6 address without brackets or a port outside the range of `use`
+// (never wrapped: 99999 is refused, not taken for 34463).
+absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port,
+                                                               PortUse use = PortUse::kListen);
 
 }  // namespace ckptd::base

@@ -12,6 +12,7 @@ namespace {
 
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 TEST(ParseHostPortTest, Accepts) {
@@ -28,6 +29,29 @@ TEST(ParseHostPortTest, Rejects) {
                           "host:000009090", "::1:9090", "[::1]", "[::1]9090", "[::1", "[]:80", "a:b:80"}) {
     EXPECT_THAT(ParseHostPort(bad), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(bad))) << bad;
   }
+}
+
+TEST(ParseHostPortTest, PortsOutsideTheRangeAreRefusedNotWrapped) {
+  for (PortUse use : {PortUse::kListen, PortUse::kConnect}) {
+    for (const char* bad :
+         {"127.0.0.1:99999", "127.0.0.1:65536", "[::1]:70000", "h:4294967296", "h:18446744073709551617"}) {
+      EXPECT_THAT(ParseHostPort(bad, use),
+                  StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr(bad), HasSubstr("..65535"))))
+          << bad;
+    }
+  }
+}
+
+TEST(ParseHostPortTest, PortZeroIsForListeningOnly) {
+  using P = std::pair<std::string, uint16_t>;
+  EXPECT_THAT(ParseHostPort("127.0.0.1:0", PortUse::kListen), IsOkAndHolds(P("127.0.0.1", 0)));
+  EXPECT_THAT(ParseHostPort("127.0.0.1:0"), IsOkAndHolds(P("127.0.0.1", 0)));  // listening is the default
+  EXPECT_THAT(ParseHostPort("127.0.0.1:0", PortUse::kConnect),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("\"127.0.0.1:0\": port must be 1..65535")));
+  EXPECT_THAT(ParseHostPort("[::1]:00", PortUse::kConnect),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1..65535")));
+  EXPECT_THAT(ParseHostPort("coord:1", PortUse::kConnect), IsOkAndHolds(P("coord", 1)));
+  EXPECT_THAT(ParseHostPort("coord:65535", PortUse::kConnect), IsOkAndHolds(P("coord", 65535)));
 }
 
 }  // namespace

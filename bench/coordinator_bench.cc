@@ -91,7 +91,10 @@ const char kCoordinatorHelp[] =
     "The shard files the coordinator checks at commit (a small real shard per rank\n"
     "and step) are written before anything is timed. Without --keep the scratch\n"
     "folder is removed afterwards. The bench raises its open-file limit to the hard\n"
-    "limit (the coordinator inherits it).\n";
+    "limit (the coordinator inherits it).\n"
+    "Ranges: --agents 1..1000000, --ranks 1..1048576, --ranks-per-agent 1..4096,\n"
+    "--rate (0, 1000], --seconds (0, 86400], --checkpoints 1..10000, --channels\n"
+    "1..4096, --retain 1..1000000.\n";
 
 namespace {
 
@@ -1074,6 +1077,10 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
     }
   }
   if (f.rate_hz > 1000) return usage("--rate must be at most 1000 (heartbeats per second per agent)");
+  // Held as nanoseconds in 64 bits further on: a day is plenty.
+  if (f.seconds > 86400) {
+    return usage(absl::StrCat("--seconds must be at most 86400, got \"", *args->Get("seconds"), "\""));
+  }
   const uint64_t rank_agents = (f.ranks + f.ranks_per_agent - 1) / f.ranks_per_agent;
   if (rank_agents > f.agents) {
     return usage(absl::StrCat("--ranks ", f.ranks, " at ", f.ranks_per_agent, " per agent need ", rank_agents,

@@ -2,11 +2,15 @@
 // with tiny numbers: checks what it reports, not how fast anything was.
 #include "bench/coordinator_bench.h"
 
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/flags.h"
+#include "bench/overhead_bench.h"
+#include "bench/persist_bench.h"
+#include "bench/snapshot_bench.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -64,6 +68,43 @@ TEST(CoordinatorBenchTest, MissingCoordinatorBinaryFailsNamingIt) {
                                 out, err),
             base::kExitFailed);
   EXPECT_THAT(err.str(), HasSubstr("cannot run /nonexistent/ckptd-coordinator"));
+}
+
+// Issue 16, finding 9: every benchmark's numbers are parsed wide and checked
+// before anything runs or is allocated (--threads 100000 was a thread pool
+// of 100000, --repeat 1000 silently 100, --bytes 16777216T an overflow).
+TEST(BenchFlagsTest, NumbersOutsideTheirRangeAreUsageErrorsNamingTheFlag) {
+  using Bench = std::function<int(const std::vector<std::string>&, std::ostream&, std::ostream&)>;
+  // Never written: every command line below is refused before anything runs.
+  const std::string dir = ::testing::TempDir() + "/ckptd-bench-flags";
+  struct Case {
+    Bench run;
+    std::vector<std::string> argv;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {RunPersistBench, {"--dir", dir, "--bytes", "1M", "--threads", "100000"},
+            "--threads must be an integer in 1..1024, got \"100000\""},
+           {RunPersistBench, {"--dir", dir, "--bytes", "1M", "--threads", "4294967297"},
+            "--threads must be an integer in 1..1024"},
+           {RunPersistBench, {"--dir", dir, "--bytes", "16777216T"}, "--bytes must be a size in 1..1T"},
+           {RunPersistBench, {"--dir", dir, "--bytes", "2T"}, "--bytes must be a size in 1..1T"},
+           {RunPersistBench, {"--dir", dir, "--bytes", "1M", "--io-depth", "4294967297"},
+            "--io-depth must be an integer in 1..256"},
+           {RunPersistBench, {"--dir", dir, "--bytes", "1M", "--step", "18446744073709551615"},
+            "--step must be an integer in 0..4611686018427387904"},
+           {RunSnapshotBench, {"--bytes", "1M", "--repeat", "1000"}, "--repeat must be an integer in 1..100"},
+           {RunSnapshotBench, {"--bytes", "1M", "--threads", "100000"}, "--threads must be an integer in 1..1024"},
+           {RunSnapshotBench, {"--bytes", "1M", "--cuda", "4294967296"}, "--cuda must be an integer in 0..1023"},
+           {RunOverheadBench, {"--state-mb", "18446744073709551615"}, "--state-mb must be an integer in 1..65536"},
+           {RunOverheadBench, {"--step-ms", "18446744073709551615"}, "--step-ms must be an integer in 0..3600000"},
+           {RunOverheadBench, {"--every", "1,4294967296000"}, "--every must be integers in 1..1099511627776"},
+           {RunCoordinatorBench, {"--seconds", "1e300"}, "--seconds must be at most 86400"},
+       }) {
+    std::ostringstream out, err;
+    EXPECT_EQ(c.run(c.argv, out, err), base::kExitUsage) << c.message;
+    EXPECT_THAT(err.str(), HasSubstr(c.message));
+  }
 }
 
 }  // namespace

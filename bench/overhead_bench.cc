@@ -29,7 +29,9 @@ const char kOverheadHelp[] =
     "each padded to T ms of compute (default 50), without checkpoints and with a\n"
     "snapshot every K steps for each K (default 1,50), R rounds each (default 3)\n"
     "in alternating order. Reports the median training time of each and the\n"
-    "overhead against the run without checkpoints.\n";
+    "overhead against the run without checkpoints.\n"
+    "Ranges: --state-mb 1..65536, --steps 1..2^62, --step-ms 0..3600000, --every\n"
+    "1..2^40 each, --repeat 1..100.\n";
 
 namespace {
 
@@ -78,18 +80,28 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
     return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
+  // The trainer's ranges (ckptd-demo-trainer --help), checked here so that a
+  // bad value is a usage error of the bench rather than N failed runs.
   uint64_t vals[4] = {4, 200, 50, 3};
-  const char* names[4] = {"state-mb", "steps", "step-ms", "repeat"};
+  struct Range {
+    const char* name;
+    uint64_t min, max;
+  };
+  const Range ranges[4] = {
+      {"state-mb", 1, 65536}, {"steps", 1, uint64_t{1} << 62}, {"step-ms", 0, 3'600'000}, {"repeat", 1, 100}};
   for (int i = 0; i < 4; ++i) {
-    absl::StatusOr<std::optional<uint64_t>> v = args->GetUint(names[i]);
-    if (!v.ok()) return usage(std::string(v.status().message()));
-    if (*v) vals[i] = **v;
+    if (absl::Status s = args->ReadUint(ranges[i].name, ranges[i].min, ranges[i].max, &vals[i]); !s.ok()) {
+      return usage(std::string(s.message()));
+    }
   }
-  if (vals[0] == 0 || vals[1] == 0 || vals[3] == 0) return usage("--state-mb, --steps and --repeat must be positive");
   std::vector<uint64_t> everies;
   for (absl::string_view part : absl::StrSplit(args->Get("every").value_or("1,50"), ',')) {
     uint64_t k = 0;
-    if (!absl::SimpleAtoi(part, &k) || k == 0) return usage(absl::StrCat("--every: \"", part, "\" is not a positive integer"));
+    if (part.empty() || !std::all_of(part.begin(), part.end(), [](char c) { return absl::ascii_isdigit(c); }) ||
+        !absl::SimpleAtoi(part, &k) || k == 0 || k > (uint64_t{1} << 40)) {
+      return usage(
+          absl::StrCat("--every must be integers in 1..1099511627776 separated by commas, got \"", part, "\""));
+    }
     everies.push_back(k);
   }
 

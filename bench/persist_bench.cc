@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/limits.h"
 #include "base/thread_pool.h"
 #include "cli/json.h"
 #include "storage/layout.h"
@@ -47,10 +49,16 @@ const char kPersistHelp[] =
     "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
     "ratios of ckptd to each. --repeat N runs N rounds (ckptd and the\n"
     "yardsticks, in alternating order) and reports medians. --bytes accepts K, M, G\n"
-    "suffixes (powers of 1024).\n"
+    "and T suffixes (powers of 1024).\n"
+    "Ranges: --bytes 1..1T, --threads 1..1024 (default: one per core), --io-depth\n"
+    "1..256, --repeat 1..100, --step 0..2^62 (default 1).\n"
     "Without --keep the step is removed afterwards.\n";
 
 namespace {
+
+// The largest --bytes (held in memory twice over) and --step.
+constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+constexpr uint64_t kMaxStep = uint64_t{1} << 62;
 
 // Deterministic normal(0, stddev) samples (xorshift + Box-Muller).
 void FillNormal(float* out, size_t n, float stddev, uint64_t seed) {
@@ -240,37 +248,30 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
-  absl::StatusOr<std::optional<uint64_t>> bytes_flag = args->GetUint("bytes", /*allow_suffix=*/true);
-  absl::StatusOr<std::optional<uint64_t>> threads_flag = args->GetUint("threads");
-  absl::StatusOr<std::optional<uint64_t>> step_flag = args->GetUint("step");
-  if (!bytes_flag.ok()) return usage(std::string(bytes_flag.status().message()));
-  if (!threads_flag.ok()) return usage(std::string(threads_flag.status().message()));
-  if (!step_flag.ok()) return usage(std::string(step_flag.status().message()));
-  absl::StatusOr<std::optional<uint64_t>> repeat_flag = args->GetUint("repeat");
-  if (!repeat_flag.ok()) return usage(std::string(repeat_flag.status().message()));
-  if (*repeat_flag && (**repeat_flag == 0 || **repeat_flag > 100)) return usage("--repeat must be 1..100");
-  const int repeat = static_cast<int>(repeat_flag->value_or(1));
-  absl::StatusOr<std::optional<uint64_t>> depth_flag = args->GetUint("io-depth");
-  if (!depth_flag.ok()) return usage(std::string(depth_flag.status().message()));
-  if (*depth_flag && (**depth_flag == 0 || **depth_flag > 256)) return usage("--io-depth must be 1..256");
-  const int io_depth = static_cast<int>(depth_flag->value_or(storage::ShardWriteOptions().writes_in_flight));
+  // Every number is parsed wide and checked against what the bench handles
+  // before it is narrowed.
+  uint64_t bytes = 0, step = 1;
+  int threads = 0, repeat = 1, io_depth = storage::ShardWriteOptions().writes_in_flight;
+  for (const absl::Status& s :
+       {args->ReadUint("bytes", 1, kMaxBytes, &bytes, /*allow_suffix=*/true),
+        args->ReadUint("threads", 1, base::kMaxThreads, &threads), args->ReadUint("step", 0, kMaxStep, &step),
+        args->ReadUint("repeat", 1, 100, &repeat), args->ReadUint("io-depth", 1, 256, &io_depth)}) {
+    if (!s.ok()) return usage(std::string(s.message()));
+  }
   if (!args->Get("dir")) return usage("--dir is required");
-  if (!*bytes_flag || **bytes_flag == 0) return usage("--bytes is required and must be positive");
+  if (bytes == 0) return usage("--bytes is required");
   const std::string codec = args->Get("codec").value_or("zstd");
   const std::string dtype = args->Get("dtype").value_or("fp32");
   if (codec != "none" && codec != "zstd") return usage("--codec must be none or zstd");
   if (dtype != "fp32" && dtype != "bf16") return usage("--dtype must be fp32 or bf16");
-  const int threads = *threads_flag && **threads_flag > 0
-                          ? static_cast<int>(**threads_flag)
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 1024u));
   const std::string dir = *args->Get("dir");
-  const uint64_t step = step_flag->value_or(1);
   const bool bf16 = dtype == "bf16";
   const size_t elem = bf16 ? 2 : 4;
 
   // A rank's state: parameters and two optimizer moments of equal size, and
   // small RNG and data-cursor blobs.
-  const uint64_t total = **bytes_flag;
+  const uint64_t total = bytes;
   const uint64_t per_tensor = (total / 3) / elem * elem;
   const uint64_t params_bytes = total - 2 * per_tensor - (total - 2 * per_tensor) % elem;
   struct Buffer {
@@ -285,11 +286,16 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     buffers.push_back({std::move(name), c, d, base::AlignedBuffer(std::max<size_t>(length, 1)), length});
   };
   const ckptd::v1::DType float_dtype = bf16 ? ckptd::v1::BFLOAT16 : ckptd::v1::FLOAT32;
-  add("model.params", ckptd::v1::PARAMS, float_dtype, params_bytes);
-  add("optimizer.exp_avg", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
-  add("optimizer.exp_avg_sq", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
-  add("rng.state", ckptd::v1::RNG, ckptd::v1::BYTES, 5056);
-  add("data.cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 64);
+  try {
+    add("model.params", ckptd::v1::PARAMS, float_dtype, params_bytes);
+    add("optimizer.exp_avg", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
+    add("optimizer.exp_avg_sq", ckptd::v1::OPTIMIZER, float_dtype, per_tensor);
+    add("rng.state", ckptd::v1::RNG, ckptd::v1::BYTES, 5056);
+    add("data.cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 64);
+  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+    err << "ckptd-bench persist: cannot allocate " << base::HumanBytes(total) << " (--bytes)\n";
+    return base::kExitFailed;
+  }
   for (size_t i = 0; i < 3; ++i) FillTensor(buffers[i].data.data(), buffers[i].length, bf16, threads, 17 + i);
   for (size_t i = 3; i < buffers.size(); ++i) {
     for (size_t j = 0; j < buffers[i].length; ++j) buffers[i].data.data()[j] = static_cast<uint8_t>(j * 131 + i);
@@ -357,9 +363,14 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     // Read back into fresh (pre-faulted) buffers, verifying every chunk.
     std::vector<base::AlignedBuffer> dest;
     std::vector<storage::TensorDest> dests;
-    for (const Buffer& b : buffers) {
-      dest.emplace_back(std::max<size_t>(b.length, 1));
-      dests.push_back({b.name, dest.back().data(), b.length});
+    try {
+      for (const Buffer& b : buffers) {
+        dest.emplace_back(std::max<size_t>(b.length, 1));
+        dests.push_back({b.name, dest.back().data(), b.length});
+      }
+    } catch (const std::bad_alloc&) {
+      err << "ckptd-bench persist: cannot allocate " << base::HumanBytes(raw_bytes) << " to read back (--bytes)\n";
+      return false;
     }
     const absl::Time r0 = absl::Now();
     absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =

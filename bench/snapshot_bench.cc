@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/limits.h"
 #include "cli/json.h"
 #include "client/client.h"
 #include "storage/posix_file_system.h"
@@ -31,13 +34,19 @@ const char kSnapshotHelp[] =
     "Reports the median blocking time of Snapshot (stall_s) and of a plain\n"
     "single-threaded memcpy of the same bytes into pre-faulted memory (memcpy_s),\n"
     "measured in the same rounds, and their ratio. --threads sets the copy threads\n"
-    "of the client (default: one per core). --cuda D puts the buffer on CUDA\n"
-    "device D; the yardstick is then one cudaMemcpy into page-locked memory.\n"
+    "of the client (1..1024; default: one per core). --cuda D puts the buffer on\n"
+    "CUDA device D; the yardstick is then one cudaMemcpy into page-locked memory.\n"
     "--spare (with --cuda) snapshots in two hops through a spare device buffer:\n"
     "the stall is then the device-to-device copy; the copy into staging runs in\n"
-    "the background and is waited for with the persist.\n";
+    "the background and is waited for with the persist.\n"
+    "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100, --cuda 0..1023.\n";
 
 namespace {
+
+// The largest --bytes (held twice in memory, once more in staging) and CUDA
+// device index.
+constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+constexpr uint64_t kMaxCudaDevice = 1023;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -58,19 +67,22 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     return base::kExitUsage;
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
-  absl::StatusOr<std::optional<uint64_t>> bytes = args->GetUint("bytes", true);
-  absl::StatusOr<std::optional<uint64_t>> threads = args->GetUint("threads");
-  absl::StatusOr<std::optional<uint64_t>> repeat = args->GetUint("repeat");
-  if (!bytes.ok()) return usage(std::string(bytes.status().message()));
-  if (!threads.ok()) return usage(std::string(threads.status().message()));
-  if (!repeat.ok()) return usage(std::string(repeat.status().message()));
-  absl::StatusOr<std::optional<uint64_t>> cuda = args->GetUint("cuda");
-  if (!cuda.ok()) return usage(std::string(cuda.status().message()));
-  if (!*bytes || **bytes == 0) return usage("--bytes is required and must be positive");
+  // Every number is parsed wide and checked against what the bench handles
+  // before it is narrowed.
+  uint64_t n = 0;
+  int threads = 0, rounds = 5;
+  std::optional<int> cuda;
+  int device_index = 0;
+  for (const absl::Status& s :
+       {args->ReadUint("bytes", 1, kMaxBytes, &n, /*allow_suffix=*/true),
+        args->ReadUint("threads", 1, base::kMaxThreads, &threads), args->ReadUint("repeat", 1, 100, &rounds),
+        args->ReadUint("cuda", 0, kMaxCudaDevice, &device_index)}) {
+    if (!s.ok()) return usage(std::string(s.message()));
+  }
+  if (args->Get("cuda")) cuda = device_index;
+  if (n == 0) return usage("--bytes is required");
   const bool spare = args->Has("spare");
-  if (spare && !*cuda) return usage("--spare needs --cuda: host buffers have no spare");
-  const uint64_t n = **bytes;
-  const int rounds = static_cast<int>(std::clamp<uint64_t>(repeat->value_or(5), 1, 100));
+  if (spare && !cuda) return usage("--spare needs --cuda: host buffers have no spare");
 
   std::string dir;
   bool own_dir = false;
@@ -106,11 +118,19 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
       return base::kExitUnavailable;
     }
     // The trainer's buffer, and a pre-faulted target for the memcpy yardstick.
-    base::AlignedBuffer buffer(*cuda ? 1 : n), target(*cuda ? 1 : n);
-    for (uint64_t i = 0; !*cuda && i < n; i += 4096) buffer.data()[i] = static_cast<uint8_t>(i >> 12);
+    base::AlignedBuffer buffer, target;
+    try {
+      buffer = base::AlignedBuffer(cuda ? 1 : n);
+      target = base::AlignedBuffer(cuda ? 1 : n);
+    } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+      err << "ckptd-bench snapshot: cannot allocate twice " << base::HumanBytes(n) << " (--bytes)\n";
+      (*server)->Shutdown();
+      return base::kExitFailed;
+    }
+    for (uint64_t i = 0; !cuda && i < n; i += 4096) buffer.data()[i] = static_cast<uint8_t>(i >> 12);
     void* device_buffer = nullptr;
-    const int device = *cuda ? static_cast<int>(**cuda) : 0;
-    if (*cuda) {
+    const int device = cuda.value_or(0);
+    if (cuda) {
       absl::StatusOr<void*> p = client::AllocateDeviceMemory(device, n, 0x5a);
       if (!p.ok()) {
         err << "ckptd-bench snapshot: " << p.status().message() << "\n";
@@ -124,15 +144,15 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     co.job = "snapbench";
     co.slot_wait = absl::Seconds(60);
     co.rpc_timeout = absl::Seconds(60);
-    if (*threads) co.copy_threads = static_cast<int>(**threads);
+    if (threads > 0) co.copy_threads = threads;
     co.spare_device_buffer = spare;
     client::BufferSpec spec;
     spec.name = "params";
     spec.component = ckptd::v1::PARAMS;
     spec.dtype = ckptd::v1::BYTES;
     spec.shape = {n};
-    spec.data = *cuda ? device_buffer : buffer.data();
-    if (*cuda) {
+    spec.data = cuda ? device_buffer : buffer.data();
+    if (cuda) {
       spec.device.set_kind(ckptd::v1::Device::CUDA);
       spec.device.set_index(device);
     }
@@ -142,7 +162,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
       rc = base::kExitFailed;
     }
     for (int r = 0; rc == base::kExitOk && r < rounds; ++r) {
-      if (*cuda) {
+      if (cuda) {
         absl::StatusOr<double> t = client::TimeDeviceToPinnedCopy(device, device_buffer, n);
         if (!t.ok()) {
           err << "ckptd-bench snapshot: " << t.status().message() << "\n";
@@ -175,7 +195,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     cli::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
-    w.Field("device", *cuda ? absl::StrCat("cuda:", **cuda) : std::string("host"));
+    w.Field("device", cuda ? absl::StrCat("cuda:", *cuda) : std::string("host"));
     w.Field("spare", spare);
     w.Field("rounds", rounds);
     w.Field("stall_s", stall);

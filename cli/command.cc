@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/host_port.h"
 
 namespace ckptd::cli {
 
@@ -19,6 +20,15 @@ const std::set<std::string>& CoordinatorValueFlags() {
   static const std::set<std::string>* const flags =
       new std::set<std::string>{"coordinator", "tls-ca", "tls-cert", "tls-key", "token-file"};
   return *flags;
+}
+
+absl::Status CheckCoordinatorAddress(const base::Args& args) {
+  std::optional<std::string> address = args.Get("coordinator");
+  if (!address) return absl::OkStatus();
+  if (absl::Status s = base::ParseHostPort(*address, base::PortUse::kConnect).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::string Percent(double fraction) { return absl::StrFormat("%.3g %%", 100 * fraction); }
@@ -88,7 +98,7 @@ size_t DisplayWidth(absl::string_view s) {
 std::string XmlEscape(absl::string_view s) {
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
+  for (char c : TerminalSafe(s)) {
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
@@ -166,6 +176,7 @@ std::optional<int> Command::Start(const std::vector<std::string>& argv, std::set
   if (!args_.Get("coordinator") || args_.Get("coordinator")->empty()) {
     return Usage("--coordinator HOST:PORT is required");
   }
+  if (absl::Status s = CheckCoordinatorAddress(args_); !s.ok()) return Usage(s.message());
   if (needs_job && (!args_.Get("job") || args_.Get("job")->empty())) return Usage("--job is required");
   if (std::optional<std::string> token_file = args_.Get("token-file")) {
     if (absl::Status s = ReadTokenFile(*token_file).status(); !s.ok()) return Usage(s.message());
@@ -182,6 +193,7 @@ std::optional<int> Command::Start(const std::vector<std::string>& argv, std::set
 int Command::Fail(absl::string_view rpc, const absl::Status& s) const {
   const std::string address = args_.Get("coordinator").value_or("");
   const std::string prefix = absl::StrCat("ckptctl ", name_, ": ");
+  const std::string message = TerminalSafe(s.message());
   switch (s.code()) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
@@ -190,11 +202,11 @@ int Command::Fail(absl::string_view rpc, const absl::Status& s) const {
            << (absl::StartsWith(s.message(), "coordinator ")  ? std::string("the ")
                : absl::StrContains(s.message(), address)      ? std::string("the coordinator: ")
                                                               : absl::StrCat("the coordinator at ", address, ": "))
-           << s.message() << "\n";
+           << message << "\n";
       return base::kExitUnavailable;
     case absl::StatusCode::kUnauthenticated:
     case absl::StatusCode::kPermissionDenied:
-      err_ << prefix << s.message() << "\n";
+      err_ << prefix << message << "\n";
       if (std::optional<std::string> file = args_.Get("token-file")) {
         err_ << "  the coordinator refused the operator token in " << *file
              << ": pass --token-file with the token it was started with (<state-dir>/operator-token, or the file "
@@ -211,10 +223,10 @@ int Command::Fail(absl::string_view rpc, const absl::Status& s) const {
            << "; upgrade ckptd-coordinator\n";
       return base::kExitFailed;
     case absl::StatusCode::kInvalidArgument:
-      err_ << prefix << s.message() << "\n";
+      err_ << prefix << message << "\n";
       return base::kExitUsage;
     default:
-      err_ << prefix << s.message() << "\n";
+      err_ << prefix << message << "\n";
       return base::kExitFailed;
   }
 }

@@ -29,11 +29,15 @@ using base::HumanBytes;
 using base::IsoTime;
 using base::Seconds;
 using base::ShortDuration;
+using base::TerminalSafe;
 
 // The flags of every command that talks to a live coordinator
 // (--coordinator HOST:PORT, mutual TLS and the operator's --token-file;
 // cli/remote.h), for base::Args::Parse.
 const std::set<std::string>& CoordinatorValueFlags();
+// --coordinator's HOST:PORT, when given: kInvalidArgument naming the flag
+// when it is malformed or its port is outside 1..65535 (never wrapped).
+absl::Status CheckCoordinatorAddress(const base::Args& args);
 
 std::string Percent(double fraction);
 // "3/4"; "-" when neither is known (an entry that carries no world size).
@@ -48,7 +52,9 @@ std::string StepStateName(ckptd::v1::StepState s);
 std::string FailureKindName(ckptd::v1::FailureKind k);
 // The width of UTF-8 text in columns: code points, not bytes (labels use δ, τ).
 size_t DisplayWidth(absl::string_view s);
-// `s` with & < > " ' escaped, for XML and HTML text and attributes.
+// `s` with & < > " ' escaped, for XML and HTML text and attributes, after
+// TerminalSafe (which XML needs too: it allows no C0 control but TAB, LF and
+// CR, and only UTF-8 in the page's encoding).
 std::string XmlEscape(absl::string_view s);
 // Writes `content` to `path` (created or truncated); an error naming the
 // file and why when it cannot.
@@ -65,14 +71,18 @@ void NullableTime(JsonWriter& w, absl::string_view key, int64_t unix_nanos);
 void UintArray(JsonWriter& w, absl::string_view key, const google::protobuf::RepeatedField<uint64_t>& values);
 
 // Columns padded to their widest cell, two spaces apart, indented by two;
-// the last column is not padded.
+// the last column is not padded. Cells are printed TerminalSafe: they hold
+// names and reasons that came from the coordinator or from files.
 class Table {
  public:
   // `right`: the columns aligned right (numbers).
   explicit Table(std::vector<std::string> header, std::set<size_t> right = {}) : right_(std::move(right)) {
     rows_.push_back(std::move(header));
   }
-  void Add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Add(std::vector<std::string> row) {
+    for (std::string& cell : row) cell = TerminalSafe(cell);
+    rows_.push_back(std::move(row));
+  }
   void Print(std::ostream& out) const {
     std::vector<size_t> width(rows_[0].size(), 0);
     for (const auto& row : rows_) {
@@ -114,12 +124,15 @@ class Command {
                            std::set<std::string> bool_flags, bool needs_job, const CoordinatorApiFactory& factory,
                            size_t max_positional = 0);
 
+  // `why` may quote a file's or an argument's text: it is printed TerminalSafe.
   int Usage(absl::string_view why) const {
-    err_ << "ckptctl " << name_ << ": " << why << "\n(`ckptctl " << name_ << " --help` describes the flags)\n";
+    err_ << "ckptctl " << name_ << ": " << TerminalSafe(why) << "\n(`ckptctl " << name_
+         << " --help` describes the flags)\n";
     return base::kExitUsage;
   }
 
-  // Says why `rpc` failed and returns the exit status for it.
+  // Says why `rpc` failed (the coordinator's message, TerminalSafe) and
+  // returns the exit status for it.
   int Fail(absl::string_view rpc, const absl::Status& s) const;
 
   const base::Args& args() const { return args_; }

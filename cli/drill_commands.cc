@@ -1,16 +1,19 @@
 #include "cli/drill_commands.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <optional>
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/limits.h"
 #include "cli/command.h"
 #include "cli/drill_report.h"
 #include "cli/drill_runner.h"
@@ -37,8 +40,9 @@ const char kDrillHelp[] =
     "scenarios (--target is a rank of the job unless said otherwise):\n"
     "  kill-trainer     SIGKILL the rank's trainer; expects detection, a restart from a\n"
     "                   committed step no newer than the failure\n"
-    "  hang-trainer     SIGSTOP it for --duration; expects the hang to be detected when\n"
-    "                   --duration outlasts the coordinator's hang threshold\n"
+    "  hang-trainer     SIGSTOP it for --duration; expects the trainer let go (SIGCONT)\n"
+    "                   once --duration has run out, and the hang detected and the job\n"
+    "                   restarted when --duration outlasts the coordinator's hang threshold\n"
     "  kill-agent       SIGKILL the agent of the rank's node (or of node --target)\n"
     "  kill-node        a node crash: the agent SIGKILLs every trainer on its node, then\n"
     "                   itself (the rank's node, or node --target)\n"
@@ -52,11 +56,14 @@ const char kDrillHelp[] =
     "                   storage scenarios training must go on without a restart and\n"
     "                   checkpoints commit again once the fault is lifted\n"
     "\n"
-    "  --target T       a rank number of the job, or a node id (agent and storage scenarios)\n"
-    "  --at-step N      inject once the target rank reaches step N (default: at once)\n"
-    "  --duration D     how long a hang, cut-off or storage fault lasts (default 10s)\n"
-    "  --slow D         the delay per storage operation of storage-slow (default 200ms)\n"
-    "  --watch D        how long to watch after the injection (default 2m)\n"
+    "  --target T       a rank number of the job (0..1048575), or a node id (agent and storage\n"
+    "                   scenarios)\n"
+    "  --at-step N      inject once the target rank reaches step N, 0..2^62 (default: at once)\n"
+    "  --duration D     how long a hang, cut-off or storage fault lasts, at most 1h (default 10s)\n"
+    "  --slow D         the delay per storage operation of storage-slow, at most 60s (default\n"
+    "                   200ms)\n"
+    "  --watch D        how long to watch after the injection, at most 24h (default 2m); a fault\n"
+    "                   that lasts --duration must be lifted within it\n"
     "  --no-verify-restored\n"
     "                   after a restart, do not read the restored step back through the\n"
     "                   coordinator to verify it (it reads the whole step)\n"
@@ -89,7 +96,8 @@ const char kDrillSuiteHelp[] =
     "reported as not run.\n"
     "\n"
     "  FILE             the drills; the whole file is checked before the first one runs\n"
-    "  --settle D       how long to wait for the job to be healthy before a drill (default 2m)\n"
+    "  --settle D       how long to wait for the job to be healthy before a drill, at most 24h\n"
+    "                   (default 2m)\n"
     "  --stop-on-failure\n"
     "                   stop after the first drill whose verdict fails\n"
     "  --no-verify-restored, --json, --html FILE\n"
@@ -107,17 +115,28 @@ const std::set<std::string>& DrillValueFlags() {
   return flags;
 }
 
-// A positive duration flag, or `fallback` when absent.
+// A positive duration flag of at most `max`, or `fallback` when absent.
 absl::StatusOr<absl::Duration> PositiveDuration(const base::Args& args, const std::string& flag,
-                                                absl::Duration fallback) {
+                                                absl::Duration fallback, absl::Duration max) {
   std::optional<std::string> v = args.Get(flag);
   if (!v) return fallback;
   absl::Duration d;
   if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": \"", *v, "\" is not a positive duration (e.g. 10s)"));
   }
+  if (d > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " must be at most ", absl::FormatDuration(max), ", got \"", *v, "\""));
+  }
   return d;
 }
+
+// The coordinator's limits on a drill (coordinator_drills.cc), said here
+// before anything is sent, and how long the runner may wait.
+constexpr absl::Duration kMaxDrillDuration = absl::Hours(1);
+constexpr absl::Duration kMaxSlowPerOperation = absl::Seconds(60);
+constexpr absl::Duration kMaxWait = absl::Hours(24);
+constexpr uint64_t kMaxStep = uint64_t{1} << 62;
 
 // The drill that `scenario` and the drill flags in `args` describe; errors
 // call the scenario `label`.
@@ -132,22 +151,30 @@ absl::StatusOr<DrillSpec> ParseDrillSpec(const std::string& scenario, const base
     return absl::InvalidArgumentError(absl::StrCat(label, " must be one of ", absl::StrJoin(names, ", "),
                                                    scenario.empty() ? "" : absl::StrCat("; got \"", scenario, "\"")));
   }
-  absl::StatusOr<absl::Duration> duration = PositiveDuration(args, "duration", absl::Seconds(10));
-  absl::StatusOr<absl::Duration> slow = PositiveDuration(args, "slow", absl::Milliseconds(200));
-  absl::StatusOr<absl::Duration> watch = PositiveDuration(args, "watch", absl::Minutes(2));
+  absl::StatusOr<absl::Duration> duration = PositiveDuration(args, "duration", absl::Seconds(10), kMaxDrillDuration);
+  absl::StatusOr<absl::Duration> slow = PositiveDuration(args, "slow", absl::Milliseconds(200), kMaxSlowPerOperation);
+  absl::StatusOr<absl::Duration> watch = PositiveDuration(args, "watch", absl::Minutes(2), kMaxWait);
   for (const absl::Status& s : {duration.status(), slow.status(), watch.status()}) {
     if (!s.ok()) return s;
   }
-  absl::StatusOr<std::optional<uint64_t>> at_step = args.GetUint("at-step");
+  absl::StatusOr<std::optional<uint64_t>> at_step = args.GetUintInRange("at-step", 0, kMaxStep);
   if (!at_step.ok()) return at_step.status();
   spec.watch = *watch;
   ckptd::v1::RunDrillRequest& req = spec.request;
   req.set_scenario(spec.info->scenario);
   if (std::optional<std::string> target = args.Get("target")) {
     spec.target = *target;
-    uint32_t rank = 0;
-    if (absl::SimpleAtoi(*target, &rank)) {
-      req.set_rank(rank);
+    // Digits are a rank, parsed wide and checked before it is narrowed: a
+    // rank past 32 bits is an error, never another rank or a node name.
+    const bool digits =
+        !target->empty() && std::all_of(target->begin(), target->end(), [](char c) { return absl::ascii_isdigit(c); });
+    uint64_t rank = 0;
+    if (digits) {
+      if (!absl::SimpleAtoi(*target, &rank) || rank >= base::kMaxWorldSize) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--target: rank ", *target, " is outside 0..", base::kMaxWorldSize - 1));
+      }
+      req.set_rank(static_cast<uint32_t>(rank));
     } else if (spec.info->node_level) {
       req.set_target_node(*target);
     } else {
@@ -242,8 +269,8 @@ int RunOne(const std::vector<std::string>& argv, const CoordinatorApiFactory& ap
   absl::StatusOr<DrillOutcome> d = runner.Run(*spec, &error);
   if (!d.ok()) return c.Fail(error.rpc, error.status);
   if (d->status.has_report() && !d->status.report().error().empty()) {
-    err << "ckptctl drill run: node " << d->status.node_id()
-        << " did not carry the drill out: " << d->status.report().error() << "\n";
+    err << "ckptctl drill run: node " << TerminalSafe(d->status.node_id())
+        << " did not carry the drill out: " << TerminalSafe(d->status.report().error()) << "\n";
   }
   if (c.json()) {
     JsonWriter w;
@@ -266,7 +293,7 @@ int RunSuite(const std::vector<std::string>& argv, const CoordinatorApiFactory& 
   }
   if (c.args().positional().empty()) return c.Usage("the suite FILE is required");
   const std::string file = c.args().positional()[0];
-  absl::StatusOr<absl::Duration> settle = PositiveDuration(c.args(), "settle", absl::Minutes(2));
+  absl::StatusOr<absl::Duration> settle = PositiveDuration(c.args(), "settle", absl::Minutes(2), kMaxWait);
   if (!settle.ok()) return c.Usage(settle.status().message());
   absl::StatusOr<std::vector<SuiteLine>> lines = ReadSuite(file);
   if (!lines.ok()) return c.Usage(lines.status().message());
@@ -282,7 +309,7 @@ int RunSuite(const std::vector<std::string>& argv, const CoordinatorApiFactory& 
   for (const SuiteLine& line : *lines) {
     if (!c.json()) {
       out << (suite.drills.empty() ? "" : "\n") << "=== drill " << suite.drills.size() + 1 << "/" << lines->size()
-          << " (line " << line.number << "): " << line.text << "\n"
+          << " (line " << line.number << "): " << TerminalSafe(line.text) << "\n"
           << std::flush;
     }
     RpcError error;
@@ -308,7 +335,7 @@ int RunSuite(const std::vector<std::string>& argv, const CoordinatorApiFactory& 
     out << w.str() << "\n";
   } else {
     PrintSuiteSummary(suite, out);
-    if (!suite.stopped.empty()) err << "ckptctl drill suite: " << suite.stopped << "\n";
+    if (!suite.stopped.empty()) err << "ckptctl drill suite: " << TerminalSafe(suite.stopped) << "\n";
   }
   const bool written = MaybeWriteHtml(
       c.args(), suite.drills, absl::StrCat("ckptd drill suite: ", file, " on job ", c.job()), "drill suite", out, err);

@@ -6,8 +6,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cli/testing_drills.h"
 #include "cli/testing_fake_coordinator.h"
 #include "cli/testing_json.h"
+#include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,63 +26,29 @@ using ::testing::Not;
 
 class DrillCommandTest : public OperatorCommandsTest {
  protected:
-  static constexpr int64_t kT0 = 1'900'000'000'000'000'000;
   void SetUp() override {
     now_ = absl::FromUnixNanos(kT0);  // the coordinator's clock and this one agree
     fake_.run_drill->set_drill_id(7);
     fake_.run_drill->set_node_id("node-b");
   }
-  ckptd::v1::DrillStatus Base() {
-    ckptd::v1::DrillStatus st;
-    st.set_drill_id(7);
-    st.set_node_id("node-b");
-    st.set_ordered_unix_nanos(kT0);
+  // The drill as ordered, steps 20 and 40 committed by then.
+  static ckptd::v1::DrillStatus AtOrder(ckptd::v1::DrillStatus st) {
     st.set_had_committed_at_order(true);
     st.set_newest_committed_at_order(40);
-    st.set_step_seconds(0.015);
     return st;
   }
+  static ckptd::v1::DrillStatus Base() { return AtOrder(OrderedDrill()); }
   // ckptctl drill run --coordinator kAddress `argv`.
   Result Drill(std::vector<std::string> argv) {
     argv.insert(argv.begin(), {"run", "--coordinator", kAddress});
     return RunExactly(RunDrillCommand, argv);
   }
-  static ckptd::v1::VerifyProgress Verified(uint64_t step, bool ok) {
-    ckptd::v1::VerifyProgress v;
-    v.set_step(step);
-    v.set_done(true);
-    v.set_ok(ok);
-    v.set_shards_total(4);
-    v.set_shards_done(4);
-    v.set_bytes_done(4 << 20);
-    if (!ok) v.add_problems("rank-0001.shard: tensor w block 0 chunk 2: checksum mismatch");
-    return v;
-  }
-  // A kill-trainer drill on rank 2 whose job resumed from step 40 two
-  // seconds after the failure at step 47.
-  ckptd::v1::DrillStatus Resumed() {
-    ckptd::v1::DrillStatus st = Base();
-    st.mutable_request()->set_scenario(ckptd::v1::KILL_TRAINER);
-    st.mutable_request()->set_rank(2);
+  // ResumedDrill() as the agent ends it: the killed trainer is let go at once.
+  static ckptd::v1::DrillStatus Resumed() {
+    ckptd::v1::DrillStatus st = AtOrder(ResumedDrill());
     st.mutable_report()->set_drill_id(7);
-    st.mutable_report()->set_injected(true);
-    st.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
-    st.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
     st.mutable_report()->set_ended(true);
     st.mutable_report()->set_ended_unix_nanos(kT0 + 50'000'000);
-    ckptd::v1::FailureEvent* e = st.add_events();
-    e->set_kind(ckptd::v1::TRAINER_DIED);
-    e->set_node_id("node-b");
-    e->set_has_rank(true);
-    e->set_rank(2);
-    e->set_unix_nanos(kT0 + 62'000'000);
-    e->set_detail("exited on signal 9");
-    st.set_first_detection_unix_nanos(kT0 + 62'000'000);
-    st.set_resumed(true);
-    st.set_restored_step(40);
-    st.set_step_at_failure(47);
-    st.set_failed_unix_nanos(kT0 + 62'000'000);
-    st.set_resumed_unix_nanos(kT0 + 2'062'000'000);
     return st;
   }
   // Steps 20 and 40 committed, and a running job "llm" with every rank alive.
@@ -107,14 +76,9 @@ class DrillCommandTest : public OperatorCommandsTest {
     ss << in.rdbuf();
     return ss.str();
   }
+  // Step `step`, committed at kT0 - 1 s + `step` ms.
   static ckptd::v1::StepEntry Step(uint64_t step, ckptd::v1::StepState state, uint32_t ranks = 4) {
-    ckptd::v1::StepEntry e;
-    e.set_step(step);
-    e.set_state(state);
-    e.set_world_size(4);
-    e.set_ranks_reported(ranks);
-    e.set_committed_unix_nanos(kT0 - 1'000'000'000 + static_cast<int64_t>(step) * 1'000'000);
-    return e;
+    return StepAt(step, state, kT0 - 1'000'000'000 + static_cast<int64_t>(step) * 1'000'000, ranks);
   }
 };
 
@@ -340,7 +304,7 @@ TEST_F(DrillCommandTest, SuiteRunsEveryLineInOrderAndSumsUp) {
   Result r = Suite(good, {"--html", page});
   EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("=== drill 1/2 (line 3): kill-trainer --target 2 --at-step 45"));
-  EXPECT_THAT(r.out, HasSubstr("=== drill 2/2 (line 4): kill-trainer\t--target 3\n"));
+  EXPECT_THAT(r.out, HasSubstr("=== drill 2/2 (line 4): kill-trainer\\t--target 3\n"));  // TerminalSafe
   ASSERT_TRUE(fake_.drill_request.has_value());
   EXPECT_EQ(fake_.drill_request->rank(), 3u);  // the last one ordered
   EXPECT_EQ(fake_.drill_request->job(), "llm");
@@ -419,6 +383,166 @@ TEST_F(DrillCommandTest, SuiteFileErrorsNameTheFileAndLine) {
   Result help = RunExactly(RunDrillCommand, {"suite", "--help"});
   EXPECT_EQ(help.code, base::kExitOk);
   EXPECT_THAT(help.out, AllOf(HasSubstr("--settle"), HasSubstr("--stop-on-failure"), HasSubstr("exit status")));
+}
+
+// ----------------------------------------------------------------- hang-trainer
+
+// A hang-trainer drill on rank 2 as the coordinator tells of it at `now`:
+// SIGSTOP 50 ms after the order for `hang`; the hang detected at 10 s and
+// the job resumed from step 40 at 12 s when `detected`; the trainer let go
+// (SIGCONT) when the hang has run out, unless `never_let_go`.
+ckptd::v1::DrillStatus HangAt(absl::Time now, absl::Duration hang, bool detected, bool never_let_go = false) {
+  ckptd::v1::DrillStatus st = OrderedDrill();
+  st.set_had_committed_at_order(true);
+  st.set_newest_committed_at_order(40);
+  st.mutable_request()->set_scenario(ckptd::v1::HANG_TRAINER);
+  st.mutable_request()->set_rank(2);
+  st.mutable_request()->set_duration_seconds(absl::ToDoubleSeconds(hang));
+  const int64_t t = absl::ToUnixNanos(now);
+  const int64_t injected = kT0 + 50'000'000;
+  if (t < injected) return st;
+  st.mutable_report()->set_drill_id(7);
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(injected);
+  st.mutable_report()->set_detail(
+      absl::StrCat("SIGSTOP sent to pid 4242 (rank 2 of job llm, at step 47) for ", absl::FormatDuration(hang)));
+  if (detected && t >= kT0 + 10'000'000'000) {
+    ckptd::v1::FailureEvent* e = st.add_events();
+    e->set_kind(ckptd::v1::TRAINER_HUNG);
+    e->set_node_id("node-b");
+    e->set_has_rank(true);
+    e->set_rank(2);
+    e->set_unix_nanos(kT0 + 10'000'000'000);
+    e->set_detail("no step for 10 s");
+    st.set_first_detection_unix_nanos(e->unix_nanos());
+    st.set_failed_unix_nanos(e->unix_nanos());
+    st.set_step_at_failure(47);
+  }
+  if (detected && t >= kT0 + 12'000'000'000) {
+    st.set_resumed(true);
+    st.set_restored_step(40);
+    st.set_resumed_unix_nanos(kT0 + 12'000'000'000);
+  }
+  const int64_t let_go = injected + absl::ToInt64Nanoseconds(hang);
+  if (!never_let_go && t >= let_go) {
+    st.mutable_report()->set_ended(true);
+    st.mutable_report()->set_ended_unix_nanos(let_go);
+    st.mutable_report()->set_detail(absl::StrCat(st.report().detail(), "; SIGCONT sent"));
+  }
+  return st;
+}
+
+// Issue 16 (11): a 20 s hang watched for 90 s, detected at 10 s and the job
+// resumed at 12 s. The drill judged at 12 s, before the agent let the
+// trainer go at 20 s, and failed "the trainer was let go again".
+TEST_F(DrillCommandTest, HangTrainerWaitsForTheHangToRunOutBeforeItsVerdict) {
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  fake_.drill_now = [this] { return HangAt(now_, absl::Seconds(20), /*detected=*/true); };
+  Result r = Drill({"--job", "llm", "--scenario", "hang-trainer", "--target", "2", "--duration", "20s", "--watch",
+                    "90s", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
+  EXPECT_DOUBLE_EQ(fake_.drill_request->duration_seconds(), 20);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PASS  the failure was detected: 9.950 s after the injection"),
+                           HasSubstr("PASS  the job restarted and resumed training: from step 40"),
+                           HasSubstr("PASS  the restored step verifies intact"),
+                           HasSubstr("PASS  the trainer was let go again: 20.000 s after the injection"),
+                           HasSubstr("+20.000 s  fault lifted"), HasSubstr("drill: PASS")));
+  // It watched until the trainer was let go, not to the end of --watch...
+  EXPECT_GE(now_, absl::FromUnixNanos(kT0 + 20'050'000'000));
+  EXPECT_LT(now_, absl::FromUnixNanos(kT0 + 21'000'000'000));
+  // ...and read the restored step back as soon as the job resumed from it.
+  ASSERT_TRUE(fake_.verify_request.has_value());
+  EXPECT_EQ(fake_.verify_request->step(), 40u);
+  EXPECT_THAT(r.out, HasSubstr("+11.950 s  training resumed from step 40"));
+  EXPECT_THAT(r.out, HasSubstr("+11.950 s  verified the restored step 40: intact"));
+
+  // A hang shorter than the coordinator's threshold: nothing detected, the
+  // trainer let go at 5 s; settled 5 s later.
+  fake_.get_drill_calls = 0;
+  now_ = absl::FromUnixNanos(kT0);
+  fake_.drill_now = [this] { return HangAt(now_, absl::Seconds(5), /*detected=*/false); };
+  Result brief = Drill({"--job", "llm", "--scenario", "hang-trainer", "--target", "2", "--duration", "5s", "--watch",
+                        "90s", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(brief.code, base::kExitOk) << brief.out << brief.err;
+  EXPECT_THAT(brief.out, AllOf(HasSubstr("PASS  the trainer was let go again: 5.000 s after the injection"),
+                               Not(HasSubstr("the failure was detected")), HasSubstr("drill: PASS")));
+  EXPECT_LT(now_, absl::FromUnixNanos(kT0 + 11'000'000'000));
+}
+
+// The same hang whose trainer is never let go: failed at the end of
+// --watch (90 s), not when the job resumed at 12 s.
+TEST_F(DrillCommandTest, HangTrainerNeverLetGoFailsOnlyWhenTheWatchEnds) {
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  fake_.drill_now = [this] { return HangAt(now_, absl::Seconds(20), /*detected=*/true, /*never_let_go=*/true); };
+  Result r = Drill({"--job", "llm", "--scenario", "hang-trainer", "--target", "2", "--duration", "20s", "--watch",
+                    "90s", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitFailed) << r.out << r.err;
+  EXPECT_GE(now_, absl::FromUnixNanos(kT0 + 90'000'000'000));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("PASS  the job restarted and resumed training: from step 40"),
+                           HasSubstr("FAIL  the trainer was let go again: not within --watch 1m30s (the hang lasts "
+                                     "20s)"),
+                           HasSubstr("drill: FAIL")));
+  Result j = Drill({"--job", "llm", "--scenario", "hang-trainer", "--target", "2", "--duration", "20s", "--watch",
+                    "90s", "--json", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(j.code, base::kExitFailed);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"fault_lifted\":false"), HasSubstr("\"passed\":false")));
+}
+
+// ----------------------------------------------------------------- terminal safety (issue 16, finding 10)
+
+TEST_F(DrillCommandTest, WhatTheAgentAndTheCoordinatorSentIsEscaped) {
+  // The node named in the progress line, the agent's refusal on stderr.
+  fake_.run_drill->set_node_id(absl::StrCat("node-", kHostile));
+  ckptd::v1::DrillStatus refused = Base();
+  refused.set_node_id(absl::StrCat("node-", kHostile));
+  refused.mutable_report()->set_error(absl::StrCat("drills are not allowed: ", kHostile));
+  fake_.drill = {refused};
+  Result r = Drill({"--job", "llm", "--scenario", "kill-agent", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitFailed);
+  ExpectTerminalSafe(r.out);
+  ExpectTerminalSafe(r.err);
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("drill 7: kill-agent on node node-", kShown, " (rank 0 of job llm)\n")));
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("ckptctl drill run: node node-", kShown,
+                                            " did not carry the drill out: drills are not allowed: ", kShown, "\n")));
+
+  // A drill's report: the injection's detail, the failures, the verdict.
+  fake_.run_drill->set_node_id("node-b");
+  ckptd::v1::DrillStatus resumed = Resumed();
+  resumed.mutable_report()->set_detail(absl::StrCat("SIGKILL ", kHostile));
+  resumed.mutable_events(0)->set_detail(kHostile);
+  fake_.drill = {resumed};
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, false)};
+  fake_.verify_stream[0].set_problems(0, absl::StrCat("rank-0001.shard: ", kHostile));
+  Result report = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--token-file",
+                         TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(report.code, base::kExitFailed);
+  ExpectTerminalSafe(report.out);
+  EXPECT_THAT(report.out, AllOf(HasSubstr(absl::StrCat("injected: SIGKILL ", kShown, "\n")),
+                                HasSubstr(absl::StrCat("detected trainer_died on node-b rank 2: ", kShown, "\n")),
+                                HasSubstr(absl::StrCat("FAIL  the restored step verifies intact: rank-0001.shard: ",
+                                                       kShown, "\n"))));
+  Result j = Drill({"--job", "llm", "--scenario", "kill-trainer", "--target", "2", "--json", "--token-file",
+                    TokenFile("drill-token", "s3cret")});
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  ExpectTerminalSafe(j.out);
+
+  // A suite: the file's line in its heading, why the suite stopped.
+  fake_.cluster.mutable_jobs(0)->set_state(ckptd::v1::JOB_RESTARTING);
+  Result suite = Suite(SuiteFile("storage-eio --target node-\x7f\xC2\x9B" "2J\xFF\n"), {"--settle", "1s"});
+  EXPECT_EQ(suite.code, base::kExitFailed);
+  ExpectTerminalSafe(suite.out);
+  ExpectTerminalSafe(suite.err);
+  EXPECT_THAT(suite.out, AllOf(HasSubstr("=== drill 1/1 (line 1): storage-eio --target node-\\x7f\\u009b2J\\xff\n"),
+                               HasSubstr("storage-eio  node-\\x7f\\u009b2J\\xff")));
+  // And a line that is not a drill, quoted in the usage error.
+  Result bad = Suite(SuiteFile("kill-trainer --target 2 \x7f\xC2\x9B" "2J\xFF\n"));
+  EXPECT_EQ(bad.code, base::kExitUsage);
+  ExpectTerminalSafe(bad.err);
+  EXPECT_THAT(bad.err, HasSubstr("line 1: unexpected \"\\x7f\\u009b2J\\xff\""));
 }
 
 }  // namespace

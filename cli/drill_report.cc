@@ -294,10 +294,10 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
   };
   out << "\ntimeline (from the injection)\n";
   out << "  " << at(st.ordered_unix_nanos()) << "  ordered\n";
-  if (d.injected) out << "  " << at(injected_at) << "  injected: " << st.report().detail() << "\n";
+  if (d.injected) out << "  " << at(injected_at) << "  injected: " << TerminalSafe(st.report().detail()) << "\n";
   for (const auto& e : st.events()) {
     out << "  " << at(e.unix_nanos()) << "  detected " << FailureKindName(e.kind())
-        << (e.node_id().empty() ? "" : " on ") << Where(e) << ": " << e.detail() << "\n";
+        << (e.node_id().empty() ? "" : " on ") << TerminalSafe(Where(e)) << ": " << TerminalSafe(e.detail()) << "\n";
   }
   if (d.damaged_verified) {
     out << "  " << at(d.damaged_verified_unix_nanos) << "  verified step " << d.damaged_verified->step() << ": "
@@ -312,7 +312,7 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
     out << "  " << at(d.restored_verified_unix_nanos) << "  verified the restored step " << d.restored_verified->step()
         << ": " << VerifiedText(*d.restored_verified) << "\n";
   } else if (!d.restored_unverified_reason.empty()) {
-    out << "  restored step not verified: " << d.restored_unverified_reason << "\n";
+    out << "  restored step not verified: " << TerminalSafe(d.restored_unverified_reason) << "\n";
   }
   if (st.resumed()) {
     out << absl::StrFormat(
@@ -322,7 +322,8 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
   }
   out << "\nverdict\n";
   for (const DrillVerdict& v : d.verdicts) {
-    out << "  " << PassOrFail(v.held) << "  " << v.expectation << (v.detail.empty() ? "" : ": ") << v.detail << "\n";
+    out << "  " << PassOrFail(v.held) << "  " << TerminalSafe(v.expectation) << (v.detail.empty() ? "" : ": ")
+        << TerminalSafe(v.detail) << "\n";
   }
   out << "drill: " << PassOrFail(d.passed()) << "\n";
 }
@@ -354,7 +355,7 @@ std::string DrillHtmlPage(const std::vector<DrillOutcome>& drills, absl::string_
 void PrintSuiteSummary(const SuiteReport& s, std::ostream& out) {
   const size_t passed = PassedCount(s.drills);
   const size_t not_run = s.lines.size() - s.drills.size();
-  out << "\nsuite summary: job " << s.job << ", " << s.file << "\n";
+  out << "\nsuite summary: job " << TerminalSafe(s.job) << ", " << TerminalSafe(s.file) << "\n";
   Table t({"#", "line", "scenario", "target", "node", "detected", "restored", "lost", "verdict"}, {0, 1});
   for (size_t i = 0; i < s.lines.size(); ++i) {
     const SuiteReport::Line& line = s.lines[i];
@@ -370,7 +371,7 @@ void PrintSuiteSummary(const SuiteReport& s, std::ostream& out) {
     t.Add(std::move(row));
   }
   t.Print(out);
-  if (!s.stopped.empty()) out << "stopped early: " << s.stopped << "\n";
+  if (!s.stopped.empty()) out << "stopped early: " << TerminalSafe(s.stopped) << "\n";
   out << "suite: " << PassOrFail(s.passed()) << " (" << passed << " of " << s.lines.size() << " drills passed"
       << (not_run > 0 ? absl::StrCat(", ", not_run, " not run") : "") << ")\n";
 }

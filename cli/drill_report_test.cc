@@ -6,7 +6,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cli/testing_drills.h"
 #include "cli/testing_json.h"
+#include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -18,61 +20,19 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr int64_t kT0 = 1'900'000'000'000'000'000;
-
-ckptd::v1::StepEntry Step(uint64_t step, ckptd::v1::StepState state, int64_t committed) {
-  ckptd::v1::StepEntry e;
-  e.set_step(step);
-  e.set_state(state);
-  e.set_world_size(4);
-  e.set_ranks_reported(4);
-  e.set_committed_unix_nanos(committed);
-  return e;
-}
-
-// A kill-trainer drill on rank 2 of job llm: injected 50 ms after the order,
-// detected 12 ms later, resumed from step 40 two seconds after the failure
-// at step 47, and the restored step read back intact.
+// The drill of ResumedDrill(), its restored step read back intact.
 DrillOutcome Resumed() {
   DrillOutcome d;
   d.scenario = "kill-trainer";
   d.job = "llm";
   d.target = "2";
-  ckptd::v1::DrillStatus& st = d.status;
-  st.set_drill_id(7);
-  st.set_node_id("node-b");
-  st.set_ordered_unix_nanos(kT0);
-  st.set_step_seconds(0.015);
-  st.mutable_request()->set_scenario(ckptd::v1::KILL_TRAINER);
-  st.mutable_request()->set_rank(2);
-  st.mutable_report()->set_injected(true);
-  st.mutable_report()->set_injected_unix_nanos(kT0 + 50'000'000);
-  st.mutable_report()->set_detail("SIGKILL to pid 4242 (rank 2 of job llm)");
-  ckptd::v1::FailureEvent* e = st.add_events();
-  e->set_kind(ckptd::v1::TRAINER_DIED);
-  e->set_node_id("node-b");
-  e->set_has_rank(true);
-  e->set_rank(2);
-  e->set_unix_nanos(kT0 + 62'000'000);
-  e->set_detail("exited on signal 9");
-  st.set_first_detection_unix_nanos(kT0 + 62'000'000);
-  st.set_resumed(true);
-  st.set_restored_step(40);
-  st.set_step_at_failure(47);
-  st.set_failed_unix_nanos(kT0 + 62'000'000);
-  st.set_resumed_unix_nanos(kT0 + 2'062'000'000);
+  d.status = ResumedDrill();
   d.injected = true;
-  ckptd::v1::VerifyProgress v;
-  v.set_step(40);
-  v.set_done(true);
-  v.set_ok(true);
-  v.set_shards_done(4);
-  v.set_bytes_done(4 << 20);
-  d.restored_verified = v;
+  d.restored_verified = Verified(40, true);
   d.restored_verified_unix_nanos = kT0 + 2'500'000'000;
-  d.steps = {Step(20, ckptd::v1::STEP_COMMITTED, kT0 - 980'000'000),
-             Step(40, ckptd::v1::STEP_COMMITTED, kT0 - 960'000'000),
-             Step(60, ckptd::v1::STEP_COMMITTED, kT0 + 1'500'000'000)};
+  d.steps = {StepAt(20, ckptd::v1::STEP_COMMITTED, kT0 - 980'000'000),
+             StepAt(40, ckptd::v1::STEP_COMMITTED, kT0 - 960'000'000),
+             StepAt(60, ckptd::v1::STEP_COMMITTED, kT0 + 1'500'000'000)};
   d.ended_unix_nanos = kT0 + 2'600'000'000;
   d.verdicts = {{"the agent injected the fault", true, "SIGKILL to pid 4242 (rank 2 of job llm)"},
                 {"the failure was detected", true, "0.012 s after the injection"},
@@ -199,6 +159,58 @@ TEST(DrillReportTest, SuiteJsonCountsTheDrills) {
                              HasSubstr("\"not_run\":[{\"line\":5,\"spec\":\"storage-eio\"}]"),
                              HasSubstr("\"drills_passed\":1,\"drills_failed\":0,\"drills_not_run\":1,"
                                        "\"passed\":false}")));
+}
+
+// ----------------------------------------------------------------- terminal safety (issue 16, finding 10)
+
+// The drill with kHostile in every text the agent and the coordinator send.
+DrillOutcome HostileDrill() {
+  DrillOutcome d = Resumed();
+  d.status.set_node_id(absl::StrCat("node-", kHostile));
+  d.status.mutable_report()->set_detail(absl::StrCat("SIGKILL ", kHostile));
+  d.status.mutable_events(0)->set_node_id(absl::StrCat("node-", kHostile));
+  d.status.mutable_events(0)->set_detail(absl::StrCat("exited ", kHostile));
+  d.restored_verified.reset();
+  d.restored_unverified_reason = absl::StrCat("gone ", kHostile);
+  d.verdicts.push_back({"the restored step verifies intact", false, absl::StrCat("problem ", kHostile)});
+  return d;
+}
+
+TEST(DrillReportTest, TextEscapesWhatAgentsAndTheCoordinatorSent) {
+  std::ostringstream out;
+  PrintDrillReport(HostileDrill(), out);
+  ExpectTerminalSafe(out.str());
+  EXPECT_THAT(out.str(), AllOf(HasSubstr(absl::StrCat("injected: SIGKILL ", kShown, "\n")),
+                               HasSubstr(absl::StrCat("detected trainer_died on node-", kShown, " rank 2: exited ",
+                                                      kShown, "\n")),
+                               HasSubstr(absl::StrCat("restored step not verified: gone ", kShown, "\n")),
+                               HasSubstr(absl::StrCat("FAIL  the restored step verifies intact: problem ", kShown,
+                                                      "\n"))));
+  // The suite's summary too: the node in its table, why it stopped.
+  SuiteReport s = TwoLines();
+  s.drills = {HostileDrill()};
+  s.stopped = absl::StrCat("job llm was not healthy within 2m: ", kHostile);
+  std::ostringstream summary;
+  PrintSuiteSummary(s, summary);
+  ExpectTerminalSafe(summary.str());
+  EXPECT_THAT(summary.str(), AllOf(HasSubstr(absl::StrCat("node-", kShown)),
+                                   HasSubstr(absl::StrCat("stopped early: job llm was not healthy within 2m: ",
+                                                          kShown, "\n"))));
+}
+
+TEST(DrillReportTest, JsonAndHtmlEscapeByTheirOwnRules) {
+  JsonWriter w;
+  WriteDrillJson(HostileDrill(), w);
+  EXPECT_TRUE(IsValidJson(w.str())) << w.str();
+  ExpectTerminalSafe(w.str());
+  EXPECT_THAT(w.str(), HasSubstr("\"detail\":\"exited \\u001b[2J\\rFAKE\\nline\\u001b]0;pwned\\u0007\\u009b31m"
+                                 "\\u00ff\""));
+  // XML allows no C0 control but TAB, LF and CR, not even as a character
+  // reference, and the page is UTF-8: both shown as in the text report.
+  const std::string html = DrillHtmlPage({HostileDrill()}, absl::StrCat("drill ", kHostile));
+  ExpectTerminalSafe(html);
+  EXPECT_THAT(html, AllOf(HasSubstr(absl::StrCat("<title>drill ", kShown, "</title>")),
+                          HasSubstr(absl::StrCat("exited ", kShown)), Not(HasSubstr("\xFF"))));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "cli/drill_runner.h"
 
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -135,7 +137,8 @@ absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* e
     return ordered.status();
   }
   if (progress_ != nullptr) {
-    *progress_ << "drill " << ordered->drill_id() << ": " << spec.info->name << " on node " << ordered->node_id()
+    *progress_ << "drill " << ordered->drill_id() << ": " << spec.info->name << " on node "
+               << TerminalSafe(ordered->node_id())
                << (req.target_node().empty() ? absl::StrCat(" (rank ", req.rank(), " of job ", job_, ")") : "")
                << (req.at_step() > 0 ? absl::StrCat(" at step ", req.at_step()) : "") << "\n"
                << std::flush;
@@ -175,8 +178,14 @@ absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* e
       case ckptd::v1::CORRUPT_SHARD:
         return true;
       case ckptd::v1::HANG_TRAINER:
-        // A hang shorter than the coordinator's threshold is not a failure.
-        return st.resumed() || (st.report().ended() && st.events().empty() &&
+        // The agent lets the trainer go (SIGCONT) when the hang's --duration
+        // has run out, also when the coordinator detected the hang and the
+        // job resumed before that: as for a storage fault, the drill waits
+        // for the fault to be lifted. A hang shorter than the coordinator's
+        // threshold is not a failure: nothing recorded 5 s after it ended
+        // settles it.
+        if (!st.report().ended()) return false;
+        return st.resumed() || (st.events().empty() &&
                                 env_.now() > absl::FromUnixNanos(st.report().ended_unix_nanos()) + absl::Seconds(5));
       case ckptd::v1::STORAGE_EIO:
       case ckptd::v1::STORAGE_ENOSPC:
@@ -185,6 +194,41 @@ absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* e
       default:
         return st.resumed();
     }
+  };
+  // The step restored, read back as soon as the job resumed from it (the
+  // drill may watch on, for the fault to be lifted): the coordinator keeps it
+  // from retention while it is being verified, but not before. Again should
+  // the job resume once more.
+  std::optional<int64_t> checked_resume;  // resumed_unix_nanos of the resumption checked
+  auto check_restored = [&]() -> absl::Status {
+    if (!st.resumed() || st.fresh_start() || checked_resume == st.resumed_unix_nanos()) return absl::OkStatus();
+    checked_resume = st.resumed_unix_nanos();
+    d.restored_verified.reset();
+    d.restored_verified_unix_nanos = 0;
+    d.restored_unverified_reason.clear();
+    d.restored_verify_error.clear();
+    if (!verify_restored_) {
+      d.restored_unverified_reason = "not asked for (--no-verify-restored)";
+      return absl::OkStatus();
+    }
+    ckptd::v1::VerifyStepRequest vr;
+    vr.set_job(job_);
+    vr.set_has_step(true);
+    vr.set_step(st.restored_step());
+    absl::StatusOr<ckptd::v1::VerifyProgress> v = api_.VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
+    if (v.ok()) {
+      d.restored_verified = *v;
+      d.restored_verified_unix_nanos = absl::ToUnixNanos(env_.now());
+    } else if (v.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // Retention removed it: newer steps committed since the restart.
+      d.restored_unverified_reason = std::string(v.status().message());
+    } else if (IsCoordinatorError(v.status())) {
+      *error = {"VerifyStep", v.status()};
+      return v.status();
+    } else {
+      d.restored_verify_error = std::string(v.status().message());
+    }
+    return absl::OkStatus();
   };
   std::string last_line;
   while (true) {
@@ -196,35 +240,10 @@ absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* e
       if (line != last_line) *progress_ << line << "\n" << std::flush;
       last_line = line;
     }
+    CKPTD_RETURN_IF_ERROR(check_restored());
     if (settled() || env_.now() >= give_up) break;
     env_.sleep(env_.poll_interval);
   }
-  // The step restored, read back at once: the coordinator keeps it from
-  // retention while it is being verified, but not before.
-  if (st.resumed() && !st.fresh_start()) {
-    if (!verify_restored_) {
-      d.restored_unverified_reason = "not asked for (--no-verify-restored)";
-    } else {
-      ckptd::v1::VerifyStepRequest vr;
-      vr.set_job(job_);
-      vr.set_has_step(true);
-      vr.set_step(st.restored_step());
-      absl::StatusOr<ckptd::v1::VerifyProgress> v = api_.VerifyStep(vr, [](const ckptd::v1::VerifyProgress&) {});
-      if (v.ok()) {
-        d.restored_verified = *v;
-        d.restored_verified_unix_nanos = absl::ToUnixNanos(env_.now());
-      } else if (v.status().code() == absl::StatusCode::kFailedPrecondition) {
-        // Retention removed it: newer steps committed since the restart.
-        d.restored_unverified_reason = std::string(v.status().message());
-      } else if (IsCoordinatorError(v.status())) {
-        *error = {"VerifyStep", v.status()};
-        return v.status();
-      } else {
-        d.restored_verify_error = std::string(v.status().message());
-      }
-    }
-  }
-
   // 3. The verdict.
   ckptd::v1::ListStepsRequest lr;
   lr.set_job(job_);
@@ -298,7 +317,13 @@ void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& 
     }
   }
   if (scenario == ckptd::v1::HANG_TRAINER) {
-    verdicts.push_back({"the trainer was let go again", st.report().ended(), ""});
+    const bool let_go = st.report().ended();
+    verdicts.push_back(
+        {"the trainer was let go again", let_go,
+         let_go ? absl::StrFormat("%.3f s after the injection",
+                                  SecondsBetween(st.report().injected_unix_nanos(), st.report().ended_unix_nanos()))
+                : absl::StrCat("not within --watch ", absl::FormatDuration(spec.watch), " (the hang lasts ",
+                               absl::FormatDuration(absl::Seconds(spec.request.duration_seconds())), ")")});
   }
   if (scenario == ckptd::v1::CORRUPT_SHARD && d->damaged_verified) {
     const ckptd::v1::VerifyProgress& v = *d->damaged_verified;

@@ -15,7 +15,8 @@ namespace ckptd::cli {
 void FigureLine(std::ostream& out, absl::string_view label, absl::string_view value) {
   constexpr size_t kLabelWidth = 28;
   const size_t width = DisplayWidth(label);
-  out << "  " << label << std::string(kLabelWidth > width ? kLabelWidth - width : 1, ' ') << value << "\n";
+  out << "  " << label << std::string(kLabelWidth > width ? kLabelWidth - width : 1, ' ') << TerminalSafe(value)
+      << "\n";
 }
 
 std::string DurationFigure(double s) {

@@ -17,7 +17,8 @@ inline constexpr double kMinute = 60;
 inline constexpr double kHour = 3600;
 inline constexpr double kDay = 86400;
 
-// "  label   value": the label padded to 28 columns (at least one space).
+// "  label   value": the label padded to 28 columns (at least one space);
+// the value TerminalSafe (a live job's reason comes from the coordinator).
 void FigureLine(std::ostream& out, absl::string_view label, absl::string_view value);
 // "7001 s (116.7 min)", "300.0 s (5.0 min)", "1.17 s"; "-" when not finite.
 std::string DurationFigure(double s);

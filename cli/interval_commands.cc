@@ -95,7 +95,7 @@ void PrintIntervalTable(const IntervalReport& r, std::ostream& out) {
   if (r.job.empty()) {
     out << "checkpoint interval (offline, from the figures given)\n";
   } else {
-    out << "checkpoint interval for job " << r.job << "\n";
+    out << "checkpoint interval for job " << TerminalSafe(r.job) << "\n";
   }
   out << "\ninputs\n";
   if (r.gpus > 0) FigureLine(out, "GPUs G", absl::StrCat(r.gpus));
@@ -382,7 +382,7 @@ void PrintUndecided(const ckptd::v1::IntervalStatus& st, const base::Args& args,
     out << w.str() << "\n";
     return;
   }
-  out << "checkpoint interval for job " << st.job() << "\n\n";
+  out << "checkpoint interval for job " << TerminalSafe(st.job()) << "\n\n";
   FigureLine(out, "policy", st.automatic() ? "automatic, not decided yet" : st.reason());
   FigureLine(out, "waiting for", st.waiting_for());
   FigureLine(out, "schedule in force", absl::StrCat("every ", st.every_steps(), " steps"));
@@ -397,15 +397,15 @@ int RunLiveInterval(const base::Args& args, const IntervalFetcher& fetch, std::o
   const std::string job = *args.Get("job");
   absl::StatusOr<ckptd::v1::IntervalStatus> st = fetch(args, job);
   if (!st.ok()) {
-    err << "ckptctl interval: " << st.status().message() << "\n";
+    err << "ckptctl interval: " << TerminalSafe(st.status().message()) << "\n";
     if (absl::IsUnavailable(st.status()) || absl::IsDeadlineExceeded(st.status())) return base::kExitUnavailable;
     return absl::IsInvalidArgument(st.status()) ? base::kExitUsage : base::kExitFailed;
   }
   if (!st->decided()) {
     PrintUndecided(*st, args, out);
     if (args.Has("svg")) {
-      err << "ckptctl interval: no curve to draw for job " << job << " yet: waiting for " << st->waiting_for()
-          << "\n";
+      err << "ckptctl interval: no curve to draw for job " << TerminalSafe(job) << " yet: waiting for "
+          << TerminalSafe(st->waiting_for()) << "\n";
       return base::kExitFailed;
     }
     return base::kExitOk;
@@ -469,6 +469,7 @@ int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::os
   if (args->Has("job") || args->Has("coordinator")) {
     if (!args->Has("coordinator")) return usage("--job (live mode) needs --coordinator host:port");
     if (!args->Has("job")) return usage("--coordinator (live mode) needs --job J");
+    if (absl::Status s = CheckCoordinatorAddress(*args); !s.ok()) return usage(s.message());
     for (const std::string& f : offline_flags) {
       if (args->Has(f)) return usage(absl::StrCat("--", f, " is for offline mode; live mode takes the coordinator's"));
     }

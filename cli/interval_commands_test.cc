@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
 #include "cli/testing_json.h"
+#include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/interval_policy.h"
@@ -456,6 +457,83 @@ TEST(IntervalLiveTest, ErrorsMapToExitCodes) {
   Result no_job = Interval({"--coordinator", "c:1"}, failing(absl::OkStatus()));
   EXPECT_EQ(no_job.code, base::kExitUsage);
   EXPECT_THAT(no_job.err, HasSubstr("needs --job"));
+}
+
+// Issue 16 (finding 10): the coordinator's texts reach the terminal escaped,
+// the SVG as valid XML.
+TEST(IntervalLiveTest, TheCoordinatorsTextsAreEscaped) {
+  IntervalFetcher decided = [](const base::Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    ckptd::v1::IntervalStatus st = DecidedStatus();
+    st.set_job(absl::StrCat("llm", kHostile));
+    st.set_reason(kHostile);
+    return st;
+  };
+  Result r = Interval({"--job", "llm", "--coordinator", "c:1"}, decided);
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ExpectTerminalSafe(r.out);
+  EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("checkpoint interval for job llm", kShown, "\n")),
+                           HasSubstr(absl::StrCat("reason                      ", kShown, "\n"))));
+  Result j = Interval({"--job", "llm", "--coordinator", "c:1", "--json"}, decided);
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  ExpectTerminalSafe(j.out);
+  const std::string svg_path = ::testing::TempDir() + "/hostile_waste.svg";
+  Result s = Interval({"--job", "llm", "--coordinator", "c:1", "--svg", svg_path}, decided);
+  ASSERT_EQ(s.code, base::kExitOk) << s.err;
+  std::ifstream in(svg_path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ExpectTerminalSafe(svg);
+  EXPECT_THAT(svg, HasSubstr(absl::StrCat("job llm", kShown)));
+  std::remove(svg_path.c_str());
+
+  IntervalFetcher undecided = [](const base::Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    ckptd::v1::IntervalStatus st;
+    st.set_job(absl::StrCat("llm", kHostile));
+    st.set_reason(kHostile);
+    st.set_waiting_for(kHostile);
+    return st;
+  };
+  Result u = Interval({"--job", "llm", "--coordinator", "c:1", "--svg", ::testing::TempDir() + "/none.svg"}, undecided);
+  EXPECT_EQ(u.code, base::kExitFailed);
+  ExpectTerminalSafe(u.out);
+  ExpectTerminalSafe(u.err);
+  EXPECT_THAT(u.out, HasSubstr(absl::StrCat("waiting for                 ", kShown, "\n")));
+  EXPECT_THAT(u.err, HasSubstr(absl::StrCat("yet: waiting for ", kShown, "\n")));
+  auto failing = [](const base::Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    return absl::NotFoundError(kHostile);
+  };
+  Result f = Interval({"--job", "llm", "--coordinator", "c:1"}, failing);
+  EXPECT_EQ(f.code, base::kExitFailed);
+  ExpectTerminalSafe(f.err);
+  EXPECT_THAT(f.err, HasSubstr(kShown));
+}
+
+// Issue 16, finding 9: live mode's --coordinator port is checked before the
+// coordinator is asked: never wrapped to another port.
+TEST(IntervalLiveTest, ACoordinatorPortOutsideItsRangeIsAUsageError) {
+  int fetches = 0;
+  IntervalFetcher counting = [&fetches](const base::Args&,
+                                        const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    ++fetches;
+    return absl::UnavailableError("not reached");
+  };
+  for (const char* address : {"127.0.0.1:99999", "c:0", "c:65536", "c"}) {
+    Result r = Interval({"--job", "llm", "--coordinator", address}, counting);
+    EXPECT_EQ(r.code, base::kExitUsage) << address;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--coordinator: \"", address, "\""))) << address;
+  }
+  EXPECT_EQ(fetches, 0);
+}
+
+// Issue 16, finding 9: plan's integers are parsed wide (2^32 + 8 GPUs was 8).
+TEST(PlanCommandTest, IntegersPastTheirRangeAreUsageErrorsNotTruncated) {
+  for (const char* gpus : {"4294967304", "2147483648", "0"}) {
+    Result r = Plan({"--params", "7B", "--gpus", gpus});
+    EXPECT_EQ(r.code, base::kExitUsage) << gpus;
+    EXPECT_THAT(r.err, HasSubstr("--gpus")) << gpus;
+  }
+  Result zero = Plan({"--params", "7B", "--gpus", "8", "--zero", "4294967296"});
+  EXPECT_EQ(zero.code, base::kExitUsage);
+  EXPECT_THAT(zero.err, HasSubstr("--zero"));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/limits.h"
 #include "cli/json.h"
 #include "storage/checksum.h"
 #include "storage/layout.h"
@@ -38,7 +39,8 @@ const char kVerifyHelp[] =
     "Reads committed steps back from a storage root and checks every shard\n"
     "against its MANIFEST and every chunk against its checksum. Without --job,\n"
     "every job under the root; without --step, every committed step.\n"
-    "Failures name the file, tensor, block and chunk.\n"
+    "Failures name the file, tensor, block and chunk. --threads N: decoder\n"
+    "threads, 1..1024 (default: one per hardware thread).\n"
     "\n"
     "exit status: 0 all verified, 1 a step failed (or the job/step named is not\n"
     "committed), 2 usage error\n";
@@ -152,9 +154,9 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
 
 void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& out) {
   const ckptd::v1::ShardIndex& idx = r.index();
-  out << "shard   " << r.path() << "\n";
-  out << absl::StrFormat("job     %s  step %d  rank %d of %d  format v%d\n", idx.job(), idx.step(), idx.rank(),
-                         idx.world_size(), idx.format_version());
+  out << "shard   " << base::TerminalSafe(r.path()) << "\n";
+  out << absl::StrFormat("job     %s  step %d  rank %d of %d  format v%d\n", base::TerminalSafe(idx.job()), idx.step(),
+                         idx.rank(), idx.world_size(), idx.format_version());
   out << "created "
       << absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()), absl::UTCTimeZone())
       << "\n";
@@ -201,10 +203,11 @@ int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, st
   }
   storage::ShardReadOptions options;
   options.threads = 1;
+  options.follow_symlinks = true;  // a path the operator names, not one under a storage root
   absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
       storage::ShardReader::Open(fs, args->positional()[0], options);
   if (!reader.ok()) {
-    err << "ckptctl inspect: " << reader.status().message() << "\n";
+    err << "ckptctl inspect: " << base::TerminalSafe(reader.status().message()) << "\n";
     return base::kExitFailed;
   }
   if (args->Has("json")) {
@@ -224,8 +227,11 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   }
   absl::StatusOr<std::optional<uint64_t>> step_flag =
       args.ok() ? args->GetUint("step") : absl::StatusOr<std::optional<uint64_t>>(args.status());
+  // Threads are created per shard read: a count the machine cannot start is
+  // refused here rather than failing (or throwing) there.
   absl::StatusOr<std::optional<uint64_t>> threads_flag =
-      args.ok() ? args->GetUint("threads") : absl::StatusOr<std::optional<uint64_t>>(args.status());
+      args.ok() ? args->GetUintInRange("threads", 1, base::kMaxThreads)
+                : absl::StatusOr<std::optional<uint64_t>>(args.status());
   if (!args.ok() || !step_flag.ok() || !threads_flag.ok() || !args->Get("root") ||
       !args->positional().empty() || (*step_flag && !args->Get("job"))) {
     std::string why = !args.ok()                ? std::string(args.status().message())
@@ -252,7 +258,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   } else {
     absl::StatusOr<std::vector<std::string>> all = store.ListJobs();
     if (!all.ok()) {
-      err << "ckptctl verify: " << all.status().message() << "\n";
+      err << "ckptctl verify: " << base::TerminalSafe(all.status().message()) << "\n";
       return base::kExitFailed;
     }
     jobs = *all;
@@ -267,6 +273,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   int failed = 0;
   std::vector<std::string> notes;  // failures that are not a step's own problems
   for (const std::string& job : jobs) {
+    const std::string shown = base::TerminalSafe(job);  // a directory's name
     absl::StatusOr<std::vector<storage::StepInfo>> steps = store.ListSteps(job);
     if (!steps.ok()) {
       notes.push_back(absl::StrCat("job ", job, ": ", steps.status().message()));
@@ -278,7 +285,9 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       found_step = true;
       if (info.state == storage::StepState::kIncomplete) {
         if (*step_flag) notes.push_back(absl::StrCat("job ", job, " step ", info.step, " is not committed"));
-        if (!json) out << absl::StrFormat("%-24s step %-10d INCOMPLETE (no MANIFEST; not a checkpoint)\n", job, info.step);
+        if (!json) {
+          out << absl::StrFormat("%-24s step %-10d INCOMPLETE (no MANIFEST; not a checkpoint)\n", shown, info.step);
+        }
         continue;
       }
       ++checked;
@@ -296,7 +305,9 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
         w.EndObject();
         w.EndArray();
         w.EndObject();
-        if (!json) out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", job, info.step, info.detail);
+        if (!json) {
+          out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", shown, info.step, base::TerminalSafe(info.detail));
+        }
         continue;
       }
       absl::StatusOr<storage::StepVerifyReport> report = store.VerifyStep(job, info.step, options);
@@ -310,7 +321,10 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
         w.EndObject();
         w.EndArray();
         w.EndObject();
-        if (!json) out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", job, info.step, report.status().message());
+        if (!json) {
+          out << absl::StrFormat("%-24s step %-10d FAIL\n    %s\n", shown, info.step,
+                                 base::TerminalSafe(report.status().message()));
+        }
         continue;
       }
       if (!report->ok()) ++failed;
@@ -333,11 +347,13 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       w.EndArray();
       w.EndObject();
       if (!json) {
-        out << absl::StrFormat("%-24s step %-10d %s  %d shards, %s raw, %s stored\n", job, info.step,
+        out << absl::StrFormat("%-24s step %-10d %s  %d shards, %s raw, %s stored\n", shown, info.step,
                                report->ok() ? "OK  " : "FAIL", report->shards, base::HumanBytes(report->raw_bytes),
                                base::HumanBytes(report->stored_bytes));
-        for (const storage::VerifyProblem& p : report->problems) out << "    " << p.message << "\n";
-        if (info.quarantined) out << "    quarantined (never restored): " << *info.quarantined << "\n";
+        for (const storage::VerifyProblem& p : report->problems) out << "    " << base::TerminalSafe(p.message) << "\n";
+        if (info.quarantined) {
+          out << "    quarantined (never restored): " << base::TerminalSafe(*info.quarantined) << "\n";
+        }
       }
     }
     if (*step_flag && !found_step) {
@@ -357,7 +373,7 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   if (json) {
     out << w.str() << "\n";
   } else {
-    for (const std::string& n : notes) out << "error: " << n << "\n";
+    for (const std::string& n : notes) out << "error: " << base::TerminalSafe(n) << "\n";
     out << absl::StrFormat("%d step(s) checked, %d failed: %s\n", checked, failed, ok ? "OK" : "FAILED");
   }
   return ok ? base::kExitOk : base::kExitFailed;

@@ -1,21 +1,33 @@
 #include "cli/offline_commands.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
+#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
+#include "base/testing/temp_dir.h"
 #include "base/thread_pool.h"
 #include "cli/testing_json.h"
+#include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
+#include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
@@ -380,6 +392,99 @@ TEST_F(OfflineCommandsTest, VerifyEveryJobUnderTheRoot) {
   EXPECT_EQ(bad.code, base::kExitFailed);
   EXPECT_TRUE(IsValidJson(bad.out)) << bad.out;
   EXPECT_THAT(bad.out, AllOf(HasSubstr("\"checked\":3"), HasSubstr("\"failed\":1"), HasSubstr(path)));
+}
+
+// Issue 16 (finding 10): text read from the storage root (a quarantine's
+// reason) reaches the terminal escaped.
+TEST_F(OfflineCommandsTest, VerifyEscapesWhatTheRootHolds) {
+  ASSERT_TRUE(store_.QuarantineStep(kJob, 10, absl::StrCat("verification: ", kHostile)).ok());
+  Result r = Verify({"--root", kRoot});
+  ExpectTerminalSafe(r.out);
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("    quarantined (never restored): verification: ", kShown, "\n")));
+  Result j = Verify({"--root", kRoot, "--json"});
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  ExpectTerminalSafe(j.out);
+}
+
+// Issue 16, finding 9: --threads is parsed wide and checked before it is
+// narrowed (2^32 + 1 was 1 thread, 100000 threads the machine cannot start).
+TEST_F(OfflineCommandsTest, VerifyThreadsOutsideOneTo1024IsAUsageError) {
+  for (const char* threads : {"0", "1025", "100000", "4294967297", "18446744073709551617"}) {
+    Result r = Verify({"--root", kRoot, "--threads", threads});
+    EXPECT_EQ(r.code, base::kExitUsage) << threads;
+    EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--threads must be an integer in 1..1024, got \"", threads, "\"")));
+  }
+  for (const char* threads : {"1", "1024"}) {
+    Result r = Verify({"--root", kRoot, "--threads", threads});
+    EXPECT_EQ(r.code, base::kExitOk) << threads << " " << r.err;
+  }
+}
+
+// Runs `fn` on a thread of its own and returns what it returned. A call still
+// running after 10 s fails the test; writers are then opened on `fifo` until
+// it returns (each releases a reader stuck in open(2)), so that the test ends
+// failed instead of hanging.
+template <typename Fn>
+auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
+  std::packaged_task<decltype(fn())()> task(std::move(fn));
+  std::future<decltype(fn())> done = task.get_future();
+  std::thread thread(std::move(task));
+  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
+    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  thread.join();
+  return done.get();
+}
+
+// Issue 16 (4): a FIFO in place of a shard hung `ckptctl verify --root` for
+// ever (opening a FIFO for reading waits for a writer). On the real file
+// system, since memory holds no FIFOs.
+TEST(OfflineVerifyPosixTest, AFifoInPlaceOfAShardIsReportedAndVerifyFinishes) {
+  ckptd::testing::TempDir tmp("ckptd_verify_fifo_");
+  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+  const std::string root = tmp.Sub("root");
+  storage::CheckpointStore store(fs.get(), root);
+  base::ThreadPool pool(1);
+  storage::ShardWriteOptions options;
+  options.block_bytes = 4096;
+  options.threads = 1;
+  for (uint64_t step : {1u, 2u}) {
+    ASSERT_TRUE(store.PrepareStep(kJob, step).ok());
+    const RankData data = MakeRankData(step, 0);
+    const std::vector<storage::TensorSource> sources = Sources(data, 0);
+    absl::StatusOr<storage::ShardWriteResult> written = store.WriteShard(kJob, step, 0, 1, sources, options, &pool);
+    ASSERT_TRUE(written.ok()) << written.status();
+    absl::Status committed = store.CommitStep(kJob, step, 1).status();
+    ASSERT_TRUE(committed.ok()) << committed;
+  }
+  const std::string fifo = storage::ShardPath(root, kJob, 1, 0);
+  ASSERT_EQ(::unlink(fifo.c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0640), 0) << std::strerror(errno);
+
+  for (bool json : {false, true}) {
+    std::vector<std::string> argv = {"--root", root};
+    if (json) argv.push_back("--json");
+    Result r = WithinTenSeconds(fifo, [&] {
+      std::ostringstream out, err;
+      Result result;
+      result.code = RunVerify(fs.get(), argv, out, err);
+      result.out = out.str();
+      result.err = err.str();
+      return result;
+    });
+    EXPECT_EQ(r.code, base::kExitFailed) << r.err;
+    EXPECT_THAT(r.out, HasSubstr(fifo + " is a FIFO, not a regular file")) << r.out;
+    if (json) {
+      EXPECT_TRUE(IsValidJson(r.out)) << r.out;
+      EXPECT_THAT(r.out, AllOf(HasSubstr("\"checked\":2"), HasSubstr("\"failed\":1")));
+    } else {
+      EXPECT_THAT(r.out, HasSubstr("2 step(s) checked, 1 failed: FAILED"));
+    }
+  }
 }
 
 }  // namespace

@@ -170,7 +170,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
   auto progress = [&](const std::string& key, absl::string_view more = "") {
     if (key == last_key) return;
     last_key = key;
-    if (!c.json()) c.out() << key << more << "\n" << std::flush;
+    if (!c.json()) c.out() << TerminalSafe(key) << TerminalSafe(more) << "\n" << std::flush;
   };
   uint32_t job_world = 0;  // from the cluster status, for entries that do not carry it
   auto finish = [&](absl::string_view outcome, int code) {
@@ -190,7 +190,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
             o.target_step, *o.committed_step, *o.committed_step, ShortDuration(o.waited_s));
       }
     }
-    if (code != base::kExitOk) c.err() << "ckptctl checkpoint: " << o.reason << "\n";
+    if (code != base::kExitOk) c.err() << "ckptctl checkpoint: " << TerminalSafe(o.reason) << "\n";
     return code;
   };
   // A transient error is retried until the timeout: the request was accepted.
@@ -208,7 +208,7 @@ int WaitForCheckpoint(const Command& c, const OperatorEnv& env, uint64_t target,
     }
     if (!steps.ok() && !transient(steps.status())) return c.Fail("ListSteps", steps.status());
     if (!steps.ok()) {
-      if (!unreachable) c.err() << "ckptctl checkpoint: " << steps.status().message() << "; retrying\n";
+      if (!unreachable) c.err() << "ckptctl checkpoint: " << TerminalSafe(steps.status().message()) << "; retrying\n";
       unreachable = steps.status();
     } else {
       unreachable.reset();
@@ -390,14 +390,14 @@ void PrintPreviewJson(const Command& c, const ckptd::v1::RestorePreview& p) {
 
 void PrintPreviewText(const Command& c, const ckptd::v1::RestorePreview& p) {
   std::ostream& out = c.out();
-  out << "job " << (p.job().empty() ? c.job() : p.job()) << ": " << JobStateName(p.state()) << ", incarnation "
-      << p.incarnation() << "\n";
+  out << "job " << TerminalSafe(p.job().empty() ? c.job() : p.job()) << ": " << JobStateName(p.state())
+      << ", incarnation " << p.incarnation() << "\n";
   if (p.fresh_start()) {
     out << "a restart now starts fresh (no step restored)\n";
   } else {
     out << "a restart now restores step " << p.step() << "\n";
   }
-  if (!p.reason().empty()) out << "  why: " << p.reason() << "\n";
+  if (!p.reason().empty()) out << "  why: " << TerminalSafe(p.reason()) << "\n";
   if (p.passed_over_size() == 0) {
     out << "no newer step is passed over\n";
     return;
@@ -571,7 +571,7 @@ int RunOnlineVerify(const std::vector<std::string>& argv, const CoordinatorApiFa
     out << absl::StrFormat("job %s step %d: %s  %d/%d shards, %s of %s stored bytes read\n", c.job(), result->step(),
                            ok ? "OK" : "FAILED", result->shards_done(), result->shards_total(),
                            base::HumanBytes(result->bytes_done()), base::HumanBytes(result->bytes_total()));
-    for (const std::string& s : problems) out << "    " << s << "\n";
+    for (const std::string& s : problems) out << "    " << TerminalSafe(s) << "\n";
     if (!ok && problems.empty()) out << "    (the coordinator reported a failure without a problem)\n";
   }
   return ok ? base::kExitOk : base::kExitFailed;

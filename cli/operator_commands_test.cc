@@ -18,9 +18,11 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/testing/matchers.h"
+#include "cli/drill_commands.h"
 #include "cli/offline_commands.h"
 #include "cli/testing_fake_coordinator.h"
 #include "cli/testing_json.h"
+#include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/mem_file_system.h"
@@ -733,6 +735,178 @@ TEST(VerifyDispatchTest, CoordinatorGoesOnlineAndRootWithItIsAUsageError) {
             base::kExitUsage);
   EXPECT_THAT(err2.str(), AllOf(HasSubstr("--root"), HasSubstr("--coordinator"), HasSubstr("do not go together")));
   EXPECT_EQ(connects, 1);
+}
+
+// ------------------------------------------------------------------ terminal safety (issue 16, finding 10)
+
+// Failure details, names and reasons that agents and the coordinator send
+// reach the terminal escaped: no escape sequence runs, no line is forged.
+TEST_F(OperatorCommandsTest, StatusEscapesWhatAgentsAndTheCoordinatorSent) {
+  // `text` in every name and detail the status shows.
+  auto with = [this](absl::string_view text) {
+    fake_ = FakeCoordinator();
+    TwoNodes();
+    fake_.events.mutable_events(1)->set_detail(std::string(text));  // the newest failure
+    fake_.events.mutable_events(1)->set_node_id(absl::StrCat("node-", text));
+    fake_.events.mutable_events(0)->set_job(absl::StrCat("llm", text));
+    fake_.cluster.mutable_agents(0)->set_node_id(absl::StrCat("node-", text));
+    fake_.cluster.mutable_agents(0)->mutable_ranks(0)->set_job(absl::StrCat("j", text));
+    ckptd::v1::JobStatus* job = fake_.cluster.add_jobs();
+    job->set_job(absl::StrCat("zz", text));
+    job->set_state(ckptd::v1::JOB_RUNNING);
+    ckptd::v1::IntervalStatus waiting;
+    waiting.set_waiting_for(std::string(text));
+    fake_.intervals[job->job()] = waiting;
+  };
+  with("plain");
+  const size_t plain_lines = Lines(Run(RunStatus, {}).out).size();
+
+  with(kHostile);
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ExpectTerminalSafe(r.out);
+  EXPECT_THAT(r.out, AllOf(HasSubstr(absl::StrCat("  ", kShown, "\n")),
+                           HasSubstr(absl::StrCat("node-", kShown)), HasSubstr(absl::StrCat("llm", kShown)),
+                           HasSubstr(absl::StrCat("j", kShown, " 0")), HasSubstr(absl::StrCat("zz", kShown)),
+                           HasSubstr(absl::StrCat("policy waiting for ", kShown, "\n"))));
+  EXPECT_EQ(Lines(r.out).size(), plain_lines) << r.out;
+
+  // JSON escapes by JSON's rules, and stays one line of valid JSON.
+  Result j = Run(RunStatus, {"--json"});
+  ASSERT_EQ(j.code, base::kExitOk) << j.err;
+  ASSERT_TRUE(IsValidJson(j.out)) << j.out;
+  ExpectTerminalSafe(j.out);
+  EXPECT_EQ(Lines(j.out).size(), 1u);
+  EXPECT_THAT(j.out, HasSubstr("\"detail\":\"\\u001b[2J\\rFAKE\\nline\\u001b]0;pwned\\u0007\\u009b31m\\u00ff\""));
+}
+
+TEST_F(OperatorCommandsTest, StepsRestorePlanVerifyAndCheckpointEscapeTheCoordinatorsTexts) {
+  fake_.steps = {Steps({{1100, ckptd::v1::STEP_QUARANTINED, 4, absl::StrCat("verification: ", kHostile)}})};
+  Result list = Run(RunList, {"--job", "llm"});
+  ASSERT_EQ(list.code, base::kExitOk) << list.err;
+  ExpectTerminalSafe(list.out);
+  EXPECT_THAT(list.out, HasSubstr(absl::StrCat("verification: ", kShown, "\n")));
+
+  ckptd::v1::RestorePreview p;
+  p.set_job(absl::StrCat("llm", kHostile));
+  p.set_state(ckptd::v1::JOB_RUNNING);
+  p.set_step(1000);
+  p.set_reason(kHostile);
+  StepEntry* bad = p.add_passed_over();
+  bad->set_step(1100);
+  bad->set_state(ckptd::v1::STEP_QUARANTINED);
+  bad->set_reason(absl::StrCat("quarantined: ", kHostile));
+  fake_.preview = p;
+  Result plan = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(plan.code, base::kExitOk) << plan.err;
+  ExpectTerminalSafe(plan.out);
+  EXPECT_THAT(plan.out, AllOf(HasSubstr(absl::StrCat("job llm", kShown, ": running")),
+                              HasSubstr(absl::StrCat("  why: ", kShown, "\n")),
+                              HasSubstr(absl::StrCat("quarantined: ", kShown, "\n"))));
+
+  ckptd::v1::VerifyProgress last = Progress(4, uint64_t{4} << 30, /*last=*/true, /*ok=*/false);
+  last.add_problems(absl::StrCat("rank-1.shard: tensor ", kHostile, ": checksum mismatch"));
+  fake_.verify_stream = {last};
+  Result verify = Run(RunOnlineVerify, {"--job", "llm"});
+  EXPECT_EQ(verify.code, base::kExitFailed);
+  ExpectTerminalSafe(verify.out);
+  EXPECT_THAT(verify.out, HasSubstr(absl::StrCat("    rank-1.shard: tensor ", kShown, ": checksum mismatch\n")));
+
+  // A reason on stderr too: an aborted checkpoint, a moved one.
+  Requested(1240);
+  fake_.steps = {Steps({{1240, ckptd::v1::STEP_PENDING, 3, ""}}),
+                 Steps({{1240, ckptd::v1::STEP_ABORTED, 3, absl::StrCat("rank 2: ", kHostile)}})};
+  Result aborted = Run(RunCheckpoint, {"--job", "llm"});
+  EXPECT_EQ(aborted.code, base::kExitFailed);
+  ExpectTerminalSafe(aborted.out);
+  ExpectTerminalSafe(aborted.err);
+  EXPECT_THAT(aborted.err, HasSubstr(absl::StrCat("step 1240 was aborted: rank 2: ", kShown, "\n")));
+  fake_.list_steps_calls = 0;
+  fake_.cluster = Running(1250, {1260});
+  Result moved = Run(RunCheckpoint, {"--job", "llm", "--timeout", "1s"});
+  ExpectTerminalSafe(moved.out);
+  EXPECT_THAT(moved.out, HasSubstr(absl::StrCat("moved the checkpoint to step 1260 (rank 2: ", kShown, ")\n")));
+}
+
+TEST_F(OperatorCommandsTest, TheCoordinatorsErrorMessagesAreEscaped) {
+  for (const CommandCase& cmd : AllCommands()) {
+    for (const absl::Status& s : {absl::FailedPreconditionError(kHostile), absl::InvalidArgumentError(kHostile),
+                                  absl::UnavailableError(kHostile), absl::PermissionDeniedError(kHostile)}) {
+      fake_.error = s;
+      Result r = Run(cmd.run, cmd.argv);
+      EXPECT_NE(r.code, base::kExitOk) << cmd.name;
+      ExpectTerminalSafe(r.err);
+      EXPECT_THAT(r.err, HasSubstr(kShown)) << cmd.name << " " << s.code();
+    }
+  }
+}
+
+// ------------------------------------------------------------------ numbers (issue 16, finding 9)
+
+// A port outside 1..65535 is a usage error naming --coordinator, before any
+// connection: never wrapped to another port.
+TEST_F(OperatorCommandsTest, ACoordinatorPortOutsideItsRangeIsAUsageErrorNotWrapped) {
+  for (const CommandCase& cmd : AllCommands()) {
+    for (const std::string address :
+         {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:0", "[::1]:4294967296", "coord", "::1:7070"}) {
+      std::vector<std::string> argv = {"--coordinator", address};
+      argv.insert(argv.end(), cmd.argv.begin(), cmd.argv.end());
+      Result r = RunExactly(cmd.run, argv);
+      EXPECT_EQ(r.code, base::kExitUsage) << cmd.name << " " << address;
+      EXPECT_THAT(r.err, HasSubstr(absl::StrCat("ckptctl ", cmd.name, ": --coordinator: \"", address, "\"")))
+          << cmd.name;
+    }
+    Result top = RunExactly(cmd.run, [&] {
+      std::vector<std::string> argv = {"--coordinator", "coord.example:65535"};
+      argv.insert(argv.end(), cmd.argv.begin(), cmd.argv.end());
+      return argv;
+    }());
+    EXPECT_THAT(top.err, Not(HasSubstr("--coordinator:"))) << cmd.name;
+  }
+  EXPECT_EQ(fake_.connects, AllCommands().size());  // the valid addresses only
+  Result r = RunExactly(RunStatus, {"--coordinator", "127.0.0.1:99999"});
+  EXPECT_THAT(r.err, HasSubstr("port must be 1..65535"));
+}
+
+// A drill's rank is parsed wide: past the largest world it is an error, not
+// another rank (2^32 + 2 was rank 2) nor, for node scenarios, a node name.
+TEST_F(OperatorCommandsTest, ADrillTargetRankOutsideAnyWorldIsAUsageError) {
+  for (const auto& [scenario, target] : std::vector<std::pair<std::string, std::string>>{
+           {"kill-trainer", "1048576"},
+           {"kill-trainer", "4294967298"},
+           {"corrupt-shard", "99999999999999999999999"},
+           {"kill-agent", "4294967296"},
+       }) {
+    std::ostringstream out, err;
+    const int code = RunDrillCommand(
+        {"run", "--coordinator", kAddress, "--job", "llm", "--scenario", scenario, "--target", target}, Factory(), out,
+        err, Env());
+    EXPECT_EQ(code, base::kExitUsage) << scenario << " " << target;
+    EXPECT_THAT(err.str(), HasSubstr(absl::StrCat("--target: rank ", target, " is outside 0..1048575")));
+  }
+}
+
+// A drill's durations and step are checked against the coordinator's limits
+// before anything is sent.
+TEST_F(OperatorCommandsTest, ADrillDurationOrStepOutsideItsRangeIsAUsageError) {
+  for (const auto& [flags, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--scenario", "hang-trainer", "--target", "2", "--duration", "2h"},
+            "--duration must be at most 1h, got \"2h\""},
+           {{"--scenario", "storage-slow", "--target", "node-a", "--slow", "61s"},
+            "--slow must be at most 1m, got \"61s\""},
+           {{"--scenario", "kill-trainer", "--target", "2", "--watch", "25h"},
+            "--watch must be at most 24h, got \"25h\""},
+           {{"--scenario", "kill-trainer", "--target", "2", "--at-step", "4611686018427387905"},
+            "--at-step must be an integer in 0..4611686018427387904"},
+           {{"--scenario", "kill-trainer", "--target", "2", "--at-step", "18446744073709551616"},
+            "--at-step must be an integer in 0..4611686018427387904"},
+       }) {
+    std::vector<std::string> argv = {"run", "--coordinator", kAddress, "--job", "llm"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::ostringstream out, err;
+    EXPECT_EQ(RunDrillCommand(argv, Factory(), out, err, Env()), base::kExitUsage) << message;
+    EXPECT_THAT(err.str(), HasSubstr(message));
+  }
 }
 
 }  // namespace

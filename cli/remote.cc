@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/host_port.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
@@ -132,6 +133,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorApi>> NewRemoteCoordinatorApi(const ba
 absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const base::Args& args) {
   std::optional<std::string> address = args.Get("coordinator");
   if (!address || address->empty()) return absl::InvalidArgumentError("--coordinator HOST:PORT is required");
+  if (absl::Status s = base::ParseHostPort(*address, base::PortUse::kConnect).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", s.message()));
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   const int tls = args.Has("tls-ca") + args.Has("tls-cert") + args.Has("tls-key");
   if (tls != 0 && tls != 3) {

@@ -221,7 +221,7 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
       if (it != intervals.end() && !it->second.decided() && !it->second.waiting_for().empty()) {
         parts.push_back(absl::StrCat("policy waiting for ", it->second.waiting_for()));
       }
-      out << "  " << j->job() << ": " << absl::StrJoin(parts, "; ") << "\n";
+      out << "  " << TerminalSafe(absl::StrCat(j->job(), ": ", absl::StrJoin(parts, "; "))) << "\n";
     }
   }
 

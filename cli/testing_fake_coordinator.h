@@ -63,6 +63,9 @@ struct FakeCoordinator {
   absl::StatusOr<ckptd::v1::RunDrillResponse> run_drill = ckptd::v1::RunDrillResponse();
   std::optional<ckptd::v1::RunDrillRequest> drill_request;
   std::vector<ckptd::v1::DrillStatus> drill{ckptd::v1::DrillStatus()};
+  // When set, GetDrill's answer instead of `drill` (a drill as of the test's
+  // clock).
+  std::function<ckptd::v1::DrillStatus()> drill_now;
   int get_drill_calls = 0;
 };
 
@@ -125,6 +128,7 @@ class FakeApi final : public CoordinatorApi {
   absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest&) override {
     const int call = f_->get_drill_calls++;
     if (f_->error) return *f_->error;
+    if (f_->drill_now) return f_->drill_now();
     return f_->drill[std::min<size_t>(call, f_->drill.size() - 1)];
   }
 

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/limits.h"
 #include "client/c_options.h"
 #include "client/ckptd.h"
 #include "client/client.h"
@@ -20,9 +21,29 @@ namespace {
 
 thread_local std::string g_last_error;
 
+// The most buffers one client registers, and dimensions one buffer has.
+constexpr size_t kMaxBuffers = size_t{1} << 20;
+constexpr size_t kMaxDims = 64;
+
 int Fail(const absl::Status& s) {
   g_last_error = std::string(s.message());
   return s.ok() ? 0 : static_cast<int>(s.code());
+}
+
+// The agent and the coordinator refuse a world larger than kMaxWorldSize and
+// a rank outside the world: ckptd_connect says so, naming the field, before
+// any connection is made.
+absl::Status CheckRankAndWorld(const ckptd_options& options) {
+  const uint32_t world_size = options.world_size == 0 ? 1 : options.world_size;
+  if (world_size > ckptd::base::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("ckptd_connect: world_size ", options.world_size, " is outside 1..",
+                                                   ckptd::base::kMaxWorldSize, " (0 means 1)"));
+  }
+  if (options.rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("ckptd_connect: rank ", options.rank, " is not inside world_size ",
+                                                   world_size, " (rank must be 0..", world_size - 1, ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -56,8 +77,8 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
   for (size_t i = offsetof(ckptd_options_ext, reserved); i < ext->size; ++i) {
     if (bytes[i] != 0) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
-                                                     " is unknown to this libckptd (ABI version ",
-                                                     CKPTD_ABI_VERSION, ")"));
+                                                     " is unknown to this libckptd (ABI version ", CKPTD_ABI_VERSION,
+                                                     ")"));
     }
   }
   return o;
@@ -84,12 +105,23 @@ int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext
   *out = nullptr;
   absl::StatusOr<ckptd::client::ClientOptions> o = ckptd::client::ClientOptionsFromC(options, ext);
   if (!o.ok()) return Fail(o.status());
+  if (absl::Status s = CheckRankAndWorld(*options); !s.ok()) return Fail(s);
+  // Sizes the caller gives are checked before anything is allocated for them:
+  // no length_error or bad_alloc reaches the C caller.
+  if (count > kMaxBuffers) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("ckptd_connect: count ", count, " is outside 0..", kMaxBuffers, " buffers")));
+  }
   std::vector<ckptd::client::BufferSpec> specs;
   for (size_t i = 0; i < count; ++i) {
     const ckptd_buffer& b = buffers[i];
     if (b.name == nullptr || (b.ndim > 0 && b.shape == nullptr)) {
       return Fail(absl::InvalidArgumentError("ckptd_connect: buffer " + std::to_string(i) +
                                              " needs a name and, with ndim > 0, a shape"));
+    }
+    if (b.ndim > kMaxDims) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("ckptd_connect: buffer ", i, ": ndim ", b.ndim, " is outside 0..", kMaxDims)));
     }
     ckptd::client::BufferSpec s;
     s.name = b.name;

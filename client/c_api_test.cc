@@ -107,4 +107,58 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_EQ(client, nullptr);
 }
 
+// Issue 16, finding 9: a C caller's huge rank or world is an error naming the
+// field, never truncated, and sizes it gives are checked before anything is
+// allocated for them.
+TEST(CApiTest, RankAndWorldOutsideWhatCkptdHandlesAreInvalidArgument) {
+  struct Case {
+    uint32_t rank;
+    uint32_t world_size;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {0, 4294967295u, "world_size 4294967295 is outside 1..1048576"},
+           {4294967295u, 4294967295u, "world_size 4294967295 is outside 1..1048576"},
+           {0, (1u << 20) + 1, "world_size 1048577 is outside 1..1048576"},
+           {4294967295u, 8, "rank 4294967295 is not inside world_size 8"},
+           {1, 0, "rank 1 is not inside world_size 1"},  // 0 means 1
+           {4, 4, "rank 4 is not inside world_size 4 (rank must be 0..3)"},
+       }) {
+    ckptd_options options = {"/nonexistent/agent.sock", "job", c.rank, c.world_size, 0, 0, 300};
+    float x = 0;
+    uint64_t shape[1] = {1};
+    ckptd_buffer b = {"x", CKPTD_PARAMS, CKPTD_FLOAT32, 1, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, &x};
+    ckptd_client* client = nullptr;
+    EXPECT_EQ(ckptd_connect(&options, &b, 1, &client), 3) << c.message;  // INVALID_ARGUMENT, before connecting
+    EXPECT_THAT(ckptd_last_error(), HasSubstr(c.message));
+    EXPECT_EQ(client, nullptr);
+  }
+  // The largest world passes the check and fails only at the (absent) agent.
+  ckptd_options largest = {"/nonexistent/agent.sock", "job", (1u << 20) - 1, 1u << 20, 0, 0, 300};
+  float x = 0;
+  uint64_t shape[1] = {1};
+  ckptd_buffer b = {"x", CKPTD_PARAMS, CKPTD_FLOAT32, 1, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, &x};
+  ckptd_client* client = nullptr;
+  const int rc = ckptd_connect(&largest, &b, 1, &client);
+  EXPECT_TRUE(rc == 14 || rc == 4) << rc << " " << ckptd_last_error();  // UNAVAILABLE or DEADLINE_EXCEEDED
+  EXPECT_EQ(client, nullptr);
+}
+
+TEST(CApiTest, HugeBufferCountsAndRanksAreInvalidArgumentNotAnException) {
+  ckptd_options options = {"/nonexistent/agent.sock", "job", 0, 1, 0, 0, 300};
+  float x = 0;
+  uint64_t shape[1] = {1};
+  ckptd_buffer b = {"x", CKPTD_PARAMS, CKPTD_FLOAT32, 1, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, &x};
+  ckptd_client* client = nullptr;
+  // Only the first buffer is ever read: the count is refused first.
+  EXPECT_EQ(ckptd_connect(&options, &b, SIZE_MAX, &client), 3);
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("count 18446744073709551615 is outside 0..1048576"));
+  EXPECT_EQ(client, nullptr);
+  // An ndim past any tensor's: refused before the shape is read or copied.
+  b.ndim = SIZE_MAX;
+  EXPECT_EQ(ckptd_connect(&options, &b, 1, &client), 3);
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("buffer 0: ndim 18446744073709551615 is outside 0..64"));
+  EXPECT_EQ(client, nullptr);
+}
+
 }  // namespace

@@ -43,7 +43,7 @@ typedef struct ckptd_options {
   const char* socket;
   const char* job;
   uint32_t rank;
-  uint32_t world_size;      /* 0 means 1 */
+  uint32_t world_size;      /* 0 means 1; at most 1048576 and more than rank (else 3, INVALID_ARGUMENT) */
   uint64_t every_steps;     /* 0: snapshot only when asked */
   int64_t slot_wait_ms;     /* wait for a free staging slot; 0: skip at once */
   int64_t rpc_timeout_ms;   /* bound on each call to the agent; 0: 5000 */

@@ -1,15 +1,20 @@
 #include "client/client.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -35,6 +40,7 @@ constexpr int kRestoreTimeoutFactor = 60;
 
 struct Client::Impl {
   ClientOptions options;
+  base::Clock* clock = nullptr;  // options.clock, or the real clock
   std::vector<BufferSpec> buffers;
   std::vector<uint64_t> lengths;
   bool any_device = false;
@@ -65,6 +71,11 @@ struct Client::Impl {
   // training thread only stores its step and reads the cached schedule.
   std::atomic<bool> coordinated{false};
   std::atomic<uint64_t> sync_trainer_id{0};  // 0: not registered
+  // Counts successful registrations. A call that fails with "agent gone" marks
+  // the agent lost only if no registration happened since the call was sent:
+  // an answer from before a restart says nothing about the registration made
+  // after it (a restarted agent may even hand out the same trainer id).
+  std::atomic<uint64_t> registration{0};
   std::atomic<uint64_t> current_step{0};
   // When the sync thread first failed to reach the agent (0: it reaches it).
   std::atomic<int64_t> unreachable_since_ns{0};
@@ -102,7 +113,7 @@ struct Client::Impl {
   // The sync thread has not reached the agent for at least `d`.
   bool UnreachableFor(absl::Duration d) const {
     const int64_t since = unreachable_since_ns.load();
-    return since != 0 && absl::Now() - absl::FromUnixNanos(since) >= d;
+    return since != 0 && clock->Now() - absl::FromUnixNanos(since) >= d;
   }
   void NoteTaken(uint64_t step) {
     absl::MutexLock l(&sched_mu);
@@ -172,14 +183,17 @@ struct Client::Impl {
       absl::MutexLock l(&mu);
       ++notifications;
     }
-    send(stub->async(), &call->ctx, &call->req, &call->resp, [call, this](grpc::Status s) {
+    const uint64_t sent_under = registration.load();
+    send(stub->async(), &call->ctx, &call->req, &call->resp, [call, sent_under, this](grpc::Status s) {
       delete call;
       absl::MutexLock l(&mu);
       --notifications;
       // The agent restarted or is gone: the next call registers again (and
       // reports the agent unavailable if it still is). UNIMPLEMENTED is an
       // older agent that does not know the call, not a lost one.
-      if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED) agent_lost = true;
+      if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED && sent_under == registration.load()) {
+        agent_lost = true;
+      }
     });
   }
 
@@ -218,8 +232,8 @@ struct Client::Impl {
   // step of the one still running) when one is.
   bool AwaitHopIdle(absl::Time deadline, uint64_t* busy_step) {
     absl::MutexLock l(&mu);
-    const bool idle = mu.AwaitWithDeadline(
-        absl::Condition(+[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) { return !i->hop_busy; }, this), deadline);
+    bool (*const no_hop)(Impl*) = +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->mu) { return !i->hop_busy; };
+    const bool idle = clock->AwaitWithDeadline(&mu, absl::Condition(no_hop, this), deadline);
     if (!idle) *busy_step = hop_step;
     return idle;
   }
@@ -280,6 +294,15 @@ Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, std::vector<BufferSpec> buffers) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->clock = options.clock != nullptr ? options.clock : base::RealClock::Get();
+  if (options.local_world_size == 0) {
+    // torchrun's; anything that is not a count the job can have stays unknown.
+    const char* env = std::getenv("LOCAL_WORLD_SIZE");
+    uint32_t local = 0;
+    if (env != nullptr && absl::SimpleAtoi(env, &local) && local >= 1 && local <= options.world_size) {
+      impl->options.local_world_size = local;
+    }
+  }
   for (const BufferSpec& b : buffers) {
     ckptd::v1::Tensor meta;
     meta.set_name(b.name);
@@ -331,11 +354,25 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   Impl* raw = impl.get();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   absl::Status registered = client->EnsureRegistered();
-  const absl::Time give_up = absl::Now() + options.connect_wait;
-  while (absl::IsUnavailable(registered) && absl::Now() < give_up) {
-    absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
+  base::Clock* const clock = raw->clock;
+  const absl::Time give_up = clock->Now() + options.connect_wait;
+  // A socket this process may not use is a lasting refusal, not an agent that
+  // is still starting: say so (gRPC reports it as UNAVAILABLE) instead of
+  // retrying until connect_wait runs out.
+  auto refused = [&options](absl::Status s) {
+    if (!absl::IsUnavailable(s) || ::faccessat(AT_FDCWD, options.socket.c_str(), R_OK | W_OK, AT_EACCESS) == 0 ||
+        errno != EACCES) {
+      return s;
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the agent's socket ", options.socket, " is not open to this process (uid ", ::geteuid(),
+        "): run the trainer as the agent's user or as a member of the agent's --trainer-group (", s.message(), ")"));
+  };
+  registered = refused(std::move(registered));
+  while (absl::IsUnavailable(registered) && clock->Now() < give_up) {
+    clock->SleepFor(std::min(absl::Milliseconds(200), give_up - clock->Now()));
     connect(raw);  // no other thread uses the stub yet
-    registered = client->EnsureRegistered();
+    registered = refused(client->EnsureRegistered());
   }
   CKPTD_RETURN_IF_ERROR(registered);
   if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
@@ -346,10 +383,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 void Client::Impl::SyncLoop() {
   while (true) {
     ckptd::v1::SyncScheduleRequest req;
+    uint64_t sent_under = 0;
     {
       absl::MutexLock l(&sched_mu);
-      sched_mu.AwaitWithTimeout(absl::Condition(&sync_stop), options.sync_interval);
+      clock->AwaitWithTimeout(&sched_mu, absl::Condition(&sync_stop), options.sync_interval);
       if (sync_stop) return;
+      sent_under = registration.load();
       req.set_trainer_id(sync_trainer_id.load());
       req.set_step(current_step.load());
       req.set_step_seconds(step_seconds.load());
@@ -362,13 +401,14 @@ void Client::Impl::SyncLoop() {
     ckptd::v1::SyncScheduleResponse resp;
     const grpc::Status st = stub->SyncSchedule(Context(options.rpc_timeout).get(), req, &resp);
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::NOT_FOUND) {
-      // Gone, or it forgot us: the next Snapshot registers again.
+      // Gone, or it forgot us: the next Snapshot registers again (unless it
+      // already has since this request was sent).
       absl::MutexLock l(&mu);
-      agent_lost = true;
+      if (sent_under == registration.load()) agent_lost = true;
     }
     if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
       int64_t expected = 0;
-      unreachable_since_ns.compare_exchange_strong(expected, absl::ToUnixNanos(absl::Now()));
+      unreachable_since_ns.compare_exchange_strong(expected, absl::ToUnixNanos(clock->Now()));
     } else {
       unreachable_since_ns.store(0);
     }
@@ -407,6 +447,7 @@ Client::~Client() {
     // Nobody is left to report a failed last hop to; its slot was given back.
   }
   // Wait (bounded) for notifications still in flight; they point into impl_.
+  // On real time, as the deadlines of the calls it waits for.
   {
     absl::MutexLock l(&impl_->mu);
     Impl* impl = impl_.get();
@@ -426,7 +467,7 @@ Client::~Client() {
 
 bool Client::ShouldSnapshot(uint64_t step) const {
   Impl& im = *impl_;
-  const absl::Time now = absl::Now();
+  const absl::Time now = im.clock->Now();
   const bool persisting = im.PersistInFlight();
   if (step > im.last_step && im.last_step_time != absl::Time()) {
     const double sample =
@@ -481,6 +522,7 @@ absl::Status Client::EnsureRegistered() {
   req.set_job(im.options.job);
   req.set_rank(im.options.rank);
   req.set_world_size(im.options.world_size);
+  req.set_local_world_size(im.options.local_world_size);
   req.set_pid(static_cast<int32_t>(::getpid()));
   for (const BufferSpec& b : im.buffers) {
     ckptd::v1::Tensor* t = req.add_buffers();
@@ -498,7 +540,12 @@ absl::Status Client::EnsureRegistered() {
     return absl::InternalError(absl::StrCat("agent laid out ", resp.offsets_size(), " buffers for ",
                                             im.buffers.size(), " registered"));
   }
-  CKPTD_ASSIGN_OR_RETURN(im.segment, staging::StagingSegment::Open(resp.segment()));
+  // The agent created its socket: the socket's owner is the agent's user,
+  // whose segments a trainer of another user in its --trainer-group may open.
+  std::optional<uint32_t> agent_uid;
+  struct stat socket_st;
+  if (::stat(im.options.socket.c_str(), &socket_st) == 0) agent_uid = static_cast<uint32_t>(socket_st.st_uid);
+  CKPTD_ASSIGN_OR_RETURN(im.segment, staging::StagingSegment::Open(resp.segment(), im.clock, agent_uid));
   im.offsets.assign(resp.offsets().begin(), resp.offsets().end());
   for (size_t i = 0; i < im.buffers.size(); ++i) {
     if (im.offsets[i] + im.lengths[i] > im.segment->slot_bytes()) {
@@ -515,6 +562,7 @@ absl::Status Client::EnsureRegistered() {
   im.registered = true;
   im.coordinated.store(resp.coordinated());
   im.sync_trainer_id.store(resp.trainer_id());
+  im.registration.fetch_add(1);
   return absl::OkStatus();
 }
 
@@ -523,10 +571,11 @@ uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::mem
 
 absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   Impl& im = *impl_;
-  const absl::Time t0 = absl::Now();
+  base::Clock* const clock = im.clock;
+  const absl::Time t0 = clock->Now();
   // The stall is a cost of its own: the step times that tell how much a
   // persist slows training leave it out.
-  absl::Cleanup count_stall = [&im, t0] { im.snapshot_since_last_step += absl::Now() - t0; };
+  absl::Cleanup count_stall = [&im, clock, t0] { im.snapshot_since_last_step += clock->Now() - t0; };
   absl::Duration slot_wait = im.options.slot_wait;
   if (im.two_hop) {
     // The previous second hop owns the spares and the copier until it ends.
@@ -537,18 +586,18 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
                                   absl::FormatDuration(slot_wait)));
     }
     CKPTD_RETURN_IF_ERROR(im.TakeHopError());
-    slot_wait = std::max(absl::ZeroDuration(), slot_wait - (absl::Now() - t0));
+    slot_wait = std::max(absl::ZeroDuration(), slot_wait - (clock->Now() - t0));
   }
   CKPTD_RETURN_IF_ERROR(EnsureRegistered());
   // Waits in short rounds: slots held by an agent that is gone never free up.
-  const absl::Time slot_deadline = absl::Now() + slot_wait;
+  const absl::Time slot_deadline = clock->Now() + slot_wait;
   absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(std::min(slot_wait, absl::Milliseconds(100)));
-  while (!slot.ok() && absl::IsResourceExhausted(slot.status()) && absl::Now() < slot_deadline) {
+  while (!slot.ok() && absl::IsResourceExhausted(slot.status()) && clock->Now() < slot_deadline) {
     if (im.UnreachableFor(absl::ZeroDuration())) {
       return im.Skip(step, absl::StatusCode::kUnavailable,
                      "the agent is unreachable and holds every staging slot");
     }
-    slot = im.segment->AcquireForFill(std::min(slot_deadline - absl::Now(), absl::Milliseconds(100)));
+    slot = im.segment->AcquireForFill(std::min(slot_deadline - clock->Now(), absl::Milliseconds(100)));
   }
   if (!slot.ok()) {
     return im.Skip(step, slot.status().code(),
@@ -578,7 +627,7 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
     return copied;
   }
   if (second_hop) {
-    const double stall = absl::ToDoubleSeconds(absl::Now() - t0);
+    const double stall = absl::ToDoubleSeconds(clock->Now() - t0);
     absl::MutexLock l(&im.mu);
     im.hop_queued = Impl::Hop{*slot, step, im.trainer_id, stall};
     im.hop_busy = true;
@@ -590,7 +639,7 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
     (void)im.segment->Abandon(*slot);  // give it back if it is still ours
     return published;
   }
-  const double stall = absl::ToDoubleSeconds(absl::Now() - t0);
+  const double stall = absl::ToDoubleSeconds(clock->Now() - t0);
   im.taken.fetch_add(1, std::memory_order_relaxed);
   // Tell the agent without waiting.
   im.NotifyPublished(im.trainer_id, *slot, step, stall);
@@ -604,7 +653,7 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
   uint64_t busy_step = 0;
   // The error of a failed second hop stays for the next Snapshot or
   // WaitPersisted: it is not this call's.
-  if (im.two_hop && !im.AwaitHopIdle(absl::Now() + restore_timeout, &busy_step)) {
+  if (im.two_hop && !im.AwaitHopIdle(im.clock->Now() + restore_timeout, &busy_step)) {
     return absl::DeadlineExceededError(absl::StrCat("restore: the second hop of the snapshot of step ", busy_step,
                                                     " is still in flight after ",
                                                     absl::FormatDuration(restore_timeout)));
@@ -637,7 +686,7 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
 
 absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
   Impl& im = *impl_;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = im.clock->Now() + timeout;
   uint64_t busy_step = 0;
   if (im.two_hop && !im.AwaitHopIdle(deadline, &busy_step)) {
     return absl::DeadlineExceededError(absl::StrCat("step ", step, " not persisted within ",
@@ -656,9 +705,12 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
     if (resp.failed() > 0 && !resp.last_error().empty() && (!resp.has_persisted() || resp.last_persisted_step() < step)) {
       return absl::AbortedError(absl::StrCat("persisting step ", step, " failed: ", resp.last_error()));
     }
-    if (absl::Now() >= deadline) {
+    if (im.clock->Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("step ", step, " not persisted within ", absl::FormatDuration(timeout)));
     }
+    // The agent, another process, says nothing when the step is persisted: it
+    // is asked again after 5 ms of real time (as a FakeClock looks again at a
+    // wait's condition), while the timeout is measured on the clock.
     absl::SleepFor(absl::Milliseconds(5));
   }
 }

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "ckptd/v1/shard.pb.h"
 #include "client/device_copy.h"
 
@@ -39,6 +40,10 @@ struct ClientOptions {
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;
+  // How many of the job's ranks run on this node (0: unknown; then taken from
+  // $LOCAL_WORLD_SIZE, which torchrun sets). An agent without a coordinator
+  // refuses a job with ranks on other nodes, which it could never commit.
+  uint32_t local_world_size = 0;
   // Snapshot every this many steps (0: only when asked). Step 0 is never
   // scheduled: it is the state before training. When the agent reports to a
   // coordinator, the coordinator's schedule applies instead (the same on
@@ -70,6 +75,12 @@ struct ClientOptions {
   // For tests: every copy goes through this copier instead of the one Connect
   // picks (CUDA when a buffer is on a device, else host). Outlives the client.
   DeviceCopier* copier = nullptr;
+  // Measures and waits on time: the step times and the stall, slot_wait and
+  // the waits for a second hop, connect_wait, sync_interval, WaitPersisted's
+  // timeout, and how long the agent has been unreachable (default:
+  // base::RealClock::Get()); must outlive the client. The deadlines of its
+  // RPCs stay on real time.
+  base::Clock* clock = nullptr;
 };
 
 struct SnapshotResult {
@@ -118,8 +129,9 @@ class Client {
   // A second hop in flight is finished first (bounded like the restore).
   absl::StatusOr<std::optional<uint64_t>> Restore();
 
-  // Waits until `step` is persisted (or failed) by the agent. A second hop in
-  // flight is waited for within `timeout`, and its error is returned.
+  // Waits until `step` is persisted (or failed) by the agent, up to `timeout`
+  // of the client's clock. A second hop in flight is waited for within
+  // `timeout`, and its error is returned.
   absl::Status WaitPersisted(uint64_t step, absl::Duration timeout);
 
   // Snapshots published to the agent (with two hops: once the second ended),

@@ -10,11 +10,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
+#include "base/clock.h"
+#include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -25,6 +28,7 @@
 namespace ckptd::client {
 namespace {
 
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
@@ -259,17 +263,19 @@ class ClientTest : public ::testing::Test {
   agent::PersistStatus AgentStatusOnce(uint64_t trainer_id,
                                        const std::function<bool(const agent::PersistStatus&)>& done) {
     agent::PersistStatus last;
-    for (int i = 0; i < 2000; ++i) {
-      absl::StatusOr<agent::PersistStatus> st = core_->Status(trainer_id);
-      if (st.ok()) last = *st;
-      if (st.ok() && done(last)) break;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    (void)Eventually(
+        [&] {
+          absl::StatusOr<agent::PersistStatus> st = core_->Status(trainer_id);
+          if (st.ok()) last = *st;
+          return st.ok() && done(last);
+        },
+        absl::Seconds(20));
     return last;
   }
 
   static inline int counter_ = 0;
   FakeDeviceCopier fake_;  // outlives every client of a test
+  base::FakeClock clock_;  // for ClientOptions::clock; outlives every client of a test
   std::string segment_prefix_;
   ckptd::testing::TempDir tmp_{"ckptd-client-"};
   std::string dir_, socket_;
@@ -321,25 +327,38 @@ TEST_F(ClientTest, AgentRestartIsReportedThenRecoveredFrom) {
   State state;
   ClientOptions o = Options();
   o.rpc_timeout = absl::Milliseconds(500);
+  // Time stands still, and so does the sync thread: a sync that fails for the
+  // old registration while the client registers with the new agent would have
+  // it register once more, and WaitPersisted ask about a registration that
+  // never snapshotted (a race of the client's own, not this test's subject).
+  o.clock = &clock_;
+  // Slots still held by the gone agent skip a snapshot instead of waiting.
+  o.slot_wait = absl::ZeroDuration();
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
   StopAgent();
-  // The agent is gone: within a few attempts a snapshot says so.
+  // The agent is gone: within a few attempts (once a notification has found it
+  // gone) a snapshot says so.
   absl::Status seen;
-  for (int i = 0; i < 20 && seen.ok(); ++i) {
-    seen = client->Snapshot(10 + i).status();
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  uint64_t step = 10;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        seen = client->Snapshot(step++).status();
+        return !seen.ok() && !absl::IsResourceExhausted(seen);
+      },
+      absl::Seconds(10), absl::Milliseconds(50)));
   EXPECT_THAT(seen, AnyOf(StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent")),
                           StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("agent"))));
   StartAgent();
+  // Registered again once its channel reaches the new agent.
   absl::Status back;
-  for (int i = 0; i < 40; ++i) {
-    back = client->Snapshot(100).status();
-    if (back.ok()) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  EXPECT_TRUE(Eventually(
+      [&] {
+        back = client->Snapshot(100).status();
+        return back.ok();
+      },
+      absl::Seconds(10), absl::Milliseconds(100)));
   CKPTD_ASSERT_OK(back);
   CKPTD_ASSERT_OK(client->WaitPersisted(100, absl::Seconds(30)));
 }
@@ -409,9 +428,19 @@ TEST_F(ClientTest, TwoHopSnapshotReturnsAfterTheDeviceCopyAndRestoresExactly) {
   EXPECT_EQ(client->snapshots_taken(), 0u);
   // Training goes on and changes its device buffers: the spares hold step 5.
   state.Step(6);
-  absl::SleepFor(absl::Milliseconds(200));
+  // Not published before the second hop: its slot is still being filled, so
+  // the agent has nothing to persist.
+  std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  ASSERT_NE(seg, nullptr);
+  uint32_t filling = 0;
+  for (uint32_t i = 0; i < seg->slots(); ++i) {
+    const staging::SlotState slot = seg->state(i);
+    EXPECT_TRUE(slot == staging::SlotState::kFree || slot == staging::SlotState::kFilling) << i;
+    if (slot == staging::SlotState::kFilling) ++filling;
+  }
+  EXPECT_EQ(filling, 1u);
   CKPTD_ASSERT_OK_AND_ASSIGN(agent::PersistStatus st, core_->Status(kFirstTrainer));
-  EXPECT_EQ(st.last_persisted_step, std::nullopt);  // not published before the second hop
+  EXPECT_EQ(st.last_persisted_step, std::nullopt);
   fake_.OpenGate();
   CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
   EXPECT_THAT(fake_.TakeLog(), ElementsAre("d2h 4000", "d2h 8000", "sync"));
@@ -428,32 +457,36 @@ TEST_F(ClientTest, StepTimesWithAndWithoutAPersistInFlightReachTheAgentApart) {
   State state;
   ClientOptions o = TwoHopOptions();
   o.sync_interval = absl::Milliseconds(10);
+  o.clock = &clock_;  // each step takes exactly as long as the test moves it
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
   // Quick steps with nothing in flight.
   for (uint64_t step = 1; step <= 4; ++step) {
     (void)client->ShouldSnapshot(step);
-    absl::SleepFor(absl::Milliseconds(2));
+    clock_.Advance(absl::Milliseconds(2));
   }
   // A snapshot whose second hop is held: the next steps are slow ones.
   fake_.CloseGate();
   CKPTD_ASSERT_OK(client->Snapshot(4).status());
   for (uint64_t step = 5; step <= 20; ++step) {
     (void)client->ShouldSnapshot(step);
-    absl::SleepFor(absl::Milliseconds(40));
+    clock_.Advance(absl::Milliseconds(40));
   }
   fake_.OpenGate();
   CKPTD_ASSERT_OK(client->WaitPersisted(4, absl::Seconds(30)));
   (void)client->ShouldSnapshot(21);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // The sync thread reports step 21 at one of its next intervals.
+  int progress_size = 0;
   ckptd::v1::RankProgress p;
-  while (absl::Now() < deadline) {
+  EXPECT_TRUE(Eventually([&] {
+    clock_.Advance(o.sync_interval);
     ckptd::v1::Heartbeat hb;
     core_->FillHeartbeat(&hb);
-    ASSERT_EQ(hb.progress_size(), 1);
+    progress_size = hb.progress_size();
+    if (progress_size != 1) return true;
     p = hb.progress(0);
-    if (p.step() == 21) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+    return p.step() == 21;
+  }));
+  ASSERT_EQ(progress_size, 1);
   // The means move by a tenth of each sample: the slow ones started near the
   // quick ones and have come most of the way to 40 ms.
   ASSERT_EQ(p.step(), 21u);
@@ -467,12 +500,19 @@ TEST_F(ClientTest, NextSnapshotWaitsForTheSecondHopOrSkipsWhenItOutlastsSlotWait
   State state;
   ClientOptions o = TwoHopOptions();
   o.slot_wait = absl::Seconds(2);
+  o.clock = &clock_;
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
   fake_.CloseGate();
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
-  EXPECT_THAT(client->Snapshot(10),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("step 10 skipped: the second hop of step 5 is still in flight")));
+  // Step 10 waits for step 5's second hop (as the sync thread waits for its
+  // next interval) until slot_wait has passed.
+  absl::StatusOr<SnapshotResult> skipped = absl::UnknownError("not run");
+  std::thread waiting([&] { skipped = client->Snapshot(10); });
+  EXPECT_TRUE(Eventually([&] { return clock_.waiters() == 2; }));
+  clock_.Advance(o.slot_wait);
+  waiting.join();
+  EXPECT_THAT(skipped, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("step 10 skipped: the second hop of step 5 is still in flight")));
   EXPECT_EQ(client->snapshots_skipped(), 1u);
   agent::PersistStatus st = AgentStatusOnce(kFirstTrainer, [](const agent::PersistStatus& s) { return s.skipped > 0; });
   EXPECT_EQ(st.skipped, 1u);
@@ -480,7 +520,11 @@ TEST_F(ClientTest, NextSnapshotWaitsForTheSecondHopOrSkipsWhenItOutlastsSlotWait
   EXPECT_THAT(st.last_skip_reason, HasSubstr("second hop of step 5"));
 
   fake_.TakeLog();
-  std::thread opener([this] { fake_.OpenGate(); });
+  std::thread opener([this] {
+    // Once step 15 waits for step 5's second hop (time stands still).
+    EXPECT_TRUE(Eventually([this] { return clock_.waiters() == 2; }));
+    fake_.OpenGate();
+  });
   CKPTD_ASSERT_OK(client->Snapshot(15).status());  // waits for step 5's second hop
   opener.join();
   CKPTD_ASSERT_OK(client->WaitPersisted(15, absl::Seconds(30)));
@@ -527,12 +571,18 @@ TEST_F(ClientTest, DestructorFinishesAndPublishesASecondHopInFlight) {
   const State at5 = state;
   std::atomic<bool> opened{false};
   {
-    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(TwoHopOptions(), state.DeviceSpecs()));
+    ClientOptions o = TwoHopOptions();
+    o.clock = &clock_;  // its waiters show when the destructor has begun
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
     fake_.CloseGate();
     CKPTD_ASSERT_OK(client->Snapshot(5).status());
     state.Step(6);
+    // The sync thread alone waits on the clock (time stands still), until the
+    // destructor stops it.
+    EXPECT_TRUE(Eventually([&] { return clock_.waiters() == 1; }));
     std::thread opener([&] {
-      absl::SleepFor(absl::Milliseconds(300));
+      // The destructor has begun, with the second hop held at the gate.
+      EXPECT_TRUE(Eventually([&] { return clock_.waiters() == 0; }));
       opened = true;
       fake_.OpenGate();
     });
@@ -591,14 +641,12 @@ TEST_F(ClientTest, CoordinatorScheduleReplacesEveryAndRestartIsRequestedThroughT
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
   CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> restored, client->Restore());
   EXPECT_EQ(restored, std::nullopt);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!client->ShouldSnapshot(8) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_TRUE(client->ShouldSnapshot(8));
+  // Once the sync thread has fetched the coordinator's schedule.
+  EXPECT_TRUE(Eventually([&] { return client->ShouldSnapshot(8); }));
   EXPECT_FALSE(client->ShouldSnapshot(7));
   EXPECT_FALSE(client->restart_requested());
   coordinator.SetState(ckptd::v1::JOB_RESTARTING);
-  while (!client->restart_requested() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_TRUE(client->restart_requested());
+  EXPECT_TRUE(Eventually([&] { return client->restart_requested(); }));
   EXPECT_FALSE(client->ShouldSnapshot(12));  // no snapshots while the job restarts
   client.reset();
   StopAgent();
@@ -615,21 +663,32 @@ TEST_F(ClientTest, AgentDyingWhileEverySlotIsHeldEndsTheSlotWaitAndAsksForAResta
   o.slot_wait = absl::Seconds(60);
   o.sync_interval = absl::Milliseconds(10);
   o.agent_loss_restart_after = absl::Milliseconds(300);
+  o.clock = &clock_;
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
   CKPTD_ASSERT_OK(client->Restore().status());
   std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
   ASSERT_NE(seg, nullptr);
   for (uint32_t i = 0; i < seg->slots(); ++i) CKPTD_ASSERT_OK(seg->AcquireForFill(absl::ZeroDuration()).status());
   absl::StatusOr<SnapshotResult> result = absl::UnknownError("not run");
-  const absl::Time start = absl::Now();
-  std::thread snapshot([&] { result = client->Snapshot(5); });
-  absl::SleepFor(absl::Milliseconds(200));
+  std::atomic<bool> done{false};
+  const absl::Time start = clock_.Now();
+  std::thread snapshot([&] {
+    result = client->Snapshot(5);
+    done = true;
+  });
+  // Time stands still: the snapshot waits for a slot, the sync thread for its
+  // next interval.
+  EXPECT_TRUE(Eventually([&] { return clock_.waiters() == 2; }));
   StopAgent();  // the agent dies holding every slot
+  // The sync thread finds it unreachable, and the slot wait ends at its next round.
+  EXPECT_TRUE(Eventually([&] {
+    clock_.Advance(o.sync_interval);
+    return done.load();
+  }));
   snapshot.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the 60 s slot wait
+  EXPECT_LT(clock_.Now() - start, o.slot_wait);  // not the 60 s slot wait
   EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("unreachable")));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!client->restart_requested() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  clock_.Advance(o.agent_loss_restart_after);
   EXPECT_TRUE(client->restart_requested());
   client.reset();
   coordinator_ = nullptr;
@@ -640,16 +699,47 @@ TEST_F(ClientTest, ConnectWaitsForAnAgentThatComesUpLate) {
   State state;
   ClientOptions o = Options();
   EXPECT_THAT(Client::Connect(o, state.Specs()).status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("")));
-  std::thread late([this] {
-    absl::SleepFor(absl::Milliseconds(300));
-    StartAgent();
-  });
   o.connect_wait = absl::Seconds(20);
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o, state.Specs());
-  late.join();
+  o.clock = &clock_;
+  absl::StatusOr<std::unique_ptr<Client>> client = absl::UnknownError("not run");
+  std::atomic<bool> connected{false};
+  std::thread connect([&] {
+    client = Client::Connect(o, state.Specs());
+    connected = true;
+  });
+  // Its first try found no agent: it waits on the clock before the next one.
+  EXPECT_TRUE(Eventually([&] { return clock_.waiters() == 1; }));
+  StartAgent();
+  EXPECT_TRUE(Eventually([&] {
+    clock_.Advance(absl::Milliseconds(200));
+    return connected.load();
+  }));
+  connect.join();
   ASSERT_THAT(client.status(), IsOk());
   CKPTD_ASSERT_OK((*client)->Restore().status());
 }
 
 }  // namespace
+// A job with ranks on other nodes and no coordinator could never commit: the
+// lone agent refuses it at registration, told by the option or by torchrun's
+// $LOCAL_WORLD_SIZE.
+TEST_F(ClientTest, AJobWithRanksOnOtherNodesIsRefusedWithoutACoordinator) {
+  State state;
+  ClientOptions o = Options();
+  o.world_size = 4;
+  o.rank = 1;
+  o.local_world_size = 2;
+  EXPECT_THAT(Client::Connect(o, state.Specs()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--coordinator")));
+
+  o.local_world_size = 0;
+  ASSERT_EQ(::setenv("LOCAL_WORLD_SIZE", "2", 1), 0);
+  absl::Cleanup unset = [] { ::unsetenv("LOCAL_WORLD_SIZE"); };
+  EXPECT_THAT(Client::Connect(o, state.Specs()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--coordinator")));
+  // All four on this node: accepted.
+  ASSERT_EQ(::setenv("LOCAL_WORLD_SIZE", "4", 1), 0);
+  EXPECT_THAT(Client::Connect(o, state.Specs()).status(), IsOk());
+}
+
 }  // namespace ckptd::client

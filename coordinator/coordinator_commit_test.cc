@@ -141,15 +141,7 @@ TEST_F(CoordinatorCoreTest, StepPastItsDeadlineIsAborted) {
 TEST_F(CoordinatorCoreTest, PersistFailureAbortsTheStep) {
   TwoNodes();
   CKPTD_ASSERT_OK(Shard("node-a", 10, 0).status());
-  ckptd::v1::ReportFailureRequest req;
-  req.set_node_id("node-b");
-  req.set_session(sessions_["node-b"]);
-  req.set_job(kJob);
-  req.set_rank(2);
-  req.set_kind(ckptd::v1::PERSIST_FAILED);
-  req.set_step(10);
-  req.set_detail("No space left on device");
-  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 2, ckptd::v1::PERSIST_FAILED, 10, "No space left on device"));
   EXPECT_TRUE(JobState().pending_steps().empty());
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);  // training goes on
   EXPECT_THAT(Shard("node-a", 10, 1), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));

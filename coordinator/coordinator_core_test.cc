@@ -19,7 +19,6 @@
 namespace ckptd::coordinator {
 namespace {
 
-using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -61,13 +60,7 @@ TEST_F(CoordinatorCoreTest, SlowHeartbeatsAreNotANodeLossButSilenceIs) {
 
 TEST_F(CoordinatorCoreTest, TrainerDeathIsAFailureAtOnce) {
   TwoNodes();
-  ckptd::v1::ReportFailureRequest req;
-  req.set_node_id("node-b");
-  req.set_session(sessions_["node-b"]);
-  req.set_job(kJob);
-  req.set_rank(3);
-  req.set_kind(ckptd::v1::TRAINER_DIED);
-  req.set_detail("killed by signal 9");
+  ckptd::v1::ReportFailureRequest req = FailureRequest("node-b", 3, ckptd::v1::TRAINER_DIED, 0, "killed by signal 9");
   CKPTD_ASSERT_OK(core_->ReportFailure(req));
   ckptd::v1::ListEventsRequest list;
   CKPTD_ASSERT_OK_AND_ASSIGN(auto events, core_->ListEvents(list));
@@ -131,11 +124,7 @@ TEST_F(CoordinatorCoreTest, RestartedCoordinatorLosesNoCommittedStepAndTakesLate
     reports.push_back(rep);
   }
   for (uint32_t r = 0; r < 2; ++r) {
-    ckptd::v1::ReportShardRequest req;
-    req.set_node_id("node-a");
-    req.set_session(sessions_["node-a"]);
-    *req.mutable_report() = reports[r];
-    CKPTD_ASSERT_OK(core_->ReportShard(req).status());
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest("node-a", reports[r])).status());
   }
   // The coordinator restarts (node b wrote its shards of 20 meanwhile): the
   // pending reports are lost with it, the committed step is not.
@@ -203,14 +192,8 @@ TEST_F(CoordinatorCoreTest, DecisionsAreSavedAtOnceAndTimingsOnlyNowAndThen) {
     core_->Tick();
   }
   EXPECT_LE(counting.puts - after_register, 1);  // 2 s of heartbeats: timings saved at most once
-  ckptd::v1::ReportFailureRequest req;
-  req.set_node_id("node-b");
-  req.set_session(sessions_["node-b"]);
-  req.set_job(kJob);
-  req.set_rank(2);
-  req.set_kind(ckptd::v1::TRAINER_DIED);
   const int before_failure = counting.puts;
-  CKPTD_ASSERT_OK(core_->ReportFailure(req));
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 2, ckptd::v1::TRAINER_DIED));
   EXPECT_EQ(counting.puts, before_failure + 1);
   // A coordinator that restarts now still knows the job must restart.
   core_ = std::make_unique<CoordinatorCore>(&store_, base.get(), &clock_, options_);
@@ -290,20 +273,9 @@ TEST_F(CoordinatorCoreTest, ListStepsShowsCommittedPendingAbortedAndIncompleteSt
 
 TEST_F(CoordinatorCoreTest, AnAgentRestartedBeforeItWasMissedLosesItsNode) {
   auto register_as = [&](const std::string& node, std::vector<uint32_t> ranks, uint64_t instance) {
-    ckptd::v1::RegisterAgentRequest req;
-    req.set_node_id(node);
+    ckptd::v1::RegisterAgentRequest req = Registration(node, std::move(ranks));
     req.set_instance(instance);
-    for (uint32_t r : ranks) {
-      ckptd::v1::RankInfo* info = req.add_ranks();
-      info->set_job(kJob);
-      info->set_rank(r);
-      info->set_world_size(4);
-      info->set_pid(1000 + static_cast<int>(r));
-    }
-    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
-    EXPECT_THAT(resp.status(), IsOk());
-    sessions_[node] = resp.ok() ? resp->session() : 0;
-    ranks_[node] = req;
+    Register(req);
   };
   register_as("node-a", {0, 1}, 111);
   register_as("node-b", {2, 3}, 222);

@@ -57,13 +57,7 @@ TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFo
   EXPECT_TRUE(ack.drills().empty());
   // The agent saw its trainer die.
   clock_.Advance(absl::Milliseconds(20));
-  ckptd::v1::ReportFailureRequest died;
-  died.set_node_id("node-a");
-  died.set_session(sessions_["node-a"]);
-  died.set_job(kJob);
-  died.set_rank(1);
-  died.set_kind(ckptd::v1::TRAINER_DIED);
-  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  CKPTD_ASSERT_OK(ReportFailure("node-a", 1, ckptd::v1::TRAINER_DIED));
 
   ckptd::v1::GetDrillRequest get;
   get.set_drill_id(ordered.drill_id());
@@ -126,13 +120,7 @@ TEST_F(CoordinatorCoreTest, TheStepAtTheFailureFollowsRanksThatTrainUntilTheyHea
   drill.set_scenario(ckptd::v1::KILL_TRAINER);
   drill.set_rank(2);
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(drill));
-  ckptd::v1::ReportFailureRequest died;
-  died.set_node_id("node-b");
-  died.set_session(sessions_["node-b"]);
-  died.set_job(kJob);
-  died.set_rank(2);
-  died.set_kind(ckptd::v1::TRAINER_DIED);
-  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 2, ckptd::v1::TRAINER_DIED));
   // The others' progress arrives late, and they train on until told.
   CKPTD_ASSERT_OK(Beat("node-a", {{0, 27}, {1, 26}}).status());
   // Once the restore round starts, steps are the new run's.

@@ -121,13 +121,7 @@ class IntervalPolicyTest : public CoordinatorCoreTest {
   ckptd::v1::Schedule Schedule() { return JobState().schedule(); }
 
   absl::Status Die(const std::string& node, uint32_t rank) {
-    ckptd::v1::ReportFailureRequest died;
-    died.set_node_id(node);
-    died.set_session(sessions_[node]);
-    died.set_job(kJob);
-    died.set_rank(rank);
-    died.set_kind(ckptd::v1::TRAINER_DIED);
-    return core_->ReportFailure(died);
+    return ReportFailure(node, rank, ckptd::v1::TRAINER_DIED);
   }
 };
 
@@ -186,11 +180,7 @@ TEST_F(IntervalPolicyTest, WaitsForAMeasuredCheckpointThenMovesTheScheduleToTheO
       absl::StatusOr<ckptd::v1::ShardReport> rep = Write(step, r);
       ASSERT_THAT(rep.status(), IsOk());
       rep->set_stall_seconds(0.2);
-      ckptd::v1::ReportShardRequest req;
-      req.set_node_id(r < 2 ? "node-a" : "node-b");
-      req.set_session(sessions_[req.node_id()]);
-      *req.mutable_report() = *rep;
-      CKPTD_ASSERT_OK(core_->ReportShard(req).status());
+      CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(r < 2 ? "node-a" : "node-b", *rep)).status());
     }
   }
   CKPTD_ASSERT_OK(DecideAt(405));

@@ -14,10 +14,9 @@
 #include "absl/strings/str_split.h"
 #include "base/testing/env.h"
 #include "base/testing/matchers.h"
+#include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/mem_file_system.h"
-#include "storage/testing_data.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -27,26 +26,25 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr char kJob[] = "llm";
-
 using ::ckptd::testing::FindOnPath;
 
 std::vector<std::string> Lines(const std::string& text) { return absl::StrSplit(text, '\n', absl::SkipEmpty()); }
 
-class CoordinatorMetricsTest : public ::testing::Test {
+// The core's fixture with metrics: a 2-rank job of kJob on node-a and node-b.
+class CoordinatorMetricsTest : public CoordinatorCoreTest {
  protected:
   void SetUp() override { Start(); }
 
+  // A fresh core and registry over the same storage and state store.
   void Start() {
     collector_.Reset();
     core_.reset();
     metrics_.reset();
     registry_ = std::make_unique<metrics::Registry>();
     CKPTD_ASSERT_OK_AND_ASSIGN(metrics_, CoordinatorMetrics::Create(registry_.get()));
-    CoordinatorOptions o;
-    o.every_steps = 10;
-    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, o, metrics_.get());
-    CKPTD_ASSERT_OK(core_->Recover());
+    options_.every_steps = 10;
+    observer_ = metrics_.get();
+    Reset();
     collector_ = metrics_->Watch(core_.get());
   }
 
@@ -55,74 +53,33 @@ class CoordinatorMetricsTest : public ::testing::Test {
     core_.reset();
   }
 
-  void Register(const std::string& node, uint32_t rank) {
-    ckptd::v1::RegisterAgentRequest req;
-    req.set_node_id(node);
-    ckptd::v1::RankInfo* r = req.add_ranks();
-    r->set_job(kJob);
-    r->set_rank(rank);
-    r->set_world_size(2);
-    r->set_pid(100 + static_cast<int>(rank));
-    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RegisterAgentResponse resp, core_->RegisterAgent(req));
-    sessions_[node] = resp.session();
-  }
-
-  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
-                                                       double stall, double persist) {
-    if (absl::Status s = store_.PrepareStep(kJob, step); !s.ok()) return s;
-    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 64, 8);
-    std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
-    absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, 2, src);
-    if (!w.ok()) return w.status();
-    ckptd::v1::ReportShardRequest req;
-    req.set_node_id(node);
-    req.set_session(sessions_[node]);
-    ckptd::v1::ShardReport* r = req.mutable_report();
-    r->set_job(kJob);
-    r->set_step(step);
-    r->set_world_size(2);
+  // Writes a real shard of (step, rank) and reports it from `node` with these times.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> TimedShard(const std::string& node, uint64_t step, uint32_t rank,
+                                                            double stall, double persist) {
+    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, 2);
+    if (!r.ok()) return r.status();
     r->set_stall_seconds(stall);
-    r->mutable_shard()->set_rank(rank);
-    r->mutable_shard()->set_file_length(w->file_length);
-    r->mutable_shard()->set_index_xxh3(w->index_xxh3);
     r->mutable_shard()->set_persist_seconds(persist);
-    return core_->ReportShard(req);
+    return core_->ReportShard(ShardRequest(node, *r));
   }
 
   // A committed step 10 and, on node-b, a trainer that died.
   void CommitAndFail() {
-    Register("node-a", 0);
-    Register("node-b", 1);
-    ASSERT_THAT(Shard("node-a", 10, 0, 0.00390625, 0.7).status(), IsOk());
+    Register("node-a", {0}, 2);
+    Register("node-b", {1}, 2);
+    ASSERT_THAT(TimedShard("node-a", 10, 0, 0.00390625, 0.7).status(), IsOk());
     clock_.Advance(absl::Milliseconds(30));
-    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse last, Shard("node-b", 10, 1, 0.015625, 3));
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse last, TimedShard("node-b", 10, 1, 0.015625, 3));
     ASSERT_TRUE(last.committed());
     // Half of step 20, whose persist then fails on rank 1.
-    ASSERT_THAT(Shard("node-a", 20, 0, 0.00390625, 0.7).status(), IsOk());
-    ckptd::v1::ReportFailureRequest persist;
-    persist.set_node_id("node-b");
-    persist.set_session(sessions_["node-b"]);
-    persist.set_job(kJob);
-    persist.set_rank(1);
-    persist.set_kind(ckptd::v1::PERSIST_FAILED);
-    persist.set_step(20);
-    persist.set_detail("ENOSPC");
-    CKPTD_ASSERT_OK(core_->ReportFailure(persist));
-    ckptd::v1::ReportFailureRequest died = persist;
-    died.set_kind(ckptd::v1::TRAINER_DIED);
-    died.set_detail("exit status 137");
-    CKPTD_ASSERT_OK(core_->ReportFailure(died));
+    ASSERT_THAT(TimedShard("node-a", 20, 0, 0.00390625, 0.7).status(), IsOk());
+    CKPTD_ASSERT_OK(ReportFailure("node-b", 1, ckptd::v1::PERSIST_FAILED, 20, "ENOSPC"));
+    CKPTD_ASSERT_OK(ReportFailure("node-b", 1, ckptd::v1::TRAINER_DIED, 20, "exit status 137"));
   }
 
-  storage::MemFileSystem fs_;
-  storage::CheckpointStore store_{&fs_, "/ckpt"};
-  std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  base::FakeClock clock_;
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
-  std::unique_ptr<CoordinatorCore> core_;
   metrics::CollectorHandle collector_;
-  std::map<std::string, uint64_t> sessions_;
 };
 
 TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
@@ -130,95 +87,83 @@ TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
   const std::vector<std::string> lines = Lines(registry_->Render());
   EXPECT_THAT(lines, Contains("ckptd_agents 2"));
   EXPECT_THAT(lines, Contains("ckptd_agents_alive 2"));
-  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
-  EXPECT_THAT(lines, Contains("ckptd_checkpoints_aborted_total{job=\"llm\"} 1"));
-  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm\"} 10"));
-  EXPECT_THAT(lines, Contains("ckptd_job_checkpoint_interval_steps{job=\"llm\"} 10"));
-  EXPECT_THAT(lines, Contains("ckptd_job_world_size{job=\"llm\"} 2"));
-  EXPECT_THAT(lines, Contains("ckptd_job_ranks_alive{job=\"llm\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_aborted_total{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm-7b\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_job_checkpoint_interval_steps{job=\"llm-7b\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_job_world_size{job=\"llm-7b\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_job_ranks_alive{job=\"llm-7b\"} 1"));
   // The dead trainer sends the job into a restart.
-  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm\",state=\"restarting\"} 1"));
-  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm\",state=\"running\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm-7b\",state=\"restarting\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_state{job=\"llm-7b\",state=\"running\"} 0"));
   EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"trainer_died\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"persist_failed\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_failures_total{kind=\"node_lost\"} 0"));
   // Three shards reported: stalls 2^-8, 2^-6, 2^-8; persists 0.7, 3, 0.7.
-  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_count{job=\"llm\"} 3"));
-  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_bucket{job=\"llm\",le=\"0.005\"} 2"));
-  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_sum{job=\"llm\"} 0.0234375"));
-  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_count{job=\"llm\"} 3"));
-  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm\",le=\"1\"} 2"));
-  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm\",le=\"5\"} 3"));
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_count{job=\"llm-7b\"} 3"));
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_bucket{job=\"llm-7b\",le=\"0.005\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_snapshot_stall_seconds_sum{job=\"llm-7b\"} 0.0234375"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_count{job=\"llm-7b\"} 3"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm-7b\",le=\"1\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_shard_persist_seconds_bucket{job=\"llm-7b\",le=\"5\"} 3"));
   // The fake clock does not move during the commit: latency 0.
-  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_count{job=\"llm\"} 1"));
-  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_bucket{job=\"llm\",le=\"0.001\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_count{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_commit_latency_seconds_bucket{job=\"llm-7b\",le=\"0.001\"} 1"));
   EXPECT_THAT(lines, Contains("# TYPE ckptd_commit_latency_seconds histogram"));
   EXPECT_THAT(lines, Contains("# TYPE ckptd_checkpoints_committed_total counter"));
   EXPECT_THAT(lines, Contains("# TYPE ckptd_job_state gauge"));
   // A second scrape adds nothing that did not happen.
   const std::vector<std::string> again = Lines(registry_->Render());
-  EXPECT_THAT(again, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
-  EXPECT_THAT(again, Contains("ckptd_checkpoints_aborted_total{job=\"llm\"} 1"));
+  EXPECT_THAT(again, Contains("ckptd_checkpoints_committed_total{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(again, Contains("ckptd_checkpoints_aborted_total{job=\"llm-7b\"} 1"));
 }
 
 TEST_F(CoordinatorMetricsTest, TotalsSurviveACoordinatorRestart) {
   CommitAndFail();
   Start();  // same storage and state store, fresh core and registry
   const std::vector<std::string> lines = Lines(registry_->Render());
-  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm\"} 1"));
-  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm\"} 10"));
+  EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm-7b\"} 10"));
   EXPECT_THAT(lines, Contains("ckptd_agents 0"));
   // Observations are this process's own.
   EXPECT_THAT(lines, Not(Contains(HasSubstr("ckptd_commit_latency_seconds_count"))));
 }
 
 TEST_F(CoordinatorMetricsTest, JobWithoutCommitHasNoNewestStep) {
-  Register("node-a", 0);
+  Register("node-a", {0}, 2);
   const std::string text = registry_->Render();
-  EXPECT_THAT(text, HasSubstr("ckptd_job_world_size{job=\"llm\"} 2"));
+  EXPECT_THAT(text, HasSubstr("ckptd_job_world_size{job=\"llm-7b\"} 2"));
   EXPECT_THAT(text, Not(HasSubstr("ckptd_job_newest_committed_step{")));
 }
 
 TEST_F(CoordinatorMetricsTest, TheIntervalPolicysDecisionAndItsInputsAreExported) {
-  Register("node-a", 0);
-  Register("node-b", 1);
+  Register("node-a", {0}, 2);
+  Register("node-b", {1}, 2);
   std::string text = registry_->Render();
   // Before any measurement: the rate and MTBF from the prior, no decision yet.
   EXPECT_THAT(text, HasSubstr("ckptd_failure_rate_per_gpu_hour{bound=\"mean\"} 3e-06"));
-  EXPECT_THAT(text, HasSubstr("ckptd_job_mtbf_seconds{job=\"llm\"} 600000000"));  // 1/(2 GPUs x 3e-6/h)
+  EXPECT_THAT(text, HasSubstr("ckptd_job_mtbf_seconds{job=\"llm-7b\"} 600000000"));  // 1/(2 GPUs x 3e-6/h)
   EXPECT_THAT(text, Not(HasSubstr("ckptd_job_checkpoint_interval_seconds{")));
   for (const auto& [node, rank] : {std::pair<std::string, uint32_t>{"node-a", 0}, {"node-b", 1}}) {
-    ckptd::v1::Heartbeat hb;
-    hb.set_node_id(node);
-    hb.set_session(sessions_[node]);
-    ckptd::v1::RankInfo* info = hb.add_ranks();
-    info->set_job(kJob);
-    info->set_rank(rank);
-    info->set_world_size(2);
-    info->set_pid(100 + static_cast<int>(rank));
-    ckptd::v1::RankProgress* p = hb.add_progress();
-    p->set_job(kJob);
-    p->set_rank(rank);
-    p->set_step(9);
-    p->set_step_seconds(0.5);
-    p->set_step_seconds_idle(0.5);
-    p->set_step_seconds_persisting(0.5);
+    ckptd::v1::Heartbeat hb = HeartbeatOf(node, {{rank, 9}}, 0.5);
+    hb.mutable_progress(0)->set_step_seconds_idle(0.5);
+    hb.mutable_progress(0)->set_step_seconds_persisting(0.5);
     CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
   }
-  ASSERT_THAT(Shard("node-a", 10, 0, 0.25, 2).status(), IsOk());
-  ASSERT_THAT(Shard("node-b", 10, 1, 0.5, 4).status(), IsOk());
+  ASSERT_THAT(TimedShard("node-a", 10, 0, 0.25, 2).status(), IsOk());
+  ASSERT_THAT(TimedShard("node-b", 10, 1, 0.5, 4).status(), IsOk());
   text = registry_->Render();
   ckptd::v1::GetIntervalRequest req;
   req.set_job(kJob);
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::IntervalStatus st, core_->GetInterval(req));
   ASSERT_TRUE(st.decided()) << st.waiting_for();
   EXPECT_DOUBLE_EQ(st.cost_seconds(), 0.5);  // the slower rank's stall, no slowdown
-  EXPECT_THAT(text, HasSubstr("ckptd_job_checkpoint_cost_seconds{job=\"llm\"} 0.5\n"));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_checkpoint_interval_seconds{job=\"llm\"} ",
+  EXPECT_THAT(text, HasSubstr("ckptd_job_checkpoint_cost_seconds{job=\"llm-7b\"} 0.5\n"));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_checkpoint_interval_seconds{job=\"llm-7b\"} ",
                                            metrics::FormatValue(st.interval_seconds()), "\n")));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_expected_waste_ratio{job=\"llm\",interval=\"chosen\"} ",
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_expected_waste_ratio{job=\"llm-7b\",interval=\"chosen\"} ",
                                            metrics::FormatValue(st.expected_waste()), "\n")));
-  EXPECT_THAT(text, HasSubstr("ckptd_job_expected_waste_ratio{job=\"llm\",interval=\"alternative\"} "));
+  EXPECT_THAT(text, HasSubstr("ckptd_job_expected_waste_ratio{job=\"llm-7b\",interval=\"alternative\"} "));
 }
 
 TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {

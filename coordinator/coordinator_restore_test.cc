@@ -108,13 +108,7 @@ TEST_F(CoordinatorCoreTest, ShardFinishedAfterItsTrainerDiedStillCompletesTheSte
   CommitStep(10);
   const uint64_t inc = RestoreAll(10);
   for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 20, r, 4, inc).status());
-  ckptd::v1::ReportFailureRequest died;
-  died.set_node_id("node-b");
-  died.set_session(sessions_["node-b"]);
-  died.set_job(kJob);
-  died.set_rank(3);
-  died.set_kind(ckptd::v1::TRAINER_DIED);
-  CKPTD_ASSERT_OK(core_->ReportFailure(died));
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 3, ckptd::v1::TRAINER_DIED));
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
   // Its agent still persists what the trainer had published.
   CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, Shard("node-b", 20, 3, 4, inc));

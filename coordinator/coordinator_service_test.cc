@@ -12,18 +12,19 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
+#include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc_status.h"
 #include "rpc/operator_token.h"
-#include "storage/mem_file_system.h"
-#include "storage/testing_data.h"
 
 namespace ckptd::coordinator {
 namespace {
 
 using ::ckptd::rpc::FromGrpcStatus;
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
@@ -31,20 +32,25 @@ using ::testing::HasSubstr;
 using Plan = ::ckptd::v1::RestorePlanResponse;
 using Stream = grpc::ClientReaderWriter<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>;
 
-constexpr char kJob[] = "llm-7b";
 constexpr char kToken[] = "0123456789abcdef-operator";
 
-class CoordinatorServiceTest : public ::testing::Test {
+// The core's requests (testing_core_harness.h) sent over gRPC to a service
+// on loopback; a 2-rank job whose rank 0 is on node-a and rank 1 on node-b.
+class CoordinatorServiceTest : public ::testing::Test, public CoreRequests {
  protected:
+  CoordinatorServiceTest() {
+    options_.every_steps = 50;
+    options_.heartbeat_interval = absl::Milliseconds(200);
+  }
   void SetUp() override { Start(); }
   void TearDown() override { Stop(); }
+  void Fail(const std::string& what) override { ADD_FAILURE() << what; }
 
-  void Start() {
-    CoordinatorOptions o = options_;
-    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, o);
-    CKPTD_ASSERT_OK(core_->Recover());
+  // A recovered core and its service on a free port; `token` is the operator token.
+  void Start(const std::string& token = kToken) {
+    Reset();
     CoordinatorServiceOptions so;
-    so.operator_token = kToken;
+    so.operator_token = token;
     service_ = std::make_unique<CoordinatorService>(core_.get(), so);
     CKPTD_ASSERT_OK_AND_ASSIGN(
         server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), grpc::InsecureServerCredentials()));
@@ -64,86 +70,39 @@ class CoordinatorServiceTest : public ::testing::Test {
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   }
 
-  ckptd::v1::RegisterAgentRequest Registration(const std::string& node, std::vector<uint32_t> ranks,
-                                               uint32_t world = 2) {
-    ckptd::v1::RegisterAgentRequest req;
-    req.set_node_id(node);
-    req.set_address("host-" + node);
-    for (uint32_t r : ranks) {
-      ckptd::v1::RankInfo* info = req.add_ranks();
-      info->set_job(kJob);
-      info->set_rank(r);
-      info->set_world_size(world);
-      info->set_pid(1000 + static_cast<int>(r));
-      info->set_gpu(static_cast<int>(r));
-    }
-    return req;
+  // A heartbeat stream on `ctx`, with a deadline.
+  std::unique_ptr<Stream> OpenHeartbeats(grpc::ClientContext* ctx) {
+    Deadline(ctx);
+    return stub_->Heartbeats(ctx);
   }
 
-  // Registers `node` hosting `ranks` of kJob over gRPC; returns the session.
+  // Registers `node` (at address "host-<node>") hosting `ranks` of kJob; returns the session.
   uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 2) {
-    registrations_[node] = Registration(node, ranks, world);
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    ckptd::v1::RegisterAgentResponse resp;
-    EXPECT_THAT(FromGrpcStatus(stub_->RegisterAgent(&ctx, registrations_[node], &resp)), IsOk());
-    sessions_[node] = resp.session();
-    return resp.session();
+    ckptd::v1::RegisterAgentRequest req = Registration(node, std::move(ranks), world);
+    req.set_address("host-" + node);
+    ranks_[node] = req;
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, req);
+    EXPECT_THAT(resp.status(), IsOk());
+    sessions_[node] = resp.ok() ? resp->session() : 0;
+    return sessions_[node];
   }
 
-  ckptd::v1::Heartbeat Beat(const std::string& node, uint64_t step) {
-    ckptd::v1::Heartbeat hb;
-    hb.set_node_id(node);
-    hb.set_session(sessions_[node]);
-    for (const auto& r : registrations_[node].ranks()) {
-      *hb.add_ranks() = r;
-      ckptd::v1::RankProgress* p = hb.add_progress();
-      p->set_job(r.job());
-      p->set_rank(r.rank());
-      p->set_step(step);
-      p->set_step_seconds(0.5);
-    }
-    return hb;
+  // The heartbeat of `node` with each of its ranks at `step`.
+  ckptd::v1::Heartbeat BeatAt(const std::string& node, uint64_t step) {
+    std::vector<std::pair<uint32_t, uint64_t>> progress;
+    for (const auto& r : ranks_[node].ranks()) progress.emplace_back(r.rank(), step);
+    return HeartbeatOf(node, progress, 0.5);
   }
 
-  // Writes a real shard of (step, rank) into the store and reports it from
-  // `node` over gRPC.
-  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
-                                                       uint32_t world = 2, uint64_t incarnation = 0) {
-    if (absl::Status s = store_.PrepareStep(kJob, step); !s.ok()) return s;
-    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 512, 16);
-    std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
-    absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, world, src);
-    if (!w.ok()) return w.status();
-    ckptd::v1::ReportShardRequest req;
-    req.set_node_id(node);
-    req.set_session(sessions_[node]);
-    ckptd::v1::ShardReport* r = req.mutable_report();
-    r->set_job(kJob);
-    r->set_step(step);
-    r->set_world_size(world);
-    r->set_incarnation(incarnation);
-    r->set_stall_seconds(0.02);
-    r->mutable_shard()->set_rank(rank);
-    r->mutable_shard()->set_file_length(w->file_length);
-    r->mutable_shard()->set_index_xxh3(w->index_xxh3);
-    r->mutable_shard()->set_raw_bytes(w->raw_bytes);
-    r->mutable_shard()->set_stored_bytes(w->stored_bytes);
-    r->mutable_shard()->set_persist_seconds(0.3);
-    return Call(&ckptd::v1::Coordinator::Stub::ReportShard, req);
+  // Writes a real shard of (step, rank) into the store and reports it from `node`.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank) {
+    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, 2);
+    if (!r.ok()) return r.status();
+    return Call(&ckptd::v1::Coordinator::Stub::ReportShard, ShardRequest(node, *r));
   }
 
   absl::StatusOr<Plan> RestorePlan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt) {
-    ckptd::v1::RestorePlanRequest req;
-    req.set_job(kJob);
-    req.set_rank(rank);
-    req.set_world_size(2);
-    if (attempt) {
-      req.set_has_attempt(true);
-      req.set_attempt_step(*attempt);
-      req.set_attempt_ok(true);
-    }
-    return Call(&ckptd::v1::Coordinator::Stub::GetRestorePlan, req);
+    return Call(&ckptd::v1::Coordinator::Stub::GetRestorePlan, PlanRequest(rank, attempt, true, 2));
   }
 
   // A unary call with a deadline and optional authorization metadata.
@@ -167,14 +126,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     return s.ok() ? *s : ckptd::v1::GetClusterStatusResponse();
   }
 
-  ckptd::v1::JobStatus Job() {
-    const ckptd::v1::GetClusterStatusResponse status = Status();
-    for (const auto& j : status.jobs()) {
-      if (j.job() == kJob) return j;
-    }
-    ADD_FAILURE() << "no job " << kJob;
-    return {};
-  }
+  ckptd::v1::JobStatus Job() { return JobIn(Status()); }
 
   // Commits `step` of the 2-rank job, reported by node-a (rank 0) and node-b (rank 1).
   void CommitStep(uint64_t step) {
@@ -184,32 +136,18 @@ class CoordinatorServiceTest : public ::testing::Test {
     EXPECT_TRUE(r1.committed());
   }
 
-  CoordinatorOptions options_ = [] {
-    CoordinatorOptions o;
-    o.every_steps = 50;
-    o.heartbeat_interval = absl::Milliseconds(200);
-    return o;
-  }();
-  storage::MemFileSystem fs_;
-  storage::CheckpointStore store_{&fs_, "/ckpt"};
-  std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  base::RealClock clock_;
-  std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<CoordinatorService> service_;
   CoordinatorServer server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
-  std::map<std::string, ckptd::v1::RegisterAgentRequest> registrations_;
-  std::map<std::string, uint64_t> sessions_;
 };
 
 TEST_F(CoordinatorServiceTest, RegisterHeartbeatAndCommitOverGrpc) {
   Register("node-a", {0});
   Register("node-b", {1});
   grpc::ClientContext ctx;
-  Deadline(&ctx);
-  std::unique_ptr<Stream> stream = stub_->Heartbeats(&ctx);
-  ASSERT_TRUE(stream->Write(Beat("node-a", 7)));
+  std::unique_ptr<Stream> stream = OpenHeartbeats(&ctx);
+  ASSERT_TRUE(stream->Write(BeatAt("node-a", 7)));
   ckptd::v1::HeartbeatAck ack;
   ASSERT_TRUE(stream->Read(&ack));
   EXPECT_TRUE(ack.known());
@@ -219,7 +157,7 @@ TEST_F(CoordinatorServiceTest, RegisterHeartbeatAndCommitOverGrpc) {
   EXPECT_EQ(ack.schedules(0).state(), ckptd::v1::JOB_RUNNING);
   // Every heartbeat gets its answer on the same stream.
   for (uint64_t step = 8; step < 12; ++step) {
-    ASSERT_TRUE(stream->Write(Beat("node-a", step)));
+    ASSERT_TRUE(stream->Write(BeatAt("node-a", step)));
     ASSERT_TRUE(stream->Read(&ack));
     EXPECT_TRUE(ack.known());
   }
@@ -355,12 +293,7 @@ TEST_F(CoordinatorServiceTest, DrillsNeedTheOperatorToken) {
 
 TEST_F(CoordinatorServiceTest, ACoordinatorWithoutTokenRefusesOperatorChanges) {
   Stop();
-  core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);
-  service_ = std::make_unique<CoordinatorService>(core_.get(), CoordinatorServiceOptions());
-  CKPTD_ASSERT_OK_AND_ASSIGN(
-      server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), grpc::InsecureServerCredentials()));
-  stub_ = ckptd::v1::Coordinator::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_.port), grpc::InsecureChannelCredentials()));
+  Start(/*token=*/"");
   ckptd::v1::RequestCheckpointRequest req;
   req.set_job(kJob);
   EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::RequestCheckpoint, req, "Bearer anything"),
@@ -368,10 +301,10 @@ TEST_F(CoordinatorServiceTest, ACoordinatorWithoutTokenRefusesOperatorChanges) {
 }
 
 TEST_F(CoordinatorServiceTest, MalformedRequestsGetInvalidArgumentAndChangeNothing) {
-  ckptd::v1::RegisterAgentRequest bad = Registration("../etc", {0});
+  ckptd::v1::RegisterAgentRequest bad = Registration("../etc", {0}, 2);
   EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node id")));
-  bad = Registration("node-a", {5});
+  bad = Registration("node-a", {5}, 2);
   EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 5")));
   EXPECT_EQ(Status().agents_size(), 0);
@@ -407,9 +340,8 @@ TEST_F(CoordinatorServiceTest, MalformedRequestsGetInvalidArgumentAndChangeNothi
 TEST_F(CoordinatorServiceTest, HeartbeatOfAnUnknownSessionIsAnsweredNotKnown) {
   Register("node-a", {0});
   grpc::ClientContext ctx;
-  Deadline(&ctx);
-  std::unique_ptr<Stream> stream = stub_->Heartbeats(&ctx);
-  ckptd::v1::Heartbeat stale = Beat("node-a", 3);
+  std::unique_ptr<Stream> stream = OpenHeartbeats(&ctx);
+  ckptd::v1::Heartbeat stale = BeatAt("node-a", 3);
   stale.set_session(sessions_["node-a"] + 1);
   ASSERT_TRUE(stream->Write(stale));
   ckptd::v1::HeartbeatAck ack;
@@ -418,7 +350,7 @@ TEST_F(CoordinatorServiceTest, HeartbeatOfAnUnknownSessionIsAnsweredNotKnown) {
   EXPECT_EQ(ack.schedules_size(), 0);
   // The stream goes on: the agent registers again and keeps beating on it.
   Register("node-a", {0});
-  ASSERT_TRUE(stream->Write(Beat("node-a", 4)));
+  ASSERT_TRUE(stream->Write(BeatAt("node-a", 4)));
   ASSERT_TRUE(stream->Read(&ack));
   EXPECT_TRUE(ack.known());
   stream->WritesDone();
@@ -428,9 +360,8 @@ TEST_F(CoordinatorServiceTest, HeartbeatOfAnUnknownSessionIsAnsweredNotKnown) {
 TEST_F(CoordinatorServiceTest, InvalidHeartbeatEndsTheStreamWithTheCoreError) {
   Register("node-a", {0});
   grpc::ClientContext ctx;
-  Deadline(&ctx);
-  std::unique_ptr<Stream> stream = stub_->Heartbeats(&ctx);
-  ckptd::v1::Heartbeat bad = Beat("node-a", 3);
+  std::unique_ptr<Stream> stream = OpenHeartbeats(&ctx);
+  ckptd::v1::Heartbeat bad = BeatAt("node-a", 3);
   bad.set_node_id("node a!");
   ASSERT_TRUE(stream->Write(bad));
   ckptd::v1::HeartbeatAck ack;
@@ -442,12 +373,12 @@ TEST_F(CoordinatorServiceTest, ClientGoneWhileTheServerWritesDoesNotCrash) {
   Register("node-a", {0});
   for (int round = 0; round < 20; ++round) {
     grpc::ClientContext ctx;
-    Deadline(&ctx);
-    std::unique_ptr<Stream> stream = stub_->Heartbeats(&ctx);
+    std::unique_ptr<Stream> stream = OpenHeartbeats(&ctx);
     // Heartbeats are sent, their answers never read, then the call is dropped.
     for (int i = 0; i < 50; ++i) {
-      if (!stream->Write(Beat("node-a", static_cast<uint64_t>(i)))) break;
+      if (!stream->Write(BeatAt("node-a", static_cast<uint64_t>(i)))) break;
     }
+    // A real wait on even rounds only: the cancel comes both before and while the server writes answers.
     if (round % 2 == 0) absl::SleepFor(absl::Milliseconds(5));
     ctx.TryCancel();
     EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
@@ -455,7 +386,7 @@ TEST_F(CoordinatorServiceTest, ClientGoneWhileTheServerWritesDoesNotCrash) {
   // A stream left open is cut by the shutdown in TearDown; the server still serves.
   grpc::ClientContext open_ctx;
   std::unique_ptr<Stream> open = stub_->Heartbeats(&open_ctx);
-  ASSERT_TRUE(open->Write(Beat("node-a", 60)));
+  ASSERT_TRUE(open->Write(BeatAt("node-a", 60)));
   ckptd::v1::HeartbeatAck ack;
   ASSERT_TRUE(open->Read(&ack));
   EXPECT_TRUE(ack.known());
@@ -473,13 +404,9 @@ TEST_F(CoordinatorServiceTest, TickerDeclaresASilentNodeLost) {
   options_.node_lost_after = absl::Milliseconds(200);
   Start();
   Register("node-a", {0});
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  bool lost = false;
-  while (!lost && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(50));
-    lost = !Status().agents(0).alive();
-  }
-  EXPECT_TRUE(lost);
+  // Silent past node_lost_after on the core's clock: the ticker, on real time, notices.
+  clock_.Advance(absl::Milliseconds(201));
+  EXPECT_TRUE(Eventually([&] { return !Status().agents(0).alive(); }, absl::Seconds(20)));
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ListEventsResponse events,
                              Call(&ckptd::v1::Coordinator::Stub::ListEvents, ckptd::v1::ListEventsRequest()));
   ASSERT_GE(events.events_size(), 1);

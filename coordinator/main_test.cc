@@ -22,7 +22,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "gmock/gmock.h"
@@ -115,35 +116,35 @@ class Coordinator {
   // Waits for "listening on 127.0.0.1:<port>"; 0 when the process ended or
   // it took too long.
   int WaitForPort() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      const std::string log = Log();
-      if (std::optional<int> port = NumberAfter(log, "ckptd-coordinator: listening on 127.0.0.1:");
-          port && log.find('\n', log.find("listening on")) != std::string::npos) {
-        metrics_port_ = NumberAfter(log, "metrics on http://127.0.0.1:").value_or(0);
-        return *port;
-      }
-      if (Exited(absl::ZeroDuration())) return 0;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return 0;
+    int port = 0;
+    (void)::ckptd::testing::Eventually(
+        [&] {
+          const std::string log = Log();
+          if (std::optional<int> p = NumberAfter(log, "ckptd-coordinator: listening on 127.0.0.1:");
+              p && log.find('\n', log.find("listening on")) != std::string::npos) {
+            metrics_port_ = NumberAfter(log, "metrics on http://127.0.0.1:").value_or(0);
+            port = *p;
+            return true;
+          }
+          return Exited(absl::ZeroDuration());
+        },
+        absl::Seconds(60), absl::Milliseconds(20));
+    return port;
   }
   int metrics_port() const { return metrics_port_; }
 
   // Whether the process ended within `wait`; its exit code then in exit_code().
   bool Exited(absl::Duration wait) {
     if (pid_ <= 0) return true;
-    const absl::Time deadline = absl::Now() + wait;
-    do {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return true;
-      }
-      absl::SleepFor(absl::Milliseconds(10));
-    } while (absl::Now() < deadline);
-    return false;
+    return ::ckptd::testing::Eventually(
+        [this] {
+          int status = 0;
+          if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+          pid_ = -1;
+          exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return true;
+        },
+        wait, absl::Milliseconds(10));
   }
   int exit_code() const { return exit_code_; }
 
@@ -391,6 +392,115 @@ TEST_F(CoordinatorBinaryTest, PortInUseExitsUnavailable) {
   EXPECT_EQ(code, 3);
   EXPECT_THAT(out, HasSubstr("cannot listen"));
   EXPECT_EQ(first.Stop(), 0);
+}
+
+// Issue 16, finding 7: a second coordinator on a state directory in use is
+// refused before it touches anything there, and the first one goes on.
+TEST_F(CoordinatorBinaryTest, ASecondCoordinatorOnTheSameStateDirIsRefusedAndLeavesTheTokenAlone) {
+  Coordinator a(Flags(), dir_ + "/a.log");
+  const int port = a.WaitForPort();
+  ASSERT_GT(port, 0) << a.Log();
+  const std::string token_path = state_ + "/operator-token";
+  const std::string token_file = ReadAll(token_path);
+  ASSERT_EQ(token_file.size(), 65u) << token_file;
+  struct stat before;
+  ASSERT_EQ(::stat(token_path.c_str(), &before), 0);
+
+  // B: the same state directory, ports of its own.
+  auto [code, out] = RunToEnd(Flags());
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("ckptd-coordinator: state directory: the state directory ", state_,
+                                          " is in use by another ckptd-coordinator (pid ", a.pid(), ")")));
+  EXPECT_THAT(out, HasSubstr(state_ + "/coordinator.lock"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("listening on")));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("operator token written")));
+  // A's token file is byte for byte (and inode for inode) what it was.
+  EXPECT_EQ(ReadAll(token_path), token_file);
+  struct stat after;
+  ASSERT_EQ(::stat(token_path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+  EXPECT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
+  EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  struct stat lock;
+  ASSERT_EQ(::stat((state_ + "/coordinator.lock").c_str(), &lock), 0);
+  EXPECT_EQ(lock.st_mode & 0777, 0600u);
+
+  // A still serves, and its token still authorizes operator RPCs.
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
+  {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ckptd::v1::GetClusterStatusResponse status;
+    EXPECT_THAT(FromGrpcStatus(stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &status)), IsOk());
+  }
+  for (const std::string& auth : {std::string("Bearer wrong"), absl::StrCat("Bearer ", token_file.substr(0, 64))}) {
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ctx.AddMetadata("authorization", auth);
+    ckptd::v1::RequestCheckpointRequest req;
+    req.set_job(kJob);
+    ckptd::v1::RequestCheckpointResponse resp;
+    const absl::Status s = FromGrpcStatus(stub->RequestCheckpoint(&ctx, req, &resp));
+    if (auth == "Bearer wrong") {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("wrong")));
+    } else {
+      EXPECT_NE(s.code(), absl::StatusCode::kPermissionDenied) << s;
+      EXPECT_NE(s.code(), absl::StatusCode::kUnauthenticated) << s;
+      EXPECT_NE(s.code(), absl::StatusCode::kUnavailable) << s;
+    }
+  }
+  EXPECT_EQ(a.Stop(), 0) << a.Log();
+
+  // Once A is gone the directory is free (and the lock names the new holder).
+  Coordinator c(Flags(), dir_ + "/c.log");
+  ASSERT_GT(c.WaitForPort(), 0) << c.Log();
+  EXPECT_EQ(ReadAll(state_ + "/coordinator.lock"), absl::StrCat(c.pid(), "\n"));
+  EXPECT_EQ(c.Stop(), 0) << c.Log();
+}
+
+// Issue 16, finding 7: a coordinator that cannot bind its gRPC or its metrics
+// port leaves the token file of the state directory as it was.
+TEST_F(CoordinatorBinaryTest, ACoordinatorThatCannotBindLeavesTheTokenFileAsItWas) {
+  {
+    Coordinator first(Flags(), dir_ + "/first.log");
+    ASSERT_GT(first.WaitForPort(), 0) << first.Log();
+    ASSERT_EQ(first.Stop(), 0) << first.Log();
+  }
+  const std::string token_path = state_ + "/operator-token";
+  const std::string token_file = ReadAll(token_path);
+  ASSERT_EQ(token_file.size(), 65u) << token_file;
+
+  // Another coordinator, on directories of its own, holds both ports.
+  Coordinator other({"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--storage-root",
+                     dir_ + "/other-root", "--state-dir", dir_ + "/other-state"},
+                    dir_ + "/other.log");
+  const int grpc_port = other.WaitForPort();
+  ASSERT_GT(grpc_port, 0) << other.Log();
+  ASSERT_GT(other.metrics_port(), 0) << other.Log();
+  const std::string grpc_taken = absl::StrCat("127.0.0.1:", grpc_port);
+  const std::string metrics_taken = absl::StrCat("127.0.0.1:", other.metrics_port());
+
+  struct Case {
+    std::vector<std::string> flags;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--listen", grpc_taken, "--storage-root", root_, "--state-dir", state_},
+            absl::StrCat("--listen ", grpc_taken)},
+           {{"--listen", grpc_taken, "--metrics-listen", "127.0.0.1:0", "--storage-root", root_, "--state-dir",
+             state_},
+            absl::StrCat("--listen ", grpc_taken)},
+           {{"--listen", "127.0.0.1:0", "--metrics-listen", metrics_taken, "--storage-root", root_, "--state-dir",
+             state_},
+            absl::StrCat("--metrics-listen ", metrics_taken)},
+       }) {
+    auto [code, out] = RunToEnd(c.flags);
+    EXPECT_EQ(code, 3) << out;
+    EXPECT_THAT(out, HasSubstr(c.says));
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("operator token written")));
+    EXPECT_EQ(ReadAll(token_path), token_file) << c.says;
+  }
+  EXPECT_EQ(other.Stop(), 0) << other.Log();
 }
 
 }  // namespace

@@ -492,7 +492,9 @@ absl::StatusOr<std::unique_ptr<StateStore>> OpenSqliteStateStore(const std::stri
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem({.use_io_uring = false});
   absl::StatusOr<storage::FileInfo> info = fs->Stat(state_dir);
   if (!info.ok() && !absl::IsNotFound(info.status())) return info.status();
-  if (info.ok() && !info->is_directory) {
+  // Stat does not follow links; one here is the operator's (the state on
+  // another disk), and SQLite opens through it.
+  if (info.ok() && !info->is_directory && info->type != storage::FileType::kSymlink) {
     return absl::FailedPreconditionError(
         absl::StrCat("coordinator state directory ", state_dir, " exists and is not a directory"));
   }

@@ -2,6 +2,7 @@
 // MemFileSystem, the in-memory state store and a FakeClock, the calls its
 // agents and ranks make, and their fixture. A helper whose call goes wrong
 // reports it through Fail(), which the fixture turns into a test failure.
+// coordinator_service_test sends the same requests over gRPC.
 #pragma once
 
 #include <cstdint>
@@ -25,12 +26,15 @@
 
 namespace ckptd::coordinator {
 
-class CoreHarness {
+// The core and its storage, and the requests its agents and ranks send it,
+// built but not sent: for tests that send them their own way
+// (coordinator_service_test over gRPC).
+class CoreRequests {
  public:
   static constexpr char kJob[] = "llm-7b";
   static constexpr char kRoot[] = "/ckpt";
 
-  virtual ~CoreHarness() = default;
+  virtual ~CoreRequests() = default;
 
  protected:
   using PlanResponse = ckptd::v1::RestorePlanResponse;
@@ -44,13 +48,13 @@ class CoreHarness {
 
   // A new core over the same storage and state store, recovered.
   void Reset() {
-    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_);
+    core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, options_, observer_);
     Check(core_->Recover(), "Recover");
   }
 
-  // Registers node `node` hosting `ranks` of kJob (world `world`).
-  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
-                    bool drills_allowed = false) {
+  // Node `node` hosting `ranks` of kJob (world `world`).
+  static ckptd::v1::RegisterAgentRequest Registration(const std::string& node, std::vector<uint32_t> ranks,
+                                                      uint32_t world = 4, bool drills_allowed = false) {
     ckptd::v1::RegisterAgentRequest req;
     req.set_node_id(node);
     req.set_drills_allowed(drills_allowed);
@@ -61,16 +65,13 @@ class CoreHarness {
       info->set_world_size(world);
       info->set_pid(1000 + static_cast<int>(r));
     }
-    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
-    Check(resp.status(), absl::StrCat("registering ", node));
-    sessions_[node] = resp.ok() ? resp->session() : 0;
-    ranks_[node] = req;
-    return sessions_[node];
+    return req;
   }
 
-  absl::StatusOr<ckptd::v1::HeartbeatAck> Beat(const std::string& node,
-                                               std::vector<std::pair<uint32_t, uint64_t>> progress = {},
-                                               double step_seconds = 0.1) {
+  // The heartbeat of registered `node`: its ranks, and `progress` as (rank, step).
+  ckptd::v1::Heartbeat HeartbeatOf(const std::string& node,
+                                   const std::vector<std::pair<uint32_t, uint64_t>>& progress = {},
+                                   double step_seconds = 0.1) {
     ckptd::v1::Heartbeat hb;
     hb.set_node_id(node);
     hb.set_session(sessions_[node]);
@@ -82,7 +83,23 @@ class CoreHarness {
       p->set_step(step);
       p->set_step_seconds(step_seconds);
     }
-    return core_->OnHeartbeat(hb);
+    return hb;
+  }
+
+  // The report of a shard of (step, rank) that is `length` bytes with index digest `digest`.
+  static ckptd::v1::ShardReport ReportOf(uint64_t step, uint32_t rank, uint64_t length, uint64_t digest,
+                                         uint32_t world = 4, uint64_t incarnation = 0) {
+    ckptd::v1::ShardReport r;
+    r.set_job(kJob);
+    r.set_step(step);
+    r.set_world_size(world);
+    r.set_incarnation(incarnation);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_file_length(length);
+    r.mutable_shard()->set_index_xxh3(digest);
+    r.mutable_shard()->set_persist_seconds(0.25);
+    r.set_stall_seconds(0.01);
+    return r;
   }
 
   // Writes a real shard of (step, rank): the report its agent would send.
@@ -94,55 +111,24 @@ class CoreHarness {
     std::vector<storage::TensorSource> src = ckptd::testing::RankSources(data, "w", "rng");
     absl::StatusOr<storage::ShardWriteResult> w = store_.WriteShard(kJob, step, rank, world, src);
     if (!w.ok()) return w.status();
-    ckptd::v1::ShardReport r;
-    r.set_job(kJob);
-    r.set_step(step);
-    r.set_world_size(world);
-    r.set_incarnation(incarnation);
-    r.mutable_shard()->set_rank(rank);
-    r.mutable_shard()->set_file_length(w->file_length);
-    r.mutable_shard()->set_index_xxh3(w->index_xxh3);
-    r.mutable_shard()->set_persist_seconds(0.25);
+    ckptd::v1::ShardReport r = ReportOf(step, rank, w->file_length, w->index_xxh3, world, incarnation);
     r.mutable_shard()->set_raw_bytes(w->raw_bytes);
     r.mutable_shard()->set_stored_bytes(w->stored_bytes);
-    r.set_stall_seconds(0.01);
     return r;
   }
 
-  // Writes a real shard of (step, rank) and reports it from `node`.
-  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
-                                                       uint32_t world = 4, uint64_t incarnation = 0) {
-    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, world, incarnation);
-    if (!r.ok()) return r.status();
+  // `report` sent by registered `node`.
+  ckptd::v1::ReportShardRequest ShardRequest(const std::string& node, const ckptd::v1::ShardReport& report) {
     ckptd::v1::ReportShardRequest req;
     req.set_node_id(node);
     req.set_session(sessions_[node]);
-    *req.mutable_report() = *r;
-    return core_->ReportShard(req);
+    *req.mutable_report() = report;
+    return req;
   }
 
-  // Reports a shard of (step, rank) from `node` without writing it.
-  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportOnly(const std::string& node, uint64_t step, uint32_t rank,
-                                                            uint64_t length, uint64_t digest, uint32_t world = 4,
-                                                            uint64_t incarnation = 0) {
-    ckptd::v1::ReportShardRequest req;
-    req.set_node_id(node);
-    req.set_session(sessions_[node]);
-    ckptd::v1::ShardReport* r = req.mutable_report();
-    r->set_job(kJob);
-    r->set_step(step);
-    r->set_world_size(world);
-    r->set_incarnation(incarnation);
-    r->mutable_shard()->set_rank(rank);
-    r->mutable_shard()->set_file_length(length);
-    r->mutable_shard()->set_index_xxh3(digest);
-    r->mutable_shard()->set_persist_seconds(0.25);
-    r->set_stall_seconds(0.01);
-    return core_->ReportShard(req);
-  }
-
-  absl::StatusOr<PlanResponse> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
-                                    uint32_t world = 4) {
+  // Rank `rank` asks for a plan, having loaded `attempt` (intact when `ok`).
+  static ckptd::v1::RestorePlanRequest PlanRequest(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt,
+                                                   bool ok = true, uint32_t world = 4) {
     ckptd::v1::RestorePlanRequest req;
     req.set_job(kJob);
     req.set_rank(rank);
@@ -153,7 +139,92 @@ class CoreHarness {
       req.set_attempt_ok(ok);
       if (!ok) req.set_problem("chunk 3 checksum mismatch");
     }
-    return core_->GetRestorePlan(req);
+    return req;
+  }
+
+  // Registered `node` reports a failure of `rank` of kJob.
+  ckptd::v1::ReportFailureRequest FailureRequest(const std::string& node, uint32_t rank, ckptd::v1::FailureKind kind,
+                                                 uint64_t step = 0, const std::string& detail = "") {
+    ckptd::v1::ReportFailureRequest req;
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    req.set_job(kJob);
+    req.set_rank(rank);
+    req.set_kind(kind);
+    req.set_step(step);
+    req.set_detail(detail);
+    return req;
+  }
+
+  // kJob's entry in `status`.
+  ckptd::v1::JobStatus JobIn(const ckptd::v1::GetClusterStatusResponse& status) {
+    for (const auto& j : status.jobs()) {
+      if (j.job() == kJob) return j;
+    }
+    Fail(absl::StrCat("no job ", kJob));
+    return {};
+  }
+
+  storage::MemFileSystem fs_;
+  storage::CheckpointStore store_{&fs_, kRoot};
+  std::unique_ptr<StateStore> state_ = NewMemStateStore();
+  base::FakeClock clock_;
+  CoordinatorOptions options_;
+  CoordinatorObserver* observer_ = nullptr;  // what Reset() gives the core
+  std::unique_ptr<CoordinatorCore> core_;
+  // Per registered node: its session and its registration.
+  std::map<std::string, uint64_t> sessions_;
+  std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
+};
+
+// The requests sent to the core directly, and what the core's tests do with them.
+class CoreHarness : public CoreRequests {
+ protected:
+  // Registers `req`'s node; returns its session.
+  uint64_t Register(const ckptd::v1::RegisterAgentRequest& req) {
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
+    Check(resp.status(), absl::StrCat("registering ", req.node_id()));
+    sessions_[req.node_id()] = resp.ok() ? resp->session() : 0;
+    ranks_[req.node_id()] = req;
+    return sessions_[req.node_id()];
+  }
+
+  // Registers node `node` hosting `ranks` of kJob (world `world`).
+  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
+                    bool drills_allowed = false) {
+    return Register(Registration(node, std::move(ranks), world, drills_allowed));
+  }
+
+  absl::StatusOr<ckptd::v1::HeartbeatAck> Beat(const std::string& node,
+                                               std::vector<std::pair<uint32_t, uint64_t>> progress = {},
+                                               double step_seconds = 0.1) {
+    return core_->OnHeartbeat(HeartbeatOf(node, progress, step_seconds));
+  }
+
+  // Writes a real shard of (step, rank) and reports it from `node`.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank,
+                                                       uint32_t world = 4, uint64_t incarnation = 0) {
+    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, world, incarnation);
+    if (!r.ok()) return r.status();
+    return core_->ReportShard(ShardRequest(node, *r));
+  }
+
+  // Reports a shard of (step, rank) from `node` without writing it.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportOnly(const std::string& node, uint64_t step, uint32_t rank,
+                                                            uint64_t length, uint64_t digest, uint32_t world = 4,
+                                                            uint64_t incarnation = 0) {
+    return core_->ReportShard(ShardRequest(node, ReportOf(step, rank, length, digest, world, incarnation)));
+  }
+
+  absl::StatusOr<PlanResponse> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
+                                    uint32_t world = 4) {
+    return core_->GetRestorePlan(PlanRequest(rank, attempt, ok, world));
+  }
+
+  // Registered `node` reports a failure of `rank` of kJob.
+  absl::Status ReportFailure(const std::string& node, uint32_t rank, ckptd::v1::FailureKind kind, uint64_t step = 0,
+                             const std::string& detail = "") {
+    return core_->ReportFailure(FailureRequest(node, rank, kind, step, detail));
   }
 
   // Every rank loads `step` intact; returns the incarnation of the round.
@@ -189,14 +260,7 @@ class CoreHarness {
 
   bool Exists(const std::string& path) { return fs_.Stat(path).ok(); }
 
-  ckptd::v1::JobStatus JobState() {
-    ckptd::v1::GetClusterStatusResponse s = core_->ClusterStatus();
-    for (const auto& j : s.jobs()) {
-      if (j.job() == kJob) return j;
-    }
-    Fail(absl::StrCat("no job ", kJob));
-    return {};
-  }
+  ckptd::v1::JobStatus JobState() { return JobIn(core_->ClusterStatus()); }
 
   std::vector<ckptd::v1::FailureKind> EventKinds() {
     ckptd::v1::ListEventsRequest req;
@@ -212,15 +276,6 @@ class CoreHarness {
     Register("node-a", {0, 1});
     Register("node-b", {2, 3});
   }
-
-  storage::MemFileSystem fs_;
-  storage::CheckpointStore store_{&fs_, kRoot};
-  std::unique_ptr<StateStore> state_ = NewMemStateStore();
-  base::FakeClock clock_;
-  CoordinatorOptions options_;
-  std::unique_ptr<CoordinatorCore> core_;
-  std::map<std::string, uint64_t> sessions_;
-  std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
 };
 
 // The fixture of the core's tests: a fresh core per test.

@@ -7,16 +7,22 @@
 // digest of all five components: a resumed run must print the same one.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/flags.h"
+#include "base/limits.h"
 #include "client/client.h"
 #include "storage/checksum.h"
 
@@ -26,6 +32,11 @@ const char kUsage[] =
     "usage: ckptd-demo-trainer --socket <path> --job <name> --steps <n> --state-mb <m>\n"
     "                          [--rank r --world-size w] [--every k] [--accum a] [--step-ms t]\n"
     "                          [--skip-restore COMPONENT] [--agent-wait-ms t]\n"
+    "\n"
+    "Ranges: --steps 1..2^62, --state-mb 1..65536 (MiB of state), --world-size\n"
+    "1..1048576 (default 1), --rank 0..world-size - 1 (default 0), --every 0..2^40,\n"
+    "--accum 1..1000000, --step-ms 0..3600000, --agent-wait-ms 0..86400000. A\n"
+    "value outside its range is a usage error (exit 2).\n"
     "\n"
     "Restores from the newest committed step when there is one, trains to step n\n"
     "(micro-batches; an optimizer step every a of them, default 4), snapshots\n"
@@ -45,6 +56,14 @@ const char kUsage[] =
 
 // The coordinator asked every rank to restart (EX_TEMPFAIL).
 constexpr int kExitRestart = 75;
+
+// The ranges of the numeric flags (kUsage states them).
+constexpr uint64_t kMaxSteps = uint64_t{1} << 62;  // the coordinator's largest step
+constexpr uint64_t kMaxStateMb = 65536;            // 64 GiB of training state
+constexpr uint64_t kMaxEvery = uint64_t{1} << 40;  // as the coordinator's --every
+constexpr int kMaxAccum = 1'000'000;
+constexpr uint64_t kMaxStepMs = 3'600'000;        // 1 h
+constexpr uint64_t kMaxAgentWaitMs = 86'400'000;  // 1 day
 
 constexpr uint64_t kDatasetSize = 997;
 
@@ -151,9 +170,10 @@ ckptd::client::BufferSpec Spec(std::string name, ckptd::v1::Component c, ckptd::
 int main(int argc, char** argv) {
   using ckptd::base::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
-  absl::StatusOr<Args> args = Args::Parse(
-      argv_list, {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "skip-restore", "agent-wait-ms"},
-      {"help"});
+  absl::StatusOr<Args> args = Args::Parse(argv_list,
+                                          {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum",
+                                           "step-ms", "skip-restore", "agent-wait-ms"},
+                                          {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
     return 0;
@@ -164,29 +184,50 @@ int main(int argc, char** argv) {
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (!args->Get("socket") || !args->Get("job")) return usage("--socket and --job are required");
-  uint64_t vals[8] = {0, 0, 0, 1, 10, 4, 0, 0};
-  const char* names[8] = {"steps", "state-mb", "rank", "world-size", "every", "accum", "step-ms", "agent-wait-ms"};
-  for (int i = 0; i < 8; ++i) {
-    absl::StatusOr<std::optional<uint64_t>> v = args->GetUint(names[i]);
-    if (!v.ok()) return usage(std::string(v.status().message()));
-    if (*v) vals[i] = **v;
+  if (!args->positional().empty()) return usage("unexpected argument \"" + args->positional()[0] + "\"");
+  // Every number is parsed wide and checked against what the trainer and the
+  // agent handle before it is narrowed (kUsage states the ranges).
+  uint64_t steps = 0, state_mb = 0, every = 10, step_ms = 0, agent_wait_ms = 0;
+  uint32_t rank = 0, world_size = 1;
+  int accum = 4;
+  for (const absl::Status& s :
+       {args->ReadUint("steps", 1, kMaxSteps, &steps), args->ReadUint("state-mb", 1, kMaxStateMb, &state_mb),
+        args->ReadUint("world-size", 1, ckptd::base::kMaxWorldSize, &world_size),
+        args->ReadUint("every", 0, kMaxEvery, &every), args->ReadUint("accum", 1, kMaxAccum, &accum),
+        args->ReadUint("step-ms", 0, kMaxStepMs, &step_ms),
+        args->ReadUint("agent-wait-ms", 0, kMaxAgentWaitMs, &agent_wait_ms)}) {
+    if (!s.ok()) return usage(std::string(s.message()));
   }
-  const uint64_t steps = vals[0], state_mb = vals[1];
-  const int accum = static_cast<int>(std::max<uint64_t>(vals[5], 1));
-  if (steps == 0 || state_mb == 0) return usage("--steps and --state-mb must be positive");
+  // The rank's range is the world's.
+  if (absl::Status s = args->ReadUint("rank", 0, world_size - 1, &rank); !s.ok()) {
+    return usage(absl::StrCat(s.message(), " (--world-size is ", world_size, ")"));
+  }
+  if (!args->Get("steps") || !args->Get("state-mb")) return usage("--steps and --state-mb are required");
   const std::string skip = args->Get("skip-restore").value_or("");
+  if (!skip.empty() && skip != "PARAMS" && skip != "GRADS" && skip != "OPTIMIZER" && skip != "RNG" &&
+      skip != "DATA_CURSOR") {
+    return usage("--skip-restore must be one of PARAMS, GRADS, OPTIMIZER, RNG, DATA_CURSOR, got \"" + skip + "\"");
+  }
 
-  // state-mb counts parameters + gradients + two Adam moments.
-  const size_t n = std::max<size_t>(1, state_mb * (1u << 20) / 16);
-  const uint32_t rank = static_cast<uint32_t>(vals[2]);
-  State state(n, rank);
+  // state-mb counts parameters + gradients + two Adam moments, 4 bytes each:
+  // at most kMaxStateMb MiB, so the product cannot overflow.
+  static_assert(kMaxStateMb <= (UINT64_MAX >> 20) / 16);
+  const size_t n = std::max<size_t>(1, state_mb * (uint64_t{1} << 20) / 16);
+  std::optional<State> allocated;
+  try {
+    allocated.emplace(n, rank);
+  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+    std::cerr << "ckptd-demo-trainer: cannot allocate " << state_mb << " MiB of training state (--state-mb)\n";
+    return 1;
+  }
+  State& state = *allocated;
   ckptd::client::ClientOptions options;
   options.socket = *args->Get("socket");
   options.job = *args->Get("job");
   options.rank = rank;
-  options.world_size = static_cast<uint32_t>(vals[3]);
-  options.every_steps = vals[4];
-  options.connect_wait = absl::Milliseconds(static_cast<int64_t>(vals[7]));
+  options.world_size = world_size;
+  options.every_steps = every;
+  options.connect_wait = absl::Milliseconds(static_cast<int64_t>(agent_wait_ms));
   options.slot_wait = absl::Seconds(30);
   std::vector<ckptd::client::BufferSpec> specs = {
       Spec("model.params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, n, state.params.data()),
@@ -210,16 +251,26 @@ int main(int argc, char** argv) {
     }
     if (*restored) {
       start = **restored;
-      const State fresh(n, rank);
-      if (skip == "PARAMS") state.params = fresh.params;
-      if (skip == "GRADS") state.grads = fresh.grads;
-      if (skip == "OPTIMIZER") {
-        state.m = fresh.m;
-        state.v = fresh.v;
-        state.adam = fresh.adam;
+      if (!skip.empty()) {
+        // A fresh state is one more allocation of the (checked) state size.
+        std::optional<State> fresh_state;
+        try {
+          fresh_state.emplace(n, rank);
+        } catch (const std::bad_alloc&) {
+          std::cerr << "ckptd-demo-trainer: cannot allocate " << state_mb << " MiB for --skip-restore\n";
+          return 1;
+        }
+        const State& fresh = *fresh_state;
+        if (skip == "PARAMS") state.params = fresh.params;
+        if (skip == "GRADS") state.grads = fresh.grads;
+        if (skip == "OPTIMIZER") {
+          state.m = fresh.m;
+          state.v = fresh.v;
+          state.adam = fresh.adam;
+        }
+        if (skip == "RNG") state.rng = fresh.rng;
+        if (skip == "DATA_CURSOR") state.cursor = fresh.cursor;
       }
-      if (skip == "RNG") state.rng = fresh.rng;
-      if (skip == "DATA_CURSOR") state.cursor = fresh.cursor;
       std::cerr << "ckptd-demo-trainer: restored step " << start << "\n";
     }
   }
@@ -236,11 +287,11 @@ int main(int argc, char** argv) {
       std::cerr << "ckptd-demo-trainer: the coordinator asks the job to restart (at step " << step << ")\n";
       return kExitRestart;
     }
-    if (vals[6] > 0) absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(vals[6])));
+    if (step_ms > 0) absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(step_ms)));
   }
   const double train_s = absl::ToDoubleSeconds(absl::Now() - train_start);
-  std::cerr << absl::StrFormat("ckptd-demo-trainer: %d steps in %.3f s (%.3f ms/step), %d snapshots\n",
-                               steps - start, train_s, 1e3 * train_s / std::max<uint64_t>(steps - start, 1),
+  std::cerr << absl::StrFormat("ckptd-demo-trainer: %d steps in %.3f s (%.3f ms/step), %d snapshots\n", steps - start,
+                               train_s, 1e3 * train_s / std::max<uint64_t>(steps - start, 1),
                                client.ok() ? (*client)->snapshots_taken() : 0);
   std::cout << "final_step=" << steps << " digest=" << state.Digest() << " train_s=" << absl::StrFormat("%.6f", train_s)
             << std::endl;

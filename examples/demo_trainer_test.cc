@@ -14,7 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/testing/eventually.h"
 #include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -59,8 +60,8 @@ class DemoTrainerTest : public ::testing::Test {
     socket_ = dir_ + "/agent.sock";
     agent_ = Spawn({CKPTD_AGENT_BIN, "--storage-root", dir_ + "/root", "--socket", socket_, "--threads", "1"},
                    dir_ + "/agent.out");
-    for (int i = 0; i < 500 && ::access(socket_.c_str(), F_OK) != 0; ++i) absl::SleepFor(absl::Milliseconds(10));
-    ASSERT_EQ(::access(socket_.c_str(), F_OK), 0) << "agent did not start";
+    ASSERT_TRUE(ckptd::testing::Eventually([this] { return ::access(socket_.c_str(), F_OK) == 0; }, absl::Seconds(5)))
+        << "agent did not start";
   }
   void TearDown() override {
     ::kill(agent_, SIGTERM);
@@ -91,7 +92,8 @@ class DemoTrainerTest : public ::testing::Test {
   std::string KillAndResume(const std::string& job, const std::string& skip = "") {
     const pid_t pid = Spawn(Trainer(job, 25), dir_ + "/" + job + ".killed.out");
     const std::string committed = absl::StrCat(dir_, "/root/", job, "/step-20/MANIFEST");
-    for (int i = 0; i < 1000 && ::access(committed.c_str(), F_OK) != 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+    // Killed after at most 10 s all the same: the resume then starts earlier.
+    (void)ckptd::testing::Eventually([&committed] { return ::access(committed.c_str(), F_OK) == 0; });
     ::kill(pid, SIGKILL);
     EXPECT_EQ(Wait(pid), 128 + SIGKILL) << "the trainer finished before it was killed";
     return Run(job, skip);
@@ -114,6 +116,80 @@ TEST_F(DemoTrainerTest, EveryComponentIsNeededForTheSameResult) {
     SCOPED_TRACE(component);
     EXPECT_NE(KillAndResume(absl::StrCat("skip-", component), component), reference);
   }
+}
+
+}  // namespace
+
+// Issue 16, finding 9: the trainer's numbers are checked at the command line,
+// never truncated (a rank of 2^32 was rank 0), wrapped, or left to abort.
+namespace {
+
+// Runs the trainer with `flags` (no agent: an unreachable socket); returns
+// its exit code and stderr.
+std::pair<int, std::string> RunTrainerWithFlags(const std::string& dir, std::vector<std::string> flags) {
+  std::vector<std::string> argv = {CKPTD_TRAINER_BIN, "--socket", dir + "/no-agent.sock", "--job", "flags"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  const std::string err_path = dir + "/flags.err";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) ::dup2(fd, 2);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, 1);
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const int code = Wait(pid);
+  std::ifstream in(err_path);
+  std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return {code, err};
+}
+
+TEST(DemoTrainerFlagsTest, NumbersOutsideTheirRangeAreUsageErrorsNamingTheFlag) {
+  ckptd::testing::TempDir tmp("ckptd-demo-flags-");
+  struct Case {
+    std::vector<std::string> flags;
+    std::string message;
+  };
+  const std::vector<std::string> small = {"--steps", "2", "--state-mb", "1"};
+  auto with = [&small](std::vector<std::string> more) {
+    more.insert(more.begin(), small.begin(), small.end());
+    return more;
+  };
+  for (const Case& c : std::vector<Case>{
+           {with({"--rank", "4294967296", "--world-size", "2"}),
+            "--rank must be an integer in 0..1, got \"4294967296\""},
+           {with({"--rank", "2", "--world-size", "2"}),
+            "--rank must be an integer in 0..1, got \"2\" (--world-size is 2)"},
+           {with({"--rank", "1"}), "--rank must be an integer in 0..0"},
+           {with({"--world-size", "4294967295"}), "--world-size must be an integer in 1..1048576, got \"4294967295\""},
+           {with({"--world-size", "4294967297"}), "--world-size must be an integer in 1..1048576"},
+           {with({"--world-size", "0"}), "--world-size must be an integer in 1..1048576, got \"0\""},
+           {{"--steps", "2", "--state-mb", "18446744073709551615"}, "--state-mb must be an integer in 1..65536"},
+           {{"--steps", "2", "--state-mb", "17592186044416"}, "--state-mb must be an integer in 1..65536"},  // 2^44
+           {{"--steps", "2", "--state-mb", "0"}, "--state-mb must be an integer in 1..65536, got \"0\""},
+           {{"--steps", "18446744073709551615", "--state-mb", "1"},
+            "--steps must be an integer in 1..4611686018427387904"},
+           {with({"--step-ms", "18446744073709551615"}), "--step-ms must be an integer in 0..3600000"},
+           {with({"--agent-wait-ms", "9223372036854775808"}), "--agent-wait-ms must be an integer in 0..86400000"},
+           {with({"--accum", "0"}), "--accum must be an integer in 1..1000000, got \"0\""},
+           {with({"--accum", "4294967297"}), "--accum must be an integer in 1..1000000"},
+           {with({"--every", "-1"}), "--every must be an integer in 0..1099511627776, got \"-1\""},
+           {with({"--skip-restore", "EVERYTHING"}), "--skip-restore must be one of"},
+       }) {
+    auto [code, err] = RunTrainerWithFlags(tmp.path(), c.flags);
+    EXPECT_EQ(code, 2) << c.message << "\n" << err;
+    EXPECT_THAT(err, ::testing::HasSubstr(c.message));
+    EXPECT_THAT(err, ::testing::HasSubstr("usage: ckptd-demo-trainer"));
+  }
+  // The ends of the ranges run (without an agent: training without checkpoints).
+  auto [code, err] = RunTrainerWithFlags(
+      tmp.path(), with({"--rank", "1048575", "--world-size", "1048576", "--every", "0", "--accum", "1", "--step-ms",
+                        "0", "--agent-wait-ms", "0"}));
+  EXPECT_EQ(code, 0) << err;
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -134,8 +135,36 @@ struct Connection {
   std::string out;
   size_t written = 0;
   size_t discarded = 0;
+  absl::Time accepted;
+  // Reading: when accepted (bytes of an incomplete head are no progress, so
+  // trickling them does not help). Writing: the last send that moved bytes.
+  // Lingering: when the response was out.
+  absl::Time last_progress;
   absl::Time deadline;
 };
+
+// Which connection to close when a new one needs the room (see
+// HttpServerOptions::max_connections): the lowest (class, last progress).
+size_t PickEviction(const std::vector<Connection>& conns) {
+  const auto eviction_class = [](Connection::State s) {
+    switch (s) {
+      case Connection::State::kLingering:
+        return 0;  // its response is out already
+      case Connection::State::kReading:
+        return 1;  // has not sent a complete request
+      case Connection::State::kWriting:
+        return 2;
+    }
+    return 2;
+  };
+  size_t best = 0;
+  for (size_t i = 1; i < conns.size(); ++i) {
+    const int ci = eviction_class(conns[i].state);
+    const int cb = eviction_class(conns[best].state);
+    if (ci < cb || (ci == cb && conns[i].last_progress < conns[best].last_progress)) best = i;
+  }
+  return best;
+}
 
 int PollTimeoutMs(absl::Time now, absl::Time next) {
   if (next == absl::InfiniteFuture()) return -1;
@@ -257,8 +286,10 @@ void HttpServer::Loop() {
         return;
       }
       c.written += static_cast<size_t>(n);
+      c.last_progress = now;
     }
     c.state = Connection::State::kLingering;
+    c.last_progress = now;
     c.deadline = std::min(c.deadline, now + kLingerTime);
     if (shutdown(c.fd, SHUT_WR) != 0) close_conn(c);
   };
@@ -293,15 +324,18 @@ void HttpServer::Loop() {
       c.in.clear();
       c.in.shrink_to_fit();
       c.state = Connection::State::kWriting;
+      c.last_progress = now;
+      c.deadline = c.accepted + options_.request_timeout;  // no longer bound by header_timeout
       write_some(c, now);
     }
   };
 
   while (!stopping_.load()) {
     absl::Time now = absl::Now();
-    const bool slot_free = static_cast<int>(conns.size()) < options_.max_connections;
-    const bool accepting = slot_free && now >= accept_paused_until;
-    absl::Time next_wake = slot_free && !accepting ? accept_paused_until : absl::InfiniteFuture();
+    // The listening socket is served even with the table full: a new
+    // connection then takes the place of the least useful open one.
+    const bool accepting = now >= accept_paused_until;
+    absl::Time next_wake = accepting ? absl::InfiniteFuture() : accept_paused_until;
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, static_cast<short>(accepting ? POLLIN : 0), 0});
@@ -334,7 +368,9 @@ void HttpServer::Loop() {
                 conns.end());
 
     if (fds[1].revents & POLLIN) {
-      while (static_cast<int>(conns.size()) < options_.max_connections) {
+      // At most a table's worth per round, so that a flood of new connections
+      // cannot keep the open ones from being served.
+      for (int accepted = 0; accepted < options_.max_connections; ++accepted) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
           if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -343,9 +379,16 @@ void HttpServer::Loop() {
           // EAGAIN: no more pending; ECONNABORTED and the like: that client is gone.
           break;
         }
+        if (static_cast<int>(conns.size()) >= options_.max_connections) {
+          const size_t victim = PickEviction(conns);
+          close(conns[victim].fd);
+          conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(victim));
+        }
         Connection c;
         c.fd = fd;
-        c.deadline = now + options_.request_timeout;
+        c.accepted = now;
+        c.last_progress = now;
+        c.deadline = now + std::min(options_.header_timeout, options_.request_timeout);
         conns.push_back(std::move(c));
         // Most requests have already arrived; serve them without another poll.
         read_some(conns.back(), now);

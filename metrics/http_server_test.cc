@@ -1,11 +1,16 @@
 #include "metrics/http_server.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <random>
 #include <string>
 #include <utility>
@@ -13,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,16 +37,24 @@ using ::testing::StartsWith;
 // A connected client socket, closed on destruction.
 class Client {
  public:
-  // Connects to `host`:`port`, trying each address of `host`.
-  static Client Connect(const char* host, int port) {
+  // Connects to `host`:`port`, trying each address of `host`. `timeout` bounds
+  // the connect and every send and receive, so that a server that does not
+  // answer fails the test instead of hanging it. `receive_buffer` > 0 sets
+  // SO_RCVBUF before connecting (a small window: a slow reader).
+  static Client Connect(const char* host, int port, absl::Duration timeout = absl::Seconds(30),
+                        int receive_buffer = 0) {
     addrinfo hints{};
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* addrs = nullptr;
     Client c;
     if (getaddrinfo(host, std::to_string(port).c_str(), &hints, &addrs) != 0) return c;
+    const timeval tv = absl::ToTimeval(timeout);
     for (const addrinfo* a = addrs; a != nullptr; a = a->ai_next) {
       const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() too
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      if (receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
       if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
         c.fd_ = fd;
         break;
@@ -48,9 +62,6 @@ class Client {
       close(fd);
     }
     freeaddrinfo(addrs);
-    // Bounds every read so a hanging server fails the test instead of hanging it.
-    timeval tv{30, 0};
-    if (c.fd_ >= 0) setsockopt(c.fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return c;
   }
   Client() = default;
@@ -68,7 +79,25 @@ class Client {
     }
     return true;
   }
-  // Everything until the server closes (or the 30 s receive timeout).
+  // Whether the server has closed the connection (EOF or reset) by `deadline`,
+  // without having sent anything.
+  bool ClosedBy(absl::Time deadline) {
+    while (true) {
+      pollfd p{fd_, POLLIN, 0};
+      const int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      if (poll(&p, 1, ms) <= 0) return false;
+      char ch;
+      const ssize_t n = recv(fd_, &ch, 1, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+      if (n > 0) return false;
+    }
+  }
+  // Whether the connection is still open and nothing has arrived on it.
+  bool OpenAndQuiet() {
+    char ch;
+    return recv(fd_, &ch, 1, MSG_DONTWAIT) < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  // Everything until the server closes (or the receive timeout).
   std::string ReadAll() {
     std::string out;
     char buf[4096];
@@ -84,11 +113,79 @@ class Client {
   int fd_ = -1;
 };
 
-std::string Exchange(int port, absl::string_view request, const char* host = "127.0.0.1") {
-  Client c = Client::Connect(host, port);
+std::string Exchange(int port, absl::string_view request, const char* host = "127.0.0.1",
+                     absl::Duration timeout = absl::Seconds(30)) {
+  Client c = Client::Connect(host, port, timeout);
   if (!c.connected()) return "<connect failed>";
   c.Send(request);
   return c.ReadAll();
+}
+
+// A crowd of client sockets, opened with non-blocking connects so that a server
+// that does not accept cannot hang the test; closed on destruction.
+class Crowd {
+ public:
+  Crowd() = default;
+  Crowd(const Crowd&) = delete;
+  Crowd& operator=(const Crowd&) = delete;
+  ~Crowd() {
+    for (int fd : fds_) close(fd);
+  }
+
+  // Starts `n` connects to 127.0.0.1:`port`, waits until each is established
+  // or `limit` has passed, then sends `first_bytes` on every established one.
+  // Returns how many were established.
+  int Open(int port, int n, absl::string_view first_bytes, absl::Duration limit) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::vector<pollfd> pending;
+    for (int i = 0; i < n; ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd < 0) break;
+      fds_.push_back(fd);
+      if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EINPROGRESS) {
+        pending.push_back({fd, POLLOUT, 0});
+      }
+    }
+    std::vector<int> established;
+    const absl::Time deadline = absl::Now() + limit;
+    while (!pending.empty()) {
+      const int ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      if (poll(pending.data(), pending.size(), ms) <= 0) break;
+      std::vector<pollfd> still;
+      for (const pollfd& p : pending) {
+        if (p.revents == 0) {
+          still.push_back({p.fd, POLLOUT, 0});
+          continue;
+        }
+        int error = 0;
+        socklen_t len = sizeof(error);
+        if (getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0) established.push_back(p.fd);
+      }
+      pending = std::move(still);
+    }
+    for (int fd : established) {
+      if (!first_bytes.empty()) (void)send(fd, first_bytes.data(), first_bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    return static_cast<int>(established.size());
+  }
+
+ private:
+  std::vector<int> fds_;
+};
+
+// Raises the soft limit on open files to at least `want` where the hard limit
+// allows; returns the soft limit then in force.
+rlim_t RaiseFileLimit(rlim_t want) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < want) {
+    limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? want : std::min(want, limit.rlim_max);
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  return limit.rlim_cur;
 }
 
 std::string Body(absl::string_view response) {
@@ -268,16 +365,33 @@ TEST_F(HttpServerTest, SilentClientIsClosedAtTheTimeout) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
-TEST_F(HttpServerTest, ConnectionsBeyondTheLimitWaitTheirTurn) {
+TEST_F(HttpServerTest, ConnectionsBeyondTheCapEvictTheOldestSilentOne) {
   HttpServerOptions options;
-  options.request_timeout = absl::Milliseconds(200);
-  options.max_connections = 1;
+  options.header_timeout = absl::Minutes(10);  // only eviction can make room
+  options.request_timeout = absl::Minutes(10);
+  options.max_connections = 4;
   std::unique_ptr<HttpServer> server = StartServer(options);
   ASSERT_NE(server, nullptr);
-  Client silent = Client::Connect("127.0.0.1", server->port());
-  ASSERT_TRUE(silent.connected());
-  // Served once the silent one has timed out.
-  EXPECT_THAT(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK\r\n"));
+  std::vector<Client> silent;
+  for (int i = 0; i < 4; ++i) {
+    silent.push_back(Client::Connect("127.0.0.1", server->port(), absl::Seconds(5)));
+    ASSERT_TRUE(silent.back().connected());
+  }
+  // The table is full of connections that never send; a new one is served at
+  // once, and the oldest silent one makes room (the server accepts in the
+  // listen backlog's order).
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n", "127.0.0.1", absl::Seconds(5)),
+              StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(silent[0].ClosedBy(absl::Now() + absl::Seconds(5)));
+  for (int i = 1; i < 4; ++i) EXPECT_TRUE(silent[i].OpenAndQuiet()) << i;
+  // Many more than the cap, one after another: each is served.
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_THAT(Exchange(server->port(), "GET /healthz HTTP/1.1\r\n\r\n", "127.0.0.1", absl::Seconds(5)),
+                StartsWith("HTTP/1.1 200 OK\r\n"))
+        << i;
+  }
 }
 
 TEST_F(HttpServerTest, StopDoesNotWaitForConnectedClients) {
@@ -291,7 +405,9 @@ TEST_F(HttpServerTest, StopDoesNotWaitForConnectedClients) {
   Client partial = Client::Connect("127.0.0.1", port);
   ASSERT_TRUE(partial.connected());
   partial.Send("GET /metr");
-  absl::SleepFor(absl::Milliseconds(50));  // let the server accept them
+  // The server has accepted both: it serves a later connection, and it
+  // accepts in the order the listen backlog keeps (first in, first out).
+  EXPECT_THAT(Exchange(port, "GET /healthz HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK\r\n"));
   const absl::Time start = absl::Now();
   server->Stop();
   server->Stop();  // idempotent
@@ -345,6 +461,81 @@ TEST(HttpServerStartTest, RefusesMalformedListenAddresses) {
     EXPECT_THAT(HttpServer::Start(bad, [](absl::string_view) { return HttpResponse{}; }),
                 StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_))
         << bad;
+  }
+}
+
+// The probe of issue 16 (item 8): hundreds of connections that send nothing
+// or half a request line must not keep Prometheus' scrape out.
+TEST_F(HttpServerTest, HundredsOfIdleAndHalfSentConnectionsDoNotStarveMetrics) {
+  constexpr int kEach = 300;
+  if (RaiseFileLimit(4096) < 2 * kEach + 200) GTEST_SKIP() << "the open-file limit is too low for this test";
+  std::unique_ptr<HttpServer> server = StartServer();  // the defaults the coordinator runs with
+  ASSERT_NE(server, nullptr);
+  Crowd idle;
+  Crowd half_sent;
+  const int idle_open = idle.Open(server->port(), kEach, "", absl::Seconds(3));
+  const int half_open = half_sent.Open(server->port(), kEach, "GET /metr", absl::Seconds(3));
+  // Far more than the server holds at once, whether or not it accepts them.
+  EXPECT_GE(idle_open + half_open, 2 * HttpServerOptions().max_connections);
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    ASSERT_THAT(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n", "127.0.0.1", absl::Seconds(5)),
+                StartsWith("HTTP/1.1 200 OK\r\n"))
+        << i << " (" << idle_open << " idle and " << half_open << " half-sent connections open)";
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << i;
+  }
+}
+
+TEST_F(HttpServerTest, HeadNotCompleteWithinHeaderTimeoutIsClosed) {
+  HttpServerOptions options;
+  options.header_timeout = absl::Milliseconds(300);
+  options.request_timeout = absl::Minutes(10);
+  std::unique_ptr<HttpServer> server = StartServer(options);
+  ASSERT_NE(server, nullptr);
+  // A slowloris client: one byte of the head every 50 ms does not extend it.
+  Client trickle = Client::Connect("127.0.0.1", server->port(), absl::Seconds(5));
+  ASSERT_TRUE(trickle.connected());
+  const std::string head = "GET /metrics HTTP/1.1\r\nX-Slow: " + std::string(1000, 'a');
+  const absl::Time start = absl::Now();
+  bool closed = false;
+  for (size_t i = 0; i < head.size() && !closed && absl::Now() - start < absl::Seconds(5); ++i) {
+    closed = !trickle.Send(head.substr(i, 1)) || trickle.ClosedBy(absl::Now() + absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // A head that arrives in time is answered.
+  EXPECT_THAT(Exchange(server->port(), "GET /metrics HTTP/1.1\r\n\r\n", "127.0.0.1", absl::Seconds(5)),
+              StartsWith("HTTP/1.1 200 OK\r\n"));
+}
+
+TEST(HttpServerSlowReaderTest, ClientsThatDoNotReadTheirResponseCannotStallOthers) {
+  // A response far larger than what the sockets buffer: the server keeps
+  // writing to each reader that does not read.
+  const std::string big(8 << 20, 'x');
+  HttpServerOptions options;
+  options.header_timeout = absl::Minutes(10);  // only eviction can make room
+  options.request_timeout = absl::Minutes(10);
+  options.max_connections = 4;
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      "127.0.0.1:0",
+      [&big](absl::string_view path) {
+        return path == "/big" ? HttpResponse{200, "text/plain", big} : HttpResponse{200, "text/plain", "small\n"};
+      },
+      options);
+  ASSERT_THAT(server, IsOk());
+  std::vector<Client> slow;
+  for (int i = 0; i < 6; ++i) {
+    slow.push_back(Client::Connect("127.0.0.1", (*server)->port(), absl::Seconds(5), /*receive_buffer=*/4096));
+    ASSERT_TRUE(slow.back().connected());
+    ASSERT_TRUE(slow.back().Send("GET /big HTTP/1.1\r\n\r\n"));
+  }  // and never read
+  for (int i = 0; i < 3; ++i) {
+    const absl::Time start = absl::Now();
+    const std::string response =
+        Exchange((*server)->port(), "GET /small HTTP/1.1\r\n\r\n", "127.0.0.1", absl::Seconds(5));
+    ASSERT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n")) << i;
+    EXPECT_EQ(Body(response), "small\n") << i;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << i;
   }
 }
 

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "base/aligned_buffer.h"
@@ -53,7 +54,85 @@ absl::Status ValidateName(const std::string& name) {
   return absl::OkStatus();
 }
 
+std::string Describe(absl::string_view what, absl::string_view path, const FileAccess& f) {
+  return absl::StrFormat("%s %s (owner uid %u, group %u, mode %04o)", what, path, f.uid, f.gid, f.mode & 07777);
+}
+
+std::string DescribeOpener(const SegmentOpener& opener) {
+  return absl::StrCat(
+      "this process: uid ", opener.uid, ", groups ", absl::StrJoin(opener.groups, ","),
+      opener.agent_uid ? absl::StrCat("; the agent's uid ", *opener.agent_uid) : "; the agent's uid not known");
+}
+
+FileAccess AccessOf(const struct stat& st) {
+  return {static_cast<uint32_t>(st.st_uid), static_cast<uint32_t>(st.st_gid), static_cast<uint32_t>(st.st_mode)};
+}
+
+absl::StatusOr<SegmentOpener> ThisProcess(std::optional<uint32_t> agent_uid) {
+  SegmentOpener opener;
+  opener.uid = static_cast<uint32_t>(::geteuid());
+  opener.agent_uid = agent_uid;
+  opener.groups.push_back(static_cast<uint32_t>(::getegid()));
+  const int n = ::getgroups(0, nullptr);
+  if (n < 0) return PosixError("getgroups", errno);
+  std::vector<gid_t> groups(static_cast<size_t>(n));
+  const int got = ::getgroups(n, groups.data());
+  if (got < 0) return PosixError("getgroups", errno);
+  for (int i = 0; i < got; ++i) {
+    if (groups[i] != ::getegid()) opener.groups.push_back(static_cast<uint32_t>(groups[i]));
+  }
+  return opener;
+}
+
 }  // namespace
+
+absl::Status CheckSegmentAccess(absl::string_view path, const FileAccess& segment, absl::string_view dir,
+                                const FileAccess& dir_access, const SegmentOpener& opener) {
+  auto trusted = [&](uint32_t uid) { return uid == opener.uid || (opener.agent_uid && uid == *opener.agent_uid); };
+  const std::string seg = Describe("staging segment", path, segment);
+  // What was opened must be the agent's (or this user's own): anybody may
+  // create files in /dev/shm, and one of another user's making, put there
+  // before the agent made its own or in its place, must not be used.
+  if (!trusted(segment.uid)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        seg,
+        " belongs to neither this process's user nor the agent's, so another user may have planted it: "
+        "expected the owner to be uid ",
+        opener.uid, opener.agent_uid ? absl::StrCat(" or ", *opener.agent_uid) : " (the agent's uid not known)", " (",
+        DescribeOpener(opener), ")"));
+  }
+  if ((segment.mode & 007) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(seg, " gives other users access: expected none (0600, or 0660 with the agent's --trainer-group) (",
+                     DescribeOpener(opener), ")"));
+  }
+  if (segment.uid == opener.uid) return absl::OkStatus();
+  // The agent's segment, for a trainer of another user. Where others may
+  // rename the directory's entries (no sticky bit), they could swap in
+  // another segment of the agent's under this name.
+  if (!(dir_access.uid == 0 || trusted(dir_access.uid)) ||
+      ((dir_access.mode & S_ISVTX) == 0 && (dir_access.mode & 022) != 0)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Describe("staging directory", dir, dir_access), " lets other users replace ", path,
+        ", a segment of the agent's user: expected the sticky bit (as 1777) or write access for its owner only, "
+        "and root, this process's user or the agent's as its owner (",
+        DescribeOpener(opener), ")"));
+  }
+  if (opener.uid == 0) return absl::OkStatus();
+  // Shared only through a group of both (the agent's --trainer-group).
+  if ((segment.mode & 060) != 060) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        seg, " belongs to the agent's user and is not shared with its group: run the trainer as uid ", segment.uid,
+        ", or start the agent with --trainer-group naming a group of this process (", DescribeOpener(opener), ")"));
+  }
+  if (std::find(opener.groups.begin(), opener.groups.end(), segment.gid) == opener.groups.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        seg, " is shared with group ", segment.gid,
+        ", which this process is not in: expected the trainer's user to be a member of the agent's --trainer-group (",
+        DescribeOpener(opener), ")"));
+  }
+  return absl::OkStatus();
+}
 
 absl::string_view SlotStateName(SlotState s) {
   switch (s) {
@@ -173,20 +252,33 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
   return std::unique_ptr<StagingSegment>(new StagingSegment(name, /*owner=*/true, bytes, total, clock));
 }
 
-absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::string& name, base::Clock* clock) {
+absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::string& name, base::Clock* clock,
+                                                                     std::optional<uint32_t> agent_uid) {
   CKPTD_RETURN_IF_ERROR(ValidateName(name));
+  const std::string path = absl::StrCat(kShmDir, name);
+  CKPTD_ASSIGN_OR_RETURN(const SegmentOpener opener, ThisProcess(agent_uid));
+  struct stat dir_st;
+  if (::stat(kShmDir, &dir_st) != 0) return PosixError(absl::StrCat("stat ", kShmDir), errno);
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
+  if (fd < 0) {
+    const int err = errno;
+    // Say what the segment is and what was expected, when that explains it.
+    struct stat st;
+    if (err == EACCES && ::stat(path.c_str(), &st) == 0) {
+      CKPTD_RETURN_IF_ERROR(CheckSegmentAccess(path, AccessOf(st), kShmDir, AccessOf(dir_st), opener));
+    }
+    return PosixError(absl::StrCat("shm_open ", name), err);
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
     return PosixError(absl::StrCat("fstat ", name), err);
   }
-  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+  // What was opened is checked, not what the name means a moment later.
+  if (absl::Status s = CheckSegmentAccess(path, AccessOf(st), kShmDir, AccessOf(dir_st), opener); !s.ok()) {
     ::close(fd);
-    return absl::PermissionDeniedError(absl::StrCat("staging segment ", name, " is not private to this user (uid ",
-                                                    st.st_uid, ", mode ", st.st_mode & 0777, ")"));
+    return s;
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBlock) {

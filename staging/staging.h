@@ -1,5 +1,6 @@
 // Staging memory shared between the agent (which owns it) and one trainer
-// rank: a POSIX shared-memory segment with owner-only permissions, allocated
+// rank: a POSIX shared-memory segment with owner-only permissions (or shared
+// with the trainers' group, see StagingSegment::Create), allocated
 // and pre-faulted once, cut into slots that are reused. Each slot holds one
 // snapshot of every registered buffer, each buffer at a 4096-aligned offset
 // so that the agent can persist straight from it (O_DIRECT, no copy).
@@ -67,6 +68,39 @@ const std::string& AgentSegmentPrefix();
 // of other live processes and this process's own are never touched.
 absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string& shm_dir = "/dev/shm");
 
+// Where shm_open keeps POSIX shared memory (glibc, Linux).
+inline constexpr char kShmDir[] = "/dev/shm";
+
+// The owner, group and mode of a file, as stat() reports them.
+struct FileAccess {
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint32_t mode = 0;  // permission bits, the sticky bit included
+};
+
+// The process that opens a segment.
+struct SegmentOpener {
+  uint32_t uid = 0;                   // effective uid
+  std::vector<uint32_t> groups;       // effective gid and supplementary groups
+  std::optional<uint32_t> agent_uid;  // the agent's user, when the opener knows it
+};
+
+// Whether `opener` may trust the staging segment at `path` (in directory
+// `dir`): PermissionDenied naming the segment's (or the directory's) owner,
+// group and mode, and what was expected, unless all of these hold:
+//  - the segment belongs to the opener's user or to the agent's
+//    (`opener.agent_uid`): no other user can have planted it;
+//  - others have no access to it (mode & 007 == 0);
+//  - when it belongs to the agent's user and not the opener's:
+//    - others cannot rename entries of the directory (it is sticky, or
+//      writable by its owner only, and owned by root, the opener's user or
+//      the agent's), so they cannot swap in another segment of the agent's;
+//    - it is read-write for its group and that group is the opener's or one
+//      of its supplementary groups (the agent's --trainer-group), or the
+//      opener is root.
+absl::Status CheckSegmentAccess(absl::string_view path, const FileAccess& segment, absl::string_view dir,
+                                const FileAccess& dir_access, const SegmentOpener& opener);
+
 class StagingSegment {
  public:
   // Agent side: creates segment `name` ("/ckptd-..." as for shm_open; must not
@@ -78,9 +112,15 @@ class StagingSegment {
                                                                 uint64_t slot_bytes,
                                                                 std::optional<uint32_t> group = std::nullopt,
                                                                 base::Clock* clock = nullptr);
-  // Trainer side: maps an existing segment (pre-faulted) after checking its
-  // header. kNotFound when absent, kDataLoss when it is not a staging segment.
-  static absl::StatusOr<std::unique_ptr<StagingSegment>> Open(const std::string& name, base::Clock* clock = nullptr);
+  // Trainer side: maps an existing segment (pre-faulted) after checking, with
+  // CheckSegmentAccess, that this process may trust it (kPermissionDenied
+  // naming its owner, group and mode otherwise, also when the system refuses
+  // to open it), and then its header. `agent_uid` is the agent's user (the
+  // owner of the agent's socket): a segment of another user than this
+  // process's is accepted only from it, shared with a group of this process.
+  // kNotFound when absent, kDataLoss when it is not a staging segment.
+  static absl::StatusOr<std::unique_ptr<StagingSegment>> Open(const std::string& name, base::Clock* clock = nullptr,
+                                                              std::optional<uint32_t> agent_uid = std::nullopt);
   ~StagingSegment();
   StagingSegment(const StagingSegment&) = delete;
   StagingSegment& operator=(const StagingSegment&) = delete;

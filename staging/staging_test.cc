@@ -1,6 +1,8 @@
 #include "staging/staging.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -8,11 +10,13 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/clock.h"
@@ -92,7 +96,8 @@ TEST(StagingSegmentTest, OpenRefusesWhatIsNotASegment) {
   ASSERT_EQ(::truncate(path.c_str(), 100), 0);
   EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("too short")));
   ASSERT_EQ(::chmod(path.c_str(), 0644), 0);
-  EXPECT_THAT(StagingSegment::Open(name), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not private")));
+  EXPECT_THAT(StagingSegment::Open(name),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("gives other users access")));
   ::unlink(path.c_str());
 }
 
@@ -277,6 +282,245 @@ TEST(ReclaimStaleSegmentsTest, FreesSegmentsOfDeadAgentsOnly) {
   }
   EXPECT_THAT(ReclaimStaleSegments("/no/such/dir").status(),
               StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("/no/such/dir")));
+}
+
+}  // namespace
+}  // namespace ckptd::staging
+
+namespace ckptd::staging {
+namespace {
+
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+constexpr FileAccess kShm{0, 0, 01777};
+
+TEST(CheckSegmentAccessTest, OwnSegmentWithoutAccessForOthers) {
+  const SegmentOpener me{1000, {1000, 50}, std::nullopt};
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1000, 1000, 0600}, "/dev/shm", kShm, me), IsOk());
+  // The agent's own user, with --trainer-group: its segment is 0660 for the group.
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1000, 77, 0660}, "/dev/shm", kShm, me), IsOk());
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1000, 1000, 0604}, "/dev/shm", kShm, me),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("staging segment /dev/shm/s (owner uid 1000, group 1000, mode 0604)"),
+                             HasSubstr("gives other users access"))));
+}
+
+TEST(CheckSegmentAccessTest, AgentsSegmentThroughAGroupOfTheOpener) {
+  const SegmentOpener trainer{1002, {1002, 500}, 1001};
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 500, 0660}, "/dev/shm", kShm, trainer), IsOk());
+  // Not shared with a group, or with a group the trainer is not in.
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 500, 0600}, "/dev/shm", kShm, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not shared with its group")));
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 500, 0640}, "/dev/shm", kShm, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not shared with its group")));
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 501, 0660}, "/dev/shm", kShm, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("(owner uid 1001, group 501, mode 0660)"),
+                             HasSubstr("shared with group 501, which this process is not in"),
+                             HasSubstr("this process: uid 1002, groups 1002,500; the agent's uid 1001"))));
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 500, 0666}, "/dev/shm", kShm, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("gives other users access")));
+  // A third user's, even in the group: it could have planted it.
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1003, 500, 0660}, "/dev/shm", kShm, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("belongs to neither this process's user nor the agent's"),
+                             HasSubstr("expected the owner to be uid 1002 or 1001"))));
+  // Without the agent's uid, only the opener's own segments.
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 500, 0660}, "/dev/shm", kShm, {1002, {1002, 500}, {}}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("(the agent's uid not known)")));
+  // Root may use the agent's segment without being in its group.
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1001, 1001, 0600}, "/dev/shm", kShm, {0, {0}, 1001}), IsOk());
+  EXPECT_THAT(CheckSegmentAccess("/dev/shm/s", {1003, 1003, 0600}, "/dev/shm", kShm, {0, {0}, 1001}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("belongs to neither")));
+}
+
+TEST(CheckSegmentAccessTest, DirectoryWhereOthersCannotReplaceSegments) {
+  const SegmentOpener trainer{1002, {1002, 500}, 1001};
+  const FileAccess seg{1001, 500, 0660};
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {0, 0, 0755}, trainer), IsOk());
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {1001, 1001, 0700}, trainer), IsOk());
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {1001, 500, 03770}, trainer), IsOk());
+  // A segment of the opener's own is for it alone, wherever it is.
+  EXPECT_THAT(CheckSegmentAccess("/d/s", {1002, 1002, 0600}, "/d", {0, 0, 0777}, trainer), IsOk());
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {0, 0, 0777}, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("staging directory /d (owner uid 0, group 0, mode 0777)"),
+                             HasSubstr("lets other users replace /d/s"), HasSubstr("sticky"))));
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {0, 500, 0775}, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lets other users replace")));
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {1003, 1003, 01777}, trainer),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lets other users replace")));
+  EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {0, 0, 0777}, {0, {0}, 1001}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lets other users replace")));
+}
+
+// Users of their own for the tests, made up without touching the machine's
+// accounts: numbers that name no user and no group here, taken on by a
+// forked child (setgroups, setgid, setuid), which only root can do.
+struct TestUser {
+  uint32_t uid = 0;
+  std::vector<uint32_t> groups;  // the first one is the primary group
+};
+
+// `n` numbers from 61000 on that are neither a user's nor a group's.
+std::vector<uint32_t> UnusedIds(size_t n) {
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 61000; id < 62000 && ids.size() < n; ++id) {
+    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
+  }
+  return ids;
+}
+
+// Runs `fn` in a child process as `user` and returns what it returned, or why
+// the child could not become `user` or did not finish.
+std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::vector<gid_t> groups(user.groups.begin(), user.groups.end());
+    std::string out;
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(groups[0]) != 0 || ::setuid(user.uid) != 0) {
+      out = absl::StrCat("cannot become uid ", user.uid, ": ", std::strerror(errno));
+    } else {
+      out = fn();
+    }
+    (void)!::write(pipe_fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
+  return out;
+}
+
+std::string Result(const absl::Status& s) { return s.ok() ? "ok" : s.ToString(); }
+
+// Agent A and trainers B and C: A and B are members of group G, C is not; D,
+// a member of G too, is neither the agent nor the trainer.
+class TrainerGroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as users of its own making (setuid)";
+    const std::vector<uint32_t> ids = UnusedIds(5);
+    if (ids.size() < 5) GTEST_SKIP() << "no 5 unused uids and gids in 61000..61999";
+    g_ = ids[0];
+    a_ = {ids[1], {ids[1], g_}};
+    b_ = {ids[2], {ids[2], g_}};
+    c_ = {ids[3], {ids[3]}};
+    d_ = {ids[4], {ids[4], g_}};
+    const std::string probe = RunAs(a_, [] { return std::string("ok"); });
+    if (probe != "ok") GTEST_SKIP() << "root here cannot act as another user: " << probe;
+    struct stat st;
+    ASSERT_EQ(::stat(kShmDir, &st), 0);
+    // Every user must be able to create and reach segments in it.
+    ASSERT_EQ(st.st_mode & 07777, 01777u) << kShmDir << " is not 1777";
+  }
+  void TearDown() override {
+    for (const std::string& name : names_) ::shm_unlink(name.c_str());
+  }
+
+  // A segment made by `user` (group `group` when given) and left behind.
+  std::string Make(const TestUser& user, std::optional<uint32_t> group) {
+    const std::string name = UniqueName();
+    names_.push_back(name);
+    const std::string made = RunAs(user, [&] {
+      absl::StatusOr<std::unique_ptr<StagingSegment>> seg = StagingSegment::Create(name, 2, 4096, group);
+      if (!seg.ok()) return Result(seg.status());
+      std::memset((*seg)->slot_data(0), 0xa5, 4096);
+      (void)seg->release();  // the name stays, as if the agent were still running
+      return std::string("ok");
+    });
+    EXPECT_EQ(made, "ok");
+    return name;
+  }
+
+  static std::string Path(const std::string& name) { return absl::StrCat(kShmDir, name); }
+  std::string Owned(const TestUser& user, uint32_t group, int mode) {
+    return absl::StrFormat("(owner uid %u, group %u, mode %04o)", user.uid, group, mode);
+  }
+
+  uint32_t g_ = 0;
+  TestUser a_, b_, c_, d_;
+  std::vector<std::string> names_;
+};
+
+TEST_F(TrainerGroupTest, AnotherUserOfTheGroupUsesTheAgentsSegment) {
+  const std::string name = Make(a_, g_);
+  struct stat st;
+  ASSERT_EQ(::stat(Path(name).c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, a_.uid);
+  EXPECT_EQ(st.st_gid, g_);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  // Trainer B (in G) sees what the agent wrote and publishes a snapshot.
+  EXPECT_EQ(RunAs(b_,
+                  [&] {
+                    absl::StatusOr<std::unique_ptr<StagingSegment>> seg = StagingSegment::Open(name, nullptr, a_.uid);
+                    if (!seg.ok()) return Result(seg.status());
+                    if ((*seg)->slot_data(0)[4095] != 0xa5) return std::string("not the agent's data");
+                    absl::StatusOr<uint32_t> slot = (*seg)->AcquireForFill(absl::ZeroDuration());
+                    if (!slot.ok()) return Result(slot.status());
+                    std::memset((*seg)->slot_data(*slot), 0x5b, 4096);
+                    return Result((*seg)->Publish(*slot, 7));
+                  }),
+            "ok");
+  // The agent's user opens it as well (its own, group-shared), and finds the snapshot.
+  EXPECT_EQ(RunAs(a_,
+                  [&] {
+                    absl::StatusOr<std::unique_ptr<StagingSegment>> seg = StagingSegment::Open(name);
+                    if (!seg.ok()) return Result(seg.status());
+                    std::optional<uint32_t> slot = (*seg)->TakeReady();
+                    if (!slot || (*seg)->step(*slot) != 7 || (*seg)->slot_data(*slot)[4095] != 0x5b) {
+                      return std::string("no snapshot of step 7");
+                    }
+                    return Result((*seg)->Release(*slot));
+                  }),
+            "ok");
+  // So does root, from the agent.
+  EXPECT_THAT(StagingSegment::Open(name, nullptr, a_.uid), IsOk());
+  // C, not in G, is refused, and told why.
+  const std::string refused = RunAs(c_, [&] { return Result(StagingSegment::Open(name, nullptr, a_.uid).status()); });
+  EXPECT_THAT(refused,
+              AllOf(HasSubstr("PERMISSION_DENIED: staging segment " + Path(name)), HasSubstr(Owned(a_, g_, 0660)),
+                    HasSubstr(absl::StrCat("shared with group ", g_, ", which this process is not in")),
+                    HasSubstr("--trainer-group")));
+  // B, not told who the agent is, trusts no segment of another user.
+  EXPECT_THAT(RunAs(b_, [&] { return Result(StagingSegment::Open(name).status()); }),
+              AllOf(HasSubstr("PERMISSION_DENIED"), HasSubstr(Owned(a_, g_, 0660)),
+                    HasSubstr("belongs to neither this process's user nor the agent's")));
+}
+
+TEST_F(TrainerGroupTest, RefusesWhatAnotherUserCouldHavePlantedOrOthersCanReach) {
+  // D is in G, but it is not the agent: its segment is refused.
+  const std::string planted = Make(d_, g_);
+  EXPECT_THAT(RunAs(b_, [&] { return Result(StagingSegment::Open(planted, nullptr, a_.uid).status()); }),
+              AllOf(HasSubstr("PERMISSION_DENIED: staging segment " + Path(planted)), HasSubstr(Owned(d_, g_, 0660)),
+                    HasSubstr("belongs to neither"),
+                    HasSubstr(absl::StrCat("expected the owner to be uid ", b_.uid, " or ", a_.uid))));
+  // The agent's segment without --trainer-group is not for B.
+  const std::string private_one = Make(a_, std::nullopt);
+  EXPECT_THAT(RunAs(b_, [&] { return Result(StagingSegment::Open(private_one, nullptr, a_.uid).status()); }),
+              AllOf(HasSubstr("PERMISSION_DENIED"), HasSubstr(Owned(a_, a_.groups[0], 0600)),
+                    HasSubstr("not shared with its group")));
+  // Nor one that every user can reach, for anyone.
+  const std::string open_one = Make(a_, g_);
+  ASSERT_EQ(::chmod(Path(open_one).c_str(), 0666), 0);
+  for (const TestUser* user : {&a_, &b_, &c_}) {
+    EXPECT_THAT(
+        RunAs(*user, [&] { return Result(StagingSegment::Open(open_one, nullptr, a_.uid).status()); }),
+        AllOf(HasSubstr("PERMISSION_DENIED"), HasSubstr(Owned(a_, g_, 0666)), HasSubstr("gives other users access")))
+        << user->uid;
+  }
 }
 
 }  // namespace

@@ -39,11 +39,28 @@ std::string BaseName(absl::string_view path) {
   return std::string(path.substr(slash + 1));
 }
 
+absl::string_view FileTypeName(FileType type) {
+  switch (type) {
+    case FileType::kRegular:
+      return "regular file";
+    case FileType::kDirectory:
+      return "directory";
+    case FileType::kSymlink:
+      return "symbolic link";
+    case FileType::kOther:
+      return "FIFO, socket or device";
+  }
+  return "unknown file type";
+}
+
 absl::Status CreateDirs(FileSystem* fs, const std::string& path) {
   if (path.empty() || path == "/" || path == ".") return absl::OkStatus();
   absl::StatusOr<FileInfo> info = fs->Stat(path);
   if (info.ok()) {
-    if (info->is_directory) return absl::OkStatus();
+    // A link here is one the operator made (e.g. the root on another disk):
+    // the paths through it follow it, and whatever it points to is checked
+    // by the first mkdir or open below it.
+    if (info->is_directory || info->type == FileType::kSymlink) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat(path, " exists and is not a directory"));
   }
   if (!absl::IsNotFound(info.status())) return info.status();
@@ -51,16 +68,31 @@ absl::Status CreateDirs(FileSystem* fs, const std::string& path) {
   return fs->CreateDir(path);
 }
 
-absl::Status RemoveTree(FileSystem* fs, const std::string& path) {
-  absl::StatusOr<FileInfo> info = fs->Stat(path);
+absl::Status FileSystem::RemoveTree(const std::string& path, const RemoveTreeOptions& options) {
+  absl::StatusOr<FileInfo> info = Stat(path);
   if (absl::IsNotFound(info.status())) return absl::OkStatus();
   CKPTD_RETURN_IF_ERROR(info.status());
-  if (!info->is_directory) return fs->RemoveFile(path);
-  CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(path));
-  for (const FileInfo& e : entries) {
-    CKPTD_RETURN_IF_ERROR(RemoveTree(fs, JoinPath(path, e.name)));
+  // Stat does not follow links: a link is removed as a file is.
+  if (!info->is_directory) return RemoveFile(path);
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, ListDir(path));
+  const size_t batch = std::max<size_t>(options.batch, 1);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (options.before_batch && i % batch == 0) CKPTD_RETURN_IF_ERROR(options.before_batch(i));
+    CKPTD_RETURN_IF_ERROR(RemoveTree(JoinPath(path, entries[i].name), RemoveTreeOptions()));
   }
-  return fs->RemoveDir(path);
+  return RemoveDir(path);
+}
+
+absl::Status RemoveTree(FileSystem* fs, const std::string& path) { return fs->RemoveTree(path, RemoveTreeOptions()); }
+
+absl::Status RemoveTree(FileSystem* fs, const std::string& path, const RemoveTreeOptions& options) {
+  return fs->RemoveTree(path, options);
+}
+
+absl::Status CheckIsDirectory(FileSystem* fs, const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(FileInfo info, fs->Stat(path));
+  if (info.is_directory) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(path, " is a ", FileTypeName(info.type), ", not a directory"));
 }
 
 absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path) {

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +26,11 @@ struct OpenOptions {
   // Ask for O_DIRECT. An implementation that cannot honour it (tmpfs, memory)
   // opens buffered and reports alignment() == 1.
   bool direct_io = true;
+  // For reading: open a symbolic link at `path` (its last component) as what
+  // it points to. Off by default because under a storage root the layout
+  // makes no links, and one in place of a shard or MANIFEST may point
+  // anywhere; only a path an operator names (ckptctl inspect) follows one.
+  bool follow_symlinks = false;
 };
 
 // REQUIRES for Write/Read: buffer address, offset and length are multiples of
@@ -76,10 +82,32 @@ class ReadableFile {
   absl::Status ReadAt(uint64_t offset, void* buf, size_t n);
 };
 
+// What an entry is. Stat and ListDir report a symbolic link as kSymlink, never
+// as what it points to, so that a walk under a storage root never descends
+// into or deletes through one.
+enum class FileType {
+  kRegular,
+  kDirectory,
+  kSymlink,
+  kOther,  // a FIFO, socket or device
+};
+// "regular file", "directory", "symbolic link", "FIFO, socket or device".
+absl::string_view FileTypeName(FileType type);
+
 struct FileInfo {
   std::string name;  // entry name within its directory (ListDir) or the path (Stat)
-  bool is_directory = false;
-  uint64_t size = 0;
+  FileType type = FileType::kRegular;
+  bool is_directory = false;  // type == FileType::kDirectory
+  uint64_t size = 0;          // of a regular file; 0 for anything else
+};
+
+// How RemoveTree paces a large removal: `before_batch`, when set, runs before
+// each `batch` entries directly below the removed directory go (the first
+// batch included) with the number gone so far; its error stops the removal
+// and is returned.
+struct RemoveTreeOptions {
+  size_t batch = 256;  // 0 counts as 1
+  std::function<absl::Status(size_t removed)> before_batch;
 };
 
 class FileSystem {
@@ -102,19 +130,37 @@ class FileSystem {
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
   // Makes the directory's entries (creations, renames, removals) durable.
   virtual absl::Status SyncDir(const std::string& path) = 0;
-  // Entries of a directory, without "." and "..", sorted by name. kNotFound
-  // when the directory does not exist.
+  // Entries of a directory, without "." and "..", sorted by name, each as
+  // what it is itself (a link is kSymlink). kNotFound when the directory does
+  // not exist. A link at `path` itself is followed (a storage root may be one).
   virtual absl::StatusOr<std::vector<FileInfo>> ListDir(const std::string& path) = 0;
-  // kNotFound when absent.
+  // What `path` is itself (lstat: a link is kSymlink). kNotFound when absent.
   virtual absl::StatusOr<FileInfo> Stat(const std::string& path) = 0;
+
+  // Removes `path` and everything below it; ok when absent. Never follows a
+  // symbolic link, `path` included: a link is removed, never anything it
+  // points to. This implementation walks with Stat, ListDir, RemoveFile and
+  // RemoveDir (what a fault-injecting wrapper counts); a real file system
+  // overrides it to walk by descriptor, so that a directory swapped for a
+  // link during the walk is not followed either. Use the RemoveTree helpers.
+  virtual absl::Status RemoveTree(const std::string& path, const RemoveTreeOptions& options);
 };
 
 // Helpers built on the interface.
 
-// Creates `path` and every missing parent.
+// Creates `path` and every missing parent. A symbolic link on the way (or at
+// `path`) is taken as the operator's: a storage root may be one.
 absl::Status CreateDirs(FileSystem* fs, const std::string& path);
-// Removes `path` and everything below it; ok when absent.
+// Removes `path` and everything below it; ok when absent. Removes a
+// symbolic link itself, never what it points to (FileSystem::RemoveTree).
 absl::Status RemoveTree(FileSystem* fs, const std::string& path);
+absl::Status RemoveTree(FileSystem* fs, const std::string& path, const RemoveTreeOptions& options);
+// Ok when `path` is a directory itself; kFailedPrecondition naming what it is
+// instead (e.g. "<path> is a symbolic link, not a directory") for anything
+// else; the file system's error (kNotFound when absent) otherwise. For the
+// directories of a layout, which are never links: what a link points to is
+// neither read nor removed.
+absl::Status CheckIsDirectory(FileSystem* fs, const std::string& path);
 // Reads a whole (small) file.
 absl::StatusOr<std::string> ReadFileToString(FileSystem* fs, const std::string& path);
 // Writes `contents` to `path` durably and atomically: write to `path` + ".tmp",

@@ -249,6 +249,12 @@ void RevertToDurable(Node* node, std::set<const Node*>* visited) {
   for (const auto& [name, child] : node->entries) RevertToDurable(child.get(), visited);
 }
 
+// What Stat and ListDir report. Memory holds no links, FIFOs or devices.
+FileInfo InfoOf(const std::string& name, const Node& node) {
+  return FileInfo{name, node.is_directory ? FileType::kDirectory : FileType::kRegular, node.is_directory,
+                  node.is_directory ? 0 : node.data.size()};
+}
+
 }  // namespace
 
 struct MemFileSystem::State : FsState {};
@@ -358,7 +364,7 @@ absl::StatusOr<std::vector<FileInfo>> MemFileSystem::ListDir(const std::string& 
   std::vector<FileInfo> infos;
   infos.reserve(node->entries.size());
   for (const auto& [name, child] : node->entries) {
-    infos.push_back(FileInfo{name, child->is_directory, child->is_directory ? 0 : child->data.size()});
+    infos.push_back(InfoOf(name, *child));
   }
   return infos;
 }
@@ -366,7 +372,7 @@ absl::StatusOr<std::vector<FileInfo>> MemFileSystem::ListDir(const std::string& 
 absl::StatusOr<FileInfo> MemFileSystem::Stat(const std::string& path) {
   absl::MutexLock lock(&state_->mu);
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Node> node, state_->Resolve("stat", path));
-  return FileInfo{path, node->is_directory, node->is_directory ? 0 : node->data.size()};
+  return InfoOf(path, *node);
 }
 
 void MemFileSystem::Crash() {

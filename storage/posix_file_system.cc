@@ -62,12 +62,13 @@ int RetryOpen(const std::string& path, int flags, mode_t mode) {
 struct OpenedFd {
   int fd = -1;
   bool direct = false;
+  int error = 0;  // errno when fd < 0
 };
 
 // Opens `path`; with `want_direct`, O_DIRECT where the file system honours it.
 // File systems that refuse O_DIRECT (EINVAL) and tmpfs, which accepts it since
 // Linux 6.6 but still goes through the page cache, end up buffered.
-absl::StatusOr<OpenedFd> OpenFd(const std::string& path, int flags, bool want_direct) {
+OpenedFd OpenFd(const std::string& path, int flags, bool want_direct) {
   OpenedFd result;
   if (want_direct) {
     result.fd = RetryOpen(path, flags | O_DIRECT, kFileMode);
@@ -81,11 +82,123 @@ absl::StatusOr<OpenedFd> OpenFd(const std::string& path, int flags, bool want_di
       }
       return result;
     }
-    if (errno != EINVAL) return base::PosixError(absl::StrCat("open ", path), errno);
+    if (errno != EINVAL) {
+      result.error = errno;
+      return result;
+    }
   }
   result.fd = RetryOpen(path, flags, kFileMode);
-  if (result.fd < 0) return base::PosixError(absl::StrCat("open ", path), errno);
+  if (result.fd < 0) result.error = errno;
   return result;
+}
+
+FileType TypeOf(mode_t mode) {
+  if (S_ISREG(mode)) return FileType::kRegular;
+  if (S_ISDIR(mode)) return FileType::kDirectory;
+  if (S_ISLNK(mode)) return FileType::kSymlink;
+  return FileType::kOther;
+}
+
+FileInfo InfoOf(std::string name, const struct stat& st) {
+  const FileType type = TypeOf(st.st_mode);
+  return FileInfo{std::move(name), type, type == FileType::kDirectory,
+                  type == FileType::kRegular ? static_cast<uint64_t>(st.st_size) : 0};
+}
+
+const char* ModeName(mode_t mode) {
+  if (S_ISLNK(mode)) return "symbolic link";
+  if (S_ISFIFO(mode)) return "FIFO";
+  if (S_ISSOCK(mode)) return "socket";
+  if (S_ISCHR(mode)) return "character device";
+  if (S_ISBLK(mode)) return "block device";
+  if (S_ISDIR(mode)) return "directory";
+  return "special file";
+}
+
+// kDataLoss, as for a damaged file: whatever stands where a shard or MANIFEST
+// should be, that file's data is not there, and readers handle it as they
+// handle damage (a corrupt step, a problem found by verification).
+absl::Status NotARegularFile(const std::string& path, mode_t mode) {
+  return absl::DataLossError(
+      absl::StrCat(path, " is a ", ModeName(mode), ", not a regular file", S_ISLNK(mode) ? " (not followed)" : ""));
+}
+
+absl::Status RemoveDirContents(int dir_fd, const std::string& path, const RemoveTreeOptions* options);
+
+// Removes `name` in the directory open as `dir_fd` (`dir_path` in messages),
+// and everything below it when it is a directory. Never follows a link: a
+// link is unlinked like a file, and a directory is entered only through
+// openat(O_NOFOLLOW | O_DIRECTORY), so that one swapped for a link after it
+// was listed is unlinked instead. `looks_like_dir` (readdir's d_type) only
+// picks the first try.
+absl::Status RemoveEntryAt(int dir_fd, const std::string& dir_path, const std::string& name, bool looks_like_dir) {
+  const std::string path = JoinPath(dir_path, name);
+  bool as_dir = looks_like_dir;
+  // Each retry follows a change of the entry's type since the last try.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (!as_dir) {
+      if (::unlinkat(dir_fd, name.c_str(), 0) == 0 || errno == ENOENT) return absl::OkStatus();
+      if (errno != EISDIR) return base::PosixError(absl::StrCat("unlink ", path), errno);
+      as_dir = true;
+      continue;
+    }
+    int fd;
+    do {
+      fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+      if (errno == ENOENT) return absl::OkStatus();
+      if (errno != ENOTDIR && errno != ELOOP) return base::PosixError(absl::StrCat("open ", path), errno);
+      as_dir = false;  // not (or no longer) a directory: the entry itself goes
+      continue;
+    }
+    absl::Status s = RemoveDirContents(fd, path, nullptr);
+    ::close(fd);
+    CKPTD_RETURN_IF_ERROR(s);
+    if (::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return absl::OkStatus();
+    return base::PosixError(absl::StrCat("rmdir ", path), errno);
+  }
+  return absl::UnavailableError(absl::StrCat("remove ", path, ": it keeps changing type while being removed"));
+}
+
+// Removes every entry of the directory open as `dir_fd` (`path` in messages),
+// paced by `options` when given.
+absl::Status RemoveDirContents(int dir_fd, const std::string& path, const RemoveTreeOptions* options) {
+  // The names are read first: entries removed while readdir runs may make it
+  // skip others.
+  std::vector<std::pair<std::string, bool>> entries;  // name, looks like a directory
+  {
+    const int list_fd = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);  // closedir closes it
+    if (list_fd < 0) return base::PosixError(absl::StrCat("dup ", path), errno);
+    DIR* dir = ::fdopendir(list_fd);
+    if (dir == nullptr) {
+      const int err = errno;
+      ::close(list_fd);
+      return base::PosixError(absl::StrCat("opendir ", path), err);
+    }
+    absl::Status status;
+    for (;;) {
+      errno = 0;
+      const dirent* entry = ::readdir(dir);
+      if (entry == nullptr) {
+        if (errno != 0) status = base::PosixError(absl::StrCat("readdir ", path), errno);
+        break;
+      }
+      const std::string name = entry->d_name;
+      if (name == "." || name == "..") continue;
+      entries.emplace_back(name, entry->d_type == DT_DIR);
+    }
+    (void)::closedir(dir);
+    CKPTD_RETURN_IF_ERROR(status);
+  }
+  const size_t batch = options != nullptr ? std::max<size_t>(options->batch, 1) : 1;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (options != nullptr && options->before_batch && i % batch == 0) {
+      CKPTD_RETURN_IF_ERROR(options->before_batch(i));
+    }
+    CKPTD_RETURN_IF_ERROR(RemoveEntryAt(dir_fd, path, entries[i].first, entries[i].second));
+  }
+  return absl::OkStatus();
 }
 
 // One open file's transfers: on a ring of its own (several in flight) or with
@@ -427,6 +540,52 @@ class PosixReadableFile final : public ReadableFile {
   std::unique_ptr<PosixFile> file_;
 };
 
+// A regular file opened with `flags` (plus O_NONBLOCK, cleared again before
+// it is returned, and O_NOFOLLOW unless `follow_symlinks`): a FIFO at `path`
+// would otherwise make the open wait for a peer, for ever, and a link there
+// may point anywhere. Anything but a regular file is an error naming what it is.
+struct OpenedRegular {
+  int fd = -1;
+  bool direct = false;
+  uint64_t size = 0;
+};
+absl::StatusOr<OpenedRegular> OpenRegular(const std::string& path, int flags, bool direct_io, bool follow_symlinks) {
+  const OpenedFd opened = OpenFd(path, flags | O_NONBLOCK | (follow_symlinks ? 0 : O_NOFOLLOW), direct_io);
+  if (opened.fd < 0) {
+    struct stat st;
+    // ELOOP: a link, not followed; ENXIO: a FIFO without a reader opened for
+    // writing (or a socket).
+    if ((opened.error == ELOOP || opened.error == ENXIO) && ::lstat(path.c_str(), &st) == 0 &&
+        !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+      return NotARegularFile(path, st.st_mode);
+    }
+    return base::PosixError(absl::StrCat("open ", path), opened.error);
+  }
+  struct stat st;
+  if (::fstat(opened.fd, &st) < 0) {
+    const int err = errno;
+    ::close(opened.fd);  // The fstat error is the one worth reporting.
+    return base::PosixError(absl::StrCat("fstat ", path), err);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(opened.fd);
+    return base::PosixError(absl::StrCat("open ", path), EISDIR);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(opened.fd);
+    return NotARegularFile(path, st.st_mode);
+  }
+  // I/O waits for the disk: with O_NONBLOCK left on, io_uring may answer
+  // EAGAIN instead of waiting.
+  const int fl = ::fcntl(opened.fd, F_GETFL);
+  if (fl < 0 || ::fcntl(opened.fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+    const int err = errno;
+    ::close(opened.fd);
+    return base::PosixError(absl::StrCat("fcntl ", path), err);
+  }
+  return OpenedRegular{opened.fd, opened.direct, static_cast<uint64_t>(st.st_size)};
+}
+
 // Stateless apart from its options, so safe to use from many threads.
 class PosixFileSystemImpl final : public PosixFileSystem {
  public:
@@ -437,8 +596,12 @@ class PosixFileSystemImpl final : public PosixFileSystem {
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path, const OpenOptions& options) override {
-    CKPTD_ASSIGN_OR_RETURN(OpenedFd opened,
-                           OpenFd(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io));
+    // The same guards as for reading: a link or FIFO planted at the name is
+    // an error, never written through or waited on. Writes go to fresh names,
+    // so nothing legitimate is refused.
+    CKPTD_ASSIGN_OR_RETURN(const OpenedRegular opened,
+                           OpenRegular(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io,
+                                       /*follow_symlinks=*/false));
     auto file = std::make_unique<PosixFile>(path, opened.fd, opened.direct, /*is_write=*/true, 0);
     if (uses_io_uring_) file->InitRing(options_.queue_depth);
     return std::make_unique<PosixWritableFile>(std::move(file));
@@ -446,19 +609,10 @@ class PosixFileSystemImpl final : public PosixFileSystem {
 
   absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(
       const std::string& path, const OpenOptions& options) override {
-    CKPTD_ASSIGN_OR_RETURN(OpenedFd opened, OpenFd(path, O_RDONLY | O_CLOEXEC, options.direct_io));
-    struct stat st;
-    if (::fstat(opened.fd, &st) < 0) {
-      const int err = errno;
-      ::close(opened.fd);  // The fstat error is the one worth reporting.
-      return base::PosixError(absl::StrCat("fstat ", path), err);
-    }
-    if (S_ISDIR(st.st_mode)) {
-      ::close(opened.fd);
-      return base::PosixError(absl::StrCat("open ", path), EISDIR);
-    }
+    CKPTD_ASSIGN_OR_RETURN(const OpenedRegular opened,
+                           OpenRegular(path, O_RDONLY | O_CLOEXEC, options.direct_io, options.follow_symlinks));
     auto file = std::make_unique<PosixFile>(path, opened.fd, opened.direct, /*is_write=*/false,
-                                            static_cast<uint64_t>(st.st_size));
+                                            opened.size);
     if (uses_io_uring_) file->InitRing(options_.queue_depth);
     return std::make_unique<PosixReadableFile>(std::move(file));
   }
@@ -468,7 +622,15 @@ class PosixFileSystemImpl final : public PosixFileSystem {
     const int err = errno;
     if (err == EEXIST) {
       struct stat st;
-      if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return absl::OkStatus();
+      // lstat: a link to a directory is not one. Below a storage root the
+      // layout makes none, and writing through one would put shards wherever
+      // it points.
+      if (::lstat(path.c_str(), &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+        if (S_ISLNK(st.st_mode)) {
+          return base::PosixError(absl::StrCat("mkdir ", path, " (a symbolic link, not followed)"), err);
+        }
+      }
     }
     return base::PosixError(absl::StrCat("mkdir ", path), err);
   }
@@ -518,13 +680,14 @@ class PosixFileSystemImpl final : public PosixFileSystem {
       const std::string name = entry->d_name;
       if (name == "." || name == "..") continue;
       struct stat st;
-      if (::fstatat(::dirfd(dir), entry->d_name, &st, 0) < 0) {
+      // Each entry as what it is itself: a link is never reported as (and so
+      // never walked into as) what it points to.
+      if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
         if (errno == ENOENT) continue;  // removed since readdir saw it
         status = base::PosixError(absl::StrCat("stat ", JoinPath(path, name)), errno);
         break;
       }
-      entries.push_back(FileInfo{std::string(name), S_ISDIR(st.st_mode),
-                                 S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size)});
+      entries.push_back(InfoOf(name, st));
     }
     // closedir only fails on a bad DIR*; the listing is complete either way.
     (void)::closedir(dir);
@@ -536,9 +699,34 @@ class PosixFileSystemImpl final : public PosixFileSystem {
 
   absl::StatusOr<FileInfo> Stat(const std::string& path) override {
     struct stat st;
-    if (::stat(path.c_str(), &st) < 0) return base::PosixError(absl::StrCat("stat ", path), errno);
-    return FileInfo{path, S_ISDIR(st.st_mode),
-                    S_ISDIR(st.st_mode) ? 0 : static_cast<uint64_t>(st.st_size)};
+    if (::lstat(path.c_str(), &st) < 0) return base::PosixError(absl::StrCat("stat ", path), errno);
+    return InfoOf(path, st);
+  }
+
+  absl::Status RemoveTree(const std::string& dir_or_file, const RemoveTreeOptions& options) override {
+    // The components above `path` are followed (a storage root may be a
+    // link); from `path` down nothing is, and the walk goes by descriptor.
+    // A trailing slash would make the kernel follow a link at `path`.
+    std::string path = dir_or_file;
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      const int fd = RetryOpen(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+      if (fd >= 0) {
+        absl::Status s = RemoveDirContents(fd, path, &options);
+        ::close(fd);
+        CKPTD_RETURN_IF_ERROR(s);
+        if (::rmdir(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
+        return base::PosixError(absl::StrCat("rmdir ", path), errno);
+      }
+      if (errno == ENOENT) return absl::OkStatus();
+      if (errno != ENOTDIR && errno != ELOOP) return base::PosixError(absl::StrCat("open ", path), errno);
+      // Not a directory (a file, a link, a FIFO): the entry itself goes. A
+      // parent that is not a directory (ENOTDIR) means there is nothing here.
+      if (::unlink(path.c_str()) == 0 || errno == ENOENT || errno == ENOTDIR) return absl::OkStatus();
+      if (errno != EISDIR) return base::PosixError(absl::StrCat("unlink ", path), errno);
+      // It became a directory since the open: again.
+    }
+    return absl::UnavailableError(absl::StrCat("remove ", path, ": it keeps changing type while being removed"));
   }
 
  private:

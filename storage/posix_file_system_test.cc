@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
+#include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,6 +29,7 @@ namespace ckptd::storage {
 namespace {
 
 using ::ckptd::testing::IsOk;
+using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -548,6 +552,200 @@ TEST(PosixFileSystemOptionsTest, UseIoUringFalseForcesPreadPwrite) {
   PosixFileSystemOptions options;
   options.use_io_uring = false;
   EXPECT_FALSE(NewPosixFileSystem(options)->uses_io_uring());
+}
+
+// Runs `fn` on a thread of its own and returns what it returned. A call still
+// running after 10 s fails the test; writers are then opened on `fifo` until
+// it returns (each releases a reader stuck in open(2)), so that the test ends
+// failed instead of hanging.
+template <typename Fn>
+auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
+  std::packaged_task<decltype(fn())()> task(std::move(fn));
+  std::future<decltype(fn())> done = task.get_future();
+  std::thread thread(std::move(task));
+  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
+    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  thread.join();
+  return done.get();
+}
+
+bool IsLink(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+// Issue 16 (2): a step folder under a storage root that is a link to a folder
+// elsewhere had everything in that folder deleted by RemoveTree.
+TEST_P(PosixFileSystemTest, RemoveTreeRemovesALinkNeverWhatItPointsTo) {
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), Path("outside/sub")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/a"), "keep a"));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/sub/b"), "keep b"));
+  auto expect_outside_intact = [&] {
+    EXPECT_THAT(ReadFileToString(fs_.get(), Path("outside/a")), IsOkAndHolds(std::string("keep a")));
+    EXPECT_THAT(ReadFileToString(fs_.get(), Path("outside/sub/b")), IsOkAndHolds(std::string("keep b")));
+  };
+  // step-1 is a link to the outside folder; step-2 a folder holding a link to
+  // a file in place of a shard and a link to the outside folder.
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), Path("root/job/step-2")));
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/job/step-1").c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(::symlink(Path("outside/a").c_str(), Path("root/job/step-2/rank-0.shard").c_str()), 0);
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/job/step-2/extra").c_str()), 0);
+
+  // The link named as the tree goes, and nothing it points to; a trailing
+  // slash (which makes the kernel follow a link) changes nothing.
+  CKPTD_EXPECT_OK(RemoveTree(fs_.get(), Path("root/job/step-1/")));
+  EXPECT_FALSE(IsLink(Path("root/job/step-1")));
+  expect_outside_intact();
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/job/step-1").c_str()), 0);
+  CKPTD_EXPECT_OK(RemoveTree(fs_.get(), Path("root/job/step-1")));
+  EXPECT_FALSE(IsLink(Path("root/job/step-1")));
+  expect_outside_intact();
+
+  // Links below the tree go as entries, in a paced removal too.
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/job/step-1").c_str()), 0);
+  RemoveTreeOptions paced;
+  paced.batch = 1;
+  std::vector<size_t> asked;
+  paced.before_batch = [&](size_t removed) {
+    asked.push_back(removed);
+    return absl::OkStatus();
+  };
+  CKPTD_EXPECT_OK(RemoveTree(fs_.get(), Path("root/job"), paced));
+  EXPECT_THAT(asked, ElementsAre(0u, 1u));  // step-1, step-2
+  EXPECT_THAT(fs_->Stat(Path("root/job")), StatusIs(absl::StatusCode::kNotFound, HasSubstr(Path("root/job"))));
+  expect_outside_intact();
+  // The generic walk (what a wrapper such as FaultInjectionFileSystem uses)
+  // does not follow links either.
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/link").c_str()), 0);
+  CKPTD_EXPECT_OK(fs_->FileSystem::RemoveTree(Path("root"), RemoveTreeOptions()));
+  EXPECT_THAT(fs_->Stat(Path("root")), StatusIs(absl::StatusCode::kNotFound, HasSubstr(Path("root"))));
+  expect_outside_intact();
+}
+
+TEST_P(PosixFileSystemTest, StatAndListDirReportALinkAsALink) {
+  CKPTD_ASSERT_OK(fs_->CreateDir(Path("d")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("f"), "12345"));
+  ASSERT_EQ(::symlink(Path("d").c_str(), Path("link-to-dir").c_str()), 0) << std::strerror(errno);
+  ASSERT_EQ(::symlink(Path("f").c_str(), Path("link-to-file").c_str()), 0);
+  ASSERT_EQ(::symlink(Path("nowhere").c_str(), Path("dangling").c_str()), 0);
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0640), 0) << std::strerror(errno);
+
+  for (const char* name : {"link-to-dir", "link-to-file", "dangling"}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo info, fs_->Stat(Path(name)));
+    EXPECT_EQ(info.type, FileType::kSymlink) << name;
+    EXPECT_FALSE(info.is_directory) << name;
+    EXPECT_EQ(info.size, 0u) << name;
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo fifo, fs_->Stat(Path("fifo")));
+  EXPECT_EQ(fifo.type, FileType::kOther);
+  CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo file, fs_->Stat(Path("f")));
+  EXPECT_EQ(file.type, FileType::kRegular);
+  EXPECT_EQ(file.size, 5u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo dir, fs_->Stat(Path("d")));
+  EXPECT_EQ(dir.type, FileType::kDirectory);
+  EXPECT_TRUE(dir.is_directory);
+
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<FileInfo> entries, fs_->ListDir(dir_));
+  std::vector<std::pair<std::string, FileType>> got;
+  for (const FileInfo& e : entries) {
+    got.emplace_back(e.name, e.type);
+    EXPECT_EQ(e.is_directory, e.type == FileType::kDirectory) << e.name;
+  }
+  EXPECT_THAT(got, ElementsAre(std::pair{std::string("d"), FileType::kDirectory},
+                               std::pair{std::string("dangling"), FileType::kSymlink},
+                               std::pair{std::string("f"), FileType::kRegular},
+                               std::pair{std::string("fifo"), FileType::kOther},
+                               std::pair{std::string("link-to-dir"), FileType::kSymlink},
+                               std::pair{std::string("link-to-file"), FileType::kSymlink}));
+
+  CKPTD_EXPECT_OK(CheckIsDirectory(fs_.get(), Path("d")));
+  EXPECT_THAT(CheckIsDirectory(fs_.get(), Path("link-to-dir")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr(Path("link-to-dir") + " is a symbolic link, not a directory")));
+  EXPECT_THAT(CheckIsDirectory(fs_.get(), Path("fifo")),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FIFO, socket or device")));
+  EXPECT_THAT(CheckIsDirectory(fs_.get(), Path("missing")),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(Path("missing"))));
+
+  // A directory of the layout is never taken through a link to one...
+  EXPECT_THAT(fs_->CreateDir(Path("link-to-dir")),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("symbolic link")));
+  // ...but a link the operator put on the way to a root is theirs to follow.
+  CKPTD_EXPECT_OK(CreateDirs(fs_.get(), Path("link-to-dir")));
+  CKPTD_EXPECT_OK(CreateDirs(fs_.get(), Path("link-to-dir/x/y")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(FileInfo made, fs_->Stat(Path("d/x/y")));
+  EXPECT_TRUE(made.is_directory);
+}
+
+// Issue 16 (4): opening a FIFO for reading waits for a writer: a FIFO in place
+// of a shard hung `ckptctl verify` and the agent's restore.
+TEST_P(PosixFileSystemTest, OpeningAFifoForReadingIsAnErrorNotAHang) {
+  const std::string fifo = Path("rank-0.shard");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0640), 0) << std::strerror(errno);
+  const auto is_fifo_error = StatusIs(absl::StatusCode::kDataLoss, HasSubstr(fifo + " is a FIFO, not a regular file"));
+  for (bool direct : {true, false}) {
+    EXPECT_THAT(WithinTenSeconds(fifo, [&] { return fs_->NewReadableFile(fifo, Direct(direct)).status(); }),
+                is_fifo_error)
+        << "direct " << direct;
+  }
+  EXPECT_THAT(WithinTenSeconds(fifo, [&] { return ReadFileToString(fs_.get(), fifo).status(); }), is_fifo_error);
+  // Following links does not make a FIFO a file.
+  OpenOptions follow = Direct(false);
+  follow.follow_symlinks = true;
+  EXPECT_THAT(WithinTenSeconds(fifo, [&] { return fs_->NewReadableFile(fifo, follow).status(); }), is_fifo_error);
+  // A regular file opened the same way reads normally (O_NONBLOCK is cleared).
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("f"), "contents"));
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("f")), IsOkAndHolds(std::string("contents")));
+}
+
+TEST_P(PosixFileSystemTest, OpeningALinkForReadingIsRefusedUnlessAsked) {
+  CKPTD_ASSERT_OK(fs_->CreateDir(Path("outside")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/secret"), "not a shard"));
+  const std::string link = Path("MANIFEST");
+  ASSERT_EQ(::symlink(Path("outside/secret").c_str(), link.c_str()), 0) << std::strerror(errno);
+  const auto is_link_error =
+      StatusIs(absl::StatusCode::kDataLoss, HasSubstr(link + " is a symbolic link, not a regular file"));
+  EXPECT_THAT(fs_->NewReadableFile(link, Direct(true)), is_link_error);
+  EXPECT_THAT(fs_->NewReadableFile(link, Direct(false)), is_link_error);
+  EXPECT_THAT(ReadFileToString(fs_.get(), link), is_link_error);
+  // Asked for (a path an operator names), the link is followed.
+  OpenOptions follow = Direct(false);
+  follow.follow_symlinks = true;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ReadableFile> file, fs_->NewReadableFile(link, follow));
+  EXPECT_EQ(file->size(), 11u);
+  // Links above the file (a storage root that is one) are followed as ever.
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root-link").c_str()), 0);
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("root-link/secret")), IsOkAndHolds(std::string("not a shard")));
+}
+
+TEST_P(PosixFileSystemTest, WritingAtALinkOrFifoIsRefusedNeverWrittenThroughOrWaitedOn) {
+  CKPTD_ASSERT_OK(fs_->CreateDir(Path("outside")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/secret"), "keep me"));
+  const std::string link = Path("rank-0.shard.tmp");
+  ASSERT_EQ(::symlink(Path("outside/secret").c_str(), link.c_str()), 0) << std::strerror(errno);
+  EXPECT_THAT(fs_->NewWritableFile(link, Direct(true)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(link + " is a symbolic link, not a regular file")));
+  EXPECT_THAT(fs_->NewWritableFile(link, Direct(false)), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("symbolic link")));
+  // Not truncated, not written.
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("outside/secret")), IsOkAndHolds(std::string("keep me")));
+
+  const std::string fifo = Path("MANIFEST.tmp");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  // Without a reader, a plain open for writing would fail with ENXIO only
+  // because of O_NONBLOCK; without it, the open would wait for ever.
+  auto opened = std::async(std::launch::async, [&] { return fs_->NewWritableFile(fifo, Direct(false)).status(); });
+  if (opened.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // lets the stuck open return
+    opened.wait();
+    if (reader >= 0) ::close(reader);
+    FAIL() << "open for writing hangs on a FIFO";
+  }
+  EXPECT_THAT(opened.get(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(fifo + " is a FIFO")));
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   r->pool_ = pool;
   OpenOptions open;
   open.direct_io = options.direct_io;
+  open.follow_symlinks = options.follow_symlinks;
   CKPTD_ASSIGN_OR_RETURN(r->file_, fs->NewReadableFile(path, open));
   const uint64_t size = r->file_->size();
   r->file_length_ = size;

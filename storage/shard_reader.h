@@ -24,6 +24,9 @@ struct ShardReadOptions {
   int threads = 0;  // decoder threads when no pool is passed; <= 0: one per hardware thread
   int reads_in_flight = 8;
   bool direct_io = true;
+  // Open a symbolic link at the shard's path as what it points to
+  // (OpenOptions::follow_symlinks): only for a path an operator names.
+  bool follow_symlinks = false;
   // Upper bound on read and scratch buffers (at least one block's worth is
   // always allocated).
   uint64_t max_buffer_bytes = 1ull << 30;
@@ -48,7 +51,8 @@ struct VerifyProblem {
 class ShardReader {
  public:
   // Opens `path`, checks header, footer and index. kDataLoss names what is
-  // wrong; kNotFound when the file does not exist.
+  // wrong (a FIFO or link in place of the shard included); kNotFound when the
+  // file does not exist.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Open(FileSystem* fs, const std::string& path,
                                                            const ShardReadOptions& options = {},
                                                            base::ThreadPool* pool = nullptr);

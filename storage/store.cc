@@ -173,6 +173,10 @@ absl::Status CheckpointStore::CheckReportedShard(absl::string_view job, uint64_t
         absl::IsNotFound(info.status()) ? absl::StatusCode::kFailedPrecondition : info.status().code();
     return absl::Status(code, absl::StrCat("rank ", rank, " has no durable shard: ", info.status().message()));
   }
+  if (info->type != FileType::kRegular) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " has no durable shard: ", path, " is a ", FileTypeName(info->type)));
+  }
   if (info->size != reported.file_length()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " reported ", reported.file_length(), " bytes but ", path, " has ", info->size));
@@ -182,13 +186,25 @@ absl::Status CheckpointStore::CheckReportedShard(absl::string_view job, uint64_t
 
 absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_view job) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  // A job directory that is a link is not listed through: its steps would be
+  // wherever it points, and retention would remove them there.
+  CKPTD_RETURN_IF_ERROR(CheckIsDirectory(fs_, JobDir(root_, job)));
   CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(JobDir(root_, job)));
   std::vector<StepInfo> steps;
   for (const FileInfo& e : entries) {
     std::optional<uint64_t> step = ParseStepDirName(e.name);
-    if (!step || !e.is_directory) continue;
+    if (!step) continue;
     StepInfo info;
     info.step = *step;
+    if (!e.is_directory) {
+      // A link or a file where the layout puts a step directory: reported,
+      // and neither read nor removed through (corrupt steps are kept).
+      info.state = StepState::kCorrupt;
+      info.detail =
+          absl::StrCat(StepDir(root_, job, *step), " is a ", FileTypeName(e.type), ", not a directory: left alone");
+      steps.push_back(std::move(info));
+      continue;
+    }
     const std::string path = ManifestPath(root_, job, *step);
     absl::StatusOr<std::string> bytes = ReadFileToString(fs_, path);
     if (absl::IsNotFound(bytes.status())) {
@@ -259,6 +275,17 @@ absl::StatusOr<std::vector<std::string>> CheckpointStore::ListJobs() {
 absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step, const RemovePacing* pacing) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   const std::string dir = StepDir(root_, job, step);
+  // The layout makes these directories. Anything else in their place (a link
+  // to elsewhere) is left alone: removing through it would delete what it
+  // points to.
+  auto left_alone = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("remove ", job, " step ", step, ": ", s.message(), "; left alone"));
+  };
+  if (absl::Status s = CheckIsDirectory(fs_, JobDir(root_, job)); !s.ok()) {
+    return absl::IsNotFound(s) ? s : left_alone(s);
+  }
+  // A step directory already gone is no error.
+  if (absl::Status s = CheckIsDirectory(fs_, dir); !s.ok() && !absl::IsNotFound(s)) return left_alone(s);
   // The MANIFEST goes first and durably, so a crash part-way leaves an
   // incomplete step (cleaned up later), never a committed one with holes.
   absl::Status s = fs_->RemoveFile(JoinPath(dir, kManifestName));
@@ -267,19 +294,16 @@ absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step, c
   } else if (!absl::IsNotFound(s)) {
     return s;
   }
+  RemoveTreeOptions options;
   if (pacing != nullptr) {
-    absl::StatusOr<std::vector<FileInfo>> entries = fs_->ListDir(dir);
-    if (!entries.ok() && !absl::IsNotFound(entries.status())) return entries.status();
-    const size_t batch = std::max<size_t>(1, pacing->batch);
-    for (size_t i = 0; entries.ok() && i < entries->size(); ++i) {
-      if (i % batch == 0) {
-        if (i > 0) CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
-        if (pacing->before_batch) pacing->before_batch();
-      }
-      CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, JoinPath(dir, (*entries)[i].name)));
-    }
+    options.batch = pacing->batch;
+    options.before_batch = [&](size_t removed) -> absl::Status {
+      if (removed > 0) CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
+      if (pacing->before_batch) pacing->before_batch();
+      return absl::OkStatus();
+    };
   }
-  CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, dir));
+  CKPTD_RETURN_IF_ERROR(RemoveTree(fs_, dir, options));
   return fs_->SyncDir(JobDir(root_, job));
 }
 

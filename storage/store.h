@@ -23,7 +23,8 @@ namespace ckptd::storage {
 enum class StepState {
   kCommitted,   // a valid MANIFEST: the step exists for readers
   kIncomplete,  // no MANIFEST: being written, or abandoned
-  kCorrupt,     // a MANIFEST that does not decode
+  kCorrupt,     // a MANIFEST that does not decode, or a step entry that is not a
+                // directory (a link, a file): kept, and never read or removed through
 };
 absl::string_view StepStateName(StepState state);
 
@@ -96,11 +97,13 @@ class CheckpointStore {
   // missing or its length differs, the file system's error otherwise.
   absl::Status CheckReportedShard(absl::string_view job, uint64_t step, const ckptd::v1::ShardRef& reported);
 
-  // Steps of `job` in ascending order (kNotFound when the job has no directory).
+  // Steps of `job` in ascending order (kNotFound when the job has no directory;
+  // kFailedPrecondition when its directory is a link or not a directory).
   absl::StatusOr<std::vector<StepInfo>> ListSteps(absl::string_view job);
   // The newest committed step that is not quarantined, or nullopt.
   absl::StatusOr<std::optional<uint64_t>> LatestCommittedStep(absl::string_view job);
   absl::StatusOr<ckptd::v1::StepManifest> ReadManifest(absl::string_view job, uint64_t step);
+  // The job directories under the root: a link is not one.
   absl::StatusOr<std::vector<std::string>> ListJobs();
 
   // Marks committed `step` as quarantined (durably), with `reason`.
@@ -119,7 +122,9 @@ class CheckpointStore {
 
   // Removes a step, committed or not: the MANIFEST first (durably), then the
   // rest (paced when `pacing` is given). Used by retention and to delete a
-  // step on purpose.
+  // step on purpose. A job or step directory that is not a directory (a link
+  // to elsewhere) is left alone: kFailedPrecondition naming it. A link inside
+  // the step is removed itself, never what it points to.
   absl::Status RemoveStep(absl::string_view job, uint64_t step, const RemovePacing* pacing = nullptr);
   // Removes a step that has not committed (kFailedPrecondition if it has).
   absl::Status AbortStep(absl::string_view job, uint64_t step);

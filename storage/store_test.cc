@@ -1,11 +1,18 @@
 #include "storage/store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -189,10 +196,13 @@ TEST_F(StoreTest, ListStepsReportsStates) {
   // Names that are not steps are ignored.
   CKPTD_ASSERT_OK(mem_.CreateDir("/root/job-a/step-01"));
   CKPTD_ASSERT_OK(mem_.CreateDir("/root/job-a/other"));
+  // A step's name on a file: corrupt (reported, kept), not a step to read.
   CKPTD_ASSERT_OK(mem_.SetFileContents("/root/job-a/step-9", "a file, not a directory"));
 
   CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
-  ASSERT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 2, 3, 4, 5}));
+  ASSERT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 2, 3, 4, 5, 9}));
+  EXPECT_EQ(steps[5].state, StepState::kCorrupt);
+  EXPECT_THAT(steps[5].detail, HasSubstr("/root/job-a/step-9 is a regular file, not a directory"));
   EXPECT_EQ(steps[0].state, StepState::kCommitted);
   ASSERT_TRUE(steps[0].manifest.has_value());
   EXPECT_EQ(steps[0].manifest->step(), 1u);
@@ -824,6 +834,222 @@ TEST(StorePosixTest, WriteCommitVerifyReadBack) {
   }
   CKPTD_EXPECT_OK(RemoveTree(fs.get(), root));
   EXPECT_THAT(fs->Stat(root), StatusIs(absl::StatusCode::kNotFound, HasSubstr(root)));
+}
+
+// Runs `fn` on a thread of its own and returns what it returned. A call still
+// running after 10 s fails the test; writers are then opened on `fifo` until
+// it returns (each releases a reader stuck in open(2)), so that the test ends
+// failed instead of hanging.
+template <typename Fn>
+auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
+  std::packaged_task<decltype(fn())()> task(std::move(fn));
+  std::future<decltype(fn())> done = task.get_future();
+  std::thread thread(std::move(task));
+  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
+    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  thread.join();
+  return done.get();
+}
+
+// A storage root on the real file system (links and FIFOs need one) and a
+// folder beside it, outside the root, that links under the root point to.
+class StoreLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    CKPTD_ASSERT_OK(CreateDirs(fs_.get(), outside_));
+  }
+
+  // Writes the one shard of `step` (a world of 1) in `store` and commits it.
+  void Commit(uint64_t step, CheckpointStore* store = nullptr, const std::string& job = kJob) {
+    if (store == nullptr) store = &store_;
+    CKPTD_ASSERT_OK(store->PrepareStep(job, step));
+    const RankData data = MakeRankData(step, 0);
+    const std::vector<TensorSource> sources = Sources(data);
+    CKPTD_ASSERT_OK(store->WriteShard(job, step, 0, 1, sources, SmallBlocks(), &pool_).status());
+    CKPTD_ASSERT_OK(store->CommitStep(job, step, 1).status());
+  }
+
+  void Link(const std::string& target, const std::string& link) {
+    ASSERT_EQ(::symlink(target.c_str(), link.c_str()), 0) << link << ": " << std::strerror(errno);
+  }
+  void MakeFifo(const std::string& path) {
+    ASSERT_EQ(::unlink(path.c_str()) == 0 || errno == ENOENT, true) << path << ": " << std::strerror(errno);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0640), 0) << path << ": " << std::strerror(errno);
+  }
+  static bool IsLink(const std::string& path) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
+  }
+  bool Exists(const std::string& path) { return fs_->Stat(path).ok(); }
+
+  ckptd::testing::TempDir tmp_{"ckptd_store_links_"};
+  std::unique_ptr<PosixFileSystem> fs_ = NewPosixFileSystem();
+  const std::string root_ = tmp_.Sub("root");
+  const std::string outside_ = tmp_.Sub("outside");
+  base::ThreadPool pool_{2};
+  CheckpointStore store_{fs_.get(), root_};
+};
+
+// Issue 16 (2): a step folder that is a link to a folder outside the root had
+// everything in that folder deleted by retention.
+TEST_F(StoreLinkTest, RetentionLeavesALinkedStepFolderAndWhatItPointsTo) {
+  Commit(1);
+  Commit(2);
+  // Step 2's folder goes outside the root and a link takes its place: a
+  // committed step, to anything that follows the link.
+  const std::string moved = JoinPath(outside_, "step-2");
+  const std::string link = StepDir(root_, kJob, 2);
+  CKPTD_ASSERT_OK(fs_->Rename(link, moved));
+  Link(moved, link);
+  Commit(3);
+  Commit(4);
+
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  ASSERT_EQ(StepNumbers(steps), (std::vector<uint64_t>{1, 2, 3, 4}));
+  EXPECT_EQ(steps[1].state, StepState::kCorrupt);
+  EXPECT_FALSE(steps[1].manifest.has_value());
+  EXPECT_THAT(steps[1].detail, HasSubstr(link + " is a symbolic link, not a directory"));
+
+  EXPECT_THAT(store_.ApplyRetention(kJob, 1), IsOkAndHolds(ElementsAre(1u, 3u)));
+  EXPECT_THAT(store_.RemoveIncompleteSteps(kJob), IsOkAndHolds(IsEmpty()));
+  // What a committer that decided the drop on its own (the coordinator) calls.
+  CheckpointStore::RemovePacing pacing;
+  pacing.batch = 1;
+  const auto refused = StatusIs(absl::StatusCode::kFailedPrecondition,
+                                AllOf(HasSubstr(link + " is a symbolic link"), HasSubstr("left alone")));
+  EXPECT_THAT(store_.RemoveStep(kJob, 2, &pacing), refused);
+  EXPECT_THAT(store_.RemoveStep(kJob, 2), refused);
+  EXPECT_THAT(store_.AbortStep(kJob, 2), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 2")));
+
+  // What the link points to is all there, and so is the link.
+  EXPECT_TRUE(Exists(JoinPath(moved, kManifestName)));
+  EXPECT_TRUE(Exists(JoinPath(moved, ShardFileName(0))));
+  EXPECT_TRUE(IsLink(link));
+  EXPECT_FALSE(Exists(StepDir(root_, kJob, 1)));
+  EXPECT_FALSE(Exists(StepDir(root_, kJob, 3)));
+  EXPECT_THAT(store_.LatestCommittedStep(kJob), IsOkAndHolds(Optional(uint64_t{4})));
+}
+
+TEST_F(StoreLinkTest, RemovingAStepRemovesLinksInItNotWhatTheyPointTo) {
+  Commit(1);
+  Commit(2);
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), JoinPath(outside_, "precious"), "keep me"));
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), JoinPath(outside_, "dir")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), JoinPath(outside_, "dir/inner"), "keep me too"));
+  // A link to a file in place of step 1's shard, and a link to a folder.
+  const std::string shard = ShardPath(root_, kJob, 1, 0);
+  CKPTD_ASSERT_OK(fs_->RemoveFile(shard));
+  Link(JoinPath(outside_, "precious"), shard);
+  Link(JoinPath(outside_, "dir"), JoinPath(StepDir(root_, kJob, 1), "extra"));
+
+  // Neither verification nor a commit's check reads through the link.
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store_.VerifyStep(kJob, 1, OneThread()));
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_THAT(report.problems[0].message, HasSubstr(shard + " is a symbolic link, not a regular file"));
+  ShardRef ref;
+  ref.set_rank(0);
+  ref.set_file_length(7);  // the length of what the link points to
+  EXPECT_THAT(store_.CheckReportedShard(kJob, 1, ref),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(shard + " is a symbolic link")));
+
+  EXPECT_THAT(store_.ApplyRetention(kJob, 1), IsOkAndHolds(ElementsAre(1u)));
+  EXPECT_FALSE(Exists(StepDir(root_, kJob, 1)));
+  EXPECT_THAT(ReadFileToString(fs_.get(), JoinPath(outside_, "precious")), IsOkAndHolds(std::string("keep me")));
+  EXPECT_THAT(ReadFileToString(fs_.get(), JoinPath(outside_, "dir/inner")), IsOkAndHolds(std::string("keep me too")));
+}
+
+TEST_F(StoreLinkTest, AJobFolderThatIsALinkIsNeitherListedNorRemovedNorWrittenThrough) {
+  // Another root's job, with committed steps, that a link under this root points to.
+  CheckpointStore elsewhere(fs_.get(), outside_);
+  Commit(1, &elsewhere, "job-b");
+  Commit(2, &elsewhere, "job-b");
+  Commit(1);
+  const std::string link = JobDir(root_, "job-b");
+  Link(JobDir(outside_, "job-b"), link);
+
+  EXPECT_THAT(store_.ListJobs(), IsOkAndHolds(ElementsAre(kJob)));
+  const auto refused =
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(link + " is a symbolic link, not a directory"));
+  EXPECT_THAT(store_.ListSteps("job-b"), refused);
+  EXPECT_THAT(store_.LatestCommittedStep("job-b"), refused);
+  EXPECT_THAT(store_.ApplyRetention("job-b", 1), refused);
+  EXPECT_THAT(store_.RemoveIncompleteSteps("job-b"), refused);
+  EXPECT_THAT(store_.RemoveStep("job-b", 1), refused);
+  EXPECT_THAT(store_.PrepareStep("job-b", 3), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("symbolic link")));
+
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> there, elsewhere.ListSteps("job-b"));
+  EXPECT_EQ(StepNumbers(there), (std::vector<uint64_t>{1, 2}));
+  for (uint64_t step : {1u, 2u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, elsewhere.VerifyStep("job-b", step, OneThread()));
+    EXPECT_THAT(report.problems, IsEmpty()) << step;
+  }
+}
+
+// Only what is under the root is never followed: a root that is itself a link
+// (to another disk) works as before.
+TEST_F(StoreLinkTest, ARootThatIsALinkIsFollowed) {
+  const std::string real_root = tmp_.Sub("real-root");
+  const std::string linked_root = tmp_.Sub("linked-root");
+  CKPTD_ASSERT_OK(fs_->CreateDir(real_root));
+  Link(real_root, linked_root);
+  CheckpointStore store(fs_.get(), linked_root);
+  for (uint64_t step : {1u, 2u, 3u}) Commit(step, &store);
+  EXPECT_THAT(store.ListJobs(), IsOkAndHolds(ElementsAre(kJob)));
+  EXPECT_THAT(store.ApplyRetention(kJob, 2), IsOkAndHolds(ElementsAre(1u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store.ListSteps(kJob));
+  EXPECT_EQ(StepNumbers(steps), (std::vector<uint64_t>{2, 3}));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepVerifyReport report, store.VerifyStep(kJob, 3, OneThread()));
+  EXPECT_THAT(report.problems, IsEmpty());
+  EXPECT_TRUE(Exists(StepDir(real_root, kJob, 3)));
+  EXPECT_FALSE(Exists(StepDir(real_root, kJob, 1)));
+  EXPECT_TRUE(IsLink(linked_root));
+}
+
+// Issue 16 (4): a FIFO in place of a shard hung verification and restores.
+TEST_F(StoreLinkTest, AFifoInPlaceOfAShardOrManifestIsAnErrorNotAHang) {
+  Commit(1);
+  const std::string shard = ShardPath(root_, kJob, 1, 0);
+  MakeFifo(shard);
+  absl::StatusOr<StepVerifyReport> report =
+      WithinTenSeconds(shard, [&] { return store_.VerifyStep(kJob, 1, OneThread()); });
+  CKPTD_ASSERT_OK(report.status());
+  ASSERT_EQ(report->problems.size(), 1u);
+  EXPECT_EQ(report->problems[0].file, shard);
+  EXPECT_THAT(report->problems[0].message, HasSubstr(shard + " is a FIFO, not a regular file"));
+  EXPECT_THAT(WithinTenSeconds(shard, [&] { return ShardReader::Open(fs_.get(), shard, OneThread()).status(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is a FIFO")));
+
+  // A commit that reads the shards names the rank without one.
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 2));
+  const std::string shard2 = ShardPath(root_, kJob, 2, 0);
+  MakeFifo(shard2);
+  EXPECT_THAT(WithinTenSeconds(shard2, [&] { return store_.CommitStep(kJob, 2, 1).status(); }),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("rank 0 has no durable shard"), HasSubstr("is a FIFO"))));
+  ShardRef ref;
+  ref.set_rank(0);
+  ref.set_file_length(0);
+  EXPECT_THAT(store_.CheckReportedShard(kJob, 2, ref),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(shard2 + " is a FIFO, socket or device")));
+
+  // A FIFO for a MANIFEST: the step is corrupt (kept and reported) and the
+  // listing finishes.
+  Commit(3);
+  const std::string manifest = ManifestPath(root_, kJob, 3);
+  MakeFifo(manifest);
+  absl::StatusOr<std::vector<StepInfo>> steps = WithinTenSeconds(manifest, [&] { return store_.ListSteps(kJob); });
+  CKPTD_ASSERT_OK(steps.status());
+  ASSERT_EQ(StepNumbers(*steps), (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ((*steps)[2].state, StepState::kCorrupt);
+  EXPECT_THAT((*steps)[2].detail, HasSubstr(manifest + " is a FIFO, not a regular file"));
+  EXPECT_THAT(WithinTenSeconds(manifest, [&] { return store_.ReadManifest(kJob, 3).status(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is a FIFO")));
 }
 
 }  // namespace

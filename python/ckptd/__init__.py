@@ -17,6 +17,8 @@ loader (e.g. after `cmake --install`).
 """
 
 import ctypes
+import math
+import operator
 import os
 import time
 
@@ -101,6 +103,80 @@ class CheckpointWarning(UserWarning):
 def error_for(code, message):
     """The exception for a status code and message of libckptd."""
     return _ERRORS.get(code, Error)(message, code)
+
+
+# --- values that cross into C --------------------------------------------------
+#
+# ctypes converts a Python int to a C integer by truncating it, silently:
+# rank 4294967296 would reach libckptd as rank 0, step -1 as 2**64 - 1. Every
+# integer this package hands to libckptd is checked against its C type first.
+
+UINT32_MAX = (1 << 32) - 1
+UINT64_MAX = (1 << 64) - 1
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+_C_TYPES = {(0, UINT32_MAX): "uint32_t", (0, UINT64_MAX): "uint64_t", (0, INT32_MAX): "int",
+            (0, INT64_MAX): "int64_t"}
+
+
+def _integer(name, value, lo, hi):
+    """`value` as an int inside [lo, hi]: InvalidArgumentError (a ValueError)
+    naming `name` and the range otherwise, TypeError for a non-integer."""
+    if isinstance(value, bool):
+        raise TypeError(f"ckptd: {name} must be an integer, not a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"ckptd: {name} must be an integer, not {type(value).__name__} {value!r}") from None
+    if not lo <= v <= hi:
+        ctype = _C_TYPES.get((0, hi))
+        raise InvalidArgumentError(f"ckptd: {name} must be from {lo} to {hi}" + (f" ({ctype})" if ctype else "") +
+                                   f"; got {v}")
+    return v
+
+
+def _uint32(name, value, lo=0):
+    return _integer(name, value, lo, UINT32_MAX)
+
+
+def _uint64(name, value, lo=0):
+    return _integer(name, value, lo, UINT64_MAX)
+
+
+def _seconds(name, value, positive=False, finite=True):
+    """A duration in seconds: a real number >= 0 (> 0 with `positive`), not NaN
+    (nor infinite with `finite`)."""
+    if isinstance(value, bool):
+        raise TypeError(f"ckptd: {name} must be a number of seconds, not a bool")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"ckptd: {name} must be a number of seconds, not {type(value).__name__} {value!r}") from None
+    if math.isnan(v) or (finite and math.isinf(v)) or v < 0 or (positive and v == 0):
+        raise InvalidArgumentError(f"ckptd: {name} must be a {'finite ' if finite else ''}number of seconds "
+                                   f"{'greater than 0' if positive else '0 or more'}; got {value!r}")
+    return v
+
+
+def _millis(name, value, positive=False):
+    """Seconds as the int64_t milliseconds of the C ABI: never 0 for a positive
+    duration (libckptd reads an rpc_timeout of 0 as its default of 5 s)."""
+    v = _seconds(name, value, positive=positive)
+    ms = 0 if v == 0 else max(1, round(v * 1000))
+    if ms > INT64_MAX:
+        raise InvalidArgumentError(f"ckptd: {name} must be at most {INT64_MAX // 1000} seconds (int64_t "
+                                   f"milliseconds); got {value!r}")
+    return ms
+
+
+def _world(rank, world_size):
+    """rank and world_size as the uint32_t of ckptd_options: 1 <= world_size,
+    rank < world_size."""
+    world_size = _uint32("world_size", world_size, lo=1)
+    rank = _uint32("rank", rank)
+    if rank >= world_size:
+        raise InvalidArgumentError(f"ckptd: rank must be from 0 to world_size - 1 = {world_size - 1}; got {rank}")
+    return rank, world_size
 
 
 # --- loading libckptd.so -----------------------------------------------------
@@ -214,6 +290,8 @@ class Buffer:
         if not view.c_contiguous:
             raise InvalidArgumentError(f"buffer '{name}': the memory is not C-contiguous")
         nbytes = view.nbytes
+        if dtype is not None and (isinstance(dtype, bool) or dtype not in DTYPE_SIZES):
+            raise InvalidArgumentError(f"buffer '{name}': unknown dtype {dtype}")
         inferred = BYTES if isinstance(obj, bytearray) else _dtype_of(view)
         if dtype is None:
             dtype = inferred if inferred is not None else BYTES
@@ -228,10 +306,12 @@ class Buffer:
     def at(cls, name, address, dtype, shape, component=PARAMS, device_kind=DEVICE_HOST, device_index=0,
            global_shape=None, offsets=None, owner=None):
         b = cls.__new__(cls)
+        shape = _shape(name, "shape", shape)
         n = DTYPE_SIZES.get(dtype, 0)
         for d in shape:
-            n *= int(d)
-        b._init(name, int(address), n, component, dtype, shape, global_shape, offsets, device_kind, device_index,
+            n *= d
+        address = _integer(f"buffer '{name}': address", address, 0, UINT64_MAX)
+        b._init(name, address, n, component, dtype, shape, global_shape, offsets, device_kind, device_index,
                 owner)
         return b
 
@@ -242,9 +322,19 @@ class Buffer:
                 raise InvalidArgumentError(f"buffer '{name}': component '{component}' is none of "
                                            f"{', '.join(COMPONENTS)}")
             component = COMPONENTS[component]
-        if dtype not in DTYPE_SIZES:
+        if isinstance(component, bool) or component not in COMPONENTS.values():
+            raise InvalidArgumentError(f"buffer '{name}': component {component!r} is none of "
+                                       f"{', '.join(f'{k} ({v})' for k, v in COMPONENTS.items())}")
+        if isinstance(dtype, bool) or dtype not in DTYPE_SIZES:
             raise InvalidArgumentError(f"buffer '{name}': unknown dtype {dtype}")
-        shape = tuple(int(d) for d in shape)
+        if isinstance(device_kind, bool) or device_kind not in (DEVICE_HOST, DEVICE_CUDA):
+            raise InvalidArgumentError(f"buffer '{name}': device_kind must be DEVICE_HOST ({DEVICE_HOST}) or "
+                                       f"DEVICE_CUDA ({DEVICE_CUDA}); got {device_kind!r}")
+        device_index = _integer(f"buffer '{name}': device_index", device_index, 0, INT32_MAX)
+        shape = _shape(name, "shape", shape)
+        # libckptd reads ndim entries of each: a shorter list would be read past its end.
+        global_shape = _shape(name, "global_shape", global_shape, len(shape))
+        offsets = _shape(name, "offsets", offsets, len(shape))
         expected = DTYPE_SIZES[dtype]
         for d in shape:
             expected *= d
@@ -253,9 +343,8 @@ class Buffer:
                                        f"the memory {nbytes}")
         if nbytes > 0 and address == 0:
             raise InvalidArgumentError(f"buffer '{name}' has no memory")
-        self.name, self.component, self.dtype, self.shape = name, component, dtype, shape
-        self.global_shape = tuple(int(d) for d in global_shape) if global_shape is not None else None
-        self.offsets = tuple(int(d) for d in offsets) if offsets is not None else None
+        self.name, self.component, self.dtype, self.shape = name, int(component), int(dtype), shape
+        self.global_shape, self.offsets = global_shape, offsets
         self.address, self.nbytes = address, nbytes
         self.device_kind, self.device_index = device_kind, device_index
         self._owner = owner
@@ -263,6 +352,20 @@ class Buffer:
     def __repr__(self):
         device = "host" if self.device_kind == DEVICE_HOST else f"cuda:{self.device_index}"
         return f"ckptd.Buffer({self.name!r}, dtype={self.dtype}, shape={list(self.shape)}, {device})"
+
+
+def _shape(name, what, values, ndim=None):
+    """A buffer's shape, global_shape or offsets: uint64_t entries (ndim of
+    them when given); None stays None."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"ckptd: buffer '{name}': {what} must be a sequence of integers, not "
+                        f"{type(values).__name__}")
+    dims = tuple(_uint64(f"buffer '{name}': {what}[{i}]", d) for i, d in enumerate(values))
+    if ndim is not None and len(dims) != ndim:
+        raise InvalidArgumentError(f"ckptd: buffer '{name}': {what} has {len(dims)} entries, the shape {ndim}")
+    return dims
 
 
 def _dims(values):
@@ -276,12 +379,29 @@ class Client:
     the agent cannot be reached within `connect_wait` seconds. Times are in
     seconds. Close it (or use `with`) to say goodbye to the agent, which
     still persists what was published.
+
+    every_steps: should_snapshot() says yes every this many steps; 0 (the
+    default, as in the C ABI): never by itself, only snapshot() when called.
+    Under a coordinator its schedule applies instead. (ckptd.torch's
+    Checkpointer defaults to an interval.)
+
+    Integers are checked against their C types (rank and world_size uint32,
+    steps uint64, ...): out of range is InvalidArgumentError (a ValueError)
+    naming the parameter, never a value truncated by ctypes.
     """
 
     def __init__(self, socket, job, buffers, rank=0, world_size=1, every_steps=0, slot_wait=0.0, rpc_timeout=5.0,
                  spare_device_buffer=False, connect_wait=0.0):
         self._handle = None
+        rank, world_size = _world(rank, world_size)
+        every_steps = _uint64("every_steps", every_steps)
+        slot_wait_ms = _millis("slot_wait", slot_wait)
+        rpc_timeout_ms = _millis("rpc_timeout", rpc_timeout, positive=True)
+        connect_wait = _seconds("connect_wait", connect_wait, finite=False)
         buffers = list(buffers)
+        for b in buffers:
+            if not isinstance(b, Buffer):
+                raise TypeError(f"ckptd: buffers must be ckptd.Buffer objects, not {type(b).__name__}")
         self._buffers = buffers  # keeps their memory alive
         self._names = [b.name.encode("utf-8") for b in buffers]
         self._dims = []
@@ -295,8 +415,7 @@ class Client:
                                 ctypes.cast(dims[2], _P(ctypes.c_uint64)) if dims[2] is not None else None,
                                 b.device_kind, b.device_index, b.address or None)
         self._socket, self._job = socket.encode("utf-8"), job.encode("utf-8")
-        options = _OptionsC(self._socket, self._job, rank, world_size, every_steps, int(slot_wait * 1000),
-                            int(rpc_timeout * 1000))
+        options = _OptionsC(self._socket, self._job, rank, world_size, every_steps, slot_wait_ms, rpc_timeout_ms)
         ext = _OptionsExtC(ctypes.sizeof(_OptionsExtC), 1 if spare_device_buffer else 0, 0)
         deadline = time.monotonic() + connect_wait
         while True:
@@ -323,7 +442,7 @@ class Client:
     def should_snapshot(self, step):
         """Whether the schedule says to snapshot `step` (no RPC). Call it once
         per step: it also tells the agent the pace of training."""
-        return _lib.ckptd_should_snapshot(self._live(), step) == 1
+        return _lib.ckptd_should_snapshot(self._live(), _uint64("step", step)) == 1
 
     def restart_requested(self):
         """The coordinator asks every rank of the job to restart (no RPC)."""
@@ -332,6 +451,7 @@ class Client:
     def snapshot(self, step):
         """Copies every buffer into staging and hands it to the agent; returns
         the seconds training waited (the stall)."""
+        step = _uint64("step", step)
         stall = ctypes.c_double(0.0)
         _check(_lib.ckptd_snapshot(self._live(), step, ctypes.byref(stall)))
         return stall.value
@@ -345,7 +465,8 @@ class Client:
 
     def wait_persisted(self, step, timeout=60.0):
         """Waits until the agent has persisted `step` (or a later one)."""
-        _check(_lib.ckptd_wait_persisted(self._live(), step, int(timeout * 1000)))
+        step, timeout_ms = _uint64("step", step), _millis("timeout", timeout)
+        _check(_lib.ckptd_wait_persisted(self._live(), step, timeout_ms))
 
     def close(self):
         handle, self._handle = self._handle, None

@@ -1,6 +1,6 @@
 """ckptd for PyTorch training loops.
 
-    ckpt = ckptd.torch.Checkpointer("my-job", "/run/ckptd/agent.sock", every=100)
+    ckpt = ckptd.torch.Checkpointer("my-job", "/run/ckptd/agent.sock")   # every=500 steps by default
     ckpt.track("model", model)
     ckpt.track("optimizer", optimizer)
     ckpt.track("scheduler", scheduler)
@@ -21,6 +21,7 @@ docs/python.md describes the design and its limits.
 import base64
 import collections
 import json
+import logging
 import random
 import struct
 import sys
@@ -36,7 +37,14 @@ try:
 except ImportError:  # NumPy is optional: its RNG is saved when it is there
     _np = None
 
-__all__ = ["Checkpointer", "ResumableLoader"]
+__all__ = ["Checkpointer", "ResumableLoader", "DEFAULT_EVERY"]
+
+# Steps between snapshots when Checkpointer(every=) is not given and no
+# coordinator schedules them (a coordinator's schedule always wins). The same
+# on every rank, so that the ranks of a job snapshot the same steps.
+DEFAULT_EVERY = 500
+
+_log = logging.getLogger(__name__)
 
 _DTYPES = {torch.float32: _ckptd.FLOAT32, torch.bfloat16: _ckptd.BFLOAT16, torch.float16: _ckptd.FLOAT16,
            torch.float64: _ckptd.FLOAT64, torch.int8: _ckptd.INT8, torch.uint8: _ckptd.UINT8,
@@ -259,17 +267,32 @@ class Checkpointer:
     """Checkpoints the objects a training loop tracks through the node's
     ckptd-agent, and resumes them bit-identically.
 
-    job, socket, rank, world_size: as for ckptd.Client. every: snapshot every
-    this many steps (0: only when a coordinator schedules it, or snapshot()).
-    on_error: what a failed snapshot does, "warn" (a ckptd.CheckpointWarning,
-    the default), "raise" (the ckptd.Error) or "ignore"; training goes on
-    after a warning. Times are in seconds.
+    job, socket, rank, world_size: as for ckptd.Client. every: maybe_snapshot
+    snapshots every this many steps; not given (None), every DEFAULT_EVERY
+    (500) steps; 0: only the steps a coordinator schedules (without one,
+    never: only snapshot() does). When the node's agent reports to a
+    coordinator, the coordinator's schedule applies instead, whatever `every`
+    says. on_error: what a failed snapshot does, "warn" (a
+    ckptd.CheckpointWarning, the default), "raise" (the ckptd.Error) or
+    "ignore"; training goes on after a warning. Times are in seconds.
+    Out-of-range values (a rank or world_size beyond uint32_t, a negative
+    step or time, ...) raise ValueError naming the parameter, here rather
+    than at the first snapshot.
     """
 
-    def __init__(self, job, socket, rank=0, world_size=1, *, every=0, slot_wait=0.0, rpc_timeout=5.0,
+    def __init__(self, job, socket, rank=0, world_size=1, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
                  connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
+        # Checked now: at the first maybe_snapshot a bad value would only be a
+        # CheckpointWarning, again at every retry.
+        rank, world_size = _ckptd._world(rank, world_size)
+        self._every_default = every is None
+        every = DEFAULT_EVERY if every is None else _ckptd._uint64("every", every)
+        _ckptd._millis("slot_wait", slot_wait)
+        _ckptd._millis("rpc_timeout", rpc_timeout, positive=True)
+        _ckptd._seconds("connect_wait", connect_wait, finite=False)
+        retry_interval = _ckptd._seconds("retry_interval", retry_interval, finite=False)
         self._client_args = dict(socket=socket, job=job, rank=rank, world_size=world_size, every_steps=every,
                                  slot_wait=slot_wait, rpc_timeout=rpc_timeout,
                                  spare_device_buffer=spare_device_buffer, connect_wait=connect_wait)
@@ -284,6 +307,12 @@ class Checkpointer:
         self.snapshots_taken = 0
         self.registrations = 0  # times the tracked state was registered with the agent
 
+    @property
+    def every(self):
+        """The steps between snapshots when no coordinator schedules them (0:
+        none); DEFAULT_EVERY unless given."""
+        return self._client_args["every_steps"]
+
     # --- the training loop's calls ---
 
     def track(self, name, obj, component=None, meta_bytes=None):
@@ -297,6 +326,8 @@ class Checkpointer:
         give it, the same in every run. Track everything before restore()."""
         if not name or "/" in name or "#" in name:
             raise ValueError(f"ckptd: track name {name!r} must be non-empty, without '/' or '#'")
+        if meta_bytes is not None:
+            meta_bytes = _ckptd._integer("meta_bytes", meta_bytes, _META_HEADER + 2, _ckptd.INT64_MAX)
         if name in self._tracked:
             raise ValueError(f"ckptd: '{name}' is already tracked")
         if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
@@ -322,8 +353,7 @@ class Checkpointer:
         restore would train a different model on each rank. Any other
         failure raises ckptd.Error, e.g. FailedPreconditionError naming the
         tensor when the model does not match the checkpoint."""
-        if not self._tracked:
-            raise ValueError("ckptd: nothing is tracked; track() the model, optimizer, ... before restore()")
+        self._require_tracked("restore()")
         if self._layout is None:
             try:
                 self._open()
@@ -339,15 +369,23 @@ class Checkpointer:
                 return 0
         step = self._layout.client.restore()
         if step is None:
+            rank, world_size = self._client_args["rank"], self._client_args["world_size"]
+            _log.info("ckptd: job '%s' has no committed checkpoint (rank %d of %d): training starts from scratch",
+                      self._client_args["job"], rank, world_size)
             return 0
         self._load(step)
+        _log.info("ckptd: job '%s' restored step %d (rank %d of %d)", self._client_args["job"], step,
+                  self._client_args["rank"], self._client_args["world_size"])
         return step
 
     def maybe_snapshot(self, step):
         """Snapshots `step` when the schedule says so and returns True once
         it is handed to the agent; returns False at once otherwise. Call it
         every step, after the optimizer step. A failure does not stop
-        training (see on_error)."""
+        training (see on_error); a step that is not a uint64_t, or nothing
+        tracked, raises."""
+        step = _ckptd._uint64("step", step)
+        self._require_tracked("maybe_snapshot()")
         if self._layout is None:
             if time.monotonic() < self._retry_at:
                 return False
@@ -362,6 +400,8 @@ class Checkpointer:
 
     def snapshot(self, step):
         """Snapshots `step` now, whatever the schedule; as maybe_snapshot."""
+        step = _ckptd._uint64("step", step)
+        self._require_tracked("snapshot()")
         try:
             if self._layout is None:
                 self._open()
@@ -417,6 +457,22 @@ class Checkpointer:
                 w in name.lower() or w in type(obj).__name__.lower() for w in _CURSOR_WORDS):
             return "data_cursor"
         return "params"
+
+    def _require_tracked(self, what):
+        # Registering nothing but the RNG streams would make checkpoints that
+        # restore no model, silently.
+        if not self._tracked:
+            raise ValueError(f"ckptd: nothing is tracked; track() the model, optimizer, ... before {what}")
+
+    def _log_schedule(self):
+        args = self._client_args
+        who = f"ckptd: job '{args['job']}' rank {args['rank']} of {args['world_size']}"
+        if args["every_steps"] == 0:
+            _log.info("%s: every=0: maybe_snapshot() snapshots only the steps a coordinator schedules; without "
+                      "a coordinator, only snapshot() does", who)
+        else:
+            _log.info("%s: snapshots every %d steps%s, unless the agent's coordinator schedules them", who,
+                      args["every_steps"], " (the default; pass every=N to choose)" if self._every_default else "")
 
     def _fail(self, what, error):
         self.last_error = error
@@ -492,6 +548,8 @@ class Checkpointer:
             layout.client = _ckptd.Client(buffers=buffers, **self._client_args)
             self._layout = layout
             self.registrations += 1
+            if self.registrations == 1:
+                self._log_schedule()
         finally:
             self._settle(undo)
             self._apply_rngs(rng_state)

@@ -498,7 +498,7 @@ SEP_RE = re.compile(r"(;|&&|\|\||\s\|\s|\s&\s|\s&$|\n)")
 OPTS = {"CKPTD_COORDINATOR_OPTS": "ckptd-coordinator", "CKPTD_AGENT_OPTS": "ckptd-agent"}
 FOREIGN = {"srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo", "#SBATCH", "kubectl", "docker", "cmake",
            "openssl", "systemctl", "systemd-analyze", "mount", "sudoedit", "install.sh", "test-single-node.sh",
-           "apt-get", "yamllint", "shellcheck", "ctest"}
+           "apt-get", "yamllint", "shellcheck", "ctest", "torchrun"}
 
 problems = []
 helps = {}

@@ -13,6 +13,16 @@ except ImportError:
     np = None
 
 
+class _Index:
+    """An integer that is not an int (as NumPy's and torch's): operator.index."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
 class ClientTest(AgentTestCase):
     def test_snapshot_and_restore_a_bytearray(self):
         data = bytearray(b"step one state" * 10)
@@ -81,6 +91,83 @@ class ClientTest(AgentTestCase):
         client.close()
         with self.assertRaises(ckptd.InvalidArgumentError):
             client.snapshot(1)
+
+    def test_integers_out_of_range_raise_instead_of_wrapping(self):
+        # ctypes truncates: without the checks, rank 2**32 registered as rank 0,
+        # world_size 2**32 + 1 as 1, every_steps 2**64 + 2 as 2 and step -1 as
+        # 2**64 - 1, all without an error.
+        data = bytearray(8)
+
+        def client(**kw):
+            return ckptd.Client(self.agent.socket, "py-range", [ckptd.Buffer("x", data)], **kw)
+
+        for kw, name, allowed in [
+                (dict(rank=2**32, world_size=1), "rank", "from 0 to 4294967295 (uint32_t); got 4294967296"),
+                (dict(rank=-1), "rank", "from 0 to 4294967295 (uint32_t); got -1"),
+                (dict(world_size=2**32 + 1), "world_size", "from 1 to 4294967295 (uint32_t)"),
+                (dict(world_size=0), "world_size", "from 1 to 4294967295"),
+                (dict(rank=3, world_size=3), "rank", "from 0 to world_size - 1 = 2; got 3"),
+                (dict(every_steps=2**64 + 2), "every_steps", "from 0 to 18446744073709551615 (uint64_t)"),
+                (dict(every_steps=-2), "every_steps", "(uint64_t); got -2"),
+                (dict(slot_wait=-0.5), "slot_wait", "0 or more; got -0.5"),
+                (dict(rpc_timeout=0), "rpc_timeout", "greater than 0"),
+                (dict(rpc_timeout=float("nan")), "rpc_timeout", "finite"),
+                (dict(rpc_timeout=1e17), "rpc_timeout", "(int64_t milliseconds)"),
+                (dict(connect_wait=-1), "connect_wait", "0 or more")]:
+            with self.subTest(**kw):
+                with self.assertRaises(ValueError) as e:
+                    client(**kw)
+                self.assertIsInstance(e.exception, ckptd.InvalidArgumentError)
+                self.assertIn(f"{name} must be", str(e.exception))
+                self.assertIn(allowed, str(e.exception))
+        with self.assertRaisesRegex(TypeError, "rank must be an integer, not float"):
+            client(rank=1.0)
+        self.assertEqual(self.agent.committed_steps("py-range"), [])
+
+        # numpy-style integers are integers.
+        with client(rank=_Index(0), every_steps=_Index(2)) as c:
+            for step in (-1, 2**64, 2**64 + 2):
+                with self.subTest(step=step):
+                    with self.assertRaisesRegex(ckptd.InvalidArgumentError,
+                                                r"step must be from 0 to 18446744073709551615 \(uint64_t\); "
+                                                f"got {step}$"):
+                        c.should_snapshot(step)
+                    with self.assertRaises(ValueError):
+                        c.snapshot(step)
+                    with self.assertRaises(ValueError):
+                        c.wait_persisted(step, timeout=1)
+            with self.assertRaisesRegex(ValueError, "timeout must be a finite number of seconds 0 or more; got -1"):
+                c.wait_persisted(0, timeout=-1)
+            self.assertTrue(c.should_snapshot(2))
+            self.assertFalse(c.should_snapshot(3))
+            c.snapshot(4)
+            c.wait_persisted(4, timeout=30)
+        self.assertEqual(self.agent.committed_steps("py-range"), [4])  # no step 2**64 - 1
+
+    def test_buffer_numbers_are_checked_before_they_reach_c(self):
+        data = bytearray(16)
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, r"buffer 'x': shape\[0\] must be from 0 to "
+                                    r"18446744073709551615 \(uint64_t\); got -1"):
+            ckptd.Buffer.at("x", 1 << 20, ckptd.FLOAT32, (-1, -2))  # 4 * -1 * -2 = 8 bytes, once
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, r"offsets\[0\] must be from 0 .*; got -1"):
+            ckptd.Buffer("x", data, global_shape=(32,), offsets=(-1,))
+        # libckptd reads ndim entries of global_shape and offsets.
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "global_shape has 2 entries, the shape 1"):
+            ckptd.Buffer("x", data, global_shape=(16, 2), offsets=(0, 0))
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "offsets has 0 entries, the shape 1"):
+            ckptd.Buffer("x", data, global_shape=(32,), offsets=())
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "address must be from 0"):
+            ckptd.Buffer.at("x", -8, ckptd.UINT8, (4,))
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, r"device_index must be from 0 to 2147483647 \(int\)"):
+            ckptd.Buffer.at("x", 8, ckptd.UINT8, (4,), device_kind=ckptd.DEVICE_CUDA, device_index=2**32)
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "device_kind must be"):
+            ckptd.Buffer.at("x", 8, ckptd.UINT8, (4,), device_kind=2**32 + 1)
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "component 4294967297 is none of"):
+            ckptd.Buffer("x", data, component=2**32 + 1)
+        with self.assertRaisesRegex(ckptd.InvalidArgumentError, "unknown dtype 4294967298"):
+            ckptd.Buffer("x", data, dtype=2**32 + 2)
+        sharded = ckptd.Buffer("x", data, global_shape=(32,), offsets=(16,))
+        self.assertEqual((sharded.shape, sharded.global_shape, sharded.offsets), ((16,), (32,), (16,)))
 
     def test_library_is_the_built_one(self):
         self.assertTrue(ckptd.library_path().endswith("libckptd.so"), ckptd.library_path())

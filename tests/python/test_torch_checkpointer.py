@@ -209,6 +209,91 @@ class CheckpointerTest(AgentTestCase):
             ranked.restore()
         self.assertIn("rank 1 of 2 cannot restore", str(e.exception))
 
+    def test_without_every_it_snapshots_every_default_every_steps(self):
+        # A Checkpointer made the obvious way, with no coordinator: it used to
+        # never snapshot (every=0), silently.
+        job = self.job()
+        model = _net()
+        ckpt = ckt.Checkpointer(job, self.agent.socket, slot_wait=10.0)
+        self.assertEqual(ckt.DEFAULT_EVERY, 500)  # as docs/python.md says
+        self.assertEqual(ckpt.every, ckt.DEFAULT_EVERY)
+        ckpt.track("model", model)
+        with self.assertLogs("ckptd.torch", "INFO") as logs:
+            self.assertEqual(ckpt.restore(), 0)
+        self.assertTrue(any(f"snapshots every {ckt.DEFAULT_EVERY} steps (the default; pass every=N" in line
+                            for line in logs.output), logs.output)
+        self.assertTrue(any(f"job '{job}' has no committed checkpoint" in line for line in logs.output), logs.output)
+        taken = [step for step in range(1, 2 * ckt.DEFAULT_EVERY + 1) if ckpt.maybe_snapshot(step)]
+        self.assertEqual(taken, [ckt.DEFAULT_EVERY, 2 * ckt.DEFAULT_EVERY])
+        ckpt.wait_persisted(2 * ckt.DEFAULT_EVERY, timeout=30)
+        ckpt.close()
+        self.assertEqual(self.agent.committed_steps(job), [ckt.DEFAULT_EVERY, 2 * ckt.DEFAULT_EVERY])
+        # Resumed the same way, it restores, and says so.
+        ckpt = ckt.Checkpointer(job, self.agent.socket)
+        ckpt.track("model", _net())
+        with self.assertLogs("ckptd.torch", "INFO") as logs:
+            self.assertEqual(ckpt.restore(), 2 * ckt.DEFAULT_EVERY)
+        self.assertTrue(any(f"restored step {2 * ckt.DEFAULT_EVERY}" in line for line in logs.output), logs.output)
+        ckpt.close()
+
+        # every=0 asked for explicitly: only snapshot() (or a coordinator), and the log says so.
+        job = self.job()
+        ckpt = ckt.Checkpointer(job, self.agent.socket, every=0, slot_wait=10.0)
+        ckpt.track("model", _net())
+        with self.assertLogs("ckptd.torch", "INFO") as logs:
+            ckpt.restore()
+        self.assertTrue(any("every=0" in line and "only snapshot() does" in line for line in logs.output),
+                        logs.output)
+        self.assertFalse(any(ckpt.maybe_snapshot(step) for step in range(1, ckt.DEFAULT_EVERY + 1)))
+        self.assertTrue(ckpt.snapshot(ckt.DEFAULT_EVERY + 1))
+        ckpt.wait_persisted(ckt.DEFAULT_EVERY + 1, timeout=30)
+        ckpt.close()
+        self.assertEqual(self.agent.committed_steps(job), [ckt.DEFAULT_EVERY + 1])
+
+    def test_numbers_out_of_range_raise_at_construction_and_nothing_tracked_raises(self):
+        for kw, message in [
+                (dict(rank=2**32), r"rank must be from 0 to 4294967295 \(uint32_t\); got 4294967296"),
+                (dict(rank=1, world_size=2**32 + 1), r"world_size must be from 1 to 4294967295 \(uint32_t\)"),
+                (dict(rank=2, world_size=2), r"rank must be from 0 to world_size - 1 = 1; got 2"),
+                (dict(every=-1), r"every must be from 0 to 18446744073709551615 \(uint64_t\); got -1"),
+                (dict(every=2**64 + 3), r"every must be from 0 to 18446744073709551615"),
+                (dict(slot_wait=-1.0), r"slot_wait must be a finite number of seconds 0 or more"),
+                (dict(rpc_timeout=0.0), r"rpc_timeout must be a finite number of seconds greater than 0"),
+                (dict(retry_interval=float("nan")), r"retry_interval must be a number of seconds 0 or more")]:
+            with self.subTest(**kw):
+                # At construction, not as a CheckpointWarning at the first snapshot.
+                with self.assertRaisesRegex(ValueError, message):
+                    ckt.Checkpointer(self.job(), self.agent.socket, **kw)
+        with self.assertRaisesRegex(TypeError, "every must be an integer, not float"):
+            ckt.Checkpointer(self.job(), self.agent.socket, every=10.0)
+        with self.assertRaisesRegex(ValueError, r"meta_bytes must be from 18 to"):
+            ckt.Checkpointer(self.job(), self.agent.socket).track("model", _net(), meta_bytes=-4096)
+
+        job = self.job()
+        ckpt = self.checkpointer(job, every=1)
+        # Nothing tracked: a snapshot would hold the RNG streams and no model.
+        with self.assertRaisesRegex(ValueError, r"nothing is tracked.*before maybe_snapshot\(\)"):
+            ckpt.maybe_snapshot(1)
+        with self.assertRaisesRegex(ValueError, r"nothing is tracked.*before snapshot\(\)"):
+            ckpt.snapshot(1)
+        ckpt.track("model", _net())
+        ckpt.restore()
+        # A bad step raises even with on_error="warn": it is the caller's bug,
+        # not a checkpoint that failed (step -1 used to become 2**64 - 1).
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ckptd.CheckpointWarning)
+            for step in (-1, 2**64):
+                with self.assertRaisesRegex(ValueError, rf"step must be from 0 to 18446744073709551615 "
+                                                        rf"\(uint64_t\); got {step}$"):
+                    ckpt.snapshot(step)
+                with self.assertRaisesRegex(ValueError, "step must be from 0"):
+                    ckpt.maybe_snapshot(step)
+        self.assertEqual(ckpt.snapshots_taken, 0)
+        self.assertTrue(ckpt.maybe_snapshot(1))
+        ckpt.wait_persisted(1, timeout=30)
+        ckpt.close()
+        self.assertEqual(self.agent.committed_steps(job), [1])
+
     def test_everything_a_state_dict_holds_round_trips(self):
         class Counter:
             def __init__(self):

@@ -1,0 +1,222 @@
+#include "agent/flags.h"
+
+#include <grp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <set>
+#include <system_error>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "base/flags.h"
+#include "base/host_port.h"
+#include "base/limits.h"
+#include "base/status_macros.h"
+#include "rpc/tls.h"
+#include "storage/layout.h"
+
+namespace ckptd::agent {
+
+const char kAgentUsage[] =
+    "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
+    "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
+    "                   [--trainer-group <group>]\n"
+    "                   [--coordinator <host:port> [--node-id <id>]\n"
+    "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
+    "                   [--inject-write-latency <duration>] [--allow-drills]\n"
+    "\n"
+    "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
+    "owns their shared-memory staging, persists every published snapshot in\n"
+    "the background (per rank, in step order), commits by itself the steps of\n"
+    "a job whose ranks all run on this node (one spread over nodes needs\n"
+    "--coordinator), and restores the newest committed step that reads back intact.\n"
+    "It watches each trainer process to notice its death at once; a trainer in\n"
+    "another PID namespace (a pod of its own) is watched by the pid the kernel\n"
+    "recorded for its connection, so the agent must see the trainers' processes.\n"
+    "\n"
+    "  --storage-root <dir>      where checkpoints live (<dir>/<job>/step-<s>/...)\n"
+    "  --socket <path>           Unix socket to serve on\n"
+    "  --staging-budget <bytes>  staging memory per trainer, 1..1T (K/M/G/T suffixes); default:\n"
+    "                            --slots slots\n"
+    "  --slots N                 staging slots per trainer, 1..63 (default 2)\n"
+    "  --keep N                  committed steps kept per job, 1..1000000 (default 2)\n"
+    "  --threads N               persist/restore threads, 1..1024 (default: one per core)\n"
+    "  --local-cache <dir>       node-local tier (e.g. an NVMe mount): each shard is written here\n"
+    "                            first and its staging slot handed back, then copied to the storage\n"
+    "                            root, where the step commits as usual; restores read the local copy\n"
+    "                            when it is the committed shard, else the storage root. A local\n"
+    "                            write that fails (full disk) falls back to the storage root\n"
+    "  --local-cache-keep N      steps per job kept in the local tier, 1..1000000 (default 2)\n"
+    "  --trainer-group <group>   let this group's processes use the agent: the socket and the\n"
+    "                            staging memory become 0660 with this group (name or number);\n"
+    "                            the agent must be a member. Default: owner-only (0600)\n"
+    "  --coordinator <host:port> report to a ckptd-coordinator (port 1..65535): it commits every\n"
+    "                            step (also of jobs on this node only), sets the schedule and plans restores\n"
+    "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
+    "  --tls-ca <pem>            talk TLS to the coordinator, trusting this CA\n"
+    "  --tls-cert/--tls-key <pem> this agent's client certificate and key (the coordinator\n"
+    "                            requires one when it runs with mutual TLS)\n"
+    "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
+    "                            data in the storage root sleeps <d> first (e.g. 200ms; at most 1h), so\n"
+    "                            a persist stays in flight long enough to kill the agent in the middle\n"
+    "                            of it\n"
+    "  --allow-drills            testing and drills only: carry out the failure drills the coordinator\n"
+    "                            sends (ckptctl drill): SIGKILL or SIGSTOP this node's trainers, kill\n"
+    "                            this agent, cut it off from the coordinator, corrupt a byte of a\n"
+    "                            committed shard, make checkpoint storage fail (EIO, ENOSPC) or slow\n"
+    "                            for a while. Without it, every drill is refused with an error report\n"
+    "\n"
+    "Stops on SIGINT or SIGTERM after persisting what trainers already published.\n"
+    "Exit codes: 1 the storage root or --local-cache could not be created, 2 bad command line\n"
+    "(a value outside its range included), 3 the socket could not be served.\n";
+
+namespace {
+
+const std::set<std::string> kValueFlags = {
+    // clang-format off
+    "storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id", "local-cache",
+    "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key",
+    // clang-format on
+};
+const std::set<std::string> kBoolFlags = {"help", "allow-drills"};
+
+// The ranges of the numeric flags (documented in kAgentUsage).
+constexpr uint64_t kMaxStagingBudget = uint64_t{1} << 40;  // 1 TiB of staging per trainer
+// A staging segment's header block holds 63 slot headers
+// (staging::StagingSegment::Create refuses more).
+constexpr uint32_t kMaxSlots = 63;
+constexpr int kMaxKeep = 1'000'000;
+// (gid_t)-1 means "leave the group alone" to chown(2): never a group.
+constexpr uint64_t kMaxGid = uint64_t{UINT32_MAX} - 1;
+
+// --trainer-group: a group number, or the name of a group of this machine.
+absl::StatusOr<uint32_t> TrainerGroup(const std::string& group) {
+  if (!group.empty() && std::all_of(group.begin(), group.end(), [](char c) { return absl::ascii_isdigit(c); })) {
+    uint64_t gid = 0;
+    if (!absl::SimpleAtoi(group, &gid) || gid > kMaxGid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--trainer-group must be a group name or a number in 0..", kMaxGid, ", got \"", group, "\""));
+    }
+    return static_cast<uint32_t>(gid);
+  }
+  struct group entry;
+  struct group* found = nullptr;
+  std::vector<char> buf(16384);
+  int err;
+  // Groups with many members (LDAP) need a larger buffer.
+  while ((err = ::getgrnam_r(group.c_str(), &entry, buf.data(), buf.size(), &found)) == ERANGE &&
+         buf.size() < (64u << 20)) {
+    buf.resize(buf.size() * 4);
+  }
+  if (err != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("--trainer-group: no group \"", group, "\" on this machine",
+                                                   err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : ""));
+  }
+  return static_cast<uint32_t>(found->gr_gid);
+}
+
+// Neither --local-cache nor --storage-root may hold the other: the
+// coordinator would take the local tier for a job, or the tier would copy
+// files onto themselves. Checked before either directory is created (the
+// tier's might be in the storage root).
+absl::Status CheckApart(const std::string& storage_root, const std::string& local_cache) {
+  std::error_code ec1, ec2;
+  const std::filesystem::path root = std::filesystem::weakly_canonical(storage_root, ec1);
+  const std::filesystem::path tier = std::filesystem::weakly_canonical(local_cache, ec2);
+  if (ec1 || ec2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--local-cache ", local_cache, ": cannot resolve it or the storage root (", (ec1 ? ec1 : ec2).message(), ")"));
+  }
+  auto inside = [](const std::filesystem::path& a, const std::filesystem::path& b) {  // a at or below b
+    auto [end_b, at_a] = std::mismatch(b.begin(), b.end(), a.begin(), a.end());
+    return end_b == b.end();
+  };
+  if (inside(root, tier) || inside(tier, root)) {
+    return absl::InvalidArgumentError(absl::StrCat("--local-cache ", local_cache, " and --storage-root ", storage_root,
+                                                   " overlap: the node-local tier must be a directory of its own"));
+  }
+  return absl::OkStatus();
+}
+
+// The coordinator link's options from --coordinator, --node-id, --tls-* and
+// --allow-drills.
+absl::StatusOr<CoordinatorLinkOptions> LinkOptions(const base::Args& args) {
+  CoordinatorLinkOptions link;
+  link.address = *args.Get("coordinator");
+  if (absl::Status s = base::ParseHostPort(link.address, base::PortUse::kConnect).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", s.message()));
+  }
+  char host[256] = {};
+  (void)::gethostname(host, sizeof(host) - 1);  // informational only
+  link.host_name = host;
+  link.node_id = args.Get("node-id").value_or(std::string(host));
+  if (!storage::ValidateJobName(link.node_id).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--node-id \"", link.node_id, "\" is not a valid name: use A-Z a-z 0-9 . _ -"));
+  }
+  if (args.Has("tls-ca") || args.Has("tls-cert") || args.Has("tls-key")) {
+    rpc::TlsFiles files;
+    files.ca = args.Get("tls-ca").value_or("");
+    files.cert = args.Get("tls-cert").value_or("");
+    files.key = args.Get("tls-key").value_or("");
+    CKPTD_ASSIGN_OR_RETURN(link.credentials, rpc::ChannelCredentialsFromFiles(files));
+  }
+  link.drills_allowed = args.Has("allow-drills");
+  return link;
+}
+
+}  // namespace
+
+absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv) {
+  CKPTD_ASSIGN_OR_RETURN(const base::Args args, base::Args::Parse(argv, kValueFlags, kBoolFlags));
+  AgentFlags flags;
+  if (args.Has("help")) {
+    flags.help = true;
+    return flags;
+  }
+  if (!args.Get("storage-root") || !args.Get("socket")) {
+    return absl::InvalidArgumentError("--storage-root and --socket are required");
+  }
+  flags.socket = *args.Get("socket");
+  AgentOptions& options = flags.options;
+  options.storage_root = *args.Get("storage-root");
+  // Each number is parsed wide and checked against what its consumer
+  // handles before it is narrowed.
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("staging-budget", 1, kMaxStagingBudget, &options.staging_budget_bytes,
+                                      /*allow_suffix=*/true));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("slots", 1, kMaxSlots, &options.slots));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("threads", 1, base::kMaxThreads, &options.io_threads));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("local-cache-keep", 1, kMaxKeep, &options.local_cache_keep));
+  if (args.Get("local-cache-keep") && !args.Get("local-cache")) {
+    return absl::InvalidArgumentError("--local-cache-keep needs --local-cache");
+  }
+  if (std::optional<std::string> group = args.Get("trainer-group")) {
+    CKPTD_ASSIGN_OR_RETURN(options.trainer_group, TrainerGroup(*group));
+  }
+  if (std::optional<std::string> local = args.Get("local-cache")) {
+    CKPTD_RETURN_IF_ERROR(CheckApart(options.storage_root, *local));
+    options.local_cache = *local;
+  }
+  flags.allow_drills = args.Has("allow-drills");
+  if (args.Get("coordinator")) {
+    CKPTD_ASSIGN_OR_RETURN(flags.link, LinkOptions(args));
+    options.node_id = flags.link->node_id;
+  } else if (args.Get("node-id") || args.Get("tls-ca") || args.Get("tls-cert") || args.Get("tls-key")) {
+    return absl::InvalidArgumentError("--node-id and --tls-* need --coordinator");
+  }
+  CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> latency,
+                         args.GetDurationInRange("inject-write-latency", absl::Nanoseconds(1), absl::Hours(1)));
+  flags.inject_write_latency = latency.value_or(absl::ZeroDuration());
+  return flags;
+}
+
+}  // namespace ckptd::agent

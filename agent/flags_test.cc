@@ -1,0 +1,287 @@
+#include "agent/flags.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::Optional;
+using ::testing::StartsWith;
+
+// The required flags, then `more`.
+std::vector<std::string> With(std::vector<std::string> more) {
+  std::vector<std::string> args = {"--storage-root", "/srv/ckpt", "--socket", "/run/ckptd/agent.sock"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The message of a command line that must fail with kInvalidArgument.
+MATCHER_P(FailsNaming, text, "") {
+  return ::testing::ExplainMatchResult(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(text)), arg.status(),
+                                       result_listener);
+}
+
+std::string HostName() {
+  char host[256] = {};
+  (void)::gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({})));
+  EXPECT_FALSE(flags.help);
+  EXPECT_EQ(flags.socket, "/run/ckptd/agent.sock");
+  EXPECT_EQ(flags.options.storage_root, "/srv/ckpt");
+  EXPECT_EQ(flags.options.staging_budget_bytes, 0u);
+  EXPECT_EQ(flags.options.slots, 2u);
+  EXPECT_EQ(flags.options.keep_last, 2);
+  EXPECT_EQ(flags.options.io_threads, 0);
+  EXPECT_EQ(flags.options.trainer_group, std::nullopt);
+  EXPECT_EQ(flags.options.local_cache, "");
+  EXPECT_EQ(flags.options.local_cache_keep, 2);
+  EXPECT_EQ(flags.options.node_id, "");
+  EXPECT_EQ(flags.options.coordinator, nullptr);
+  EXPECT_EQ(flags.options.local_fs, nullptr);
+  EXPECT_FALSE(flags.link.has_value());
+  EXPECT_EQ(flags.inject_write_latency, absl::ZeroDuration());
+  EXPECT_FALSE(flags.allow_drills);
+}
+
+TEST(AgentFlagsTest, EachFlagReachesItsOption) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      AgentFlags flags,
+      ParseAgentFlags({"--storage-root=/data/root", "--socket", "/tmp/a.sock", "--staging-budget", "8G", "--slots", "3",
+                       "--keep", "5", "--threads", "7", "--local-cache", "/nvme/tier", "--local-cache-keep", "4",
+                       "--trainer-group", "1234", "--inject-write-latency", "200ms"}));
+  EXPECT_EQ(flags.socket, "/tmp/a.sock");
+  EXPECT_EQ(flags.options.storage_root, "/data/root");
+  EXPECT_EQ(flags.options.staging_budget_bytes, uint64_t{8} << 30);
+  EXPECT_EQ(flags.options.slots, 3u);
+  EXPECT_EQ(flags.options.keep_last, 5);
+  EXPECT_EQ(flags.options.io_threads, 7);
+  EXPECT_EQ(flags.options.local_cache, "/nvme/tier");
+  EXPECT_EQ(flags.options.local_cache_keep, 4);
+  EXPECT_THAT(flags.options.trainer_group, Optional(1234u));
+  EXPECT_EQ(flags.inject_write_latency, absl::Milliseconds(200));
+  EXPECT_FALSE(flags.link.has_value());
+}
+
+TEST(AgentFlagsTest, StagingBudgetTakesPlainBytesAndSuffixes) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags plain, ParseAgentFlags(With({"--staging-budget", "12345"})));
+  EXPECT_EQ(plain.options.staging_budget_bytes, 12345u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags kib, ParseAgentFlags(With({"--staging-budget", "3k"})));
+  EXPECT_EQ(kib.options.staging_budget_bytes, 3u << 10);
+}
+
+TEST(AgentFlagsTest, LocalCacheKeepAboveItsRangeIsRefusedNotCapped) {
+  EXPECT_THAT(ParseAgentFlags(With({"--local-cache", "/nvme/t", "--local-cache-keep", "99999999999"})),
+              FailsNaming("--local-cache-keep must be an integer in 1..1000000, got \"99999999999\""));
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags,
+                             ParseAgentFlags(With({"--local-cache", "/nvme/t", "--local-cache-keep", "1000000"})));
+  EXPECT_EQ(flags.options.local_cache_keep, 1000000);
+}
+
+TEST(AgentFlagsTest, TrainerGroupByName) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({"--trainer-group", "root"})));
+  EXPECT_THAT(flags.options.trainer_group, Optional(0u));
+  EXPECT_THAT(ParseAgentFlags(With({"--trainer-group", "no-such-group-ckptd-test"})),
+              FailsNaming("--trainer-group: no group \"no-such-group-ckptd-test\" on this machine"));
+}
+
+TEST(AgentFlagsTest, CoordinatorMakesTheLinkOptions) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags,
+                             ParseAgentFlags(With({"--coordinator", "coord:7000", "--node-id", "node-7"})));
+  ASSERT_TRUE(flags.link.has_value());
+  EXPECT_EQ(flags.link->address, "coord:7000");
+  EXPECT_EQ(flags.link->node_id, "node-7");
+  EXPECT_EQ(flags.options.node_id, "node-7");
+  EXPECT_EQ(flags.link->host_name, HostName());
+  EXPECT_EQ(flags.link->credentials, nullptr);
+  EXPECT_FALSE(flags.link->drills_allowed);
+  EXPECT_FALSE(flags.allow_drills);
+}
+
+TEST(AgentFlagsTest, NodeIdDefaultsToTheHostName) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({"--coordinator", "coord:7000"})));
+  ASSERT_TRUE(flags.link.has_value());
+  EXPECT_EQ(flags.link->node_id, HostName());
+  EXPECT_EQ(flags.options.node_id, HostName());
+}
+
+TEST(AgentFlagsTest, AllowDrillsReachesTheLinkAndTheFlags) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags alone, ParseAgentFlags(With({"--allow-drills"})));
+  EXPECT_TRUE(alone.allow_drills);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags linked,
+                             ParseAgentFlags(With({"--coordinator", "coord:7000", "--allow-drills"})));
+  EXPECT_TRUE(linked.allow_drills);
+  ASSERT_TRUE(linked.link.has_value());
+  EXPECT_TRUE(linked.link->drills_allowed);
+}
+
+TEST(AgentFlagsTest, TlsFilesAreReadIntoCredentials) {
+  ckptd::testing::TempDir dir("ckptd-agent-flags-");
+  const std::string pem = dir.Sub("ca.pem");
+  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({"--coordinator", "coord:7000", "--tls-ca", pem})));
+  ASSERT_TRUE(flags.link.has_value());
+  EXPECT_NE(flags.link->credentials, nullptr);
+
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--tls-ca", dir.Sub("missing.pem")})).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("--tls-ca")));
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--tls-ca", pem, "--tls-cert", pem})),
+              FailsNaming("needs both --tls-cert and --tls-key"));
+}
+
+TEST(AgentFlagsTest, BadNumbersNameTheFlag) {
+  EXPECT_THAT(ParseAgentFlags(With({"--slots", "two"})),
+              FailsNaming("--slots must be an integer in 1..63, got \"two\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--staging-budget", "-1G"})),
+              FailsNaming("--staging-budget must be a size in 1..1T (bytes, or with K, M, G or T), got \"-1G\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--keep", "-2"})),
+              FailsNaming("--keep must be an integer in 1..1000000, got \"-2\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--threads", "4x"})),
+              FailsNaming("--threads must be an integer in 1..1024, got \"4x\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--local-cache", "/nvme/t", "--local-cache-keep", "1.5"})),
+              FailsNaming("--local-cache-keep must be an integer in 1..1000000, got \"1.5\""));
+  // Only the staging budget takes a suffix.
+  EXPECT_THAT(ParseAgentFlags(With({"--slots", "2K"})), FailsNaming("--slots must be an integer in 1..63, got \"2K\""));
+}
+
+TEST(AgentFlagsTest, OutOfRangeValuesAreRefused) {
+  EXPECT_THAT(ParseAgentFlags(With({"--slots", "0"})), FailsNaming("--slots must be an integer in 1..63, got \"0\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--local-cache", "/nvme/t", "--local-cache-keep", "0"})),
+              FailsNaming("--local-cache-keep must be an integer in 1..1000000, got \"0\""));
+  EXPECT_THAT(
+      ParseAgentFlags(With({"--inject-write-latency", "soon"})),
+      FailsNaming("--inject-write-latency must be a duration in 1ns..1h (like 500ms, 30s, 1h30m), got \"soon\""));
+  EXPECT_THAT(ParseAgentFlags(With({"--inject-write-latency", "0s"})), FailsNaming("--inject-write-latency must be"));
+  EXPECT_THAT(ParseAgentFlags(With({"--inject-write-latency", "inf"})), FailsNaming("--inject-write-latency must be"));
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--node-id", "bad/name"})),
+              FailsNaming("--node-id \"bad/name\" is not a valid name"));
+}
+
+TEST(AgentFlagsTest, FlagsThatNeedAnother) {
+  EXPECT_THAT(ParseAgentFlags({"--storage-root", "/srv/ckpt"}),
+              FailsNaming("--storage-root and --socket are required"));
+  EXPECT_THAT(ParseAgentFlags({"--socket", "/tmp/s"}), FailsNaming("--storage-root and --socket are required"));
+  EXPECT_THAT(ParseAgentFlags(With({"--local-cache-keep", "3"})),
+              FailsNaming("--local-cache-keep needs --local-cache"));
+  EXPECT_THAT(ParseAgentFlags(With({"--node-id", "n"})), FailsNaming("--node-id and --tls-* need --coordinator"));
+  EXPECT_THAT(ParseAgentFlags(With({"--tls-ca", "/ca.pem"})), FailsNaming("--node-id and --tls-* need --coordinator"));
+}
+
+TEST(AgentFlagsTest, LocalCacheMustNotOverlapTheStorageRoot) {
+  ckptd::testing::TempDir dir("ckptd-agent-flags-");
+  const std::string root = dir.Sub("root");
+  for (const std::string& local : {root, root + "/tier", dir.path(), root + "/../root/x"}) {
+    EXPECT_THAT(ParseAgentFlags({"--storage-root", root, "--socket", "/tmp/s", "--local-cache", local}),
+                FailsNaming("overlap: the node-local tier must be a directory of its own"))
+        << local;
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags apart, ParseAgentFlags({"--storage-root", root, "--socket", "/tmp/s",
+                                                                "--local-cache", dir.Sub("tier")}));
+  EXPECT_EQ(apart.options.local_cache, dir.Sub("tier"));
+}
+
+TEST(AgentFlagsTest, CommandLineErrors) {
+  EXPECT_THAT(ParseAgentFlags(With({"--frobnicate"})), FailsNaming("unknown flag --frobnicate"));
+  EXPECT_THAT(ParseAgentFlags(With({"--slots"})), FailsNaming("--slots needs a value"));
+  EXPECT_THAT(ParseAgentFlags(With({"--allow-drills=yes"})), FailsNaming("--allow-drills takes no value"));
+}
+
+TEST(AgentFlagsTest, HelpNeedsNothingElse) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags({"--help"}));
+  EXPECT_TRUE(flags.help);
+  // As before the flags moved out of main(): --help wins over bad values, not
+  // over a command line that does not parse.
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags with_bad_value, ParseAgentFlags({"--slots", "zero", "--help"}));
+  EXPECT_TRUE(with_bad_value.help);
+  EXPECT_THAT(ParseAgentFlags({"--help", "--frobnicate"}), FailsNaming("unknown flag --frobnicate"));
+}
+
+TEST(AgentFlagsTest, UsageNamesEveryFlag) {
+  const std::string usage = kAgentUsage;
+  EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir> --socket <path>"));
+  for (const char* flag : {"--storage-root", "--socket", "--staging-budget", "--slots", "--keep", "--threads",
+                           "--local-cache", "--local-cache-keep", "--trainer-group", "--coordinator", "--node-id",
+                           "--tls-ca", "--tls-cert", "--tls-key", "--inject-write-latency", "--allow-drills"}) {
+    EXPECT_THAT(usage, HasSubstr(flag));
+    // Every flag the usage names is one the parser knows (it may still need others).
+    EXPECT_THAT(ParseAgentFlags(With({flag, "x"})).status(),
+                ::testing::Not(StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flag"))))
+        << flag;
+  }
+}
+
+// Issue 16, finding 9: numbers that were truncated, wrapped or overflowed.
+TEST(AgentFlagsTest, NumbersOutsideWhatTheAgentHandlesAreUsageErrorsNotTruncated) {
+  struct Case {
+    std::vector<std::string> flags;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           // 2^32 + 2 became 2 slots, 2^31 threads a negative count, 2^32 keep 0.
+           {{"--slots", "4294967298"}, "--slots must be an integer in 1..63, got \"4294967298\""},
+           {{"--slots", "64"}, "--slots must be an integer in 1..63"},
+           {{"--keep", "0"}, "--keep must be an integer in 1..1000000, got \"0\""},
+           {{"--keep", "4294967296"}, "--keep must be an integer in 1..1000000, got \"4294967296\""},
+           {{"--keep", "2147483648"}, "--keep must be an integer in 1..1000000"},
+           {{"--threads", "100000"}, "--threads must be an integer in 1..1024, got \"100000\""},
+           {{"--threads", "2147483648"}, "--threads must be an integer in 1..1024"},
+           {{"--threads", "0"}, "--threads must be an integer in 1..1024, got \"0\""},
+           {{"--staging-budget", "0"}, "--staging-budget must be a size in 1..1T"},
+           {{"--staging-budget", "2T"}, "--staging-budget must be a size in 1..1T"},
+           {{"--staging-budget", "16777216T"}, "--staging-budget must be a size in 1..1T"},  // 2^64 bytes
+           {{"--local-cache", "/nvme/t", "--local-cache-keep", "4294967297"},
+            "--local-cache-keep must be an integer in 1..1000000"},
+           {{"--trainer-group", "4294967295"}, "--trainer-group must be a group name or a number in 0..4294967294"},
+           {{"--trainer-group", "99999999999999999999"}, "--trainer-group must be a group name or a number"},
+           {{"--coordinator", "127.0.0.1:99999"}, "--coordinator: \"127.0.0.1:99999\": port must be 1..65535"},
+           {{"--coordinator", "127.0.0.1:0"}, "--coordinator: \"127.0.0.1:0\": port must be 1..65535"},
+           {{"--coordinator", "coord"}, "--coordinator: \"coord\" is not host:port"},
+           {{"--inject-write-latency", "2h"}, "--inject-write-latency must be a duration in 1ns..1h"},
+       }) {
+    EXPECT_THAT(ParseAgentFlags(With(c.flags)), FailsNaming(c.message)) << c.flags[0];
+  }
+}
+
+TEST(AgentFlagsTest, TheEndsOfEveryRangeAreAccepted) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      AgentFlags top,
+      ParseAgentFlags(With({"--staging-budget", "1T", "--slots", "63", "--keep", "1000000", "--threads", "1024",
+                            "--local-cache", "/nvme/t", "--local-cache-keep", "1000000", "--trainer-group",
+                            "4294967294", "--coordinator", "[::1]:65535", "--inject-write-latency", "1h"})));
+  EXPECT_EQ(top.options.staging_budget_bytes, uint64_t{1} << 40);
+  EXPECT_EQ(top.options.slots, 63u);
+  EXPECT_EQ(top.options.keep_last, 1000000);
+  EXPECT_EQ(top.options.io_threads, 1024);
+  EXPECT_EQ(top.options.local_cache_keep, 1000000);
+  EXPECT_THAT(top.options.trainer_group, Optional(4294967294u));
+  EXPECT_EQ(top.inject_write_latency, absl::Hours(1));
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      AgentFlags bottom, ParseAgentFlags(With({"--staging-budget", "1", "--slots", "1", "--keep", "1", "--threads", "1",
+                                               "--local-cache", "/nvme/t", "--local-cache-keep", "1", "--trainer-group",
+                                               "0", "--coordinator", "coord:1"})));
+  EXPECT_EQ(bottom.options.staging_budget_bytes, 1u);
+  EXPECT_EQ(bottom.options.slots, 1u);
+  EXPECT_EQ(bottom.options.keep_last, 1);
+  EXPECT_EQ(bottom.options.io_threads, 1);
+  EXPECT_EQ(bottom.options.local_cache_keep, 1);
+  EXPECT_THAT(bottom.options.trainer_group, Optional(0u));
+}
+
+}  // namespace
+}  // namespace ckptd::agent

@@ -1,0 +1,223 @@
+#include "coordinator/flags.h"
+
+#include <cstdint>
+#include <set>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/flags.h"
+#include "base/host_port.h"
+#include "base/status_macros.h"
+
+namespace ckptd::coordinator {
+
+const char kCoordinatorUsage[] =
+    "usage: ckptd-coordinator --listen <host:port> --storage-root <dir> --state-dir <dir>\n"
+    "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
+    "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
+    "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
+    "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--restart-guess 5m]\n"
+    "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
+    "                         [--step-deadline 30m] [--operator-token-file F]\n"
+    "                         [--tls-cert F --tls-key F --tls-ca F]\n"
+    "\n"
+    "Coordinates the agents of a cluster over gRPC: tracks agents and jobs,\n"
+    "detects lost nodes and dead or hung trainers, publishes the checkpoint\n"
+    "schedule, commits a step once every rank's shard is durable, and plans\n"
+    "restores so that every rank resumes from the same intact step.\n"
+    "\n"
+    "  --listen <host:port>        gRPC address (\":port\": every interface; port 0..65535, 0: any\n"
+    "                              free port)\n"
+    "  --storage-root <dir>        where checkpoints live (created when missing)\n"
+    "  --state-dir <dir>           the coordinator's database (coordinator.db) and operator token\n"
+    "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics\n"
+    "  --heartbeat-interval <d>    how often agents send heartbeats, 1ms..1h (default 1s)\n"
+    "  --node-lost-after <d>       heartbeat silence after which a node is lost (default 5s)\n"
+    "  --hang-floor <d>            least time without step progress before a rank is hung (default 60s)\n"
+    "  --every N                   a fixed interval: checkpoint every N steps (1..2^40), always\n"
+    "                              (turns the interval policy off)\n"
+    "  --initial-every N           without --every: the interval until the policy has measured a\n"
+    "                              checkpoint (1..2^40; default 100 steps)\n"
+    "  --min-interval <d>          the policy's bounds on the interval (defaults 10s and 6h; 0: none;\n"
+    "                              at most 8760h, a year).\n"
+    "  --max-interval <d>          The persist time is a floor above both.\n"
+    "  --failure-rate <rate>       prior mean of the failure rate, per GPU-hour, in (0, 1000]\n"
+    "                              (default 3e-6)\n"
+    "  --failure-prior-weight <n>  the prior's weight in failures, in (0, 1e6] (default 1): the\n"
+    "                              estimate moves from the prior to the failures observed as they\n"
+    "                              outweigh it\n"
+    "  --restart-guess <d>         restart cost assumed until one is measured (default 5m)\n"
+    "  --alternative-interval <d>  the interval reported beside the policy's for comparison\n"
+    "                              (default 30m; at most 8760h)\n"
+    "  --interval-hysteresis <f>   change the interval only when it moves by more than this\n"
+    "                              fraction, in (0, 10] (default 0.2), and lowers the expected waste\n"
+    "  --decide-every <d>          how often the policy looks at its measurements (default 10s)\n"
+    "  --keep N                    committed steps kept per job, 1..1000000 (default 2)\n"
+    "  --step-deadline <d>         a step still incomplete this long after its first shard\n"
+    "                              is aborted (default 30m)\n"
+    "  --operator-token-file F     file holding the token operator RPCs must carry; without it a\n"
+    "                              random token is generated at every start and written to\n"
+    "                              <state-dir>/operator-token (mode 0600)\n"
+    "  --tls-cert F --tls-key F --tls-ca F\n"
+    "                              mutual TLS (PEM files): serve with this certificate and key and\n"
+    "                              require client certificates signed by the CA\n"
+    "  --help                      this text\n"
+    "\n"
+    "Durations are like 500ms, 1s, 1m30s, 2h; positive, and at most 720h (30 days) unless said\n"
+    "otherwise. Prints \"ckptd-coordinator: listening on <host>:<port>\" to stderr once serving,\n"
+    "and stops on SIGINT or SIGTERM (exit 0).\n"
+    "\n"
+    "The state directory is locked (<state-dir>/coordinator.lock, holding the pid) for as long\n"
+    "as the coordinator runs: a second coordinator on it exits with status 3, naming the\n"
+    "holder. The generated operator token is written only once both ports are bound, so a\n"
+    "coordinator that fails to start leaves the token file as it was.\n"
+    "Exit codes: 1 the storage root or state could not be opened, 2 bad command line (a value\n"
+    "outside its range included), 3 an address could not be served or the state directory is\n"
+    "in use by another coordinator.\n";
+
+namespace {
+
+const std::set<std::string> kValueFlags = {
+    // clang-format off
+    "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
+    "every", "initial-every", "keep", "step-deadline", "operator-token-file", "tls-cert", "tls-key", "tls-ca",
+    "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "restart-guess", "alternative-interval",
+    "interval-hysteresis", "decide-every",
+    // clang-format on
+};
+const std::set<std::string> kBoolFlags = {"help"};
+
+struct DurationFlag {
+  const char* name;
+  absl::Duration* value;
+  absl::Duration max;
+};
+
+struct RealFlag {
+  const char* name;
+  double* value;
+  double low, high;  // exclusive, inclusive
+};
+
+// The longest durations the flags take: what the coordinator's arithmetic
+// and the agents' heartbeat interval (milliseconds in 32 bits) hold with
+// room to spare, and longer than any sensible setting.
+constexpr absl::Duration kMaxHeartbeatInterval = absl::Hours(1);
+constexpr absl::Duration kMaxDuration = absl::Hours(24 * 30);
+constexpr absl::Duration kMaxInterval = absl::Hours(24 * 365);
+// The largest fixed or initial interval, in steps, and the most steps kept.
+constexpr uint64_t kMaxEvery = uint64_t{1} << 40;
+constexpr int kMaxKeep = 1'000'000;
+
+// The durations, the interval policy's settings and the interval; what
+// needs a flag's value from `args` into `options`.
+absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
+  for (const DurationFlag& f : {DurationFlag{"heartbeat-interval", &options.heartbeat_interval, kMaxHeartbeatInterval},
+                                DurationFlag{"node-lost-after", &options.node_lost_after, kMaxDuration},
+                                DurationFlag{"hang-floor", &options.hang_floor, kMaxDuration},
+                                DurationFlag{"step-deadline", &options.step_deadline, kMaxDuration},
+                                DurationFlag{"restart-guess", &options.restart_guess, kMaxDuration},
+                                DurationFlag{"alternative-interval", &options.alternative_interval, kMaxInterval},
+                                DurationFlag{"decide-every", &options.decide_every, kMaxDuration}}) {
+    std::optional<std::string> v = args.Get(f.name);
+    if (!v) continue;
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, ": \"", *v, "\" is not a positive duration (e.g. 500ms, 5s, 30m)"));
+    }
+    if (d > f.max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, " must be at most ", absl::FormatDuration(f.max), ", got \"", *v, "\""));
+    }
+    *f.value = d;
+  }
+  // Bounds: 0 turns one off.
+  for (const DurationFlag& f : {DurationFlag{"min-interval", &options.min_interval, kMaxInterval},
+                                DurationFlag{"max-interval", &options.max_interval, kMaxInterval}}) {
+    std::optional<std::string> v = args.Get(f.name);
+    if (!v) continue;
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d < absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, ": \"", *v, "\" is not a duration (e.g. 30s, 2h; 0 for no bound)"));
+    }
+    if (d > f.max) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, " must be at most ", absl::FormatDuration(f.max), ", got \"", *v, "\""));
+    }
+    *f.value = d;
+  }
+  if (options.max_interval > absl::ZeroDuration() && options.min_interval > options.max_interval) {
+    return absl::InvalidArgumentError("--min-interval is longer than --max-interval");
+  }
+  for (const RealFlag& f : {RealFlag{"failure-rate", &options.failure_prior.mean_per_gpu_hour, 0, 1e3},
+                            RealFlag{"failure-prior-weight", &options.failure_prior.shape, 0, 1e6},
+                            RealFlag{"interval-hysteresis", &options.hysteresis, 0, 10}}) {
+    std::optional<std::string> v = args.Get(f.name);
+    if (!v) continue;
+    double x = 0;
+    if (!absl::SimpleAtod(*v, &x) || !(x > f.low) || !(x <= f.high)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", f.name, ": \"", *v, "\" is not a number in (", f.low, ", ", f.high, "]"));
+    }
+    *f.value = x;
+  }
+  if (options.heartbeat_interval < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("--heartbeat-interval must be at least 1ms");
+  }
+  if (options.node_lost_after <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError("--node-lost-after must be longer than --heartbeat-interval");
+  }
+  if (args.Has("every") && args.Has("initial-every")) {
+    return absl::InvalidArgumentError("--every and --initial-every exclude each other");
+  }
+  options.interval_automatic = !args.Has("every");
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("every", 1, kMaxEvery, &options.every_steps));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("initial-every", 1, kMaxEvery, &options.every_steps));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::string>& argv) {
+  CKPTD_ASSIGN_OR_RETURN(const base::Args args, base::Args::Parse(argv, kValueFlags, kBoolFlags));
+  CoordinatorFlags flags;
+  if (args.Has("help")) {
+    flags.help = true;
+    return flags;
+  }
+  if (!args.positional().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args.positional()[0], "\""));
+  }
+  if (!args.Get("listen") || !args.Get("storage-root") || !args.Get("state-dir")) {
+    return absl::InvalidArgumentError("--listen, --storage-root and --state-dir are required");
+  }
+  flags.listen = *args.Get("listen");
+  // Both addresses are checked here, before anything is opened or written.
+  if (absl::Status s = base::ParseHostPort(flags.listen, base::PortUse::kListen).status(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--listen: ", s.message()));
+  }
+  flags.storage_root = *args.Get("storage-root");
+  flags.state_dir = *args.Get("state-dir");
+  flags.metrics_listen = args.Get("metrics-listen");
+  if (flags.metrics_listen) {
+    if (absl::Status s = base::ParseHostPort(*flags.metrics_listen, base::PortUse::kListen).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: ", s.message()));
+    }
+  }
+  flags.operator_token_file = args.Get("operator-token-file");
+  flags.options.retention_in_tick = false;  // the service removes old steps on a thread of its own
+  CKPTD_RETURN_IF_ERROR(ParseOptions(args, flags.options));
+  const int tls_flags = args.Has("tls-cert") + args.Has("tls-key") + args.Has("tls-ca");
+  if (tls_flags != 0 && tls_flags != 3) {
+    return absl::InvalidArgumentError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca");
+  }
+  if (tls_flags == 3) flags.tls = rpc::TlsFiles{*args.Get("tls-cert"), *args.Get("tls-key"), *args.Get("tls-ca")};
+  return flags;
+}
+
+}  // namespace ckptd::coordinator
