@@ -284,46 +284,17 @@ TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
 }  // namespace ckptd::agent
 
 // The trainer-group test below makes up users of its own (root only).
-#include <grp.h>
-#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include <functional>
+#include "base/testing/users.h"
 
 namespace ckptd::agent {
 namespace {
 
-// Runs `fn` in a child process as user `uid` with `groups` (the first one its
-// primary group) and returns what it returned, or why the child could not
-// become that user or did not finish.
-std::string RunAsUser(uint32_t uid, const std::vector<uint32_t>& groups, const std::function<std::string()>& fn) {
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child < 0) return "fork failed";
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    std::vector<gid_t> gids(groups.begin(), groups.end());
-    std::string out;
-    if (::setgroups(gids.size(), gids.data()) != 0 || ::setgid(gids[0]) != 0 || ::setuid(uid) != 0) {
-      out = absl::StrCat("cannot become uid ", uid, ": ", std::strerror(errno));
-    } else {
-      out = fn();
-    }
-    (void)!::write(pipe_fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(pipe_fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(pipe_fds[0]);
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
-  return out;
-}
+using ::ckptd::testing::RunAs;
+using ::ckptd::testing::TestUser;
+using ::ckptd::testing::UnusedIds;
 
 // With --trainer-group G, a trainer of another user in G reaches the agent's
 // socket and maps its staging, trusting it as the agent's (the owner of the
@@ -331,15 +302,12 @@ std::string RunAsUser(uint32_t uid, const std::vector<uint32_t>& groups, const s
 TEST(TrainerGroupTest, AgentServesTrainersOfAnotherUserInItsGroupOnly) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root, to act as users of its own making (setuid)";
   // Numbers that name no user and no group here: no account is touched.
-  std::vector<uint32_t> ids;
-  for (uint32_t id = 61000; id < 62000 && ids.size() < 3; ++id) {
-    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
-  }
+  const std::vector<uint32_t> ids = UnusedIds(3);
   if (ids.size() < 3) GTEST_SKIP() << "no 3 unused uids and gids in 61000..61999";
   const uint32_t group = ids[0];
-  const uint32_t in_group = ids[1];
-  const uint32_t outsider = ids[2];
-  const std::string probe = RunAsUser(in_group, {in_group, group}, [] { return std::string("ok"); });
+  const TestUser in_group{ids[1], {ids[1], group}};
+  const TestUser outsider{ids[2], {ids[2]}};
+  const std::string probe = RunAs(in_group, [] { return std::string("ok"); });
   if (probe != "ok") GTEST_SKIP() << "root here cannot act as another user: " << probe;
 
   ckptd::testing::TempDir dir("ckptd-group-");
@@ -391,7 +359,7 @@ TEST(TrainerGroupTest, AgentServesTrainersOfAnotherUserInItsGroupOnly) {
     }
     return out;
   };
-  EXPECT_EQ(RunAsUser(in_group, {in_group, group}, [&] { return trainer(true); }),
+  EXPECT_EQ(RunAs(in_group, [&] { return trainer(true); }),
             "connect: ok; open: ok; slot 0 published: ok");
   // The agent persists what that trainer staged.
   grpc::ClientContext c2;
@@ -407,7 +375,7 @@ TEST(TrainerGroupTest, AgentServesTrainersOfAnotherUserInItsGroupOnly) {
     return l.ok() && *l == std::optional<uint64_t>(9);
   }));
 
-  const std::string refused = RunAsUser(outsider, {outsider}, [&] { return trainer(false); });
+  const std::string refused = RunAs(outsider, [&] { return trainer(false); });
   EXPECT_THAT(refused, HasSubstr("connect: Permission denied; open: PERMISSION_DENIED: staging segment /dev/shm" +
                                  reg.segment()));
   EXPECT_THAT(refused, HasSubstr(absl::StrCat("(owner uid 0, group ", group, ", mode 0660)")));

@@ -43,11 +43,6 @@ std::string Seconds(double s) {
   return absl::StrFormat("%.0f s", s);
 }
 
-namespace {
-
-// The length of the well-formed UTF-8 sequence at s[i] (2..4 bytes) and its
-// code point; 0 when the bytes there are not one (overlong forms and
-// surrogates included).
 size_t Utf8SequenceAt(absl::string_view s, size_t i, uint32_t* cp) {
   const unsigned char c = static_cast<unsigned char>(s[i]);
   size_t len = 0;
@@ -75,6 +70,8 @@ size_t Utf8SequenceAt(absl::string_view s, size_t i, uint32_t* cp) {
   }
   return len;
 }
+
+namespace {
 
 // Code points past ASCII that a terminal acts on or that reorder or break
 // the text around them: the C1 controls, the bidirectional marks, embeddings,

@@ -1,6 +1,7 @@
 // Human-readable sizes, durations and times for tables, logs and reports.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -24,5 +25,10 @@ std::string Seconds(double s);
 // the line and paragraph separators as \u009b, and bytes that are not UTF-8
 // as \xff. A backslash is kept, so applying it twice changes nothing more.
 std::string TerminalSafe(absl::string_view s);
+
+// The length of the well-formed UTF-8 sequence of 2..4 bytes at s[i] (i <
+// s.size()), with its code point in `*cp`; 0 when the bytes there are not
+// one (ASCII, overlong forms, surrogates and truncated sequences included).
+size_t Utf8SequenceAt(absl::string_view s, size_t i, uint32_t* cp);
 
 }  // namespace ckptd::base

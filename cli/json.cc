@@ -4,42 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/format.h"
 
 namespace ckptd::cli {
-
-namespace {
-
-// Decodes one well-formed UTF-8 sequence of 2..4 bytes at s[i]; returns its
-// length (0 when the bytes there are not UTF-8) and the code point.
-size_t DecodeUtf8(absl::string_view s, size_t i, uint32_t* cp) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  size_t len;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2;
-    *cp = c & 0x1F;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3;
-    *cp = c & 0x0F;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4;
-    *cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 0;
-    *cp = (*cp << 6) | (cc & 0x3F);
-  }
-  if ((len == 2 && *cp < 0x80) || (len == 3 && *cp < 0x800) || (len == 4 && *cp < 0x10000) ||
-      (*cp >= 0xD800 && *cp <= 0xDFFF) || *cp > 0x10FFFF) {
-    return 0;
-  }
-  return len;
-}
-
-}  // namespace
 
 std::string JsonEscape(absl::string_view s) {
   std::string out = "\"";
@@ -50,7 +17,7 @@ std::string JsonEscape(absl::string_view s) {
       // U+FFFF); a byte that is not UTF-8 is escaped on its own as U+00XX, so
       // any input gives valid, pure-ASCII JSON.
       uint32_t cp = 0;
-      if (size_t len = DecodeUtf8(s, i, &cp); len > 0) {
+      if (size_t len = base::Utf8SequenceAt(s, i, &cp); len > 0) {
         if (cp >= 0x10000) {
           cp -= 0x10000;
           absl::StrAppendFormat(&out, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));

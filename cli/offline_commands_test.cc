@@ -1,24 +1,21 @@
 #include "cli/offline_commands.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
+#include "base/testing/fifo.h"
 #include "base/testing/temp_dir.h"
 #include "base/thread_pool.h"
 #include "cli/testing_json.h"
@@ -41,6 +38,7 @@ using ::testing::IsEmpty;
 using ::testing::Not;
 
 using ::ckptd::testing::IsValidJson;
+using ::ckptd::testing::WithinOrReleaseFifo;
 
 constexpr char kRoot[] = "/root";
 constexpr char kJob[] = "train";
@@ -420,26 +418,6 @@ TEST_F(OfflineCommandsTest, VerifyThreadsOutsideOneTo1024IsAUsageError) {
   }
 }
 
-// Runs `fn` on a thread of its own and returns what it returned. A call still
-// running after 10 s fails the test; writers are then opened on `fifo` until
-// it returns (each releases a reader stuck in open(2)), so that the test ends
-// failed instead of hanging.
-template <typename Fn>
-auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
-  std::packaged_task<decltype(fn())()> task(std::move(fn));
-  std::future<decltype(fn())> done = task.get_future();
-  std::thread thread(std::move(task));
-  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
-    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  thread.join();
-  return done.get();
-}
-
 // Issue 16 (4): a FIFO in place of a shard hung `ckptctl verify --root` for
 // ever (opening a FIFO for reading waits for a writer). On the real file
 // system, since memory holds no FIFOs.
@@ -468,7 +446,7 @@ TEST(OfflineVerifyPosixTest, AFifoInPlaceOfAShardIsReportedAndVerifyFinishes) {
   for (bool json : {false, true}) {
     std::vector<std::string> argv = {"--root", root};
     if (json) argv.push_back("--json");
-    Result r = WithinTenSeconds(fifo, [&] {
+    Result r = WithinOrReleaseFifo(fifo, [&] {
       std::ostringstream out, err;
       Result result;
       result.code = RunVerify(fs.get(), argv, out, err);

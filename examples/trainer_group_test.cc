@@ -6,8 +6,6 @@
 // the group) and as C (not in it).
 #include <dirent.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -28,30 +26,20 @@
 #include "absl/time/time.h"
 #include "base/testing/eventually.h"
 #include "base/testing/temp_dir.h"
+#include "base/testing/users.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace {
 
+using ::ckptd::testing::BecomeUser;
 using ::ckptd::testing::Eventually;
+using ::ckptd::testing::TestUser;
+using ::ckptd::testing::UnusedIds;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
-
-struct TestUser {
-  uint32_t uid = 0;
-  std::vector<uint32_t> groups;  // the first one is the primary group
-};
-
-// `n` numbers from 61000 on that are neither a user's nor a group's.
-std::vector<uint32_t> UnusedIds(size_t n) {
-  std::vector<uint32_t> ids;
-  for (uint32_t id = 61000; id < 62000 && ids.size() < n; ++id) {
-    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
-  }
-  return ids;
-}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -79,15 +67,14 @@ pid_t SpawnAs(const TestUser& user, const std::vector<std::string>& argv, const 
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  const std::vector<gid_t> groups(user.groups.begin(), user.groups.end());
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (out < 0 || err < 0 || ::dup2(out, 1) < 0 || ::dup2(err, 2) < 0) ::_exit(126);
-  if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(groups[0]) != 0 || ::setuid(user.uid) != 0) {
-    const std::string why = absl::StrCat("cannot become uid ", user.uid, ": ", std::strerror(errno), "\n");
+  if (std::string why = BecomeUser(user); !why.empty()) {
+    why += "\n";
     (void)!::write(2, why.data(), why.size());
     ::_exit(126);
   }

@@ -1,8 +1,6 @@
 #include "staging/staging.h"
 
 #include <fcntl.h>
-#include <grp.h>
-#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -10,7 +8,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <functional>
 #include <optional>
 #include <thread>
 
@@ -22,6 +19,7 @@
 #include "base/clock.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
+#include "base/testing/users.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -291,7 +289,10 @@ namespace ckptd::staging {
 namespace {
 
 using ::ckptd::testing::IsOk;
+using ::ckptd::testing::RunAs;
 using ::ckptd::testing::StatusIs;
+using ::ckptd::testing::TestUser;
+using ::ckptd::testing::UnusedIds;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -355,53 +356,6 @@ TEST(CheckSegmentAccessTest, DirectoryWhereOthersCannotReplaceSegments) {
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lets other users replace")));
   EXPECT_THAT(CheckSegmentAccess("/d/s", seg, "/d", {0, 0, 0777}, {0, {0}, 1001}),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("lets other users replace")));
-}
-
-// Users of their own for the tests, made up without touching the machine's
-// accounts: numbers that name no user and no group here, taken on by a
-// forked child (setgroups, setgid, setuid), which only root can do.
-struct TestUser {
-  uint32_t uid = 0;
-  std::vector<uint32_t> groups;  // the first one is the primary group
-};
-
-// `n` numbers from 61000 on that are neither a user's nor a group's.
-std::vector<uint32_t> UnusedIds(size_t n) {
-  std::vector<uint32_t> ids;
-  for (uint32_t id = 61000; id < 62000 && ids.size() < n; ++id) {
-    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
-  }
-  return ids;
-}
-
-// Runs `fn` in a child process as `user` and returns what it returned, or why
-// the child could not become `user` or did not finish.
-std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) {
-  int pipe_fds[2];
-  if (::pipe(pipe_fds) != 0) return "pipe failed";
-  const pid_t child = ::fork();
-  if (child < 0) return "fork failed";
-  if (child == 0) {
-    ::close(pipe_fds[0]);
-    std::vector<gid_t> groups(user.groups.begin(), user.groups.end());
-    std::string out;
-    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(groups[0]) != 0 || ::setuid(user.uid) != 0) {
-      out = absl::StrCat("cannot become uid ", user.uid, ": ", std::strerror(errno));
-    } else {
-      out = fn();
-    }
-    (void)!::write(pipe_fds[1], out.data(), out.size());
-    ::_exit(0);
-  }
-  ::close(pipe_fds[1]);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(pipe_fds[0]);
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
-  return out;
 }
 
 std::string Result(const absl::Status& s) { return s.ok() ? "ok" : s.ToString(); }

@@ -8,10 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <numeric>
 #include <random>
 #include <string>
@@ -21,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/aligned_buffer.h"
 #include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
+#include "base/testing/fifo.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,6 +30,7 @@ namespace {
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
+using ::ckptd::testing::WithinOrReleaseFifo;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -554,26 +554,6 @@ TEST(PosixFileSystemOptionsTest, UseIoUringFalseForcesPreadPwrite) {
   EXPECT_FALSE(NewPosixFileSystem(options)->uses_io_uring());
 }
 
-// Runs `fn` on a thread of its own and returns what it returned. A call still
-// running after 10 s fails the test; writers are then opened on `fifo` until
-// it returns (each releases a reader stuck in open(2)), so that the test ends
-// failed instead of hanging.
-template <typename Fn>
-auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
-  std::packaged_task<decltype(fn())()> task(std::move(fn));
-  std::future<decltype(fn())> done = task.get_future();
-  std::thread thread(std::move(task));
-  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
-    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  thread.join();
-  return done.get();
-}
-
 bool IsLink(const std::string& path) {
   struct stat st;
   return ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
@@ -689,15 +669,15 @@ TEST_P(PosixFileSystemTest, OpeningAFifoForReadingIsAnErrorNotAHang) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0640), 0) << std::strerror(errno);
   const auto is_fifo_error = StatusIs(absl::StatusCode::kDataLoss, HasSubstr(fifo + " is a FIFO, not a regular file"));
   for (bool direct : {true, false}) {
-    EXPECT_THAT(WithinTenSeconds(fifo, [&] { return fs_->NewReadableFile(fifo, Direct(direct)).status(); }),
+    EXPECT_THAT(WithinOrReleaseFifo(fifo, [&] { return fs_->NewReadableFile(fifo, Direct(direct)).status(); }),
                 is_fifo_error)
         << "direct " << direct;
   }
-  EXPECT_THAT(WithinTenSeconds(fifo, [&] { return ReadFileToString(fs_.get(), fifo).status(); }), is_fifo_error);
+  EXPECT_THAT(WithinOrReleaseFifo(fifo, [&] { return ReadFileToString(fs_.get(), fifo).status(); }), is_fifo_error);
   // Following links does not make a FIFO a file.
   OpenOptions follow = Direct(false);
   follow.follow_symlinks = true;
-  EXPECT_THAT(WithinTenSeconds(fifo, [&] { return fs_->NewReadableFile(fifo, follow).status(); }), is_fifo_error);
+  EXPECT_THAT(WithinOrReleaseFifo(fifo, [&] { return fs_->NewReadableFile(fifo, follow).status(); }), is_fifo_error);
   // A regular file opened the same way reads normally (O_NONBLOCK is cleared).
   CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("f"), "contents"));
   EXPECT_THAT(ReadFileToString(fs_.get(), Path("f")), IsOkAndHolds(std::string("contents")));
@@ -738,14 +718,8 @@ TEST_P(PosixFileSystemTest, WritingAtALinkOrFifoIsRefusedNeverWrittenThroughOrWa
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   // Without a reader, a plain open for writing would fail with ENXIO only
   // because of O_NONBLOCK; without it, the open would wait for ever.
-  auto opened = std::async(std::launch::async, [&] { return fs_->NewWritableFile(fifo, Direct(false)).status(); });
-  if (opened.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // lets the stuck open return
-    opened.wait();
-    if (reader >= 0) ::close(reader);
-    FAIL() << "open for writing hangs on a FIFO";
-  }
-  EXPECT_THAT(opened.get(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(fifo + " is a FIFO")));
+  EXPECT_THAT(WithinOrReleaseFifo(fifo, [&] { return fs_->NewWritableFile(fifo, Direct(false)).status(); }),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(fifo + " is a FIFO")));
 }
 
 }  // namespace

@@ -1,23 +1,20 @@
 #include "storage/store.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
+#include "base/testing/fifo.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
 #include "base/thread_pool.h"
@@ -38,6 +35,7 @@ namespace {
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
+using ::ckptd::testing::WithinOrReleaseFifo;
 using ::ckptd::v1::ShardRef;
 using ::ckptd::v1::StepManifest;
 using ::testing::AllOf;
@@ -836,26 +834,6 @@ TEST(StorePosixTest, WriteCommitVerifyReadBack) {
   EXPECT_THAT(fs->Stat(root), StatusIs(absl::StatusCode::kNotFound, HasSubstr(root)));
 }
 
-// Runs `fn` on a thread of its own and returns what it returned. A call still
-// running after 10 s fails the test; writers are then opened on `fifo` until
-// it returns (each releases a reader stuck in open(2)), so that the test ends
-// failed instead of hanging.
-template <typename Fn>
-auto WithinTenSeconds(const std::string& fifo, Fn fn) -> decltype(fn()) {
-  std::packaged_task<decltype(fn())()> task(std::move(fn));
-  std::future<decltype(fn())> done = task.get_future();
-  std::thread thread(std::move(task));
-  if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-    ADD_FAILURE() << "still blocked after 10 s on " << fifo;
-    while (done.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-      if (fd >= 0) ::close(fd);
-    }
-  }
-  thread.join();
-  return done.get();
-}
-
 // A storage root on the real file system (links and FIFOs need one) and a
 // folder beside it, outside the root, that links under the root point to.
 class StoreLinkTest : public ::testing::Test {
@@ -1017,19 +995,19 @@ TEST_F(StoreLinkTest, AFifoInPlaceOfAShardOrManifestIsAnErrorNotAHang) {
   const std::string shard = ShardPath(root_, kJob, 1, 0);
   MakeFifo(shard);
   absl::StatusOr<StepVerifyReport> report =
-      WithinTenSeconds(shard, [&] { return store_.VerifyStep(kJob, 1, OneThread()); });
+      WithinOrReleaseFifo(shard, [&] { return store_.VerifyStep(kJob, 1, OneThread()); });
   CKPTD_ASSERT_OK(report.status());
   ASSERT_EQ(report->problems.size(), 1u);
   EXPECT_EQ(report->problems[0].file, shard);
   EXPECT_THAT(report->problems[0].message, HasSubstr(shard + " is a FIFO, not a regular file"));
-  EXPECT_THAT(WithinTenSeconds(shard, [&] { return ShardReader::Open(fs_.get(), shard, OneThread()).status(); }),
+  EXPECT_THAT(WithinOrReleaseFifo(shard, [&] { return ShardReader::Open(fs_.get(), shard, OneThread()).status(); }),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is a FIFO")));
 
   // A commit that reads the shards names the rank without one.
   CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 2));
   const std::string shard2 = ShardPath(root_, kJob, 2, 0);
   MakeFifo(shard2);
-  EXPECT_THAT(WithinTenSeconds(shard2, [&] { return store_.CommitStep(kJob, 2, 1).status(); }),
+  EXPECT_THAT(WithinOrReleaseFifo(shard2, [&] { return store_.CommitStep(kJob, 2, 1).status(); }),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("rank 0 has no durable shard"), HasSubstr("is a FIFO"))));
   ShardRef ref;
@@ -1043,12 +1021,12 @@ TEST_F(StoreLinkTest, AFifoInPlaceOfAShardOrManifestIsAnErrorNotAHang) {
   Commit(3);
   const std::string manifest = ManifestPath(root_, kJob, 3);
   MakeFifo(manifest);
-  absl::StatusOr<std::vector<StepInfo>> steps = WithinTenSeconds(manifest, [&] { return store_.ListSteps(kJob); });
+  absl::StatusOr<std::vector<StepInfo>> steps = WithinOrReleaseFifo(manifest, [&] { return store_.ListSteps(kJob); });
   CKPTD_ASSERT_OK(steps.status());
   ASSERT_EQ(StepNumbers(*steps), (std::vector<uint64_t>{1, 2, 3}));
   EXPECT_EQ((*steps)[2].state, StepState::kCorrupt);
   EXPECT_THAT((*steps)[2].detail, HasSubstr(manifest + " is a FIFO, not a regular file"));
-  EXPECT_THAT(WithinTenSeconds(manifest, [&] { return store_.ReadManifest(kJob, 3).status(); }),
+  EXPECT_THAT(WithinOrReleaseFifo(manifest, [&] { return store_.ReadManifest(kJob, 3).status(); }),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is a FIFO")));
 }
 

@@ -1,0 +1,58 @@
+#include "base/testing/users.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+
+namespace ckptd::testing {
+
+static_assert(std::is_same_v<gid_t, uint32_t>, "TestUser::groups is passed to setgroups as it is");
+
+std::vector<uint32_t> UnusedIds(size_t n) {
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 61000; id < 62000 && ids.size() < n; ++id) {
+    if (::getpwuid(id) == nullptr && ::getgrgid(id) == nullptr) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::string BecomeUser(const TestUser& user) {
+  if (user.groups.empty() || ::setgroups(user.groups.size(), user.groups.data()) != 0 ||
+      ::setgid(user.groups[0]) != 0 || ::setuid(user.uid) != 0) {
+    return absl::StrCat("cannot become uid ", user.uid, ": ", std::strerror(errno));
+  }
+  return "";
+}
+
+std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) {
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) return "pipe failed";
+  const pid_t child = ::fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    std::string out = BecomeUser(user);
+    if (out.empty()) out = fn();
+    (void)!::write(pipe_fds[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
+  return out;
+}
+
+}  // namespace ckptd::testing
