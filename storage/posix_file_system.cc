@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -125,6 +126,28 @@ absl::Status NotARegularFile(const std::string& path, mode_t mode) {
 
 absl::Status RemoveDirContents(int dir_fd, const std::string& path, const RemoveTreeOptions* options);
 
+// Calls `fn` for each entry of `dir` but "." and "..", until it fails, then
+// closes `dir` (closedir only fails on a bad DIR*). `path` names the
+// directory in messages.
+absl::Status ForEachEntry(DIR* dir, const std::string& path,
+                          const std::function<absl::Status(const dirent&)>& fn) {
+  absl::Status status;
+  for (;;) {
+    errno = 0;
+    const dirent* entry = ::readdir(dir);
+    if (entry == nullptr) {
+      if (errno != 0) status = base::PosixError(absl::StrCat("readdir ", path), errno);
+      break;
+    }
+    const absl::string_view name = entry->d_name;
+    if (name == "." || name == "..") continue;
+    status = fn(*entry);
+    if (!status.ok()) break;
+  }
+  (void)::closedir(dir);
+  return status;
+}
+
 // Removes `name` in the directory open as `dir_fd` (`dir_path` in messages),
 // and everything below it when it is a directory. Never follows a link: a
 // link is unlinked like a file, and a directory is entered only through
@@ -176,20 +199,10 @@ absl::Status RemoveDirContents(int dir_fd, const std::string& path, const Remove
       ::close(list_fd);
       return base::PosixError(absl::StrCat("opendir ", path), err);
     }
-    absl::Status status;
-    for (;;) {
-      errno = 0;
-      const dirent* entry = ::readdir(dir);
-      if (entry == nullptr) {
-        if (errno != 0) status = base::PosixError(absl::StrCat("readdir ", path), errno);
-        break;
-      }
-      const std::string name = entry->d_name;
-      if (name == "." || name == "..") continue;
-      entries.emplace_back(name, entry->d_type == DT_DIR);
-    }
-    (void)::closedir(dir);
-    CKPTD_RETURN_IF_ERROR(status);
+    CKPTD_RETURN_IF_ERROR(ForEachEntry(dir, path, [&entries](const dirent& entry) {
+      entries.emplace_back(entry.d_name, entry.d_type == DT_DIR);
+      return absl::OkStatus();
+    }));
   }
   const size_t batch = options != nullptr ? std::max<size_t>(options->batch, 1) : 1;
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -669,29 +682,18 @@ class PosixFileSystemImpl final : public PosixFileSystem {
     DIR* dir = ::opendir(path.c_str());
     if (dir == nullptr) return base::PosixError(absl::StrCat("opendir ", path), errno);
     std::vector<FileInfo> entries;
-    absl::Status status;
-    for (;;) {
-      errno = 0;
-      const dirent* entry = ::readdir(dir);
-      if (entry == nullptr) {
-        if (errno != 0) status = base::PosixError(absl::StrCat("readdir ", path), errno);
-        break;
-      }
-      const std::string name = entry->d_name;
-      if (name == "." || name == "..") continue;
+    const int dir_fd = ::dirfd(dir);
+    CKPTD_RETURN_IF_ERROR(ForEachEntry(dir, path, [&](const dirent& entry) {
       struct stat st;
       // Each entry as what it is itself: a link is never reported as (and so
       // never walked into as) what it points to.
-      if (::fstatat(::dirfd(dir), entry->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-        if (errno == ENOENT) continue;  // removed since readdir saw it
-        status = base::PosixError(absl::StrCat("stat ", JoinPath(path, name)), errno);
-        break;
+      if (::fstatat(dir_fd, entry.d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+        if (errno == ENOENT) return absl::OkStatus();  // removed since readdir saw it
+        return base::PosixError(absl::StrCat("stat ", JoinPath(path, entry.d_name)), errno);
       }
-      entries.push_back(InfoOf(name, st));
-    }
-    // closedir only fails on a bad DIR*; the listing is complete either way.
-    (void)::closedir(dir);
-    CKPTD_RETURN_IF_ERROR(status);
+      entries.push_back(InfoOf(entry.d_name, st));
+      return absl::OkStatus();
+    }));
     std::sort(entries.begin(), entries.end(),
               [](const FileInfo& a, const FileInfo& b) { return a.name < b.name; });
     return entries;
