@@ -23,6 +23,18 @@ namespace {
 // Without a coordinator: steps of a job kept waiting for the rest of their
 // ranks' shards.
 constexpr size_t kMaxPendingSteps = 64;
+
+// What a commit records of rank `rank`'s shard file, as written.
+ckptd::v1::ShardRef ShardRefOf(uint32_t rank, const storage::ShardWriteResult& written) {
+  ckptd::v1::ShardRef ref;
+  ref.set_rank(rank);
+  ref.set_file(storage::ShardFileName(rank));
+  ref.set_file_length(written.file_length);
+  ref.set_index_xxh3(written.index_xxh3);
+  ref.set_raw_bytes(written.raw_bytes);
+  ref.set_stored_bytes(written.stored_bytes);
+  return ref;
+}
 }  // namespace
 
 struct AgentCore::Trainer {
@@ -386,14 +398,8 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
     report.set_world_size(reg.world_size);
     report.set_stall_seconds(stall);
     report.set_incarnation(incarnation);
-    ckptd::v1::ShardRef* ref = report.mutable_shard();
-    ref->set_rank(reg.rank);
-    ref->set_file(storage::ShardFileName(reg.rank));
-    ref->set_file_length(result->file_length);
-    ref->set_index_xxh3(result->index_xxh3);
-    ref->set_raw_bytes(result->raw_bytes);
-    ref->set_stored_bytes(result->stored_bytes);
-    ref->set_persist_seconds(persist_seconds);
+    *report.mutable_shard() = ShardRefOf(reg.rank, *result);
+    report.mutable_shard()->set_persist_seconds(persist_seconds);
     options_.coordinator->ShardDurable(report);
     return absl::OkStatus();
   }
@@ -403,13 +409,7 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
 
 absl::Status AgentCore::CommitAlone(Trainer* t, uint64_t step, const storage::ShardWriteResult& written) {
   const TrainerRegistration& reg = t->reg;
-  ckptd::v1::ShardRef ref;
-  ref.set_rank(reg.rank);
-  ref.set_file(storage::ShardFileName(reg.rank));
-  ref.set_file_length(written.file_length);
-  ref.set_index_xxh3(written.index_xxh3);
-  ref.set_raw_bytes(written.raw_bytes);
-  ref.set_stored_bytes(written.stored_bytes);
+  const ckptd::v1::ShardRef ref = ShardRefOf(reg.rank, written);
   std::vector<ckptd::v1::ShardRef> shards;
   {
     absl::MutexLock l(&lone_mu_);
