@@ -35,6 +35,16 @@ ckptd::v1::ShardRef ShardRefOf(uint32_t rank, const storage::ShardWriteResult& w
   ref.set_stored_bytes(written.stored_bytes);
   return ref;
 }
+
+// The CUDA device a trainer's buffers live on (-1: none), as the
+// coordinator is told.
+int32_t GpuOf(const TrainerRegistration& reg) {
+  int32_t gpu = -1;
+  for (const ckptd::v1::Tensor& b : reg.buffers) {
+    if (b.device().kind() == ckptd::v1::Device::CUDA) gpu = static_cast<int32_t>(b.device().index());
+  }
+  return gpu;
+}
 }  // namespace
 
 struct AgentCore::Trainer {
@@ -48,7 +58,12 @@ struct AgentCore::Trainer {
   bool wake ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   PersistStatus status ABSL_GUARDED_BY(mu);
-  std::optional<uint64_t> last_failed_step ABSL_GUARDED_BY(mu);
+  // Reporting failed persists (NotePersisted): failures since the last
+  // success, those not logged yet, and when the last warning was logged
+  // (nullopt: none since the last success).
+  uint64_t failed_in_a_row ABSL_GUARDED_BY(mu) = 0;
+  uint64_t failures_unlogged ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::Time> failure_logged_at ABSL_GUARDED_BY(mu);
   // For the coordinator: progress, pace, timings, and the restore round the
   // trainer came from (stamped on its shard reports).
   uint64_t step ABSL_GUARDED_BY(mu) = 0;
@@ -265,11 +280,7 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     r->set_rank(t->reg.rank);
     r->set_world_size(t->reg.world_size);
     r->set_pid(t->reg.pid);
-    int gpu = -1;
-    for (const ckptd::v1::Tensor& b : t->reg.buffers) {
-      if (b.device().kind() == ckptd::v1::Device::CUDA) gpu = static_cast<int>(b.device().index());
-    }
-    r->set_gpu(gpu);
+    r->set_gpu(GpuOf(t->reg));
     ckptd::v1::RankProgress* p = hb->add_progress();
     absl::MutexLock l(&t->mu);
     p->set_job(t->reg.job);
@@ -325,18 +336,88 @@ void AgentCore::PersistLoop(Trainer* t) {
       absl::Status s = PersistOne(t, *slot, release);
       // The slot is free again whatever happened: training goes on.
       release();
-      absl::MutexLock l(&t->mu);
-      if (s.ok()) {
-        t->status.last_persisted_step = step;
-        ++t->status.persisted;
-      } else {
-        ++t->status.failed;
-        t->status.last_error = s;
-        t->last_failed_step = step;
-      }
+      NotePersisted(t, step, s);
     }
-    if (stop) return;
+    if (stop) {
+      // Failures not reported yet are, before the trainer is forgotten.
+      std::string line;
+      {
+        absl::MutexLock l(&t->mu);
+        if (t->failures_unlogged > 0) {
+          line = absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": ", t->failures_unlogged,
+                              " more persists failed since the last report, the newest of step ",
+                              t->status.last_failed_step.value_or(0), ": ", t->status.last_error.message());
+          t->failures_unlogged = 0;
+        }
+      }
+      if (!line.empty()) logger_->Warning(line);
+      return;
+    }
   }
+}
+
+void AgentCore::NotePersisted(Trainer* t, uint64_t step, const absl::Status& s) {
+  const TrainerRegistration& reg = t->reg;
+  std::string line;
+  bool warning = false;
+  // Logged before the lock goes: whoever waits for the step (WaitPersisted)
+  // finds it reported.
+  absl::MutexLock l(&t->mu);
+  if (s.ok()) {
+    t->status.last_persisted_step = step;
+    ++t->status.persisted;
+    if (t->failed_in_a_row > 0) {
+      line = absl::StrCat("persists of job ", reg.job, " rank ", reg.rank, " succeed again after ", t->failed_in_a_row,
+                          t->failed_in_a_row == 1 ? " failure" : " failures", " (step ", step, " persisted)");
+    }
+    t->failed_in_a_row = 0;
+    t->failures_unlogged = 0;
+    t->failure_logged_at.reset();
+  } else {
+    ++t->status.failed;
+    t->status.last_error = s;
+    t->status.last_failed_step = step;
+    ++t->failed_in_a_row;
+    const absl::Time now = clock_->Now();
+    const absl::Duration every = options_.persist_failure_log_interval;
+    if (!t->failure_logged_at || now - *t->failure_logged_at >= every) {
+      warning = true;
+      line = absl::StrCat("persist of job ", reg.job, " rank ", reg.rank, " step ", step, " failed: ", s.message());
+      if (t->failures_unlogged > 0) {
+        absl::StrAppend(&line, "; ", t->failures_unlogged, " more failed since the last report (", t->failed_in_a_row,
+                        " in a row)");
+      } else if (t->failed_in_a_row == 1 && every > absl::ZeroDuration()) {
+        absl::StrAppend(&line, "; further failures of this rank are reported at most every ",
+                        absl::FormatDuration(every));
+      }
+      t->failure_logged_at = now;
+      t->failures_unlogged = 0;
+    } else {
+      ++t->failures_unlogged;
+    }
+  }
+  if (line.empty()) return;
+  if (warning) {
+    logger_->Warning(line);
+  } else {
+    logger_->Info(line);
+  }
+}
+
+void AgentCore::CleanUpFailedStep(Trainer* t, uint64_t step) {
+  const TrainerRegistration& reg = t->reg;
+  // Held throughout: no persist of this agent starts writing the step meanwhile.
+  absl::MutexLock l(&writing_mu_);
+  if (writing_.contains({reg.job, step})) return;  // another rank's persist writes it
+  if (local_) local_->Discard({reg.job, step, reg.rank, reg.world_size});
+  // Best effort: the shard writer removes its temp file itself, unless the
+  // file system refused that too.
+  (void)fs_->RemoveFile(
+      absl::StrCat(storage::ShardPath(options_.storage_root, reg.job, step, reg.rank), storage::kTempSuffix));
+  // Kept (kFailedPrecondition) when it holds a MANIFEST or another rank's
+  // shard, or is a link; anything else is only wasted space, cleaned up after
+  // the next commit.
+  (void)store_.RemoveEmptyStep(reg.job, step);
 }
 
 absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint64_t step,
@@ -373,9 +454,19 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
     sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
     sources[i].length = t->layout.lengths[i];
   }
+  const std::pair<std::string, uint64_t> writing(reg.job, step);
+  {
+    absl::MutexLock l(&writing_mu_);
+    ++writing_[writing];
+  }
   const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> result = WriteShard(t, step, sources, release);
   const double persist_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
+  {
+    absl::MutexLock l(&writing_mu_);
+    if (--writing_[writing] == 0) writing_.erase(writing);
+  }
+  if (!result.ok()) CleanUpFailedStep(t, step);
   if (result.ok()) {
     absl::MutexLock l(&t->mu);
     t->last_persist = persist_seconds;
@@ -588,8 +679,23 @@ absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Train
   absl::StatusOr<std::vector<storage::StepInfo>> steps = store_.ListSteps(reg.job);
   if (!steps.ok() && !absl::IsNotFound(steps.status())) return steps.status();
   if (steps.ok()) {
+    std::vector<std::pair<uint64_t, std::string>> damaged;
+    size_t committed = 0;
     for (auto it = steps->rbegin(); it != steps->rend(); ++it) {
-      if (it->state == StepState::kCommitted && !it->quarantined) fresh->steps.push_back(it->step);
+      if (it->state != StepState::kCommitted) continue;
+      ++committed;
+      if (it->quarantined) damaged.emplace_back(it->step, *it->quarantined);
+      if (!it->quarantined) fresh->steps.push_back(it->step);
+    }
+    if (fresh->steps.empty() && !damaged.empty()) {
+      // Starting from scratch over committed (but damaged) steps throws away
+      // training: only with the operator's word (a word that cannot be read
+      // allows nothing).
+      absl::StatusOr<std::optional<uint64_t>> allowed = store_.FreshStartAllowedOver(reg.job);
+      if (!allowed.ok() || !*allowed || **allowed < damaged.front().first) {
+        fresh->held_back = store_.FreshStartRefusal(reg.job, committed, damaged);
+        logger_->Warning(absl::StrCat("restore of rank ", reg.rank, " held back: ", fresh->held_back));
+      }
     }
   }
   absl::MutexLock l(&lone_mu_);
@@ -615,6 +721,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
           return absl::DataLossError(absl::StrCat("no committed step of job ", reg.job,
                                                   " reads back intact; last problem: ", r->last_damage.message()));
         }
+        if (!r->held_back.empty()) return absl::FailedPreconditionError(r->held_back);
         return RestoreResult();  // nothing committed: every rank starts fresh
       }
       step = r->steps[r->at];
@@ -710,6 +817,9 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
   req.set_job(reg.job);
   req.set_rank(reg.rank);
   req.set_world_size(reg.world_size);
+  req.set_pid(reg.pid);
+  req.set_gpu(GpuOf(reg));
+  req.set_trainer_id(t->id);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
   bool held_from_local = false;
@@ -816,7 +926,7 @@ absl::StatusOr<PersistStatus> AgentCore::WaitPersisted(uint64_t trainer_id, uint
   Trainer* tr = t.get();
   auto done = [tr, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tr->mu) {
     return (tr->status.last_persisted_step && *tr->status.last_persisted_step >= step) ||
-           (tr->last_failed_step && *tr->last_failed_step >= step);
+           (tr->status.last_failed_step && *tr->status.last_failed_step >= step);
   };
   if (!clock_->AwaitWithTimeout(&t->mu, absl::Condition(&done), timeout)) {
     return absl::DeadlineExceededError(

@@ -82,6 +82,10 @@ struct AgentOptions {
   // waits for a staging slot (default: base::RealClock::Get()); must outlive
   // the agent.
   base::Clock* clock = nullptr;
+  // Failed persists are logged (WARNING) at most once per trainer per this
+  // interval: the first failure at once, then one line saying how many more
+  // failed since the last one. Zero logs every failure.
+  absl::Duration persist_failure_log_interval = absl::Seconds(30);
 };
 
 struct TrainerRegistration {
@@ -117,7 +121,9 @@ struct PersistStatus {
   std::optional<uint64_t> last_persisted_step;
   std::optional<uint64_t> last_committed_step;
   uint64_t persisted = 0;
+  // Persists that failed; the newest one's step and error.
   uint64_t failed = 0;
+  std::optional<uint64_t> last_failed_step;
   absl::Status last_error;
   // Snapshots the trainer skipped (no free staging slot in time), as it
   // reported them; the newest one's step and reason.
@@ -238,6 +244,10 @@ class AgentCore {
     bool go = false;              // every rank holds it: the round is over
     absl::Status failed;          // a rank could not load for another reason than damage
     absl::Status last_damage;
+    // With no step in `steps` at the start: why a fresh start is held back
+    // (committed steps exist, all quarantined, and the operator has not
+    // allowed it; storage::CheckpointStore::AllowFreshStart), else empty.
+    std::string held_back;
   };
   struct LoneJob {
     uint32_t world_size = 0;
@@ -248,6 +258,15 @@ class AgentCore {
     std::shared_ptr<LoneRound> round;
   };
   void PersistLoop(Trainer* t);
+  // Counts the outcome `s` of the persist of `step` in the trainer's
+  // PersistStatus and reports it to the logger, rate-limited (see
+  // AgentOptions::persist_failure_log_interval).
+  void NotePersisted(Trainer* t, uint64_t step, const absl::Status& s);
+  // A persist of `step` that failed in its write: what it left of the step
+  // goes, in the local tier and in the storage root: the rank's partial
+  // file, and the step's directory when nothing else is in it (no MANIFEST,
+  // no other rank's shard) and no other persist of this agent writes it.
+  void CleanUpFailedStep(Trainer* t, uint64_t step);
   // Persists `slot`; calls `release` as soon as the slot's bytes are no
   // longer needed (after the local write when there is a local tier).
   absl::Status PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release);
@@ -292,6 +311,10 @@ class AgentCore {
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
+  // Persists of this agent under way, by job and step: the directory of a
+  // step that one of them writes is not removed (CleanUpFailedStep).
+  absl::Mutex writing_mu_;
+  std::map<std::pair<std::string, uint64_t>, int> writing_ ABSL_GUARDED_BY(writing_mu_);
   // Commits and retention of one job are serialised (one committer per job).
   absl::Mutex commit_mu_;
   // Without a coordinator: the jobs this agent commits, and their restore

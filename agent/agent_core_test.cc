@@ -163,6 +163,34 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   EXPECT_THAT(again.step, Optional(1u));
 }
 
+TEST_F(AgentCoreTest, AFreshStartOverDamagedStepsWaitsForTheOperator) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 1));
+  const std::string path = storage::ShardPath("/ckpt", "job", 1, 0);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
+  bytes[4096 + 10] ^= 0x40;
+  CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes));
+  // The first restart finds the damage; the next ones find nothing intact.
+  // Neither starts from scratch on its own.
+  EXPECT_THAT(agent.Restore(h.trainer_id, absl::Seconds(10)), StatusIs(absl::StatusCode::kDataLoss, _));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_THAT(agent.Restore(h.trainer_id, absl::Seconds(10)),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("none intact"), HasSubstr("ckptctl start-fresh --root /ckpt --job job"))));
+  }
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK(store.AllowFreshStart("job", "test").status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult fresh, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_EQ(fresh.step, std::nullopt);
+  // A step committed after the choice is not covered by it.
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 2));
+  CKPTD_ASSERT_OK(store.QuarantineStep("job", 2, "checksum mismatch"));
+  EXPECT_THAT(agent.Restore(h.trainer_id, absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("none intact")));
+}
+
 TEST_F(AgentCoreTest, SkippedSnapshotsAreCountedInTheStatus) {
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
@@ -795,6 +823,145 @@ TEST_F(LocalTierTest, LoneAgentJobOfTwoRanksCommitsAndRestoresFromTheLocalCopies
   }
   ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, results, 30));
   for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+// Issue 16 (5): failed persists are logged, rate-limited, counted, and leave
+// no empty step folders behind.
+
+// Keeps every line with its severity.
+class SeverityLogger : public base::Logger {
+ public:
+  void Log(base::LogSeverity severity, absl::string_view message) override {
+    absl::MutexLock l(&mu_);
+    lines_.emplace_back(severity, std::string(message));
+  }
+  // The lines that contain `needle`, with their severity.
+  std::vector<std::pair<base::LogSeverity, std::string>> With(absl::string_view needle) {
+    absl::MutexLock l(&mu_);
+    std::vector<std::pair<base::LogSeverity, std::string>> out;
+    for (const auto& line : lines_) {
+      if (absl::StrContains(line.second, needle)) out.push_back(line);
+    }
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<base::LogSeverity, std::string>> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+// Snapshots `step` and waits until its persist ended, failed or not.
+PersistStatus SnapshotAndWaitEither(AgentCore& agent, staging::StagingSegment& seg, const TrainerHandle& h,
+                                    uint64_t step, uint8_t fill) {
+  Snapshot(agent, seg, h, step, fill);
+  absl::StatusOr<PersistStatus> st = agent.WaitPersisted(h.trainer_id, step, absl::Seconds(30));
+  EXPECT_THAT(st, IsOk());
+  return st.ok() ? *st : PersistStatus();
+}
+
+TEST_F(AgentCoreTest, FailedPersistsAreLoggedRateLimitedCountedAndLeaveNoEmptyStepFolder) {
+  storage::FaultInjectionFileSystem fs(&mem_);
+  // A full disk for the shard files: the step folder is made, the shard not.
+  fs.FailPath("rank-0.shard", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  base::FakeClock clock;
+  options_.clock = &clock;
+  SeverityLogger logger;
+  options_.logger = &logger;
+  AgentCore agent(&fs, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+
+  PersistStatus st = SnapshotAndWaitEither(agent, *seg, h, 1, 1);
+  EXPECT_EQ(st.failed, 1u);
+  EXPECT_THAT(st.last_failed_step, Optional(1u));
+  EXPECT_THAT(st.last_error, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("rank-0.shard")));
+  // The first failure at once, with the error and the path.
+  auto first = logger.With("persist of job job rank 0 step 1 failed: ");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].first, base::LogSeverity::kWarning);
+  EXPECT_THAT(first[0].second, AllOf(HasSubstr("/ckpt/job/step-1/rank-0.shard"), HasSubstr("No space left on device"),
+                                     HasSubstr("reported at most every 30s")));
+  // A storm within 30 s: counted, not logged.
+  for (uint64_t step = 2; step <= 4; ++step) st = SnapshotAndWaitEither(agent, *seg, h, step, 2);
+  EXPECT_EQ(st.failed, 4u);
+  EXPECT_THAT(st.last_failed_step, Optional(4u));
+  EXPECT_THAT(logger.With("failed: "), ::testing::SizeIs(1));
+  // No empty step folder is left behind.
+  for (uint64_t step = 1; step <= 4; ++step) EXPECT_FALSE(mem_.Stat(storage::StepDir("/ckpt", "job", step)).ok());
+
+  // 30 s later: one line for the next failure and those held back.
+  clock.Advance(absl::Seconds(30));
+  st = SnapshotAndWaitEither(agent, *seg, h, 5, 5);
+  auto second = logger.With("persist of job job rank 0 step 5 failed: ");
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].first, base::LogSeverity::kWarning);
+  EXPECT_THAT(second[0].second, HasSubstr("; 3 more failed since the last report (5 in a row)"));
+
+  // Space again: one INFO line, and the status keeps the count.
+  fs.ClearPath("rank-0.shard");
+  SnapshotAndWait(agent, *seg, h, 6);
+  auto again = logger.With("persists of job job rank 0 succeed again after 5 failures");
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].first, base::LogSeverity::kInfo);
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.Status(h.trainer_id));
+  EXPECT_EQ(st.failed, 5u);
+  EXPECT_EQ(st.persisted, 1u);
+  EXPECT_THAT(st.last_failed_step, Optional(5u));
+
+  // A new storm is reported at once again.
+  fs.FailPath("rank-0.shard", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  SnapshotAndWaitEither(agent, *seg, h, 7, 7);
+  SnapshotAndWaitEither(agent, *seg, h, 8, 8);
+  EXPECT_THAT(logger.With("persist of job job rank 0 step 7 failed: "), ::testing::SizeIs(1));
+  EXPECT_THAT(logger.With("step 8 failed"), ::testing::IsEmpty());
+  // What was held back is reported when the trainer goes.
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+  auto last = logger.With("job job rank 0: 1 more persists failed since the last report, the newest of step 8: ");
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].first, base::LogSeverity::kWarning);
+}
+
+TEST_F(AgentCoreTest, AFailedPersistKeepsAStepFolderHoldingAnotherRanksShard) {
+  storage::FaultInjectionFileSystem fs(&mem_);
+  fs.FailPath("rank-1.shard", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  AgentCore agent(&fs, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
+  // Rank 0 wrote step 1, rank 1 cannot: the folder stays with rank 0's shard.
+  ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 0, 1));
+  PersistStatus st = SnapshotAndWaitEither(agent, *ranks.segments[1], ranks.handles[1], 1, 1);
+  EXPECT_EQ(st.failed, 1u);
+  EXPECT_TRUE(mem_.Stat(storage::ShardPath("/ckpt", "job", 1, 0)).ok());
+  // Rank 1 alone at step 2: nothing of it stays.
+  st = SnapshotAndWaitEither(agent, *ranks.segments[1], ranks.handles[1], 2, 2);
+  EXPECT_EQ(st.failed, 2u);
+  EXPECT_FALSE(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).ok());
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(LocalTierTest, AFailedPersistLeavesNoEmptyStepFolderInTheTierOrTheStorageRoot) {
+  storage::FaultInjectionFileSystem fs(&mem_);
+  AgentCore agent(&fs, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  SnapshotAndWait(agent, *seg, h, 1);
+  // The tier takes the shard, the storage root is full: the tier's copy of a
+  // step that never commits goes too.
+  fs.FailPath("/ckpt/job/step-2/", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  PersistStatus st = SnapshotAndWaitEither(agent, *seg, h, 2, 2);
+  EXPECT_EQ(st.failed, 1u);
+  EXPECT_EQ(st.local_writes, 2u);
+  EXPECT_FALSE(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).ok());
+  EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{1}));
+  // Both full: the tier falls back to the root, which fails too.
+  fs.FailPath("/nvme/", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  fs.FailPath("/ckpt/job/step-3/", storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  st = SnapshotAndWaitEither(agent, *seg, h, 3, 3);
+  EXPECT_EQ(st.failed, 2u);
+  EXPECT_EQ(st.local_fallbacks, 1u);
+  EXPECT_FALSE(mem_.Stat(storage::StepDir("/ckpt", "job", 3)).ok());
+  EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{1}));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
 }  // namespace

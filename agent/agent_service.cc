@@ -17,6 +17,19 @@
 
 namespace ckptd::agent {
 
+namespace {
+// The error a SyncSchedule answer carries, at most (a whole path and errno
+// text fit many times over).
+constexpr size_t kMaxPersistErrorBytes = 2048;
+
+// `s` cut to at most `n` bytes on a UTF-8 character boundary.
+std::string CutUtf8(absl::string_view s, size_t n) {
+  if (s.size() <= n) return std::string(s);
+  while (n > 0 && (static_cast<uint8_t>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n));
+}
+}  // namespace
+
 AgentService::AgentService(AgentCore* core) : core_(core) {}
 
 grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v1::RegisterRequest* req,
@@ -95,6 +108,8 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_local_fallbacks(s->local_fallbacks);
   resp->set_last_local_error(std::string(s->last_local_error.message()));
   resp->set_local_restores(s->local_restores);
+  resp->set_has_failed(s->last_failed_step.has_value());
+  resp->set_last_failed_step(s->last_failed_step.value_or(0));
   return grpc::Status::OK;
 }
 
@@ -108,6 +123,12 @@ grpc::Status AgentService::SyncSchedule(grpc::ServerContext*, const ckptd::v1::S
   absl::StatusOr<std::optional<ckptd::v1::Schedule>> s = core_->SyncSchedule(*req);
   if (!s.ok()) return rpc::ToGrpcStatus(s.status());
   if (*s) *resp->mutable_schedule() = **s;
+  // The client learns of failed persists without asking (GetStatus).
+  if (absl::StatusOr<PersistStatus> st = core_->Status(req->trainer_id()); st.ok()) {
+    resp->set_persists_failed(st->failed);
+    resp->set_last_failed_step(st->last_failed_step.value_or(0));
+    resp->set_last_persist_error(CutUtf8(st->last_error.message(), kMaxPersistErrorBytes));
+  }
   return grpc::Status::OK;
 }
 

@@ -30,7 +30,7 @@ class InProcessCoordinator : public CoordinatorClient {
     req.set_node_id(node_);
     absl::StatusOr<ckptd::v1::RegisterAgentResponse> r = core_->RegisterAgent(req);
     EXPECT_THAT(r.status(), IsOk());
-    session_ = r.ok() ? r->session() : 0;
+    session_ = r.ok() ? r->session() : "";
   }
   void ShardDurable(const ckptd::v1::ShardReport& report) override {
     ckptd::v1::ReportShardRequest req;
@@ -49,7 +49,10 @@ class InProcessCoordinator : public CoordinatorClient {
   }
   absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
                                                              absl::Duration) override {
-    return core_->GetRestorePlan(request);
+    ckptd::v1::RestorePlanRequest req = request;
+    req.set_node_id(node_);
+    req.set_session(session_);
+    return core_->GetRestorePlan(req);
   }
   std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) override {
     absl::MutexLock l(&mu_);
@@ -81,7 +84,7 @@ class InProcessCoordinator : public CoordinatorClient {
  private:
   coordinator::CoordinatorCore* const core_;
   const std::string node_;
-  uint64_t session_ = 0;
+  std::string session_;
   absl::Mutex mu_;
   std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::ShardReport> reports_ ABSL_GUARDED_BY(mu_);
@@ -135,6 +138,15 @@ class CoordinatedAgentTest : public ::testing::Test {
     n.seg = std::move(*seg);
     n.link->Beat(*n.agent);
     return n;
+  }
+
+  // The agent of `n` reports that `rank`'s trainer died: the job restarts.
+  void TrainerDied(Node& n, uint32_t rank) {
+    ckptd::v1::ReportFailureRequest f;
+    f.set_job("job");
+    f.set_rank(rank);
+    f.set_kind(ckptd::v1::TRAINER_DIED);
+    n.link->Failure(f);
   }
 
   void Snapshot(Node& n, uint32_t rank, uint64_t step) {
@@ -197,6 +209,7 @@ TEST_F(CoordinatedAgentTest, TwoNodesCommitThroughTheCoordinatorAndRestoreTheSam
 
   Snapshot(a, 0, 20);
   Snapshot(b, 1, 20);
+  TrainerDied(a, 0);
   EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{20u, 20u}));
 }
 
@@ -212,6 +225,7 @@ TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
   const std::string path = storage::ShardPath("/ckpt", "job", 20, 1);
   CKPTD_ASSERT_OK_AND_ASSIGN(std::string bytes, storage::ReadFileToString(&mem_, path));
   CKPTD_ASSERT_OK(mem_.SetFileContents(path, bytes.substr(0, bytes.size() / 2)));
+  TrainerDied(b, 1);
   EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{10u, 10u}));
   ckptd::v1::GetClusterStatusResponse s = core_.ClusterStatus();
   ASSERT_EQ(s.jobs_size(), 1);
@@ -271,6 +285,7 @@ TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
   RestoreAll({&a, &b});
   Snapshot(a, 0, 10);
   Snapshot(b, 1, 10);
+  TrainerDied(a, 0);
   // The agent's own clock bounds the restore and spaces its plan polls.
   base::FakeClock agent_clock;
   AgentOptions o = Options(a.link.get());

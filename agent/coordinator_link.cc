@@ -64,6 +64,11 @@ CoordinatorLink::~CoordinatorLink() {
   sender_thread_.join();
 }
 
+void CoordinatorLink::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!options_.agent_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.agent_token);
+}
+
 bool CoordinatorLink::SleepUnlessStopping(absl::Duration d) {
   absl::MutexLock l(&mu_);
   clock_->AwaitWithTimeout(&mu_, absl::Condition(&stopping_), d);
@@ -127,17 +132,30 @@ size_t CoordinatorLink::unanswered_shards() {
 
 absl::StatusOr<ckptd::v1::RestorePlanResponse> CoordinatorLink::RestorePlan(
     const ckptd::v1::RestorePlanRequest& request, absl::Duration timeout) {
+  ckptd::v1::RestorePlanRequest asked = request;
+  asked.set_node_id(options_.node_id);
   {
+    // The plan is asked in the node's session: right after the agent starts,
+    // wait (within `timeout`) for its registration.
     absl::MutexLock l(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || session_.has_value() || CutOffLocked();
+    };
+    clock_->AwaitWithTimeout(&mu_, absl::Condition(&settled), std::min(timeout, options_.rpc_timeout));
     if (CutOffLocked()) {
       return absl::UnavailableError(
           absl::StrCat("restore plan from coordinator ", options_.address, ": cut off for a drill"));
     }
+    if (!session_) {
+      return absl::UnavailableError(absl::StrCat("restore plan from coordinator ", options_.address,
+                                                 ": this agent is not registered with it (yet)"));
+    }
+    asked.set_session(*session_);
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + std::min(timeout, options_.rpc_timeout)));
+  Prepare(&ctx, std::min(timeout, options_.rpc_timeout));
   ckptd::v1::RestorePlanResponse response;
-  grpc::Status s = stub_->GetRestorePlan(&ctx, request, &response);
+  grpc::Status s = stub_->GetRestorePlan(&ctx, asked, &response);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat("restore plan from coordinator ", options_.address, ": ", s.error_message()));
@@ -164,7 +182,7 @@ absl::Status CoordinatorLink::Register() {
     }
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  Prepare(&ctx, options_.rpc_timeout);
   ckptd::v1::RegisterAgentResponse resp;
   const absl::Status s = rpc::FromGrpcStatus(stub_->RegisterAgent(&ctx, req, &resp));
   if (!s.ok()) return s;
@@ -177,9 +195,9 @@ absl::Status CoordinatorLink::Register() {
   return absl::OkStatus();
 }
 
-absl::Status CoordinatorLink::StreamHeartbeats(uint64_t session) {
+absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kStreamLifetime));
+  Prepare(&ctx, kStreamLifetime);
   {
     absl::MutexLock l(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
@@ -254,7 +272,7 @@ void CoordinatorLink::HeartbeatLoop() {
   absl::Duration backoff = absl::Milliseconds(100);
   absl::Status last = absl::OkStatus();
   while (true) {
-    std::optional<uint64_t> session;
+    std::optional<std::string> session;
     {
       absl::MutexLock l(&mu_);
       // A drill: silent until the cut-off ends (or is lifted or changed).
@@ -287,7 +305,7 @@ void CoordinatorLink::SenderLoop() {
   while (true) {
     std::vector<ckptd::v1::ShardReport> shards;
     std::vector<ckptd::v1::ReportFailureRequest> failures;
-    uint64_t session = 0;
+    std::string session;
     {
       absl::MutexLock l(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || send_wake_; };
@@ -305,7 +323,7 @@ void CoordinatorLink::SenderLoop() {
       f.set_node_id(options_.node_id);
       f.set_session(session);
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      Prepare(&ctx, options_.rpc_timeout);
       ckptd::v1::ReportFailureResponse resp;
       const absl::Status s = rpc::FromGrpcStatus(stub_->ReportFailure(&ctx, f, &resp));
       if (Transient(s) || absl::IsNotFound(s)) keep.push_back(f);
@@ -321,7 +339,7 @@ void CoordinatorLink::SenderLoop() {
       req.set_session(session);
       for (size_t i = begin; i < end; ++i) *req.add_batch() = shards[i];
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      Prepare(&ctx, options_.rpc_timeout);
       ckptd::v1::ReportShardResponse resp;
       const absl::Status s = rpc::FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
       // The coordinator is away (or forgot us): keep the rest for later.

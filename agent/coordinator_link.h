@@ -49,6 +49,10 @@ struct CoordinatorLinkOptions {
   std::string host_name;  // informational
   std::vector<std::string> gpus;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // insecure when null
+  // The node credential every call carries as "authorization: Bearer
+  // <token>" (the coordinator's agent token); empty: none, for a coordinator
+  // that knows agents by their TLS certificate or runs --insecure-agents.
+  std::string agent_token;
   absl::Duration rpc_timeout = absl::Seconds(5);
   // Used until the coordinator says otherwise at registration.
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -106,8 +110,10 @@ class CoordinatorLink : public CoordinatorClient {
   void SenderLoop();
   absl::Status Register();
   // Runs one heartbeat stream until it ends; returns why.
-  absl::Status StreamHeartbeats(uint64_t session);
+  absl::Status StreamHeartbeats(const std::string& session);
   bool SleepUnlessStopping(absl::Duration d);
+  // A call's deadline (`timeout` from now, on real time) and credential.
+  void Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
   // REQUIRES: mu_ held.
   bool CutOffLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return clock_->Now() < cut_until_; }
 
@@ -123,7 +129,7 @@ class CoordinatorLink : public CoordinatorClient {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<uint64_t> session_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::string> session_ ABSL_GUARDED_BY(mu_);
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
   std::map<ShardKey, ckptd::v1::ShardReport> shards_ ABSL_GUARDED_BY(mu_);  // not yet answered

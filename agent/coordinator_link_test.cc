@@ -25,7 +25,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
     absl::MutexLock l(&mu_);
     registrations_.push_back(*req);
     forgotten_ = false;
-    resp->set_session(registrations_.size());
+    resp->set_session(absl::StrCat("session-", registrations_.size()));
     resp->set_heartbeat_interval_ms(10);
     return grpc::Status::OK;
   }

@@ -20,6 +20,7 @@
 #include "base/host_port.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "rpc/operator_token.h"
 #include "rpc/tls.h"
 #include "storage/layout.h"
 
@@ -29,7 +30,7 @@ const char kAgentUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
     "                   [--trainer-group <group>]\n"
-    "                   [--coordinator <host:port> [--node-id <id>]\n"
+    "                   [--coordinator <host:port> [--node-id <id>] [--agent-token-file <file>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
     "                   [--inject-write-latency <duration>] [--allow-drills]\n"
     "\n"
@@ -61,9 +62,15 @@ const char kAgentUsage[] =
     "  --coordinator <host:port> report to a ckptd-coordinator (port 1..65535): it commits every\n"
     "                            step (also of jobs on this node only), sets the schedule and plans restores\n"
     "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
+    "  --agent-token-file <file> file holding the coordinator's agent token, sent with every call\n"
+    "                            (its --agent-token-file, or the <state-dir>/agent-token it\n"
+    "                            generated); not needed when the client certificate names this\n"
+    "                            node, or the coordinator runs with --insecure-agents\n"
     "  --tls-ca <pem>            talk TLS to the coordinator, trusting this CA\n"
     "  --tls-cert/--tls-key <pem> this agent's client certificate and key (the coordinator\n"
-    "                            requires one when it runs with mutual TLS)\n"
+    "                            requires one when it runs with mutual TLS; one whose common name\n"
+    "                            or a subject alternative name is the node id is this node's\n"
+    "                            credential)\n"
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
     "                            data in the storage root sleeps <d> first (e.g. 200ms; at most 1h), so\n"
     "                            a persist stays in flight long enough to kill the agent in the middle\n"
@@ -83,7 +90,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     // clang-format off
     "storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id", "local-cache",
-    "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key",
+    "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills"};
@@ -146,8 +153,8 @@ absl::Status CheckApart(const std::string& storage_root, const std::string& loca
   return absl::OkStatus();
 }
 
-// The coordinator link's options from --coordinator, --node-id, --tls-* and
-// --allow-drills.
+// The coordinator link's options from --coordinator, --node-id,
+// --agent-token-file, --tls-* and --allow-drills.
 absl::StatusOr<CoordinatorLinkOptions> LinkOptions(const base::Args& args) {
   CoordinatorLinkOptions link;
   link.address = *args.Get("coordinator");
@@ -168,6 +175,13 @@ absl::StatusOr<CoordinatorLinkOptions> LinkOptions(const base::Args& args) {
     files.cert = args.Get("tls-cert").value_or("");
     files.key = args.Get("tls-key").value_or("");
     CKPTD_ASSIGN_OR_RETURN(link.credentials, rpc::ChannelCredentialsFromFiles(files));
+  }
+  if (std::optional<std::string> token_file = args.Get("agent-token-file")) {
+    absl::StatusOr<std::string> token = rpc::ReadAgentTokenFile(*token_file);
+    if (!token.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--agent-token-file: ", token.status().message()));
+    }
+    link.agent_token = *std::move(token);
   }
   link.drills_allowed = args.Has("allow-drills");
   return link;
@@ -210,8 +224,9 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
   if (args.Get("coordinator")) {
     CKPTD_ASSIGN_OR_RETURN(flags.link, LinkOptions(args));
     options.node_id = flags.link->node_id;
-  } else if (args.Get("node-id") || args.Get("tls-ca") || args.Get("tls-cert") || args.Get("tls-key")) {
-    return absl::InvalidArgumentError("--node-id and --tls-* need --coordinator");
+  } else if (args.Get("node-id") || args.Get("tls-ca") || args.Get("tls-cert") || args.Get("tls-key") ||
+             args.Get("agent-token-file")) {
+    return absl::InvalidArgumentError("--node-id, --agent-token-file and --tls-* need --coordinator");
   }
   CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> latency,
                          args.GetDurationInRange("inject-write-latency", absl::Nanoseconds(1), absl::Hours(1)));

@@ -30,8 +30,9 @@ struct AgentFlags {
   // `local_fs`.
   AgentOptions options;
   // With --coordinator: its address, --node-id (default: the host name), the
-  // host name, TLS credentials from --tls-ca/--tls-cert/--tls-key (read
-  // here), and --allow-drills. main() sets `on_ack`.
+  // host name, the agent token from --agent-token-file and TLS credentials
+  // from --tls-ca/--tls-cert/--tls-key (both read here), and --allow-drills.
+  // main() sets `on_ack`.
   std::optional<CoordinatorLinkOptions> link;
   // --inject-write-latency; zero when not given.
   absl::Duration inject_write_latency = absl::ZeroDuration();
@@ -46,8 +47,9 @@ struct AgentFlags {
 // (each parsed as 64 bits and checked before it is narrowed: nothing is
 // truncated), a --coordinator port outside 1..65535, flags that need another, a --trainer-group
 // that names no group, a --local-cache that overlaps the storage root (both
-// kInvalidArgument), and TLS files that cannot be read (the code of
-// rpc::ChannelCredentialsFromFiles).
+// kInvalidArgument), an --agent-token-file that cannot be read or holds no
+// valid token (kInvalidArgument naming the flag), and TLS files that cannot be
+// read (the code of rpc::ChannelCredentialsFromFiles).
 absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& args);
 
 }  // namespace ckptd::agent

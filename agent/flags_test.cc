@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
@@ -179,8 +180,36 @@ TEST(AgentFlagsTest, FlagsThatNeedAnother) {
   EXPECT_THAT(ParseAgentFlags({"--socket", "/tmp/s"}), FailsNaming("--storage-root and --socket are required"));
   EXPECT_THAT(ParseAgentFlags(With({"--local-cache-keep", "3"})),
               FailsNaming("--local-cache-keep needs --local-cache"));
-  EXPECT_THAT(ParseAgentFlags(With({"--node-id", "n"})), FailsNaming("--node-id and --tls-* need --coordinator"));
-  EXPECT_THAT(ParseAgentFlags(With({"--tls-ca", "/ca.pem"})), FailsNaming("--node-id and --tls-* need --coordinator"));
+  for (const char* flag : {"--node-id", "--tls-ca", "--agent-token-file"}) {
+    EXPECT_THAT(ParseAgentFlags(With({flag, "/n"})),
+                FailsNaming("--node-id, --agent-token-file and --tls-* need --coordinator"))
+        << flag;
+  }
+}
+
+TEST(AgentFlagsTest, AgentTokenFileIsReadIntoTheLink) {
+  ckptd::testing::TempDir dir("ckptd-agent-flags-");
+  const std::string path = dir.Sub("agent-token");
+  std::ofstream(path) << "  s3cret-agent-token\n";
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags,
+                             ParseAgentFlags(With({"--coordinator", "coord:7000", "--agent-token-file", path})));
+  ASSERT_TRUE(flags.link.has_value());
+  EXPECT_EQ(flags.link->agent_token, "s3cret-agent-token");
+  // Without the flag the link carries no token.
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags none, ParseAgentFlags(With({"--coordinator", "coord:7000"})));
+  EXPECT_EQ(none.link->agent_token, "");
+  // A file that cannot be read, or holds no valid token, is a usage error naming the flag and the file.
+  const std::string missing = dir.Sub("missing");
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--agent-token-file", missing})),
+              FailsNaming(absl::StrCat("--agent-token-file: open agent token file ", missing)));
+  const std::string empty = dir.Sub("empty");
+  std::ofstream(empty) << "\n";
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--agent-token-file", empty})),
+              FailsNaming(absl::StrCat("--agent-token-file: agent token file ", empty, " is empty")));
+  const std::string spaced = dir.Sub("spaced");
+  std::ofstream(spaced) << "two words\n";
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "coord:7000", "--agent-token-file", spaced})),
+              FailsNaming("--agent-token-file: agent token in"));
 }
 
 TEST(AgentFlagsTest, LocalCacheMustNotOverlapTheStorageRoot) {
@@ -217,7 +246,8 @@ TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir> --socket <path>"));
   for (const char* flag : {"--storage-root", "--socket", "--staging-budget", "--slots", "--keep", "--threads",
                            "--local-cache", "--local-cache-keep", "--trainer-group", "--coordinator", "--node-id",
-                           "--tls-ca", "--tls-cert", "--tls-key", "--inject-write-latency", "--allow-drills"}) {
+                           "--tls-ca", "--tls-cert", "--tls-key", "--inject-write-latency", "--allow-drills",
+                           "--agent-token-file"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows (it may still need others).
     EXPECT_THAT(ParseAgentFlags(With({flag, "x"})).status(),

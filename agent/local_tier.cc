@@ -67,6 +67,10 @@ absl::StatusOr<storage::ShardWriteResult> LocalTier::Persist(const ShardId& shar
     why = absl::Status(local.status().code(),
                        absl::StrCat("node-local tier ", options_.dir, ": ", local.status().message()));
   }
+  {
+    absl::MutexLock l(&mu_);
+    RemoveStepIfUnused(shard.job, shard.step);
+  }
   options_.logger->Warning(absl::StrCat("job ", shard.job, " rank ", shard.rank, " step ", shard.step, ": ",
                                         why.message(), "; writing the storage root directly"));
   {
@@ -161,6 +165,21 @@ void LocalTier::Prune(const std::string& job) {
     // Best effort: a reader that has the file open keeps reading it.
     (void)storage::RemoveTree(options_.fs, storage::StepDir(options_.dir, job, steps[i]));
   }
+}
+
+void LocalTier::Discard(const ShardId& shard) {
+  absl::MutexLock l(&mu_);
+  const std::string path = storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank);
+  // Best effort: what stays is only wasted space, pruned later.
+  (void)options_.fs->RemoveFile(path);
+  (void)options_.fs->RemoveFile(absl::StrCat(path, storage::kTempSuffix));
+  RemoveStepIfUnused(shard.job, shard.step);
+}
+
+void LocalTier::RemoveStepIfUnused(const std::string& job, uint64_t step) {
+  if (auto it = in_flight_.find(job); it != in_flight_.end() && it->second.contains(step)) return;
+  // Kept when it holds anything or is a link.
+  (void)store_.RemoveEmptyStep(job, step);
 }
 
 void LocalTier::DropStepsAbove(const std::string& job, uint64_t step) {

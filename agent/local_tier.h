@@ -118,6 +118,12 @@ class LocalTier {
   // run that is gone and are removed, except those being written or copied.
   void DropStepsAbove(const std::string& job, uint64_t step);
 
+  // The persist of `shard` failed: its step never commits, so its copy in
+  // the tier is never read. The copy (and a temp file) goes, and the step's
+  // directory too when nothing else is in it and no write of that step to
+  // the tier is under way; a directory holding another rank's shard stays.
+  void Discard(const ShardId& shard);
+
   // The step directories of `job` in the tier, in ascending order. A link (or
   // anything but a directory) in place of the job's or a step's directory is
   // reported to the logger and left out.
@@ -127,6 +133,9 @@ class LocalTier {
   // Keeps the newest `keep` steps of `job`; never one being written or
   // copied, nor any newer than that.
   void Prune(const std::string& job);
+  // Removes the tier's directory of `step` when it is empty and no write of
+  // the step is under way (an empty one would count as a step kept).
+  void RemoveStepIfUnused(const std::string& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The local copy of `shard`, opened, when it is the one the MANIFEST
   // names; else nullptr.
   std::unique_ptr<storage::ShardReader> OpenCommitted(const ShardId& shard);

@@ -127,6 +127,13 @@ int main(int argc, char** argv) {
     link =
         std::make_unique<agent::CoordinatorLink>(*flags->link, [&relay](ckptd::v1::Heartbeat* hb) { relay.Fill(hb); });
     options.coordinator = link.get();
+    std::cerr << "ckptd-agent: reporting to coordinator " << flags->link->address << " as node "
+              << flags->link->node_id
+              << (flags->link->agent_token.empty()
+                      ? " without an agent token (the coordinator must know this node by its TLS client certificate, "
+                        "or run with --insecure-agents)"
+                      : " with the agent token of --agent-token-file")
+              << "\n";
   }
   std::unique_ptr<storage::FaultInjectionFileSystem> fault_fs = NewFaultFileSystem(*flags, fs.get());
   storage::FileSystem* const data_fs =

@@ -1,5 +1,8 @@
 #include "cli/offline_commands.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <optional>
 
@@ -7,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
@@ -44,6 +48,20 @@ const char kVerifyHelp[] =
     "\n"
     "exit status: 0 all verified, 1 a step failed (or the job/step named is not\n"
     "committed), 2 usage error\n";
+
+const char kStartFreshHelp[] =
+    "usage: ckptctl start-fresh --root <dir> --job J [--note TEXT]\n"
+    "\n"
+    "Lets job J start from scratch although it has committed steps, when every\n"
+    "one of them is quarantined (damaged). A restart of such a job is held back\n"
+    "rather than silently throwing the training away: the trainers are told,\n"
+    "and `ckptctl status` shows it. This records the choice in the job's\n"
+    "directory, for the committed steps up to the newest now (a step committed\n"
+    "later is not covered), with --note (default: who and when). The next\n"
+    "restart starts fresh, with a coordinator or a lone agent. Refused when the\n"
+    "job has an intact committed step: a restart loads that.\n"
+    "\n"
+    "exit status: 0 recorded, 1 refused or storage error, 2 usage error\n";
 
 namespace {
 
@@ -377,6 +395,43 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
     out << absl::StrFormat("%d step(s) checked, %d failed: %s\n", checked, failed, ok ? "OK" : "FAILED");
   }
   return ok ? base::kExitOk : base::kExitFailed;
+}
+
+int RunStartFresh(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+                  std::ostream& err) {
+  absl::StatusOr<base::Args> args = base::Args::Parse(argv, {"root", "job", "note"}, {"help"});
+  if (args.ok() && args->Has("help")) {
+    out << kStartFreshHelp;
+    return base::kExitOk;
+  }
+  if (!args.ok() || !args->Get("root") || !args->Get("job") || !args->positional().empty()) {
+    const std::string why = !args.ok()              ? std::string(args.status().message())
+                            : !args->Get("root")    ? "--root is required"
+                            : !args->Get("job")     ? "--job is required"
+                                                    : absl::StrCat("unexpected argument ", args->positional()[0]);
+    err << "ckptctl start-fresh: " << base::TerminalSafe(why) << "\n" << kStartFreshHelp;
+    return base::kExitUsage;
+  }
+  const std::string job = *args->Get("job");
+  if (absl::Status s = storage::ValidateJobName(job); !s.ok()) {
+    err << "ckptctl start-fresh: " << base::TerminalSafe(s.message()) << "\n";
+    return base::kExitUsage;
+  }
+  std::string note = args->Get("note").value_or("");
+  if (note.empty()) {
+    const char* user = std::getenv("USER");
+    note = absl::StrCat("ckptctl start-fresh by ", user != nullptr ? user : absl::StrCat("uid ", ::getuid()), " at ",
+                        absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()));
+  }
+  storage::CheckpointStore store(fs, *args->Get("root"));
+  absl::StatusOr<uint64_t> over = store.AllowFreshStart(job, note);
+  if (!over.ok()) {
+    err << "ckptctl start-fresh: " << base::TerminalSafe(over.status().message()) << "\n";
+    return base::kExitFailed;
+  }
+  out << "job " << job << " may start fresh over its committed steps up to " << *over
+      << " (all quarantined); its next restart starts from scratch\n";
+  return base::kExitOk;
 }
 
 }  // namespace ckptd::cli

@@ -1,5 +1,5 @@
 // ckptctl commands that work on a storage root or a shard file directly,
-// without a coordinator: inspect and offline verify.
+// without a coordinator: inspect, offline verify, and start-fresh.
 #pragma once
 
 #include <ostream>
@@ -21,6 +21,15 @@ int RunInspect(storage::FileSystem* fs, const std::vector<std::string>& argv, st
 int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
               std::ostream& err);
 
+// ckptctl start-fresh --root <dir> --job J [--note TEXT]
+// Records the operator's choice to start J from scratch over its committed
+// steps, all damaged (storage::CheckpointStore::AllowFreshStart). Exit 0
+// when recorded, 1 when refused (an intact step exists, nothing committed,
+// storage errors), 2 on usage errors.
+int RunStartFresh(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+                  std::ostream& err);
+
+extern const char kStartFreshHelp[];
 extern const char kInspectHelp[];
 extern const char kVerifyHelp[];
 

@@ -166,6 +166,36 @@ class OfflineCommandsTest : public ::testing::Test {
   storage::CheckpointStore store_{&mem_, kRoot};
 };
 
+TEST_F(OfflineCommandsTest, StartFreshIsRecordedOnlyWhenEveryCommittedStepIsDamaged) {
+  auto run = [this](const std::vector<std::string>& argv) {
+    std::ostringstream out, err;
+    Result r;
+    r.code = RunStartFresh(&mem_, argv, out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  };
+  Result intact = run({"--root", kRoot, "--job", kJob});
+  EXPECT_EQ(intact.code, 1);
+  EXPECT_THAT(intact.err, HasSubstr("step 10 is committed and not quarantined"));
+  ASSERT_TRUE(store_.QuarantineStep(kJob, 10, "chunk 0 checksum mismatch").ok());
+  Result ok = run({"--root", kRoot, "--job", kJob, "--note", "bob: data changed"});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("up to 10"));
+  absl::StatusOr<std::optional<uint64_t>> over = store_.FreshStartAllowedOver(kJob);
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_EQ(*over, std::optional<uint64_t>(10));
+  EXPECT_THAT(storage::ReadFileToString(&mem_, storage::FreshStartPath(kRoot, kJob)).value_or(""),
+              HasSubstr("bob: data changed"));
+  EXPECT_EQ(run({"--root", kRoot, "--job", "nope"}).code, 1);
+  EXPECT_EQ(run({"--root", kRoot}).code, 2);
+  EXPECT_EQ(run({"--job", kJob}).code, 2);
+  Result hostile = run({"--root", kRoot, "--job", "../x\x1b[2J"});
+  EXPECT_EQ(hostile.code, 2);
+  EXPECT_THAT(hostile.err, Not(HasSubstr("\x1b")));
+  EXPECT_EQ(run({"--help"}).code, 0);
+}
+
 TEST_F(OfflineCommandsTest, InspectPrintsTheTensors) {
   const std::string path = storage::ShardPath(kRoot, kJob, 10, 1);
   Result r = Inspect({path});

@@ -131,6 +131,41 @@ TEST_F(OperatorCommandsTest, StatusWithoutAnIntervalShowsItUnknown) {
   EXPECT_THAT(r.err, HasSubstr("coord.example:7070"));
 }
 
+// Issue 16 (5): persist failures per job, with the newest one's detail and age.
+TEST_F(OperatorCommandsTest, StatusShowsAJobsPersistFailures) {
+  TwoNodes();
+  for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {
+    if (j.job() != "llm") continue;
+    j.set_persist_failures(59);
+    j.set_last_persist_failure("rank 2: writing shard /ckpt/llm/step-1240/rank-2.shard: No space left on device; step 1240");
+    j.set_last_persist_failure_unix_nanos(NanosBefore(absl::Seconds(150)));
+  }
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("persist failures: 59 (last: rank 2: writing shard /ckpt/llm/step-1240/rank-2.shard: "
+                               "No space left on device; step 1240, 2.5 min ago)"));
+  EXPECT_THAT(r.out, HasSubstr("aaa: checkpoints 0 committed, 0 aborted; policy"));  // none: not shown
+  r = Run(RunStatus, {"--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"persist_failures\":59,\"last_persist_failure\":{\"detail\":\"rank 2: "),
+                           HasSubstr("\"persist_failures\":0,\"last_persist_failure\":null")));
+}
+
+TEST_F(OperatorCommandsTest, StatusShowsARestartHeldBack) {
+  TwoNodes();
+  for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {
+    if (j.job() == "llm") j.set_restore_blocked("job llm has 2 committed steps but none intact (...)");
+  }
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("RESTORE HELD BACK: job llm has 2 committed steps but none intact"));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"restore_blocked\":\"job llm has 2 committed"),
+                           HasSubstr("\"restore_blocked\":null")));
+}
+
 TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {
   Result r = Run(RunStatus, {});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;

@@ -25,7 +25,8 @@ const char kStatusHelp[] =
     "ranks alive, fastest and slowest rank's step, newest committed step, the\n"
     "schedule's every_steps, the interval policy's choice and its expected waste,\n"
     "step time, checkpoints committed and aborted, pending and quarantined\n"
-    "steps), and the 10 newest failures with their age.\n"
+    "steps, shards that could not be persisted with the newest one's error), and\n"
+    "the 10 newest failures with their age.\n"
     "\n"
     "  --coordinator HOST:PORT  the coordinator to ask\n"
     "  --tls-ca F --tls-cert F --tls-key F\n"
@@ -108,6 +109,22 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     w.Field("checkpoints_aborted", j->checkpoints_aborted());
     UintArray(w, "pending_steps", j->pending_steps());
     UintArray(w, "quarantined_steps", j->quarantined_steps());
+    w.Key("restore_blocked");
+    if (j->restore_blocked().empty()) {
+      w.Null();
+    } else {
+      w.String(j->restore_blocked());
+    }
+    w.Field("persist_failures", j->persist_failures());
+    w.Key("last_persist_failure");
+    if (j->persist_failures() == 0) {
+      w.Null();
+    } else {
+      w.BeginObject();
+      w.Field("detail", j->last_persist_failure());
+      NullableTime(w, "time", j->last_persist_failure_unix_nanos());
+      w.EndObject();
+    }
     auto it = intervals.find(j->job());
     const ckptd::v1::IntervalStatus* iv = it == intervals.end() ? nullptr : &it->second;
     w.Key("interval");
@@ -217,6 +234,14 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
       if (j->schedule().extra_steps_size() > 0) {
         parts.push_back(absl::StrCat("manual targets ", absl::StrJoin(j->schedule().extra_steps(), ",")));
       }
+      if (j->persist_failures() > 0) {
+        std::string last = j->last_persist_failure();
+        if (j->last_persist_failure_unix_nanos() != 0) {
+          absl::StrAppend(&last, ", ", ShortDuration(SecondsSince(now, j->last_persist_failure_unix_nanos())), " ago");
+        }
+        parts.push_back(absl::StrCat("persist failures: ", j->persist_failures(), " (last: ", last, ")"));
+      }
+      if (!j->restore_blocked().empty()) parts.push_back(absl::StrCat("RESTORE HELD BACK: ", j->restore_blocked()));
       auto it = intervals.find(j->job());
       if (it != intervals.end() && !it->second.decided() && !it->second.waiting_for().empty()) {
         parts.push_back(absl::StrCat("policy waiting for ", it->second.waiting_for()));

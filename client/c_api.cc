@@ -1,6 +1,8 @@
 // The C ABI over Client. No exception or abort crosses it: failures become a
 // status code and a thread-local message.
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -173,6 +175,21 @@ int ckptd_restore(ckptd_client* client, int* found, uint64_t* step) {
 int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms) {
   if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_wait_persisted: no client"));
   return Fail(client->client->WaitPersisted(step, absl::Milliseconds(timeout_ms)));
+}
+
+int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_t* last_failed_step, char* error,
+                           size_t error_size) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_persist_failures: no client"));
+  const ckptd::client::PersistFailures f = client->client->persist_failures();
+  if (failed != nullptr) *failed = f.failed;
+  if (last_failed_step != nullptr) *last_failed_step = f.last_failed_step.value_or(0);
+  if (error != nullptr && error_size > 0) {
+    size_t n = std::min(f.last_error.size(), error_size - 1);
+    while (n > 0 && n < f.last_error.size() && (static_cast<unsigned char>(f.last_error[n]) & 0xC0) == 0x80) --n;
+    std::memcpy(error, f.last_error.data(), n);
+    error[n] = '\0';
+  }
+  return 0;
 }
 
 void ckptd_close(ckptd_client* client) { delete client; }

@@ -27,6 +27,14 @@ int ckptd_c_smoke(const char* socket, const char* job, int ext_spare) {
   if (!ckptd_should_snapshot(client, 4) || ckptd_should_snapshot(client, 3)) return 2;
   if ((rc = ckptd_snapshot(client, 4, &stall)) != 0) return 200 + rc;
   if ((rc = ckptd_wait_persisted(client, 4, 30000)) != 0) return 300 + rc;
+  {
+    uint64_t failed = 99, last = 99;
+    char error[8] = "x";
+    if (ckptd_persist_failures(client, &failed, &last, error, sizeof(error)) != 0 || failed != 0 || last != 0 ||
+        error[0] != 0) {
+      return 6;
+    }
+  }
   for (i = 0; i < 256; ++i) params[i] = -1.0f;
   if ((rc = ckptd_restore(client, &found, &step)) != 0) return 400 + rc;
   if (!found || step != 4 || params[255] != 255.0f || rng[15] != 15) return 5;

@@ -12,6 +12,7 @@
 #include "client/ckptd.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/file_system.h"
 #include "storage/mem_file_system.h"
 
 extern "C" int ckptd_c_smoke(const char* socket, const char* job, int ext_spare);
@@ -42,6 +43,46 @@ TEST(CApiTest, ConnectSnapshotRestoreFromC) {
   EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi-ext", 1), 0) << ckptd_last_error();
   (*server)->Shutdown();
   std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
+// Issue 16 (5): the C ABI tells the trainer of persists that failed.
+TEST(CApiTest, PersistFailuresReachTheCaller) {
+  ckptd::testing::TempDir tmp("ckptd-capi-");
+  const std::string socket = tmp.path() + "/agent.sock";
+  ckptd::storage::MemFileSystem mem;
+  ASSERT_TRUE(mem.CreateDir("/ckpt").ok());
+  // A file where the job's folder goes: every persist of the job fails.
+  ASSERT_TRUE(ckptd::storage::WriteFileAtomically(&mem, "/ckpt/capi-full", "in the way").ok());
+  ckptd::agent::AgentOptions o;
+  o.storage_root = "/ckpt";
+  o.io_threads = 1;
+  o.segment_prefix = absl::StrCat("/ckptd-test-capi-full-", ::getpid());
+  ckptd::agent::AgentCore core(&mem, o);
+  ckptd::agent::AgentService service(&core);
+  auto server = ckptd::agent::StartUnixServer(socket, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  ckptd_options options = {socket.c_str(), "capi-full", 0, 1, 0, 1000, 2000};
+  float x[4] = {1, 2, 3, 4};
+  uint64_t shape[1] = {4};
+  ckptd_buffer b = {"x", CKPTD_PARAMS, CKPTD_FLOAT32, 1, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, x};
+  ckptd_client* client = nullptr;
+  ASSERT_EQ(ckptd_connect(&options, &b, 1, &client), 0) << ckptd_last_error();
+  ASSERT_EQ(ckptd_snapshot(client, 7, nullptr), 0) << ckptd_last_error();
+  EXPECT_EQ(ckptd_wait_persisted(client, 7, 30000), 10);  // ABORTED
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("persisting step 7 failed"));
+  uint64_t failed = 0, last = 0;
+  char error[512];
+  ASSERT_EQ(ckptd_persist_failures(client, &failed, &last, error, sizeof(error)), 0);
+  EXPECT_EQ(failed, 1u);
+  EXPECT_EQ(last, 7u);
+  EXPECT_THAT(error, HasSubstr("/ckpt/capi-full"));
+  char small[6];
+  ASSERT_EQ(ckptd_persist_failures(client, nullptr, nullptr, small, sizeof(small)), 0);
+  EXPECT_EQ(std::strlen(small), sizeof(small) - 1);
+  EXPECT_EQ(std::string(small), std::string(error).substr(0, sizeof(small) - 1));
+  EXPECT_EQ(ckptd_persist_failures(nullptr, &failed, &last, error, sizeof(error)), 3);
+  ckptd_close(client);
+  (*server)->Shutdown();
 }
 
 TEST(CApiTest, ErrorsAreCodesWithMessages) {

@@ -15,8 +15,8 @@ extern "C" {
 #endif
 
 /* Versions only grow, each a superset of the one before: 2 added
- * ckptd_options_ext and ckptd_connect_ext. */
-#define CKPTD_ABI_VERSION 2
+ * ckptd_options_ext and ckptd_connect_ext; 3 added ckptd_persist_failures. */
+#define CKPTD_ABI_VERSION 3
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -82,6 +82,14 @@ int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds);
 /* *found = 0 when nothing is committed; else *step is the restored step. */
 int ckptd_restore(ckptd_client* client, int* found, uint64_t* step);
 int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms);
+/* Persists of this client's snapshots that failed at the agent (e.g. a full
+ * disk; the steps are not checkpointed), as the agent last reported them (no
+ * RPC; refreshed a few times a second): *failed counts them since connect;
+ * when it is > 0, *last_failed_step is the newest one's step and `error`
+ * (when not NULL) receives its message, cut to error_size - 1 bytes on a
+ * UTF-8 boundary and NUL-terminated. Every output pointer may be NULL. */
+int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_t* last_failed_step, char* error,
+                           size_t error_size);
 void ckptd_close(ckptd_client* client);
 
 #ifdef __cplusplus

@@ -95,8 +95,31 @@ struct Client::Impl {
   std::set<uint64_t> missed_reported ABSL_GUARDED_BY(sched_mu);
   std::vector<uint64_t> missed_to_send ABSL_GUARDED_BY(sched_mu);
   bool sync_stop ABSL_GUARDED_BY(sched_mu) = false;
+  // Failed persists as the agent counts them for the registration
+  // `failed_registration` (a new registration starts at 0 there), and those
+  // of earlier registrations.
+  uint64_t failed_registration ABSL_GUARDED_BY(sched_mu) = 0;
+  uint64_t failed_now ABSL_GUARDED_BY(sched_mu) = 0;
+  uint64_t failed_before ABSL_GUARDED_BY(sched_mu) = 0;
+  std::optional<uint64_t> last_failed_step ABSL_GUARDED_BY(sched_mu);
+  std::string last_persist_error ABSL_GUARDED_BY(sched_mu);
 
   void SyncLoop();
+  // The agent's count of failed persists for registration `under`, with the
+  // newest's step and error.
+  void NoteFailures(uint64_t under, uint64_t failed, uint64_t step, absl::string_view error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(sched_mu) {
+    if (under != failed_registration) {
+      if (under < failed_registration) return;  // an answer from before a newer one
+      failed_before += failed_now;
+      failed_now = 0;
+      failed_registration = under;
+    }
+    if (failed <= failed_now) return;
+    failed_now = failed;
+    last_failed_step = step;
+    last_persist_error = std::string(error);
+  }
   // Whether a snapshot of ours is on its way to storage: a second hop, or a
   // slot published or being persisted. Training thread only (it alone
   // replaces the segment).
@@ -414,6 +437,7 @@ void Client::Impl::SyncLoop() {
     }
     absl::MutexLock l(&sched_mu);
     if (!st.ok()) continue;
+    NoteFailures(sent_under, resp.persists_failed(), resp.last_failed_step(), resp.last_persist_error());
     missed_to_send.erase(missed_to_send.begin(), missed_to_send.begin() + req.missed_targets_size());
     if (!resp.has_schedule()) continue;
     schedule = resp.schedule();
@@ -569,6 +593,18 @@ absl::Status Client::EnsureRegistered() {
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
 uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::memory_order_relaxed); }
 
+PersistFailures Client::persist_failures() const {
+  Impl& im = *impl_;
+  absl::MutexLock l(&im.sched_mu);
+  PersistFailures f;
+  f.failed = im.failed_before + im.failed_now;
+  if (f.failed > 0) {
+    f.last_failed_step = im.last_failed_step;
+    f.last_error = im.last_persist_error;
+  }
+  return f;
+}
+
 absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   Impl& im = *impl_;
   base::Clock* const clock = im.clock;
@@ -701,8 +737,16 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
     ckptd::v1::GetStatusResponse resp;
     CKPTD_RETURN_IF_ERROR(
         im.Check(im.stub->GetStatus(im.Context(im.options.rpc_timeout).get(), req, &resp), "status"));
+    {
+      absl::MutexLock l(&im.sched_mu);
+      im.NoteFailures(im.registration.load(), resp.failed(), resp.last_failed_step(), resp.last_error());
+    }
     if (resp.has_persisted() && resp.last_persisted_step() >= step) return absl::OkStatus();
-    if (resp.failed() > 0 && !resp.last_error().empty() && (!resp.has_persisted() || resp.last_persisted_step() < step)) {
+    // A failure of an earlier step is no answer for this one (an agent that
+    // does not say which step failed: any failure is).
+    const bool failed_this = resp.has_failed() ? resp.last_failed_step() >= step : resp.failed() > 0;
+    if (failed_this && !resp.last_error().empty() &&
+        (!resp.has_persisted() || resp.last_persisted_step() < step)) {
       return absl::AbortedError(absl::StrCat("persisting step ", step, " failed: ", resp.last_error()));
     }
     if (im.clock->Now() >= deadline) {

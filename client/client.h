@@ -83,6 +83,15 @@ struct ClientOptions {
   base::Clock* clock = nullptr;
 };
 
+// Persists of this trainer's snapshots that failed at the agent (a full or
+// failing disk): the snapshot was taken, but its step is not checkpointed.
+struct PersistFailures {
+  uint64_t failed = 0;  // since the client connected (over every registration)
+  // The newest failure (when failed > 0): its step and the agent's error.
+  std::optional<uint64_t> last_failed_step;
+  std::string last_error;
+};
+
 struct SnapshotResult {
   uint64_t step = 0;
   double stall_seconds = 0;  // the copy into staging, what training waited for
@@ -138,6 +147,10 @@ class Client {
   // and snapshots skipped.
   uint64_t snapshots_taken() const;
   uint64_t snapshots_skipped() const;
+
+  // Cheap, no RPC: the failed persists as the agent reported them at the
+  // last schedule sync (every sync_interval) or WaitPersisted.
+  PersistFailures persist_failures() const;
 
  private:
   struct Impl;

@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "staging/staging.h"
+#include "storage/file_system.h"
 #include "storage/mem_file_system.h"
 
 namespace ckptd::client {
@@ -451,6 +452,47 @@ TEST_F(ClientTest, TwoHopSnapshotReturnsAfterTheDeviceCopyAndRestoresExactly) {
   EXPECT_EQ(fake_.allocated(), 2);
   client.reset();
   EXPECT_EQ(fake_.live(), 0);  // the spares are freed with the client
+}
+
+// Issue 16 (5): the trainer learns of failed persists without asking, and
+// keeps counting across a restart of its agent.
+TEST_F(ClientTest, FailedPersistsReachTheTrainerWithoutACall) {
+  // A file where the job's folder goes: every persist of job "train" fails.
+  CKPTD_ASSERT_OK(storage::WriteFileAtomically(&mem_, "/ckpt/train", "in the way"));
+  State state;
+  ClientOptions o = Options();
+  o.sync_interval = absl::Milliseconds(10);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  EXPECT_EQ(client->persist_failures().failed, 0u);
+  EXPECT_EQ(client->persist_failures().last_failed_step, std::nullopt);
+  CKPTD_ASSERT_OK(client->Snapshot(5).status());
+  CKPTD_ASSERT_OK(client->Snapshot(10).status());
+  ASSERT_TRUE(Eventually([&] { return client->persist_failures().failed == 2; }));
+  PersistFailures f = client->persist_failures();
+  EXPECT_THAT(f.last_failed_step, Optional(10u));
+  EXPECT_THAT(f.last_error, HasSubstr("/ckpt/train"));
+  EXPECT_THAT(client->WaitPersisted(10, absl::Seconds(10)),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("persisting step 10 failed")));
+  // A restarted agent counts from 0 again; the client goes on from 2.
+  StopAgent();
+  StartAgent();
+  uint64_t step = 15;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        (void)client->Snapshot(step++);
+        return client->persist_failures().failed >= 3;
+      },
+      absl::Seconds(20), absl::Milliseconds(50)));
+  f = client->persist_failures();
+  EXPECT_GE(f.last_failed_step.value_or(0), 15u);
+  // Room again: persists succeed (a failure of an earlier step does not fail
+  // WaitPersisted of a later one), and the count stays.
+  CKPTD_ASSERT_OK(mem_.RemoveFile("/ckpt/train"));
+  const uint64_t failed = client->persist_failures().failed;
+  CKPTD_ASSERT_OK(client->Snapshot(++step).status());
+  CKPTD_ASSERT_OK(client->WaitPersisted(step, absl::Seconds(10)));
+  EXPECT_GE(client->persist_failures().failed, failed);
+  EXPECT_LE(client->persist_failures().failed, failed + 2);  // snapshots in flight when the file went
 }
 
 TEST_F(ClientTest, StepTimesWithAndWithoutAPersistInFlightReachTheAgentApart) {

@@ -21,8 +21,8 @@ using ckptd::v1::ShardRef;
 using ckptd::v1::ShardReport;
 using internal::kMaxRanksPerAgent;
 
-absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, const absl::Status& file_check,
-                                                  Effects* fx) {
+absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const ShardReport& report,
+                                                  const absl::Status& file_check, Effects* fx) {
   const uint64_t step = report.step();
   const uint32_t rank = report.shard().rank();
   const std::string what = absl::StrCat("job ", report.job(), " step ", step, " rank ", rank);
@@ -34,6 +34,7 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const ShardReport& report, con
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": reported for a world of ", report.world_size(), "; the job runs ", job->world_size()));
   }
+  CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, node, /*moving=*/false));
   if (job->committed().contains(step)) return true;  // a repeated report of a committed step
   // A coordinator that lost its database: trust the rank's count.
   job->RaiseIncarnation(report.incarnation());
@@ -100,14 +101,11 @@ absl::StatusOr<ckptd::v1::ReportShardResponse> CoordinatorCore::ReportShard(
   absl::Status accepted;
   {
     absl::MutexLock l(&mu_);
-    auto it = agents_.find(request.node_id());
-    if (it == agents_.end() || it->second->session != request.session()) {
-      return absl::NotFoundError(
-          absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
-    }
-    if (single) accepted = AcceptShard(request.report(), single_check, &fx).status();
+    CKPTD_RETURN_IF_ERROR(AgentInSession(request.node_id(), request.session()).status());
+    const std::string& node = request.node_id();
+    if (single) accepted = AcceptShard(node, request.report(), single_check, &fx).status();
     for (int i = 0; i < request.batch_size(); ++i) {
-      if (results[i].ok()) results[i] = AcceptShard(request.batch(i), checks[i], &fx).status();
+      if (results[i].ok()) results[i] = AcceptShard(node, request.batch(i), checks[i], &fx).status();
     }
     SaveChangedJobs(&fx);
   }
@@ -247,6 +245,22 @@ void CoordinatorCore::Apply(Effects& fx) {
     for (const ckptd::v1::JobRecord& r : fx.records) {
       if (absl::Status s = state_->PutJob(r); !s.ok()) {
         logger_->Warning(absl::StrCat("saving job ", r.job(), ": ", s.ToString()));
+      }
+    }
+    for (const auto& [job, why] : fx.blocked) {
+      logger_->Warning(absl::StrCat("restart held back: ", why));
+      if (observer_ != nullptr) observer_->OnRestoreBlocked(job, why);
+    }
+    for (const auto& [job, newest] : fx.fresh_over_damaged) {
+      logger_->Warning(absl::StrCat("job ", job, " starts from scratch over its damaged committed steps (newest ",
+                                    newest, "), as the operator allowed"));
+      if (observer_ != nullptr) observer_->OnFreshStartOverDamaged(job, newest);
+    }
+    for (const std::string& job : fx.forgotten_jobs) {
+      logger_->Info(absl::StrCat("forgot job ", job, ": none of its ranks ran for ",
+                                 absl::FormatDuration(options_.forget_after)));
+      if (absl::Status s = state_->DeleteJob(job); !s.ok()) {
+        logger_->Warning(absl::StrCat("forgetting job ", job, ": ", s.ToString()));
       }
     }
     fx = std::move(next);

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/random.h"
 #include "base/status_macros.h"
 #include "coordinator/coordinator_core_internal.h"
 #include "coordinator/drill_book.h"
@@ -81,9 +81,6 @@ CoordinatorCore::CoordinatorCore(storage::CheckpointStore* store, StateStore* st
       options_(std::move(options)),
       observer_(observer),
       drills_(std::make_unique<internal::DrillBook>()) {
-  // Sessions of an earlier coordinator must not be mistaken for ours.
-  std::random_device rd;
-  next_session_ = ((uint64_t{rd()} << 32) ^ rd()) & 0x7fffffffffffULL;
   last_tick_ = clock_->Now();
 }
 
@@ -112,12 +109,41 @@ absl::Status CoordinatorCore::Recover() {
       job->RecoverCommitted(s.step);
       if (s.quarantined) job->Quarantine(s.step, *s.quarantined);
     }
+    if (job == nullptr) continue;
+    // The operator's choice to start fresh over damaged steps (a choice that
+    // cannot be read allows nothing).
+    absl::StatusOr<std::optional<uint64_t>> allowed = store_->FreshStartAllowedOver(name);
+    if (allowed.ok() && *allowed) job->AllowFreshStartOver(**allowed);
   }
   for (auto& [name, job] : jobs_) {
+    job->set_last_alive(clock_->Now());  // its ranks get forget_after to come back
     CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::QuarantinedStep> q, state_->ListQuarantined(name));
     for (const auto& step : q) job->Quarantine(step.step(), step.reason());
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<CoordinatorCore::Agent*> CoordinatorCore::AgentInSession(const std::string& node,
+                                                                        const std::string& session) {
+  auto it = agents_.find(node);
+  if (it == agents_.end() || !it->second->alive || session.empty() ||
+      !base::ConstantTimeEquals(session, it->second->session)) {
+    return absl::NotFoundError(absl::StrCat("node ", node, " is not registered with this session; register again"));
+  }
+  return it->second.get();
+}
+
+absl::Status CoordinatorCore::CheckSpeaksFor(const Job& job, uint32_t rank, const std::string& node,
+                                             bool moving) const {
+  auto it = job.ranks().find(rank);
+  if (it == job.ranks().end() || it->second.node_id == node) return absl::OkStatus();
+  const std::string& host = it->second.node_id;
+  if (moving) {
+    auto agent = agents_.find(host);
+    if (!it->second.alive || agent == agents_.end() || !agent->second->alive) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat("rank ", rank, " of job ", job.name(), " runs on node ", host,
+                                                  ", not on node ", node, ": a node speaks only for its own ranks"));
 }
 
 CoordinatorCore::Job* CoordinatorCore::FindJob(const std::string& name) {
@@ -130,7 +156,12 @@ absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobFor(const std::string&
     CKPTD_RETURN_IF_ERROR(job->Resize(world_size));
     return job;
   }
+  if (jobs_.size() >= options_.max_jobs) {
+    return absl::ResourceExhaustedError(absl::StrCat("job ", name, " is one too many: this coordinator tracks ",
+                                                     jobs_.size(), " jobs, its limit (--max-jobs)"));
+  }
   std::unique_ptr<Job> fresh = Job::Create(name, world_size, options_.every_steps);
+  fresh->set_last_alive(clock_->Now());
   Job* job = fresh.get();
   jobs_[name] = std::move(fresh);
   return job;
@@ -150,16 +181,33 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     CKPTD_RETURN_IF_ERROR(internal::ValidateShardReport(s, options_.max_world_size));
   }
   const std::vector<absl::Status> checks = CheckShardFiles(request.durable_shards());
+  // 128 random bits: a session names the registration in every later call,
+  // and nobody may guess another node's (nor an earlier coordinator's).
+  CKPTD_ASSIGN_OR_RETURN(std::string session, base::RandomHex(16));
   ckptd::v1::RegisterAgentResponse response;
   Effects fx;
   {
     absl::MutexLock l(&mu_);
-    // Every rank's job must accept its world size before anything changes.
+    // Every rank's job must accept its world size, and the new jobs fit,
+    // before anything changes.
+    std::set<std::string> new_jobs;
     for (const auto& r : request.ranks()) {
       Job* job = FindJob(r.job());
+      if (job == nullptr) new_jobs.insert(r.job());
       if (job != nullptr && job->world_size() != r.world_size()) {
         CKPTD_RETURN_IF_ERROR(JobFor(r.job(), r.world_size()).status());
       }
+    }
+    if (jobs_.size() + new_jobs.size() > options_.max_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", request.node_id(), " registers ranks of ",
+                                                       new_jobs.size(), " new jobs; this coordinator tracks ",
+                                                       jobs_.size(), " of at most ", options_.max_jobs,
+                                                       " (--max-jobs)"));
+    }
+    if (!agents_.contains(request.node_id()) && agents_.size() >= options_.max_nodes) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", request.node_id(),
+                                                       " is one too many: this coordinator tracks ", agents_.size(),
+                                                       " nodes, its limit (--max-nodes)"));
     }
     auto& agent = agents_[request.node_id()];
     if (agent == nullptr) agent = std::make_unique<Agent>();
@@ -175,7 +223,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->node_id = request.node_id();
     agent->address = request.address();
     agent->gpus.assign(request.gpus().begin(), request.gpus().end());
-    agent->session = next_session_++;
+    agent->session = std::move(session);
     agent->last_heartbeat = clock_->Now();
     agent->alive = true;
     agent->ranks.assign(request.ranks().begin(), request.ranks().end());
@@ -189,7 +237,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
         static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));
     for (int i = 0; i < request.durable_shards_size(); ++i) {
       // A shard that is no longer wanted is dropped; it does not fail the registration.
-      (void)AcceptShard(request.durable_shards(i), checks[i], &fx);
+      (void)AcceptShard(request.node_id(), request.durable_shards(i), checks[i], &fx);
     }
     SaveChangedJobs(&fx);
   }
@@ -246,6 +294,7 @@ void CoordinatorCore::Tick() {
     }
     for (auto& [name, job] : jobs_) {
       const uint32_t alive = FindHungRanks(job.get(), now, &fx);
+      if (alive > 0) job->set_last_alive(now);
       job->Tick(alive, elapsed);
       for (uint64_t step : job->PendingPastDeadline(now, options_.step_deadline)) {
         AbortPending(job.get(), step,
@@ -260,9 +309,27 @@ void CoordinatorCore::Tick() {
       }
       SaveJob(job.get(), &fx);
     }
+    Forget(now, &fx);
   }
   Apply(fx);
   if (options_.retention_in_tick) RunRetention();
+}
+
+void CoordinatorCore::Forget(absl::Time now, Effects* fx) {
+  for (auto it = agents_.begin(); it != agents_.end();) {
+    const Agent& a = *it->second;
+    it = !a.alive && now - a.last_heartbeat > options_.forget_after ? agents_.erase(it) : std::next(it);
+  }
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    const Job& job = *it->second;
+    if (job.AnyRankAlive() || !job.pending().empty() || job.verifying_any() ||
+        now - job.last_alive() <= options_.forget_after) {
+      ++it;
+      continue;
+    }
+    fx->forgotten_jobs.push_back(it->first);
+    it = jobs_.erase(it);
+  }
 }
 
 void CoordinatorCore::SaveJob(Job* job, Effects* fx) {
@@ -365,6 +432,12 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   for (const auto& [step, p] : job.pending()) s.add_pending_steps(step);
   for (const auto& [q, why] : job.quarantined()) s.add_quarantined_steps(q);
   s.set_step_seconds(job.record().step_seconds());
+  s.set_restore_blocked(job.restore_blocked());
+  s.set_persist_failures(job.persist_failures().count);
+  if (job.persist_failures().count > 0) {
+    s.set_last_persist_failure(job.persist_failures().last_detail);
+    s.set_last_persist_failure_unix_nanos(absl::ToUnixNanos(job.persist_failures().last));
+  }
   return s;
 }
 

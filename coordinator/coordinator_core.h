@@ -69,6 +69,15 @@ struct CoordinatorOptions {
   int keep_last = 2;
   // Limits on what a request may carry.
   uint32_t max_world_size = 1u << 20;
+  // Limits on what the coordinator tracks: a registration of one node more,
+  // or a request naming one job more, is kResourceExhausted.
+  size_t max_nodes = 10'000;
+  size_t max_jobs = 1'000;
+  // A node lost this long ago, and a job none of whose ranks ran for this
+  // long (with no step pending), are forgotten: gone from the status and
+  // the state database. A forgotten job's committed steps stay in storage,
+  // and a coordinator started later finds them again.
+  absl::Duration forget_after = absl::Hours(24 * 7);
   size_t max_events_listed = 10'000;
   // Where the component reports what an operator should read (default:
   // base::DefaultLogger()); must outlive it.
@@ -90,6 +99,10 @@ class CoordinatorObserver {
   virtual void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) {}
   virtual void OnAborted(const std::string& job, uint64_t step, const std::string& why) {}
   virtual void OnFailure(const ckptd::v1::FailureEvent& event) {}
+  // A restart found committed steps of `job` but none intact, and holds back
+  // until the operator allows a fresh start; the fresh start it then makes.
+  virtual void OnRestoreBlocked(const std::string& job, const std::string& why) {}
+  virtual void OnFreshStartOverDamaged(const std::string& job, uint64_t newest_damaged) {}
 };
 
 class CoordinatorCore {
@@ -169,6 +182,15 @@ class CoordinatorCore {
   struct CommitResult;
 
   // Membership, failure detection and saving (coordinator_core.cc).
+  // The live agent registered as `node` in `session`; kNotFound otherwise
+  // (it registers again).
+  absl::StatusOr<Agent*> AgentInSession(const std::string& node, const std::string& session)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kPermissionDenied unless `node` may speak for `rank` of `job`: the rank
+  // runs there, or is not known to run anywhere. With `moving`, also when
+  // the node it ran on is gone (a rank restarted on a replacement node).
+  absl::Status CheckSpeaksFor(const Job& job, uint32_t rank, const std::string& node, bool moving) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   Job* FindJob(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
@@ -177,20 +199,26 @@ class CoordinatorCore {
   // Declares the hung ranks of `job`; returns how many of its ranks are alive.
   uint32_t FindHungRanks(Job* job, absl::Time now, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveJob(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the nodes and jobs past options_.forget_after.
+  void Forget(absl::Time now, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SaveChangedJobs(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   // Heartbeats (coordinator_heartbeat.cc): the ranks an agent reports, their
   // progress, and the answer (schedules and drill orders).
-  void RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank listed with another trainer process than the one whose progress
+  // was recorded was restarted: a failure (its agent's report may follow).
+  void RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordProgress(const Agent& agent, const ckptd::v1::RankProgress& progress, absl::Time now, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::HeartbeatAck HeartbeatReply(const Agent& agent, const ckptd::v1::Heartbeat& hb)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Shards and the global commit (coordinator_commit.cc).
-  absl::StatusOr<bool> AcceptShard(const ckptd::v1::ShardReport& report, const absl::Status& file_check, Effects* fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `report` from `node`, whose shard file was found as reported or not
+  // (`file_check`): true when it completed its step.
+  absl::StatusOr<bool> AcceptShard(const std::string& node, const ckptd::v1::ShardReport& report,
+                                   const absl::Status& file_check, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a reported shard's file exists with the reported length; called
   // without mu_ (a stat per report).
@@ -213,6 +241,10 @@ class CoordinatorCore {
   void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
                      const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank a plan request asks for runs on the asking agent's node now
+  // (its next heartbeat says so too).
+  void HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks a committed step damaged: never restored again, kept by retention.
   void Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -235,7 +267,6 @@ class CoordinatorCore {
   CoordinatorObserver* const observer_;
 
   absl::Mutex mu_;
-  uint64_t next_session_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Agent>> agents_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);

@@ -69,7 +69,7 @@ std::vector<uint64_t> RetentionDrops(const Job& job, int keep_last);
 struct CoordinatorCore::Agent {
   std::string node_id;
   std::string address;
-  uint64_t session = 0;
+  std::string session;  // 32 hex digits (RegisterAgentResponse.session)
   std::vector<std::string> gpus;
   std::vector<ckptd::v1::RankInfo> ranks;
   absl::Time last_heartbeat;
@@ -93,10 +93,13 @@ struct CoordinatorCore::Effects {
   std::vector<ckptd::v1::QuarantinedStep> quarantines;
   std::vector<CommitTask> commits;
   std::vector<std::pair<std::string, uint64_t>> aborts;  // remove an uncommitted step's files
+  std::vector<std::string> forgotten_jobs;                 // delete from the state database
+  std::vector<std::pair<std::string, std::string>> blocked;        // job, why its restart is held back
+  std::vector<std::pair<std::string, uint64_t>> fresh_over_damaged;  // job, its newest damaged step
   std::vector<std::tuple<std::string, uint64_t, std::string>> aborted_notes;
   bool empty() const {
     return events.empty() && records.empty() && quarantines.empty() && commits.empty() && aborts.empty() &&
-           aborted_notes.empty();
+           aborted_notes.empty() && forgotten_jobs.empty() && blocked.empty() && fresh_over_damaged.empty();
   }
 };
 

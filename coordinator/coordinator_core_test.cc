@@ -75,7 +75,7 @@ TEST_F(CoordinatorCoreTest, TrainerDeathIsAFailureAtOnce) {
   req.set_rank(4);
   EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
   req.set_rank(3);
-  req.set_session(sessions_["node-b"] + 1);
+  req.set_session(sessions_["node-b"] + "0");
   EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
   req.set_session(sessions_["node-b"]);
   req.set_kind(ckptd::v1::NODE_LOST);
@@ -168,6 +168,7 @@ class CountingStateStore : public StateStore {
     return base_->PutJob(r);
   }
   absl::StatusOr<std::vector<ckptd::v1::JobRecord>> ListJobs() override { return base_->ListJobs(); }
+  absl::Status DeleteJob(absl::string_view job) override { return base_->DeleteJob(job); }
   absl::Status PutQuarantine(const ckptd::v1::QuarantinedStep& q) override { return base_->PutQuarantine(q); }
   absl::StatusOr<std::vector<ckptd::v1::QuarantinedStep>> ListQuarantined(absl::string_view job) override {
     return base_->ListQuarantined(job);
@@ -226,10 +227,12 @@ TEST_F(CoordinatorCoreTest, MalformedRequestsChangeNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step")));
   EXPECT_THAT(ReportOnly("node-a", 10, 0, 4096, 1, 8),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("the job runs 4")));
-  sessions_["node-a"] += 7;
+  sessions_["node-a"] += "7";
   EXPECT_THAT(ReportOnly("node-a", 10, 0, 4096, 1), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
   EXPECT_TRUE(JobState().pending_steps().empty());
-  EXPECT_THAT(Plan(4), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
+  ckptd::v1::RestorePlanRequest outside = PlanRequest(0);
+  outside.set_rank(4);
+  EXPECT_THAT(core_->GetRestorePlan(outside), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4")));
   ckptd::v1::ListEventsRequest list;
   list.set_job("a b");
   EXPECT_THAT(core_->ListEvents(list), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
@@ -321,6 +324,50 @@ TEST_F(CoordinatorCoreTest, RanksOfASilentNodeAreNotCalledHung) {
     EXPECT_EQ(e.node_id(), "node-a") << "a rank of the quiet node-b was called hung: " << e.DebugString();
     EXPECT_EQ(e.kind(), ckptd::v1::TRAINER_HUNG);
   }
+}
+
+
+TEST_F(CoordinatorCoreTest, NodesAndJobsPastTheirLimitsAreRefusedAndNothingChanges) {
+  options_.max_nodes = 2;
+  options_.max_jobs = 2;
+  Reset();
+  TwoNodes();  // one job, two nodes
+  ckptd::v1::RegisterAgentRequest third = Registration("node-c", {0}, 1);
+  third.mutable_ranks(0)->set_job("other");
+  EXPECT_THAT(core_->RegisterAgent(third),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-nodes")));
+  // node-b, registering again, brings ranks of two new jobs: one too many.
+  ckptd::v1::RegisterAgentRequest more = Registration("node-b", {0}, 1);
+  more.mutable_ranks(0)->set_job("job-1");
+  *more.add_ranks() = more.ranks(0);
+  more.mutable_ranks(1)->set_job("job-2");
+  EXPECT_THAT(core_->RegisterAgent(more), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max-jobs")));
+  const ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+  EXPECT_EQ(status.agents_size(), 2);
+  EXPECT_EQ(status.jobs_size(), 1);
+  // node-b's session still stands: the refused registration changed nothing.
+  CKPTD_EXPECT_OK(Beat("node-b").status());
+  EXPECT_TRUE(Beat("node-b")->known());
+}
+
+TEST_F(CoordinatorCoreTest, LostNodesAndJobsWithoutRanksAreForgotten) {
+  options_.forget_after = absl::Hours(1);
+  Reset();
+  TwoNodes();
+  CommitStep(10);
+  clock_.Advance(absl::Minutes(30));
+  core_->Tick();  // both nodes lost; the job ran half an hour ago
+  EXPECT_EQ(core_->ClusterStatus().agents_size(), 2);
+  EXPECT_EQ(core_->ClusterStatus().jobs_size(), 1);
+  clock_.Advance(absl::Hours(2));
+  core_->Tick();
+  EXPECT_EQ(core_->ClusterStatus().agents_size(), 0);
+  EXPECT_EQ(core_->ClusterStatus().jobs_size(), 0);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ckptd::v1::JobRecord> saved, state_->ListJobs());
+  EXPECT_TRUE(saved.empty());
+  // Its committed steps stay in storage, and a new coordinator finds them.
+  Reset();
+  EXPECT_EQ(JobState().newest_committed_step(), 10u);
 }
 
 }  // namespace

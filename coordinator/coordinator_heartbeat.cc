@@ -28,15 +28,15 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
   Effects fx;
   {
     absl::MutexLock l(&mu_);
-    auto it = agents_.find(hb.node_id());
-    if (it == agents_.end() || it->second->session != hb.session() || !it->second->alive) {
+    absl::StatusOr<Agent*> known = AgentInSession(hb.node_id(), hb.session());
+    if (!known.ok()) {
       ack.set_known(false);
       return ack;
     }
-    Agent* agent = it->second.get();
+    Agent* agent = *known;
     const absl::Time now = clock_->Now();
     agent->last_heartbeat = now;
-    RefreshMembership(agent, hb);
+    RefreshMembership(agent, hb, &fx);
     for (const auto& p : hb.progress()) RecordProgress(*agent, p, now, &fx);
     ack = HeartbeatReply(*agent, hb);
     SaveChangedJobs(&fx);
@@ -45,7 +45,7 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
   return ack;
 }
 
-void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb) {
+void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat& hb, Effects* fx) {
   // Ranks that left the node are no longer alive there.
   for (const auto& old : agent->ranks) {
     bool still = false;
@@ -57,6 +57,15 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
   for (const auto& r : hb.ranks()) {
     absl::StatusOr<Job*> job = JobFor(r.job(), r.world_size());
     if (!job.ok()) continue;  // a rank of another world size is refused; the others go on
+    // Another node's rank: refused; the others go on.
+    if (!CheckSpeaksFor(**job, r.rank(), agent->node_id, /*moving=*/true).ok()) continue;
+    if ((*job)->state() == ckptd::v1::JOB_RUNNING && (*job)->IsNewTrainer(r.rank(), "", agent->node_id, r.pid())) {
+      (*job)->RankGone(r.rank(), agent->node_id);
+      RecordFailure(*job, agent->node_id, r.rank(), ckptd::v1::TRAINER_DIED,
+                    absl::StrCat("rank ", r.rank(), " runs as a new process (pid ", r.pid(),
+                                 ") before its trainer's exit was reported"),
+                    fx);
+    }
     (*job)->RefreshRank(r.rank(), agent->node_id, r.pid());
     accepted.push_back(r);
   }

@@ -80,6 +80,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                      {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}, {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->failures_,
                          r.AddCounter("ckptd_failures_total", "Failures detected, by kind.", {"kind"}));
+  CKPTD_ASSIGN_OR_RETURN(m->restore_blocked_,
+                         r.AddGauge("ckptd_job_restore_blocked",
+                                    "1 while a restart of the job is held back: it has committed steps but none "
+                                    "intact, and a fresh start waits for the operator (ckptctl start-fresh).",
+                                    {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->fresh_over_damaged_,
+                         r.AddCounter("ckptd_fresh_starts_over_damaged_total",
+                                      "Restarts from scratch over committed steps that were all damaged, as the "
+                                      "operator allowed.",
+                                      {"job"}));
   // Every kind shows from the start, so that rates over it are defined.
   for (int k = ckptd::v1::FailureKind_MIN; k <= ckptd::v1::FailureKind_MAX; ++k) {
     if (k == ckptd::v1::FAILURE_KIND_UNSPECIFIED || !ckptd::v1::FailureKind_IsValid(k)) continue;
@@ -103,6 +113,7 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     job_state_->With({job, "running"})->Set(j.state() == ckptd::v1::JOB_RUNNING ? 1 : 0);
     job_state_->With({job, "restarting"})->Set(j.state() == ckptd::v1::JOB_RESTARTING ? 1 : 0);
     world_size_->With({job})->Set(j.world_size());
+    restore_blocked_->With({job})->Set(j.restore_blocked().empty() ? 0 : 1);
     ranks_alive_->With({job})->Set(j.ranks_alive());
     job_step_->With({job, "fastest"})->Set(static_cast<double>(j.fastest_step()));
     job_step_->With({job, "slowest"})->Set(static_cast<double>(j.slowest_step()));
@@ -144,6 +155,10 @@ void CoordinatorMetrics::OnShardReported(const ckptd::v1::ShardReport& report) {
 
 void CoordinatorMetrics::OnCommitted(const std::string& job, uint64_t, absl::Duration last_report_to_manifest) {
   commit_latency_->With({job})->Observe(std::max(0.0, absl::ToDoubleSeconds(last_report_to_manifest)));
+}
+
+void CoordinatorMetrics::OnFreshStartOverDamaged(const std::string& job, uint64_t) {
+  fresh_over_damaged_->With({job})->Increment();
 }
 
 void CoordinatorMetrics::OnFailure(const ckptd::v1::FailureEvent& event) {

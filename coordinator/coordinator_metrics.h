@@ -39,6 +39,7 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   void OnShardReported(const ckptd::v1::ShardReport& report) override;
   void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) override;
   void OnFailure(const ckptd::v1::FailureEvent& event) override;
+  void OnFreshStartOverDamaged(const std::string& job, uint64_t newest_damaged) override;
 
  private:
   CoordinatorMetrics(metrics::Registry* registry) : registry_(registry) {}
@@ -65,6 +66,8 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::HistogramFamily* persist_ = nullptr;
   metrics::HistogramFamily* commit_latency_ = nullptr;
   metrics::CounterFamily* failures_ = nullptr;
+  metrics::GaugeFamily* restore_blocked_ = nullptr;
+  metrics::CounterFamily* fresh_over_damaged_ = nullptr;
 };
 
 }  // namespace ckptd::coordinator

@@ -48,20 +48,18 @@ absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureReques
   Effects fx;
   {
     absl::MutexLock l(&mu_);
-    auto it = agents_.find(request.node_id());
-    if (it == agents_.end() || it->second->session != request.session()) {
-      return absl::NotFoundError(
-          absl::StrCat("node ", request.node_id(), " is not registered with this session; register again"));
-    }
+    CKPTD_RETURN_IF_ERROR(AgentInSession(request.node_id(), request.session()).status());
     Job* job = FindJob(request.job());
     if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
     if (request.rank() >= job->world_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("rank ", request.rank(), " is not inside world size ", job->world_size()));
     }
+    CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, request.rank(), request.node_id(), /*moving=*/false));
     std::string detail = request.detail();
     if (request.kind() == ckptd::v1::PERSIST_FAILED) {
       absl::StrAppend(&detail, detail.empty() ? "" : "; ", "step ", request.step());
+      job->NotePersistFailure(absl::StrCat("rank ", request.rank(), ": ", detail), clock_->Now());
       if (job->pending().contains(request.step()) || !job->committed().contains(request.step())) {
         AbortPending(job, request.step(), absl::StrCat("rank ", request.rank(), " could not persist it"), &fx);
       }
@@ -95,7 +93,37 @@ void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
   job->StartRestoreRound();
 }
 
+namespace {
+
+// What a rank is told when its job's committed steps are all quarantined.
+std::string FreshStartRefusal(const internal::Job& job, const storage::CheckpointStore& store) {
+  std::vector<std::pair<uint64_t, std::string>> damaged;
+  for (auto it = job.quarantined().rbegin(); it != job.quarantined().rend(); ++it) damaged.emplace_back(*it);
+  return store.FreshStartRefusal(job.name(), job.committed().size(), damaged);
+}
+
+}  // namespace
+
+void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request) {
+  ckptd::v1::RankInfo info;
+  info.set_job(request.job());
+  info.set_rank(request.rank());
+  info.set_world_size(request.world_size());
+  info.set_pid(request.pid());
+  info.set_gpu(request.gpu());
+  auto same = [&](const ckptd::v1::RankInfo& r) { return r.job() == info.job() && r.rank() == info.rank(); };
+  auto it = std::find_if(agent->ranks.begin(), agent->ranks.end(), same);
+  if (it == agent->ranks.end()) {
+    if (agent->ranks.size() >= internal::kMaxRanksPerAgent) return;  // the heartbeat's limit
+    agent->ranks.push_back(info);
+  } else {
+    *it = info;
+  }
+  job->RefreshRank(request.rank(), agent->node_id, request.pid());
+}
+
 absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd::v1::RestorePlanRequest& request) {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
   CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
   if (request.world_size() == 0 || request.world_size() > options_.max_world_size ||
       request.rank() >= request.world_size()) {
@@ -103,28 +131,91 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
                                                    request.world_size(), " (at most ", options_.max_world_size, ")"));
   }
   if (request.problem().size() > 4096) return absl::InvalidArgumentError("problem is longer than 4096 bytes");
-  Effects fx;
-  RestorePlanResponse response;
+  // A restart held back for the operator's consent to start fresh: has it
+  // come? (Storage is read without the lock.)
+  bool blocked = false;
   {
     absl::MutexLock l(&mu_);
+    const Job* job = FindJob(request.job());
+    blocked = job != nullptr && !job->restore_blocked().empty();
+  }
+  std::optional<uint64_t> allowed;
+  if (blocked) {
+    absl::StatusOr<std::optional<uint64_t>> over = store_->FreshStartAllowedOver(request.job());
+    if (over.ok()) allowed = *over;
+    if (!over.ok()) logger_->Warning(absl::StrCat("reading the fresh-start choice: ", over.status().ToString()));
+  }
+  Effects fx;
+  RestorePlanResponse response;
+  absl::Status refused;
+  {
+    absl::MutexLock l(&mu_);
+    CKPTD_ASSIGN_OR_RETURN(Agent * agent, AgentInSession(request.node_id(), request.session()));
     CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(request.job(), request.world_size()));
-    if (job->NeedsNewRound(request.rank(), request.has_attempt())) StartRestoreRound(job, &fx);
+    const uint32_t rank = request.rank();
+    CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, agent->node_id, /*moving=*/true));
+    const std::string asker =
+        request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", request.trainer_id());
+    if (job->NeedsNewRound(rank, request.has_attempt())) {
+      // A round opens only after a failure the coordinator recorded, or for
+      // a job that is starting (nothing runs): never because someone asks
+      // while the job runs.
+      if (job->IsNewTrainer(rank, asker, agent->node_id, request.pid())) {
+        // The node says its rank runs as a new trainer: it was restarted
+        // (the agent's report of the exit may still be on its way).
+        if (auto it = job->ranks().find(rank); it != job->ranks().end()) job->RankGone(rank, it->second.node_id);
+        RecordFailure(job, agent->node_id, rank, ckptd::v1::TRAINER_DIED,
+                      absl::StrCat("rank ", rank, " asked for a restore plan as a new trainer (pid ", request.pid(),
+                                   "): it was restarted"),
+                      &fx);
+      } else if (job->state() != ckptd::v1::JOB_RESTARTING && (job->round() || job->AnyRankProgressing())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job ", job->name(), " is running (incarnation ", job->incarnation(), ") and rank ", rank,
+            " already took part in its restore; no failure is recorded, and a restore round opens only after one "
+            "(the agent reports a trainer's exit; a restarted trainer asks as a new one)"));
+      }
+      StartRestoreRound(job, &fx);
+    } else if (request.has_attempt() && !request.attempt_ok() && job->round()->go) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job->name(), ": every rank already loaded step ", job->round()->step.value_or(0),
+                       " intact and resumed; a failed load of it is no longer news"));
+    }
+    HostRank(agent, job, request);
+    job->TakePart(rank, asker);
+    if (allowed) job->AllowFreshStartOver(*allowed);
+    // Starting from scratch over committed (but damaged) steps throws away
+    // training: never done without the operator's word.
+    auto held_back = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (job->round()->step || !job->FreshStartNeedsConsent()) return false;
+      const std::string why = FreshStartRefusal(*job, *store_);
+      if (job->SetRestoreBlocked(why)) fx.blocked.emplace_back(job->name(), why);
+      refused = absl::FailedPreconditionError(why);
+      return true;
+    };
     const std::optional<uint64_t> step = job->round()->step;
-    if (!step) {
-      response = job->StartsFresh(request.rank());
+    if (held_back()) {
+      // refused
+    } else if (!step) {
+      if (!job->committed().empty() && job->round()->ok.empty()) {
+        fx.fresh_over_damaged.emplace_back(job->name(), *job->committed().rbegin());
+      }
+      job->SetRestoreBlocked("");
+      response = job->StartsFresh(rank);
     } else if (!request.has_attempt() || request.attempt_step() != *step) {
-      response = job->NotLoaded(request.rank());
+      response = job->NotLoaded(rank);
     } else if (request.attempt_ok()) {
-      response = job->Loaded(request.rank());
+      response = job->Loaded(rank);
     } else {
       // One damaged shard spoils the step for every rank: quarantine it and
       // send everyone to the step before.
-      Quarantine(job, *step, request.rank(), absl::StrCat("rank ", request.rank(), ": ", request.problem()), &fx);
+      Quarantine(job, *step, rank, absl::StrCat("rank ", rank, ": ", request.problem()), &fx);
       response = job->FallBack();
+      held_back();
     }
     SaveJob(job, &fx);
   }
   Apply(fx);
+  CKPTD_RETURN_IF_ERROR(refused);
   return response;
 }
 

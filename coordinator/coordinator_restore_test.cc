@@ -15,6 +15,7 @@ namespace ckptd::coordinator {
 namespace {
 
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using v1 = ::ckptd::v1::RestorePlanResponse;
@@ -35,10 +36,11 @@ TEST_F(CoordinatorCoreTest, RestoreIsABarrierAndEveryRankGetsTheSameStep) {
   const uint64_t incarnation = RestoreAll(20);
   EXPECT_EQ(incarnation, 1u);
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
-  // A later restart is a new round.
-  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(2));
+  // A later restart (rank 2 asks as a new trainer) is a failure and a new round.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(2, std::nullopt, true, 4, /*trainer=*/2));
   EXPECT_EQ(p.verdict(), v1::LOAD);
   EXPECT_EQ(p.incarnation(), 2u);
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::TRAINER_DIED));
 }
 
 TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBack) {
@@ -70,10 +72,12 @@ TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBa
   EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
   EXPECT_TRUE(Exists(storage::QuarantinePath(kRoot, kJob, 20)));
   Reset();
+  TwoNodes();  // the agents register with the new coordinator
   CKPTD_ASSERT_OK_AND_ASSIGN(v1 later, Plan(1));
   EXPECT_EQ(later.step(), 10u);
   state_ = NewMemStateStore();
   Reset();
+  TwoNodes();
   CKPTD_ASSERT_OK_AND_ASSIGN(v1 without_db, Plan(1));
   EXPECT_EQ(without_db.step(), 10u);
 }
@@ -137,6 +141,154 @@ TEST_F(CoordinatorCoreTest, RestorePreviewNamesTheStepAndWhatItPassesOver) {
   EXPECT_EQ(JobState().schedule().incarnation(), p.incarnation());
   req.set_job("nope");
   EXPECT_THAT(core_->GetRestorePreview(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
+}
+
+
+// The attacks of a caller that reaches the agent API (issue: a running job
+// made to restart, or its committed steps quarantined, by a request).
+class RunningJobTest : public CoordinatorCoreTest {
+ protected:
+  // Two nodes, step 10 committed, every rank resumed from it and past it.
+  void SetUp() override {
+    TwoNodes();
+    CommitStep(10);
+    incarnation_ = RestoreAll(10);
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, 12}, {1, 12}}).status());
+    CKPTD_ASSERT_OK(Beat("node-b", {{2, 12}, {3, 12}}).status());
+  }
+  uint64_t incarnation_ = 0;
+};
+
+TEST_F(RunningJobTest, APlanRequestOfARunningTrainerOpensNoRound) {
+  EXPECT_THAT(Plan(2), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no failure is recorded")));
+  EXPECT_THAT(Plan(0), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no failure is recorded")));
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_EQ(JobState().schedule().incarnation(), incarnation_);
+  EXPECT_TRUE(EventKinds().empty());
+  // The ranks' checkpoints still commit.
+  CommitStep(20, incarnation_);
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+}
+
+TEST_F(RunningJobTest, AFailedLoadReportedAfterEveryRankResumedQuarantinesNothing) {
+  EXPECT_THAT(Plan(2, 10, false), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no longer news")));
+  EXPECT_TRUE(JobState().quarantined_steps().empty());
+  EXPECT_TRUE(EventKinds().empty());
+  EXPECT_EQ(JobState().schedule().incarnation(), incarnation_);
+}
+
+TEST_F(RunningJobTest, ARestartedTrainerIsAFailureAndTheRoundBringsEveryRankBack) {
+  // Rank 2's trainer was started again before its agent reported the exit.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(2, std::nullopt, true, 4, /*trainer=*/7));
+  EXPECT_EQ(p.verdict(), v1::LOAD);
+  EXPECT_EQ(p.step(), 10u);
+  EXPECT_GT(p.incarnation(), incarnation_);
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::TRAINER_DIED));
+}
+
+TEST_F(RunningJobTest, ATrainerRunningAsANewProcessIsAFailure) {
+  // The heartbeat lists rank 3 with another pid than the one that made progress.
+  ckptd::v1::Heartbeat hb = HeartbeatOf("node-b", {{2, 13}});
+  for (auto& r : *hb.mutable_ranks()) {
+    if (r.rank() == 3) r.set_pid(4242);
+  }
+  CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::TRAINER_DIED));
+}
+
+TEST_F(RunningJobTest, ANodeSpeaksOnlyForItsOwnRanks) {
+  // node-b reports rank 0 (node-a's) dead, a bogus shard of it, asks its plan.
+  EXPECT_THAT(ReportFailure("node-b", 0, ckptd::v1::TRAINER_DIED),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs on node node-a")));
+  CKPTD_ASSERT_OK(Shard("node-a", 20, 1, 4, incarnation_).status());
+  EXPECT_THAT(ReportOnly("node-b", 20, 0, 1, 1, 4, incarnation_),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs on node node-a")));
+  ckptd::v1::RestorePlanRequest plan = PlanRequest(0, std::nullopt, true, 4, /*trainer=*/9);
+  plan.set_node_id("node-b");
+  plan.set_session(sessions_["node-b"]);
+  EXPECT_THAT(core_->GetRestorePlan(plan), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("node-a")));
+  // Nothing changed: no failure, the pending step is not aborted.
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_TRUE(EventKinds().empty());
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(20u));
+}
+
+TEST_F(RunningJobTest, APlanRequestNeedsTheNodesSession) {
+  ckptd::v1::RestorePlanRequest plan = PlanRequest(2, std::nullopt, true, 4, /*trainer=*/9);
+  plan.clear_session();
+  EXPECT_THAT(core_->GetRestorePlan(plan), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  plan.set_session(sessions_["node-a"]);  // another node's session
+  EXPECT_THAT(core_->GetRestorePlan(plan), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  plan.set_node_id("node-z");
+  EXPECT_THAT(core_->GetRestorePlan(plan), StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+  EXPECT_EQ(JobState().schedule().incarnation(), incarnation_);
+  EXPECT_TRUE(EventKinds().empty());
+}
+
+TEST_F(RunningJobTest, ARankRestartsOnAReplacementNodeOnceItsNodeIsLost) {
+  clock_.Advance(absl::Seconds(6));
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  core_->Tick();  // node-b lost
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
+  Register("node-c", {2, 3});
+  ranks_.erase("node-b");  // the harness asks through node-c now
+  const uint64_t again = RestoreAll(10);
+  EXPECT_GT(again, incarnation_);
+  // node-b, back with its old session, speaks for nothing.
+  EXPECT_THAT(ReportFailure("node-b", 2, ckptd::v1::TRAINER_DIED),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+}
+
+TEST_F(CoordinatorCoreTest, SessionsAreUnguessable) {
+  const std::string first = Register("node-a", {0, 1});
+  const std::string second = Register("node-a", {0, 1});
+  EXPECT_THAT(first, ::testing::MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_THAT(second, ::testing::MatchesRegex("[0-9a-f]{32}"));
+  EXPECT_NE(first, second);
+  // Only the newest is valid.
+  sessions_["node-a"] = first;
+  EXPECT_THAT(ReportFailure("node-a", 0, ckptd::v1::TRAINER_DIED),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+}
+
+
+TEST_F(CoordinatorCoreTest, NoFreshStartOverDamagedStepsUntilTheOperatorAllowsIt) {
+  TwoNodes();
+  CommitStep(10);
+  CommitStep(20);
+  for (uint64_t step : {10u, 20u}) CKPTD_ASSERT_OK(store_.QuarantineStep(kJob, step, "chunk 3 checksum mismatch"));
+  Reset();
+  TwoNodes();
+  // Every rank is refused, the same way, and the status says why.
+  for (uint32_t r = 0; r < 4; ++r) {
+    EXPECT_THAT(Plan(r), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  AllOf(HasSubstr("none intact"), HasSubstr("ckptctl start-fresh --root /ckpt --job "),
+                                        HasSubstr("step 20: chunk 3 checksum mismatch"))));
+  }
+  EXPECT_THAT(JobState().restore_blocked(), HasSubstr("none intact"));
+  // The operator allows it (in storage); the next request starts fresh.
+  CKPTD_ASSERT_OK(store_.AllowFreshStart(kJob, "the data set changed").status());
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r));
+    EXPECT_EQ(p.verdict(), v1::FRESH_START);
+  }
+  EXPECT_EQ(JobState().restore_blocked(), "");
+  // A coordinator started later knows the choice at once.
+  Reset();
+  TwoNodes();
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(0));
+  EXPECT_EQ(p.verdict(), v1::FRESH_START);
+}
+
+TEST_F(CoordinatorCoreTest, AStepDamagedDuringTheRestoreHoldsTheRestartBackToo) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  // The only committed step is found damaged: nothing intact is left.
+  EXPECT_THAT(Plan(1, 10, false), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("none intact")));
+  EXPECT_THAT(JobState().quarantined_steps(), ElementsAre(10u));
+  EXPECT_THAT(Plan(0, 10, true), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("none intact")));
 }
 
 }  // namespace

@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_port.h"
 #include "grpcpp/support/server_callback.h"
@@ -19,6 +24,20 @@ using ::ckptd::rpc::ToGrpcStatus;
 
 constexpr absl::string_view kAuthorization = "authorization";
 constexpr absl::string_view kBearer = "Bearer ";
+// How an agent presents a node credential, for the errors of a call without one.
+constexpr absl::string_view kAgentCredentialHint =
+    "present the coordinator's agent token (ckptd-agent --agent-token-file) or a client certificate naming the "
+    "node, or start the coordinator with --insecure-agents";
+// The auth-context properties of a verified client certificate that name its node.
+constexpr const char* kCertificateNames[] = {"x509_subject_alternative_name", "x509_common_name"};
+
+// `s` quoted, C-escaped and cut to 128 bytes: names from a certificate or a
+// request may hold anything.
+std::string Quoted(absl::string_view s) {
+  constexpr size_t kMax = 128;
+  const bool cut = s.size() > kMax;
+  return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMax)), cut ? "...\"" : "\"");
+}
 
 // Finishes a unary call with `result`'s value (moved into `resp`) or error.
 template <typename T>
@@ -37,15 +56,24 @@ grpc::ServerUnaryReactor* FinishWith(grpc::CallbackServerContext* ctx, const abs
 
 // One agent's heartbeat stream: read, decide, answer, read the next. Reads
 // and writes never overlap, so Finish is never called with one outstanding.
+// Each heartbeat must pass `check` (the caller's credential for its node);
+// one that does not ends the stream with the check's error.
 class HeartbeatReactor final : public grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck> {
  public:
-  explicit HeartbeatReactor(CoordinatorCore* core) : core_(core) { StartRead(&heartbeat_); }
+  using Check = std::function<absl::Status(absl::string_view node_id)>;
+  HeartbeatReactor(CoordinatorCore* core, Check check) : core_(core), check_(std::move(check)) {
+    StartRead(&heartbeat_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       // The client half-closed, cancelled, or the connection broke: the
       // stream is over either way (a cancelled call ignores the status).
       Finish(grpc::Status::OK);
+      return;
+    }
+    if (absl::Status auth = check_(heartbeat_.node_id()); !auth.ok()) {
+      Finish(ToGrpcStatus(auth));
       return;
     }
     absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(heartbeat_);
@@ -71,6 +99,7 @@ class HeartbeatReactor final : public grpc::ServerBidiReactor<ckptd::v1::Heartbe
 
  private:
   CoordinatorCore* const core_;
+  const Check check_;
   ckptd::v1::Heartbeat heartbeat_;
   ckptd::v1::HeartbeatAck ack_;
 };
@@ -143,32 +172,80 @@ absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext
   return absl::OkStatus();
 }
 
+absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
+                                            absl::string_view node_id) const {
+  if (options_.insecure_agents) return absl::OkStatus();
+  const auto& md = ctx.client_metadata();
+  if (auto it = md.find(grpc::string_ref(kAuthorization.data(), kAuthorization.size())); it != md.end()) {
+    // A token was presented: it alone decides, whatever certificate came with it.
+    const absl::string_view value(it->second.data(), it->second.size());
+    if (!absl::StartsWith(value, kBearer)) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(rpc, ": the authorization metadata must be \"Bearer <agent token>\"; ", kAgentCredentialHint));
+    }
+    if (options_.agent_token.empty()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(rpc, ": this coordinator takes no agent token; present a client certificate naming the node"));
+    }
+    if (!ConstantTimeEquals(value.substr(kBearer.size()), options_.agent_token)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          rpc, ": the agent token is wrong: give ckptd-agent --agent-token-file the coordinator's agent token (the "
+               "file of its --agent-token-file, or the <state-dir>/agent-token it generated)"));
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string> names;
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const char* property : kCertificateNames) {
+      for (const grpc::string_ref& name : auth->FindPropertyValues(property)) {
+        const absl::string_view n(name.data(), name.size());
+        if (!node_id.empty() && n == node_id) return absl::OkStatus();
+        names.push_back(Quoted(n));
+      }
+    }
+  }
+  if (!names.empty()) {
+    if (names.size() > 8) names.resize(8);  // enough to say whose it is
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, ": the client certificate names ", absl::StrJoin(names, ", "), ", not node ", Quoted(node_id),
+        "; a certificate speaks only for its own node (present the agent token to speak for any)"));
+  }
+  return absl::UnauthenticatedError(absl::StrCat(rpc, " needs a node credential: ", kAgentCredentialHint));
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(grpc::CallbackServerContext* ctx,
                                                             const ckptd::v1::RegisterAgentRequest* req,
                                                             ckptd::v1::RegisterAgentResponse* resp) {
+  if (absl::Status auth = CheckAgent(*ctx, "RegisterAgent", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
   return FinishWith(ctx, core_->RegisterAgent(*req), resp);
 }
 
 grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>* CoordinatorService::Heartbeats(
-    grpc::CallbackServerContext*) {
-  return new HeartbeatReactor(core_);
+    grpc::CallbackServerContext* ctx) {
+  // `ctx` outlives the reactor (it is the call's, until OnDone).
+  return new HeartbeatReactor(core_,
+                              [this, ctx](absl::string_view node_id) { return CheckAgent(*ctx, "Heartbeats", node_id); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
                                                           const ckptd::v1::ReportShardRequest* req,
                                                           ckptd::v1::ReportShardResponse* resp) {
+  if (absl::Status auth = CheckAgent(*ctx, "ReportShard", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
   return FinishWith(ctx, core_->ReportShard(*req), resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,
                                                             const ckptd::v1::ReportFailureRequest* req,
                                                             ckptd::v1::ReportFailureResponse*) {
+  if (absl::Status auth = CheckAgent(*ctx, "ReportFailure", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
   return FinishWith(ctx, core_->ReportFailure(*req));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetRestorePlan(grpc::CallbackServerContext* ctx,
                                                              const ckptd::v1::RestorePlanRequest* req,
                                                              ckptd::v1::RestorePlanResponse* resp) {
+  if (absl::Status auth = CheckAgent(*ctx, "GetRestorePlan", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
   return FinishWith(ctx, core_->GetRestorePlan(*req), resp);
 }
 

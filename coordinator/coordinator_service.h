@@ -1,7 +1,7 @@
 // The coordinator's gRPC service: translates requests to CoordinatorCore
 // (which validates and decides), keeps each agent's heartbeat stream, checks
-// the operator token on RPCs that change anything, and runs the core's
-// periodic work on a ticker thread.
+// the node credential on agent RPCs and the operator token on operator RPCs
+// that change anything, and runs the core's periodic work on a ticker thread.
 #pragma once
 
 #include <functional>
@@ -25,6 +25,16 @@ struct CoordinatorServiceOptions {
   // (RequestCheckpoint, VerifyStep) must carry as
   // metadata "authorization: Bearer <token>". Empty: they are all refused.
   std::string operator_token;
+  // What agent RPCs (RegisterAgent, Heartbeats, ReportShard, ReportFailure,
+  // GetRestorePlan) must carry as "authorization: Bearer <token>" unless the
+  // caller's verified TLS client certificate names the request's node (its
+  // common name or a subject alternative name equals node_id). The token
+  // speaks for any node; a certificate only for its own. Empty: only such
+  // certificates are accepted.
+  std::string agent_token;
+  // Accept agent RPCs without any credential (anyone who can reach the port
+  // may then act as any node).
+  bool insecure_agents = false;
   // How often the ticker calls CoordinatorCore::Tick(); zero: a quarter of
   // the core's heartbeat interval.
   absl::Duration tick_interval = absl::ZeroDuration();
@@ -86,6 +96,14 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   // OK when `ctx` carries the operator token; kUnauthenticated when it carries
   // none (or not as "Bearer <token>"), kPermissionDenied when it is wrong.
   absl::Status CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const;
+  // OK when `ctx` may act as node `node_id` in agent RPC `rpc`: with
+  // insecure_agents, with the agent token, or, without authorization
+  // metadata, with a verified client certificate naming `node_id`.
+  // kUnauthenticated when it presents no credential (or malformed metadata),
+  // kPermissionDenied for a wrong token or a certificate naming other nodes;
+  // each message says how to present the right one.
+  absl::Status CheckAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
+                          absl::string_view node_id) const;
   // Calls `work` every `every` until the service stops.
   void Every(absl::Duration every, const std::function<void()>& work) ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
-#include "coordinator/testing_core_harness.h"
+#include "coordinator/testing_service_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc_status.h"
@@ -30,14 +30,13 @@ using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Plan = ::ckptd::v1::RestorePlanResponse;
-using Stream = grpc::ClientReaderWriter<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>;
 
-constexpr char kToken[] = "0123456789abcdef-operator";
-
-// The core's requests (testing_core_harness.h) sent over gRPC to a service
-// on loopback; a 2-rank job whose rank 0 is on node-a and rank 1 on node-b.
-class CoordinatorServiceTest : public ::testing::Test, public CoreRequests {
+// The core's requests sent over gRPC (testing_service_harness.h), with both
+// tokens configured and the agent token on agent calls.
+class CoordinatorServiceTest : public ::testing::Test, public ServiceHarness {
  protected:
+  static constexpr const char* kToken = kOperatorToken;
+
   CoordinatorServiceTest() {
     options_.every_steps = 50;
     options_.heartbeat_interval = absl::Milliseconds(200);
@@ -46,100 +45,12 @@ class CoordinatorServiceTest : public ::testing::Test, public CoreRequests {
   void TearDown() override { Stop(); }
   void Fail(const std::string& what) override { ADD_FAILURE() << what; }
 
-  // A recovered core and its service on a free port; `token` is the operator token.
+  // The service with `token` as the operator token.
   void Start(const std::string& token = kToken) {
-    Reset();
-    CoordinatorServiceOptions so;
+    CoordinatorServiceOptions so = DefaultServiceOptions();
     so.operator_token = token;
-    service_ = std::make_unique<CoordinatorService>(core_.get(), so);
-    CKPTD_ASSERT_OK_AND_ASSIGN(
-        server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), grpc::InsecureServerCredentials()));
-    ASSERT_GT(server_.port, 0);
-    channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_.port), grpc::InsecureChannelCredentials());
-    stub_ = ckptd::v1::Coordinator::NewStub(channel_);
+    ServiceHarness::Start(std::move(so));
   }
-
-  void Stop() {
-    ShutdownCoordinatorServer(server_.server.get());
-    server_.server.reset();
-    service_.reset();
-    core_.reset();
-  }
-
-  static void Deadline(grpc::ClientContext* ctx) {
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-  }
-
-  // A heartbeat stream on `ctx`, with a deadline.
-  std::unique_ptr<Stream> OpenHeartbeats(grpc::ClientContext* ctx) {
-    Deadline(ctx);
-    return stub_->Heartbeats(ctx);
-  }
-
-  // Registers `node` (at address "host-<node>") hosting `ranks` of kJob; returns the session.
-  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 2) {
-    ckptd::v1::RegisterAgentRequest req = Registration(node, std::move(ranks), world);
-    req.set_address("host-" + node);
-    ranks_[node] = req;
-    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, req);
-    EXPECT_THAT(resp.status(), IsOk());
-    sessions_[node] = resp.ok() ? resp->session() : 0;
-    return sessions_[node];
-  }
-
-  // The heartbeat of `node` with each of its ranks at `step`.
-  ckptd::v1::Heartbeat BeatAt(const std::string& node, uint64_t step) {
-    std::vector<std::pair<uint32_t, uint64_t>> progress;
-    for (const auto& r : ranks_[node].ranks()) progress.emplace_back(r.rank(), step);
-    return HeartbeatOf(node, progress, 0.5);
-  }
-
-  // Writes a real shard of (step, rank) into the store and reports it from `node`.
-  absl::StatusOr<ckptd::v1::ReportShardResponse> Shard(const std::string& node, uint64_t step, uint32_t rank) {
-    absl::StatusOr<ckptd::v1::ShardReport> r = Write(step, rank, 2);
-    if (!r.ok()) return r.status();
-    return Call(&ckptd::v1::Coordinator::Stub::ReportShard, ShardRequest(node, *r));
-  }
-
-  absl::StatusOr<Plan> RestorePlan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt) {
-    return Call(&ckptd::v1::Coordinator::Stub::GetRestorePlan, PlanRequest(rank, attempt, true, 2));
-  }
-
-  // A unary call with a deadline and optional authorization metadata.
-  template <typename Req, typename Resp>
-  absl::StatusOr<Resp> Call(grpc::Status (ckptd::v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Req&,
-                                                                                Resp*),
-                            const Req& req, const std::string& authorization = "") {
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
-    Resp resp;
-    absl::Status s = FromGrpcStatus((stub_.get()->*method)(&ctx, req, &resp));
-    if (!s.ok()) return s;
-    return resp;
-  }
-
-  ckptd::v1::GetClusterStatusResponse Status() {
-    absl::StatusOr<ckptd::v1::GetClusterStatusResponse> s =
-        Call(&ckptd::v1::Coordinator::Stub::GetClusterStatus, ckptd::v1::GetClusterStatusRequest());
-    EXPECT_THAT(s.status(), IsOk());
-    return s.ok() ? *s : ckptd::v1::GetClusterStatusResponse();
-  }
-
-  ckptd::v1::JobStatus Job() { return JobIn(Status()); }
-
-  // Commits `step` of the 2-rank job, reported by node-a (rank 0) and node-b (rank 1).
-  void CommitStep(uint64_t step) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse r0, Shard("node-a", step, 0));
-    EXPECT_FALSE(r0.committed());
-    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse r1, Shard("node-b", step, 1));
-    EXPECT_TRUE(r1.committed());
-  }
-
-  std::unique_ptr<CoordinatorService> service_;
-  CoordinatorServer server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
 };
 
 TEST_F(CoordinatorServiceTest, RegisterHeartbeatAndCommitOverGrpc) {
@@ -302,10 +213,10 @@ TEST_F(CoordinatorServiceTest, ACoordinatorWithoutTokenRefusesOperatorChanges) {
 
 TEST_F(CoordinatorServiceTest, MalformedRequestsGetInvalidArgumentAndChangeNothing) {
   ckptd::v1::RegisterAgentRequest bad = Registration("../etc", {0}, 2);
-  EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
+  EXPECT_THAT(AgentCall(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("node id")));
   bad = Registration("node-a", {5}, 2);
-  EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
+  EXPECT_THAT(AgentCall(&ckptd::v1::Coordinator::Stub::RegisterAgent, bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 5")));
   EXPECT_EQ(Status().agents_size(), 0);
   EXPECT_EQ(Status().jobs_size(), 0);
@@ -319,12 +230,14 @@ TEST_F(CoordinatorServiceTest, MalformedRequestsGetInvalidArgumentAndChangeNothi
   report.mutable_report()->set_step(50);
   report.mutable_report()->set_world_size(2);
   report.mutable_report()->mutable_shard()->set_rank(0);  // no file length, no digest
-  EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::ReportShard, report),
+  EXPECT_THAT(AgentCall(&ckptd::v1::Coordinator::Stub::ReportShard, report),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("length")));
   ckptd::v1::RestorePlanRequest plan;
+  plan.set_node_id("node-a");
+  plan.set_session(sessions_["node-a"]);
   plan.set_job("no/such job");
   plan.set_world_size(2);
-  EXPECT_THAT(Call(&ckptd::v1::Coordinator::Stub::GetRestorePlan, plan),
+  EXPECT_THAT(AgentCall(&ckptd::v1::Coordinator::Stub::GetRestorePlan, plan),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
   ckptd::v1::RequestCheckpointRequest manual;
   manual.set_job("");
@@ -342,7 +255,7 @@ TEST_F(CoordinatorServiceTest, HeartbeatOfAnUnknownSessionIsAnsweredNotKnown) {
   grpc::ClientContext ctx;
   std::unique_ptr<Stream> stream = OpenHeartbeats(&ctx);
   ckptd::v1::Heartbeat stale = BeatAt("node-a", 3);
-  stale.set_session(sessions_["node-a"] + 1);
+  stale.set_session(sessions_["node-a"] + "0");
   ASSERT_TRUE(stream->Write(stale));
   ckptd::v1::HeartbeatAck ack;
   ASSERT_TRUE(stream->Read(&ack));
@@ -385,6 +298,7 @@ TEST_F(CoordinatorServiceTest, ClientGoneWhileTheServerWritesDoesNotCrash) {
   }
   // A stream left open is cut by the shutdown in TearDown; the server still serves.
   grpc::ClientContext open_ctx;
+  open_ctx.AddMetadata("authorization", agent_authorization_);
   std::unique_ptr<Stream> open = stub_->Heartbeats(&open_ctx);
   ASSERT_TRUE(open->Write(BeatAt("node-a", 60)));
   ckptd::v1::HeartbeatAck ack;

@@ -20,7 +20,9 @@ const char kCoordinatorUsage[] =
     "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
     "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--restart-guess 5m]\n"
     "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
-    "                         [--step-deadline 30m] [--operator-token-file F]\n"
+    "                         [--step-deadline 30m] [--max-nodes N] [--max-jobs N] [--forget-after 168h]\n"
+    "                         [--operator-token-file F]\n"
+    "                         [--agent-token-file F | --insecure-agents]\n"
     "                         [--tls-cert F --tls-key F --tls-ca F]\n"
     "\n"
     "Coordinates the agents of a cluster over gRPC: tracks agents and jobs,\n"
@@ -31,7 +33,7 @@ const char kCoordinatorUsage[] =
     "  --listen <host:port>        gRPC address (\":port\": every interface; port 0..65535, 0: any\n"
     "                              free port)\n"
     "  --storage-root <dir>        where checkpoints live (created when missing)\n"
-    "  --state-dir <dir>           the coordinator's database (coordinator.db) and operator token\n"
+    "  --state-dir <dir>           the coordinator's database (coordinator.db) and tokens\n"
     "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics\n"
     "  --heartbeat-interval <d>    how often agents send heartbeats, 1ms..1h (default 1s)\n"
     "  --node-lost-after <d>       heartbeat silence after which a node is lost (default 5s)\n"
@@ -57,12 +59,29 @@ const char kCoordinatorUsage[] =
     "  --keep N                    committed steps kept per job, 1..1000000 (default 2)\n"
     "  --step-deadline <d>         a step still incomplete this long after its first shard\n"
     "                              is aborted (default 30m)\n"
+    "  --max-nodes N               nodes tracked at most, 1..1000000 (default 10000): one more\n"
+    "                              is refused at registration (RESOURCE_EXHAUSTED)\n"
+    "  --max-jobs N                jobs tracked at most, 1..100000 (default 1000): a request\n"
+    "                              naming one more is refused\n"
+    "  --forget-after <d>          a node lost this long ago, and a job none of whose ranks ran for\n"
+    "                              this long, are forgotten (default 168h, a week; at most 8760h);\n"
+    "                              a forgotten job's committed steps stay in storage\n"
     "  --operator-token-file F     file holding the token operator RPCs must carry; without it a\n"
     "                              random token is generated at every start and written to\n"
     "                              <state-dir>/operator-token (mode 0600)\n"
+    "  --agent-token-file F        file holding the token agents must present (ckptd-agent\n"
+    "                              --agent-token-file) unless their TLS client certificate names\n"
+    "                              their node; without it the token in <state-dir>/agent-token is\n"
+    "                              used, or a random one generated and written there (mode 0600).\n"
+    "                              It must differ from the operator token\n"
+    "  --insecure-agents           accept agent RPCs (register, heartbeat, report shards and\n"
+    "                              failures, restore plans) without any credential: anyone who can\n"
+    "                              reach the port can act as any node. For tests and closed networks\n"
     "  --tls-cert F --tls-key F --tls-ca F\n"
     "                              mutual TLS (PEM files): serve with this certificate and key and\n"
-    "                              require client certificates signed by the CA\n"
+    "                              require client certificates signed by the CA; an agent whose\n"
+    "                              certificate's common name or a subject alternative name is its\n"
+    "                              node id needs no agent token\n"
     "  --help                      this text\n"
     "\n"
     "Durations are like 500ms, 1s, 1m30s, 2h; positive, and at most 720h (30 days) unless said\n"
@@ -71,8 +90,9 @@ const char kCoordinatorUsage[] =
     "\n"
     "The state directory is locked (<state-dir>/coordinator.lock, holding the pid) for as long\n"
     "as the coordinator runs: a second coordinator on it exits with status 3, naming the\n"
-    "holder. The generated operator token is written only once both ports are bound, so a\n"
-    "coordinator that fails to start leaves the token file as it was.\n"
+    "holder. The generated operator token (new at every start) and agent token (kept across\n"
+    "restarts; delete the file to have a new one made) are written only once both ports are\n"
+    "bound, so a coordinator that fails to start leaves the token files as they were.\n"
     "Exit codes: 1 the storage root or state could not be opened, 2 bad command line (a value\n"
     "outside its range included), 3 an address could not be served or the state directory is\n"
     "in use by another coordinator.\n";
@@ -82,12 +102,14 @@ namespace {
 const std::set<std::string> kValueFlags = {
     // clang-format off
     "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
-    "every", "initial-every", "keep", "step-deadline", "operator-token-file", "tls-cert", "tls-key", "tls-ca",
+    "every", "initial-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
+    "operator-token-file", "agent-token-file", "tls-cert",
+    "tls-key", "tls-ca",
     "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "restart-guess", "alternative-interval",
     "interval-hysteresis", "decide-every",
     // clang-format on
 };
-const std::set<std::string> kBoolFlags = {"help"};
+const std::set<std::string> kBoolFlags = {"help", "insecure-agents"};
 
 struct DurationFlag {
   const char* name;
@@ -110,6 +132,9 @@ constexpr absl::Duration kMaxInterval = absl::Hours(24 * 365);
 // The largest fixed or initial interval, in steps, and the most steps kept.
 constexpr uint64_t kMaxEvery = uint64_t{1} << 40;
 constexpr int kMaxKeep = 1'000'000;
+// The most nodes and jobs a coordinator may be told to track.
+constexpr size_t kMaxNodes = 1'000'000;
+constexpr size_t kMaxJobs = 100'000;
 
 // The durations, the interval policy's settings and the interval; what
 // needs a flag's value from `args` into `options`.
@@ -120,7 +145,8 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
                                 DurationFlag{"step-deadline", &options.step_deadline, kMaxDuration},
                                 DurationFlag{"restart-guess", &options.restart_guess, kMaxDuration},
                                 DurationFlag{"alternative-interval", &options.alternative_interval, kMaxInterval},
-                                DurationFlag{"decide-every", &options.decide_every, kMaxDuration}}) {
+                                DurationFlag{"decide-every", &options.decide_every, kMaxDuration},
+                                DurationFlag{"forget-after", &options.forget_after, kMaxInterval}}) {
     std::optional<std::string> v = args.Get(f.name);
     if (!v) continue;
     absl::Duration d;
@@ -178,6 +204,8 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
   CKPTD_RETURN_IF_ERROR(args.ReadUint("every", 1, kMaxEvery, &options.every_steps));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("initial-every", 1, kMaxEvery, &options.every_steps));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("max-nodes", 1, kMaxNodes, &options.max_nodes));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("max-jobs", 1, kMaxJobs, &options.max_jobs));
   return absl::OkStatus();
 }
 
@@ -210,6 +238,13 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
     }
   }
   flags.operator_token_file = args.Get("operator-token-file");
+  flags.agent_token_file = args.Get("agent-token-file");
+  flags.insecure_agents = args.Has("insecure-agents");
+  if (flags.insecure_agents && flags.agent_token_file) {
+    return absl::InvalidArgumentError(
+        "--insecure-agents and --agent-token-file exclude each other: an agent token is pointless when agents "
+        "need no credential");
+  }
   flags.options.retention_in_tick = false;  // the service removes old steps on a thread of its own
   CKPTD_RETURN_IF_ERROR(ParseOptions(args, flags.options));
   const int tls_flags = args.Has("tls-cert") + args.Has("tls-key") + args.Has("tls-ca");

@@ -26,6 +26,8 @@ struct CoordinatorFlags {
   std::string state_dir;                           // --state-dir
   std::optional<std::string> metrics_listen;       // --metrics-listen
   std::optional<std::string> operator_token_file;  // --operator-token-file
+  std::optional<std::string> agent_token_file;     // --agent-token-file
+  bool insecure_agents = false;                    // --insecure-agents (excludes --agent-token-file)
   // --tls-cert, --tls-key and --tls-ca (all three or none); main() reads them.
   std::optional<rpc::TlsFiles> tls;
   // The durations, intervals, policy settings and --keep; retention_in_tick

@@ -40,6 +40,8 @@ TEST(CoordinatorFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   EXPECT_EQ(flags.state_dir, "/var/lib/ckptd");
   EXPECT_EQ(flags.metrics_listen, std::nullopt);
   EXPECT_EQ(flags.operator_token_file, std::nullopt);
+  EXPECT_EQ(flags.agent_token_file, std::nullopt);
+  EXPECT_FALSE(flags.insecure_agents);
   EXPECT_FALSE(flags.tls.has_value());
   // The options' own defaults, but for retention, which the service runs.
   const CoordinatorOptions defaults;
@@ -196,12 +198,37 @@ TEST(CoordinatorFlagsTest, BadNumbersNameTheFlag) {
               FailsNaming("--keep must be an integer in 1..1000000, got \"0\""));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--keep", "1000001"})),
               FailsNaming("--keep must be an integer in 1..1000000"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--max-nodes", "0"})),
+              FailsNaming("--max-nodes must be an integer in 1..1000000, got \"0\""));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--max-jobs", "100001"})),
+              FailsNaming("--max-jobs must be an integer in 1..100000"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--forget-after", "8761h"})), FailsNaming("--forget-after must be at most"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--forget-after", "0s"})), FailsNaming("--forget-after"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags limits, ParseCoordinatorFlags(With({"--max-nodes", "64", "--max-jobs",
+                                                                                   "8", "--forget-after", "48h"})));
+  EXPECT_EQ(limits.options.max_nodes, 64u);
+  EXPECT_EQ(limits.options.max_jobs, 8u);
+  EXPECT_EQ(limits.options.forget_after, absl::Hours(48));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--every", "1099511627777"})),
               FailsNaming("--every must be an integer in 1..1099511627776"));
   CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags largest,
                              ParseCoordinatorFlags(With({"--every", "1099511627776", "--keep", "1000000"})));
   EXPECT_EQ(largest.options.every_steps, uint64_t{1} << 40);
   EXPECT_EQ(largest.options.keep_last, 1000000);
+}
+
+TEST(CoordinatorFlagsTest, AgentCredentialFlags) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags token,
+                             ParseCoordinatorFlags(With({"--agent-token-file", "/etc/ckptd/agent-token"})));
+  EXPECT_THAT(token.agent_token_file, Optional(std::string("/etc/ckptd/agent-token")));
+  EXPECT_FALSE(token.insecure_agents);
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags open, ParseCoordinatorFlags(With({"--insecure-agents"})));
+  EXPECT_TRUE(open.insecure_agents);
+  EXPECT_EQ(open.agent_token_file, std::nullopt);
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--insecure-agents", "--agent-token-file", "/etc/ckptd/agent-token"})),
+              FailsNaming("--insecure-agents and --agent-token-file exclude each other"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--insecure-agents=yes"})), FailsNaming("--insecure-agents takes no value"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--agent-token-file"})), FailsNaming("--agent-token-file needs a value"));
 }
 
 TEST(CoordinatorFlagsTest, EveryAndInitialEveryExcludeEachOther) {
@@ -239,7 +266,12 @@ TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
                            "--every",
                            "--keep",
                            "--step-deadline",
+                           "--max-nodes",
+                           "--max-jobs",
+                           "--forget-after",
                            "--operator-token-file",
+                           "--agent-token-file",
+                           "--insecure-agents",
                            "--tls-cert",
                            "--tls-key",
                            "--tls-ca",

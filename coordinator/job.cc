@@ -325,6 +325,37 @@ bool Job::NeedsNewRound(uint32_t rank, bool has_attempt) const {
   return !round_ || (round_->go && !has_attempt) || (!round_->step && !has_attempt && round_->ok.contains(rank));
 }
 
+bool Job::FreshStartNeedsConsent() const {
+  if (committed_.empty() || NewestUsable()) return false;
+  return !fresh_allowed_over_ || *fresh_allowed_over_ < *committed_.rbegin();
+}
+
+bool Job::SetRestoreBlocked(const std::string& why) {
+  if (restore_blocked_ == why) return false;
+  restore_blocked_ = why;
+  return true;
+}
+
+bool Job::IsNewTrainer(uint32_t rank, const std::string& asker, const std::string& node, int32_t pid) const {
+  if (round_ && !asker.empty()) {
+    if (auto it = round_->askers.find(rank); it != round_->askers.end()) return it->second != asker;
+  }
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end() || !it->second.alive || !it->second.has_progress) return false;
+  const Rank& known = it->second;
+  return known.node_id != node || (pid != 0 && known.pid != 0 && known.pid != pid);
+}
+
+bool Job::AnyRankProgressing() const {
+  // A trainer waiting for its restore reports step 0.
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& r) { return r.second.alive && r.second.has_progress && r.second.step > 0; });
+}
+
+void Job::TakePart(uint32_t rank, const std::string& asker) {
+  if (round_ && !asker.empty()) round_->askers[rank] = asker;
+}
+
 RestorePlanResponse Job::StartsFresh(uint32_t rank) {
   round_->ok.insert(rank);  // remembers who started fresh in this round
   return Plan();
@@ -344,8 +375,10 @@ RestorePlanResponse Job::Loaded(uint32_t rank) {
 }
 
 RestorePlanResponse Job::FallBack() {
+  std::map<uint32_t, std::string> askers = std::move(round_->askers);
   round_ = RestoreRound();
   round_->step = NewestUsable();
+  round_->askers = std::move(askers);
   return Plan();
 }
 

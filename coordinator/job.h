@@ -54,6 +54,10 @@ struct RestoreRound {
   std::optional<uint64_t> step;  // nullopt: fresh start
   std::set<uint32_t> ok;
   bool go = false;
+  // The trainer of each rank that asked in this round ("<node>#<agent's
+  // trainer id>", when its agent said): the same rank asking again as
+  // another trainer was restarted.
+  std::map<uint32_t, std::string> askers;
 };
 
 struct AbortedStep {
@@ -98,6 +102,23 @@ class Job {
   bool verifying(uint64_t step) const { return verifying_.contains(step); }
   absl::Time last_decided() const { return last_decided_; }
   void set_last_decided(absl::Time t) { last_decided_ = t; }
+  // When a rank of the job last ran (or the coordinator first heard of it).
+  absl::Time last_alive() const { return last_alive_; }
+  void set_last_alive(absl::Time t) { last_alive_ = t; }
+  bool verifying_any() const { return !verifying_.empty(); }
+  // Shards its agents could not persist since this coordinator started, and
+  // the newest one's detail and time (not saved: a count for operators).
+  struct PersistFailures {
+    uint64_t count = 0;
+    std::string last_detail;
+    absl::Time last;
+  };
+  const PersistFailures& persist_failures() const { return persist_failures_; }
+  void NotePersistFailure(const std::string& detail, absl::Time now) {
+    ++persist_failures_.count;
+    persist_failures_.last_detail = detail;
+    persist_failures_.last = now;
+  }
 
   // The newest committed step that is not quarantined.
   std::optional<uint64_t> NewestUsable() const;
@@ -171,6 +192,17 @@ class Job {
   void StartRestoreRound();
   // Whether a plan request of `rank` needs a new round.
   bool NeedsNewRound(uint32_t rank, bool has_attempt) const;
+  // Whether `asker` (the trainer asking for `rank`'s plan: "<node>#<id>",
+  // empty when unknown) running as process `pid` on `node` is another
+  // trainer than the one known to run the rank: the one that asked in the
+  // round under way, else the one whose progress was recorded. False when
+  // neither is known.
+  bool IsNewTrainer(uint32_t rank, const std::string& asker, const std::string& node, int32_t pid) const;
+  // Whether any rank reported a step past 0 since the last restart (the job
+  // runs).
+  bool AnyRankProgressing() const;
+  // `asker` asks for `rank` in the round under way (empty: unknown).
+  void TakePart(uint32_t rank, const std::string& asker);
   // A rank's turn in the round under way, and the plan it gets: it starts
   // fresh; it has not loaded the round's step yet; it loaded it intact.
   ckptd::v1::RestorePlanResponse StartsFresh(uint32_t rank);
@@ -182,6 +214,15 @@ class Job {
   ckptd::v1::RestorePlanResponse Plan() const;
   // Marks a committed step damaged: never restored again, kept by retention.
   void Quarantine(uint64_t step, const std::string& reason) { quarantined_[step] = reason; }
+  // The operator allowed a fresh start over the committed steps up to `step`
+  // (storage::CheckpointStore::AllowFreshStart).
+  void AllowFreshStartOver(uint64_t step) { fresh_allowed_over_ = step; }
+  // Whether a fresh start now would pass over committed steps (all
+  // quarantined) that the operator has not allowed it to.
+  bool FreshStartNeedsConsent() const;
+  // Why a restart is held back ("" when it is not); true when that is news.
+  bool SetRestoreBlocked(const std::string& why);
+  const std::string& restore_blocked() const { return restore_blocked_; }
 
   // --- Verification: retention leaves a pinned step alone.
   void Pin(uint64_t step) { ++verifying_[step]; }
@@ -209,6 +250,8 @@ class Job {
   std::map<uint64_t, int> verifying_;
   std::map<uint64_t, AbortedStep> aborted_;
   std::optional<RestoreRound> round_;
+  std::optional<uint64_t> fresh_allowed_over_;
+  std::string restore_blocked_;
   // Changed schedule, counters or world size: saved at once. Changed
   // timings only: saved every few seconds. The counters of a commit: saved
   // by the next Tick, so that the answer to the report that completed the
@@ -225,8 +268,10 @@ class Job {
   std::optional<absl::Time> failed_at_;
   uint64_t step_at_failure_ = 0;  // the fastest rank's, when failed_at_ was set
   absl::Time last_decided_;
+  absl::Time last_alive_;
   // The restarts that completed, newest last (a few).
   std::deque<Resume> resumes_;
+  PersistFailures persist_failures_;
 };
 
 }  // namespace ckptd::coordinator::internal

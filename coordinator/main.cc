@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -76,7 +77,7 @@ constexpr char kLockFileName[] = "coordinator.lock";
 
 // Holds <state-dir>/coordinator.lock (flock, exclusive) for the process's
 // lifetime: two coordinators on one state directory would each commit and
-// abort steps, and the second would replace the first's operator token. The
+// abort steps, and the second would replace the first's token files. The
 // lock file holds the holder's pid. kUnavailable naming the directory (and
 // the holder's pid when it wrote one) when another process holds it; other
 // errors when the file cannot be opened or locked.
@@ -132,14 +133,48 @@ int OperatorToken(const co::CoordinatorFlags& flags, std::string& token, bool* g
   return ckptd::base::kExitOk;
 }
 
-// Writes the generated `token` to <state-dir>/operator-token. kExitOk, or
-// the exit code after saying what failed.
-int WriteGeneratedToken(const co::CoordinatorFlags& flags, const std::string& token) {
-  const std::string path = absl::StrCat(flags.state_dir, "/", ckptd::rpc::kOperatorTokenFileName);
-  if (absl::Status written = ckptd::rpc::WriteOperatorTokenFile(path, token); !written.ok()) {
-    return Fail("operator token", written, kExitFailed);
+// The token agent RPCs take, into `token`: --agent-token-file's; the one a
+// previous start generated into <state-dir>/agent-token (agents keep theirs
+// across a restart of the coordinator); or a new one that `*generated` says
+// must still be written (like the operator token). Empty with
+// --insecure-agents. kExitOk, or the exit code after saying what failed.
+int AgentToken(const co::CoordinatorFlags& flags, std::string& token, bool* generated) {
+  *generated = false;
+  token.clear();
+  if (flags.insecure_agents) return ckptd::base::kExitOk;
+  if (flags.agent_token_file) {
+    absl::StatusOr<std::string> read = ckptd::rpc::ReadAgentTokenFile(*flags.agent_token_file);
+    if (!read.ok()) return Fail("--agent-token-file", read.status(), kExitUsage);
+    token = *read;
+    return ckptd::base::kExitOk;
   }
-  std::cerr << "ckptd-coordinator: operator token written to " << path << "\n";
+  const std::string path = absl::StrCat(flags.state_dir, "/", ckptd::rpc::kAgentTokenFileName);
+  absl::StatusOr<std::string> kept = ckptd::rpc::ReadTokenFile(path, "agent token", /*follow_links=*/false);
+  if (kept.ok()) {
+    token = *kept;
+    return ckptd::base::kExitOk;
+  }
+  if (!absl::IsNotFound(kept.status())) {
+    return Fail("agent token", absl::Status(kept.status().code(),
+                                            absl::StrCat(kept.status().message(), " (remove it to have a new one made)")),
+                kExitFailed);
+  }
+  absl::StatusOr<std::string> fresh = ckptd::rpc::GenerateToken();
+  if (!fresh.ok()) return Fail("agent token", fresh.status(), kExitFailed);
+  token = *fresh;
+  *generated = true;
+  return ckptd::base::kExitOk;
+}
+
+// Writes the generated `token` (`what`: "operator token", "agent token") to
+// <state-dir>/<file_name>. kExitOk, or the exit code after saying what failed.
+int WriteGeneratedToken(const co::CoordinatorFlags& flags, absl::string_view file_name, absl::string_view what,
+                        const std::string& token) {
+  const std::string path = absl::StrCat(flags.state_dir, "/", file_name);
+  if (absl::Status written = ckptd::rpc::WriteTokenFile(path, token); !written.ok()) {
+    return Fail(what, written, kExitFailed);
+  }
+  std::cerr << "ckptd-coordinator: " << what << " written to " << path << "\n";
   return ckptd::base::kExitOk;
 }
 
@@ -185,6 +220,18 @@ int main(int argc, char** argv) {
       code != ckptd::base::kExitOk) {
     return code;
   }
+  bool agent_token_generated = false;
+  if (int code = AgentToken(*flags, service_options.agent_token, &agent_token_generated);
+      code != ckptd::base::kExitOk) {
+    return code;
+  }
+  // One token for both would let every agent act as an operator.
+  if (service_options.agent_token == service_options.operator_token) {
+    std::cerr << "ckptd-coordinator: the agent token and the operator token are the same; give each a token of its "
+                 "own (--agent-token-file, --operator-token-file)\n";
+    return kExitUsage;
+  }
+  service_options.insecure_agents = flags->insecure_agents;
 
   ckptd::storage::CheckpointStore store(fs.get(), flags->storage_root);
   ckptd::base::RealClock clock;
@@ -210,20 +257,35 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("--listen ", flags->listen), server.status(),
                 absl::IsInvalidArgument(server.status()) ? kExitUsage : kExitUnavailable);
   }
-  // Both ports are bound: only now is a generated token written.
-  if (token_generated) {
-    if (int code = WriteGeneratedToken(*flags, service_options.operator_token); code != ckptd::base::kExitOk) {
+  // Both ports are bound: only now are generated tokens written.
+  for (const auto& [generated, file_name, what, token] :
+       {std::tuple(token_generated, ckptd::rpc::kOperatorTokenFileName, "operator token",
+                   &service_options.operator_token),
+        std::tuple(agent_token_generated, ckptd::rpc::kAgentTokenFileName, "agent token",
+                   &service_options.agent_token)}) {
+    if (!generated) continue;
+    if (int code = WriteGeneratedToken(*flags, file_name, what, *token); code != ckptd::base::kExitOk) {
       co::ShutdownCoordinatorServer(server->server.get());
       if (http != nullptr) http->Stop();
       return code;
     }
+  }
+  if (flags->insecure_agents) {
+    std::cerr << "ckptd-coordinator: WARNING: --insecure-agents: agent RPCs need no credential; anyone who can "
+                 "reach port "
+              << server->port
+              << " can register nodes, report failures and restart jobs (give agents the agent token or a "
+                 "certificate instead)\n";
   }
   if (http != nullptr) {
     std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*flags->metrics_listen, http->port())
               << "/metrics\n";
   }
   std::cerr << "ckptd-coordinator: storage root " << flags->storage_root << ", state " << flags->state_dir
-            << (flags->tls ? ", mutual TLS" : ", no TLS") << "\n";
+            << (flags->tls ? ", mutual TLS" : ", no TLS")
+            << (flags->insecure_agents ? ", agents unauthenticated"
+                                       : flags->tls ? ", agents by certificate or agent token" : ", agents by agent token")
+            << "\n";
   std::cerr << "ckptd-coordinator: listening on " << WithPort(flags->listen, server->port) << std::endl;
 
   int sig = 0;

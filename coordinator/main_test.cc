@@ -204,6 +204,7 @@ class CoordinatorBinaryTest : public ::testing::Test {
 
 TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
   std::optional<uint64_t> committed_step;
+  std::string agent_token;
   {
     Coordinator c(Flags(), dir_ + "/first.log");
     ASSERT_GT(c.pid(), 0);
@@ -217,9 +218,17 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
     EXPECT_EQ(st.st_mode & 0777, 0600u);
     CKPTD_ASSERT_OK_AND_ASSIGN(std::string token, rpc::ReadOperatorTokenFile(token_path));
     EXPECT_EQ(token.size(), 64u);
+    // The agent token, generated beside it.
+    const std::string agent_token_path = state_ + "/agent-token";
+    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("agent token written to ", agent_token_path)));
+    ASSERT_EQ(::stat(agent_token_path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    CKPTD_ASSERT_OK_AND_ASSIGN(agent_token, rpc::ReadAgentTokenFile(agent_token_path));
+    EXPECT_EQ(agent_token.size(), 64u);
+    EXPECT_NE(agent_token, token);
 
     std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
-    std::map<std::string, uint64_t> sessions;
+    std::map<std::string, std::string> sessions;
     for (uint32_t rank = 0; rank < 2; ++rank) {
       const std::string node = absl::StrCat("node-", rank);
       ckptd::v1::RegisterAgentRequest req;
@@ -231,6 +240,7 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
       r->set_pid(4000 + static_cast<int>(rank));
       grpc::ClientContext ctx;
       Deadline(&ctx);
+      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", agent_token));
       ckptd::v1::RegisterAgentResponse resp;
       ASSERT_THAT(FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp)), IsOk());
       EXPECT_EQ(resp.heartbeat_interval_ms(), 100u);
@@ -257,6 +267,7 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
       req.mutable_report()->mutable_shard()->set_persist_seconds(0.2);
       grpc::ClientContext ctx;
       Deadline(&ctx);
+      ctx.AddMetadata("authorization", absl::StrCat("Bearer ", agent_token));
       ckptd::v1::ReportShardResponse resp;
       ASSERT_THAT(FromGrpcStatus(stub->ReportShard(&ctx, req, &resp)), IsOk());
       EXPECT_EQ(resp.committed(), rank == 1);
@@ -300,6 +311,9 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
     const int port = c.WaitForPort();
     ASSERT_GT(port, 0) << c.Log();
     EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("operator token written")));
+    // The generated agent token is kept: agents that have it go on working.
+    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("agent token written")));
+    EXPECT_THAT(rpc::ReadAgentTokenFile(state_ + "/agent-token"), ckptd::testing::IsOkAndHolds(agent_token));
     std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
     grpc::ClientContext ctx;
     Deadline(&ctx);
@@ -330,7 +344,7 @@ TEST_F(CoordinatorBinaryTest, HelpNamesEveryFlag) {
   EXPECT_EQ(code, 0);
   for (const char* flag : {"--listen", "--storage-root", "--state-dir", "--metrics-listen", "--heartbeat-interval",
                            "--node-lost-after", "--hang-floor", "--every", "--keep", "--step-deadline",
-                           "--operator-token-file", "--tls-cert", "--tls-key", "--tls-ca", "--help",
+                           "--operator-token-file", "--agent-token-file", "--insecure-agents", "--tls-cert", "--tls-key", "--tls-ca", "--help",
                            "--initial-every", "--min-interval", "--max-interval", "--failure-rate",
                            "--failure-prior-weight", "--restart-guess", "--alternative-interval",
                            "--interval-hysteresis", "--decide-every"}) {
@@ -405,6 +419,11 @@ TEST_F(CoordinatorBinaryTest, ASecondCoordinatorOnTheSameStateDirIsRefusedAndLea
   ASSERT_EQ(token_file.size(), 65u) << token_file;
   struct stat before;
   ASSERT_EQ(::stat(token_path.c_str(), &before), 0);
+  const std::string agent_token_path = state_ + "/agent-token";
+  const std::string agent_token_file = ReadAll(agent_token_path);
+  ASSERT_EQ(agent_token_file.size(), 65u) << agent_token_file;
+  struct stat agent_before;
+  ASSERT_EQ(::stat(agent_token_path.c_str(), &agent_before), 0);
 
   // B: the same state directory, ports of its own.
   auto [code, out] = RunToEnd(Flags());
@@ -421,6 +440,11 @@ TEST_F(CoordinatorBinaryTest, ASecondCoordinatorOnTheSameStateDirIsRefusedAndLea
   EXPECT_EQ(after.st_ino, before.st_ino);
   EXPECT_EQ(after.st_mtim.tv_sec, before.st_mtim.tv_sec);
   EXPECT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  EXPECT_EQ(ReadAll(agent_token_path), agent_token_file);
+  struct stat agent_after;
+  ASSERT_EQ(::stat(agent_token_path.c_str(), &agent_after), 0);
+  EXPECT_EQ(agent_after.st_ino, agent_before.st_ino);
+  EXPECT_EQ(agent_after.st_mtim.tv_nsec, agent_before.st_mtim.tv_nsec);
   struct stat lock;
   ASSERT_EQ(::stat((state_ + "/coordinator.lock").c_str(), &lock), 0);
   EXPECT_EQ(lock.st_mode & 0777, 0600u);
@@ -500,7 +524,79 @@ TEST_F(CoordinatorBinaryTest, ACoordinatorThatCannotBindLeavesTheTokenFileAsItWa
     EXPECT_THAT(out, ::testing::Not(HasSubstr("operator token written")));
     EXPECT_EQ(ReadAll(token_path), token_file) << c.says;
   }
+  // On a fresh state directory, a coordinator that cannot bind writes no agent token at all.
+  const std::string fresh_state = dir_ + "/fresh-state";
+  auto [code, out] = RunToEnd({"--listen", grpc_taken, "--storage-root", root_, "--state-dir", fresh_state});
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("agent token written")));
+  EXPECT_NE(::access((fresh_state + "/agent-token").c_str(), F_OK), 0);
+  EXPECT_NE(::access((fresh_state + "/operator-token").c_str(), F_OK), 0);
   EXPECT_EQ(other.Stop(), 0) << other.Log();
+}
+
+// Issue 16: agent RPCs need the node credential; the agent token is written
+// once both ports are bound, and --insecure-agents is a loud, explicit opt-out.
+TEST_F(CoordinatorBinaryTest, AgentRpcsNeedTheAgentTokenUnlessInsecureAgents) {
+  const std::string agent_token_path = state_ + "/agent-token";
+  auto register_node = [&](int port, const std::string& authorization) {
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id("node-0");
+    ckptd::v1::RankInfo* r = req.add_ranks();
+    r->set_job(kJob);
+    r->set_world_size(1);
+    r->set_pid(4000);
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+    ckptd::v1::RegisterAgentResponse resp;
+    return FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp));
+  };
+  {
+    // A token of the operator's choosing.
+    const std::string agent_file = dir_ + "/agent-secret";
+    std::ofstream(agent_file) << "my-agent-token\n";
+    Coordinator c(Flags({"--agent-token-file", agent_file}), dir_ + "/token.log");
+    const int port = c.WaitForPort();
+    ASSERT_GT(port, 0) << c.Log();
+    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("agent token written")));
+    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("WARNING")));
+    EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);
+    EXPECT_THAT(register_node(port, ""),
+                StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("ckptd-agent --agent-token-file")));
+    EXPECT_THAT(register_node(port, "Bearer wrong"),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("agent token is wrong")));
+    // The operator token it generated is no agent credential.
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string operator_token, rpc::ReadOperatorTokenFile(state_ + "/operator-token"));
+    EXPECT_THAT(register_node(port, absl::StrCat("Bearer ", operator_token)),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("agent token is wrong")));
+    EXPECT_THAT(register_node(port, "Bearer my-agent-token"), IsOk());
+    EXPECT_EQ(c.Stop(), 0) << c.Log();
+  }
+  {
+    Coordinator c(Flags({"--insecure-agents"}), dir_ + "/insecure.log");
+    const int port = c.WaitForPort();
+    ASSERT_GT(port, 0) << c.Log();
+    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("ckptd-coordinator: WARNING: --insecure-agents: agent RPCs need no "
+                                                "credential; anyone who can reach port ",
+                                                port, " can register nodes, report failures and restart jobs")));
+    EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);
+    EXPECT_THAT(register_node(port, ""), IsOk());
+    EXPECT_EQ(c.Stop(), 0) << c.Log();
+  }
+  // Excluding and bad flags are usage errors, before anything is written.
+  auto [both, out1] = RunToEnd(Flags({"--insecure-agents", "--agent-token-file", dir_ + "/agent-secret"}));
+  EXPECT_EQ(both, 2);
+  EXPECT_THAT(out1, HasSubstr("--insecure-agents and --agent-token-file exclude each other"));
+  auto [missing, out2] = RunToEnd(Flags({"--agent-token-file", dir_ + "/nope"}));
+  EXPECT_EQ(missing, 2);
+  EXPECT_THAT(out2, HasSubstr(absl::StrCat("--agent-token-file: open agent token file ", dir_, "/nope")));
+  std::ofstream(dir_ + "/same") << "one-token-for-all\n";
+  auto [same, out3] =
+      RunToEnd(Flags({"--agent-token-file", dir_ + "/same", "--operator-token-file", dir_ + "/same"}));
+  EXPECT_EQ(same, 2);
+  EXPECT_THAT(out3, HasSubstr("the agent token and the operator token are the same"));
+  EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);
 }
 
 }  // namespace

@@ -84,6 +84,15 @@ class MemStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status DeleteJob(absl::string_view job) override {
+    absl::MutexLock lock(&mu_);
+    jobs_.erase(std::string(job));
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      it = it->first.first == job ? quarantine_.erase(it) : std::next(it);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status PutQuarantine(const QuarantinedStep& q) override {
     if (q.job().empty()) return absl::InvalidArgumentError("PutQuarantine: the step names no job");
     CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(q).status());

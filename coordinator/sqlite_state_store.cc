@@ -179,6 +179,8 @@ class SqliteStateStore final : public StateStore {
          "SELECT kind, COUNT(*) FROM events WHERE job = ?2 AND unix_nanos >= ?1 GROUP BY kind"},
         {&put_job_, "INSERT OR REPLACE INTO jobs(job, updated_unix_nanos, record) VALUES(?1, ?2, ?3)"},
         {&list_jobs_, "SELECT job, record FROM jobs ORDER BY job"},
+        {&delete_job_, "DELETE FROM jobs WHERE job = ?1"},
+        {&delete_quarantine_, "DELETE FROM quarantine WHERE job = ?1"},
         {&put_quarantine_,
          "INSERT INTO quarantine(job, step, unix_nanos, record) VALUES(?1, ?2, ?3, ?4) "
          "ON CONFLICT(job, step) DO NOTHING"},
@@ -275,6 +277,16 @@ class SqliteStateStore final : public StateStore {
       }
     }
     return out;
+  }
+
+  absl::Status DeleteJob(absl::string_view job) override {
+    absl::MutexLock lock(&mu_);
+    for (sqlite3_stmt* s : {delete_job_.get(), delete_quarantine_.get()}) {
+      StmtScope scope(s);
+      CKPTD_RETURN_IF_ERROR(Check("bind", BindBytes(s, 1, job)));
+      CKPTD_RETURN_IF_ERROR(StepDone(s, "delete job"));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status PutQuarantine(const QuarantinedStep& q) override {
@@ -387,6 +399,8 @@ class SqliteStateStore final : public StateStore {
   StmtPtr count_job_by_kind_ ABSL_GUARDED_BY(mu_);
   StmtPtr put_job_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_jobs_ ABSL_GUARDED_BY(mu_);
+  StmtPtr delete_job_ ABSL_GUARDED_BY(mu_);
+  StmtPtr delete_quarantine_ ABSL_GUARDED_BY(mu_);
   StmtPtr put_quarantine_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_quarantine_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_job_quarantine_ ABSL_GUARDED_BY(mu_);

@@ -51,6 +51,9 @@ class StateStore {  // thread-safe
   virtual absl::Status PutJob(const ckptd::v1::JobRecord& record) = 0;
   // Every job record, ordered by job name (bytewise).
   virtual absl::StatusOr<std::vector<ckptd::v1::JobRecord>> ListJobs() = 0;
+  // Forgets `job`: its record and its quarantined steps (storage marks those
+  // too). Its events stay until they age out. OK when there is none.
+  virtual absl::Status DeleteJob(absl::string_view job) = 0;
 
   // Records a quarantined step; idempotent per (job, step): the first record
   // of a step is kept. kInvalidArgument when `q.job()` is empty.

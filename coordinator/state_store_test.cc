@@ -254,6 +254,19 @@ TEST_P(StateStoreConformanceTest, QuarantineIsIdempotentPerStep) {
   EXPECT_THAT(steps, IsEmpty());
 }
 
+TEST_P(StateStoreConformanceTest, DeleteJobForgetsItsRecordAndQuarantineOnly) {
+  CKPTD_ASSERT_OK(store_->PutJob(Job("alpha", 2)));
+  CKPTD_ASSERT_OK(store_->PutJob(Job("beta", 3)));
+  CKPTD_ASSERT_OK(store_->PutQuarantine(Quarantine("alpha", 10, "bad")));
+  CKPTD_ASSERT_OK(store_->PutQuarantine(Quarantine("beta", 10, "bad")));
+  CKPTD_ASSERT_OK(store_->DeleteJob("alpha"));
+  CKPTD_ASSERT_OK(store_->DeleteJob("never-was"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<JobRecord> jobs, store_->ListJobs());
+  EXPECT_THAT(jobs, ElementsAre(EqualsProto(Job("beta", 3))));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<QuarantinedStep> steps, store_->ListQuarantined(""));
+  EXPECT_THAT(steps, ElementsAre(EqualsProto(Quarantine("beta", 10, "bad"))));
+}
+
 TEST_P(StateStoreConformanceTest, HostileStringsAreStoredAsGiven) {
   const std::string injection = "x'); DROP TABLE events; --";
   const std::string with_nul("a\0b", 3);

@@ -126,10 +126,26 @@ class CoreRequests {
     return req;
   }
 
-  // Rank `rank` asks for a plan, having loaded `attempt` (intact when `ok`).
-  static ckptd::v1::RestorePlanRequest PlanRequest(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt,
-                                                   bool ok = true, uint32_t world = 4) {
+  // The registered node hosting `rank` of kJob ("" when none does).
+  std::string NodeOf(uint32_t rank) const {
+    for (const auto& [node, reg] : ranks_) {
+      for (const auto& r : reg.ranks()) {
+        if (r.job() == kJob && r.rank() == rank) return node;
+      }
+    }
+    return "";
+  }
+
+  // Rank `rank` asks for a plan, having loaded `attempt` (intact when `ok`),
+  // through the agent of the node that registered it, as the trainer that
+  // registered it (pid 1000 + rank, agent's trainer id `trainer`).
+  ckptd::v1::RestorePlanRequest PlanRequest(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt,
+                                            bool ok = true, uint32_t world = 4, uint64_t trainer = 1) {
     ckptd::v1::RestorePlanRequest req;
+    req.set_node_id(NodeOf(rank));
+    req.set_session(sessions_[req.node_id()]);
+    req.set_pid(1000 + static_cast<int>(rank));
+    req.set_trainer_id(trainer);
     req.set_job(kJob);
     req.set_rank(rank);
     req.set_world_size(world);
@@ -173,7 +189,7 @@ class CoreRequests {
   CoordinatorObserver* observer_ = nullptr;  // what Reset() gives the core
   std::unique_ptr<CoordinatorCore> core_;
   // Per registered node: its session and its registration.
-  std::map<std::string, uint64_t> sessions_;
+  std::map<std::string, std::string> sessions_;
   std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
 };
 
@@ -181,16 +197,16 @@ class CoreRequests {
 class CoreHarness : public CoreRequests {
  protected:
   // Registers `req`'s node; returns its session.
-  uint64_t Register(const ckptd::v1::RegisterAgentRequest& req) {
+  std::string Register(const ckptd::v1::RegisterAgentRequest& req) {
     absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
     Check(resp.status(), absl::StrCat("registering ", req.node_id()));
-    sessions_[req.node_id()] = resp.ok() ? resp->session() : 0;
+    sessions_[req.node_id()] = resp.ok() ? resp->session() : "";
     ranks_[req.node_id()] = req;
     return sessions_[req.node_id()];
   }
 
   // Registers node `node` hosting `ranks` of kJob (world `world`).
-  uint64_t Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
+  std::string Register(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4,
                     bool drills_allowed = false) {
     return Register(Registration(node, std::move(ranks), world, drills_allowed));
   }
@@ -216,9 +232,11 @@ class CoreHarness : public CoreRequests {
     return core_->ReportShard(ShardRequest(node, ReportOf(step, rank, length, digest, world, incarnation)));
   }
 
+  // Rank `rank` asks for a plan as the agent's trainer `trainer` (a trainer
+  // started again has a new id).
   absl::StatusOr<PlanResponse> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
-                                    uint32_t world = 4) {
-    return core_->GetRestorePlan(PlanRequest(rank, attempt, ok, world));
+                                    uint32_t world = 4, uint64_t trainer = 1) {
+    return core_->GetRestorePlan(PlanRequest(rank, attempt, ok, world, trainer));
   }
 
   // Registered `node` reports a failure of `rank` of kJob.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -38,7 +39,9 @@ std::string ReadAll(const std::string& path) {
 }
 
 // Makes, in `dir`: ca.pem/ca.key (the test CA), server.pem/key (localhost,
-// 127.0.0.1), client.pem/key (node-a), and other-ca.pem with
+// 127.0.0.1), client.pem/key (common name node-a), san-client.pem/key (common
+// name ckptd-agent, subject alternative names node-s and node-t),
+// odd-client.pem/key (common name node-a"x), and other-ca.pem with
 // rogue-client.pem/key signed by that other CA. Returns "" or openssl's output.
 std::string MakeCertificates(const std::string& openssl, const std::string& dir) {
   const std::string o = absl::StrCat("'", openssl, "'");
@@ -55,6 +58,13 @@ std::string MakeCertificates(const std::string& openssl, const std::string& dir)
       " -extfile server.ext\n",
       o, " req ", ec, " -keyout client.key -out client.csr -subj /CN=node-a\n",
       o, " x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2",
+      " -extfile client.ext\n",
+      "printf 'subjectAltName=DNS:node-s,DNS:node-t\\nextendedKeyUsage=clientAuth\\n' > san-client.ext\n",
+      o, " req ", ec, " -keyout san-client.key -out san-client.csr -subj /CN=ckptd-agent\n",
+      o, " x509 -req -in san-client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out san-client.pem -days 2",
+      " -extfile san-client.ext\n",
+      o, " req ", ec, " -keyout odd-client.key -out odd-client.csr -subj '/CN=node-a\"x'\n",
+      o, " x509 -req -in odd-client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out odd-client.pem -days 2",
       " -extfile client.ext\n",
       o, " req ", ec, " -keyout rogue-client.key -out rogue-client.csr -subj /CN=rogue\n",
       o, " x509 -req -in rogue-client.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial",
@@ -82,7 +92,8 @@ class TlsTest : public ::testing::Test {
 
     core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, CoordinatorOptions());
     CKPTD_ASSERT_OK(core_->Recover());
-    service_ = std::make_unique<CoordinatorService>(core_.get(), CoordinatorServiceOptions{.operator_token = "t"});
+    service_ = std::make_unique<CoordinatorService>(
+        core_.get(), CoordinatorServiceOptions{.operator_token = "t", .agent_token = kAgentToken});
     CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
                                rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
     CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), creds));
@@ -111,6 +122,49 @@ class TlsTest : public ::testing::Test {
     ckptd::v1::GetClusterStatusResponse resp;
     return FromGrpcStatus(stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &resp));
   }
+
+  // Client credentials presenting `name`.pem/key.
+  std::shared_ptr<grpc::ChannelCredentials> Client(const std::string& name) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        rpc::ChannelCredentialsFromFiles({File(name + ".pem"), File(name + ".key"), File("ca.pem")});
+    EXPECT_THAT(creds.status(), IsOk());
+    return creds.ok() ? *creds : nullptr;
+  }
+
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> StubWith(std::shared_ptr<grpc::ChannelCredentials> creds) {
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride("localhost");
+    return ckptd::v1::Coordinator::NewStub(
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", server_.port), creds, args));
+  }
+
+  // Registers `node` (rank 0 of a 1-rank job) over a channel with `creds`,
+  // with `authorization` metadata unless it is empty.
+  absl::Status RegisterAs(std::shared_ptr<grpc::ChannelCredentials> creds, const std::string& node,
+                          const std::string& authorization = "") {
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = StubWith(std::move(creds));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!authorization.empty()) ctx.AddMetadata("authorization", authorization);
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(node);
+    ckptd::v1::RankInfo* rank = req.add_ranks();
+    rank->set_job(absl::StrCat("job-", node));
+    rank->set_world_size(1);
+    rank->set_pid(1000);
+    ckptd::v1::RegisterAgentResponse resp;
+    return FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp));
+  }
+
+  // The ids of the registered agents.
+  std::vector<std::string> Agents() {
+    std::vector<std::string> out;
+    const ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+    for (const auto& a : status.agents()) out.push_back(a.node_id());
+    return out;
+  }
+
+  static constexpr char kAgentToken[] = "agent-token-for-tls";
 
   std::string dir_;
   storage::MemFileSystem fs_;
@@ -150,6 +204,52 @@ TEST_F(TlsTest, ServerOfAnotherCaIsNotTrusted) {
       std::shared_ptr<grpc::ChannelCredentials> creds,
       rpc::ChannelCredentialsFromFiles({File("client.pem"), File("client.key"), File("other-ca.pem")}));
   EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+// Issue 16: a certificate is the credential of the node it names, and of no other.
+TEST_F(TlsTest, ACertificateSpeaksForTheNodeItNamesOnly) {
+  // Common name node-a.
+  EXPECT_THAT(RegisterAs(Client("client"), "node-a"), IsOk());
+  EXPECT_THAT(RegisterAs(Client("client"), "node-b"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       ::testing::AllOf(HasSubstr("RegisterAgent: the client certificate names \"node-a\""),
+                                        HasSubstr("not node \"node-b\""))));
+  // Subject alternative names node-s and node-t (common name ckptd-agent).
+  EXPECT_THAT(RegisterAs(Client("san-client"), "node-s"), IsOk());
+  EXPECT_THAT(RegisterAs(Client("san-client"), "node-t"), IsOk());
+  EXPECT_THAT(RegisterAs(Client("san-client"), "node-a"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("\"node-s\", \"node-t\"")));
+  // A name with a quote in it is escaped, not taken for the end of the name.
+  EXPECT_THAT(RegisterAs(Client("odd-client"), "node-a"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("names \"node-a\\\"x\"")));
+  EXPECT_THAT(Agents(), ::testing::UnorderedElementsAre("node-a", "node-s", "node-t"));
+
+  // A heartbeat for another node ends the stream.
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = StubWith(Client("client"));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->Heartbeats(&ctx);
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id("node-a");
+  ASSERT_TRUE(stream->Write(hb));
+  ckptd::v1::HeartbeatAck ack;
+  ASSERT_TRUE(stream->Read(&ack));
+  hb.set_node_id("node-b");
+  ASSERT_TRUE(stream->Write(hb));
+  EXPECT_FALSE(stream->Read(&ack));
+  EXPECT_THAT(FromGrpcStatus(stream->Finish()),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("Heartbeats: the client certificate names")));
+}
+
+TEST_F(TlsTest, TheAgentTokenSpeaksForAnyNodeOverTls) {
+  EXPECT_THAT(RegisterAs(Client("client"), "node-b", absl::StrCat("Bearer ", kAgentToken)), IsOk());
+  // A token that is presented decides, even beside a certificate naming the node.
+  EXPECT_THAT(RegisterAs(Client("client"), "node-a", "Bearer wrong"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("agent token is wrong")));
+  // The operator token is no agent credential.
+  EXPECT_THAT(RegisterAs(Client("client"), "node-c", "Bearer t"),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("agent token is wrong")));
+  EXPECT_THAT(Agents(), ::testing::ElementsAre("node-b"));
 }
 
 TEST_F(TlsTest, MissingOrBadFilesAreClearErrors) {

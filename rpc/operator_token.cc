@@ -55,7 +55,7 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::string> GenerateOperatorToken() {
+absl::StatusOr<std::string> GenerateToken() {
   const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return base::PosixError("open /dev/urandom", errno);
   absl::StatusOr<std::string> bytes = ReadFd(fd, 32, /*to_eof=*/false, "/dev/urandom");
@@ -64,28 +64,40 @@ absl::StatusOr<std::string> GenerateOperatorToken() {
   return absl::BytesToHexString(*bytes);
 }
 
-absl::StatusOr<std::string> ReadOperatorTokenFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return base::PosixError(absl::StrCat("open operator token file ", path), errno);
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path, absl::string_view what, bool follow_links) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (follow_links ? 0 : O_NOFOLLOW | O_NONBLOCK));
+  if (fd < 0) return base::PosixError(absl::StrCat("open ", what, " file ", path), errno);
+  if (!follow_links) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);  // read-only
+      return base::PosixError(absl::StrCat("stat ", what, " file ", path), err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);  // read-only
+      return absl::FailedPreconditionError(absl::StrCat(what, " file ", path, " is not a regular file"));
+    }
+  }
   absl::StatusOr<std::string> data = ReadFd(fd, kMaxTokenBytes + 2, /*to_eof=*/true, path);
   ::close(fd);  // read-only
   if (!data.ok()) return data.status();
   const std::string token(absl::StripAsciiWhitespace(*data));
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat("operator token file ", path, " is empty"));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " file ", path, " is empty"));
   if (token.size() > kMaxTokenBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("operator token in ", path, " is longer than ", kMaxTokenBytes, " bytes"));
+        absl::StrCat(what, " in ", path, " is longer than ", kMaxTokenBytes, " bytes"));
   }
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "operator token in ", path, " may hold only printable ASCII characters without spaces"));
+          what, " in ", path, " may hold only printable ASCII characters without spaces"));
     }
   }
   return token;
 }
 
-absl::Status WriteOperatorTokenFile(const std::string& path, absl::string_view token) {
+absl::Status WriteTokenFile(const std::string& path, absl::string_view token) {
   const std::string tmp = absl::StrCat(path, ".tmp");
   // A leftover temp file could carry wider permissions than O_CREAT's.
   if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return base::PosixError(absl::StrCat("unlink ", tmp), errno);

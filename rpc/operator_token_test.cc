@@ -56,5 +56,31 @@ TEST_F(OperatorTokenTest, BadTokenFilesAreRefusedWithTheirPath) {
   EXPECT_THAT(ReadOperatorTokenFile(path), ckptd::testing::IsOkAndHolds(std::string("s3cret-token")));
 }
 
+TEST_F(OperatorTokenTest, AgentTokenFilesSayWhichTokenIsBad) {
+  const std::string path = dir_ + "/" + std::string(kAgentTokenFileName);
+  EXPECT_THAT(ReadAgentTokenFile(path),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::AllOf(HasSubstr("agent token"), HasSubstr(path))));
+  std::ofstream(path) << "\n";
+  EXPECT_THAT(ReadAgentTokenFile(path), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("agent token file")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string token, GenerateToken());
+  CKPTD_ASSERT_OK(WriteTokenFile(path, token));
+  EXPECT_THAT(ReadAgentTokenFile(path), ckptd::testing::IsOkAndHolds(token));
+  EXPECT_THAT(ReadOperatorTokenFile(dir_ + "/none"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("operator token")));
+}
+
+TEST_F(OperatorTokenTest, WithoutFollowingLinksOnlyARegularFileIsRead) {
+  const std::string real = dir_ + "/real";
+  CKPTD_ASSERT_OK(WriteTokenFile(real, "tok"));
+  const std::string link = dir_ + "/link";
+  ASSERT_EQ(::symlink(real.c_str(), link.c_str()), 0);
+  EXPECT_THAT(ReadTokenFile(link, "agent token"), ckptd::testing::IsOkAndHolds(std::string("tok")));
+  EXPECT_FALSE(ReadTokenFile(link, "agent token", /*follow_links=*/false).ok());
+  EXPECT_THAT(ReadTokenFile(real, "agent token", /*follow_links=*/false), ckptd::testing::IsOkAndHolds(std::string("tok")));
+  EXPECT_THAT(ReadTokenFile(dir_, "agent token", /*follow_links=*/false),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not a regular file")));
+  EXPECT_THAT(ReadTokenFile(dir_ + "/none", "agent token", /*follow_links=*/false),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("none")));
+}
+
 }  // namespace
 }  // namespace ckptd::rpc

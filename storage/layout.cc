@@ -71,6 +71,10 @@ std::string QuarantinePath(absl::string_view root, absl::string_view job, uint64
   return JoinPath(StepDir(root, job, step), kQuarantineName);
 }
 
+std::string FreshStartPath(absl::string_view root, absl::string_view job) {
+  return JoinPath(JobDir(root, job), kFreshStartName);
+}
+
 std::optional<uint64_t> ParseStepDirName(absl::string_view name) {
   if (!absl::ConsumePrefix(&name, "step-")) return std::nullopt;
   return ParseCanonicalUint(name);

@@ -19,6 +19,9 @@ inline constexpr absl::string_view kTempSuffix = ".tmp";
 // Marks a committed step whose data failed verification: kept for a look,
 // never restored.
 inline constexpr absl::string_view kQuarantineName = "QUARANTINED";
+// In a job's directory: the operator chose to start the job from scratch
+// although it has committed steps, none of them intact (ckptctl start-fresh).
+inline constexpr absl::string_view kFreshStartName = "FRESH_START";
 
 // A job name is 1..128 characters of [A-Za-z0-9._-], not starting with '.'
 // or '-'. kInvalidArgument naming the offending character otherwise.
@@ -31,6 +34,7 @@ std::string ShardFileName(uint32_t rank);
 std::string ShardPath(absl::string_view root, absl::string_view job, uint64_t step, uint32_t rank);
 std::string ManifestPath(absl::string_view root, absl::string_view job, uint64_t step);
 std::string QuarantinePath(absl::string_view root, absl::string_view job, uint64_t step);
+std::string FreshStartPath(absl::string_view root, absl::string_view job);
 
 // "step-42" -> 42; nullopt for anything else (including leading zeros, signs
 // and values past uint64).

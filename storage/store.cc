@@ -5,6 +5,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -315,6 +316,54 @@ absl::Status CheckpointStore::QuarantineStep(absl::string_view job, uint64_t ste
   return WriteFileAtomically(fs_, QuarantinePath(root_, job, step), reason.substr(0, 4096));
 }
 
+absl::StatusOr<uint64_t> CheckpointStore::AllowFreshStart(absl::string_view job, absl::string_view note) {
+  CKPTD_ASSIGN_OR_RETURN(std::vector<StepInfo> steps, ListSteps(job));
+  std::optional<uint64_t> newest;
+  for (const StepInfo& s : steps) {
+    if (s.state != StepState::kCommitted) continue;
+    if (!s.quarantined) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job, " step ", s.step,
+                                                        " is committed and not quarantined: a restore loads it, "
+                                                        "there is no fresh start to allow"));
+    }
+    newest = s.step;
+  }
+  if (!newest) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job, " has no committed step: it starts fresh without being told"));
+  }
+  std::string text = absl::StrCat(*newest, "\n", note.substr(0, 4096), "\n");
+  CKPTD_RETURN_IF_ERROR(WriteFileAtomically(fs_, FreshStartPath(root_, job), text));
+  return *newest;
+}
+
+absl::StatusOr<std::optional<uint64_t>> CheckpointStore::FreshStartAllowedOver(absl::string_view job) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string path = FreshStartPath(root_, job);
+  absl::StatusOr<std::string> text = ReadFileToString(fs_, path);
+  if (absl::IsNotFound(text.status())) return std::optional<uint64_t>();
+  CKPTD_RETURN_IF_ERROR(text.status());
+  uint64_t step = 0;
+  if (!absl::SimpleAtoi(absl::string_view(*text).substr(0, text->find('\n')), &step)) {
+    return absl::DataLossError(absl::StrCat(path, ": does not start with a step number"));
+  }
+  return std::optional<uint64_t>(step);
+}
+
+std::string CheckpointStore::FreshStartRefusal(absl::string_view job, size_t committed,
+                                               const std::vector<std::pair<uint64_t, std::string>>& damaged) const {
+  std::string listed;
+  for (size_t i = 0; i < damaged.size() && i < 3; ++i) {
+    absl::StrAppend(&listed, i == 0 ? "" : "; ", "step ", damaged[i].first, ": ", damaged[i].second.substr(0, 200));
+  }
+  return absl::StrCat("job ", job, " has ", committed, " committed steps but none intact (", listed,
+                      "): a restart would start from scratch, and ckptd does not do that on its own. Look with "
+                      "'ckptctl list --job ",
+                      job, "' or 'ckptctl verify --root ", root_, " --job ", job,
+                      "'; to start fresh anyway, run 'ckptctl start-fresh --root ", root_, " --job ", job,
+                      "' and restart the job");
+}
+
 absl::Status CheckpointStore::AbortStep(absl::string_view job, uint64_t step) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
   if (fs_->Stat(ManifestPath(root_, job, step)).ok()) {
@@ -322,6 +371,29 @@ absl::Status CheckpointStore::AbortStep(absl::string_view job, uint64_t step) {
         absl::StrCat("cannot abort ", job, " step ", step, ": it is committed"));
   }
   return RemoveStep(job, step);
+}
+
+absl::Status CheckpointStore::RemoveEmptyStep(absl::string_view job, uint64_t step) {
+  CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
+  const std::string job_dir = JobDir(root_, job);
+  const std::string dir = StepDir(root_, job, step);
+  auto kept = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat("remove empty ", job, " step ", step, ": ", why, "; kept"));
+  };
+  // Never through a link in place of the job's or the step's directory.
+  for (const std::string& d : {job_dir, dir}) {
+    if (absl::Status s = CheckIsDirectory(fs_, d); !s.ok()) return absl::IsNotFound(s) ? absl::OkStatus() : kept(s.message());
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(dir));
+  if (!entries.empty()) {
+    return kept(absl::StrCat(dir, " holds ", entries.front().name,
+                             entries.size() > 1 ? absl::StrCat(" and ", entries.size() - 1, " more") : ""));
+  }
+  // Removes only an empty directory: a file written there meanwhile keeps it.
+  absl::Status s = fs_->RemoveDir(dir);
+  if (absl::IsNotFound(s)) return absl::OkStatus();
+  CKPTD_RETURN_IF_ERROR(s);
+  return fs_->SyncDir(job_dir);
 }
 
 absl::StatusOr<std::vector<uint64_t>> CheckpointStore::RemoveIncompleteSteps(absl::string_view job,

@@ -110,6 +110,23 @@ class CheckpointStore {
   // kFailedPrecondition when the step is not committed.
   absl::Status QuarantineStep(absl::string_view job, uint64_t step, absl::string_view reason);
 
+  // A restore that finds committed steps of a job but none intact does not
+  // start from scratch on its own: the operator says so. AllowFreshStart
+  // records that choice (durably, in the job's directory) for the committed
+  // steps up to the newest now, with `note` (who and why); a step committed
+  // later is not covered. kFailedPrecondition when the job has an intact
+  // committed step (nothing to allow: it restores from that) or none at all.
+  // Returns the newest committed step the choice covers.
+  absl::StatusOr<uint64_t> AllowFreshStart(absl::string_view job, absl::string_view note);
+  // The newest committed step the operator's choice covers; nullopt when
+  // there is none. A choice that cannot be read is kDataLoss naming it.
+  absl::StatusOr<std::optional<uint64_t>> FreshStartAllowedOver(absl::string_view job);
+  // What a restart of `job` is told while it is held back: `committed`
+  // committed steps, none intact; `damaged` the newest quarantined ones
+  // (step, reason), newest first.
+  std::string FreshStartRefusal(absl::string_view job, size_t committed,
+                                const std::vector<std::pair<uint64_t, std::string>>& damaged) const;
+
   // How a large removal shares the disk with commits. The files of a step go
   // in batches of `batch`, each batch made durable (a directory sync) before
   // the next, and `before_batch` runs before each (e.g. to wait while a
@@ -128,6 +145,11 @@ class CheckpointStore {
   absl::Status RemoveStep(absl::string_view job, uint64_t step, const RemovePacing* pacing = nullptr);
   // Removes a step that has not committed (kFailedPrecondition if it has).
   absl::Status AbortStep(absl::string_view job, uint64_t step);
+  // Removes the directory of `step` when it holds nothing at all (what a
+  // failed write leaves once its own files are gone): ok when it went or was
+  // not there. kFailedPrecondition, and it stays, when it holds anything (a
+  // MANIFEST, a shard, a temp file) or is not a directory (a link).
+  absl::Status RemoveEmptyStep(absl::string_view job, uint64_t step);
   // Removes every step without a MANIFEST older than `below_step` (all of
   // them by default) and stray temp files. Steps whose MANIFEST does not
   // decode are kept (they may be another version's). Returns the steps removed.

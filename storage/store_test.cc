@@ -398,6 +398,31 @@ TEST_F(StoreTest, CheckReportedShardNamesTheRankAndACommitCheckedByTheCallerRead
   EXPECT_TRUE(report.ok());
 }
 
+TEST_F(StoreTest, AFreshStartIsAllowedOnlyOverCommittedStepsThatAreAllDamaged) {
+  EXPECT_THAT(store_.AllowFreshStart(kJob, "op"), StatusIs(absl::StatusCode::kNotFound, HasSubstr(kJob)));
+  CKPTD_ASSERT_OK(WriteAll(1, 2).status());
+  EXPECT_THAT(store_.AllowFreshStart(kJob, "op"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no committed step")));
+  for (uint64_t step : {2u, 3u}) {
+    CKPTD_ASSERT_OK(WriteAll(step, 2).status());
+    CKPTD_ASSERT_OK(store_.CommitStep(kJob, step, 2).status());
+  }
+  CKPTD_ASSERT_OK(store_.QuarantineStep(kJob, 3, "chunk 2 checksum mismatch"));
+  EXPECT_THAT(store_.AllowFreshStart(kJob, "op"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 2 is committed and not quarantined")));
+  EXPECT_THAT(store_.FreshStartAllowedOver(kJob), IsOkAndHolds(std::nullopt));
+  CKPTD_ASSERT_OK(store_.QuarantineStep(kJob, 2, "shard missing"));
+  EXPECT_THAT(store_.AllowFreshStart(kJob, "alice: the data set changed"), IsOkAndHolds(3u));
+  // Durable, and not a step: listing and retention pass it by.
+  mem_.Crash();
+  EXPECT_THAT(store_.FreshStartAllowedOver(kJob), IsOkAndHolds(Optional(3u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<StepInfo> steps, store_.ListSteps(kJob));
+  EXPECT_EQ(steps.size(), 3u);  // 1 (incomplete), 2 and 3
+  CKPTD_ASSERT_OK(mem_.SetFileContents(FreshStartPath("/root", kJob), "three\n"));
+  EXPECT_THAT(store_.FreshStartAllowedOver(kJob),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("does not start with a step number")));
+}
+
 TEST_F(StoreTest, QuarantinedStepIsListedKeptByRetentionAndNotTheLatest) {
   for (uint64_t step : {1u, 2u, 3u}) {
     CKPTD_ASSERT_OK(WriteAll(step, 2).status());
@@ -1028,6 +1053,37 @@ TEST_F(StoreLinkTest, AFifoInPlaceOfAShardOrManifestIsAnErrorNotAHang) {
   EXPECT_THAT((*steps)[2].detail, HasSubstr(manifest + " is a FIFO, not a regular file"));
   EXPECT_THAT(WithinOrReleaseFifo(manifest, [&] { return store_.ReadManifest(kJob, 3).status(); }),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("is a FIFO")));
+}
+
+// Issue 16 (5): what a failed persist leaves of its step goes when empty,
+// and only then.
+TEST_F(StoreTest, RemoveEmptyStepRemovesOnlyAnEmptyStepDirectory) {
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 1));
+  CKPTD_ASSERT_OK(store_.RemoveEmptyStep(kJob, 1));
+  EXPECT_FALSE(Exists(StepDir("/root", kJob, 1)));
+  CKPTD_EXPECT_OK(store_.RemoveEmptyStep(kJob, 1));  // gone already
+  CKPTD_EXPECT_OK(store_.RemoveEmptyStep("other-job", 1));
+
+  // Another rank's shard, a MANIFEST: kept.
+  CKPTD_ASSERT_OK(WriteRanks(2, 2, {1}).status());
+  EXPECT_THAT(store_.RemoveEmptyStep(kJob, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, AllOf(HasSubstr("holds rank-1.shard"), HasSubstr("kept"))));
+  EXPECT_TRUE(Exists(ShardPath("/root", kJob, 2, 1)));
+  Commit(3);
+  EXPECT_THAT(store_.RemoveEmptyStep(kJob, 3), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("kept")));
+  EXPECT_TRUE(Exists(ManifestPath("/root", kJob, 3)));
+  EXPECT_THAT(store_.RemoveEmptyStep("bad/job", 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bad/job")));
+}
+
+TEST_F(StoreLinkTest, RemoveEmptyStepLeavesALinkedStepFolderAndWhatItPointsTo) {
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 1));
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), JoinPath(outside_, "empty")));
+  const std::string link = StepDir(root_, kJob, 2);
+  Link(JoinPath(outside_, "empty"), link);
+  EXPECT_THAT(store_.RemoveEmptyStep(kJob, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(link + " is a symbolic link")));
+  EXPECT_TRUE(IsLink(link));
+  EXPECT_TRUE(Exists(JoinPath(outside_, "empty")));
 }
 
 }  // namespace

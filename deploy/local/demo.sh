@@ -116,6 +116,14 @@ start_cluster() {
   [ -n "$port" ] || fail "the coordinator did not start (see $CL/logs/coordinator.log)"
   ADDR="127.0.0.1:$port"
   TOKEN="$CL/state/operator-token"
+  # The agents' credential: the token the coordinator generated (written once
+  # both its ports are bound, before it says it listens).
+  AGENT_TOKEN="$CL/state/agent-token"
+  for _ in $(seq 100); do
+    [ -s "$AGENT_TOKEN" ] && break
+    sleep 0.1
+  done
+  [ -s "$AGENT_TOKEN" ] || fail "the coordinator wrote no agent token (see $CL/logs/coordinator.log)"
   # Node i serves ranks i*RANKS_PER_NODE... on socket node<i>.sock.
   for i in "${!NODES[@]}"; do
     # (Its stderr: bash's own note when an agent is killed.)
@@ -139,7 +147,7 @@ supervise_agent() {
     # The node's own disk ($CL/nvme-<node>, which survives the node's crash)
     # is its node-local tier: shards go there first, then to the shared root.
     "$BIN/ckptd-agent" --storage-root "$CL/root" --socket "$socket" --coordinator "$ADDR" \
-      --node-id "$node" --threads 2 --allow-drills --local-cache "$CL/nvme-$node" --local-cache-keep 3 \
+      --node-id "$node" --agent-token-file "$AGENT_TOKEN" --threads 2 --allow-drills --local-cache "$CL/nvme-$node" --local-cache-keep 3 \
       >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
     child=$!
     echo "$child" >>"$CL/agent-pids"

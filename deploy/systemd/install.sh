@@ -11,6 +11,8 @@
 #   /etc/systemd/system/{ckptd-coordinator,ckptd-agent}.service
 #   /etc/ckptd/{coordinator,agent}.env        only when absent: your settings stay
 #   /etc/ckptd/operator-token                 only when absent: a new random token (root, 0600)
+#   /etc/ckptd/agent-token                    only when absent: a new random token (root, 0600);
+#                                             copy the coordinator node's to every agent node
 #   /usr/lib/sysusers.d/ckptd.conf            and runs systemd-sysusers: the ckptd user
 #   /usr/local/share/doc/ckptd/operations.md
 # It enables and starts nothing: edit /etc/ckptd/*.env, mount the storage
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN="${2:?--bin needs a folder}"; shift 2 ;;
     --root) ROOT="${2:?--root needs a folder}"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,6 +62,14 @@ if [ ! -e "$ROOT/etc/ckptd/operator-token" ]; then
   echo "install.sh: wrote a new operator token to /etc/ckptd/operator-token (ckptctl --token-file)"
 fi
 chmod 0600 "$ROOT/etc/ckptd/operator-token"
+# The agents' credential: the coordinator's and every agent's units read the
+# same file, so the one made on the coordinator's node goes to every node.
+if [ ! -e "$ROOT/etc/ckptd/agent-token" ]; then
+  (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$ROOT/etc/ckptd/agent-token")
+  echo "install.sh: wrote a new agent token to /etc/ckptd/agent-token: every node needs the coordinator" \
+    "node's (copy it there, root, 0600)"
+fi
+chmod 0600 "$ROOT/etc/ckptd/agent-token"
 
 if [ -z "$ROOT" ]; then
   systemd-sysusers /usr/lib/sysusers.d/ckptd.conf

@@ -16,6 +16,7 @@ the build tree of the checkout the package lies in (build/lib/); the system
 loader (e.g. after `cmake --install`).
 """
 
+import collections
 import ctypes
 import math
 import operator
@@ -25,7 +26,8 @@ import time
 __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
-    "DataLossError", "CheckpointWarning", "library_path", "PARAMS", "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR",
+    "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "library_path", "PARAMS",
+    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR",
 ]
 
 # The ABI version this binding needs (ckptd_options_ext came with 2).
@@ -98,6 +100,18 @@ _ERRORS = {c.code: c for c in (InvalidArgumentError, DeadlineExceededError, NotF
 class CheckpointWarning(UserWarning):
     """A checkpoint that failed without stopping training (checkpointing is a
     weak dependency): the category ckptd.torch warns with."""
+
+
+class PersistFailedWarning(CheckpointWarning, RuntimeWarning):
+    """The agent could not persist snapshots this trainer took (a full or
+    failing disk): those steps are not checkpointed, and training goes on.
+    ckptd.torch's Checkpointer warns with it once per new batch of failures."""
+
+
+# Persists of a client's snapshots that failed at the agent: how many since
+# the client connected, and the newest one's step and error (None and "" when
+# there is none).
+PersistFailures = collections.namedtuple("PersistFailures", ["failed", "last_failed_step", "last_error"])
 
 
 def error_for(code, message):
@@ -233,8 +247,13 @@ for _name, _res, _args in [
         ("ckptd_snapshot", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, _P(ctypes.c_double)]),
         ("ckptd_restore", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_uint64)]),
         ("ckptd_wait_persisted", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64]),
-        ("ckptd_close", None, [ctypes.c_void_p])]:
-    _fn = getattr(_lib, _name)
+        ("ckptd_close", None, [ctypes.c_void_p]),
+        # ABI version 3 and later.
+        ("ckptd_persist_failures", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64),
+                                                  ctypes.c_char_p, ctypes.c_size_t])]:
+    _fn = getattr(_lib, _name, None)
+    if _fn is None:
+        continue  # an older libckptd: what needs it says so
     _fn.restype, _fn.argtypes = _res, _args
 if _lib.ckptd_abi_version() < _ABI_REQUIRED:
     raise ImportError(f"ckptd: {_lib_path} has ABI version {_lib.ckptd_abi_version()}; this package needs "
@@ -467,6 +486,21 @@ class Client:
         """Waits until the agent has persisted `step` (or a later one)."""
         step, timeout_ms = _uint64("step", step), _millis("timeout", timeout)
         _check(_lib.ckptd_wait_persisted(self._live(), step, timeout_ms))
+
+    def persist_failures(self):
+        """The persists of this client's snapshots that failed at the agent,
+        as a ckptd.PersistFailures(failed, last_failed_step, last_error), as
+        the agent last reported them (no RPC; refreshed a few times a second).
+        None when libckptd is older than ABI version 3 and cannot tell."""
+        handle = self._live()
+        if not hasattr(_lib, "ckptd_persist_failures"):
+            return None
+        failed, step = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        error = ctypes.create_string_buffer(1024)
+        _check(_lib.ckptd_persist_failures(handle, ctypes.byref(failed), ctypes.byref(step), error, len(error)))
+        if failed.value == 0:
+            return PersistFailures(0, None, "")
+        return PersistFailures(failed.value, step.value, error.value.decode("utf-8", "replace"))
 
     def close(self):
         handle, self._handle = self._handle, None

@@ -275,6 +275,13 @@ class Checkpointer:
     says. on_error: what a failed snapshot does, "warn" (a
     ckptd.CheckpointWarning, the default), "raise" (the ckptd.Error) or
     "ignore"; training goes on after a warning. Times are in seconds.
+
+    Snapshots the agent then fails to persist (a full or failing disk) are
+    not checkpointed: at the next maybe_snapshot() or snapshot() after the
+    agent reports them, a ckptd.PersistFailedWarning names how many failed,
+    the newest one's step and error (once per new batch of failures; none
+    with on_error="ignore"; never raised). persist_failures counts them and
+    last_persist_failure is the newest one's (step, error).
     Out-of-range values (a rank or world_size beyond uint32_t, a negative
     step or time, ...) raise ValueError naming the parameter, here rather
     than at the first snapshot.
@@ -306,6 +313,9 @@ class Checkpointer:
         self.last_stall = None  # seconds the last snapshot stalled training
         self.snapshots_taken = 0
         self.registrations = 0  # times the tracked state was registered with the agent
+        self.persist_failures = 0  # snapshots the agent could not persist, as reported so far
+        self.last_persist_failure = None  # (step, error) of the newest one
+        self._failures_seen = 0  # of the current client
 
     @property
     def every(self):
@@ -394,6 +404,7 @@ class Checkpointer:
             except Exception as e:
                 self._retry_at = time.monotonic() + self._retry_interval
                 return self._fail("connect", e)
+        self._check_persist_failures()
         if not self._layout.client.should_snapshot(step):
             return False
         return self.snapshot(step)
@@ -402,6 +413,7 @@ class Checkpointer:
         """Snapshots `step` now, whatever the schedule; as maybe_snapshot."""
         step = _ckptd._uint64("step", step)
         self._require_tracked("snapshot()")
+        self._check_persist_failures()
         try:
             if self._layout is None:
                 self._open()
@@ -436,6 +448,7 @@ class Checkpointer:
 
     def close(self):
         """Says goodbye to the agent (which persists what was handed to it)."""
+        self._check_persist_failures()
         self._close_client()
 
     def __enter__(self):
@@ -481,6 +494,33 @@ class Checkpointer:
         if self._on_error != "ignore":
             warnings.warn(f"ckptd: {what} failed: {error}", _ckptd.CheckpointWarning, stacklevel=_caller_level())
         return False
+
+    def _check_persist_failures(self):
+        """Warns once per new batch of failed persists the agent reported
+        (no RPC: libckptd caches its last report). Never raises."""
+        layout = self._layout
+        if layout is None or layout.client is None:
+            return
+        try:
+            f = layout.client.persist_failures()
+        except Exception:  # a closed client: nothing to tell
+            return
+        if f is None or f.failed <= self._failures_seen:
+            return
+        new = f.failed - self._failures_seen
+        self._failures_seen = f.failed
+        self.persist_failures += new
+        self.last_persist_failure = (f.last_failed_step, f.last_error)
+        if self._on_error == "ignore":
+            return
+        args = self._client_args
+        what = "1 snapshot" if new == 1 else f"{new} snapshots"
+        try:
+            warnings.warn(f"ckptd: the agent could not persist {what} of job '{args['job']}' rank {args['rank']} "
+                          f"(newest: step {f.last_failed_step}: {f.last_error}); those steps are not checkpointed, "
+                          "training goes on", _ckptd.PersistFailedWarning, stacklevel=_caller_level())
+        except _ckptd.PersistFailedWarning:
+            pass  # turned into an error by a warnings filter: never stops training
 
     def _close_client(self):
         layout, self._layout = self._layout, None
@@ -547,6 +587,7 @@ class Checkpointer:
                                                  shape=(rng.size,)))
             layout.client = _ckptd.Client(buffers=buffers, **self._client_args)
             self._layout = layout
+            self._failures_seen = 0  # a new client counts from 0
             self.registrations += 1
             if self.registrations == 1:
                 self._log_schedule()

@@ -262,14 +262,17 @@ class Cluster {
   int port() const { return port_; }
   // The operator token the coordinator generated at its start.
   std::string token_file() const { return state_ + "/operator-token"; }
+  // The agent token it generated at its first start (and keeps after a restart).
+  std::string agent_token_file() const { return state_ + "/agent-token"; }
 
-  // Starts node's agent (again) and waits until it serves its socket.
+  // Starts node's agent (again), with the coordinator's agent token, and
+  // waits until it serves its socket.
   bool StartAgent(const std::string& node, const std::vector<std::string>& extra = {}) {
     agent_flags_[node] = extra;
     const std::string log = NextLog(node);
     std::vector<std::string> argv = {kAgentBin,     "--storage-root", root_, "--socket", socket(node),
                                      "--coordinator", absl::StrCat("127.0.0.1:", port_), "--node-id", node,
-                                     "--threads",   "2"};
+                                     "--agent-token-file", agent_token_file(), "--threads", "2"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto agent = std::make_unique<Process>(argv, log + ".stdout", log);
     Process* p = agent.get();

@@ -90,7 +90,7 @@ KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service")
          ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("batch/v1", "Job"),
          ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
 # Secrets the operator creates with kubectl before applying (docs/operations.md).
-EXTERNAL_SECRETS = {"ckptd-operator-token"}
+EXTERNAL_SECRETS = {"ckptd-operator-token", "ckptd-agent-token"}
 
 docs = []
 for path in sorted(glob.glob(os.path.join(root, "**", "*.yaml"), recursive=True)):
@@ -315,10 +315,18 @@ if not problems:
             bad(f"the coordinator ({claims[0]}) and the agents ({claims[1]}) use different storage roots")
         elif "ReadWriteMany" not in ((pvcs[claims[0]].get("spec") or {}).get("accessModes") or []):
             bad(f"PersistentVolumeClaim {claims[0]}: the shared storage root must be ReadWriteMany")
-    for flag, kind in (("--state-dir", "persistentVolumeClaim"), ("--operator-token-file", "secret")):
+    for flag, kind in (("--state-dir", "persistentVolumeClaim"), ("--operator-token-file", "secret"),
+                       ("--agent-token-file", "secret")):
         m = mount_for(coord, cspec, arg_after(coord, flag) or "")
         if not m or not m[1] or kind not in m[1]:
             bad(f"{cw}: {flag} {arg_after(coord, flag)} is not on a {kind} volume")
+    # Agents present the coordinator's agent token: the same Secret.
+    secret_of = lambda c, spec, flag: ((mount_for(c, spec, arg_after(c, flag) or "") or (None, None))[1] or {}).get(
+        "secret", {}).get("secretName")
+    if secret_of(agent, aspec, "--agent-token-file") is None:
+        bad(f"{aw}: --agent-token-file {arg_after(agent, '--agent-token-file')} is not on a secret volume")
+    elif secret_of(agent, aspec, "--agent-token-file") != secret_of(coord, cspec, "--agent-token-file"):
+        bad(f"{aw}: --agent-token-file is not the coordinator's agent token Secret")
     # The agent's node id comes from the downward API.
     node = arg_after(agent, "--node-id") or ""
     var = re.fullmatch(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", node)
@@ -479,6 +487,9 @@ install_into_root() {
   "$SYSD/install.sh" --bin "$BIN" --root "$r" >/dev/null || return 1
   grep -q "^# edited" "$r/etc/ckptd/agent.env" || { echo "a second run replaced agent.env"; return 1; }
   [ "$(cat "$r/etc/ckptd/operator-token")" = "$token" ] || { echo "a second run replaced the token"; return 1; }
+  [ "$(stat -c %a "$r/etc/ckptd/agent-token")" = 600 ] || { echo "agent-token is not 0600"; return 1; }
+  grep -qE '^[0-9a-f]{64}$' "$r/etc/ckptd/agent-token" || { echo "agent-token is not 32 random bytes in hex"; return 1; }
+  [ "$(cat "$r/etc/ckptd/agent-token")" != "$token" ] || { echo "the agent token is the operator token"; return 1; }
 }
 check "install.sh --root installs binaries, units, settings and a 0600 token, and keeps edited settings" install_into_root
 
@@ -654,7 +665,8 @@ for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/metrics/*
 if len(registered) < 10:
     print(f"found only {len(registered)} metrics in coordinator/: the pattern is out of date")
     sys.exit(1)
-named = set(re.findall(r"\bckptd_[a-z0-9_]+", open(doc).read()))
+# (a name followed by "(" is a C function of the client ABI, not a metric)
+named = set(re.findall(r"\bckptd_[a-z0-9_]+\b(?!\()", open(doc).read()))
 missing = sorted(n for n in named if re.sub(r"_(bucket|sum|count)$", "", n) not in registered and n not in registered)
 for n in missing:
     print(f"docs/operations.md names {n}, which the coordinator does not register")
@@ -694,11 +706,12 @@ tls_smoke_run() {
     [ -s "$t/$f" ] || { echo "the recipe made no $f"; return 1; }
   done
   od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/token"
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/agent-token"
   # The coordinator as the unit starts it, with coordinator.env's flags, and TLS.
   coord_opts="$(env_value coordinator.env CKPTD_COORDINATOR_OPTS)"
   # shellcheck disable=SC2086  # the OPTS hold several flags, as systemd splits them
   "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --storage-root "$log/root" \
-    --state-dir "$log/state" --operator-token-file "$log/token" $coord_opts \
+    --state-dir "$log/state" --operator-token-file "$log/token" --agent-token-file "$log/agent-token" $coord_opts \
     --tls-cert "$t/coordinator.pem" --tls-key "$t/coordinator.key" --tls-ca "$t/ca.pem" \
     >"$log/coordinator.out" 2>"$log/coordinator.log" &
   local coord=$!
@@ -715,7 +728,8 @@ tls_smoke_run() {
   # The agent as the unit starts it, with agent.env's flags (its --coordinator pointed here), and TLS.
   agent_opts="$(env_value agent.env CKPTD_AGENT_OPTS | sed "s/--coordinator [^ ]*/--coordinator 127.0.0.1:$port/")"
   # shellcheck disable=SC2086
-  "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/agent.sock" $agent_opts --node-id tls-node \
+  "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/agent.sock" --agent-token-file "$log/agent-token" \
+    $agent_opts --node-id tls-node \
     --tls-ca "$t/ca.pem" --tls-cert "$t/agent.pem" --tls-key "$t/agent.key" >"$log/agent.out" 2>"$log/agent.log" &
   local agent=$!
   echo "$agent" >>"$PIDFILE"

@@ -2,6 +2,7 @@
 NumPy array, against a real ckptd-agent."""
 
 import array
+import os
 import unittest
 
 import ckptd
@@ -71,6 +72,27 @@ class ClientTest(AgentTestCase):
                 client.restore()
             self.assertIn("buffer 'weights'", str(e.exception))
             self.assertEqual(e.exception.code, 9)
+
+    def test_persist_failures_reach_the_client(self):
+        job = "py-persist-failures"
+        blocker = os.path.join(self.agent.root, job)
+        with open(blocker, "w"):  # a file where the job's folder goes: every persist fails
+            pass
+        data = bytearray(64)
+        with ckptd.Client(self.agent.socket, job, [ckptd.Buffer("blob", data)]) as client:
+            self.assertEqual(client.persist_failures(), ckptd.PersistFailures(0, None, ""))
+            client.snapshot(3)
+            with self.assertRaises(ckptd.AbortedError) as e:
+                client.wait_persisted(3, timeout=30)
+            self.assertIn("persisting step 3 failed", str(e.exception))
+            f = client.persist_failures()  # WaitPersisted refreshed it
+            self.assertEqual((f.failed, f.last_failed_step), (1, 3))
+            self.assertIn(job, f.last_error)
+            os.unlink(blocker)
+            client.snapshot(4)
+            client.wait_persisted(4, timeout=30)
+            self.assertEqual(client.persist_failures().failed, 1)
+        self.assertEqual(self.agent.committed_steps(job), [4])
 
     def test_errors_carry_the_c_message(self):
         data = bytearray(8)

@@ -188,6 +188,69 @@ class CheckpointerTest(AgentTestCase):
         finally:
             agent.cleanup()
 
+    def _wait_failures(self, ckpt, n, timeout=15.0):
+        """Waits until the agent has reported `n` failed persists to the client."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            f = ckpt._layout.client.persist_failures()
+            if f.failed >= n:
+                return f
+            time.sleep(0.05)
+        self.fail(f"the agent reported {f.failed} failed persists, not {n}, within {timeout}s")
+
+    def test_failed_persists_are_a_warning_once_per_new_batch(self):
+        # Issue 16 (5): a full disk failed 59 persists and the trainer never knew.
+        job = self.job()
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ckpt = self.checkpointer(job, model, opt, every=1)
+        try:
+            self.assertEqual(ckpt.restore(), 0)
+            blocker = os.path.join(self.agent.root, job)
+            with open(blocker, "w"):  # a file where the job's folder goes: every persist fails
+                pass
+
+            def steps(first, last):
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    for i in range(first, last + 1):
+                        _step(model, opt, i)
+                        self.assertTrue(ckpt.maybe_snapshot(i))
+                return [w for w in caught if issubclass(w.category, ckptd.PersistFailedWarning)]
+
+            self.assertEqual(steps(1, 1), [])  # handed over: the agent fails it later
+            ckpt._layout.client.snapshot(2)  # a second one before the client looks again
+            self._wait_failures(ckpt, 2)
+            warned = steps(3, 3)
+            self.assertEqual(len(warned), 1, [str(w.message) for w in warned])
+            message = str(warned[0].message)
+            self.assertIn(f"could not persist 2 snapshots of job '{job}' rank 0 (newest: step 2: ", message)
+            self.assertIn(job, message.split("step 2: ", 1)[1])  # the error names the path
+            self.assertTrue(issubclass(warned[0].category, RuntimeWarning))
+            self.assertEqual(os.path.basename(warned[0].filename), "test_torch_checkpointer.py")
+            self.assertEqual(ckpt.persist_failures, 2)
+            self.assertEqual(ckpt.last_persist_failure[0], 2)
+            # Step 3 failed too; then there is room again: step 3's failure is
+            # the last batch, warned of once.
+            self._wait_failures(ckpt, 3)
+            os.unlink(blocker)
+            warned = steps(4, 4)
+            self.assertEqual(len(warned), 1, [str(w.message) for w in warned])
+            self.assertIn("could not persist 1 snapshot of ", str(warned[0].message))
+            self.assertIn("(newest: step 3: ", str(warned[0].message))
+            ckpt.wait_persisted(4, timeout=30)
+            self.assertEqual(steps(5, 7), [])
+            ckpt.wait_persisted(7, timeout=30)
+            self.assertEqual(steps(8, 8), [])
+            ckpt.wait_persisted(8, timeout=30)
+            self.assertEqual(ckpt.persist_failures, 3)
+            self.assertEqual(ckpt.last_persist_failure[0], 3)
+            # No empty step folders of the failed persists are left behind.
+            self.assertEqual(sorted(os.listdir(os.path.join(self.agent.root, job))),
+                             ["step-6", "step-7", "step-8"])
+        finally:
+            ckpt.close()
+
     def test_on_error_raise_and_an_agent_that_is_down(self):
         model = _net()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)

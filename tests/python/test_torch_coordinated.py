@@ -102,7 +102,8 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
         log = f"agent-{node}.log"
         p = self._spawn("agent",
                         [AGENT, "--storage-root", self.root, "--socket", path, "--coordinator", self.address,
-                         "--node-id", node, "--slots", "2", "--keep", "3", "--threads", "2"], log)
+                         "--node-id", node, "--agent-token-file", os.path.join(self.dir, "state", "agent-token"),
+                         "--slots", "2", "--keep", "3", "--threads", "2"], log)
         deadline = time.monotonic() + self.bound(30)
         while time.monotonic() < deadline:
             if p.poll() is not None:
