@@ -862,11 +862,9 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
           DropLocalStepsAbove(reg.job, plan->step());
           return r;
         }
-        req.set_has_attempt(false);  // we hold nothing of it: load it
-        break;
-      case ckptd::v1::RestorePlanResponse::WAIT:
-        clock_->SleepFor(options_.plan_poll);
-        break;
+        // This trainer holds nothing of it (it asked again after the round
+        // was decided): it loads the step, and reports, like the others.
+        [[fallthrough]];
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
         absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot, &held_from_local);
@@ -886,6 +884,9 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
         }
         break;
       }
+      case ckptd::v1::RestorePlanResponse::WAIT:
+        clock_->SleepFor(options_.plan_poll);
+        break;
       default:
         release();
         return absl::InternalError(absl::StrCat("coordinator sent an unknown restore verdict ", plan->verdict()));

@@ -149,6 +149,17 @@ class CoordinatedAgentTest : public ::testing::Test {
     n.link->Failure(f);
   }
 
+  // Ranks 0 and 1 on node-a and node-b start fresh and commit step 10;
+  // then rank 0's trainer dies (the job restarts).
+  void StartTwoCommitStep10AndFailRank0(Node* a, Node* b) {
+    *a = Start("node-a", 0, 2);
+    *b = Start("node-b", 1, 2);
+    RestoreAll({a, b});
+    Snapshot(*a, 0, 10);
+    Snapshot(*b, 1, 10);
+    TrainerDied(*a, 0);
+  }
+
   void Snapshot(Node& n, uint32_t rank, uint64_t step) {
     SnapshotAndWait(*n.agent, *n.seg, n.handle, step, Pattern(step, rank), /*stall_seconds=*/0.003);
   }
@@ -211,6 +222,22 @@ TEST_F(CoordinatedAgentTest, TwoNodesCommitThroughTheCoordinatorAndRestoreTheSam
   Snapshot(b, 1, 20);
   TrainerDied(a, 0);
   EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{20u, 20u}));
+}
+
+TEST_F(CoordinatedAgentTest, ATrainerThatRestoresAgainGetsTheSameStepWithoutANewRound) {
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{10u, 10u}));
+  const uint64_t incarnation = core_.ClusterStatus().jobs(0).schedule().incarnation();
+  // Rank 1's trainer starts its restore over (its first answer was lost):
+  // it loads the round's step again; nobody else restarts.
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, b.agent->Restore(b.handle.trainer_id, absl::Seconds(10)));
+  EXPECT_EQ(again.step, std::optional<uint64_t>(10));
+  EXPECT_EQ(again.incarnation, incarnation);
+  EXPECT_EQ(b.seg->slot_data(again.slot)[0], Pattern(10, 1));
+  CKPTD_ASSERT_OK(b.seg->Release(again.slot));
+  EXPECT_EQ(core_.ClusterStatus().jobs(0).schedule().incarnation(), incarnation);
+  EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
@@ -280,12 +307,8 @@ TEST_F(CoordinatedAgentTest, ProgressAndScheduleFlowThroughTheAgent) {
 }
 
 TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
-  Node a = Start("node-a", 0, 2);
-  Node b = Start("node-b", 1, 2);
-  RestoreAll({&a, &b});
-  Snapshot(a, 0, 10);
-  Snapshot(b, 1, 10);
-  TrainerDied(a, 0);
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
   // The agent's own clock bounds the restore and spaces its plan polls.
   base::FakeClock agent_clock;
   AgentOptions o = Options(a.link.get());

@@ -90,6 +90,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                       "Restarts from scratch over committed steps that were all damaged, as the "
                                       "operator allowed.",
                                       {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->persist_failures_,
+                         r.AddCounter("ckptd_persist_failures_total",
+                                      "Shards the job's agents could not make durable (PERSIST_FAILED), since this "
+                                      "coordinator started.",
+                                      {"job"}));
   // Every kind shows from the start, so that rates over it are defined.
   for (int k = ckptd::v1::FailureKind_MIN; k <= ckptd::v1::FailureKind_MAX; ++k) {
     if (k == ckptd::v1::FAILURE_KIND_UNSPECIFIED || !ckptd::v1::FailureKind_IsValid(k)) continue;
@@ -141,6 +146,7 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     }
     TopUp(committed_->With({job}), static_cast<double>(j.checkpoints_committed()));
     TopUp(aborted_->With({job}), static_cast<double>(j.checkpoints_aborted()));
+    TopUp(persist_failures_->With({job}), static_cast<double>(j.persist_failures()));
   }
 }
 

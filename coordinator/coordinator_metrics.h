@@ -68,6 +68,7 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::CounterFamily* failures_ = nullptr;
   metrics::GaugeFamily* restore_blocked_ = nullptr;
   metrics::CounterFamily* fresh_over_damaged_ = nullptr;
+  metrics::CounterFamily* persist_failures_ = nullptr;
 };
 
 }  // namespace ckptd::coordinator

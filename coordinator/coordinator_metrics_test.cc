@@ -90,6 +90,11 @@ TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
   EXPECT_THAT(lines, Contains("ckptd_checkpoints_committed_total{job=\"llm-7b\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_checkpoints_aborted_total{job=\"llm-7b\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_job_newest_committed_step{job=\"llm-7b\"} 10"));
+  // The persist failure counts per job, and the job's status says so too.
+  EXPECT_THAT(lines, Contains("ckptd_persist_failures_total{job=\"llm-7b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_job_restore_blocked{job=\"llm-7b\"} 0"));
+  EXPECT_EQ(JobIn(core_->ClusterStatus()).persist_failures(), 1u);
+  EXPECT_THAT(JobIn(core_->ClusterStatus()).last_persist_failure(), ::testing::HasSubstr("ENOSPC"));
   EXPECT_THAT(lines, Contains("ckptd_job_checkpoint_interval_steps{job=\"llm-7b\"} 10"));
   EXPECT_THAT(lines, Contains("ckptd_job_world_size{job=\"llm-7b\"} 2"));
   EXPECT_THAT(lines, Contains("ckptd_job_ranks_alive{job=\"llm-7b\"} 1"));

@@ -155,8 +155,11 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     const uint32_t rank = request.rank();
     CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, agent->node_id, /*moving=*/true));
     const std::string asker =
-        request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", request.trainer_id());
-    if (job->NeedsNewRound(rank, request.has_attempt())) {
+        request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", agent->instance, "#", request.trainer_id());
+    // The trainer that already took part in the round asks again (an answer
+    // was lost, or it starts its restore over): the round's plan stands.
+    const bool again = job->NeedsNewRound(rank, request.has_attempt()) && job->AskedBefore(rank, asker);
+    if (!again && job->NeedsNewRound(rank, request.has_attempt())) {
       // A round opens only after a failure the coordinator recorded, or for
       // a job that is starting (nothing runs): never because someone asks
       // while the job runs.
@@ -193,7 +196,9 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       return true;
     };
     const std::optional<uint64_t> step = job->round()->step;
-    if (held_back()) {
+    if (again) {
+      response = job->Plan();
+    } else if (held_back()) {
       // refused
     } else if (!step) {
       if (!job->committed().empty() && job->round()->ok.empty()) {

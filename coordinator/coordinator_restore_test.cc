@@ -160,8 +160,15 @@ class RunningJobTest : public CoordinatorCoreTest {
 };
 
 TEST_F(RunningJobTest, APlanRequestOfARunningTrainerOpensNoRound) {
-  EXPECT_THAT(Plan(2), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no failure is recorded")));
-  EXPECT_THAT(Plan(0), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no failure is recorded")));
+  // The trainer that took part asks again: the round's plan stands.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 again, Plan(2));
+  EXPECT_EQ(again.verdict(), v1::GO);
+  EXPECT_EQ(again.step(), 10u);
+  EXPECT_EQ(again.incarnation(), incarnation_);
+  // Anyone else for a running rank (a trainer the agent does not name, the
+  // same process) is refused.
+  EXPECT_THAT(core_->GetRestorePlan(PlanRequest(0, std::nullopt, true, 4, /*trainer=*/0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no failure is recorded")));
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
   EXPECT_EQ(JobState().schedule().incarnation(), incarnation_);
   EXPECT_TRUE(EventKinds().empty());

@@ -346,6 +346,12 @@ bool Job::IsNewTrainer(uint32_t rank, const std::string& asker, const std::strin
   return known.node_id != node || (pid != 0 && known.pid != 0 && known.pid != pid);
 }
 
+bool Job::AskedBefore(uint32_t rank, const std::string& asker) const {
+  if (!round_ || asker.empty()) return false;
+  auto it = round_->askers.find(rank);
+  return it != round_->askers.end() && it->second == asker;
+}
+
 bool Job::AnyRankProgressing() const {
   // A trainer waiting for its restore reports step 0.
   return std::any_of(ranks_.begin(), ranks_.end(),

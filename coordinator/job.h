@@ -54,9 +54,9 @@ struct RestoreRound {
   std::optional<uint64_t> step;  // nullopt: fresh start
   std::set<uint32_t> ok;
   bool go = false;
-  // The trainer of each rank that asked in this round ("<node>#<agent's
-  // trainer id>", when its agent said): the same rank asking again as
-  // another trainer was restarted.
+  // The trainer of each rank that asked in this round ("<node>#<agent
+  // process instance>#<agent's trainer id>", when its agent said): the same
+  // rank asking again as another trainer was restarted.
   std::map<uint32_t, std::string> askers;
 };
 
@@ -192,12 +192,14 @@ class Job {
   void StartRestoreRound();
   // Whether a plan request of `rank` needs a new round.
   bool NeedsNewRound(uint32_t rank, bool has_attempt) const;
-  // Whether `asker` (the trainer asking for `rank`'s plan: "<node>#<id>",
+  // Whether `asker` (the trainer asking for `rank`'s plan: "<node>#<instance>#<id>",
   // empty when unknown) running as process `pid` on `node` is another
   // trainer than the one known to run the rank: the one that asked in the
   // round under way, else the one whose progress was recorded. False when
   // neither is known.
   bool IsNewTrainer(uint32_t rank, const std::string& asker, const std::string& node, int32_t pid) const;
+  // Whether `asker` (non-empty) already asked for `rank` in the round under way.
+  bool AskedBefore(uint32_t rank, const std::string& asker) const;
   // Whether any rank reported a step past 0 since the last restart (the job
   // runs).
   bool AnyRankProgressing() const;

@@ -6,7 +6,9 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/aligned_buffer.h"
 #include "base/status_macros.h"
 
@@ -69,9 +71,37 @@ absl::Status CreateDirs(FileSystem* fs, const std::string& path) {
 }
 
 absl::Status FileSystem::RemoveTree(const std::string& path, const RemoveTreeOptions& options) {
+  if (!options.links_allowed_up_to.empty()) {
+    std::string base = options.links_allowed_up_to;
+    while (base.size() > 1 && base.back() == '/') base.pop_back();
+    const std::string prefix = base == "/" ? base : absl::StrCat(base, "/");
+    if (!absl::StartsWith(path, prefix)) {
+      return absl::InvalidArgumentError(absl::StrCat("remove ", path, ": not below ", base));
+    }
+    std::string at = base;
+    for (absl::string_view c : absl::StrSplit(absl::string_view(path).substr(prefix.size()), '/', absl::SkipEmpty())) {
+      at = JoinPath(at, c);
+      absl::StatusOr<FileInfo> step = Stat(at);
+      if (absl::IsNotFound(step.status())) return absl::OkStatus();
+      CKPTD_RETURN_IF_ERROR(step.status());
+      if (!step->is_directory) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(at, " is a ", FileTypeName(step->type), ", not a directory: left alone"));
+      }
+    }
+  }
   absl::StatusOr<FileInfo> info = Stat(path);
   if (absl::IsNotFound(info.status())) return absl::OkStatus();
   CKPTD_RETURN_IF_ERROR(info.status());
+  if (info->is_directory && !options.remove_first.empty()) {
+    bool removed = false;
+    for (const std::string& name : options.remove_first) {
+      absl::Status s = RemoveFile(JoinPath(path, name));
+      if (!s.ok() && !absl::IsNotFound(s)) return s;
+      removed |= s.ok();
+    }
+    if (removed) CKPTD_RETURN_IF_ERROR(SyncDir(path));
+  }
   // Stat does not follow links: a link is removed as a file is.
   if (!info->is_directory) return RemoveFile(path);
   CKPTD_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, ListDir(path));

@@ -108,6 +108,18 @@ struct FileInfo {
 struct RemoveTreeOptions {
   size_t batch = 256;  // 0 counts as 1
   std::function<absl::Status(size_t removed)> before_batch;
+  // When set (a prefix of the path, such as a storage root): every component
+  // of the path below it, the path itself included, must be a directory
+  // itself, never a link, at the moment it is walked through (openat with
+  // O_NOFOLLOW, one component at a time): one that is not fails with
+  // kFailedPrecondition, and nothing outside is touched. The prefix itself
+  // may be, or go through, a link.
+  std::string links_allowed_up_to;
+  // Entries directly below the path that go first, made durable (a
+  // directory sync) before anything else is removed: a MANIFEST, so that a
+  // crash part-way leaves an incomplete step, never a committed one with
+  // holes.
+  std::vector<std::string> remove_first;
 };
 
 class FileSystem {

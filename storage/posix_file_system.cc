@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/aligned_buffer.h"
 #include "base/posix_error.h"
 #include "base/status_macros.h"
@@ -711,10 +713,12 @@ class PosixFileSystemImpl final : public PosixFileSystem {
     // A trailing slash would make the kernel follow a link at `path`.
     std::string path = dir_or_file;
     while (path.size() > 1 && path.back() == '/') path.pop_back();
+    if (!options.links_allowed_up_to.empty()) return RemoveTreeBelow(path, options);
     for (int attempt = 0; attempt < 4; ++attempt) {
       const int fd = RetryOpen(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
       if (fd >= 0) {
-        absl::Status s = RemoveDirContents(fd, path, &options);
+        absl::Status s = RemoveFirst(fd, path, options);
+        if (s.ok()) s = RemoveDirContents(fd, path, &options);
         ::close(fd);
         CKPTD_RETURN_IF_ERROR(s);
         if (::rmdir(path.c_str()) == 0 || errno == ENOENT) return absl::OkStatus();
@@ -732,6 +736,69 @@ class PosixFileSystemImpl final : public PosixFileSystem {
   }
 
  private:
+  // options.remove_first below the directory open as `fd`, made durable.
+  static absl::Status RemoveFirst(int fd, const std::string& path, const RemoveTreeOptions& options) {
+    bool removed = false;
+    for (const std::string& name : options.remove_first) {
+      if (::unlinkat(fd, name.c_str(), 0) == 0) {
+        removed = true;
+      } else if (errno != ENOENT) {
+        return base::PosixError(absl::StrCat("unlink ", JoinPath(path, name)), errno);
+      }
+    }
+    if (removed && ::fsync(fd) != 0) return base::PosixError(absl::StrCat("fsync ", path), errno);
+    return absl::OkStatus();
+  }
+
+  // RemoveTree with options.links_allowed_up_to: the walk from the prefix
+  // down to `path` goes one component at a time by descriptor, never through
+  // a link, so that a directory swapped for a link after it was checked is
+  // not followed out of the prefix.
+  static absl::Status RemoveTreeBelow(const std::string& path, const RemoveTreeOptions& options) {
+    std::string base = options.links_allowed_up_to;
+    while (base.size() > 1 && base.back() == '/') base.pop_back();
+    const std::string prefix = base == "/" ? base : absl::StrCat(base, "/");
+    if (!absl::StartsWith(path, prefix)) {
+      return absl::InvalidArgumentError(absl::StrCat("remove ", path, ": not below ", base));
+    }
+    std::vector<std::string> parts = absl::StrSplit(absl::string_view(path).substr(prefix.size()), '/', absl::SkipEmpty());
+    if (parts.empty()) return absl::InvalidArgumentError(absl::StrCat("remove ", path, ": nothing below ", base));
+    int parent = RetryOpen(base, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (parent < 0) return errno == ENOENT ? absl::OkStatus() : base::PosixError(absl::StrCat("open ", base), errno);
+    std::string at = base;
+    absl::Status result = absl::OkStatus();
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const std::string& name = parts[i];
+      const std::string here = JoinPath(at, name);
+      int fd;
+      do {
+        fd = ::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+      } while (fd < 0 && errno == EINTR);
+      if (fd < 0) {
+        const int err = errno;
+        if (err == ENOTDIR || err == ELOOP) {
+          result = absl::FailedPreconditionError(absl::StrCat(here, " is not a directory (a link?): left alone"));
+        } else if (err != ENOENT) {
+          result = base::PosixError(absl::StrCat("open ", here), err);
+        }
+        break;
+      }
+      if (i + 1 < parts.size()) {
+        ::close(parent);
+        parent = fd;
+        at = here;
+        continue;
+      }
+      result = RemoveFirst(fd, here, options);
+      if (result.ok()) result = RemoveDirContents(fd, here, &options);
+      ::close(fd);
+      if (result.ok() && ::unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        result = base::PosixError(absl::StrCat("rmdir ", here), errno);
+      }
+    }
+    ::close(parent);
+    return result;
+  }
   const PosixFileSystemOptions options_;
   const bool uses_io_uring_;
 };

@@ -31,6 +31,7 @@ using ::ckptd::testing::IsOk;
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
 using ::ckptd::testing::WithinOrReleaseFifo;
+using ::testing::_;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -605,6 +606,34 @@ TEST_P(PosixFileSystemTest, RemoveTreeRemovesALinkNeverWhatItPointsTo) {
   CKPTD_EXPECT_OK(fs_->FileSystem::RemoveTree(Path("root"), RemoveTreeOptions()));
   EXPECT_THAT(fs_->Stat(Path("root")), StatusIs(absl::StatusCode::kNotFound, HasSubstr(Path("root"))));
   expect_outside_intact();
+}
+
+TEST_P(PosixFileSystemTest, RemoveTreeBelowAPrefixNeverWalksThroughALinkOnTheWay) {
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), Path("outside/step-1")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/step-1/MANIFEST"), "keep m"));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("outside/step-1/rank-0.shard"), "keep s"));
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), Path("root")));
+  // The job folder is a link (as if swapped in after the store checked it).
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("root/job").c_str()), 0) << std::strerror(errno);
+  RemoveTreeOptions below;
+  below.links_allowed_up_to = Path("root");
+  below.remove_first = {"MANIFEST"};
+  // Both walks: the one by descriptor and the generic one.
+  EXPECT_THAT(RemoveTree(fs_.get(), Path("root/job/step-1"), below),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("left alone")));
+  EXPECT_THAT(fs_->FileSystem::RemoveTree(Path("root/job/step-1"), below),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("left alone")));
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("outside/step-1/MANIFEST")), IsOkAndHolds(std::string("keep m")));
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("outside/step-1/rank-0.shard")), IsOkAndHolds(std::string("keep s")));
+  // A real folder goes, the MANIFEST first; a missing one is no error.
+  ASSERT_EQ(::unlink(Path("root/job").c_str()), 0);
+  CKPTD_ASSERT_OK(CreateDirs(fs_.get(), Path("root/job/step-1")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("root/job/step-1/MANIFEST"), "m"));
+  CKPTD_EXPECT_OK(RemoveTree(fs_.get(), Path("root/job/step-1"), below));
+  EXPECT_THAT(fs_->Stat(Path("root/job/step-1")), StatusIs(absl::StatusCode::kNotFound, _));
+  CKPTD_EXPECT_OK(RemoveTree(fs_.get(), Path("root/job/step-1"), below));
+  CKPTD_EXPECT_OK(fs_->FileSystem::RemoveTree(Path("root/job/step-1"), below));
+  EXPECT_THAT(RemoveTree(fs_.get(), Path("elsewhere/x"), below), StatusIs(absl::StatusCode::kInvalidArgument, _));
 }
 
 TEST_P(PosixFileSystemTest, StatAndListDirReportALinkAsALink) {

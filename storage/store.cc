@@ -289,13 +289,11 @@ absl::Status CheckpointStore::RemoveStep(absl::string_view job, uint64_t step, c
   if (absl::Status s = CheckIsDirectory(fs_, dir); !s.ok() && !absl::IsNotFound(s)) return left_alone(s);
   // The MANIFEST goes first and durably, so a crash part-way leaves an
   // incomplete step (cleaned up later), never a committed one with holes.
-  absl::Status s = fs_->RemoveFile(JoinPath(dir, kManifestName));
-  if (s.ok()) {
-    CKPTD_RETURN_IF_ERROR(fs_->SyncDir(dir));
-  } else if (!absl::IsNotFound(s)) {
-    return s;
-  }
+  // The walk from the root down never goes through a link, also one swapped
+  // in since the checks above.
   RemoveTreeOptions options;
+  options.links_allowed_up_to = root_;
+  options.remove_first = {std::string(kManifestName)};
   if (pacing != nullptr) {
     options.batch = pacing->batch;
     options.before_batch = [&](size_t removed) -> absl::Status {
