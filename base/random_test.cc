@@ -40,6 +40,13 @@ TEST(ConstantTimeEqualsTest, MatchesOnlyTheSameBytes) {
   EXPECT_FALSE(ConstantTimeEquals("", "abc"));
   EXPECT_TRUE(ConstantTimeEquals("", ""));
   EXPECT_FALSE(ConstantTimeEquals(absl::string_view("a\0c", 3), "abc"));
+  EXPECT_TRUE(ConstantTimeEquals("secret", "secret"));
+  EXPECT_FALSE(ConstantTimeEquals("secreT", "secret"));
+  EXPECT_FALSE(ConstantTimeEquals("secret2", "secret"));
+  EXPECT_FALSE(ConstantTimeEquals("secre", "secret"));
+  EXPECT_FALSE(ConstantTimeEquals("", "secret"));
+  EXPECT_FALSE(ConstantTimeEquals("secret", ""));
+  EXPECT_FALSE(ConstantTimeEquals(absl::string_view("secret\0", 7), "secret"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_port.h"
+#include "base/random.h"
 #include "grpcpp/support/server_callback.h"
 #include "metrics/http_server.h"
 #include "rpc/grpc_status.h"
@@ -106,16 +107,6 @@ class HeartbeatReactor final : public grpc::ServerBidiReactor<ckptd::v1::Heartbe
 
 }  // namespace
 
-bool ConstantTimeEquals(absl::string_view given, absl::string_view expected) {
-  // Touches every byte of `expected` whatever `given` holds.
-  volatile unsigned char diff = given.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const unsigned char g = i < given.size() ? static_cast<unsigned char>(given[i]) : 0;
-    diff = diff | (g ^ static_cast<unsigned char>(expected[i]));
-  }
-  return diff == 0;
-}
-
 CoordinatorService::CoordinatorService(CoordinatorCore* core, CoordinatorServiceOptions options)
     : core_(core), options_(std::move(options)) {
   absl::Duration every = options_.tick_interval;
@@ -166,7 +157,7 @@ absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext
   if (options_.operator_token.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(rpc, ": this coordinator has no operator token configured"));
   }
-  if (!ConstantTimeEquals(value.substr(kBearer.size()), options_.operator_token)) {
+  if (!base::ConstantTimeEquals(value.substr(kBearer.size()), options_.operator_token)) {
     return absl::PermissionDeniedError(absl::StrCat(rpc, ": the operator token is wrong"));
   }
   return absl::OkStatus();
@@ -187,7 +178,7 @@ absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& c
       return absl::PermissionDeniedError(
           absl::StrCat(rpc, ": this coordinator takes no agent token; present a client certificate naming the node"));
     }
-    if (!ConstantTimeEquals(value.substr(kBearer.size()), options_.agent_token)) {
+    if (!base::ConstantTimeEquals(value.substr(kBearer.size()), options_.agent_token)) {
       return absl::PermissionDeniedError(absl::StrCat(
           rpc, ": the agent token is wrong: give ckptd-agent --agent-token-file the coordinator's agent token (the "
                "file of its --agent-token-file, or the <state-dir>/agent-token it generated)"));

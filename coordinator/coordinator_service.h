@@ -118,10 +118,6 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   int verifying_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Whether `given` equals `expected`, in time that depends only on
-// expected.size() (so that a wrong token's timing says nothing of the right one).
-bool ConstantTimeEquals(absl::string_view given, absl::string_view expected);
-
 struct CoordinatorServer {
   std::unique_ptr<grpc::Server> server;
   int port = 0;  // the bound port (the chosen one for port 0)

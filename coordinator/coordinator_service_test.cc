@@ -336,16 +336,5 @@ TEST_F(CoordinatorServiceTest, ServerAddressErrors) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
 }
 
-TEST(ConstantTimeEqualsTest, ComparesWholeStrings) {
-  EXPECT_TRUE(ConstantTimeEquals("secret", "secret"));
-  EXPECT_TRUE(ConstantTimeEquals("", ""));
-  EXPECT_FALSE(ConstantTimeEquals("secreT", "secret"));
-  EXPECT_FALSE(ConstantTimeEquals("secret2", "secret"));
-  EXPECT_FALSE(ConstantTimeEquals("secre", "secret"));
-  EXPECT_FALSE(ConstantTimeEquals("", "secret"));
-  EXPECT_FALSE(ConstantTimeEquals("secret", ""));
-  EXPECT_FALSE(ConstantTimeEquals(absl::string_view("secret\0", 7), "secret"));
-}
-
 }  // namespace
 }  // namespace ckptd::coordinator
