@@ -8,9 +8,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
@@ -45,11 +47,38 @@ int32_t GpuOf(const TrainerRegistration& reg) {
   }
   return gpu;
 }
+
+// What a parked segment must match to be handed to a new registration: the
+// job, rank, world size and every buffer's name, component, dtype, shape and
+// sharding (not its device: a restarted trainer may get another GPU).
+std::string LayoutKey(const TrainerRegistration& reg) {
+  std::string key = absl::StrCat(reg.job.size(), ":", reg.job, "/", reg.rank, "/", reg.world_size);
+  for (const ckptd::v1::Tensor& b : reg.buffers) {
+    ckptd::v1::Tensor meta = b;
+    meta.clear_device();
+    const std::string bytes = meta.SerializeAsString();
+    absl::StrAppend(&key, "/", bytes.size(), ":", bytes);
+  }
+  return key;
+}
+
+std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
 }  // namespace
+
+ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source) {
+  switch (source) {
+    case RestoreSource::kNone: return ckptd::v1::RESTORE_SOURCE_UNSPECIFIED;
+    case RestoreSource::kMemory: return ckptd::v1::AGENT_MEMORY;
+    case RestoreSource::kLocal: return ckptd::v1::NODE_LOCAL;
+    case RestoreSource::kRoot: return ckptd::v1::STORAGE_ROOT;
+  }
+  return ckptd::v1::RESTORE_SOURCE_UNSPECIFIED;
+}
 
 struct AgentCore::Trainer {
   uint64_t id = 0;
   TrainerRegistration reg;
+  std::string key;  // LayoutKey(reg)
   staging::StagingLayout layout;
   std::unique_ptr<staging::StagingSegment> segment;
   std::thread persister;
@@ -77,6 +106,11 @@ struct AgentCore::Trainer {
   uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
   // What the local tier did for this trainer.
   LocalTierCounters local;
+  // The memory tier: the step kept in the segment, and what restores from
+  // memory did.
+  std::optional<KeptStep> kept ABSL_GUARDED_BY(mu);
+  uint64_t memory_restores ABSL_GUARDED_BY(mu) = 0;
+  uint64_t memory_rejected ABSL_GUARDED_BY(mu) = 0;
 
   // `status` with the local tier's counters.
   PersistStatus StatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -86,6 +120,10 @@ struct AgentCore::Trainer {
     s.local_fallbacks = l.fallbacks;
     s.last_local_error = l.last_error;
     s.local_restores = l.restores;
+    s.memory_restores = memory_restores;
+    s.memory_rejected = memory_rejected;
+    s.slots = segment->slots();
+    s.slots_ready = segment->slots_prepared();
     return s;
   }
 };
@@ -161,19 +199,83 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   }
   auto t = std::make_shared<Trainer>();
   t->reg = reg;
+  t->key = LayoutKey(reg);
   t->layout = staging::PlanLayout(lengths);
   const uint64_t budget =
       options_.staging_budget_bytes != 0 ? options_.staging_budget_bytes : options_.slots * t->layout.slot_bytes;
   CKPTD_ASSIGN_OR_RETURN(uint32_t slots, staging::SlotsWithinBudget(t->layout.slot_bytes, options_.slots, budget));
+  const uint64_t need = staging::SegmentBytes(slots, t->layout.slot_bytes);
+  std::optional<Parked> reuse;
+  std::vector<Parked> evicted;
+  absl::Status refused;
   {
     absl::MutexLock l(&mu_);
     t->id = next_id_++;
+    EvictIdleLocked(&evicted);
+    // At most one parked segment per job and rank: its successor's, or of no use.
+    for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+      if (it->job != reg.job || it->rank != reg.rank) continue;
+      if (it->key == t->key && it->segment->slots() == slots && it->layout.slot_bytes == t->layout.slot_bytes) {
+        reuse = std::move(*it);
+      } else {
+        staging_bytes_ -= it->segment->total_bytes();
+        evicted.push_back(std::move(*it));
+      }
+      parked_.erase(it);
+      break;
+    }
+    if (!reuse) {
+      const uint64_t limit = options_.memory_budget_bytes;
+      uint64_t parked_bytes = 0;
+      for (const Parked& p : parked_) parked_bytes += p.segment->total_bytes();
+      if (limit != 0 && staging_bytes_ - parked_bytes + need > limit) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "job ", reg.job, " rank ", reg.rank, ": staging of ", slots, " slots of ", t->layout.slot_bytes,
+            " bytes needs ", need, " bytes (", Gib(need), ") but the agent's memory budget is ", limit, " bytes (",
+            Gib(limit), "), ", staging_bytes_ - parked_bytes, " of them held by registered trainers: raise "
+            "ckptd-agent --memory-budget, or lower --slots or --staging-budget"));
+      } else {
+        // Least recently parked first, until the new segment fits.
+        while (limit != 0 && staging_bytes_ + need > limit && !parked_.empty()) {
+          staging_bytes_ -= parked_.front().segment->total_bytes();
+          evicted.push_back(std::move(parked_.front()));
+          parked_.erase(parked_.begin());
+        }
+        staging_bytes_ += need;  // reserved
+      }
+    }
   }
-  const std::string prefix =
-      options_.segment_prefix.empty() ? staging::AgentSegmentPrefix() : options_.segment_prefix;
-  CKPTD_ASSIGN_OR_RETURN(t->segment,
-                         staging::StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
-                                                         options_.trainer_group, clock_));
+  for (const Parked& p : evicted) {
+    logger_->Info(absl::StrCat("memory tier: the staging of job ", p.job, " rank ", p.rank, " (",
+                               Gib(p.segment->total_bytes()), p.kept ? absl::StrCat(", step ", p.kept->step, " kept") : "",
+                               ") left by an exited trainer is released"));
+  }
+  evicted.clear();
+  if (!refused.ok()) return refused;
+  if (reuse) {
+    t->segment = std::move(reuse->segment);
+    std::optional<uint64_t> kept_step;
+    {
+      absl::MutexLock l(&t->mu);
+      t->kept = std::move(reuse->kept);
+      if (t->kept) kept_step = t->kept->step;
+    }
+    logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
+                               Gib(t->segment->total_bytes()), ") is taken over",
+                               kept_step ? absl::StrCat(", step ", *kept_step, " in memory") : ""));
+  } else {
+    const std::string prefix =
+        options_.segment_prefix.empty() ? staging::AgentSegmentPrefix() : options_.segment_prefix;
+    absl::StatusOr<std::unique_ptr<staging::StagingSegment>> segment =
+        staging::StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
+                                        options_.trainer_group, clock_, need <= options_.prepare_inline_bytes);
+    if (!segment.ok()) {
+      absl::MutexLock l(&mu_);
+      staging_bytes_ -= need;
+      return segment.status();
+    }
+    t->segment = std::move(*segment);
+  }
   TrainerHandle handle;
   handle.trainer_id = t->id;
   handle.segment = t->segment->name();
@@ -186,6 +288,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   if (options_.coordinator == nullptr) {
     for (const auto& [id, other] : trainers_) {
       if (other->reg.job == reg.job && other->reg.world_size != reg.world_size) {
+        staging_bytes_ -= t->segment->total_bytes();
         return absl::FailedPreconditionError(absl::StrCat(
             "job ", reg.job, " rank ", reg.rank, " registers a world of ", reg.world_size, " ranks, but rank ",
             other->reg.rank, " is registered here with a world of ", other->reg.world_size));
@@ -269,6 +372,7 @@ std::vector<TrainerInfo> AgentCore::Trainers() {
 }
 
 void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
+  EvictIdle();
   std::vector<std::shared_ptr<Trainer>> trainers;
   {
     absl::MutexLock l(&mu_);
@@ -310,7 +414,68 @@ absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl
   return absl::OkStatus();
 }
 
+void AgentCore::PrepareSlots(Trainer* t) {
+  staging::StagingSegment& seg = *t->segment;
+  if (seg.slots_prepared() == seg.slots()) return;
+  const TrainerRegistration& reg = t->reg;
+  const absl::Time start = clock_->Now();
+  for (uint32_t i = 0; i < seg.slots(); ++i) {
+    {
+      absl::MutexLock l(&t->mu);
+      if (t->stopping) return;
+    }
+    if (absl::Status s = seg.PrepareSlot(i); !s.ok()) {
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging slot ", i, " of ", seg.slots(),
+                                    " could not be allocated (", s.message(), "); snapshots use the ",
+                                    seg.slots_prepared(), " slots ready"));
+      return;
+    }
+  }
+  logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging ready, ", seg.slots(), " slots of ",
+                             Gib(seg.slot_bytes()), " allocated in the background in ",
+                             absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Milliseconds(1)))));
+}
+
+void AgentCore::SetKept(Trainer* t, KeptStep kept) {
+  std::optional<KeptStep> old;
+  const uint32_t slot = kept.slot;
+  {
+    absl::MutexLock l(&t->mu);
+    old = std::move(t->kept);
+    t->kept = std::move(kept);
+  }
+  if (old && old->slot != slot) t->segment->Unkeep(old->slot, old->step);
+}
+
+void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
+  std::vector<std::shared_ptr<Trainer>> trainers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, t] : trainers_) {
+      if (t->reg.job == job) trainers.push_back(t);
+    }
+    for (Parked& p : parked_) {
+      if (p.job == job && p.kept && p.kept->step > step) {
+        p.segment->Unkeep(p.kept->slot, p.kept->step);
+        p.kept.reset();
+      }
+    }
+  }
+  for (const std::shared_ptr<Trainer>& t : trainers) {
+    std::optional<KeptStep> drop;
+    {
+      absl::MutexLock l(&t->mu);
+      if (t->kept && t->kept->step > step) {
+        drop = std::move(t->kept);
+        t->kept.reset();
+      }
+    }
+    if (drop) t->segment->Unkeep(drop->slot, drop->step);
+  }
+}
+
 void AgentCore::PersistLoop(Trainer* t) {
+  PrepareSlots(t);
   while (true) {
     bool stop;
     {
@@ -329,13 +494,24 @@ void AgentCore::PersistLoop(Trainer* t) {
     while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
       const uint64_t step = t->segment->step(*slot);
       bool released = false;
+      bool kept = false;
+      // The slot goes back to the trainer: KEPT (the snapshot stays in
+      // memory, and the trainer takes it when it has no free slot) or FREE.
       auto release = [&] {
-        if (!released) (void)t->segment->Release(*slot);
+        if (released) return;
         released = true;
+        kept = options_.keep_in_memory && t->segment->Keep(*slot).ok();
+        if (!kept) (void)t->segment->Release(*slot);
       };
-      absl::Status s = PersistOne(t, *slot, release);
-      // The slot is free again whatever happened: training goes on.
+      storage::ShardWriteResult written;
+      absl::Status s = PersistOne(t, *slot, release, &written);
+      // The slot is the trainer's again whatever happened: training goes on.
       release();
+      if (kept && s.ok() && written.index != nullptr) {
+        SetKept(t, {*slot, step, written.file_length, written.index_xxh3, written.index});
+      } else if (kept) {
+        t->segment->Unkeep(*slot, step);
+      }
       NotePersisted(t, step, s);
     }
     if (stop) {
@@ -431,9 +607,11 @@ absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint
 
 void AgentCore::DropLocalStepsAbove(const std::string& job, uint64_t step) {
   if (local_) local_->DropStepsAbove(job, step);
+  DropKeptAbove(job, step);
 }
 
-absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release) {
+absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release,
+                                   storage::ShardWriteResult* written) {
   const TrainerRegistration& reg = t->reg;
   const uint64_t step = t->segment->step(slot);
   double stall = 0;
@@ -468,6 +646,7 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   }
   if (!result.ok()) CleanUpFailedStep(t, step);
   if (result.ok()) {
+    *written = *result;
     absl::MutexLock l(&t->mu);
     t->last_persist = persist_seconds;
   }
@@ -589,9 +768,11 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Dura
 }
 
 absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot,
-                                             bool* from_local) {
+                                             RestoreSource* source) {
   const TrainerRegistration& reg = t->reg;
-  *from_local = false;
+  *source = RestoreSource::kMemory;
+  if (std::optional<uint32_t> slot = LoadFromMemory(t, step)) return *slot;
+  *source = RestoreSource::kRoot;
   if (local_) {
     uint32_t slot = 0;
     std::optional<absl::Status> local = local_->Read(
@@ -603,7 +784,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
         &t->local);
     if (local.has_value()) {
       CKPTD_RETURN_IF_ERROR(*local);
-      *from_local = true;
+      *source = RestoreSource::kLocal;
       return slot;
     }
   }
@@ -654,13 +835,136 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
   CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
   for (size_t i = 0; i < dests.size(); ++i) dests[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
   absl::Status read = reader.ReadTensors(dests);
-  // Publish either way; on failure hand the slot straight back.
-  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step));
+  // Publish either way; on failure hand the slot straight back. Read intact,
+  // the step stays in memory once the trainer copied it out.
+  const bool keep = read.ok() && options_.keep_in_memory;
+  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step, keep));
   if (!read.ok()) {
     (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
     return read;
   }
+  if (keep) {
+    SetKept(t, {slot, step, reader.file_length(), reader.index_xxh3(),
+                std::make_shared<const ckptd::v1::ShardIndex>(reader.index())});
+  }
   return slot;
+}
+
+absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
+  const TrainerRegistration& reg = t->reg;
+  const ckptd::v1::ShardIndex& index = *kept.index;
+  if (index.world_size() != reg.world_size || static_cast<size_t>(index.tensors_size()) != reg.buffers.size()) {
+    return absl::FailedPreconditionError("the kept step was taken with other buffers");
+  }
+  struct Range {
+    const uint8_t* data;
+    uint64_t length;
+    uint64_t xxh3;
+    size_t buffer;
+    uint64_t offset;
+  };
+  std::vector<Range> ranges;
+  for (size_t i = 0; i < reg.buffers.size(); ++i) {
+    const ckptd::v1::Tensor& b = reg.buffers[i];
+    const ckptd::v1::Tensor* saved = nullptr;
+    for (const ckptd::v1::Tensor& x : index.tensors()) {
+      if (x.name() == b.name()) saved = &x;
+    }
+    if (saved == nullptr || saved->raw_length() != t->layout.lengths[i] || saved->dtype() != b.dtype()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' does not match the kept step"));
+    }
+    uint64_t covered = 0;
+    for (const ckptd::v1::Block& block : saved->blocks()) {
+      if (block.raw_offset() != covered || block.raw_length() > saved->raw_length() - covered) {
+        return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "': the kept index is damaged"));
+      }
+      covered += block.raw_length();
+      ranges.push_back({t->segment->slot_data(kept.slot) + t->layout.offsets[i] + block.raw_offset(),
+                        block.raw_length(), block.raw_xxh3(), i, block.raw_offset()});
+    }
+    if (covered != saved->raw_length()) {
+      return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "': the kept index is damaged"));
+    }
+  }
+  // Every block's checksum, on the agent's threads.
+  absl::Mutex mu;
+  std::optional<size_t> bad;
+  base::WaitGroup done;
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    done.Add();
+    pool_.Schedule([&, r] {
+      if (storage::Xxh3(ranges[r].data, ranges[r].length) != ranges[r].xxh3) {
+        absl::MutexLock l(&mu);
+        if (!bad || r < *bad) bad = r;
+      }
+      done.Done();
+    });
+  }
+  done.Wait();
+  if (bad) {
+    const Range& r = ranges[*bad];
+    return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(reg.buffers[r.buffer].name()),
+                                            "' bytes ", r.offset, "..", r.offset + r.length,
+                                            " do not match their checksum"));
+  }
+  return absl::OkStatus();
+}
+
+std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step) {
+  const TrainerRegistration& reg = t->reg;
+  std::optional<KeptStep> kept;
+  {
+    absl::MutexLock l(&t->mu);
+    if (t->kept && t->kept->step == step) kept = t->kept;
+  }
+  if (!kept || kept->index == nullptr) return std::nullopt;
+  auto forget = [&] {
+    absl::MutexLock l(&t->mu);
+    if (t->kept && t->kept->slot == kept->slot && t->kept->step == step) t->kept.reset();
+  };
+  // The copy must be the shard the step committed: another attempt at the
+  // step (a run that was rolled back) may have written other bytes.
+  absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
+  if (!manifest.ok()) return std::nullopt;
+  const ckptd::v1::ShardRef* ref = nullptr;
+  for (const ckptd::v1::ShardRef& r : manifest->shards()) {
+    if (r.rank() == reg.rank) ref = &r;
+  }
+  if (ref == nullptr || ref->index_xxh3() != kept->index_xxh3 || ref->file_length() != kept->file_length) {
+    forget();
+    t->segment->Unkeep(kept->slot, step);
+    return std::nullopt;
+  }
+  // Held from now on: the trainer cannot take the slot for a snapshot.
+  if (!t->segment->TakeKept(kept->slot, step)) {
+    forget();
+    return std::nullopt;
+  }
+  const absl::Time start = clock_->Now();
+  absl::Status verified = VerifyKept(t, *kept);
+  if (!verified.ok()) {
+    forget();
+    (void)t->segment->Publish(kept->slot, step);
+    (void)t->segment->Release(kept->slot);  // RESTORED -> FREE
+    {
+      absl::MutexLock l(&t->mu);
+      ++t->memory_rejected;
+    }
+    logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the copy of step ", step,
+                                  " in the agent's memory is damaged (", verified.message(), "); reading it from disk"));
+    return std::nullopt;
+  }
+  if (!t->segment->Publish(kept->slot, step, /*keep_on_release=*/true).ok()) return std::nullopt;
+  {
+    absl::MutexLock l(&t->mu);
+    ++t->memory_restores;
+  }
+  logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": step ", step,
+                             " read from the agent's memory (", Gib(ref->raw_bytes()),
+                             " verified in ", absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Microseconds(100))),
+                             ")"));
+  return kept->slot;
 }
 
 absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Trainer* t) {
@@ -727,8 +1031,8 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
       step = r->steps[r->at];
       attempt = r->attempt;
     }
-    bool from_local = false;
-    absl::StatusOr<uint32_t> slot = LoadStep(t, step, wait_for_slot, &from_local);
+    RestoreSource source = RestoreSource::kNone;
+    absl::StatusOr<uint32_t> slot = LoadStep(t, step, wait_for_slot, &source);
     if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
       // This agent is the job's committer (no coordinator): it marks the step
       // so that nobody restores it again. Best effort; the restore goes on.
@@ -795,7 +1099,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
       RestoreResult result;
       result.step = step;
       result.slot = *slot;
-      result.from_local_cache = from_local;
+      result.source = source;
       return result;
     }
     (void)t->segment->Release(*slot);  // RESTORED -> FREE
@@ -822,7 +1126,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
   req.set_trainer_id(t->id);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
-  bool held_from_local = false;
+  RestoreSource held_source = RestoreSource::kNone;
   auto release = [&] {
     if (holding) (void)t->segment->Release(held);
     holding = false;
@@ -852,13 +1156,15 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
       }
       case ckptd::v1::RestorePlanResponse::GO:
         if (holding && req.attempt_step() == plan->step()) {
-          absl::MutexLock l(&t->mu);
-          t->incarnation = plan->incarnation();
+          {
+            absl::MutexLock l(&t->mu);
+            t->incarnation = plan->incarnation();
+          }
           RestoreResult r;
           r.step = plan->step();
           r.slot = held;
           r.incarnation = plan->incarnation();
-          r.from_local_cache = held_from_local;
+          r.source = held_source;
           DropLocalStepsAbove(reg.job, plan->step());
           return r;
         }
@@ -867,7 +1173,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
         [[fallthrough]];
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
-        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot, &held_from_local);
+        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot, &held_source);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());
         req.clear_problem();
@@ -875,6 +1181,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
           held = *slot;
           holding = true;
           req.set_attempt_ok(true);
+          req.set_attempt_source(RestoreSourceProto(held_source));
         } else if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
           // Damaged or missing: the coordinator sends every rank elsewhere.
           req.set_attempt_ok(false);
@@ -917,7 +1224,72 @@ absl::Status AgentCore::TrainerExited(uint64_t trainer_id, bool died) {
     f.set_detail(absl::StrCat("trainer process ", t->reg.pid, " exited without saying goodbye"));
     options_.coordinator->Failure(f);
   }
+  Park(std::move(t));
   return absl::OkStatus();
+}
+
+void AgentCore::Park(std::shared_ptr<Trainer> t) {
+  std::vector<Parked> evicted;
+  {
+    absl::MutexLock l(&mu_);
+    EvictIdleLocked(&evicted);
+    // A call of the trainer still under way (nothing else can find it now)
+    // may use its segment: then it is not handed on.
+    if (!options_.keep_in_memory || t.use_count() != 1) {
+      staging_bytes_ -= t->segment->total_bytes();
+    } else {
+      for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+        if (it->job == t->reg.job && it->rank == t->reg.rank) {
+          staging_bytes_ -= it->segment->total_bytes();
+          evicted.push_back(std::move(*it));
+          parked_.erase(it);
+          break;
+        }
+      }
+      Parked p;
+      p.key = t->key;
+      p.job = t->reg.job;
+      p.rank = t->reg.rank;
+      p.layout = t->layout;
+      p.segment = std::move(t->segment);
+      {
+        absl::MutexLock tl(&t->mu);
+        p.kept = std::move(t->kept);
+      }
+      p.since = clock_->Now();
+      parked_.push_back(std::move(p));
+    }
+  }
+  t.reset();  // an unparked segment goes here
+}
+
+void AgentCore::EvictIdleLocked(std::vector<Parked>* out) {
+  const absl::Time now = clock_->Now();
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (now - it->since < options_.park_for) {
+      ++it;
+      continue;
+    }
+    staging_bytes_ -= it->segment->total_bytes();
+    out->push_back(std::move(*it));
+    it = parked_.erase(it);
+  }
+}
+
+void AgentCore::EvictIdle() {
+  std::vector<Parked> evicted;  // unmapped and unlinked outside the lock
+  absl::MutexLock l(&mu_);
+  EvictIdleLocked(&evicted);
+}
+
+AgentCore::MemoryUsage AgentCore::Memory() {
+  absl::MutexLock l(&mu_);
+  MemoryUsage m;
+  m.bytes = staging_bytes_;
+  m.budget = options_.memory_budget_bytes;
+  m.parked = parked_.size();
+  for (const Parked& p : parked_) m.parked_bytes += p.segment->total_bytes();
+  return m;
 }
 
 absl::StatusOr<PersistStatus> AgentCore::WaitPersisted(uint64_t trainer_id, uint64_t step, absl::Duration timeout) {

@@ -86,6 +86,24 @@ struct AgentOptions {
   // interval: the first failure at once, then one line saying how many more
   // failed since the last one. Zero logs every failure.
   absl::Duration persist_failure_log_interval = absl::Seconds(30);
+  // The memory tier. All staging segments of the agent together, those of
+  // trainers that exited included, stay within this many bytes (0: no
+  // limit). A trainer that exits leaves its segment behind ("parked", with
+  // the step it kept in memory) for its successor: a registration of the
+  // same job, rank and buffers gets it back at once. Parked segments go,
+  // least recently parked first, when a registration needs their memory,
+  // when their rank registers other buffers, and after `park_for`.
+  uint64_t memory_budget_bytes = 0;
+  absl::Duration park_for = absl::Hours(1);
+  // Segments up to this size are allocated and faulted in within Register;
+  // larger ones slot by slot in the background (the trainer's snapshots are
+  // skipped until a slot is ready), so that no registration waits for
+  // gigabytes of memory to be cleared.
+  uint64_t prepare_inline_bytes = uint64_t{64} << 20;
+  // Keep the newest persisted (or restored) step of each trainer in its
+  // staging slot (KEPT) for a restore from memory; the trainer takes a kept
+  // slot back when it has no free one.
+  bool keep_in_memory = true;
 };
 
 struct TrainerRegistration {
@@ -110,11 +128,15 @@ struct TrainerHandle {
   bool coordinated = false;       // the schedule comes from a coordinator
 };
 
+// Where a restore read its step (ckptd.v1.RestoreSource).
+enum class RestoreSource { kNone, kMemory, kLocal, kRoot };
+ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source);
+
 struct RestoreResult {
   std::optional<uint64_t> step;  // nullopt: nothing committed for this job
   uint32_t slot = 0;             // RESTORED slot holding every buffer
   uint64_t incarnation = 0;      // the coordinator's restore round (0 without one)
-  bool from_local_cache = false;  // read from the node-local tier
+  RestoreSource source = RestoreSource::kNone;
 };
 
 struct PersistStatus {
@@ -137,6 +159,13 @@ struct PersistStatus {
   uint64_t local_fallbacks = 0;
   absl::Status last_local_error;
   uint64_t local_restores = 0;
+  // The memory tier: restores from the agent's memory, and kept copies
+  // found damaged (and read from disk instead).
+  uint64_t memory_restores = 0;
+  uint64_t memory_rejected = 0;
+  // Staging slots ready (the rest are still being allocated), of `slots`.
+  uint32_t slots_ready = 0;
+  uint32_t slots = 0;
 };
 
 // A registered trainer as drills see it.
@@ -163,7 +192,11 @@ class AgentCore {
 
   // Checks the buffers (names, dtypes, shapes), creates the trainer's staging
   // segment and starts its persister. kInvalidArgument names the buffer at
-  // fault; kResourceExhausted when the budget holds no slot.
+  // fault; kResourceExhausted when the budget holds no slot, or when the
+  // agent's memory budget cannot hold the segment (parked segments of
+  // exited trainers are evicted first). A trainer that exited and left a
+  // segment of the same job, rank, world size and buffers gets it back, and
+  // with it the step kept there, without any allocation.
   //
   // Without a coordinator the agent commits a job by itself, which it can do
   // only when every rank of the job registers with it: a registration whose
@@ -213,16 +246,50 @@ class AgentCore {
   absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot);
 
   // The trainer process is gone: its half-filled slots are freed, published
-  // snapshots are still persisted; then the trainer is forgotten. `died`:
-  // it exited without saying goodbye, a failure the coordinator hears of.
+  // snapshots are still persisted; then the trainer is forgotten and its
+  // segment parked for its successor (see Register). `died`: it exited
+  // without saying goodbye, a failure the coordinator hears of.
   absl::Status TrainerExited(uint64_t trainer_id, bool died = false);
 
   // Waits until `step` of the trainer is persisted (or failed), up to `timeout`.
   absl::StatusOr<PersistStatus> WaitPersisted(uint64_t trainer_id, uint64_t step, absl::Duration timeout);
   absl::StatusOr<PersistStatus> Status(uint64_t trainer_id);
 
+  // The memory tier, for operators: staging bytes held (live and parked
+  // segments), the budget, and the parked segments.
+  struct MemoryUsage {
+    uint64_t bytes = 0;
+    uint64_t budget = 0;  // 0: no limit
+    size_t parked = 0;
+    uint64_t parked_bytes = 0;
+  };
+  MemoryUsage Memory();
+  // Parked segments older than park_for go (also done at each registration
+  // and trainer exit).
+  void EvictIdle();
+
  private:
   struct Trainer;
+  // The step a trainer's segment keeps in memory: the slot, the step and the
+  // index its shard was written (or read) with, whose blocks' checksums a
+  // restore from memory verifies.
+  struct KeptStep {
+    uint32_t slot = 0;
+    uint64_t step = 0;
+    uint64_t file_length = 0;
+    uint64_t index_xxh3 = 0;
+    std::shared_ptr<const ckptd::v1::ShardIndex> index;
+  };
+  // The segment of a trainer that exited, kept for its successor.
+  struct Parked {
+    std::string key;  // LayoutKey of the registration
+    std::string job;
+    uint32_t rank = 0;
+    staging::StagingLayout layout;
+    std::unique_ptr<staging::StagingSegment> segment;
+    std::optional<KeptStep> kept;
+    absl::Time since;
+  };
   // Without a coordinator, for each job: who registered each rank last, the
   // durable shards of steps not committed yet, and the restore round. Read
   // and written under lone_mu_ only.
@@ -269,7 +336,9 @@ class AgentCore {
   void CleanUpFailedStep(Trainer* t, uint64_t step);
   // Persists `slot`; calls `release` as soon as the slot's bytes are no
   // longer needed (after the local write when there is a local tier).
-  absl::Status PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release);
+  // What was written goes to `written` (when the write succeeded).
+  absl::Status PersistOne(Trainer* t, uint32_t slot, const std::function<void()>& release,
+                          storage::ShardWriteResult* written);
   // Writes the shard of `step` through the local tier (which calls `release`
   // before its copy to the storage root), or straight to the storage root.
   absl::StatusOr<storage::ShardWriteResult> WriteShard(Trainer* t, uint64_t step,
@@ -293,8 +362,29 @@ class AgentCore {
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
   // an error: kDataLoss/kNotFound for a damaged or missing shard,
   // kFailedPrecondition for one that does not match the registration.
-  // `from_local` is set when the local tier's copy served it.
-  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot, bool* from_local);
+  // `source` says which copy served it.
+  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot, RestoreSource* source);
+  // The step kept in the trainer's memory, when it is `step` as committed
+  // (the MANIFEST names the same shard) and every block's checksum matches:
+  // its slot, now RESTORED. nullopt otherwise (a damaged copy is counted,
+  // reported and dropped).
+  std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step);
+  // Checks every block of the kept step against its checksum in the kept
+  // index, on the agent's threads: kDataLoss naming the buffer and bytes.
+  absl::Status VerifyKept(Trainer* t, const KeptStep& kept);
+  // `slot` of the trainer now keeps `kept` (its previous kept slot, if
+  // another, is freed).
+  void SetKept(Trainer* t, KeptStep kept);
+  // Memory copies of `job` above `step` are dropped (a restore went back).
+  void DropKeptAbove(const std::string& job, uint64_t step);
+  // The trainer exited: its segment is parked for its successor (see
+  // Register), or released.
+  void Park(std::shared_ptr<Trainer> t);
+  // Allocates the trainer's PREPARING slots (the persister, before anything else).
+  void PrepareSlots(Trainer* t);
+  // Parked segments that are too old go into `out`, to be destroyed
+  // outside the lock.
+  void EvictIdleLocked(std::vector<Parked>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // LoadStep from one open shard.
   absl::StatusOr<uint32_t> LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
                                     absl::Duration wait_for_slot);
@@ -311,6 +401,10 @@ class AgentCore {
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
+  // The memory tier: segments of exited trainers (least recently parked
+  // first), and the bytes of every segment, live or parked.
+  std::vector<Parked> parked_ ABSL_GUARDED_BY(mu_);
+  uint64_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Persists of this agent under way, by job and step: the directory of a
   // step that one of them writes is not removed (CleanUpFailedStep).
   absl::Mutex writing_mu_;

@@ -141,6 +141,7 @@ TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
 }
 
 TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
+  options_.keep_in_memory = false;  // the damage is on disk
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
@@ -164,6 +165,7 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
 }
 
 TEST_F(AgentCoreTest, AFreshStartOverDamagedStepsWaitsForTheOperator) {
+  options_.keep_in_memory = false;  // the damage is on disk
   AgentCore agent(&mem_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
@@ -340,6 +342,7 @@ class LocalTierTest : public AgentCoreTest {
   LocalTierTest() {
     EXPECT_THAT(mem_.CreateDir("/nvme"), IsOk());
     options_.local_cache = "/nvme";
+    options_.keep_in_memory = false;  // these restores read the disk tiers
   }
   std::vector<uint64_t> LocalSteps(const std::string& job) {
     std::vector<uint64_t> out;
@@ -374,7 +377,7 @@ TEST_F(LocalTierTest, WritesLocallyCopiesToTheRootAndRestoresFromTheLocalCopy) {
   EXPECT_EQ(LocalSteps("job"), (std::vector<uint64_t>{20, 30}));
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(30u));
-  EXPECT_TRUE(r.from_local_cache);
+  EXPECT_EQ(r.source, RestoreSource::kLocal);
   for (size_t i = 0; i < h.offsets.size(); ++i) EXPECT_EQ(seg->slot_data(r.slot)[h.offsets[i]], 30) << i;
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(h.trainer_id));
@@ -400,14 +403,14 @@ TEST_F(LocalTierTest, ALocalCopyThatIsDamagedOrNotTheCommittedShardIsNotUsed) {
   CKPTD_ASSERT_OK(mem_.SetFileContents(local2, one));
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_FALSE(r.from_local_cache);
+  EXPECT_NE(r.source, RestoreSource::kLocal);
   EXPECT_EQ(seg->slot_data(r.slot)[0], 2);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   // A truncated local copy: read from the root, and the copy is dropped.
   CKPTD_ASSERT_OK(mem_.SetFileContents(local2, one.substr(0, one.size() / 2)));
   CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_FALSE(r.from_local_cache);
+  EXPECT_NE(r.source, RestoreSource::kLocal);
   EXPECT_EQ(seg->slot_data(r.slot)[0], 2);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   EXPECT_THAT(mem_.Stat(local2), StatusIs(absl::StatusCode::kNotFound, _));
@@ -417,7 +420,7 @@ TEST_F(LocalTierTest, ALocalCopyThatIsDamagedOrNotTheCommittedShardIsNotUsed) {
   CKPTD_ASSERT_OK(store.RemoveStep("job", 2));
   CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(1u));
-  EXPECT_TRUE(r.from_local_cache);
+  EXPECT_EQ(r.source, RestoreSource::kLocal);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
@@ -448,7 +451,7 @@ TEST_F(LocalTierTest, AFullLocalDiskFallsBackToTheStorageRoot) {
   EXPECT_EQ(st.local_writes, 1u);
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(8u));
-  EXPECT_TRUE(r.from_local_cache);
+  EXPECT_EQ(r.source, RestoreSource::kLocal);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
@@ -502,7 +505,7 @@ TEST_F(LocalTierTest, NewerStepsOfAGoneRunNeitherPushOutTheCurrentOnesNorOutlive
   SnapshotAndWait(agent, *seg, h, 20);
   CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(20u));
-  EXPECT_TRUE(r.from_local_cache);
+  EXPECT_EQ(r.source, RestoreSource::kLocal);
   CKPTD_ASSERT_OK(seg->Release(r.slot));
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
@@ -647,6 +650,7 @@ TEST_P(LoneAgentTest, CommitsEveryStepThatAllRanksWroteAndRestoresThemAllToTheSa
 
 TEST_P(LoneAgentTest, OneRanksDamagedShardSendsEveryRankBackAStep) {
   const uint32_t world = GetParam();
+  options_.keep_in_memory = false;  // the damage is on disk
   AgentCore agent(&mem_, options_);
   LoneJobRanks ranks;
   ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", world, &ranks));
@@ -799,6 +803,7 @@ TEST_F(AgentCoreTest, LoneAgentRefusesAJobWithRanksOnOtherNodes) {
   SilentCoordinator coordinator;
   AgentOptions coordinated = options_;
   coordinated.coordinator = &coordinator;
+  coordinated.segment_prefix += "-coordinated";  // `agent` keeps its segments parked
   AgentCore with(&mem_, coordinated);
   r.local_world_size = 2;
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, with.Register(r));
@@ -819,7 +824,7 @@ TEST_F(LocalTierTest, LoneAgentJobOfTwoRanksCommitsAndRestoresFromTheLocalCopies
   std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
   for (const absl::StatusOr<RestoreResult>& r : results) {
     ASSERT_THAT(r, IsOk());
-    EXPECT_TRUE(r->from_local_cache);
+    EXPECT_EQ(r->source, RestoreSource::kLocal);
   }
   ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, results, 30));
   for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));

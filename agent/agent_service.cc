@@ -82,6 +82,7 @@ grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::Restor
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   resp->set_found(r->step.has_value());
   resp->set_incarnation(r->incarnation);
+  resp->set_source(RestoreSourceProto(r->source));
   if (r->step) {
     resp->set_step(*r->step);
     resp->set_slot(r->slot);
@@ -110,6 +111,10 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_local_restores(s->local_restores);
   resp->set_has_failed(s->last_failed_step.has_value());
   resp->set_last_failed_step(s->last_failed_step.value_or(0));
+  resp->set_memory_restores(s->memory_restores);
+  resp->set_memory_rejected(s->memory_rejected);
+  resp->set_slots_ready(s->slots_ready);
+  resp->set_slots(s->slots);
   return grpc::Status::OK;
 }
 

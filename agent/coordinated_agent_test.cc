@@ -116,8 +116,10 @@ class CoordinatedAgentTest : public ::testing::Test {
     o.coordinator = c;
     o.restore_timeout = absl::Seconds(20);
     o.plan_poll = absl::Milliseconds(2);
+    o.keep_in_memory = keep_in_memory_;
     return o;
   }
+  bool keep_in_memory_ = true;
 
   struct Node {
     std::unique_ptr<InProcessCoordinator> link;
@@ -241,6 +243,7 @@ TEST_F(CoordinatedAgentTest, ATrainerThatRestoresAgainGetsTheSameStepWithoutANew
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
+  keep_in_memory_ = false;  // the damage is on disk
   Node a = Start("node-a", 0, 2);
   Node b = Start("node-b", 1, 2);
   RestoreAll({&a, &b});

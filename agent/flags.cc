@@ -29,7 +29,8 @@ namespace ckptd::agent {
 const char kAgentUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
-    "                   [--trainer-group <group>]\n"
+    "                   [--trainer-group <group>] [--memory-budget <bytes|N%>] [--memory-keep-for <d>]\n"
+    "                   [--no-memory-tier]\n"
     "                   [--coordinator <host:port> [--node-id <id>] [--agent-token-file <file>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
     "                   [--inject-write-latency <duration>] [--allow-drills]\n"
@@ -56,6 +57,16 @@ const char kAgentUsage[] =
     "                            when it is the committed shard, else the storage root. A local\n"
     "                            write that fails (full disk) falls back to the storage root\n"
     "  --local-cache-keep N      steps per job kept in the local tier, 1..1000000 (default 2)\n"
+    "  --memory-budget <b|N%>    all staging memory of this agent together: the trainers' slots and the\n"
+    "                            segments left by exited trainers for their successors, 1..1T\n"
+    "                            (K/M/G/T suffixes) or 1..90% of this machine's memory (default 50%).\n"
+    "                            A registration that does not fit, once the segments of exited\n"
+    "                            trainers are released, fails at once\n"
+    "  --memory-keep-for <d>     how long the staging of an exited trainer (with the step it kept in\n"
+    "                            memory) waits for a restarted trainer of the same job, rank and\n"
+    "                            buffers, 1s..168h (default 1h)\n"
+    "  --no-memory-tier          free every staging slot after its persist and every segment when its\n"
+    "                            trainer exits: restores always read the disk tiers\n"
     "  --trainer-group <group>   let this group's processes use the agent: the socket and the\n"
     "                            staging memory become 0660 with this group (name or number);\n"
     "                            the agent must be a member. Default: owner-only (0600)\n"
@@ -91,9 +102,10 @@ const std::set<std::string> kValueFlags = {
     // clang-format off
     "storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id", "local-cache",
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
+    "memory-budget", "memory-keep-for",
     // clang-format on
 };
-const std::set<std::string> kBoolFlags = {"help", "allow-drills"};
+const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
 
 // The ranges of the numeric flags (documented in kAgentUsage).
 constexpr uint64_t kMaxStagingBudget = uint64_t{1} << 40;  // 1 TiB of staging per trainer
@@ -101,6 +113,9 @@ constexpr uint64_t kMaxStagingBudget = uint64_t{1} << 40;  // 1 TiB of staging p
 // (staging::StagingSegment::Create refuses more).
 constexpr uint32_t kMaxSlots = 63;
 constexpr int kMaxKeep = 1'000'000;
+// --memory-budget as a share of the machine's memory, in percent.
+constexpr uint64_t kDefaultMemoryPercent = 50;
+constexpr uint64_t kMaxMemoryPercent = 90;
 // (gid_t)-1 means "leave the group alone" to chown(2): never a group.
 constexpr uint64_t kMaxGid = uint64_t{UINT32_MAX} - 1;
 
@@ -128,6 +143,31 @@ absl::StatusOr<uint32_t> TrainerGroup(const std::string& group) {
                                                    err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : ""));
   }
   return static_cast<uint32_t>(found->gr_gid);
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+// --memory-budget: bytes, or a share of the machine's memory ("40%").
+absl::StatusOr<uint64_t> MemoryBudget(const base::Args& args) {
+  std::string value = args.Get("memory-budget").value_or(absl::StrCat(kDefaultMemoryPercent, "%"));
+  if (!value.empty() && value.back() == '%') {
+    uint64_t percent = 0;
+    if (!absl::SimpleAtoi(value.substr(0, value.size() - 1), &percent) || percent < 1 ||
+        percent > kMaxMemoryPercent) {
+      return absl::InvalidArgumentError(absl::StrCat("--memory-budget must be 1..1T bytes or 1..", kMaxMemoryPercent,
+                                                     "% of this machine's memory, got \"", value, "\""));
+    }
+    const uint64_t total = PhysicalMemoryBytes();
+    if (total == 0) return absl::InternalError("--memory-budget: this machine's memory size cannot be read");
+    return total / 100 * percent;
+  }
+  uint64_t bytes = 0;
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("memory-budget", 1, kMaxStagingBudget, &bytes, /*allow_suffix=*/true));
+  return bytes;
 }
 
 // Neither --local-cache nor --storage-root may hold the other: the
@@ -213,6 +253,11 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
   if (args.Get("local-cache-keep") && !args.Get("local-cache")) {
     return absl::InvalidArgumentError("--local-cache-keep needs --local-cache");
   }
+  CKPTD_ASSIGN_OR_RETURN(options.memory_budget_bytes, MemoryBudget(args));
+  CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> keep_for,
+                         args.GetDurationInRange("memory-keep-for", absl::Seconds(1), absl::Hours(24 * 7)));
+  if (keep_for) options.park_for = *keep_for;
+  options.keep_in_memory = !args.Has("no-memory-tier");
   if (std::optional<std::string> group = args.Get("trainer-group")) {
     CKPTD_ASSIGN_OR_RETURN(options.trainer_group, TrainerGroup(*group));
   }

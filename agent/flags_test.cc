@@ -41,6 +41,23 @@ std::string HostName() {
   return host;
 }
 
+TEST(AgentFlagsTest, MemoryTierFlags) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags,
+                             ParseAgentFlags(With({"--memory-budget", "10G", "--memory-keep-for", "15m"})));
+  EXPECT_EQ(flags.options.memory_budget_bytes, uint64_t{10} << 30);
+  EXPECT_EQ(flags.options.park_for, absl::Minutes(15));
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--memory-budget", "10%", "--no-memory-tier"})));
+  const uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(flags.options.memory_budget_bytes, ram / 100 * 10);
+  EXPECT_FALSE(flags.options.keep_in_memory);
+  for (const char* bad : {"0", "0%", "91%", "-5%", "%", "2T", "ten", "5.5%"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--memory-budget", bad})), FailsNaming("--memory-budget")) << bad;
+  }
+  for (const char* bad : {"0s", "8d", "soon"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--memory-keep-for", bad})), FailsNaming("--memory-keep-for")) << bad;
+  }
+}
+
 TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({})));
   EXPECT_FALSE(flags.help);
@@ -59,6 +76,11 @@ TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   EXPECT_FALSE(flags.link.has_value());
   EXPECT_EQ(flags.inject_write_latency, absl::ZeroDuration());
   EXPECT_FALSE(flags.allow_drills);
+  // Half the machine's memory for staging, segments of exited trainers kept an hour.
+  const uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(flags.options.memory_budget_bytes, ram / 100 * 50);
+  EXPECT_EQ(flags.options.park_for, absl::Hours(1));
+  EXPECT_TRUE(flags.options.keep_in_memory);
 }
 
 TEST(AgentFlagsTest, EachFlagReachesItsOption) {

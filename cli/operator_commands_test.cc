@@ -166,6 +166,33 @@ TEST_F(OperatorCommandsTest, StatusShowsARestartHeldBack) {
                            HasSubstr("\"restore_blocked\":null")));
 }
 
+// Issue 17 (4): where each rank's state came from at the last restore.
+TEST_F(OperatorCommandsTest, StatusSaysWhereTheLastRestoreReadEachRank) {
+  TwoNodes();
+  for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {
+    if (j.job() != "llm") continue;
+    ckptd::v1::RestoreSummary* r = j.mutable_last_restore();
+    r->set_step(1240);
+    r->set_incarnation(3);
+    const ckptd::v1::RestoreSource sources[] = {ckptd::v1::AGENT_MEMORY, ckptd::v1::AGENT_MEMORY,
+                                                ckptd::v1::STORAGE_ROOT};
+    for (uint32_t rank = 0; rank < 3; ++rank) {
+      auto* e = r->add_ranks();
+      e->set_rank(rank);
+      e->set_source(sources[rank]);
+      e->set_node_id(rank < 2 ? "node-a" : "node-b");
+    }
+  }
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("last restore: step 1240 (incarnation 3), 2 ranks from memory, 1 from storage-root"));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"last_restore\":{\"step\":1240,\"incarnation\":3,\"sources\":{\"memory\":2,"
+                                     "\"storage-root\":1},\"ranks\":[{\"rank\":0,\"source\":\"memory\",\"node\":\"node-a\"}"),
+                           HasSubstr("\"last_restore\":null")));
+}
+
 TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {
   Result r = Run(RunStatus, {});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;

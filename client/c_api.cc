@@ -14,6 +14,7 @@
 #include "client/c_options.h"
 #include "client/ckptd.h"
 #include "client/client.h"
+#include "rpc/restore_source.h"
 
 struct ckptd_client {
   std::unique_ptr<ckptd::client::Client> client;
@@ -190,6 +191,17 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
     error[n] = '\0';
   }
   return 0;
+}
+
+const char* ckptd_restore_source(const ckptd_client* client) {
+  if (client == nullptr) return "";
+  // A static string: the one Client::last_restore_source names.
+  const std::string source = client->client->last_restore_source();
+  for (int s = ckptd::v1::RestoreSource_MIN; s <= ckptd::v1::RestoreSource_MAX; ++s) {
+    const absl::string_view name = ckptd::rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(s));
+    if (!name.empty() && name == source) return name.data();
+  }
+  return "";
 }
 
 void ckptd_close(ckptd_client* client) { delete client; }

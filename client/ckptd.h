@@ -15,8 +15,9 @@ extern "C" {
 #endif
 
 /* Versions only grow, each a superset of the one before: 2 added
- * ckptd_options_ext and ckptd_connect_ext; 3 added ckptd_persist_failures. */
-#define CKPTD_ABI_VERSION 3
+ * ckptd_options_ext and ckptd_connect_ext; 3 added ckptd_persist_failures; 4 added
+ * ckptd_restore_source. */
+#define CKPTD_ABI_VERSION 4
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -90,6 +91,11 @@ int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms
  * UTF-8 boundary and NUL-terminated. Every output pointer may be NULL. */
 int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_t* last_failed_step, char* error,
                            size_t error_size);
+/* Where the last ckptd_restore read its step: "memory" (the agent's own
+   memory), "peer" (another node's agent), "node-local" (the node-local tier),
+   "storage-root"; "" before any restore or when nothing was restored (and for
+   a NULL client). A static string. No RPC. */
+const char* ckptd_restore_source(const ckptd_client* client);
 void ckptd_close(ckptd_client* client);
 
 #ifdef __cplusplus

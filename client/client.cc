@@ -22,6 +22,7 @@
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
+#include "rpc/restore_source.h"
 #include "rpc/schedule.h"
 #include "staging/staging.h"
 #include "storage/shard_index.h"
@@ -39,6 +40,25 @@ constexpr int kRestoreTimeoutFactor = 60;
 }  // namespace
 
 struct Client::Impl {
+  // Prepares `slot` for this process's copies (see slot_mapped).
+  absl::Status MapSlot(uint32_t slot) {
+    if (slot >= slot_mapped.size() || slot_mapped[slot]) return absl::OkStatus();
+    segment->Prefault(slot);
+    if (any_device) {
+      CKPTD_RETURN_IF_ERROR(copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes()));
+    }
+    slot_mapped[slot] = true;
+    return absl::OkStatus();
+  }
+  // The segment goes: page-locked slots are unlocked first.
+  void DropSegment() {
+    for (uint32_t i = 0; any_device && i < slot_mapped.size(); ++i) {
+      if (slot_mapped[i]) (void)copier->UnregisterHostMemory(segment->slot_data(i));
+    }
+    slot_mapped.clear();
+    segment.reset();
+  }
+
   ClientOptions options;
   base::Clock* clock = nullptr;  // options.clock, or the real clock
   std::vector<BufferSpec> buffers;
@@ -54,6 +74,13 @@ struct Client::Impl {
   uint64_t trainer_id = 0;
   std::unique_ptr<staging::StagingSegment> segment;
   std::vector<uint64_t> offsets;
+  // Per slot: faulted into this process (and page-locked when a buffer lives
+  // on a device). Done at a slot's first use, not at registration, so that
+  // registering never waits for gigabytes of page faults (and slots the agent
+  // still allocates are not touched). Training thread only.
+  std::vector<bool> slot_mapped;
+  // Where the last restore read its step.
+  std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
 
   // Two-hop snapshots: per buffer its spare on the same device, nullptr for
   // host buffers (all of them without spare_device_buffer); two_hop when any
@@ -487,6 +514,7 @@ Client::~Client() {
     // Best effort: the agent also notices the process exit by itself.
     (void)impl_->stub->Goodbye(impl_->Context(impl_->options.rpc_timeout).get(), req, &resp);
   }
+  if (impl_->segment != nullptr) impl_->DropSegment();
 }
 
 bool Client::ShouldSnapshot(uint64_t step) const {
@@ -538,7 +566,7 @@ absl::Status Client::EnsureRegistered() {
     if (im.agent_lost) {
       im.agent_lost = false;
       im.registered = false;
-      im.segment.reset();
+      im.DropSegment();
     }
   }
   if (im.registered) return absl::OkStatus();
@@ -577,17 +605,19 @@ absl::Status Client::EnsureRegistered() {
                                               " bytes does not hold buffer '", im.buffers[i].name, "'"));
     }
   }
-  if (im.any_device) {
-    // Page-locked staging turns device copies into DMA at full speed.
-    CKPTD_RETURN_IF_ERROR(im.copier->RegisterHostMemory(im.segment->slot_data(0),
-                                                        im.segment->slots() * im.segment->slot_bytes()));
-  }
+  // Page-locked staging turns device copies into DMA at full speed: each slot
+  // is locked at its first use (MapSlot).
+  im.slot_mapped.assign(im.segment->slots(), false);
   im.trainer_id = resp.trainer_id();
   im.registered = true;
   im.coordinated.store(resp.coordinated());
   im.sync_trainer_id.store(resp.trainer_id());
   im.registration.fetch_add(1);
   return absl::OkStatus();
+}
+
+std::string Client::last_restore_source() const {
+  return std::string(rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load())));
 }
 
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
@@ -638,8 +668,15 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   if (!slot.ok()) {
     return im.Skip(step, slot.status().code(),
                    absl::IsResourceExhausted(slot.status())
-                       ? absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait))
+                       ? absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait),
+                                      im.segment->slots_prepared() < im.segment->slots()
+                                          ? " (the agent is still allocating staging memory)"
+                                          : "")
                        : std::string(slot.status().message()));
+  }
+  if (absl::Status mapped = im.MapSlot(*slot); !mapped.ok()) {
+    (void)im.segment->Abandon(*slot);
+    return im.Skip(step, mapped.code(), absl::StrCat("staging slot ", *slot, ": ", mapped.message()));
   }
   uint8_t* base = im.segment->slot_data(*slot);
   // Device buffers with a spare are queued device to device first; the other
@@ -707,9 +744,14 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
     // What the agent cached from before this restore round is stale.
     if (im.schedule && im.schedule->incarnation() < resp.incarnation()) im.schedule.reset();
   }
+  im.restore_source.store(resp.source());
   if (!resp.found()) return std::optional<uint64_t>();
+  if (resp.slot() >= im.segment->slots()) {
+    return absl::InternalError(absl::StrCat("agent restored into staging slot ", resp.slot(), " of ",
+                                            im.segment->slots()));
+  }
   const uint8_t* base = im.segment->slot_data(resp.slot());
-  absl::Status copied;
+  absl::Status copied = im.MapSlot(resp.slot());
   for (size_t i = 0; i < im.buffers.size() && copied.ok(); ++i) {
     copied = im.copier->CopyFromHost(im.buffers[i].data, base + im.offsets[i], im.lengths[i], im.buffers[i].device);
   }

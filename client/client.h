@@ -138,6 +138,11 @@ class Client {
   // A second hop in flight is finished first (bounded like the restore).
   absl::StatusOr<std::optional<uint64_t>> Restore();
 
+  // Where the last Restore read its step: "memory" (the agent's own memory),
+  // "peer" (another node's agent), "node-local" (the node-local tier),
+  // "storage-root"; empty before any restore or when nothing was restored.
+  std::string last_restore_source() const;
+
   // Waits until `step` is persisted (or failed) by the agent, up to `timeout`
   // of the client's clock. A second hop in flight is waited for within
   // `timeout`, and its error is returned.

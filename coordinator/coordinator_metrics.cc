@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "base/status_macros.h"
+#include "rpc/restore_source.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -85,6 +87,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                     "1 while a restart of the job is held back: it has committed steps but none "
                                     "intact, and a fresh start waits for the operator (ckptctl start-fresh).",
                                     {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->restored_ranks_,
+                         r.AddGauge("ckptd_restored_ranks",
+                                    "Ranks of the job's last restore by where they read it: memory (their agent's), "
+                                    "peer (another node's agent), node-local (the node's disk tier), storage-root.",
+                                    {"job", "source"}));
   CKPTD_ASSIGN_OR_RETURN(m->fresh_over_damaged_,
                          r.AddCounter("ckptd_fresh_starts_over_damaged_total",
                                       "Restarts from scratch over committed steps that were all damaged, as the "
@@ -119,6 +126,18 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     job_state_->With({job, "restarting"})->Set(j.state() == ckptd::v1::JOB_RESTARTING ? 1 : 0);
     world_size_->With({job})->Set(j.world_size());
     restore_blocked_->With({job})->Set(j.restore_blocked().empty() ? 0 : 1);
+    if (j.has_last_restore()) {
+      std::map<std::string, int> by_source;
+      for (int s = ckptd::v1::RestoreSource_MIN; s <= ckptd::v1::RestoreSource_MAX; ++s) {
+        const absl::string_view name = rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(s));
+        if (!name.empty()) by_source[std::string(name)] = 0;
+      }
+      for (const auto& rank : j.last_restore().ranks()) {
+        const absl::string_view name = rpc::RestoreSourceName(rank.source());
+        if (!name.empty()) ++by_source[std::string(name)];
+      }
+      for (const auto& [source, n] : by_source) restored_ranks_->With({job, source})->Set(n);
+    }
     ranks_alive_->With({job})->Set(j.ranks_alive());
     job_step_->With({job, "fastest"})->Set(static_cast<double>(j.fastest_step()));
     job_step_->With({job, "slowest"})->Set(static_cast<double>(j.slowest_step()));

@@ -67,6 +67,7 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::HistogramFamily* commit_latency_ = nullptr;
   metrics::CounterFamily* failures_ = nullptr;
   metrics::GaugeFamily* restore_blocked_ = nullptr;
+  metrics::GaugeFamily* restored_ranks_ = nullptr;
   metrics::CounterFamily* fresh_over_damaged_ = nullptr;
   metrics::CounterFamily* persist_failures_ = nullptr;
 };

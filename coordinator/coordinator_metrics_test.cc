@@ -123,6 +123,23 @@ TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
   EXPECT_THAT(again, Contains("ckptd_checkpoints_aborted_total{job=\"llm-7b\"} 1"));
 }
 
+TEST_F(CoordinatorMetricsTest, RestoredRanksBySource) {
+  CommitAndFail();
+  // No restore has ended yet: no series.
+  EXPECT_THAT(Lines(registry_->Render()), Not(Contains(HasSubstr("ckptd_restored_ranks{"))));
+  for (uint32_t r = 0; r < 2; ++r) CKPTD_ASSERT_OK(core_->GetRestorePlan(PlanRequest(r, std::nullopt, true, 2)).status());
+  for (uint32_t r = 0; r < 2; ++r) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, 10, true, 2);
+    req.set_attempt_source(r == 0 ? ckptd::v1::AGENT_MEMORY : ckptd::v1::STORAGE_ROOT);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
+  }
+  const std::vector<std::string> lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"memory\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"storage-root\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"peer\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"node-local\"} 0"));
+}
+
 TEST_F(CoordinatorMetricsTest, TotalsSurviveACoordinatorRestart) {
   CommitAndFail();
   Start();  // same storage and state store, fresh core and registry

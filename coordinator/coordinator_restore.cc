@@ -209,7 +209,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     } else if (!request.has_attempt() || request.attempt_step() != *step) {
       response = job->NotLoaded(rank);
     } else if (request.attempt_ok()) {
-      response = job->Loaded(rank);
+      response = job->Loaded(rank, request.attempt_source());
     } else {
       // One damaged shard spoils the step for every rank: quarantine it and
       // send everyone to the step before.

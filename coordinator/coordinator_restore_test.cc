@@ -43,6 +43,34 @@ TEST_F(CoordinatorCoreTest, RestoreIsABarrierAndEveryRankGetsTheSameStep) {
   EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::TRAINER_DIED));
 }
 
+TEST_F(CoordinatorCoreTest, TheJobsStatusSaysWhereEachRankReadTheRestoredStep) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  const ckptd::v1::RestoreSource sources[] = {ckptd::v1::AGENT_MEMORY, ckptd::v1::AGENT_MEMORY,
+                                              ckptd::v1::NODE_LOCAL, ckptd::v1::STORAGE_ROOT};
+  for (uint32_t r = 0; r < 4; ++r) {
+    // Not before every rank loaded it: the round is not over.
+    EXPECT_FALSE(JobState().has_last_restore()) << r;
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, 10, true);
+    req.set_attempt_source(sources[r]);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
+  }
+  const ckptd::v1::JobStatus job = JobState();
+  ASSERT_TRUE(job.has_last_restore());
+  EXPECT_EQ(job.last_restore().step(), 10u);
+  EXPECT_EQ(job.last_restore().incarnation(), 1u);
+  ASSERT_EQ(job.last_restore().ranks_size(), 4);
+  for (uint32_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(job.last_restore().ranks(r).rank(), r);
+    EXPECT_EQ(job.last_restore().ranks(r).source(), sources[r]);
+    EXPECT_EQ(job.last_restore().ranks(r).node_id(), NodeOf(r));
+  }
+  // A new failure opens a new round: the old summary goes until it ends.
+  CKPTD_ASSERT_OK(Plan(2, std::nullopt, true, 4, /*trainer=*/2).status());
+  EXPECT_FALSE(JobState().has_last_restore());
+}
+
 TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBack) {
   TwoNodes();
   CommitStep(10);

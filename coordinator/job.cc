@@ -372,8 +372,9 @@ RestorePlanResponse Job::NotLoaded(uint32_t rank) {
   return Plan();
 }
 
-RestorePlanResponse Job::Loaded(uint32_t rank) {
+RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source) {
   round_->ok.insert(rank);
+  round_->sources[rank] = source;
   if (round_->ok.size() == world_size()) round_->go = true;
   RestorePlanResponse r = Plan();
   if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);

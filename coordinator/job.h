@@ -58,6 +58,8 @@ struct RestoreRound {
   // process instance>#<agent's trainer id>", when its agent said): the same
   // rank asking again as another trainer was restarted.
   std::map<uint32_t, std::string> askers;
+  // Where each rank that loaded `step` read it from (as its agent said).
+  std::map<uint32_t, ckptd::v1::RestoreSource> sources;
 };
 
 struct AbortedStep {
@@ -209,7 +211,8 @@ class Job {
   // fresh; it has not loaded the round's step yet; it loaded it intact.
   ckptd::v1::RestorePlanResponse StartsFresh(uint32_t rank);
   ckptd::v1::RestorePlanResponse NotLoaded(uint32_t rank);
-  ckptd::v1::RestorePlanResponse Loaded(uint32_t rank);
+  ckptd::v1::RestorePlanResponse Loaded(uint32_t rank,
+                                        ckptd::v1::RestoreSource source = ckptd::v1::RESTORE_SOURCE_UNSPECIFIED);
   // The round's step was found damaged (and quarantined): every rank falls
   // back to the newest usable step, in the same incarnation.
   ckptd::v1::RestorePlanResponse FallBack();

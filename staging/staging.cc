@@ -34,7 +34,7 @@ using base::PosixError;
 namespace {
 
 constexpr char kMagic[8] = {'C', 'K', 'P', 'T', 'S', 'T', 'G', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: PREPARING and KEPT slots, keep_on_release
 constexpr uint64_t kAlign = base::kDirectIoAlignment;
 constexpr uint64_t kHeaderBlock = kAlign;
 constexpr size_t kSlotHeaderBytes = 64;
@@ -142,6 +142,8 @@ absl::string_view SlotStateName(SlotState s) {
     case SlotState::kPersisting: return "PERSISTING";
     case SlotState::kRestoring: return "RESTORING";
     case SlotState::kRestored: return "RESTORED";
+    case SlotState::kPreparing: return "PREPARING";
+    case SlotState::kKept: return "KEPT";
   }
   return "UNKNOWN";
 }
@@ -159,7 +161,7 @@ struct StagingSegment::Header {
 // Shared between processes: only address-free (lock-free) atomics.
 struct StagingSegment::SlotHeader {
   std::atomic<uint32_t> state;
-  uint32_t reserved0;
+  std::atomic<uint32_t> keep_on_release;  // RESTORED -> KEPT on Release
   std::atomic<uint64_t> step;
   uint8_t reserved[48];
 };
@@ -177,6 +179,8 @@ StagingLayout PlanLayout(const std::vector<uint64_t>& lengths) {
   return layout;
 }
 
+uint64_t SegmentBytes(uint32_t slots, uint64_t slot_bytes) { return kHeaderBlock + slots * slot_bytes; }
+
 absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes) {
   const uint64_t fit = slot_bytes == 0 ? wanted : budget_bytes / slot_bytes;
   if (fit == 0) {
@@ -187,14 +191,17 @@ absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted,
   return static_cast<uint32_t>(std::min<uint64_t>({fit, wanted, kMaxSlots}));
 }
 
-StagingSegment::StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped, base::Clock* clock)
+StagingSegment::StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped, base::Clock* clock,
+                               int fd)
     : name_(std::move(name)),
       owner_(owner),
       base_(base),
       mapped_(mapped),
-      clock_(clock != nullptr ? clock : base::RealClock::Get()) {}
+      clock_(clock != nullptr ? clock : base::RealClock::Get()),
+      fd_(fd) {}
 
 StagingSegment::~StagingSegment() {
+  if (fd_ >= 0) ::close(fd_);
   ::munmap(base_, mapped_);
   // Mapped segments stay valid for the trainer; the name only stops new opens.
   if (owner_) ::shm_unlink(name_.c_str());
@@ -203,7 +210,7 @@ StagingSegment::~StagingSegment() {
 absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std::string& name, uint32_t slots,
                                                                       uint64_t slot_bytes,
                                                                       std::optional<uint32_t> group,
-                                                                      base::Clock* clock) {
+                                                                      base::Clock* clock, bool prepare_slots) {
   CKPTD_RETURN_IF_ERROR(ValidateName(name));
   if (slots == 0 || slots > kMaxSlots) {
     return absl::InvalidArgumentError(absl::StrCat("staging slots must be 1..", kMaxSlots, ", not ", slots));
@@ -212,7 +219,7 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
     return absl::InvalidArgumentError(
         absl::StrCat("staging slot size ", slot_bytes, " must be a positive multiple of ", kAlign));
   }
-  const uint64_t total = kHeaderBlock + slots * slot_bytes;
+  const uint64_t total = SegmentBytes(slots, slot_bytes);
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return PosixError(absl::StrCat("shm_open ", name), errno);
   auto fail = [&](absl::string_view op, int err) {
@@ -230,14 +237,16 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
   } else if (::fchmod(fd, 0600) != 0) {
     return fail("fchmod", errno);
   }
-  // Reserve the memory now: a full /dev/shm must be an error here, not a
-  // SIGBUS in the trainer later.
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
-    return fail(absl::StrCat("reserving ", total, " bytes of shared memory for"), err);
+  // Reserve the memory now (or slot by slot in PrepareSlot): a full /dev/shm
+  // must be an error here, not a SIGBUS in the trainer later.
+  const uint64_t reserve = prepare_slots ? total : kHeaderBlock;
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(reserve)); err != 0) {
+    return fail(absl::StrCat("reserving ", reserve, " bytes of shared memory for"), err);
   }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (!prepare_slots && ::ftruncate(fd, static_cast<off_t>(total)) != 0) return fail("ftruncate", errno);
+  void* base =
+      ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | (prepare_slots ? MAP_POPULATE : 0), fd, 0);
   if (base == MAP_FAILED) return fail("mmap", errno);
-  ::close(fd);
   auto* header = static_cast<Header*>(base);
   std::memcpy(header->magic, kMagic, sizeof(kMagic));
   header->version = kVersion;
@@ -246,10 +255,18 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
   header->data_offset = kHeaderBlock;
   header->total_bytes = total;
   auto* bytes = static_cast<uint8_t*>(base);
+  const SlotState initial = prepare_slots ? SlotState::kFree : SlotState::kPreparing;
   for (uint32_t i = 0; i < slots; ++i) {
-    new (bytes + 64 + i * kSlotHeaderBytes) SlotHeader{{static_cast<uint32_t>(SlotState::kFree)}, 0, {0}, {}};
+    new (bytes + 64 + i * kSlotHeaderBytes) SlotHeader{{static_cast<uint32_t>(initial)}, {0}, {0}, {}};
   }
-  return std::unique_ptr<StagingSegment>(new StagingSegment(name, /*owner=*/true, bytes, total, clock));
+  // Kept open while slots remain to be reserved (PrepareSlot).
+  int kept_fd = -1;
+  if (prepare_slots) {
+    ::close(fd);
+  } else {
+    kept_fd = fd;
+  }
+  return std::unique_ptr<StagingSegment>(new StagingSegment(name, /*owner=*/true, bytes, total, clock, kept_fd));
 }
 
 absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::string& name, base::Clock* clock,
@@ -285,7 +302,9 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::
     ::close(fd);
     return absl::DataLossError(absl::StrCat("staging segment ", name, " is ", size, " bytes: too short"));
   }
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  // Not faulted in here: a large segment would hold the trainer up for
+  // seconds; slots fault in when first used, or in the background (Prefault).
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   ::close(fd);
   if (base == MAP_FAILED) return PosixError(absl::StrCat("mmap ", name), err);
@@ -330,9 +349,10 @@ bool StagingSegment::Transition(uint32_t slot, SlotState from, SlotState to) {
                                                           std::memory_order_acq_rel);
 }
 
-bool StagingSegment::AnyFree() const {
+bool StagingSegment::AnyFree(bool or_kept) const {
   for (uint32_t i = 0; i < slots(); ++i) {
-    if (state(i) == SlotState::kFree) return true;
+    const SlotState s = state(i);
+    if (s == SlotState::kFree || (or_kept && s == SlotState::kKept)) return true;
   }
   return false;
 }
@@ -349,13 +369,27 @@ absl::StatusOr<uint32_t> StagingSegment::Acquire(SlotState to, absl::Duration wa
     for (uint32_t i = 0; i < slots(); ++i) {
       if (Transition(i, SlotState::kFree, to)) return i;
     }
+    // No slot is free: the kept copy of the oldest step is given up.
+    while (true) {
+      std::optional<uint32_t> oldest;
+      for (uint32_t i = 0; i < slots(); ++i) {
+        if (state(i) == SlotState::kKept && (!oldest || step(i) < step(*oldest))) oldest = i;
+      }
+      if (!oldest) break;
+      if (Transition(*oldest, SlotState::kKept, to)) return *oldest;
+    }
     const absl::Time now = clock_->Now();
     if (now >= deadline) {
-      return absl::ResourceExhaustedError(absl::StrCat("no free staging slot in ", name_, " for ", what, " after ",
-                                                       absl::FormatDuration(wait), " (", slots(),
-                                                       " slots, all in use)"));
+      const uint32_t prepared = slots_prepared();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no free staging slot in ", name_, " for ", what, " after ", absl::FormatDuration(wait), " (", slots(),
+          " slots, ",
+          prepared == slots() ? std::string("all in use")
+                              : absl::StrCat(slots() - prepared, " of them still being allocated by the agent"),
+          ")"));
     }
-    clock_->AwaitWithDeadline(&mu, absl::Condition(this, &StagingSegment::AnyFree), std::min(deadline, now + backoff));
+    auto any = [this] { return AnyFree(/*or_kept=*/true); };
+    clock_->AwaitWithDeadline(&mu, absl::Condition(&any), std::min(deadline, now + backoff));
     backoff = std::min(backoff * 2, absl::Milliseconds(1));
   }
 }
@@ -368,12 +402,19 @@ absl::StatusOr<uint32_t> StagingSegment::AcquireForRestore(absl::Duration wait) 
   return Acquire(SlotState::kRestoring, wait, "a restore");
 }
 
-absl::Status StagingSegment::Publish(uint32_t slot, uint64_t step) {
+absl::Status StagingSegment::Publish(uint32_t slot, uint64_t step, bool keep_on_release) {
   if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  // Only whoever holds a FILLING or RESTORING slot changes it: any other
+  // slot is left as it is (a KEPT slot is known by its step).
+  const SlotState from = state(slot);
+  if (from != SlotState::kFilling && from != SlotState::kRestoring) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("staging slot ", slot, " is ", SlotStateName(from), ", not FILLING or RESTORING"));
+  }
   // The step is written before the state that makes it visible.
   slot_header(slot)->step.store(step, std::memory_order_relaxed);
-  if (Transition(slot, SlotState::kFilling, SlotState::kReady) ||
-      Transition(slot, SlotState::kRestoring, SlotState::kRestored)) {
+  slot_header(slot)->keep_on_release.store(keep_on_release ? 1 : 0, std::memory_order_relaxed);
+  if (Transition(slot, from, from == SlotState::kFilling ? SlotState::kReady : SlotState::kRestored)) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
@@ -394,12 +435,78 @@ std::optional<uint32_t> StagingSegment::TakeReady() {
 
 absl::Status StagingSegment::Release(uint32_t slot) {
   if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
-  if (Transition(slot, SlotState::kPersisting, SlotState::kFree) ||
-      Transition(slot, SlotState::kRestored, SlotState::kFree)) {
+  if (Transition(slot, SlotState::kPersisting, SlotState::kFree) || ReleaseRestored(slot)) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
                                                     ", not PERSISTING or RESTORED"));
+}
+
+bool StagingSegment::ReleaseRestored(uint32_t slot) {
+  const bool keep = slot_header(slot)->keep_on_release.load(std::memory_order_relaxed) != 0;
+  return Transition(slot, SlotState::kRestored, keep ? SlotState::kKept : SlotState::kFree);
+}
+
+void StagingSegment::Advise(uint32_t slot, int advice) const {
+  // madvise wants a page-aligned start: slot data is 4096-aligned.
+  if (::madvise(slot_data(slot), slot_bytes(), advice) != 0 && errno == EINVAL) {
+    // Older kernels lack MADV_POPULATE_*: touch a byte per page instead.
+    volatile uint8_t* p = slot_data(slot);
+    for (uint64_t off = 0; off < slot_bytes(); off += 4096) (void)p[off];
+  }
+}
+
+absl::Status StagingSegment::PrepareSlot(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (state(slot) != SlotState::kPreparing) return absl::OkStatus();
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(name_, ": only its creator prepares slots"));
+  const uint64_t offset = kHeaderBlock + static_cast<uint64_t>(slot) * slot_bytes();
+  if (int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(slot_bytes())); err != 0) {
+    return PosixError(absl::StrCat("reserving ", slot_bytes(), " bytes of shared memory for staging slot ", slot,
+                                   " of ", name_),
+                      err);
+  }
+  Advise(slot, MADV_POPULATE_WRITE);
+  if (!Transition(slot, SlotState::kPreparing, SlotState::kFree)) {
+    return absl::InternalError(absl::StrCat(name_, ": staging slot ", slot, " left PREPARING while being prepared"));
+  }
+  return absl::OkStatus();
+}
+
+uint32_t StagingSegment::slots_prepared() const {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < slots(); ++i) n += state(i) != SlotState::kPreparing ? 1 : 0;
+  return n;
+}
+
+void StagingSegment::Prefault(uint32_t slot) const {
+  if (slot >= slots() || state(slot) == SlotState::kPreparing) return;
+  // Read-faulting maps the shared pages without writing them: a snapshot
+  // being filled meanwhile is not disturbed.
+  Advise(slot, MADV_POPULATE_READ);
+}
+
+absl::Status StagingSegment::Keep(uint32_t slot) {
+  if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
+  if (Transition(slot, SlotState::kPersisting, SlotState::kKept)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("staging slot ", slot, " is ", SlotStateName(state(slot)),
+                                                    ", not PERSISTING"));
+}
+
+bool StagingSegment::Unkeep(uint32_t slot, uint64_t step) {
+  if (slot >= slots() || !TakeKept(slot, step)) return false;
+  return Transition(slot, SlotState::kRestoring, SlotState::kFree);
+}
+
+bool StagingSegment::TakeKept(uint32_t slot, uint64_t step) {
+  // Looked at first: a slot of another step is never taken, not even for a
+  // moment in which the trainer would find no slot to fill.
+  if (slot >= slots() || state(slot) != SlotState::kKept || this->step(slot) != step) return false;
+  if (!Transition(slot, SlotState::kKept, SlotState::kRestoring)) return false;
+  // Held now: nobody else changes its step.
+  if (this->step(slot) == step) return true;
+  Transition(slot, SlotState::kRestoring, SlotState::kKept);
+  return false;
 }
 
 absl::Status StagingSegment::Abandon(uint32_t slot) {
@@ -412,10 +519,7 @@ absl::Status StagingSegment::Abandon(uint32_t slot) {
 int StagingSegment::ReclaimAfterTrainerExit() {
   int freed = 0;
   for (uint32_t i = 0; i < slots(); ++i) {
-    if (Transition(i, SlotState::kFilling, SlotState::kFree) ||
-        Transition(i, SlotState::kRestored, SlotState::kFree)) {
-      ++freed;
-    }
+    if (Transition(i, SlotState::kFilling, SlotState::kFree) || ReleaseRestored(i)) ++freed;
   }
   return freed;
 }

@@ -11,9 +11,18 @@
 //   READY -> PERSISTING (agent, TakeReady) -> FREE (agent, Release)
 //   FREE -> RESTORING (agent, AcquireForRestore) -> RESTORED (agent, Publish)
 //   RESTORED -> FREE (trainer, Release, after copying out)
+// and, for the memory tier (the newest persisted step stays in memory):
+//   PREPARING -> FREE (agent, PrepareSlot: memory reserved and faulted in)
+//   PERSISTING -> KEPT (agent, Keep: the persisted snapshot stays readable)
+//   KEPT -> FREE (agent, Unkeep: a newer step is kept)
+//   KEPT -> FILLING (trainer, AcquireForFill when no slot is FREE: the kept
+//                    copy is given up, training never waits for it)
+//   KEPT -> RESTORING (agent, TakeKept: the kept step restores from memory)
+//   RESTORED -> KEPT (trainer, Release of a slot published with
+//                     keep_on_release: the restored step stays in memory)
 // A slot left FILLING by a trainer that died is returned to FREE by the agent
 // (ReclaimAfterTrainerExit); a READY slot is still persisted after its
-// trainer died.
+// trainer died, and KEPT slots stay KEPT for the trainer's successor.
 #pragma once
 
 #include <atomic>
@@ -37,6 +46,8 @@ enum class SlotState : uint32_t {
   kPersisting = 3,
   kRestoring = 4,
   kRestored = 5,
+  kPreparing = 6,
+  kKept = 7,
 };
 absl::string_view SlotStateName(SlotState s);
 
@@ -48,6 +59,9 @@ struct StagingLayout {
 };
 // Lays out buffers of `lengths` bytes one after another, each aligned.
 StagingLayout PlanLayout(const std::vector<uint64_t>& lengths);
+
+// The bytes of a segment of `slots` slots of `slot_bytes` (header included).
+uint64_t SegmentBytes(uint32_t slots, uint64_t slot_bytes);
 
 // How many slots fit `budget_bytes` (at most `wanted`); kResourceExhausted
 // naming both sizes when not even one does.
@@ -108,11 +122,14 @@ class StagingSegment {
   // `group` when given: the trainers' group), pre-faulted. The segment's name
   // is unlinked when this object is destroyed. `clock` measures the waits for
   // a slot (default base::RealClock::Get()); it must outlive the object.
+  // With `prepare_slots` false only the header is made: every slot is
+  // PREPARING, its memory neither reserved nor faulted in, until PrepareSlot.
   static absl::StatusOr<std::unique_ptr<StagingSegment>> Create(const std::string& name, uint32_t slots,
                                                                 uint64_t slot_bytes,
                                                                 std::optional<uint32_t> group = std::nullopt,
-                                                                base::Clock* clock = nullptr);
-  // Trainer side: maps an existing segment (pre-faulted) after checking, with
+                                                                base::Clock* clock = nullptr,
+                                                                bool prepare_slots = true);
+  // Trainer side: maps an existing segment (not faulted in: see Prefault) after checking, with
   // CheckSegmentAccess, that this process may trust it (kPermissionDenied
   // naming its owner, group and mode otherwise, also when the system refuses
   // to open it), and then its header. `agent_uid` is the agent's user (the
@@ -126,6 +143,8 @@ class StagingSegment {
   StagingSegment& operator=(const StagingSegment&) = delete;
 
   const std::string& name() const { return name_; }
+  // The whole segment: header block and slots.
+  uint64_t total_bytes() const { return mapped_; }
   uint32_t slots() const;
   uint64_t slot_bytes() const;
   uint8_t* slot_data(uint32_t slot) const;
@@ -137,36 +156,65 @@ class StagingSegment {
   // once a millisecond, since the other process frees them without telling.
   // kResourceExhausted "no free staging slot" when none frees up.
   absl::StatusOr<uint32_t> AcquireForFill(absl::Duration wait);
-  // FILLING -> READY, or RESTORING -> RESTORED, with the step it holds.
-  absl::Status Publish(uint32_t slot, uint64_t step);
+  // FILLING -> READY, or RESTORING -> RESTORED, with the step it holds. A
+  // RESTORED slot published with `keep_on_release` becomes KEPT instead of
+  // FREE when the trainer releases it (or exits without doing so).
+  absl::Status Publish(uint32_t slot, uint64_t step, bool keep_on_release = false);
   // Agent: the READY slot with the lowest step, now PERSISTING; nullopt if none.
   std::optional<uint32_t> TakeReady();
-  // Agent: claims a FREE slot to restore into (RESTORING).
+  // Agent: claims a FREE slot to restore into (RESTORING), or, when none is
+  // free, the KEPT slot with the lowest step.
   absl::StatusOr<uint32_t> AcquireForRestore(absl::Duration wait);
+  // Agent: reserves the memory of a PREPARING slot (a full /dev/shm is an
+  // error here, not a SIGBUS later) and faults it into this mapping; the slot
+  // is then FREE. A slot in another state is left alone (OK).
+  absl::Status PrepareSlot(uint32_t slot);
+  // Slots no longer PREPARING.
+  uint32_t slots_prepared() const;
+  // Faults a slot's pages into this process's mapping (a trainer does this in
+  // the background so that its first snapshot does not pay for page faults).
+  // A PREPARING slot is left alone. Best effort.
+  void Prefault(uint32_t slot) const;
+  // Agent: PERSISTING -> KEPT.
+  absl::Status Keep(uint32_t slot);
+  // Agent: KEPT -> FREE when the slot still holds `step`; false otherwise.
+  bool Unkeep(uint32_t slot, uint64_t step);
+  // Agent: KEPT -> RESTORING when the slot holds `step`; false when it does
+  // not (the trainer took it for a snapshot, or it holds another step).
+  bool TakeKept(uint32_t slot, uint64_t step);
   // FILLING -> FREE: the trainer gives up a snapshot it could not finish.
   absl::Status Abandon(uint32_t slot);
-  // PERSISTING -> FREE (agent) or RESTORED -> FREE (trainer). A slot in any
-  // other state is kFailedPrecondition naming the state.
+  // PERSISTING -> FREE (agent) or RESTORED -> FREE or KEPT (trainer; see
+  // Publish). A slot in any other state is kFailedPrecondition naming the
+  // state.
   absl::Status Release(uint32_t slot);
   // Agent, once the trainer using this segment has exited: slots it left
-  // FILLING (a half-made copy) or RESTORED (never copied out) become FREE;
-  // READY slots stay, to be persisted. Returns how many were freed.
+  // FILLING (a half-made copy) or RESTORED (never copied out) become FREE (or
+  // KEPT, see Publish); READY and KEPT slots stay. Returns how many changed.
   int ReclaimAfterTrainerExit();
 
  private:
   struct Header;
   struct SlotHeader;
-  StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped, base::Clock* clock);
+  StagingSegment(std::string name, bool owner, uint8_t* base, uint64_t mapped, base::Clock* clock, int fd = -1);
   SlotHeader* slot_header(uint32_t slot) const;
   absl::StatusOr<uint32_t> Acquire(SlotState to, absl::Duration wait, absl::string_view what);
   bool Transition(uint32_t slot, SlotState from, SlotState to);
-  bool AnyFree() const;
+  // FREE or (when `or_kept`) KEPT slots exist.
+  bool AnyFree(bool or_kept) const;
+  // RESTORED -> KEPT or FREE, as it was published.
+  bool ReleaseRestored(uint32_t slot);
+  // A byte range of the slot's data in this mapping.
+  void Advise(uint32_t slot, int advice) const;
 
   const std::string name_;
   const bool owner_;
   uint8_t* const base_;
   const uint64_t mapped_;
   base::Clock* const clock_;
+  // The creator's descriptor when it was made with slots PREPARING (closed
+  // with the segment); -1 otherwise.
+  const int fd_;
 };
 
 }  // namespace ckptd::staging

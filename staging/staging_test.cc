@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/clock.h"
+#include "base/status_macros.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "base/testing/users.h"
@@ -30,6 +31,7 @@ using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Optional;
@@ -230,6 +232,266 @@ TEST(StagingSegmentTest, ReclaimAfterTrainerExitKeepsReadySnapshots) {
   EXPECT_EQ(seg->state(filling), SlotState::kFree);
   EXPECT_EQ(seg->state(restored), SlotState::kFree);
   EXPECT_THAT(seg->TakeReady(), Optional(ready));
+}
+
+// A slot holding `step` as the memory tier leaves it: filled by the trainer,
+// published, persisted by the agent and kept.
+absl::StatusOr<uint32_t> KeepStep(StagingSegment& seg, uint64_t step) {
+  CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, seg.AcquireForFill(absl::ZeroDuration()));
+  CKPTD_RETURN_IF_ERROR(seg.Publish(slot, step));
+  const std::optional<uint32_t> taken = seg.TakeReady();
+  if (taken != slot) return absl::InternalError(absl::StrCat("TakeReady did not take slot ", slot));
+  CKPTD_RETURN_IF_ERROR(seg.Keep(slot));
+  return slot;
+}
+
+// Bytes of shared memory that the segment `name` holds (tmpfs counts the
+// pages given to it).
+uint64_t AllocatedBytes(const std::string& name) {
+  struct stat st;
+  if (::stat(absl::StrCat(kShmDir, name).c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+TEST(StagingSegmentTest, KeptLifecycle) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  std::memset(seg->slot_data(slot), 0x77, seg->slot_bytes());
+  CKPTD_ASSERT_OK(seg->Publish(slot, 7));
+  ASSERT_THAT(seg->TakeReady(), Optional(slot));
+  ASSERT_EQ(seg->state(slot), SlotState::kPersisting);
+  CKPTD_ASSERT_OK(seg->Keep(slot));
+  EXPECT_EQ(seg->state(slot), SlotState::kKept);
+  EXPECT_EQ(seg->step(slot), 7u);
+  EXPECT_EQ(seg->slot_data(slot)[seg->slot_bytes() - 1], 0x77);
+  EXPECT_EQ(seg->TakeReady(), std::nullopt);  // kept, not persisted again
+  EXPECT_THAT(seg->Keep(slot), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("KEPT")));
+  EXPECT_THAT(seg->Release(slot), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("KEPT")));
+  // A mistaken Publish changes nothing: the kept slot is known by its step.
+  EXPECT_THAT(seg->Publish(slot, 99), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("KEPT")));
+  EXPECT_EQ(seg->step(slot), 7u);
+  // Only the step it holds frees it.
+  EXPECT_FALSE(seg->Unkeep(slot, 8));
+  EXPECT_EQ(seg->state(slot), SlotState::kKept);
+  EXPECT_EQ(seg->step(slot), 7u);
+  EXPECT_FALSE(seg->Unkeep(7, 7));  // no such slot
+  EXPECT_TRUE(seg->Unkeep(slot, 7));
+  EXPECT_EQ(seg->state(slot), SlotState::kFree);
+  EXPECT_FALSE(seg->Unkeep(slot, 7));  // no longer kept
+  EXPECT_EQ(seg->state(slot), SlotState::kFree);
+}
+
+TEST(StagingSegmentTest, KeepNeedsAPersistingSlot) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
+  EXPECT_THAT(seg->Keep(0), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                     AllOf(HasSubstr("slot 0 is FREE"), HasSubstr("not PERSISTING"))));
+  EXPECT_EQ(seg->state(0), SlotState::kFree);
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  EXPECT_THAT(seg->Keep(slot), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("FILLING")));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 3));
+  EXPECT_THAT(seg->Keep(slot), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("READY")));
+  EXPECT_EQ(seg->state(slot), SlotState::kReady);
+  EXPECT_THAT(seg->Keep(2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
+}
+
+TEST(StagingSegmentTest, AcquirePrefersFreeSlotsThenGivesUpTheOldestKeptStep) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 3, 4096));
+  // The newer step in the lower slot, so that neither slot order nor the
+  // first KEPT slot found picks the right one by chance.
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept9, KeepStep(*seg, 9));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept5, KeepStep(*seg, 5));
+  ASSERT_EQ(kept9, 0u);
+  ASSERT_EQ(kept5, 1u);
+  EXPECT_THAT(seg->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(2u));  // the FREE one
+  EXPECT_EQ(seg->state(kept9), SlotState::kKept);
+  EXPECT_EQ(seg->state(kept5), SlotState::kKept);
+  EXPECT_THAT(seg->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(kept5));  // the oldest step
+  EXPECT_EQ(seg->state(kept5), SlotState::kFilling);
+  EXPECT_EQ(seg->state(kept9), SlotState::kKept);
+  // The agent's hold on step 5 is gone: it can neither free nor restore it.
+  EXPECT_FALSE(seg->Unkeep(kept5, 5));
+  EXPECT_FALSE(seg->TakeKept(kept5, 5));
+  EXPECT_EQ(seg->state(kept5), SlotState::kFilling);
+  EXPECT_THAT(seg->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(kept9));
+  EXPECT_THAT(seg->AcquireForFill(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("(3 slots, all in use)")));
+}
+
+TEST(StagingSegmentTest, AcquireForRestoreAlsoTakesTheOldestKeptStep) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept8, KeepStep(*seg, 8));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept4, KeepStep(*seg, 4));
+  EXPECT_THAT(seg->AcquireForRestore(absl::ZeroDuration()), IsOkAndHolds(kept4));
+  EXPECT_EQ(seg->state(kept4), SlotState::kRestoring);
+  EXPECT_EQ(seg->state(kept8), SlotState::kKept);
+}
+
+TEST(StagingSegmentTest, WaitingAcquireTakesASlotKeptMeanwhile) {
+  base::FakeClock clock;
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 1, 4096, std::nullopt, &clock));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(slot, 3));
+  ASSERT_THAT(seg->TakeReady(), Optional(slot));
+  BackgroundAcquire trainer(seg.get(), absl::Seconds(10), &clock);
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 1; }));
+  EXPECT_FALSE(trainer.done());  // PERSISTING is not to be taken
+  CKPTD_ASSERT_OK(seg->Keep(slot));
+  EXPECT_THAT(trainer.Get(), IsOkAndHolds(slot));
+  EXPECT_EQ(seg->state(slot), SlotState::kFilling);
+}
+
+TEST(StagingSegmentTest, TakeKeptOnlyForTheStepItHolds) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t slot, KeepStep(*seg, 5));
+  EXPECT_FALSE(seg->TakeKept(slot, 6));
+  EXPECT_EQ(seg->state(slot), SlotState::kKept);
+  EXPECT_EQ(seg->step(slot), 5u);
+  EXPECT_FALSE(seg->TakeKept(1 - slot, 0));  // FREE, step 0
+  EXPECT_EQ(seg->state(1 - slot), SlotState::kFree);
+  EXPECT_FALSE(seg->TakeKept(9, 5));
+  EXPECT_TRUE(seg->TakeKept(slot, 5));
+  EXPECT_EQ(seg->state(slot), SlotState::kRestoring);
+  EXPECT_EQ(seg->step(slot), 5u);
+  EXPECT_FALSE(seg->TakeKept(slot, 5));  // taken already
+  // Restored from memory, then copied out by the trainer: FREE again.
+  CKPTD_ASSERT_OK(seg->Publish(slot, 5));
+  EXPECT_EQ(seg->state(slot), SlotState::kRestored);
+  CKPTD_ASSERT_OK(seg->Release(slot));
+  EXPECT_EQ(seg->state(slot), SlotState::kFree);
+}
+
+TEST(StagingSegmentTest, KeepOnReleaseKeepsTheRestoredStep) {
+  const std::string name = UniqueName();
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto agent, StagingSegment::Create(name, 2, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto trainer, StagingSegment::Open(name));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, agent->AcquireForRestore(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(agent->Publish(slot, 12, /*keep_on_release=*/true));
+  EXPECT_EQ(trainer->state(slot), SlotState::kRestored);
+  CKPTD_ASSERT_OK(trainer->Release(slot));
+  EXPECT_EQ(agent->state(slot), SlotState::kKept);
+  EXPECT_EQ(agent->step(slot), 12u);
+  // The kept step restores again from memory; published without the flag,
+  // it is FREE once copied out.
+  ASSERT_TRUE(agent->TakeKept(slot, 12));
+  CKPTD_ASSERT_OK(agent->Publish(slot, 12));
+  CKPTD_ASSERT_OK(trainer->Release(slot));
+  EXPECT_EQ(agent->state(slot), SlotState::kFree);
+  // A snapshot that the trainer fills in a slot once published with the
+  // flag is persisted and freed as any other.
+  CKPTD_ASSERT_OK_AND_ASSIGN(slot, agent->AcquireForRestore(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(agent->Publish(slot, 13, /*keep_on_release=*/true));
+  CKPTD_ASSERT_OK(trainer->Release(slot));
+  ASSERT_EQ(agent->state(slot), SlotState::kKept);
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t filled, trainer->AcquireForFill(absl::ZeroDuration()));
+  ASSERT_NE(filled, slot);  // the FREE one first
+  CKPTD_ASSERT_OK_AND_ASSIGN(filled, trainer->AcquireForFill(absl::ZeroDuration()));
+  ASSERT_EQ(filled, slot);
+  CKPTD_ASSERT_OK(trainer->Publish(filled, 14));
+  ASSERT_THAT(agent->TakeReady(), Optional(filled));
+  CKPTD_ASSERT_OK(agent->Release(filled));
+  EXPECT_EQ(agent->state(filled), SlotState::kFree);
+}
+
+TEST(StagingSegmentTest, ReclaimAfterTrainerExitKeepsWhatWasToBeKept) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 4, 4096));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept, KeepStep(*seg, 2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t ready, seg->AcquireForFill(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(ready, 6));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t restored_keep, seg->AcquireForRestore(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(restored_keep, 3, /*keep_on_release=*/true));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t restored, seg->AcquireForRestore(absl::ZeroDuration()));
+  CKPTD_ASSERT_OK(seg->Publish(restored, 4));
+  EXPECT_EQ(seg->ReclaimAfterTrainerExit(), 2);
+  EXPECT_EQ(seg->state(kept), SlotState::kKept);
+  EXPECT_EQ(seg->step(kept), 2u);
+  EXPECT_EQ(seg->state(ready), SlotState::kReady);
+  EXPECT_EQ(seg->state(restored_keep), SlotState::kKept);
+  EXPECT_EQ(seg->step(restored_keep), 3u);
+  EXPECT_EQ(seg->state(restored), SlotState::kFree);
+  EXPECT_EQ(seg->ReclaimAfterTrainerExit(), 0);
+  EXPECT_EQ(seg->state(restored_keep), SlotState::kKept);
+  EXPECT_TRUE(seg->Unkeep(restored_keep, 3));
+}
+
+TEST(StagingSegmentTest, SlotsPreparedOneByOne) {
+  const std::string name = UniqueName();
+  constexpr uint64_t kSlotBytes = 4 << 20;
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      auto agent, StagingSegment::Create(name, 2, kSlotBytes, std::nullopt, nullptr, /*prepare_slots=*/false));
+  EXPECT_EQ(agent->state(0), SlotState::kPreparing);
+  EXPECT_EQ(agent->state(1), SlotState::kPreparing);
+  EXPECT_EQ(agent->slots_prepared(), 0u);
+  // Only the header is reserved so far.
+  EXPECT_LT(AllocatedBytes(name), kSlotBytes);
+  EXPECT_THAT(agent->AcquireForFill(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("no free staging slot"), HasSubstr("2 of them still being allocated"))));
+  EXPECT_THAT(agent->AcquireForRestore(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("still being allocated")));
+  EXPECT_EQ(agent->ReclaimAfterTrainerExit(), 0);
+  agent->Prefault(0);  // not prepared: left alone
+  EXPECT_EQ(agent->state(0), SlotState::kPreparing);
+
+  CKPTD_ASSERT_OK(agent->PrepareSlot(0));
+  EXPECT_EQ(agent->state(0), SlotState::kFree);
+  EXPECT_EQ(agent->state(1), SlotState::kPreparing);
+  EXPECT_EQ(agent->slots_prepared(), 1u);
+  EXPECT_GE(AllocatedBytes(name), kSlotBytes);
+  EXPECT_LT(AllocatedBytes(name), 2 * kSlotBytes);
+  CKPTD_EXPECT_OK(agent->PrepareSlot(0));  // prepared already: nothing to do
+  EXPECT_EQ(agent->slots_prepared(), 1u);
+  EXPECT_THAT(agent->PrepareSlot(2), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not exist")));
+
+  // The trainer's mapping of the same memory: what it writes, the agent reads.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto trainer, StagingSegment::Open(name));
+  EXPECT_EQ(trainer->slots_prepared(), 1u);
+  trainer->Prefault(0);
+  trainer->Prefault(1);  // PREPARING: left alone
+  EXPECT_EQ(trainer->state(1), SlotState::kPreparing);
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, trainer->AcquireForFill(absl::ZeroDuration()));
+  ASSERT_EQ(slot, 0u);
+  std::memset(trainer->slot_data(slot), 0x3c, kSlotBytes);
+  CKPTD_ASSERT_OK(trainer->Publish(slot, 11));
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("1 of them still being allocated")));
+  ASSERT_THAT(agent->TakeReady(), Optional(slot));
+  EXPECT_EQ(agent->step(slot), 11u);
+  EXPECT_EQ(agent->slot_data(slot)[0], 0x3c);
+  EXPECT_EQ(agent->slot_data(slot)[kSlotBytes - 1], 0x3c);
+
+  // Every slot prepared: a full segment is "all in use" again.
+  CKPTD_ASSERT_OK(agent->PrepareSlot(1));
+  EXPECT_EQ(trainer->slots_prepared(), 2u);
+  EXPECT_GE(AllocatedBytes(name), 2 * kSlotBytes);
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(1u));
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("all in use")));
+}
+
+TEST(StagingSegmentTest, WaitingAcquireTakesASlotPreparedMeanwhile) {
+  base::FakeClock clock;
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      auto seg, StagingSegment::Create(UniqueName(), 1, 4096, std::nullopt, &clock, /*prepare_slots=*/false));
+  BackgroundAcquire trainer(seg.get(), absl::Seconds(10), &clock);
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 1; }));
+  EXPECT_FALSE(trainer.done());
+  CKPTD_ASSERT_OK(seg->PrepareSlot(0));
+  EXPECT_THAT(trainer.Get(), IsOkAndHolds(0u));
+}
+
+TEST(StagingSegmentTest, OnlyTheCreatorPreparesSlots) {
+  const std::string name = UniqueName();
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto agent,
+                             StagingSegment::Create(name, 2, 4096, std::nullopt, nullptr, /*prepare_slots=*/false));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto trainer, StagingSegment::Open(name));
+  EXPECT_THAT(trainer->PrepareSlot(0),
+              StatusIs(absl::StatusCode::kFailedPrecondition, AllOf(HasSubstr(name), HasSubstr("only its creator"))));
+  EXPECT_EQ(agent->state(0), SlotState::kPreparing);
+  EXPECT_EQ(trainer->slots_prepared(), 0u);
+  CKPTD_ASSERT_OK(agent->PrepareSlot(0));
+  CKPTD_EXPECT_OK(trainer->PrepareSlot(0));  // FREE now: nothing to do
+  EXPECT_EQ(trainer->state(0), SlotState::kFree);
+  EXPECT_EQ(trainer->state(1), SlotState::kPreparing);
 }
 
 }  // namespace

@@ -303,6 +303,7 @@ class ShardWriteJob {
     result_.raw_bytes = raw;
     result_.stored_bytes = stored_bytes_;
     result_.index_xxh3 = footer.index_xxh3;
+    result_.index = std::make_shared<const ShardIndex>(std::move(index_));
     return absl::OkStatus();
   }
 

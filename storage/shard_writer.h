@@ -7,6 +7,7 @@
 #include "absl/strings/string_view.h"
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ struct ShardWriteResult {
   uint64_t raw_bytes = 0;
   uint64_t stored_bytes = 0;
   uint64_t index_xxh3 = 0;
+  // The index as written (each block's raw_xxh3 checks a copy of the
+  // tensors kept in memory).
+  std::shared_ptr<const ckptd::v1::ShardIndex> index;
 };
 
 // Validates the tensors (names unique and non-empty, dtype known, length a

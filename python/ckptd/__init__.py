@@ -250,7 +250,9 @@ for _name, _res, _args in [
         ("ckptd_close", None, [ctypes.c_void_p]),
         # ABI version 3 and later.
         ("ckptd_persist_failures", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64),
-                                                  ctypes.c_char_p, ctypes.c_size_t])]:
+                                                  ctypes.c_char_p, ctypes.c_size_t]),
+        # ABI version 4 and later.
+        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -501,6 +503,16 @@ class Client:
         if failed.value == 0:
             return PersistFailures(0, None, "")
         return PersistFailures(failed.value, step.value, error.value.decode("utf-8", "replace"))
+
+    def restore_source(self):
+        """Where the last restore() read its step: "memory" (the agent's own
+        memory), "peer" (another node's agent), "node-local" (the node-local
+        tier) or "storage-root"; "" before any restore or when nothing was
+        restored. None when libckptd is older than ABI version 4. No RPC."""
+        handle = self._live()
+        if not hasattr(_lib, "ckptd_restore_source"):
+            return None
+        return _lib.ckptd_restore_source(handle).decode("ascii")
 
     def close(self):
         handle, self._handle = self._handle, None

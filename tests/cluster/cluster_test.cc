@@ -684,20 +684,33 @@ TEST_F(ClusterTest, KilledTrainerRestartsEveryRankFromTheSameCommittedStep) {
   std::optional<ckptd::v1::JobStatus> job = cluster->Job();
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->state(), ckptd::v1::JOB_RUNNING);
+  // Every restarted rank got its state back from its agent's memory: the
+  // agents kept the newest step each had persisted, and handed each new
+  // trainer its predecessor's staging.
+  EXPECT_EQ(job->last_restore().step(), *restored);
+  ASSERT_EQ(job->last_restore().ranks_size(), static_cast<int>(kWorld));
+  for (const auto& r : job->last_restore().ranks()) {
+    EXPECT_EQ(r.source(), ckptd::v1::AGENT_MEMORY) << "rank " << r.rank();
+    EXPECT_EQ(r.node_id(), r.rank() < 2 ? "node-a" : "node-b") << "rank " << r.rank();
+  }
+  EXPECT_THAT(ReadFile(dir_ + "/run/node-b.1.log"),
+              HasSubstr(absl::StrCat("rank 2: step ", *restored, " read from the agent's memory")));
   std::cerr << "scenario: " << absl::FormatDuration(absl::Now() - start) << ", exit codes " << Codes(codes)
             << ", restored step " << *restored << "\n";
 }
 
-// 1b. The same crash with each agent's node-local tier (--local-cache): the
-// restart reads every shard from the nodes' own disks, and the storage root
-// still holds every committed step in full.
+// 1b. The same crash with each agent's node-local tier (--local-cache) and
+// no memory tier: the restart reads every shard from the nodes' own disks,
+// and the storage root still holds every committed step in full.
 TEST_F(ClusterTest, NodeLocalTierServesTheRestoreAfterATrainerCrash) {
   std::array<std::string, kWorld> reference;
   ASSERT_NO_FATAL_FAILURE(Reference(&reference));
   auto cluster = std::make_unique<Cluster>(dir_ + "/run");
   ASSERT_GT(cluster->StartCoordinator(), 0);
   for (const char* node : {"node-a", "node-b"}) {
-    ASSERT_TRUE(cluster->StartAgent(node, {"--local-cache", absl::StrCat(dir_, "/run/", node, "-nvme")})) << node;
+    ASSERT_TRUE(cluster->StartAgent(
+        node, {"--local-cache", absl::StrCat(dir_, "/run/", node, "-nvme"), "--no-memory-tier"}))
+        << node;
   }
   Launcher launcher(dir_ + "/run/launcher", cluster.get());
   uint64_t committed = 0;

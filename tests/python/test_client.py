@@ -32,6 +32,7 @@ class ClientTest(AgentTestCase):
         self.assertEqual(buffers[0].dtype, ckptd.BYTES)
         self.assertEqual(buffers[1].dtype, ckptd.INT64)
         with ckptd.Client(self.agent.socket, "py-bytes", buffers, every_steps=2) as client:
+            self.assertEqual(client.restore_source(), "")
             self.assertIsNone(client.restore())  # nothing committed yet
             self.assertFalse(client.should_snapshot(1))
             self.assertTrue(client.should_snapshot(2))
@@ -44,7 +45,15 @@ class ClientTest(AgentTestCase):
             self.assertEqual(client.restore(), 2)
             self.assertEqual(bytes(data), saved)
             self.assertEqual(cursor[0], 7)
+            # The agent kept the step it persisted in memory.
+            self.assertEqual(client.restore_source(), "memory")
         self.assertEqual(self.agent.committed_steps("py-bytes"), [2])
+        # A restarted trainer (a new client, the same buffers) gets it from there too.
+        data[:] = b"y" * len(data)
+        with ckptd.Client(self.agent.socket, "py-bytes", buffers, every_steps=2) as client:
+            self.assertEqual(client.restore(), 2)
+            self.assertEqual(bytes(data), saved)
+            self.assertEqual(client.restore_source(), "memory")
         # The buffer's memory stays exported while the Buffer lives.
         with self.assertRaises(BufferError):
             data.append(0)
