@@ -63,6 +63,36 @@ std::string LayoutKey(const TrainerRegistration& reg) {
 }
 
 std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+// ", steps 40, 60 in memory" (empty when none).
+template <typename Kept>
+std::string KeptText(const std::vector<Kept>& kept) {
+  std::vector<uint64_t> steps;
+  for (const Kept& k : kept) steps.push_back(k.step);
+  std::sort(steps.begin(), steps.end());
+  if (steps.empty()) return "";
+  return absl::StrCat(steps.size() == 1 ? ", step " : ", steps ", absl::StrJoin(steps, ", "), " in memory");
+}
+
+// Kept steps whose slot the trainer took back for a snapshot are forgotten.
+template <typename Kept>
+void ForgetTakenBack(const staging::StagingSegment& segment, std::vector<Kept>* kept) {
+  std::erase_if(*kept, [&](const Kept& k) {
+    const staging::SlotState s = segment.state(k.slot);
+    return segment.step(k.slot) != k.step || (s != staging::SlotState::kKept && s != staging::SlotState::kRestoring &&
+                                              s != staging::SlotState::kRestored);
+  });
+}
+
+// The kept steps above `step` go: their slots are freed.
+template <typename Kept>
+void FreeKeptAbove(staging::StagingSegment* segment, std::vector<Kept>* kept, uint64_t step) {
+  std::erase_if(*kept, [&](const Kept& k) {
+    if (k.step <= step) return false;
+    segment->Unkeep(k.slot, k.step);
+    return true;
+  });
+}
 }  // namespace
 
 ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source) {
@@ -106,11 +136,14 @@ struct AgentCore::Trainer {
   uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
   // What the local tier did for this trainer.
   LocalTierCounters local;
-  // The memory tier: the step kept in the segment, and what restores from
+  // The memory tier: the steps kept in the segment, and what restores from
   // memory did.
-  std::optional<KeptStep> kept ABSL_GUARDED_BY(mu);
+  std::vector<KeptStep> kept ABSL_GUARDED_BY(mu);  // one per KEPT slot
   uint64_t memory_restores ABSL_GUARDED_BY(mu) = 0;
   uint64_t memory_rejected ABSL_GUARDED_BY(mu) = 0;
+  // The step the trainer's last restore handed over (nullopt: none, or a
+  // fresh start).
+  std::optional<uint64_t> restored ABSL_GUARDED_BY(mu);
 
   // `status` with the local tier's counters.
   PersistStatus StatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -247,22 +280,23 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   }
   for (const Parked& p : evicted) {
     logger_->Info(absl::StrCat("memory tier: the staging of job ", p.job, " rank ", p.rank, " (",
-                               Gib(p.segment->total_bytes()), p.kept ? absl::StrCat(", step ", p.kept->step, " kept") : "",
+                               Gib(p.segment->total_bytes()), KeptText(p.kept),
                                ") left by an exited trainer is released"));
   }
   evicted.clear();
   if (!refused.ok()) return refused;
   if (reuse) {
     t->segment = std::move(reuse->segment);
-    std::optional<uint64_t> kept_step;
+    std::string kept;
     {
       absl::MutexLock l(&t->mu);
       t->kept = std::move(reuse->kept);
-      if (t->kept) kept_step = t->kept->step;
+      ForgetTakenBack(*t->segment, &t->kept);
+      kept = KeptText(t->kept);
     }
     logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
                                Gib(t->segment->total_bytes()), ") is taken over",
-                               kept_step ? absl::StrCat(", step ", *kept_step, " in memory") : ""));
+                               kept));
   } else {
     const std::string prefix =
         options_.segment_prefix.empty() ? staging::AgentSegmentPrefix() : options_.segment_prefix;
@@ -437,14 +471,12 @@ void AgentCore::PrepareSlots(Trainer* t) {
 }
 
 void AgentCore::SetKept(Trainer* t, KeptStep kept) {
-  std::optional<KeptStep> old;
-  const uint32_t slot = kept.slot;
-  {
-    absl::MutexLock l(&t->mu);
-    old = std::move(t->kept);
-    t->kept = std::move(kept);
-  }
-  if (old && old->slot != slot) t->segment->Unkeep(old->slot, old->step);
+  absl::MutexLock l(&t->mu);
+  // The slot's previous step is gone; the other kept steps stay (the newest
+  // persisted step may never commit: the one before is still the one to
+  // restore). The trainer takes the oldest back when it needs a slot.
+  std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == kept.slot; });
+  t->kept.push_back(std::move(kept));
 }
 
 void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
@@ -455,22 +487,12 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
       if (t->reg.job == job) trainers.push_back(t);
     }
     for (Parked& p : parked_) {
-      if (p.job == job && p.kept && p.kept->step > step) {
-        p.segment->Unkeep(p.kept->slot, p.kept->step);
-        p.kept.reset();
-      }
+      if (p.job == job) FreeKeptAbove(p.segment.get(), &p.kept, step);
     }
   }
   for (const std::shared_ptr<Trainer>& t : trainers) {
-    std::optional<KeptStep> drop;
-    {
-      absl::MutexLock l(&t->mu);
-      if (t->kept && t->kept->step > step) {
-        drop = std::move(t->kept);
-        t->kept.reset();
-      }
-    }
-    if (drop) t->segment->Unkeep(drop->slot, drop->step);
+    absl::MutexLock l(&t->mu);
+    FreeKeptAbove(t->segment.get(), &t->kept, step);
   }
 }
 
@@ -760,19 +782,68 @@ void AgentCore::MarkCommitted(const std::string& job, uint64_t step, Trainer* co
   for (const std::shared_ptr<Trainer>& t : trainers) mark(t.get());
 }
 
-absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, absl::Duration wait_for_slot) {
+absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const RestoreOptions& options) {
   std::shared_ptr<Trainer> t = Find(trainer_id);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
-  return options_.coordinator != nullptr ? RestoreCoordinated(t.get(), wait_for_slot)
-                                         : RestoreLocal(t.get(), wait_for_slot);
+  LoadCall call;
+  call.wait_for_slot = options.wait_for_slot;
+  call.client_verifies = options.client_verifies;
+  if (!options.reread_step) {
+    absl::StatusOr<RestoreResult> r =
+        options_.coordinator != nullptr ? RestoreCoordinated(t.get(), &call) : RestoreLocal(t.get(), &call);
+    if (r.ok()) {
+      absl::MutexLock l(&t->mu);
+      t->restored = r->step;
+    }
+    return r;
+  }
+  // The trainer found the memory copy it was handed damaged: the round has
+  // decided on this step already, so the same step is read from disk.
+  const uint64_t step = *options.reread_step;
+  uint64_t incarnation = 0;
+  {
+    absl::MutexLock l(&t->mu);
+    if (t->restored != step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "reread of step ", step, ": this trainer's last restore handed over ",
+          t->restored ? absl::StrCat("step ", *t->restored) : std::string("no step")));
+    }
+    ++t->memory_rejected;
+    incarnation = t->incarnation;
+    for (const KeptStep& k : t->kept) {
+      if (k.step == step) t->segment->Unkeep(k.slot, k.step);
+    }
+    std::erase_if(t->kept, [step](const KeptStep& k) { return k.step == step; });
+  }
+  logger_->Warning(absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": the copy of step ", step,
+                                " in the agent's memory failed the trainer's check (",
+                                options.reread_problem.substr(0, 1000), "); reading it from disk"));
+  call.from_memory = false;
+  CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, LoadStep(t.get(), step, &call));
+  return Restored(t.get(), step, slot, &call, incarnation);
 }
 
-absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot,
-                                             RestoreSource* source) {
+RestoreResult AgentCore::Restored(Trainer* t, uint64_t step, uint32_t slot, LoadCall* call, uint64_t incarnation) {
+  RestoreResult r;
+  r.step = step;
+  r.slot = slot;
+  r.incarnation = incarnation;
+  r.source = call->source;
+  r.verify = std::move(call->verify);
+  return r;
+}
+
+absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
-  *source = RestoreSource::kMemory;
-  if (std::optional<uint32_t> slot = LoadFromMemory(t, step)) return *slot;
-  *source = RestoreSource::kRoot;
+  const absl::Duration wait_for_slot = call->wait_for_slot;
+  call->source = RestoreSource::kMemory;
+  call->verify.clear();
+  if (call->from_memory) {
+    if (std::optional<uint32_t> slot = LoadFromMemory(t, step, call->client_verifies ? &call->verify : nullptr)) {
+      return *slot;
+    }
+  }
+  call->source = RestoreSource::kRoot;
   if (local_) {
     uint32_t slot = 0;
     std::optional<absl::Status> local = local_->Read(
@@ -784,7 +855,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, absl::Du
         &t->local);
     if (local.has_value()) {
       CKPTD_RETURN_IF_ERROR(*local);
-      *source = RestoreSource::kLocal;
+      call->source = RestoreSource::kLocal;
       return slot;
     }
   }
@@ -850,20 +921,13 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
   return slot;
 }
 
-absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
+absl::StatusOr<std::vector<BlockDigest>> AgentCore::KeptBlocks(Trainer* t, const KeptStep& kept) {
   const TrainerRegistration& reg = t->reg;
   const ckptd::v1::ShardIndex& index = *kept.index;
   if (index.world_size() != reg.world_size || static_cast<size_t>(index.tensors_size()) != reg.buffers.size()) {
     return absl::FailedPreconditionError("the kept step was taken with other buffers");
   }
-  struct Range {
-    const uint8_t* data;
-    uint64_t length;
-    uint64_t xxh3;
-    size_t buffer;
-    uint64_t offset;
-  };
-  std::vector<Range> ranges;
+  std::vector<BlockDigest> blocks;
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
     const ckptd::v1::Tensor& b = reg.buffers[i];
     const ckptd::v1::Tensor* saved = nullptr;
@@ -876,25 +940,29 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
     }
     uint64_t covered = 0;
     for (const ckptd::v1::Block& block : saved->blocks()) {
-      if (block.raw_offset() != covered || block.raw_length() > saved->raw_length() - covered) {
-        return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "': the kept index is damaged"));
-      }
+      if (block.raw_offset() != covered || block.raw_length() > saved->raw_length() - covered) break;
       covered += block.raw_length();
-      ranges.push_back({t->segment->slot_data(kept.slot) + t->layout.offsets[i] + block.raw_offset(),
-                        block.raw_length(), block.raw_xxh3(), i, block.raw_offset()});
+      blocks.push_back({static_cast<uint32_t>(i), block.raw_offset(), block.raw_length(), block.raw_xxh3()});
     }
     if (covered != saved->raw_length()) {
       return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "': the kept index is damaged"));
     }
   }
+  return blocks;
+}
+
+absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
+  CKPTD_ASSIGN_OR_RETURN(const std::vector<BlockDigest> blocks, KeptBlocks(t, kept));
+  const uint8_t* data = t->segment->slot_data(kept.slot);
   // Every block's checksum, on the agent's threads.
   absl::Mutex mu;
   std::optional<size_t> bad;
   base::WaitGroup done;
-  for (size_t r = 0; r < ranges.size(); ++r) {
+  for (size_t r = 0; r < blocks.size(); ++r) {
     done.Add();
     pool_.Schedule([&, r] {
-      if (storage::Xxh3(ranges[r].data, ranges[r].length) != ranges[r].xxh3) {
+      const BlockDigest& b = blocks[r];
+      if (storage::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
         absl::MutexLock l(&mu);
         if (!bad || r < *bad) bad = r;
       }
@@ -903,25 +971,27 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
   }
   done.Wait();
   if (bad) {
-    const Range& r = ranges[*bad];
-    return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(reg.buffers[r.buffer].name()),
-                                            "' bytes ", r.offset, "..", r.offset + r.length,
+    const BlockDigest& b = blocks[*bad];
+    return absl::DataLossError(absl::StrCat("buffer '", absl::CHexEscape(t->reg.buffers[b.buffer].name()),
+                                            "' bytes ", b.offset, "..", b.offset + b.length,
                                             " do not match their checksum"));
   }
   return absl::OkStatus();
 }
 
-std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step) {
+std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify) {
   const TrainerRegistration& reg = t->reg;
   std::optional<KeptStep> kept;
   {
     absl::MutexLock l(&t->mu);
-    if (t->kept && t->kept->step == step) kept = t->kept;
+    for (const KeptStep& k : t->kept) {
+      if (k.step == step) kept = k;
+    }
   }
   if (!kept || kept->index == nullptr) return std::nullopt;
   auto forget = [&] {
     absl::MutexLock l(&t->mu);
-    if (t->kept && t->kept->slot == kept->slot && t->kept->step == step) t->kept.reset();
+    std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == kept->slot && k.step == step; });
   };
   // The copy must be the shard the step committed: another attempt at the
   // step (a run that was rolled back) may have written other bytes.
@@ -942,7 +1012,15 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step) {
     return std::nullopt;
   }
   const absl::Time start = clock_->Now();
-  absl::Status verified = VerifyKept(t, *kept);
+  absl::Status verified;
+  if (verify != nullptr) {
+    // The trainer checks each block as it copies it out.
+    absl::StatusOr<std::vector<BlockDigest>> blocks = KeptBlocks(t, *kept);
+    verified = blocks.status();
+    if (blocks.ok()) *verify = *std::move(blocks);
+  } else {
+    verified = VerifyKept(t, *kept);
+  }
   if (!verified.ok()) {
     forget();
     (void)t->segment->Publish(kept->slot, step);
@@ -960,10 +1038,12 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step) {
     absl::MutexLock l(&t->mu);
     ++t->memory_restores;
   }
-  logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": step ", step,
-                             " read from the agent's memory (", Gib(ref->raw_bytes()),
-                             " verified in ", absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Microseconds(100))),
-                             ")"));
+  logger_->Info(absl::StrCat(
+      "job ", reg.job, " rank ", reg.rank, ": step ", step, " read from the agent's memory (", Gib(ref->raw_bytes()),
+      verify != nullptr ? ", checked by the trainer as it copies"
+                        : absl::StrCat(" verified in ", absl::FormatDuration(absl::Trunc(clock_->Now() - start,
+                                                                                          absl::Microseconds(100)))),
+      ")"));
   return kept->slot;
 }
 
@@ -1008,7 +1088,7 @@ absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Train
   return round;
 }
 
-absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration wait_for_slot) {
+absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
   const absl::Time deadline = clock_->Now() + options_.restore_timeout;
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<LoneRound> round, JoinRound(t));
@@ -1031,8 +1111,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
       step = r->steps[r->at];
       attempt = r->attempt;
     }
-    RestoreSource source = RestoreSource::kNone;
-    absl::StatusOr<uint32_t> slot = LoadStep(t, step, wait_for_slot, &source);
+    absl::StatusOr<uint32_t> slot = LoadStep(t, step, call);
     if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
       // This agent is the job's committer (no coordinator): it marks the step
       // so that nobody restores it again. Best effort; the restore goes on.
@@ -1096,13 +1175,9 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
     }
     if (outcome == kGo) {
       DropLocalStepsAbove(reg.job, step);
-      RestoreResult result;
-      result.step = step;
-      result.slot = *slot;
-      result.source = source;
-      return result;
+      return Restored(t, step, *slot, call, 0);
     }
-    (void)t->segment->Release(*slot);  // RESTORED -> FREE
+    (void)t->segment->Release(*slot);  // RESTORED -> KEPT (the step stays in memory) or FREE
     if (outcome == kFailed) return failed;
     if (outcome == kTimedOut) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -1114,7 +1189,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, absl::Duration
   }
 }
 
-absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot) {
+absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
   const absl::Time deadline = clock_->Now() + options_.restore_timeout;
   ckptd::v1::RestorePlanRequest req;
@@ -1126,7 +1201,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
   req.set_trainer_id(t->id);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
-  RestoreSource held_source = RestoreSource::kNone;
+
   auto release = [&] {
     if (holding) (void)t->segment->Release(held);
     holding = false;
@@ -1160,20 +1235,15 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
             absl::MutexLock l(&t->mu);
             t->incarnation = plan->incarnation();
           }
-          RestoreResult r;
-          r.step = plan->step();
-          r.slot = held;
-          r.incarnation = plan->incarnation();
-          r.source = held_source;
           DropLocalStepsAbove(reg.job, plan->step());
-          return r;
+          return Restored(t, plan->step(), held, call, plan->incarnation());
         }
         // This trainer holds nothing of it (it asked again after the round
         // was decided): it loads the step, and reports, like the others.
         [[fallthrough]];
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
-        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), wait_for_slot, &held_source);
+        absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), call);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());
         req.clear_problem();
@@ -1181,7 +1251,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, absl::Du
           held = *slot;
           holding = true;
           req.set_attempt_ok(true);
-          req.set_attempt_source(RestoreSourceProto(held_source));
+          req.set_attempt_source(RestoreSourceProto(call->source));
         } else if (absl::IsDataLoss(slot.status()) || absl::IsNotFound(slot.status())) {
           // Damaged or missing: the coordinator sends every rank elsewhere.
           req.set_attempt_ok(false);
@@ -1256,6 +1326,7 @@ void AgentCore::Park(std::shared_ptr<Trainer> t) {
         absl::MutexLock tl(&t->mu);
         p.kept = std::move(t->kept);
       }
+      ForgetTakenBack(*p.segment, &p.kept);
       p.since = clock_->Now();
       parked_.push_back(std::move(p));
     }

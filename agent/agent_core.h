@@ -100,9 +100,9 @@ struct AgentOptions {
   // skipped until a slot is ready), so that no registration waits for
   // gigabytes of memory to be cleared.
   uint64_t prepare_inline_bytes = uint64_t{64} << 20;
-  // Keep the newest persisted (or restored) step of each trainer in its
-  // staging slot (KEPT) for a restore from memory; the trainer takes a kept
-  // slot back when it has no free one.
+  // Keep each persisted (or restored) step of a trainer in its staging slot
+  // (KEPT) for a restore from memory, until the trainer takes the slot back
+  // for a snapshot (the oldest kept step first, when it has no free slot).
   bool keep_in_memory = true;
 };
 
@@ -132,11 +132,35 @@ struct TrainerHandle {
 enum class RestoreSource { kNone, kMemory, kLocal, kRoot };
 ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source);
 
+// A block of a restored buffer and its checksum.
+struct BlockDigest {
+  uint32_t buffer = 0;  // index in the registration
+  uint64_t offset = 0;  // in the buffer
+  uint64_t length = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct RestoreOptions {
+  // Wait this long for a free staging slot to load into.
+  absl::Duration wait_for_slot = absl::Seconds(5);
+  // The trainer checks each block of a step handed over from memory while
+  // it copies it out (RestoreResult::verify): the agent does not read the
+  // bytes once more first.
+  bool client_verifies = false;
+  // The copy of this step handed over by the previous restore failed the
+  // trainer's check: read the same step again, from disk.
+  std::optional<uint64_t> reread_step;
+  std::string reread_problem;
+};
+
 struct RestoreResult {
   std::optional<uint64_t> step;  // nullopt: nothing committed for this job
   uint32_t slot = 0;             // RESTORED slot holding every buffer
   uint64_t incarnation = 0;      // the coordinator's restore round (0 without one)
   RestoreSource source = RestoreSource::kNone;
+  // With client_verifies, for a step from memory: every block the trainer
+  // must check as it copies the slot out. Empty: the agent verified it.
+  std::vector<BlockDigest> verify;
 };
 
 struct PersistStatus {
@@ -196,7 +220,7 @@ class AgentCore {
   // agent's memory budget cannot hold the segment (parked segments of
   // exited trainers are evicted first). A trainer that exited and left a
   // segment of the same job, rank, world size and buffers gets it back, and
-  // with it the step kept there, without any allocation.
+  // with it the steps kept there, without any allocation.
   //
   // Without a coordinator the agent commits a job by itself, which it can do
   // only when every rank of the job registers with it: a registration whose
@@ -243,7 +267,17 @@ class AgentCore {
   // quarantines the step and sends every rank to the committed step before.
   // A rank that cannot load for another reason (its registration does not
   // fit, no slot) fails the round for all.
-  absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot);
+  //
+  // With options.reread_step (the step the trainer's previous restore
+  // handed over from memory failed its check), the same step is read again
+  // from the disk tiers, outside any round; the memory copy is dropped and
+  // counted as rejected.
+  absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, const RestoreOptions& options);
+  absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot) {
+    RestoreOptions o;
+    o.wait_for_slot = wait_for_slot;
+    return Restore(trainer_id, o);
+  }
 
   // The trainer process is gone: its half-filled slots are freed, published
   // snapshots are still persisted; then the trainer is forgotten and its
@@ -270,9 +304,9 @@ class AgentCore {
 
  private:
   struct Trainer;
-  // The step a trainer's segment keeps in memory: the slot, the step and the
-  // index its shard was written (or read) with, whose blocks' checksums a
-  // restore from memory verifies.
+  // A step a trainer's segment keeps in memory (one per KEPT slot): the
+  // slot, the step and the index its shard was written (or read) with, whose
+  // blocks' checksums a restore from memory verifies.
   struct KeptStep {
     uint32_t slot = 0;
     uint64_t step = 0;
@@ -287,7 +321,7 @@ class AgentCore {
     uint32_t rank = 0;
     staging::StagingLayout layout;
     std::unique_ptr<staging::StagingSegment> segment;
-    std::optional<KeptStep> kept;
+    std::vector<KeptStep> kept;
     absl::Time since;
   };
   // Without a coordinator, for each job: who registered each rank last, the
@@ -354,26 +388,41 @@ class AgentCore {
   // (PersistStatus).
   void MarkCommitted(const std::string& job, uint64_t step, Trainer* committer);
   // The restore round without a coordinator (see Restore).
-  absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, absl::Duration wait_for_slot);
+  // How one restore call loads, and what its load found.
+  struct LoadCall {
+    absl::Duration wait_for_slot;
+    bool client_verifies = false;
+    bool from_memory = true;  // may use the memory tier
+    RestoreSource source = RestoreSource::kNone;
+    std::vector<BlockDigest> verify;
+  };
+  absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, LoadCall* call);
   // The round `t` takes part in: the one under way for its job, or a new one
   // over the job's committed steps as storage lists them now.
   absl::StatusOr<std::shared_ptr<LoneRound>> JoinRound(Trainer* t);
-  absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, absl::Duration wait_for_slot);
+  absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, LoadCall* call);
+  // A restore's result for `step` loaded into `slot` by `call`.
+  RestoreResult Restored(Trainer* t, uint64_t step, uint32_t slot, LoadCall* call, uint64_t incarnation);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
   // an error: kDataLoss/kNotFound for a damaged or missing shard,
   // kFailedPrecondition for one that does not match the registration.
   // `source` says which copy served it.
-  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, absl::Duration wait_for_slot, RestoreSource* source);
-  // The step kept in the trainer's memory, when it is `step` as committed
+  absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, LoadCall* call);
+  // A step kept in the trainer's memory, when it is `step` as committed
   // (the MANIFEST names the same shard) and every block's checksum matches:
   // its slot, now RESTORED. nullopt otherwise (a damaged copy is counted,
   // reported and dropped).
-  std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step);
+  // With `verify` non-null the bytes are not checked here: the blocks and
+  // their checksums go there, for the trainer to check.
+  std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify);
   // Checks every block of the kept step against its checksum in the kept
   // index, on the agent's threads: kDataLoss naming the buffer and bytes.
   absl::Status VerifyKept(Trainer* t, const KeptStep& kept);
-  // `slot` of the trainer now keeps `kept` (its previous kept slot, if
-  // another, is freed).
+  // The blocks of the kept step, per registered buffer, with their
+  // checksums; kFailedPrecondition when its index does not match the
+  // registration, kDataLoss when the index does not cover each buffer.
+  absl::StatusOr<std::vector<BlockDigest>> KeptBlocks(Trainer* t, const KeptStep& kept);
+  // `kept.slot` of the trainer now keeps `kept` (the other kept slots stay).
   void SetKept(Trainer* t, KeptStep kept);
   // Memory copies of `job` above `step` are dropped (a restore went back).
   void DropKeptAbove(const std::string& job, uint64_t step);

@@ -78,11 +78,25 @@ grpc::Status AgentService::SnapshotPublished(grpc::ServerContext*, const ckptd::
 
 grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::RestoreRequest* req,
                                    ckptd::v1::RestoreResponse* resp) {
-  absl::StatusOr<RestoreResult> r = core_->Restore(req->trainer_id(), absl::Milliseconds(req->wait_for_slot_ms()));
+  RestoreOptions options;
+  options.wait_for_slot = absl::Milliseconds(req->wait_for_slot_ms());
+  options.client_verifies = req->client_verifies();
+  if (req->reread()) {
+    options.reread_step = req->reread_step();
+    options.reread_problem = req->reread_problem();
+  }
+  absl::StatusOr<RestoreResult> r = core_->Restore(req->trainer_id(), options);
   if (!r.ok()) return rpc::ToGrpcStatus(r.status());
   resp->set_found(r->step.has_value());
   resp->set_incarnation(r->incarnation);
   resp->set_source(RestoreSourceProto(r->source));
+  for (const BlockDigest& b : r->verify) {
+    ckptd::v1::BlockDigest* d = resp->add_verify();
+    d->set_buffer(b.buffer);
+    d->set_offset(b.offset);
+    d->set_length(b.length);
+    d->set_xxh3(b.xxh3);
+  }
   if (r->step) {
     resp->set_step(*r->step);
     resp->set_slot(r->slot);

@@ -7,6 +7,7 @@
 #include "bench/coordinator_bench.h"
 #include "bench/overhead_bench.h"
 #include "bench/persist_bench.h"
+#include "bench/restore_bench.h"
 #include "bench/snapshot_bench.h"
 
 int main(int argc, char** argv) {
@@ -20,6 +21,9 @@ int main(int argc, char** argv) {
       "  snapshot  the blocking part of a snapshot through a live agent, beside memcpy\n"
       "  overhead  the demo trainer's training time with snapshots every k steps vs none\n"
       "  coordinator  ckptd-coordinator's CPU use and commit latency under many simulated agents\n"
+      "  register  a trainer's registration with a live agent, fresh and after a restart\n"
+      "  restore   a restarted trainer's restore from the agent's memory, the node-local\n"
+      "            tier or the storage root, beside memcpy and read()\n"
       "\n"
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -31,6 +35,8 @@ int main(int argc, char** argv) {
   if (name == "persist") return ckptd::bench::RunPersistBench(args, std::cout, std::cerr);
   if (name == "snapshot") return ckptd::bench::RunSnapshotBench(args, std::cout, std::cerr);
   if (name == "overhead") return ckptd::bench::RunOverheadBench(args, std::cout, std::cerr);
+  if (name == "register") return ckptd::bench::RunRegisterBench(args, std::cout, std::cerr);
+  if (name == "restore") return ckptd::bench::RunRestoreBench(args, std::cout, std::cerr);
   if (name == "coordinator") return ckptd::bench::RunCoordinatorBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
   return ckptd::base::kExitUsage;

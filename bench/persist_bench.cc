@@ -21,6 +21,7 @@
 #include "base/format.h"
 #include "base/limits.h"
 #include "base/thread_pool.h"
+#include "bench/bench_util.h"
 #include "cli/json.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
@@ -107,57 +108,6 @@ void FillTensor(uint8_t* data, size_t bytes, bool bf16, int threads, uint64_t se
     });
   }
   for (std::thread& w : workers) w.join();
-}
-
-// Runs `command` through the shell; returns its stdout, or nullopt if it failed.
-std::optional<std::string> Capture(const std::string& command) {
-  FILE* p = popen(command.c_str(), "r");
-  if (p == nullptr) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0) return std::nullopt;
-  return out;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') {
-      out += "'\\''";
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
-// The first number after `"key" :` inside the first `"section" : {` object.
-std::optional<double> JsonNumberAfter(const std::string& json, const std::string& section, const std::string& key) {
-  size_t pos = json.find("\"" + section + "\" : {");
-  if (pos == std::string::npos) return std::nullopt;
-  pos = json.find("\"" + key + "\"", pos);
-  if (pos == std::string::npos) return std::nullopt;
-  pos = json.find(':', pos);
-  if (pos == std::string::npos) return std::nullopt;
-  size_t end = pos + 1;
-  while (end < json.size() && (json[end] == ' ' || json[end] == '\t')) ++end;
-  size_t start = end;
-  while (end < json.size() && (isdigit(static_cast<unsigned char>(json[end])) || json[end] == '.' ||
-                               json[end] == 'e' || json[end] == '-' || json[end] == '+')) {
-    ++end;
-  }
-  double v = 0;
-  if (!absl::SimpleAtod(json.substr(start, end - start), &v)) return std::nullopt;
-  return v;
 }
 
 struct FioResult {

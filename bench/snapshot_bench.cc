@@ -18,6 +18,7 @@
 #include "base/flags.h"
 #include "base/format.h"
 #include "base/limits.h"
+#include "bench/bench_util.h"
 #include "cli/json.h"
 #include "client/client.h"
 #include "storage/posix_file_system.h"
@@ -47,11 +48,6 @@ namespace {
 // device index.
 constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
 constexpr uint64_t kMaxCudaDevice = 1023;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 }  // namespace
 

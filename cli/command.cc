@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_port.h"
+#include "rpc/restore_source.h"
 
 namespace ckptd::cli {
 
@@ -65,6 +66,50 @@ std::string JobStateName(ckptd::v1::JobState s) {
     case ckptd::v1::JOB_RESTARTING: return "restarting";
     default: return "unknown";
   }
+}
+
+namespace {
+// Ranks per source, cheapest first, named as rpc::RestoreSourceName does.
+std::vector<std::pair<std::string, int>> SourceCounts(const ckptd::v1::RestoreSummary& r) {
+  std::map<int, int> by_source;
+  for (const auto& rank : r.ranks()) ++by_source[rank.source()];
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [source, n] : by_source) {
+    const absl::string_view name = rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(source));
+    out.emplace_back(name.empty() ? "unknown" : std::string(name), n);
+  }
+  return out;
+}
+}  // namespace
+
+std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r) {
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : SourceCounts(r)) {
+    parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+void WriteRestoreSummary(JsonWriter& w, const ckptd::v1::RestoreSummary& r) {
+  w.BeginObject();
+  w.Field("step", r.step());
+  w.Field("incarnation", r.incarnation());
+  w.Key("sources");
+  w.BeginObject();
+  for (const auto& [name, n] : SourceCounts(r)) w.Field(name, n);
+  w.EndObject();
+  w.Key("ranks");
+  w.BeginArray();
+  for (const auto& rank : r.ranks()) {
+    w.BeginObject();
+    w.Field("rank", rank.rank());
+    const absl::string_view name = rpc::RestoreSourceName(rank.source());
+    w.Field("source", name.empty() ? "unknown" : std::string(name));
+    w.Field("node", rank.node_id());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
 }
 
 std::string StepStateName(ckptd::v1::StepState s) {

@@ -48,6 +48,12 @@ double SecondsBetween(int64_t from_nanos, int64_t to_nanos);
 // "0-3,8,10-11" for sorted, distinct ranks.
 std::string RankRanges(std::vector<uint32_t> ranks);
 std::string JobStateName(ckptd::v1::JobState s);
+// Where the ranks of a restore read their step: "4 ranks from memory, 2 from
+// storage-root" (cheapest source first; "" without ranks).
+std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r);
+// The same as a JSON object: step, incarnation, sources (ranks per source),
+// ranks (rank, source, node).
+void WriteRestoreSummary(JsonWriter& w, const ckptd::v1::RestoreSummary& r);
 std::string StepStateName(ckptd::v1::StepState s);
 std::string FailureKindName(ckptd::v1::FailureKind k);
 // The width of UTF-8 text in columns: code points, not bytes (labels use δ, τ).

@@ -160,6 +160,7 @@ void AppendDrillSection(const DrillOutcome& d, size_t index, std::string* s) {
   };
   row("detection", DetectionText(d));
   row("step restored", RestoredText(d));
+  if (d.status.restore_sources().ranks_size() > 0) row("read from", RestoreSourcesText(d.status.restore_sources()));
   row("step at the failure", Figure(d.status.resumed(), absl::StrCat(d.status.step_at_failure())));
   row("work lost", Figure(d.status.resumed(), absl::StrFormat("%d steps (%.1f s at %.3f s per step)", d.lost_steps,
                                                               d.lost_seconds, d.status.step_seconds())));
@@ -235,6 +236,12 @@ void WriteDrillJson(const DrillOutcome& d, JsonWriter& w) {
   w.Field("resumed", st.resumed());
   w.Field("fresh_start", st.fresh_start());
   w.Field("restored_step", st.restored_step());
+  w.Key("restore_sources");
+  if (st.restore_sources().ranks_size() > 0) {
+    WriteRestoreSummary(w, st.restore_sources());
+  } else {
+    w.Null();
+  }
   w.Field("step_at_failure", st.step_at_failure());
   w.Field("failed_unix_nanos", st.failed_unix_nanos());
   w.Field("resumed_unix_nanos", st.resumed_unix_nanos());
@@ -319,6 +326,9 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
         "\nwork lost    %d steps (%.1f s at %.3f s per step)\nrestart      %.3f s from the "
         "failure to the first step after the restore\n",
         d.lost_steps, d.lost_seconds, st.step_seconds(), d.restart_seconds);
+    if (st.restore_sources().ranks_size() > 0) {
+      out << "read from    " << TerminalSafe(RestoreSourcesText(st.restore_sources())) << "\n";
+    }
   }
   out << "\nverdict\n";
   for (const DrillVerdict& v : d.verdicts) {

@@ -76,6 +76,31 @@ TEST(DrillReportTest, TextShowsTheTimelineTheFiguresAndTheVerdict) {
                                 HasSubstr("drill: FAIL\n"), Not(HasSubstr("work lost"))));
 }
 
+TEST(DrillReportTest, SaysWhereTheRanksReadTheRestoredStep) {
+  DrillOutcome d = Resumed();
+  ckptd::v1::RestoreSummary* r = d.status.mutable_restore_sources();
+  r->set_step(40);
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    auto* e = r->add_ranks();
+    e->set_rank(rank);
+    e->set_source(rank == 2 ? ckptd::v1::PEER_MEMORY : ckptd::v1::AGENT_MEMORY);
+    e->set_node_id(rank < 2 ? "node-a" : "node-b");
+  }
+  std::ostringstream out;
+  PrintDrillReport(d, out);
+  EXPECT_THAT(out.str(), HasSubstr("read from    3 ranks from memory, 1 from peer\n"));
+  JsonWriter w;
+  WriteDrillJson(d, w);
+  EXPECT_TRUE(IsValidJson(w.str())) << w.str();
+  EXPECT_THAT(w.str(), HasSubstr("\"restore_sources\":{\"step\":40,\"incarnation\":0,\"sources\":{\"memory\":3,"
+                                 "\"peer\":1},\"ranks\":[{\"rank\":0,\"source\":\"memory\",\"node\":\"node-a\"}"));
+  EXPECT_THAT(DrillHtmlPage({d}, "drill"), HasSubstr("<th>read from</th><td>3 ranks from memory, 1 from peer</td>"));
+  // Nothing known (a fresh start, or an older coordinator): null, no line.
+  JsonWriter none;
+  WriteDrillJson(Resumed(), none);
+  EXPECT_THAT(none.str(), HasSubstr("\"restore_sources\":null"));
+}
+
 TEST(DrillReportTest, JsonHoldsTheFiguresAndNullsWhatIsUnknown) {
   JsonWriter w;
   WriteDrillJson(Resumed(), w);

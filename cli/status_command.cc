@@ -14,7 +14,6 @@
 #include "absl/strings/str_join.h"
 #include "cli/command.h"
 #include "cli/json.h"
-#include "rpc/restore_source.h"
 
 namespace ckptd::cli {
 
@@ -41,28 +40,6 @@ const char kStatusHelp[] =
 namespace {
 
 constexpr uint32_t kStatusEvents = 10;
-
-// How many ranks read the last restore from each source, cheapest first.
-std::vector<std::pair<std::string, int>> SourceCounts(const ckptd::v1::RestoreSummary& r) {
-  std::map<int, int> by_source;
-  for (const auto& rank : r.ranks()) ++by_source[rank.source()];
-  std::vector<std::pair<std::string, int>> out;
-  for (const auto& [source, n] : by_source) {
-    const absl::string_view name = rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(source));
-    out.emplace_back(name.empty() ? "unknown" : std::string(name), n);
-  }
-  return out;
-}
-
-// "last restore: step 40 (incarnation 3), 4 ranks from memory, 2 from storage-root".
-std::string RestoreSummaryLine(const ckptd::v1::RestoreSummary& r) {
-  std::vector<std::string> parts;
-  for (const auto& [name, n] : SourceCounts(r)) {
-    parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
-  }
-  return absl::StrCat("last restore: step ", r.step(), " (incarnation ", r.incarnation(), ")",
-                      parts.empty() ? "" : ", ", absl::StrJoin(parts, ", "));
-}
 
 void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
                      const std::vector<const ckptd::v1::JobStatus*>& jobs,
@@ -142,25 +119,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     if (!j->has_last_restore()) {
       w.Null();
     } else {
-      w.BeginObject();
-      w.Field("step", j->last_restore().step());
-      w.Field("incarnation", j->last_restore().incarnation());
-      w.Key("sources");
-      w.BeginObject();
-      for (const auto& [name, n] : SourceCounts(j->last_restore())) w.Field(name, n);
-      w.EndObject();
-      w.Key("ranks");
-      w.BeginArray();
-      for (const auto& rank : j->last_restore().ranks()) {
-        w.BeginObject();
-        w.Field("rank", rank.rank());
-        const absl::string_view name = rpc::RestoreSourceName(rank.source());
-        w.Field("source", name.empty() ? "unknown" : std::string(name));
-        w.Field("node", rank.node_id());
-        w.EndObject();
-      }
-      w.EndArray();
-      w.EndObject();
+      WriteRestoreSummary(w, j->last_restore());
     }
     w.Field("persist_failures", j->persist_failures());
     w.Key("last_persist_failure");
@@ -289,7 +248,11 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
         parts.push_back(absl::StrCat("persist failures: ", j->persist_failures(), " (last: ", last, ")"));
       }
       if (!j->restore_blocked().empty()) parts.push_back(absl::StrCat("RESTORE HELD BACK: ", j->restore_blocked()));
-      if (j->has_last_restore()) parts.push_back(RestoreSummaryLine(j->last_restore()));
+      if (j->has_last_restore()) {
+        const ckptd::v1::RestoreSummary& r = j->last_restore();
+        parts.push_back(absl::StrCat("last restore: step ", r.step(), " (incarnation ", r.incarnation(), ")",
+                                     r.ranks_size() > 0 ? ", " : "", RestoreSourcesText(r)));
+      }
       auto it = intervals.find(j->job());
       if (it != intervals.end() && !it->second.decided() && !it->second.waiting_for().empty()) {
         parts.push_back(absl::StrCat("policy waiting for ", it->second.waiting_for()));

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <set>
 #include <thread>
@@ -20,11 +21,13 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "ckptd/v1/agent.grpc.pb.h"
+#include "client/host_copy.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
 #include "rpc/restore_source.h"
 #include "rpc/schedule.h"
 #include "staging/staging.h"
+#include "storage/checksum.h"
 #include "storage/shard_index.h"
 
 namespace ckptd::client {
@@ -40,16 +43,79 @@ constexpr int kRestoreTimeoutFactor = 60;
 }  // namespace
 
 struct Client::Impl {
-  // Prepares `slot` for this process's copies (see slot_mapped).
-  absl::Status MapSlot(uint32_t slot) {
+  // Prepares `slot` for this process's copies (see slot_mapped). Without
+  // `prefault` the copy threads fault the pages in as they go, in parallel.
+  absl::Status MapSlot(uint32_t slot, bool prefault = true) {
     if (slot >= slot_mapped.size() || slot_mapped[slot]) return absl::OkStatus();
-    segment->Prefault(slot);
+    if (prefault) segment->Prefault(slot);
     if (any_device) {
       CKPTD_RETURN_IF_ERROR(copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes()));
     }
     slot_mapped[slot] = true;
     return absl::OkStatus();
   }
+  // Copies the restored slot of `resp` into the buffers. With blocks to
+  // verify (a step from the agent's memory), each block is checked as it is
+  // copied: a host block right after its copy, while it is still in the
+  // cache, a device block before its copy is queued. Returns the first
+  // mismatch ("" when none); errors are the copier's or a digest list that
+  // does not cover the buffers.
+  absl::StatusOr<std::string> CopyOut(const ckptd::v1::RestoreResponse& resp) {
+    const uint8_t* base = segment->slot_data(resp.slot());
+    if (resp.verify_size() == 0) {
+      absl::Status copied;
+      for (size_t i = 0; i < buffers.size() && copied.ok(); ++i) {
+        copied = copier->CopyFromHost(buffers[i].data, base + offsets[i], lengths[i], buffers[i].device);
+      }
+      CKPTD_RETURN_IF_ERROR(copied);
+      return std::string();
+    }
+    // The blocks must cover every buffer, in order.
+    std::vector<uint64_t> covered(buffers.size(), 0);
+    for (const ckptd::v1::BlockDigest& b : resp.verify()) {
+      if (b.buffer() >= buffers.size() || b.offset() != covered[b.buffer()] ||
+          b.length() > lengths[b.buffer()] - b.offset()) {
+        return absl::InternalError(absl::StrCat("agent's block list does not cover buffer ", b.buffer()));
+      }
+      covered[b.buffer()] += b.length();
+    }
+    for (size_t i = 0; i < buffers.size(); ++i) {
+      if (covered[i] != lengths[i]) {
+        return absl::InternalError(absl::StrCat("agent's block list does not cover buffer '", buffers[i].name, "'"));
+      }
+    }
+    if (verifier == nullptr) verifier = std::make_unique<ParallelCopier>(options.copy_threads);
+    absl::Mutex mu;
+    std::string problem;
+    absl::Status failed;
+    auto mismatch = [&](const ckptd::v1::BlockDigest& b) {
+      absl::MutexLock l(&mu);
+      if (problem.empty()) {
+        problem = absl::StrCat("buffer '", buffers[b.buffer()].name, "' bytes ", b.offset(), "..",
+                               b.offset() + b.length(), " do not match their checksum");
+      }
+    };
+    verifier->ForEach(static_cast<size_t>(resp.verify_size()), [&](size_t k) {
+      const ckptd::v1::BlockDigest& b = resp.verify(static_cast<int>(k));
+      const BufferSpec& buf = buffers[b.buffer()];
+      if (buf.device.kind() != ckptd::v1::Device::HOST) return;  // below, in order
+      uint8_t* dst = static_cast<uint8_t*>(buf.data) + b.offset();
+      if (storage::CopyAndXxh3(dst, base + offsets[b.buffer()] + b.offset(), b.length()) != b.xxh3()) {
+        mismatch(b);
+      }
+    });
+    for (const ckptd::v1::BlockDigest& b : resp.verify()) {
+      const BufferSpec& buf = buffers[b.buffer()];
+      if (buf.device.kind() == ckptd::v1::Device::HOST) continue;
+      const uint8_t* src = base + offsets[b.buffer()] + b.offset();
+      if (storage::Xxh3(src, b.length()) != b.xxh3()) mismatch(b);
+      absl::Status s = copier->CopyFromHost(static_cast<uint8_t*>(buf.data) + b.offset(), src, b.length(), buf.device);
+      if (!s.ok() && failed.ok()) failed = s;
+    }
+    CKPTD_RETURN_IF_ERROR(failed);
+    return problem;
+  }
+
   // The segment goes: page-locked slots are unlocked first.
   void DropSegment() {
     for (uint32_t i = 0; any_device && i < slot_mapped.size(); ++i) {
@@ -81,6 +147,8 @@ struct Client::Impl {
   std::vector<bool> slot_mapped;
   // Where the last restore read its step.
   std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
+  // Copies and checks restored blocks (made at the first restore from memory).
+  std::unique_ptr<ParallelCopier> verifier;
 
   // Two-hop snapshots: per buffer its spare on the same device, nullptr for
   // host buffers (all of them without spare_device_buffer); two_hop when any
@@ -735,31 +803,40 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
   ckptd::v1::RestoreRequest req;
   req.set_trainer_id(im.trainer_id);
   req.set_wait_for_slot_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(im.options.rpc_timeout)));
-  ckptd::v1::RestoreResponse resp;
-  // Reading a whole checkpoint back takes longer than a control call.
-  CKPTD_RETURN_IF_ERROR(im.Check(im.stub->Restore(im.Context(restore_timeout).get(), req, &resp), "restore"));
-  {
-    absl::MutexLock l(&im.sched_mu);
-    im.incarnation = resp.incarnation();
-    // What the agent cached from before this restore round is stale.
-    if (im.schedule && im.schedule->incarnation() < resp.incarnation()) im.schedule.reset();
+  req.set_client_verifies(true);
+  // A step handed over from the agent's memory that fails the check while
+  // it is copied out is read once more, from disk.
+  for (int attempt = 0;; ++attempt) {
+    ckptd::v1::RestoreResponse resp;
+    // Reading a whole checkpoint back takes longer than a control call.
+    CKPTD_RETURN_IF_ERROR(im.Check(im.stub->Restore(im.Context(restore_timeout).get(), req, &resp), "restore"));
+    {
+      absl::MutexLock l(&im.sched_mu);
+      im.incarnation = resp.incarnation();
+      // What the agent cached from before this restore round is stale.
+      if (im.schedule && im.schedule->incarnation() < resp.incarnation()) im.schedule.reset();
+    }
+    im.restore_source.store(resp.source());
+    if (!resp.found()) return std::optional<uint64_t>();
+    if (resp.slot() >= im.segment->slots()) {
+      return absl::InternalError(absl::StrCat("agent restored into staging slot ", resp.slot(), " of ",
+                                              im.segment->slots()));
+    }
+    const absl::Status mapped = im.MapSlot(resp.slot(), /*prefault=*/resp.verify_size() == 0);
+    absl::StatusOr<std::string> problem = mapped.ok() ? im.CopyOut(resp) : absl::StatusOr<std::string>(mapped);
+    absl::Status synced = im.copier->Synchronize();
+    if (problem.ok() && !synced.ok()) problem = synced;
+    // The slot goes back to the agent whether or not the copy worked.
+    CKPTD_RETURN_IF_ERROR(im.segment->Release(resp.slot()));
+    CKPTD_RETURN_IF_ERROR(problem.status());
+    if (problem->empty()) return std::optional<uint64_t>(resp.step());
+    if (attempt > 0) {
+      return absl::DataLossError(absl::StrCat("restore of step ", resp.step(), ": ", *problem));
+    }
+    req.set_reread(true);
+    req.set_reread_step(resp.step());
+    req.set_reread_problem(*problem);
   }
-  im.restore_source.store(resp.source());
-  if (!resp.found()) return std::optional<uint64_t>();
-  if (resp.slot() >= im.segment->slots()) {
-    return absl::InternalError(absl::StrCat("agent restored into staging slot ", resp.slot(), " of ",
-                                            im.segment->slots()));
-  }
-  const uint8_t* base = im.segment->slot_data(resp.slot());
-  absl::Status copied = im.MapSlot(resp.slot());
-  for (size_t i = 0; i < im.buffers.size() && copied.ok(); ++i) {
-    copied = im.copier->CopyFromHost(im.buffers[i].data, base + im.offsets[i], im.lengths[i], im.buffers[i].device);
-  }
-  if (copied.ok()) copied = im.copier->Synchronize();
-  // The slot goes back to the agent whether or not the copy worked.
-  CKPTD_RETURN_IF_ERROR(im.segment->Release(resp.slot()));
-  CKPTD_RETURN_IF_ERROR(copied);
-  return std::optional<uint64_t>(resp.step());
 }
 
 absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {

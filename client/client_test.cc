@@ -312,6 +312,43 @@ TEST_F(ClientTest, SnapshotsOnScheduleAndRestoresAllFiveComponentsExactly) {
   EXPECT_TRUE(state == at10);
 }
 
+// Issue 17: a restarted trainer gets the step from its agent's memory, and
+// checks every block as it copies it out: a damaged copy is read again from
+// disk, and the trainer ends with the step's exact bytes either way.
+TEST_F(ClientTest, ARestartedTrainerRestoresFromMemoryAndADamagedCopyIsReadAgainFromDisk) {
+  State state;
+  State at5;
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(Options(), state.Specs()));
+    for (uint64_t step = 1; step <= 5; ++step) state.Step(step);
+    at5 = state;
+    CKPTD_ASSERT_OK(client->Snapshot(5).status());
+    CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
+    // The trainer goes away (its staging stays with the agent).
+  }
+  for (int damaged : {0, 1}) {
+    SCOPED_TRACE(damaged ? "damaged" : "intact");
+    State fresh;
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(Options(), fresh.Specs()));
+    const uint64_t id = 2 + static_cast<uint64_t>(damaged);
+    std::unique_ptr<staging::StagingSegment> seg = OpenSegment(1);  // the first trainer's, taken over
+    ASSERT_NE(seg, nullptr);
+    if (damaged) {
+      // A stray write into the kept copy of step 5 (its "adam" buffer).
+      for (uint32_t slot = 0; slot < seg->slots(); ++slot) {
+        if (seg->state(slot) == staging::SlotState::kKept && seg->step(slot) == 5) {
+          seg->slot_data(slot)[3 * 4096 + 100] ^= 0x10;
+        }
+      }
+    }
+    EXPECT_THAT(client->Restore(), ::ckptd::testing::IsOkAndHolds(Optional(5u)));
+    EXPECT_TRUE(fresh == at5);
+    EXPECT_EQ(client->last_restore_source(), damaged ? "storage-root" : "memory");
+    CKPTD_ASSERT_OK_AND_ASSIGN(agent::PersistStatus st, core_->Status(id));
+    EXPECT_EQ(st.memory_rejected, damaged ? 1u : 0u);
+  }
+}
+
 TEST_F(ClientTest, NoAgentIsABoundedError) {
   ClientOptions o = Options();
   o.socket = dir_ + "/nobody.sock";

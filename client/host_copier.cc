@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -39,6 +40,24 @@ void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
     });
   }
   std::memcpy(d, s, std::min(n, per));
+  done.Wait();
+}
+
+void ParallelCopier::ForEach(size_t count, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < count; i = next++) fn(i);
+  };
+  const size_t helpers = helpers_ == nullptr ? 0 : std::min<size_t>(static_cast<size_t>(threads_ - 1), count);
+  base::WaitGroup done;
+  for (size_t h = 1; h <= helpers && h < count; ++h) {
+    done.Add();
+    helpers_->Schedule([&] {
+      work();
+      done.Done();
+    });
+  }
+  work();
   done.Wait();
 }
 

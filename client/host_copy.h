@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "base/thread_pool.h"
@@ -15,6 +16,9 @@ class ParallelCopier {
   // `threads` <= 0: one per hardware thread.
   explicit ParallelCopier(int threads);
   void Copy(void* dst, const void* src, size_t n);
+  // Runs fn(0) .. fn(count - 1) over the same threads (the caller's
+  // included), each index once, in no particular order; returns when all ran.
+  void ForEach(size_t count, const std::function<void(size_t)>& fn);
 
  private:
   int threads_;

@@ -433,17 +433,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   for (const auto& [q, why] : job.quarantined()) s.add_quarantined_steps(q);
   s.set_step_seconds(job.record().step_seconds());
   s.set_restore_blocked(job.restore_blocked());
-  if (const auto& round = job.round(); round && round->go && round->step) {
-    ckptd::v1::RestoreSummary* r = s.mutable_last_restore();
-    r->set_step(*round->step);
-    r->set_incarnation(job.incarnation());
-    for (const auto& [rank, source] : round->sources) {
-      ckptd::v1::RestoreSummary::Rank* e = r->add_ranks();
-      e->set_rank(rank);
-      e->set_source(source);
-      if (auto it = job.ranks().find(rank); it != job.ranks().end()) e->set_node_id(it->second.node_id);
-    }
-  }
+  if (std::optional<ckptd::v1::RestoreSummary> r = job.RoundSummary()) *s.mutable_last_restore() = *std::move(r);
   s.set_persist_failures(job.persist_failures().count);
   if (job.persist_failures().count > 0) {
     s.set_last_persist_failure(job.persist_failures().last_detail);

@@ -103,6 +103,7 @@ ckptd::v1::DrillStatus StatusOfDrill(uint64_t id, const internal::Drill& drill, 
     st.set_step_at_failure(r.step_at_failure);
     st.set_failed_unix_nanos(absl::ToUnixNanos(r.failed));
     st.set_resumed_unix_nanos(absl::ToUnixNanos(r.resumed));
+    *st.mutable_restore_sources() = r.sources;
     break;
   }
   return st;

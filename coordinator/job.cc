@@ -146,7 +146,8 @@ bool Job::RecordProgress(const std::string& node, const ckptd::v1::RankProgress&
     // The first step past the restored one: the restart is over.
     const double r = absl::ToDoubleSeconds(now - *failed_at_);
     restarts_.Push(r);
-    resumes_.push_back(Resume{*failed_at_, now, round_->step, step_at_failure_});
+    resumes_.push_back(Resume{*failed_at_, now, round_->step, step_at_failure_,
+                              RoundSummary().value_or(ckptd::v1::RestoreSummary())});
     while (resumes_.size() > kMaxResumesRemembered) resumes_.pop_front();
     record_.set_restart_seconds(Ewma(record_.restart_seconds(), r));
     failed_at_.reset();
@@ -378,6 +379,20 @@ RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source) 
   if (round_->ok.size() == world_size()) round_->go = true;
   RestorePlanResponse r = Plan();
   if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);
+  return r;
+}
+
+std::optional<ckptd::v1::RestoreSummary> Job::RoundSummary() const {
+  if (!round_ || !round_->go || !round_->step) return std::nullopt;
+  ckptd::v1::RestoreSummary r;
+  r.set_step(*round_->step);
+  r.set_incarnation(incarnation());
+  for (const auto& [rank, source] : round_->sources) {
+    ckptd::v1::RestoreSummary::Rank* e = r.add_ranks();
+    e->set_rank(rank);
+    e->set_source(source);
+    if (auto it = ranks_.find(rank); it != ranks_.end()) e->set_node_id(it->second.node_id);
+  }
   return r;
 }
 

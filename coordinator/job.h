@@ -73,6 +73,7 @@ struct Resume {
   absl::Time resumed;
   std::optional<uint64_t> restored;  // nullopt: fresh start
   uint64_t step_at_failure = 0;
+  ckptd::v1::RestoreSummary sources;  // where each rank read `restored`
 };
 
 class Job {
@@ -97,6 +98,9 @@ class Job {
   const std::map<uint64_t, std::string>& quarantined() const { return quarantined_; }
   const std::map<uint64_t, AbortedStep>& aborted() const { return aborted_; }
   const std::optional<RestoreRound>& round() const { return round_; }
+  // The round under way once every rank loaded its step: the step, and where
+  // each rank read it (with its node); nullopt before, and for a fresh start.
+  std::optional<ckptd::v1::RestoreSummary> RoundSummary() const;
   const std::deque<Resume>& resumes() const { return resumes_; }
   const policy::RecentWindow& stalls() const { return stalls_; }
   const policy::RecentWindow& persists() const { return persists_; }

@@ -11,10 +11,11 @@
 //   READY -> PERSISTING (agent, TakeReady) -> FREE (agent, Release)
 //   FREE -> RESTORING (agent, AcquireForRestore) -> RESTORED (agent, Publish)
 //   RESTORED -> FREE (trainer, Release, after copying out)
-// and, for the memory tier (the newest persisted step stays in memory):
+// and, for the memory tier (persisted steps stay in memory until their slot
+// is needed):
 //   PREPARING -> FREE (agent, PrepareSlot: memory reserved and faulted in)
 //   PERSISTING -> KEPT (agent, Keep: the persisted snapshot stays readable)
-//   KEPT -> FREE (agent, Unkeep: a newer step is kept)
+//   KEPT -> FREE (agent, Unkeep: the step is of no more use)
 //   KEPT -> FILLING (trainer, AcquireForFill when no slot is FREE: the kept
 //                    copy is given up, training never waits for it)
 //   KEPT -> RESTORING (agent, TakeKept: the kept step restores from memory)

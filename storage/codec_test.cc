@@ -697,4 +697,23 @@ TEST(CodecBenchmark, Throughput64MiBFp32) {
 }
 
 }  // namespace
+TEST(ChecksumTest, CopyAndXxh3CopiesAndHashesLikeAPlainCopyThenXxh3) {
+  // Around the pieces it works in: empty, one byte, one piece, a piece and a
+  // bit, many pieces and a tail.
+  for (size_t n : {size_t{0}, size_t{1}, size_t{65536}, size_t{65537}, size_t{(4u << 20) + 12345}}) {
+    std::vector<uint8_t> src(n);
+    for (size_t i = 0; i < n; ++i) src[i] = static_cast<uint8_t>(i * 131 + (i >> 9));
+    std::vector<uint8_t> dst(n, 0xEE);
+    const uint64_t before = CopyAndXxh3(dst.data(), src.data(), n);
+    EXPECT_EQ(before, Xxh3(src.data(), n)) << n;
+    EXPECT_EQ(dst, src) << n;
+    if (n > 0) {
+      src[n - 1] ^= 1;  // the last byte counts
+      const uint64_t after = CopyAndXxh3(dst.data(), src.data(), n);
+      EXPECT_NE(after, before) << n;
+      EXPECT_EQ(after, Xxh3(src.data(), n)) << n;
+    }
+  }
+}
+
 }  // namespace ckptd::storage

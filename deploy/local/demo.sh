@@ -3,11 +3,12 @@
 # if on three nodes (loopback, node ids node-a, node-b, node-c), and a job of
 # six ckptd-demo-trainer ranks spread over them under an elastic launcher
 # (deploy/local/launch.sh). First a reference run with no failure; then the
-# same job with failure drills: a committed shard corrupted, then node-c
-# crashing (its agent and trainers SIGKILLed) mid-run. ckptd detects the
-# crash, the launcher restarts the job, every rank restores the newest
-# intact checkpoint (never the corrupted one), and the job finishes. The
-# final digest of every rank must equal the reference run's.
+# same job with failure drills: a trainer killed (every rank restores from
+# its agent's memory), a committed shard corrupted, then node-c crashing (its
+# agent and trainers SIGKILLed) mid-run. ckptd detects each crash, the
+# launcher restarts the job, every rank restores the newest intact checkpoint
+# (never the corrupted one), and the job finishes. The final digest of every
+# rank must equal the reference run's.
 #
 # Prints progress, a summary, and as its last line `demo: PASS` or
 # `demo: FAIL <reason>` (exit 0 or 1). Leaves no process behind, also when
@@ -223,7 +224,7 @@ stop_cluster
 say "  done: ${REF_COMMITTED:-0} checkpoints committed; rank 0 ${REFERENCE[0]}"
 
 # ---------------------------------------------------------- 2. drill run
-say "[2/3] the same job with failures: a corrupted shard, then $CRASH_NODE crashing mid-run"
+say "[2/3] the same job with failures: a trainer killed, a corrupted shard, then $CRASH_NODE crashing mid-run"
 start_cluster run
 start_job
 # Wait for a few checkpoints before breaking things.
@@ -233,12 +234,17 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ "$(job_field checkpoints_committed)" -ge 3 ] 2>/dev/null || fail "no three checkpoints committed in the drill run"
-say "  drill 1: corrupt rank 0's shard of the newest committed step"
+say "  drill 1: kill rank 1's trainer (SIGKILL); every rank restarts and restores from its agent's memory"
+"$BIN/ckptctl" drill run --job "$JOB" --scenario kill-trainer --target 1 --watch 1m \
+  --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-trainer.html" \
+  >"$DIR/drill-kill-trainer.json" 2>"$DIR/drill-kill-trainer.err"
+TRAINER_CODE=$?
+say "  drill 2: corrupt rank 0's shard of the newest committed step"
 "$BIN/ckptctl" drill run --job "$JOB" --scenario corrupt-shard --target 0 --watch 1m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
   >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
 CORRUPT_CODE=$?
-say "  drill 2: crash $CRASH_NODE (its agent and trainers SIGKILLed); the launcher restarts the job"
+say "  drill 3: crash $CRASH_NODE (its agent and trainers SIGKILLed); the launcher restarts the job"
 "$BIN/ckptctl" drill run --job "$JOB" --scenario kill-node --target "$CRASH_NODE" --watch 2m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-node.html" \
   >"$DIR/drill-kill-node.json" 2>"$DIR/drill-kill-node.err" &
@@ -261,7 +267,7 @@ for ((r = 0; r < WORLD; r++)); do
   [ -n "${DIGESTS[$r]:-}" ] && [ "${DIGESTS[$r]}" = "${REFERENCE[$r]}" ] && matching=$((matching + 1))
 done
 python3 - "$DIR" "$INTERVAL_JSON" "${RUN_COMMITTED:-0}" "${RUN_ABORTED:-0}" "$matching" "$WORLD" <<'EOF'
-import glob, json, re, sys
+import json, sys
 d, interval_json, committed, aborted, matching, world = sys.argv[1:7]
 def load(name):
     try:
@@ -269,7 +275,15 @@ def load(name):
             return json.load(f)
     except Exception:
         return None
-corrupt, node = load("drill-corrupt-shard.json"), load("drill-kill-node.json")
+trainer, corrupt, node = load("drill-kill-trainer.json"), load("drill-corrupt-shard.json"), load("drill-kill-node.json")
+# Where each rank read the restored step: its agent's memory (the nodes that
+# kept running), its node's own disk, the shared root.
+WORDS = {"memory": "their agent's memory", "peer": "a peer agent's memory", "node-local": "their node's disk",
+         "storage-root": "the shared root"}
+def sources(drill):
+    src = drill.get("restore_sources") or {}
+    parts = [f"{n} from {WORDS.get(k, k)}" for k, n in (src.get("sources") or {}).items()]
+    return f"{', '.join(parts) if parts else 'not reported'} ({world} ranks)"
 try:
     iv = json.loads(interval_json)
 except Exception:
@@ -282,6 +296,13 @@ if iv and iv.get("interval_seconds") is not None:
           f"{iv.get('reason', '?')} for a job MTBF of {iv['mtbf_seconds'] / 60:.0f} min and a checkpoint cost"
           f" of {iv['cost_seconds'] * 1000:.0f} ms (from {iv.get('checkpoints_measured', 0)} checkpoints),"
           f" expected waste {100 * iv['expected_waste']:.1f} %")
+if trainer:
+    if trainer.get("resumed"):
+        print(f"  trainer crash    rank 1 killed at step {trainer['step_at_failure']}: every rank restored step"
+              f" {trainer['restored_step']}, restart took {trainer['restart_seconds']:.1f} s")
+        print(f"    read from      {sources(trainer)}")
+    else:
+        print("  trainer crash    the job did not resume")
 if corrupt:
     bad = corrupt.get("verified_step")
     ok = [v for v in corrupt.get("verdict", []) if v["expectation"].startswith("the damaged step is quarantined")]
@@ -298,21 +319,14 @@ if node:
               f" read back {'intact' if rv.get('ok') else 'NOT verified'}")
         print(f"  work lost        {node['lost_steps']} steps ({node['lost_seconds']:.1f} s);"
               f" restart took {node['restart_seconds']:.1f} s")
-        # Which ranks read the restored step from their node's own disk.
-        local = set()
-        for log in glob.glob(f"{d}/run/logs/agent-*.log"):
-            with open(log, errors="replace") as f:
-                for m in re.finditer(r"rank (\d+): step (\d+) read from the node-local tier", f.read()):
-                    if int(m.group(2)) == node["restored_step"]:
-                        local.add(int(m.group(1)))
-        print(f"  node-local tier  {len(local)} of {world} ranks read the restored step from their node's own disk"
-              + (", the others from the shared root" if len(local) < int(world) else ""))
+        print(f"    read from      {sources(node)}")
     failed = [v["expectation"] for v in node.get("verdict", []) if not v["held"]]
     if failed:
         print(f"  drill verdict    FAIL: {'; '.join(failed)}")
 print(f"  digests          {matching} of {world} ranks equal to the reference run")
-print(f"  reports          {d}/drill-kill-node.html, {d}/drill-corrupt-shard.html")
+print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html")
 EOF
+[ "$TRAINER_CODE" -eq 0 ] || fail "the kill-trainer drill did not pass (see $DIR/drill-kill-trainer.json and .err)"
 [ "$CORRUPT_CODE" -eq 0 ] || fail "the corrupt-shard drill did not pass (see $DIR/drill-corrupt-shard.json and .err)"
 [ "$JOB_CODE" -eq 0 ] || fail "the job did not finish (see $DIR/run/launcher/launch.log)"
 [ "$NODE_CODE" -eq 0 ] || fail "the kill-node drill did not pass (see $DIR/drill-kill-node.json and .err)"

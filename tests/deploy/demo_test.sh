@@ -30,7 +30,10 @@ check "it shows progress" grep -q "step [0-9]*/300, newest checkpoint" "$WORK/fu
 check "every digest matches" grep -q "digests          6 of 6 ranks equal" "$WORK/full.log"
 check "the node crash was detected" grep -q "node crash       detected in" "$WORK/full.log"
 check "the corrupted step was quarantined" grep -q "found by verification, quarantined" "$WORK/full.log"
-check "the restore used the node-local tiers" grep -qE "node-local tier  [1-6] of 6 ranks read the restored step" "$WORK/full.log"
+check "the trainer crash was restored from the agents' memory" \
+  grep -qE "^    read from      [1-6] from their agent's memory" "$WORK/full.log"
+check "after the node crash, node-c's ranks read the disk tiers" \
+  grep -qE "^    read from      .*[1-6] from (their node's disk|the shared root)" "$WORK/full.log"
 check "the drill reports were written" [ -s "$WORK/full/drill-kill-node.html" ]
 sleep 0.5
 check "no process left behind" [ -z "$(leftovers "$WORK/full")" ]

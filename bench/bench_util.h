@@ -1,0 +1,42 @@
+// Helpers shared by the benchmarks of ckptd-bench.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ckptd::bench {
+
+// The median of `v` (0 when empty).
+double Median(std::vector<double> v);
+
+// A benchmark's folder: --dir when given (kept), else a new folder under
+// /tmp (removed with this object).
+class ScratchDir {
+ public:
+  ScratchDir() = default;
+  ~ScratchDir();
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  // `dir`, or a new folder named after `tag` ("/tmp/<tag>-XXXXXX").
+  absl::Status Init(const std::optional<std::string>& dir, const std::string& tag);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool own_ = false;
+};
+
+// Runs `command` through the shell; its stdout, or nullopt when it failed.
+std::optional<std::string> Capture(const std::string& command);
+
+// `s` quoted for the shell.
+std::string ShellQuote(const std::string& s);
+
+// The first number after `"key" :` inside the first `"section" : {` object
+// of fio-style JSON.
+std::optional<double> JsonNumberAfter(const std::string& json, const std::string& section, const std::string& key);
+
+}  // namespace ckptd::bench

@@ -1,0 +1,647 @@
+#include "bench/restore_bench.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <optional>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "agent/agent_core.h"
+#include "agent/agent_service.h"
+#include "base/aligned_buffer.h"
+#include "base/flags.h"
+#include "base/format.h"
+#include "base/logger.h"
+#include "base/posix_error.h"
+#include "base/status_macros.h"
+#include "bench/bench_util.h"
+#include "cli/json.h"
+#include "client/client.h"
+#include "staging/staging.h"
+#include "storage/file_system.h"
+#include "storage/layout.h"
+#include "storage/posix_file_system.h"
+
+namespace ckptd::bench {
+
+const char kRegisterHelp[] =
+    "usage: ckptd-bench register --bytes <n> [--buffers K] [--slots S] [--repeat R] [--dir <dir>] [--json] [--log]\n"
+    "\n"
+    "A trainer's registration with an agent started in this process (Unix socket\n"
+    "and storage under --dir, default a new folder under /tmp, removed afterwards).\n"
+    "Its state is K buffers (default 1) of <n> bytes in all, staged in S slots\n"
+    "(default 2). Each of R rounds (default 3) starts a fresh agent and times:\n"
+    "  first_register_s  Connect of a new job: the agent creates its staging\n"
+    "                    segment (one above 64 MiB is allocated in the background,\n"
+    "                    after Connect returns)\n"
+    "  ready_s           from the start of that Connect until every slot is\n"
+    "                    allocated (as the agent logs it)\n"
+    "  first_snapshot_s  from the start of that Connect until a Snapshot, tried\n"
+    "                    every 1 ms, first gets a slot\n"
+    "  again_register_s  once that trainer's snapshot is persisted and it said\n"
+    "                    goodbye: Connect of the same job, rank and buffers, which\n"
+    "                    takes over the segment the agent parked\n"
+    "Calls use the client's default 5 s RPC timeout. Target: again < 0.050 s for\n"
+    "any size.\n"
+    "--json keys: bytes, buffers, slots, segment_bytes, rounds, first_register_s,\n"
+    "ready_s, first_snapshot_s, again_register_s (medians), again_reused (every\n"
+    "second Connect took the parked segment over), again_target_s,\n"
+    "again_target_met.\n"
+    "--log writes the agent's log, timed, to stderr.\n"
+    "Ranges: --bytes 1..1T (K, M, G, T suffixes; at least K), --buffers 1..1024,\n"
+    "--slots 1..16, --repeat 1..100.\n";
+
+const char kRestoreHelp[] =
+    "usage: ckptd-bench restore --bytes <n> [--from memory|local|root] [--repeat R] [--dir <dir>] [--json]\n"
+    "                           [--log]\n"
+    "\n"
+    "A trainer's restore after a restart, through an agent started in this process\n"
+    "(Unix socket and storage under --dir, default a new folder under /tmp, removed\n"
+    "afterwards). Each of R rounds (default 3): a trainer with one buffer of <n>\n"
+    "bytes snapshots step r (a new pattern each round), waits until it is\n"
+    "persisted and committed, and exits; a new trainer with a zeroed, pre-faulted\n"
+    "buffer connects with the same job, rank and buffer, calls Restore, and its\n"
+    "bytes are compared with the pattern. --from sets the tier to read:\n"
+    "  memory  the agent keeps the persisted step in staging (its default).\n"
+    "          Yardstick: a single-threaded memcpy of <n> bytes between\n"
+    "          pre-faulted buffers; target: restore <= 1.3x memcpy.\n"
+    "  local   no memory tier; a node-local tier under <dir>/local.\n"
+    "  root    no memory tier; the storage root only.\n"
+    "For local and root, every file under the storage root and the tier is\n"
+    "fsynced and dropped from the page cache (POSIX_FADV_DONTNEED) before each\n"
+    "restore; without root privileges the page cache may still serve part of it\n"
+    "(resident_after_evict says how much of the shard it held). Yardsticks, run\n"
+    "after the restore: a plain read() of the shard file after the same\n"
+    "eviction, and fio's O_DIRECT sequential read of it when fio is on PATH.\n"
+    "Without the memory tier the new trainer's staging is allocated anew: that\n"
+    "wait (staging_wait_s) is not part of restore_s.\n"
+    "Holds about 4x <n> of memory (two buffers, two staging slots).\n"
+    "--json keys: bytes, from, rounds, source (where the agent read the step, as\n"
+    "the client reports it: memory, node-local or storage-root; '+'-joined when\n"
+    "rounds differ), source_as_expected, verified, and the medians connect_s,\n"
+    "staging_wait_s, restore_s; for memory memcpy_s, ratio (restore_s /\n"
+    "memcpy_s), target_ratio, target_met; for local and root read_s, ratio\n"
+    "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1).\n"
+    "--log writes the agent's log, timed, to stderr.\n"
+    "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100.\n";
+
+namespace {
+
+constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+constexpr double kAgainTarget = 0.050;
+constexpr double kMemoryTargetRatio = 1.3;
+// How long the agent may take to allocate a staging segment in the background.
+constexpr absl::Duration kReadyWait = absl::Minutes(2);
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// The agent's log, each line with the time it came.
+class LineLogger : public base::Logger {
+ public:
+  struct Line {
+    absl::Time time;
+    base::LogSeverity severity;
+    std::string text;
+  };
+  // Each line is also written to `echo` when not null (--log).
+  explicit LineLogger(std::ostream* echo) : echo_(echo) {}
+  void Log(base::LogSeverity severity, absl::string_view message) override {
+    absl::MutexLock l(&mu_);
+    lines_.push_back({absl::Now(), severity, std::string(message)});
+    if (echo_ != nullptr) {
+      *echo_ << absl::FormatTime("%H:%M:%E6S", lines_.back().time, absl::LocalTimeZone()) << " agent: " << message
+             << "\n";
+    }
+  }
+  size_t size() {
+    absl::MutexLock l(&mu_);
+    return lines_.size();
+  }
+  // The first line from index `from` on that holds one of `needles`, waiting
+  // for it until `deadline` (the line's own time is when it was logged).
+  std::optional<Line> Find(size_t from, std::initializer_list<absl::string_view> needles,
+                           absl::Time deadline = absl::InfinitePast()) {
+    for (;;) {
+      {
+        absl::MutexLock l(&mu_);
+        for (size_t i = from; i < lines_.size(); ++i) {
+          for (absl::string_view needle : needles) {
+            if (absl::StrContains(lines_[i].text, needle)) return lines_[i];
+          }
+        }
+      }
+      if (absl::Now() >= deadline) return std::nullopt;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  // The warnings and errors, for the report of a failure.
+  void PrintProblems(std::ostream& err) {
+    absl::MutexLock l(&mu_);
+    if (echo_ != nullptr) return;  // printed already
+    for (const Line& line : lines_) {
+      if (line.severity != base::LogSeverity::kInfo) err << "  agent: " << line.text << "\n";
+    }
+  }
+
+ private:
+  std::ostream* const echo_;
+  absl::Mutex mu_;
+  std::vector<Line> lines_ ABSL_GUARDED_BY(mu_);
+};
+
+// An agent serving its Unix socket from this process.
+class LocalAgent {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalAgent>> Start(const agent::AgentOptions& options,
+                                                           const std::string& socket) {
+    std::unique_ptr<LocalAgent> a(new LocalAgent(options));
+    CKPTD_ASSIGN_OR_RETURN(a->server_, agent::StartUnixServer(socket, &a->service_, a->service_.peers()));
+    return a;
+  }
+  // Clients say goodbye before this.
+  ~LocalAgent() {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+ private:
+  explicit LocalAgent(const agent::AgentOptions& options)
+      : fs_(storage::NewPosixFileSystem()), core_(fs_.get(), options), service_(&core_) {}
+  std::unique_ptr<storage::PosixFileSystem> fs_;
+  agent::AgentCore core_;
+  agent::AgentService service_;
+  std::unique_ptr<agent::UnixServer> server_;
+};
+
+// The agent's options shared by both benchmarks; creates the storage root.
+absl::StatusOr<agent::AgentOptions> BaseOptions(const std::string& dir, absl::string_view tag, base::Logger* log) {
+  agent::AgentOptions o;
+  o.storage_root = storage::JoinPath(dir, "root");
+  o.keep_last = 1;
+  o.segment_prefix = absl::StrCat("/ckptd-", tag, "-", ::getpid());
+  o.logger = log;
+  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+  CKPTD_RETURN_IF_ERROR(storage::CreateDirs(fs.get(), o.storage_root));
+  return o;
+}
+
+// `data` cut into buffers of `lengths` bytes.
+std::vector<client::BufferSpec> Specs(uint8_t* data, const std::vector<uint64_t>& lengths) {
+  std::vector<client::BufferSpec> specs;
+  uint64_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    client::BufferSpec s;
+    s.name = absl::StrCat("buffer", i);
+    s.component = ckptd::v1::PARAMS;
+    s.dtype = ckptd::v1::BYTES;
+    s.shape = {lengths[i]};
+    s.data = data + at;
+    at += lengths[i];
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+// When every staging slot of the trainer registered since log line `mark`
+// was ready: at `connected` for a parked segment taken over or one allocated
+// within Register (`inline_alloc`), else when the agent logs that it
+// allocated the slots in the background.
+absl::StatusOr<absl::Time> AwaitStaging(LineLogger& log, size_t mark, absl::Time connected, bool inline_alloc) {
+  if (inline_alloc || log.Find(mark, {"is taken over"})) return connected;
+  std::optional<LineLogger::Line> line =
+      log.Find(mark, {"staging ready", "could not be allocated"}, absl::Now() + kReadyWait);
+  if (!line) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the agent did not allocate the staging within ", absl::FormatDuration(kReadyWait)));
+  }
+  if (!absl::StrContains(line->text, "staging ready")) return absl::ResourceExhaustedError(line->text);
+  return line->time;
+}
+
+struct RegisterTimes {
+  double first = 0, ready = 0, first_snapshot = 0, again = 0;
+  bool reused = false;
+};
+
+// One round of the register benchmark against a fresh agent.
+absl::StatusOr<RegisterTimes> RegisterRound(const client::ClientOptions& co,
+                                            const std::vector<client::BufferSpec>& specs, LineLogger& log,
+                                            bool inline_alloc) {
+  RegisterTimes t;
+  const size_t mark = log.size();
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co, specs));
+  const absl::Time connected = absl::Now();
+  t.first = Seconds(connected - t0);
+  // A snapshot gets a slot once the agent has one ready.
+  for (;;) {
+    const absl::Time at = absl::Now();
+    absl::StatusOr<client::SnapshotResult> s = c->Snapshot(1);
+    if (s.ok()) {
+      t.first_snapshot = Seconds(at - t0);
+      break;
+    }
+    if (!absl::IsResourceExhausted(s.status()) || at - t0 > kReadyWait) return s.status();
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
+  t.ready = Seconds(ready - t0);
+  CKPTD_RETURN_IF_ERROR(c->WaitPersisted(1, absl::Minutes(10)));
+  c.reset();  // goodbye: the agent parks the segment
+  const size_t again_mark = log.size();
+  const absl::Time t1 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(c, client::Client::Connect(co, specs));
+  t.again = Seconds(absl::Now() - t1);
+  t.reused = log.Find(again_mark, {"is taken over"}).has_value();
+  return t;
+}
+
+// Bytes that differ from round to round (xorshift, seeded by the step).
+void Fill(uint8_t* p, uint64_t n, uint64_t seed) {
+  uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(p + i, &x, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(i ^ seed);
+}
+
+// Writes back and drops from the page cache every file under `dirs`.
+void EvictPageCache(std::initializer_list<std::string> dirs) {
+  for (const std::string& dir : dirs) {
+    if (dir.empty()) continue;
+    std::error_code ec;
+    for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+         !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+      if (!it->is_regular_file(ec)) continue;
+      const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      (void)::fsync(fd);
+      (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
+    }
+  }
+}
+
+// The fraction of the file's pages in the page cache (mincore).
+std::optional<double> ResidentFraction(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st;
+  void* m =
+      ::fstat(fd, &st) == 0 && st.st_size > 0 ? ::mmap(nullptr, st.st_size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (m == MAP_FAILED) return std::nullopt;
+  const size_t page = ::sysconf(_SC_PAGESIZE), pages = (st.st_size + page - 1) / page;
+  std::vector<unsigned char> in(pages);
+  std::optional<double> fraction;
+  if (::mincore(m, st.st_size, in.data()) == 0) {
+    fraction = static_cast<double>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return c & 1; })) / pages;
+  }
+  ::munmap(m, st.st_size);
+  return fraction;
+}
+
+// A plain read() of the file, 4 MiB at a time: its first `n` bytes into
+// `into` (pre-faulted), the rest into a pre-faulted scratch block. Seconds.
+absl::StatusOr<double> TimeRead(const std::string& path, uint8_t* into, uint64_t n) {
+  constexpr uint64_t kChunk = uint64_t{4} << 20;
+  std::vector<uint8_t> scratch(kChunk);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return base::PosixError(absl::StrCat("open ", path), errno);
+  uint64_t at = 0;
+  const absl::Time t0 = absl::Now();
+  for (;;) {
+    const ssize_t got = at < n ? ::read(fd, into + at, std::min(kChunk, n - at)) : ::read(fd, scratch.data(), kChunk);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int e = errno;
+      ::close(fd);
+      return base::PosixError(absl::StrCat("read ", path), e);
+    }
+    if (got == 0) break;
+    at += got;
+  }
+  const double s = Seconds(absl::Now() - t0);
+  ::close(fd);
+  return s;
+}
+
+// fio's O_DIRECT sequential read of the file, in seconds for the whole file;
+// nullopt without fio (or when it fails).
+std::optional<double> FioReadSeconds(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !Capture("command -v fio >/dev/null 2>&1")) return std::nullopt;
+  std::optional<std::string> json = Capture(absl::StrCat(
+      "fio --name=r --rw=read --bs=4M --direct=1 --filename=", ShellQuote(path), " --output-format=json 2>/dev/null"));
+  std::optional<double> bw = json ? JsonNumberAfter(*json, "read", "bw_bytes") : std::nullopt;  // bytes/s
+  if (!bw || *bw <= 0) return std::nullopt;
+  return st.st_size / *bw;
+}
+
+enum class Tier { kMemory, kLocal, kRoot };
+
+struct RestoreTimes {
+  double connect = 0, staging_wait = 0, restore = 0;
+  double yardstick = 0;  // memcpy or read()
+  std::optional<double> fio, resident;
+  std::string source;
+};
+
+// One round of the restore benchmark: step `step` snapshotted from `src`,
+// restored into `dst` by a new trainer.
+absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const agent::AgentOptions& options,
+                                          Tier tier, bool inline_alloc, uint8_t* src, uint8_t* dst, uint64_t n,
+                                          uint64_t step, LineLogger& log) {
+  RestoreTimes t;
+  Fill(src, n, step);
+  {
+    client::ClientOptions writer = co;
+    writer.slot_wait = kReadyWait;  // the agent may still be allocating the staging
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(writer, Specs(src, {n})));
+    CKPTD_RETURN_IF_ERROR(c->Snapshot(step).status());
+    CKPTD_RETURN_IF_ERROR(c->WaitPersisted(step, absl::Minutes(10)));
+  }  // the trainer exits
+  const std::string shard =
+      storage::ShardPath(tier == Tier::kLocal ? options.local_cache : options.storage_root, co.job, step, co.rank);
+  if (tier != Tier::kMemory) {
+    EvictPageCache({options.storage_root, options.local_cache});
+    t.resident = ResidentFraction(shard);
+  }
+  std::memset(dst, 0, n);
+  const size_t mark = log.size();
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co, Specs(dst, {n})));
+  const absl::Time connected = absl::Now();
+  t.connect = Seconds(connected - t0);
+  CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
+  t.staging_wait = std::max(0.0, Seconds(ready - connected));
+  const absl::Time t1 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint64_t> restored, c->Restore());
+  t.restore = Seconds(absl::Now() - t1);
+  if (restored != step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the restore returned step ", restored ? absl::StrCat(*restored) : "none", ", not step ", step));
+  }
+  if (std::memcmp(dst, src, n) != 0) {
+    return absl::DataLossError(absl::StrCat("the restored bytes differ from those of step ", step));
+  }
+  t.source = c->last_restore_source();
+  // The yardsticks come after the restore: a disk still busy with the
+  // persist slows the restore, not them.
+  if (tier == Tier::kMemory) {
+    const absl::Time t2 = absl::Now();
+    std::memcpy(dst, src, n);
+    t.yardstick = Seconds(absl::Now() - t2);
+  } else {
+    EvictPageCache({options.storage_root, options.local_cache});
+    CKPTD_ASSIGN_OR_RETURN(t.yardstick, TimeRead(shard, dst, n));
+    t.fio = FioReadSeconds(shard);
+  }
+  return t;
+}
+
+}  // namespace
+
+int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<base::Args> args =
+      base::Args::Parse(argv, {"bytes", "buffers", "slots", "repeat", "dir"}, {"json", "log", "help"});
+  if (args.ok() && args->Has("help")) {
+    out << kRegisterHelp;
+    return base::kExitOk;
+  }
+  auto usage = [&](absl::string_view why) {
+    err << "ckptd-bench register: " << why << "\n" << kRegisterHelp;
+    return base::kExitUsage;
+  };
+  if (!args.ok()) return usage(args.status().message());
+  uint64_t n = 0;
+  uint32_t buffers = 1, slots = 2;
+  int rounds = 3;
+  for (const absl::Status& s :
+       {args->ReadUint("bytes", 1, kMaxBytes, &n, /*allow_suffix=*/true), args->ReadUint("buffers", 1, 1024, &buffers),
+        args->ReadUint("slots", 1, 16, &slots), args->ReadUint("repeat", 1, 100, &rounds)}) {
+    if (!s.ok()) return usage(s.message());
+  }
+  if (n == 0) return usage("--bytes is required");
+  if (n < buffers) return usage(absl::StrCat("--bytes ", n, " cannot be cut into ", buffers, " buffers (--buffers)"));
+  auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
+    err << "ckptd-bench register: " << why << "\n";
+    if (log != nullptr) log->PrintProblems(err);
+    return rc;
+  };
+
+  ScratchDir dir;
+  LineLogger log(args->Has("log") ? &err : nullptr);
+  absl::Status made = dir.Init(args->Get("dir"), "ckptd-regbench");
+  absl::StatusOr<agent::AgentOptions> options =
+      made.ok() ? BaseOptions(dir.path(), "regbench", &log) : absl::StatusOr<agent::AgentOptions>(made);
+  if (!options.ok()) return fail(options.status().message());
+  options->slots = slots;
+  std::vector<uint64_t> lengths(buffers, n / buffers);
+  for (uint64_t i = 0; i < n % buffers; ++i) ++lengths[i];
+  const uint64_t segment_bytes = staging::SegmentBytes(slots, staging::PlanLayout(lengths).slot_bytes);
+  const bool inline_alloc = segment_bytes <= options->prepare_inline_bytes;
+  base::AlignedBuffer buffer;
+  try {
+    buffer = base::AlignedBuffer(n);
+  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+    return fail(absl::StrCat("cannot allocate ", base::HumanBytes(n), " (--bytes)"));
+  }
+  const std::vector<client::BufferSpec> specs = Specs(buffer.data(), lengths);
+  const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
+  const std::string prefix = options->segment_prefix;
+  std::vector<double> first, ready, first_snapshot, again;
+  bool reused = true;
+  for (int r = 0; r < rounds; ++r) {
+    options->segment_prefix = absl::StrCat(prefix, "-", r);
+    absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket);
+    if (!agent.ok()) return fail(agent.status().message(), nullptr, base::kExitUnavailable);
+    client::ClientOptions co;
+    co.socket = socket;
+    co.job = absl::StrCat("regbench-", r);  // new to the agent
+    absl::StatusOr<RegisterTimes> t = RegisterRound(co, specs, log, inline_alloc);
+    if (!t.ok()) return fail(t.status().message(), &log);
+    first.push_back(t->first);
+    ready.push_back(t->ready);
+    first_snapshot.push_back(t->first_snapshot);
+    again.push_back(t->again);
+    reused = reused && t->reused;
+  }
+  const double again_s = Median(again);
+  const bool met = again_s < kAgainTarget;
+  if (args->Has("json")) {
+    cli::JsonWriter w;
+    w.BeginObject();
+    w.Field("bytes", n);
+    w.Field("buffers", buffers);
+    w.Field("slots", slots);
+    w.Field("segment_bytes", segment_bytes);
+    w.Field("rounds", rounds);
+    w.Field("first_register_s", Median(first));
+    w.Field("ready_s", Median(ready));
+    w.Field("first_snapshot_s", Median(first_snapshot));
+    w.Field("again_register_s", again_s);
+    w.Field("again_reused", reused);
+    w.Field("again_target_s", kAgainTarget);
+    w.Field("again_target_met", met);
+    w.EndObject();
+    out << w.str() << "\n";
+  } else {
+    out << absl::StrFormat(
+        "register of %s in %u buffer%s, segment %s (%u slots), median of %d:\n"
+        "  first %.4f s (first snapshot at %.4f s, every slot ready at %.4f s)\n"
+        "  again %.4f s%s (target: again < %.3f s for any size: %s)\n",
+        base::HumanBytes(n), buffers, buffers == 1 ? "" : "s", base::HumanBytes(segment_bytes), slots, rounds,
+        Median(first), Median(first_snapshot), Median(ready), again_s,
+        reused ? "" : ", the parked segment NOT taken over", kAgainTarget, met ? "met" : "MISSED");
+  }
+  return base::kExitOk;
+}
+
+int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<base::Args> args =
+      base::Args::Parse(argv, {"bytes", "from", "repeat", "dir"}, {"json", "log", "help"});
+  if (args.ok() && args->Has("help")) {
+    out << kRestoreHelp;
+    return base::kExitOk;
+  }
+  auto usage = [&](absl::string_view why) {
+    err << "ckptd-bench restore: " << why << "\n" << kRestoreHelp;
+    return base::kExitUsage;
+  };
+  if (!args.ok()) return usage(args.status().message());
+  uint64_t n = 0;
+  int rounds = 3;
+  for (const absl::Status& s :
+       {args->ReadUint("bytes", 1, kMaxBytes, &n, /*allow_suffix=*/true), args->ReadUint("repeat", 1, 100, &rounds)}) {
+    if (!s.ok()) return usage(s.message());
+  }
+  if (n == 0) return usage("--bytes is required");
+  const std::string from = args->Get("from").value_or("memory");
+  Tier tier;
+  if (from == "memory") {
+    tier = Tier::kMemory;
+  } else if (from == "local") {
+    tier = Tier::kLocal;
+  } else if (from == "root") {
+    tier = Tier::kRoot;
+  } else {
+    return usage(absl::StrCat("--from must be memory, local or root, got \"", base::TerminalSafe(from), "\""));
+  }
+  const char* expected = tier == Tier::kMemory ? "memory" : tier == Tier::kLocal ? "node-local" : "storage-root";
+  auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
+    err << "ckptd-bench restore: " << why << "\n";
+    if (log != nullptr) log->PrintProblems(err);
+    return rc;
+  };
+
+  ScratchDir dir;
+  LineLogger log(args->Has("log") ? &err : nullptr);
+  absl::Status made = dir.Init(args->Get("dir"), "ckptd-restorebench");
+  absl::StatusOr<agent::AgentOptions> options =
+      made.ok() ? BaseOptions(dir.path(), "restorebench", &log) : absl::StatusOr<agent::AgentOptions>(made);
+  if (options.ok() && tier != Tier::kMemory) {
+    options->keep_in_memory = false;
+    if (tier == Tier::kLocal) {
+      options->local_cache = storage::JoinPath(dir.path(), "local");
+      std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+      if (absl::Status s = storage::CreateDirs(fs.get(), options->local_cache); !s.ok()) options = s;
+    }
+  }
+  if (!options.ok()) return fail(options.status().message());
+  const bool inline_alloc =
+      staging::SegmentBytes(options->slots, staging::PlanLayout({n}).slot_bytes) <= options->prepare_inline_bytes;
+  // The first trainer's buffer (the pattern) and the second's (pre-faulted).
+  base::AlignedBuffer src, dst;
+  try {
+    src = base::AlignedBuffer(n);
+    dst = base::AlignedBuffer(n);
+  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+    return fail(absl::StrCat("cannot allocate twice ", base::HumanBytes(n), " (--bytes)"));
+  }
+  const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
+  absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket);
+  if (!agent.ok()) return fail(agent.status().message(), nullptr, base::kExitUnavailable);
+  client::ClientOptions co;
+  co.socket = socket;
+  co.job = "restorebench";
+  std::vector<double> connect, staging_wait, restore, yardstick, fio, resident;
+  std::vector<std::string> sources;
+  for (int r = 0; r < rounds; ++r) {
+    absl::StatusOr<RestoreTimes> t =
+        RestoreRound(co, *options, tier, inline_alloc, src.data(), dst.data(), n, r + 1, log);
+    if (!t.ok()) return fail(t.status().message(), &log);
+    connect.push_back(t->connect);
+    staging_wait.push_back(t->staging_wait);
+    restore.push_back(t->restore);
+    yardstick.push_back(t->yardstick);
+    if (t->fio) fio.push_back(*t->fio);
+    if (t->resident) resident.push_back(*t->resident);
+    if (std::find(sources.begin(), sources.end(), t->source) == sources.end()) sources.push_back(t->source);
+  }
+  agent->reset();
+  const std::string source = absl::StrJoin(sources, "+");
+  const bool as_expected = source == expected;
+  const double restore_s = Median(restore), yard_s = Median(yardstick);
+  const double ratio = yard_s > 0 ? restore_s / yard_s : 0;
+  if (args->Has("json")) {
+    cli::JsonWriter w;
+    w.BeginObject();
+    w.Field("bytes", n);
+    w.Field("from", from);
+    w.Field("rounds", rounds);
+    w.Field("source", source);
+    w.Field("source_as_expected", as_expected);
+    w.Field("verified", true);
+    w.Field("connect_s", Median(connect));
+    w.Field("staging_wait_s", Median(staging_wait));
+    w.Field("restore_s", restore_s);
+    w.Field(tier == Tier::kMemory ? "memcpy_s" : "read_s", yard_s);
+    w.Field("ratio", ratio);
+    if (tier == Tier::kMemory) {
+      w.Field("target_ratio", kMemoryTargetRatio);
+      w.Field("target_met", ratio <= kMemoryTargetRatio);
+    } else {
+      if (!fio.empty()) w.Field("fio_read_s", Median(fio));
+      if (!resident.empty()) w.Field("resident_after_evict", Median(resident));
+    }
+    w.EndObject();
+    out << w.str() << "\n";
+    return base::kExitOk;
+  }
+  out << absl::StrFormat("restore of %s from %s (read from %s%s, bytes verified), median of %d:\n", base::HumanBytes(n),
+                         from, source, as_expected ? "" : absl::StrCat(", NOT ", expected), rounds);
+  out << absl::StrFormat("  restore %.4f s (connect %.4f s, staging wait %.4f s before it)\n", restore_s,
+                         Median(connect), Median(staging_wait));
+  if (tier == Tier::kMemory) {
+    out << absl::StrFormat("  memcpy  %.4f s: restore %.2fx memcpy (target <= %.1fx: %s)\n", yard_s, ratio,
+                           kMemoryTargetRatio, ratio <= kMemoryTargetRatio ? "met" : "MISSED");
+  } else {
+    out << absl::StrFormat("  read()  %.4f s: restore %.2fx read()\n", yard_s, ratio);
+    if (!fio.empty()) out << absl::StrFormat("  fio     %.4f s (O_DIRECT, 4 MiB blocks)\n", Median(fio));
+    if (!resident.empty()) {
+      out << absl::StrFormat("  page cache after eviction: %.0f%% of the shard\n", 100 * Median(resident));
+    }
+  }
+  return base::kExitOk;
+}
+
+}  // namespace ckptd::bench
