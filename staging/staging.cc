@@ -466,6 +466,9 @@ absl::Status StagingSegment::PrepareSlot(uint32_t slot) {
                                    " of ", name_),
                       err);
   }
+  // Faulted in here, in the background: the first touch of fresh memory
+  // (clearing it, and on a virtual machine the host backing it) is the
+  // costly part, and a trainer's snapshot must not pay it.
   Advise(slot, MADV_POPULATE_WRITE);
   if (!Transition(slot, SlotState::kPreparing, SlotState::kFree)) {
     return absl::InternalError(absl::StrCat(name_, ": staging slot ", slot, " left PREPARING while being prepared"));

@@ -13,7 +13,7 @@
 //   RESTORED -> FREE (trainer, Release, after copying out)
 // and, for the memory tier (persisted steps stay in memory until their slot
 // is needed):
-//   PREPARING -> FREE (agent, PrepareSlot: memory reserved and faulted in)
+//   PREPARING -> FREE (agent, PrepareSlot: its memory reserved and touched)
 //   PERSISTING -> KEPT (agent, Keep: the persisted snapshot stays readable)
 //   KEPT -> FREE (agent, Unkeep: the step is of no more use)
 //   KEPT -> FILLING (trainer, AcquireForFill when no slot is FREE: the kept
@@ -167,8 +167,9 @@ class StagingSegment {
   // free, the KEPT slot with the lowest step.
   absl::StatusOr<uint32_t> AcquireForRestore(absl::Duration wait);
   // Agent: reserves the memory of a PREPARING slot (a full /dev/shm is an
-  // error here, not a SIGBUS later) and faults it into this mapping; the slot
-  // is then FREE. A slot in another state is left alone (OK).
+  // error here, not a SIGBUS later) and faults it into this mapping (the
+  // first touch, which clears it); the slot is then FREE. A slot in another
+  // state is left alone (OK).
   absl::Status PrepareSlot(uint32_t slot);
   // Slots no longer PREPARING.
   uint32_t slots_prepared() const;

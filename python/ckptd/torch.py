@@ -609,14 +609,15 @@ class Checkpointer:
         """Optimizers create their state at their first step. A trial step with
         zero gradients creates it now, so that it is registered (and restored)
         from the start; parameters, gradients and RNG are put back. Returns the
-        optimizers it stepped."""
+        optimizers it stepped. The state of an optimizer whose initial state is
+        zeros is made without stepping it (see _zero_state)."""
         stepped = []
         for tracked in self._tracked.values():
             opt = tracked.obj
             if not isinstance(opt, torch.optim.Optimizer) or len(opt.state) > 0:
                 continue
             params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-            if not params:
+            if not params or self._zero_state(opt):
                 continue
             saved = [(p, p.detach().to("cpu", copy=True), p.grad) for p in params]
             count = opt.__dict__.get("_step_count")
@@ -635,6 +636,47 @@ class Checkpointer:
                 if count is not None:
                     opt._step_count = count
         return stepped
+
+    @staticmethod
+    def _zero_state(opt):
+        """For an optimizer whose first step creates zeros (_ZERO_INIT_OPTIMIZERS),
+        makes that state without the step, which would read and write every
+        element several times (seconds for a large model): a twin of it over
+        one-element parameters steps once, and each state entry of it becomes
+        zeros shaped like its parameter (per-element state), a zero scalar
+        tensor, or a zero number, on the twin's device and dtype. Returns
+        whether it did; False leaves `opt` untouched (the trial step does it)."""
+        if type(opt) not in _ZERO_INIT_OPTIMIZERS:
+            return False
+        real, groups = [], []
+        for g in opt.param_groups:
+            params = [p for p in g["params"] if p.requires_grad]
+            twins = [torch.zeros(1, dtype=p.dtype, device=p.device, requires_grad=True) for p in params]
+            real += list(zip(params, twins))
+            groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": twins})
+        try:
+            twin = type(opt)(groups)
+            for _, t in real:
+                t.grad = torch.zeros_like(t)
+            twin.step()
+            state = {}
+            for p, t in real:
+                entries = {}
+                for k, v in twin.state.get(t, {}).items():
+                    if isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape == t.shape:
+                        entries[k] = torch.zeros(p.shape, dtype=v.dtype, device=v.device)
+                    elif isinstance(v, torch.Tensor) and v.dim() == 0:
+                        entries[k] = torch.zeros((), dtype=v.dtype, device=v.device)
+                    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                        entries[k] = type(v)(0)
+                    else:
+                        return False  # a state this rule does not know: the trial step
+                state[p] = entries
+        except Exception:  # the twin could not be made or stepped: the trial step
+            return False
+        for p, entries in state.items():
+            opt.state[p] = entries
+        return True
 
     @staticmethod
     def _settle(stepped):

@@ -132,6 +132,38 @@ class CheckpointerTest(AgentTestCase):
                 ckpt.restore()
             return str(e.exception)
 
+    def test_zero_initial_state_is_made_without_a_step_and_matches_a_first_step(self):
+        # What the first step creates, zeroed, is what _zero_state makes without
+        # running it: same entries, shapes, dtypes, devices, all zeros.
+        makers = [lambda ps: torch.optim.Adam(ps, lr=1e-3), lambda ps: torch.optim.AdamW(ps, amsgrad=True),
+                  lambda ps: torch.optim.RMSprop(ps, momentum=0.9, centered=True),
+                  lambda ps: torch.optim.Adam([{"params": ps[:2], "lr": 0.1}, {"params": ps[2:]}])]
+        for make in makers:
+            net = _net()
+            opt = make(list(net.parameters()))
+            before = [p.detach().clone() for p in net.parameters()]
+            self.assertTrue(ckt.Checkpointer._zero_state(opt), type(opt).__name__)
+            # Nothing was stepped: the parameters did not move, no gradient appeared.
+            for p, b in zip(net.parameters(), before):
+                self.assertTrue(torch.equal(p, b))
+                self.assertIsNone(p.grad)
+            ref_net = _net()
+            ref = make(list(ref_net.parameters()))
+            for p in ref_net.parameters():
+                p.grad = torch.zeros_like(p)
+            ref.step()
+            for p, q in zip(net.parameters(), ref_net.parameters()):
+                got, want = opt.state[p], ref.state[q]
+                self.assertEqual(sorted(got), sorted(want), type(opt).__name__)
+                for k, v in want.items():
+                    if isinstance(v, torch.Tensor):
+                        self.assertEqual((got[k].shape, got[k].dtype, got[k].device), (v.shape, v.dtype, v.device))
+                        self.assertFalse(got[k].any(), k)
+                    else:
+                        self.assertEqual(got[k], type(v)(0), k)
+        # An optimizer whose first state is not zeros keeps the trial step.
+        self.assertFalse(ckt.Checkpointer._zero_state(torch.optim.SGD(_net().parameters(), lr=0.1, momentum=0.9)))
+
     def test_a_model_that_does_not_match_is_refused_naming_the_tensor(self):
         job = self.job()
         self.save_one(job, _net())
