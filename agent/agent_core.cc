@@ -48,6 +48,18 @@ int32_t GpuOf(const TrainerRegistration& reg) {
   return gpu;
 }
 
+// A restore-plan request of the trainer `trainer_id` registered as `reg`.
+ckptd::v1::RestorePlanRequest PlanRequestOf(const TrainerRegistration& reg, uint64_t trainer_id) {
+  ckptd::v1::RestorePlanRequest req;
+  req.set_job(reg.job);
+  req.set_rank(reg.rank);
+  req.set_world_size(reg.world_size);
+  req.set_pid(reg.pid);
+  req.set_gpu(GpuOf(reg));
+  req.set_trainer_id(trainer_id);
+  return req;
+}
+
 // What a parked segment must match to be handed to a new registration: the
 // job, rank, world size and every buffer's name, component, dtype, shape and
 // sharding (not its device: a restarted trainer may get another GPU).
@@ -403,6 +415,75 @@ std::vector<TrainerInfo> AgentCore::Trainers() {
     out.push_back(std::move(info));
   }
   return out;
+}
+
+absl::StatusOr<std::string> AgentCore::CorruptKeptStep(const std::string& job, uint32_t rank, uint64_t step) {
+  const std::string who = absl::StrCat("rank ", rank, " of job ", job);
+  std::shared_ptr<Trainer> t;
+  {
+    absl::MutexLock l(&mu_);
+    // Ids grow: the last match is the newest registration.
+    for (const auto& [id, tr] : trainers_) {
+      if (tr->reg.job == job && tr->reg.rank == rank) t = tr;
+    }
+  }
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer of ", who, " is registered with this agent"));
+  if (!options_.keep_in_memory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this agent runs without the memory tier (--no-memory-tier): ", who, " keeps no step in memory"));
+  }
+  staging::StagingSegment& seg = *t->segment;
+  std::vector<KeptStep> kept;
+  {
+    absl::MutexLock l(&t->mu);
+    kept = t->kept;
+  }
+  ForgetTakenBack(seg, &kept);
+  std::optional<uint32_t> slot;
+  for (const KeptStep& k : kept) {
+    if (k.step == step && seg.state(k.slot) == staging::SlotState::kKept) slot = k.slot;
+  }
+  // A newer snapshot on its way to storage, or persisted and kept, may still
+  // commit: a restart would restore it, not `step`.
+  for (uint32_t i = 0; i < seg.slots(); ++i) {
+    const staging::SlotState s = seg.state(i);
+    const bool newer =
+        (s == staging::SlotState::kReady || s == staging::SlotState::kPersisting || s == staging::SlotState::kKept) &&
+        seg.step(i) > step;
+    if (newer) {
+      return absl::UnavailableError(absl::StrCat(who, " holds step ", seg.step(i), ", newer than step ", step,
+                                                 ", in staging slot ", i, " (", staging::SlotStateName(s), ")"));
+    }
+  }
+  size_t buffer = 0;
+  while (buffer < t->layout.lengths.size() && t->layout.lengths[buffer] == 0) ++buffer;
+  if (buffer == t->layout.lengths.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(who, " registered no bytes to damage"));
+  }
+  // Held while it changes: the trainer cannot take the slot for a snapshot.
+  if (!slot || !seg.TakeKept(*slot, step)) {
+    std::vector<uint64_t> steps;
+    for (const KeptStep& k : kept) steps.push_back(k.step);
+    std::sort(steps.begin(), steps.end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " keeps no copy of step ", step, " in memory (",
+        steps.empty() ? std::string("it keeps no step")
+                      : absl::StrCat("it keeps ", steps.size() == 1 ? "step " : "steps ", absl::StrJoin(steps, ", ")),
+        ")"));
+  }
+  const uint64_t offset = t->layout.lengths[buffer] / 2;
+  uint8_t* byte = seg.slot_data(*slot) + t->layout.offsets[buffer] + offset;
+  *byte = static_cast<uint8_t>(*byte ^ 0xff);
+  // Back to KEPT, holding the same step.
+  absl::Status back = seg.Publish(*slot, step, /*keep_on_release=*/true);
+  if (back.ok()) back = seg.Release(*slot);
+  if (!back.ok()) {
+    return absl::InternalError(
+        absl::StrCat("staging slot ", *slot, " of ", who, " is not kept again after the damage: ", back.message()));
+  }
+  return absl::StrCat("flipped the byte at offset ", offset, " of buffer '",
+                      absl::CHexEscape(t->reg.buffers[buffer].name()), "' in the kept copy of step ", step, " of ", who,
+                      " (staging slot ", *slot, ")");
 }
 
 void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
@@ -820,6 +901,22 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
                                 options.reread_problem.substr(0, 1000), "); reading it from disk"));
   call.from_memory = false;
   CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, LoadStep(t.get(), step, &call));
+  if (options_.coordinator != nullptr) {
+    // The coordinator heard the rank read the step from memory: it learns
+    // where it was read in the end (the restore stands either way).
+    const TrainerRegistration& reg = t->reg;
+    ckptd::v1::RestorePlanRequest req = PlanRequestOf(reg, t->id);
+    req.set_has_attempt(true);
+    req.set_attempt_step(step);
+    req.set_attempt_ok(true);
+    req.set_attempt_source(RestoreSourceProto(call.source));
+    req.set_reread(true);
+    if (absl::Status told = options_.coordinator->RestorePlan(req, options_.restore_timeout).status(); !told.ok()) {
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank,
+                                    ": the coordinator could not be told that step ", step,
+                                    " was read from disk after all: ", told.message()));
+    }
+  }
   return Restored(t.get(), step, slot, &call, incarnation);
 }
 
@@ -1192,13 +1289,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
 absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
   const absl::Time deadline = clock_->Now() + options_.restore_timeout;
-  ckptd::v1::RestorePlanRequest req;
-  req.set_job(reg.job);
-  req.set_rank(reg.rank);
-  req.set_world_size(reg.world_size);
-  req.set_pid(reg.pid);
-  req.set_gpu(GpuOf(reg));
-  req.set_trainer_id(t->id);
+  ckptd::v1::RestorePlanRequest req = PlanRequestOf(reg, t->id);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
 

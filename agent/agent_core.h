@@ -248,6 +248,14 @@ class AgentCore {
   std::optional<TrainerInfo> FindTrainer(const std::string& job, uint32_t rank);
   // Every trainer registered with this agent (the newest per job and rank).
   std::vector<TrainerInfo> Trainers();
+  // For drills (CORRUPT_MEMORY): flips one byte of the copy of `step` that
+  // the trainer of `rank` of `job` keeps in memory (its KEPT slot), as a
+  // stray write would, and says where. kNotFound when no trainer of the rank
+  // is registered; kFailedPrecondition when it keeps no copy of `step`
+  // (naming the steps it keeps); kUnavailable while it holds a newer
+  // snapshot, being persisted or kept, that may still commit (a restart
+  // would restore that one instead).
+  absl::StatusOr<std::string> CorruptKeptStep(const std::string& job, uint32_t rank, uint64_t step);
 
   // The trainer skipped the snapshot of `step` for `reason` (kept up to
   // kMaxSkipReasonBytes): counted in its PersistStatus, which Status()

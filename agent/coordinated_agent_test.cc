@@ -242,6 +242,47 @@ TEST_F(CoordinatedAgentTest, ATrainerThatRestoresAgainGetsTheSameStepWithoutANew
   EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
 }
 
+TEST_F(CoordinatedAgentTest, ACopyFromMemoryThatFailsTheTrainersCheckIsReportedReadFromDisk) {
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
+  // Both ranks are handed step 10 from memory, to check as they copy it out.
+  RestoreOptions verify;
+  verify.client_verifies = true;
+  std::vector<absl::StatusOr<RestoreResult>> results(2, absl::UnknownError("not run"));
+  std::thread ta([&] { results[0] = a.agent->Restore(a.handle.trainer_id, verify); });
+  std::thread tb([&] { results[1] = b.agent->Restore(b.handle.trainer_id, verify); });
+  ta.join();
+  tb.join();
+  for (const absl::StatusOr<RestoreResult>& r : results) {
+    ASSERT_THAT(r.status(), IsOk());
+    EXPECT_EQ(r->step, std::optional<uint64_t>(10));
+    EXPECT_EQ(r->source, RestoreSource::kMemory);
+  }
+  auto source_of = [&](uint32_t rank) {
+    const ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+    for (const auto& r : status.jobs(0).last_restore().ranks()) {
+      if (r.rank() == rank) return r.source();
+    }
+    return ckptd::v1::RESTORE_SOURCE_UNSPECIFIED;
+  };
+  EXPECT_EQ(source_of(0), ckptd::v1::AGENT_MEMORY);
+  // Rank 0's trainer finds a block damaged: the step is read from disk, and
+  // the coordinator hears where rank 0 read it in the end.
+  CKPTD_ASSERT_OK(a.seg->Release(results[0]->slot));
+  CKPTD_ASSERT_OK(b.seg->Release(results[1]->slot));
+  RestoreOptions reread;
+  reread.reread_step = 10;
+  reread.reread_problem = "buffer 'params' bytes 0..4096 do not match their checksum";
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, a.agent->Restore(a.handle.trainer_id, reread));
+  EXPECT_EQ(again.step, std::optional<uint64_t>(10));
+  EXPECT_EQ(again.source, RestoreSource::kRoot);
+  EXPECT_EQ(a.seg->slot_data(again.slot)[0], Pattern(10, 0));
+  CKPTD_ASSERT_OK(a.seg->Release(again.slot));
+  EXPECT_EQ(source_of(0), ckptd::v1::STORAGE_ROOT);
+  EXPECT_EQ(source_of(1), ckptd::v1::AGENT_MEMORY);
+  EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
+}
+
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
   keep_in_memory_ = false;  // the damage is on disk
   Node a = Start("node-a", 0, 2);

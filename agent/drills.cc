@@ -126,10 +126,10 @@ std::optional<ckptd::v1::DrillReport> DrillExecutor::Report(uint64_t drill_id) {
   return it->second->report;
 }
 
-void DrillExecutor::Injected(Drill* d, const std::string& detail) {
+void DrillExecutor::Injected(Drill* d, const std::string& detail, std::optional<absl::Time> at) {
   absl::MutexLock l(&mu_);
   d->report.set_injected(true);
-  d->report.set_injected_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+  d->report.set_injected_unix_nanos(absl::ToUnixNanos(at.value_or(clock_->Now())));
   d->report.set_detail(detail);
   ++d->version;
 }
@@ -174,6 +174,8 @@ absl::Status DrillExecutor::Execute(Drill* d) {
     }
     case ckptd::v1::CORRUPT_SHARD:
       return CorruptShard(d);
+    case ckptd::v1::CORRUPT_MEMORY:
+      return CorruptMemory(d);
     case ckptd::v1::STORAGE_EIO:
     case ckptd::v1::STORAGE_ENOSPC:
     case ckptd::v1::STORAGE_SLOW: {
@@ -223,8 +225,9 @@ absl::Status DrillExecutor::WaitForStep(const ckptd::v1::DrillOrder& o) {
 absl::Status DrillExecutor::KillTrainer(Drill* d) {
   const ckptd::v1::DrillOrder& o = d->order;
   CKPTD_ASSIGN_OR_RETURN(TrainerInfo t, Trainer(o));
+  const absl::Time at = clock_->Now();
   CKPTD_RETURN_IF_ERROR(hooks_.signal(t.pid, SIGKILL));
-  Injected(d, absl::StrCat("SIGKILL sent to pid ", t.pid, " (", RankName(o), ", at step ", t.step, ")"));
+  Injected(d, absl::StrCat("SIGKILL sent to pid ", t.pid, " (", RankName(o), ", at step ", t.step, ")"), at);
   Ended(d);
   return absl::OkStatus();
 }
@@ -256,6 +259,7 @@ absl::Status DrillExecutor::KillAgent(Drill* d) {
 absl::Status DrillExecutor::KillNode(Drill* d) {
   if (!hooks_.list_trainers) return absl::FailedPreconditionError("this agent cannot list its trainers");
   std::vector<std::string> killed;
+  const absl::Time at = clock_->Now();
   for (const TrainerInfo& t : hooks_.list_trainers()) {
     // kill(0) and kill(-1) would signal whole process groups; never this agent.
     if (t.pid <= 1 || t.pid == ::getpid()) continue;
@@ -263,9 +267,11 @@ absl::Status DrillExecutor::KillNode(Drill* d) {
       killed.push_back(absl::StrCat("rank ", t.rank, " of job ", t.job, " (pid ", t.pid, ", at step ", t.step, ")"));
     }
   }
-  Injected(d, absl::StrCat("node crash: SIGKILL sent to ", killed.size(), " trainer(s)",
-                           killed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(killed, ", ")), ", then to agent pid ",
-                           ::getpid()));
+  Injected(d,
+           absl::StrCat("node crash: SIGKILL sent to ", killed.size(), " trainer(s)",
+                        killed.empty() ? "" : absl::StrCat(": ", absl::StrJoin(killed, ", ")), ", then to agent pid ",
+                        ::getpid()),
+           at);
   Ended(d);
   ReportThenDie(d);
   return absl::OkStatus();
@@ -386,6 +392,56 @@ absl::Status DrillExecutor::CorruptShard(Drill* d) {
                            tensor, "', block ", block, ", chunk ", chunk, ")"));
   Ended(d);
   return absl::OkStatus();
+}
+
+absl::Status DrillExecutor::CorruptMemory(Drill* d) {
+  const ckptd::v1::DrillOrder& o = d->order;
+  if (!hooks_.corrupt_kept) return absl::FailedPreconditionError("this agent keeps no steps in memory for drills");
+  const absl::Time deadline = clock_->Now() + options_.max_wait_for_commit;
+  while (true) {
+    CKPTD_ASSIGN_OR_RETURN(const TrainerInfo t, Trainer(o));
+    // The step a restart would restore: the order's (the newest committed
+    // when it was given), or one committed since (while the drill waited for
+    // at_step, say).
+    uint64_t step = o.step();
+    if (hooks_.real_fs != nullptr) {
+      storage::CheckpointStore store(hooks_.real_fs, options_.storage_root);
+      CKPTD_ASSIGN_OR_RETURN(std::optional<uint64_t> newest, store.LatestCommittedStep(o.job()));
+      if (!newest && step == 0) {
+        return absl::NotFoundError(
+            absl::StrCat("job ", o.job(), " has no committed step whose copy in memory to corrupt"));
+      }
+      step = std::max(step, newest.value_or(0));
+    }
+    absl::StatusOr<std::string> damaged = hooks_.corrupt_kept(o.job(), o.rank(), step);
+    if (absl::IsUnavailable(damaged.status())) {
+      // A newer step may be about to commit: look again shortly.
+      if (clock_->Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(damaged.status().message(), ", and it did not commit within ",
+                                                        absl::FormatDuration(options_.max_wait_for_commit)));
+      }
+      if (!Sleep(options_.step_poll)) {
+        return absl::CancelledError(
+            absl::StrCat("the agent stopped before the drill on ", RankName(o), " could start"));
+      }
+      continue;
+    }
+    CKPTD_RETURN_IF_ERROR(damaged.status());
+    const absl::Time at = clock_->Now();
+    {
+      absl::MutexLock l(&mu_);
+      d->report.set_step(step);
+    }
+    // The restart makes the rank's successor restore from the damaged copy.
+    if (absl::Status killed = hooks_.signal(t.pid, SIGKILL); !killed.ok()) {
+      return absl::Status(killed.code(),
+                          absl::StrCat(*damaged, ", but the trainer could not be killed: ", killed.message()));
+    }
+    Injected(d, absl::StrCat(*damaged, "; SIGKILL sent to pid ", t.pid, " (", RankName(o), ", at step ", t.step, ")"),
+             at);
+    Ended(d);
+    return absl::OkStatus();
+  }
 }
 
 absl::Status DrillExecutor::StorageFault(Drill* d, absl::Duration duration) {

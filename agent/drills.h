@@ -39,6 +39,10 @@ struct DrillOptions {
   absl::Duration kill_agent_grace = absl::Seconds(2);
   // Longest duration_seconds (and slow_seconds) accepted.
   absl::Duration max_duration = absl::Hours(1);
+  // CORRUPT_MEMORY waits this long at most (looking every step_poll) while
+  // the rank holds a snapshot newer than the newest committed step that may
+  // still commit: a restart would restore that one, not the damaged step.
+  absl::Duration max_wait_for_commit = absl::Seconds(30);
   // Measures and waits on time: the drills' durations, the waits for a step
   // and for delivery, and the reports' timestamps (default:
   // base::RealClock::Get()); must outlive the executor.
@@ -61,8 +65,13 @@ struct DrillHooks {
   // The file system checkpoint I/O goes through (storage scenarios); null:
   // those report an error. Must outlive the executor.
   storage::FaultInjectionFileSystem* fault_fs = nullptr;
-  // The real file system below it (CORRUPT_SHARD); null: that reports an error.
+  // The real file system below it (CORRUPT_SHARD, and CORRUPT_MEMORY to
+  // find the newest committed step); null: CORRUPT_SHARD reports an error.
   storage::FileSystem* real_fs = nullptr;
+  // Flips a byte of the copy of `step` that the trainer of (job, rank) keeps
+  // in memory (CORRUPT_MEMORY; AgentCore::CorruptKeptStep, whose errors it
+  // shares); null: CORRUPT_MEMORY reports an error.
+  std::function<absl::StatusOr<std::string>(const std::string& job, uint32_t rank, uint64_t step)> corrupt_kept;
 };
 
 class DrillExecutor {
@@ -116,11 +125,16 @@ class DrillExecutor {
   void ReportThenDie(Drill* d);
   absl::Status CutOffAgent(Drill* d, absl::Duration duration);
   absl::Status CorruptShard(Drill* d);
+  // Damages the rank's copy in memory of the step a restart would restore,
+  // then kills its trainer.
+  absl::Status CorruptMemory(Drill* d);
   absl::Status StorageFault(Drill* d, absl::Duration duration);
   absl::StatusOr<TrainerInfo> Trainer(const ckptd::v1::DrillOrder& order);
 
-  // Changes the drill's report (and its version).
-  void Injected(Drill* d, const std::string& detail);
+  // Changes the drill's report (and its version). `at`: when the fault was
+  // injected (default: now); a kill is stamped before the signal goes, so
+  // that its detection never comes before it.
+  void Injected(Drill* d, const std::string& detail, std::optional<absl::Time> at = std::nullopt);
   void Ended(Drill* d, const std::string& detail_suffix = "");
   // Sleeps `d` unless stopping; false when the executor is stopping.
   bool Sleep(absl::Duration d);

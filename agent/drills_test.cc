@@ -7,12 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "staging/staging.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
@@ -488,6 +490,188 @@ TEST_F(DrillsTest, CorruptShardWithoutACommittedStepReportsAnError) {
   DrillExecutor ex(options_, Hooks());
   ex.Submit(Order(1, ckptd::v1::CORRUPT_SHARD));
   EXPECT_THAT(Finished(ex, 1).error(), HasSubstr("job"));
+}
+
+// CORRUPT_MEMORY against a real agent core: rank 0 of a one-rank job, its
+// steps committed by the agent itself, kept in its staging slots.
+class CorruptMemoryTest : public DrillsTest {
+ protected:
+  static TrainerRegistration Rank0() {
+    TrainerRegistration r;
+    r.job = kJob;
+    r.rank = 0;
+    r.world_size = 1;
+    r.local_world_size = 1;
+    r.pid = kPid;
+    r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
+                 Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
+    return r;
+  }
+  // Drill hooks that act on `agent`'s trainers (signals are only recorded).
+  DrillHooks HooksOf(AgentCore& agent) {
+    DrillHooks h = Hooks();
+    h.find_trainer = [&agent](const std::string& job, uint32_t rank) { return agent.FindTrainer(job, rank); };
+    h.corrupt_kept = [&agent](const std::string& job, uint32_t rank, uint64_t step) {
+      return agent.CorruptKeptStep(job, rank, step);
+    };
+    return h;
+  }
+  static ckptd::v1::DrillOrder CorruptOrder(uint64_t id, uint64_t step) {
+    ckptd::v1::DrillOrder o = Order(id, ckptd::v1::CORRUPT_MEMORY);
+    o.set_rank(0);
+    o.set_step(step);
+    return o;
+  }
+  // The bytes of every slot of `seg`.
+  static std::vector<std::string> Slots(const staging::StagingSegment& seg) {
+    std::vector<std::string> slots;
+    for (uint32_t i = 0; i < seg.slots(); ++i) {
+      slots.emplace_back(reinterpret_cast<const char*>(seg.slot_data(i)), seg.slot_bytes());
+    }
+    return slots;
+  }
+  // The slot of `seg` that keeps `step`.
+  static std::optional<uint32_t> SlotKeeping(const staging::StagingSegment& seg, uint64_t step) {
+    for (uint32_t i = 0; i < seg.slots(); ++i) {
+      if (seg.state(i) == staging::SlotState::kKept && seg.step(i) == step) return i;
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_F(CorruptMemoryTest, FlipsAByteOfTheKeptCopyOfTheNewestCommittedStepThenKillsTheTrainer) {
+  AgentCore agent(&mem_, TestAgentOptions("drills"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<staging::StagingSegment> seg, staging::StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, step));
+  const std::optional<uint32_t> slot_of_1 = SlotKeeping(*seg, 1);
+  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*seg, 2);
+  ASSERT_TRUE(slot_of_1.has_value() && slot_of_2.has_value());
+  const std::vector<std::string> before = Slots(*seg);
+  {
+    DrillExecutor ex(options_, HooksOf(agent));
+    // Step 1 was the newest committed step when the drill was ordered; step
+    // 2 committed since: a restart restores step 2, so its copy is damaged.
+    ex.Submit(CorruptOrder(1, 1));
+    const ckptd::v1::DrillReport r = Finished(ex, 1);
+    ASSERT_EQ(r.error(), "");
+    EXPECT_TRUE(r.injected());
+    EXPECT_TRUE(r.ended());
+    EXPECT_EQ(r.step(), 2u);
+    EXPECT_THAT(r.detail(), AllOf(HasSubstr("flipped the byte at offset 6000 of buffer 'params' in the kept copy of "
+                                            "step 2 of rank 0 of job job"),
+                                  HasSubstr("SIGKILL sent to pid 4242 (rank 0 of job job")));
+  }
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGKILL)));
+  // One byte of step 2's kept copy changed, and the copy is still kept.
+  const std::vector<std::string> after = Slots(*seg);
+  EXPECT_EQ(after[*slot_of_1], before[*slot_of_1]);
+  std::vector<size_t> changed;
+  for (size_t i = 0; i < before[*slot_of_2].size(); ++i) {
+    if (after[*slot_of_2][i] != before[*slot_of_2][i]) changed.push_back(i);
+  }
+  EXPECT_THAT(changed, ElementsAre(h.offsets[0] + 6000));
+  EXPECT_EQ(seg->state(*slot_of_2), staging::SlotState::kKept);
+  EXPECT_EQ(seg->step(*slot_of_2), 2u);
+
+  // The trainer's successor gets the segment back; the damage is caught and
+  // step 2 is read from the storage root, intact.
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id, /*died=*/true));
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle again, agent.Register(Rank0()));
+  ASSERT_EQ(again.segment, h.segment);
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult restored, agent.Restore(again.trainer_id, absl::Seconds(10)));
+  EXPECT_EQ(restored.step, std::optional<uint64_t>(2));
+  EXPECT_EQ(restored.source, RestoreSource::kRoot);
+  EXPECT_EQ(seg->slot_data(restored.slot)[h.offsets[0] + 6000], 2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(again.trainer_id));
+  EXPECT_EQ(st.memory_rejected, 1u);
+  CKPTD_ASSERT_OK(seg->Release(restored.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(again.trainer_id));
+}
+
+TEST_F(CorruptMemoryTest, ARankWithoutACopyOfTheStepIsAClearErrorAndNothingIsTouched) {
+  AgentCore agent(&mem_, TestAgentOptions("drills"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<staging::StagingSegment> seg, staging::StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, step));
+  const std::vector<std::string> before = Slots(*seg);
+  // Asked directly: no such rank, a step it does not keep, an older step
+  // than one it keeps (which a restart would restore instead).
+  EXPECT_THAT(agent.CorruptKeptStep(kJob, 5, 2),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer of rank 5 of job job")));
+  EXPECT_THAT(agent.CorruptKeptStep(kJob, 0, 7),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank 0 of job job keeps no copy of step 7 in memory (it keeps steps 1, 2)")));
+  EXPECT_THAT(agent.CorruptKeptStep(kJob, 0, 1),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("holds step 2, newer than step 1")));
+  // Step 5 committed by others (another run of the job wrote it): the rank
+  // keeps no copy of it, and the drill says so and kills nothing.
+  storage::CheckpointStore store(&mem_, kRoot);
+  CKPTD_ASSERT_OK(store.PrepareStep(kJob, 5));
+  const testing::RankData data = testing::MakeRankData(5, 0, 3000, 24);
+  CKPTD_ASSERT_OK(
+      store.WriteShard(kJob, 5, 0, 1, testing::RankSources(data, "params", "cursor"), testing::SmallBlocks()).status());
+  CKPTD_ASSERT_OK(store.CommitStep(kJob, 5, 1).status());
+  {
+    DrillExecutor ex(options_, HooksOf(agent));
+    ex.Submit(CorruptOrder(1, 2));
+    EXPECT_THAT(Finished(ex, 1).error(), HasSubstr("rank 0 of job job keeps no copy of step 5 in memory (it keeps "
+                                                   "steps 1, 2)"));
+  }
+  EXPECT_THAT(signals(), IsEmpty());
+  EXPECT_EQ(Slots(*seg), before);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+TEST_F(DrillsTest, CorruptMemoryWaitsWhileANewerStepMayStillCommit) {
+  options_.max_wait_for_commit = absl::Seconds(1);
+  int asked = 0;
+  absl::Status answer = absl::UnavailableError("rank 1 of job job holds step 8, newer than step 7, in staging slot 1");
+  DrillHooks hooks = Hooks();
+  hooks.corrupt_kept = [&](const std::string& job, uint32_t rank, uint64_t step) -> absl::StatusOr<std::string> {
+    absl::MutexLock l(&mu_);
+    ++asked;
+    EXPECT_EQ(step, 7u);  // nothing committed in storage: the order's step
+    if (!answer.ok()) return answer;
+    return std::string("flipped a byte of step 7");
+  };
+  DrillExecutor ex(options_, hooks);
+  ckptd::v1::DrillOrder o = Order(1, ckptd::v1::CORRUPT_MEMORY);
+  o.set_step(7);
+  ex.Submit(o);
+  // Asked again every step_poll, and nothing is killed meanwhile.
+  ASSERT_TRUE(Parked());
+  clock_.Advance(options_.step_poll);
+  ASSERT_TRUE(Parked());
+  EXPECT_THAT(signals(), IsEmpty());
+  {
+    absl::MutexLock l(&mu_);
+    EXPECT_EQ(asked, 2);
+    answer = absl::OkStatus();
+  }
+  clock_.Advance(options_.step_poll);
+  const ckptd::v1::DrillReport r = Finished(ex, 1);
+  EXPECT_EQ(r.step(), 7u);
+  EXPECT_THAT(r.detail(), AllOf(HasSubstr("flipped a byte of step 7"), HasSubstr("SIGKILL sent to pid 4242")));
+  EXPECT_THAT(signals(), ElementsAre(Pair(kPid, SIGKILL)));
+
+  // Only so long; and an agent without the hook says so.
+  {
+    absl::MutexLock l(&mu_);
+    answer = absl::UnavailableError("rank 1 of job job holds step 8, newer than step 7, in staging slot 1");
+  }
+  ckptd::v1::DrillOrder late = o;
+  late.set_drill_id(2);
+  ex.Submit(late);
+  ASSERT_TRUE(Parked());
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_THAT(Finished(ex, 2).error(), HasSubstr("holds step 8, newer than step 7, in staging slot 1, and it did "
+                                                 "not commit within 1s"));
+  EXPECT_THAT(signals(), SizeIs(1));
+  DrillHooks bare_hooks = Hooks();
+  DrillExecutor bare(options_, bare_hooks);
+  bare.Submit(o);
+  EXPECT_THAT(Finished(bare, 1).error(), HasSubstr("keeps no steps in memory"));
 }
 
 TEST_F(DrillsTest, ReportsAreSentUntilDeliveredAndAgainWhenTheyChange) {

@@ -89,6 +89,9 @@ std::unique_ptr<agent::DrillExecutor> NewDrillExecutor(const agent::AgentFlags& 
   agent::DrillHooks hooks;
   hooks.find_trainer = [core](const std::string& job, uint32_t rank) { return core->FindTrainer(job, rank); };
   hooks.list_trainers = [core] { return core->Trainers(); };
+  hooks.corrupt_kept = [core](const std::string& job, uint32_t rank, uint64_t step) {
+    return core->CorruptKeptStep(job, rank, step);
+  };
   if (link != nullptr) hooks.cut_off = [link](absl::Duration d) { link->CutOff(d); };
   hooks.fault_fs = fault_fs;
   hooks.real_fs = real_fs;

@@ -5,14 +5,20 @@
 // preparation of large segments.
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
+#include <source_location>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/testing_agent_harness.h"
@@ -22,6 +28,7 @@
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/restore_source.h"
 #include "staging/staging.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
@@ -37,24 +44,27 @@ using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::StatusIs;
 using staging::SlotState;
 using ::testing::_;
+using ::testing::Each;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
+using ::testing::UnorderedElementsAreArray;
 
 // Rank `rank` of a job of `world` ranks, all on this node: buffers of several
 // 4096-byte blocks each (TestAgentOptions writes 4096-byte blocks).
 TrainerRegistration Rank(const std::string& job, uint32_t rank = 0, uint32_t world = 1) {
-  TrainerRegistration r;
-  r.job = job;
-  r.rank = rank;
-  r.world_size = world;
-  r.local_world_size = world;
-  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
-               Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6000),
-               Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
-  return r;
+  return {.job = job,
+          .rank = rank,
+          .world_size = world,
+          .local_world_size = world,
+          .buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
+                      Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6000),
+                      Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)}};
 }
+
+// What SnapshotAndWait() fills `step` with unless told otherwise.
+uint8_t StepFill(uint64_t step) { return static_cast<uint8_t>(step & 0xff); }
 
 // What rank `rank` holds at `step`: each rank's shard differs.
 uint8_t RankFill(uint64_t step, uint32_t rank) { return static_cast<uint8_t>((step * 3 + rank) & 0xff); }
@@ -70,6 +80,43 @@ void Start(AgentCore& agent, const TrainerRegistration& reg, Started* out) {
   out->reg = reg;
   CKPTD_ASSERT_OK_AND_ASSIGN(out->h, agent.Register(reg));
   CKPTD_ASSERT_OK_AND_ASSIGN(out->seg, staging::StagingSegment::Open(out->h.segment));
+}
+
+// "job <job> rank <rank>": whose check failed, in a helper's failures.
+std::string Who(const Started& t) { return absl::StrCat("job ", t.reg.job, " rank ", t.reg.rank); }
+
+// The bytes of `t`'s segment.
+uint64_t SegmentBytes(const Started& t) { return staging::SegmentBytes(t.h.slots, t.h.slot_bytes); }
+
+// `t`'s trainer snapshots each of `steps` (filled with StepFill()) and waits
+// until it is persisted.
+void Persist(AgentCore& agent, const Started& t, std::initializer_list<uint64_t> steps) {
+  for (uint64_t step : steps) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *t.seg, t.h, step));
+}
+
+// `t`'s trainer dies: the agent parks its segment, one more parked than
+// before.
+void Dies(AgentCore& agent, const Started& t) {
+  const size_t parked = agent.Memory().parked;
+  CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id, /*died=*/true));
+  ASSERT_EQ(agent.Memory().parked, parked + 1) << Who(t) << ": its segment is not parked";
+}
+
+// The trainer that left `old` registers again with `reg`: a new trainer,
+// which takes over the segment `old` left parked.
+void TakeOver(AgentCore& agent, const Started& old, const TrainerRegistration& reg, Started* out) {
+  ASSERT_NO_FATAL_FAILURE(Start(agent, reg, out));
+  EXPECT_NE(out->h.trainer_id, old.h.trainer_id) << Who(old);
+  ASSERT_EQ(out->h.segment, old.h.segment) << Who(old) << ": the parked segment was not taken over";
+}
+// ... with the same buffers as before.
+void TakeOver(AgentCore& agent, const Started& old, Started* out) { TakeOver(agent, old, old.reg, out); }
+
+// `old`'s trainer dies and comes back with the same buffers: the new one,
+// `out`, takes over its segment.
+void Restart(AgentCore& agent, const Started& old, Started* out) {
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, old));
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, old, out));
 }
 
 // Every byte of every registered buffer in `slot` is `fill`.
@@ -91,21 +138,49 @@ void ExpectHolds(const Started& t, uint32_t slot, uint8_t fill) {
   }
 }
 
-// The slots of the trainer's segment that keep a step in memory: slot -> step.
-std::vector<std::pair<uint32_t, uint64_t>> KeptSlots(const staging::StagingSegment& seg) {
-  std::vector<std::pair<uint32_t, uint64_t>> kept;
-  for (uint32_t i = 0; i < seg.slots(); ++i) {
-    if (seg.state(i) == SlotState::kKept) kept.emplace_back(i, seg.step(i));
-  }
-  return kept;
+// How a restore source reads in a failure.
+absl::string_view SourceName(RestoreSource source) {
+  const absl::string_view name = rpc::RestoreSourceName(RestoreSourceProto(source));
+  return name.empty() ? "none" : name;
 }
 
-// The slot of the trainer's segment that keeps `step` in memory.
-std::optional<uint32_t> SlotKeeping(const staging::StagingSegment& seg, uint64_t step) {
-  for (const auto& [slot, kept] : KeptSlots(seg)) {
-    if (kept == step) return slot;
-  }
-  return std::nullopt;
+// `r`, what a restore of `t` returned: `step`, read from `source`, in a slot
+// where every byte of every buffer is `fill`. A failure names `where`, the
+// test's line that asked.
+void ExpectRestored(const Started& t, const absl::StatusOr<RestoreResult>& r, uint64_t step, RestoreSource source,
+                    uint8_t fill, std::source_location where) {
+  ::testing::ScopedTrace trace(where.file_name(), static_cast<int>(where.line()), Who(t));
+  ASSERT_THAT(r, IsOk());
+  EXPECT_THAT(r->step, Optional(step));
+  EXPECT_EQ(r->source, source) << "read from " << SourceName(r->source) << ", not " << SourceName(source);
+  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r->slot, fill));
+}
+
+// `t`'s trainer restores, as ExpectRestored() says; the slot, out->slot,
+// stays RESTORED until the trainer releases it.
+void ExpectRestore(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, uint8_t fill,
+                   RestoreResult* out, std::source_location where = std::source_location::current()) {
+  absl::StatusOr<RestoreResult> r = agent.Restore(t.h.trainer_id, absl::Seconds(10));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(t, r, step, source, fill, where));
+  *out = *std::move(r);
+}
+void ExpectRestore(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, RestoreResult* out,
+                   std::source_location where = std::source_location::current()) {
+  ExpectRestore(agent, t, step, source, StepFill(step), out, where);
+}
+
+// ExpectRestore(), then the trainer copies the step out and releases the
+// slot (which *slot, where given, says).
+void ExpectRestoreAndRelease(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, uint8_t fill,
+                             uint32_t* slot = nullptr, std::source_location where = std::source_location::current()) {
+  RestoreResult r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, t, step, source, fill, &r, where));
+  CKPTD_ASSERT_OK(t.seg->Release(r.slot)) << Who(t);
+  if (slot != nullptr) *slot = r.slot;
+}
+void ExpectRestoreAndRelease(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source,
+                             uint32_t* slot = nullptr, std::source_location where = std::source_location::current()) {
+  ExpectRestoreAndRelease(agent, t, step, source, StepFill(step), slot, where);
 }
 
 // Every trainer restores at once, each from a thread of its own, as the ranks
@@ -119,6 +194,79 @@ std::vector<absl::StatusOr<RestoreResult>> RestoreAll(AgentCore& agent, const st
   for (std::thread& th : threads) th.join();
   return results;
 }
+
+// RestoreAll(): rank r gets `step`, read from sources[r], holding its own
+// bytes (RankFill()); then every rank copies it out and releases its slot
+// (which slots[r], where given, says).
+void RestoreAllAndRelease(AgentCore& agent, const std::vector<Started>& ranks, uint64_t step,
+                          const std::vector<RestoreSource>& sources, std::vector<uint32_t>* slots = nullptr,
+                          std::source_location where = std::source_location::current()) {
+  ASSERT_EQ(sources.size(), ranks.size());
+  const std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
+  for (uint32_t r = 0; r < ranks.size(); ++r) {
+    ASSERT_NO_FATAL_FAILURE(ExpectRestored(ranks[r], results[r], step, sources[r], RankFill(step, r), where));
+  }
+  if (slots != nullptr) slots->clear();
+  for (uint32_t r = 0; r < ranks.size(); ++r) {
+    CKPTD_ASSERT_OK(ranks[r].seg->Release(results[r]->slot)) << Who(ranks[r]);
+    if (slots != nullptr) slots->push_back(results[r]->slot);
+  }
+}
+
+// The slots of the trainer's segment that keep a step in memory: slot -> step.
+std::vector<std::pair<uint32_t, uint64_t>> KeptSlots(const staging::StagingSegment& seg) {
+  std::vector<std::pair<uint32_t, uint64_t>> kept;
+  for (uint32_t i = 0; i < seg.slots(); ++i) {
+    if (seg.state(i) == SlotState::kKept) kept.emplace_back(i, seg.step(i));
+  }
+  return kept;
+}
+
+// Asserts that `seg` keeps `steps` in memory and no other, each in a slot of
+// its own; *slot_of: step -> the slot that keeps it.
+void ExpectKeepsOnly(const staging::StagingSegment& seg, const std::vector<uint64_t>& steps,
+                     std::map<uint64_t, uint32_t>* slot_of) {
+  std::vector<::testing::Matcher<std::pair<uint32_t, uint64_t>>> each_step;
+  for (uint64_t step : steps) each_step.push_back(Pair(_, step));
+  const std::vector<std::pair<uint32_t, uint64_t>> kept = KeptSlots(seg);
+  ASSERT_THAT(kept, UnorderedElementsAreArray(each_step));
+  slot_of->clear();
+  for (const auto& [slot, step] : kept) (*slot_of)[step] = slot;
+}
+
+// The state of every slot of `seg`.
+std::vector<SlotState> SlotStates(const staging::StagingSegment& seg) {
+  std::vector<SlotState> states;
+  for (uint32_t i = 0; i < seg.slots(); ++i) states.push_back(seg.state(i));
+  return states;
+}
+
+// A trainer's PersistStatus: `restores` restores served from the agent's
+// memory, and `rejected` copies there found damaged.
+MATCHER_P2(MemoryRestores, restores, rejected,
+           absl::StrCat(negation ? "not " : "", restores, " restores from memory, ", rejected, " rejected")) {
+  *result_listener << arg.memory_restores << " restores from memory, " << arg.memory_rejected << " rejected";
+  return arg.memory_restores == static_cast<uint64_t>(restores) &&
+         arg.memory_rejected == static_cast<uint64_t>(rejected);
+}
+
+// The agent's MemoryUsage: `bytes` in all, `parked` segments parked.
+MATCHER_P2(UsesMemory, bytes, parked,
+           absl::StrCat(negation ? "not " : "", bytes, " bytes in all, ", parked, " segments parked")) {
+  *result_listener << arg.bytes << " bytes in all, " << arg.parked << " segments parked";
+  return arg.bytes == static_cast<uint64_t>(bytes) && arg.parked == static_cast<size_t>(parked);
+}
+
+// A segment's name that opens no segment any more: the agent released it.
+MATCHER(IsGone, negation ? "names a segment" : "names no segment any more") {
+  const absl::Status opened = staging::StagingSegment::Open(arg).status();
+  *result_listener << "opening it: " << opened;
+  return absl::IsNotFound(opened);
+}
+
+// What Register() answers when the new segment does not fit the memory
+// budget.
+auto RefusedForTheBudget() { return StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("memory budget")); }
 
 class MemoryTierTest : public ::testing::Test {
  protected:
@@ -140,6 +288,12 @@ class MemoryTierTest : public ::testing::Test {
     return bytes;
   }
 
+  // Some line the agent logged contains `text`.
+  void ExpectLogged(absl::string_view text) {
+    EXPECT_TRUE(logger_.Contains(text)) << "no line logged contains \"" << text
+                                        << "\": " << ::testing::PrintToString(logger_.lines());
+  }
+
   storage::MemFileSystem mem_;
   ckptd::testing::CapturingLogger logger_;
   AgentOptions options_ = TestAgentOptions("memory");
@@ -149,54 +303,41 @@ TEST_F(MemoryTierTest, ARestartedTrainerGetsItsSegmentBackAndRestoresFromMemory)
   AgentCore agent(&mem_, options_);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, step));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
   // Every persisted step stays in memory, one per slot: the newest may never
   // commit, and the one before must still be restorable.
   ASSERT_THAT(KeptSlots(*first.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u)));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, first));
   EXPECT_EQ(agent.Memory().parked, 1u);
-  EXPECT_EQ(agent.Memory().parked_bytes, staging::SegmentBytes(first.h.slots, first.h.slot_bytes));
+  EXPECT_EQ(agent.Memory().parked_bytes, SegmentBytes(first));
 
   Started second;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
-  EXPECT_EQ(second.h.segment, first.h.segment);
-  EXPECT_NE(second.h.trainer_id, first.h.trainer_id);
-  EXPECT_EQ(agent.Memory().parked, 0u);
-  EXPECT_EQ(agent.Memory().bytes, staging::SegmentBytes(second.h.slots, second.h.slot_bytes));
-  EXPECT_TRUE(logger_.Contains("job job rank 0 registered again")) << ::testing::PrintToString(logger_.lines());
-  EXPECT_TRUE(logger_.Contains("is taken over, steps 1, 2 in memory")) << ::testing::PrintToString(logger_.lines());
-  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u)));
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, &second));
+  EXPECT_THAT(agent.Memory(), UsesMemory(SegmentBytes(second), 0u));
+  ExpectLogged("job job rank 0 registered again");
+  ExpectLogged("is taken over, steps 1, 2 in memory");
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*second.seg, {1, 2}, &slot_of));
 
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*second.seg, 2);
-  ASSERT_TRUE(slot_of_2.has_value());
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  EXPECT_EQ(r.slot, *slot_of_2);
+  RestoreResult r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, second, 2, RestoreSource::kMemory, &r));
+  EXPECT_EQ(r.slot, slot_of[2]);
   EXPECT_EQ(second.seg->state(r.slot), SlotState::kRestored);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 2));
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_restores, 1u);
-  EXPECT_EQ(st.memory_rejected, 0u);
-  EXPECT_TRUE(logger_.Contains("job job rank 0: step 2 read from the agent's memory"));
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(1, 0)));
+  ExpectLogged("job job rank 0: step 2 read from the agent's memory");
 
   // Copied out, the step stays in memory (and so does step 1, below it): the
   // next restore reads it again.
   CKPTD_ASSERT_OK(second.seg->Release(r.slot));
   EXPECT_EQ(second.seg->state(r.slot), SlotState::kKept);
-  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(_, 1u), Pair(r.slot, 2u)));
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(again.step, Optional(2u));
-  EXPECT_EQ(again.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, again.slot, 2));
-  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_restores, 2u);
-  CKPTD_ASSERT_OK(second.seg->Release(again.slot));
+  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(slot_of[1], 1u), Pair(r.slot, 2u)));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kMemory));
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(2, 0)));
 
   // Training goes on in the same segment: no slot is free, so the next
   // snapshot takes step 1's slot, and steps 2 and 3 are kept.
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *second.seg, second.h, 3));
-  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(*slot_of_2, 2u), Pair(_, 3u)));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, second, {3}));
+  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(slot_of[2], 2u), Pair(slot_of[1], 3u)));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
@@ -207,49 +348,33 @@ TEST_F(MemoryTierTest, ATrainerOnAnotherDeviceStillGetsTheParkedSegment) {
   on_gpu0.buffers[0].mutable_device()->set_index(0);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, on_gpu0, &first));
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, 5));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {5}));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, first));
 
   TrainerRegistration on_gpu3 = on_gpu0;
   on_gpu3.buffers[0].mutable_device()->set_index(3);
   Started second;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, on_gpu3, &second));
-  EXPECT_EQ(second.h.segment, first.h.segment);
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(5u));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 5));
-  CKPTD_ASSERT_OK(second.seg->Release(r.slot));
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, on_gpu3, &second));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 5, RestoreSource::kMemory));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
 TEST_F(MemoryTierTest, ADamagedMemoryCopyIsReadFromDiskInstead) {
   AgentCore agent(&mem_, options_);
-  Started first;
+  Started first, second;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, step));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
-  Started second;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
-  ASSERT_EQ(second.h.segment, first.h.segment);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
+  ASSERT_NO_FATAL_FAILURE(Restart(agent, first, &second));
   // A byte of the kept copy of step 2 goes bad (a stray write of the trainer).
-  ASSERT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u)));
-  const std::optional<uint32_t> slot_of_1 = SlotKeeping(*second.seg, 1);
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*second.seg, 2);
-  ASSERT_TRUE(slot_of_1.has_value() && slot_of_2.has_value());
-  second.seg->slot_data(*slot_of_2)[second.h.offsets[1] + 5000] ^= 0x01;
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*second.seg, {1, 2}, &slot_of));
+  second.seg->slot_data(slot_of[2])[second.h.offsets[1] + 5000] ^= 0x01;
 
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kRoot);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 2));
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_rejected, 1u);
-  EXPECT_EQ(st.memory_restores, 0u);
-  EXPECT_TRUE(logger_.Contains("job job rank 0: the copy of step 2 in the agent's memory is damaged"))
-      << ::testing::PrintToString(logger_.lines());
-  EXPECT_TRUE(logger_.Contains("buffer 'adam' bytes 4096..8192 do not match their checksum"))
-      << ::testing::PrintToString(logger_.lines());
+  RestoreResult r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, second, 2, RestoreSource::kRoot, &r));
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(0, 1)));
+  ExpectLogged("job job rank 0: the copy of step 2 in the agent's memory is damaged");
+  ExpectLogged("buffer 'adam' bytes 4096..8192 do not match their checksum");
   // The step is not quarantined: the disk copy was intact.
   EXPECT_THAT(mem_.Stat(storage::QuarantinePath("/ckpt", "job", 2)), StatusIs(absl::StatusCode::kNotFound, _));
 
@@ -257,16 +382,10 @@ TEST_F(MemoryTierTest, ADamagedMemoryCopyIsReadFromDiskInstead) {
   // damaged copy freed); step 1's copy was left alone.
   CKPTD_ASSERT_OK(second.seg->Release(r.slot));
   EXPECT_EQ(second.seg->state(r.slot), SlotState::kKept);
-  EXPECT_EQ(r.slot, *slot_of_2);
-  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(*slot_of_1, 1u), Pair(*slot_of_2, 2u)));
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(again.step, Optional(2u));
-  EXPECT_EQ(again.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, again.slot, 2));
-  CKPTD_ASSERT_OK_AND_ASSIGN(st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_rejected, 1u);
-  EXPECT_EQ(st.memory_restores, 1u);
-  CKPTD_ASSERT_OK(second.seg->Release(again.slot));
+  EXPECT_EQ(r.slot, slot_of[2]);
+  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(slot_of[1], 1u), Pair(slot_of[2], 2u)));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kMemory));
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(1, 1)));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
@@ -274,30 +393,19 @@ TEST_F(MemoryTierTest, MemoryComesBeforeTheLocalTierWhichServesADamagedMemoryCop
   CKPTD_ASSERT_OK(mem_.CreateDir("/nvme"));
   options_.local_cache = "/nvme";
   AgentCore agent(&mem_, options_);
-  Started first;
+  Started first, second;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, step));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
-  Started second;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
-  ASSERT_EQ(second.h.segment, first.h.segment);
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 2));
-  CKPTD_ASSERT_OK(second.seg->Release(r.slot));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
+  ASSERT_NO_FATAL_FAILURE(Restart(agent, first, &second));
+  uint32_t slot = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kMemory, &slot));
   // Damaged in memory: the node-local copy serves it.
-  ASSERT_EQ(second.seg->state(r.slot), SlotState::kKept);
-  second.seg->slot_data(r.slot)[second.h.offsets[2]] ^= 0x80;
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult local, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(local.step, Optional(2u));
-  EXPECT_EQ(local.source, RestoreSource::kLocal);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, local.slot, 2));
+  ASSERT_EQ(second.seg->state(slot), SlotState::kKept);
+  second.seg->slot_data(slot)[second.h.offsets[2]] ^= 0x80;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kLocal));
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_restores, 1u);
-  EXPECT_EQ(st.memory_rejected, 1u);
+  EXPECT_THAT(st, MemoryRestores(1, 1));
   EXPECT_EQ(st.local_restores, 1u);
-  CKPTD_ASSERT_OK(second.seg->Release(local.slot));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
@@ -305,8 +413,8 @@ TEST_F(MemoryTierTest, AKeptCopyThatIsNotTheCommittedShardIsNotUsed) {
   AgentCore agent(&mem_, options_);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, step));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, first));
   // Step 2 is written and committed again, with other bytes (another run of
   // the job, through another agent): the copy in memory, intact by its own
   // checksums, is not the shard the step committed.
@@ -322,28 +430,19 @@ TEST_F(MemoryTierTest, AKeptCopyThatIsNotTheCommittedShardIsNotUsed) {
   ASSERT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(2u)));
 
   Started second;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
-  ASSERT_EQ(second.h.segment, first.h.segment);
-  ASSERT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u)));
-  const std::optional<uint32_t> slot_of_1 = SlotKeeping(*second.seg, 1);
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*second.seg, 2);
-  ASSERT_TRUE(slot_of_1.has_value() && slot_of_2.has_value());
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kRoot);
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, &second));
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*second.seg, {1, 2}, &slot_of));
+  RestoreResult r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, second, 2, RestoreSource::kRoot, 0x55, &r));
   // Read into the slot the stale copy freed: step 1's copy stays.
-  EXPECT_EQ(r.slot, *slot_of_2);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 0x55));
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_restores, 0u);
-  EXPECT_EQ(st.memory_rejected, 0u);  // not damaged: another shard
+  EXPECT_EQ(r.slot, slot_of[2]);
+  // Not damaged (no copy rejected): another shard.
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(0, 0)));
   CKPTD_ASSERT_OK(second.seg->Release(r.slot));
   // The committed shard is what memory keeps now.
-  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(*slot_of_1, 1u), Pair(*slot_of_2, 2u)));
-  CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 0x55));
-  CKPTD_ASSERT_OK(second.seg->Release(r.slot));
+  EXPECT_THAT(KeptSlots(*second.seg), UnorderedElementsAre(Pair(slot_of[1], 1u), Pair(slot_of[2], 2u)));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kMemory, 0x55));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
@@ -351,9 +450,8 @@ TEST_F(MemoryTierTest, OtherBuffersGetANewSegmentAndTheParkedOneIsReleased) {
   AgentCore agent(&mem_, options_);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, 1));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
-  ASSERT_EQ(agent.Memory().parked, 1u);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1}));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, first));
 
   // The same bytes in another shape are another model.
   TrainerRegistration reshaped = Rank("job");
@@ -363,13 +461,11 @@ TEST_F(MemoryTierTest, OtherBuffersGetANewSegmentAndTheParkedOneIsReleased) {
   Started second;
   ASSERT_NO_FATAL_FAILURE(Start(agent, reshaped, &second));
   EXPECT_NE(second.h.segment, first.h.segment);
-  const AgentCore::MemoryUsage m = agent.Memory();
-  EXPECT_EQ(m.parked, 0u);
-  EXPECT_EQ(m.parked_bytes, 0u);
-  EXPECT_EQ(m.bytes, staging::SegmentBytes(second.h.slots, second.h.slot_bytes));
+  EXPECT_THAT(agent.Memory(), UsesMemory(SegmentBytes(second), 0u));
+  EXPECT_EQ(agent.Memory().parked_bytes, 0u);
   // Its name is gone: nobody else can open the old segment.
-  EXPECT_THAT(staging::StagingSegment::Open(first.h.segment), StatusIs(absl::StatusCode::kNotFound, _));
-  EXPECT_TRUE(logger_.Contains("left by an exited trainer is released"));
+  EXPECT_THAT(first.h.segment, IsGone());
+  ExpectLogged("left by an exited trainer is released");
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
@@ -381,48 +477,37 @@ TEST_F(MemoryTierTest, TheMemoryBudgetEvictsParkedSegmentsAndRefusesWhatDoesNotF
   Started a, b, c;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("a"), &a));
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("b"), &b));
-  AgentCore::MemoryUsage m = agent.Memory();
-  EXPECT_EQ(m.bytes, 2 * one);
-  EXPECT_EQ(m.budget, 2 * one);
-  EXPECT_EQ(m.parked, 0u);
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *a.seg, a.h, 1));
-  CKPTD_ASSERT_OK(agent.TrainerExited(a.h.trainer_id, /*died=*/true));
-  m = agent.Memory();
-  EXPECT_EQ(m.bytes, 2 * one);  // parked segments count
-  EXPECT_EQ(m.parked, 1u);
-  EXPECT_EQ(m.parked_bytes, one);
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 0u));
+  EXPECT_EQ(agent.Memory().budget, 2 * one);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, a));
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 1u));  // parked segments count
+  EXPECT_EQ(agent.Memory().parked_bytes, one);
 
   // c fits once a's parked segment goes.
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("c"), &c));
-  m = agent.Memory();
-  EXPECT_EQ(m.bytes, 2 * one);
-  EXPECT_EQ(m.parked, 0u);
-  EXPECT_THAT(staging::StagingSegment::Open(a.h.segment), StatusIs(absl::StatusCode::kNotFound, _));
-  EXPECT_TRUE(logger_.Contains("the staging of job a rank 0")) << ::testing::PrintToString(logger_.lines());
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 0u));
+  EXPECT_THAT(a.h.segment, IsGone());
+  ExpectLogged("the staging of job a rank 0");
 
   // b and c hold the whole budget: d is refused at once, and nothing changes.
-  EXPECT_THAT(agent.Register(Rank("d")), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("memory budget")));
-  m = agent.Memory();
-  EXPECT_EQ(m.bytes, 2 * one);
-  EXPECT_EQ(m.parked, 0u);
+  EXPECT_THAT(agent.Register(Rank("d")), RefusedForTheBudget());
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 0u));
   EXPECT_FALSE(agent.FindTrainer("d", 0).has_value());
   // b and c go on.
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *b.seg, b.h, 1));
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *c.seg, c.h, 1));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, b, {1}));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, c, {1}));
 
   // Once b exits, its parked segment makes room for d.
   CKPTD_ASSERT_OK(agent.TrainerExited(b.h.trainer_id));
   Started d;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("d"), &d));
-  m = agent.Memory();
-  EXPECT_EQ(m.bytes, 2 * one);
-  EXPECT_EQ(m.parked, 0u);
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 0u));
   // a came back too late: its step is read from disk, and there is no room.
-  EXPECT_THAT(agent.Register(Rank("a")), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("memory budget")));
+  EXPECT_THAT(agent.Register(Rank("a")), RefusedForTheBudget());
   CKPTD_ASSERT_OK(agent.TrainerExited(c.h.trainer_id));
   CKPTD_ASSERT_OK(agent.TrainerExited(d.h.trainer_id));
-  EXPECT_EQ(agent.Memory().bytes, 2 * one);
-  EXPECT_EQ(agent.Memory().parked, 2u);
+  EXPECT_THAT(agent.Memory(), UsesMemory(2 * one, 2u));
 }
 
 TEST_F(MemoryTierTest, TheLeastRecentlyParkedSegmentGoesFirst) {
@@ -434,25 +519,22 @@ TEST_F(MemoryTierTest, TheLeastRecentlyParkedSegmentGoesFirst) {
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("a"), &a));
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("b"), &b));
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("c"), &c));
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *b.seg, b.h, 7));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, b, {7}));
   // b exits before a: a is the more recently parked.
-  CKPTD_ASSERT_OK(agent.TrainerExited(b.h.trainer_id, /*died=*/true));
-  CKPTD_ASSERT_OK(agent.TrainerExited(a.h.trainer_id, /*died=*/true));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, b));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, a));
   ASSERT_EQ(agent.Memory().parked, 2u);
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("d"), &d));
-  AgentCore::MemoryUsage m = agent.Memory();
-  EXPECT_EQ(m.bytes, 3 * one);
-  EXPECT_EQ(m.parked, 1u);
-  EXPECT_EQ(m.parked_bytes, one);
-  EXPECT_THAT(staging::StagingSegment::Open(b.h.segment), StatusIs(absl::StatusCode::kNotFound, _));
+  EXPECT_THAT(agent.Memory(), UsesMemory(3 * one, 1u));
+  EXPECT_EQ(agent.Memory().parked_bytes, one);
+  EXPECT_THAT(b.h.segment, IsGone());
   CKPTD_EXPECT_OK(staging::StagingSegment::Open(a.h.segment).status());
   // a gets its segment back; b, whose segment went, no longer fits: a, c
   // and d fill the budget.
   Started a2;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("a"), &a2));
-  EXPECT_EQ(a2.h.segment, a.h.segment);
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &a2));
   EXPECT_EQ(agent.Memory().parked, 0u);
-  EXPECT_THAT(agent.Register(Rank("b")), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("memory budget")));
+  EXPECT_THAT(agent.Register(Rank("b")), RefusedForTheBudget());
   for (const Started* t : {&a2, &c, &d}) CKPTD_ASSERT_OK(agent.TrainerExited(t->h.trainer_id));
 }
 
@@ -463,38 +545,30 @@ TEST_F(MemoryTierTest, ParkedSegmentsGoAfterParkFor) {
   AgentCore agent(&mem_, options_);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, 1));
-  CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
-  ASSERT_EQ(agent.Memory().parked, 1u);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1}));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, first));
 
   clock.Advance(absl::Minutes(10) - absl::Seconds(1));
   agent.EvictIdle();
   EXPECT_EQ(agent.Memory().parked, 1u);
   clock.Advance(absl::Seconds(1));
   agent.EvictIdle();
-  EXPECT_EQ(agent.Memory().parked, 0u);
-  EXPECT_EQ(agent.Memory().bytes, 0u);
-  EXPECT_THAT(staging::StagingSegment::Open(first.h.segment), StatusIs(absl::StatusCode::kNotFound, _));
+  EXPECT_THAT(agent.Memory(), UsesMemory(0u, 0u));
+  EXPECT_THAT(first.h.segment, IsGone());
 
   // The trainer that comes back after that gets a new segment and reads disk.
   Started second;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
   EXPECT_NE(second.h.segment, first.h.segment);
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(1u));
-  EXPECT_EQ(r.source, RestoreSource::kRoot);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 1));
-  CKPTD_ASSERT_OK(second.seg->Release(r.slot));
-  CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id, /*died=*/true));
-  ASSERT_EQ(agent.Memory().parked, 1u);
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 1, RestoreSource::kRoot));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, second));
 
   // A registration evicts what is too old before it looks for its own.
   clock.Advance(absl::Minutes(10));
   Started third;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &third));
   EXPECT_NE(third.h.segment, second.h.segment);
-  EXPECT_EQ(agent.Memory().parked, 0u);
-  EXPECT_EQ(agent.Memory().bytes, staging::SegmentBytes(third.h.slots, third.h.slot_bytes));
+  EXPECT_THAT(agent.Memory(), UsesMemory(SegmentBytes(third), 0u));
   CKPTD_ASSERT_OK(agent.TrainerExited(third.h.trainer_id));
 }
 
@@ -505,7 +579,7 @@ TEST_F(MemoryTierTest, SmallSegmentsAreReadyAtRegistration) {
   CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(t.h.trainer_id));
   EXPECT_EQ(st.slots, 2u);
   EXPECT_EQ(st.slots_ready, 2u);
-  for (uint32_t i = 0; i < t.seg->slots(); ++i) EXPECT_EQ(t.seg->state(i), SlotState::kFree) << i;
+  EXPECT_THAT(SlotStates(*t.seg), Each(SlotState::kFree));
   CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id));
   EXPECT_FALSE(logger_.Contains("allocated in the background"));
 }
@@ -515,7 +589,7 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
   AgentCore agent(&mem_, options_);
   Started t;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &t));
-  EXPECT_EQ(agent.Memory().bytes, staging::SegmentBytes(t.h.slots, t.h.slot_bytes));
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(t));
   std::optional<PersistStatus> last;
   ASSERT_TRUE(Eventually(
       [&] {
@@ -528,26 +602,23 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
       << (last ? absl::StrCat(last->slots_ready, " of ", last->slots, " slots ready") : "no status");
   EXPECT_EQ(last->slots, 2u);
   EXPECT_TRUE(Eventually([&] { return logger_.Contains("2 slots of"); })) << ::testing::PrintToString(logger_.lines());
-  EXPECT_TRUE(logger_.Contains("allocated in the background"));
-  for (uint32_t i = 0; i < t.seg->slots(); ++i) EXPECT_EQ(t.seg->state(i), SlotState::kFree) << i;
+  ExpectLogged("allocated in the background");
+  EXPECT_THAT(SlotStates(*t.seg), Each(SlotState::kFree));
 
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *t.seg, t.h, step));
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(t.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r.slot, 2));
-  CKPTD_ASSERT_OK(t.seg->Release(r.slot));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, t, {1, 2}));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, t, 2, RestoreSource::kMemory));
 
   // Parked and taken over, it is not prepared again: its step is still there.
-  CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id, /*died=*/true));
   Started again;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &again));
-  EXPECT_EQ(again.h.segment, t.h.segment);
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r2, agent.Restore(again.h.trainer_id, absl::Seconds(10)));
-  EXPECT_EQ(r2.source, RestoreSource::kMemory);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(again, r2.slot, 2));
-  CKPTD_ASSERT_OK(again.seg->Release(r2.slot));
+  ASSERT_NO_FATAL_FAILURE(Restart(agent, t, &again));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, again, 2, RestoreSource::kMemory));
   CKPTD_ASSERT_OK(agent.TrainerExited(again.h.trainer_id));
+}
+
+// The ranks of a job of `world` ranks, each registered as a trainer.
+void StartJob(AgentCore& agent, uint32_t world, std::vector<Started>* ranks) {
+  ranks->resize(world);
+  for (uint32_t r = 0; r < world; ++r) ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", r, world), &(*ranks)[r]));
 }
 
 // A job of two ranks: both persist `committed`, which commits; then rank 0
@@ -556,131 +627,92 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
 void PersistACommittedStepAndANewerUncommittedOne(AgentCore& agent, std::vector<Started>& ranks, uint64_t committed,
                                                   storage::MemFileSystem* mem) {
   for (uint32_t r = 0; r < ranks.size(); ++r) {
-    ASSERT_NO_FATAL_FAILURE(
-        SnapshotAndWait(agent, *ranks[r].seg, ranks[r].h, committed, RankFill(committed, r)));
+    ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *ranks[r].seg, ranks[r].h, committed, RankFill(committed, r)));
   }
   storage::CheckpointStore store(mem, "/ckpt");
   ASSERT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(committed)));
-  ASSERT_NO_FATAL_FAILURE(
-      SnapshotAndWait(agent, *ranks[0].seg, ranks[0].h, committed + 1, RankFill(committed + 1, 0)));
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *ranks[0].seg, ranks[0].h, committed + 1, RankFill(committed + 1, 0)));
   ASSERT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(committed)));
 }
 
 // Every trainer of `ranks` dies, and registers again: each gets its parked
 // segment back.
 void RestartAll(AgentCore& agent, std::vector<Started>& ranks) {
-  std::vector<std::string> segments;
-  for (const Started& t : ranks) {
-    segments.push_back(t.h.segment);
-    CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id, /*died=*/true));
-  }
+  for (const Started& t : ranks) ASSERT_NO_FATAL_FAILURE(Dies(agent, t));
   EXPECT_EQ(agent.Memory().parked, ranks.size());
-  for (uint32_t r = 0; r < ranks.size(); ++r) {
-    const TrainerRegistration reg = ranks[r].reg;
-    ASSERT_NO_FATAL_FAILURE(Start(agent, reg, &ranks[r]));
-    EXPECT_EQ(ranks[r].h.segment, segments[r]) << "rank " << r;
+  for (Started& t : ranks) {
+    Started back;
+    ASSERT_NO_FATAL_FAILURE(TakeOver(agent, t, &back));
+    t = std::move(back);
   }
 }
 
 TEST_F(MemoryTierTest, ACommittedStepBehindANewerUncommittedOneStillRestoresFromMemory) {
   AgentCore agent(&mem_, options_);
-  std::vector<Started> ranks(2);
-  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", r, 2), &ranks[r]));
+  std::vector<Started> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartJob(agent, 2, &ranks));
   ASSERT_NO_FATAL_FAILURE(PersistACommittedStepAndANewerUncommittedOne(agent, ranks, 2, &mem_));
   // Rank 0 keeps both its steps: step 3, which never committed, did not push
   // step 2 out of memory.
-  EXPECT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(_, 2u), Pair(_, 3u)));
-  EXPECT_THAT(KeptSlots(*ranks[1].seg), UnorderedElementsAre(Pair(_, 2u)));
-  std::vector<std::optional<uint32_t>> slot_of_2;
-  for (const Started& t : ranks) slot_of_2.push_back(SlotKeeping(*t.seg, 2));
-  const std::optional<uint32_t> slot_of_3 = SlotKeeping(*ranks[0].seg, 3);
-  ASSERT_TRUE(slot_of_2[0] && slot_of_2[1] && slot_of_3);
+  std::vector<std::map<uint64_t, uint32_t>> slot_of(2);
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*ranks[0].seg, {2, 3}, &slot_of[0]));
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*ranks[1].seg, {2}, &slot_of[1]));
 
   ASSERT_NO_FATAL_FAILURE(RestartAll(agent, ranks));
-  EXPECT_TRUE(logger_.Contains("job job rank 0 registered again: its staging"))
-      << ::testing::PrintToString(logger_.lines());
-  EXPECT_TRUE(logger_.Contains("is taken over, steps 2, 3 in memory")) << ::testing::PrintToString(logger_.lines());
-  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
+  ExpectLogged("job job rank 0 registered again: its staging");
+  ExpectLogged("is taken over, steps 2, 3 in memory");
+  std::vector<uint32_t> slots;
+  ASSERT_NO_FATAL_FAILURE(
+      RestoreAllAndRelease(agent, ranks, 2, {RestoreSource::kMemory, RestoreSource::kMemory}, &slots));
   for (uint32_t r = 0; r < 2; ++r) {
-    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
-    EXPECT_THAT(results[r]->step, Optional(2u)) << "rank " << r;
-    EXPECT_EQ(results[r]->source, RestoreSource::kMemory) << "rank " << r;
-    EXPECT_EQ(results[r]->slot, *slot_of_2[r]) << "rank " << r;
-    ASSERT_NO_FATAL_FAILURE(ExpectHolds(ranks[r], results[r]->slot, RankFill(2, r))) << "rank " << r;
-    CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(ranks[r].h.trainer_id));
-    EXPECT_EQ(st.memory_restores, 1u) << "rank " << r;
-    EXPECT_EQ(st.memory_rejected, 0u) << "rank " << r;
-    EXPECT_TRUE(logger_.Contains(absl::StrCat("job job rank ", r, ": step 2 read from the agent's memory")))
-        << "rank " << r;
+    EXPECT_EQ(slots[r], slot_of[r][2]) << "rank " << r;
+    EXPECT_THAT(agent.Status(ranks[r].h.trainer_id), IsOkAndHolds(MemoryRestores(1, 0))) << "rank " << r;
+    ExpectLogged(absl::StrCat("job job rank ", r, ": step 2 read from the agent's memory"));
   }
   // The job went back to step 2: rank 0's step 3, of a timeline that is
   // gone, no longer holds memory.
-  EXPECT_EQ(ranks[0].seg->state(*slot_of_3), SlotState::kFree);
-  for (uint32_t r = 0; r < 2; ++r) CKPTD_ASSERT_OK(ranks[r].seg->Release(results[r]->slot));
+  EXPECT_EQ(ranks[0].seg->state(slot_of[0][3]), SlotState::kFree);
   for (uint32_t r = 0; r < 2; ++r) {
-    EXPECT_THAT(KeptSlots(*ranks[r].seg), UnorderedElementsAre(Pair(*slot_of_2[r], 2u))) << "rank " << r;
+    EXPECT_THAT(KeptSlots(*ranks[r].seg), UnorderedElementsAre(Pair(slot_of[r][2], 2u))) << "rank " << r;
   }
 
   // The next restart finds both copies in memory again.
-  results = RestoreAll(agent, ranks);
-  for (uint32_t r = 0; r < 2; ++r) {
-    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
-    EXPECT_THAT(results[r]->step, Optional(2u)) << "rank " << r;
-    EXPECT_EQ(results[r]->source, RestoreSource::kMemory) << "rank " << r;
-    ASSERT_NO_FATAL_FAILURE(ExpectHolds(ranks[r], results[r]->slot, RankFill(2, r))) << "rank " << r;
-    CKPTD_ASSERT_OK(ranks[r].seg->Release(results[r]->slot));
-  }
+  ASSERT_NO_FATAL_FAILURE(RestoreAllAndRelease(agent, ranks, 2, {RestoreSource::kMemory, RestoreSource::kMemory}));
   for (const Started& t : ranks) CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id));
 }
 
 TEST_F(MemoryTierTest, ACommittedStepWhoseSlotTheTrainerTookBackIsReadFromDisk) {
   AgentCore agent(&mem_, options_);
-  std::vector<Started> ranks(2);
-  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", r, 2), &ranks[r]));
+  std::vector<Started> ranks;
+  ASSERT_NO_FATAL_FAILURE(StartJob(agent, 2, &ranks));
   ASSERT_NO_FATAL_FAILURE(PersistACommittedStepAndANewerUncommittedOne(agent, ranks, 2, &mem_));
-  ASSERT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(_, 2u), Pair(_, 3u)));
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*ranks[0].seg, 2);
-  const std::optional<uint32_t> slot_of_3 = SlotKeeping(*ranks[0].seg, 3);
-  ASSERT_TRUE(slot_of_2 && slot_of_3);
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*ranks[0].seg, {2, 3}, &slot_of));
   // Rank 0's trainer starts another snapshot: no slot is free, so it takes
   // back the kept slot with the lowest step, step 2's; it dies before
   // publishing.
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t filling, ranks[0].seg->AcquireForFill(absl::ZeroDuration()));
-  EXPECT_EQ(filling, *slot_of_2);
-  EXPECT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(*slot_of_3, 3u)));
+  EXPECT_EQ(filling, slot_of[2]);
+  EXPECT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(slot_of[3], 3u)));
   std::memset(ranks[0].seg->slot_data(filling), 0xee, 4096);
   CKPTD_ASSERT_OK(ranks[0].seg->Abandon(filling));
 
   ASSERT_NO_FATAL_FAILURE(RestartAll(agent, ranks));
-  std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
-  for (uint32_t r = 0; r < 2; ++r) {
-    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
-    EXPECT_THAT(results[r]->step, Optional(2u)) << "rank " << r;
-    ASSERT_NO_FATAL_FAILURE(ExpectHolds(ranks[r], results[r]->slot, RankFill(2, r))) << "rank " << r;
-  }
   // Rank 0's copy of step 2 is gone: it reads the committed shard from disk
   // (into the slot that is free, not step 3's); rank 1 still has its copy.
-  EXPECT_EQ(results[0]->source, RestoreSource::kRoot);
-  EXPECT_EQ(results[0]->slot, *slot_of_2);
-  EXPECT_EQ(results[1]->source, RestoreSource::kMemory);
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st0, agent.Status(ranks[0].h.trainer_id));
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st1, agent.Status(ranks[1].h.trainer_id));
-  EXPECT_EQ(st0.memory_restores, 0u);
-  EXPECT_EQ(st0.memory_rejected, 0u);  // not damaged: just not there any more
-  EXPECT_EQ(st1.memory_restores, 1u);
+  std::vector<uint32_t> slots;
+  ASSERT_NO_FATAL_FAILURE(
+      RestoreAllAndRelease(agent, ranks, 2, {RestoreSource::kRoot, RestoreSource::kMemory}, &slots));
+  EXPECT_EQ(slots[0], slot_of[2]);
+  // Rank 0's copy is not damaged, just not there any more: none rejected.
+  EXPECT_THAT(agent.Status(ranks[0].h.trainer_id), IsOkAndHolds(MemoryRestores(0, 0)));
+  EXPECT_THAT(agent.Status(ranks[1].h.trainer_id), IsOkAndHolds(MemoryRestores(1, 0)));
   // Step 3 went with the timeline the job left; step 2 is kept by both now.
-  EXPECT_EQ(ranks[0].seg->state(*slot_of_3), SlotState::kFree);
-  for (uint32_t r = 0; r < 2; ++r) CKPTD_ASSERT_OK(ranks[r].seg->Release(results[r]->slot));
+  EXPECT_EQ(ranks[0].seg->state(slot_of[3]), SlotState::kFree);
   for (uint32_t r = 0; r < 2; ++r) {
-    EXPECT_THAT(KeptSlots(*ranks[r].seg), UnorderedElementsAre(Pair(_, 2u))) << "rank " << r;
+    EXPECT_THAT(KeptSlots(*ranks[r].seg), UnorderedElementsAre(Pair(slots[r], 2u))) << "rank " << r;
   }
-  results = RestoreAll(agent, ranks);
-  for (uint32_t r = 0; r < 2; ++r) {
-    ASSERT_THAT(results[r], IsOk()) << "rank " << r;
-    EXPECT_EQ(results[r]->source, RestoreSource::kMemory) << "rank " << r;
-    ASSERT_NO_FATAL_FAILURE(ExpectHolds(ranks[r], results[r]->slot, RankFill(2, r))) << "rank " << r;
-    CKPTD_ASSERT_OK(ranks[r].seg->Release(results[r]->slot));
-  }
+  ASSERT_NO_FATAL_FAILURE(RestoreAllAndRelease(agent, ranks, 2, {RestoreSource::kMemory, RestoreSource::kMemory}));
   for (const Started& t : ranks) CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id));
 }
 
@@ -690,32 +722,26 @@ TEST_F(MemoryTierTest, EveryPersistedStepIsKeptUntilATrainerNeedsItsSlot) {
   Started t;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &t));
   ASSERT_EQ(t.seg->slots(), 3u);
-  for (uint64_t step : {1u, 2u, 3u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *t.seg, t.h, step));
-  ASSERT_THAT(KeptSlots(*t.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u), Pair(_, 3u)));
-  const std::optional<uint32_t> slot_of_1 = SlotKeeping(*t.seg, 1);
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*t.seg, 2);
-  const std::optional<uint32_t> slot_of_3 = SlotKeeping(*t.seg, 3);
-  ASSERT_TRUE(slot_of_1 && slot_of_2 && slot_of_3);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, t, {1, 2, 3}));
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*t.seg, {1, 2, 3}, &slot_of));
 
   // No slot is free: the next snapshot takes the oldest step's slot.
-  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *t.seg, t.h, 4));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, t, {4}));
   EXPECT_THAT(KeptSlots(*t.seg),
-              UnorderedElementsAre(Pair(*slot_of_2, 2u), Pair(*slot_of_3, 3u), Pair(*slot_of_1, 4u)));
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, *slot_of_1, 4));
+              UnorderedElementsAre(Pair(slot_of[2], 2u), Pair(slot_of[3], 3u), Pair(slot_of[1], 4u)));
+  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, slot_of[1], 4));
   // And the one after that, step 2's.
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t filling, t.seg->AcquireForFill(absl::ZeroDuration()));
-  EXPECT_EQ(filling, *slot_of_2);
+  EXPECT_EQ(filling, slot_of[2]);
   CKPTD_ASSERT_OK(t.seg->Abandon(filling));
-  EXPECT_THAT(KeptSlots(*t.seg), UnorderedElementsAre(Pair(*slot_of_3, 3u), Pair(*slot_of_1, 4u)));
+  EXPECT_THAT(KeptSlots(*t.seg), UnorderedElementsAre(Pair(slot_of[3], 3u), Pair(slot_of[1], 4u)));
 
   // The newest step restores from memory.
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(t.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(4u));
-  EXPECT_EQ(r.source, RestoreSource::kMemory);
-  EXPECT_EQ(r.slot, *slot_of_1);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r.slot, 4));
-  CKPTD_ASSERT_OK(t.seg->Release(r.slot));
-  EXPECT_THAT(KeptSlots(*t.seg), UnorderedElementsAre(Pair(*slot_of_3, 3u), Pair(*slot_of_1, 4u)));
+  uint32_t slot = 0;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, t, 4, RestoreSource::kMemory, &slot));
+  EXPECT_EQ(slot, slot_of[1]);
+  EXPECT_THAT(KeptSlots(*t.seg), UnorderedElementsAre(Pair(slot_of[3], 3u), Pair(slot_of[1], 4u)));
   CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id));
 }
 
@@ -728,37 +754,29 @@ TEST_F(MemoryTierTest, ARestoreThatGoesBackDropsKeptCopiesOfNewerSteps) {
   reg.pid = 4242;
   Started old;
   ASSERT_NO_FATAL_FAILURE(Start(agent, reg, &old));
-  for (uint64_t step : {1u, 2u, 3u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *old.seg, old.h, step));
-  ASSERT_THAT(KeptSlots(*old.seg), UnorderedElementsAre(Pair(_, 1u), Pair(_, 2u), Pair(_, 3u)));
-  const std::optional<uint32_t> slot_of_1 = SlotKeeping(*old.seg, 1);
-  const std::optional<uint32_t> slot_of_2 = SlotKeeping(*old.seg, 2);
-  const std::optional<uint32_t> slot_of_3 = SlotKeeping(*old.seg, 3);
-  ASSERT_TRUE(slot_of_1 && slot_of_2 && slot_of_3);
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, old, {1, 2, 3}));
+  std::map<uint64_t, uint32_t> slot_of;
+  ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*old.seg, {1, 2, 3}, &slot_of));
   Started current;
   ASSERT_NO_FATAL_FAILURE(Start(agent, reg, &current));
   ASSERT_NE(current.h.segment, old.h.segment);
   // Step 3 goes bad on disk (found by a scrub): the job goes back to step 2.
   storage::CheckpointStore store(&mem_, "/ckpt");
   CKPTD_ASSERT_OK(store.QuarantineStep("job", 3, "test"));
-  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(current.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(2u));
-  EXPECT_EQ(r.source, RestoreSource::kRoot);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(current, r.slot, 2));
+  RestoreResult r;
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, current, 2, RestoreSource::kRoot, &r));
   // Step 3 of the timeline that is gone no longer holds memory; steps 2 (the
   // one restored) and 1 (below it) stay kept.
-  EXPECT_EQ(old.seg->state(*slot_of_3), SlotState::kFree);
-  EXPECT_THAT(KeptSlots(*old.seg), UnorderedElementsAre(Pair(*slot_of_1, 1u), Pair(*slot_of_2, 2u)));
+  EXPECT_EQ(old.seg->state(slot_of[3]), SlotState::kFree);
+  EXPECT_THAT(KeptSlots(*old.seg), UnorderedElementsAre(Pair(slot_of[1], 1u), Pair(slot_of[2], 2u)));
   CKPTD_ASSERT_OK(current.seg->Release(r.slot));
   EXPECT_THAT(KeptSlots(*current.seg), UnorderedElementsAre(Pair(r.slot, 2u)));
 
   // Further back: step 2 goes bad too, and the job restores step 1. Kept
   // copies above it go, in both segments; step 1's stays.
   CKPTD_ASSERT_OK(store.QuarantineStep("job", 2, "test"));
-  CKPTD_ASSERT_OK_AND_ASSIGN(r, agent.Restore(current.h.trainer_id, absl::Seconds(10)));
-  EXPECT_THAT(r.step, Optional(1u));
-  EXPECT_EQ(r.source, RestoreSource::kRoot);
-  ASSERT_NO_FATAL_FAILURE(ExpectHolds(current, r.slot, 1));
-  EXPECT_THAT(KeptSlots(*old.seg), UnorderedElementsAre(Pair(*slot_of_1, 1u)));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, current, 1, RestoreSource::kRoot, &r));
+  EXPECT_THAT(KeptSlots(*old.seg), UnorderedElementsAre(Pair(slot_of[1], 1u)));
   CKPTD_ASSERT_OK(current.seg->Release(r.slot));
   EXPECT_THAT(KeptSlots(*current.seg), UnorderedElementsAre(Pair(r.slot, 1u)));
   CKPTD_ASSERT_OK(agent.TrainerExited(old.h.trainer_id));
@@ -770,27 +788,23 @@ TEST_F(MemoryTierTest, WithoutKeepInMemoryNothingIsKeptOrHandedOn) {
   AgentCore agent(&mem_, options_);
   Started first;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *first.seg, first.h, step));
-  for (uint32_t i = 0; i < first.seg->slots(); ++i) EXPECT_EQ(first.seg->state(i), SlotState::kFree) << i;
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
+  EXPECT_THAT(SlotStates(*first.seg), Each(SlotState::kFree));
+  // It dies, and nothing is parked: its segment goes at once.
   CKPTD_ASSERT_OK(agent.TrainerExited(first.h.trainer_id, /*died=*/true));
-  EXPECT_EQ(agent.Memory().parked, 0u);
-  EXPECT_EQ(agent.Memory().bytes, 0u);
-  EXPECT_THAT(staging::StagingSegment::Open(first.h.segment), StatusIs(absl::StatusCode::kNotFound, _));
+  EXPECT_THAT(agent.Memory(), UsesMemory(0u, 0u));
+  EXPECT_THAT(first.h.segment, IsGone());
 
   Started second;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &second));
   EXPECT_NE(second.h.segment, first.h.segment);
   for (int i = 0; i < 2; ++i) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, absl::Seconds(10)));
-    EXPECT_THAT(r.step, Optional(2u));
-    EXPECT_EQ(r.source, RestoreSource::kRoot) << i;
-    ASSERT_NO_FATAL_FAILURE(ExpectHolds(second, r.slot, 2));
-    CKPTD_ASSERT_OK(second.seg->Release(r.slot));
-    EXPECT_EQ(second.seg->state(r.slot), SlotState::kFree);
+    SCOPED_TRACE(absl::StrCat("restore ", i));
+    uint32_t slot = 0;
+    ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 2, RestoreSource::kRoot, &slot));
+    EXPECT_EQ(second.seg->state(slot), SlotState::kFree);
   }
-  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(second.h.trainer_id));
-  EXPECT_EQ(st.memory_restores, 0u);
-  EXPECT_EQ(st.memory_rejected, 0u);
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(0, 0)));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 

@@ -158,6 +158,74 @@ TEST_F(DrillCommandTest, ARestoreOfTheCorruptedStepFailsTheVerdict) {
   EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  corrupt data is never restored"), HasSubstr("drill: FAIL")));
 }
 
+TEST_F(DrillCommandTest, CorruptMemoryPassesOnlyWhenTheRankReadTheDamagedStepFromDisk) {
+  // Rank 2's copy of step 40 in memory was damaged, its trainer killed; every
+  // rank restored step 40, rank 2 from `source`.
+  auto drill = [](ckptd::v1::RestoreSource source) {
+    ckptd::v1::DrillStatus st = Resumed();
+    st.mutable_request()->set_scenario(ckptd::v1::CORRUPT_MEMORY);
+    st.mutable_request()->set_step(40);
+    st.mutable_report()->set_step(40);
+    st.mutable_report()->set_detail(
+        "flipped the byte at offset 131072 of buffer 'w' in the kept copy of step 40 of rank 2 of job llm (staging "
+        "slot 0); SIGKILL sent to pid 4242 (rank 2 of job llm, at step 47)");
+    ckptd::v1::RestoreSummary* sources = st.mutable_restore_sources();
+    sources->set_step(40);
+    for (uint32_t r = 0; r < 4; ++r) {
+      ckptd::v1::RestoreSummary::Rank* e = sources->add_ranks();
+      e->set_rank(r);
+      e->set_source(r == 2 ? source : ckptd::v1::AGENT_MEMORY);
+      e->set_node_id(r < 2 ? "node-a" : "node-b");
+    }
+    return st;
+  };
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  const std::vector<std::string> argv = {"--job",    "llm", "--scenario",   "corrupt-memory",
+                                         "--target", "2",   "--token-file", TokenFile("drill-token", "s3cret")};
+  fake_.drill = {drill(ckptd::v1::NODE_LOCAL)};
+  Result good = Drill(argv);
+  EXPECT_EQ(good.code, base::kExitOk) << good.out << good.err;
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::CORRUPT_MEMORY);
+  EXPECT_EQ(fake_.drill_request->rank(), 2u);
+  EXPECT_THAT(
+      good.out,
+      AllOf(HasSubstr("PASS  the failure was detected"), HasSubstr("PASS  the job restarted and resumed training"),
+            HasSubstr("PASS  it restored the step whose copy in memory was damaged: step 40; the damaged "
+                      "copy was of step 40"),
+            HasSubstr("PASS  the damaged copy was detected and the rank read the step from disk: rank 2 read "
+                      "it from node-local"),
+            HasSubstr("PASS  the restored step verifies intact"), HasSubstr("drill: PASS")));
+  fake_.drill = {drill(ckptd::v1::STORAGE_ROOT)};
+  fake_.get_drill_calls = 0;
+  Result root = Drill(argv);
+  EXPECT_EQ(root.code, base::kExitOk) << root.out;
+  EXPECT_THAT(root.out, HasSubstr("rank 2 read it from storage-root"));
+  // Read from the damaged copy in memory: the drill fails.
+  fake_.drill = {drill(ckptd::v1::AGENT_MEMORY)};
+  fake_.get_drill_calls = 0;
+  Result bad = Drill(argv);
+  EXPECT_EQ(bad.code, base::kExitFailed) << bad.out;
+  EXPECT_THAT(bad.out, AllOf(HasSubstr("FAIL  the damaged copy was detected and the rank read the step from disk: "
+                                       "rank 2 read it from memory: the damaged copy was used"),
+                             HasSubstr("drill: FAIL")));
+  // A restart from another step proves nothing about the damaged copy.
+  ckptd::v1::DrillStatus other = drill(ckptd::v1::NODE_LOCAL);
+  other.mutable_report()->set_step(20);
+  fake_.drill = {other};
+  fake_.get_drill_calls = 0;
+  std::vector<std::string> json = argv;
+  json.push_back("--json");
+  Result elsewhere = Drill(json);
+  EXPECT_EQ(elsewhere.code, base::kExitFailed) << elsewhere.out;
+  EXPECT_TRUE(IsValidJson(elsewhere.out)) << elsewhere.out;
+  EXPECT_THAT(elsewhere.out,
+              AllOf(HasSubstr("\"damaged_step\":20"),
+                    HasSubstr("{\"expectation\":\"it restored the step whose copy in memory was damaged\",\"held\":"
+                              "false,\"detail\":\"step 40; the damaged copy was of step 20\"}")));
+}
+
 TEST_F(DrillCommandTest, StorageFaultMustLeaveTrainingRunningAndCheckpointsCommittingAfterward) {
   ckptd::v1::DrillStatus st = Base();
   st.mutable_report()->set_injected(true);
@@ -211,8 +279,8 @@ TEST_F(DrillCommandTest, RefusalsAndBadFlags) {
   EXPECT_EQ(down.code, base::kExitUnavailable);
   Result help = RunExactly(RunDrillCommand, {"--help"});
   EXPECT_EQ(help.code, base::kExitOk);
-  for (const char* s : {"kill-trainer", "hang-trainer", "kill-agent", "cut-off-agent", "corrupt-shard", "storage-eio",
-                        "storage-enospc", "storage-slow", "--watch", "--at-step"}) {
+  for (const char* s : {"kill-trainer", "hang-trainer", "kill-agent", "cut-off-agent", "corrupt-shard",
+                        "corrupt-memory", "storage-eio", "storage-enospc", "storage-slow", "--watch", "--at-step"}) {
     EXPECT_THAT(help.out, HasSubstr(s));
   }
 }

@@ -251,6 +251,7 @@ void WriteDrillJson(const DrillOutcome& d, JsonWriter& w) {
   w.Field("fault_lifted", st.report().ended());
   w.Field("fault_lifted_unix_nanos", st.report().ended_unix_nanos());
   if (d.damaged_verified) w.Field("verified_step", d.damaged_verified->step());
+  if (st.request().scenario() == ckptd::v1::CORRUPT_MEMORY && d.injected) w.Field("damaged_step", st.report().step());
   w.Key("restored_verified");
   if (d.restored_verified) {
     w.BeginObject();

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "cli/command.h"
+#include "rpc/restore_source.h"
 
 namespace ckptd::cli {
 
@@ -43,6 +44,34 @@ std::optional<uint64_t> NewestCommittedAfter(const Steps& steps, int64_t nanos) 
     if (e.state() == ckptd::v1::STEP_COMMITTED && e.committed_unix_nanos() > nanos) newest = e.step();
   }
   return newest;
+}
+
+// corrupt-memory, once the job resumed: the step whose copy in memory was
+// damaged is the one restored, and the rank read it from disk.
+void JudgeMemoryCopy(const ckptd::v1::DrillStatus& st, std::vector<DrillVerdict>* verdicts) {
+  const uint64_t damaged = st.report().step();
+  const uint32_t rank = st.request().rank();
+  const bool same = !st.fresh_start() && st.restored_step() == damaged;
+  verdicts->push_back(
+      {"it restored the step whose copy in memory was damaged", same,
+       absl::StrCat(st.fresh_start() ? std::string("a fresh start") : absl::StrCat("step ", st.restored_step()),
+                    "; the damaged copy was of step ", damaged)});
+  std::optional<ckptd::v1::RestoreSource> source;
+  for (const ckptd::v1::RestoreSummary::Rank& r : st.restore_sources().ranks()) {
+    if (r.rank() == rank) source = r.source();
+  }
+  const bool from_disk = source == ckptd::v1::NODE_LOCAL || source == ckptd::v1::STORAGE_ROOT;
+  std::string detail;
+  if (!source) {
+    detail = absl::StrCat("the coordinator does not say where rank ", rank, " read it");
+  } else if (source == ckptd::v1::AGENT_MEMORY) {
+    detail = absl::StrCat("rank ", rank, " read it from memory: the damaged copy was used");
+  } else {
+    const absl::string_view name = rpc::RestoreSourceName(*source);
+    detail = absl::StrCat("rank ", rank, " read it from ", name.empty() ? "an unknown source" : name);
+  }
+  verdicts->push_back(
+      {"the damaged copy was detected and the rank read the step from disk", same && from_disk, detail});
 }
 
 }  // namespace
@@ -287,6 +316,7 @@ void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& 
   const std::optional<double> detection = d->detection_seconds();
   const bool restart_scenario = scenario == ckptd::v1::KILL_TRAINER || scenario == ckptd::v1::KILL_AGENT ||
                                 scenario == ckptd::v1::KILL_NODE || scenario == ckptd::v1::CUT_OFF_AGENT ||
+                                scenario == ckptd::v1::CORRUPT_MEMORY ||
                                 (scenario == ckptd::v1::HANG_TRAINER && st.first_detection_unix_nanos() > 0);
   if (restart_scenario) {
     verdicts.push_back({"the failure was detected", detection.has_value(),
@@ -305,6 +335,7 @@ void DrillRunner::Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& 
                           st.fresh_start() ? "a fresh start"
                                            : absl::StrCat("step ", st.restored_step(), ", the failure at step ",
                                                           st.step_at_failure())});
+      if (scenario == ckptd::v1::CORRUPT_MEMORY) JudgeMemoryCopy(st, &verdicts);
       if (!d->restored_verify_error.empty()) {
         verdicts.push_back({"the restored step verifies intact", false,
                             absl::StrCat("the verification failed: ", d->restored_verify_error)});

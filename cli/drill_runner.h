@@ -33,6 +33,7 @@ inline constexpr DrillScenarioInfo kDrillScenarios[] = {
     {"kill-node", ckptd::v1::KILL_NODE, false, true},
     {"cut-off-agent", ckptd::v1::CUT_OFF_AGENT, true, true},
     {"corrupt-shard", ckptd::v1::CORRUPT_SHARD, false, false},
+    {"corrupt-memory", ckptd::v1::CORRUPT_MEMORY, false, false},
     {"storage-eio", ckptd::v1::STORAGE_EIO, true, true},
     {"storage-enospc", ckptd::v1::STORAGE_ENOSPC, true, true},
     {"storage-slow", ckptd::v1::STORAGE_SLOW, true, true},

@@ -138,6 +138,18 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
   if (!a->second->drills_allowed) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node, "'s agent was not started with --allow-drills"));
   }
+  order.clear_step();
+  if (request.scenario() == ckptd::v1::CORRUPT_MEMORY) {
+    // The step a restart would restore: its copy in memory is the one to damage.
+    const std::optional<uint64_t> newest = job->NewestUsable();
+    if (!newest) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", request.job(),
+                       " has no committed step: CORRUPT_MEMORY damages the copy of the newest "
+                       "one in the agent's memory; order it once a checkpoint has committed"));
+    }
+    order.set_step(*newest);
+  }
   ckptd::v1::RunDrillResponse response;
   response.set_drill_id(drills_->Order(order, node, clock_->Now(), job->NewestUsable()));
   response.set_node_id(node);

@@ -157,6 +157,74 @@ TEST_F(CoordinatorCoreTest, ANodeDrillAtAStepWatchesARankOfThatNode) {
   CKPTD_EXPECT_OK(core_->RunDrill(req).status());
 }
 
+TEST_F(CoordinatorCoreTest, CorruptMemoryCarriesTheNewestCommittedStepAndTheDrillSaysWhereTheRankReadIt) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3}, 4, /*drills_allowed=*/true);
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::CORRUPT_MEMORY);
+  req.set_rank(1);
+  // Nothing committed: no copy in memory is worth damaging.
+  EXPECT_THAT(core_->RunDrill(req),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job llm-7b has no committed step")));
+  req.set_target_node("node-a");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets a rank")));
+  req.clear_target_node();
+  CommitStep(10);
+  CommitStep(20);
+  req.set_step(5);  // the coordinator's to fill
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  EXPECT_EQ(ordered.node_id(), "node-a");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).scenario(), ckptd::v1::CORRUPT_MEMORY);
+  EXPECT_EQ(ack.drills(0).rank(), 1u);
+  EXPECT_EQ(ack.drills(0).step(), 20u);
+  // Other scenarios carry no step.
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse kill, core_->RunDrill(req));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, Beat("node-a"));
+  for (const ckptd::v1::DrillOrder& o : ack.drills()) {
+    if (o.drill_id() == kill.drill_id()) {
+      EXPECT_EQ(o.step(), 0u);
+    }
+  }
+
+  // The trainer dies; every rank loads step 20 from memory, and the job
+  // resumes before rank 1's trainer finds its copy damaged and its agent
+  // reads the step again from the storage root.
+  CKPTD_ASSERT_OK(ReportFailure("node-a", 1, ckptd::v1::TRAINER_DIED));
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  for (uint32_t r = 0; r < 4; ++r) {
+    ckptd::v1::RestorePlanRequest loaded = PlanRequest(r, 20, true);
+    loaded.set_attempt_source(ckptd::v1::AGENT_MEMORY);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(loaded).status());
+  }
+  CKPTD_ASSERT_OK(Beat("node-b", {{2, 21}, {3, 21}}).status());
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  ASSERT_TRUE(st.resumed());
+  EXPECT_EQ(st.request().step(), 20u);
+  ASSERT_EQ(st.restore_sources().ranks_size(), 4);
+  EXPECT_EQ(st.restore_sources().ranks(1).source(), ckptd::v1::AGENT_MEMORY);
+  ckptd::v1::RestorePlanRequest reread = PlanRequest(1, 20, true);
+  reread.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+  reread.set_reread(true);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse go, core_->GetRestorePlan(reread));
+  EXPECT_EQ(go.verdict(), PlanResponse::GO);
+  EXPECT_EQ(go.step(), 20u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, core_->GetDrill(get));
+  for (uint32_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(st.restore_sources().ranks(r).source(), r == 1 ? ckptd::v1::STORAGE_ROOT : ckptd::v1::AGENT_MEMORY)
+        << "rank " << r;
+  }
+  EXPECT_EQ(JobState().last_restore().ranks(1).source(), ckptd::v1::STORAGE_ROOT);
+  // The reread is no failure and no new round.
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_EQ(JobState().last_restore().incarnation(), go.incarnation());
+}
+
 TEST_F(CoordinatorCoreTest, MalformedDrillsAreRefused) {
   TwoNodes();
   ckptd::v1::RunDrillRequest req;

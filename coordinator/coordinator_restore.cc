@@ -156,6 +156,14 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, agent->node_id, /*moving=*/true));
     const std::string asker =
         request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", agent->instance, "#", request.trainer_id());
+    if (request.reread()) {
+      // Where the rank read the round's step, corrected: nothing else changes.
+      if (!request.has_attempt() || !request.attempt_ok()) {
+        return absl::InvalidArgumentError("a reread reports a step loaded intact (has_attempt and attempt_ok)");
+      }
+      CKPTD_RETURN_IF_ERROR(job->Reread(rank, asker, request.attempt_step(), request.attempt_source()));
+      return job->Plan();
+    }
     // The trainer that already took part in the round asks again (an answer
     // was lost, or it starts its restore over): the round's plan stands.
     const bool again = job->NeedsNewRound(rank, request.has_attempt()) && job->AskedBefore(rank, asker);

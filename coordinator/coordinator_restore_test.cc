@@ -71,6 +71,42 @@ TEST_F(CoordinatorCoreTest, TheJobsStatusSaysWhereEachRankReadTheRestoredStep) {
   EXPECT_FALSE(JobState().has_last_restore());
 }
 
+TEST_F(CoordinatorCoreTest, ARereadChangesOnlyWhereTheRankReadTheStep) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  ckptd::v1::RestorePlanRequest reread = PlanRequest(2, 10, true);
+  reread.set_attempt_source(ckptd::v1::NODE_LOCAL);
+  reread.set_reread(true);
+  // Not before the rank loaded the step.
+  EXPECT_THAT(core_->GetRestorePlan(reread),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 2 of job llm-7b did not load step 10")));
+  for (uint32_t r = 0; r < 4; ++r) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, 10, true);
+    req.set_attempt_source(ckptd::v1::AGENT_MEMORY);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
+  }
+  const std::vector<ckptd::v1::FailureKind> events = EventKinds();
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 go, core_->GetRestorePlan(reread));
+  EXPECT_EQ(go.verdict(), v1::GO);
+  EXPECT_EQ(JobState().last_restore().ranks(2).source(), ckptd::v1::NODE_LOCAL);
+  EXPECT_EQ(JobState().last_restore().ranks(3).source(), ckptd::v1::AGENT_MEMORY);
+  EXPECT_EQ(EventKinds(), events);  // no failure recorded, no new round
+  EXPECT_EQ(JobState().last_restore().incarnation(), go.incarnation());
+  // Only the trainer that loaded it, of a step the round restored, and a
+  // step loaded intact.
+  ckptd::v1::RestorePlanRequest other = reread;
+  other.set_trainer_id(9);
+  EXPECT_THAT(core_->GetRestorePlan(other), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("did not load")));
+  other = reread;
+  other.set_attempt_step(5);
+  EXPECT_THAT(core_->GetRestorePlan(other), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("step 5")));
+  other = reread;
+  other.set_attempt_ok(false);
+  EXPECT_THAT(core_->GetRestorePlan(other), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reread")));
+  EXPECT_EQ(JobState().last_restore().ranks(2).source(), ckptd::v1::NODE_LOCAL);
+}
+
 TEST_F(CoordinatorCoreTest, ADamagedShardQuarantinesTheStepAndTheWholeJobFallsBack) {
   TwoNodes();
   CommitStep(10);

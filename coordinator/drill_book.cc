@@ -46,6 +46,7 @@ void DrillBook::AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack)
     o->set_at_step(drill.request.at_step());
     o->set_duration_seconds(drill.request.duration_seconds());
     o->set_slow_seconds(drill.request.slow_seconds());
+    o->set_step(drill.request.step());
   }
 }
 

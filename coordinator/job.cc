@@ -382,6 +382,21 @@ RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source) 
   return r;
 }
 
+absl::Status Job::Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source) {
+  if (!round_ || round_->step != step || !round_->ok.contains(rank) || !AskedBefore(rank, asker)) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of job ", name(), " did not load step ", step,
+                                                      " in the restore round under way: nothing to read again"));
+  }
+  round_->sources[rank] = source;
+  // The resume of this round, recorded when a rank took its first step.
+  if (!resumes_.empty() && resumes_.back().restored == step && resumes_.back().sources.incarnation() == incarnation()) {
+    for (ckptd::v1::RestoreSummary::Rank& r : *resumes_.back().sources.mutable_ranks()) {
+      if (r.rank() == rank) r.set_source(source);
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::optional<ckptd::v1::RestoreSummary> Job::RoundSummary() const {
   if (!round_ || !round_->go || !round_->step) return std::nullopt;
   ckptd::v1::RestoreSummary r;

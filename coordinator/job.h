@@ -217,6 +217,11 @@ class Job {
   ckptd::v1::RestorePlanResponse NotLoaded(uint32_t rank);
   ckptd::v1::RestorePlanResponse Loaded(uint32_t rank,
                                         ckptd::v1::RestoreSource source = ckptd::v1::RESTORE_SOURCE_UNSPECIFIED);
+  // The rank, as `asker`, read the round's `step` again from `source` (the
+  // copy it loaded first failed its trainer's check): where it read it
+  // changes, also in the record of the resume when the job resumed already.
+  // kFailedPrecondition unless `asker` loaded `step` in the round under way.
+  absl::Status Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source);
   // The round's step was found damaged (and quarantined): every rank falls
   // back to the newest usable step, in the same incarnation.
   ckptd::v1::RestorePlanResponse FallBack();

@@ -1208,6 +1208,23 @@ TEST_P(DrillTest, PassesAndTheJobEndsWithTheReferenceDigests) {
   if (damaged) {
     EXPECT_NE(*restored, *damaged) << "the damaged step was restored";
   }
+  if (c.scenario == "corrupt-memory") {
+    // The step whose copy in memory was damaged is the one restored; the
+    // rank's trainer caught the damage as it copied it out, and the rank
+    // read the step from disk while the others read theirs from memory.
+    EXPECT_EQ(NumberAfter(json, "\"damaged_step\":"), restored) << report;
+    EXPECT_TRUE(VerdictHeld(json, "the damaged copy was detected and the rank read the step from disk")) << report;
+    EXPECT_THAT(ReadFile(absl::StrCat(dir_, "/drill/", NodeOf(c.target), ".1.log")),
+                HasSubstr(absl::StrCat("rank ", c.target, ": the copy of step ", *restored,
+                                       " in the agent's memory failed the trainer's check")));
+    std::optional<ckptd::v1::JobStatus> job = cluster->Job();
+    ASSERT_TRUE(job.has_value());
+    ASSERT_EQ(job->last_restore().step(), *restored);
+    for (const auto& r : job->last_restore().ranks()) {
+      EXPECT_EQ(r.source(), r.rank() == c.target ? ckptd::v1::STORAGE_ROOT : ckptd::v1::AGENT_MEMORY)
+          << "rank " << r.rank();
+    }
+  }
   EXPECT_EQ(supervisor.restarts(), kills_agent ? 1 : 0);
   EXPECT_EQ(launcher.final_lines(), reference);
   std::cerr << "scenario " << c.scenario << ": " << absl::FormatDuration(absl::Now() - start) << ", detection "
@@ -1261,6 +1278,7 @@ INSTANTIATE_TEST_SUITE_P(
                                 ckptd::v1::NODE_LOST, /*restart_agent_at_once=*/true},
                       DrillCase{"cut-off-agent", 3, 60, absl::Seconds(3), ckptd::v1::NODE_LOST},
                       DrillCase{"corrupt-shard", 3, 60, absl::ZeroDuration()},
+                      DrillCase{"corrupt-memory", 1, 60, absl::ZeroDuration(), ckptd::v1::TRAINER_DIED},
                       DrillCase{"storage-eio", 0, 60, absl::Seconds(1)},
                       DrillCase{"storage-enospc", 2, 60, absl::Seconds(1)},
                       DrillCase{"storage-slow", 3, 60, absl::Seconds(1)}),
