@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <source_location>
 #include <string>
 #include <thread>
 #include <utility>
@@ -145,11 +144,11 @@ absl::string_view SourceName(RestoreSource source) {
 }
 
 // `r`, what a restore of `t` returned: `step`, read from `source`, in a slot
-// where every byte of every buffer is `fill`. A failure names `where`, the
+// where every byte of every buffer is `fill`. A failure names file:line, the
 // test's line that asked.
 void ExpectRestored(const Started& t, const absl::StatusOr<RestoreResult>& r, uint64_t step, RestoreSource source,
-                    uint8_t fill, std::source_location where) {
-  ::testing::ScopedTrace trace(where.file_name(), static_cast<int>(where.line()), Who(t));
+                    uint8_t fill, const char* file, int line) {
+  ::testing::ScopedTrace trace(file, line, Who(t));
   ASSERT_THAT(r, IsOk());
   EXPECT_THAT(r->step, Optional(step));
   EXPECT_EQ(r->source, source) << "read from " << SourceName(r->source) << ", not " << SourceName(source);
@@ -159,28 +158,30 @@ void ExpectRestored(const Started& t, const absl::StatusOr<RestoreResult>& r, ui
 // `t`'s trainer restores, as ExpectRestored() says; the slot, out->slot,
 // stays RESTORED until the trainer releases it.
 void ExpectRestore(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, uint8_t fill,
-                   RestoreResult* out, std::source_location where = std::source_location::current()) {
+                   RestoreResult* out, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   absl::StatusOr<RestoreResult> r = agent.Restore(t.h.trainer_id, absl::Seconds(10));
-  ASSERT_NO_FATAL_FAILURE(ExpectRestored(t, r, step, source, fill, where));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(t, r, step, source, fill, file, line));
   *out = *std::move(r);
 }
 void ExpectRestore(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, RestoreResult* out,
-                   std::source_location where = std::source_location::current()) {
-  ExpectRestore(agent, t, step, source, StepFill(step), out, where);
+                   const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  ExpectRestore(agent, t, step, source, StepFill(step), out, file, line);
 }
 
 // ExpectRestore(), then the trainer copies the step out and releases the
 // slot (which *slot, where given, says).
 void ExpectRestoreAndRelease(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source, uint8_t fill,
-                             uint32_t* slot = nullptr, std::source_location where = std::source_location::current()) {
+                             uint32_t* slot = nullptr, const char* file = __builtin_FILE(),
+                             int line = __builtin_LINE()) {
   RestoreResult r;
-  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, t, step, source, fill, &r, where));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestore(agent, t, step, source, fill, &r, file, line));
   CKPTD_ASSERT_OK(t.seg->Release(r.slot)) << Who(t);
   if (slot != nullptr) *slot = r.slot;
 }
 void ExpectRestoreAndRelease(AgentCore& agent, const Started& t, uint64_t step, RestoreSource source,
-                             uint32_t* slot = nullptr, std::source_location where = std::source_location::current()) {
-  ExpectRestoreAndRelease(agent, t, step, source, StepFill(step), slot, where);
+                             uint32_t* slot = nullptr, const char* file = __builtin_FILE(),
+                             int line = __builtin_LINE()) {
+  ExpectRestoreAndRelease(agent, t, step, source, StepFill(step), slot, file, line);
 }
 
 // Every trainer restores at once, each from a thread of its own, as the ranks
@@ -200,11 +201,11 @@ std::vector<absl::StatusOr<RestoreResult>> RestoreAll(AgentCore& agent, const st
 // (which slots[r], where given, says).
 void RestoreAllAndRelease(AgentCore& agent, const std::vector<Started>& ranks, uint64_t step,
                           const std::vector<RestoreSource>& sources, std::vector<uint32_t>* slots = nullptr,
-                          std::source_location where = std::source_location::current()) {
+                          const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
   ASSERT_EQ(sources.size(), ranks.size());
   const std::vector<absl::StatusOr<RestoreResult>> results = RestoreAll(agent, ranks);
   for (uint32_t r = 0; r < ranks.size(); ++r) {
-    ASSERT_NO_FATAL_FAILURE(ExpectRestored(ranks[r], results[r], step, sources[r], RankFill(step, r), where));
+    ASSERT_NO_FATAL_FAILURE(ExpectRestored(ranks[r], results[r], step, sources[r], RankFill(step, r), file, line));
   }
   if (slots != nullptr) slots->clear();
   for (uint32_t r = 0; r < ranks.size(); ++r) {
