@@ -390,6 +390,42 @@ TEST_F(MemoryTierTest, ADamagedMemoryCopyIsReadFromDiskInstead) {
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
 }
 
+// The trainer found the copy it was handed damaged (its own check while
+// copying out): the same step is read again, from disk. A reread of any other
+// step than the one the last restore handed over is refused, changing nothing.
+TEST_F(MemoryTierTest, AReReadIsOfTheStepTheLastRestoreHandedOverAndComesFromDisk) {
+  AgentCore agent(&mem_, options_);
+  Started first, second;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1, 2}));
+  ASSERT_NO_FATAL_FAILURE(Restart(agent, first, &second));
+  RestoreOptions reread;
+  reread.reread_step = 2;
+  reread.reread_problem = "buffer 'adam' bytes 0..4096 do not match their checksum";
+  // Nothing was handed over yet.
+  EXPECT_THAT(agent.Restore(second.h.trainer_id, reread),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("handed over no step")));
+  RestoreOptions verified;
+  verified.client_verifies = true;
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(second.h.trainer_id, verified));
+  EXPECT_THAT(r.step, Optional(2u));
+  EXPECT_EQ(r.source, RestoreSource::kMemory);
+  EXPECT_FALSE(r.verify.empty());  // the trainer checks the blocks
+  CKPTD_ASSERT_OK(second.seg->Release(r.slot));
+  reread.reread_step = 1;
+  EXPECT_THAT(agent.Restore(second.h.trainer_id, reread),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("handed over step 2")));
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(1, 0)));
+  reread.reread_step = 2;
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult again, agent.Restore(second.h.trainer_id, reread));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestored(second, again, 2, RestoreSource::kRoot, StepFill(2), __FILE__, __LINE__));
+  EXPECT_TRUE(again.verify.empty());  // the agent read it from disk, verified
+  EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(1, 1)));
+  ExpectLogged("the copy of step 2 in the agent's memory failed the trainer's check (buffer 'adam' bytes 0..4096");
+  CKPTD_ASSERT_OK(second.seg->Release(again.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
+}
+
 TEST_F(MemoryTierTest, MemoryComesBeforeTheLocalTierWhichServesADamagedMemoryCopy) {
   CKPTD_ASSERT_OK(mem_.CreateDir("/nvme"));
   options_.local_cache = "/nvme";
