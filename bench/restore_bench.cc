@@ -403,7 +403,7 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
   if (std::memcmp(dst, src, n) != 0) {
     return absl::DataLossError(absl::StrCat("the restored bytes differ from those of step ", step));
   }
-  t.source = c->last_restore_source();
+  t.source = std::string(c->last_restore_source());
   // The yardsticks come after the restore: a disk still busy with the
   // persist slows the restore, not them.
   if (tier == Tier::kMemory) {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -80,19 +79,12 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
   const bool spare = args->Has("spare");
   if (spare && !cuda) return usage("--spare needs --cuda: host buffers have no spare");
 
-  std::string dir;
-  bool own_dir = false;
-  if (std::optional<std::string> d = args->Get("dir")) {
-    dir = *d;
-  } else {
-    char tmpl[] = "/tmp/ckptd-snapbench-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) {
-      err << "ckptd-bench snapshot: cannot create a temporary folder\n";
-      return base::kExitFailed;
-    }
-    dir = tmpl;
-    own_dir = true;
+  ScratchDir scratch;
+  if (absl::Status s = scratch.Init(args->Get("dir"), "ckptd-snapbench"); !s.ok()) {
+    err << "ckptd-bench snapshot: " << s.message() << "\n";
+    return base::kExitFailed;
   }
+  const std::string& dir = scratch.path();
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
   agent::AgentOptions options;
   options.storage_root = storage::JoinPath(dir, "root");
@@ -184,7 +176,6 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
     (*server)->Shutdown();
     if (device_buffer != nullptr) client::FreeDeviceMemory(device, device_buffer);
   }
-  if (own_dir) std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
   if (rc != base::kExitOk) return rc;
   const double stall = Median(stalls), copy = Median(memcpys);
   if (args->Has("json")) {

@@ -14,7 +14,6 @@
 #include "client/c_options.h"
 #include "client/ckptd.h"
 #include "client/client.h"
-#include "rpc/restore_source.h"
 
 struct ckptd_client {
   std::unique_ptr<ckptd::client::Client> client;
@@ -195,13 +194,8 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
 
 const char* ckptd_restore_source(const ckptd_client* client) {
   if (client == nullptr) return "";
-  // A static string: the one Client::last_restore_source names.
-  const std::string source = client->client->last_restore_source();
-  for (int s = ckptd::v1::RestoreSource_MIN; s <= ckptd::v1::RestoreSource_MAX; ++s) {
-    const absl::string_view name = ckptd::rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(s));
-    if (!name.empty() && name == source) return name.data();
-  }
-  return "";
+  // A string literal: NUL-terminated, and static.
+  return client->client->last_restore_source().data();
 }
 
 void ckptd_close(ckptd_client* client) { delete client; }

@@ -684,8 +684,8 @@ absl::Status Client::EnsureRegistered() {
   return absl::OkStatus();
 }
 
-std::string Client::last_restore_source() const {
-  return std::string(rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load())));
+absl::string_view Client::last_restore_source() const {
+  return rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load()));
 }
 
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "ckptd/v1/shard.pb.h"
@@ -141,7 +142,7 @@ class Client {
   // Where the last Restore read its step: "memory" (the agent's own memory),
   // "peer" (another node's agent), "node-local" (the node-local tier),
   // "storage-root"; empty before any restore or when nothing was restored.
-  std::string last_restore_source() const;
+  absl::string_view last_restore_source() const;  // a static string
 
   // Waits until `step` is persisted (or failed) by the agent, up to `timeout`
   // of the client's clock. A second hop in flight is waited for within
