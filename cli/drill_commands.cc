@@ -23,7 +23,8 @@ namespace ckptd::cli {
 
 const char kDrillHelp[] =
     "usage: ckptctl drill run --job J --scenario S [--target RANK|NODE] [--at-step N]\n"
-    "                         [--duration 10s] [--slow 200ms] [--watch 2m] [--no-verify-restored]\n"
+    "                         [--duration 10s] [--slow 200ms] [--watch 2m] [--with-partners]\n"
+    "                         [--no-verify-restored]\n"
     "                         [--json] [--html FILE]\n"
     "                         --coordinator HOST:PORT --token-file F [--tls-ca F --tls-cert F --tls-key F]\n"
     "       ckptctl drill suite FILE ...   (see `ckptctl drill suite --help`)\n"
@@ -45,7 +46,9 @@ const char kDrillHelp[] =
     "                   restarted when --duration outlasts the coordinator's hang threshold\n"
     "  kill-agent       SIGKILL the agent of the rank's node (or of node --target)\n"
     "  kill-node        a node crash: the agent SIGKILLs every trainer on its node, then\n"
-    "                   itself (the rank's node, or node --target)\n"
+    "                   itself (the rank's node, or node --target); with --with-partners,\n"
+    "                   the nodes it replicates its snapshots to crash too, so that no\n"
+    "                   copy of its ranks is left in any memory\n"
     "  cut-off-agent    the agent talks to nobody for --duration; expects the node lost\n"
     "  corrupt-shard    flip a byte of the rank's shard of the newest committed step; the\n"
     "                   drill then verifies that step through the coordinator and expects\n"
@@ -68,6 +71,10 @@ const char kDrillHelp[] =
     "                   200ms)\n"
     "  --watch D        how long to watch after the injection, at most 24h (default 2m); a fault\n"
     "                   that lasts --duration must be lifted within it\n"
+    "  --with-partners  kill-node only: also crash the node's replication partners (the\n"
+    "                   agents it sends its snapshots to, as the coordinator assigned them\n"
+    "                   when it takes the order); the report names them. Refused unless\n"
+    "                   every partner's agent runs with --allow-drills\n"
     "  --no-verify-restored\n"
     "                   after a restart, do not read the restored step back through the\n"
     "                   coordinator to verify it (it reads the whole step)\n"
@@ -86,7 +93,8 @@ const char kDrillSuiteHelp[] =
     "Runs the drills listed in FILE against job J, one after the other, and sums\n"
     "them up. FILE holds one drill per line: a scenario name and the flags of\n"
     "`ckptctl drill run` that shape it (--target, --at-step, --duration, --slow,\n"
-    "--watch); a # starts a comment that runs to the end of the line. For example:\n"
+    "--watch, --with-partners); a # starts a comment that runs to the end of the line.\n"
+    "For example:\n"
     "\n"
     "  # rehearse the failures of the week\n"
     "  kill-trainer   --target 3\n"
@@ -187,6 +195,13 @@ absl::StatusOr<DrillSpec> ParseDrillSpec(const std::string& scenario, const base
           absl::StrCat("--target of ", spec.info->name, " is a rank number; got \"", *target, "\""));
     }
   }
+  if (args.Has("with-partners")) {
+    if (spec.info->scenario != ckptd::v1::KILL_NODE) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--with-partners applies to kill-node only, not to ", spec.info->name));
+    }
+    req.set_with_partners(true);
+  }
   req.set_at_step(at_step->value_or(0));
   if (spec.info->timed) req.set_duration_seconds(absl::ToDoubleSeconds(*duration));
   if (spec.info->scenario == ckptd::v1::STORAGE_SLOW) req.set_slow_seconds(absl::ToDoubleSeconds(*slow));
@@ -249,7 +264,7 @@ absl::StatusOr<std::vector<SuiteLine>> ReadSuite(const std::string& path) {
     std::vector<std::string> words = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     const std::string scenario = words[0];
     words.erase(words.begin());
-    absl::StatusOr<base::Args> args = base::Args::Parse(words, DrillValueFlags(), {});
+    absl::StatusOr<base::Args> args = base::Args::Parse(words, DrillValueFlags(), {"with-partners"});
     if (!args.ok()) return bad(args.status().message());
     if (!args->positional().empty()) return bad(absl::StrCat("unexpected \"", args->positional()[0], "\""));
     absl::StatusOr<DrillSpec> spec = ParseDrillSpec(scenario, *args, "the scenario");
@@ -266,7 +281,9 @@ int RunOne(const std::vector<std::string>& argv, const CoordinatorApiFactory& ap
   Command c("drill run", kDrillHelp, out, err);
   std::set<std::string> value_flags = DrillValueFlags();
   value_flags.insert({"job", "scenario", "html"});
-  if (std::optional<int> done = c.Start(argv, value_flags, {"no-verify-restored"}, true, api)) return *done;
+  if (std::optional<int> done = c.Start(argv, value_flags, {"no-verify-restored", "with-partners"}, true, api)) {
+    return *done;
+  }
   absl::StatusOr<DrillSpec> spec = ParseDrillSpec(c.args().Get("scenario").value_or(""), c.args(), "--scenario");
   if (!spec.ok()) return c.Usage(spec.status().message());
   DrillRunner runner(c.api(), c.job(), env, !c.args().Has("no-verify-restored"), c.json() ? nullptr : &out);

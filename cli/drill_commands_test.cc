@@ -285,6 +285,62 @@ TEST_F(DrillCommandTest, RefusalsAndBadFlags) {
   }
 }
 
+TEST_F(DrillCommandTest, KillNodeWithPartnersAsksForThemAndSaysWhichWereKilled) {
+  fake_.run_drill->add_partner_nodes("node-c");
+  fake_.run_drill->add_partner_nodes("node-d");
+  ckptd::v1::DrillStatus st = Resumed();
+  st.mutable_request()->set_scenario(ckptd::v1::KILL_NODE);
+  st.mutable_request()->set_target_node("node-b");
+  st.mutable_request()->set_with_partners(true);
+  st.add_partner_nodes("node-c");
+  st.add_partner_nodes("node-d");
+  fake_.drill = {st};
+  HealthyJob();
+  fake_.verify_stream = {Verified(40, true)};
+  const std::string token = TokenFile("drill-token", "s3cret");
+  Result r = Drill({"--job", "llm", "--scenario", "kill-node", "--target", "node-b", "--with-partners",
+                    "--token-file", token});
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::KILL_NODE);
+  EXPECT_TRUE(fake_.drill_request->with_partners());
+  EXPECT_THAT(r.out, HasSubstr("drill 7: kill-node on node node-b, and on its replication partners node-c, node-d"));
+  EXPECT_THAT(r.out, HasSubstr("partner nodes killed with node node-b: node-c, node-d"));
+
+  fake_.get_drill_calls = 0;
+  Result j = Drill({"--job", "llm", "--scenario", "kill-node", "--target", "node-b", "--with-partners",
+                    "--token-file", token, "--json"});
+  EXPECT_EQ(j.code, base::kExitOk) << j.err;
+  EXPECT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, HasSubstr("\"partner_nodes\":[\"node-c\",\"node-d\"]"));
+
+  // Without the flag nothing asks for partners, and the report names none.
+  fake_.drill = {Resumed()};
+  r = Drill({"--job", "llm", "--scenario", "kill-node", "--target", "node-b", "--token-file", token});
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_FALSE(fake_.drill_request->with_partners());
+  EXPECT_THAT(r.out, Not(HasSubstr("partner nodes killed")));
+
+  // Only kill-node takes it, on the command line and in a suite file.
+  fake_.drill_request.reset();
+  Result wrong = Drill({"--job", "llm", "--scenario", "kill-trainer", "--with-partners", "--token-file", token});
+  EXPECT_EQ(wrong.code, base::kExitUsage);
+  EXPECT_THAT(wrong.err, HasSubstr("--with-partners applies to kill-node only, not to kill-trainer"));
+  EXPECT_FALSE(fake_.drill_request.has_value()) << "a refused flag still ordered a drill";
+  Result suite = Suite(SuiteFile("kill-node --target node-b --with-partners\nkill-agent --with-partners\n"));
+  EXPECT_EQ(suite.code, base::kExitUsage);
+  EXPECT_THAT(suite.err, HasSubstr("line 2: --with-partners applies to kill-node only, not to kill-agent"));
+  // The coordinator's own refusal (a partner without --allow-drills) is said as it is.
+  fake_.run_drill = absl::FailedPreconditionError(
+      "partner node node-c of node node-b: its agent was not started with --allow-drills");
+  Result refused = Drill({"--job", "llm", "--scenario", "kill-node", "--target", "node-b", "--with-partners",
+                          "--token-file", token});
+  EXPECT_EQ(refused.code, base::kExitFailed);
+  EXPECT_THAT(refused.err, HasSubstr("partner node node-c of node node-b"));
+  Result help = RunExactly(RunDrillCommand, {"--help"});
+  EXPECT_THAT(help.out, HasSubstr("--with-partners"));
+}
+
 TEST_F(DrillCommandTest, ADamagedRestoredStepFailsTheVerdictAndAnUnreadableOneIsNotAFailure) {
   fake_.drill = {Resumed()};
   HealthyJob();

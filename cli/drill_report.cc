@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/command.h"
 #include "cli/svg.h"
 
@@ -199,7 +200,10 @@ void AppendDrillSection(const DrillOutcome& d, size_t index, std::string* s) {
 std::string DrillTitle(const DrillOutcome& d) {
   return absl::StrCat(
       d.scenario, " on node ", d.status.node_id(),
-      d.status.request().target_node().empty() ? absl::StrCat(" (rank ", d.status.request().rank(), ")") : "");
+      d.status.request().target_node().empty() ? absl::StrCat(" (rank ", d.status.request().rank(), ")") : "",
+      d.status.partner_nodes_size() > 0
+          ? absl::StrCat(" and its partners ", absl::StrJoin(d.status.partner_nodes(), ", "))
+          : "");
 }
 
 void WriteDrillJson(const DrillOutcome& d, JsonWriter& w) {
@@ -210,6 +214,10 @@ void WriteDrillJson(const DrillOutcome& d, JsonWriter& w) {
   w.Field("job", d.job);
   w.Field("target", d.target);
   w.Field("node", st.node_id());
+  w.Key("partner_nodes");
+  w.BeginArray();
+  for (const std::string& p : st.partner_nodes()) w.String(p);
+  w.EndArray();
   w.Field("ordered_unix_nanos", st.ordered_unix_nanos());
   w.Field("injected", d.injected);
   w.Field("injected_unix_nanos", st.report().injected_unix_nanos());
@@ -300,6 +308,10 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
   auto at = [&](int64_t nanos) {
     return injected_at > 0 ? absl::StrFormat("%+8.3f s", SecondsBetween(injected_at, nanos)) : IsoTime(nanos);
   };
+  if (st.partner_nodes_size() > 0) {
+    out << "\npartner nodes killed with node " << TerminalSafe(st.node_id()) << ": "
+        << TerminalSafe(absl::StrJoin(st.partner_nodes(), ", ")) << "\n";
+  }
   out << "\ntimeline (from the injection)\n";
   out << "  " << at(st.ordered_unix_nanos()) << "  ordered\n";
   if (d.injected) out << "  " << at(injected_at) << "  injected: " << TerminalSafe(st.report().detail()) << "\n";

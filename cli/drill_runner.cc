@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "cli/command.h"
 #include "rpc/restore_source.h"
@@ -169,7 +170,12 @@ absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* e
     *progress_ << "drill " << ordered->drill_id() << ": " << spec.info->name << " on node "
                << TerminalSafe(ordered->node_id())
                << (req.target_node().empty() ? absl::StrCat(" (rank ", req.rank(), " of job ", job_, ")") : "")
-               << (req.at_step() > 0 ? absl::StrCat(" at step ", req.at_step()) : "") << "\n"
+               << (req.at_step() > 0 ? absl::StrCat(" at step ", req.at_step()) : "")
+               << (ordered->partner_nodes_size() > 0
+                       ? absl::StrCat(", and on its replication partners ",
+                                      TerminalSafe(absl::StrJoin(ordered->partner_nodes(), ", ")))
+                       : "")
+               << "\n"
                << std::flush;
   }
   ckptd::v1::DrillStatus& st = d.status;

@@ -3,13 +3,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "cli/command.h"
 #include "cli/json.h"
@@ -81,14 +85,22 @@ const char kRestorePlanHelp[] =
     "usage: ckptctl restore-plan --job J --coordinator HOST:PORT [--json]\n"
     "\n"
     "What a restart of job J would restore now, without starting a restore: the\n"
-    "step (or a fresh start) and why, every newer step that would be passed over\n"
-    "and why (pending, aborted, quarantined), the job's state and incarnation.\n"
+    "step (or a fresh start) and why; where each rank would read it, cheapest\n"
+    "first: \"memory\" (its own agent keeps the step), \"peer memory\" (another\n"
+    "node's agent holds a copy: peer replication), or \"disk\" (the node-local tier\n"
+    "or the storage root, which the agent picks), with the nodes holding a copy in\n"
+    "memory; every newer step that would be passed over and why (pending, aborted,\n"
+    "quarantined); the job's state and incarnation. Consecutive ranks with the same\n"
+    "node, source and peers share a row (\"0-7\").\n"
     "\n"
     "  --job J                  the job\n"
     "  --coordinator HOST:PORT  the coordinator to ask\n"
     "  --tls-ca F --tls-cert F --tls-key F\n"
     "                           mutual TLS (PEM files), as the coordinator was started with\n"
-    "  --json                   one JSON object instead of the text\n"
+    "  --json                   one JSON object instead of the text: job, state,\n"
+    "                           incarnation, fresh_start, step, reason, sources (ranks\n"
+    "                           per source), ranks (rank, node, own_memory, peer_nodes,\n"
+    "                           planned), passed_over\n"
     "\n"
     "exit status: 0 success (a fresh start included), 1 no such job (or the\n"
     "coordinator is too old), 2 usage error, 3 the coordinator cannot be reached\n";
@@ -363,6 +375,60 @@ void PrintStepsTable(const Command& c, absl::Time now, const ckptd::v1::ListStep
 
 // ------------------------------------------------------------------ restore-plan
 
+// Where a rank would read its step, as an operator says it.
+std::string PlannedSourceName(ckptd::v1::RestoreSource s) {
+  switch (s) {
+    case ckptd::v1::AGENT_MEMORY: return "memory";
+    case ckptd::v1::PEER_MEMORY: return "peer memory";
+    case ckptd::v1::NODE_LOCAL:
+    case ckptd::v1::STORAGE_ROOT: return "disk";
+    default: return "unknown";
+  }
+}
+
+// Ranks per planned source, cheapest first.
+std::vector<std::pair<std::string, int>> PlannedCounts(const ckptd::v1::RestorePreview& p) {
+  std::map<int, int> by_source;
+  for (const auto& r : p.ranks()) {
+    // The node-local tier and the storage root are one choice here: disk.
+    const int source = r.planned() == ckptd::v1::NODE_LOCAL ? ckptd::v1::STORAGE_ROOT : r.planned();
+    ++by_source[source];
+  }
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [source, n] : by_source) {
+    out.emplace_back(PlannedSourceName(static_cast<ckptd::v1::RestoreSource>(source)), n);
+  }
+  return out;
+}
+
+// "where each rank would read step S: ..." and the table, consecutive ranks
+// with the same node, source and peers in one row.
+void PrintRankSources(std::ostream& out, const ckptd::v1::RestorePreview& p) {
+  std::vector<std::string> parts;
+  for (const auto& [name, n] : PlannedCounts(p)) {
+    parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
+  }
+  out << "where each rank would read step " << p.step() << ": " << absl::StrJoin(parts, ", ") << "\n";
+  Table t({"RANKS", "NODE", "SOURCE", "PEERS IN MEMORY"}, {0});
+  auto peers = [](const ckptd::v1::RankRestoreSources& r) {
+    return r.peer_nodes_size() == 0 ? std::string("-") : absl::StrJoin(r.peer_nodes(), ",");
+  };
+  auto same = [&](const ckptd::v1::RankRestoreSources& a, const ckptd::v1::RankRestoreSources& b) {
+    return a.node_id() == b.node_id() && a.planned() == b.planned() && peers(a) == peers(b);
+  };
+  for (int i = 0; i < p.ranks_size();) {
+    int j = i;
+    while (j + 1 < p.ranks_size() && p.ranks(j + 1).rank() == p.ranks(j).rank() + 1 && same(p.ranks(i), p.ranks(j + 1))) {
+      ++j;
+    }
+    const ckptd::v1::RankRestoreSources& r = p.ranks(i);
+    t.Add({i == j ? absl::StrCat(r.rank()) : absl::StrCat(r.rank(), "-", p.ranks(j).rank()),
+           r.node_id().empty() ? "-" : r.node_id(), PlannedSourceName(r.planned()), peers(r)});
+    i = j + 1;
+  }
+  t.Print(out);
+}
+
 void PrintPreviewJson(const Command& c, const ckptd::v1::RestorePreview& p) {
   JsonWriter w;
   w.BeginObject();
@@ -372,6 +438,30 @@ void PrintPreviewJson(const Command& c, const ckptd::v1::RestorePreview& p) {
   w.Field("fresh_start", p.fresh_start());
   NullableUint(w, "step", !p.fresh_start(), p.step());
   w.Field("reason", p.reason());
+  w.Key("sources");
+  w.BeginObject();
+  for (const auto& [source, n] : PlannedCounts(p)) w.Field(source, n);
+  w.EndObject();
+  w.Key("ranks");
+  w.BeginArray();
+  for (const ckptd::v1::RankRestoreSources& r : p.ranks()) {
+    w.BeginObject();
+    w.Field("rank", r.rank());
+    w.Key("node");
+    if (r.node_id().empty()) {
+      w.Null();
+    } else {
+      w.String(r.node_id());
+    }
+    w.Field("own_memory", r.own_memory());
+    w.Key("peer_nodes");
+    w.BeginArray();
+    for (const std::string& n : r.peer_nodes()) w.String(n);
+    w.EndArray();
+    w.Field("planned", PlannedSourceName(r.planned()));
+    w.EndObject();
+  }
+  w.EndArray();
   w.Key("passed_over");
   w.BeginArray();
   for (const StepEntry& e : p.passed_over()) {
@@ -398,6 +488,7 @@ void PrintPreviewText(const Command& c, const ckptd::v1::RestorePreview& p) {
     out << "a restart now restores step " << p.step() << "\n";
   }
   if (!p.reason().empty()) out << "  why: " << TerminalSafe(p.reason()) << "\n";
+  if (!p.fresh_start() && p.ranks_size() > 0) PrintRankSources(out, p);
   if (p.passed_over_size() == 0) {
     out << "no newer step is passed over\n";
     return;

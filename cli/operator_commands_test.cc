@@ -508,6 +508,92 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
                            HasSubstr("\"passed_over\":[]")));
 }
 
+TEST_F(OperatorCommandsTest, RestorePlanSaysWhereEachRankWouldRead) {
+  ckptd::v1::RestorePreview p;
+  p.set_job("llm");
+  p.set_step(1200);
+  p.set_reason("the newest committed step");
+  p.set_state(ckptd::v1::JOB_RESTARTING);
+  auto add = [&](uint32_t rank, const std::string& node, bool own, std::vector<std::string> peers,
+                 ckptd::v1::RestoreSource planned) {
+    ckptd::v1::RankRestoreSources* r = p.add_ranks();
+    r->set_rank(rank);
+    r->set_node_id(node);
+    r->set_own_memory(own);
+    for (const auto& n : peers) r->add_peer_nodes(n);
+    r->set_planned(planned);
+  };
+  add(0, "node-a", true, {"node-c"}, ckptd::v1::AGENT_MEMORY);
+  add(1, "node-a", true, {"node-c"}, ckptd::v1::AGENT_MEMORY);
+  add(2, "", false, {"node-c", "node-d"}, ckptd::v1::PEER_MEMORY);
+  add(3, "node-e", false, {}, ckptd::v1::STORAGE_ROOT);
+  add(4, "node-e", false, {}, ckptd::v1::STORAGE_ROOT);
+  add(5, "node-e", false, {}, ckptd::v1::STORAGE_ROOT);
+  fake_.preview = p;
+  Result r = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("a restart now restores step 1200"),
+                           HasSubstr("where each rank would read step 1200: 2 ranks from memory, 1 from peer "
+                                     "memory, 3 from disk")));
+  auto line_with = [&](absl::string_view needle) -> std::string {
+    for (const std::string& l : Lines(r.out)) {
+      if (absl::StrContains(l, needle)) return l;
+    }
+    return "";
+  };
+  EXPECT_THAT(line_with("RANKS"), AllOf(HasSubstr("NODE"), HasSubstr("SOURCE"), HasSubstr("PEERS IN MEMORY")));
+  // Ranks with the same node, source and peers share a row.
+  EXPECT_EQ(line_with("0-1  "), "    0-1  node-a  memory       node-c");
+  EXPECT_EQ(line_with("  2  "), "      2  -       peer memory  node-c,node-d");
+  EXPECT_EQ(line_with("3-5  "), "    3-5  node-e  disk         -");
+
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"sources\":{\"memory\":2,\"peer memory\":1,\"disk\":3}"),
+                           HasSubstr("{\"rank\":0,\"node\":\"node-a\",\"own_memory\":true,"
+                                     "\"peer_nodes\":[\"node-c\"],\"planned\":\"memory\"}"),
+                           HasSubstr("{\"rank\":2,\"node\":null,\"own_memory\":false,"
+                                     "\"peer_nodes\":[\"node-c\",\"node-d\"],\"planned\":\"peer memory\"}"),
+                           HasSubstr("\"planned\":\"disk\"")));
+  // A node name from the coordinator is printed safely.
+  p.mutable_ranks(3)->set_node_id("evil\x1b[2J");
+  fake_.preview = p;
+  r = Run(RunRestorePlan, {"--job", "llm"});
+  EXPECT_THAT(r.out, Not(HasSubstr("\x1b[2J")));
+}
+
+TEST_F(OperatorCommandsTest, StatusShowsReplicationPartnersAndPeerCopies) {
+  TwoNodes();
+  ckptd::v1::AgentStatus* a = fake_.cluster.mutable_agents(0);
+  a->set_peer_address("host-a:7300");
+  a->set_failure_domain("rack-1");
+  a->set_replicas(2);
+  a->add_send_to("node-c");
+  ckptd::v1::AgentStatus* b = fake_.cluster.mutable_agents(1);
+  b->set_peer_address("host-b:7300");
+  b->set_replicas(1);
+  fake_.cluster.mutable_jobs(0)->set_peer_copies(3);
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("replication (peer memory):"));
+  EXPECT_THAT(r.out, HasSubstr("node-a  rack-1  host-a:7300   node-c (1 of 2 asked for)"));
+  EXPECT_THAT(r.out, HasSubstr("node-b  -       host-b:7300   - (lost)"));
+  EXPECT_THAT(r.out, HasSubstr("peer copies 3/4 ranks of step 1200"));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"failure_domain\":\"rack-1\",\"peer_address\":\"host-a:7300\","
+                                     "\"replicas\":2,\"send_to\":[\"node-c\"]"),
+                           HasSubstr("\"peer_copies\":3"), HasSubstr("\"peer_copies\":null")));
+  // Without peer replication, none of it shows.
+  fake_.cluster.mutable_agents(0)->clear_peer_address();
+  fake_.cluster.mutable_agents(1)->clear_peer_address();
+  fake_.cluster.mutable_jobs(0)->set_peer_copies(0);
+  r = Run(RunStatus, {});
+  EXPECT_THAT(r.out, AllOf(Not(HasSubstr("replication")), Not(HasSubstr("peer copies"))));
+}
+
 // ------------------------------------------------------------------ online verify
 
 ckptd::v1::VerifyProgress Progress(uint32_t done, uint64_t bytes_done, bool last = false, bool ok = true) {

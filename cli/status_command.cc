@@ -26,7 +26,9 @@ const char kStatusHelp[] =
     "schedule's every_steps, the interval policy's choice and its expected waste,\n"
     "step time, checkpoints committed and aborted, pending and quarantined\n"
     "steps, shards that could not be persisted with the newest one's error), and\n"
-    "the 10 newest failures with their age.\n"
+    "the 10 newest failures with their age. With peer replication, each agent's\n"
+    "failure domain, peer address and the partners it sends its snapshots to, and\n"
+    "per job the ranks of the newest committed step another node holds in memory.\n"
     "\n"
     "  --coordinator HOST:PORT  the coordinator to ask\n"
     "  --tls-ca F --tls-cert F --tls-key F\n"
@@ -72,6 +74,13 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     w.BeginArray();
     for (const std::string& g : a.gpus()) w.String(g);
     w.EndArray();
+    w.Field("failure_domain", a.failure_domain());
+    w.Field("peer_address", a.peer_address());
+    w.Field("replicas", a.replicas());
+    w.Key("send_to");
+    w.BeginArray();
+    for (const std::string& n : a.send_to()) w.String(n);
+    w.EndArray();
     w.Key("ranks");
     w.BeginArray();
     for (const auto& r : a.ranks()) {
@@ -100,6 +109,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     w.Field("fastest_step", j->fastest_step());
     w.Field("slowest_step", j->slowest_step());
     NullableUint(w, "newest_committed_step", j->has_committed(), j->newest_committed_step());
+    NullableUint(w, "peer_copies", j->has_committed(), j->peer_copies());
     w.Field("every_steps", j->schedule().every_steps());
     w.Field("start_step", j->schedule().start_step());
     UintArray(w, "extra_steps", j->schedule().extra_steps());
@@ -188,6 +198,9 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
   int alive = 0;
   for (const auto& a : cs.agents()) alive += a.alive();
   out << "agents: " << cs.agents_size() << " (" << alive << " alive)\n";
+  // Peer replication is in use when an agent registered a peer address.
+  const bool replicating =
+      std::any_of(cs.agents().begin(), cs.agents().end(), [](const auto& a) { return !a.peer_address().empty(); });
   if (cs.agents_size() > 0) {
     Table t({"NODE", "STATE", "LAST HEARTBEAT", "GPUS", "RANKS"}, {3});
     for (const auto& a : cs.agents()) {
@@ -200,6 +213,21 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
                  ? "-"
                  : absl::StrCat(ShortDuration(SecondsSince(now, a.last_heartbeat_unix_nanos())), " ago"),
              absl::StrCat(a.gpus_size()), ranks.empty() ? "-" : absl::StrJoin(ranks, "; ")});
+    }
+    t.Print(out);
+  }
+  if (replicating) {
+    out << "\nreplication (peer memory):\n";
+    Table t({"NODE", "DOMAIN", "PEER ADDRESS", "PARTNERS"});
+    for (const auto& a : cs.agents()) {
+      if (a.peer_address().empty()) continue;
+      std::string partners = a.send_to_size() == 0 ? "none" : absl::StrJoin(a.send_to(), ",");
+      if (!a.alive()) {
+        partners = "- (lost)";
+      } else if (static_cast<uint32_t>(a.send_to_size()) < a.replicas()) {
+        absl::StrAppend(&partners, " (", a.send_to_size(), " of ", a.replicas(), " asked for)");
+      }
+      t.Add({a.node_id(), a.failure_domain().empty() ? "-" : a.failure_domain(), a.peer_address(), partners});
     }
     t.Print(out);
   }
@@ -246,6 +274,10 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
           absl::StrAppend(&last, ", ", ShortDuration(SecondsSince(now, j->last_persist_failure_unix_nanos())), " ago");
         }
         parts.push_back(absl::StrCat("persist failures: ", j->persist_failures(), " (last: ", last, ")"));
+      }
+      if (j->has_committed() && (replicating || j->peer_copies() > 0)) {
+        parts.push_back(absl::StrCat("peer copies ", j->peer_copies(), "/", j->world_size(), " ranks of step ",
+                                     j->newest_committed_step()));
       }
       if (!j->restore_blocked().empty()) parts.push_back(absl::StrCat("RESTORE HELD BACK: ", j->restore_blocked()));
       if (j->has_last_restore()) {

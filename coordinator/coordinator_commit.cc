@@ -179,6 +179,7 @@ void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
     return;
   }
   job->MarkCommitted(task.step, task.stall, task.persist);
+  job->SetCommittedShards(task.step, task.shards);
   ++counters_.committed;
   result.counted = true;
   // Older steps still pending will never be needed.

@@ -106,7 +106,7 @@ absl::Status CoordinatorCore::Recover() {
         job = found.get();
         jobs_[name] = std::move(found);
       }
-      job->RecoverCommitted(s.step);
+      job->RecoverCommitted(s.step, s.manifest->shards());
       if (s.quarantined) job->Quarantine(s.step, *s.quarantined);
     }
     if (job == nullptr) continue;
@@ -180,6 +180,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
   for (const auto& s : request.durable_shards()) {
     CKPTD_RETURN_IF_ERROR(internal::ValidateShardReport(s, options_.max_world_size));
   }
+  CKPTD_RETURN_IF_ERROR(internal::ValidateReplication(request));
   const std::vector<absl::Status> checks = CheckShardFiles(request.durable_shards());
   // 128 random bits: a session names the registration in every later call,
   // and nobody may guess another node's (nor an earlier coordinator's).
@@ -228,6 +229,11 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->alive = true;
     agent->ranks.assign(request.ranks().begin(), request.ranks().end());
     agent->drills_allowed = request.drills_allowed();
+    // Peer replication: a change of who takes part, or how, moves partners.
+    if (!agent->peer_address.empty() || !request.peer_address().empty()) partners_dirty_ = true;
+    agent->peer_address = request.peer_address();
+    agent->failure_domain = request.failure_domain();
+    agent->replicas = request.replicas();
     for (const auto& r : request.ranks()) {
       CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(r.job(), r.world_size()));
       job->RegisterRank(r.rank(), request.node_id(), r.pid());
@@ -239,6 +245,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
       // A shard that is no longer wanted is dropped; it does not fail the registration.
       (void)AcceptShard(request.node_id(), request.durable_shards(i), checks[i], &fx);
     }
+    MaybeRecomputePartners(clock_->Now());
     SaveChangedJobs(&fx);
   }
   Apply(fx);
@@ -248,6 +255,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
 void CoordinatorCore::LoseAgent(Agent* agent, const std::string& detail, Effects* fx) {
   const std::string& node = agent->node_id;
   agent->alive = false;
+  EndReplication(agent);
   std::set<std::string> affected;
   for (const auto& r : agent->ranks) affected.insert(r.job());
   for (const auto& r : agent->ranks) {
@@ -292,6 +300,7 @@ void CoordinatorCore::Tick() {
       if (!agent->alive || now - agent->last_heartbeat <= options_.node_lost_after) continue;
       LoseAgent(agent.get(), absl::StrCat("no heartbeat for ", absl::FormatDuration(now - agent->last_heartbeat)), &fx);
     }
+    MaybeRecomputePartners(now);
     for (auto& [name, job] : jobs_) {
       const uint32_t alive = FindHungRanks(job.get(), now, &fx);
       if (alive > 0) job->set_last_alive(now);
@@ -415,6 +424,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   if (std::optional<uint64_t> newest = job.NewestUsable()) {
     s.set_has_committed(true);
     s.set_newest_committed_step(*newest);
+    s.set_peer_copies(PeerCopies(job, *newest));
   }
   uint64_t fastest = 0, slowest = UINT64_MAX;
   uint32_t alive = 0;
@@ -445,6 +455,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
 ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatus() {
   ckptd::v1::GetClusterStatusResponse r;
   absl::MutexLock l(&mu_);
+  MaybeRecomputePartners(clock_->Now());
   for (const auto& [node, agent] : agents_) {
     ckptd::v1::AgentStatus* a = r.add_agents();
     a->set_node_id(node);
@@ -453,6 +464,11 @@ ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatus() {
     a->set_last_heartbeat_unix_nanos(absl::ToUnixNanos(agent->last_heartbeat));
     for (const auto& rank : agent->ranks) *a->add_ranks() = rank;
     for (const auto& g : agent->gpus) a->add_gpus(g);
+    // The partners by node id only: their tickets are no operator's business.
+    a->set_peer_address(agent->peer_address);
+    a->set_failure_domain(agent->failure_domain);
+    a->set_replicas(agent->replicas);
+    for (const std::string& to : agent->send_to) a->add_send_to(to);
   }
   for (const auto& [name, job] : jobs_) *r.add_jobs() = StatusOf(*job);
   return r;

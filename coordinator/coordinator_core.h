@@ -79,6 +79,11 @@ struct CoordinatorOptions {
   // and a coordinator started later finds them again.
   absl::Duration forget_after = absl::Hours(24 * 7);
   size_t max_events_listed = 10'000;
+  // Peer replication: the partners are recomputed after a change of the
+  // agents that take part (registration, loss, another peer address or
+  // failure domain), at most this often, so that thousands of agents
+  // registering at once do not recompute thousands of times.
+  absl::Duration partners_recompute_every = absl::Milliseconds(250);
   // Where the component reports what an operator should read (default:
   // base::DefaultLogger()); must outlive it.
   base::Logger* logger = nullptr;
@@ -204,6 +209,40 @@ class CoordinatorCore {
   void SaveChangedJobs(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::JobStatus StatusOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
+  // Peer replication (coordinator_replication.cc): partners and their
+  // tickets, and the copies of steps agents hold in memory.
+  // Recomputes every agent's partners when the agents that take part
+  // changed and the last recomputation is partners_recompute_every old
+  // (`force`: whatever its age).
+  void MaybeRecomputePartners(absl::Time now, bool force = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `agent` is lost (or restarted): its partnerships end at once (their
+  // tickets with them) and the copies it held are forgotten.
+  void EndReplication(Agent* agent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Replaces what `agent` holds in memory by what `hb` lists (bounded,
+  // validated; the holder is always `agent`, whatever owner_node says).
+  void RecordMemory(Agent* agent, const ckptd::v1::Heartbeat& hb) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The agent's send_to and receive_from, with their tickets.
+  void AddPartners(const Agent& agent, ckptd::v1::HeartbeatAck* ack) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether `agent` holds its own copy of `rank`'s committed `step`.
+  bool HoldsOwnCopy(const Agent& agent, const Job& job, uint32_t rank, uint64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The other alive agents with a Peer service that hold `rank`'s committed
+  // `step` in memory (a copy of the MANIFEST's shard), not `exclude`: those
+  // outside `domain` first, then by node id; at most kMaxPlanPeers.
+  std::vector<const Agent*> PeerHolders(const Job& job, uint32_t rank, uint64_t step, const std::string& exclude,
+                                        const std::string& domain) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Fills a LOAD plan's peers for the asking agent.
+  void AddPlanPeers(const Agent& asker, const Job& job, uint32_t rank, ckptd::v1::RestorePlanResponse* plan) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Where each rank of `job` would read `step` from (RestorePreview.ranks).
+  void AddRankSources(const Job& job, uint64_t step, ckptd::v1::RestorePreview* preview) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Ranks of `job`'s `step` that an agent other than the rank's host holds
+  // in memory.
+  uint32_t PeerCopies(const Job& job, uint64_t step) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The alive agent of `node`, or null.
+  const Agent* AliveAgent(const std::string& node) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
   // Heartbeats (coordinator_heartbeat.cc): the ranks an agent reports, their
   // progress, and the answer (schedules and drill orders).
   // A rank listed with another trainer process than the one whose progress
@@ -275,6 +314,14 @@ class CoordinatorCore {
   // Committed steps retention dropped (queued by AfterCommit), removed by
   // the next RunRetention().
   std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
+  // Peer replication. The ticket of each partnership (sender, receiver):
+  // 128 random bits as 32 hex digits, kept while the pair exists, never
+  // saved, logged or shown to operators. Who holds which rank's steps in
+  // memory: (job, rank) -> the nodes whose heartbeats list a step of it.
+  std::map<std::pair<std::string, std::string>, std::string> tickets_ ABSL_GUARDED_BY(mu_);
+  bool partners_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time partners_computed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<std::pair<std::string, uint32_t>, std::set<std::string>> holders_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
   // Commits under way, which retention waits out between its batches.

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <set>
@@ -28,9 +29,40 @@ namespace internal {
 constexpr uint64_t kMaxStep = uint64_t{1} << 62;
 constexpr uint64_t kMaxShardBytes = uint64_t{1} << 50;
 constexpr size_t kMaxRanksPerAgent = 4096;
+// Peer replication: the copies in memory kept per heartbeat (the rest are
+// ignored), the partners an agent may ask for, and a peer address's length.
+constexpr size_t kMaxMemoryCopies = 4096;
+constexpr uint32_t kMaxReplicas = 16;
+constexpr size_t kMaxPeerAddress = 255;
+// The peers a restore plan names for a rank (nodes that claim to hold it).
+constexpr size_t kMaxPlanPeers = 8;
 
 absl::Status ValidateRankInfo(const ckptd::v1::RankInfo& r, uint32_t max_world);
 absl::Status ValidateShardReport(const ckptd::v1::ShardReport& r, uint32_t max_world);
+// A registration's peer replication fields: the peer address (host:port,
+// non-empty host), the failure domain (the rule of node ids), the replicas.
+absl::Status ValidateReplication(const ckptd::v1::RegisterAgentRequest& r);
+
+// A rank's step an agent holds in memory, as its heartbeat said: the digest
+// of the shard it is a copy of, and whether it is of a rank the agent hosts
+// (owner_node is the agent's own node) or a partner's copy.
+struct CopyKey {
+  std::string job;
+  uint32_t rank = 0;
+  uint64_t step = 0;
+  bool operator<(const CopyKey& o) const {
+    return std::tie(job, rank, step) < std::tie(o.job, o.rank, o.step);
+  }
+  bool operator==(const CopyKey& o) const { return job == o.job && rank == o.rank && step == o.step; }
+};
+struct HeldCopy {
+  uint64_t file_length = 0;
+  uint64_t index_xxh3 = 0;
+  bool own = false;
+  bool operator==(const HeldCopy& o) const {
+    return file_length == o.file_length && index_xxh3 == o.index_xxh3 && own == o.own;
+  }
+};
 
 // What the interval policy makes of a job (coordinator_interval.cc): the
 // status to show, and (when every input is known) the decision.
@@ -76,6 +108,21 @@ struct CoordinatorCore::Agent {
   bool alive = true;
   bool drills_allowed = false;
   uint64_t instance = 0;  // the agent process's (0: an agent that does not say)
+  // Peer replication, as registered: where its Peer service listens (empty:
+  // it takes no part), its failure domain (empty: the node alone), and how
+  // many partners it asks for. Its partners now (RecomputePartners): the
+  // nodes it sends to, in order, and those that send to it.
+  std::string peer_address;
+  std::string failure_domain;
+  uint32_t replicas = 0;
+  std::vector<std::string> send_to;
+  std::vector<std::string> receive_from;
+  size_t short_of_partners_logged = SIZE_MAX;  // the partner count last logged as short
+  // What its latest heartbeat said it holds in memory (at most
+  // kMaxMemoryCopies, of known jobs); forgotten when the node is lost.
+  std::map<internal::CopyKey, internal::HeldCopy> memory;
+  bool memory_overflow_logged = false;
+  bool memory_invalid_logged = false;
 };
 
 struct CoordinatorCore::Effects {

@@ -52,6 +52,10 @@ absl::Status ValidateDrill(const ckptd::v1::RunDrillRequest& request) {
         absl::StrCat("STORAGE_SLOW needs a delay per operation in (0 s, 60 s]; got ", request.slow_seconds(), " s"));
   }
   if (request.at_step() > internal::kMaxStep) return absl::InvalidArgumentError("the drill's step is out of range");
+  if (request.with_partners() && scenario != ckptd::v1::KILL_NODE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "with_partners (ckptctl drill run --with-partners) applies to KILL_NODE only, not to ", name));
+  }
   if (!request.target_node().empty()) {
     CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.target_node()));
     if (!TargetsNode(scenario)) {
@@ -93,6 +97,7 @@ ckptd::v1::DrillStatus StatusOfDrill(uint64_t id, const internal::Drill& drill, 
   if (drill.report) *st.mutable_report() = *drill.report;
   st.set_had_committed_at_order(drill.newest_at_order.has_value());
   st.set_newest_committed_at_order(drill.newest_at_order.value_or(0));
+  for (const std::string& p : drill.partners) st.add_partner_nodes(p);
   if (job == nullptr) return st;
   st.set_step_seconds(job->record().step_seconds());
   for (const internal::Resume& r : job->resumes()) {
@@ -138,6 +143,42 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
   if (!a->second->drills_allowed) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node, "'s agent was not started with --allow-drills"));
   }
+  // KILL_NODE with_partners: the partners the node sends its snapshots to
+  // now are killed too, each by an order of its own, so that no copy of its
+  // ranks is left in any memory. All or nothing: refused unless every
+  // partner's agent is alive and carries drills out.
+  std::vector<std::pair<std::string, ckptd::v1::RunDrillRequest>> partner_orders;
+  if (request.with_partners()) {
+    MaybeRecomputePartners(clock_->Now(), /*force=*/true);
+    const Agent& target = *a->second;
+    if (target.send_to.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node, " has no replication partners (",
+          target.peer_address.empty() ? "its agent registered no peer address"
+                                      : "no agent in another failure domain has a peer address",
+          "): with_partners would kill it alone"));
+    }
+    for (const std::string& p : target.send_to) {
+      const Agent* partner = AliveAgent(p);
+      if (partner == nullptr) return absl::FailedPreconditionError(absl::StrCat("partner node ", p, " has no live agent"));
+      if (!partner->drills_allowed) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("partner node ", p, " of node ", node, ": its agent was not started with --allow-drills"));
+      }
+      ckptd::v1::RunDrillRequest po;
+      po.set_job(request.job());
+      po.set_scenario(ckptd::v1::KILL_NODE);
+      po.set_target_node(p);
+      po.set_at_step(request.at_step());
+      if (std::optional<uint32_t> hosted = LowestRankOn(*job, p)) {
+        po.set_rank(*hosted);
+      } else if (request.at_step() > 0) {
+        return absl::FailedPreconditionError(absl::StrCat("partner node ", p, " hosts no rank of job ", request.job(),
+                                                          ": a drill at a step needs one there to watch"));
+      }
+      partner_orders.emplace_back(p, std::move(po));
+    }
+  }
   order.clear_step();
   if (request.scenario() == ckptd::v1::CORRUPT_MEMORY) {
     // The step a restart would restore: its copy in memory is the one to damage.
@@ -151,8 +192,15 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
     order.set_step(*newest);
   }
   ckptd::v1::RunDrillResponse response;
-  response.set_drill_id(drills_->Order(order, node, clock_->Now(), job->NewestUsable()));
+  std::vector<std::string> partners;
+  for (const auto& [p, po] : partner_orders) partners.push_back(p);
+  const absl::Time now = clock_->Now();
+  response.set_drill_id(drills_->Order(order, node, now, job->NewestUsable(), partners));
   response.set_node_id(node);
+  for (const auto& [p, po] : partner_orders) {
+    drills_->Order(po, p, now, job->NewestUsable());
+    response.add_partner_nodes(p);
+  }
   return response;
 }
 
@@ -169,7 +217,9 @@ absl::StatusOr<ckptd::v1::DrillStatus> CoordinatorCore::GetDrill(const ckptd::v1
   std::vector<FailureEvent> since;
   for (FailureEvent& e : events) {
     if (e.unix_nanos() < st.ordered_unix_nanos()) continue;
-    if (e.job() != st.request().job() && e.node_id() != st.node_id()) continue;
+    const bool partner = std::find(st.partner_nodes().begin(), st.partner_nodes().end(), e.node_id()) !=
+                         st.partner_nodes().end();
+    if (e.job() != st.request().job() && e.node_id() != st.node_id() && !partner) continue;
     since.push_back(std::move(e));
   }
   std::sort(since.begin(), since.end(),

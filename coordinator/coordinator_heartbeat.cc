@@ -1,6 +1,7 @@
 // CoordinatorCore: heartbeats. Each refreshes the agent's membership (the
-// ranks it hosts), records its ranks' progress, and is answered with the
-// schedules of their jobs and the drills ordered from the agent.
+// ranks it hosts), records its ranks' progress and the copies of steps it
+// holds in memory, and is answered with the schedules of their jobs, the
+// drills ordered from the agent, and its replication partners.
 #include <set>
 #include <string>
 #include <utility>
@@ -38,6 +39,8 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     agent->last_heartbeat = now;
     RefreshMembership(agent, hb, &fx);
     for (const auto& p : hb.progress()) RecordProgress(*agent, p, now, &fx);
+    RecordMemory(agent, hb);
+    MaybeRecomputePartners(now);
     ack = HeartbeatReply(*agent, hb);
     SaveChangedJobs(&fx);
   }
@@ -93,6 +96,7 @@ ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, cons
   }
   for (const ckptd::v1::DrillReport& report : hb.drill_reports()) drills_->Report(agent.node_id, report);
   drills_->AddOrders(agent.node_id, &ack);
+  AddPartners(agent, &ack);
   ack.set_known(true);
   return ack;
 }

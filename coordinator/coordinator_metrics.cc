@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -102,6 +104,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                       "Shards the job's agents could not make durable (PERSIST_FAILED), since this "
                                       "coordinator started.",
                                       {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->replication_partners_,
+                         r.AddGauge("ckptd_replication_partners",
+                                    "Peer replication: the partners an alive agent with a peer address sends its "
+                                    "ranks' snapshots to (fewer than it asked for when other failure domains lack "
+                                    "agents).",
+                                    {"node"}));
+  CKPTD_ASSIGN_OR_RETURN(m->peer_copies_,
+                         r.AddGauge("ckptd_peer_copies",
+                                    "Ranks of the job's newest committed step that an alive agent other than the "
+                                    "rank's own holds in memory (peer replication).",
+                                    {"job"}));
   // Every kind shows from the start, so that rates over it are defined.
   for (int k = ckptd::v1::FailureKind_MIN; k <= ckptd::v1::FailureKind_MAX; ++k) {
     if (k == ckptd::v1::FAILURE_KIND_UNSPECIFIED || !ckptd::v1::FailureKind_IsValid(k)) continue;
@@ -120,6 +133,17 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
   for (const auto& a : status.agents()) alive += a.alive() ? 1 : 0;
   agents_->With()->Set(status.agents_size());
   agents_alive_->With()->Set(alive);
+  std::set<std::string> partner_nodes;
+  for (const auto& a : status.agents()) {
+    if (!a.alive() || a.peer_address().empty()) continue;
+    replication_partners_->With({a.node_id()})->Set(a.send_to_size());
+    partner_nodes.insert(a.node_id());
+  }
+  for (const std::string& node : partner_nodes_seen_) {
+    if (!partner_nodes.count(node)) replication_partners_->Remove({node});
+  }
+  partner_nodes_seen_ = std::move(partner_nodes);
+  std::set<std::string> peer_copy_jobs;
   for (const ckptd::v1::JobStatus& j : status.jobs()) {
     const std::string& job = j.job();
     job_state_->With({job, "running"})->Set(j.state() == ckptd::v1::JOB_RUNNING ? 1 : 0);
@@ -143,6 +167,8 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     job_step_->With({job, "slowest"})->Set(static_cast<double>(j.slowest_step()));
     if (j.has_committed()) {
       newest_committed_->With({job})->Set(static_cast<double>(j.newest_committed_step()));
+      peer_copies_->With({job})->Set(j.peer_copies());
+      peer_copy_jobs.insert(job);
     } else {
       newest_committed_->Remove({job});
     }
@@ -167,6 +193,10 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     TopUp(aborted_->With({job}), static_cast<double>(j.checkpoints_aborted()));
     TopUp(persist_failures_->With({job}), static_cast<double>(j.persist_failures()));
   }
+  for (const std::string& job : peer_copy_jobs_seen_) {
+    if (!peer_copy_jobs.count(job)) peer_copies_->Remove({job});
+  }
+  peer_copy_jobs_seen_ = std::move(peer_copy_jobs);
 }
 
 void CoordinatorMetrics::OnShardReported(const ckptd::v1::ShardReport& report) {

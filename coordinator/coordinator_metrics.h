@@ -14,9 +14,12 @@
 //   ckptd_shard_persist_seconds{job}                   histogram, from each ShardReport
 //   ckptd_commit_latency_seconds{job}                  histogram, last shard report -> manifest
 //   ckptd_failures_total{kind}                         counter, kind in lower case ("node_lost")
+//   ckptd_replication_partners{node}                   partners an alive agent with a peer address sends to
+//   ckptd_peer_copies{job}                             ranks of the newest committed step another agent holds in memory
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -70,6 +73,13 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::GaugeFamily* restored_ranks_ = nullptr;
   metrics::CounterFamily* fresh_over_damaged_ = nullptr;
   metrics::CounterFamily* persist_failures_ = nullptr;
+  metrics::GaugeFamily* replication_partners_ = nullptr;
+  metrics::GaugeFamily* peer_copies_ = nullptr;
+  // The nodes and jobs the last scrape set those for, so that a node or
+  // job gone since loses its series. Only Collect touches them, and the
+  // registry runs collectors one at a time.
+  std::set<std::string> partner_nodes_seen_;
+  std::set<std::string> peer_copy_jobs_seen_;
 };
 
 }  // namespace ckptd::coordinator

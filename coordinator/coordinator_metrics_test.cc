@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -186,6 +187,47 @@ TEST_F(CoordinatorMetricsTest, TheIntervalPolicysDecisionAndItsInputsAreExported
   EXPECT_THAT(text, HasSubstr(absl::StrCat("ckptd_job_expected_waste_ratio{job=\"llm-7b\",interval=\"chosen\"} ",
                                            metrics::FormatValue(st.expected_waste()), "\n")));
   EXPECT_THAT(text, HasSubstr("ckptd_job_expected_waste_ratio{job=\"llm-7b\",interval=\"alternative\"} "));
+}
+
+TEST_F(CoordinatorMetricsTest, ReplicationPartnersAndPeerCopies) {
+  for (const auto& [node, rank, rack] : {std::tuple<std::string, uint32_t, std::string>{"node-a", 0, "rack-1"},
+                                         {"node-b", 1, "rack-2"}}) {
+    ckptd::v1::RegisterAgentRequest req = Registration(node, {rank}, 2);
+    req.set_peer_address(node + ":7300");
+    req.set_failure_domain(rack);
+    req.set_replicas(2);  // one other rack: one partner each
+    Register(req);
+  }
+  ASSERT_THAT(TimedShard("node-a", 10, 0, 0.01, 1).status(), IsOk());
+  ASSERT_THAT(TimedShard("node-b", 10, 1, 0.01, 1).status(), IsOk());
+  // node-b holds node-a's rank 0 of step 10.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::StepManifest m, store_.ReadManifest(kJob, 10));
+  ckptd::v1::Heartbeat hb = HeartbeatOf("node-b");
+  for (const auto& shard : m.shards()) {
+    if (shard.rank() != 0) continue;
+    ckptd::v1::MemoryCopy* c = hb.add_memory();
+    c->set_job(kJob);
+    c->set_rank(0);
+    c->set_step(10);
+    c->set_owner_node("node-a");
+    c->set_file_length(shard.file_length());
+    c->set_index_xxh3(shard.index_xxh3());
+  }
+  ASSERT_EQ(hb.memory_size(), 1);
+  clock_.Advance(absl::Seconds(1));  // past the recomputation's pace
+  CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  std::vector<std::string> lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_replication_partners{node=\"node-a\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_replication_partners{node=\"node-b\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_peer_copies{job=\"llm-7b\"} 1"));
+  // node-b is lost: its series goes, node-a has no partner, no peer copy is left.
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  core_->Tick();
+  lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Not(Contains(HasSubstr("ckptd_replication_partners{node=\"node-b\"}"))));
+  EXPECT_THAT(lines, Contains("ckptd_replication_partners{node=\"node-a\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_peer_copies{job=\"llm-7b\"} 0"));
 }
 
 TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {

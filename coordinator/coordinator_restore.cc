@@ -162,7 +162,9 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
         return absl::InvalidArgumentError("a reread reports a step loaded intact (has_attempt and attempt_ok)");
       }
       CKPTD_RETURN_IF_ERROR(job->Reread(rank, asker, request.attempt_step(), request.attempt_source()));
-      return job->Plan();
+      RestorePlanResponse plan = job->Plan();
+      AddPlanPeers(*agent, *job, rank, &plan);
+      return plan;
     }
     // The trainer that already took part in the round asks again (an answer
     // was lost, or it starts its restore over): the round's plan stands.
@@ -225,6 +227,9 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       response = job->FallBack();
       held_back();
     }
+    // Other nodes' agents that hold the step in memory, for a rank whose own
+    // copy is gone (its node was replaced).
+    AddPlanPeers(*agent, *job, rank, &response);
     SaveJob(job, &fx);
   }
   Apply(fx);
@@ -268,6 +273,7 @@ absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
     return p;
   }
   p.set_step(*newest);
+  AddRankSources(*job, *newest, &p);
   p.set_reason(absl::StrCat(
       "step ", *newest, " is the newest committed step that is not quarantined; every rank loads it and checks ",
       "its shard, and a damaged shard quarantines it and sends every rank to the committed step before"));

@@ -1,17 +1,19 @@
 #include "coordinator/drill_book.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace ckptd::coordinator::internal {
 
 uint64_t DrillBook::Order(const ckptd::v1::RunDrillRequest& order, const std::string& node, absl::Time now,
-                          std::optional<uint64_t> newest_at_order) {
+                          std::optional<uint64_t> newest_at_order, std::vector<std::string> partners) {
   const uint64_t id = next_id_++;
   Drill& d = drills_[id];
   d.request = order;
   d.node = node;
   d.ordered = now;
   d.newest_at_order = newest_at_order;
+  d.partners = std::move(partners);
   while (drills_.size() > kMaxDrills) drills_.erase(drills_.begin());
   return id;
 }

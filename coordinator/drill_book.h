@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.pb.h"
@@ -19,13 +20,16 @@ struct Drill {
   absl::Time ordered;
   std::optional<uint64_t> newest_at_order;  // the job's newest usable step then
   std::optional<ckptd::v1::DrillReport> report;
+  // KILL_NODE with_partners: the node's replication partners, each killed
+  // by a drill of its own (ordered with this one).
+  std::vector<std::string> partners;
 };
 
 class DrillBook {
  public:
   // Records an order for `node`'s agent; returns the drill's id.
   uint64_t Order(const ckptd::v1::RunDrillRequest& order, const std::string& node, absl::Time now,
-                 std::optional<uint64_t> newest_at_order);
+                 std::optional<uint64_t> newest_at_order, std::vector<std::string> partners = {});
   // `node`'s agent registered again. An agent told to kill itself may die
   // before its report gets out: an order to kill it that it never reported
   // is taken as carried out (by `last_heartbeat` at the latest), so that it

@@ -246,6 +246,32 @@ void Job::EndCommit(uint64_t step) {
   if (auto it = pending_.find(step); it != pending_.end()) it->second.committing = false;
 }
 
+void Job::RecoverCommitted(uint64_t step, const google::protobuf::RepeatedPtrField<ckptd::v1::ShardRef>& shards) {
+  committed_.insert(step);
+  SetCommittedShards(step, std::vector<ckptd::v1::ShardRef>(shards.begin(), shards.end()));
+}
+
+void Job::SetCommittedShards(uint64_t step, const std::vector<ckptd::v1::ShardRef>& shards) {
+  // The step's world, which a MANIFEST written before a resize may not share
+  // with the job now.
+  size_t world = 0;
+  for (const ckptd::v1::ShardRef& s : shards) world = std::max<size_t>(world, size_t{s.rank()} + 1);
+  std::vector<ShardDigest>& digests = committed_shards_[step];
+  digests.assign(std::min<size_t>(world, shards.size()), ShardDigest());
+  for (const ckptd::v1::ShardRef& s : shards) {
+    if (s.rank() < digests.size()) digests[s.rank()] = {s.file_length(), s.index_xxh3()};
+  }
+}
+
+std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank) const {
+  if (!committed_.contains(step)) return std::nullopt;
+  auto it = committed_shards_.find(step);
+  if (it == committed_shards_.end() || rank >= it->second.size() || it->second[rank].file_length == 0) {
+    return std::nullopt;
+  }
+  return it->second[rank];
+}
+
 void Job::MarkCommitted(uint64_t step, double stall, double persist) {
   pending_.erase(step);
   committed_.insert(step);

@@ -132,8 +132,8 @@ class Job {
   uint64_t FastestStep() const;
   bool AnyRankAlive() const;
 
-  // --- Recovery.
-  void RecoverCommitted(uint64_t step) { committed_.insert(step); }
+  // --- Recovery: a committed step and the shards its MANIFEST names.
+  void RecoverCommitted(uint64_t step, const google::protobuf::RepeatedPtrField<ckptd::v1::ShardRef>& shards);
 
   // --- Membership.
   // The whole job came back with another world size: its ranks start over.
@@ -182,8 +182,22 @@ class Job {
   void EndCommit(uint64_t step);
   // The step committed with the slowest rank's stall and persist time.
   void MarkCommitted(uint64_t step, double stall, double persist);
+  // The shards of the committed `step` (its MANIFEST's), for matching the
+  // copies agents hold in memory (CommittedShard).
+  void SetCommittedShards(uint64_t step, const std::vector<ckptd::v1::ShardRef>& shards);
   // Retention removed the committed step.
-  void DropCommitted(uint64_t step) { committed_.erase(step); }
+  void DropCommitted(uint64_t step) {
+    committed_.erase(step);
+    committed_shards_.erase(step);
+  }
+  // The committed `step`'s shard of `rank` as its MANIFEST names it: a copy
+  // in memory with the same (file_length, index_xxh3) is of that shard.
+  // nullopt when the step is not committed or its shards are not known.
+  struct ShardDigest {
+    uint64_t file_length = 0;
+    uint64_t index_xxh3 = 0;
+  };
+  std::optional<ShardDigest> CommittedShard(uint64_t step, uint32_t rank) const;
   std::vector<uint64_t> PendingBefore(uint64_t step) const;
   // Pending steps after `step` (all of them for nullopt).
   std::vector<uint64_t> PendingAfter(std::optional<uint64_t> step) const;
@@ -258,6 +272,9 @@ class Job {
   std::map<uint32_t, Rank> ranks_;
   std::map<uint64_t, PendingStep> pending_;
   std::set<uint64_t> committed_;
+  // Per committed step (from its commit or its MANIFEST at recovery), the
+  // digest of each rank's shard, by rank (file_length 0: none named).
+  std::map<uint64_t, std::vector<ShardDigest>> committed_shards_;
   std::map<uint64_t, std::string> quarantined_;  // step -> why
   // Committed steps being verified (a count per step): retention leaves them
   // alone until the verification ends; the next commit drops them if due.
