@@ -111,6 +111,7 @@ ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source) {
   switch (source) {
     case RestoreSource::kNone: return ckptd::v1::RESTORE_SOURCE_UNSPECIFIED;
     case RestoreSource::kMemory: return ckptd::v1::AGENT_MEMORY;
+    case RestoreSource::kPeer: return ckptd::v1::PEER_MEMORY;
     case RestoreSource::kLocal: return ckptd::v1::NODE_LOCAL;
     case RestoreSource::kRoot: return ckptd::v1::STORAGE_ROOT;
   }
@@ -122,7 +123,7 @@ struct AgentCore::Trainer {
   TrainerRegistration reg;
   std::string key;  // LayoutKey(reg)
   staging::StagingLayout layout;
-  std::unique_ptr<staging::StagingSegment> segment;
+  std::shared_ptr<staging::StagingSegment> segment;
   std::thread persister;
 
   absl::Mutex mu;
@@ -153,6 +154,8 @@ struct AgentCore::Trainer {
   std::vector<KeptStep> kept ABSL_GUARDED_BY(mu);  // one per KEPT slot
   uint64_t memory_restores ABSL_GUARDED_BY(mu) = 0;
   uint64_t memory_rejected ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peer_restores ABSL_GUARDED_BY(mu) = 0;
+  uint64_t peer_rejected ABSL_GUARDED_BY(mu) = 0;
   // The step the trainer's last restore handed over (nullopt: none, or a
   // fresh start).
   std::optional<uint64_t> restored ABSL_GUARDED_BY(mu);
@@ -167,6 +170,8 @@ struct AgentCore::Trainer {
     s.local_restores = l.restores;
     s.memory_restores = memory_restores;
     s.memory_rejected = memory_rejected;
+    s.peer_restores = peer_restores;
+    s.peer_rejected = peer_rejected;
     s.slots = segment->slots();
     s.slots_ready = segment->slots_prepared();
     return s;
@@ -174,7 +179,21 @@ struct AgentCore::Trainer {
 };
 
 AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
-    : fs_(fs), options_(std::move(options)), store_(fs, options_.storage_root), pool_(options_.io_threads) {
+    : fs_(fs),
+      options_(std::move(options)),
+      store_(fs, options_.storage_root),
+      pool_(options_.io_threads, options_.background_priority) {
+  if (options_.background_priority != base::ThreadPriority::kNormal) {
+    own_restore_pool_ = std::make_unique<base::ThreadPool>(options_.io_threads);
+    restore_pool_ = own_restore_pool_.get();
+    const std::string line =
+        absl::StrCat("persists run at ", pool_.priority().ToString(), ", restores at normal priority");
+    if (pool_.priority().why_not.ok()) {
+      logger_->Info(line);
+    } else {
+      logger_->Warning(line);
+    }
+  }
   if (options_.local_cache.empty()) return;
   LocalTierOptions local;
   local.dir = options_.local_cache;
@@ -182,6 +201,7 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
   local.keep = options_.local_cache_keep;
   local.write = options_.write;
   local.pool = &pool_;
+  local.read_pool = restore_pool_;
   local.logger = logger_;
   local_ = std::make_unique<LocalTier>(std::move(local), &store_);
 }
@@ -297,6 +317,16 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   }
   evicted.clear();
   if (!refused.ok()) return refused;
+  if (options_.replicas != nullptr && options_.memory_budget_bytes != 0) {
+    // Copies held for partners make room: this node's trainers come first.
+    const uint64_t staging = Memory().bytes;
+    const uint64_t held = options_.replicas->bytes();
+    if (staging + held > options_.memory_budget_bytes) {
+      const uint64_t freed = options_.replicas->Shed(staging + held - options_.memory_budget_bytes);
+      logger_->Info(absl::StrCat("memory tier: ", Gib(freed), " of partners' copies dropped for the staging of job ",
+                                 reg.job, " rank ", reg.rank));
+    }
+  }
   if (reuse) {
     t->segment = std::move(reuse->segment);
     std::string kept;
@@ -514,6 +544,30 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     for (uint64_t m : t->missed_targets) p->add_missed_targets(m);
     t->missed_targets.clear();
   }
+  // The steps this agent keeps in memory, its live trainers' and those
+  // parked for their successors, and what it holds for partners.
+  auto add_kept = [&](const std::string& job, uint32_t rank, const std::vector<KeptStep>& kept) {
+    for (const KeptStep& k : kept) {
+      ckptd::v1::MemoryCopy* c = hb->add_memory();
+      c->set_job(job);
+      c->set_rank(rank);
+      c->set_step(k.step);
+      c->set_owner_node(options_.node_id);
+      c->set_file_length(k.file_length);
+      c->set_index_xxh3(k.index_xxh3);
+    }
+  };
+  for (const auto& t : trainers) {
+    absl::MutexLock l(&t->mu);
+    add_kept(t->reg.job, t->reg.rank, t->kept);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    for (const Parked& p : parked_) add_kept(p.job, p.rank, p.kept);
+  }
+  if (options_.replicas != nullptr) {
+    for (ckptd::v1::MemoryCopy& c : options_.replicas->List()) *hb->add_memory() = std::move(c);
+  }
 }
 
 absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl::string_view reason) {
@@ -560,6 +614,32 @@ void AgentCore::SetKept(Trainer* t, KeptStep kept) {
   t->kept.push_back(std::move(kept));
 }
 
+void AgentCore::Replicate(Trainer* t, const KeptStep& kept) {
+  if (options_.replicator == nullptr || !options_.replicator->has_partners()) return;
+  ReplicaSource source;
+  ckptd::v1::ReplicaHeader& h = source.header;
+  h.mutable_key()->set_job(t->reg.job);
+  h.mutable_key()->set_rank(t->reg.rank);
+  h.mutable_key()->set_step(kept.step);
+  h.set_world_size(t->reg.world_size);
+  h.set_from_node(options_.node_id);
+  h.set_data_bytes(t->layout.slot_bytes);
+  h.set_file_length(kept.file_length);
+  h.set_index_xxh3(kept.index_xxh3);
+  // The index as the shard holds it: a partner's copy is checked against the
+  // MANIFEST through it.
+  if (!kept.index->SerializeToString(h.mutable_index()) ||
+      storage::Xxh3(h.index().data(), h.index().size()) != kept.index_xxh3) {
+    logger_->Warning(absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": step ", kept.step,
+                                  " is not sent to partners: its shard index does not serialize to what was written"));
+    return;
+  }
+  h.set_layout_xxh3(storage::Xxh3(t->key.data(), t->key.size()));
+  source.segment = t->segment;
+  source.slot = kept.slot;
+  options_.replicator->Submit(std::move(source));
+}
+
 void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
   std::vector<std::shared_ptr<Trainer>> trainers;
   {
@@ -579,6 +659,9 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 
 void AgentCore::PersistLoop(Trainer* t) {
   PrepareSlots(t);
+  // Only now: a restore may wait for a slot that PrepareSlots allocates.
+  // What the thread gets is what the pool's workers got (logged at start).
+  (void)base::SetCallingThreadPriority(options_.background_priority);
   while (true) {
     bool stop;
     {
@@ -611,7 +694,9 @@ void AgentCore::PersistLoop(Trainer* t) {
       // The slot is the trainer's again whatever happened: training goes on.
       release();
       if (kept && s.ok() && written.index != nullptr) {
-        SetKept(t, {*slot, step, written.file_length, written.index_xxh3, written.index});
+        const KeptStep k{*slot, step, written.file_length, written.index_xxh3, written.index};
+        SetKept(t, k);
+        Replicate(t, k);
       } else if (kept) {
         t->segment->Unkeep(*slot, step);
       }
@@ -940,6 +1025,10 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
       return *slot;
     }
   }
+  if (!call->peers.empty() || options_.replicas != nullptr) {
+    call->source = RestoreSource::kPeer;
+    if (std::optional<uint32_t> slot = LoadFromPeers(t, step, call)) return *slot;
+  }
   call->source = RestoreSource::kRoot;
   if (local_) {
     uint32_t slot = 0;
@@ -958,7 +1047,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   }
   const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
-                         storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), &pool_));
+                         storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
   return LoadFrom(t, step, *reader, wait_for_slot);
 }
 
@@ -1057,7 +1146,7 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
   base::WaitGroup done;
   for (size_t r = 0; r < blocks.size(); ++r) {
     done.Add();
-    pool_.Schedule([&, r] {
+    restore_pool_->Schedule([&, r] {
       const BlockDigest& b = blocks[r];
       if (storage::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
         absl::MutexLock l(&mu);
@@ -1076,8 +1165,50 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
   return absl::OkStatus();
 }
 
-std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify) {
+absl::StatusOr<ckptd::v1::ShardRef> AgentCore::CommittedRef(Trainer* t, uint64_t step) {
+  CKPTD_ASSIGN_OR_RETURN(ckptd::v1::StepManifest manifest, store_.ReadManifest(t->reg.job, step));
+  for (const ckptd::v1::ShardRef& r : manifest.shards()) {
+    if (r.rank() == t->reg.rank) return r;
+  }
+  return absl::NotFoundError(absl::StrCat("the MANIFEST of step ", step, " has no shard of rank ", t->reg.rank));
+}
+
+bool AgentCore::HandOverKept(Trainer* t, const KeptStep& kept, std::vector<BlockDigest>* verify,
+                             absl::string_view from, uint64_t* rejected) {
   const TrainerRegistration& reg = t->reg;
+  const uint64_t step = kept.step;
+  const absl::Time start = clock_->Now();
+  absl::Status verified;
+  if (verify != nullptr) {
+    // The trainer checks each block as it copies it out.
+    absl::StatusOr<std::vector<BlockDigest>> blocks = KeptBlocks(t, kept);
+    verified = blocks.status();
+    if (blocks.ok()) *verify = *std::move(blocks);
+  } else {
+    verified = VerifyKept(t, kept);
+  }
+  if (!verified.ok() || !t->segment->Publish(kept.slot, step, options_.keep_in_memory).ok()) {
+    {
+      absl::MutexLock l(&t->mu);
+      std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == kept.slot; });
+      ++*rejected;
+    }
+    (void)t->segment->Publish(kept.slot, step);
+    (void)t->segment->Release(kept.slot);  // RESTORED -> FREE
+    logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the copy of step ", step, " in ", from,
+                                  " is damaged (", verified.message(), "); reading it from disk"));
+    return false;
+  }
+  logger_->Info(absl::StrCat(
+      "job ", reg.job, " rank ", reg.rank, ": step ", step, " read from ", from, " (",
+      verify != nullptr ? "checked by the trainer as it copies"
+                        : absl::StrCat("verified in ", absl::FormatDuration(absl::Trunc(clock_->Now() - start,
+                                                                                       absl::Microseconds(100)))),
+      ")"));
+  return true;
+}
+
+std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify) {
   std::optional<KeptStep> kept;
   {
     absl::MutexLock l(&t->mu);
@@ -1092,13 +1223,9 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std
   };
   // The copy must be the shard the step committed: another attempt at the
   // step (a run that was rolled back) may have written other bytes.
-  absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
-  if (!manifest.ok()) return std::nullopt;
-  const ckptd::v1::ShardRef* ref = nullptr;
-  for (const ckptd::v1::ShardRef& r : manifest->shards()) {
-    if (r.rank() == reg.rank) ref = &r;
-  }
-  if (ref == nullptr || ref->index_xxh3() != kept->index_xxh3 || ref->file_length() != kept->file_length) {
+  absl::StatusOr<ckptd::v1::ShardRef> ref = CommittedRef(t, step);
+  if (!ref.ok()) return std::nullopt;
+  if (ref->index_xxh3() != kept->index_xxh3 || ref->file_length() != kept->file_length) {
     forget();
     t->segment->Unkeep(kept->slot, step);
     return std::nullopt;
@@ -1108,40 +1235,109 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std
     forget();
     return std::nullopt;
   }
-  const absl::Time start = clock_->Now();
-  absl::Status verified;
-  if (verify != nullptr) {
-    // The trainer checks each block as it copies it out.
-    absl::StatusOr<std::vector<BlockDigest>> blocks = KeptBlocks(t, *kept);
-    verified = blocks.status();
-    if (blocks.ok()) *verify = *std::move(blocks);
-  } else {
-    verified = VerifyKept(t, *kept);
-  }
-  if (!verified.ok()) {
-    forget();
-    (void)t->segment->Publish(kept->slot, step);
-    (void)t->segment->Release(kept->slot);  // RESTORED -> FREE
-    {
-      absl::MutexLock l(&t->mu);
-      ++t->memory_rejected;
-    }
-    logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the copy of step ", step,
-                                  " in the agent's memory is damaged (", verified.message(), "); reading it from disk"));
-    return std::nullopt;
-  }
-  if (!t->segment->Publish(kept->slot, step, /*keep_on_release=*/true).ok()) return std::nullopt;
-  {
-    absl::MutexLock l(&t->mu);
-    ++t->memory_restores;
-  }
-  logger_->Info(absl::StrCat(
-      "job ", reg.job, " rank ", reg.rank, ": step ", step, " read from the agent's memory (", Gib(ref->raw_bytes()),
-      verify != nullptr ? ", checked by the trainer as it copies"
-                        : absl::StrCat(" verified in ", absl::FormatDuration(absl::Trunc(clock_->Now() - start,
-                                                                                          absl::Microseconds(100)))),
-      ")"));
+  uint64_t rejected = 0;
+  const bool ok = HandOverKept(t, *kept, verify, "the agent's memory", &rejected);
+  absl::MutexLock l(&t->mu);
+  t->memory_rejected += rejected;
+  if (!ok) return std::nullopt;
+  ++t->memory_restores;
   return kept->slot;
+}
+
+absl::StatusOr<AgentCore::KeptStep> AgentCore::PullCopy(Trainer* t, uint64_t step, uint32_t slot,
+                                                        const ckptd::v1::ShardRef& ref, const CopyFetch& fetch) {
+  const TrainerRegistration& reg = t->reg;
+  const uint64_t layout = storage::Xxh3(t->key.data(), t->key.size());
+  KeptStep kept{slot, step, ref.file_length(), ref.index_xxh3(), nullptr};
+  auto sink = [&](const ckptd::v1::ReplicaHeader& h) -> absl::StatusOr<absl::Span<uint8_t>> {
+    if (h.world_size() != reg.world_size || h.layout_xxh3() != layout) {
+      return absl::FailedPreconditionError("the copy was taken with other buffers or another world size");
+    }
+    if (h.file_length() != ref.file_length() || h.index_xxh3() != ref.index_xxh3() ||
+        storage::Xxh3(h.index().data(), h.index().size()) != ref.index_xxh3()) {
+      return absl::FailedPreconditionError("the copy is not of the shard the step committed");
+    }
+    if (h.data_bytes() > t->segment->slot_bytes()) {
+      return absl::FailedPreconditionError(absl::StrCat("the copy holds ", h.data_bytes(),
+                                                        " bytes, more than a staging slot's ",
+                                                        t->segment->slot_bytes()));
+    }
+    auto index = std::make_shared<ckptd::v1::ShardIndex>();
+    if (!index->ParseFromString(h.index())) return absl::DataLossError("the copy's shard index does not parse");
+    kept.index = std::move(index);
+    return absl::Span<uint8_t>(t->segment->slot_data(slot), h.data_bytes());
+  };
+  CKPTD_RETURN_IF_ERROR(fetch(sink));
+  return kept;
+}
+
+std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call) {
+  const TrainerRegistration& reg = t->reg;
+  ckptd::v1::ReplicaKey key;
+  key.set_job(reg.job);
+  key.set_rank(reg.rank);
+  key.set_step(step);
+  // Where a copy may be: this agent's own store of partners' copies (the
+  // replacement node may be the lost node's partner), then the peers the
+  // plan names.
+  struct Source {
+    std::string from;  // for the log
+    CopyFetch fetch;
+  };
+  std::vector<Source> sources;
+  if (std::shared_ptr<const Replica> held = options_.replicas != nullptr ? options_.replicas->Find(key) : nullptr) {
+    sources.push_back({"the copy this agent holds for its partner", [held](const ReplicaSink& sink) -> absl::Status {
+                         CKPTD_ASSIGN_OR_RETURN(absl::Span<uint8_t> out, sink(held->header()));
+                         if (out.size() != held->size()) return absl::InternalError("the copy's size changed");
+                         std::memcpy(out.data(), held->data(), held->size());
+                         return absl::OkStatus();
+                       }});
+  }
+  if (options_.peer_network != nullptr) {
+    for (const ckptd::v1::PeerCopy& peer : call->peers) {
+      sources.push_back({absl::StrCat("node ", peer.node_id(), "'s memory (", peer.address(), ")"),
+                         [this, peer, key](const ReplicaSink& sink) {
+                           return options_.peer_network->Fetch(peer.address(), key, sink).status();
+                         }});
+    }
+  }
+  if (sources.empty()) return std::nullopt;
+  absl::StatusOr<ckptd::v1::ShardRef> ref = CommittedRef(t, step);
+  if (!ref.ok()) return std::nullopt;
+  absl::StatusOr<uint32_t> slot = t->segment->AcquireForRestore(call->wait_for_slot);
+  if (!slot.ok()) return std::nullopt;  // the disk tiers say why
+  {
+    absl::MutexLock l(&t->mu);  // it may have kept an older step
+    std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == *slot; });
+  }
+  for (const Source& source : sources) {
+    const absl::Time start = clock_->Now();
+    absl::StatusOr<KeptStep> kept = PullCopy(t, step, *slot, *ref, source.fetch);
+    if (!kept.ok()) {
+      {
+        absl::MutexLock l(&t->mu);
+        ++t->peer_rejected;
+      }
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": no copy of step ", step, " from ",
+                                    source.from, ": ", kept.status().message()));
+      continue;
+    }
+    logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": step ", step, " copied from ", source.from,
+                               " in ",
+                               absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Milliseconds(1)))));
+    if (options_.keep_in_memory) SetKept(t, *kept);
+    uint64_t rejected = 0;
+    const bool ok = HandOverKept(t, *kept, call->client_verifies ? &call->verify : nullptr,
+                                 source.from, &rejected);
+    absl::MutexLock l(&t->mu);
+    t->peer_rejected += rejected;
+    if (!ok) return std::nullopt;  // the slot is free again
+    ++t->peer_restores;
+    return *slot;
+  }
+  (void)t->segment->Publish(*slot, step);
+  (void)t->segment->Release(*slot);  // RESTORED -> FREE
+  return std::nullopt;
 }
 
 absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Trainer* t) {
@@ -1334,6 +1530,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
         [[fallthrough]];
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
+        call->peers.assign(plan->peers().begin(), plan->peers().end());
         absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), call);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());

@@ -23,9 +23,13 @@
 #include "absl/types/span.h"
 #include "agent/coordinator_link.h"
 #include "agent/local_tier.h"
+#include "agent/peer_service.h"
+#include "agent/replica_store.h"
+#include "agent/replicator.h"
 #include "base/clock.h"
 #include "base/logger.h"
 #include "base/thread_pool.h"
+#include "base/thread_priority.h"
 #include "ckptd/v1/agent.pb.h"
 #include "ckptd/v1/manifest.pb.h"
 #include "ckptd/v1/shard.pb.h"
@@ -46,6 +50,10 @@ struct AgentOptions {
   int keep_last = 2;
   // Threads shared by every persist and restore.
   int io_threads = 0;
+  // The CPU priority of persists: the pool's workers (which compress) and
+  // each trainer's persister, once its staging is allocated. Restores then
+  // run on a pool of their own, at normal priority: a trainer waits for them.
+  base::ThreadPriority background_priority = base::ThreadPriority::kNormal;
   storage::ShardWriteOptions write;
   // Prefix of staging segment names (unique per agent process).
   std::string segment_prefix;
@@ -104,6 +112,15 @@ struct AgentOptions {
   // (KEPT) for a restore from memory, until the trainer takes the slot back
   // for a snapshot (the oldest kept step first, when it has no free slot).
   bool keep_in_memory = true;
+  // Peer replication (agent/replicator.h, agent/peer_service.h; null: off).
+  // Each persisted step kept in memory is sent to the partners through
+  // `replicator`; a restore whose plan names peers holding the step pulls it
+  // through `peer_network` when this agent's memory has no copy; and the
+  // copies `replicas` holds for partners make room for a registration that
+  // needs the memory. Each must outlive the agent.
+  Replicator* replicator = nullptr;
+  PeerNetwork* peer_network = nullptr;
+  ReplicaStore* replicas = nullptr;
 };
 
 struct TrainerRegistration {
@@ -129,7 +146,7 @@ struct TrainerHandle {
 };
 
 // Where a restore read its step (ckptd.v1.RestoreSource).
-enum class RestoreSource { kNone, kMemory, kLocal, kRoot };
+enum class RestoreSource { kNone, kMemory, kPeer, kLocal, kRoot };
 ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source);
 
 // A block of a restored buffer and its checksum.
@@ -187,6 +204,10 @@ struct PersistStatus {
   // found damaged (and read from disk instead).
   uint64_t memory_restores = 0;
   uint64_t memory_rejected = 0;
+  // Restores from a peer agent's copy, and copies pulled from a peer that
+  // did not match (read elsewhere instead).
+  uint64_t peer_restores = 0;
+  uint64_t peer_rejected = 0;
   // Staging slots ready (the rest are still being allocated), of `slots`.
   uint32_t slots_ready = 0;
   uint32_t slots = 0;
@@ -328,7 +349,7 @@ class AgentCore {
     std::string job;
     uint32_t rank = 0;
     staging::StagingLayout layout;
-    std::unique_ptr<staging::StagingSegment> segment;
+    std::shared_ptr<staging::StagingSegment> segment;
     std::vector<KeptStep> kept;
     absl::Time since;
   };
@@ -401,6 +422,8 @@ class AgentCore {
     absl::Duration wait_for_slot;
     bool client_verifies = false;
     bool from_memory = true;  // may use the memory tier
+    // Other nodes' agents holding the step in memory (the coordinator's plan).
+    std::vector<ckptd::v1::PeerCopy> peers;
     RestoreSource source = RestoreSource::kNone;
     std::vector<BlockDigest> verify;
   };
@@ -423,6 +446,28 @@ class AgentCore {
   // With `verify` non-null the bytes are not checked here: the blocks and
   // their checksums go there, for the trainer to check.
   std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify);
+  // The step from the first copy held for partners here or by one of
+  // `call->peers` that is the committed shard (as the MANIFEST names it) of
+  // this trainer's layout, copied into a staging slot (RESTORED) and checked
+  // like a copy from memory; nullopt when none has it (each failure is
+  // logged and counted).
+  std::optional<uint32_t> LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call);
+  // Copies a peer's copy of `step` into `slot` through `fetch` (which hands
+  // the copy's header to the sink it is given, then fills what the sink
+  // returned); kept there (the KeptStep it is now) once the header matches
+  // `ref` and the trainer's layout.
+  using CopyFetch = std::function<absl::Status(const ReplicaSink& sink)>;
+  absl::StatusOr<KeptStep> PullCopy(Trainer* t, uint64_t step, uint32_t slot, const ckptd::v1::ShardRef& ref,
+                                    const CopyFetch& fetch);
+  // The kept step in RESTORING `kept.slot` is verified (by the agent, or its
+  // blocks go to `verify` for the trainer) and published RESTORED; false
+  // (slot freed, `rejected` counted) when it is damaged.
+  bool HandOverKept(Trainer* t, const KeptStep& kept, std::vector<BlockDigest>* verify, absl::string_view from,
+                    uint64_t* rejected);
+  // The committed MANIFEST's entry for the trainer's rank at `step`.
+  absl::StatusOr<ckptd::v1::ShardRef> CommittedRef(Trainer* t, uint64_t step);
+  // Queues the step just kept in `kept.slot` for the partners.
+  void Replicate(Trainer* t, const KeptStep& kept);
   // Checks every block of the kept step against its checksum in the kept
   // index, on the agent's threads: kDataLoss naming the buffer and bytes.
   absl::Status VerifyKept(Trainer* t, const KeptStep& kept);
@@ -453,6 +498,10 @@ class AgentCore {
   base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   storage::CheckpointStore store_;
   base::ThreadPool pool_;
+  // Restores' reads and checks: pool_, or with a background_priority a pool
+  // at normal priority (a restore must not wait behind persists, nor run idle).
+  std::unique_ptr<base::ThreadPool> own_restore_pool_;
+  base::ThreadPool* restore_pool_ = &pool_;
   // Null without a local tier.
   std::unique_ptr<LocalTier> local_;
   absl::Mutex mu_;

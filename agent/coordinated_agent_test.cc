@@ -3,6 +3,9 @@
 #include <thread>
 
 #include "agent/agent_core.h"
+#include "agent/peer_service.h"
+#include "agent/replica_store.h"
+#include "agent/replicator.h"
 #include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/eventually.h"
@@ -25,8 +28,10 @@ using ::testing::Optional;
 // CoordinatorClient calling the core directly (what CoordinatorLink does over gRPC).
 class InProcessCoordinator : public CoordinatorClient {
  public:
-  InProcessCoordinator(coordinator::CoordinatorCore* core, std::string node) : core_(core), node_(std::move(node)) {
-    ckptd::v1::RegisterAgentRequest req;
+  // `req` says what else the agent registers with (its peer service).
+  InProcessCoordinator(coordinator::CoordinatorCore* core, std::string node,
+                       ckptd::v1::RegisterAgentRequest req = {})
+      : core_(core), node_(std::move(node)) {
     req.set_node_id(node_);
     absl::StatusOr<ckptd::v1::RegisterAgentResponse> r = core_->RegisterAgent(req);
     EXPECT_THAT(r.status(), IsOk());
@@ -60,18 +65,21 @@ class InProcessCoordinator : public CoordinatorClient {
     if (it == schedules_.end()) return std::nullopt;
     return it->second;
   }
-  // One heartbeat with what `agent` reports.
-  void Beat(AgentCore& agent) {
+  // One heartbeat with what `agent` reports (none: an agent with no
+  // trainer); `on_ack` gets the answer (the partners).
+  void Beat(AgentCore* agent, const std::function<void(const ckptd::v1::HeartbeatAck&)>& on_ack = {}) {
     ckptd::v1::Heartbeat hb;
-    agent.FillHeartbeat(&hb);
+    if (agent != nullptr) agent->FillHeartbeat(&hb);
     hb.set_node_id(node_);
     hb.set_session(session_);
     absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(hb);
     ASSERT_THAT(ack.status(), IsOk());
     ASSERT_TRUE(ack->known());
+    if (on_ack) on_ack(*ack);
     absl::MutexLock l(&mu_);
     for (const auto& s : ack->schedules()) schedules_[s.job()] = s;
   }
+  void Beat(AgentCore& agent) { Beat(&agent); }
   std::vector<ckptd::v1::ShardReport> reports() {
     absl::MutexLock l(&mu_);
     return reports_;
@@ -382,6 +390,227 @@ TEST_F(CoordinatedAgentTest, SingleRankJobIsCommittedByTheCoordinator) {
   EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 5)));
   ASSERT_EQ(a.link->results().size(), 1u);
   EXPECT_THAT(a.link->results()[0], IsOk());
+}
+
+// ---- Peer replication ----
+
+// A node with peer replication: its Peer service on loopback, the copies it
+// holds for partners, its sender, and its agent (trainers come and go).
+struct PeerNode {
+  std::string name;
+  std::unique_ptr<ReplicaStore> store;
+  std::unique_ptr<PeerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::string address;
+  std::unique_ptr<GrpcPeerNetwork> network;
+  std::unique_ptr<Replicator> replicator;
+  std::unique_ptr<InProcessCoordinator> link;
+  std::unique_ptr<AgentCore> agent;
+  std::vector<std::string> partners;  // as the last heartbeat answer said
+
+  void Beat() {
+    link->Beat(agent.get(), [this](const ckptd::v1::HeartbeatAck& ack) {
+      replicator->SetPartners(ack.send_to());
+      service->SetSenders(ack.receive_from());
+      partners.clear();
+      for (const auto& p : ack.send_to()) partners.push_back(p.node_id());
+    });
+  }
+  // The node crashes: its agent (and what it held in memory) is gone.
+  void Crash() {
+    agent.reset();
+    replicator.reset();
+    if (server != nullptr) server->Shutdown();
+    server.reset();
+    store.reset();
+  }
+};
+
+class PeerReplicationTest : public CoordinatedAgentTest {
+ protected:
+  void StartNode(const std::string& name, const std::string& domain, PeerNode* n) {
+    n->name = name;
+    n->store = std::make_unique<ReplicaStore>(ReplicaStoreOptions());
+    PeerServiceOptions so;
+    so.node_id = name;
+    n->service = std::make_unique<PeerService>(n->store.get(), so);
+    int port = 0;
+    CKPTD_ASSERT_OK_AND_ASSIGN(n->server, StartPeerServer("127.0.0.1:0", n->service.get(), nullptr, &port));
+    n->address = absl::StrCat("127.0.0.1:", port);
+    GrpcPeerNetworkOptions no;
+    no.node_id = name;
+    n->network = std::make_unique<GrpcPeerNetwork>(no);
+    n->replicator = std::make_unique<Replicator>(n->network.get(), ReplicatorOptions());
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_peer_address(n->address);
+    req.set_failure_domain(domain);
+    req.set_replicas(1);
+    n->link = std::make_unique<InProcessCoordinator>(&core_, name, req);
+    AgentOptions o = Options(n->link.get());
+    o.node_id = name;
+    o.replicator = n->replicator.get();
+    o.peer_network = n->network.get();
+    o.replicas = n->store.get();
+    n->agent = std::make_unique<AgentCore>(&mem_, o);
+  }
+
+  // A trainer of `rank` on node `n`: its handle and segment.
+  struct Trainer {
+    PeerNode* node = nullptr;
+    uint32_t rank = 0;
+    TrainerHandle handle;
+    std::unique_ptr<staging::StagingSegment> seg;
+  };
+  void StartTrainer(PeerNode* n, uint32_t rank, Trainer* t) {
+    t->node = n;
+    t->rank = rank;
+    CKPTD_ASSERT_OK_AND_ASSIGN(t->handle, n->agent->Register(Rank(rank, 2)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(t->seg, staging::StagingSegment::Open(t->handle.segment));
+  }
+
+  // Every trainer restores at once; each must get `step` with its rank's
+  // bytes (nullopt: a fresh start). Returns where each read it.
+  std::vector<RestoreSource> RestoreEach(std::vector<Trainer*> trainers, std::optional<uint64_t> step) {
+    std::vector<absl::StatusOr<RestoreResult>> results(trainers.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < trainers.size(); ++i) {
+      threads.emplace_back([&, i] {
+        results[i] = trainers[i]->node->agent->Restore(trainers[i]->handle.trainer_id, absl::Seconds(5));
+      });
+    }
+    for (auto& th : threads) th.join();
+    std::vector<RestoreSource> sources;
+    for (size_t i = 0; i < trainers.size(); ++i) {
+      const Trainer& t = *trainers[i];
+      EXPECT_THAT(results[i].status(), IsOk()) << "rank " << t.rank;
+      if (!results[i].ok()) continue;
+      EXPECT_EQ(results[i]->step, step) << "rank " << t.rank;
+      sources.push_back(results[i]->source);
+      if (!step || results[i]->step != step) continue;
+      const uint8_t* p = t.seg->slot_data(results[i]->slot);
+      EXPECT_EQ(p[0], Pattern(*step, t.rank)) << "rank " << t.rank;
+      EXPECT_EQ(p[t.handle.offsets.back()], Pattern(*step, t.rank)) << "rank " << t.rank;
+      EXPECT_THAT(t.seg->Release(results[i]->slot), IsOk());
+    }
+    return sources;
+  }
+
+  // Nodes a, b, c in three racks; ranks 0 and 1 on a and b commit step 10,
+  // and each node's partner holds its rank's copy.
+  void CommitStep10WithCopies() {
+    StartNode("node-a", "rack-1", &a_);
+    StartNode("node-b", "rack-2", &b_);
+    StartNode("node-c", "rack-3", &c_);
+    clock_.Advance(absl::Seconds(1));  // past the coordinator's recompute spacing
+    for (PeerNode* n : {&a_, &b_, &c_}) n->Beat();
+    ASSERT_EQ(a_.partners.size(), 1u);
+    ASSERT_EQ(b_.partners.size(), 1u);
+    ASSERT_NE(a_.partners[0], "node-a");
+    StartTrainer(&a_, 0, &t0_);
+    StartTrainer(&b_, 1, &t1_);
+    RestoreEach({&t0_, &t1_}, std::nullopt);  // a fresh start: nothing committed
+    for (Trainer* t : {&t0_, &t1_}) {
+      SnapshotAndWait(*t->node->agent, *t->seg, t->handle, 10, Pattern(10, t->rank), 0.003);
+    }
+    ASSERT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+    for (PeerNode* n : {&a_, &b_}) {
+      ASSERT_TRUE(n->replicator->WaitIdle(absl::Seconds(30)));
+      ASSERT_EQ(n->replicator->Stats().sent, 1u) << n->name << ": " << n->replicator->Stats().last_error;
+    }
+    for (PeerNode* n : {&a_, &b_, &c_}) n->Beat();
+    ckptd::v1::ReplicaKey key;
+    key.set_job("job");
+    key.set_rank(0);
+    key.set_step(10);
+    ASSERT_NE(Node(a_.partners[0])->store->Find(key), nullptr);
+  }
+
+  PeerNode* Node(const std::string& name) {
+    for (PeerNode* n : {&a_, &b_, &c_}) {
+      if (n->name == name) return n;
+    }
+    return nullptr;
+  }
+
+  // `lost` crash; the others keep beating until the coordinator declares
+  // them lost.
+  void Lose(std::vector<PeerNode*> lost) {
+    for (PeerNode* n : lost) n->Crash();
+    for (int i = 0; i < 8; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      for (PeerNode* n : {&a_, &b_, &c_}) {
+        if (n->agent != nullptr) n->Beat();
+      }
+      core_.Tick();
+    }
+    const ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+    for (const auto& agent : status.agents()) {
+      const bool crashed = std::any_of(lost.begin(), lost.end(), [&](PeerNode* n) { return n->name == agent.node_id(); });
+      EXPECT_EQ(agent.alive(), !crashed) << agent.node_id();
+    }
+  }
+
+  PeerNode a_, b_, c_;
+  Trainer t0_, t1_;
+};
+
+TEST_F(PeerReplicationTest, ALostNodesRankRestoresFromItsPartnersMemory) {
+  ASSERT_NO_FATAL_FAILURE(CommitStep10WithCopies());
+  const std::string partner = a_.partners[0];
+  // The preview names the source of each rank: rank 0's node is gone, its
+  // copy is in the partner's memory.
+  ckptd::v1::RestorePreviewRequest pr;
+  pr.set_job("job");
+  ASSERT_NO_FATAL_FAILURE(Lose({&a_}));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview preview, core_.GetRestorePreview(pr));
+  ASSERT_EQ(preview.step(), 10u);
+  ASSERT_EQ(preview.ranks_size(), 2);
+  EXPECT_EQ(preview.ranks(0).planned(), ckptd::v1::PEER_MEMORY);
+  EXPECT_THAT(preview.ranks(0).peer_nodes(), ::testing::ElementsAre(partner));
+  EXPECT_EQ(preview.ranks(1).planned(), ckptd::v1::AGENT_MEMORY);
+  // Rank 0 comes back on the surviving node that is not the partner: its
+  // agent pulls the copy over the network.
+  PeerNode* replacement = partner == "node-b" ? &c_ : &b_;
+  Trainer t0;
+  StartTrainer(replacement, 0, &t0);
+  replacement->Beat();
+  Trainer t1;  // rank 1's trainer restarts on node-b
+  ASSERT_THAT(b_.agent->TrainerExited(t1_.handle.trainer_id, /*died=*/true), IsOk());
+  StartTrainer(&b_, 1, &t1);
+  EXPECT_EQ(RestoreEach({&t0, &t1}, 10), (std::vector<RestoreSource>{RestoreSource::kPeer, RestoreSource::kMemory}));
+  const ckptd::v1::JobStatus job = core_.ClusterStatus().jobs(0);
+  ASSERT_EQ(job.last_restore().ranks_size(), 2);
+  EXPECT_EQ(job.last_restore().ranks(0).source(), ckptd::v1::PEER_MEMORY);
+  EXPECT_EQ(job.last_restore().ranks(0).node_id(), replacement->name);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, replacement->agent->Status(t0.handle.trainer_id));
+  EXPECT_EQ(st.peer_restores, 1u);
+}
+
+TEST_F(PeerReplicationTest, ThePartnerItselfRestoresTheLostRankFromTheCopyItHolds) {
+  ASSERT_NO_FATAL_FAILURE(CommitStep10WithCopies());
+  PeerNode* partner = Node(a_.partners[0]);
+  ASSERT_NO_FATAL_FAILURE(Lose({&a_}));
+  Trainer t0, t1;
+  StartTrainer(partner, 0, &t0);
+  ASSERT_THAT(b_.agent->TrainerExited(t1_.handle.trainer_id, /*died=*/true), IsOk());
+  StartTrainer(&b_, 1, &t1);
+  EXPECT_EQ(RestoreEach({&t0, &t1}, 10), (std::vector<RestoreSource>{RestoreSource::kPeer, RestoreSource::kMemory}));
+}
+
+TEST_F(PeerReplicationTest, LosingANodeAndItsPartnerFallsBackToDisk) {
+  ASSERT_NO_FATAL_FAILURE(CommitStep10WithCopies());
+  PeerNode* partner = Node(a_.partners[0]);
+  ASSERT_NO_FATAL_FAILURE(Lose({&a_, partner}));
+  PeerNode* survivor = partner == &b_ ? &c_ : &b_;
+  Trainer t0, t1;
+  StartTrainer(survivor, 0, &t0);
+  if (survivor == &b_) {
+    ASSERT_THAT(b_.agent->TrainerExited(t1_.handle.trainer_id, /*died=*/true), IsOk());
+  }
+  StartTrainer(survivor, 1, &t1);
+  const std::vector<RestoreSource> sources = RestoreEach({&t0, &t1}, 10);
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0], RestoreSource::kRoot) << "no copy of rank 0 is left in any memory";
 }
 
 }  // namespace

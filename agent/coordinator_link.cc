@@ -173,6 +173,9 @@ absl::Status CoordinatorLink::Register() {
   *req.mutable_ranks() = now.ranks();
   req.set_drills_allowed(options_.drills_allowed);
   req.set_instance(instance_);
+  req.set_peer_address(options_.peer_address);
+  req.set_failure_domain(options_.failure_domain);
+  req.set_replicas(options_.replicas);
   std::vector<ShardKey> sent;
   {
     absl::MutexLock l(&mu_);

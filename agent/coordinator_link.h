@@ -59,6 +59,12 @@ struct CoordinatorLinkOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   // Started with --allow-drills (told to the coordinator at registration).
   bool drills_allowed = false;
+  // Peer replication, told at registration: where partners reach this
+  // agent (empty: it takes part in none), its failure domain, and how many
+  // partners it sends to.
+  std::string peer_address;
+  std::string failure_domain;
+  uint32_t replicas = 0;
   // Called with every heartbeat answer, on the heartbeat thread (drill
   // orders, and the delivery of the drill reports the heartbeat carried).
   std::function<void(const ckptd::v1::HeartbeatAck&)> on_ack;

@@ -11,15 +11,18 @@
 #include <memory>
 #include <set>
 #include <system_error>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/cpu_set.h"
 #include "base/flags.h"
 #include "base/host_port.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "base/thread_priority.h"
 #include "rpc/operator_token.h"
 #include "rpc/tls.h"
 #include "storage/layout.h"
@@ -29,10 +32,13 @@ namespace ckptd::agent {
 const char kAgentUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
+    "                   [--background-priority idle|low|normal] [--cpu-set <list>] [--compression auto|zstd|none]\n"
     "                   [--trainer-group <group>] [--memory-budget <bytes|N%>] [--memory-keep-for <d>]\n"
     "                   [--no-memory-tier]\n"
     "                   [--coordinator <host:port> [--node-id <id>] [--agent-token-file <file>]\n"
-    "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]]\n"
+    "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]\n"
+    "                   [--peer-listen <host:port> [--peer-data-port N] [--peer-address <host:port>]\n"
+    "                   [--replicas N] [--failure-domain <label>] [--replication-gbps G]]]\n"
     "                   [--inject-write-latency <duration>] [--allow-drills]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
@@ -50,7 +56,16 @@ const char kAgentUsage[] =
     "                            --slots slots\n"
     "  --slots N                 staging slots per trainer, 1..63 (default 2)\n"
     "  --keep N                  committed steps kept per job, 1..1000000 (default 2)\n"
-    "  --threads N               persist/restore threads, 1..1024 (default: one per core)\n"
+    "  --threads N               persist/restore threads, 1..1024 (default: one per core, of\n"
+    "                            --cpu-set when given)\n"
+    "  --background-priority P   CPU priority of persists (compression and writes): idle (default:\n"
+    "                            SCHED_IDLE, else nice 19: only the CPU time trainers leave), low (nice\n"
+    "                            19) or normal. Restores always run at normal priority\n"
+    "  --cpu-set <list>          run every thread of the agent on these CPUs, e.g. 0-3,8: CPU numbers\n"
+    "                            0..8191 and ranges, each one this process may use (default: all of them)\n"
+    "  --compression <mode>      auto (default): compress while that makes a shard durable sooner than\n"
+    "                            raw writes would, then write the rest of it raw; zstd: always; none:\n"
+    "                            never\n"
     "  --local-cache <dir>       node-local tier (e.g. an NVMe mount): each shard is written here\n"
     "                            first and its staging slot handed back, then copied to the storage\n"
     "                            root, where the step commits as usual; restores read the local copy\n"
@@ -82,6 +97,29 @@ const char kAgentUsage[] =
     "                            requires one when it runs with mutual TLS; one whose common name\n"
     "                            or a subject alternative name is the node id is this node's\n"
     "                            credential)\n"
+    "  --peer-listen <host:port> peer replication (needs --coordinator): serve partners on this TCP\n"
+    "                            address (port 0: any free one). After each persist, the step is\n"
+    "                            sent from memory to --replicas partner agents the coordinator picks\n"
+    "                            in other failure domains, and this agent keeps their copies within\n"
+    "                            --memory-budget (its own trainers first); a replacement node's agent\n"
+    "                            pulls a lost rank's step from a partner instead of the disk. Calls\n"
+    "                            carry the agent token, or with --tls-* both sides present certificates\n"
+    "                            of the CA (then --tls-ca, --tls-cert and --tls-key are all needed)\n"
+    "  --peer-data-port N        without TLS, the bytes of the copies go over a plain TCP connection\n"
+    "                            to this port on --peer-listen's host, opened by a Peer call (which\n"
+    "                            carries the credential) with a one-time nonce; 1..65535 (default\n"
+    "                            --peer-listen's port + 1, or any free port when that is 0). With\n"
+    "                            --tls-* the copies stay on the encrypted gRPC streams and this\n"
+    "                            flag is refused\n"
+    "  --peer-address <host:port> where partners reach this agent (default: the host --peer-listen\n"
+    "                            names, or this host's name when it names every interface, and the\n"
+    "                            port it bound)\n"
+    "  --replicas N              partners each snapshot goes to, 0..16 (default 1; 0: this agent only\n"
+    "                            holds partners' copies)\n"
+    "  --failure-domain <label>  what fails together with this node, e.g. its rack (A-Z a-z 0-9 . _ -;\n"
+    "                            default: the node alone): partners are picked outside it\n"
+    "  --replication-gbps G      cap on the bandwidth replication uses, in Gbit/s, 0..10000 (default\n"
+    "                            10; 0: no cap). Sending runs at the lowest CPU priority\n"
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
     "                            data in the storage root sleeps <d> first (e.g. 200ms; at most 1h), so\n"
     "                            a persist stays in flight long enough to kill the agent in the middle\n"
@@ -103,7 +141,8 @@ const std::set<std::string> kValueFlags = {
     // clang-format off
     "storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id", "local-cache",
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
-    "memory-budget", "memory-keep-for",
+    "memory-budget", "memory-keep-for", "peer-listen", "peer-address", "replicas", "failure-domain",
+    "replication-gbps", "peer-data-port", "background-priority", "cpu-set", "compression",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
@@ -228,6 +267,103 @@ absl::StatusOr<CoordinatorLinkOptions> LinkOptions(const base::Args& args) {
   return link;
 }
 
+constexpr uint32_t kMaxReplicas = 16;
+constexpr uint64_t kMaxPort = 65535;
+constexpr double kMaxReplicationGbps = 10000;
+constexpr double kDefaultReplicationGbps = 10;
+
+// --peer-listen and what goes with it (with --coordinator).
+absl::StatusOr<PeerFlags> PeerOptions(const base::Args& args) {
+  PeerFlags peer;
+  peer.listen = *args.Get("peer-listen");
+  absl::StatusOr<std::pair<std::string, uint16_t>> listen = base::ParseHostPort(peer.listen, base::PortUse::kListen);
+  if (!listen.ok()) return absl::InvalidArgumentError(absl::StrCat("--peer-listen: ", listen.status().message()));
+  peer.listen_host = listen->first;
+  const bool tls = args.Has("tls-ca") || args.Has("tls-cert") || args.Has("tls-key");
+  if (tls && args.Has("peer-data-port")) {
+    return absl::InvalidArgumentError(
+        "--peer-data-port has no use with --tls-*: the copies stay on the encrypted gRPC streams");
+  }
+  if (args.Has("peer-data-port")) {
+    CKPTD_RETURN_IF_ERROR(args.ReadUint("peer-data-port", 1, kMaxPort, &peer.data_port));
+    if (peer.data_port == listen->second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer-data-port ", peer.data_port, " is --peer-listen's port: the data lane needs its own"));
+    }
+  } else if (!tls && listen->second == kMaxPort) {
+    return absl::InvalidArgumentError(
+        "--peer-listen's port is 65535, so the data lane has no default port: give --peer-data-port");
+  } else if (!tls && listen->second != 0) {
+    peer.data_port = static_cast<uint16_t>(listen->second + 1);
+  }
+  if (std::optional<std::string> advertise = args.Get("peer-address")) {
+    if (absl::Status s = base::ParseHostPort(*advertise, base::PortUse::kConnect).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--peer-address: ", s.message()));
+    }
+    peer.advertise = *advertise;
+  }
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("replicas", 0, kMaxReplicas, &peer.replicas));
+  if (std::optional<std::string> domain = args.Get("failure-domain")) {
+    if (!storage::ValidateJobName(*domain).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--failure-domain \"", *domain, "\" is not a valid label: 1..128 of A-Z a-z 0-9 . _ -"));
+    }
+    peer.failure_domain = *domain;
+  }
+  double gbps = kDefaultReplicationGbps;
+  if (std::optional<std::string> g = args.Get("replication-gbps")) {
+    if (!absl::SimpleAtod(*g, &gbps) || !(gbps >= 0 && gbps <= kMaxReplicationGbps)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--replication-gbps must be a number in 0..", kMaxReplicationGbps, ", got \"", *g, "\""));
+    }
+  }
+  peer.max_bytes_per_second = gbps * 1e9 / 8;
+  if (tls) {
+    if (!args.Has("tls-ca") || !args.Has("tls-cert") || !args.Has("tls-key")) {
+      return absl::InvalidArgumentError(
+          "--peer-listen with TLS needs --tls-ca, --tls-cert and --tls-key: partners check each other's certificate");
+    }
+    rpc::TlsFiles files;
+    files.ca = *args.Get("tls-ca");
+    files.cert = *args.Get("tls-cert");
+    files.key = *args.Get("tls-key");
+    CKPTD_ASSIGN_OR_RETURN(peer.server_credentials, rpc::ServerCredentialsFromFiles(files));
+  }
+  return peer;
+}
+
+// --background-priority, --cpu-set (checked against the CPUs this process
+// may use) and --compression.
+absl::Status CpuFlags(const base::Args& args, AgentFlags* flags) {
+  AgentOptions& options = flags->options;
+  absl::StatusOr<base::ThreadPriority> priority =
+      base::ParseThreadPriority(args.Get("background-priority").value_or("idle"));
+  if (!priority.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--background-priority ", priority.status().message()));
+  }
+  options.background_priority = *priority;
+  if (std::optional<std::string> list = args.Get("cpu-set")) {
+    absl::StatusOr<std::vector<int>> cpus = base::ParseCpuList(*list);
+    if (!cpus.ok()) return absl::InvalidArgumentError(absl::StrCat("--cpu-set: ", cpus.status().message()));
+    absl::StatusOr<std::vector<int>> allowed = base::AllowedCpus();
+    if (!allowed.ok()) return absl::InvalidArgumentError(absl::StrCat("--cpu-set: ", allowed.status().message()));
+    if (absl::Status s = base::CheckCpusAllowed(*cpus, *allowed); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--cpu-set: ", s.message()));
+    }
+    flags->cpu_set = *std::move(cpus);
+    // One thread per CPU of the set, not per CPU of the machine.
+    if (!args.Has("threads")) options.io_threads = static_cast<int>(flags->cpu_set.size());
+  }
+  const std::string compression = args.Get("compression").value_or("auto");
+  if (compression != "auto" && compression != "zstd" && compression != "none") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compression must be auto, zstd or none, got \"", compression, "\""));
+  }
+  options.write.encode.compress = compression != "none";
+  options.write.adaptive.enabled = compression == "auto";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv) {
@@ -250,6 +386,7 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
   CKPTD_RETURN_IF_ERROR(args.ReadUint("slots", 1, kMaxSlots, &options.slots));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("threads", 1, base::kMaxThreads, &options.io_threads));
+  CKPTD_RETURN_IF_ERROR(CpuFlags(args, &flags));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("local-cache-keep", 1, kMaxKeep, &options.local_cache_keep));
   if (args.Get("local-cache-keep") && !args.Get("local-cache")) {
     return absl::InvalidArgumentError("--local-cache-keep needs --local-cache");
@@ -273,6 +410,14 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
   } else if (args.Get("node-id") || args.Get("tls-ca") || args.Get("tls-cert") || args.Get("tls-key") ||
              args.Get("agent-token-file")) {
     return absl::InvalidArgumentError("--node-id, --agent-token-file and --tls-* need --coordinator");
+  }
+  if (args.Get("peer-listen")) {
+    if (!flags.link) return absl::InvalidArgumentError("--peer-listen needs --coordinator (it picks the partners)");
+    CKPTD_ASSIGN_OR_RETURN(flags.peer, PeerOptions(args));
+  } else {
+    for (const char* f : {"peer-address", "replicas", "failure-domain", "replication-gbps", "peer-data-port"}) {
+      if (args.Get(f)) return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --peer-listen"));
+    }
   }
   CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> latency,
                          args.GetDurationInRange("inject-write-latency", absl::Nanoseconds(1), absl::Hours(1)));

@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/cpu_set.h"
 #include "base/testing/matchers.h"
+#include "base/thread_priority.h"
 #include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -81,6 +84,56 @@ TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   EXPECT_EQ(flags.options.memory_budget_bytes, ram / 100 * 50);
   EXPECT_EQ(flags.options.park_for, absl::Hours(1));
   EXPECT_TRUE(flags.options.keep_in_memory);
+  // Persists at idle priority on every CPU, compression while it pays.
+  EXPECT_EQ(flags.options.background_priority, base::ThreadPriority::kIdle);
+  EXPECT_TRUE(flags.cpu_set.empty());
+  EXPECT_TRUE(flags.options.write.encode.compress);
+  EXPECT_TRUE(flags.options.write.adaptive.enabled);
+}
+
+TEST(AgentFlagsTest, BackgroundPriorityAndCompression) {
+  for (auto [name, priority] : {std::pair{"idle", base::ThreadPriority::kIdle}, {"low", base::ThreadPriority::kLow},
+                                {"normal", base::ThreadPriority::kNormal}}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({"--background-priority", name})));
+    EXPECT_EQ(flags.options.background_priority, priority) << name;
+  }
+  for (const char* bad : {"lowest", "", "IDLE", "19"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--background-priority", bad})),
+                FailsNaming(absl::StrCat("--background-priority must be idle, low or normal, got \"", bad, "\"")));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags zstd, ParseAgentFlags(With({"--compression", "zstd"})));
+  EXPECT_TRUE(zstd.options.write.encode.compress);
+  EXPECT_FALSE(zstd.options.write.adaptive.enabled);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags none, ParseAgentFlags(With({"--compression", "none"})));
+  EXPECT_FALSE(none.options.write.encode.compress);
+  EXPECT_FALSE(none.options.write.adaptive.enabled);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags automatic, ParseAgentFlags(With({"--compression", "auto"})));
+  EXPECT_TRUE(automatic.options.write.encode.compress);
+  EXPECT_TRUE(automatic.options.write.adaptive.enabled);
+  EXPECT_THAT(ParseAgentFlags(With({"--compression", "lz4"})),
+              FailsNaming("--compression must be auto, zstd or none, got \"lz4\""));
+}
+
+TEST(AgentFlagsTest, CpuSetIsCheckedAgainstTheCpusThisProcessMayUse) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(const std::vector<int> allowed, base::AllowedCpus());
+  ASSERT_FALSE(allowed.empty());
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags all, ParseAgentFlags(With({"--cpu-set", base::FormatCpuList(allowed)})));
+  EXPECT_EQ(all.cpu_set, allowed);
+  // The pool has a thread per CPU of the set, unless --threads says otherwise.
+  EXPECT_EQ(all.options.io_threads, static_cast<int>(allowed.size()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags one, ParseAgentFlags(With({"--cpu-set", absl::StrCat(allowed.back())})));
+  EXPECT_EQ(one.cpu_set, std::vector<int>{allowed.back()});
+  EXPECT_EQ(one.options.io_threads, 1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags more,
+                             ParseAgentFlags(With({"--cpu-set", absl::StrCat(allowed.back()), "--threads", "6"})));
+  EXPECT_EQ(more.options.io_threads, 6);
+  ASSERT_NE(allowed.back(), base::kMaxCpu);
+  EXPECT_THAT(ParseAgentFlags(With({"--cpu-set", absl::StrCat(allowed.front(), ",", base::kMaxCpu)})),
+              FailsNaming(absl::StrCat("--cpu-set: CPU 8191 is not one this process may use (it may use ",
+                                       base::FormatCpuList(allowed), ")")));
+  EXPECT_THAT(ParseAgentFlags(With({"--cpu-set", "3-1"})), FailsNaming("--cpu-set: the range \"3-1\" goes down"));
+  EXPECT_THAT(ParseAgentFlags(With({"--cpu-set", "0,x"})), FailsNaming("--cpu-set: \"x\" is not a CPU number"));
+  EXPECT_THAT(ParseAgentFlags(With({"--cpu-set", ""})), FailsNaming("--cpu-set: an empty CPU list"));
 }
 
 TEST(AgentFlagsTest, EachFlagReachesItsOption) {
@@ -263,13 +316,92 @@ TEST(AgentFlagsTest, HelpNeedsNothingElse) {
   EXPECT_THAT(ParseAgentFlags({"--help", "--frobnicate"}), FailsNaming("unknown flag --frobnicate"));
 }
 
+TEST(AgentFlagsTest, PeerReplicationFlags) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      AgentFlags flags,
+      ParseAgentFlags(With({"--coordinator", "coord:7000", "--peer-listen", "0.0.0.0:7100", "--peer-address",
+                            "node7.example.org:7100", "--replicas", "2", "--failure-domain", "rack-3",
+                            "--replication-gbps", "2.5"})));
+  ASSERT_TRUE(flags.peer.has_value());
+  EXPECT_EQ(flags.peer->listen, "0.0.0.0:7100");
+  EXPECT_EQ(flags.peer->advertise, "node7.example.org:7100");
+  EXPECT_EQ(flags.peer->replicas, 2u);
+  EXPECT_EQ(flags.peer->failure_domain, "rack-3");
+  EXPECT_DOUBLE_EQ(flags.peer->max_bytes_per_second, 2.5e9 / 8);
+  EXPECT_EQ(flags.peer->server_credentials, nullptr);
+  EXPECT_EQ(flags.peer->listen_host, "0.0.0.0");
+  EXPECT_EQ(flags.peer->data_port, 7101) << "the data lane: --peer-listen's port + 1 by default";
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", "[::1]:7100",
+                                                          "--peer-data-port", "9000"})));
+  EXPECT_EQ(flags.peer->listen_host, "::1");
+  EXPECT_EQ(flags.peer->data_port, 9000);
+  // Defaults: one partner, 10 Gbit/s, the node its own domain.
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", ":0"})));
+  ASSERT_TRUE(flags.peer.has_value());
+  EXPECT_EQ(flags.peer->replicas, 1u);
+  EXPECT_DOUBLE_EQ(flags.peer->max_bytes_per_second, 10e9 / 8);
+  EXPECT_EQ(flags.peer->failure_domain, "");
+  EXPECT_EQ(flags.peer->data_port, 0) << "any free port, as for --peer-listen";
+  EXPECT_EQ(flags.peer->listen_host, "");
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", ":0",
+                                                          "--replication-gbps", "0", "--replicas", "0"})));
+  EXPECT_EQ(flags.peer->max_bytes_per_second, 0);
+  EXPECT_EQ(flags.peer->replicas, 0u);
+  // Without --peer-listen nothing of it.
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--coordinator", "c:1"})));
+  EXPECT_FALSE(flags.peer.has_value());
+
+  EXPECT_THAT(ParseAgentFlags(With({"--peer-listen", ":7100"})), FailsNaming("--peer-listen needs --coordinator"));
+  for (const char* f :
+       {"--peer-address", "--replicas", "--failure-domain", "--replication-gbps", "--peer-data-port"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "c:1", f, "1"})), FailsNaming("needs --peer-listen")) << f;
+  }
+  const std::vector<std::string> peer = {"--coordinator", "c:1", "--peer-listen", ":0"};
+  auto with_peer = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = peer;
+    args.insert(args.end(), more.begin(), more.end());
+    return ParseAgentFlags(With(args));
+  };
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", "host:70000"})),
+              FailsNaming("--peer-listen"));
+  EXPECT_THAT(with_peer({"--peer-address", "host:0"}), FailsNaming("--peer-address"));
+  EXPECT_THAT(with_peer({"--replicas", "17"}), FailsNaming("--replicas"));
+  for (const char* bad : {"0", "65536", "-1", "x", ""}) {
+    EXPECT_THAT(with_peer({"--peer-data-port", bad}), FailsNaming("--peer-data-port")) << bad;
+  }
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", ":7100", "--peer-data-port", "7100"})),
+              FailsNaming("--peer-data-port 7100 is --peer-listen's port"));
+  EXPECT_THAT(ParseAgentFlags(With({"--coordinator", "c:1", "--peer-listen", ":65535"})),
+              FailsNaming("give --peer-data-port"));
+  CKPTD_EXPECT_OK(ParseAgentFlags(
+      With({"--coordinator", "c:1", "--peer-listen", ":65535", "--peer-data-port", "65534"})).status());
+  for (const char* bad : {"-1", "10001", "nan", "inf", "fast", ""}) {
+    EXPECT_THAT(with_peer({"--replication-gbps", bad}), FailsNaming("--replication-gbps")) << bad;
+  }
+  const std::string too_long(200, 'r');
+  for (const char* bad : {"../rack", "rack 1", "", too_long.c_str()}) {
+    EXPECT_THAT(with_peer({"--failure-domain", bad}), FailsNaming("--failure-domain")) << bad;
+  }
+  // TLS for partners needs the whole set: each side checks the other's certificate.
+  ckptd::testing::TempDir dir("ckptd-agent-flags-");
+  const std::string pem = dir.Sub("ca.pem");
+  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  EXPECT_THAT(with_peer({"--tls-ca", pem}), FailsNaming("--tls-ca, --tls-cert and --tls-key"));
+  // With TLS the copies stay on the encrypted streams: no data lane port.
+  EXPECT_THAT(with_peer({"--tls-ca", pem, "--tls-cert", pem, "--tls-key", pem, "--peer-data-port", "7200"}),
+              FailsNaming("--peer-data-port has no use with --tls-*"));
+}
+
 TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kAgentUsage;
   EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir> --socket <path>"));
   for (const char* flag : {"--storage-root", "--socket", "--staging-budget", "--slots", "--keep", "--threads",
                            "--local-cache", "--local-cache-keep", "--trainer-group", "--coordinator", "--node-id",
                            "--tls-ca", "--tls-cert", "--tls-key", "--inject-write-latency", "--allow-drills",
-                           "--agent-token-file"}) {
+                           "--agent-token-file", "--memory-budget", "--memory-keep-for", "--no-memory-tier",
+                           "--peer-listen", "--peer-address", "--replicas", "--failure-domain",
+                           "--replication-gbps", "--peer-data-port", "--background-priority", "--cpu-set",
+                           "--compression"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows (it may still need others).
     EXPECT_THAT(ParseAgentFlags(With({flag, "x"})).status(),
@@ -305,6 +437,8 @@ TEST(AgentFlagsTest, NumbersOutsideWhatTheAgentHandlesAreUsageErrorsNotTruncated
            {{"--coordinator", "127.0.0.1:0"}, "--coordinator: \"127.0.0.1:0\": port must be 1..65535"},
            {{"--coordinator", "coord"}, "--coordinator: \"coord\" is not host:port"},
            {{"--inject-write-latency", "2h"}, "--inject-write-latency must be a duration in 1ns..1h"},
+           {{"--cpu-set", "8192"}, "--cpu-set: \"8192\" is not a CPU number 0..8191"},
+           {{"--cpu-set", "4294967296"}, "--cpu-set: \"4294967296\" is not a CPU number 0..8191"},
        }) {
     EXPECT_THAT(ParseAgentFlags(With(c.flags)), FailsNaming(c.message)) << c.flags[0];
   }

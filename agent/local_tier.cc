@@ -93,7 +93,8 @@ std::unique_ptr<storage::ShardReader> LocalTier::OpenCommitted(const ShardId& sh
   if (ref == nullptr) return nullptr;
   const std::string path = storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank);
   absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-      storage::ShardReader::Open(options_.fs, path, storage::ShardReadOptions(), options_.pool);
+      storage::ShardReader::Open(options_.fs, path, storage::ShardReadOptions(),
+                                 options_.read_pool != nullptr ? options_.read_pool : options_.pool);
   if (!reader.ok()) {
     if (absl::IsDataLoss(reader.status())) (void)options_.fs->RemoveFile(path);  // damaged: never again
     return nullptr;

@@ -70,6 +70,8 @@ struct LocalTierOptions {
   storage::ShardWriteOptions write;
   // Threads for writes and reads; required.
   base::ThreadPool* pool = nullptr;
+  // Threads for reads (restores) instead of `pool`; null: `pool`.
+  base::ThreadPool* read_pool = nullptr;
   // Required.
   base::Logger* logger = nullptr;
 };

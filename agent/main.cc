@@ -2,6 +2,7 @@
 // restores the trainers' checkpoints.
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -17,8 +18,13 @@
 #include "agent/coordinator_link.h"
 #include "agent/drills.h"
 #include "agent/flags.h"
+#include "agent/peer_service.h"
+#include "agent/replica_store.h"
+#include "agent/replicator.h"
+#include "base/cpu_set.h"
 #include "base/flags.h"
 #include "base/logger.h"
+#include "base/status_macros.h"
 #include "staging/staging.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
@@ -56,10 +62,20 @@ class HeartbeatRelay {
   void OnAck(const ckptd::v1::HeartbeatAck& ack) {
     absl::MutexLock l(&mu_);
     if (drills_ != nullptr) drills_->OnAck(ack);
+    if (replicator_ != nullptr) replicator_->SetPartners(ack.send_to());
+    if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
+  }
+  // Peer replication: who to send to and whom to take copies from.
+  void ConnectPeers(agent::Replicator* replicator, agent::PeerService* service) {
+    absl::MutexLock l(&mu_);
+    replicator_ = replicator;
+    peer_service_ = service;
   }
 
  private:
   absl::Mutex mu_;
+  agent::Replicator* replicator_ ABSL_GUARDED_BY(mu_) = nullptr;
+  agent::PeerService* peer_service_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::AgentCore* core_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::DrillExecutor* drills_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
@@ -101,6 +117,73 @@ std::unique_ptr<agent::DrillExecutor> NewDrillExecutor(const agent::AgentFlags& 
   return drills;
 }
 
+// Peer replication (--peer-listen): the copies held for partners, the Peer
+// service, the client side, and the sender. All null without it.
+struct PeerParts {
+  std::atomic<agent::AgentCore*> core{nullptr};  // for the staging it holds
+  std::unique_ptr<agent::ReplicaStore> store;
+  std::unique_ptr<agent::PeerService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<agent::GrpcPeerNetwork> network;
+  std::unique_ptr<agent::Replicator> replicator;
+};
+
+// Starts the Peer service and tells the coordinator link where it is.
+absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOptions* link, PeerParts* parts) {
+  const agent::PeerFlags& peer = *flags.peer;
+  agent::ReplicaStoreOptions store;
+  store.budget_bytes = flags.options.memory_budget_bytes;
+  store.staging_bytes = [parts] {
+    agent::AgentCore* core = parts->core.load();
+    return core != nullptr ? core->Memory().bytes : 0;
+  };
+  parts->store = std::make_unique<agent::ReplicaStore>(store);
+  agent::PeerServiceOptions service;
+  service.node_id = link->node_id;
+  service.agent_token = link->agent_token;
+  service.tls = peer.server_credentials != nullptr;
+  parts->service = std::make_unique<agent::PeerService>(parts->store.get(), service);
+  int port = 0;
+  CKPTD_ASSIGN_OR_RETURN(parts->server,
+                         agent::StartPeerServer(peer.listen, parts->service.get(), peer.server_credentials, &port));
+  // Without TLS the copies' bytes go over the data lane, on the same host.
+  int data_port = 0;
+  if (!service.tls) {
+    absl::StatusOr<int> bound = parts->service->StartDataLane(peer.listen_host, peer.data_port);
+    if (!bound.ok()) {
+      return absl::Status(bound.status().code(), absl::StrCat(bound.status().message(), " (--peer-data-port)"));
+    }
+    data_port = *bound;
+  }
+  // Partners dial --peer-address, else the address listened on when it
+  // names one host, else this host's name.
+  const bool any_host = peer.listen_host.empty() || peer.listen_host == "0.0.0.0" || peer.listen_host == "::" ||
+                        peer.listen_host == "[::]";
+  const std::string host = any_host ? link->host_name : peer.listen_host;
+  link->peer_address = peer.advertise.empty() ? absl::StrCat(host, ":", port) : peer.advertise;
+  link->failure_domain = peer.failure_domain;
+  link->replicas = peer.replicas;
+  agent::GrpcPeerNetworkOptions network;
+  network.node_id = link->node_id;
+  network.credentials = link->credentials;
+  network.agent_token = link->agent_token;
+  parts->network = std::make_unique<agent::GrpcPeerNetwork>(network);
+  agent::ReplicatorOptions replicator;
+  replicator.max_bytes_per_second = peer.max_bytes_per_second;
+  parts->replicator = std::make_unique<agent::Replicator>(parts->network.get(), replicator);
+  std::cerr << "ckptd-agent: serving partners on " << peer.listen << " as " << link->peer_address
+            << (data_port != 0 ? absl::StrCat(" (copies' bytes on data lane port ", data_port, ")") : std::string())
+            << (peer.failure_domain.empty() ? "" : ", failure domain " + peer.failure_domain) << ", sending to "
+            << peer.replicas << (peer.replicas == 1 ? " partner" : " partners")
+            << (peer.max_bytes_per_second > 0 ? absl::StrCat(" at most ", peer.max_bytes_per_second * 8 / 1e9, " Gbit/s")
+                                              : std::string(" uncapped"))
+            << (service.tls                  ? " (TLS)"
+                : service.agent_token.empty() ? " (no credential: any host that reaches the port can fetch copies)"
+                                              : " (agent token)")
+            << "\n";
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,6 +197,11 @@ int main(int argc, char** argv) {
     std::cout << agent::kAgentUsage;
     return ckptd::base::kExitOk;
   }
+  // Before any thread starts: every later one inherits the CPUs.
+  if (!flags->cpu_set.empty()) {
+    if (absl::Status s = ckptd::base::PinProcessToCpus(flags->cpu_set); !s.ok()) return Fail("--cpu-set", s);
+    std::cerr << "ckptd-agent: running on CPUs " << ckptd::base::FormatCpuList(flags->cpu_set) << "\n";
+  }
   agent::AgentOptions& options = flags->options;
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
   if (absl::Status s = storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) return Fail("storage root", s);
@@ -124,6 +212,16 @@ int main(int argc, char** argv) {
     options.local_fs = fs.get();
   }
   HeartbeatRelay relay;
+  PeerParts peers;
+  if (flags->peer) {
+    if (absl::Status s = StartPeers(*flags, &*flags->link, &peers); !s.ok()) {
+      std::cerr << "ckptd-agent: " << s.message() << "\n";
+      return ckptd::base::kExitUnavailable;
+    }
+    options.replicator = peers.replicator.get();
+    options.peer_network = peers.network.get();
+    options.replicas = peers.store.get();
+  }
   std::unique_ptr<agent::CoordinatorLink> link;
   if (flags->link) {
     flags->link->on_ack = [&relay](const ckptd::v1::HeartbeatAck& ack) { relay.OnAck(ack); };
@@ -142,6 +240,8 @@ int main(int argc, char** argv) {
   storage::FileSystem* const data_fs =
       fault_fs != nullptr ? static_cast<storage::FileSystem*>(fault_fs.get()) : fs.get();
   auto core = std::make_unique<agent::AgentCore>(data_fs, options);
+  peers.core.store(core.get());
+  relay.ConnectPeers(peers.replicator.get(), peers.service.get());
   std::unique_ptr<agent::DrillExecutor> drills =
       NewDrillExecutor(*flags, core.get(), link.get(), fault_fs.get(), fs.get());
   relay.Connect(core.get(), drills.get());
@@ -160,15 +260,20 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   std::cerr << "ckptd-agent: serving on unix:" << flags->socket << ", storage root " << options.storage_root
             << (fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
-            << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << "\n";
+            << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
+            << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
   while (!g_stop) ::pause();
   std::cerr << "ckptd-agent: stopping\n";
   (*server)->Shutdown();
   server->reset();
   service.reset();  // stops watching the trainers: no death reaches the core after it is gone
   relay.Connect(nullptr, nullptr);
+  relay.ConnectPeers(nullptr, nullptr);
   drills.reset();  // lifts faults in place and resumes a stopped trainer
+  peers.core.store(nullptr);
   core.reset();    // persists what trainers already published
+  peers.replicator.reset();  // after the copy under way
+  if (peers.server != nullptr) peers.server->Shutdown();
   if (link != nullptr && !link->Flush(absl::Seconds(5))) {
     std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "
                  "cleans them up\n";

@@ -1,13 +1,29 @@
 #include "base/thread_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ckptd::base {
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, ThreadPriority priority) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   workers_.reserve(threads);
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  std::vector<int> tids;
+  {
+    absl::MutexLock l(&mu_);
+    auto all_started = [this, threads]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(worker_tids_.size()) == threads;
+    };
+    mu_.Await(absl::Condition(&all_started));
+    tids = worker_tids_;
+  }
+  // No task can have been scheduled yet: every one runs at `priority`.
+  priority_ = SetThreadPriority(tids.front(), priority);
+  for (size_t i = 1; i < tids.size(); ++i) {
+    AppliedPriority applied = SetThreadPriority(tids[i], priority);
+    if (priority_.why_not.ok() && !applied.why_not.ok()) priority_ = std::move(applied);
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -24,6 +40,10 @@ void ThreadPool::Schedule(std::function<void()> task) {
 }
 
 void ThreadPool::WorkerLoop() {
+  {
+    absl::MutexLock l(&mu_);
+    worker_tids_.push_back(CurrentThreadId());
+  }
   while (true) {
     std::function<void()> task;
     {

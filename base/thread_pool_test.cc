@@ -1,5 +1,10 @@
 #include "base/thread_pool.h"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -166,6 +171,58 @@ TEST(ThreadPoolTest, ZeroMeansHardwareThreadsThatAllRunTasks) {
   }
   wg.Wait();
   EXPECT_EQ(ran.load(), tasks);
+}
+
+// What the thread running a task runs at: its policy and nice value.
+struct TaskPriority {
+  int policy = -1;
+  int nice = 0;
+};
+std::vector<TaskPriority> PrioritiesOfTasks(ThreadPool& pool, int tasks) {
+  absl::Mutex mu;
+  std::vector<TaskPriority> seen;
+  WaitGroup wg;
+  wg.Add(tasks);
+  for (int i = 0; i < tasks; ++i) {
+    pool.Schedule([&] {
+      TaskPriority p{::sched_getscheduler(0), ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)))};
+      {
+        absl::MutexLock l(&mu);
+        seen.push_back(p);
+      }
+      wg.Done();
+    });
+  }
+  wg.Wait();
+  absl::MutexLock l(&mu);
+  return seen;
+}
+
+TEST(ThreadPoolTest, WorkersRunAtTheRequestedPriorityAndTheCallerDoesNot) {
+  const int policy = ::sched_getscheduler(0);
+  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  ThreadPool idle(3, ThreadPriority::kIdle);
+  EXPECT_EQ(idle.priority().requested, ThreadPriority::kIdle);
+  for (const TaskPriority& p : PrioritiesOfTasks(idle, 30)) {
+    if (idle.priority().applied == "SCHED_IDLE") {
+      EXPECT_EQ(p.policy, SCHED_IDLE);
+    } else {
+      ASSERT_EQ(idle.priority().applied, "nice 19") << idle.priority().ToString();
+      EXPECT_EQ(p.nice, 19);
+    }
+  }
+  ThreadPool low(2, ThreadPriority::kLow);
+  EXPECT_EQ(low.priority().applied, "nice 19") << low.priority().ToString();
+  for (const TaskPriority& p : PrioritiesOfTasks(low, 20)) EXPECT_EQ(p.nice, 19);
+  ThreadPool normal(2);
+  EXPECT_EQ(normal.priority().requested, ThreadPriority::kNormal);
+  EXPECT_EQ(normal.priority().applied, "unchanged");
+  for (const TaskPriority& p : PrioritiesOfTasks(normal, 20)) {
+    EXPECT_EQ(p.policy, policy);
+    EXPECT_EQ(p.nice, nice);
+  }
+  EXPECT_EQ(::sched_getscheduler(0), policy);
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))), nice);
 }
 
 TEST(WaitGroupTest, WaitWithNothingAddedReturnsAtOnce) {

@@ -23,6 +23,9 @@
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
+#include "agent/peer_service.h"
+#include "agent/replica_store.h"
+#include "agent/replicator.h"
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
@@ -36,6 +39,7 @@
 #include "storage/file_system.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
+#include "storage/store.h"
 
 namespace ckptd::bench {
 
@@ -67,7 +71,7 @@ const char kRegisterHelp[] =
     "--slots 1..16, --repeat 1..100.\n";
 
 const char kRestoreHelp[] =
-    "usage: ckptd-bench restore --bytes <n> [--from memory|local|root] [--repeat R] [--dir <dir>] [--json]\n"
+    "usage: ckptd-bench restore --bytes <n> [--from memory|peer|local|root] [--repeat R] [--dir <dir>] [--json]\n"
     "                           [--log]\n"
     "\n"
     "A trainer's restore after a restart, through an agent started in this process\n"
@@ -80,6 +84,21 @@ const char kRestoreHelp[] =
     "  memory  the agent keeps the persisted step in staging (its default).\n"
     "          Yardstick: a single-threaded memcpy of <n> bytes between\n"
     "          pre-faulted buffers; target: restore <= 1.3x memcpy.\n"
+    "  peer    a node lost: three agents in this process, each its own node\n"
+    "          (node-a, node-b, node-c), the bench playing the coordinator.\n"
+    "          The trainer on node-a snapshots; once persisted and committed,\n"
+    "          node-a's agent sends the step over TCP on loopback (the Peer\n"
+    "          service's data lane, uncapped) to its partner node-b. Then a\n"
+    "          trainer on a new node-c restores, its plan naming node-b:\n"
+    "          node-c's agent pulls the copy from node-b's memory (over the\n"
+    "          data lane too). Three rounds more than R run first, unmeasured,\n"
+    "          as in a job that checkpoints again and again: node-a's staging\n"
+    "          is cleared in the first; node-b keeps the two newest steps of\n"
+    "          the rank, so its fourth copy is the first into memory a dropped\n"
+    "          copy left (the second and third go into new memory: their\n"
+    "          median is reported apart).\n"
+    "          Yardstick: iperf3 (when on PATH) sending <n> bytes over loopback\n"
+    "          after each round; target: replication >= 0.8x iperf3's throughput.\n"
     "  local   no memory tier; a node-local tier under <dir>/local.\n"
     "  root    no memory tier; the storage root only.\n"
     "For local and root, every file under the storage root and the tier is\n"
@@ -96,7 +115,11 @@ const char kRestoreHelp[] =
     "rounds differ), source_as_expected, verified, and the medians connect_s,\n"
     "staging_wait_s, restore_s; for memory memcpy_s, ratio (restore_s /\n"
     "memcpy_s), target_ratio, target_met; for local and root read_s, ratio\n"
-    "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1).\n"
+    "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1);\n"
+    "for peer replicate_s (node-a to node-b), replicate_gbps,\n"
+    "replicate_new_memory_gbps (the warm-up copies into new memory), restore_gbps,\n"
+    "iperf3_gbps, ratio (replicate_gbps / iperf3_gbps), target_ratio, target_met\n"
+    "(gbps: 1e9 bits per second).\n"
     "--log writes the agent's log, timed, to stderr.\n"
     "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100.\n";
 
@@ -105,6 +128,9 @@ namespace {
 constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
 constexpr double kAgainTarget = 0.050;
 constexpr double kMemoryTargetRatio = 1.3;
+constexpr double kPeerTargetRatio = 0.8;
+// Unmeasured rounds before --from peer's (see kRestoreHelp).
+constexpr int kPeerWarmupRounds = 3;
 // How long the agent may take to allocate a staging segment in the background.
 constexpr absl::Duration kReadyWait = absl::Minutes(2);
 
@@ -358,6 +384,34 @@ std::optional<double> FioReadSeconds(const std::string& path) {
 
 enum class Tier { kMemory, kLocal, kRoot };
 
+// `a` and `b` of `n` bytes each.
+absl::Status AllocateTwo(uint64_t n, base::AlignedBuffer* a, base::AlignedBuffer* b) {
+  try {
+    *a = base::AlignedBuffer(n);
+    *b = base::AlignedBuffer(n);
+  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate twice ", base::HumanBytes(n), " (--bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// The trainer `c` restores into `dst`: it must get `step`, with the bytes of
+// `src`. Where it read them; `*seconds` gets how long the Restore took.
+absl::StatusOr<std::string> RestoreAndCompare(client::Client& c, const uint8_t* dst, const uint8_t* src, uint64_t n,
+                                              uint64_t step, double* seconds) {
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint64_t> restored, c.Restore());
+  *seconds = Seconds(absl::Now() - t0);
+  if (restored != step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the restore returned step ", restored ? absl::StrCat(*restored) : "none", ", not step ", step));
+  }
+  if (std::memcmp(dst, src, n) != 0) {
+    return absl::DataLossError(absl::StrCat("the restored bytes differ from those of step ", step));
+  }
+  return std::string(c.last_restore_source());
+}
+
 struct RestoreTimes {
   double connect = 0, staging_wait = 0, restore = 0;
   double yardstick = 0;  // memcpy or read()
@@ -393,17 +447,7 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
   t.connect = Seconds(connected - t0);
   CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
   t.staging_wait = std::max(0.0, Seconds(ready - connected));
-  const absl::Time t1 = absl::Now();
-  CKPTD_ASSIGN_OR_RETURN(std::optional<uint64_t> restored, c->Restore());
-  t.restore = Seconds(absl::Now() - t1);
-  if (restored != step) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the restore returned step ", restored ? absl::StrCat(*restored) : "none", ", not step ", step));
-  }
-  if (std::memcmp(dst, src, n) != 0) {
-    return absl::DataLossError(absl::StrCat("the restored bytes differ from those of step ", step));
-  }
-  t.source = std::string(c->last_restore_source());
+  CKPTD_ASSIGN_OR_RETURN(t.source, RestoreAndCompare(*c, dst, src, n, step, &t.restore));
   // The yardsticks come after the restore: a disk still busy with the
   // persist slows the restore, not them.
   if (tier == Tier::kMemory) {
@@ -416,6 +460,282 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
     t.fio = FioReadSeconds(shard);
   }
   return t;
+}
+
+// The coordinator of a one-rank job, played by the benchmark: it commits each
+// step once its shard is durable, and plans a restore of the newest committed
+// step from `peers`.
+class BenchCoordinator : public agent::CoordinatorClient {
+ public:
+  BenchCoordinator(const std::string& root, std::vector<ckptd::v1::PeerCopy> peers)
+      : fs_(storage::NewPosixFileSystem()), store_(fs_.get(), root), peers_(std::move(peers)) {}
+  void ShardDurable(const ckptd::v1::ShardReport& report) override {
+    std::vector<ckptd::v1::ShardRef> refs = {report.shard()};
+    absl::StatusOr<ckptd::v1::StepManifest> m = store_.CommitStep(
+        report.job(), report.step(), 1, &refs, storage::CheckpointStore::CommitCheck::kCheckedByCaller);
+    absl::MutexLock l(&mu_);
+    if (m.ok()) newest_ = report.step();
+    status_.Update(m.status());
+  }
+  void Failure(const ckptd::v1::ReportFailureRequest&) override {}
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
+                                                             absl::Duration) override {
+    ckptd::v1::RestorePlanResponse r;
+    absl::MutexLock l(&mu_);
+    r.set_step(newest_);
+    if (request.has_attempt() && request.attempt_ok()) {
+      r.set_verdict(ckptd::v1::RestorePlanResponse::GO);
+    } else {
+      r.set_verdict(ckptd::v1::RestorePlanResponse::LOAD);
+      for (const ckptd::v1::PeerCopy& p : peers_) *r.add_peers() = p;
+    }
+    return r;
+  }
+  std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string&) override { return std::nullopt; }
+  absl::Status status() {
+    absl::MutexLock l(&mu_);
+    return status_;
+  }
+
+ private:
+  std::unique_ptr<storage::PosixFileSystem> fs_;
+  storage::CheckpointStore store_;
+  const std::vector<ckptd::v1::PeerCopy> peers_;
+  absl::Mutex mu_;
+  uint64_t newest_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+// Three nodes in one process: node-a (the trainer's, sending), node-b (its
+// partner: a Peer service on loopback holding the copy) and node-c (the
+// replacement, pulling it).
+class PeerNodes {
+ public:
+  static absl::StatusOr<std::unique_ptr<PeerNodes>> Start(const agent::AgentOptions& base, const std::string& dir) {
+    std::unique_ptr<PeerNodes> p(new PeerNodes());
+    p->store_ = std::make_unique<agent::ReplicaStore>(agent::ReplicaStoreOptions());
+    agent::PeerServiceOptions so;
+    so.node_id = "node-b";
+    p->service_ = std::make_unique<agent::PeerService>(p->store_.get(), so);
+    const std::string ticket = "bench-ticket";
+    google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> partners;
+    ckptd::v1::ReplicationPartner* partner = partners.Add();
+    partner->set_node_id("node-a");
+    partner->set_ticket(ticket);
+    p->service_->SetSenders(partners);
+    int port = 0;
+    CKPTD_ASSIGN_OR_RETURN(p->server_, agent::StartPeerServer("127.0.0.1:0", p->service_.get(), nullptr, &port));
+    // Without TLS, as an agent started with --peer-listen: the bytes go over
+    // the data lane.
+    CKPTD_RETURN_IF_ERROR(p->service_->StartDataLane("127.0.0.1", 0).status());
+    partner->set_node_id("node-b");
+    partner->set_address(absl::StrCat("127.0.0.1:", port));
+    agent::GrpcPeerNetworkOptions no;
+    no.node_id = "node-a";
+    p->network_ = std::make_unique<agent::GrpcPeerNetwork>(no);
+    agent::ReplicatorOptions ro;
+    ro.low_priority = false;  // measured: nothing else runs
+    p->replicator_ = std::make_unique<agent::Replicator>(p->network_.get(), ro);
+    p->replicator_->SetPartners(partners);
+    ckptd::v1::PeerCopy b;
+    b.set_node_id("node-b");
+    b.set_address(partner->address());
+    p->coordinator_ = std::make_unique<BenchCoordinator>(base.storage_root, std::vector<ckptd::v1::PeerCopy>{b});
+    agent::AgentOptions a = base;
+    a.node_id = "node-a";
+    a.coordinator = p->coordinator_.get();
+    a.replicator = p->replicator_.get();
+    a.segment_prefix = base.segment_prefix + "-a";
+    p->socket_a_ = storage::JoinPath(dir, "node-a.sock");
+    CKPTD_ASSIGN_OR_RETURN(p->a_, LocalAgent::Start(a, p->socket_a_));
+    p->base_ = base;
+    p->dir_ = dir;
+    return p;
+  }
+  // A new node-c (its agent has never seen the rank), replacing the last.
+  absl::Status NewReplacement(int round) {
+    c_.reset();
+    agent::AgentOptions c = base_;
+    c.node_id = "node-c";
+    c.coordinator = coordinator_.get();
+    c.peer_network = network_.get();
+    c.segment_prefix = absl::StrCat(base_.segment_prefix, "-c", round);
+    socket_c_ = storage::JoinPath(dir_, absl::StrCat("node-c", round, ".sock"));
+    CKPTD_ASSIGN_OR_RETURN(c_, LocalAgent::Start(c, socket_c_));
+    return absl::OkStatus();
+  }
+  ~PeerNodes() {
+    a_.reset();
+    c_.reset();
+    replicator_.reset();
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  const std::string& socket_a() const { return socket_a_; }
+  const std::string& socket_c() const { return socket_c_; }
+  agent::Replicator& replicator() { return *replicator_; }
+  BenchCoordinator& coordinator() { return *coordinator_; }
+
+ private:
+  PeerNodes() = default;
+  std::unique_ptr<agent::ReplicaStore> store_;
+  std::unique_ptr<agent::PeerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<agent::GrpcPeerNetwork> network_;
+  std::unique_ptr<agent::Replicator> replicator_;
+  std::unique_ptr<BenchCoordinator> coordinator_;
+  agent::AgentOptions base_;
+  std::string dir_, socket_a_, socket_c_;
+  std::unique_ptr<LocalAgent> a_, c_;
+};
+
+// iperf3 sending `n` bytes over loopback: bytes per second received, or
+// nullopt without iperf3 (or when it fails).
+std::optional<double> Iperf3BytesPerSecond(uint64_t n) {
+  if (!Capture("command -v iperf3 >/dev/null 2>&1")) return std::nullopt;
+  const int port = 20000 + ::getpid() % 20000;
+  std::optional<std::string> json = Capture(absl::StrCat(
+      "iperf3 -s -1 -p ", port, " >/dev/null 2>&1 & sleep 0.3; iperf3 -c 127.0.0.1 -p ", port, " -n ", n,
+      " -J 2>/dev/null; wait"));
+  // "sum_received": { ... "bits_per_second": 1.5e10, ... } (iperf3 -J)
+  const size_t section = json ? json->find("\"sum_received\"") : std::string::npos;
+  const size_t key = section == std::string::npos ? section : json->find("\"bits_per_second\"", section);
+  const size_t colon = key == std::string::npos ? key : json->find(':', key);
+  if (colon == std::string::npos) return std::nullopt;
+  const char* start = json->c_str() + colon + 1;
+  char* end = nullptr;
+  const double bits = std::strtod(start, &end);
+  if (end == start || !(bits > 0)) return std::nullopt;
+  return bits / 8;
+}
+
+struct PeerTimes {
+  double replicate = 0, restore = 0, connect = 0;
+  std::string source;
+};
+
+// One round: step `step` snapshotted on node-a and sent to node-b, then
+// restored on node-c from node-b's memory.
+absl::StatusOr<PeerTimes> PeerRound(PeerNodes& nodes, const client::ClientOptions& co, uint8_t* src, uint8_t* dst,
+                                    uint64_t n, uint64_t step) {
+  PeerTimes t;
+  Fill(src, n, step);
+  const uint64_t sent_before = nodes.replicator().Stats().sent;
+  {
+    client::ClientOptions writer = co;
+    writer.socket = nodes.socket_a();
+    writer.slot_wait = kReadyWait;
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(writer, Specs(src, {n})));
+    CKPTD_RETURN_IF_ERROR(c->Snapshot(step).status());
+    CKPTD_RETURN_IF_ERROR(c->WaitPersisted(step, absl::Minutes(10)));
+  }  // node-a's trainer is gone with its node
+  CKPTD_RETURN_IF_ERROR(nodes.coordinator().status());
+  if (!nodes.replicator().WaitIdle(absl::Minutes(10))) {
+    return absl::DeadlineExceededError("node-a's agent did not finish sending the step to node-b");
+  }
+  const agent::ReplicationStats st = nodes.replicator().Stats();
+  if (st.sent != sent_before + 1) {
+    return absl::InternalError(absl::StrCat("the copy of step ", step, " did not reach node-b: ",
+                                            st.last_error.ok() ? "abandoned" : st.last_error.message()));
+  }
+  t.replicate = st.last_seconds;
+  std::memset(dst, 0, n);
+  client::ClientOptions reader = co;
+  reader.socket = nodes.socket_c();
+  reader.slot_wait = kReadyWait;
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(reader, Specs(dst, {n})));
+  t.connect = Seconds(absl::Now() - t0);
+  CKPTD_ASSIGN_OR_RETURN(t.source, RestoreAndCompare(*c, dst, src, n, step, &t.restore));
+  return t;
+}
+
+// --from peer (see kRestoreHelp).
+int RunPeerRestore(const base::Args& args, uint64_t n, int rounds, std::ostream& out, std::ostream& err) {
+  auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
+    err << "ckptd-bench restore: " << why << "\n";
+    if (log != nullptr) log->PrintProblems(err);
+    return rc;
+  };
+  ScratchDir dir;
+  LineLogger log(args.Has("log") ? &err : nullptr);
+  absl::Status made = dir.Init(args.Get("dir"), "ckptd-restorebench");
+  absl::StatusOr<agent::AgentOptions> options =
+      made.ok() ? BaseOptions(dir.path(), "peerbench", &log) : absl::StatusOr<agent::AgentOptions>(made);
+  if (!options.ok()) return fail(options.status().message());
+  base::AlignedBuffer src, dst;
+  if (absl::Status s = AllocateTwo(n, &src, &dst); !s.ok()) return fail(s.message());
+  std::vector<double> replicate, restore, connect, iperf;
+  std::vector<std::string> sources;
+  absl::StatusOr<std::unique_ptr<PeerNodes>> nodes = PeerNodes::Start(*options, dir.path());
+  if (!nodes.ok()) return fail(nodes.status().message(), nullptr, base::kExitUnavailable);
+  client::ClientOptions co;
+  co.job = "peerbench";
+  // Rounds before kPeerWarmupRounds warm up (see kRestoreHelp); the copies
+  // of all but the first went into new memory on node-b.
+  std::vector<double> new_memory;
+  for (int r = 0; r < kPeerWarmupRounds + rounds; ++r) {
+    if (absl::Status s = (*nodes)->NewReplacement(r); !s.ok()) return fail(s.message(), nullptr, base::kExitUnavailable);
+    absl::StatusOr<PeerTimes> t = PeerRound(**nodes, co, src.data(), dst.data(), n, r + 1);
+    if (!t.ok()) return fail(t.status().message(), &log);
+    if (r < kPeerWarmupRounds) {
+      if (r > 0) new_memory.push_back(t->replicate);
+      continue;
+    }
+    replicate.push_back(t->replicate);
+    restore.push_back(t->restore);
+    connect.push_back(t->connect);
+    if (std::find(sources.begin(), sources.end(), t->source) == sources.end()) sources.push_back(t->source);
+    // The yardstick right after, on the same loopback.
+    if (std::optional<double> bps = Iperf3BytesPerSecond(n)) iperf.push_back(*bps);
+  }
+  nodes->reset();
+  const std::string source = absl::StrJoin(sources, "+");
+  const double replicate_s = Median(replicate), restore_s = Median(restore);
+  const double gbps = replicate_s > 0 ? n * 8 / replicate_s / 1e9 : 0;
+  const double restore_gbps = restore_s > 0 ? n * 8 / restore_s / 1e9 : 0;
+  const double new_memory_s = Median(new_memory);
+  const double new_memory_gbps = new_memory_s > 0 ? n * 8 / new_memory_s / 1e9 : 0;
+  const bool yardstick = !iperf.empty();
+  const double iperf_gbps = Median(iperf) * 8 / 1e9;
+  const double ratio = yardstick ? gbps / iperf_gbps : 0;
+  if (args.Has("json")) {
+    cli::JsonWriter w;
+    w.BeginObject();
+    w.Field("bytes", n);
+    w.Field("from", "peer");
+    w.Field("rounds", rounds);
+    w.Field("source", source);
+    w.Field("source_as_expected", source == "peer");
+    w.Field("verified", true);
+    w.Field("connect_s", Median(connect));
+    w.Field("replicate_s", replicate_s);
+    w.Field("replicate_gbps", gbps);
+    w.Field("replicate_new_memory_gbps", new_memory_gbps);
+    w.Field("restore_s", restore_s);
+    w.Field("restore_gbps", restore_gbps);
+    if (yardstick) {
+      w.Field("iperf3_gbps", iperf_gbps);
+      w.Field("ratio", ratio);
+      w.Field("target_ratio", kPeerTargetRatio);
+      w.Field("target_met", ratio >= kPeerTargetRatio);
+    }
+    w.EndObject();
+    out << w.str() << "\n";
+    return base::kExitOk;
+  }
+  out << absl::StrFormat("restore of %s from peer (read from %s%s, bytes verified), median of %d:\n",
+                         base::HumanBytes(n), source, source == "peer" ? "" : ", NOT peer", rounds);
+  out << absl::StrFormat("  replicate node-a -> node-b %.4f s (%.2f Gbit/s; %.2f Gbit/s into new memory, warm-up)\n",
+                         replicate_s, gbps, new_memory_gbps);
+  out << absl::StrFormat("  restore on node-c from node-b %.4f s (%.2f Gbit/s; connect %.4f s before it)\n",
+                         restore_s, restore_gbps, Median(connect));
+  if (yardstick) {
+    out << absl::StrFormat("  iperf3 loopback %.2f Gbit/s: replication %.2fx iperf3 (target >= %.1fx: %s)\n",
+                           iperf_gbps, ratio, kPeerTargetRatio, ratio >= kPeerTargetRatio ? "met" : "MISSED");
+  } else {
+    out << "  iperf3 not on PATH: no yardstick\n";
+  }
+  return base::kExitOk;
 }
 
 }  // namespace
@@ -536,6 +856,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   }
   if (n == 0) return usage("--bytes is required");
   const std::string from = args->Get("from").value_or("memory");
+  if (from == "peer") return RunPeerRestore(*args, n, rounds, out, err);
   Tier tier;
   if (from == "memory") {
     tier = Tier::kMemory;
@@ -544,7 +865,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   } else if (from == "root") {
     tier = Tier::kRoot;
   } else {
-    return usage(absl::StrCat("--from must be memory, local or root, got \"", base::TerminalSafe(from), "\""));
+    return usage(absl::StrCat("--from must be memory, peer, local or root, got \"", base::TerminalSafe(from), "\""));
   }
   const char* expected = tier == Tier::kMemory ? "memory" : tier == Tier::kLocal ? "node-local" : "storage-root";
   auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
@@ -571,12 +892,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
       staging::SegmentBytes(options->slots, staging::PlanLayout({n}).slot_bytes) <= options->prepare_inline_bytes;
   // The first trainer's buffer (the pattern) and the second's (pre-faulted).
   base::AlignedBuffer src, dst;
-  try {
-    src = base::AlignedBuffer(n);
-    dst = base::AlignedBuffer(n);
-  } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
-    return fail(absl::StrCat("cannot allocate twice ", base::HumanBytes(n), " (--bytes)"));
-  }
+  if (absl::Status s = AllocateTwo(n, &src, &dst); !s.ok()) return fail(s.message());
   const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
   absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket);
   if (!agent.ok()) return fail(agent.status().message(), nullptr, base::kExitUnavailable);

@@ -67,7 +67,7 @@ TEST(RestoreBenchTest, BadArgumentsAreUsageErrorsNamingTheFlag) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {true, {"--bytes", "1M", "--from", "disk"}, "--from must be memory, local or root, got \"disk\""},
+           {true, {"--bytes", "1M", "--from", "disk"}, "--from must be memory, peer, local or root, got \"disk\""},
            {true, {"--bytes", "2T"}, "--bytes must be a size in 1..1T"},
            {true, {"--bytes", "1M", "--repeat", "0"}, "--repeat must be an integer in 1..100"},
            {true, {"--from", "root"}, "--bytes is required"},

@@ -1,6 +1,6 @@
 #include "storage/shard_writer.h"
 
-#include "absl/strings/string_view.h"
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -8,9 +8,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/aligned_buffer.h"
+#include "base/clock.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
 #include "storage/checksum.h"
@@ -38,6 +40,9 @@ struct Slot {
   // is already aligned (no copy).
   const uint8_t* write_from = nullptr;
   uint64_t ticket = 0;
+  // Encode with compression (EncodeOptions::compress and no decision for
+  // raw yet), or store raw.
+  bool compress = false;
 };
 
 // Encoders are costly to create (zstd contexts, scratch); keep one per worker.
@@ -73,7 +78,10 @@ class ShardWriteJob {
         tensors_(tensors),
         options_(options),
         pool_(pool),
-        encoders_(options.encode) {}
+        encoders_(options.encode),
+        raw_encoders_(RawOptions(options.encode)),
+        clock_(options.adaptive.clock != nullptr ? options.adaptive.clock : base::RealClock::Get()),
+        compress_(options.encode.compress) {}
 
   absl::StatusOr<ShardWriteResult> Run() {
     absl::Status status = WriteAll();
@@ -160,6 +168,7 @@ class ShardWriteJob {
     std::deque<Slot*> in_flight;  // writes submitted, oldest first
     size_t next_block = 0;
     size_t written = 0;
+    started_ = clock_->Now();
     while (written < blocks_.size()) {
       while (!free_slots.empty() && next_block < blocks_.size()) {
         Slot* slot = free_slots.back();
@@ -183,6 +192,7 @@ class ShardWriteJob {
       if (ready != nullptr) {
         CKPTD_RETURN_IF_ERROR(ready->encoded.status());
         CKPTD_RETURN_IF_ERROR(SubmitWrite(ready));
+        if (in_flight.empty()) busy_since_ = clock_->Now();
         in_flight.push_back(ready);
         continue;
       }
@@ -193,26 +203,35 @@ class ShardWriteJob {
         CKPTD_RETURN_IF_ERROR(file_->WaitFor(done->ticket));
         ++written;
         free_slots.push_back(done);
+        Retired(*done, in_flight.empty());
       }
     }
     return absl::OkStatus();
   }
 
+  static EncodeOptions RawOptions(EncodeOptions options) {
+    options.compress = false;
+    return options;
+  }
+
   void StartEncode(Slot* slot) {
+    slot->compress = compress_;
+    if (!compress_ && options_.encode.compress) ++result_.blocks_raw_by_decision;
     pending_.Add();
     pool_->Schedule([this, slot] {
       const BlockRef& ref = blocks_[slot->block];
       const TensorSource& src = tensors_[ref.tensor];
       const uint8_t* raw = static_cast<const uint8_t*>(src.data) + ref.raw_offset;
-      if (!options_.encode.compress && base::IsAligned(reinterpret_cast<uintptr_t>(raw), kShardAlignment) &&
+      if (!slot->compress && base::IsAligned(reinterpret_cast<uintptr_t>(raw), kShardAlignment) &&
           base::IsAligned(ref.raw_length, kShardAlignment)) {
         slot->encoded = RawInPlace(raw, ref.raw_length);
         slot->write_from = raw;
       } else {
-        std::unique_ptr<BlockEncoder> encoder = encoders_.Take();
+        EncoderPool& encoders = slot->compress ? encoders_ : raw_encoders_;
+        std::unique_ptr<BlockEncoder> encoder = encoders.Take();
         slot->encoded = encoder->Encode(src.meta.dtype(), raw, ref.raw_length, slot->buffer.data(),
                                         slot->buffer.capacity(), kShardAlignment);
-        encoders_.Give(std::move(encoder));
+        encoders.Give(std::move(encoder));
         slot->write_from = slot->buffer.data();
       }
       {
@@ -256,7 +275,39 @@ class ShardWriteJob {
       stored_bytes_ += c.stored_length;
     }
     CKPTD_ASSIGN_OR_RETURN(slot->ticket, file_->Write(file_offset, slot->write_from, enc.encoded_length));
+    if (slot->compress) {
+      compressed_raw_ += ref.raw_length;
+      compressed_written_ += enc.encoded_length;
+    }
+    submitted_raw_ += ref.raw_length;
+    last_submit_ = clock_->Now();
     return absl::OkStatus();
+  }
+
+  // Adaptive compression's bookkeeping once the write of `done` completed
+  // (`idle`: it was the last in flight); decides every
+  // decide_every_blocks while blocks are still compressed.
+  void Retired(const Slot& done, bool idle) {
+    const absl::Time now = clock_->Now();
+    written_bytes_ += done.encoded->encoded_length;
+    ++retired_;
+    // The disk has been busy since busy_since_ (this write was in flight).
+    const absl::Duration busy = busy_ + (now - busy_since_);
+    if (idle) busy_ = busy;  // the stretch ends; the next submit starts another
+    const AdaptiveCompression& adaptive = options_.adaptive;
+    if (!adaptive.enabled || !compress_ || retired_ < next_decision_) return;
+    next_decision_ = retired_ + static_cast<uint64_t>(std::max(1, adaptive.decide_every_blocks));
+    CompressionRates rates;
+    const double encode_s = absl::ToDoubleSeconds(last_submit_ - started_);
+    const double busy_s = absl::ToDoubleSeconds(busy);
+    if (encode_s > 0) rates.encode_bytes_per_second = static_cast<double>(submitted_raw_) / encode_s;
+    if (busy_s > 0) rates.write_bytes_per_second = static_cast<double>(written_bytes_) / busy_s;
+    if (compressed_written_ > 0) {
+      rates.ratio = static_cast<double>(compressed_raw_) / static_cast<double>(compressed_written_);
+    }
+    ++result_.compression_decisions;
+    result_.compression_rates = rates;
+    compress_ = adaptive.decide ? adaptive.decide(rates) : CompressionPays(rates, adaptive.margin);
   }
 
   absl::Status Finish() {
@@ -315,6 +366,22 @@ class ShardWriteJob {
   const ShardWriteOptions options_;
   base::ThreadPool* pool_;
   EncoderPool encoders_;
+  EncoderPool raw_encoders_;  // for blocks stored raw by a decision
+  base::Clock* const clock_;
+
+  // Adaptive compression, on the writer's thread only: whether the next
+  // block is compressed, and the measurements of the rates.
+  bool compress_;
+  uint64_t next_decision_ = static_cast<uint64_t>(std::max(1, options_.adaptive.decide_every_blocks));
+  absl::Time started_;               // the first encode scheduled
+  absl::Time last_submit_;           // the newest write submitted
+  uint64_t submitted_raw_ = 0;       // raw bytes of the blocks submitted
+  uint64_t compressed_raw_ = 0;      // ... of those encoded with compression
+  uint64_t compressed_written_ = 0;  // ... and the bytes written for them
+  uint64_t written_bytes_ = 0;       // bytes of the writes completed
+  uint64_t retired_ = 0;             // writes completed
+  absl::Duration busy_;              // time with a write in flight, stretches that ended
+  absl::Time busy_since_;            // the start of the current stretch
 
   std::vector<BlockRef> blocks_;
   uint64_t block_bytes_ = 0;
@@ -332,6 +399,13 @@ class ShardWriteJob {
 };
 
 }  // namespace
+
+bool CompressionPays(const CompressionRates& rates, double margin) {
+  const double write = rates.write_bytes_per_second;
+  const double encode = rates.encode_bytes_per_second;
+  if (!(write > 0) || !(encode > 0) || !(rates.ratio > 0)) return true;
+  return std::min(encode, rates.ratio * write) >= margin * write;
+}
 
 absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors) {
   absl::flat_hash_set<absl::string_view> names;

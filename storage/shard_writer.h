@@ -4,20 +4,22 @@
 // directory fsynced. Nothing is left behind on failure.
 #pragma once
 
-#include "absl/strings/string_view.h"
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "ckptd/v1/shard.pb.h"
 #include "storage/codec.h"
 #include "storage/file_system.h"
 
 namespace ckptd::base {
+class Clock;
 class ThreadPool;
 }  // namespace ckptd::base
 
@@ -38,8 +40,49 @@ struct ShardIdentity {
   uint32_t world_size = 1;
 };
 
+// What a shard write has measured so far, for adaptive compression.
+struct CompressionRates {
+  // Raw bytes per second (wall time, from the first encode) that the
+  // encoders handed to the writer: what they do when the disk waits for
+  // them, a lower bound of what they could do when it does not.
+  double encode_bytes_per_second = 0;
+  // Bytes per second the target took while at least one write was in flight.
+  double write_bytes_per_second = 0;
+  // Raw bytes over bytes written, of the blocks encoded with compression.
+  double ratio = 1;
+};
+
+// Whether compressing the next blocks gets them to the disk at least
+// `margin` times as fast as writing them raw would. Compressed, raw bytes
+// reach the disk at min(encode, ratio x write) bytes/s; raw, at about the
+// write rate (a raw block costs a checksum, no copy): compression pays when
+// min(encode, ratio x write) >= margin x write. Rates that are not positive
+// (nothing measured) say it pays.
+bool CompressionPays(const CompressionRates& rates, double margin);
+
+// Compression that stops when it would make the shard durable later than
+// raw writes: with a disk faster than the encoders get CPU for (a fast NVMe,
+// encoders at idle priority beside a busy trainer), or data that does not
+// compress. Needs EncodeOptions::compress. Blocks carry their own filter and
+// codecs (docs/format.md), so a shard may mix compressed and raw blocks.
+struct AdaptiveCompression {
+  bool enabled = false;
+  // How much faster compression must be to keep it (>= 1: raw writes also
+  // spare the CPU the trainers use).
+  double margin = 1.1;
+  // Blocks whose writes complete before the first decision, and between
+  // later ones. Once a decision says raw, the rest of the shard is raw (each
+  // shard starts compressed and measures again).
+  int decide_every_blocks = 8;
+  // Replaces CompressionPays(rates, margin) (tests, experiments).
+  std::function<bool(const CompressionRates&)> decide;
+  // Measures the rates (null: base::RealClock::Get()).
+  base::Clock* clock = nullptr;
+};
+
 struct ShardWriteOptions {
   EncodeOptions encode;
+  AdaptiveCompression adaptive;
   // Raw bytes per block, the unit of compression and of one write.
   size_t block_bytes = 4u << 20;
   // Encoder threads when no pool is passed; <= 0: one per hardware thread.
@@ -55,6 +98,11 @@ struct ShardWriteResult {
   uint64_t raw_bytes = 0;
   uint64_t stored_bytes = 0;
   uint64_t index_xxh3 = 0;
+  // Adaptive compression: the rates of the last decision (none: zero), and
+  // the blocks written raw after a decision said so.
+  int compression_decisions = 0;
+  CompressionRates compression_rates;
+  uint64_t blocks_raw_by_decision = 0;
   // The index as written (each block's raw_xxh3 checks a copy of the
   // tensors kept in memory).
   std::shared_ptr<const ckptd::v1::ShardIndex> index;

@@ -4,8 +4,11 @@
 # six ckptd-demo-trainer ranks spread over them under an elastic launcher
 # (deploy/local/launch.sh). First a reference run with no failure; then the
 # same job with failure drills: a trainer killed (every rank restores from
-# its agent's memory), a committed shard corrupted, then node-c crashing (its
-# agent and trainers SIGKILLed) mid-run. ckptd detects each crash, the
+# its agent's memory), a committed shard corrupted, node-c crashing (its
+# agent and trainers SIGKILLed) mid-run (its ranks restore from the copy its
+# replication partner holds in memory), then node-a crashing together with
+# its partner (no copy left in memory: their ranks read the disks). Each node
+# is its own failure domain (rack-1..3). ckptd detects each crash, the
 # launcher restarts the job, every rank restores the newest intact checkpoint
 # (never the corrupted one), and the job finishes. The final digest of every
 # rank must equal the reference run's.
@@ -34,6 +37,7 @@ NODES=(node-a node-b node-c)
 RANKS_PER_NODE=2
 WORLD=$((${#NODES[@]} * RANKS_PER_NODE))
 CRASH_NODE="node-c"
+CRASH_WITH_PARTNER="node-a"
 
 say() { echo "demo: $*"; }
 fail() {
@@ -128,7 +132,7 @@ start_cluster() {
   # Node i serves ranks i*RANKS_PER_NODE... on socket node<i>.sock.
   for i in "${!NODES[@]}"; do
     # (Its stderr: bash's own note when an agent is killed.)
-    supervise_agent "${NODES[$i]}" "$CL/node$i.sock" 2>>"$CL/logs/supervisor.log" &
+    supervise_agent "${NODES[$i]}" "$CL/node$i.sock" "rack-$((i + 1))" 2>>"$CL/logs/supervisor.log" &
     remember $!
   done
   for i in "${!NODES[@]}"; do
@@ -141,14 +145,17 @@ start_cluster() {
 }
 
 supervise_agent() {
-  local node="$1" socket="$2" n=0 child=""
+  local node="$1" socket="$2" domain="$3" n=0 child=""
   trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
   while [ ! -e "$STOP" ]; do
     n=$((n + 1))
     # The node's own disk ($CL/nvme-<node>, which survives the node's crash)
     # is its node-local tier: shards go there first, then to the shared root.
+    # Each persisted step also goes to a partner agent's memory (peer
+    # replication over loopback, on a port of the system's choosing).
     "$BIN/ckptd-agent" --storage-root "$CL/root" --socket "$socket" --coordinator "$ADDR" \
       --node-id "$node" --agent-token-file "$AGENT_TOKEN" --threads 2 --allow-drills --local-cache "$CL/nvme-$node" --local-cache-keep 3 \
+      --peer-listen 127.0.0.1:0 --failure-domain "$domain" \
       >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
     child=$!
     echo "$child" >>"$CL/agent-pids"
@@ -224,7 +231,7 @@ stop_cluster
 say "  done: ${REF_COMMITTED:-0} checkpoints committed; rank 0 ${REFERENCE[0]}"
 
 # ---------------------------------------------------------- 2. drill run
-say "[2/3] the same job with failures: a trainer killed, a corrupted shard, then $CRASH_NODE crashing mid-run"
+say "[2/3] the same job with failures: a trainer killed, a corrupted shard, $CRASH_NODE crashing mid-run, then $CRASH_WITH_PARTNER with its partner"
 start_cluster run
 start_job
 # Wait for a few checkpoints before breaking things.
@@ -244,16 +251,21 @@ say "  drill 2: corrupt rank 0's shard of the newest committed step"
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
   >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
 CORRUPT_CODE=$?
-say "  drill 3: crash $CRASH_NODE (its agent and trainers SIGKILLed); the launcher restarts the job"
+say "  drill 3: crash $CRASH_NODE (its agent and trainers SIGKILLed); its ranks restore from its partner's memory"
 "$BIN/ckptctl" drill run --job "$JOB" --scenario kill-node --target "$CRASH_NODE" --watch 2m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-node.html" \
-  >"$DIR/drill-kill-node.json" 2>"$DIR/drill-kill-node.err" &
+  >"$DIR/drill-kill-node.json" 2>"$DIR/drill-kill-node.err"
+NODE_CODE=$?
+say "  drill 4: crash $CRASH_WITH_PARTNER and its replication partner together; their ranks read the disks"
+"$BIN/ckptctl" drill run --job "$JOB" --scenario kill-node --target "$CRASH_WITH_PARTNER" --with-partners \
+  --watch 2m --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-partners.html" \
+  >"$DIR/drill-kill-partners.json" 2>"$DIR/drill-kill-partners.err" &
 DRILL=$!
 remember "$DRILL"
 follow_job
 JOB_CODE=$?
 wait "$DRILL"
-NODE_CODE=$?
+PARTNERS_CODE=$?
 mapfile -t DIGESTS < <(digests)
 RUN_COMMITTED=$(job_field checkpoints_committed)
 RUN_ABORTED=$(job_field checkpoints_aborted)
@@ -275,7 +287,8 @@ def load(name):
             return json.load(f)
     except Exception:
         return None
-trainer, corrupt, node = load("drill-kill-trainer.json"), load("drill-corrupt-shard.json"), load("drill-kill-node.json")
+trainer, corrupt = load("drill-kill-trainer.json"), load("drill-corrupt-shard.json")
+node, partners = load("drill-kill-node.json"), load("drill-kill-partners.json")
 # Where each rank read the restored step: its agent's memory (the nodes that
 # kept running), its node's own disk, the shared root.
 WORDS = {"memory": "their agent's memory", "peer": "a peer agent's memory", "node-local": "their node's disk",
@@ -308,27 +321,34 @@ if corrupt:
     ok = [v for v in corrupt.get("verdict", []) if v["expectation"].startswith("the damaged step is quarantined")]
     print(f"  corrupted shard  step {bad}: found by verification, "
           + ("quarantined" if ok and ok[0]["held"] else "NOT quarantined"))
-if node:
-    det = node.get("detection_seconds")
-    kinds = sorted({f["kind"] for f in node.get("failures", [])})
-    print(f"  node crash       detected in {det:.3f} s ({', '.join(kinds)})" if det is not None
-          else "  node crash       not detected")
-    if node.get("resumed"):
-        rv = node.get("restored_verified") or {}
-        print(f"  restored         step {node['restored_step']} (the failure at step {node['step_at_failure']}),"
+def crash(drill, title):
+    det = drill.get("detection_seconds")
+    kinds = sorted({f["kind"] for f in drill.get("failures", [])})
+    print(f"  {title:<16} detected in {det:.3f} s ({', '.join(kinds)})" if det is not None
+          else f"  {title:<16} not detected")
+    if drill.get("resumed"):
+        rv = drill.get("restored_verified") or {}
+        print(f"  restored         step {drill['restored_step']} (the failure at step {drill['step_at_failure']}),"
               f" read back {'intact' if rv.get('ok') else 'NOT verified'}")
-        print(f"  work lost        {node['lost_steps']} steps ({node['lost_seconds']:.1f} s);"
-              f" restart took {node['restart_seconds']:.1f} s")
-        print(f"    read from      {sources(node)}")
-    failed = [v["expectation"] for v in node.get("verdict", []) if not v["held"]]
+        print(f"  work lost        {drill['lost_steps']} steps ({drill['lost_seconds']:.1f} s);"
+              f" restart took {drill['restart_seconds']:.1f} s")
+        print(f"    read from      {sources(drill)}")
+    failed = [v["expectation"] for v in drill.get("verdict", []) if not v["held"]]
     if failed:
         print(f"  drill verdict    FAIL: {'; '.join(failed)}")
+if node:
+    crash(node, "node crash")
+if partners:
+    crash(partners, "node + partner")
 print(f"  digests          {matching} of {world} ranks equal to the reference run")
-print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html")
+print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html,"
+      f" {d}/drill-kill-partners.html")
 EOF
 [ "$TRAINER_CODE" -eq 0 ] || fail "the kill-trainer drill did not pass (see $DIR/drill-kill-trainer.json and .err)"
 [ "$CORRUPT_CODE" -eq 0 ] || fail "the corrupt-shard drill did not pass (see $DIR/drill-corrupt-shard.json and .err)"
 [ "$JOB_CODE" -eq 0 ] || fail "the job did not finish (see $DIR/run/launcher/launch.log)"
 [ "$NODE_CODE" -eq 0 ] || fail "the kill-node drill did not pass (see $DIR/drill-kill-node.json and .err)"
+[ "$PARTNERS_CODE" -eq 0 ] ||
+  fail "the kill-node --with-partners drill did not pass (see $DIR/drill-kill-partners.json and .err)"
 [ "$matching" -eq "$WORLD" ] || fail "only $matching of $WORLD ranks ended with the reference digest"
 echo "demo: PASS"

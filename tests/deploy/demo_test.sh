@@ -32,9 +32,14 @@ check "the node crash was detected" grep -q "node crash       detected in" "$WOR
 check "the corrupted step was quarantined" grep -q "found by verification, quarantined" "$WORK/full.log"
 check "the trainer crash was restored from the agents' memory" \
   grep -qE "^    read from      [1-6] from their agent's memory" "$WORK/full.log"
-check "after the node crash, node-c's ranks read the disk tiers" \
-  grep -qE "^    read from      .*[1-6] from (their node's disk|the shared root)" "$WORK/full.log"
-check "the drill reports were written" [ -s "$WORK/full/drill-kill-node.html" ]
+# The summary's "read from" line of a drill (the lines after its title) matches $2.
+read_from() { grep -A4 "^  $1" "$WORK/full.log" | grep -m1 "^    read from" | grep -qE "$2"; }
+check "after the node crash, node-c's ranks read their partner's memory" \
+  read_from "node crash " "[1-6] from a peer agent's memory"
+check "the crash of a node and its partner was detected" grep -q "node + partner   detected in" "$WORK/full.log"
+check "after a node and its partner crashed, their ranks read the disk tiers" \
+  read_from "node + partner " "[1-6] from (their node's disk|the shared root)"
+check "the drill reports were written" test -s "$WORK/full/drill-kill-node.html" -a -s "$WORK/full/drill-kill-partners.html"
 sleep 0.5
 check "no process left behind" [ -z "$(leftovers "$WORK/full")" ]
 

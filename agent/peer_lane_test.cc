@@ -1,0 +1,521 @@
+// The data lane of peer replication (agent/peer_service.h): connections that
+// present no nonce, a wrong, used or expired one; senders that stop half-way
+// or say their bytes changed; a slot taken back while its bytes are on the
+// wire; a crowd of idle connections in front of a real copy; a service
+// stopped under a copy; and TLS, where the bytes stay on the gRPC streams.
+// Copies sent and fetched whole over both paths are in
+// peer_replication_test.cc.
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "agent/peer_service.h"
+#include "agent/replica_store.h"
+#include "agent/replicator.h"
+#include "agent/testing_peer_harness.h"
+#include "base/clock.h"
+#include "base/testing/env.h"
+#include "base/testing/eventually.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
+#include "ckptd/v1/peer.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "rpc/grpc_status.h"
+#include "rpc/tls.h"
+#include "staging/staging.h"
+
+namespace ckptd::agent {
+namespace {
+
+using ::ckptd::testing::Eventually;
+using ::ckptd::testing::IsOk;
+using ::ckptd::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr char kToken[] = "agent-token-0123456789";
+constexpr char kTicket[] = "0123456789abcdef0123456789abcdef";
+
+ckptd::v1::ReplicaHeader Header(uint64_t step, uint64_t bytes) {
+  ckptd::v1::ReplicaHeader h;
+  h.mutable_key()->set_job("job");
+  h.mutable_key()->set_rank(0);
+  h.mutable_key()->set_step(step);
+  h.set_world_size(1);
+  h.set_from_node("node-a");
+  h.set_ticket(kTicket);
+  h.set_data_bytes(bytes);
+  return h;
+}
+
+ckptd::v1::ReplicaKey Key(uint64_t step) {
+  ckptd::v1::ReplicaKey k;
+  k.set_job("job");
+  k.set_rank(0);
+  k.set_step(step);
+  return k;
+}
+
+// A sink into `*into`.
+ReplicaSink SinkInto(std::vector<uint8_t>* into) {
+  return [into](const ckptd::v1::ReplicaHeader& h) {
+    into->assign(h.data_bytes(), 0);
+    return absl::StatusOr<absl::Span<uint8_t>>(absl::Span<uint8_t>(into->data(), into->size()));
+  };
+}
+
+// A raw TCP connection to 127.0.0.1:`port`, blocking, 10 s per call.
+class Conn {
+ public:
+  explicit Conn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    connected_ = fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    const timeval tv{10, 0};
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
+  ~Conn() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  bool connected() const { return connected_; }
+  bool Write(absl::string_view bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  bool Write(uint64_t n, char fill) { return Write(std::string(n, fill)); }
+  // Whether the service closed the connection within `limit` (sending
+  // nothing before).
+  bool ClosedWithin(absl::Duration limit) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(limit))) != 1) return false;
+    char c;
+    const ssize_t n = ::recv(fd_, &c, 1, 0);
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
+  // The put answer (proto/ckptd/v1/peer.proto).
+  absl::Status Answer() {
+    uint8_t head[5];
+    if (!Read(head, 5)) return absl::UnknownError("no answer");
+    const uint32_t length = head[1] | uint32_t{head[2]} << 8 | uint32_t{head[3]} << 16 | uint32_t{head[4]} << 24;
+    if (length > 4096) return absl::UnknownError("a garbled answer");
+    std::string message(length, '\0');
+    if (!Read(message.data(), length)) return absl::UnknownError("a cut answer");
+    return absl::Status(static_cast<absl::StatusCode>(head[0]), message);
+  }
+
+ private:
+  bool Read(void* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::recv(fd_, static_cast<char*>(out) + done, n - done, 0);
+      if (r <= 0) return false;
+      done += static_cast<size_t>(r);
+    }
+    return true;
+  }
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+int ThreadCount() {
+  int n = 0;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+// Node B: its copies, its Peer service (agent token, taking node-a's copies
+// with kTicket) and its data lane on 127.0.0.1, read by `clock`.
+class LaneTest : public ::testing::Test {
+ protected:
+  void Start(PeerServiceOptions po = PeerServiceOptions(), uint64_t budget = 0) {
+    ReplicaStoreOptions so;
+    so.budget_bytes = budget;
+    store_ = std::make_unique<ReplicaStore>(so);
+    po.node_id = "node-b";
+    po.agent_token = kToken;
+    po.clock = &clock_;
+    service_ = std::make_unique<PeerService>(store_.get(), po);
+    google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> senders;
+    ckptd::v1::ReplicationPartner* a = senders.Add();
+    a->set_node_id("node-a");
+    a->set_ticket(kTicket);
+    service_->SetSenders(senders);
+    int port = 0;
+    CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartPeerServer("127.0.0.1:0", service_.get(), nullptr, &port));
+    address_ = absl::StrCat("127.0.0.1:", port);
+    CKPTD_ASSERT_OK_AND_ASSIGN(lane_port_, service_->StartDataLane("127.0.0.1", 0));
+    stub_ = ckptd::v1::Peer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    GrpcPeerNetworkOptions no;
+    no.node_id = "node-a";
+    no.agent_token = kToken;
+    net_ = std::make_unique<GrpcPeerNetwork>(no);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    service_.reset();
+  }
+
+  // OpenPut as a partner would call it.
+  absl::StatusOr<ckptd::v1::DataLane> OpenPut(const ckptd::v1::ReplicaHeader& h) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+    ckptd::v1::DataLane lane;
+    CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(stub_->OpenPut(&ctx, h, &lane)));
+    return lane;
+  }
+
+  void ExpectNothingHeld() {
+    EXPECT_TRUE(Eventually([&] { return store_->bytes() == 0; })) << store_->bytes() << " bytes still reserved";
+    EXPECT_THAT(store_->List(), IsEmpty());
+  }
+
+  base::FakeClock clock_;
+  std::unique_ptr<ReplicaStore> store_;
+  std::unique_ptr<PeerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  int lane_port_ = 0;
+  std::unique_ptr<ckptd::v1::Peer::Stub> stub_;
+  std::unique_ptr<GrpcPeerNetwork> net_;
+};
+
+TEST_F(LaneTest, AConnectionWithoutANonceIsClosed) {
+  PeerServiceOptions po;
+  po.handshake_timeout = absl::ZeroDuration();  // the fake clock stands still: the first look closes it
+  ASSERT_NO_FATAL_FAILURE(Start(po));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, kMiB)));
+  Conn silent(lane_port_);
+  ASSERT_TRUE(silent.connected());
+  EXPECT_TRUE(silent.ClosedWithin(absl::Seconds(10)));
+  Conn half(lane_port_);
+  ASSERT_TRUE(half.Write(lane.nonce().substr(0, 8)));
+  EXPECT_TRUE(half.ClosedWithin(absl::Seconds(10))) << "half a nonce is none";
+  EXPECT_TRUE(Eventually([&] { return service_->lane_stats().idle_closed == 2; }));
+  EXPECT_EQ(service_->lane_stats().refused, 0u);
+  EXPECT_EQ(store_->bytes(), kMiB) << "the lane stays open for its sender";
+}
+
+TEST(LaneClockTest, AConnectionSlowToPresentItsNonceIsClosedInRealTime) {
+  ReplicaStore store({});
+  PeerServiceOptions po;
+  po.node_id = "node-b";
+  po.handshake_timeout = absl::Milliseconds(200);
+  PeerService real(&store, po);  // the real clock
+  CKPTD_ASSERT_OK_AND_ASSIGN(const int port, real.StartDataLane("127.0.0.1", 0));
+  Conn silent(port);
+  ASSERT_TRUE(silent.connected());
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(silent.ClosedWithin(absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_EQ(real.lane_stats().idle_closed, 1u);
+}
+
+TEST_F(LaneTest, AWrongNonceIsRefusedAndTheLaneStaysForItsSender) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, kMiB)));
+  std::string wrong = lane.nonce();
+  wrong[15] ^= 1;
+  Conn guess(lane_port_);
+  (void)guess.Write(wrong + std::string(kMiB, 'x') + "\x01");  // may be cut off by the close
+  EXPECT_TRUE(guess.ClosedWithin(absl::Seconds(10)));
+  EXPECT_EQ(store_->Find(Key(1)), nullptr);
+  // The sender's own connection still works.
+  Conn right(lane_port_);
+  ASSERT_TRUE(right.Write(lane.nonce() + std::string(kMiB, 'y') + "\x01"));
+  EXPECT_THAT(right.Answer(), IsOk());
+  std::shared_ptr<const Replica> held = store_->Find(Key(1));
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->data()[kMiB - 1], 'y');
+  const PeerLaneStats st = service_->lane_stats();
+  EXPECT_EQ(st.refused, 1u);
+  EXPECT_EQ(st.kept, 1u);
+}
+
+TEST_F(LaneTest, ANonceServesOneConnection) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, 4096)));
+  {
+    Conn first(lane_port_);
+    ASSERT_TRUE(first.Write(lane.nonce() + std::string(4096, 'a') + "\x01"));
+    ASSERT_THAT(first.Answer(), IsOk());
+  }
+  Conn again(lane_port_);
+  (void)again.Write(lane.nonce() + std::string(4096, 'b') + "\x01");  // may be cut off by the close
+  EXPECT_TRUE(again.ClosedWithin(absl::Seconds(10)));
+  EXPECT_EQ(store_->Find(Key(1))->data()[0], 'a');
+  EXPECT_EQ(service_->lane_stats().refused, 1u);
+  EXPECT_EQ(store_->bytes(), 4096u);
+}
+
+TEST_F(LaneTest, ALaneNeverUsedExpiresAndFreesItsMemory) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, 8 * kMiB)));
+  EXPECT_EQ(store_->bytes(), 8 * kMiB) << "reserved at OpenPut";
+  clock_.Advance(absl::Seconds(31));
+  ExpectNothingHeld();
+  EXPECT_EQ(service_->lane_stats().expired, 1u);
+  Conn late(lane_port_);
+  ASSERT_TRUE(late.Write(lane.nonce()));
+  EXPECT_TRUE(late.ClosedWithin(absl::Seconds(10)));
+  EXPECT_EQ(service_->lane_stats().refused, 1u);
+}
+
+TEST_F(LaneTest, AnExpiredNonceIsRefusedEvenBeforeTheSweep) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, 4096)));
+  Conn late(lane_port_);
+  ASSERT_TRUE(late.connected());
+  absl::SleepFor(absl::Milliseconds(50));  // accepted, waiting for the nonce
+  clock_.Advance(absl::Seconds(30));
+  (void)late.Write(lane.nonce() + std::string(4096, 'x') + "\x01");  // may be cut off by the close
+  EXPECT_TRUE(late.ClosedWithin(absl::Seconds(10)));
+  EXPECT_EQ(store_->Find(Key(1)), nullptr);
+  ExpectNothingHeld();
+}
+
+TEST_F(LaneTest, ASenderThatStopsHalfWayKeepsNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, 8 * kMiB)));
+    Conn c(lane_port_);
+    ASSERT_TRUE(c.Write(lane.nonce()));
+    ASSERT_TRUE(c.Write(3 * kMiB, 'x'));
+  }  // closed
+  ExpectNothingHeld();
+  EXPECT_EQ(service_->lane_stats().dropped, 1u);
+}
+
+TEST_F(LaneTest, EveryByteWithoutTheSendersWordKeepsNothing) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, kMiB)));
+    Conn c(lane_port_);
+    ASSERT_TRUE(c.Write(lane.nonce() + std::string(kMiB, 'x')));
+  }  // closed before the validity byte
+  ExpectNothingHeld();
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(2, kMiB)));
+  Conn c(lane_port_);
+  ASSERT_TRUE(c.Write(lane.nonce() + std::string(kMiB, 'x') + std::string(1, '\0')));
+  EXPECT_THAT(c.Answer(), StatusIs(absl::StatusCode::kAborted, HasSubstr("changed while they were sent")));
+  ExpectNothingHeld();
+  EXPECT_EQ(service_->lane_stats().dropped, 2u);
+}
+
+TEST_F(LaneTest, TooManyLanesAreRefusedAtOnceAndReserveNothing) {
+  PeerServiceOptions po;
+  po.max_lanes = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(po));
+  CKPTD_ASSERT_OK(OpenPut(Header(1, 4096)).status());
+  CKPTD_ASSERT_OK(OpenPut(Header(2, 4096)).status());
+  EXPECT_THAT(OpenPut(Header(3, 4096)).status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("data lanes")));
+  EXPECT_EQ(store_->bytes(), 2 * 4096u);
+  clock_.Advance(absl::Minutes(1));
+  ExpectNothingHeld();
+  CKPTD_EXPECT_OK(OpenPut(Header(3, 4096)).status());
+}
+
+TEST_F(LaneTest, IdleConnectionsDoNotHoldUpACopy) {
+  PeerServiceOptions po;
+  po.max_handshakes = 64;
+  ASSERT_NO_FATAL_FAILURE(Start(po));  // the fake clock: idle connections never time out
+  const int threads = ThreadCount();
+  std::vector<std::unique_ptr<Conn>> idle;
+  for (int i = 0; i < 250; ++i) {
+    idle.push_back(std::make_unique<Conn>(lane_port_));
+    ASSERT_TRUE(idle.back()->connected()) << i;
+  }
+  const absl::Time start = absl::Now();
+  ckptd::v1::ReplicaHeader h = Header(1, 9 * kMiB + 5);
+  ASSERT_THAT(net_->Put(address_, h, FilledSource(0x42)), IsOk());
+  std::vector<uint8_t> back;
+  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), SinkInto(&back)).status());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_EQ(back, std::vector<uint8_t>(9 * kMiB + 5, 0x42));
+  EXPECT_EQ(net_->stats().lane_puts, 1u);
+  EXPECT_EQ(net_->stats().lane_fetches, 1u);
+  EXPECT_LE(ThreadCount(), threads + 8) << "no thread per idle connection";
+  EXPECT_GE(service_->lane_stats().idle_closed, 250u - 64u) << "the longest waiting make room";
+}
+
+TEST_F(LaneTest, StoppingTheServiceCutsACopyUnderWay) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenPut(Header(1, 8 * kMiB)));
+  Conn c(lane_port_);
+  ASSERT_TRUE(c.Write(lane.nonce() + std::string(kMiB, 'x')));  // then nothing more
+  absl::SleepFor(absl::Milliseconds(50));
+  server_->Shutdown();
+  const absl::Time start = absl::Now();
+  service_.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(c.ClosedWithin(absl::Seconds(10)));
+  EXPECT_EQ(store_->bytes(), 0u);
+}
+
+// A network that hands the trainer the slot back before the piece at
+// `at` is read, then sends over `real`.
+class TakingBackNetwork : public PeerNetwork {
+ public:
+  TakingBackNetwork(PeerNetwork* real, staging::StagingSegment* segment, uint64_t at)
+      : real_(real), segment_(segment), at_(at) {}
+  absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
+                   const PieceSource& source) override {
+    PieceSource wrapped = source;
+    wrapped.piece = [&](uint64_t offset, uint64_t length) {
+      if (offset == at_) {
+        // The trainer snapshots twice: into the free slot, then (none free)
+        // into the KEPT one.
+        for (int i = 0; i < 2; ++i) EXPECT_THAT(segment_->AcquireForFill(absl::ZeroDuration()).status(), IsOk());
+      }
+      return source.piece(offset, length);
+    };
+    return real_->Put(address, header, wrapped);
+  }
+  absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
+                                                 const ReplicaSink& sink) override {
+    return real_->Fetch(address, key, sink);
+  }
+
+ private:
+  PeerNetwork* const real_;
+  staging::StagingSegment* const segment_;
+  const uint64_t at_;
+};
+
+TEST_F(LaneTest, ASlotTakenBackWhileItsBytesAreOnTheWireIsNotKept) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<staging::StagingSegment> seg,
+      staging::StagingSegment::Create(absl::StrCat("/ckptd-test-lane-", ::getpid()), 2, 9 * kMiB));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+  std::memset(seg->slot_data(slot), 7, 9 * kMiB);
+  CKPTD_ASSERT_OK(seg->Publish(slot, 40));
+  ASSERT_EQ(seg->TakeReady(), std::optional<uint32_t>(slot));
+  CKPTD_ASSERT_OK(seg->Keep(slot));
+  TakingBackNetwork net(net_.get(), seg.get(), kReplicaPieceBytes);
+  Replicator r(&net, ReplicatorOptions());
+  google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> partners;
+  ckptd::v1::ReplicationPartner* b = partners.Add();
+  b->set_node_id("node-b");
+  b->set_address(address_);
+  b->set_ticket(kTicket);
+  r.SetPartners(partners);
+  ReplicaSource source;
+  source.header = Header(40, 9 * kMiB);
+  source.header.clear_ticket();
+  source.segment = std::move(seg);
+  source.slot = slot;
+  r.Submit(source);
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(r.Stats().abandoned, 1u);
+  EXPECT_EQ(r.Stats().sent, 0u);
+  EXPECT_EQ(net_->stats().lane_puts, 1u) << "it went over the data lane";
+  ExpectNothingHeld();
+  EXPECT_TRUE(Eventually([&] { return service_->lane_stats().dropped == 1; }));
+}
+
+// ---- TLS ----
+
+// A throw-away CA and one certificate (127.0.0.1, for server and client
+// use) signed by it, in `dir`. "" or openssl's complaint.
+std::string MakeCertificates(const std::string& openssl, const std::string& dir) {
+  const std::string o = absl::StrCat("'", openssl, "'");
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string script = absl::StrCat(
+      "set -e; cd '", dir, "'\n", o, " req -x509 ", ec,
+      " -keyout ca.key -out ca.pem -days 2 -subj /CN=ckptd-lane-test-ca"
+      " -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign\n",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > node.ext\n", o,
+      " req ", ec, " -keyout node.key -out node.csr -subj /CN=node-a\n", o,
+      " x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 -extfile node.ext\n");
+  std::ofstream(dir + "/make.sh") << script;
+  const int rc = std::system(absl::StrCat("sh '", dir, "/make.sh' > '", dir, "/openssl.log' 2>&1").c_str());
+  if (rc == 0) return "";
+  std::ifstream log(dir + "/openssl.log");
+  return absl::StrCat("openssl failed (", rc, "): ", std::string(std::istreambuf_iterator<char>(log), {}));
+}
+
+TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
+  const std::string openssl = testing::FindOnPath("openssl");
+  if (openssl.empty()) GTEST_SKIP() << "openssl is not on PATH (Debian package openssl)";
+  testing::TempDir dir("ckptd-lane-tls-");
+  ASSERT_EQ(MakeCertificates(openssl, dir.path()), "");
+  const rpc::TlsFiles files{dir.Sub("node.pem"), dir.Sub("node.key"), dir.Sub("ca.pem")};
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> server_creds,
+                             rpc::ServerCredentialsFromFiles(files));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ChannelCredentials> channel_creds,
+                             rpc::ChannelCredentialsFromFiles(files));
+
+  ReplicaStore store({});
+  PeerServiceOptions po;
+  po.node_id = "node-b";
+  po.tls = true;
+  PeerService service(&store, po);
+  google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> senders;
+  senders.Add()->set_node_id("node-a");
+  senders.Mutable(0)->set_ticket(kTicket);
+  service.SetSenders(senders);
+  EXPECT_THAT(service.StartDataLane("127.0.0.1", 0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("TLS")));
+  int port = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> server,
+                             StartPeerServer("127.0.0.1:0", &service, server_creds, &port));
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  GrpcPeerNetworkOptions no;
+  no.node_id = "node-a";
+  no.credentials = channel_creds;
+  GrpcPeerNetwork net(no);
+  ASSERT_THAT(net.Put(address, Header(1, 9 * kMiB), FilledSource(0x17)), IsOk());
+  std::vector<uint8_t> back;
+  CKPTD_ASSERT_OK(net.Fetch(address, Key(1), SinkInto(&back)).status());
+  EXPECT_EQ(back, std::vector<uint8_t>(9 * kMiB, 0x17));
+  const PeerNetworkStats st = net.stats();
+  EXPECT_EQ(st.stream_puts, 1u);
+  EXPECT_EQ(st.stream_fetches, 1u);
+  EXPECT_EQ(st.lane_puts + st.lane_fetches, 0u);
+  EXPECT_EQ(service.lane_stats().opened, 0u);
+
+  // A caller asking for a lane anyway is told there is none.
+  auto stub = ckptd::v1::Peer::NewStub(grpc::CreateChannel(address, channel_creds));
+  grpc::ClientContext ctx;
+  ckptd::v1::DataLane lane;
+  EXPECT_THAT(rpc::FromGrpcStatus(stub->OpenPut(&ctx, Header(2, 4096), &lane)),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("no data lane")));
+  server->Shutdown();
+}
+
+}  // namespace
+}  // namespace ckptd::agent

@@ -1,0 +1,204 @@
+// Peer replication over the network (proto/ckptd/v1/peer.proto): the Peer
+// service an agent serves on TCP for its partners (copies in, copies out of
+// its ReplicaStore), and the client side every agent uses to send its ranks'
+// snapshots and to pull a copy back for a restore. Without TLS the bytes of a
+// copy go over a data lane, a plain TCP connection the gRPC call opens, sent
+// straight from the staging slot and received straight into the copy's
+// memory; with TLS they stay on the gRPC streams.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "agent/replica_store.h"
+#include "base/clock.h"
+#include "base/logger.h"
+#include "ckptd/v1/coordinator.pb.h"
+#include "ckptd/v1/peer.grpc.pb.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+
+namespace ckptd::agent {
+
+// Bytes of snapshot data per message (and per send on the data lane).
+inline constexpr uint64_t kReplicaPieceBytes = uint64_t{4} << 20;
+
+struct PeerServiceOptions {
+  std::string node_id;
+  // The agent token every call must carry ("authorization: Bearer
+  // <token>"); empty: none is asked (with `tls` the transport checks that
+  // each peer presents a certificate of the cluster's CA; without either the
+  // service is open, as the coordinator is with --insecure-agents).
+  std::string agent_token;
+  // With TLS the copies' bytes stay on the encrypted gRPC streams: no data
+  // lane is served.
+  bool tls = false;
+  base::Logger* logger = nullptr;
+  // Reads the time for the data lane's nonces and handshakes.
+  base::Clock* clock = nullptr;
+  // The data lane (proto/ckptd/v1/peer.proto): how long a nonce is good,
+  // how long a connection may take to present it, how many connections may
+  // be presenting one at a time (the longest waiting is closed for a new
+  // one), how many lanes may be open or in use together (OpenPut and
+  // OpenFetch answer kUnavailable beyond), and how long a lane connection may
+  // move no byte before it is closed.
+  absl::Duration lane_ttl = absl::Seconds(30);
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  size_t max_handshakes = 64;
+  size_t max_lanes = 64;
+  absl::Duration lane_io_timeout = absl::Seconds(30);
+};
+
+// What the data lane did, since the service started.
+struct PeerLaneStats {
+  uint64_t opened = 0;       // lanes handed out (OpenPut, OpenFetch)
+  uint64_t kept = 0;         // copies received whole and kept
+  uint64_t dropped = 0;      // copies that did not arrive whole, or that the sender said were not valid
+  uint64_t sent = 0;         // copies sent to a fetching node
+  uint64_t refused = 0;      // connections closed for a wrong, used or expired nonce
+  uint64_t idle_closed = 0;  // connections closed before presenting a nonce (timeout, or crowded out)
+  uint64_t expired = 0;      // lanes never used in time
+};
+
+class PeerService final : public ckptd::v1::Peer::Service {
+ public:
+  PeerService(ReplicaStore* store, PeerServiceOptions options);
+  // Stops the data lane: connections in use are cut, open lanes dropped.
+  // REQUIRES: the gRPC server serving this is shut down.
+  ~PeerService() override;
+
+  // The nodes that send copies here and their tickets (the coordinator's
+  // HeartbeatAck.receive_from): a copy is taken only from one of them, with
+  // its ticket. Replaces the previous set.
+  void SetSenders(const google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner>& senders);
+
+  // Serves the data lane on `host` (an address of this machine, as in
+  // --peer-listen; empty: every interface) and `port` (0: any free one), and
+  // returns the port bound. Until then OpenPut and OpenFetch answer
+  // kUnimplemented (partners then use PutReplica and FetchReplica).
+  // kFailedPrecondition with TLS or when already serving; kUnavailable
+  // naming the address when it cannot be bound.
+  absl::StatusOr<int> StartDataLane(const std::string& host, int port);
+  PeerLaneStats lane_stats() const;
+
+  grpc::Status PutReplica(grpc::ServerContext* ctx, grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader,
+                          ckptd::v1::PutReplicaResponse* response) override;
+  grpc::Status FetchReplica(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
+                            grpc::ServerWriter<ckptd::v1::ReplicaPiece>* writer) override;
+  grpc::Status OpenPut(grpc::ServerContext* ctx, const ckptd::v1::ReplicaHeader* header,
+                       ckptd::v1::DataLane* lane) override;
+  grpc::Status OpenFetch(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
+                         ckptd::v1::DataLane* lane) override;
+
+ private:
+  class Lanes;  // the data lane (peer_service.cc)
+
+  // The call's credential (see PeerServiceOptions::agent_token).
+  absl::Status CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const;
+  // Whether `header` comes from a partner sending here, with its ticket.
+  absl::Status CheckSender(const ckptd::v1::ReplicaHeader& header, absl::string_view rpc);
+  absl::Status Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader, ckptd::v1::PutReplicaResponse* response);
+
+  ReplicaStore* const store_;
+  const PeerServiceOptions options_;
+  base::Logger* const logger_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::string> tickets_ ABSL_GUARDED_BY(mu_);  // by sending node
+  std::unique_ptr<Lanes> lanes_ ABSL_GUARDED_BY(mu_);                // null until StartDataLane
+};
+
+// Serves `service` on `listen` (host:port; port 0 picks one) with
+// `credentials` (insecure when null). kUnavailable naming the address when it
+// cannot be bound. `*port` receives the port bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string& listen, PeerService* service,
+                                                              std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                              int* port);
+
+// What a sender sends: the copy's bytes, read in place piece by piece.
+struct PieceSource {
+  // The `length` bytes (at most kReplicaPieceBytes) of the copy at
+  // `offset`, or an error that ends the copy. Pieces are asked for in order;
+  // the view is read (handed to the kernel, or copied into a message)
+  // before `still_valid` and the next call.
+  std::function<absl::StatusOr<absl::Span<const uint8_t>>(uint64_t offset, uint64_t length)> piece;
+  // Called once the bytes of each piece were read: an error (kAborted when
+  // they may have changed while they were read) ends the copy, and the
+  // partner does not keep it. Null: the bytes never change.
+  std::function<absl::Status()> still_valid;
+};
+// What a fetcher makes of the header of a copy: where its data_bytes go
+// (exactly that long), or an error that ends the fetch.
+using ReplicaSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(const ckptd::v1::ReplicaHeader& header)>;
+
+// The client side (an interface, so that tests can stand in for the network).
+class PeerNetwork {
+ public:
+  virtual ~PeerNetwork() = default;
+  // Sends the copy `header` describes (ticket set) to the agent at `address`.
+  virtual absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
+                           const PieceSource& source) = 0;
+  // Pulls the copy of `key` from the agent at `address` into what `sink`
+  // says; returns its header. kNotFound when the agent holds no such copy.
+  virtual absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
+                                                         const ReplicaSink& sink) = 0;
+};
+
+struct GrpcPeerNetworkOptions {
+  std::string node_id;
+  // TLS credentials, or null: insecure, and the copies' bytes go over the
+  // partner's data lane (plain TCP) when it serves one.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string agent_token;  // empty: none sent
+  // Each call's deadline: `base` plus the time its bytes take at `min_rate`.
+  absl::Duration base_deadline = absl::Seconds(10);
+  double min_bytes_per_second = 50e6;
+  // The data lane: connecting, and the longest a send or receive may wait.
+  absl::Duration lane_connect_timeout = absl::Seconds(10);
+  absl::Duration lane_io_timeout = absl::Seconds(30);
+};
+
+// How the copies went (each call once, by the path its bytes took).
+struct PeerNetworkStats {
+  uint64_t lane_puts = 0, stream_puts = 0;
+  uint64_t lane_fetches = 0, stream_fetches = 0;
+};
+
+class GrpcPeerNetwork final : public PeerNetwork {
+ public:
+  explicit GrpcPeerNetwork(GrpcPeerNetworkOptions options);
+  absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
+                   const PieceSource& source) override;
+  absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
+                                                 const ReplicaSink& sink) override;
+  PeerNetworkStats stats() const;
+
+ private:
+  ckptd::v1::Peer::Stub* StubFor(const std::string& address);
+  void Prepare(grpc::ClientContext* ctx, uint64_t bytes) const;
+  // The bytes over the data lane; `*no_lane` set when the partner serves
+  // none or `address` is not host:port (nothing was sent then).
+  absl::Status PutOverLane(const std::string& address, const ckptd::v1::ReplicaHeader& header,
+                           const PieceSource& source, bool* no_lane);
+  absl::Status PutOverStream(const std::string& address, const ckptd::v1::ReplicaHeader& header,
+                             const PieceSource& source);
+  absl::StatusOr<ckptd::v1::ReplicaHeader> FetchOverLane(const std::string& address, const ckptd::v1::ReplicaKey& key,
+                                                         const ReplicaSink& sink, bool* no_lane);
+  absl::StatusOr<ckptd::v1::ReplicaHeader> FetchOverStream(const std::string& address, const ckptd::v1::ReplicaKey& key,
+                                                           const ReplicaSink& sink);
+
+  const GrpcPeerNetworkOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<ckptd::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  PeerNetworkStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckptd::agent

@@ -1,0 +1,219 @@
+#include "agent/replica_store.h"
+
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "storage/layout.h"
+
+namespace ckptd::agent {
+namespace {
+
+// Steps kept per rank: the newest, and the one before (the newest may never
+// commit when another rank fails before it is durable).
+constexpr size_t kStepsPerRank = 2;
+// Buffers of dropped copies kept for the next ones.
+constexpr size_t kMaxSpare = 4;
+
+std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+
+}  // namespace
+
+Replica::Replica(ckptd::v1::ReplicaHeader header, uint64_t bytes, std::unique_ptr<uint8_t[]> memory)
+    : header_(std::move(header)),
+      size_(bytes),
+      data_(memory != nullptr ? std::move(memory) : std::unique_ptr<uint8_t[]>(new uint8_t[bytes == 0 ? 1 : bytes])) {
+  header_.clear_ticket();
+}
+
+ReplicaStore::ReplicaStore(ReplicaStoreOptions options)
+    : options_(std::move(options)),
+      logger_(options_.logger != nullptr ? options_.logger : &base::DefaultLogger()),
+      clock_(options_.clock != nullptr ? options_.clock : base::RealClock::Get()) {}
+
+ReplicaStore::Reservation::~Reservation() {
+  if (replica_ != nullptr) store_->Release(replica_->size());
+}
+
+void ReplicaStore::Release(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  bytes_ -= bytes;
+}
+
+absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve(
+    const ckptd::v1::ReplicaHeader& header) {
+  const ckptd::v1::ReplicaKey& key = header.key();
+  if (absl::Status s = storage::ValidateJobName(key.job()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("replica header: ", s.message()));
+  }
+  if (header.from_node().empty() || header.from_node().size() > 256) {
+    return absl::InvalidArgumentError("replica header: from_node must be 1..256 bytes");
+  }
+  if (header.index().size() > kMaxReplicaIndexBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("replica header: an index of ", header.index().size(),
+                                                   " bytes is above the bound of ", kMaxReplicaIndexBytes));
+  }
+  if (key.rank() >= header.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica header: rank ", key.rank(), " is not inside world size ", header.world_size()));
+  }
+  const uint64_t need = header.data_bytes();
+  // Read before the lock: the agent's core takes its own lock for it, and
+  // sheds copies (taking this one) under none.
+  const uint64_t staging = options_.staging_bytes ? options_.staging_bytes() : 0;
+  const uint64_t budget = options_.budget_bytes;
+  const std::string who = absl::StrCat("the copy of job ", key.job(), " rank ", key.rank(), " step ", key.step(),
+                                       " from node ", header.from_node());
+  absl::MutexLock l(&mu_);
+  // Spare memory of the size is taken as it is (it is counted already).
+  std::unique_ptr<uint8_t[]> memory;
+  if (auto it = spare_.find(need); it != spare_.end()) {
+    memory = std::move(it->second);
+    spare_.erase(it);
+  }
+  const uint64_t extra = memory != nullptr ? 0 : need;
+  auto refuse = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (memory != nullptr) bytes_ -= need;  // freed with `memory`
+    return s;
+  };
+  if (budget != 0) {
+    if (staging > budget || need > budget - staging) {
+      return refuse(absl::ResourceExhaustedError(absl::StrCat(
+          who, " needs ", need, " bytes (", Gib(need), "), but of the agent's memory budget of ", Gib(budget), " ",
+          Gib(std::min(staging, budget)), " hold its own trainers' staging")));
+    }
+    // The rank's newest copy stays unless the new one is newer.
+    const Held* protect = nullptr;
+    if (auto it = held_.find(RankKey{key.job(), key.rank()});
+        it != held_.end() && !it->second.empty() && it->second.rbegin()->first > key.step()) {
+      protect = &it->second.rbegin()->second;
+    }
+    while (staging + bytes_ + extra > budget) {
+      if (!EvictOneLocked(protect)) {
+        return refuse(absl::ResourceExhaustedError(absl::StrCat(
+            who, " needs ", need, " bytes (", Gib(need), "): the agent's memory budget of ", Gib(budget), " holds ",
+            Gib(staging), " of staging and ", Gib(bytes_), " of copies being received or kept")));
+      }
+    }
+  }
+  std::shared_ptr<Replica> replica;
+  try {
+    replica = std::make_shared<Replica>(header, need, std::move(memory));
+  } catch (const std::bad_alloc&) {  // a size no budget bounded
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat(who, " needs ", need, " bytes (", Gib(need), "): this machine cannot allocate them")));
+  }
+  bytes_ += extra;
+  return std::unique_ptr<Reservation>(new Reservation(this, std::move(replica)));
+}
+
+void ReplicaStore::Keep(std::unique_ptr<Reservation> reservation) {
+  std::shared_ptr<Replica> replica = std::move(reservation->replica_);
+  reservation.reset();  // its memory is counted as held from here on
+  const ckptd::v1::ReplicaKey& key = replica->header().key();
+  {
+    absl::MutexLock l(&mu_);
+    std::map<uint64_t, Held>& steps = held_[RankKey{key.job(), key.rank()}];
+    if (auto it = steps.find(key.step()); it != steps.end()) {
+      RecycleLocked(std::move(it->second));
+      steps.erase(it);
+    }
+    steps[key.step()] = Held{replica, clock_->Now()};
+    while (steps.size() > kStepsPerRank) {
+      RecycleLocked(std::move(steps.begin()->second));
+      steps.erase(steps.begin());
+    }
+  }
+  logger_->Info(absl::StrCat("peer copy of job ", key.job(), " rank ", key.rank(), " step ", key.step(), " (",
+                             Gib(replica->size()), ") received from node ", replica->header().from_node()));
+}
+
+void ReplicaStore::RecycleLocked(Held held) {
+  Replica& r = *held.replica;
+  bytes_ -= r.size();
+  if (held.replica.use_count() != 1 || r.data_ == nullptr) return;  // a fetch still reads it
+  if (spare_.size() >= kMaxSpare) {
+    bytes_ -= spare_.begin()->first;
+    spare_.erase(spare_.begin());
+  }
+  bytes_ += r.size();
+  spare_.emplace(r.size(), std::move(r.data_));
+}
+
+bool ReplicaStore::EvictOneLocked(const Held* protect) {
+  if (!spare_.empty()) {
+    bytes_ -= spare_.begin()->first;
+    spare_.erase(spare_.begin());
+    return true;
+  }
+  // Older steps of ranks with a newer copy first; then the least recently
+  // received.
+  std::map<uint64_t, Held>* from = nullptr;
+  std::map<uint64_t, Held>::iterator victim;
+  bool victim_superseded = false;
+  for (auto& [rank, steps] : held_) {
+    for (auto it = steps.begin(); it != steps.end(); ++it) {
+      if (&it->second == protect) continue;
+      const bool superseded = std::next(it) != steps.end();
+      if (from == nullptr || (superseded && !victim_superseded) ||
+          (superseded == victim_superseded && it->second.received < victim->second.received)) {
+        from = &steps;
+        victim = it;
+        victim_superseded = superseded;
+      }
+    }
+  }
+  if (from == nullptr) return false;
+  const ckptd::v1::ReplicaHeader& h = victim->second.replica->header();
+  logger_->Info(absl::StrCat("peer copy of job ", h.key().job(), " rank ", h.key().rank(), " step ", h.key().step(),
+                             " dropped to make room"));
+  bytes_ -= victim->second.replica->size();
+  from->erase(victim);
+  for (auto it = held_.begin(); it != held_.end();) {
+    it = it->second.empty() ? held_.erase(it) : std::next(it);
+  }
+  return true;
+}
+
+std::shared_ptr<const Replica> ReplicaStore::Find(const ckptd::v1::ReplicaKey& key) const {
+  absl::MutexLock l(&mu_);
+  auto it = held_.find(RankKey{key.job(), key.rank()});
+  if (it == held_.end()) return nullptr;
+  auto s = it->second.find(key.step());
+  if (s == it->second.end()) return nullptr;
+  return s->second.replica;
+}
+
+std::vector<ckptd::v1::MemoryCopy> ReplicaStore::List() const {
+  std::vector<ckptd::v1::MemoryCopy> out;
+  absl::MutexLock l(&mu_);
+  for (const auto& [rank, steps] : held_) {
+    for (const auto& [step, held] : steps) {
+      const ckptd::v1::ReplicaHeader& h = held.replica->header();
+      ckptd::v1::MemoryCopy& c = out.emplace_back();
+      c.set_job(h.key().job());
+      c.set_rank(h.key().rank());
+      c.set_step(step);
+      c.set_owner_node(h.from_node());
+      c.set_file_length(h.file_length());
+      c.set_index_xxh3(h.index_xxh3());
+    }
+  }
+  return out;
+}
+
+uint64_t ReplicaStore::bytes() const {
+  absl::MutexLock l(&mu_);
+  return bytes_;
+}
+
+uint64_t ReplicaStore::Shed(uint64_t want) {
+  absl::MutexLock l(&mu_);
+  const uint64_t before = bytes_;
+  while (before - bytes_ < want && EvictOneLocked(nullptr)) {
+  }
+  return before - bytes_;
+}
+
+}  // namespace ckptd::agent

@@ -1,0 +1,89 @@
+#include "base/thread_priority.h"
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "base/posix_error.h"
+
+namespace ckptd::base {
+namespace {
+
+constexpr int kLowestNice = 19;
+
+// <linux/ioprio.h> is missing from older kernel headers: its ABI values.
+constexpr int kIoprioWhoProcess = 1;
+constexpr int kIoprioClassShift = 13;
+constexpr int kIoprioClassBestEffort = 2;
+constexpr int kIoprioLowestLevel = 7;
+
+// 0 or errno.
+int SetNice(int tid, int nice) { return ::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice) == 0 ? 0 : errno; }
+
+}  // namespace
+
+int CurrentThreadId() { return static_cast<int>(::syscall(SYS_gettid)); }
+
+absl::string_view ThreadPriorityName(ThreadPriority priority) {
+  switch (priority) {
+    case ThreadPriority::kNormal:
+      return "normal";
+    case ThreadPriority::kLow:
+      return "low";
+    case ThreadPriority::kIdle:
+      return "idle";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ThreadPriority> ParseThreadPriority(absl::string_view name) {
+  for (ThreadPriority p : {ThreadPriority::kIdle, ThreadPriority::kLow, ThreadPriority::kNormal}) {
+    if (name == ThreadPriorityName(p)) return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("must be idle, low or normal, got \"", name, "\""));
+}
+
+std::string AppliedPriority::ToString() const {
+  if (why_not.ok()) return applied;
+  return absl::StrCat(applied, " (", why_not.message(), ")");
+}
+
+AppliedPriority SetCallingThreadPriority(ThreadPriority priority) {
+  return SetThreadPriority(CurrentThreadId(), priority);
+}
+
+AppliedPriority SetThreadPriority(int tid, ThreadPriority priority) {
+  AppliedPriority out;
+  out.requested = priority;
+  if (priority == ThreadPriority::kNormal) return out;
+  if (priority == ThreadPriority::kIdle) {
+    sched_param param{};
+    param.sched_priority = 0;
+    // A thread id: that thread only.
+    if (::sched_setscheduler(tid, SCHED_IDLE, &param) == 0) {
+      out.applied = "SCHED_IDLE";
+      const int ioprio = (kIoprioClassBestEffort << kIoprioClassShift) | kIoprioLowestLevel;
+      if (::syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, ioprio) != 0) {
+        // The CPU priority is what counts; the disk may give these writes
+        // the idle class. Said, not fatal.
+        out.why_not = PosixError("ioprio_set best-effort 7", errno);
+      }
+      return out;
+    }
+    out.why_not = PosixError("SCHED_IDLE refused", errno);
+  }
+  if (const int err = SetNice(tid, kLowestNice); err != 0) {
+    absl::Status nice = PosixError("setpriority nice 19", err);
+    out.why_not =
+        out.why_not.ok() ? nice : absl::Status(nice.code(), absl::StrCat(out.why_not.message(), "; ", nice.message()));
+    return out;
+  }
+  out.applied = "nice 19";
+  return out;
+}
+
+}  // namespace ckptd::base

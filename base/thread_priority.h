@@ -1,0 +1,52 @@
+// The CPU priority of background threads: work that must not slow the
+// foreground (a trainer on the same cores) runs when a core would otherwise
+// be idle. Linux keeps the scheduling policy and the nice value per thread,
+// so each call changes one thread only. docs/operations.md, "The agent's CPU
+// use", says what each level means for an operator.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ckptd::base {
+
+enum class ThreadPriority {
+  kNormal,  // left as it is
+  kLow,     // nice 19: about 1.5% of a core a nice-0 thread keeps busy
+  kIdle,    // SCHED_IDLE (about 0.3% of such a core), else nice 19
+};
+
+// "normal", "low", "idle".
+absl::string_view ThreadPriorityName(ThreadPriority priority);
+// The names above; anything else is kInvalidArgument listing them.
+absl::StatusOr<ThreadPriority> ParseThreadPriority(absl::string_view name);
+
+// What a thread got.
+struct AppliedPriority {
+  ThreadPriority requested = ThreadPriority::kNormal;
+  // What the thread runs at now: "SCHED_IDLE", "nice 19" or "unchanged".
+  std::string applied = "unchanged";
+  // Why `applied` falls short of `requested` (the errno of the refused
+  // call, as base::PosixError maps it); OK when it does not.
+  absl::Status why_not;
+
+  // "SCHED_IDLE", or e.g. "nice 19 (SCHED_IDLE refused: ...)".
+  std::string ToString() const;
+};
+
+// Lowers thread `tid` of this process to `priority` (kNormal changes
+// nothing; nothing is ever raised). kIdle also keeps the thread's I/O in the
+// best-effort class at its lowest level, as nice 19 would: SCHED_IDLE alone
+// would put it in the idle I/O class, where a busy disk can hold a
+// checkpoint's writes back without bound. Never fails: what could not be
+// done is in `why_not`.
+AppliedPriority SetThreadPriority(int tid, ThreadPriority priority);
+// The same for the calling thread.
+AppliedPriority SetCallingThreadPriority(ThreadPriority priority);
+// The calling thread's id (gettid), as SetThreadPriority takes it.
+int CurrentThreadId();
+
+}  // namespace ckptd::base
