@@ -80,17 +80,6 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve
     if (memory != nullptr) bytes_ -= need;  // freed with `memory`
     return s;
   };
-  // No allocation is tried for more than the machine holds (a sanitizer's
-  // allocator aborts on such a size rather than failing it).
-  static const uint64_t kMachineBytes = [] {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
-  }();
-  if (need > kMachineBytes) {
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(who, " needs ", need, " bytes (", Gib(need),
-                                                            "): this machine cannot allocate them, it has ",
-                                                            Gib(kMachineBytes), " of memory")));
-  }
   if (budget != 0) {
     if (staging > budget || need > budget - staging) {
       return refuse(absl::ResourceExhaustedError(absl::StrCat(
@@ -110,6 +99,17 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve
             Gib(staging), " of staging and ", Gib(bytes_), " of copies being received or kept")));
       }
     }
+  }
+  // No allocation is tried for more than the machine holds (a sanitizer's
+  // allocator aborts on such a size rather than failing it).
+  static const uint64_t kMachineBytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
+  }();
+  if (need > kMachineBytes) {
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(who, " needs ", need, " bytes (", Gib(need),
+                                                            "): this machine cannot allocate them, it has ",
+                                                            Gib(kMachineBytes), " of memory")));
   }
   std::shared_ptr<Replica> replica;
   try {
