@@ -523,6 +523,19 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     absl::MutexLock l(&mu_);
     for (const auto& [id, t] : trainers_) trainers.push_back(t);
   }
+  // The steps this agent keeps in memory (its live trainers' and those
+  // parked for their successors) are reported as copies it holds.
+  auto add_kept = [&](const std::string& job, uint32_t rank, const std::vector<KeptStep>& kept) {
+    for (const KeptStep& k : kept) {
+      ckptd::v1::MemoryCopy* c = hb->add_memory();
+      c->set_job(job);
+      c->set_rank(rank);
+      c->set_step(k.step);
+      c->set_owner_node(options_.node_id);
+      c->set_file_length(k.file_length);
+      c->set_index_xxh3(k.index_xxh3);
+    }
+  };
   for (const auto& t : trainers) {
     ckptd::v1::RankInfo* r = hb->add_ranks();
     r->set_job(t->reg.job);
@@ -543,24 +556,9 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     p->set_snapshots_skipped(t->status.skipped);
     for (uint64_t m : t->missed_targets) p->add_missed_targets(m);
     t->missed_targets.clear();
-  }
-  // The steps this agent keeps in memory, its live trainers' and those
-  // parked for their successors, and what it holds for partners.
-  auto add_kept = [&](const std::string& job, uint32_t rank, const std::vector<KeptStep>& kept) {
-    for (const KeptStep& k : kept) {
-      ckptd::v1::MemoryCopy* c = hb->add_memory();
-      c->set_job(job);
-      c->set_rank(rank);
-      c->set_step(k.step);
-      c->set_owner_node(options_.node_id);
-      c->set_file_length(k.file_length);
-      c->set_index_xxh3(k.index_xxh3);
-    }
-  };
-  for (const auto& t : trainers) {
-    absl::MutexLock l(&t->mu);
     add_kept(t->reg.job, t->reg.rank, t->kept);
   }
+  // Parked segments' kept steps, and what this agent holds for partners.
   {
     absl::MutexLock l(&mu_);
     for (const Parked& p : parked_) add_kept(p.job, p.rank, p.kept);
