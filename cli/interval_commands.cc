@@ -44,14 +44,29 @@ const char kIntervalHelp[] =
     "                           as fractions, unset values null\n"
     "  --svg FILE               also write the expected-waste curve W(τ) as an SVG\n"
     "\n"
+    "Two cadences: memory checkpoints every τ (kept in the agents' memory and\n"
+    "replicated to partners) and every k-th of them durable, from the failures\n"
+    "by class (a trainer process lost: its agent's memory has the step; one node\n"
+    "lost: a partner's memory has it; several nodes: only disk has it):\n"
+    "  --memory-cost-seconds DM the cost of a memory checkpoint δm, seconds (> 0, at\n"
+    "                           most --cost-seconds, the durable one's cost): adds\n"
+    "                           the two cadences to the report\n"
+    "  --failure-mix P,N,W      the failures' split into process, node and wide\n"
+    "                           (fractions, each > 0, normalised; default\n"
+    "                           0.75,0.2,0.05)\n"
+    "  --no-peer-copies         no replication partners: node failures need disk\n"
+    "  --memory-restart-seconds R1  restart cost from memory (default --restart-seconds)\n"
+    "  --replicate-seconds Q    time to replicate one snapshot: τ is never shorter\n"
+    "\n"
     "usage: ckptctl interval --job J --coordinator HOST:PORT [--json] [--svg FILE]\n"
     "\n"
     "Live mode: the coordinator's current decision for job J and every input behind\n"
     "it (failures seen over GPU-hours observed and the prior, λ with its credible\n"
     "interval, M, δ as stall plus slowdown, P, R measured or assumed, the step\n"
     "time, τ in seconds and steps, the expected waste), and the schedule in force\n"
-    "(the policy changes it only past its hysteresis). Before the first measured\n"
-    "checkpoint it says what it is waiting for.\n"
+    "(the policy changes it only past its hysteresis); then the two cadences from\n"
+    "the failures seen by class, with δm the stall and δd the persist's slowdown.\n"
+    "Before the first measured checkpoint it says what it is waiting for.\n"
     "\n"
     "  --job J                  the job\n"
     "  --coordinator HOST:PORT  the coordinator to ask\n"
@@ -69,6 +84,11 @@ const char kIntervalHelp[] =
     "  waste    W(τ) = δ/τ + (τ/2 + R)/M: the first-order fraction of wall time lost\n"
     "           to checkpoints, rework after a failure, and restarts; not clamped\n"
     "           (near or above 100 % the first-order model no longer holds)\n"
+    "  two      λ1: failures memory recovers from, λ2: those that need disk;\n"
+    "  levels   W(τ, k) = (δm + δd/k)/τ + λ1·(τ/2 + R1) + λ2·(kτ/2 + R2) with\n"
+    "           δd = δ − δm; k = the integer next to √(δd·λ1 / (δm·λ2)), τ = Daly's\n"
+    "           for δm + δd/k and MTBF 1/(λ1 + kλ2); τ ≥ Q and the minimum, k·τ at\n"
+    "           most the maximum and at least P\n"
     "\n"
     "exit status: 0 success, 1 the SVG could not be written (or live: no such job,\n"
     "or no decision yet to draw), 2 usage error, 3 the coordinator cannot be reached\n";
@@ -85,7 +105,116 @@ double NiceCeil(double v) {
   return 10 * base;
 }
 
+// Where a class's failures come back from.
+std::string ClassSource(const TwoLevelReport::Class& c) {
+  if (!c.from_memory) return c.name == "node" ? "disk (no replication partners)" : "disk";
+  return c.name == "node" ? "a partner's memory" : "the agent's memory";
+}
+
+void PrintTwoLevel(const IntervalReport& r, std::ostream& out) {
+  const TwoLevelReport& t = *r.two_level;
+  const policy::TwoLevelInputs& in = t.inputs;
+  out << "\ntwo cadences (memory checkpoints every τ, every k-th durable)\n";
+  double total = 0;
+  for (const TwoLevelReport::Class& c : t.classes) total += c.rate_per_s;
+  for (const TwoLevelReport::Class& c : t.classes) {
+    std::string v = absl::StrFormat("%.1f %% of failures, MTBF %s, from %s", 100 * c.rate_per_s / total,
+                                    DurationFigure(1 / c.rate_per_s), ClassSource(c));
+    if (c.failures) absl::StrAppend(&v, "; ", *c.failures, " seen");
+    FigureLine(out, absl::StrCat(c.name, " failures"), v);
+  }
+  FigureLine(out, "memory checkpoint cost δm",
+             absl::StrCat(DurationFigure(in.memory_cost_s), r.live ? " (the stall)" : ""));
+  FigureLine(out, "durable extra cost δd",
+             absl::StrCat(DurationFigure(in.durable_cost_s), r.live ? " (the persist's slowdown)" : ""));
+  if (in.replicate_s > 0) FigureLine(out, "replication time Q", DurationFigure(in.replicate_s));
+  if (!t.decision) {
+    FigureLine(out, "decision", absl::StrCat("none: ", t.error));
+    return;
+  }
+  const policy::TwoLevelDecision& d = *t.decision;
+  FigureLine(out, "k* = √(δd·λ1 / δm·λ2)",
+             std::isinf(d.durable_every_optimum) ? "unbounded: no failure needs disk"
+                                                 : absl::StrFormat("%.3g", d.durable_every_optimum));
+  std::string memory = DurationFigure(d.memory_interval_s);
+  if (d.memory_steps > 0) absl::StrAppend(&memory, ", every ", d.memory_steps, " steps");
+  FigureLine(out, "memory interval τ", memory);
+  std::string durable = absl::StrCat("every ", d.durable_every, d.durable_every == 1 ? " checkpoint" : " checkpoints",
+                                     ": ", DurationFigure(d.durable_interval_s));
+  if (d.durable_steps > 0) absl::StrAppend(&durable, ", every ", d.durable_steps, " steps");
+  FigureLine(out, "durable interval k·τ", durable);
+  FigureLine(out, "reason", d.reason);
+  FigureLine(out, "expected waste W(τ, k)", Percent(d.expected_waste));
+  FigureLine(out, "every checkpoint durable",
+             absl::StrFormat("τ %s: %s (%+.2f points)", DurationFigure(d.single_interval_s), Percent(d.single_waste),
+                             100 * (d.single_waste - d.expected_waste)));
+  if (r.live) {
+    FigureLine(out, "in force", absl::StrCat("every ", r.live->every_steps(),
+                                             " steps, every checkpoint durable (the agents do not take "
+                                             "memory-only checkpoints yet)"));
+  }
+}
+
+void TwoLevelJson(const TwoLevelReport& t, JsonWriter& w) {
+  const policy::TwoLevelInputs& in = t.inputs;
+  w.Key("two_level");
+  w.BeginObject();
+  w.Key("classes");
+  w.BeginArray();
+  for (const TwoLevelReport::Class& c : t.classes) {
+    w.BeginObject();
+    w.Field("name", c.name);
+    w.Field("rate_per_second", c.rate_per_s);
+    w.Field("mtbf_seconds", 1 / c.rate_per_s);
+    if (c.failures) w.Field("failures", *c.failures);
+    w.Field("from_memory", c.from_memory);
+    w.EndObject();
+  }
+  w.EndArray();
+  w.Field("peer_copies", t.peer_copies);
+  w.Field("memory_rate_per_second", in.memory_rate_per_s);
+  w.Field("durable_rate_per_second", in.durable_rate_per_s);
+  w.Field("memory_cost_seconds", in.memory_cost_s);
+  w.Field("durable_cost_seconds", in.durable_cost_s);
+  w.Field("replicate_seconds", in.replicate_s);
+  w.Field("memory_restart_seconds", in.memory_restart_s);
+  w.Field("durable_restart_seconds", in.durable_restart_s);
+  if (!t.decision) {
+    w.Field("error", t.error);
+    w.EndObject();
+    return;
+  }
+  const policy::TwoLevelDecision& d = *t.decision;
+  NullablePositive(w, "k_optimum", d.durable_every_optimum);
+  w.Field("durable_every", d.durable_every);
+  w.Field("daly_seconds", d.daly_s);
+  w.Field("memory_interval_seconds", d.memory_interval_s);
+  NullableUint(w, "memory_interval_steps", d.memory_steps > 0, d.memory_steps);
+  w.Field("durable_interval_seconds", d.durable_interval_s);
+  NullableUint(w, "durable_interval_steps", d.durable_steps > 0, d.durable_steps);
+  w.Field("expected_waste", d.expected_waste);
+  w.Field("single_interval_seconds", d.single_interval_s);
+  w.Field("single_waste", d.single_waste);
+  w.Field("reason", d.reason);
+  w.EndObject();
+}
+
 }  // namespace
+
+TwoLevelReport DecideTwoLevelReport(std::vector<TwoLevelReport::Class> classes, bool peer_copies,
+                                    const policy::TwoLevelInputs& inputs) {
+  TwoLevelReport t;
+  t.classes = std::move(classes);
+  t.peer_copies = peer_copies;
+  t.inputs = inputs;
+  absl::StatusOr<policy::TwoLevelDecision> d = policy::DecideTwoLevel(inputs);
+  if (d.ok()) {
+    t.decision = *std::move(d);
+  } else {
+    t.error = std::string(d.status().message());
+  }
+  return t;
+}
 
 // ------------------------------------------------------------- interval
 
@@ -159,6 +288,7 @@ void PrintIntervalTable(const IntervalReport& r, std::ostream& out) {
     }
     FigureLine(out, "schedule in force", force);
   }
+  if (r.two_level) PrintTwoLevel(r, out);
 }
 
 std::string IntervalJson(const IntervalReport& r) {
@@ -209,6 +339,7 @@ std::string IntervalJson(const IntervalReport& r) {
     w.Field("prior_per_gpu_hour", r.live->prior_per_gpu_hour());
     w.Field("prior_shape", r.live->prior_shape());
   }
+  if (r.two_level) TwoLevelJson(*r.two_level, w);
   w.EndObject();
   return w.str();
 }
@@ -444,18 +575,103 @@ IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& st) {
   d.alternative_waste = st.alternative_waste();
   d.reason = st.reason();
   r.live = st;
+  const ckptd::v1::TwoLevelStatus& two = st.two_level();
+  if (two.classes_size() == policy::kFailureClasses) {
+    std::vector<TwoLevelReport::Class> classes;
+    for (const ckptd::v1::FailureClassStatus& c : two.classes()) {
+      classes.push_back({c.name(), c.rate_per_gpu_hour() * st.gpus() / kHour, c.failures(), c.from_memory()});
+    }
+    TwoLevelReport t;
+    t.classes = std::move(classes);
+    t.peer_copies = two.peer_copies();
+    policy::TwoLevelInputs& ti = t.inputs;
+    ti.memory_rate_per_s = two.memory_rate_per_s();
+    ti.durable_rate_per_s = two.durable_rate_per_s();
+    ti.memory_cost_s = two.memory_cost_seconds();
+    ti.durable_cost_s = two.durable_cost_seconds();
+    ti.persist_s = st.persist_seconds();
+    ti.memory_restart_s = two.memory_restart_seconds();
+    ti.durable_restart_s = two.durable_restart_seconds();
+    ti.step_s = st.step_seconds();
+    ti.min_interval_s = st.min_interval_seconds();
+    ti.max_interval_s = st.max_interval_seconds();
+    if (two.durable_every() > 0) {
+      policy::TwoLevelDecision td;
+      td.durable_every_optimum = two.durable_every_optimum();
+      td.durable_every = two.durable_every();
+      td.daly_s = two.daly_seconds();
+      td.memory_interval_s = two.memory_interval_seconds();
+      td.memory_steps = two.memory_interval_steps();
+      td.durable_interval_s = two.durable_interval_seconds();
+      td.durable_steps = two.durable_interval_steps();
+      td.expected_waste = two.expected_waste();
+      td.single_interval_s = two.single_interval_seconds();
+      td.single_waste = two.single_waste();
+      td.reason = two.reason();
+      t.decision = std::move(td);
+    } else {
+      t.error = two.reason();
+    }
+    r.two_level = std::move(t);
+  }
   return r;
 }
 
+namespace {
+
+// The two cadences from the offline figures: the failures split by the mix,
+// δ split into δm (--memory-cost-seconds) and the rest.
+absl::StatusOr<TwoLevelReport> OfflineTwoLevel(const base::Args& args, const policy::IntervalInputs& single) {
+  policy::TwoLevelInputs in;
+  in.memory_restart_s = single.restart_s;
+  for (absl::Status s : {ReadNumber(args, "memory-cost-seconds", NumberRange::kPositive, &in.memory_cost_s),
+                         ReadNumber(args, "memory-restart-seconds", NumberRange::kNonNegative, &in.memory_restart_s),
+                         ReadNumber(args, "replicate-seconds", NumberRange::kNonNegative, &in.replicate_s)}) {
+    if (!s.ok()) return s;
+  }
+  if (in.memory_cost_s > single.delta_s) {
+    return absl::InvalidArgumentError(absl::StrCat("--memory-cost-seconds ", *args.Get("memory-cost-seconds"),
+                                                   " exceeds --cost-seconds ", *args.Get("cost-seconds"),
+                                                   ": a durable checkpoint costs at least what a memory one does"));
+  }
+  policy::FailureMix mix;
+  if (std::optional<std::string> text = args.Get("failure-mix")) {
+    absl::StatusOr<policy::FailureMix> parsed = policy::ParseFailureMix(*text);
+    if (!parsed.ok()) return absl::InvalidArgumentError(absl::StrCat("--failure-mix: ", parsed.status().message()));
+    mix = *parsed;
+  }
+  const bool peer_copies = !args.Has("no-peer-copies");
+  const double total = mix.process + mix.node + mix.wide;
+  std::vector<TwoLevelReport::Class> classes;
+  for (int c = 0; c < policy::kFailureClasses; ++c) {
+    const auto cls = static_cast<policy::FailureClass>(c);
+    const double rate = mix.of(cls) / total / single.mtbf_s;
+    const bool from_memory = cls == policy::FailureClass::kProcess || (cls == policy::FailureClass::kNode && peer_copies);
+    classes.push_back({policy::FailureClassName(cls), rate, std::nullopt, from_memory});
+    (from_memory ? in.memory_rate_per_s : in.durable_rate_per_s) += rate;
+  }
+  in.durable_cost_s = single.delta_s - in.memory_cost_s;
+  in.persist_s = single.persist_s;
+  in.durable_restart_s = single.restart_s;
+  in.step_s = single.step_s;
+  in.min_interval_s = single.min_interval_s;
+  in.max_interval_s = single.max_interval_s;
+  return DecideTwoLevelReport(std::move(classes), peer_copies, in);
+}
+
+}  // namespace
+
 int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
                 const IntervalFetcher& fetch) {
-  const std::set<std::string> offline_flags = {"mtbf-hours",  "cost-seconds", "restart-seconds",
-                                               "persist-seconds", "step-seconds", "min-seconds",
-                                               "max-seconds", "alternative-seconds"};
+  const std::set<std::string> offline_flags = {
+      "mtbf-hours",  "cost-seconds", "restart-seconds",        "persist-seconds",        "step-seconds",
+      "min-seconds", "max-seconds",  "alternative-seconds",    "memory-cost-seconds",    "failure-mix",
+      "no-peer-copies", "memory-restart-seconds", "replicate-seconds"};
   std::set<std::string> value_flags = offline_flags;
   value_flags.insert({"svg", "job"});
   value_flags.insert(CoordinatorValueFlags().begin(), CoordinatorValueFlags().end());
-  absl::StatusOr<base::Args> args = base::Args::Parse(argv, value_flags, {"json", "help"});
+  value_flags.erase("no-peer-copies");
+  absl::StatusOr<base::Args> args = base::Args::Parse(argv, value_flags, {"json", "help", "no-peer-copies"});
   auto usage = [&](absl::string_view why) {
     err << "ckptctl interval: " << why << "\n(`ckptctl interval --help` describes the flags)\n";
     return base::kExitUsage;
@@ -500,6 +716,15 @@ int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::os
   absl::StatusOr<policy::IntervalDecision> decision = policy::DecideInterval(in);
   if (!decision.ok()) return usage(decision.status().message());  // e.g. M overflowing to inf
   report.decision = *std::move(decision);
+  if (args->Has("memory-cost-seconds")) {
+    absl::StatusOr<TwoLevelReport> two = OfflineTwoLevel(*args, in);
+    if (!two.ok()) return usage(two.status().message());
+    report.two_level = *std::move(two);
+  } else {
+    for (const char* f : {"failure-mix", "no-peer-copies", "memory-restart-seconds", "replicate-seconds"}) {
+      if (args->Has(f)) return usage(absl::StrCat("--", f, " needs --memory-cost-seconds (the two cadences)"));
+    }
+  }
 
   return PrintReport(*args, report, out, err);
 }

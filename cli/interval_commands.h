@@ -18,8 +18,26 @@
 #include "ckptd/v1/coordinator.pb.h"
 #include "policy/interval_policy.h"
 #include "policy/sizing.h"
+#include "policy/two_level.h"
 
 namespace ckptd::cli {
+
+// The two cadences (memory checkpoints every τ, every k-th durable) and the
+// failure classes they come from (policy/two_level.h).
+struct TwoLevelReport {
+  struct Class {
+    std::string name;                  // process, node, wide
+    double rate_per_s = 0;             // the job's failures of this class per second
+    std::optional<uint64_t> failures;  // live: seen across the coordinator's jobs
+    bool from_memory = false;          // recovered from memory rather than disk
+  };
+  std::vector<Class> classes;
+  bool peer_copies = false;  // node failures come back from a partner's memory
+  policy::TwoLevelInputs inputs;
+  // Absent with `error` when the decision could not be made.
+  std::optional<policy::TwoLevelDecision> decision;
+  std::string error;
+};
 
 // One interval decision and what it came from.
 struct IntervalReport {
@@ -34,7 +52,13 @@ struct IntervalReport {
   // Live mode: the coordinator's whole answer (schedule in force, how δ splits
   // into stall and slowdown, whether R is measured or assumed, samples).
   std::optional<ckptd::v1::IntervalStatus> live;
+  // Offline with --memory-cost-seconds; live whenever the coordinator decided.
+  std::optional<TwoLevelReport> two_level;
 };
+
+// The two cadences decided for `inputs`, with the classes they came from.
+TwoLevelReport DecideTwoLevelReport(std::vector<TwoLevelReport::Class> classes, bool peer_copies,
+                                    const policy::TwoLevelInputs& inputs);
 
 // The report for a live status that has a decision (status.decided()).
 IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& status);
@@ -49,8 +73,9 @@ void PrintIntervalTable(const IntervalReport& report, std::ostream& out);
 // One JSON object: the inputs (mtbf_seconds, cost_seconds, persist_seconds,
 // restart_seconds, step_seconds, min_seconds, max_seconds, alternative_seconds)
 // and outputs (daly_seconds, interval_seconds, interval_steps, expected_waste,
-// alternative_waste as fractions, reason); live fields when present. Unknown
-// or unset values (step time, bounds, steps) are null.
+// alternative_waste as fractions, reason); live fields when present; the two
+// cadences under "two_level". Unknown or unset values (step time, bounds,
+// steps, an unbounded k*) are null.
 std::string IntervalJson(const IntervalReport& report);
 // A self-contained SVG of W(τ) over a log-scale τ axis with the chosen
 // interval (element id "chosen"), the alternative ("alternative") and, where

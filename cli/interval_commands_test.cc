@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/interval_policy.h"
+#include "policy/two_level.h"
 
 namespace ckptd::cli {
 namespace {
@@ -130,6 +131,85 @@ TEST(IntervalCommandTest, PersistFloorIsTheReason) {
   Result r = Interval({"--mtbf-hours", "6", "--cost-seconds", "300", "--persist-seconds", "5000"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("5000 s (83.3 min)"), HasSubstr("raised to persist time P")));
+}
+
+TEST(IntervalCommandTest, TwoCadencesOffline) {
+  // M = 24 h split 75/20/5: λ1 (process + node, with partners) = 0.95/M,
+  // λ2 = 0.05/M; δm = 2 s, δd = 30 s: k* = sqrt(30·19/2) ≈ 16.9.
+  const std::vector<std::string> base = {"--mtbf-hours", "24", "--cost-seconds", "32", "--memory-cost-seconds", "2",
+                                         "--restart-seconds", "300", "--step-seconds", "5"};
+  Result r = Interval(base);
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("two cadences"), HasSubstr("process failures"), HasSubstr("75.0 % of failures"),
+                           HasSubstr("the agent's memory"), HasSubstr("a partner's memory"), HasSubstr("wide failures"),
+                           HasSubstr("memory checkpoint cost δm"), HasSubstr("durable extra cost δd"),
+                           HasSubstr("30.0 s"), HasSubstr("16.9"), HasSubstr("memory interval τ"),
+                           HasSubstr("durable interval k·τ"), HasSubstr("every 17 checkpoints"),
+                           HasSubstr("two-level Daly optimum"), HasSubstr("every checkpoint durable")));
+  std::vector<std::string> json = base;
+  json.push_back("--json");
+  Result j = Interval(json);
+  ASSERT_EQ(j.code, base::kExitOk) << j.err;
+  ASSERT_TRUE(IsValidJson(j.out)) << j.out;
+  const size_t at = j.out.find("\"two_level\":");
+  ASSERT_NE(at, std::string::npos) << j.out;
+  const std::string two = j.out.substr(at);
+  policy::TwoLevelInputs in;
+  in.memory_rate_per_s = 0.95 / (24 * 3600);
+  in.durable_rate_per_s = 0.05 / (24 * 3600);
+  in.memory_cost_s = 2;
+  in.durable_cost_s = 30;
+  in.memory_restart_s = in.durable_restart_s = 300;
+  in.step_s = 5;
+  const policy::TwoLevelDecision d = *policy::DecideTwoLevel(in);
+  EXPECT_EQ(JsonNumber(two, "durable_every"), static_cast<double>(d.durable_every));
+  EXPECT_NEAR(JsonNumber(two, "memory_interval_seconds"), d.memory_interval_s, 1e-6 * d.memory_interval_s);
+  EXPECT_EQ(JsonNumber(two, "memory_interval_steps"), static_cast<double>(d.memory_steps));
+  EXPECT_NEAR(JsonNumber(two, "expected_waste"), d.expected_waste, 1e-5 * d.expected_waste);
+  EXPECT_LT(JsonNumber(two, "expected_waste"), JsonNumber(two, "single_waste"));
+  EXPECT_THAT(two, HasSubstr("\"peer_copies\":true"));
+
+  // Without partners a lost node needs disk: a smaller λ1, a smaller k.
+  std::vector<std::string> lonely = json;
+  lonely.push_back("--no-peer-copies");
+  Result l = Interval(lonely);
+  ASSERT_EQ(l.code, base::kExitOk) << l.err;
+  const std::string lonely_two = l.out.substr(l.out.find("\"two_level\":"));
+  EXPECT_THAT(lonely_two, HasSubstr("\"peer_copies\":false"));
+  EXPECT_LT(JsonNumber(lonely_two, "durable_every"), JsonNumber(two, "durable_every"));
+  // A mix with rarer process failures moves k down too.
+  std::vector<std::string> mixed = json;
+  mixed.insert(mixed.end(), {"--failure-mix", "0.2,0.2,0.6"});
+  Result m = Interval(mixed);
+  ASSERT_EQ(m.code, base::kExitOk) << m.err;
+  EXPECT_LT(JsonNumber(m.out.substr(m.out.find("\"two_level\":")), "durable_every"), JsonNumber(two, "durable_every"));
+  // Without --memory-cost-seconds there is no two-level section.
+  Result plain = Interval({"--mtbf-hours", "24", "--cost-seconds", "32", "--json"});
+  EXPECT_THAT(plain.out, Not(HasSubstr("two_level")));
+}
+
+TEST(IntervalCommandTest, TwoCadencesBadInput) {
+  const std::vector<std::string> base = {"--mtbf-hours", "24", "--cost-seconds", "32"};
+  struct Case {
+    std::vector<std::string> extra;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--memory-cost-seconds", "40"}, "--memory-cost-seconds 40 exceeds --cost-seconds 32"},
+           {{"--memory-cost-seconds", "0"}, "--memory-cost-seconds"},
+           {{"--memory-cost-seconds", "2", "--failure-mix", "1,2"}, "--failure-mix: a failure mix is three fractions"},
+           {{"--memory-cost-seconds", "2", "--failure-mix", "1,0,2"}, "node fraction must be positive"},
+           {{"--memory-cost-seconds", "2", "--replicate-seconds", "-1"}, "--replicate-seconds"},
+           {{"--failure-mix", "1,1,1"}, "--failure-mix needs --memory-cost-seconds"},
+           {{"--no-peer-copies"}, "--no-peer-copies needs --memory-cost-seconds"},
+       }) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), c.extra.begin(), c.extra.end());
+    Result r = Interval(argv);
+    EXPECT_EQ(r.code, base::kExitUsage) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.out, IsEmpty()) << c.message;
+  }
 }
 
 TEST(IntervalCommandTest, SvgHasTheCurveAndBothMarkers) {
@@ -418,6 +498,49 @@ TEST(IntervalLiveTest, ShowsTheCoordinatorsDecisionAndEveryInput) {
   const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(svg, AllOf(StartsWith("<svg"), HasSubstr("id=\"chosen\""), HasSubstr("job llm")));
   std::remove(svg_path.c_str());
+}
+
+TEST(IntervalLiveTest, ShowsTheTwoCadencesByClass) {
+  IntervalFetcher fetch = [](const base::Args&, const std::string&) -> absl::StatusOr<ckptd::v1::IntervalStatus> {
+    ckptd::v1::IntervalStatus st = DecidedStatus();
+    ckptd::v1::TwoLevelStatus* two = st.mutable_two_level();
+    const char* names[] = {"process", "node", "wide"};
+    const double rates[] = {3e-6, 0.8e-6, 0.2e-6};
+    const uint64_t seen[] = {2, 1, 0};
+    for (int c = 0; c < 3; ++c) {
+      ckptd::v1::FailureClassStatus* f = two->add_classes();
+      f->set_name(names[c]);
+      f->set_rate_per_gpu_hour(rates[c]);
+      f->set_failures(seen[c]);
+      f->set_from_memory(c == 0);
+    }
+    two->set_memory_rate_per_s(3e-6 * 64 / 3600);
+    two->set_durable_rate_per_s(1e-6 * 64 / 3600);
+    two->set_memory_cost_seconds(2);
+    two->set_durable_cost_seconds(1);
+    two->set_durable_every(2);
+    two->set_durable_every_optimum(std::sqrt(1.5));
+    two->set_memory_interval_seconds(600);
+    two->set_memory_interval_steps(400);
+    two->set_durable_interval_seconds(1200);
+    two->set_durable_interval_steps(800);
+    two->set_expected_waste(0.0123);
+    two->set_single_interval_seconds(700);
+    two->set_single_waste(0.012);
+    two->set_reason("two-level Daly optimum");
+    return st;
+  };
+  Result r = Interval({"--job", "llm", "--coordinator", "c:1"}, fetch);
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("process failures"), HasSubstr("75.0 % of failures"), HasSubstr("2 seen"),
+                           HasSubstr("disk (no replication partners)"), HasSubstr("(the stall)"),
+                           HasSubstr("(the persist's slowdown)"), HasSubstr("every 400 steps"),
+                           HasSubstr("every 2 checkpoints"), HasSubstr("every 800 steps"), HasSubstr("1.23 %"),
+                           HasSubstr("in force")));
+  Result j = Interval({"--job", "llm", "--coordinator", "c:1", "--json"}, fetch);
+  ASSERT_EQ(j.code, base::kExitOk);
+  ASSERT_TRUE(IsValidJson(j.out)) << j.out;
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"two_level\":"), HasSubstr("\"failures\":2"), HasSubstr("\"durable_every\":2")));
 }
 
 TEST(IntervalLiveTest, UndecidedSaysWhatItWaitsFor) {

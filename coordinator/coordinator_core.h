@@ -25,6 +25,7 @@
 #include "ckptd/v1/coordinator.pb.h"
 #include "coordinator/state_store.h"
 #include "policy/interval_policy.h"
+#include "policy/two_level.h"
 #include "rpc/schedule.h"
 #include "storage/store.h"
 
@@ -54,6 +55,9 @@ struct CoordinatorOptions {
   // (relative). Decided every `decide_every`.
   bool interval_automatic = true;
   policy::FailurePrior failure_prior;
+  // How the prior splits over failure classes (process, node, wide), for the
+  // two cadences (policy/two_level.h).
+  policy::FailureMix failure_mix;
   absl::Duration min_interval = absl::Seconds(10);
   absl::Duration max_interval = absl::Hours(6);
   absl::Duration alternative_interval = absl::Minutes(30);  // reported beside the decision
@@ -293,6 +297,8 @@ class CoordinatorCore {
   uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The interval policy for `job` with what has been measured so far.
   internal::IntervalView IntervalFor(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Every node with a live rank of `job` sends its snapshots to a partner.
+  bool JobHasPeerCopies(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Moves the job to the policy's interval when it differs enough.
   void DecideInterval(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A new every_steps from a step ahead of every rank (see .cc).

@@ -4,6 +4,7 @@
 // includes this header.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstddef>
 #include <map>
@@ -20,6 +21,7 @@
 #include "coordinator/coordinator_core.h"
 #include "coordinator/job.h"
 #include "policy/interval_policy.h"
+#include "policy/two_level.h"
 
 namespace ckptd::coordinator {
 
@@ -70,6 +72,8 @@ struct IntervalView {
   ckptd::v1::IntervalStatus status;
   std::optional<policy::IntervalInputs> inputs;
   std::optional<policy::IntervalDecision> decision;
+  std::optional<policy::TwoLevelInputs> two_level_inputs;
+  std::optional<policy::TwoLevelDecision> two_level;
 };
 
 // The cluster's failure history: every job's failures over every job's
@@ -77,10 +81,14 @@ struct IntervalView {
 struct ClusterExposure {
   uint64_t failures = 0;
   double gpu_seconds = 0;
+  std::array<uint64_t, policy::kFailureClasses> by_class = {0, 0, 0};  // Job::FailuresByClass, summed
 };
 
 // The interval policy's view of `job`, from its measurements so far.
-IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options);
+// `peer_copies`: every node of the job has a replication partner, so a lost
+// node's ranks come back from memory.
+IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options,
+                          bool peer_copies = false);
 
 // The one-off targets that keep the current rule's checkpoints when the
 // rule changes at `start`: the current targets ahead of `fastest`, and the

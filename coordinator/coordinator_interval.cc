@@ -3,6 +3,7 @@
 // measurements (a pure function), the decision, and the move to a new rule
 // that keeps every rank snapshotting the same steps.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <utility>
@@ -28,9 +29,75 @@ double MedianOfPositive(std::vector<double> v) {
   return v.empty() ? 0 : policy::Median(std::move(v));
 }
 
+// The failure classes' estimates into `two`, and which of them memory
+// recovers from (a lost node's only with partners holding its ranks).
+void FillClasses(const ClusterExposure& cluster, const CoordinatorOptions& options, double exposure_gpu_hours,
+                 bool peer_copies, ckptd::v1::TwoLevelStatus* two) {
+  std::array<int64_t, policy::kFailureClasses> seen;
+  for (int c = 0; c < policy::kFailureClasses; ++c) seen[c] = static_cast<int64_t>(cluster.by_class[c]);
+  const auto rates = policy::EstimateRatesByClass(options.failure_prior, options.failure_mix, seen, exposure_gpu_hours);
+  const policy::FailureMix& mix = options.failure_mix;
+  const double total = mix.process + mix.node + mix.wide;
+  two->set_peer_copies(peer_copies);
+  for (int c = 0; c < policy::kFailureClasses; ++c) {
+    const auto cls = static_cast<policy::FailureClass>(c);
+    ckptd::v1::FailureClassStatus* f = two->add_classes();
+    f->set_name(policy::FailureClassName(cls));
+    f->set_failures(cluster.by_class[c]);
+    f->set_prior_fraction(mix.of(cls) / total);
+    f->set_rate_per_gpu_hour(rates[c].mean);
+    f->set_rate_lower(rates[c].lower);
+    f->set_rate_upper(rates[c].upper);
+    f->set_from_memory(cls == policy::FailureClass::kProcess || (cls == policy::FailureClass::kNode && peer_copies));
+  }
+}
+
+// The two cadences from the single level's measurements: every checkpoint
+// costs the stall (δm), a durable one also the persist's slowdown (δd).
+void ViewTwoLevel(const ckptd::v1::IntervalStatus& st, IntervalView* view) {
+  ckptd::v1::TwoLevelStatus* two = view->status.mutable_two_level();
+  policy::TwoLevelInputs in;
+  for (const ckptd::v1::FailureClassStatus& f : two->classes()) {
+    const double per_s = f.rate_per_gpu_hour() * st.gpus() / 3600;
+    (f.from_memory() ? in.memory_rate_per_s : in.durable_rate_per_s) += per_s;
+  }
+  in.memory_cost_s = std::max(st.stall_seconds(), 1e-6);
+  in.durable_cost_s = st.slowdown_seconds();
+  in.persist_s = st.persist_seconds();
+  in.memory_restart_s = in.durable_restart_s = st.restart_seconds();
+  in.step_s = st.step_seconds();
+  in.min_interval_s = st.min_interval_seconds();
+  in.max_interval_s = st.max_interval_seconds();
+  two->set_memory_rate_per_s(in.memory_rate_per_s);
+  two->set_durable_rate_per_s(in.durable_rate_per_s);
+  two->set_memory_cost_seconds(in.memory_cost_s);
+  two->set_durable_cost_seconds(in.durable_cost_s);
+  two->set_memory_restart_seconds(in.memory_restart_s);
+  two->set_durable_restart_seconds(in.durable_restart_s);
+  absl::StatusOr<policy::TwoLevelDecision> d = policy::DecideTwoLevel(in);
+  if (!d.ok()) {
+    two->set_reason(std::string(d.status().message()));
+    return;
+  }
+  two->set_durable_every_optimum(d->durable_every_optimum);
+  two->set_durable_every(d->durable_every);
+  two->set_daly_seconds(d->daly_s);
+  two->set_memory_interval_seconds(d->memory_interval_s);
+  two->set_memory_interval_steps(d->memory_steps);
+  two->set_durable_interval_seconds(d->durable_interval_s);
+  two->set_durable_interval_steps(d->durable_steps);
+  two->set_expected_waste(d->expected_waste);
+  two->set_single_interval_seconds(d->single_interval_s);
+  two->set_single_waste(d->single_waste);
+  two->set_reason(d->reason);
+  view->two_level_inputs = in;
+  view->two_level = *std::move(d);
+}
+
 }  // namespace
 
-IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options) {
+IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options,
+                          bool peer_copies) {
   IntervalView view;
   ckptd::v1::IntervalStatus& st = view.status;
   st.set_job(job.name());
@@ -48,6 +115,7 @@ IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const 
   st.set_rate_upper(rate.upper);
   st.set_credible(rate.credible);
   st.set_mtbf_seconds(policy::JobMtbfSeconds(rate.mean, static_cast<int>(job.world_size())));
+  FillClasses(cluster, options, st.exposure_gpu_hours(), peer_copies, st.mutable_two_level());
   std::vector<double> idle, persisting;
   for (const auto& [r, rank] : job.ranks()) {
     if (!rank.alive) continue;
@@ -111,6 +179,7 @@ IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const 
   st.set_decided(true);
   view.inputs = in;
   view.decision = *std::move(d);
+  ViewTwoLevel(st, &view);
   return view;
 }
 
@@ -174,6 +243,17 @@ absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestChe
   return response;
 }
 
+bool CoordinatorCore::JobHasPeerCopies(const Job& job) const {
+  bool any = false;
+  for (const auto& [r, rank] : job.ranks()) {
+    if (!rank.alive) continue;
+    auto agent = agents_.find(rank.node_id);
+    if (agent == agents_.end() || agent->second->send_to.empty()) return false;
+    any = true;
+  }
+  return any;
+}
+
 internal::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
   // The failure rate is the cluster's: every job's failures over every job's
   // GPU-hours.
@@ -181,8 +261,10 @@ internal::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
   for (const auto& [name, j] : jobs_) {
     cluster.failures += j->record().failures();
     cluster.gpu_seconds += j->record().gpu_seconds();
+    const std::array<uint64_t, 3> by_class = j->FailuresByClass();
+    for (int c = 0; c < policy::kFailureClasses; ++c) cluster.by_class[c] += by_class[c];
   }
-  return internal::ViewInterval(job, cluster, options_);
+  return internal::ViewInterval(job, cluster, options_, JobHasPeerCopies(job));
 }
 
 void CoordinatorCore::DecideInterval(Job* job) {

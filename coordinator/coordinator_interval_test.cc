@@ -1,4 +1,5 @@
 // CoordinatorCore: the schedule (manual checkpoints and the interval policy).
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/two_level.h"
 #include "rpc/schedule.h"
 
 namespace ckptd::coordinator {
@@ -260,6 +262,92 @@ TEST_F(IntervalPolicyTest, RestoreToAnOlderStepCountsTheScheduleFromTheStart) {
   EXPECT_LT(after.start_step(), after.every_steps());
   // Same phase: the steps the moved rule named are still named.
   EXPECT_TRUE(rpc::ScheduledAt(after, moved.start_step() + moved.every_steps()));
+}
+
+// The failures seen by class, for the two cadences: [process, node, wide].
+std::array<uint64_t, 3> ByClass(const ckptd::v1::IntervalStatus& st) {
+  std::array<uint64_t, 3> n = {0, 0, 0};
+  if (st.two_level().classes_size() != 3) return n;
+  for (int c = 0; c < 3; ++c) n[c] = st.two_level().classes(c).failures();
+  return n;
+}
+
+TEST_F(IntervalPolicyTest, AFailureCountsOnceInTheWidestClassOfItsRestart) {
+  using Counts = std::array<uint64_t, 3>;
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);
+  CKPTD_ASSERT_OK(BeatAll(101, 0.1, 0.125));
+  // A trainer dies: a process failure, however many ranks go with it.
+  CKPTD_ASSERT_OK(Die("node-a", 1));
+  CKPTD_ASSERT_OK(Die("node-b", 2));
+  ckptd::v1::IntervalStatus st = Interval();
+  ASSERT_EQ(st.two_level().classes_size(), 3);
+  EXPECT_EQ(st.two_level().classes(0).name(), "process");
+  EXPECT_EQ(st.two_level().classes(1).name(), "node");
+  EXPECT_EQ(st.two_level().classes(2).name(), "wide");
+  EXPECT_EQ(ByClass(st), (Counts{1, 0, 0}));
+  // Then, before the job runs again, node-a is lost: the same restart, now
+  // a node failure.
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  CKPTD_ASSERT_OK(Beat("node-b").status());
+  core_->Tick();
+  st = Interval();
+  EXPECT_EQ(ByClass(st), (Counts{0, 1, 0}));
+  EXPECT_EQ(st.failures(), 1u);
+  // And node-b too: several nodes at once, a wide failure.
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  core_->Tick();
+  st = Interval();
+  EXPECT_EQ(ByClass(st), (Counts{0, 0, 1}));
+  EXPECT_EQ(st.failures(), 1u);
+  // Nothing is lost over a coordinator restart: the counts live in the job's record.
+  Reset();
+  EXPECT_EQ(ByClass(Interval()), (Counts{0, 0, 1}));
+}
+
+TEST_F(IntervalPolicyTest, TwoCadencesFromTheClassesAndTheMeasuredCosts) {
+  options_.failure_mix = policy::FailureMix{0.5, 0.3, 0.2};
+  StartOver();
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);  // stall 0.01 s, persist 0.25 s
+  CKPTD_ASSERT_OK(DecideAt(105));
+  const ckptd::v1::IntervalStatus st = Interval();
+  ASSERT_TRUE(st.decided()) << st.waiting_for();
+  const ckptd::v1::TwoLevelStatus& two = st.two_level();
+  ASSERT_EQ(two.classes_size(), 3);
+  EXPECT_NEAR(two.classes(0).prior_fraction(), 0.5, 1e-12);
+  // No replication partners here: only process failures come back from memory.
+  EXPECT_FALSE(two.peer_copies());
+  EXPECT_TRUE(two.classes(0).from_memory());
+  EXPECT_FALSE(two.classes(1).from_memory());
+  EXPECT_FALSE(two.classes(2).from_memory());
+  double total_rate = 0;
+  for (const auto& c : two.classes()) total_rate += c.rate_per_gpu_hour();
+  EXPECT_NEAR(total_rate, st.rate_per_gpu_hour(), 1e-9 * st.rate_per_gpu_hour());
+  EXPECT_NEAR(two.memory_rate_per_s(), two.classes(0).rate_per_gpu_hour() * 4 / 3600, 1e-12);
+  EXPECT_NEAR(two.durable_rate_per_s(),
+              (two.classes(1).rate_per_gpu_hour() + two.classes(2).rate_per_gpu_hour()) * 4 / 3600, 1e-12);
+  // δm is the stall, δd the persist's slowdown.
+  EXPECT_DOUBLE_EQ(two.memory_cost_seconds(), 0.01);
+  EXPECT_NEAR(two.durable_cost_seconds(), 0.25 * (1 - 0.1 / 0.125), 1e-12);
+  // The decision is DecideTwoLevel's for those inputs.
+  policy::TwoLevelInputs in;
+  in.memory_rate_per_s = two.memory_rate_per_s();
+  in.durable_rate_per_s = two.durable_rate_per_s();
+  in.memory_cost_s = two.memory_cost_seconds();
+  in.durable_cost_s = two.durable_cost_seconds();
+  in.persist_s = st.persist_seconds();
+  in.memory_restart_s = in.durable_restart_s = st.restart_seconds();
+  in.step_s = st.step_seconds();
+  in.max_interval_s = st.max_interval_seconds();
+  CKPTD_ASSERT_OK_AND_ASSIGN(policy::TwoLevelDecision d, policy::DecideTwoLevel(in));
+  EXPECT_EQ(two.durable_every(), d.durable_every);
+  EXPECT_GT(two.durable_every(), 1u);
+  EXPECT_EQ(two.memory_interval_steps(), d.memory_steps);
+  EXPECT_EQ(two.durable_interval_steps(), d.memory_steps * d.durable_every);
+  EXPECT_DOUBLE_EQ(two.expected_waste(), d.expected_waste);
+  EXPECT_LT(two.expected_waste(), two.single_waste());
+  EXPECT_EQ(two.reason(), d.reason);
 }
 
 TEST_F(IntervalPolicyTest, UnknownOrHostileJobIsAnError) {

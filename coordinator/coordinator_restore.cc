@@ -33,7 +33,10 @@ void CoordinatorCore::RecordFailure(Job* job, const std::string& node, std::opti
   e.set_detail(detail);
   ++counters_.failures[kind];
   fx->events.push_back(e);
-  if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) job->Restart(now);
+  if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) {
+    job->Restart(now);
+    job->ClassifyFailure(kind, node);
+  }
 }
 
 absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureRequest& request) {

@@ -18,7 +18,8 @@ const char kCoordinatorUsage[] =
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
     "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
-    "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--restart-guess 5m]\n"
+    "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--failure-mix 0.75,0.2,0.05]\n"
+    "                         [--restart-guess 5m]\n"
     "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
     "                         [--step-deadline 30m] [--max-nodes N] [--max-jobs N] [--forget-after 168h]\n"
     "                         [--operator-token-file F]\n"
@@ -50,6 +51,10 @@ const char kCoordinatorUsage[] =
     "  --failure-prior-weight <n>  the prior's weight in failures, in (0, 1e6] (default 1): the\n"
     "                              estimate moves from the prior to the failures observed as they\n"
     "                              outweigh it\n"
+    "  --failure-mix P,N,W         how the prior splits over failure classes, as fractions (each > 0,\n"
+    "                              normalised; default 0.75,0.2,0.05): a trainer process lost on a\n"
+    "                              healthy node, one node lost, several nodes lost at once. Memory\n"
+    "                              checkpoints recover the first two, the third needs a durable one\n"
     "  --restart-guess <d>         restart cost assumed until one is measured (default 5m)\n"
     "  --alternative-interval <d>  the interval reported beside the policy's for comparison\n"
     "                              (default 30m; at most 8760h)\n"
@@ -105,8 +110,8 @@ const std::set<std::string> kValueFlags = {
     "every", "initial-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
     "operator-token-file", "agent-token-file", "tls-cert",
     "tls-key", "tls-ca",
-    "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "restart-guess", "alternative-interval",
-    "interval-hysteresis", "decide-every",
+    "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "failure-mix", "restart-guess",
+    "alternative-interval", "interval-hysteresis", "decide-every",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "insecure-agents"};
@@ -190,6 +195,11 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
           absl::StrCat("--", f.name, ": \"", *v, "\" is not a number in (", f.low, ", ", f.high, "]"));
     }
     *f.value = x;
+  }
+  if (std::optional<std::string> v = args.Get("failure-mix")) {
+    absl::StatusOr<policy::FailureMix> mix = policy::ParseFailureMix(*v);
+    if (!mix.ok()) return absl::InvalidArgumentError(absl::StrCat("--failure-mix: ", mix.status().message()));
+    options.failure_mix = *mix;
   }
   if (options.heartbeat_interval < absl::Milliseconds(1)) {
     return absl::InvalidArgumentError("--heartbeat-interval must be at least 1ms");

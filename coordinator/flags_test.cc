@@ -92,6 +92,8 @@ TEST(CoordinatorFlagsTest, EachFlagReachesItsOption) {
                                                                                  "1e-5",
                                                                                  "--failure-prior-weight",
                                                                                  "4",
+                                                                                 "--failure-mix",
+                                                                                 "0.5,0.3,0.2",
                                                                                  "--interval-hysteresis",
                                                                                  "0.5",
                                                                                  "--initial-every",
@@ -112,6 +114,9 @@ TEST(CoordinatorFlagsTest, EachFlagReachesItsOption) {
   EXPECT_EQ(o.max_interval, absl::Hours(2));
   EXPECT_DOUBLE_EQ(o.failure_prior.mean_per_gpu_hour, 1e-5);
   EXPECT_DOUBLE_EQ(o.failure_prior.shape, 4);
+  EXPECT_DOUBLE_EQ(o.failure_mix.process, 0.5);
+  EXPECT_DOUBLE_EQ(o.failure_mix.node, 0.3);
+  EXPECT_DOUBLE_EQ(o.failure_mix.wide, 0.2);
   EXPECT_DOUBLE_EQ(o.hysteresis, 0.5);
   EXPECT_TRUE(o.interval_automatic);
   EXPECT_EQ(o.every_steps, 40u);
@@ -182,6 +187,10 @@ TEST(CoordinatorFlagsTest, BadNumbersNameTheFlag) {
               FailsNaming("--failure-rate: \"-1\" is not a number in (0, 1000]"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--failure-rate", "nan"})), FailsNaming("--failure-rate: \"nan\""));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--failure-rate", "1001"})), FailsNaming("--failure-rate: \"1001\""));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--failure-mix", "0.5,0.5"})),
+              FailsNaming("--failure-mix: a failure mix is three fractions"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--failure-mix", "0.5,0.5,0"})),
+              FailsNaming("--failure-mix: the failure mix's wide fraction must be positive and finite, got 0"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--failure-prior-weight", "0"})),
               FailsNaming("--failure-prior-weight: \"0\" is not a number in (0, 1e+06]"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--interval-hysteresis", "x"})),
@@ -281,6 +290,7 @@ TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
                            "--max-interval",
                            "--failure-rate",
                            "--failure-prior-weight",
+                           "--failure-mix",
                            "--restart-guess",
                            "--alternative-interval",
                            "--interval-hysteresis",

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "policy/two_level.h"
 
 namespace ckptd::coordinator::internal {
 
@@ -321,6 +322,8 @@ bool Job::Restart(absl::Time now) {
   // One failure per restart, however many ranks it took down.
   record_.set_failures(record_.failures() + 1);
   failed_at_ = now;
+  restart_class_ = -1;
+  restart_lost_nodes_.clear();
   // Raised by later progress and commits until the restore round starts
   // (RecordProgress, MarkCommitted).
   step_at_failure_ = std::max(NewestUsable().value_or(0), FastestStep());
@@ -330,6 +333,42 @@ bool Job::Restart(absl::Time now) {
   round_.reset();
   ForgetProgress();
   return true;
+}
+
+void Job::ClassifyFailure(ckptd::v1::FailureKind kind, const std::string& node) {
+  if (state() != ckptd::v1::JOB_RESTARTING) return;
+  int cls = static_cast<int>(policy::FailureClass::kProcess);
+  if (kind == ckptd::v1::NODE_LOST) {
+    restart_lost_nodes_.insert(node);
+    cls = static_cast<int>(restart_lost_nodes_.size() > 1 ? policy::FailureClass::kWide : policy::FailureClass::kNode);
+  } else if (kind != ckptd::v1::TRAINER_DIED && kind != ckptd::v1::TRAINER_HUNG) {
+    return;
+  }
+  if (cls <= restart_class_) return;
+  const auto add = [this](int c, int64_t delta) {
+    switch (static_cast<policy::FailureClass>(c)) {
+      case policy::FailureClass::kProcess:
+        record_.set_failures_process(record_.failures_process() + delta);
+        break;
+      case policy::FailureClass::kNode:
+        record_.set_failures_node(record_.failures_node() + delta);
+        break;
+      case policy::FailureClass::kWide:
+        record_.set_failures_wide(record_.failures_wide() + delta);
+        break;
+    }
+  };
+  if (restart_class_ >= 0) add(restart_class_, -1);
+  add(cls, 1);
+  restart_class_ = cls;
+  MarkChanged();
+}
+
+std::array<uint64_t, 3> Job::FailuresByClass() const {
+  std::array<uint64_t, 3> n = {record_.failures_process(), record_.failures_node(), record_.failures_wide()};
+  const uint64_t classified = n[0] + n[1] + n[2];
+  if (record_.failures() > classified) n[0] += record_.failures() - classified;
+  return n;
 }
 
 void Job::StartRestoreRound() {

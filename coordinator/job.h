@@ -6,6 +6,7 @@
 // thread-safe) and decides what to do; this class keeps the bookkeeping right.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -208,6 +209,15 @@ class Job {
   // The job stops for a restart (once per restart: false when it already
   // was restarting).
   bool Restart(absl::Time now);
+  // What caused the restart under way, for the failure-rate estimate by
+  // class (policy/two_level.h): a trainer that died or hung is a process
+  // failure, one lost node a node failure, a second node lost before the
+  // job runs again a wide one. The restart counts once, in the widest class
+  // seen (moved up as failures arrive). No-op when not restarting.
+  void ClassifyFailure(ckptd::v1::FailureKind kind, const std::string& node);
+  // The failures counted per class, oldest records' unclassified ones as
+  // process failures.
+  std::array<uint64_t, 3> FailuresByClass() const;
   // Every rank restores from the newest usable step, in a new incarnation.
   void StartRestoreRound();
   // Whether a plan request of `rank` needs a new round.
@@ -298,6 +308,10 @@ class Job {
   policy::RecentWindow stalls_, persists_, restarts_;
   std::optional<absl::Time> failed_at_;
   uint64_t step_at_failure_ = 0;  // the fastest rank's, when failed_at_ was set
+  // The restart under way: its class so far (-1: none counted yet) and the
+  // nodes it lost.
+  int restart_class_ = -1;
+  std::set<std::string> restart_lost_nodes_;
   absl::Time last_decided_;
   absl::Time last_alive_;
   // The restarts that completed, newest last (a few).

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "policy/checks.h"
 
 namespace ckptd::policy {
 namespace {
@@ -14,8 +15,10 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
-bool NonNegativeFinite(double v) { return std::isfinite(v) && v >= 0; }
+using internal::CheckNonNegative;
+using internal::CheckPositive;
+using internal::NonNegativeFinite;
+using internal::PositiveFinite;
 
 // log Γ(x) for x > 0 by the Lanczos approximation (g = 7, 9 terms; ~1e-15
 // relative). Our own rather than std::lgamma, which writes the global
@@ -91,16 +94,6 @@ double MedianOf(std::vector<double>& v) {
   if (v.size() % 2 == 1) return upper;
   const double lower = *std::max_element(v.begin(), v.begin() + mid);
   return 0.5 * (lower + upper);
-}
-
-absl::Status CheckPositive(const char* name, double v) {
-  if (PositiveFinite(v)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name, " must be positive and finite, got ", v));
-}
-
-absl::Status CheckNonNegative(const char* name, double v) {
-  if (NonNegativeFinite(v)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name, " must be non-negative and finite, got ", v));
 }
 
 absl::Status ValidateInputs(const IntervalInputs& in) {

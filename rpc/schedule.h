@@ -9,16 +9,41 @@
 
 namespace ckptd::rpc {
 
-// Whether `schedule` asks for a snapshot at `step`: one of its extra steps,
-// or start_step + a multiple of every_steps (every_steps > 0). Step 0, the
-// state before training, never is.
+// Whether `step` is start_step + a multiple of every_steps (every_steps > 0).
+// Whether `schedule` asks for a snapshot at `step` (ScheduledAt): one of its
+// extra or memory steps, or a step of the rule. Step 0, the state before
+// training, never is.
+inline bool OnRule(const ckptd::v1::Schedule& schedule, uint64_t step) {
+  return schedule.every_steps() > 0 && step >= schedule.start_step() &&
+         (step - schedule.start_step()) % schedule.every_steps() == 0;
+}
+
 inline bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
   if (step == 0) return false;
   for (uint64_t s : schedule.extra_steps()) {
     if (s == step) return true;
   }
-  return schedule.every_steps() > 0 && step >= schedule.start_step() &&
-         (step - schedule.start_step()) % schedule.every_steps() == 0;
+  for (uint64_t s : schedule.memory_steps()) {
+    if (s == step) return true;
+  }
+  return OnRule(schedule, step);
+}
+
+// Whether the snapshot `schedule` asks for at `step` is durable (written to
+// storage and committed) rather than a memory checkpoint: an extra step, or
+// a rule step whose count from start_step is a multiple of durable_every
+// (0 or 1: every one). False where ScheduledAt is.
+inline bool DurableAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
+  if (step == 0) return false;
+  for (uint64_t s : schedule.extra_steps()) {
+    if (s == step) return true;
+  }
+  for (uint64_t s : schedule.memory_steps()) {
+    if (s == step) return false;
+  }
+  if (!OnRule(schedule, step)) return false;
+  const uint64_t k = schedule.durable_every();
+  return k <= 1 || ((step - schedule.start_step()) / schedule.every_steps()) % k == 0;
 }
 
 }  // namespace ckptd::rpc

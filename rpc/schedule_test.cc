@@ -114,5 +114,45 @@ TEST(ScheduledAtTest, OtherFieldsDoNotMatter) {
   EXPECT_THAT(want, ElementsAre(7, 50, 100, 150, 200, 250, 300));
 }
 
+// The durable steps in [first, last] of `schedule`.
+std::vector<uint64_t> DurableIn(const Schedule& schedule, uint64_t first, uint64_t last) {
+  std::vector<uint64_t> steps;
+  for (uint64_t step = first; step <= last; ++step) {
+    if (DurableAt(schedule, step)) steps.push_back(step);
+  }
+  return steps;
+}
+
+TEST(DurableAtTest, EveryCheckpointIsDurableWithoutASecondCadence) {
+  for (uint64_t k : {0u, 1u}) {
+    Schedule s = MakeSchedule(5, 10, {7});
+    s.set_durable_every(k);
+    EXPECT_EQ(DurableIn(s, 0, 60), ScheduledIn(s, 0, 60)) << k;
+  }
+}
+
+TEST(DurableAtTest, EveryKthRuleStepFromTheStartIsDurable) {
+  Schedule s = MakeSchedule(5, 10, {7});
+  s.set_durable_every(3);
+  s.add_memory_steps(2);
+  EXPECT_THAT(ScheduledIn(s, 0, 75), ElementsAre(2, 5, 7, 15, 25, 35, 45, 55, 65, 75));
+  // Rule steps 5, 35, 65 (counts 0, 3, 6), and the extra step; the memory
+  // step never.
+  EXPECT_THAT(DurableIn(s, 0, 75), ElementsAre(5, 7, 35, 65));
+  EXPECT_FALSE(DurableAt(s, 0));
+  EXPECT_FALSE(DurableAt(s, 6));  // not scheduled at all
+  // An extra step listed as a memory step too is durable: durable wins.
+  s.add_memory_steps(7);
+  EXPECT_TRUE(DurableAt(s, 7));
+}
+
+TEST(DurableAtTest, HugeStepsDoNotOverflow) {
+  Schedule s = MakeSchedule(std::numeric_limits<uint64_t>::max() - 20, 10);
+  s.set_durable_every(std::numeric_limits<uint64_t>::max());
+  EXPECT_TRUE(DurableAt(s, std::numeric_limits<uint64_t>::max() - 20));
+  EXPECT_FALSE(DurableAt(s, std::numeric_limits<uint64_t>::max() - 10));
+  EXPECT_TRUE(ScheduledAt(s, std::numeric_limits<uint64_t>::max() - 10));
+}
+
 }  // namespace
 }  // namespace ckptd::rpc
