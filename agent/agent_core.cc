@@ -12,7 +12,9 @@
 #include "absl/strings/str_join.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "rpc/schedule.h"
 #include "storage/checksum.h"
+#include "storage/discarding_file_system.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
@@ -107,6 +109,16 @@ void FreeKeptAbove(staging::StagingSegment* segment, std::vector<Kept>* kept, ui
 }
 }  // namespace
 
+storage::ShardWriteOptions MemoryShardOptions(const storage::ShardWriteOptions& write) {
+  storage::ShardWriteOptions o = write;
+  o.encode.compress = false;
+  o.adaptive.enabled = false;
+  // Several encoders hand blocks to the file in the order they finish, and
+  // the index records where each landed.
+  o.threads = 1;
+  return o;
+}
+
 ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source) {
   switch (source) {
     case RestoreSource::kNone: return ckptd::v1::RESTORE_SOURCE_UNSPECIFIED;
@@ -157,8 +169,11 @@ struct AgentCore::Trainer {
   uint64_t peer_restores ABSL_GUARDED_BY(mu) = 0;
   uint64_t peer_rejected ABSL_GUARDED_BY(mu) = 0;
   // The step the trainer's last restore handed over (nullopt: none, or a
-  // fresh start).
+  // fresh start), and for a memory checkpoint the shard it must be and the
+  // peers the plan named (a reread of it has no disk to go to).
   std::optional<uint64_t> restored ABSL_GUARDED_BY(mu);
+  std::optional<ckptd::v1::ShardRef> restored_expected ABSL_GUARDED_BY(mu);
+  std::vector<ckptd::v1::PeerCopy> restored_peers ABSL_GUARDED_BY(mu);
 
   // `status` with the local tier's counters.
   PersistStatus StatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -677,6 +692,10 @@ void AgentCore::PersistLoop(Trainer* t) {
     }
     while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
       const uint64_t step = t->segment->step(*slot);
+      if (IsMemoryCheckpoint(t, step)) {
+        KeepInMemory(t, *slot);
+        continue;
+      }
       bool released = false;
       bool kept = false;
       // The slot goes back to the trainer: KEPT (the snapshot stays in
@@ -716,6 +735,117 @@ void AgentCore::PersistLoop(Trainer* t) {
       return;
     }
   }
+}
+
+bool AgentCore::IsMemoryCheckpoint(Trainer* t, uint64_t step) {
+  if (options_.coordinator == nullptr || !options_.keep_in_memory) return false;
+  const std::optional<ckptd::v1::Schedule> schedule = options_.coordinator->ScheduleFor(t->reg.job);
+  return schedule && rpc::ScheduledAt(*schedule, step) && !rpc::DurableAt(*schedule, step);
+}
+
+void AgentCore::TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint64_t* incarnation) {
+  *stall = 0;
+  absl::MutexLock l(&t->mu);
+  if (auto it = t->stall_by_slot.find(slot); it != t->stall_by_slot.end()) {
+    *stall = it->second;
+    t->stall_by_slot.erase(it);
+  }
+  *incarnation = t->incarnation;
+  t->last_stall = *stall;
+}
+
+std::vector<storage::TensorSource> AgentCore::SlotSources(Trainer* t, uint32_t slot) {
+  const TrainerRegistration& reg = t->reg;
+  std::vector<storage::TensorSource> sources(reg.buffers.size());
+  for (size_t i = 0; i < reg.buffers.size(); ++i) {
+    sources[i].meta = reg.buffers[i];
+    sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
+    sources[i].length = t->layout.lengths[i];
+  }
+  return sources;
+}
+
+void AgentCore::ReportPersistFailed(Trainer* t, uint64_t step, const absl::Status& s) {
+  ckptd::v1::ReportFailureRequest f;
+  f.set_job(t->reg.job);
+  f.set_rank(t->reg.rank);
+  f.set_kind(ckptd::v1::PERSIST_FAILED);
+  f.set_step(step);
+  f.set_detail(std::string(s.message()).substr(0, 4000));
+  options_.coordinator->Failure(f);
+}
+
+ckptd::v1::ShardReport AgentCore::ShardReportOf(Trainer* t, uint64_t step, double stall, uint64_t incarnation,
+                                                const storage::ShardWriteResult& written, double seconds) {
+  ckptd::v1::ShardReport report;
+  report.set_job(t->reg.job);
+  report.set_step(step);
+  report.set_world_size(t->reg.world_size);
+  report.set_stall_seconds(stall);
+  report.set_incarnation(incarnation);
+  *report.mutable_shard() = ShardRefOf(t->reg.rank, written);
+  report.mutable_shard()->set_persist_seconds(seconds);
+  return report;
+}
+
+void AgentCore::KeepInMemory(Trainer* t, uint32_t slot) {
+  const TrainerRegistration& reg = t->reg;
+  const uint64_t step = t->segment->step(slot);
+  const std::string what = absl::StrCat("job ", reg.job, " rank ", reg.rank, ": memory checkpoint of step ", step);
+  double stall = 0;
+  uint64_t incarnation = 0;
+  TakeReportStamps(t, slot, &stall, &incarnation);
+  const std::vector<storage::TensorSource> sources = SlotSources(t, slot);
+  // The shard a raw write of the snapshot would be, written nowhere. One
+  // encoder, as MemoryShardOptions asks, at the persists' priority.
+  const absl::Time start = clock_->Now();
+  absl::StatusOr<storage::ShardWriteResult> result;
+  {
+    base::ThreadPool encoder(1, options_.background_priority);
+    storage::DiscardingFileSystem nowhere;
+    result = storage::WriteShard(&nowhere, storage::ShardFileName(reg.rank), {reg.job, step, reg.rank, reg.world_size},
+                                 sources, MemoryShardOptions(options_.write), &encoder);
+  }
+  const double index_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
+  if (!result.ok()) {
+    (void)t->segment->Release(slot);  // PERSISTING -> FREE: the trainer's again
+    const absl::Status failed(result.status().code(),
+                              absl::StrCat(what, ": its shard index could not be made: ", result.status().message()));
+    // Counted and reported as a failed checkpoint: the coordinator hears of
+    // no shard of the step from this rank.
+    ReportPersistFailed(t, step, failed);
+    NotePersisted(t, step, failed);
+    return;
+  }
+  const staging::StagingSegment& seg = *t->segment;
+  if (!t->segment->Keep(slot).ok()) {
+    // Not PERSISTING any more: the slot is not the persister's to free, and
+    // a Release that fails changes nothing.
+    (void)t->segment->Release(slot);
+    logger_->Info(absl::StrCat(what, " is not kept: its staging slot ", slot, " is ",
+                               staging::SlotStateName(seg.state(slot)), ", not being persisted"));
+    return;
+  }
+  const KeptStep kept{slot, step, result->file_length, result->index_xxh3, result->index};
+  SetKept(t, kept);
+  Replicate(t, kept);
+  // The coordinator counts the step as held in memory: not when the trainer
+  // took the slot back for a snapshot already.
+  if (seg.state(slot) != staging::SlotState::kKept || seg.step(slot) != step) {
+    {
+      absl::MutexLock l(&t->mu);
+      std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == slot && k.step == step; });
+    }
+    logger_->Info(
+        absl::StrCat(what, " is not reported: the trainer took its staging slot ", slot, " back for a snapshot first"));
+    return;
+  }
+  ckptd::v1::ShardReport report = ShardReportOf(t, step, stall, incarnation, *result, index_seconds);
+  report.set_memory_only(true);
+  options_.coordinator->ShardDurable(report);
+  absl::MutexLock l(&t->mu);
+  ++t->status.memory_checkpoints;
+  t->status.last_memory_step = step;
 }
 
 void AgentCore::NotePersisted(Trainer* t, uint64_t step, const absl::Status& s) {
@@ -802,22 +932,9 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   const uint64_t step = t->segment->step(slot);
   double stall = 0;
   uint64_t incarnation = 0;
-  {
-    // Taken now: once the slot is released it may hold the next snapshot.
-    absl::MutexLock l(&t->mu);
-    if (auto it = t->stall_by_slot.find(slot); it != t->stall_by_slot.end()) {
-      stall = it->second;
-      t->stall_by_slot.erase(it);
-    }
-    incarnation = t->incarnation;
-    t->last_stall = stall;
-  }
-  std::vector<storage::TensorSource> sources(reg.buffers.size());
-  for (size_t i = 0; i < reg.buffers.size(); ++i) {
-    sources[i].meta = reg.buffers[i];
-    sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
-    sources[i].length = t->layout.lengths[i];
-  }
+  // Taken now: once the slot is released it may hold the next snapshot.
+  TakeReportStamps(t, slot, &stall, &incarnation);
+  const std::vector<storage::TensorSource> sources = SlotSources(t, slot);
   const std::pair<std::string, uint64_t> writing(reg.job, step);
   {
     absl::MutexLock l(&writing_mu_);
@@ -838,25 +955,11 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   }
   if (options_.coordinator != nullptr) {
     if (!result.ok()) {
-      ckptd::v1::ReportFailureRequest f;
-      f.set_job(reg.job);
-      f.set_rank(reg.rank);
-      f.set_kind(ckptd::v1::PERSIST_FAILED);
-      f.set_step(step);
-      f.set_detail(std::string(result.status().message()).substr(0, 4000));
-      options_.coordinator->Failure(f);
+      ReportPersistFailed(t, step, result.status());
       return result.status();
     }
     // The coordinator commits: it hears of every shard, this one included.
-    ckptd::v1::ShardReport report;
-    report.set_job(reg.job);
-    report.set_step(step);
-    report.set_world_size(reg.world_size);
-    report.set_stall_seconds(stall);
-    report.set_incarnation(incarnation);
-    *report.mutable_shard() = ShardRefOf(reg.rank, *result);
-    report.mutable_shard()->set_persist_seconds(persist_seconds);
-    options_.coordinator->ShardDurable(report);
+    options_.coordinator->ShardDurable(ShardReportOf(t, step, stall, incarnation, *result, persist_seconds));
     return absl::OkStatus();
   }
   CKPTD_RETURN_IF_ERROR(result.status());
@@ -958,6 +1061,8 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
     if (r.ok()) {
       absl::MutexLock l(&t->mu);
       t->restored = r->step;
+      t->restored_expected = r->step ? call.expected : std::nullopt;
+      t->restored_peers = r->step ? call.peers : std::vector<ckptd::v1::PeerCopy>();
     }
     return r;
   }
@@ -974,14 +1079,18 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
     }
     ++t->memory_rejected;
     incarnation = t->incarnation;
+    // A memory checkpoint has no copy on disk: read again from a peer's.
+    call.expected = t->restored_expected;
+    if (call.expected) call.peers = t->restored_peers;
     for (const KeptStep& k : t->kept) {
       if (k.step == step) t->segment->Unkeep(k.slot, k.step);
     }
     std::erase_if(t->kept, [step](const KeptStep& k) { return k.step == step; });
   }
-  logger_->Warning(absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": the copy of step ", step,
-                                " in the agent's memory failed the trainer's check (",
-                                options.reread_problem.substr(0, 1000), "); reading it from disk"));
+  logger_->Warning(
+      absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": the copy of step ", step,
+                   " in the agent's memory failed the trainer's check (", options.reread_problem.substr(0, 1000), "); ",
+                   call.expected ? "a memory checkpoint: reading it from a peer's memory" : "reading it from disk"));
   call.from_memory = false;
   CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, LoadStep(t.get(), step, &call));
   if (options_.coordinator != nullptr) {
@@ -1019,13 +1128,18 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   call->source = RestoreSource::kMemory;
   call->verify.clear();
   if (call->from_memory) {
-    if (std::optional<uint32_t> slot = LoadFromMemory(t, step, call->client_verifies ? &call->verify : nullptr)) {
-      return *slot;
-    }
+    if (std::optional<uint32_t> slot = LoadFromMemory(t, step, call)) return *slot;
   }
   if (!call->peers.empty() || options_.replicas != nullptr) {
     call->source = RestoreSource::kPeer;
     if (std::optional<uint32_t> slot = LoadFromPeers(t, step, call)) return *slot;
+  }
+  if (call->expected) {
+    // Never written: the local tier and the storage root hold no copy of it
+    // (a file there could only be another attempt at the step).
+    return absl::NotFoundError(absl::StrCat("step ", step, " of job ", reg.job,
+                                            " is a memory checkpoint and no intact copy of rank ", reg.rank,
+                                            " is left in memory (this agent's or a peer's); it has no copy on disk"));
   }
   call->source = RestoreSource::kRoot;
   if (local_) {
@@ -1163,6 +1277,16 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ckptd::v1::ShardRef> AgentCore::ExpectedRef(Trainer* t, uint64_t step, const LoadCall& call) {
+  if (!call.expected) return CommittedRef(t, step);
+  if (call.expected->rank() != t->reg.rank) {
+    return absl::InvalidArgumentError(absl::StrCat("the restore plan of memory checkpoint ", step,
+                                                   " names the shard of rank ", call.expected->rank(), " for rank ",
+                                                   t->reg.rank));
+  }
+  return *call.expected;
+}
+
 absl::StatusOr<ckptd::v1::ShardRef> AgentCore::CommittedRef(Trainer* t, uint64_t step) {
   CKPTD_ASSIGN_OR_RETURN(ckptd::v1::StepManifest manifest, store_.ReadManifest(t->reg.job, step));
   for (const ckptd::v1::ShardRef& r : manifest.shards()) {
@@ -1171,9 +1295,10 @@ absl::StatusOr<ckptd::v1::ShardRef> AgentCore::CommittedRef(Trainer* t, uint64_t
   return absl::NotFoundError(absl::StrCat("the MANIFEST of step ", step, " has no shard of rank ", t->reg.rank));
 }
 
-bool AgentCore::HandOverKept(Trainer* t, const KeptStep& kept, std::vector<BlockDigest>* verify,
-                             absl::string_view from, uint64_t* rejected) {
+bool AgentCore::HandOverKept(Trainer* t, const KeptStep& kept, LoadCall* call, absl::string_view from,
+                             uint64_t* rejected) {
   const TrainerRegistration& reg = t->reg;
+  std::vector<BlockDigest>* const verify = call->client_verifies ? &call->verify : nullptr;
   const uint64_t step = kept.step;
   const absl::Time start = clock_->Now();
   absl::Status verified;
@@ -1193,8 +1318,10 @@ bool AgentCore::HandOverKept(Trainer* t, const KeptStep& kept, std::vector<Block
     }
     (void)t->segment->Publish(kept.slot, step);
     (void)t->segment->Release(kept.slot);  // RESTORED -> FREE
-    logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the copy of step ", step, " in ", from,
-                                  " is damaged (", verified.message(), "); reading it from disk"));
+    logger_->Warning(absl::StrCat(
+        "job ", reg.job, " rank ", reg.rank, ": the copy of step ", step, " in ", from, " is damaged (",
+        verified.message(), "); ",
+        call->expected ? "a memory checkpoint: looking for another copy in memory" : "reading it from disk"));
     return false;
   }
   logger_->Info(absl::StrCat(
@@ -1206,7 +1333,7 @@ bool AgentCore::HandOverKept(Trainer* t, const KeptStep& kept, std::vector<Block
   return true;
 }
 
-std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify) {
+std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, LoadCall* call) {
   std::optional<KeptStep> kept;
   {
     absl::MutexLock l(&t->mu);
@@ -1219,9 +1346,10 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std
     absl::MutexLock l(&t->mu);
     std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == kept->slot && k.step == step; });
   };
-  // The copy must be the shard the step committed: another attempt at the
-  // step (a run that was rolled back) may have written other bytes.
-  absl::StatusOr<ckptd::v1::ShardRef> ref = CommittedRef(t, step);
+  // The copy must be the shard the step committed (or, for a memory
+  // checkpoint, the one reported): another attempt at the step (a run that
+  // was rolled back) may have other bytes.
+  absl::StatusOr<ckptd::v1::ShardRef> ref = ExpectedRef(t, step, *call);
   if (!ref.ok()) return std::nullopt;
   if (ref->index_xxh3() != kept->index_xxh3 || ref->file_length() != kept->file_length) {
     forget();
@@ -1234,7 +1362,7 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, std
     return std::nullopt;
   }
   uint64_t rejected = 0;
-  const bool ok = HandOverKept(t, *kept, verify, "the agent's memory", &rejected);
+  const bool ok = HandOverKept(t, *kept, call, "the agent's memory", &rejected);
   absl::MutexLock l(&t->mu);
   t->memory_rejected += rejected;
   if (!ok) return std::nullopt;
@@ -1300,7 +1428,7 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
     }
   }
   if (sources.empty()) return std::nullopt;
-  absl::StatusOr<ckptd::v1::ShardRef> ref = CommittedRef(t, step);
+  absl::StatusOr<ckptd::v1::ShardRef> ref = ExpectedRef(t, step, *call);
   if (!ref.ok()) return std::nullopt;
   absl::StatusOr<uint32_t> slot = t->segment->AcquireForRestore(call->wait_for_slot);
   if (!slot.ok()) return std::nullopt;  // the disk tiers say why
@@ -1325,8 +1453,7 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
                                absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Milliseconds(1)))));
     if (options_.keep_in_memory) SetKept(t, *kept);
     uint64_t rejected = 0;
-    const bool ok = HandOverKept(t, *kept, call->client_verifies ? &call->verify : nullptr,
-                                 source.from, &rejected);
+    const bool ok = HandOverKept(t, *kept, call, source.from, &rejected);
     absl::MutexLock l(&t->mu);
     t->peer_rejected += rejected;
     if (!ok) return std::nullopt;  // the slot is free again
@@ -1529,6 +1656,8 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
       case ckptd::v1::RestorePlanResponse::LOAD: {
         release();
         call->peers.assign(plan->peers().begin(), plan->peers().end());
+        call->expected.reset();
+        if (plan->memory_step()) call->expected = plan->expected();
         absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), call);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());
@@ -1656,6 +1785,7 @@ absl::StatusOr<PersistStatus> AgentCore::WaitPersisted(uint64_t trainer_id, uint
   Trainer* tr = t.get();
   auto done = [tr, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(tr->mu) {
     return (tr->status.last_persisted_step && *tr->status.last_persisted_step >= step) ||
+           (tr->status.last_memory_step && *tr->status.last_memory_step >= step) ||
            (tr->status.last_failed_step && *tr->status.last_failed_step >= step);
   };
   if (!clock_->AwaitWithTimeout(&t->mu, absl::Condition(&done), timeout)) {

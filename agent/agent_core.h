@@ -181,9 +181,15 @@ struct RestoreResult {
 };
 
 struct PersistStatus {
+  // Durable persists only (written to storage); memory checkpoints are
+  // counted below.
   std::optional<uint64_t> last_persisted_step;
   std::optional<uint64_t> last_committed_step;
   uint64_t persisted = 0;
+  // Memory checkpoints (Schedule.durable_every) kept in memory and reported
+  // to the coordinator, and the newest one's step.
+  uint64_t memory_checkpoints = 0;
+  std::optional<uint64_t> last_memory_step;
   // Persists that failed; the newest one's step and error.
   uint64_t failed = 0;
   std::optional<uint64_t> last_failed_step;
@@ -212,6 +218,16 @@ struct PersistStatus {
   uint32_t slots_ready = 0;
   uint32_t slots = 0;
 };
+
+// How a memory checkpoint's shard is described (the file_length and index
+// a write of it with these options would produce; nothing is written): the
+// agent's `write` options with compression off (raw blocks of its block
+// size) and one encoder thread, so that blocks are laid out in order (pass
+// no pool, or one of a single thread). A memory checkpoint written to
+// storage later must be written with the very same options to be the shard
+// the coordinator was told of (and its index made with the same
+// created_unix_nanos, which the digest covers).
+storage::ShardWriteOptions MemoryShardOptions(const storage::ShardWriteOptions& write);
 
 // A registered trainer as drills see it.
 struct TrainerInfo {
@@ -300,7 +316,9 @@ class AgentCore {
   // With options.reread_step (the step the trainer's previous restore
   // handed over from memory failed its check), the same step is read again
   // from the disk tiers, outside any round; the memory copy is dropped and
-  // counted as rejected.
+  // counted as rejected. A memory checkpoint, which has no copy on disk, is
+  // read again from the peers its restore plan named (kNotFound when none
+  // holds it intact).
   absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, const RestoreOptions& options);
   absl::StatusOr<RestoreResult> Restore(uint64_t trainer_id, absl::Duration wait_for_slot) {
     RestoreOptions o;
@@ -314,7 +332,8 @@ class AgentCore {
   // without saying goodbye, a failure the coordinator hears of.
   absl::Status TrainerExited(uint64_t trainer_id, bool died = false);
 
-  // Waits until `step` of the trainer is persisted (or failed), up to `timeout`.
+  // Waits until `step` of the trainer is persisted, kept as a memory
+  // checkpoint, or failed, up to `timeout`.
   absl::StatusOr<PersistStatus> WaitPersisted(uint64_t trainer_id, uint64_t step, absl::Duration timeout);
   absl::StatusOr<PersistStatus> Status(uint64_t trainer_id);
 
@@ -388,6 +407,28 @@ class AgentCore {
     std::shared_ptr<LoneRound> round;
   };
   void PersistLoop(Trainer* t);
+  // Whether the snapshot of `step` is a memory checkpoint: the coordinator's
+  // schedule for the trainer's job asks for it at `step` and not durable, and
+  // the memory tier is on. Anything else (no coordinator, no schedule heard,
+  // a step off the schedule such as a manual checkpoint) is persisted.
+  bool IsMemoryCheckpoint(Trainer* t, uint64_t step);
+  // The memory checkpoint of the snapshot in `slot` (PERSISTING): its shard
+  // index is computed as a raw write would make it (MemoryShardOptions,
+  // nothing written), the slot is KEPT and sent to the partners, and the
+  // coordinator is told (ShardReport.memory_only). Nothing of it reaches
+  // storage. A slot that cannot be kept is reported nowhere.
+  void KeepInMemory(Trainer* t, uint32_t slot);
+  // To the coordinator: a rank's step could not be made a checkpoint; and
+  // the report of one that was (persist_seconds: `seconds`).
+  void ReportPersistFailed(Trainer* t, uint64_t step, const absl::Status& s);
+  ckptd::v1::ShardReport ShardReportOf(Trainer* t, uint64_t step, double stall, uint64_t incarnation,
+                                       const storage::ShardWriteResult& written, double seconds);
+  // The trainer's stall for the snapshot in `slot` (forgotten now: the slot
+  // may hold the next snapshot once released) and its restore round, for
+  // the shard report.
+  void TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint64_t* incarnation);
+  // Sources for a shard of the snapshot in `slot`, one per registered buffer.
+  std::vector<storage::TensorSource> SlotSources(Trainer* t, uint32_t slot);
   // Counts the outcome `s` of the persist of `step` in the trainer's
   // PersistStatus and reports it to the logger, rate-limited (see
   // AgentOptions::persist_failure_log_interval).
@@ -424,6 +465,10 @@ class AgentCore {
     bool from_memory = true;  // may use the memory tier
     // Other nodes' agents holding the step in memory (the coordinator's plan).
     std::vector<ckptd::v1::PeerCopy> peers;
+    // A memory checkpoint (RestorePlanResponse.memory_step): the rank's shard
+    // as its agent reported it, which a copy in memory (own or a peer's) must
+    // be instead of the MANIFEST's entry. There is no copy on disk.
+    std::optional<ckptd::v1::ShardRef> expected;
     RestoreSource source = RestoreSource::kNone;
     std::vector<BlockDigest> verify;
   };
@@ -437,18 +482,20 @@ class AgentCore {
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
   // an error: kDataLoss/kNotFound for a damaged or missing shard,
   // kFailedPrecondition for one that does not match the registration.
-  // `source` says which copy served it.
+  // `source` says which copy served it. A memory checkpoint
+  // (call->expected) is read from memory only, this agent's or a peer's:
+  // kNotFound naming it when no intact copy is left.
   absl::StatusOr<uint32_t> LoadStep(Trainer* t, uint64_t step, LoadCall* call);
-  // A step kept in the trainer's memory, when it is `step` as committed
-  // (the MANIFEST names the same shard) and every block's checksum matches:
-  // its slot, now RESTORED. nullopt otherwise (a damaged copy is counted,
-  // reported and dropped).
-  // With `verify` non-null the bytes are not checked here: the blocks and
-  // their checksums go there, for the trainer to check.
-  std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step, std::vector<BlockDigest>* verify);
+  // A step kept in the trainer's memory, when it is the shard `step` must be
+  // (ExpectedRef: the MANIFEST's, or the plan's for a memory checkpoint) and
+  // every block's checksum matches: its slot, now RESTORED. nullopt
+  // otherwise (a damaged copy is counted, reported and dropped).
+  // With call->client_verifies the bytes are not checked here: the blocks
+  // and their checksums go to call->verify, for the trainer to check.
+  std::optional<uint32_t> LoadFromMemory(Trainer* t, uint64_t step, LoadCall* call);
   // The step from the first copy held for partners here or by one of
-  // `call->peers` that is the committed shard (as the MANIFEST names it) of
-  // this trainer's layout, copied into a staging slot (RESTORED) and checked
+  // `call->peers` that is the shard `step` must be (ExpectedRef) of this
+  // trainer's layout, copied into a staging slot (RESTORED) and checked
   // like a copy from memory; nullopt when none has it (each failure is
   // logged and counted).
   std::optional<uint32_t> LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call);
@@ -459,11 +506,15 @@ class AgentCore {
   using CopyFetch = std::function<absl::Status(const ReplicaSink& sink)>;
   absl::StatusOr<KeptStep> PullCopy(Trainer* t, uint64_t step, uint32_t slot, const ckptd::v1::ShardRef& ref,
                                     const CopyFetch& fetch);
-  // The kept step in RESTORING `kept.slot` is verified (by the agent, or its
-  // blocks go to `verify` for the trainer) and published RESTORED; false
-  // (slot freed, `rejected` counted) when it is damaged.
-  bool HandOverKept(Trainer* t, const KeptStep& kept, std::vector<BlockDigest>* verify, absl::string_view from,
-                    uint64_t* rejected);
+  // The kept step in RESTORING `kept.slot` is verified (by the agent, or,
+  // with call->client_verifies, its blocks go to call->verify for the
+  // trainer) and published RESTORED; false (slot freed, `rejected` counted)
+  // when it is damaged.
+  bool HandOverKept(Trainer* t, const KeptStep& kept, LoadCall* call, absl::string_view from, uint64_t* rejected);
+  // The shard a copy of `step` must be: call.expected for a memory
+  // checkpoint (it has no MANIFEST), else the committed MANIFEST's entry for
+  // the trainer's rank.
+  absl::StatusOr<ckptd::v1::ShardRef> ExpectedRef(Trainer* t, uint64_t step, const LoadCall& call);
   // The committed MANIFEST's entry for the trainer's rank at `step`.
   absl::StatusOr<ckptd::v1::ShardRef> CommittedRef(Trainer* t, uint64_t step);
   // Queues the step just kept in `kept.slot` for the partners.

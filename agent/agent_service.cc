@@ -129,6 +129,9 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_memory_rejected(s->memory_rejected);
   resp->set_slots_ready(s->slots_ready);
   resp->set_slots(s->slots);
+  resp->set_memory_checkpoints(s->memory_checkpoints);
+  resp->set_has_memory_checkpoint(s->last_memory_step.has_value());
+  resp->set_last_memory_step(s->last_memory_step.value_or(0));
   return grpc::Status::OK;
 }
 

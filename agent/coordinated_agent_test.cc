@@ -114,7 +114,8 @@ uint8_t Pattern(uint64_t step, uint32_t rank) { return static_cast<uint8_t>(step
 
 class CoordinatedAgentTest : public ::testing::Test {
  protected:
-  CoordinatedAgentTest() {
+  explicit CoordinatedAgentTest(coordinator::CoordinatorOptions options = {})
+      : core_(&store_, state_.get(), &clock_, options) {
     EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk());
     EXPECT_THAT(core_.Recover(), IsOk());
   }
@@ -139,7 +140,9 @@ class CoordinatedAgentTest : public ::testing::Test {
   Node Start(const std::string& name, uint32_t rank, uint32_t world) {
     Node n;
     n.link = std::make_unique<InProcessCoordinator>(&core_, name);
-    n.agent = std::make_unique<AgentCore>(&mem_, Options(n.link.get()));
+    AgentOptions options = Options(n.link.get());
+    options.node_id = name;  // what its heartbeats say it holds in memory is its own
+    n.agent = std::make_unique<AgentCore>(&mem_, options);
     absl::StatusOr<TrainerHandle> h = n.agent->Register(Rank(rank, world));
     EXPECT_THAT(h.status(), IsOk());
     n.handle = *h;
@@ -288,6 +291,65 @@ TEST_F(CoordinatedAgentTest, ACopyFromMemoryThatFailsTheTrainersCheckIsReportedR
   CKPTD_ASSERT_OK(a.seg->Release(again.slot));
   EXPECT_EQ(source_of(0), ckptd::v1::STORAGE_ROOT);
   EXPECT_EQ(source_of(1), ckptd::v1::AGENT_MEMORY);
+  EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
+}
+
+// Two cadences: every 10 steps, 1 in 2 durable (steps 20, 40, ...).
+class MemoryCheckpointTest : public CoordinatedAgentTest {
+ protected:
+  static coordinator::CoordinatorOptions TwoCadences() {
+    coordinator::CoordinatorOptions o;
+    o.every_steps = 10;
+    o.durable_every = 2;
+    return o;
+  }
+  MemoryCheckpointTest() : CoordinatedAgentTest(TwoCadences()) {}
+
+  // Every node snapshots `step`; waits until each agent is done with it.
+  void SnapshotAll(std::vector<Node*> nodes, uint64_t step) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      Node& n = *nodes[i];
+      ASSERT_NO_FATAL_FAILURE(
+          agent::Snapshot(*n.agent, *n.seg, n.handle, step, Pattern(step, static_cast<uint32_t>(i)), 0.002));
+      CKPTD_ASSERT_OK(n.agent->WaitPersisted(n.handle.trainer_id, step, absl::Seconds(30)).status());
+    }
+    for (Node* n : nodes) n->link->Beat(*n->agent);  // what each keeps in memory
+  }
+};
+
+TEST_F(MemoryCheckpointTest, ATrainerCrashRestoresTheNewestMemoryCheckpointAndADamagedCopyFallsBackToDisk) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{std::nullopt, std::nullopt}));
+  for (uint64_t step : {10u, 20u, 30u}) SnapshotAll({&a, &b}, step);
+  // 20 was written and committed; 10 and 30 were kept in memory only.
+  EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 20)));
+  EXPECT_FALSE(Exists("/ckpt/job/step-10"));
+  EXPECT_FALSE(Exists("/ckpt/job/step-30"));
+  ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).newest_committed_step(), 20u);
+  EXPECT_TRUE(status.jobs(0).has_memory_checkpoint());
+  EXPECT_EQ(status.jobs(0).newest_memory_checkpoint(), 30u);
+  EXPECT_TRUE(status.jobs(0).memory_checkpoint_restorable());
+  for (const ckptd::v1::ShardReport& r : a.link->reports()) EXPECT_EQ(r.memory_only(), r.step() != 20) << r.step();
+
+  // Rank 0's trainer dies on a healthy node: both ranks come back at step 30,
+  // from their agents' memory, and the bytes are step 30's (RestoreAll checks).
+  TrainerDied(a, 0);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{30u, 30u}));
+  const ckptd::v1::GetClusterStatusResponse restored = core_.ClusterStatus();
+  for (const auto& r : restored.jobs(0).last_restore().ranks()) {
+    EXPECT_EQ(r.source(), ckptd::v1::AGENT_MEMORY) << r.rank();
+  }
+
+  // Later: 40 durable, 50 in memory; then rank 1's copy of 50 is damaged and
+  // its trainer dies. No disk holds step 50: every rank goes back to 40.
+  for (uint64_t step : {40u, 50u}) SnapshotAll({&a, &b}, step);
+  CKPTD_ASSERT_OK(b.agent->CorruptKeptStep("job", 1, 50).status());
+  TrainerDied(b, 1);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{40u, 40u}));
+  EXPECT_TRUE(core_.ClusterStatus().jobs(0).quarantined_steps().empty());
   EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
 }
 

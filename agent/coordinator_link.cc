@@ -176,6 +176,7 @@ absl::Status CoordinatorLink::Register() {
   req.set_peer_address(options_.peer_address);
   req.set_failure_domain(options_.failure_domain);
   req.set_replicas(options_.replicas);
+  req.set_memory_tier(options_.memory_tier);
   std::vector<ShardKey> sent;
   {
     absl::MutexLock l(&mu_);

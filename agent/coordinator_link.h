@@ -65,6 +65,9 @@ struct CoordinatorLinkOptions {
   std::string peer_address;
   std::string failure_domain;
   uint32_t replicas = 0;
+  // The agent keeps its trainers' snapshots in memory (no --no-memory-tier):
+  // it takes memory checkpoints. Told at registration.
+  bool memory_tier = true;
   // Called with every heartbeat answer, on the heartbeat thread (drill
   // orders, and the delivery of the drill reports the heartbeat carried).
   std::function<void(const ckptd::v1::HeartbeatAck&)> on_ack;

@@ -225,6 +225,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<agent::CoordinatorLink> link;
   if (flags->link) {
     flags->link->on_ack = [&relay](const ckptd::v1::HeartbeatAck& ack) { relay.OnAck(ack); };
+    flags->link->memory_tier = options.keep_in_memory;
     link =
         std::make_unique<agent::CoordinatorLink>(*flags->link, [&relay](ckptd::v1::Heartbeat* hb) { relay.Fill(hb); });
     options.coordinator = link.get();

@@ -148,11 +148,6 @@ void PrintTwoLevel(const IntervalReport& r, std::ostream& out) {
   FigureLine(out, "every checkpoint durable",
              absl::StrFormat("τ %s: %s (%+.2f points)", DurationFigure(d.single_interval_s), Percent(d.single_waste),
                              100 * (d.single_waste - d.expected_waste)));
-  if (r.live) {
-    FigureLine(out, "in force", absl::StrCat("every ", r.live->every_steps(),
-                                             " steps, every checkpoint durable (the agents do not take "
-                                             "memory-only checkpoints yet)"));
-  }
 }
 
 void TwoLevelJson(const TwoLevelReport& t, JsonWriter& w) {
@@ -280,10 +275,17 @@ void PrintIntervalTable(const IntervalReport& r, std::ostream& out) {
              absl::StrFormat("%s (%+.2f points)", Percent(d.alternative_waste),
                              100 * (d.alternative_waste - d.expected_waste)));
   if (r.live) {
+    const uint64_t k = std::max<uint64_t>(1, r.live->durable_every());
     std::string force = absl::StrCat("every ", r.live->every_steps(), " steps");
+    if (k > 1) absl::StrAppend(&force, ", 1 in ", k, " durable");
+    // The policy's choice: the two cadences' wherever it made one.
+    const bool two = r.two_level && r.two_level->decision && r.two_level->decision->memory_steps > 0;
+    const bool differs = two ? (r.live->every_steps() != r.two_level->decision->memory_steps ||
+                                k != r.two_level->decision->durable_every)
+                             : r.live->every_steps() != d.interval_steps;
     if (!r.live->automatic()) {
       absl::StrAppend(&force, " (fixed with --every: the policy only advises)");
-    } else if (r.live->every_steps() != d.interval_steps) {
+    } else if (differs) {
       absl::StrAppend(&force, " (kept: the change is inside the hysteresis)");
     }
     FigureLine(out, "schedule in force", force);
@@ -330,6 +332,7 @@ std::string IntervalJson(const IntervalReport& r) {
     w.Field("automatic", r.live->automatic());
     w.Field("decided", r.live->decided());
     w.Field("every_steps", r.live->every_steps());
+    w.Field("durable_every", std::max<uint64_t>(1, r.live->durable_every()));
     w.Field("stall_seconds", r.live->stall_seconds());
     w.Field("slowdown_seconds", r.live->slowdown_seconds());
     w.Field("step_seconds_persisting", r.live->step_seconds_persisting());

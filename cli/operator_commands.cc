@@ -98,7 +98,8 @@ const char kRestorePlanHelp[] =
     "  --tls-ca F --tls-cert F --tls-key F\n"
     "                           mutual TLS (PEM files), as the coordinator was started with\n"
     "  --json                   one JSON object instead of the text: job, state,\n"
-    "                           incarnation, fresh_start, step, reason, sources (ranks\n"
+    "                           incarnation, fresh_start, step, memory_checkpoint,\n"
+    "                           durable_step (its fallback), reason, sources (ranks\n"
     "                           per source), ranks (rank, node, own_memory, peer_nodes,\n"
     "                           planned), passed_over\n"
     "\n"
@@ -437,6 +438,8 @@ void PrintPreviewJson(const Command& c, const ckptd::v1::RestorePreview& p) {
   w.Field("incarnation", p.incarnation());
   w.Field("fresh_start", p.fresh_start());
   NullableUint(w, "step", !p.fresh_start(), p.step());
+  w.Field("memory_checkpoint", p.memory_step());
+  NullableUint(w, "durable_step", p.memory_step() && p.has_durable_step(), p.durable_step());
   w.Field("reason", p.reason());
   w.Key("sources");
   w.BeginObject();
@@ -484,6 +487,10 @@ void PrintPreviewText(const Command& c, const ckptd::v1::RestorePreview& p) {
       << ", incarnation " << p.incarnation() << "\n";
   if (p.fresh_start()) {
     out << "a restart now starts fresh (no step restored)\n";
+  } else if (p.memory_step()) {
+    out << "a restart now restores step " << p.step() << ", a memory checkpoint (from memory only; the fallback is "
+        << (p.has_durable_step() ? absl::StrCat("durable step ", p.durable_step()) : std::string("a fresh start"))
+        << ")\n";
   } else {
     out << "a restart now restores step " << p.step() << "\n";
   }

@@ -508,6 +508,31 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
                            HasSubstr("\"passed_over\":[]")));
 }
 
+TEST_F(OperatorCommandsTest, RestorePlanOfAMemoryCheckpointNamesItsFallback) {
+  ckptd::v1::RestorePreview p;
+  p.set_job("llm");
+  p.set_step(1230);
+  p.set_memory_step(true);
+  p.set_has_durable_step(true);
+  p.set_durable_step(1200);
+  p.set_reason("step 1230 is a memory checkpoint");
+  p.set_state(ckptd::v1::JOB_RUNNING);
+  fake_.preview = p;
+  Result r = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("a restart now restores step 1230, a memory checkpoint (from memory only; the "
+                               "fallback is durable step 1200)"));
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"memory_checkpoint\":true"), HasSubstr("\"durable_step\":1200")));
+  p.set_has_durable_step(false);
+  fake_.preview = p;
+  r = Run(RunRestorePlan, {"--job", "llm"});
+  EXPECT_THAT(r.out, HasSubstr("the fallback is a fresh start"));
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  EXPECT_THAT(r.out, HasSubstr("\"durable_step\":null"));
+}
+
 TEST_F(OperatorCommandsTest, RestorePlanSaysWhereEachRankWouldRead) {
   ckptd::v1::RestorePreview p;
   p.set_job("llm");

@@ -23,7 +23,8 @@ const char kStatusHelp[] =
     "The cluster as the coordinator sees it: every agent (alive or lost, the time\n"
     "since its last heartbeat, the ranks it hosts), every job (state, world size,\n"
     "ranks alive, fastest and slowest rank's step, newest committed step, the\n"
-    "schedule's every_steps, the interval policy's choice and its expected waste,\n"
+    "schedule's every_steps (and 1 in K durable, with two cadences), the newest\n"
+    "memory checkpoint, the interval policy's choice and its expected waste,\n"
     "step time, checkpoints committed and aborted, pending and quarantined\n"
     "steps, shards that could not be persisted with the newest one's error), and\n"
     "the 10 newest failures with their age. With peer replication, each agent's\n"
@@ -40,6 +41,14 @@ const char kStatusHelp[] =
     "error, 3 the coordinator cannot be reached\n";
 
 namespace {
+
+// The schedule's rule in the EVERY column: "100" (every checkpoint
+// durable), "100 (1 in 4 durable)" with two cadences, "-" without a rule.
+std::string EveryCell(const ckptd::v1::Schedule& s) {
+  if (s.every_steps() == 0) return "-";
+  if (s.durable_every() <= 1) return absl::StrCat(s.every_steps());
+  return absl::StrCat(s.every_steps(), " (1 in ", s.durable_every(), " durable)");
+}
 
 constexpr uint32_t kStatusEvents = 10;
 
@@ -111,6 +120,9 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     NullableUint(w, "newest_committed_step", j->has_committed(), j->newest_committed_step());
     NullableUint(w, "peer_copies", j->has_committed(), j->peer_copies());
     w.Field("every_steps", j->schedule().every_steps());
+    w.Field("durable_every", std::max<uint64_t>(1, j->schedule().durable_every()));
+    NullableUint(w, "newest_memory_checkpoint", j->has_memory_checkpoint(), j->newest_memory_checkpoint());
+    w.Field("memory_checkpoint_restorable", j->memory_checkpoint_restorable());
     w.Field("start_step", j->schedule().start_step());
     UintArray(w, "extra_steps", j->schedule().extra_steps());
     w.Field("incarnation", j->schedule().incarnation());
@@ -253,7 +265,7 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
       t.Add({j->job(), JobStateName(j->state()), absl::StrCat(j->world_size()),
              absl::StrCat(j->ranks_alive(), "/", j->world_size()), absl::StrCat(j->fastest_step()),
              absl::StrCat(j->slowest_step()), j->has_committed() ? absl::StrCat(j->newest_committed_step()) : "-",
-             j->schedule().every_steps() > 0 ? absl::StrCat(j->schedule().every_steps()) : "-", interval, waste});
+             EveryCell(j->schedule()), interval, waste});
     }
     t.Print(out);
     for (const ckptd::v1::JobStatus* j : jobs) {
@@ -264,6 +276,11 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
       if (j->pending_steps_size() > 0) parts.push_back(absl::StrCat("pending ", absl::StrJoin(j->pending_steps(), ",")));
       if (j->quarantined_steps_size() > 0) {
         parts.push_back(absl::StrCat("quarantined ", absl::StrJoin(j->quarantined_steps(), ",")));
+      }
+      if (j->has_memory_checkpoint()) {
+        parts.push_back(absl::StrCat("memory checkpoint ", j->newest_memory_checkpoint(),
+                                     j->memory_checkpoint_restorable() ? " (every rank's copy in memory)"
+                                                                       : " (not every rank's copy is in memory)"));
       }
       if (j->schedule().extra_steps_size() > 0) {
         parts.push_back(absl::StrCat("manual targets ", absl::StrJoin(j->schedule().extra_steps(), ",")));

@@ -82,6 +82,8 @@ int ckptd_restart_requested(const ckptd_client* client);
 int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds);
 /* *found = 0 when nothing is committed; else *step is the restored step. */
 int ckptd_restore(ckptd_client* client, int* found, uint64_t* step);
+/* Waits until the agent persisted `step` (a memory checkpoint of the
+   coordinator's two cadences: until it keeps it in memory). */
 int ckptd_wait_persisted(ckptd_client* client, uint64_t step, int64_t timeout_ms);
 /* Persists of this client's snapshots that failed at the agent (e.g. a full
  * disk; the steps are not checkpointed), as the agent last reported them (no

@@ -849,6 +849,13 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
                                                     busy_step, " is still in flight"));
   }
   if (im.two_hop) CKPTD_RETURN_IF_ERROR(im.TakeHopError());
+  // A memory checkpoint (two cadences) is done once the agent keeps it in
+  // memory: it is never written unless a failure needs it.
+  bool memory_checkpoint = false;
+  if (im.coordinated.load(std::memory_order_relaxed)) {
+    absl::MutexLock l(&im.sched_mu);
+    memory_checkpoint = im.schedule && rpc::ScheduledAt(*im.schedule, step) && !rpc::DurableAt(*im.schedule, step);
+  }
   while (true) {
     CKPTD_RETURN_IF_ERROR(EnsureRegistered());
     ckptd::v1::GetStatusRequest req;
@@ -861,6 +868,7 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
       im.NoteFailures(im.registration.load(), resp.failed(), resp.last_failed_step(), resp.last_error());
     }
     if (resp.has_persisted() && resp.last_persisted_step() >= step) return absl::OkStatus();
+    if (memory_checkpoint && resp.has_memory_checkpoint() && resp.last_memory_step() >= step) return absl::OkStatus();
     // A failure of an earlier step is no answer for this one (an agent that
     // does not say which step failed: any failure is).
     const bool failed_this = resp.has_failed() ? resp.last_failed_step() >= step : resp.failed() > 0;

@@ -146,7 +146,9 @@ class Client {
 
   // Waits until `step` is persisted (or failed) by the agent, up to `timeout`
   // of the client's clock. A second hop in flight is waited for within
-  // `timeout`, and its error is returned.
+  // `timeout`, and its error is returned. A memory checkpoint (the
+  // coordinator's schedule makes `step` one: Schedule.durable_every) is done
+  // once the agent keeps it in memory.
   absl::Status WaitPersisted(uint64_t step, absl::Duration timeout);
 
   // Snapshots published to the agent (with two hops: once the second ended),

@@ -45,6 +45,13 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
   if (auto a = job->aborted().find(step); a != job->aborted().end() && report.incarnation() <= a->second.incarnation) {
     return absl::AbortedError(absl::StrCat(what, ": the step was aborted"));
   }
+  if (report.memory_only()) {
+    // Kept in memory, not written: complete once every rank has it. A step
+    // no newer than the newest durable one is not needed and is ignored.
+    (void)job->AddMemoryShard(step, rank, {report.shard().file_length(), report.shard().index_xxh3()},
+                              report.stall_seconds(), report.incarnation());
+    return false;
+  }
   if (std::optional<uint64_t> newest = job->NewestUsable(); newest && step < *newest) {
     fx->aborts.emplace_back(job->name(), step);
     return absl::FailedPreconditionError(absl::StrCat(what, ": older than committed step ", *newest, "; not needed"));
@@ -135,6 +142,7 @@ void CoordinatorCore::AbortPending(Job* job, uint64_t step, const std::string& w
 }
 
 absl::Status CoordinatorCore::CheckShardFile(const ShardReport& report) {
+  if (report.memory_only()) return absl::OkStatus();  // no file: it is in memory
   return store_->CheckReportedShard(report.job(), report.step(), report.shard());
 }
 

@@ -102,7 +102,8 @@ absl::Status CoordinatorCore::Recover() {
     for (const storage::StepInfo& s : steps) {
       if (s.state != storage::StepState::kCommitted) continue;
       if (job == nullptr) {
-        std::unique_ptr<Job> found = Job::Discovered(name, s.manifest->world_size(), options_.every_steps);
+        std::unique_ptr<Job> found =
+            Job::Discovered(name, s.manifest->world_size(), options_.every_steps, options_.durable_every);
         job = found.get();
         jobs_[name] = std::move(found);
       }
@@ -160,7 +161,7 @@ absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobFor(const std::string&
     return absl::ResourceExhaustedError(absl::StrCat("job ", name, " is one too many: this coordinator tracks ",
                                                      jobs_.size(), " jobs, its limit (--max-jobs)"));
   }
-  std::unique_ptr<Job> fresh = Job::Create(name, world_size, options_.every_steps);
+  std::unique_ptr<Job> fresh = Job::Create(name, world_size, options_.every_steps, options_.durable_every);
   fresh->set_last_alive(clock_->Now());
   Job* job = fresh.get();
   jobs_[name] = std::move(fresh);
@@ -233,6 +234,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     if (!agent->peer_address.empty() || !request.peer_address().empty()) partners_dirty_ = true;
     agent->peer_address = request.peer_address();
     agent->failure_domain = request.failure_domain();
+    agent->memory_tier = request.memory_tier();
     agent->replicas = request.replicas();
     for (const auto& r : request.ranks()) {
       CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(r.job(), r.world_size()));
@@ -425,6 +427,13 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
     s.set_has_committed(true);
     s.set_newest_committed_step(*newest);
     s.set_peer_copies(PeerCopies(job, *newest));
+  }
+  for (auto it = job.memory_steps().rbegin(); it != job.memory_steps().rend(); ++it) {
+    if (!it->second.complete) continue;
+    s.set_has_memory_checkpoint(true);
+    s.set_newest_memory_checkpoint(it->first);
+    s.set_memory_checkpoint_restorable(NewestMemoryRestorable(job) == it->first);
+    break;
   }
   uint64_t fastest = 0, slowest = UINT64_MAX;
   uint32_t alive = 0;

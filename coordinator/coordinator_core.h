@@ -35,6 +35,7 @@ namespace internal {
 class Job;
 class DrillBook;
 struct IntervalView;
+struct MemoryTiers;
 }  // namespace internal
 
 struct CoordinatorOptions {
@@ -58,6 +59,10 @@ struct CoordinatorOptions {
   // How the prior splits over failure classes (process, node, wide), for the
   // two cadences (policy/two_level.h).
   policy::FailureMix failure_mix;
+  // Every durable_every-th checkpoint is durable, the others memory
+  // checkpoints; 0: the policy chooses (policy/two_level.h). With a fixed
+  // interval (interval_automatic false) 0 means 1: every checkpoint durable.
+  uint64_t durable_every = 0;
   absl::Duration min_interval = absl::Seconds(10);
   absl::Duration max_interval = absl::Hours(6);
   absl::Duration alternative_interval = absl::Minutes(30);  // reported beside the decision
@@ -235,6 +240,13 @@ class CoordinatorCore {
   // outside `domain` first, then by node id; at most kMaxPlanPeers.
   std::vector<const Agent*> PeerHolders(const Job& job, uint32_t rank, uint64_t step, const std::string& exclude,
                                         const std::string& domain) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The newest complete memory checkpoint newer than the newest durable
+  // step whose every rank has a copy in a live agent's memory.
+  std::optional<uint64_t> NewestMemoryRestorable(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A plan of a memory checkpoint: the rank's shard as reported, which its
+  // copy in memory is checked against (there is no MANIFEST).
+  void AddMemoryExpectation(const Job& job, uint32_t rank, ckptd::v1::RestorePlanResponse* plan) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Fills a LOAD plan's peers for the asking agent.
   void AddPlanPeers(const Agent& asker, const Job& job, uint32_t rank, ckptd::v1::RestorePlanResponse* plan) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -297,12 +309,13 @@ class CoordinatorCore {
   uint64_t ManualLead(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The interval policy for `job` with what has been measured so far.
   internal::IntervalView IntervalFor(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Every node with a live rank of `job` sends its snapshots to a partner.
-  bool JobHasPeerCopies(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Whether every node with a live rank of `job` keeps its snapshots in
+  // memory, and sends them to a partner.
+  internal::MemoryTiers TiersOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Moves the job to the policy's interval when it differs enough.
   void DecideInterval(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A new every_steps from a step ahead of every rank (see .cc).
-  void Reschedule(Job* job, uint64_t every_steps) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new every_steps and durable_every from a step ahead of every rank (see .cc).
+  void Reschedule(Job* job, uint64_t every_steps, uint64_t durable_every) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   storage::CheckpointStore* const store_;
   StateStore* const state_;

@@ -84,17 +84,36 @@ struct ClusterExposure {
   std::array<uint64_t, policy::kFailureClasses> by_class = {0, 0, 0};  // Job::FailuresByClass, summed
 };
 
+// Where the job's copies in memory are: every node with a rank of it keeps
+// its trainers' snapshots (memory_tier), and sends them to a replication
+// partner (peer_copies), so that a lost node's ranks come back from memory.
+struct MemoryTiers {
+  bool memory_tier = false;
+  bool peer_copies = false;
+};
+
 // The interval policy's view of `job`, from its measurements so far.
-// `peer_copies`: every node of the job has a replication partner, so a lost
-// node's ranks come back from memory.
 IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options,
-                          bool peer_copies = false);
+                          MemoryTiers tiers = {});
 
 // The one-off targets that keep the current rule's checkpoints when the
 // rule changes at `start`: the current targets ahead of `fastest`, and the
 // current rule's steps after `fastest` and before `start` (64 at most), so
-// that a rank that has not heard of the change yet snapshots the same steps.
-std::vector<uint64_t> TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t fastest, uint64_t start);
+// that a rank that has not heard of the change yet snapshots the same steps,
+// durable ones (`durable`) and memory ones (`memory`) alike.
+struct OneOffTargets {
+  std::vector<uint64_t> durable;
+  std::vector<uint64_t> memory;
+};
+OneOffTargets TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t fastest, uint64_t start);
+
+// The durable_phase of a new rule (every `every` steps from `start`, one in
+// `durable_every` durable) that makes its first durable step the first rule
+// step at least durable_every intervals after the newest durable step known
+// (committed, pending, or one of `kept`'s durable one-offs): a change of rule
+// neither rushes nor delays the durable cadence.
+uint64_t DurablePhase(const Job& job, const OneOffTargets& kept, uint64_t every, uint64_t durable_every,
+                      uint64_t start);
 
 // The committed steps retention drops, newest first: all but the newest
 // `keep_last` (at least 1) that are not quarantined. Quarantined steps are
@@ -123,6 +142,7 @@ struct CoordinatorCore::Agent {
   std::string peer_address;
   std::string failure_domain;
   uint32_t replicas = 0;
+  bool memory_tier = false;  // it takes memory checkpoints (RegisterAgentRequest.memory_tier)
   std::vector<std::string> send_to;
   std::vector<std::string> receive_from;
   size_t short_of_partners_logged = SIZE_MAX;  // the partner count last logged as short

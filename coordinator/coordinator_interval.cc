@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,13 +34,14 @@ double MedianOfPositive(std::vector<double> v) {
 // The failure classes' estimates into `two`, and which of them memory
 // recovers from (a lost node's only with partners holding its ranks).
 void FillClasses(const ClusterExposure& cluster, const CoordinatorOptions& options, double exposure_gpu_hours,
-                 bool peer_copies, ckptd::v1::TwoLevelStatus* two) {
+                 MemoryTiers tiers, ckptd::v1::TwoLevelStatus* two) {
   std::array<int64_t, policy::kFailureClasses> seen;
   for (int c = 0; c < policy::kFailureClasses; ++c) seen[c] = static_cast<int64_t>(cluster.by_class[c]);
   const auto rates = policy::EstimateRatesByClass(options.failure_prior, options.failure_mix, seen, exposure_gpu_hours);
   const policy::FailureMix& mix = options.failure_mix;
   const double total = mix.process + mix.node + mix.wide;
-  two->set_peer_copies(peer_copies);
+  two->set_memory_tier(tiers.memory_tier);
+  two->set_peer_copies(tiers.memory_tier && tiers.peer_copies);
   for (int c = 0; c < policy::kFailureClasses; ++c) {
     const auto cls = static_cast<policy::FailureClass>(c);
     ckptd::v1::FailureClassStatus* f = two->add_classes();
@@ -48,15 +51,18 @@ void FillClasses(const ClusterExposure& cluster, const CoordinatorOptions& optio
     f->set_rate_per_gpu_hour(rates[c].mean);
     f->set_rate_lower(rates[c].lower);
     f->set_rate_upper(rates[c].upper);
-    f->set_from_memory(cls == policy::FailureClass::kProcess || (cls == policy::FailureClass::kNode && peer_copies));
+    f->set_from_memory(tiers.memory_tier && (cls == policy::FailureClass::kProcess ||
+                                             (cls == policy::FailureClass::kNode && tiers.peer_copies)));
   }
 }
 
 // The two cadences from the single level's measurements: every checkpoint
 // costs the stall (δm), a durable one also the persist's slowdown (δd).
-void ViewTwoLevel(const ckptd::v1::IntervalStatus& st, IntervalView* view) {
+void ViewTwoLevel(const ckptd::v1::IntervalStatus& st, const CoordinatorOptions& options, IntervalView* view) {
   ckptd::v1::TwoLevelStatus* two = view->status.mutable_two_level();
   policy::TwoLevelInputs in;
+  // Without the memory tier on every node there are no memory checkpoints.
+  in.fixed_durable_every = two->memory_tier() ? options.durable_every : 0;
   for (const ckptd::v1::FailureClassStatus& f : two->classes()) {
     const double per_s = f.rate_per_gpu_hour() * st.gpus() / 3600;
     (f.from_memory() ? in.memory_rate_per_s : in.durable_rate_per_s) += per_s;
@@ -97,12 +103,13 @@ void ViewTwoLevel(const ckptd::v1::IntervalStatus& st, IntervalView* view) {
 }  // namespace
 
 IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const CoordinatorOptions& options,
-                          bool peer_copies) {
+                          MemoryTiers tiers) {
   IntervalView view;
   ckptd::v1::IntervalStatus& st = view.status;
   st.set_job(job.name());
   st.set_automatic(options.interval_automatic);
   st.set_every_steps(job.schedule().every_steps());
+  st.set_durable_every(job.schedule().durable_every());
   st.set_gpus(job.world_size());
   st.set_failures(cluster.failures);
   st.set_exposure_gpu_hours(cluster.gpu_seconds / 3600);
@@ -115,7 +122,7 @@ IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const 
   st.set_rate_upper(rate.upper);
   st.set_credible(rate.credible);
   st.set_mtbf_seconds(policy::JobMtbfSeconds(rate.mean, static_cast<int>(job.world_size())));
-  FillClasses(cluster, options, st.exposure_gpu_hours(), peer_copies, st.mutable_two_level());
+  FillClasses(cluster, options, st.exposure_gpu_hours(), tiers, st.mutable_two_level());
   std::vector<double> idle, persisting;
   for (const auto& [r, rank] : job.ranks()) {
     if (!rank.alive) continue;
@@ -179,15 +186,37 @@ IntervalView ViewInterval(const Job& job, const ClusterExposure& cluster, const 
   st.set_decided(true);
   view.inputs = in;
   view.decision = *std::move(d);
-  ViewTwoLevel(st, &view);
+  ViewTwoLevel(st, options, &view);
   return view;
 }
 
-std::vector<uint64_t> TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t fastest, uint64_t start) {
-  std::vector<uint64_t> extras;
+uint64_t DurablePhase(const Job& job, const OneOffTargets& kept, uint64_t every, uint64_t durable_every,
+                      uint64_t start) {
+  const uint64_t k = std::max<uint64_t>(1, durable_every);
+  if (k == 1 || every == 0) return 0;
+  // The newest durable step known: committed, pending, or still ahead as a
+  // one-off target of the old rule.
+  uint64_t last = job.NewestUsable().value_or(0);
+  if (!job.pending().empty()) last = std::max(last, job.pending().rbegin()->first);
+  for (uint64_t d : kept.durable) last = std::max(last, d);
+  // The first durable step of the new rule: k intervals after it.
+  const uint64_t due = last + std::min<uint64_t>(k * every, std::numeric_limits<uint64_t>::max() - last);
+  const uint64_t first = due <= start ? 0 : (due - start + every - 1) / every;
+  return (k - first % k) % k;
+}
+
+OneOffTargets TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t fastest, uint64_t start) {
+  OneOffTargets t;
   for (uint64_t e : current.extra_steps()) {
-    if (e > fastest) extras.push_back(e);
+    if (e > fastest) t.durable.push_back(e);
   }
+  for (uint64_t e : current.memory_steps()) {
+    if (e > fastest && !rpc::DurableAt(current, e)) t.memory.push_back(e);
+  }
+  auto known = [&t](uint64_t step) {
+    return std::find(t.durable.begin(), t.durable.end(), step) != t.durable.end() ||
+           std::find(t.memory.begin(), t.memory.end(), step) != t.memory.end();
+  };
   if (current.every_steps() > 0) {
     const uint64_t every = current.every_steps();
     uint64_t next = fastest + 1;
@@ -196,11 +225,12 @@ std::vector<uint64_t> TargetsUntilNewRule(const ckptd::v1::Schedule& current, ui
     } else {
       next += (every - (next - current.start_step()) % every) % every;
     }
-    for (; next < start && extras.size() < kMaxTargets; next += every) {
-      if (std::find(extras.begin(), extras.end(), next) == extras.end()) extras.push_back(next);
+    for (; next < start && t.durable.size() + t.memory.size() < kMaxTargets; next += every) {
+      if (known(next)) continue;
+      (rpc::DurableAt(current, next) ? t.durable : t.memory).push_back(next);
     }
   }
-  return extras;
+  return t;
 }
 
 }  // namespace internal
@@ -243,15 +273,18 @@ absl::StatusOr<ckptd::v1::RequestCheckpointResponse> CoordinatorCore::RequestChe
   return response;
 }
 
-bool CoordinatorCore::JobHasPeerCopies(const Job& job) const {
+internal::MemoryTiers CoordinatorCore::TiersOf(const Job& job) const {
+  internal::MemoryTiers tiers{true, true};
   bool any = false;
   for (const auto& [r, rank] : job.ranks()) {
     if (!rank.alive) continue;
     auto agent = agents_.find(rank.node_id);
-    if (agent == agents_.end() || agent->second->send_to.empty()) return false;
+    if (agent == agents_.end()) return {};
     any = true;
+    tiers.memory_tier &= agent->second->memory_tier;
+    tiers.peer_copies &= !agent->second->send_to.empty();
   }
-  return any;
+  return any ? tiers : internal::MemoryTiers{};
 }
 
 internal::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
@@ -264,25 +297,39 @@ internal::IntervalView CoordinatorCore::IntervalFor(const Job& job) const {
     const std::array<uint64_t, 3> by_class = j->FailuresByClass();
     for (int c = 0; c < policy::kFailureClasses; ++c) cluster.by_class[c] += by_class[c];
   }
-  return internal::ViewInterval(job, cluster, options_, JobHasPeerCopies(job));
+  return internal::ViewInterval(job, cluster, options_, TiersOf(job));
 }
 
 void CoordinatorCore::DecideInterval(Job* job) {
   internal::IntervalView v = IntervalFor(*job);
   if (!v.decision) return;
-  const uint64_t current = job->schedule().every_steps();
-  if (policy::ShouldChangeInterval(current, *v.decision, *v.inputs, options_.hysteresis)) {
-    Reschedule(job, v.decision->interval_steps);
+  const ckptd::v1::Schedule& current = job->schedule();
+  const uint64_t current_k = std::max<uint64_t>(1, current.durable_every());
+  if (v.two_level && v.two_level->memory_steps > 0) {
+    // Two cadences wherever the job's memory tier makes them worth it (k = 1
+    // otherwise: then this is the one-cadence decision).
+    const policy::TwoLevelDecision& d = *v.two_level;
+    if (policy::ShouldChangeTwoLevel(current.every_steps(), current_k, d, *v.two_level_inputs, options_.hysteresis)) {
+      Reschedule(job, d.memory_steps, d.durable_every);
+    }
+    return;
+  }
+  if (policy::ShouldChangeInterval(current.every_steps(), *v.decision, *v.inputs, options_.hysteresis) ||
+      current_k != 1) {
+    Reschedule(job, v.decision->interval_steps, 1);
   }
 }
 
-void CoordinatorCore::Reschedule(Job* job, uint64_t every_steps) {
+void CoordinatorCore::Reschedule(Job* job, uint64_t every_steps, uint64_t durable_every) {
   const uint64_t fastest = job->FastestStep();
   // The new rule starts where every rank has heard of it. Until then a rank
   // may still follow the old one, so the old rule's targets before that step
-  // stay as one-off targets: every rank snapshots the same steps either way.
+  // stay as one-off targets (durable or memory, as the old rule had them):
+  // every rank snapshots the same steps either way.
   const uint64_t start = fastest + ManualLead(*job);
-  job->SetRule(every_steps, start, internal::TargetsUntilNewRule(job->schedule(), fastest, start));
+  internal::OneOffTargets t = internal::TargetsUntilNewRule(job->schedule(), fastest, start);
+  job->SetRule(every_steps, durable_every, start, t.durable, t.memory,
+               internal::DurablePhase(*job, t, every_steps, durable_every, start));
 }
 
 absl::StatusOr<ckptd::v1::IntervalStatus> CoordinatorCore::GetInterval(const ckptd::v1::GetIntervalRequest& request) {

@@ -1,4 +1,5 @@
 // CoordinatorCore: the schedule (manual checkpoints and the interval policy).
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -164,13 +165,18 @@ TEST_F(IntervalPolicyTest, WaitsForAMeasuredCheckpointThenMovesTheScheduleToTheO
   EXPECT_GT(st.alternative_waste(), st.expected_waste());
   EXPECT_FALSE(st.reason().empty());
 
-  // The schedule moved to the decision, from a step ahead of every rank.
+  // The schedule moved to the decision, from a step ahead of every rank:
+  // two cadences, since trainers that die on a healthy node come back from
+  // their agent's memory.
   const ckptd::v1::Schedule sched = Schedule();
   EXPECT_GT(sched.generation(), generation);
-  EXPECT_EQ(sched.every_steps(), st.interval_steps());
+  EXPECT_EQ(sched.every_steps(), st.two_level().memory_interval_steps());
+  EXPECT_EQ(sched.durable_every(), st.two_level().durable_every());
+  EXPECT_GT(sched.durable_every(), 1u);
   EXPECT_NE(sched.every_steps(), options_.every_steps);
   EXPECT_GT(sched.start_step(), 105u);
-  EXPECT_EQ(st.every_steps(), st.interval_steps());
+  EXPECT_EQ(st.every_steps(), sched.every_steps());
+  EXPECT_EQ(st.durable_every(), sched.durable_every());
 
   // The same measurements again: no churn.
   CKPTD_ASSERT_OK(DecideAt(110));
@@ -189,7 +195,65 @@ TEST_F(IntervalPolicyTest, WaitsForAMeasuredCheckpointThenMovesTheScheduleToTheO
   const ckptd::v1::IntervalStatus later = Interval();
   EXPECT_DOUBLE_EQ(later.stall_seconds(), 0.2);
   EXPECT_GT(Schedule().every_steps(), sched.every_steps());
-  EXPECT_EQ(Schedule().every_steps(), later.interval_steps());
+  EXPECT_EQ(Schedule().every_steps(), later.two_level().memory_interval_steps());
+}
+
+TEST_F(IntervalPolicyTest, OneCadenceWhereANodeKeepsNothingInMemoryOrTheOperatorFixesK) {
+  // node-b's agent runs without its memory tier: nothing comes back from
+  // memory, so every checkpoint is durable.
+  ckptd::v1::RegisterAgentRequest req = Registration("node-b", {2, 3});
+  req.set_memory_tier(false);
+  Register(req);
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);
+  CKPTD_ASSERT_OK(DecideAt(105));
+  ckptd::v1::IntervalStatus st = Interval();
+  ASSERT_TRUE(st.decided()) << st.waiting_for();
+  EXPECT_FALSE(st.two_level().memory_tier());
+  for (const auto& c : st.two_level().classes()) EXPECT_FALSE(c.from_memory()) << c.name();
+  EXPECT_EQ(st.two_level().durable_every(), 1u);
+  EXPECT_LE(Schedule().durable_every(), 1u);
+  EXPECT_EQ(Schedule().every_steps(), st.interval_steps());
+
+  // --durable-every 5 with every node's memory tier: k stays 5.
+  options_.durable_every = 5;
+  StartOver();
+  EXPECT_EQ(Schedule().durable_every(), 5u);  // from the start
+  CKPTD_ASSERT_OK(BeatAll(195, 0.1, 0.125));
+  CommitStep(200);
+  CKPTD_ASSERT_OK(DecideAt(205));
+  st = Interval();
+  EXPECT_EQ(st.two_level().durable_every(), 5u);
+  EXPECT_EQ(st.two_level().reason(), "durable every k set by the operator");
+  EXPECT_EQ(Schedule().durable_every(), 5u);
+  EXPECT_EQ(Schedule().every_steps(), st.two_level().memory_interval_steps());
+}
+
+TEST_F(IntervalPolicyTest, AMemoryCheckpointCompletesWhenEveryRankReportedIt) {
+  options_.durable_every = 3;
+  StartOver();
+  CKPTD_ASSERT_OK(BeatAll(95, 0.1, 0.125));
+  CommitStep(100);
+  // Step 110: kept in memory on every rank, reported without a file.
+  for (uint32_t r = 0; r < 4; ++r) {
+    ckptd::v1::ShardReport rep;
+    rep.set_job(kJob);
+    rep.set_step(110);
+    rep.set_world_size(4);
+    rep.set_memory_only(true);
+    rep.set_stall_seconds(0.02);
+    rep.mutable_shard()->set_rank(r);
+    rep.mutable_shard()->set_file_length(4096 + r);
+    rep.mutable_shard()->set_index_xxh3(77 + r);
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto resp, core_->ReportShard(ShardRequest(r < 2 ? "node-a" : "node-b", rep)));
+    EXPECT_FALSE(resp.committed());
+  }
+  // Nothing was written, nothing committed; the coordinator knows the step in memory.
+  EXPECT_FALSE(Exists(absl::StrCat(kRoot, "/", kJob, "/step-110")));
+  ckptd::v1::ListStepsRequest list;
+  list.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto steps, core_->ListSteps(list));
+  for (const auto& e : steps.steps()) EXPECT_NE(e.step(), 110u);
 }
 
 TEST_F(IntervalPolicyTest, OldTargetsBeforeTheNewStartStayForRanksThatHaveNotHeard) {
@@ -259,7 +323,9 @@ TEST_F(IntervalPolicyTest, RestoreToAnOlderStepCountsTheScheduleFromTheStart) {
   RestoreAll(10);
   const ckptd::v1::Schedule after = Schedule();
   EXPECT_EQ(after.every_steps(), moved.every_steps());
-  EXPECT_LT(after.start_step(), after.every_steps());
+  // Within one durable period, so that the durable steps stay where they were.
+  EXPECT_LT(after.start_step(), after.every_steps() * std::max<uint64_t>(1, after.durable_every()));
+  EXPECT_EQ(after.durable_every(), moved.durable_every());
   // Same phase: the steps the moved rule named are still named.
   EXPECT_TRUE(rpc::ScheduledAt(after, moved.start_step() + moved.every_steps()));
 }

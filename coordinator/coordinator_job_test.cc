@@ -11,6 +11,7 @@
 #include "coordinator/job.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/schedule.h"
 
 namespace ckptd::coordinator::internal {
 namespace {
@@ -142,9 +143,99 @@ TEST(TargetsUntilNewRuleTest, KeepsTheOldRulesStepsBeforeTheNewStart) {
   s.set_start_step(0);
   s.add_extra_steps(5);   // behind the fastest rank: dropped
   s.add_extra_steps(47);  // ahead: kept
-  EXPECT_THAT(TargetsUntilNewRule(s, /*fastest=*/12, /*start=*/45), ElementsAre(47u, 20u, 30u, 40u));
+  EXPECT_THAT(TargetsUntilNewRule(s, /*fastest=*/12, /*start=*/45).durable, ElementsAre(47u, 20u, 30u, 40u));
+  EXPECT_THAT(TargetsUntilNewRule(s, 12, 45).memory, ElementsAre());
   s.set_every_steps(0);
-  EXPECT_THAT(TargetsUntilNewRule(s, 12, 45), ElementsAre(47u));
+  EXPECT_THAT(TargetsUntilNewRule(s, 12, 45).durable, ElementsAre(47u));
+}
+
+TEST(TargetsUntilNewRuleTest, KeepsWhetherEachOldStepWasDurableOrInMemory) {
+  ckptd::v1::Schedule s;
+  s.set_every_steps(10);
+  s.set_start_step(0);
+  s.set_durable_every(3);  // durable: 0, 30, 60, ...
+  s.add_memory_steps(15);  // an older rule's memory checkpoint, still ahead
+  s.add_memory_steps(5);   // behind the fastest rank: dropped
+  const OneOffTargets t = TargetsUntilNewRule(s, /*fastest=*/12, /*start=*/65);
+  EXPECT_THAT(t.durable, ElementsAre(30u, 60u));
+  EXPECT_THAT(t.memory, ElementsAre(15u, 20u, 40u, 50u));
+}
+
+TEST(DurablePhaseTest, ANewRuleContinuesTheDurableCadence) {
+  std::unique_ptr<Job> job = Job::Create("j", 1, 10, 4);
+  // Nothing durable yet: the new rule's first step is durable.
+  EXPECT_EQ(DurablePhase(*job, {}, 10, 4, 100), 0u);
+  // Durable step 90 committed: the next durable one is due at 130, the new
+  // rule's count 3 (100, 110, 120, 130): phase 1.
+  job->MarkCommitted(90, 0.1, 1);
+  EXPECT_EQ(DurablePhase(*job, {}, 10, 4, 100), 1u);
+  ckptd::v1::Schedule s;
+  s.set_start_step(100);
+  s.set_every_steps(10);
+  s.set_durable_every(4);
+  s.set_durable_phase(1);
+  EXPECT_FALSE(rpc::DurableAt(s, 100));
+  EXPECT_TRUE(rpc::DurableAt(s, 130));
+  EXPECT_TRUE(rpc::DurableAt(s, 170));
+  // A durable one-off kept from the old rule counts too; so does a pending step.
+  EXPECT_EQ(DurablePhase(*job, OneOffTargets{{95}, {}}, 10, 4, 100), 0u);  // due at 135: count 4
+  job->AddShard(120, ckptd::v1::ShardRef(), 0, 0, absl::Now());
+  EXPECT_EQ(DurablePhase(*job, {}, 10, 4, 100), (4 - 6 % 4) % 4);  // due at 160: count 6
+  // One cadence: no phase.
+  EXPECT_EQ(DurablePhase(*job, {}, 10, 1, 100), 0u);
+}
+
+TEST(JobMemoryStepsTest, CompleteWhenEveryRankReportedAndForgottenOnceADurableStepIsNewer) {
+  std::unique_ptr<Job> job = Job::Create("j", 2, 10, 3);
+  EXPECT_FALSE(job->AddMemoryShard(10, 0, {100, 7}, 0.5, 0));
+  EXPECT_FALSE(job->CommittedShard(10, 0).has_value());  // not complete yet
+  EXPECT_FALSE(job->AddMemoryShard(10, 0, {100, 7}, 0.5, 0));  // repeated
+  EXPECT_TRUE(job->AddMemoryShard(10, 1, {200, 9}, 0.7, 0));
+  EXPECT_FALSE(job->AddMemoryShard(10, 1, {200, 9}, 0.7, 0));  // after completion
+  ASSERT_TRUE(job->CommittedShard(10, 1).has_value());
+  EXPECT_EQ(job->CommittedShard(10, 1)->file_length, 200u);
+  EXPECT_EQ(job->CommittedShard(10, 1)->index_xxh3, 9u);
+  EXPECT_EQ(job->stalls().size(), 1u);  // its stall is measured
+  EXPECT_DOUBLE_EQ(job->stalls().Median(), 0.7);
+  // An incomplete one before a complete one is of no use any more.
+  EXPECT_FALSE(job->AddMemoryShard(15, 0, {1, 1}, 0, 0));
+  EXPECT_FALSE(job->AddMemoryShard(20, 0, {1, 1}, 0, 0));
+  EXPECT_TRUE(job->AddMemoryShard(20, 1, {1, 1}, 0, 0));
+  EXPECT_FALSE(job->memory_steps().contains(15));
+  EXPECT_TRUE(job->memory_steps().contains(10));
+  // A durable commit at 20 makes both unnecessary; older reports are ignored.
+  job->MarkCommitted(20, 0.1, 1);
+  EXPECT_TRUE(job->memory_steps().empty());
+  EXPECT_FALSE(job->AddMemoryShard(20, 0, {1, 1}, 0, 0));
+  EXPECT_TRUE(job->memory_steps().empty());
+  // At most kMaxMemorySteps are kept, the oldest dropped first.
+  for (uint64_t step = 21; step < 21 + 3 * Job::kMaxMemorySteps; ++step) job->AddMemoryShard(step, 0, {1, 1}, 0, 0);
+  EXPECT_EQ(job->memory_steps().size(), Job::kMaxMemorySteps);
+  EXPECT_EQ(job->memory_steps().rbegin()->first, 20 + 3 * Job::kMaxMemorySteps);
+}
+
+TEST(JobMemoryStepsTest, ARestoreRoundTakesTheMemoryStepItIsGivenAndForgetsNewerOnes) {
+  std::unique_ptr<Job> job = Job::Create("j", 1, 10, 3);
+  job->MarkCommitted(10, 0.1, 1);
+  job->AddMemoryShard(20, 0, {5, 6}, 0, 0);
+  job->AddMemoryShard(30, 0, {5, 6}, 0, 0);
+  job->Restart(absl::Now());
+  job->StartRestoreRound(20);
+  ASSERT_TRUE(job->round().has_value());
+  EXPECT_EQ(job->round()->step, 20u);
+  EXPECT_TRUE(job->round()->memory);
+  EXPECT_TRUE(job->Plan().memory_step());
+  EXPECT_FALSE(job->memory_steps().contains(30));
+  // A failed load falls back to the durable step.
+  job->DropMemoryStep(20);
+  EXPECT_EQ(job->FallBack().step(), 10u);
+  EXPECT_FALSE(job->round()->memory);
+  EXPECT_FALSE(job->Plan().memory_step());
+  // A memory step older than the durable one is never taken.
+  job->Restart(absl::Now());
+  job->StartRestoreRound(5);
+  EXPECT_EQ(job->round()->step, 10u);
+  EXPECT_FALSE(job->round()->memory);
 }
 
 }  // namespace

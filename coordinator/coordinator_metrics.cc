@@ -47,6 +47,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
   CKPTD_ASSIGN_OR_RETURN(m->interval_steps_,
                          r.AddGauge("ckptd_job_checkpoint_interval_steps",
                                     "Steps between scheduled checkpoints (the schedule's every_steps).", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->durable_every_,
+                         r.AddGauge("ckptd_job_durable_every",
+                                    "Every how many scheduled checkpoints one is durable; the others are memory "
+                                    "checkpoints (1: every checkpoint durable).",
+                                    {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->newest_memory_,
+                         r.AddGauge("ckptd_job_newest_memory_checkpoint_step",
+                                    "Newest memory checkpoint every rank reported, newer than every durable step.",
+                                    {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->interval_seconds_,
                          r.AddGauge("ckptd_job_checkpoint_interval_seconds",
                                     "The interval policy's choice: compute time between checkpoints.", {"job"}));
@@ -173,6 +182,12 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
       newest_committed_->Remove({job});
     }
     interval_steps_->With({job})->Set(static_cast<double>(j.schedule().every_steps()));
+    durable_every_->With({job})->Set(static_cast<double>(std::max<uint64_t>(1, j.schedule().durable_every())));
+    if (j.has_memory_checkpoint()) {
+      newest_memory_->With({job})->Set(static_cast<double>(j.newest_memory_checkpoint()));
+    } else {
+      newest_memory_->Remove({job});
+    }
     ckptd::v1::GetIntervalRequest req;
     req.set_job(job);
     absl::StatusOr<ckptd::v1::IntervalStatus> iv = core->GetInterval(req);

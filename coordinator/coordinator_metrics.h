@@ -8,6 +8,8 @@
 //   ckptd_job_step{job,which="fastest"|"slowest"}      step reached by the ranks
 //   ckptd_job_newest_committed_step{job}               only for jobs with a committed step
 //   ckptd_job_checkpoint_interval_steps{job}           the schedule's every_steps
+//   ckptd_job_durable_every{job}                       the schedule's durable_every (at least 1)
+//   ckptd_job_newest_memory_checkpoint_step{job}       newest complete memory checkpoint
 //   ckptd_checkpoints_committed_total{job}             from the job's record (kept across restarts)
 //   ckptd_checkpoints_aborted_total{job}               likewise
 //   ckptd_snapshot_stall_seconds{job}                  histogram, from each ShardReport
@@ -58,6 +60,8 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::GaugeFamily* job_step_ = nullptr;
   metrics::GaugeFamily* newest_committed_ = nullptr;
   metrics::GaugeFamily* interval_steps_ = nullptr;
+  metrics::GaugeFamily* durable_every_ = nullptr;
+  metrics::GaugeFamily* newest_memory_ = nullptr;
   metrics::GaugeFamily* interval_seconds_ = nullptr;
   metrics::GaugeFamily* expected_waste_ = nullptr;
   metrics::GaugeFamily* mtbf_ = nullptr;

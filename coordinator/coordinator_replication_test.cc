@@ -536,5 +536,127 @@ TEST_F(ReplicationTest, WithPartnersIsRefusedWhereItCannotBeCarriedOut) {
   EXPECT_THAT(MustBeat("node-b").drills(), IsEmpty());
 }
 
+// A memory checkpoint's digest of `rank`, as its agent reports it and its
+// copies carry it.
+constexpr uint64_t kMemLength = 8192;
+ckptd::v1::ShardReport MemoryReport(uint64_t step, uint32_t rank) {
+  ckptd::v1::ShardReport rep;
+  rep.set_job(CoreHarness::kJob);
+  rep.set_step(step);
+  rep.set_world_size(4);
+  rep.set_memory_only(true);
+  rep.set_stall_seconds(0.01);
+  rep.mutable_shard()->set_rank(rank);
+  rep.mutable_shard()->set_file_length(kMemLength + rank);
+  rep.mutable_shard()->set_index_xxh3(1000 + step * 10 + rank);
+  return rep;
+}
+
+ckptd::v1::MemoryCopy MemoryCopyOf(uint64_t step, uint32_t rank, const std::string& owner) {
+  const ckptd::v1::ShardReport rep = MemoryReport(step, rank);
+  ckptd::v1::MemoryCopy c;
+  c.set_job(CoreHarness::kJob);
+  c.set_rank(rank);
+  c.set_step(step);
+  c.set_owner_node(owner);
+  c.set_file_length(rep.shard().file_length());
+  c.set_index_xxh3(rep.shard().index_xxh3());
+  return c;
+}
+
+TEST_F(ReplicationTest, AMemoryCheckpointIsRestoredWhenEveryRankHasACopyInMemory) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  MustBeat("node-a");
+  MustBeat("node-b");
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(r), MemoryReport(20, r))).status());
+  }
+  // Each node keeps its own ranks' copies and its partner's.
+  std::vector<ckptd::v1::MemoryCopy> all;
+  for (uint32_t r = 0; r < 4; ++r) all.push_back(MemoryCopyOf(20, r, NodeOf(r)));
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
+  CKPTD_ASSERT_OK(BeatWithMemory("node-b", all).status());
+  ckptd::v1::RestorePreview preview = Preview();
+  EXPECT_EQ(preview.step(), 20u);
+  EXPECT_TRUE(preview.memory_step());
+  EXPECT_TRUE(preview.has_durable_step());
+  EXPECT_EQ(preview.durable_step(), 10u);
+  EXPECT_THAT(preview.reason(), HasSubstr("memory checkpoint"));
+
+  // A trainer dies: every rank loads step 20 from memory, each checked
+  // against its own rank's reported digest.
+  CKPTD_ASSERT_OK(ReportFailure("node-a", 1, ckptd::v1::TRAINER_DIED));
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse plan, Plan(r));
+    ASSERT_EQ(plan.verdict(), PlanResponse::LOAD) << r;
+    EXPECT_EQ(plan.step(), 20u);
+    EXPECT_TRUE(plan.memory_step());
+    EXPECT_EQ(plan.expected().rank(), r);
+    EXPECT_EQ(plan.expected().file_length(), kMemLength + r);
+    EXPECT_EQ(plan.expected().index_xxh3(), 1000 + 200 + r);
+  }
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse plan, Plan(r, 20));
+    EXPECT_EQ(plan.verdict(), r == 3 ? PlanResponse::GO : PlanResponse::WAIT);
+    EXPECT_TRUE(plan.memory_step());
+  }
+  EXPECT_EQ(JobState().schedule().state(), ckptd::v1::JOB_RUNNING);
+
+  // Later node-b is lost: node-a holds its ranks' copies, so step 20 is
+  // still the one every rank loads (node-b's ranks on a replacement node,
+  // from node-a's memory).
+  for (const char* n : {"node-a", "node-b"}) MustBeat(n);
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
+  core_->Tick();
+  RegisterPeer("node-c", {2, 3}, "rack-3", 1);
+  auto from_c = [&](std::optional<uint64_t> attempt, bool ok) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(2, attempt, ok);
+    req.set_node_id("node-c");
+    req.set_session(sessions_["node-c"]);
+    return core_->GetRestorePlan(req);
+  };
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse moved, from_c(std::nullopt, true));
+  ASSERT_EQ(moved.verdict(), PlanResponse::LOAD);
+  EXPECT_EQ(moved.step(), 20u);
+  EXPECT_TRUE(moved.memory_step());
+  EXPECT_THAT(PeerNodes(moved), ElementsAre("node-a"));
+  // Rank 2 finds no intact copy after all: no disk has a memory checkpoint,
+  // so every rank falls back to durable step 10, and nothing is quarantined.
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse back, from_c(20, /*ok=*/false));
+  EXPECT_EQ(back.verdict(), PlanResponse::LOAD);
+  EXPECT_EQ(back.step(), 10u);
+  EXPECT_FALSE(back.memory_step());
+  EXPECT_FALSE(back.has_expected());
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse other, Plan(0));
+  EXPECT_EQ(other.step(), 10u);
+  EXPECT_FALSE(other.memory_step());
+  EXPECT_TRUE(JobState().quarantined_steps().empty());
+}
+
+TEST_F(ReplicationTest, AMemoryCheckpointWithARankNoLiveAgentHoldsIsNotRestored) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(r), MemoryReport(20, r))).status());
+  }
+  // Rank 3's copy is nowhere (its slot was taken back); one copy has
+  // another digest (a stale copy of another attempt).
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", {MemoryCopyOf(20, 0, "node-a"), MemoryCopyOf(20, 1, "node-a")}).status());
+  ckptd::v1::MemoryCopy stale = MemoryCopyOf(20, 3, "node-b");
+  stale.set_index_xxh3(stale.index_xxh3() + 1);
+  CKPTD_ASSERT_OK(BeatWithMemory("node-b", {MemoryCopyOf(20, 2, "node-b"), stale}).status());
+  EXPECT_EQ(Preview().step(), 10u);
+  EXPECT_FALSE(Preview().memory_step());
+  CKPTD_ASSERT_OK(ReportFailure("node-a", 0, ckptd::v1::TRAINER_DIED));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse plan, Plan(0));
+  EXPECT_EQ(plan.step(), 10u);
+  EXPECT_FALSE(plan.memory_step());
+}
+
 }  // namespace
 }  // namespace ckptd::coordinator

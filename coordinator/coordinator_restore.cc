@@ -93,7 +93,38 @@ void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
   for (uint64_t step : job->PendingAfter(job->NewestUsable())) {
     AbortPending(job, step, "the job restarted from an earlier step", fx);
   }
-  job->StartRestoreRound();
+  job->StartRestoreRound(NewestMemoryRestorable(*job));
+}
+
+std::optional<uint64_t> CoordinatorCore::NewestMemoryRestorable(const Job& job) const {
+  const std::optional<uint64_t> durable = job.NewestUsable();
+  for (auto it = job.memory_steps().rbegin(); it != job.memory_steps().rend(); ++it) {
+    const uint64_t step = it->first;
+    if (durable && step <= *durable) break;
+    if (!it->second.complete) continue;
+    // Every rank's copy must be in memory somewhere alive: its own node's
+    // agent, or a peer holding it (as their heartbeats said).
+    bool whole = true;
+    for (uint32_t r = 0; r < job.world_size() && whole; ++r) {
+      const Agent* host = nullptr;
+      if (auto rank = job.ranks().find(r); rank != job.ranks().end()) host = AliveAgent(rank->second.node_id);
+      whole = (host != nullptr && HoldsOwnCopy(*host, job, r, step)) ||
+              !PeerHolders(job, r, step, host != nullptr ? host->node_id : "", "").empty();
+    }
+    if (whole) return step;
+  }
+  return std::nullopt;
+}
+
+void CoordinatorCore::AddMemoryExpectation(const Job& job, uint32_t rank, RestorePlanResponse* plan) const {
+  if (!plan->memory_step()) return;
+  const std::optional<internal::Job::ShardDigest> digest = job.CommittedShard(plan->step(), rank);
+  if (!digest) return;  // the agent then finds no reference and reports the load failed
+  ckptd::v1::ShardRef* ref = plan->mutable_expected();
+  ref->set_rank(rank);
+  ref->set_file(storage::ShardFileName(rank));
+  ref->set_file_length(digest->file_length);
+  ref->set_index_xxh3(digest->index_xxh3);
 }
 
 namespace {
@@ -167,6 +198,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       CKPTD_RETURN_IF_ERROR(job->Reread(rank, asker, request.attempt_step(), request.attempt_source()));
       RestorePlanResponse plan = job->Plan();
       AddPlanPeers(*agent, *job, rank, &plan);
+      AddMemoryExpectation(*job, rank, &plan);
       return plan;
     }
     // The trainer that already took part in the round asks again (an answer
@@ -223,6 +255,14 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       response = job->NotLoaded(rank);
     } else if (request.attempt_ok()) {
       response = job->Loaded(rank, request.attempt_source());
+    } else if (job->round()->memory) {
+      // A memory checkpoint a rank could not load intact from any copy: no
+      // disk holds it either. Every rank goes to the newest durable step.
+      logger_->Warning(absl::StrCat("job ", job->name(), ": rank ", rank, " could not load memory checkpoint ",
+                                    *step, " (", request.problem(), "); every rank restores the newest durable step"));
+      job->DropMemoryStep(*step);
+      response = job->FallBack();
+      held_back();
     } else {
       // One damaged shard spoils the step for every rank: quarantine it and
       // send everyone to the step before.
@@ -233,6 +273,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     // Other nodes' agents that hold the step in memory, for a rank whose own
     // copy is gone (its node was replaced).
     AddPlanPeers(*agent, *job, rank, &response);
+    AddMemoryExpectation(*job, rank, &response);
     SaveJob(job, &fx);
   }
   Apply(fx);
@@ -250,7 +291,9 @@ absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
   p.set_job(job->name());
   p.set_state(job->state());
   p.set_incarnation(job->incarnation());
-  const std::optional<uint64_t> newest = job->NewestUsable();
+  const std::optional<uint64_t> durable = job->NewestUsable();
+  const std::optional<uint64_t> memory = NewestMemoryRestorable(*job);
+  const std::optional<uint64_t> newest = memory ? memory : durable;
   for (const auto& [step, why] : job->quarantined()) {
     if (newest && step < *newest) continue;
     ckptd::v1::StepEntry* e = p.add_passed_over();
@@ -277,6 +320,16 @@ absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
   }
   p.set_step(*newest);
   AddRankSources(*job, *newest, &p);
+  if (memory) {
+    p.set_memory_step(true);
+    p.set_has_durable_step(durable.has_value());
+    p.set_durable_step(durable.value_or(0));
+    p.set_reason(absl::StrCat("step ", *memory, " is a memory checkpoint newer than every durable step, and every ",
+                              "rank's copy of it is in a live agent's memory; a rank that cannot load it intact ",
+                              "sends every rank to ",
+                              durable ? absl::StrCat("durable step ", *durable) : std::string("a fresh start")));
+    return p;
+  }
   p.set_reason(absl::StrCat(
       "step ", *newest, " is the newest committed step that is not quarantined; every rank loads it and checks ",
       "its shard, and a damaged shard quarantines it and sends every rank to the committed step before"));

@@ -17,7 +17,8 @@ const char kCoordinatorUsage[] =
     "usage: ckptd-coordinator --listen <host:port> --storage-root <dir> --state-dir <dir>\n"
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
-    "                         [--every N | --initial-every N] [--min-interval 10s] [--max-interval 6h]\n"
+    "                         [--every N | --initial-every N] [--durable-every auto|K]\n"
+    "                         [--min-interval 10s] [--max-interval 6h]\n"
     "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--failure-mix 0.75,0.2,0.05]\n"
     "                         [--restart-guess 5m]\n"
     "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
@@ -43,6 +44,11 @@ const char kCoordinatorUsage[] =
     "                              (turns the interval policy off)\n"
     "  --initial-every N           without --every: the interval until the policy has measured a\n"
     "                              checkpoint (1..2^40; default 100 steps)\n"
+    "  --durable-every auto|K      two cadences: every K-th checkpoint durable (written and committed),\n"
+    "                              the others memory checkpoints (kept in the agents' memory and\n"
+    "                              replicated to partners); auto (default): the policy picks K from the\n"
+    "                              failures seen by class (1 with --every, or for a job with a node\n"
+    "                              whose agent runs without its memory tier); K in 1..1000\n"
     "  --min-interval <d>          the policy's bounds on the interval (defaults 10s and 6h; 0: none;\n"
     "                              at most 8760h, a year).\n"
     "  --max-interval <d>          The persist time is a floor above both.\n"
@@ -107,7 +113,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     // clang-format off
     "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
-    "every", "initial-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
+    "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
     "operator-token-file", "agent-token-file", "tls-cert",
     "tls-key", "tls-ca",
     "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "failure-mix", "restart-guess",
@@ -136,6 +142,7 @@ constexpr absl::Duration kMaxDuration = absl::Hours(24 * 30);
 constexpr absl::Duration kMaxInterval = absl::Hours(24 * 365);
 // The largest fixed or initial interval, in steps, and the most steps kept.
 constexpr uint64_t kMaxEvery = uint64_t{1} << 40;
+constexpr uint64_t kMaxDurableEvery = 1000;  // policy::TwoLevelInputs::max_durable_every
 constexpr int kMaxKeep = 1'000'000;
 // The most nodes and jobs a coordinator may be told to track.
 constexpr size_t kMaxNodes = 1'000'000;
@@ -213,6 +220,9 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
   options.interval_automatic = !args.Has("every");
   CKPTD_RETURN_IF_ERROR(args.ReadUint("every", 1, kMaxEvery, &options.every_steps));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("initial-every", 1, kMaxEvery, &options.every_steps));
+  if (std::optional<std::string> v = args.Get("durable-every"); v && *v != "auto") {
+    CKPTD_RETURN_IF_ERROR(args.ReadUint("durable-every", 1, kMaxDurableEvery, &options.durable_every));
+  }
   CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("max-nodes", 1, kMaxNodes, &options.max_nodes));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("max-jobs", 1, kMaxJobs, &options.max_jobs));

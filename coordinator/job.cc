@@ -27,7 +27,8 @@ double Ewma(double old_value, double sample) {
 
 }  // namespace
 
-std::unique_ptr<Job> Job::Create(const std::string& name, uint32_t world_size, uint64_t every_steps) {
+std::unique_ptr<Job> Job::Create(const std::string& name, uint32_t world_size, uint64_t every_steps,
+                                 uint64_t durable_every) {
   std::unique_ptr<Job> job(new Job());
   job->record_.set_job(name);
   job->record_.set_world_size(world_size);
@@ -35,6 +36,7 @@ std::unique_ptr<Job> Job::Create(const std::string& name, uint32_t world_size, u
   s->set_job(name);
   s->set_generation(1);
   s->set_every_steps(every_steps);
+  s->set_durable_every(durable_every);
   s->set_state(ckptd::v1::JOB_RUNNING);
   job->dirty_ = true;
   return job;
@@ -54,12 +56,14 @@ std::unique_ptr<Job> Job::Recovered(const JobRecord& record) {
   return job;
 }
 
-std::unique_ptr<Job> Job::Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps) {
+std::unique_ptr<Job> Job::Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps,
+                                     uint64_t durable_every) {
   std::unique_ptr<Job> job(new Job());
   job->record_.set_job(name);
   job->record_.set_world_size(world_size);
   job->record_.mutable_schedule()->set_job(name);
   job->record_.mutable_schedule()->set_every_steps(every_steps);
+  job->record_.mutable_schedule()->set_durable_every(durable_every);
   job->record_.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
   return job;
 }
@@ -197,11 +201,16 @@ bool Job::AddManualTarget(uint64_t target, uint64_t fastest) {
   return true;
 }
 
-void Job::SetRule(uint64_t every_steps, uint64_t start_step, const std::vector<uint64_t>& extra_steps) {
+void Job::SetRule(uint64_t every_steps, uint64_t durable_every, uint64_t start_step,
+                  const std::vector<uint64_t>& extra_steps, const std::vector<uint64_t>& memory_steps,
+                  uint64_t durable_phase) {
   ckptd::v1::Schedule* s = record_.mutable_schedule();
   s->mutable_extra_steps()->Assign(extra_steps.begin(), extra_steps.end());
+  s->mutable_memory_steps()->Assign(memory_steps.begin(), memory_steps.end());
   s->set_start_step(start_step);
   s->set_every_steps(every_steps);
+  s->set_durable_every(durable_every);
+  s->set_durable_phase(durable_phase);
   ScheduleChanged();
 }
 
@@ -265,6 +274,11 @@ void Job::SetCommittedShards(uint64_t step, const std::vector<ckptd::v1::ShardRe
 }
 
 std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank) const {
+  if (auto m = memory_steps_.find(step); m != memory_steps_.end()) {
+    auto shard = m->second.shards.find(rank);
+    if (!m->second.complete || shard == m->second.shards.end()) return std::nullopt;
+    return shard->second;
+  }
   if (!committed_.contains(step)) return std::nullopt;
   auto it = committed_shards_.find(step);
   if (it == committed_shards_.end() || rank >= it->second.size() || it->second[rank].file_length == 0) {
@@ -276,12 +290,38 @@ std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank
 void Job::MarkCommitted(uint64_t step, double stall, double persist) {
   pending_.erase(step);
   committed_.insert(step);
+  memory_steps_.erase(memory_steps_.begin(), memory_steps_.upper_bound(step));
   if (failed_at_ && !round_) step_at_failure_ = std::max(step_at_failure_, step);
   stalls_.Push(stall);
   persists_.Push(persist);
   record_.set_checkpoints_committed(record_.checkpoints_committed() + 1);
   dirty_ = true;
   save_at_tick_ = true;
+}
+
+bool Job::AddMemoryShard(uint64_t step, uint32_t rank, ShardDigest digest, double stall_seconds,
+                         uint64_t incarnation) {
+  if (std::optional<uint64_t> durable = NewestUsable(); durable && step <= *durable) return false;
+  auto [it, fresh] = memory_steps_.try_emplace(step);
+  MemoryStep& m = it->second;
+  if (fresh) m.incarnation = incarnation;
+  if (m.complete) return false;  // a repeated report
+  m.shards[rank] = digest;
+  m.max_stall = std::max(m.max_stall, stall_seconds);
+  record_.set_stall_seconds(Ewma(record_.stall_seconds(), stall_seconds));
+  timings_dirty_ = true;
+  // The oldest go first; a complete one is never dropped for an incomplete
+  // one older than it.
+  while (memory_steps_.size() > kMaxMemorySteps) memory_steps_.erase(memory_steps_.begin());
+  if (!memory_steps_.contains(step) || m.shards.size() < world_size()) return false;
+  m.complete = true;
+  // Incomplete ones before it will not be restored: a newer one is whole.
+  for (auto older = memory_steps_.begin(); older->first < step;) {
+    older = older->second.complete ? std::next(older) : memory_steps_.erase(older);
+  }
+  if (failed_at_ && !round_) step_at_failure_ = std::max(step_at_failure_, step);
+  stalls_.Push(m.max_stall);
+  return true;
 }
 
 std::vector<uint64_t> Job::PendingBefore(uint64_t step) const {
@@ -329,6 +369,7 @@ bool Job::Restart(absl::Time now) {
   step_at_failure_ = std::max(NewestUsable().value_or(0), FastestStep());
   // Targets of manual checkpoints belong to the run that failed.
   s->clear_extra_steps();
+  s->clear_memory_steps();
   ScheduleChanged();
   round_.reset();
   ForgetProgress();
@@ -371,16 +412,25 @@ std::array<uint64_t, 3> Job::FailuresByClass() const {
   return n;
 }
 
-void Job::StartRestoreRound() {
+void Job::StartRestoreRound(std::optional<uint64_t> memory_step) {
   RestoreRound round;
   round.step = NewestUsable();
+  if (memory_step && memory_steps_.contains(*memory_step) && (!round.step || *memory_step > *round.step)) {
+    round.step = memory_step;
+    round.memory = true;
+  }
+  // What comes after the restored step is redone.
+  memory_steps_.erase(round.step ? memory_steps_.upper_bound(*round.step) : memory_steps_.begin(),
+                      memory_steps_.end());
   round_ = round;
   ckptd::v1::Schedule* s = record_.mutable_schedule();
   // Every rank starts over from the plan's step with the schedule it fetches
   // then: the rule may count from the start again (same phase), so that a
   // restore to an older step is not left without checkpoints until the start
   // of an interval that the policy set ahead of the old run.
-  if (s->every_steps() > 0) s->set_start_step(s->start_step() % s->every_steps());
+  // (A whole durable period, with two cadences: the durable steps stay.)
+  const uint64_t period = s->every_steps() * std::max<uint64_t>(1, s->durable_every());
+  if (period > 0) s->set_start_step(s->start_step() % period);
   s->set_incarnation(s->incarnation() + 1);
   s->set_state(ckptd::v1::JOB_RUNNING);
   ScheduleChanged();
@@ -492,6 +542,7 @@ RestorePlanResponse Job::Plan() const {
   } else {
     r.set_verdict(round_->go ? RestorePlanResponse::GO : RestorePlanResponse::LOAD);
     r.set_step(*round_->step);
+    r.set_memory_step(round_->memory);
   }
   return r;
 }

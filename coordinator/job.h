@@ -61,6 +61,8 @@ struct RestoreRound {
   std::map<uint32_t, std::string> askers;
   // Where each rank that loaded `step` read it from (as its agent said).
   std::map<uint32_t, ckptd::v1::RestoreSource> sources;
+  // `step` is a memory checkpoint: no MANIFEST, copies in memory only.
+  bool memory = false;
 };
 
 struct AbortedStep {
@@ -80,12 +82,14 @@ struct Resume {
 class Job {
  public:
   // A job first heard of now: schedule generation 1, saved at once.
-  static std::unique_ptr<Job> Create(const std::string& name, uint32_t world_size, uint64_t every_steps);
+  static std::unique_ptr<Job> Create(const std::string& name, uint32_t world_size, uint64_t every_steps,
+                                     uint64_t durable_every = 0);
   // A job a previous coordinator saved; the recent means of its
   // measurements seed the policy's windows.
   static std::unique_ptr<Job> Recovered(const ckptd::v1::JobRecord& record);
   // A job known only from committed steps in storage.
-  static std::unique_ptr<Job> Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps);
+  static std::unique_ptr<Job> Discovered(const std::string& name, uint32_t world_size, uint64_t every_steps,
+                                         uint64_t durable_every = 0);
 
   const std::string& name() const { return record_.job(); }
   uint32_t world_size() const { return record_.world_size(); }
@@ -166,8 +170,12 @@ class Job {
   // Adds a manual checkpoint at `target`, keeping at most 64 targets that
   // are not far behind `fastest`. False when it was there already.
   bool AddManualTarget(uint64_t target, uint64_t fastest);
-  // A new rule: every `every_steps` from `start_step`, and `extra_steps`.
-  void SetRule(uint64_t every_steps, uint64_t start_step, const std::vector<uint64_t>& extra_steps);
+  // A new rule: every `every_steps` from `start_step`, every
+  // `durable_every`-th of them durable (0 or 1: all), and the one-off
+  // targets `extra_steps` (durable) and `memory_steps`.
+  void SetRule(uint64_t every_steps, uint64_t durable_every, uint64_t start_step,
+               const std::vector<uint64_t>& extra_steps, const std::vector<uint64_t>& memory_steps = {},
+               uint64_t durable_phase = 0);
 
   // --- Shards and commits.
   // A rank counts incarnations further than the job does (the coordinator
@@ -182,7 +190,9 @@ class Job {
   bool AbortStep(uint64_t step, const std::string& why);
   void EndCommit(uint64_t step);
   // The step committed with the slowest rank's stall and persist time.
+  // Memory checkpoints at or before it are no longer needed.
   void MarkCommitted(uint64_t step, double stall, double persist);
+
   // The shards of the committed `step` (its MANIFEST's), for matching the
   // copies agents hold in memory (CommittedShard).
   void SetCommittedShards(uint64_t step, const std::vector<ckptd::v1::ShardRef>& shards);
@@ -199,6 +209,26 @@ class Job {
     uint64_t index_xxh3 = 0;
   };
   std::optional<ShardDigest> CommittedShard(uint64_t step, uint32_t rank) const;
+
+  // --- Memory checkpoints (Schedule.durable_every): a rank's snapshot kept
+  // in its agent's memory, reported with the digest of the shard a raw write
+  // of it would be; complete when every rank reported it. Only memory
+  // checkpoints newer than the newest durable step are kept, at most
+  // kMaxMemorySteps; they live in the coordinator's memory only.
+  struct MemoryStep {
+    std::map<uint32_t, ShardDigest> shards;
+    double max_stall = 0;
+    uint64_t incarnation = 0;
+    bool complete = false;
+  };
+  static constexpr size_t kMaxMemorySteps = 8;
+  // Adds a rank's report; true when it completes the step (its stall is
+  // then measured like a committed step's). False for a step no newer than
+  // the newest durable one.
+  bool AddMemoryShard(uint64_t step, uint32_t rank, ShardDigest digest, double stall_seconds, uint64_t incarnation);
+  const std::map<uint64_t, MemoryStep>& memory_steps() const { return memory_steps_; }
+  // Forgets a memory checkpoint (a copy of it failed to load).
+  void DropMemoryStep(uint64_t step) { memory_steps_.erase(step); }
   std::vector<uint64_t> PendingBefore(uint64_t step) const;
   // Pending steps after `step` (all of them for nullopt).
   std::vector<uint64_t> PendingAfter(std::optional<uint64_t> step) const;
@@ -218,8 +248,11 @@ class Job {
   // The failures counted per class, oldest records' unclassified ones as
   // process failures.
   std::array<uint64_t, 3> FailuresByClass() const;
-  // Every rank restores from the newest usable step, in a new incarnation.
-  void StartRestoreRound();
+  // Every rank restores from the newest usable step (or the memory
+  // checkpoint `memory_step`, newer than it, whose copies the caller found),
+  // in a new incarnation. Memory checkpoints after the round's step are
+  // forgotten.
+  void StartRestoreRound(std::optional<uint64_t> memory_step = std::nullopt);
   // Whether a plan request of `rank` needs a new round.
   bool NeedsNewRound(uint32_t rank, bool has_attempt) const;
   // Whether `asker` (the trainer asking for `rank`'s plan: "<node>#<instance>#<id>",
@@ -282,6 +315,7 @@ class Job {
   std::map<uint32_t, Rank> ranks_;
   std::map<uint64_t, PendingStep> pending_;
   std::set<uint64_t> committed_;
+  std::map<uint64_t, MemoryStep> memory_steps_;
   // Per committed step (from its commit or its MANIFEST at recovery), the
   // digest of each rank's shard, by rank (file_length 0: none named).
   std::map<uint64_t, std::vector<ShardDigest>> committed_shards_;

@@ -58,6 +58,7 @@ class CoreRequests {
     ckptd::v1::RegisterAgentRequest req;
     req.set_node_id(node);
     req.set_drills_allowed(drills_allowed);
+    req.set_memory_tier(true);  // as a ckptd-agent's default
     for (uint32_t r : ranks) {
       ckptd::v1::RankInfo* info = req.add_ranks();
       info->set_job(kJob);

@@ -39,6 +39,10 @@ absl::Status ValidateTwoLevel(const TwoLevelInputs& in) {
     return absl::InvalidArgumentError("memory_rate_per_s and durable_rate_per_s are both 0: no failure to plan for");
   }
   if (in.max_durable_every < 1) return absl::InvalidArgumentError("max_durable_every must be at least 1, got 0");
+  if (in.fixed_durable_every > in.max_durable_every) {
+    return absl::InvalidArgumentError(absl::StrCat("fixed_durable_every ", in.fixed_durable_every,
+                                                   " exceeds max_durable_every ", in.max_durable_every));
+  }
   if (in.min_interval_s > 0 && in.max_interval_s > 0 && in.min_interval_s > in.max_interval_s) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_interval_s ", in.min_interval_s, " exceeds max_interval_s ", in.max_interval_s));
@@ -143,7 +147,16 @@ absl::StatusOr<TwoLevelDecision> DecideTwoLevel(const TwoLevelInputs& in) {
   const double k_max = static_cast<double>(in.max_durable_every);
   // 1. k.
   double k = 1;
-  if (in.memory_rate_per_s == 0 || in.durable_cost_s == 0) {
+  const bool fixed = in.fixed_durable_every > 0;
+  if (fixed) {
+    k = static_cast<double>(in.fixed_durable_every);
+    d.durable_every_optimum =
+        in.durable_rate_per_s == 0
+            ? kInf
+            : std::max(1.0, std::sqrt(in.durable_cost_s * in.memory_rate_per_s /
+                                      (in.memory_cost_s * in.durable_rate_per_s)));
+    d.reason = "durable every k set by the operator";
+  } else if (in.memory_rate_per_s == 0 || in.durable_cost_s == 0) {
     d.durable_every_optimum = 1;
     d.reason = in.memory_rate_per_s == 0 ? "every checkpoint durable: no failure that memory recovers from"
                                          : "every checkpoint durable: a persist costs training nothing measurable";
@@ -175,7 +188,10 @@ absl::StatusOr<TwoLevelDecision> DecideTwoLevel(const TwoLevelInputs& in) {
   bool clamped_to_max = false;
   if (in.max_interval_s > 0 && k * tau > in.max_interval_s) {
     clamped_to_max = true;
-    if (tau > in.max_interval_s) {
+    if (fixed) {
+      tau = in.max_interval_s / k;
+      d.reason = "memory interval lowered so that k·τ keeps to the operator maximum";
+    } else if (tau > in.max_interval_s) {
       tau = in.max_interval_s;
       k = 1;
       d.reason = "clamped to the operator maximum, every checkpoint durable";
@@ -187,20 +203,29 @@ absl::StatusOr<TwoLevelDecision> DecideTwoLevel(const TwoLevelInputs& in) {
   // 5. A persist must finish before the next durable checkpoint.
   const char* p_note = clamped_to_max ? " (the operator maximum is below P)" : "";
   if (in.persist_s > 0 && k * tau < in.persist_s) {
-    k = std::ceil(in.persist_s / tau - 1e-9);
-    if (k > k_max) {
-      k = k_max;
+    if (fixed) {
       tau = in.persist_s / k;
+      d.reason = absl::StrCat("memory interval raised so that k·τ keeps to the persist time P", p_note);
+    } else {
+      k = std::ceil(in.persist_s / tau - 1e-9);
+      if (k > k_max) {
+        k = k_max;
+        tau = in.persist_s / k;
+      }
+      d.reason = absl::StrCat("durable every k raised to the persist time P", p_note);
     }
-    d.reason = absl::StrCat("durable every k raised to the persist time P", p_note);
   }
   // 6. Steps.
   if (in.step_s > 0) {
     double m = StepsFor(tau, in.step_s);
     if (in.replicate_s > 0 && m * in.step_s < in.replicate_s) m = StepsAtLeast(in.replicate_s, in.step_s);
     if (in.persist_s > 0 && k * m * in.step_s < in.persist_s) {
-      k = std::ceil(StepsAtLeast(in.persist_s, in.step_s) / m);
-      d.reason = absl::StrCat("durable every k raised to the persist time P", p_note);
+      if (fixed) {
+        m = std::ceil(StepsAtLeast(in.persist_s, in.step_s) / k);
+      } else {
+        k = std::ceil(StepsAtLeast(in.persist_s, in.step_s) / m);
+        d.reason = absl::StrCat("durable every k raised to the persist time P", p_note);
+      }
     }
     d.memory_steps = static_cast<uint64_t>(m);
     d.durable_steps = static_cast<uint64_t>(std::min(kMaxSteps, k * m));

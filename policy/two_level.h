@@ -76,6 +76,9 @@ struct TwoLevelInputs {
   double min_interval_s = 0;     // operator floor of τ (0 = none)
   double max_interval_s = 0;     // operator ceiling of k·τ, the most work a disaster may lose (0 = none)
   uint64_t max_durable_every = 1000;  // bound on k
+  // k set by the operator (0: the policy chooses); rule 1 then takes it, and
+  // the floors and ceilings move τ instead of k.
+  uint64_t fixed_durable_every = 0;
 };
 
 struct TwoLevelDecision {
@@ -112,6 +115,8 @@ double TwoLevelWaste(double tau_s, double k, const TwoLevelInputs& in);
 //    the operator maximum, as in DecideInterval;
 // 6. steps: τ rounded to whole steps (up where it would fall under Q), k
 //    raised where k steps-worth would fall under P.
+// With fixed_durable_every, k is the operator's and rules 4–6 move τ (and
+// its steps) instead of k.
 // kInvalidArgument naming the field for inputs out of domain.
 absl::StatusOr<TwoLevelDecision> DecideTwoLevel(const TwoLevelInputs& in);
 

@@ -172,6 +172,35 @@ TEST(TwoLevelTest, FloorsAndCeilings) {
   EXPECT_NEAR(d->durable_interval_s, in.persist_s, 1e-6);
 }
 
+TEST(TwoLevelTest, KSetByTheOperatorStaysAndTauMovesInstead) {
+  TwoLevelInputs in = Typical();
+  in.fixed_durable_every = 4;
+  absl::StatusOr<TwoLevelDecision> d = DecideTwoLevel(in);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->durable_every, 4u);
+  EXPECT_EQ(d->reason, "durable every k set by the operator");
+  EXPECT_NEAR(d->memory_interval_s, DalyOptimum(2 + 30.0 / 4, 1 / (in.memory_rate_per_s + 4 * in.durable_rate_per_s)),
+              1e-9);
+  // P raises τ, not k; so does a step count under P.
+  in.persist_s = 10 * d->durable_interval_s;
+  in.step_s = 3;
+  d = DecideTwoLevel(in);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->durable_every, 4u);
+  EXPECT_GE(static_cast<double>(d->durable_steps) * 3, in.persist_s);
+  EXPECT_NE(d->reason.find("memory interval raised"), std::string::npos) << d->reason;
+  // A maximum lowers τ.
+  in = Typical();
+  in.fixed_durable_every = 4;
+  in.max_interval_s = 60;
+  d = DecideTwoLevel(in);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->durable_every, 4u);
+  EXPECT_NEAR(d->durable_interval_s, 60, 1e-9);
+  in.fixed_durable_every = 2000;
+  EXPECT_EQ(DecideTwoLevel(in).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TwoLevelTest, StepsRoundAndKeepTheFloors) {
   TwoLevelInputs in = Typical();
   in.step_s = 7;

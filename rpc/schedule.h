@@ -31,8 +31,8 @@ inline bool ScheduledAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
 
 // Whether the snapshot `schedule` asks for at `step` is durable (written to
 // storage and committed) rather than a memory checkpoint: an extra step, or
-// a rule step whose count from start_step is a multiple of durable_every
-// (0 or 1: every one). False where ScheduledAt is.
+// a rule step whose count from start_step plus durable_phase is a multiple
+// of durable_every (0 or 1: every one). False where ScheduledAt is not.
 inline bool DurableAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
   if (step == 0) return false;
   for (uint64_t s : schedule.extra_steps()) {
@@ -43,7 +43,9 @@ inline bool DurableAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
   }
   if (!OnRule(schedule, step)) return false;
   const uint64_t k = schedule.durable_every();
-  return k <= 1 || ((step - schedule.start_step()) / schedule.every_steps()) % k == 0;
+  if (k <= 1) return true;
+  const uint64_t count = (step - schedule.start_step()) / schedule.every_steps();
+  return (count % k + schedule.durable_phase() % k) % k == 0;
 }
 
 }  // namespace ckptd::rpc

@@ -146,6 +146,15 @@ TEST(DurableAtTest, EveryKthRuleStepFromTheStartIsDurable) {
   EXPECT_TRUE(DurableAt(s, 7));
 }
 
+TEST(DurableAtTest, ThePhaseShiftsWhichRuleStepsAreDurable) {
+  Schedule s = MakeSchedule(5, 10);
+  s.set_durable_every(3);
+  s.set_durable_phase(1);  // counts 2, 5, 8: steps 25, 55, 85
+  EXPECT_THAT(DurableIn(s, 0, 90), ElementsAre(25, 55, 85));
+  s.set_durable_phase(4);  // the same as 1
+  EXPECT_THAT(DurableIn(s, 0, 90), ElementsAre(25, 55, 85));
+}
+
 TEST(DurableAtTest, HugeStepsDoNotOverflow) {
   Schedule s = MakeSchedule(std::numeric_limits<uint64_t>::max() - 20, 10);
   s.set_durable_every(std::numeric_limits<uint64_t>::max());

@@ -309,6 +309,12 @@ if iv and iv.get("interval_seconds") is not None:
           f"{iv.get('reason', '?')} for a job MTBF of {iv['mtbf_seconds'] / 60:.0f} min and a checkpoint cost"
           f" of {iv['cost_seconds'] * 1000:.0f} ms (from {iv.get('checkpoints_measured', 0)} checkpoints),"
           f" expected waste {100 * iv['expected_waste']:.1f} %")
+    two = iv.get("two_level") or {}
+    if two.get("durable_every", 1) > 1 and two.get("memory_interval_steps"):
+        print(f"  two cadences     memory checkpoints every {two['memory_interval_steps']} steps, 1 in"
+              f" {two['durable_every']} durable (waste {100 * two['expected_waste']:.1f} % against"
+              f" {100 * two['single_waste']:.1f} % with every checkpoint durable); in force: every"
+              f" {iv.get('every_steps')} steps, 1 in {iv.get('durable_every', 1)} durable")
 if trainer:
     if trainer.get("resumed"):
         print(f"  trainer crash    rank 1 killed at step {trainer['step_at_failure']}: every rank restored step"

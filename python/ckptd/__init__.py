@@ -485,7 +485,8 @@ class Client:
         return step.value if found.value else None
 
     def wait_persisted(self, step, timeout=60.0):
-        """Waits until the agent has persisted `step` (or a later one)."""
+        """Waits until the agent has persisted `step` (or a later one); a memory
+        checkpoint (the coordinator's two cadences) once the agent keeps it in memory."""
         step, timeout_ms = _uint64("step", step), _millis("timeout", timeout)
         _check(_lib.ckptd_wait_persisted(self._live(), step, timeout_ms))
 
