@@ -619,6 +619,33 @@ TEST_F(OperatorCommandsTest, StatusShowsReplicationPartnersAndPeerCopies) {
   EXPECT_THAT(r.out, AllOf(Not(HasSubstr("replication")), Not(HasSubstr("peer copies"))));
 }
 
+TEST_F(OperatorCommandsTest, StatusShowsTheMemoryCheckpointAndItsPartnerCopies) {
+  TwoNodes();
+  ckptd::v1::JobStatus* j = fake_.cluster.mutable_jobs(0);
+  j->set_has_memory_checkpoint(true);
+  j->set_newest_memory_checkpoint(1230);
+  j->set_memory_checkpoint_restorable(true);
+  j->set_memory_checkpoint_peer_copies(4);
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("memory checkpoint 1230 (every rank's copy in memory, 4/4 on a partner)"));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"newest_memory_checkpoint\":1230"),
+                           HasSubstr("\"memory_checkpoint_restorable\":true"),
+                           HasSubstr("\"memory_checkpoint_peer_copies\":4")));
+  // A rank's copy gone: not restorable, and no partner copies to speak of.
+  j->set_memory_checkpoint_restorable(false);
+  j->set_memory_checkpoint_peer_copies(0);
+  r = Run(RunStatus, {});
+  EXPECT_THAT(r.out, HasSubstr("memory checkpoint 1230 (not every rank's copy is in memory)"));
+  EXPECT_THAT(r.out, Not(HasSubstr("on a partner")));
+  // Without a memory checkpoint, the JSON says null.
+  j->set_has_memory_checkpoint(false);
+  r = Run(RunStatus, {"--json"});
+  EXPECT_THAT(r.out, HasSubstr("\"memory_checkpoint_peer_copies\":null"));
+}
+
 // ------------------------------------------------------------------ online verify
 
 ckptd::v1::VerifyProgress Progress(uint32_t done, uint64_t bytes_done, bool last = false, bool ok = true) {

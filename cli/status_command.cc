@@ -123,6 +123,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     w.Field("durable_every", std::max<uint64_t>(1, j->schedule().durable_every()));
     NullableUint(w, "newest_memory_checkpoint", j->has_memory_checkpoint(), j->newest_memory_checkpoint());
     w.Field("memory_checkpoint_restorable", j->memory_checkpoint_restorable());
+    NullableUint(w, "memory_checkpoint_peer_copies", j->has_memory_checkpoint(), j->memory_checkpoint_peer_copies());
     w.Field("start_step", j->schedule().start_step());
     UintArray(w, "extra_steps", j->schedule().extra_steps());
     w.Field("incarnation", j->schedule().incarnation());
@@ -278,9 +279,12 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
         parts.push_back(absl::StrCat("quarantined ", absl::StrJoin(j->quarantined_steps(), ",")));
       }
       if (j->has_memory_checkpoint()) {
-        parts.push_back(absl::StrCat("memory checkpoint ", j->newest_memory_checkpoint(),
-                                     j->memory_checkpoint_restorable() ? " (every rank's copy in memory)"
-                                                                       : " (not every rank's copy is in memory)"));
+        std::string copies = j->memory_checkpoint_restorable() ? " (every rank's copy in memory"
+                                                               : " (not every rank's copy is in memory";
+        if (j->memory_checkpoint_peer_copies() > 0) {
+          absl::StrAppend(&copies, ", ", j->memory_checkpoint_peer_copies(), "/", j->world_size(), " on a partner");
+        }
+        parts.push_back(absl::StrCat("memory checkpoint ", j->newest_memory_checkpoint(), copies, ")"));
       }
       if (j->schedule().extra_steps_size() > 0) {
         parts.push_back(absl::StrCat("manual targets ", absl::StrJoin(j->schedule().extra_steps(), ",")));

@@ -433,6 +433,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
     s.set_has_memory_checkpoint(true);
     s.set_newest_memory_checkpoint(it->first);
     s.set_memory_checkpoint_restorable(NewestMemoryRestorable(job) == it->first);
+    s.set_memory_checkpoint_peer_copies(PeerCopies(job, it->first));
     break;
   }
   uint64_t fastest = 0, slowest = UINT64_MAX;

@@ -578,6 +578,11 @@ TEST_F(ReplicationTest, AMemoryCheckpointIsRestoredWhenEveryRankHasACopyInMemory
   for (uint32_t r = 0; r < 4; ++r) all.push_back(MemoryCopyOf(20, r, NodeOf(r)));
   CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
   CKPTD_ASSERT_OK(BeatWithMemory("node-b", all).status());
+  const ckptd::v1::JobStatus status = JobState();
+  EXPECT_TRUE(status.has_memory_checkpoint());
+  EXPECT_EQ(status.newest_memory_checkpoint(), 20u);
+  EXPECT_TRUE(status.memory_checkpoint_restorable());
+  EXPECT_EQ(status.memory_checkpoint_peer_copies(), 4u);  // each rank's partner holds it too
   ckptd::v1::RestorePreview preview = Preview();
   EXPECT_EQ(preview.step(), 20u);
   EXPECT_TRUE(preview.memory_step());
@@ -652,6 +657,9 @@ TEST_F(ReplicationTest, AMemoryCheckpointWithARankNoLiveAgentHoldsIsNotRestored)
   CKPTD_ASSERT_OK(BeatWithMemory("node-b", {MemoryCopyOf(20, 2, "node-b"), stale}).status());
   EXPECT_EQ(Preview().step(), 10u);
   EXPECT_FALSE(Preview().memory_step());
+  EXPECT_EQ(JobState().newest_memory_checkpoint(), 20u);
+  EXPECT_FALSE(JobState().memory_checkpoint_restorable());
+  EXPECT_EQ(JobState().memory_checkpoint_peer_copies(), 0u);  // only own nodes' copies
   CKPTD_ASSERT_OK(ReportFailure("node-a", 0, ckptd::v1::TRAINER_DIED));
   CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse plan, Plan(0));
   EXPECT_EQ(plan.step(), 10u);

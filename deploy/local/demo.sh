@@ -247,10 +247,26 @@ say "  drill 1: kill rank 1's trainer (SIGKILL); every rank restarts and restore
   >"$DIR/drill-kill-trainer.json" 2>"$DIR/drill-kill-trainer.err"
 TRAINER_CODE=$?
 say "  drill 2: corrupt rank 0's shard of the newest committed step"
+CORRUPTED=$(job_field newest_committed_step)
 "$BIN/ckptctl" drill run --job "$JOB" --scenario corrupt-shard --target 0 --watch 1m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
   >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
 CORRUPT_CODE=$?
+# The node crash comes once a checkpoint (durable or in memory) newer than
+# the step just quarantined has every rank's copy on a partner: older steps
+# may have left the agents' memory, and their ranks would read the disk.
+partner_held() {
+  local step copies
+  step=$(job_field "$1")
+  copies=$(job_field "$2")
+  [ "${step:-0}" -gt "${CORRUPTED:-0}" ] 2>/dev/null && [ "${copies:-0}" -eq "$WORLD" ] 2>/dev/null
+}
+for _ in $(seq 200); do
+  partner_held newest_committed_step peer_copies && break
+  partner_held newest_memory_checkpoint memory_checkpoint_peer_copies && break
+  kill -0 "$LAUNCHER" 2>/dev/null || break
+  sleep 0.1
+done
 say "  drill 3: crash $CRASH_NODE (its agent and trainers SIGKILLed); its ranks restore from its partner's memory"
 "$BIN/ckptctl" drill run --job "$JOB" --scenario kill-node --target "$CRASH_NODE" --watch 2m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-node.html" \
