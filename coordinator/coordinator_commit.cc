@@ -3,6 +3,8 @@
 // the locked step after the commit records what it came to, aborts older
 // pending steps and queues what retention drops.
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,11 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": reported for a world of ", report.world_size(), "; the job runs ", job->world_size()));
   }
+  if (report.emergency()) {
+    if (job->committed().contains(step)) return true;  // a repeated report of a committed step
+    CKPTD_RETURN_IF_ERROR(CheckEmergencyReport(*job, node, report));
+    return AddShardOf(job, report, file_check, /*emergency=*/true, fx);
+  }
   CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, node, /*moving=*/false));
   if (job->committed().contains(step)) return true;  // a repeated report of a committed step
   // A coordinator that lost its database: trust the rank's count.
@@ -56,6 +63,52 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
     fx->aborts.emplace_back(job->name(), step);
     return absl::FailedPreconditionError(absl::StrCat(what, ": older than committed step ", *newest, "; not needed"));
   }
+  return AddShardOf(job, report, file_check, /*emergency=*/false, fx);
+}
+
+absl::Status CoordinatorCore::CheckEmergencyReport(const Job& job, const std::string& node,
+                                                   const ShardReport& report) const {
+  const uint64_t step = report.step();
+  const uint32_t rank = report.shard().rank();
+  const std::string what = absl::StrCat("emergency persist of job ", job.name(), " step ", step, " rank ", rank,
+                                        " from node ", node);
+  const std::optional<Job::Emergency>& e = job.emergency();
+  if (!e) return absl::PermissionDeniedError(absl::StrCat(what, ": not ordered (no emergency persist is under way)"));
+  if (e->step != step) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, ": not ordered (the emergency persist under way is of step ", e->step, ")"));
+  }
+  auto holder = e->holders.find(rank);
+  if (holder == e->holders.end() || holder->second != node) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": not ordered (",
+        holder == e->holders.end() ? std::string("no copy of the rank is to be written")
+                                   : absl::StrCat("node ", holder->second, " writes the rank's copy"),
+        ")"));
+  }
+  if (report.memory_only()) return absl::InvalidArgumentError(absl::StrCat(what, ": reported as kept in memory only"));
+  if (report.incarnation() != e->incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": of incarnation ", report.incarnation(),
+                                                      "; the memory checkpoint is of incarnation ", e->incarnation));
+  }
+  const std::optional<Job::ShardDigest> digest = job.CommittedShard(step, rank);
+  if (!digest || digest->file_length != report.shard().file_length() ||
+      digest->index_xxh3 != report.shard().index_xxh3()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the shard written (", report.shard().file_length(), " bytes, index xxh3 ",
+        absl::Hex(report.shard().index_xxh3(), absl::kZeroPad16), ") is not the one the memory checkpoint reported",
+        digest ? absl::StrCat(" (", digest->file_length, " bytes, index xxh3 ",
+                              absl::Hex(digest->index_xxh3, absl::kZeroPad16), ")")
+               : std::string()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CoordinatorCore::AddShardOf(Job* job, const ShardReport& report, const absl::Status& file_check,
+                                                 bool emergency, Effects* fx) {
+  const uint64_t step = report.step();
+  const uint32_t rank = report.shard().rank();
+  const std::string what = absl::StrCat("job ", report.job(), " step ", step, " rank ", rank);
   if (!file_check.ok()) {
     // The rank's shard of this step is not what it said: the step cannot
     // complete, and waiting for the deadline would only hold its files.
@@ -65,7 +118,8 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
   ShardRef ref = report.shard();
   ref.set_file(storage::ShardFileName(rank));  // never a client-supplied path
   const absl::Time now = clock_->Now();
-  const bool complete = job->AddShard(step, ref, report.stall_seconds(), report.incarnation(), now);
+  const bool complete = emergency ? job->AddEmergencyShard(step, ref, now)
+                                  : job->AddShard(step, ref, report.stall_seconds(), report.incarnation(), now);
   if (observer_ != nullptr) observer_->OnShardReported(report);
   if (!complete) return false;
   const internal::PendingStep& p = job->pending().at(step);
@@ -77,6 +131,7 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
   task.last_report = now;
   task.stall = p.max_stall;
   task.persist = p.max_persist;
+  task.measured = !p.emergency;
   fx->commits.push_back(std::move(task));
   return true;
 }
@@ -186,7 +241,7 @@ void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
     AbortPending(job, task.step, std::string(result.status.message()), next);
     return;
   }
-  job->MarkCommitted(task.step, task.stall, task.persist);
+  job->MarkCommitted(task.step, task.stall, task.persist, task.measured);
   job->SetCommittedShards(task.step, task.shards);
   ++counters_.committed;
   result.counted = true;

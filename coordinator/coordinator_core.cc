@@ -267,6 +267,14 @@ void CoordinatorCore::LoseAgent(Agent* agent, const std::string& detail, Effects
   for (const std::string& name : affected) {
     RecordFailure(FindJob(name), node, std::nullopt, ckptd::v1::NODE_LOST, detail, fx);
   }
+  // Emergency persists of other jobs this node was to carry out go to
+  // another node holding the copies (or end).
+  for (auto& [name, job] : jobs_) {
+    if (affected.contains(name) || !job->emergency()) continue;
+    bool held = false;
+    for (const auto& [rank, holder] : job->emergency()->holders) held |= holder == node;
+    if (held) OrderEmergencyPersist(job.get());
+  }
 }
 
 uint32_t CoordinatorCore::FindHungRanks(Job* job, absl::Time now, Effects* fx) {

@@ -274,6 +274,10 @@ class CoordinatorCore {
   // (`file_check`): true when it completed its step.
   absl::StatusOr<bool> AcceptShard(const std::string& node, const ckptd::v1::ShardReport& report,
                                    const absl::Status& file_check, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The shard of a report AcceptShard let through becomes pending (the step
+  // commits when it is the last).
+  absl::StatusOr<bool> AddShardOf(Job* job, const ckptd::v1::ShardReport& report, const absl::Status& file_check,
+                                  bool emergency, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortPending(Job* job, uint64_t step, const std::string& why, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a reported shard's file exists with the reported length; called
   // without mu_ (a stat per report).
@@ -296,6 +300,20 @@ class CoordinatorCore {
   void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
                      const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartRestoreRound(Job* job, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a failure: orders the newest memory checkpoint that every rank can
+  // still be restored from written to storage (Job::Emergency), each rank's
+  // copy by its own node's agent when it holds it, else by a partner holding
+  // one; withdraws the order when no such checkpoint is left.
+  void OrderEmergencyPersist(Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `agent` holds a copy of `rank`'s `step` (its own or a partner's).
+  bool CopyHeldBy(const Agent& agent, const Job& job, uint32_t rank, uint64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The emergency persists `agent` is to carry out (HeartbeatAck.persist).
+  void AddPersistOrders(const Agent& agent, ckptd::v1::HeartbeatAck* ack) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // An emergency persist's report from `node` is one that was ordered, of
+  // the copy the memory checkpoint's report described.
+  absl::Status CheckEmergencyReport(const Job& job, const std::string& node, const ckptd::v1::ShardReport& report) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The rank a plan request asks for runs on the asking agent's node now
   // (its next heartbeat says so too).
   void HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request)

@@ -162,6 +162,7 @@ struct CoordinatorCore::Effects {
     absl::Time last_report;
     double stall = 0;  // the slowest rank's
     double persist = 0;
+    bool measured = true;  // false: written by emergency persists (not the policy's measurements)
   };
   std::vector<ckptd::v1::FailureEvent> events;
   std::vector<ckptd::v1::JobRecord> records;

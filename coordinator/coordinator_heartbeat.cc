@@ -97,8 +97,31 @@ ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, cons
   for (const ckptd::v1::DrillReport& report : hb.drill_reports()) drills_->Report(agent.node_id, report);
   drills_->AddOrders(agent.node_id, &ack);
   AddPartners(agent, &ack);
+  AddPersistOrders(agent, &ack);
   ack.set_known(true);
   return ack;
+}
+
+void CoordinatorCore::AddPersistOrders(const Agent& agent, ckptd::v1::HeartbeatAck* ack) const {
+  for (const auto& [name, job] : jobs_) {
+    const std::optional<Job::Emergency>& e = job->emergency();
+    if (!e) continue;
+    auto memory = job->memory_steps().find(e->step);
+    if (memory == job->memory_steps().end()) continue;
+    for (const auto& [rank, node] : e->holders) {
+      auto digest = memory->second.shards.find(rank);
+      if (node != agent.node_id || digest == memory->second.shards.end()) continue;
+      ckptd::v1::PersistOrder* o = ack->add_persist();
+      o->set_job(name);
+      o->set_step(e->step);
+      o->set_rank(rank);
+      o->set_world_size(job->world_size());
+      if (auto r = job->ranks().find(rank); r != job->ranks().end()) o->set_owner_node(r->second.node_id);
+      o->set_file_length(digest->second.file_length);
+      o->set_index_xxh3(digest->second.index_xxh3);
+      o->set_incarnation(e->incarnation);
+    }
+  }
 }
 
 }  // namespace ckptd::coordinator

@@ -233,6 +233,11 @@ bool CoordinatorCore::HoldsOwnCopy(const Agent& agent, const Job& job, uint32_t 
   return it != agent.memory.end() && it->second.own && IsCommittedShard(job, rank, step, it->second);
 }
 
+bool CoordinatorCore::CopyHeldBy(const Agent& agent, const Job& job, uint32_t rank, uint64_t step) const {
+  auto it = agent.memory.find(CopyKey{job.name(), rank, step});
+  return it != agent.memory.end() && IsCommittedShard(job, rank, step, it->second);
+}
+
 std::vector<const CoordinatorCore::Agent*> CoordinatorCore::PeerHolders(const Job& job, uint32_t rank, uint64_t step,
                                                                         const std::string& exclude,
                                                                         const std::string& domain) const {

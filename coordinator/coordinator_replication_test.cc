@@ -666,5 +666,85 @@ TEST_F(ReplicationTest, AMemoryCheckpointWithARankNoLiveAgentHoldsIsNotRestored)
   EXPECT_FALSE(plan.memory_step());
 }
 
+TEST_F(ReplicationTest, AFailureOrdersTheNewestMemoryCheckpointWrittenFromTheCopiesThatSurvived) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  MustBeat("node-a");
+  MustBeat("node-b");
+  CommitStep(10);
+  // Memory checkpoint 20, whose shards a raw write would make: written here
+  // (as an emergency persist would write them), reported as kept in memory.
+  std::vector<ckptd::v1::ShardReport> written;
+  std::vector<ckptd::v1::MemoryCopy> all;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport w, Write(20, r, 4, 0));
+    ckptd::v1::ShardReport kept = w;
+    kept.set_memory_only(true);
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(r), kept)).status());
+    written.push_back(w);
+    ckptd::v1::MemoryCopy c;
+    c.set_job(kJob);
+    c.set_rank(r);
+    c.set_step(20);
+    c.set_owner_node(NodeOf(r));
+    c.set_file_length(w.shard().file_length());
+    c.set_index_xxh3(w.shard().index_xxh3());
+    all.push_back(c);
+  }
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
+  CKPTD_ASSERT_OK(BeatWithMemory("node-b", all).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck quiet, BeatWithMemory("node-a", all));
+  EXPECT_EQ(quiet.persist_size(), 0) << "no failure, no order";
+
+  // node-b is lost: node-a holds every copy, and is told to write all four.
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  CKPTD_ASSERT_OK(BeatWithMemory("node-a", all).status());
+  core_->Tick();
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, BeatWithMemory("node-a", all));
+  ASSERT_EQ(ack.persist_size(), 4);
+  for (uint32_t r = 0; r < 4; ++r) {
+    const ckptd::v1::PersistOrder& o = ack.persist(static_cast<int>(r));
+    EXPECT_EQ(o.job(), kJob);
+    EXPECT_EQ(o.step(), 20u);
+    EXPECT_EQ(o.rank(), r);
+    EXPECT_EQ(o.world_size(), 4u);
+    EXPECT_EQ(o.owner_node(), NodeOf(r));
+    EXPECT_EQ(o.file_length(), written[r].shard().file_length());
+    EXPECT_EQ(o.index_xxh3(), written[r].shard().index_xxh3());
+  }
+
+  auto emergency = [&](const std::string& node, ckptd::v1::ShardReport rep) {
+    rep.set_emergency(true);
+    return core_->ReportShard(ShardRequest(node, rep));
+  };
+  // Another node than the one ordered, another digest, another incarnation:
+  // refused, naming why.
+  RegisterPeer("node-c", {}, "rack-3", 1);
+  EXPECT_THAT(emergency("node-c", written[0]).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("node node-a writes the rank's copy")));
+  ckptd::v1::ShardReport other = written[1];
+  other.mutable_shard()->set_index_xxh3(other.shard().index_xxh3() + 1);
+  EXPECT_THAT(emergency("node-a", other).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("is not the one the memory checkpoint reported")));
+  ckptd::v1::ShardReport later = written[1];
+  later.set_incarnation(later.incarnation() + 7);
+  EXPECT_THAT(emergency("node-a", later).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("of incarnation")));
+  ckptd::v1::ShardReport wrong_step = written[1];
+  wrong_step.set_step(30);
+  EXPECT_THAT(emergency("node-a", wrong_step).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is of step 20")));
+
+  // The ordered reports commit step 20 durable; the orders end.
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse resp, emergency("node-a", written[r]));
+    EXPECT_EQ(resp.committed(), r == 3) << r;
+  }
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck after, BeatWithMemory("node-a", all));
+  EXPECT_EQ(after.persist_size(), 0);
+  CKPTD_EXPECT_OK(emergency("node-c", written[0]).status()) << "a repeated report of a committed step";
+}
+
 }  // namespace
 }  // namespace ckptd::coordinator

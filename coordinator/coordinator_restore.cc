@@ -36,8 +36,57 @@ void CoordinatorCore::RecordFailure(Job* job, const std::string& node, std::opti
   if (job != nullptr && kind != ckptd::v1::PERSIST_FAILED && kind != ckptd::v1::SHARD_DAMAGED) {
     job->Restart(now);
     job->ClassifyFailure(kind, node);
+    OrderEmergencyPersist(job);
   }
 }
+
+void CoordinatorCore::OrderEmergencyPersist(Job* job) {
+  const std::optional<uint64_t> step = NewestMemoryRestorable(*job);
+  if (!step) {
+    // No memory checkpoint newer than the durable steps survived whole:
+    // there is nothing to write (an order under way cannot complete).
+    job->SetEmergency(std::nullopt);
+    return;
+  }
+  const std::optional<Job::Emergency>& before = job->emergency();
+  Job::Emergency e;
+  e.step = *step;
+  e.incarnation = job->memory_steps().at(*step).incarnation;
+  const auto pending = job->pending().find(*step);
+  for (uint32_t r = 0; r < job->world_size(); ++r) {
+    if (pending != job->pending().end() && pending->second.shards.contains(r)) continue;  // written
+    const Agent* host = nullptr;
+    if (auto rank = job->ranks().find(r); rank != job->ranks().end()) host = AliveAgent(rank->second.node_id);
+    // A node already told to write the rank's copy keeps the order while it
+    // still holds the copy: two writers of one file would race.
+    if (before && before->step == *step) {
+      if (auto h = before->holders.find(r); h != before->holders.end()) {
+        if (const Agent* holder = AliveAgent(h->second); holder != nullptr && CopyHeldBy(*holder, *job, r, *step)) {
+          e.holders[r] = h->second;
+          continue;
+        }
+      }
+    }
+    if (host != nullptr && HoldsOwnCopy(*host, *job, r, *step)) {
+      e.holders[r] = host->node_id;
+      continue;
+    }
+    const std::vector<const Agent*> peers = PeerHolders(*job, r, *step, host != nullptr ? host->node_id : "", "");
+    if (peers.empty()) {
+      job->SetEmergency(std::nullopt);  // (NewestMemoryRestorable found one: not reached)
+      return;
+    }
+    e.holders[r] = peers.front()->node_id;
+  }
+  if (!before || before->step != e.step) {
+    logger_->Info(absl::StrCat("job ", job->name(), ": emergency persist of memory checkpoint ", e.step,
+                               " ordered (", e.holders.size(), " of ", job->world_size(),
+                               " ranks' copies to write, from the agents holding them)"));
+  }
+  job->SetEmergency(std::move(e));
+}
+
+
 
 absl::Status CoordinatorCore::ReportFailure(const ckptd::v1::ReportFailureRequest& request) {
   CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
@@ -91,6 +140,8 @@ void CoordinatorCore::StartRestoreRound(Job* job, Effects* fx) {
   // Work after the restored step is redone; what was pending of it is void
   // (aborted in the incarnation that wrote it).
   for (uint64_t step : job->PendingAfter(job->NewestUsable())) {
+    // (Not the memory checkpoint being written from the copies that survived.)
+    if (job->emergency() && job->emergency()->step == step) continue;
     AbortPending(job, step, "the job restarted from an earlier step", fx);
   }
   job->StartRestoreRound(NewestMemoryRestorable(*job));

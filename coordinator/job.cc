@@ -220,6 +220,21 @@ void Job::RaiseIncarnation(uint64_t incarnation) {
   dirty_ = true;
 }
 
+bool Job::AddEmergencyShard(uint64_t step, const ckptd::v1::ShardRef& shard, absl::Time now) {
+  PendingStep& p = pending_[step];
+  if (p.shards.empty()) {
+    p.first_report = now;
+    p.incarnation = emergency_ && emergency_->step == step ? emergency_->incarnation : incarnation();
+  }
+  p.emergency = true;
+  p.last_report = now;
+  p.shards[shard.rank()] = shard;
+  if (emergency_ && emergency_->step == step) emergency_->holders.erase(shard.rank());
+  if (p.committing || p.shards.size() < world_size()) return false;
+  p.committing = true;
+  return true;
+}
+
 bool Job::AddShard(uint64_t step, const ckptd::v1::ShardRef& shard, double stall_seconds, uint64_t incarnation,
                    absl::Time now) {
   PendingStep& p = pending_[step];
@@ -246,6 +261,7 @@ bool Job::AbortStep(uint64_t step, const std::string& why) {
     pending_.erase(it);
   }
   aborted_[step] = AbortedStep{incarnation(), why};
+  if (emergency_ && emergency_->step == step) emergency_.reset();
   while (aborted_.size() > kMaxAbortedRemembered) aborted_.erase(aborted_.begin());
   record_.set_checkpoints_aborted(record_.checkpoints_aborted() + 1);
   dirty_ = true;
@@ -287,16 +303,25 @@ std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank
   return it->second[rank];
 }
 
-void Job::MarkCommitted(uint64_t step, double stall, double persist) {
+void Job::MarkCommitted(uint64_t step, double stall, double persist, bool measured) {
   pending_.erase(step);
   committed_.insert(step);
   memory_steps_.erase(memory_steps_.begin(), memory_steps_.upper_bound(step));
+  if (emergency_ && emergency_->step <= step) emergency_.reset();
   if (failed_at_ && !round_) step_at_failure_ = std::max(step_at_failure_, step);
-  stalls_.Push(stall);
-  persists_.Push(persist);
+  if (measured) {
+    stalls_.Push(stall);
+    persists_.Push(persist);
+  }
   record_.set_checkpoints_committed(record_.checkpoints_committed() + 1);
   dirty_ = true;
   save_at_tick_ = true;
+}
+
+void Job::DropMemoryStep(uint64_t step) {
+  memory_steps_.erase(step);
+  // A copy of it is damaged or gone: its shard cannot be written as reported.
+  if (emergency_ && emergency_->step == step) emergency_.reset();
 }
 
 bool Job::AddMemoryShard(uint64_t step, uint32_t rank, ShardDigest digest, double stall_seconds,
@@ -422,6 +447,7 @@ void Job::StartRestoreRound(std::optional<uint64_t> memory_step) {
   // What comes after the restored step is redone.
   memory_steps_.erase(round.step ? memory_steps_.upper_bound(*round.step) : memory_steps_.begin(),
                       memory_steps_.end());
+  if (emergency_ && !memory_steps_.contains(emergency_->step)) emergency_.reset();
   round_ = round;
   ckptd::v1::Schedule* s = record_.mutable_schedule();
   // Every rank starts over from the plan's step with the schedule it fetches

@@ -48,6 +48,9 @@ struct PendingStep {
   // The slowest rank's: what the step cost the job.
   double max_stall = 0;
   double max_persist = 0;
+  // Written by emergency persists (Job::Emergency): its timings are not the
+  // policy's measurements.
+  bool emergency = false;
 };
 
 // The ranks' agreement on what to restore after a restart.
@@ -189,9 +192,10 @@ class Job {
   // from now on. False, and nothing changes, while the step is committing.
   bool AbortStep(uint64_t step, const std::string& why);
   void EndCommit(uint64_t step);
-  // The step committed with the slowest rank's stall and persist time.
-  // Memory checkpoints at or before it are no longer needed.
-  void MarkCommitted(uint64_t step, double stall, double persist);
+  // The step committed with the slowest rank's stall and persist time
+  // (measured: false for an emergency persist's, which the policy does not
+  // learn from). Memory checkpoints at or before it are no longer needed.
+  void MarkCommitted(uint64_t step, double stall, double persist, bool measured = true);
 
   // The shards of the committed `step` (its MANIFEST's), for matching the
   // copies agents hold in memory (CommittedShard).
@@ -228,7 +232,26 @@ class Job {
   bool AddMemoryShard(uint64_t step, uint32_t rank, ShardDigest digest, double stall_seconds, uint64_t incarnation);
   const std::map<uint64_t, MemoryStep>& memory_steps() const { return memory_steps_; }
   // Forgets a memory checkpoint (a copy of it failed to load).
-  void DropMemoryStep(uint64_t step) { memory_steps_.erase(step); }
+  void DropMemoryStep(uint64_t step);
+
+  // --- Emergency persist (ckptd.v1.PersistOrder): after a failure, the
+  // newest memory checkpoint newer than every durable step is written to
+  // storage from the copies that survived, each rank's by the node holding
+  // its copy, and commits like any step. It ends when the step commits or a
+  // newer one does, or the step is aborted or no longer a memory checkpoint
+  // (a copy failed to load, a restore went to an older step).
+  struct Emergency {
+    uint64_t step = 0;
+    uint64_t incarnation = 0;  // the memory checkpoint's reports'
+    // rank -> the node ordered to write its copy (ranks already written
+    // need none).
+    std::map<uint32_t, std::string> holders;
+  };
+  const std::optional<Emergency>& emergency() const { return emergency_; }
+  void SetEmergency(std::optional<Emergency> emergency) { emergency_ = std::move(emergency); }
+  // Adds an emergency persist's shard of `step` (pending like any other, its
+  // timings not measured). True when it completes the step.
+  bool AddEmergencyShard(uint64_t step, const ckptd::v1::ShardRef& shard, absl::Time now);
   std::vector<uint64_t> PendingBefore(uint64_t step) const;
   // Pending steps after `step` (all of them for nullopt).
   std::vector<uint64_t> PendingAfter(std::optional<uint64_t> step) const;
@@ -316,6 +339,7 @@ class Job {
   std::map<uint64_t, PendingStep> pending_;
   std::set<uint64_t> committed_;
   std::map<uint64_t, MemoryStep> memory_steps_;
+  std::optional<Emergency> emergency_;
   // Per committed step (from its commit or its MANIFEST at recovery), the
   // digest of each rank's shard, by rank (file_length 0: none named).
   std::map<uint64_t, std::vector<ShardDigest>> committed_shards_;

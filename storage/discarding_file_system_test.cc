@@ -74,6 +74,37 @@ TEST(DiscardingFileSystemTest, AShardWrittenIntoItIsDescribedAsOnARealFileSystem
   EXPECT_EQ(reader->index_xxh3(), real.index_xxh3);
 }
 
+TEST(DiscardingFileSystemTest, AWriteWithTheIndexsCreationTimeIsTheShardDescribedEarlier) {
+  const ckptd::testing::RankData data = ckptd::testing::MakeRankData(9, 0, 5000, 40);
+  const std::vector<TensorSource> sources = ckptd::testing::RankSources(data, "params", "rng");
+  const ShardIdentity id{"job", 9, 0, 1};
+  DiscardingFileSystem discard;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult described,
+                             WriteShard(&discard, "/s/rank-0.shard", id, sources, RawOneThread()));
+  ASSERT_NE(described.index, nullptr);
+  ASSERT_NE(described.index->created_unix_nanos(), 0);
+
+  // Later, the same bytes written for real at the described index's time.
+  ShardWriteOptions again = RawOneThread();
+  again.created_unix_nanos = described.index->created_unix_nanos();
+  MemFileSystem mem;
+  CKPTD_ASSERT_OK(mem.CreateDir("/s"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult written, WriteShard(&mem, "/s/rank-0.shard", id, sources, again));
+  EXPECT_EQ(written.file_length, described.file_length);
+  EXPECT_EQ(written.index_xxh3, described.index_xxh3);
+  EXPECT_EQ(written.index->created_unix_nanos(), described.index->created_unix_nanos());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader,
+                             ShardReader::Open(&mem, "/s/rank-0.shard", ShardReadOptions()));
+  EXPECT_EQ(reader->index_xxh3(), described.index_xxh3);
+
+  // One changed byte is another shard: the digest tells.
+  ckptd::testing::RankData changed = data;
+  changed.params[17] += 1.0f;
+  const std::vector<TensorSource> other = ckptd::testing::RankSources(changed, "params", "rng");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult differs, WriteShard(&mem, "/s/rank-0.shard", id, other, again));
+  EXPECT_NE(differs.index_xxh3, described.index_xxh3);
+}
+
 TEST(DiscardingFileSystemTest, NothingCanBeReadBack) {
   const ckptd::testing::RankData data = ckptd::testing::MakeRankData(3, 0, 2000, 16);
   const std::vector<TensorSource> sources = ckptd::testing::RankSources(data, "params", "rng");

@@ -116,7 +116,8 @@ class ShardWriteJob {
     index_.set_step(identity_.step);
     index_.set_rank(identity_.rank);
     index_.set_world_size(identity_.world_size);
-    index_.set_created_unix_nanos(absl::ToUnixNanos(absl::Now()));
+    index_.set_created_unix_nanos(options_.created_unix_nanos != 0 ? options_.created_unix_nanos
+                                                                   : absl::ToUnixNanos(absl::Now()));
     index_.set_alignment(kShardAlignment);
     for (size_t t = 0; t < tensors_.size(); ++t) {
       ckptd::v1::Tensor* meta = index_.add_tensors();

@@ -90,6 +90,11 @@ struct ShardWriteOptions {
   // Writes kept in flight.
   int writes_in_flight = 8;
   bool direct_io = true;
+  // The index's creation time (0: now). A shard written again from the same
+  // bytes with the same options and this time is the same file, to the byte
+  // (an emergency persist of a memory checkpoint, whose index was computed
+  // earlier).
+  int64_t created_unix_nanos = 0;
 };
 
 struct ShardWriteResult {
