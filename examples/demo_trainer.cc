@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -31,7 +32,7 @@ namespace {
 const char kUsage[] =
     "usage: ckptd-demo-trainer --socket <path> --job <name> --steps <n> --state-mb <m>\n"
     "                          [--rank r --world-size w] [--every k] [--accum a] [--step-ms t]\n"
-    "                          [--skip-restore COMPONENT] [--agent-wait-ms t]\n"
+    "                          [--skip-restore COMPONENT] [--agent-wait-ms t] [--pace-file PATH]\n"
     "\n"
     "Ranges: --steps 1..2^62, --state-mb 1..65536 (MiB of state), --world-size\n"
     "1..1048576 (default 1), --rank 0..world-size - 1 (default 0), --every 0..2^40,\n"
@@ -43,6 +44,9 @@ const char kUsage[] =
     "every k steps (default 10; 0: never), and prints, as its last line,\n"
     "final_step=<n> digest=<hex> train_s=<seconds of the training loop>.\n"
     "--step-ms slows each step down (for tests that kill the trainer mid-run).\n"
+    "--pace-file: while PATH exists and holds an integer in 0..3600000, each step\n"
+    "takes that many milliseconds instead of --step-ms (read at every step; the\n"
+    "demo slows its job down this way while drills strike it).\n"
     "--agent-wait-ms keeps trying to reach an agent that is not up yet (default 0:\n"
     "train without checkpoints at once); ranks of a multi-node job that restart\n"
     "with their agent should wait for it.\n"
@@ -165,6 +169,16 @@ ckptd::client::BufferSpec Spec(std::string name, ckptd::v1::Component c, ckptd::
   return b;
 }
 
+// The time a step takes: what `pace_file` holds while it exists and holds a
+// number in range, else `step_ms`.
+uint64_t StepMs(const std::string& pace_file, uint64_t step_ms) {
+  if (pace_file.empty()) return step_ms;
+  std::ifstream in(pace_file);
+  uint64_t ms = 0;
+  if (!(in >> ms) || ms > kMaxStepMs) return step_ms;
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,7 +186,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> argv_list(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(argv_list,
                                           {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum",
-                                           "step-ms", "skip-restore", "agent-wait-ms"},
+                                           "step-ms", "skip-restore", "agent-wait-ms", "pace-file"},
                                           {"help"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
@@ -204,6 +218,7 @@ int main(int argc, char** argv) {
   }
   if (!args->Get("steps") || !args->Get("state-mb")) return usage("--steps and --state-mb are required");
   const std::string skip = args->Get("skip-restore").value_or("");
+  const std::string pace_file = args->Get("pace-file").value_or("");
   if (!skip.empty() && skip != "PARAMS" && skip != "GRADS" && skip != "OPTIMIZER" && skip != "RNG" &&
       skip != "DATA_CURSOR") {
     return usage("--skip-restore must be one of PARAMS, GRADS, OPTIMIZER, RNG, DATA_CURSOR, got \"" + skip + "\"");
@@ -287,7 +302,9 @@ int main(int argc, char** argv) {
       std::cerr << "ckptd-demo-trainer: the coordinator asks the job to restart (at step " << step << ")\n";
       return kExitRestart;
     }
-    if (step_ms > 0) absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(step_ms)));
+    if (const uint64_t ms = StepMs(pace_file, step_ms); ms > 0) {
+      absl::SleepFor(absl::Milliseconds(static_cast<int64_t>(ms)));
+    }
   }
   const double train_s = absl::ToDoubleSeconds(absl::Now() - train_start);
   std::cerr << absl::StrFormat("ckptd-demo-trainer: %d steps in %.3f s (%.3f ms/step), %d snapshots\n", steps - start,

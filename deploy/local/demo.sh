@@ -180,7 +180,8 @@ print("" if v is None else v)' "$JOB" "$1" 2>/dev/null
 start_job() {
   "$REPO/deploy/local/launch.sh" --ranks "$WORLD" --grace 10 --max-restarts 4 --log-dir "$CL/launcher" -- \
     sh -c 'exec "$0" --socket "$1/node$((RANK / $2)).sock" --job "$3" --rank "$RANK" --world-size "$WORLD_SIZE" \
-           --steps "$4" --state-mb "$5" --step-ms "$6" --accum 4 --agent-wait-ms 30000' \
+           --steps "$4" --state-mb "$5" --step-ms "$6" --accum 4 --agent-wait-ms 30000 \
+           --pace-file "$1/pace"' \
     "$BIN/ckptd-demo-trainer" "$CL" "$RANKS_PER_NODE" "$JOB" "$STEPS" "$STATE_MB" "$STEP_MS" \
     2>"$CL/launcher/launch.log" &
   LAUNCHER=$!
@@ -241,6 +242,9 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ "$(job_field checkpoints_committed)" -ge 3 ] 2>/dev/null || fail "no three checkpoints committed in the drill run"
+# While the drills run, each step takes 250 ms (the trainers' --pace-file):
+# on a slow or busy machine too, they strike a job that is still running.
+echo 250 >"$CL/pace"
 say "  drill 1: kill rank 1's trainer (SIGKILL); every rank restarts and restores from its agent's memory"
 "$BIN/ckptctl" drill run --job "$JOB" --scenario kill-trainer --target 1 --watch 1m \
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-trainer.html" \
@@ -278,6 +282,12 @@ say "  drill 4: crash $CRASH_WITH_PARTNER and its replication partner together; 
   >"$DIR/drill-kill-partners.json" 2>"$DIR/drill-kill-partners.err" &
 DRILL=$!
 remember "$DRILL"
+# Full speed again once the last drill is over.
+(
+  while kill -0 "$DRILL" 2>/dev/null; do sleep 0.2; done
+  rm -f "$CL/pace"
+) &
+remember $!
 follow_job
 JOB_CODE=$?
 wait "$DRILL"
