@@ -583,6 +583,191 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
   }
 }
 
+namespace {
+
+// One source per tensor of `index`, laid out in `base` as `layout` says
+// (buffer i of the registration at layout.offsets[i], as the shard's
+// tensors are in registration order).
+absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::ShardIndex& index,
+                                                             const staging::StagingLayout& layout,
+                                                             const uint8_t* base) {
+  if (static_cast<size_t>(index.tensors_size()) != layout.offsets.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("the copy's index has ", index.tensors_size(),
+                                                      " tensors, its memory ", layout.offsets.size(), " buffers"));
+  }
+  std::vector<storage::TensorSource> sources(layout.offsets.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const ckptd::v1::Tensor& t = index.tensors(static_cast<int>(i));
+    if (t.raw_length() != layout.lengths[i]) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", absl::CHexEscape(t.name()), "' of the copy's index is ",
+                                                        t.raw_length(), " bytes, its buffer ", layout.lengths[i]));
+    }
+    sources[i].meta = t;
+    sources[i].data = base + layout.offsets[i];
+    sources[i].length = layout.lengths[i];
+  }
+  return sources;
+}
+
+}  // namespace
+
+absl::StatusOr<AgentCore::HeldCopy> AgentCore::FindHeldCopy(const ckptd::v1::PersistOrder& order) {
+  auto same = [&](const KeptStep& k) {
+    return k.step == order.step() && k.file_length == order.file_length() && k.index_xxh3 == order.index_xxh3() &&
+           k.index != nullptr;
+  };
+  // From a segment keeping the step in `slot`.
+  auto from_segment = [&](std::shared_ptr<staging::StagingSegment> segment, const staging::StagingLayout& layout,
+                          const KeptStep& kept, std::string from) -> absl::StatusOr<HeldCopy> {
+    HeldCopy c;
+    c.from = std::move(from);
+    CKPTD_ASSIGN_OR_RETURN(c.sources, SourcesIn(*kept.index, layout, segment->slot_data(kept.slot)));
+    c.created_unix_nanos = kept.index->created_unix_nanos();
+    c.still_held = [segment, slot = kept.slot, step = kept.step] {
+      return segment->state(slot) == staging::SlotState::kKept && segment->step(slot) == step;
+    };
+    c.keep_alive = std::move(segment);
+    return c;
+  };
+  std::vector<std::shared_ptr<Trainer>> trainers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, t] : trainers_) {
+      if (t->reg.job == order.job() && t->reg.rank == order.rank()) trainers.push_back(t);
+    }
+    for (const Parked& p : parked_) {
+      if (p.job != order.job() || p.rank != order.rank()) continue;
+      for (const KeptStep& k : p.kept) {
+        if (same(k)) return from_segment(p.segment, p.layout, k, "the memory its exited trainer left");
+      }
+    }
+  }
+  for (const std::shared_ptr<Trainer>& t : trainers) {
+    std::optional<KeptStep> kept;
+    {
+      absl::MutexLock l(&t->mu);
+      for (const KeptStep& k : t->kept) {
+        if (same(k)) kept = k;
+      }
+    }
+    if (kept) return from_segment(t->segment, t->layout, *kept, "its trainer's staging memory");
+  }
+  if (options_.replicas != nullptr) {
+    ckptd::v1::ReplicaKey key;
+    key.set_job(order.job());
+    key.set_rank(order.rank());
+    key.set_step(order.step());
+    std::shared_ptr<const Replica> held = options_.replicas->Find(key);
+    if (held != nullptr && held->header().file_length() == order.file_length() &&
+        held->header().index_xxh3() == order.index_xxh3()) {
+      auto index = std::make_shared<ckptd::v1::ShardIndex>();
+      if (!index->ParseFromString(held->header().index())) {
+        return absl::DataLossError("the copy held for node " + held->header().from_node() +
+                                   " has a shard index that does not parse");
+      }
+      std::vector<uint64_t> lengths;
+      for (const ckptd::v1::Tensor& t : index->tensors()) lengths.push_back(t.raw_length());
+      const staging::StagingLayout layout = staging::PlanLayout(lengths);
+      if (layout.slot_bytes != held->size()) {
+        return absl::DataLossError(absl::StrCat("the copy held for node ", held->header().from_node(), " holds ",
+                                                held->size(), " bytes; its index lays out ", layout.slot_bytes));
+      }
+      HeldCopy c;
+      c.from = absl::StrCat("the copy node ", held->header().from_node(), " sent");
+      CKPTD_ASSIGN_OR_RETURN(c.sources, SourcesIn(*index, layout, held->data()));
+      c.created_unix_nanos = index->created_unix_nanos();
+      c.still_held = [] { return true; };  // a held copy's bytes never change
+      c.keep_alive = std::move(held);
+      return c;
+    }
+  }
+  return absl::NotFoundError("this node holds no copy of it in memory");
+}
+
+absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::v1::PersistOrder& order) {
+  const std::string what =
+      absl::StrCat("emergency persist of job ", order.job(), " step ", order.step(), " rank ", order.rank());
+  auto failed = [&](const absl::Status& s) { return absl::Status(s.code(), absl::StrCat(what, ": ", s.message())); };
+  if (absl::Status s = storage::ValidateJobName(order.job()); !s.ok()) return failed(s);
+  if (order.world_size() == 0 || order.rank() >= order.world_size()) {
+    return failed(absl::InvalidArgumentError(
+        absl::StrCat("rank ", order.rank(), " is not inside world size ", order.world_size())));
+  }
+  absl::StatusOr<HeldCopy> copy = FindHeldCopy(order);
+  if (!copy.ok()) return failed(copy.status());
+  storage::ShardWriteOptions write = MemoryShardOptions(options_.write);
+  write.created_unix_nanos = copy->created_unix_nanos;
+  const std::pair<std::string, uint64_t> writing(order.job(), order.step());
+  {
+    absl::MutexLock l(&writing_mu_);
+    ++writing_[writing];
+  }
+  const absl::Time start = clock_->Now();
+  absl::StatusOr<storage::ShardWriteResult> written = absl::UnknownError("not written");
+  if (absl::Status prepared = store_.PrepareStep(order.job(), order.step()); !prepared.ok()) {
+    written = prepared;
+  } else {
+    // One encoder, as MemoryShardOptions asks, at normal priority: the job
+    // loses work if this step is not made durable.
+    base::ThreadPool encoder(1);
+    written = store_.WriteShard(order.job(), order.step(), order.rank(), order.world_size(), copy->sources, write,
+                                &encoder);
+  }
+  const double seconds = absl::ToDoubleSeconds(clock_->Now() - start);
+  {
+    absl::MutexLock l(&writing_mu_);
+    if (--writing_[writing] == 0) writing_.erase(writing);
+  }
+  if (!written.ok()) return failed(written.status());
+  if (!copy->still_held() || written->file_length != order.file_length() ||
+      written->index_xxh3 != order.index_xxh3()) {
+    // Not the shard that was reported: it must not be committed.
+    (void)fs_->RemoveFile(written->path);
+    return failed(absl::DataLossError(absl::StrCat(
+        "the shard written from ", copy->from, " (", written->file_length, " bytes, index xxh3 ",
+        absl::Hex(written->index_xxh3, absl::kZeroPad16), ") is not the one reported (", order.file_length(),
+        " bytes, index xxh3 ", absl::Hex(order.index_xxh3(), absl::kZeroPad16),
+        "): the copy changed while it was written or is damaged; removed")));
+  }
+  ckptd::v1::ShardReport report;
+  report.set_job(order.job());
+  report.set_step(order.step());
+  report.set_world_size(order.world_size());
+  report.set_incarnation(order.incarnation());
+  report.set_emergency(true);
+  *report.mutable_shard() = ShardRefOf(order.rank(), *written);
+  report.mutable_shard()->set_persist_seconds(seconds);
+  if (options_.coordinator != nullptr) options_.coordinator->ShardDurable(report);
+  logger_->Info(absl::StrCat(what, ": written from ", copy->from, " in ",
+                             absl::FormatDuration(absl::Trunc(absl::Seconds(seconds), absl::Milliseconds(1))), " (",
+                             Gib(written->raw_bytes), ")"));
+  return report;
+}
+
+void AgentCore::OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder>& orders) {
+  if (options_.coordinator == nullptr) return;
+  const absl::Time now = clock_->Now();
+  for (const ckptd::v1::PersistOrder& order : orders) {
+    const OrderKey key(order.job(), order.step(), order.rank(), order.incarnation());
+    {
+      absl::MutexLock l(&orders_mu_);
+      auto [it, fresh] = orders_.try_emplace(key);
+      if (!fresh && (!it->second || now < *it->second)) continue;  // done, under way, or failed just now
+      it->second.reset();
+      // Bounded (a job's oldest steps go first).
+      while (orders_.size() > kMaxOrdersRemembered) orders_.erase(orders_.begin());
+    }
+    emergency_pool_.Schedule([this, order, key] {
+      absl::StatusOr<ckptd::v1::ShardReport> done = EmergencyPersist(order);
+      if (done.ok()) return;
+      logger_->Warning(absl::StrCat(done.status().message(), "; tried again if still ordered in ",
+                                    absl::FormatDuration(kEmergencyRetry)));
+      absl::MutexLock l(&orders_mu_);
+      if (auto it = orders_.find(key); it != orders_.end()) it->second = clock_->Now() + kEmergencyRetry;
+    });
+  }
+}
+
 absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl::string_view reason) {
   std::shared_ptr<Trainer> t = Find(trainer_id);
   if (t == nullptr) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -350,6 +351,25 @@ class AgentCore {
   // and trainer exit).
   void EvictIdle();
 
+  // Emergency persists (HeartbeatAck.persist): after a failure the
+  // coordinator orders the copies of the newest memory checkpoint that is not
+  // durable written to storage by the nodes holding them. Returns at once;
+  // the orders are carried out one at a time, in the order given, on a
+  // thread of the agent's own, each once (by job, step, rank and
+  // incarnation; one that failed is tried again when ordered again after
+  // `kEmergencyRetry`). Without a coordinator, does nothing.
+  void OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder>& orders);
+  static constexpr absl::Duration kEmergencyRetry = absl::Seconds(10);
+  static constexpr size_t kMaxOrdersRemembered = 4096;
+  // Carries out one order now: the copy this node holds (a step its
+  // trainers keep in memory, live or parked, or a copy held for a partner)
+  // is written raw to the storage root as the shard that was reported
+  // (MemoryShardOptions, the kept index's creation time), checked to be
+  // that shard (the file goes again when it is not: the copy changed or is
+  // damaged), and reported to the coordinator (ShardReport.emergency). The
+  // report, or why there is none: kNotFound when no copy of it is held here.
+  absl::StatusOr<ckptd::v1::ShardReport> EmergencyPersist(const ckptd::v1::PersistOrder& order);
+
  private:
   struct Trainer;
   // A step a trainer's segment keeps in memory (one per KEPT slot): the
@@ -542,6 +562,21 @@ class AgentCore {
   absl::StatusOr<uint32_t> LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
                                     absl::Duration wait_for_slot);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
+  // A copy of a memory checkpoint held here, as an emergency persist writes
+  // it: one source per buffer, the memory they point into kept alive, and
+  // whether that memory still holds the step (a trainer may take its kept
+  // slot back meanwhile).
+  struct HeldCopy {
+    std::string from;  // for the log
+    std::vector<storage::TensorSource> sources;
+    int64_t created_unix_nanos = 0;
+    std::shared_ptr<const void> keep_alive;
+    std::function<bool()> still_held;
+  };
+  // The copy of the order's step and rank that is the shard it names
+  // (length and index digest), from this node's trainers (live, then
+  // parked) or the copies held for partners; kNotFound otherwise.
+  absl::StatusOr<HeldCopy> FindHeldCopy(const ckptd::v1::PersistOrder& order);
 
   storage::FileSystem* const fs_;
   const AgentOptions options_;
@@ -572,6 +607,13 @@ class AgentCore {
   // rounds. Never held while persisting, loading or committing.
   absl::Mutex lone_mu_;
   std::map<std::string, LoneJob> lone_ ABSL_GUARDED_BY(lone_mu_);
+  // Emergency persists ordered, by job, step, rank and incarnation: when
+  // one that failed may be tried again (nullopt: done or under way).
+  using OrderKey = std::tuple<std::string, uint64_t, uint32_t, uint64_t>;
+  absl::Mutex orders_mu_;
+  std::map<OrderKey, std::optional<absl::Time>> orders_ ABSL_GUARDED_BY(orders_mu_);
+  // Last: its queued orders run before anything they use goes.
+  base::ThreadPool emergency_pool_{1};
 };
 
 }  // namespace ckptd::agent

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/layout.h"
+#include "storage/store.h"
 #include "storage/mem_file_system.h"
 
 namespace ckptd::agent {
@@ -24,6 +25,7 @@ using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Optional;
+using ::testing::SizeIs;
 
 // CoordinatorClient calling the core directly (what CoordinatorLink does over gRPC).
 class InProcessCoordinator : public CoordinatorClient {
@@ -351,6 +353,43 @@ TEST_F(MemoryCheckpointTest, ATrainerCrashRestoresTheNewestMemoryCheckpointAndAD
   EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{40u, 40u}));
   EXPECT_TRUE(core_.ClusterStatus().jobs(0).quarantined_steps().empty());
   EXPECT_EQ(core_.ClusterStatus().jobs(0).state(), ckptd::v1::JOB_RUNNING);
+}
+
+TEST_F(MemoryCheckpointTest, AfterAFailureTheNewestMemoryCheckpointIsWrittenFromMemoryAndCommitted) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{std::nullopt, std::nullopt}));
+  for (uint64_t step : {10u, 20u, 30u}) SnapshotAll({&a, &b}, step);
+  ASSERT_FALSE(Exists("/ckpt/job/step-30"));
+  // Rank 0's trainer dies: the coordinator orders each node to write its
+  // rank's copy of step 30, which only memory holds, through the heartbeat
+  // answers.
+  TrainerDied(a, 0);
+  std::vector<ckptd::v1::PersistOrder> ordered;
+  for (Node* n : {&a, &b}) {
+    n->link->Beat(n->agent.get(), [&](const ckptd::v1::HeartbeatAck& ack) {
+      ordered.insert(ordered.end(), ack.persist().begin(), ack.persist().end());
+      n->agent->OnPersistOrders(ack.persist());
+    });
+  }
+  ASSERT_THAT(ordered, SizeIs(2));
+  for (const ckptd::v1::PersistOrder& o : ordered) EXPECT_EQ(o.step(), 30u) << o.rank();
+  const std::string manifest = storage::ManifestPath("/ckpt", "job", 30);
+  ASSERT_TRUE(Eventually([&] { return Exists(manifest); }, absl::Seconds(30))) << "step 30 was not committed";
+  for (Node* n : {&a, &b}) {
+    for (const absl::Status& s : n->link->results()) EXPECT_THAT(s, IsOk());
+    bool emergency = false;
+    for (const ckptd::v1::ShardReport& r : n->link->reports()) emergency |= r.emergency() && r.step() == 30;
+    EXPECT_TRUE(emergency);
+  }
+  const ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+  EXPECT_EQ(status.jobs(0).newest_committed_step(), 30u);
+  // The step is durable now and still in memory: both ranks restore it from
+  // there, and read from disk it is the same (RestoreAll checks the bytes).
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{30u, 30u}));
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::StepManifest m, store.ReadManifest("job", 30));
+  EXPECT_EQ(m.shards_size(), 2);
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {

@@ -62,6 +62,7 @@ class HeartbeatRelay {
   void OnAck(const ckptd::v1::HeartbeatAck& ack) {
     absl::MutexLock l(&mu_);
     if (drills_ != nullptr) drills_->OnAck(ack);
+    if (core_ != nullptr) core_->OnPersistOrders(ack.persist());
     if (replicator_ != nullptr) replicator_->SetPartners(ack.send_to());
     if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
   }

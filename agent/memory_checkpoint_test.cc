@@ -24,9 +24,11 @@
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
 #include "agent/peer_service.h"
+#include "agent/replica_store.h"
 #include "agent/replicator.h"
 #include "agent/testing_agent_harness.h"
 #include "base/status_macros.h"
+#include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,12 +37,14 @@
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_index.h"
+#include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
 
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
@@ -709,6 +713,205 @@ TEST_F(MemoryCheckpointTest, AMemoryStepTheTrainerFindsDamagedIsReadAgainFromAPe
   plain.reread_step = 2;
   EXPECT_THAT(other.Restore(u.h.trainer_id, plain),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("step 2 of job job is a memory checkpoint")));
+}
+
+// --- Emergency persists (ckptd.v1.PersistOrder).
+
+// The order to write rank 0's copy of memory checkpoint `step`, reported as
+// `report`, held by `owner`'s memory.
+ckptd::v1::PersistOrder OrderOf(const ckptd::v1::ShardReport& report, const std::string& owner) {
+  ckptd::v1::PersistOrder o;
+  o.set_job(report.job());
+  o.set_step(report.step());
+  o.set_rank(report.shard().rank());
+  o.set_world_size(report.world_size());
+  o.set_owner_node(owner);
+  o.set_file_length(report.shard().file_length());
+  o.set_index_xxh3(report.shard().index_xxh3());
+  o.set_incarnation(report.incarnation());
+  return o;
+}
+
+// The emergency reports `coord` received.
+std::vector<ckptd::v1::ShardReport> EmergencyReports(ScriptedCoordinator& coord) {
+  std::vector<ckptd::v1::ShardReport> out;
+  for (const ckptd::v1::ShardReport& r : coord.reports()) {
+    if (r.emergency()) out.push_back(r);
+  }
+  return out;
+}
+
+// The shard written for rank 0 of `step` reads back, every block verified,
+// as bytes that are all `fill`.
+void ExpectShardHolds(storage::FileSystem* fs, uint64_t step, uint8_t fill) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<storage::ShardReader> reader,
+                             storage::ShardReader::Open(fs, storage::ShardPath("/ckpt", "job", step, 0)));
+  const TrainerRegistration reg = OneRank();
+  std::vector<std::string> bufs;
+  std::vector<storage::TensorDest> dests;
+  for (const ckptd::v1::Tensor& b : reg.buffers) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, storage::TensorByteLength(b));
+    bufs.emplace_back(length, '\0');
+  }
+  for (size_t i = 0; i < bufs.size(); ++i) dests.push_back({reg.buffers[i].name(), bufs[i].data(), bufs[i].size()});
+  CKPTD_ASSERT_OK(reader->ReadTensors(dests));
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    EXPECT_EQ(bufs[i], std::string(bufs[i].size(), static_cast<char>(fill))) << reg.buffers[i].name();
+  }
+}
+
+TEST_F(MemoryCheckpointTest, AnOrderedEmergencyPersistWritesTheKeptStepAsTheShardItReported) {
+  AgentCore agent(&fs_, NodeA());
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, &t));
+  ASSERT_NO_FATAL_FAILURE(TakeAll(agent, t, {1, 2}));
+  const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
+  ASSERT_TRUE(memory.memory_only());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport done, agent.EmergencyPersist(OrderOf(memory, "node-a")));
+  EXPECT_TRUE(done.emergency());
+  EXPECT_FALSE(done.memory_only());
+  EXPECT_EQ(done.incarnation(), memory.incarnation());
+  EXPECT_EQ(done.shard().file_length(), memory.shard().file_length());
+  EXPECT_EQ(done.shard().index_xxh3(), memory.shard().index_xxh3());
+  EXPECT_EQ(done.shard().file(), storage::ShardFileName(0));
+  ASSERT_THAT(EmergencyReports(coord_), SizeIs(1));
+  EXPECT_EQ(EmergencyReports(coord_)[0].SerializeAsString(), done.SerializeAsString());
+  CKPTD_ASSERT_OK_AND_ASSIGN(storage::FileInfo info, mem_.Stat(storage::ShardPath("/ckpt", "job", 2, 0)));
+  EXPECT_EQ(info.size, memory.shard().file_length());
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 2, StepFill(2)));
+  // The copy stays in memory for a restore.
+  EXPECT_TRUE(KeptSlot(t, 2).has_value());
+
+  // What the order does not match is not written, and nothing is reported.
+  struct Bad {
+    std::string why;
+    std::function<void(ckptd::v1::PersistOrder*)> change;
+    absl::StatusCode code;
+    std::string says;
+  };
+  const std::vector<Bad> bad = {
+      {"another digest", [](auto* o) { o->set_index_xxh3(o->index_xxh3() ^ 1); }, absl::StatusCode::kNotFound,
+       "holds no copy"},
+      {"another length", [](auto* o) { o->set_file_length(o->file_length() + 1); }, absl::StatusCode::kNotFound,
+       "holds no copy"},
+      {"a step not kept", [](auto* o) { o->set_step(7); }, absl::StatusCode::kNotFound, "step 7 rank 0"},
+      {"another rank", [](auto* o) { o->set_rank(1); o->set_world_size(2); }, absl::StatusCode::kNotFound,
+       "holds no copy"},
+      {"a rank outside the world", [](auto* o) { o->set_rank(1); }, absl::StatusCode::kInvalidArgument,
+       "not inside world size 1"},
+      {"a hostile job name", [](auto* o) { o->set_job("../etc"); }, absl::StatusCode::kInvalidArgument, "job"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.why);
+    ckptd::v1::PersistOrder o = OrderOf(coord_.ReportOf(1), "node-a");
+    b.change(&o);
+    EXPECT_THAT(agent.EmergencyPersist(o), StatusIs(b.code, AllOf(HasSubstr("emergency persist"), HasSubstr(b.says))));
+  }
+  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 1)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(EmergencyReports(coord_), SizeIs(1));
+}
+
+TEST_F(MemoryCheckpointTest, AnExitedTrainersParkedStepIsWrittenFromItsMemory) {
+  AgentCore agent(&fs_, NodeA());
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, &t));
+  ASSERT_NO_FATAL_FAILURE(TakeAll(agent, t, {1, 2}));
+  CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id, /*died=*/true));
+  const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport done, agent.EmergencyPersist(OrderOf(memory, "node-a")));
+  EXPECT_EQ(done.shard().index_xxh3(), memory.shard().index_xxh3());
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 2, StepFill(2)));
+}
+
+// Node B holds what node A sent it: node A's copies, as peer replication
+// leaves them in node B's store.
+class EmergencyFromPartnerTest : public MemoryCheckpointTest {
+ protected:
+  void HoldCopyOf(uint64_t step) {
+    ckptd::v1::ReplicaKey key;
+    key.set_job("job");
+    key.set_rank(0);
+    key.set_step(step);
+    std::unique_ptr<ReplicaStore::Reservation> reserved;
+    auto sink = [&](const ckptd::v1::ReplicaHeader& h) -> absl::StatusOr<absl::Span<uint8_t>> {
+      CKPTD_ASSIGN_OR_RETURN(reserved, store_.Reserve(h));
+      return absl::Span<uint8_t>(reserved->replica().data(), reserved->replica().size());
+    };
+    CKPTD_ASSERT_OK(net_.Fetch("node-b", key, sink).status());
+    store_.Keep(std::move(reserved));
+  }
+  AgentOptions NodeB() {
+    AgentOptions o = TestAgentOptions("memckpt-b");
+    o.node_id = "node-b";
+    o.coordinator = &coord_;
+    o.replicas = &store_;
+    return o;
+  }
+
+  ReplicaStore store_{ReplicaStoreOptions()};
+};
+
+TEST_F(EmergencyFromPartnerTest, ALostNodesStepIsWrittenFromTheCopyItsPartnerHolds) {
+  {
+    AgentCore a(&fs_, NodeA());
+    Trainer t;
+    ASSERT_NO_FATAL_FAILURE(Start(a, &t));
+    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
+  }
+  ASSERT_NO_FATAL_FAILURE(HoldCopyOf(2));
+  AgentCore b(&fs_, NodeB());
+  const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport done, b.EmergencyPersist(OrderOf(memory, "node-a")));
+  EXPECT_TRUE(done.emergency());
+  EXPECT_EQ(done.shard().file_length(), memory.shard().file_length());
+  EXPECT_EQ(done.shard().index_xxh3(), memory.shard().index_xxh3());
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 2, StepFill(2)));
+}
+
+TEST_F(EmergencyFromPartnerTest, ADamagedCopyIsNotWrittenNorReported) {
+  {
+    AgentCore a(&fs_, NodeA());
+    Trainer t;
+    ASSERT_NO_FATAL_FAILURE(Start(a, &t));
+    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
+  }
+  ASSERT_NO_FATAL_FAILURE(HoldCopyOf(2));
+  ckptd::v1::ReplicaKey key;
+  key.set_job("job");
+  key.set_rank(0);
+  key.set_step(2);
+  std::shared_ptr<const Replica> held = store_.Find(key);
+  ASSERT_NE(held, nullptr);
+  const_cast<uint8_t*>(held->data())[100] ^= 0x40;  // a bit flips in memory
+  AgentCore b(&fs_, NodeB());
+  const size_t reports = coord_.reports().size();
+  EXPECT_THAT(b.EmergencyPersist(OrderOf(coord_.ReportOf(2), "node-a")),
+              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("is not the one reported"),
+                                                          HasSubstr("the copy node node-a sent"))));
+  EXPECT_THAT(mem_.Stat(storage::ShardPath("/ckpt", "job", 2, 0)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(coord_.reports(), SizeIs(reports));
+}
+
+TEST_F(MemoryCheckpointTest, EachOrderIsCarriedOutOnceHoweverOftenTheHeartbeatsRepeatIt) {
+  AgentCore agent(&fs_, NodeA());
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, &t));
+  ASSERT_NO_FATAL_FAILURE(TakeAll(agent, t, {1, 2}));
+  google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder> orders;
+  *orders.Add() = OrderOf(coord_.ReportOf(2), "node-a");
+  for (int i = 0; i < 5; ++i) agent.OnPersistOrders(orders);
+  // An order of another step behind them: once it is reported, every order
+  // before it was carried out (one at a time, in order).
+  google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder> last;
+  *last.Add() = OrderOf(coord_.ReportOf(1), "node-a");
+  agent.OnPersistOrders(last);
+  ASSERT_TRUE(Eventually([&] { return EmergencyReports(coord_).size() >= 2; }, absl::Seconds(30)));
+  const std::vector<ckptd::v1::ShardReport> done = EmergencyReports(coord_);
+  ASSERT_THAT(done, SizeIs(2));
+  EXPECT_EQ(done[0].step(), 2u);
+  EXPECT_EQ(done[1].step(), 1u);
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 2, StepFill(2)));
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 1, StepFill(1)));
 }
 
 TEST_F(MemoryCheckpointTest, WithoutACoordinatorEverySnapshotIsPersisted) {

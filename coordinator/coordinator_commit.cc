@@ -244,6 +244,10 @@ void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
   job->MarkCommitted(task.step, task.stall, task.persist, task.measured);
   job->SetCommittedShards(task.step, task.shards);
   ++counters_.committed;
+  if (!task.measured) {
+    logger_->Info(absl::StrCat("job ", task.job, ": memory checkpoint ", task.step,
+                               " is durable, written by the emergency persist after the failure"));
+  }
   result.counted = true;
   // Older steps still pending will never be needed.
   for (uint64_t step : job->PendingBefore(task.step)) {
