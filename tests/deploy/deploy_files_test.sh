@@ -726,7 +726,9 @@ tls_smoke_run() {
   "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" >/dev/null 2>&1 || code=$?
   [ "$code" -eq 3 ] || { echo "ckptctl without the certificates got exit $code, not 3 (unreachable)"; return 1; }
   # The agent as the unit starts it, with agent.env's flags (its --coordinator pointed here), and TLS.
-  agent_opts="$(env_value agent.env CKPTD_AGENT_OPTS | sed "s/--coordinator [^ ]*/--coordinator 127.0.0.1:$port/")"
+  # (Its peer replication on loopback, on ports the system picks.)
+  agent_opts="$(env_value agent.env CKPTD_AGENT_OPTS |
+    sed -e "s/--coordinator [^ ]*/--coordinator 127.0.0.1:$port/" -e "s/--peer-listen [^ ]*/--peer-listen 127.0.0.1:0/")"
   # shellcheck disable=SC2086
   "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/agent.sock" --agent-token-file "$log/agent-token" \
     $agent_opts --node-id tls-node \
