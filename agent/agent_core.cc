@@ -581,6 +581,7 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
   if (options_.replicas != nullptr) {
     for (ckptd::v1::MemoryCopy& c : options_.replicas->List()) *hb->add_memory() = std::move(c);
   }
+  if (options_.replicator != nullptr) hb->set_replicate_seconds(options_.replicator->Stats().last_round_seconds);
 }
 
 namespace {

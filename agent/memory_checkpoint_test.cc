@@ -464,6 +464,8 @@ TEST_F(MemoryCheckpointTest, EveryThirdStepIsDurableTheOthersStayInMemoryAsRawSh
   std::vector<uint64_t> in_memory;
   for (const ckptd::v1::MemoryCopy& c : hb.memory()) in_memory.push_back(c.step());
   EXPECT_THAT(in_memory, ::testing::UnorderedElementsAre(5, 6));
+  // How long the last checkpoint took to reach the partner (the policy's Q).
+  EXPECT_GT(hb.replicate_seconds(), 0);
   for (const ckptd::v1::MemoryCopy& c : hb.memory()) {
     if (c.step() != 5) continue;
     EXPECT_EQ(c.index_xxh3(), coord_.ReportOf(5).shard().index_xxh3());

@@ -584,6 +584,36 @@ TEST(ReplicatorTest, ANewerStepOfTheRankReplacesOneStillQueued) {
   EXPECT_EQ(r.Stats().superseded, 1u);
 }
 
+TEST(ReplicatorTest, ARoundIsTimedFromItsFirstCopyQueuedToItsLastSent) {
+  RecordingNetwork net;
+  JumpClock clock;
+  absl::Notification release;
+  net.before_piece = [&](uint64_t) { release.WaitForNotification(); };
+  ReplicatorOptions o;
+  o.max_bytes_per_second = 1e6;
+  o.clock = &clock;
+  Replicator r(&net, o);
+  r.SetPartners(Partners(1));
+  EXPECT_EQ(r.Stats().last_round_seconds, 0);
+  // Two ranks' copies of one checkpoint, 10 MiB each: the cap holds each
+  // one's last piece (at 8 MiB) back 8.39 s, one after the other.
+  r.Submit(Source(KeptSegment(10 * kMiB, 1, 1), 0, 1));
+  r.Submit(Source(KeptSegment(10 * kMiB, 1, 2), 1, 1));
+  release.Notify();
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  const double one = 8.0 * kMiB / 1e6;
+  ReplicationStats st = r.Stats();
+  ASSERT_EQ(st.sent, 2u);
+  EXPECT_NEAR(st.last_seconds, one, 1e-6);
+  EXPECT_NEAR(st.last_round_seconds, 2 * one, 1e-6);
+  // The next checkpoint is a round of its own.
+  r.Submit(Source(KeptSegment(10 * kMiB, 2, 3), 0, 2));
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  st = r.Stats();
+  ASSERT_EQ(st.sent, 3u);
+  EXPECT_NEAR(st.last_round_seconds, one, 1e-6);
+}
+
 TEST(ReplicatorTest, SendingKeepsToTheBandwidthCap) {
   RecordingNetwork net;
   JumpClock clock;

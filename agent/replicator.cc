@@ -55,6 +55,10 @@ void Replicator::Submit(ReplicaSource source) {
     return q.header.key().job() == key.job() && q.header.key().rank() == key.rank();
   });
   stats_.superseded += before - queue_.size();
+  if (queue_.empty() && !busy_) {
+    round_start_ = clock_->Now();
+    round_sent_ = false;
+  }
   queue_.push_back(std::move(source));
 }
 
@@ -101,6 +105,7 @@ void Replicator::Loop() {
         stats_.bytes += source.header.data_bytes();
         stats_.last_seconds = seconds;
         stats_.last_bytes = source.header.data_bytes();
+        round_sent_ = true;
         continue;
       }
       if (absl::IsAborted(s)) {
@@ -111,6 +116,11 @@ void Replicator::Loop() {
       stats_.last_error = s;
       logger_->Warning(absl::StrCat("peer copy of ", KeyText(source.header.key()), " to node ", partner.node_id(),
                                     " (", partner.address(), ") failed: ", s.message()));
+    }
+    absl::MutexLock l(&mu_);
+    if (queue_.empty() && round_sent_) {
+      stats_.last_round_seconds = absl::ToDoubleSeconds(clock_->Now() - round_start_);
+      round_sent_ = false;
     }
   }
 }

@@ -54,6 +54,10 @@ struct ReplicationStats {
   uint64_t abandoned = 0;    // the trainer took the slot back first
   uint64_t superseded = 0;   // a newer step of the rank came before it was sent
   double last_seconds = 0;   // the last copy sent, start to finish
+  // A checkpoint's copies (of every rank of the node) together: from the
+  // first queued while the replicator was idle to the last sent, when it was
+  // idle again (0: no such round sent anything yet).
+  double last_round_seconds = 0;
   uint64_t last_bytes = 0;
   absl::Status last_error;
   uint32_t partners = 0;
@@ -92,6 +96,9 @@ class Replicator {
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ReplicationStats stats_ ABSL_GUARDED_BY(mu_);
+  // The round under way: since when, and whether a copy of it was sent.
+  absl::Time round_start_ ABSL_GUARDED_BY(mu_);
+  bool round_sent_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -593,6 +593,7 @@ IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& st) {
     ti.memory_cost_s = two.memory_cost_seconds();
     ti.durable_cost_s = two.durable_cost_seconds();
     ti.persist_s = st.persist_seconds();
+    ti.replicate_s = two.replicate_seconds();
     ti.memory_restart_s = two.memory_restart_seconds();
     ti.durable_restart_s = two.durable_restart_seconds();
     ti.step_s = st.step_seconds();

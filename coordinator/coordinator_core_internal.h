@@ -35,6 +35,9 @@ constexpr size_t kMaxRanksPerAgent = 4096;
 // ignored), the partners an agent may ask for, and a peer address's length.
 constexpr size_t kMaxMemoryCopies = 4096;
 constexpr uint32_t kMaxReplicas = 16;
+// A node's replication time (Heartbeat.replicate_seconds) beyond this is no
+// measurement.
+constexpr double kMaxReplicateSeconds = 86400;
 constexpr size_t kMaxPeerAddress = 255;
 // The peers a restore plan names for a rank (nodes that claim to hold it).
 constexpr size_t kMaxPlanPeers = 8;
@@ -90,6 +93,9 @@ struct ClusterExposure {
 struct MemoryTiers {
   bool memory_tier = false;
   bool peer_copies = false;
+  // With peer copies: the slowest of the job's nodes to copy a checkpoint
+  // to its partners (0: not measured).
+  double replicate_seconds = 0;
 };
 
 // The interval policy's view of `job`, from its measurements so far.
@@ -143,6 +149,9 @@ struct CoordinatorCore::Agent {
   std::string failure_domain;
   uint32_t replicas = 0;
   bool memory_tier = false;  // it takes memory checkpoints (RegisterAgentRequest.memory_tier)
+  // How long its last checkpoint took to reach its partners
+  // (Heartbeat.replicate_seconds; 0: not measured).
+  double replicate_seconds = 0;
   std::vector<std::string> send_to;
   std::vector<std::string> receive_from;
   size_t short_of_partners_logged = SIZE_MAX;  // the partner count last logged as short

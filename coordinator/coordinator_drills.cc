@@ -211,6 +211,11 @@ absl::StatusOr<ckptd::v1::DrillStatus> CoordinatorCore::GetDrill(const ckptd::v1
     const internal::Drill* drill = drills_->Find(request.drill_id());
     if (drill == nullptr) return absl::NotFoundError(absl::StrCat("no drill ", request.drill_id()));
     st = StatusOfDrill(request.drill_id(), *drill, FindJob(drill->request.job()));
+    // A drill with partners: the time of the first kill, whichever node it
+    // struck (detection is measured from it).
+    if (std::optional<int64_t> first = drills_->FirstInjection(*drill); first && st.has_report()) {
+      st.mutable_report()->set_injected_unix_nanos(*first);
+    }
   }
   // The history is in the state store, read without the lock.
   CKPTD_ASSIGN_OR_RETURN(std::vector<FailureEvent> events, state_->ListEvents("", options_.max_events_listed));

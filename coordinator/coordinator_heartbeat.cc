@@ -2,6 +2,7 @@
 // ranks it hosts), records its ranks' progress and the copies of steps it
 // holds in memory, and is answered with the schedules of their jobs, the
 // drills ordered from the agent, and its replication partners.
+#include <cmath>
 #include <set>
 #include <string>
 #include <utility>
@@ -40,6 +41,10 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     RefreshMembership(agent, hb, &fx);
     for (const auto& p : hb.progress()) RecordProgress(*agent, p, now, &fx);
     RecordMemory(agent, hb);
+    // A time no checkpoint could take (negative, not finite, beyond a day)
+    // is not a measurement.
+    const double q = hb.replicate_seconds();
+    agent->replicate_seconds = std::isfinite(q) && q >= 0 && q <= internal::kMaxReplicateSeconds ? q : 0;
     MaybeRecomputePartners(now);
     ack = HeartbeatReply(*agent, hb);
     SaveChangedJobs(&fx);

@@ -42,6 +42,7 @@ void FillClasses(const ClusterExposure& cluster, const CoordinatorOptions& optio
   const double total = mix.process + mix.node + mix.wide;
   two->set_memory_tier(tiers.memory_tier);
   two->set_peer_copies(tiers.memory_tier && tiers.peer_copies);
+  two->set_replicate_seconds(two->peer_copies() ? tiers.replicate_seconds : 0);
   for (int c = 0; c < policy::kFailureClasses; ++c) {
     const auto cls = static_cast<policy::FailureClass>(c);
     ckptd::v1::FailureClassStatus* f = two->add_classes();
@@ -70,6 +71,7 @@ void ViewTwoLevel(const ckptd::v1::IntervalStatus& st, const CoordinatorOptions&
   in.memory_cost_s = std::max(st.stall_seconds(), 1e-6);
   in.durable_cost_s = st.slowdown_seconds();
   in.persist_s = st.persist_seconds();
+  in.replicate_s = two->replicate_seconds();
   in.memory_restart_s = in.durable_restart_s = st.restart_seconds();
   in.step_s = st.step_seconds();
   in.min_interval_s = st.min_interval_seconds();
@@ -283,7 +285,9 @@ internal::MemoryTiers CoordinatorCore::TiersOf(const Job& job) const {
     any = true;
     tiers.memory_tier &= agent->second->memory_tier;
     tiers.peer_copies &= !agent->second->send_to.empty();
+    tiers.replicate_seconds = std::max(tiers.replicate_seconds, agent->second->replicate_seconds);
   }
+  if (!tiers.peer_copies) tiers.replicate_seconds = 0;
   return any ? tiers : internal::MemoryTiers{};
 }
 

@@ -1,7 +1,9 @@
 // CoordinatorCore: peer replication. Partners and tickets in heartbeat
 // answers, the copies agents hold in memory, and what restore plans,
 // previews, the status and drills make of them.
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -484,20 +486,40 @@ TEST_F(ReplicationTest, KillNodeWithPartnersKillsTheNodesPartnersToo) {
   EXPECT_EQ(r.node_id(), "node-a");
   EXPECT_THAT(std::vector<std::string>(r.partner_nodes().begin(), r.partner_nodes().end()),
               ElementsAreArray(partners));
-  // Each partner gets a KILL_NODE order of its own.
+  // Each partner gets a KILL_NODE order of its own, and carries it out
+  // before node-a does (node-b first, at +1 ms and +2 ms of the order).
+  const int64_t ordered = absl::ToUnixNanos(clock_.Now());
+  int64_t offset_ms = 0;
   for (const std::string& p : partners) {
     const ckptd::v1::HeartbeatAck ack = MustBeat(p);
     ASSERT_THAT(ack.drills(), SizeIs(1)) << p;
     EXPECT_EQ(ack.drills(0).scenario(), ckptd::v1::KILL_NODE);
     EXPECT_NE(ack.drills(0).drill_id(), r.drill_id());
+    ckptd::v1::Heartbeat hb = HeartbeatOf(p);
+    ckptd::v1::DrillReport* report = hb.add_drill_reports();
+    report->set_drill_id(ack.drills(0).drill_id());
+    report->set_injected(true);
+    report->set_injected_unix_nanos(ordered + (++offset_ms) * 1'000'000);
+    CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
   }
   ASSERT_THAT(MustBeat("node-a").drills(), SizeIs(1));
+  {
+    ckptd::v1::Heartbeat hb = HeartbeatOf("node-a");
+    ckptd::v1::DrillReport* report = hb.add_drill_reports();
+    report->set_drill_id(r.drill_id());
+    report->set_injected(true);
+    report->set_injected_unix_nanos(ordered + 50'000'000);
+    CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  }
   ckptd::v1::GetDrillRequest get;
   get.set_drill_id(r.drill_id());
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
   EXPECT_THAT(std::vector<std::string>(st.partner_nodes().begin(), st.partner_nodes().end()),
               ElementsAreArray(partners));
   EXPECT_TRUE(st.request().with_partners());
+  // The drill's injection is the first kill, whichever node it struck:
+  // failures it caused are measured from it.
+  EXPECT_EQ(st.report().injected_unix_nanos(), ordered + 1'000'000);
   // node-c hosts no rank of the job: its loss is in the drill's events too.
   clock_.Advance(options_.node_lost_after + absl::Seconds(1));
   core_->Tick();
@@ -562,6 +584,55 @@ ckptd::v1::MemoryCopy MemoryCopyOf(uint64_t step, uint32_t rank, const std::stri
   c.set_file_length(rep.shard().file_length());
   c.set_index_xxh3(rep.shard().index_xxh3());
   return c;
+}
+
+TEST_F(ReplicationTest, TheSlowestNodesReplicationTimeIsTheTwoLevelPolicysQ) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  auto beat = [&](const std::string& node, double q) {
+    ckptd::v1::Heartbeat hb = HeartbeatOf(node);
+    hb.set_replicate_seconds(q);
+    return core_->OnHeartbeat(hb).status();
+  };
+  auto q = [&] {
+    ckptd::v1::GetIntervalRequest req;
+    req.set_job(kJob);
+    absl::StatusOr<ckptd::v1::IntervalStatus> st = core_->GetInterval(req);
+    EXPECT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(st.ok() && st->two_level().peer_copies());
+    return st.ok() ? st->two_level().replicate_seconds() : -1;
+  };
+  EXPECT_EQ(q(), 0) << "nothing measured yet";
+  CKPTD_ASSERT_OK(beat("node-a", 3.5));
+  CKPTD_ASSERT_OK(beat("node-b", 7.25));
+  EXPECT_EQ(q(), 7.25);
+  // What no replication can take is not a measurement: node-b's goes.
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {
+    CKPTD_ASSERT_OK(beat("node-b", bad));
+    EXPECT_EQ(q(), 3.5) << bad;
+  }
+}
+
+TEST_F(ReplicationTest, ANodeCannotReportAMemoryCheckpointOfAnotherNodesRank) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  CommitStep(10);
+  // node-b speaks for rank 0 (node-a's): refused, and nothing of step 20 is
+  // counted for rank 0.
+  EXPECT_THAT(core_->ReportShard(ShardRequest("node-b", MemoryReport(20, 0))).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs on node node-a")));
+  for (uint32_t r = 1; r < 4; ++r) {
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(r), MemoryReport(20, r))).status());
+  }
+  EXPECT_FALSE(JobState().has_memory_checkpoint()) << "a memory checkpoint without rank 0's own report";
+  // Nor can it pass a memory checkpoint's shard off as written by an
+  // emergency persist nobody ordered.
+  ckptd::v1::ShardReport emergency = MemoryReport(20, 0);
+  emergency.set_memory_only(false);
+  emergency.set_emergency(true);
+  EXPECT_THAT(core_->ReportShard(ShardRequest("node-b", emergency)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("not ordered")));
+  EXPECT_THAT(JobState().pending_steps(), IsEmpty());
 }
 
 TEST_F(ReplicationTest, AMemoryCheckpointIsRestoredWhenEveryRankHasACopyInMemory) {

@@ -52,6 +52,22 @@ void DrillBook::AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack)
   }
 }
 
+std::optional<int64_t> DrillBook::FirstInjection(const Drill& drill) const {
+  std::optional<int64_t> first;
+  auto note = [&](const Drill& d) {
+    if (!d.report || !d.report->injected()) return;
+    const int64_t at = d.report->injected_unix_nanos();
+    if (!first || at < *first) first = at;
+  };
+  note(drill);
+  if (drill.partners.empty()) return first;
+  for (const auto& [id, d] : drills_) {
+    const bool partner = std::find(drill.partners.begin(), drill.partners.end(), d.node) != drill.partners.end();
+    if (partner && d.ordered == drill.ordered && d.request.job() == drill.request.job()) note(d);
+  }
+  return first;
+}
+
 const Drill* DrillBook::Find(uint64_t id) const {
   auto d = drills_.find(id);
   return d == drills_.end() ? nullptr : &d->second;

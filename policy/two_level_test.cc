@@ -282,6 +282,21 @@ TEST(TwoLevelTest, Hysteresis) {
 
 constexpr double kFailures = 40000;
 
+// The simulator's parameters for the decision `d` made on `in`: its failure
+// rates, costs and restarts, and the decision's τ and k.
+TwoLevelSimParams SimOf(const TwoLevelInputs& in, const TwoLevelDecision& d) {
+  TwoLevelSimParams p;
+  p.memory_rate_per_s = in.memory_rate_per_s;
+  p.durable_rate_per_s = in.durable_rate_per_s;
+  p.memory_cost_s = in.memory_cost_s;
+  p.durable_cost_s = in.durable_cost_s;
+  p.memory_restart_s = in.memory_restart_s;
+  p.durable_restart_s = in.durable_restart_s;
+  p.tau_s = d.memory_interval_s;
+  p.durable_every = d.durable_every;
+  return p;
+}
+
 TEST(TwoLevelSimulatorTest, OneLevelMatchesTheExactExpectedTime) {
   // k = 1 with R1 = R2: every failure rolls back one segment, as in the
   // single-level model with M = 1/(λ1 + λ2).
@@ -306,15 +321,7 @@ TEST(TwoLevelSimulatorTest, FirstOrderWasteHoldsWhenEverythingIsShort) {
   in.memory_rate_per_s = 1 / (48 * kHour);
   in.durable_rate_per_s = 1 / (960 * kHour);
   const TwoLevelDecision d = *DecideTwoLevel(in);
-  TwoLevelSimParams p;
-  p.memory_rate_per_s = in.memory_rate_per_s;
-  p.durable_rate_per_s = in.durable_rate_per_s;
-  p.memory_cost_s = in.memory_cost_s;
-  p.durable_cost_s = in.durable_cost_s;
-  p.memory_restart_s = in.memory_restart_s;
-  p.durable_restart_s = in.durable_restart_s;
-  p.tau_s = d.memory_interval_s;
-  p.durable_every = d.durable_every;
+  TwoLevelSimParams p = SimOf(in, d);
   p.work_s = kFailures * 48 * kHour;
   p.seed = 3;
   EXPECT_NEAR(SimulateTwoLevelWaste(p) / d.expected_waste, 1.0, 0.03);
@@ -368,17 +375,9 @@ TEST_P(TwoLevelIsOptimalTest, WithinOnePercentOfTheSweepMinimum) {
   in.memory_restart_s = c.memory_restart;
   in.durable_restart_s = c.durable_restart;
   const TwoLevelDecision d = *DecideTwoLevel(in);
-  TwoLevelSimParams p;
-  p.memory_rate_per_s = in.memory_rate_per_s;
-  p.durable_rate_per_s = in.durable_rate_per_s;
-  p.memory_cost_s = c.memory_cost;
-  p.durable_cost_s = c.durable_cost;
-  p.memory_restart_s = c.memory_restart;
-  p.durable_restart_s = c.durable_restart;
+  TwoLevelSimParams p = SimOf(in, d);
   p.work_s = kFailures / (in.memory_rate_per_s + in.durable_rate_per_s);
   p.seed = 20261202;
-  p.tau_s = d.memory_interval_s;
-  p.durable_every = d.durable_every;
   const double chosen = SimulateTwoLevelWaste(p);
   double best = std::numeric_limits<double>::infinity();
   double best_tau = 0;
