@@ -829,11 +829,26 @@ TEST_F(MemoryCheckpointTest, AnExitedTrainersParkedStepIsWrittenFromItsMemory) {
 // leaves them in node B's store.
 class EmergencyFromPartnerTest : public MemoryCheckpointTest {
  protected:
-  void HoldCopyOf(uint64_t step) {
+  static ckptd::v1::ReplicaKey KeyOf(uint64_t step) {
     ckptd::v1::ReplicaKey key;
     key.set_job("job");
     key.set_rank(0);
     key.set_step(step);
+    return key;
+  }
+  // Node A's trainer takes steps 1 and 2 (memory checkpoints) and node A
+  // goes; node B holds what A sent it of step 2.
+  void NodeATakesTwoStepsAndGoes() {
+    {
+      AgentCore a(&fs_, NodeA());
+      Trainer t;
+      ASSERT_NO_FATAL_FAILURE(Start(a, &t));
+      ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
+    }
+    ASSERT_NO_FATAL_FAILURE(HoldCopyOf(2));
+  }
+  void HoldCopyOf(uint64_t step) {
+    const ckptd::v1::ReplicaKey key = KeyOf(step);
     std::unique_ptr<ReplicaStore::Reservation> reserved;
     auto sink = [&](const ckptd::v1::ReplicaHeader& h) -> absl::StatusOr<absl::Span<uint8_t>> {
       CKPTD_ASSIGN_OR_RETURN(reserved, store_.Reserve(h));
@@ -854,13 +869,7 @@ class EmergencyFromPartnerTest : public MemoryCheckpointTest {
 };
 
 TEST_F(EmergencyFromPartnerTest, ALostNodesStepIsWrittenFromTheCopyItsPartnerHolds) {
-  {
-    AgentCore a(&fs_, NodeA());
-    Trainer t;
-    ASSERT_NO_FATAL_FAILURE(Start(a, &t));
-    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
-  }
-  ASSERT_NO_FATAL_FAILURE(HoldCopyOf(2));
+  ASSERT_NO_FATAL_FAILURE(NodeATakesTwoStepsAndGoes());
   AgentCore b(&fs_, NodeB());
   const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport done, b.EmergencyPersist(OrderOf(memory, "node-a")));
@@ -871,18 +880,8 @@ TEST_F(EmergencyFromPartnerTest, ALostNodesStepIsWrittenFromTheCopyItsPartnerHol
 }
 
 TEST_F(EmergencyFromPartnerTest, ADamagedCopyIsNotWrittenNorReported) {
-  {
-    AgentCore a(&fs_, NodeA());
-    Trainer t;
-    ASSERT_NO_FATAL_FAILURE(Start(a, &t));
-    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
-  }
-  ASSERT_NO_FATAL_FAILURE(HoldCopyOf(2));
-  ckptd::v1::ReplicaKey key;
-  key.set_job("job");
-  key.set_rank(0);
-  key.set_step(2);
-  std::shared_ptr<const Replica> held = store_.Find(key);
+  ASSERT_NO_FATAL_FAILURE(NodeATakesTwoStepsAndGoes());
+  std::shared_ptr<const Replica> held = store_.Find(KeyOf(2));
   ASSERT_NE(held, nullptr);
   const_cast<uint8_t*>(held->data())[100] ^= 0x40;  // a bit flips in memory
   AgentCore b(&fs_, NodeB());
