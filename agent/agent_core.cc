@@ -719,11 +719,21 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
     absl::MutexLock l(&writing_mu_);
     if (--writing_[writing] == 0) writing_.erase(writing);
   }
-  if (!written.ok()) return failed(written.status());
+  // What a failed write leaves: its step directory, when nothing else is in
+  // it and no persist of this agent writes it.
+  auto clean_up = [&] {
+    absl::MutexLock l(&writing_mu_);
+    if (!writing_.contains(writing)) (void)store_.RemoveEmptyStep(order.job(), order.step());
+  };
+  if (!written.ok()) {
+    clean_up();
+    return failed(written.status());
+  }
   if (!copy->still_held() || written->file_length != order.file_length() ||
       written->index_xxh3 != order.index_xxh3()) {
     // Not the shard that was reported: it must not be committed.
     (void)fs_->RemoveFile(written->path);
+    clean_up();
     return failed(absl::DataLossError(absl::StrCat(
         "the shard written from ", copy->from, " (", written->file_length, " bytes, index xxh3 ",
         absl::Hex(written->index_xxh3, absl::kZeroPad16), ") is not the one reported (", order.file_length(),
@@ -739,8 +749,7 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
   *report.mutable_shard() = ShardRefOf(order.rank(), *written);
   report.mutable_shard()->set_persist_seconds(seconds);
   if (options_.coordinator != nullptr) options_.coordinator->ShardDurable(report);
-  logger_->Info(absl::StrCat(what, ": written from ", copy->from, " in ",
-                             absl::FormatDuration(absl::Trunc(absl::Seconds(seconds), absl::Milliseconds(1))), " (",
+  logger_->Info(absl::StrCat(what, ": written from ", copy->from, absl::StrFormat(" in %.3f s (", seconds),
                              Gib(written->raw_bytes), ")"));
   return report;
 }

@@ -34,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "staging/staging.h"
 #include "storage/checksum.h"
+#include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_index.h"
@@ -813,6 +814,25 @@ TEST_F(MemoryCheckpointTest, AnOrderedEmergencyPersistWritesTheKeptStepAsTheShar
   EXPECT_THAT(EmergencyReports(coord_), SizeIs(1));
 }
 
+TEST_F(MemoryCheckpointTest, AnEmergencyPersistOnAFullDiskFailsCleanlyAndCanBeTriedAgain) {
+  storage::FaultInjectionFileSystem faulty(&fs_);
+  AgentCore agent(&faulty, NodeA());
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, &t));
+  ASSERT_NO_FATAL_FAILURE(TakeAll(agent, t, {1, 2}));
+  const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
+  faulty.FailPath(storage::ShardFileName(0), storage::Fault::kEnospc, storage::FaultScope::kWrites);
+  EXPECT_THAT(agent.EmergencyPersist(OrderOf(memory, "node-a")),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("emergency persist of job job step 2 rank 0")));
+  EXPECT_THAT(EmergencyReports(coord_), IsEmpty());
+  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // The copy is still in memory: once the disk has room, the order succeeds.
+  faulty.Reset();
+  CKPTD_ASSERT_OK(agent.EmergencyPersist(OrderOf(memory, "node-a")).status());
+  ASSERT_NO_FATAL_FAILURE(ExpectShardHolds(&mem_, 2, StepFill(2)));
+}
+
 TEST_F(MemoryCheckpointTest, AnExitedTrainersParkedStepIsWrittenFromItsMemory) {
   AgentCore agent(&fs_, NodeA());
   Trainer t;
@@ -889,7 +909,8 @@ TEST_F(EmergencyFromPartnerTest, ADamagedCopyIsNotWrittenNorReported) {
   EXPECT_THAT(b.EmergencyPersist(OrderOf(coord_.ReportOf(2), "node-a")),
               StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("is not the one reported"),
                                                           HasSubstr("the copy node node-a sent"))));
-  EXPECT_THAT(mem_.Stat(storage::ShardPath("/ckpt", "job", 2, 0)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  // Nothing of it is left: not even its step directory.
+  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(coord_.reports(), SizeIs(reports));
 }
 
