@@ -130,6 +130,18 @@ TEST(CoordinatorFlagsTest, EveryFixesTheInterval) {
   EXPECT_EQ(flags.options.every_steps, 25u);
 }
 
+TEST(CoordinatorFlagsTest, DurableEveryFixesKOrLeavesItToThePolicy) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags fixed, ParseCoordinatorFlags(With({"--durable-every", "4"})));
+  EXPECT_EQ(fixed.options.durable_every, 4u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags automatic, ParseCoordinatorFlags(With({"--durable-every", "auto"})));
+  EXPECT_EQ(automatic.options.durable_every, 0u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags bound, ParseCoordinatorFlags(With({"--durable-every", "1000"})));
+  EXPECT_EQ(bound.options.durable_every, 1000u);
+  for (const char* bad : {"0", "1001", "-1", "two", "", "18446744073709551616"}) {
+    EXPECT_THAT(ParseCoordinatorFlags(With({"--durable-every", bad})), FailsNaming("--durable-every")) << bad;
+  }
+}
+
 TEST(CoordinatorFlagsTest, TlsNeedsAllThreeFiles) {
   CKPTD_ASSERT_OK_AND_ASSIGN(
       CoordinatorFlags flags,
