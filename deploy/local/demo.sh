@@ -22,6 +22,10 @@
 #   CKPTD_DEMO_STEPS=N     training steps per run (default 400)
 #   CKPTD_DEMO_STEP_MS=MS  time per step (default 25)
 #   CKPTD_DEMO_STATE_MB=M  model state per rank in MiB (default 16)
+#   CKPTD_DEMO_DURABLE_EVERY=K|auto  the coordinator's --durable-every (default auto):
+#                          with K=2, every other checkpoint stays in memory, and a
+#                          failure has the newest of them written to disk from the
+#                          surviving copies (the summary's "emergency persist")
 #   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
 #   CKPTD_BIN=DIR          where the binaries are (default build/bin)
 set -uo pipefail
@@ -32,6 +36,7 @@ DIR="${CKPTD_DEMO_DIR:-$REPO/build/demo/cluster}"
 STEPS="${CKPTD_DEMO_STEPS:-400}"
 STEP_MS="${CKPTD_DEMO_STEP_MS:-25}"
 STATE_MB="${CKPTD_DEMO_STATE_MB:-16}"
+DURABLE_EVERY="${CKPTD_DEMO_DURABLE_EVERY:-auto}"
 JOB="demo-job"
 NODES=(node-a node-b node-c)
 RANKS_PER_NODE=2
@@ -110,7 +115,8 @@ start_cluster() {
   # makes its choice seconds, which suits a demo that lasts seconds.
   "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --storage-root "$CL/root" --state-dir "$CL/state" \
     --heartbeat-interval 200ms --node-lost-after 1500ms --initial-every 20 --failure-rate 0.5 \
-    --min-interval 0 --decide-every 1s --keep 3 >"$CL/logs/coordinator.out" 2>"$CL/logs/coordinator.log" &
+    --min-interval 0 --decide-every 1s --keep 3 --durable-every "$DURABLE_EVERY" \
+    >"$CL/logs/coordinator.out" 2>"$CL/logs/coordinator.log" &
   remember $!
   local port=""
   for _ in $(seq 300); do
@@ -305,7 +311,7 @@ for ((r = 0; r < WORLD; r++)); do
   [ -n "${DIGESTS[$r]:-}" ] && [ "${DIGESTS[$r]}" = "${REFERENCE[$r]}" ] && matching=$((matching + 1))
 done
 python3 - "$DIR" "$INTERVAL_JSON" "${RUN_COMMITTED:-0}" "${RUN_ABORTED:-0}" "$matching" "$WORLD" <<'EOF'
-import json, sys
+import json, re, sys
 d, interval_json, committed, aborted, matching, world = sys.argv[1:7]
 def load(name):
     try:
@@ -372,6 +378,16 @@ if node:
     crash(node, "node crash")
 if partners:
     crash(partners, "node + partner")
+# Memory checkpoints that a failure had written to disk from the copies that
+# survived it (as the coordinator logged them).
+try:
+    with open(f"{d}/run/logs/coordinator.log") as f:
+        log = f.read()
+except OSError:
+    log = ""
+for step in re.findall(r"memory checkpoint (\d+) is durable, written by the emergency persist", log):
+    print(f"  emergency persist step {step}, a memory checkpoint: written to disk from the copies that survived"
+          f" the failure")
 print(f"  digests          {matching} of {world} ranks equal to the reference run")
 print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html,"
       f" {d}/drill-kill-partners.html")
