@@ -528,10 +528,12 @@ TEST(IntervalLiveTest, ShowsTheTwoCadencesByClass) {
     two->set_single_interval_seconds(700);
     two->set_single_waste(0.012);
     two->set_reason("two-level Daly optimum");
+    two->set_replicate_seconds(42);
     return st;
   };
   Result r = Interval({"--job", "llm", "--coordinator", "c:1"}, fetch);
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("replication time Q"));
   EXPECT_THAT(r.out, AllOf(HasSubstr("process failures"), HasSubstr("75.0 % of failures"), HasSubstr("2 seen"),
                            HasSubstr("disk (no replication partners)"), HasSubstr("(the stall)"),
                            HasSubstr("(the persist's slowdown)"), HasSubstr("every 400 steps"),
@@ -539,7 +541,8 @@ TEST(IntervalLiveTest, ShowsTheTwoCadencesByClass) {
   Result j = Interval({"--job", "llm", "--coordinator", "c:1", "--json"}, fetch);
   ASSERT_EQ(j.code, base::kExitOk);
   ASSERT_TRUE(IsValidJson(j.out)) << j.out;
-  EXPECT_THAT(j.out, AllOf(HasSubstr("\"two_level\":"), HasSubstr("\"failures\":2"), HasSubstr("\"durable_every\":2")));
+  EXPECT_THAT(j.out, AllOf(HasSubstr("\"two_level\":"), HasSubstr("\"failures\":2"), HasSubstr("\"durable_every\":2"),
+                           HasSubstr("\"replicate_seconds\":42")));
 }
 
 TEST(IntervalLiveTest, UndecidedSaysWhatItWaitsFor) {
