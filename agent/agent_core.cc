@@ -534,9 +534,16 @@ absl::StatusOr<std::string> AgentCore::CorruptKeptStep(const std::string& job, u
 void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
   EvictIdle();
   std::vector<std::shared_ptr<Trainer>> trainers;
+  // Each rank once, by its newest registration (the highest id): an older
+  // process of the rank whose exit is not known yet is not another process
+  // of the rank to the coordinator (which would take it for a restart).
+  std::set<std::pair<std::string, uint32_t>> newest;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [id, t] : trainers_) trainers.push_back(t);
+    for (auto it = trainers_.rbegin(); it != trainers_.rend(); ++it) {
+      const std::shared_ptr<Trainer>& t = it->second;
+      if (newest.insert({t->reg.job, t->reg.rank}).second) trainers.push_back(t);
+    }
   }
   // The steps this agent keeps in memory (its live trainers' and those
   // parked for their successors) are reported as copies it holds.

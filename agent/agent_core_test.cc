@@ -337,6 +337,33 @@ TEST_F(AgentCoreTest, PersistSecondsAreMeasuredOnTheAgentsClock) {
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
+TEST_F(AgentCoreTest, AHeartbeatNamesEachRankOnceByItsNewestRegistration) {
+  // A new process of rank 0 registers before the old one's exit is known
+  // (it is still winding down): the coordinator hears of the new one only,
+  // not of two processes of one rank, which it would take for a restart
+  // every time.
+  AgentCore agent(&mem_, options_);
+  TrainerRegistration old_reg = FiveComponents("job");
+  old_reg.pid = 100;
+  TrainerRegistration new_reg = old_reg;
+  new_reg.pid = 200;
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle old_h, agent.Register(old_reg));
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle new_h, agent.Register(new_reg));
+  ckptd::v1::Heartbeat hb;
+  agent.FillHeartbeat(&hb);
+  ASSERT_EQ(hb.ranks_size(), 1);
+  EXPECT_EQ(hb.ranks(0).pid(), 200);
+  ASSERT_EQ(hb.progress_size(), 1);
+  // Once the newer one is gone too, the older one (if it still runs) is
+  // the rank's process again.
+  CKPTD_ASSERT_OK(agent.TrainerExited(new_h.trainer_id));
+  hb.Clear();
+  agent.FillHeartbeat(&hb);
+  ASSERT_EQ(hb.ranks_size(), 1);
+  EXPECT_EQ(hb.ranks(0).pid(), 100);
+  CKPTD_ASSERT_OK(agent.TrainerExited(old_h.trainer_id));
+}
+
 class LocalTierTest : public AgentCoreTest {
  protected:
   LocalTierTest() {

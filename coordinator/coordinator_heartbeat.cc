@@ -3,6 +3,7 @@
 // holds in memory, and is answered with the schedules of their jobs, the
 // drills ordered from the agent, and its replication partners.
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -61,8 +62,14 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
     Job* job = FindJob(old.job());
     if (!still && job != nullptr) job->RankGone(old.rank(), agent->node_id);
   }
+  // A rank listed more than once (an agent that lists an older process of it
+  // whose exit it has not noticed yet) counts by its last entry, the newest.
+  std::map<std::pair<std::string, uint32_t>, int> last;
+  for (int i = 0; i < hb.ranks_size(); ++i) last[{hb.ranks(i).job(), hb.ranks(i).rank()}] = i;
   std::vector<ckptd::v1::RankInfo> accepted;
-  for (const auto& r : hb.ranks()) {
+  for (int i = 0; i < hb.ranks_size(); ++i) {
+    const ckptd::v1::RankInfo& r = hb.ranks(i);
+    if (last.at({r.job(), r.rank()}) != i) continue;
     absl::StatusOr<Job*> job = JobFor(r.job(), r.world_size());
     if (!job.ok()) continue;  // a rank of another world size is refused; the others go on
     // Another node's rank: refused; the others go on.

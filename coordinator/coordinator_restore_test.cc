@@ -268,6 +268,26 @@ TEST_F(RunningJobTest, ATrainerRunningAsANewProcessIsAFailure) {
   EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::TRAINER_DIED));
 }
 
+TEST_F(RunningJobTest, ARankListedTwiceCountsByItsLastEntryAndIsNoFailureEveryBeat) {
+  // node-b's agent lists rank 3 twice: a stale entry of another pid first,
+  // then the running process. Heartbeat after heartbeat, nothing fails.
+  for (int beat = 0; beat < 3; ++beat) {
+    ckptd::v1::Heartbeat hb = HeartbeatOf("node-b", {{2, 13}, {3, 13}});
+    ckptd::v1::RankInfo stale;
+    for (const auto& r : hb.ranks()) {
+      if (r.rank() == 3) stale = r;
+    }
+    stale.set_pid(4242);
+    ckptd::v1::Heartbeat listed = hb;
+    listed.clear_ranks();
+    *listed.add_ranks() = stale;
+    for (const auto& r : hb.ranks()) *listed.add_ranks() = r;
+    CKPTD_ASSERT_OK(core_->OnHeartbeat(listed).status());
+  }
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_TRUE(EventKinds().empty());
+}
+
 TEST_F(RunningJobTest, ANodeSpeaksOnlyForItsOwnRanks) {
   // node-b reports rank 0 (node-a's) dead, a bogus shard of it, asks its plan.
   EXPECT_THAT(ReportFailure("node-b", 0, ckptd::v1::TRAINER_DIED),
