@@ -607,8 +607,9 @@ absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::Sh
   for (size_t i = 0; i < sources.size(); ++i) {
     const ckptd::v1::Tensor& t = index.tensors(static_cast<int>(i));
     if (t.raw_length() != layout.lengths[i]) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor '", absl::CHexEscape(t.name()), "' of the copy's index is ",
-                                                        t.raw_length(), " bytes, its buffer ", layout.lengths[i]));
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
+                                                        "' of the copy's index is ", t.raw_length(),
+                                                        " bytes, its buffer ", layout.lengths[i]));
     }
     sources[i].meta = t;
     sources[i].data = base + layout.offsets[i];
@@ -718,8 +719,8 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
     // One encoder, as MemoryShardOptions asks, at normal priority: the job
     // loses work if this step is not made durable.
     base::ThreadPool encoder(1);
-    written = store_.WriteShard(order.job(), order.step(), order.rank(), order.world_size(), copy->sources, write,
-                                &encoder);
+    written =
+        store_.WriteShard(order.job(), order.step(), order.rank(), order.world_size(), copy->sources, write, &encoder);
   }
   const double seconds = absl::ToDoubleSeconds(clock_->Now() - start);
   {
@@ -736,16 +737,15 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
     clean_up();
     return failed(written.status());
   }
-  if (!copy->still_held() || written->file_length != order.file_length() ||
-      written->index_xxh3 != order.index_xxh3()) {
+  if (!copy->still_held() || written->file_length != order.file_length() || written->index_xxh3 != order.index_xxh3()) {
     // Not the shard that was reported: it must not be committed.
     (void)fs_->RemoveFile(written->path);
     clean_up();
-    return failed(absl::DataLossError(absl::StrCat(
-        "the shard written from ", copy->from, " (", written->file_length, " bytes, index xxh3 ",
-        absl::Hex(written->index_xxh3, absl::kZeroPad16), ") is not the one reported (", order.file_length(),
-        " bytes, index xxh3 ", absl::Hex(order.index_xxh3(), absl::kZeroPad16),
-        "): the copy changed while it was written or is damaged; removed")));
+    return failed(absl::DataLossError(
+        absl::StrCat("the shard written from ", copy->from, " (", written->file_length, " bytes, index xxh3 ",
+                     absl::Hex(written->index_xxh3, absl::kZeroPad16), ") is not the one reported (",
+                     order.file_length(), " bytes, index xxh3 ", absl::Hex(order.index_xxh3(), absl::kZeroPad16),
+                     "): the copy changed while it was written or is damaged; removed")));
   }
   ckptd::v1::ShardReport report;
   report.set_job(order.job());

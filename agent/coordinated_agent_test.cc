@@ -14,8 +14,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/layout.h"
-#include "storage/store.h"
 #include "storage/mem_file_system.h"
+#include "storage/store.h"
 
 namespace ckptd::agent {
 namespace {

@@ -798,8 +798,12 @@ TEST_F(MemoryCheckpointTest, AnOrderedEmergencyPersistWritesTheKeptStepAsTheShar
       {"another length", [](auto* o) { o->set_file_length(o->file_length() + 1); }, absl::StatusCode::kNotFound,
        "holds no copy"},
       {"a step not kept", [](auto* o) { o->set_step(7); }, absl::StatusCode::kNotFound, "step 7 rank 0"},
-      {"another rank", [](auto* o) { o->set_rank(1); o->set_world_size(2); }, absl::StatusCode::kNotFound,
-       "holds no copy"},
+      {"another rank",
+       [](auto* o) {
+         o->set_rank(1);
+         o->set_world_size(2);
+       },
+       absl::StatusCode::kNotFound, "holds no copy"},
       {"a rank outside the world", [](auto* o) { o->set_rank(1); }, absl::StatusCode::kInvalidArgument,
        "not inside world size 1"},
       {"a hostile job name", [](auto* o) { o->set_job("../etc"); }, absl::StatusCode::kInvalidArgument, "job"},
@@ -810,7 +814,8 @@ TEST_F(MemoryCheckpointTest, AnOrderedEmergencyPersistWritesTheKeptStepAsTheShar
     b.change(&o);
     EXPECT_THAT(agent.EmergencyPersist(o), StatusIs(b.code, AllOf(HasSubstr("emergency persist"), HasSubstr(b.says))));
   }
-  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 1)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 1)).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(EmergencyReports(coord_), SizeIs(1));
 }
 
@@ -907,10 +912,11 @@ TEST_F(EmergencyFromPartnerTest, ADamagedCopyIsNotWrittenNorReported) {
   AgentCore b(&fs_, NodeB());
   const size_t reports = coord_.reports().size();
   EXPECT_THAT(b.EmergencyPersist(OrderOf(coord_.ReportOf(2), "node-a")),
-              StatusIs(absl::StatusCode::kDataLoss, AllOf(HasSubstr("is not the one reported"),
-                                                          HasSubstr("the copy node node-a sent"))));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("is not the one reported"), HasSubstr("the copy node node-a sent"))));
   // Nothing of it is left: not even its step directory.
-  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).status(), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 2)).status(),
+              StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(coord_.reports(), SizeIs(reports));
 }
 
