@@ -706,11 +706,7 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
   if (!copy.ok()) return failed(copy.status());
   storage::ShardWriteOptions write = MemoryShardOptions(options_.write);
   write.created_unix_nanos = copy->created_unix_nanos;
-  const std::pair<std::string, uint64_t> writing(order.job(), order.step());
-  {
-    absl::MutexLock l(&writing_mu_);
-    ++writing_[writing];
-  }
+  BeginWriting(order.job(), order.step());
   const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> written = absl::UnknownError("not written");
   if (absl::Status prepared = store_.PrepareStep(order.job(), order.step()); !prepared.ok()) {
@@ -723,15 +719,12 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
         store_.WriteShard(order.job(), order.step(), order.rank(), order.world_size(), copy->sources, write, &encoder);
   }
   const double seconds = absl::ToDoubleSeconds(clock_->Now() - start);
-  {
-    absl::MutexLock l(&writing_mu_);
-    if (--writing_[writing] == 0) writing_.erase(writing);
-  }
+  EndWriting(order.job(), order.step());
   // What a failed write leaves: its step directory, when nothing else is in
   // it and no persist of this agent writes it.
   auto clean_up = [&] {
     absl::MutexLock l(&writing_mu_);
-    if (!writing_.contains(writing)) (void)store_.RemoveEmptyStep(order.job(), order.step());
+    if (!writing_.contains({order.job(), order.step()})) (void)store_.RemoveEmptyStep(order.job(), order.step());
   };
   if (!written.ok()) {
     clean_up();
@@ -1098,6 +1091,16 @@ void AgentCore::NotePersisted(Trainer* t, uint64_t step, const absl::Status& s) 
   }
 }
 
+void AgentCore::BeginWriting(const std::string& job, uint64_t step) {
+  absl::MutexLock l(&writing_mu_);
+  ++writing_[{job, step}];
+}
+
+void AgentCore::EndWriting(const std::string& job, uint64_t step) {
+  absl::MutexLock l(&writing_mu_);
+  if (auto it = writing_.find({job, step}); it != writing_.end() && --it->second == 0) writing_.erase(it);
+}
+
 void AgentCore::CleanUpFailedStep(Trainer* t, uint64_t step) {
   const TrainerRegistration& reg = t->reg;
   // Held throughout: no persist of this agent starts writing the step meanwhile.
@@ -1137,18 +1140,11 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   // Taken now: once the slot is released it may hold the next snapshot.
   TakeReportStamps(t, slot, &stall, &incarnation);
   const std::vector<storage::TensorSource> sources = SlotSources(t, slot);
-  const std::pair<std::string, uint64_t> writing(reg.job, step);
-  {
-    absl::MutexLock l(&writing_mu_);
-    ++writing_[writing];
-  }
+  BeginWriting(reg.job, step);
   const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> result = WriteShard(t, step, sources, release);
   const double persist_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
-  {
-    absl::MutexLock l(&writing_mu_);
-    if (--writing_[writing] == 0) writing_.erase(writing);
-  }
+  EndWriting(reg.job, step);
   if (!result.ok()) CleanUpFailedStep(t, step);
   if (result.ok()) {
     *written = *result;

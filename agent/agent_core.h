@@ -458,6 +458,10 @@ class AgentCore {
   // file, and the step's directory when nothing else is in it (no MANIFEST,
   // no other rank's shard) and no other persist of this agent writes it.
   void CleanUpFailedStep(Trainer* t, uint64_t step);
+  // A persist of this agent writes `job`'s `step` from Begin to End (its
+  // directory is not removed meanwhile; see CleanUpFailedStep).
+  void BeginWriting(const std::string& job, uint64_t step);
+  void EndWriting(const std::string& job, uint64_t step);
   // Persists `slot`; calls `release` as soon as the slot's bytes are no
   // longer needed (after the local write when there is a local tier).
   // What was written goes to `written` (when the write succeeded).

@@ -287,7 +287,6 @@ internal::MemoryTiers CoordinatorCore::TiersOf(const Job& job) const {
     tiers.peer_copies &= !agent->second->send_to.empty();
     tiers.replicate_seconds = std::max(tiers.replicate_seconds, agent->second->replicate_seconds);
   }
-  if (!tiers.peer_copies) tiers.replicate_seconds = 0;
   return any ? tiers : internal::MemoryTiers{};
 }
 
