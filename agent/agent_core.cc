@@ -197,12 +197,16 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
     : fs_(fs),
       options_(std::move(options)),
       store_(fs, options_.storage_root),
-      pool_(options_.io_threads, options_.background_priority) {
+      pool_(options_.io_threads, options_.background_priority, PersistGuard()) {
   if (options_.background_priority != base::ThreadPriority::kNormal) {
     own_restore_pool_ = std::make_unique<base::ThreadPool>(options_.io_threads);
     restore_pool_ = own_restore_pool_.get();
-    const std::string line =
-        absl::StrCat("persists run at ", pool_.priority().ToString(), ", restores at normal priority");
+    const std::string line = absl::StrCat(
+        "persists run at ", pool_.priority().ToString(), ", restores at normal priority",
+        options_.starvation_limit > absl::ZeroDuration()
+            ? absl::StrCat("; persist work starved of CPU for ", absl::FormatDuration(options_.starvation_limit),
+                           " goes to normal-priority threads")
+            : "; persist work may starve without bound (--starvation-limit 0s)");
     if (pool_.priority().why_not.ok()) {
       logger_->Info(line);
     } else {
@@ -219,6 +223,26 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
   local.read_pool = restore_pool_;
   local.logger = logger_;
   local_ = std::make_unique<LocalTier>(std::move(local), &store_);
+}
+
+base::StarvationGuard AgentCore::PersistGuard() {
+  base::StarvationGuard guard;
+  // Real time, whatever clock_ is: the scheduler counts real CPU time.
+  guard.after = options_.starvation_limit;
+  guard.on_boost = [this](const std::string& why) {
+    const int64_t n = starved_persists_.fetch_add(1, std::memory_order_relaxed) + 1;
+    const std::string line =
+        absl::StrCat("persist work at ", base::ThreadPriorityName(options_.background_priority), " priority starved (",
+                     why, "): normal-priority threads take it until it is done",
+                     n == 1 ? "; every CPU is kept busy: see \"The agent's CPU use\" in docs/operations.md" : "", " (",
+                     n, n == 1 ? " time)" : " times)");
+    if (n == 1) {
+      logger_->Warning(line);
+    } else {
+      logger_->Info(line);
+    }
+  };
+  return guard;
 }
 
 AgentCore::~AgentCore() {
@@ -867,9 +891,13 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 
 void AgentCore::PersistLoop(Trainer* t) {
   PrepareSlots(t);
-  // Only now: a restore may wait for a slot that PrepareSlots allocates.
-  // What the thread gets is what the pool's workers got (logged at start).
-  (void)base::SetCallingThreadPriority(options_.background_priority);
+  // The persister waits for the disk and submits writes; its CPU work is
+  // the pool's, at background_priority and guarded against starvation. It
+  // keeps normal CPU priority (no privilege could raise it again): its
+  // writes get the lowest best-effort I/O priority.
+  if (options_.background_priority != base::ThreadPriority::kNormal) {
+    (void)base::SetCallingThreadLowestIoPriority();
+  }
   while (true) {
     bool stop;
     {
@@ -996,7 +1024,7 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot) {
   const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> result;
   {
-    base::ThreadPool encoder(1, options_.background_priority);
+    base::ThreadPool encoder(1, options_.background_priority, PersistGuard());
     storage::DiscardingFileSystem nowhere;
     result = storage::WriteShard(&nowhere, storage::ShardFileName(reg.rank), {reg.job, step, reg.rank, reg.world_size},
                                  sources, MemoryShardOptions(options_.write), &encoder);

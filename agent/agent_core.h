@@ -5,6 +5,7 @@
 // The gRPC service that serves trainers over a Unix socket translates to this.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -51,10 +52,19 @@ struct AgentOptions {
   int keep_last = 2;
   // Threads shared by every persist and restore.
   int io_threads = 0;
-  // The CPU priority of persists: the pool's workers (which compress) and
-  // each trainer's persister, once its staging is allocated. Restores then
-  // run on a pool of their own, at normal priority: a trainer waits for them.
+  // The CPU priority of persists' CPU work: the pool's workers (which
+  // compress and checksum) and the encoder of each memory checkpoint's
+  // index. Each trainer's persister thread, which waits for the disk and
+  // submits the writes, keeps normal CPU priority and gets the lowest
+  // best-effort I/O priority. Restores then run on a pool of their own, at
+  // normal priority: a trainer waits for them.
   base::ThreadPriority background_priority = base::ThreadPriority::kNormal;
+  // Bounded starvation of those workers (base::StarvationGuard): once they
+  // have got less than a tenth of the CPU they were runnable for over this
+  // long, reserve workers at normal priority take their work until the pool
+  // has been idle as long. Zero: never (a persist may then wait without
+  // bound on a saturated CPU).
+  absl::Duration starvation_limit = absl::Seconds(2);
   storage::ShardWriteOptions write;
   // Prefix of staging segment names (unique per agent process).
   std::string segment_prefix;
@@ -249,6 +259,9 @@ class AgentCore {
 
   // Where the agent's components report (AgentOptions::logger).
   base::Logger* logger() const { return logger_; }
+  // How often persists' CPU work was handed to normal-priority threads
+  // because it starved (AgentOptions::starvation_limit).
+  int64_t starved_persists() const { return starved_persists_.load(std::memory_order_relaxed); }
   // The clock the agent's components measure time with (AgentOptions::clock).
   base::Clock* clock() const { return clock_; }
 
@@ -587,6 +600,10 @@ class AgentCore {
   base::Logger* const logger_ = options_.logger != nullptr ? options_.logger : &base::DefaultLogger();
   base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   storage::CheckpointStore store_;
+  // The guard of the pools that run persists' CPU work at
+  // background_priority.
+  base::StarvationGuard PersistGuard();
+  std::atomic<int64_t> starved_persists_{0};
   base::ThreadPool pool_;
   // Restores' reads and checks: pool_, or with a background_priority a pool
   // at normal priority (a restore must not wait behind persists, nor run idle).

@@ -5,8 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,15 +29,21 @@ namespace {
 using ::ckptd::testing::IsOk;
 using ::testing::Optional;
 
-// The priority of a thread that wrote checkpoint data.
+// The priority of a thread that wrote checkpoint data: CPU and I/O.
 struct WriterPriority {
   int policy = -1;
   int nice = 0;
-  bool operator==(const WriterPriority& o) const { return policy == o.policy && nice == o.nice; }
+  int ioprio = -1;
+  bool operator==(const WriterPriority& o) const { return policy == o.policy && nice == o.nice && ioprio == o.ioprio; }
 };
 
+// The lowest level of the best-effort I/O class (IOPRIO_PRIO_VALUE(2, 7)).
+constexpr int kLowestBestEffortIo = (2 << 13) | 7;
+
 WriterPriority CallingThread() {
-  return {::sched_getscheduler(0), ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)))};
+  const auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  return {::sched_getscheduler(0), ::getpriority(PRIO_PROCESS, tid),
+          static_cast<int>(::syscall(SYS_ioprio_get, /*IOPRIO_WHO_PROCESS=*/1, static_cast<int>(tid)))};
 }
 
 // A MemFileSystem that records the priority of every thread that writes.
@@ -145,14 +153,16 @@ TEST_F(BackgroundPriorityTest, IdlePersistsAndRestoresFromMemoryAndDisk) {
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 1, 0x5a));
+  // The persister that submits the writes keeps the CPU priority it had
+  // (its CPU work runs on the idle pool) at the lowest best-effort I/O
+  // priority.
+  const WriterPriority mine = CallingThread();
   const std::vector<WriterPriority> writers = fs_.writers();
   ASSERT_FALSE(writers.empty());
   for (const WriterPriority& w : writers) {
-    if (idle) {
-      EXPECT_EQ(w.policy, SCHED_IDLE);
-    } else {
-      EXPECT_EQ(w.nice, 19);
-    }
+    EXPECT_EQ(w.policy, mine.policy);
+    EXPECT_EQ(w.nice, mine.nice);
+    EXPECT_EQ(w.ioprio, kLowestBestEffortIo);
   }
   // From memory (the agent checks the kept copy on the restore pool), then
   // from disk (decoded there).
@@ -171,7 +181,10 @@ TEST_F(BackgroundPriorityTest, LowPersistsAtNice19AndRestoresFromTheLocalTier) {
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 4, 0x21));
-  for (const WriterPriority& w : fs_.writers()) EXPECT_EQ(w.nice, 19);
+  for (const WriterPriority& w : fs_.writers()) {
+    EXPECT_EQ(w.nice, CallingThread().nice);
+    EXPECT_EQ(w.ioprio, kLowestBestEffortIo);
+  }
   EXPECT_EQ(RestoreAndCheck(agent, *seg, h, 4, 0x21, /*reread=*/false), RestoreSource::kMemory);
   EXPECT_EQ(RestoreAndCheck(agent, *seg, h, 4, 0x21, /*reread=*/true), RestoreSource::kLocal);
   EXPECT_THAT(agent.TrainerExited(h.trainer_id), IsOk());
@@ -188,6 +201,59 @@ TEST_F(BackgroundPriorityTest, NormalLeavesEveryThreadAsItIs) {
   EXPECT_EQ(RestoreAndCheck(agent, *seg, h, 2, 0x33, /*reread=*/false), RestoreSource::kMemory);
   EXPECT_EQ(RestoreAndCheck(agent, *seg, h, 2, 0x33, /*reread=*/true), RestoreSource::kRoot);
   EXPECT_THAT(agent.TrainerExited(h.trainer_id), IsOk());
+}
+
+// On a CPU that two busy threads keep saturated, the idle pool's workers
+// would get about 0.3% of it; after starvation_limit, normal-priority
+// threads finish the persist, and the agent says so.
+TEST_F(BackgroundPriorityTest, APersistStarvedOfCpuIsFinishedByNormalPriorityThreads) {
+  options_.background_priority = base::ThreadPriority::kIdle;
+  options_.starvation_limit = absl::Milliseconds(300);
+  options_.write.block_bytes = 1 << 20;
+  TrainerRegistration reg = Rank0("job");
+  reg.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 4u << 20)};
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  ASSERT_LT(cpu, CPU_SETSIZE);
+  std::atomic<bool> stop{false};
+  int64_t starved = 0;
+  std::thread scene([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    // The agent's threads, the busy ones and this one: all on `cpu`.
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+    std::vector<std::thread> busy;
+    for (int i = 0; i < 2; ++i) {
+      busy.emplace_back([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+    {
+      AgentCore agent(&fs_, options_);
+      absl::StatusOr<TrainerHandle> h = agent.Register(reg);
+      EXPECT_THAT(h, IsOk());
+      if (h.ok()) {
+        absl::StatusOr<std::unique_ptr<staging::StagingSegment>> seg = staging::StagingSegment::Open(h->segment);
+        EXPECT_THAT(seg, IsOk());
+        if (seg.ok()) {
+          // 16 blocks of 1 MiB, each a task of the idle pool.
+          SnapshotAndWait(agent, **seg, *h, 3, 0x77);
+          starved = agent.starved_persists();
+        }
+        EXPECT_THAT(agent.TrainerExited(h->trainer_id), IsOk());
+      }
+    }
+    stop.store(true);
+    for (std::thread& t : busy) t.join();
+  });
+  scene.join();
+  EXPECT_GE(starved, 1);
+  EXPECT_TRUE(log_.Contains("persist work at idle priority starved (the workers got"))
+      << ::testing::PrintToString(log_.lines());
 }
 
 }  // namespace

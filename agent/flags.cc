@@ -32,7 +32,8 @@ namespace ckptd::agent {
 const char kAgentUsage[] =
     "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
-    "                   [--background-priority idle|low|normal] [--cpu-set <list>] [--compression auto|zstd|none]\n"
+    "                   [--background-priority idle|low|normal] [--starvation-limit <d>] [--cpu-set <list>]\n"
+    "                   [--compression auto|zstd|none]\n"
     "                   [--trainer-group <group>] [--memory-budget <bytes|N%>] [--memory-keep-for <d>]\n"
     "                   [--no-memory-tier]\n"
     "                   [--coordinator <host:port> [--node-id <id>] [--agent-token-file <file>]\n"
@@ -61,6 +62,9 @@ const char kAgentUsage[] =
     "  --background-priority P   CPU priority of persists (compression and writes): idle (default:\n"
     "                            SCHED_IDLE, else nice 19: only the CPU time trainers leave), low (nice\n"
     "                            19) or normal. Restores always run at normal priority\n"
+    "  --starvation-limit D      when persists at idle or low priority have got less than a tenth of\n"
+    "                            the CPU they wanted for D (every CPU kept busy), normal-priority\n"
+    "                            threads finish their work; 0s: never (default 2s, at most 1h)\n"
     "  --cpu-set <list>          run every thread of the agent on these CPUs, e.g. 0-3,8: CPU numbers\n"
     "                            0..8191 and ranges, each one this process may use (default: all of them)\n"
     "  --compression <mode>      auto (default): compress while that makes a shard durable sooner than\n"
@@ -142,7 +146,7 @@ const std::set<std::string> kValueFlags = {
     "storage-root", "socket", "staging-budget", "slots", "keep", "threads", "coordinator", "node-id", "local-cache",
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
     "memory-budget", "memory-keep-for", "peer-listen", "peer-address", "replicas", "failure-domain",
-    "replication-gbps", "peer-data-port", "background-priority", "cpu-set", "compression",
+    "replication-gbps", "peer-data-port", "background-priority", "starvation-limit", "cpu-set", "compression",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
@@ -342,6 +346,9 @@ absl::Status CpuFlags(const base::Args& args, AgentFlags* flags) {
     return absl::InvalidArgumentError(absl::StrCat("--background-priority ", priority.status().message()));
   }
   options.background_priority = *priority;
+  CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> starvation,
+                         args.GetDurationInRange("starvation-limit", absl::ZeroDuration(), absl::Hours(1)));
+  if (starvation) options.starvation_limit = *starvation;
   if (std::optional<std::string> list = args.Get("cpu-set")) {
     absl::StatusOr<std::vector<int>> cpus = base::ParseCpuList(*list);
     if (!cpus.ok()) return absl::InvalidArgumentError(absl::StrCat("--cpu-set: ", cpus.status().message()));

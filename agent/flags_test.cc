@@ -86,6 +86,7 @@ TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   EXPECT_TRUE(flags.options.keep_in_memory);
   // Persists at idle priority on every CPU, compression while it pays.
   EXPECT_EQ(flags.options.background_priority, base::ThreadPriority::kIdle);
+  EXPECT_EQ(flags.options.starvation_limit, absl::Seconds(2));
   EXPECT_TRUE(flags.cpu_set.empty());
   EXPECT_TRUE(flags.options.write.encode.compress);
   EXPECT_TRUE(flags.options.write.adaptive.enabled);
@@ -100,6 +101,13 @@ TEST(AgentFlagsTest, BackgroundPriorityAndCompression) {
   for (const char* bad : {"lowest", "", "IDLE", "19"}) {
     EXPECT_THAT(ParseAgentFlags(With({"--background-priority", bad})),
                 FailsNaming(absl::StrCat("--background-priority must be idle, low or normal, got \"", bad, "\"")));
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags bounded, ParseAgentFlags(With({"--starvation-limit", "500ms"})));
+  EXPECT_EQ(bounded.options.starvation_limit, absl::Milliseconds(500));
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags unbounded, ParseAgentFlags(With({"--starvation-limit", "0s"})));
+  EXPECT_EQ(unbounded.options.starvation_limit, absl::ZeroDuration());
+  for (const char* bad : {"-1s", "2h", "soon", "", "inf"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--starvation-limit", bad})), FailsNaming("--starvation-limit")) << bad;
   }
   CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags zstd, ParseAgentFlags(With({"--compression", "zstd"})));
   EXPECT_TRUE(zstd.options.write.encode.compress);
@@ -395,12 +403,35 @@ TEST(AgentFlagsTest, PeerReplicationFlags) {
 TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kAgentUsage;
   EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir> --socket <path>"));
-  for (const char* flag : {"--storage-root", "--socket", "--staging-budget", "--slots", "--keep", "--threads",
-                           "--local-cache", "--local-cache-keep", "--trainer-group", "--coordinator", "--node-id",
-                           "--tls-ca", "--tls-cert", "--tls-key", "--inject-write-latency", "--allow-drills",
-                           "--agent-token-file", "--memory-budget", "--memory-keep-for", "--no-memory-tier",
-                           "--peer-listen", "--peer-address", "--replicas", "--failure-domain",
-                           "--replication-gbps", "--peer-data-port", "--background-priority", "--cpu-set",
+  for (const char* flag : {"--storage-root",
+                           "--socket",
+                           "--staging-budget",
+                           "--slots",
+                           "--keep",
+                           "--threads",
+                           "--local-cache",
+                           "--local-cache-keep",
+                           "--trainer-group",
+                           "--coordinator",
+                           "--node-id",
+                           "--tls-ca",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--inject-write-latency",
+                           "--allow-drills",
+                           "--agent-token-file",
+                           "--memory-budget",
+                           "--memory-keep-for",
+                           "--no-memory-tier",
+                           "--peer-listen",
+                           "--peer-address",
+                           "--replicas",
+                           "--failure-domain",
+                           "--replication-gbps",
+                           "--peer-data-port",
+                           "--background-priority",
+                           "--starvation-limit",
+                           "--cpu-set",
                            "--compression"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows (it may still need others).

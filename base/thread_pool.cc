@@ -3,10 +3,16 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_format.h"
+
 namespace ckptd::base {
 
-ThreadPool::ThreadPool(int threads, ThreadPriority priority) {
+ThreadPool::ThreadPool(int threads, ThreadPriority priority, StarvationGuard guard)
+    : guard_(std::move(guard)),
+      clock_(guard_.clock != nullptr ? guard_.clock : RealClock::Get()),
+      guarded_(priority != ThreadPriority::kNormal && guard_.after > absl::ZeroDuration()) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!guard_.read_times) guard_.read_times = ReadThreadCpuTimes;
   workers_.reserve(threads);
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
   std::vector<int> tids;
@@ -24,6 +30,10 @@ ThreadPool::ThreadPool(int threads, ThreadPriority priority) {
     AppliedPriority applied = SetThreadPriority(tids[i], priority);
     if (priority_.why_not.ok() && !applied.why_not.ok()) priority_ = std::move(applied);
   }
+  if (guarded_) {
+    reserve_.reserve(threads);
+    for (int i = 0; i < threads; ++i) reserve_.emplace_back([this, i] { ReserveLoop(/*watcher=*/i == 0); });
+  }
 }
 
 ThreadPool::~ThreadPool() {
@@ -32,11 +42,39 @@ ThreadPool::~ThreadPool() {
     stopping_ = true;
   }
   for (std::thread& t : workers_) t.join();
+  for (std::thread& t : reserve_) t.join();
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
   absl::MutexLock l(&mu_);
   tasks_.push_back(std::move(task));
+}
+
+int64_t ThreadPool::boosts() const {
+  absl::MutexLock l(&mu_);
+  return boosts_;
+}
+
+bool ThreadPool::boosted() const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock l(&mu_);
+  return boosted_ &&
+         !(running_ == 0 && tasks_.empty() && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after);
+}
+
+std::function<void()> ThreadPool::TakeLocked() {
+  std::function<void()> task = std::move(tasks_.front());
+  tasks_.pop_front();
+  ++running_;
+  return task;
+}
+
+void ThreadPool::Finished() {
+  const absl::Time now = guarded_ ? clock_->Now() : absl::InfinitePast();
+  absl::MutexLock l(&mu_);
+  --running_;
+  ++finished_;
+  if (running_ == 0 && tasks_.empty()) idle_since_ = now;
 }
 
 void ThreadPool::WorkerLoop() {
@@ -48,13 +86,106 @@ void ThreadPool::WorkerLoop() {
     std::function<void()> task;
     {
       absl::MutexLock l(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !tasks_.empty(); };
+      // While the reserve is called in, the workers stand aside: a task
+      // they took would wait for them at their priority.
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || (!tasks_.empty() && !boosted_); };
       mu_.Await(absl::Condition(&ready));
       if (tasks_.empty()) return;  // stopping and drained
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
+      task = TakeLocked();
     }
     task();
+    Finished();
+  }
+}
+
+std::optional<ThreadCpuTimes> ThreadPool::SampleWorkers(const std::vector<int>& tids) {
+  ThreadCpuTimes sum{};
+  for (int tid : tids) {
+    absl::StatusOr<ThreadCpuTimes> t = guard_.read_times(tid);
+    if (!t.ok()) return std::nullopt;
+    sum.on_cpu += t->on_cpu;
+    sum.waiting += t->waiting;
+  }
+  return sum;
+}
+
+void ThreadPool::ReserveLoop(bool watcher) {
+  // The watcher's window: since when it has looked, and what it saw then.
+  struct Window {
+    bool open = false;
+    absl::Time start;
+    std::optional<ThreadCpuTimes> times;
+    uint64_t finished = 0;
+  };
+  Window window;
+  while (true) {
+    std::function<void()> task;
+    std::vector<int> tids;
+    uint64_t finished = 0;
+    {
+      absl::MutexLock l(&mu_);
+      // The reserve takes tasks only while called in; the watcher wakes for
+      // every queued task, to look at the workers.
+      auto ready = [this, watcher]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || (!tasks_.empty() && (watcher || boosted_));
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (tasks_.empty() || (stopping_ && !boosted_)) return;  // the workers drain what is left
+      if (boosted_) {
+        const absl::Time now = clock_->Now();
+        // Idle for `after` since the boost: the next work starts at the
+        // workers' priority again, and must starve anew to be helped.
+        if (running_ == 0 && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after) {
+          boosted_ = false;
+          idle_since_ = absl::InfinitePast();
+        } else {
+          task = TakeLocked();
+        }
+      }
+      if (!task) {
+        if (!watcher) continue;
+        tids = worker_tids_;
+        finished = finished_;
+      }
+    }
+    if (task) {
+      task();
+      Finished();
+      continue;
+    }
+    const absl::Time now = clock_->Now();
+    std::optional<ThreadCpuTimes> times = SampleWorkers(tids);
+    std::string why;
+    if (window.open && now - window.start >= guard_.after) {
+      const absl::Duration elapsed = now - window.start;
+      if (times && window.times) {
+        const absl::Duration on_cpu = times->on_cpu - window.times->on_cpu;
+        const absl::Duration waiting = times->waiting - window.times->waiting;
+        const double got = absl::FDivDuration(on_cpu, std::max(on_cpu + waiting, absl::Nanoseconds(1)));
+        if (waiting >= elapsed / 2 && got < guard_.share) {
+          why = absl::StrFormat("the workers got %.1f%% of the CPU time they were runnable for over %s", 100 * got,
+                                absl::FormatDuration(elapsed));
+        }
+      } else if (finished == window.finished) {
+        why = absl::StrCat("no task finished in ", absl::FormatDuration(elapsed), " while tasks waited");
+      }
+      window.open = false;
+    }
+    if (!why.empty()) {
+      {
+        absl::MutexLock l(&mu_);
+        boosted_ = true;
+        ++boosts_;
+        idle_since_ = absl::InfinitePast();  // busy since the boost
+      }
+      if (guard_.on_boost) guard_.on_boost(why);
+      continue;
+    }
+    if (!window.open) window = Window{true, now, times, finished};
+    absl::MutexLock l(&mu_);
+    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || tasks_.empty(); };
+    // A window ends with the work it watched.
+    if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&drained), guard_.tick)) window.open = false;
   }
 }
 

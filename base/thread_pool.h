@@ -1,24 +1,59 @@
 // A fixed-size pool of worker threads running queued tasks in FIFO order.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
 #include "base/thread_priority.h"
 
 namespace ckptd::base {
+
+// Bounded starvation for a pool whose workers run at a low priority: on a
+// CPU that the foreground keeps saturated, SCHED_IDLE workers get about 0.3%
+// of a core and their work would wait without end. A pool with a guard also
+// keeps as many reserve workers at the priority of the thread that made it
+// (normal, typically), idle and taking no task, and looks at its workers'
+// scheduler counts (base::ReadThreadCpuTimes) every `tick` while tasks wait.
+// When, over a window of at least `after`, the workers got less than `share`
+// of the CPU time they were runnable for and waited at least half of that
+// window for a CPU, the reserve workers take the tasks instead (the workers
+// finish the ones they hold and stand aside), until the pool has had nothing
+// to do for `after`. Raising the workers' own priority would need
+// CAP_SYS_NICE; the reserve needs no privilege. Where the kernel keeps no
+// such counts, the test is that no task finished during the window.
+struct StarvationGuard {
+  // Zero: no guard, no reserve.
+  absl::Duration after = absl::ZeroDuration();
+  double share = 0.1;
+  absl::Duration tick = absl::Milliseconds(250);
+  // Null: RealClock::Get().
+  Clock* clock = nullptr;
+  // Null: ReadThreadCpuTimes (tests count time themselves).
+  std::function<absl::StatusOr<ThreadCpuTimes>(int tid)> read_times;
+  // Called (on a reserve worker, no lock held) each time the reserve is
+  // called in, with what was measured, e.g. "the workers got 0.3% of the CPU
+  // they asked for over 2.0s".
+  std::function<void(const std::string& why)> on_boost;
+};
 
 class ThreadPool {
  public:
   // `threads` <= 0 means one per hardware thread. The workers run at
   // `priority` (base::SetThreadPriority) from before their first task: the
   // constructor sets it once they have started (at the caller's priority,
-  // so that a busy machine does not hold the constructor up).
-  explicit ThreadPool(int threads, ThreadPriority priority = ThreadPriority::kNormal);
+  // so that a busy machine does not hold the constructor up). A `guard`
+  // applies to a pool whose priority is not kNormal.
+  explicit ThreadPool(int threads, ThreadPriority priority = ThreadPriority::kNormal, StarvationGuard guard = {});
   // Runs every task already queued, then joins the workers.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -28,12 +63,35 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()); }
   // What the workers run at (the first shortfall any of them met, if one did).
   const AppliedPriority& priority() const { return priority_; }
+  // Reserve workers (StarvationGuard): how many, how often they were called
+  // in, and whether they take tasks now.
+  int reserve_size() const { return static_cast<int>(reserve_.size()); }
+  int64_t boosts() const;
+  bool boosted() const;
 
  private:
   void WorkerLoop();
+  // The first reserve worker also watches for starvation.
+  void ReserveLoop(bool watcher);
+  // Pops the next task (mu_ held, a task queued).
+  std::function<void()> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finished();
+  // Sums the workers' counts; nullopt where they cannot be read.
+  std::optional<ThreadCpuTimes> SampleWorkers(const std::vector<int>& tids);
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<int> worker_tids_ ABSL_GUARDED_BY(mu_);
+  StarvationGuard guard_;
+  Clock* clock_;
+  // A guard applies: the reserve exists.
+  const bool guarded_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t finished_ ABSL_GUARDED_BY(mu_) = 0;
+  // When the pool last ran out of work (no task queued or running).
+  absl::Time idle_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool boosted_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t boosts_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> reserve_;
   // Set by the constructor.
   AppliedPriority priority_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);

@@ -7,13 +7,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <ctime>
+#include <functional>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -307,6 +312,242 @@ TEST(WaitGroupTest, ReusableAfterReachingZero) {
     b.join();
   }
   SUCCEED();
+}
+
+// Scheduler counts that a test sets: since `start` (on the fake clock), the
+// workers were runnable all the time and got `share` of it on a CPU.
+class FakeCounts {
+ public:
+  FakeCounts(FakeClock* clock, double share) : clock_(clock), start_(clock->Now()), share_(share) {}
+  void set_share(double share) {
+    absl::MutexLock l(&mu_);
+    share_ = share;
+  }
+  void set_unavailable() {
+    absl::MutexLock l(&mu_);
+    unavailable_ = true;
+  }
+  absl::StatusOr<ThreadCpuTimes> Read(int /*tid*/) {
+    const absl::Duration elapsed = clock_->Now() - start_;
+    absl::MutexLock l(&mu_);
+    if (unavailable_) return absl::UnavailableError("no schedstat here");
+    return ThreadCpuTimes{elapsed * share_, elapsed * (1 - share_)};
+  }
+
+ private:
+  FakeClock* clock_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  double share_ ABSL_GUARDED_BY(mu_);
+  bool unavailable_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class StarvationGuardTest : public ::testing::Test {
+ protected:
+  StarvationGuard Guard() {
+    StarvationGuard g;
+    g.after = absl::Seconds(2);
+    g.share = 0.1;
+    g.tick = absl::Milliseconds(250);
+    g.clock = &clock_;
+    g.read_times = [this](int tid) { return counts_.Read(tid); };
+    g.on_boost = [this](const std::string& why) {
+      absl::MutexLock l(&mu_);
+      whys_.push_back(why);
+    };
+    return g;
+  }
+  std::vector<std::string> whys() {
+    absl::MutexLock l(&mu_);
+    return whys_;
+  }
+  // Until `n` threads wait on the fake clock: the watcher waits for a tick
+  // once it has opened its window on a queued task, and leaves that wait
+  // when the queue drains.
+  void AwaitClockWaiters(int n) {
+    while (clock_.waiters() != n) absl::SleepFor(absl::Milliseconds(1));
+  }
+  // Queues `task` with the worker held: returns once the watcher watches it.
+  void ScheduleWatched(ThreadPool& pool, std::function<void()> task) {
+    pool.Schedule(std::move(task));
+    AwaitClockWaiters(1);
+  }
+  void AdvanceTicks(int n) {
+    for (int i = 0; i < n; ++i) clock_.Advance(absl::Milliseconds(250));
+  }
+  // Occupies the pool's one worker until `release_` is notified; returns
+  // the worker's thread id.
+  int HoldTheWorker(ThreadPool& pool) {
+    absl::Notification holding;
+    std::atomic<int> tid{0};
+    pool.Schedule([&] {
+      tid.store(CurrentThreadId());
+      holding.Notify();
+      release_.WaitForNotification();
+    });
+    holding.WaitForNotification();
+    AwaitClockWaiters(0);
+    return tid.load();
+  }
+
+  FakeClock clock_;
+  FakeCounts counts_{&clock_, 0.003};
+  absl::Notification release_;
+  absl::Mutex mu_;
+  std::vector<std::string> whys_ ABSL_GUARDED_BY(mu_);
+};
+
+// A task that records the thread it ran on.
+struct Probe {
+  absl::Notification ran;
+  std::atomic<int> tid{0};
+  std::function<void()> Task() {
+    return [this] {
+      tid.store(CurrentThreadId());
+      ran.Notify();
+    };
+  }
+};
+
+TEST_F(StarvationGuardTest, StarvedWorkersHandTheirTasksToTheReserveAfterTheWindow) {
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  ASSERT_EQ(pool.reserve_size(), 1);
+  const int worker = HoldTheWorker(pool);
+  Probe probe;
+  ScheduleWatched(pool, probe.Task());
+  AdvanceTicks(7);  // 1.75 s: less than the window
+  EXPECT_FALSE(probe.ran.HasBeenNotified());
+  EXPECT_EQ(pool.boosts(), 0);
+  AdvanceTicks(2);
+  ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_NE(probe.tid.load(), worker);  // a reserve worker ran it
+  EXPECT_EQ(pool.boosts(), 1);
+  EXPECT_TRUE(pool.boosted());
+  EXPECT_THAT(whys(), ::testing::ElementsAre(::testing::HasSubstr("the workers got 0.3% of the CPU time")));
+  release_.Notify();
+}
+
+TEST_F(StarvationGuardTest, WorkersThatGetTheirShareAreNotHelped) {
+  counts_.set_share(0.5);  // two runnable threads on one core
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  const int worker = HoldTheWorker(pool);
+  Probe probe;
+  ScheduleWatched(pool, probe.Task());
+  AdvanceTicks(40);  // 10 s
+  EXPECT_FALSE(probe.ran.HasBeenNotified());
+  EXPECT_EQ(pool.boosts(), 0);
+  release_.Notify();
+  ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(probe.tid.load(), worker);
+  EXPECT_TRUE(whys().empty());
+}
+
+TEST_F(StarvationGuardTest, WithoutSchedulerCountsNoTaskFinishingIsStarvation) {
+  counts_.set_unavailable();
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  const int worker = HoldTheWorker(pool);
+  Probe probe;
+  ScheduleWatched(pool, probe.Task());
+  AdvanceTicks(9);
+  ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_NE(probe.tid.load(), worker);
+  EXPECT_THAT(whys(), ::testing::ElementsAre(::testing::HasSubstr("no task finished in 2")));
+  release_.Notify();
+}
+
+TEST_F(StarvationGuardTest, TheBoostEndsOnceThePoolHasBeenIdleForTheWindow) {
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  const int worker = HoldTheWorker(pool);
+  Probe starved;
+  ScheduleWatched(pool, starved.Task());
+  AdvanceTicks(9);
+  ASSERT_TRUE(starved.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  release_.Notify();
+  // Work that follows at once is still the reserve's.
+  WaitGroup first;
+  first.Add(1);
+  pool.Schedule([&] { first.Done(); });
+  first.Wait();
+  EXPECT_TRUE(pool.boosted());
+  // Let the worker leave the task it held, then idle for the window.
+  absl::SleepFor(absl::Milliseconds(50));
+  AdvanceTicks(8);
+  EXPECT_FALSE(pool.boosted());
+  counts_.set_share(0.5);
+  Probe next;
+  pool.Schedule(next.Task());
+  ASSERT_TRUE(next.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(next.tid.load(), worker);
+  EXPECT_EQ(pool.boosts(), 1);
+}
+
+TEST(StarvationGuardRealTest, NoGuardForNormalPoolsOrAZeroWindow) {
+  StarvationGuard g;
+  g.after = absl::Seconds(1);
+  ThreadPool normal(2, ThreadPriority::kNormal, g);
+  EXPECT_EQ(normal.reserve_size(), 0);
+  ThreadPool unguarded(2, ThreadPriority::kIdle);
+  EXPECT_EQ(unguarded.reserve_size(), 0);
+}
+
+// Spends `cpu` of the calling thread's own CPU time.
+void Burn(absl::Duration cpu) {
+  auto now = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return absl::DurationFromTimespec(ts);
+  };
+  const absl::Duration until = now() + cpu;
+  while (now() < until) {
+  }
+}
+
+// For real: an idle-priority pool and two busy threads, all on one CPU.
+TEST(StarvationGuardRealTest, AnIdlePoolBesideBusyThreadsOnItsCpuFinishesItsWork) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  ASSERT_LT(cpu, CPU_SETSIZE);
+  std::atomic<bool> stop{false};
+  int64_t boosts = 0;
+  bool done = false;
+  std::string applied;
+  std::thread scene([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);  // what it starts inherits it
+    std::vector<std::thread> busy;
+    for (int i = 0; i < 2; ++i) {
+      busy.emplace_back([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+    }
+    {
+      StarvationGuard g;
+      g.after = absl::Milliseconds(500);
+      g.tick = absl::Milliseconds(100);
+      ThreadPool pool(1, ThreadPriority::kIdle, g);
+      applied = pool.priority().ToString();
+      absl::Notification all;
+      std::atomic<int> left{20};
+      for (int i = 0; i < 20; ++i) {
+        pool.Schedule([&] {
+          Burn(absl::Milliseconds(5));
+          if (left.fetch_sub(1) == 1) all.Notify();
+        });
+      }
+      done = all.WaitForNotificationWithTimeout(absl::Seconds(120));
+      boosts = pool.boosts();
+      stop.store(true);
+    }
+    for (std::thread& t : busy) t.join();
+  });
+  scene.join();
+  EXPECT_TRUE(done) << "the pool at " << applied << " did not finish 100 ms of work in 120 s";
+  EXPECT_GE(boosts, 1) << applied;
 }
 
 }  // namespace

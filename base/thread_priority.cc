@@ -6,8 +6,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/posix_error.h"
 
 namespace ckptd::base {
@@ -20,6 +26,12 @@ constexpr int kIoprioWhoProcess = 1;
 constexpr int kIoprioClassShift = 13;
 constexpr int kIoprioClassBestEffort = 2;
 constexpr int kIoprioLowestLevel = 7;
+
+// 0 or errno.
+int SetIoPriorityLowestBestEffort(int tid) {
+  const int ioprio = (kIoprioClassBestEffort << kIoprioClassShift) | kIoprioLowestLevel;
+  return ::syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, ioprio) == 0 ? 0 : errno;
+}
 
 // 0 or errno.
 int SetNice(int tid, int nice) { return ::setpriority(PRIO_PROCESS, static_cast<id_t>(tid), nice) == 0 ? 0 : errno; }
@@ -52,6 +64,34 @@ std::string AppliedPriority::ToString() const {
   return absl::StrCat(applied, " (", why_not.message(), ")");
 }
 
+absl::Status SetCallingThreadLowestIoPriority() {
+  if (const int err = SetIoPriorityLowestBestEffort(CurrentThreadId()); err != 0) {
+    return PosixError("ioprio_set best-effort 7", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ThreadCpuTimes> ReadThreadCpuTimes(int tid) {
+  const std::string path = absl::StrCat("/proc/self/task/", tid, "/schedstat");
+  std::FILE* f = std::fopen(path.c_str(), "re");
+  if (f == nullptr) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such thread"));
+    return absl::UnavailableError(PosixError(path, err).message());
+  }
+  char line[128] = {};
+  const bool read = std::fgets(line, sizeof(line), f) != nullptr;
+  std::fclose(f);
+  // "<ns on a CPU> <ns waiting on a run queue> <time slices>"
+  std::vector<absl::string_view> fields = absl::StrSplit(absl::StripAsciiWhitespace(line), ' ', absl::SkipEmpty());
+  uint64_t on_cpu = 0;
+  uint64_t waiting = 0;
+  if (!read || fields.size() < 2 || !absl::SimpleAtoi(fields[0], &on_cpu) || !absl::SimpleAtoi(fields[1], &waiting)) {
+    return absl::UnavailableError(absl::StrCat(path, ": not the scheduler's counts: \"", line, "\""));
+  }
+  return ThreadCpuTimes{absl::Nanoseconds(on_cpu), absl::Nanoseconds(waiting)};
+}
+
 AppliedPriority SetCallingThreadPriority(ThreadPriority priority) {
   return SetThreadPriority(CurrentThreadId(), priority);
 }
@@ -66,11 +106,10 @@ AppliedPriority SetThreadPriority(int tid, ThreadPriority priority) {
     // A thread id: that thread only.
     if (::sched_setscheduler(tid, SCHED_IDLE, &param) == 0) {
       out.applied = "SCHED_IDLE";
-      const int ioprio = (kIoprioClassBestEffort << kIoprioClassShift) | kIoprioLowestLevel;
-      if (::syscall(SYS_ioprio_set, kIoprioWhoProcess, tid, ioprio) != 0) {
+      if (const int err = SetIoPriorityLowestBestEffort(tid); err != 0) {
         // The CPU priority is what counts; the disk may give these writes
         // the idle class. Said, not fatal.
-        out.why_not = PosixError("ioprio_set best-effort 7", errno);
+        out.why_not = PosixError("ioprio_set best-effort 7", err);
       }
       return out;
     }

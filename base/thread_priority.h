@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace ckptd::base {
 
@@ -48,5 +49,21 @@ AppliedPriority SetThreadPriority(int tid, ThreadPriority priority);
 AppliedPriority SetCallingThreadPriority(ThreadPriority priority);
 // The calling thread's id (gettid), as SetThreadPriority takes it.
 int CurrentThreadId();
+
+// Gives the calling thread the lowest best-effort I/O priority and leaves
+// its CPU priority as it is (no privilege needed): a thread that mostly waits
+// for the disk and must not be starved of the CPU.
+absl::Status SetCallingThreadLowestIoPriority();
+
+// What the scheduler has counted for one thread of this process
+// (/proc/self/task/TID/schedstat): time on a CPU, and time runnable but
+// waiting for one.
+struct ThreadCpuTimes {
+  absl::Duration on_cpu;
+  absl::Duration waiting;
+};
+// kUnavailable where the kernel keeps no such counts; kNotFound for a thread
+// that is gone.
+absl::StatusOr<ThreadCpuTimes> ReadThreadCpuTimes(int tid);
 
 }  // namespace ckptd::base
