@@ -49,7 +49,14 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
     core_->logger()->Warning(absl::StrCat("job ", req->job(), " rank ", req->rank(), " reports pid ", req->pid(), " from another PID namespace; watching its pid here, ", reg.pid));
   }
   reg.buffers.assign(req->buffers().begin(), req->buffers().end());
+  const absl::Time start = absl::Now();
   absl::StatusOr<TrainerHandle> h = core_->Register(reg);
+  if (const absl::Duration took = absl::Now() - start; took > absl::Seconds(1)) {
+    // A trainer gives up after its rpc_timeout (default 5 s), and tries again
+    // only within its connect_wait.
+    core_->logger()->Warning(absl::StrCat("registering job ", req->job(), " rank ", req->rank(), " took ",
+                                          absl::FormatDuration(took), h.ok() ? "" : " and failed"));
+  }
   if (!h.ok()) return rpc::ToGrpcStatus(h.status());
   resp->set_trainer_id(h->trainer_id);
   resp->set_segment(h->segment);

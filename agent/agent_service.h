@@ -54,7 +54,7 @@ int32_t TrainerPid(int32_t reported, const std::optional<PeerCredentials>& peer,
 // cannot be told).
 bool InOwnPidNamespace(int32_t pid);
 
-class AgentService final : public ckptd::v1::Agent::Service {
+class AgentService : public ckptd::v1::Agent::Service {
  public:
   // `core` must outlive the service.
   explicit AgentService(AgentCore* core);

@@ -87,6 +87,7 @@ TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   // Persists at idle priority on every CPU, compression while it pays.
   EXPECT_EQ(flags.options.background_priority, base::ThreadPriority::kIdle);
   EXPECT_EQ(flags.options.starvation_limit, absl::Seconds(2));
+  EXPECT_EQ(flags.options.write.adaptive.margin, storage::kCompressionMarginBesideTraining);
   EXPECT_TRUE(flags.cpu_set.empty());
   EXPECT_TRUE(flags.options.write.encode.compress);
   EXPECT_TRUE(flags.options.write.adaptive.enabled);
@@ -102,6 +103,11 @@ TEST(AgentFlagsTest, BackgroundPriorityAndCompression) {
     EXPECT_THAT(ParseAgentFlags(With({"--background-priority", bad})),
                 FailsNaming(absl::StrCat("--background-priority must be idle, low or normal, got \"", bad, "\"")));
   }
+  // Compression's bar is higher beside trainers that come first.
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags normal, ParseAgentFlags(With({"--background-priority", "normal"})));
+  EXPECT_EQ(normal.options.write.adaptive.margin, storage::AdaptiveCompression().margin);
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags low, ParseAgentFlags(With({"--background-priority", "low"})));
+  EXPECT_EQ(low.options.write.adaptive.margin, storage::kCompressionMarginBesideTraining);
   CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags bounded, ParseAgentFlags(With({"--starvation-limit", "500ms"})));
   EXPECT_EQ(bounded.options.starvation_limit, absl::Milliseconds(500));
   CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags unbounded, ParseAgentFlags(With({"--starvation-limit", "0s"})));

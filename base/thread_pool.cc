@@ -124,14 +124,16 @@ void ThreadPool::ReserveLoop(bool watcher) {
     uint64_t finished = 0;
     {
       absl::MutexLock l(&mu_);
-      // The reserve takes tasks only while called in; the watcher wakes for
-      // every queued task, to look at the workers.
+      // The reserve takes tasks only while called in. The watcher, until
+      // then, looks at the workers while the pool has work: tasks queued, or
+      // taken by workers that may be starving with them.
       auto ready = [this, watcher]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || (!tasks_.empty() && (watcher || boosted_));
+        if (stopping_ || (boosted_ && !tasks_.empty())) return true;
+        return watcher && !boosted_ && (!tasks_.empty() || running_ > 0);
       };
       mu_.Await(absl::Condition(&ready));
-      if (tasks_.empty() || (stopping_ && !boosted_)) return;  // the workers drain what is left
-      if (boosted_) {
+      if (stopping_ && (!boosted_ || tasks_.empty())) return;  // the workers drain what is left
+      if (boosted_ && !tasks_.empty()) {
         const absl::Time now = clock_->Now();
         // Idle for `after` since the boost: the next work starts at the
         // workers' priority again, and must starve anew to be helped.
@@ -143,7 +145,7 @@ void ThreadPool::ReserveLoop(bool watcher) {
         }
       }
       if (!task) {
-        if (!watcher) continue;
+        if (!watcher || boosted_) continue;
         tids = worker_tids_;
         finished = finished_;
       }
@@ -167,7 +169,7 @@ void ThreadPool::ReserveLoop(bool watcher) {
                                 absl::FormatDuration(elapsed));
         }
       } else if (finished == window.finished) {
-        why = absl::StrCat("no task finished in ", absl::FormatDuration(elapsed), " while tasks waited");
+        why = absl::StrCat("no task finished in ", absl::FormatDuration(elapsed), " while the pool had work");
       }
       window.open = false;
     }
@@ -183,7 +185,8 @@ void ThreadPool::ReserveLoop(bool watcher) {
     }
     if (!window.open) window = Window{true, now, times, finished};
     absl::MutexLock l(&mu_);
-    auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || tasks_.empty(); };
+    auto drained = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || (tasks_.empty() && running_ == 0); };
     // A window ends with the work it watched.
     if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&drained), guard_.tick)) window.open = false;
   }

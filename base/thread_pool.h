@@ -23,7 +23,8 @@ namespace ckptd::base {
 // of a core and their work would wait without end. A pool with a guard also
 // keeps as many reserve workers at the priority of the thread that made it
 // (normal, typically), idle and taking no task, and looks at its workers'
-// scheduler counts (base::ReadThreadCpuTimes) every `tick` while tasks wait.
+// scheduler counts (base::ReadThreadCpuTimes) every `tick` while the pool
+// has work (tasks queued or running).
 // When, over a window of at least `after`, the workers got less than `share`
 // of the CPU time they were runnable for and waited at least half of that
 // window for a CPU, the reserve workers take the tasks instead (the workers
@@ -31,6 +32,7 @@ namespace ckptd::base {
 // to do for `after`. Raising the workers' own priority would need
 // CAP_SYS_NICE; the reserve needs no privilege. Where the kernel keeps no
 // such counts, the test is that no task finished during the window.
+// A window ends when the pool runs out of work.
 struct StarvationGuard {
   // Zero: no guard, no reserve.
   absl::Duration after = absl::ZeroDuration();

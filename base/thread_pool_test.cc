@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "base/testing/busy_cpu.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -362,12 +363,12 @@ class StarvationGuardTest : public ::testing::Test {
     return whys_;
   }
   // Until `n` threads wait on the fake clock: the watcher waits for a tick
-  // once it has opened its window on a queued task, and leaves that wait
-  // when the queue drains.
+  // once it has opened its window on the pool's work, and leaves that wait
+  // when the pool has none.
   void AwaitClockWaiters(int n) {
     while (clock_.waiters() != n) absl::SleepFor(absl::Milliseconds(1));
   }
-  // Queues `task` with the worker held: returns once the watcher watches it.
+  // Queues `task` with the worker held (and watched since).
   void ScheduleWatched(ThreadPool& pool, std::function<void()> task) {
     pool.Schedule(std::move(task));
     AwaitClockWaiters(1);
@@ -386,7 +387,8 @@ class StarvationGuardTest : public ::testing::Test {
       release_.WaitForNotification();
     });
     holding.WaitForNotification();
-    AwaitClockWaiters(0);
+    // A worker that holds a task may be starving with it: watched.
+    AwaitClockWaiters(1);
     return tid.load();
   }
 
@@ -504,48 +506,26 @@ void Burn(absl::Duration cpu) {
 
 // For real: an idle-priority pool and two busy threads, all on one CPU.
 TEST(StarvationGuardRealTest, AnIdlePoolBesideBusyThreadsOnItsCpuFinishesItsWork) {
-  cpu_set_t allowed;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  int cpu = 0;
-  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
-  ASSERT_LT(cpu, CPU_SETSIZE);
-  std::atomic<bool> stop{false};
   int64_t boosts = 0;
   bool done = false;
   std::string applied;
-  std::thread scene([&] {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);  // what it starts inherits it
-    std::vector<std::thread> busy;
-    for (int i = 0; i < 2; ++i) {
-      busy.emplace_back([&] {
-        while (!stop.load(std::memory_order_relaxed)) {
-        }
+  ::ckptd::testing::OnABusyCpu(2, [&] {
+    StarvationGuard g;
+    g.after = absl::Milliseconds(500);
+    g.tick = absl::Milliseconds(100);
+    ThreadPool pool(1, ThreadPriority::kIdle, g);
+    applied = pool.priority().ToString();
+    absl::Notification all;
+    std::atomic<int> left{20};
+    for (int i = 0; i < 20; ++i) {
+      pool.Schedule([&] {
+        Burn(absl::Milliseconds(5));
+        if (left.fetch_sub(1) == 1) all.Notify();
       });
     }
-    {
-      StarvationGuard g;
-      g.after = absl::Milliseconds(500);
-      g.tick = absl::Milliseconds(100);
-      ThreadPool pool(1, ThreadPriority::kIdle, g);
-      applied = pool.priority().ToString();
-      absl::Notification all;
-      std::atomic<int> left{20};
-      for (int i = 0; i < 20; ++i) {
-        pool.Schedule([&] {
-          Burn(absl::Milliseconds(5));
-          if (left.fetch_sub(1) == 1) all.Notify();
-        });
-      }
-      done = all.WaitForNotificationWithTimeout(absl::Seconds(120));
-      boosts = pool.boosts();
-      stop.store(true);
-    }
-    for (std::thread& t : busy) t.join();
+    done = all.WaitForNotificationWithTimeout(absl::Seconds(120));
+    boosts = pool.boosts();
   });
-  scene.join();
   EXPECT_TRUE(done) << "the pool at " << applied << " did not finish 100 ms of work in 120 s";
   EXPECT_GE(boosts, 1) << applied;
 }

@@ -487,7 +487,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
         "): run the trainer as the agent's user or as a member of the agent's --trainer-group (", s.message(), ")"));
   };
   registered = refused(std::move(registered));
-  while (absl::IsUnavailable(registered) && clock->Now() < give_up) {
+  // Unavailable: no agent (yet). DeadlineExceeded: an agent that did not
+  // answer in time, e.g. one just restarted on a node whose CPUs are busy;
+  // trying again is safe, a registration of the same rank replaces the last.
+  auto again = [](const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); };
+  while (again(registered) && clock->Now() < give_up) {
     clock->SleepFor(std::min(absl::Milliseconds(200), give_up - clock->Now()));
     connect(raw);  // no other thread uses the stub yet
     registered = refused(client->EnsureRegistered());

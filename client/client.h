@@ -61,7 +61,8 @@ struct ClientOptions {
   absl::Duration slot_wait = absl::ZeroDuration();
   // Bound on every call to the agent.
   absl::Duration rpc_timeout = absl::Seconds(5);
-  // How long Connect keeps trying an agent that is not up (yet): a trainer
+  // How long Connect keeps trying an agent that is not up (yet), or that did
+  // not answer its registration within rpc_timeout: a trainer
   // restarted together with its agent must not start without it, or it
   // would train from scratch while its peers wait in the restore barrier.
   absl::Duration connect_wait = absl::ZeroDuration();

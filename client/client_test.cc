@@ -798,6 +798,48 @@ TEST_F(ClientTest, ConnectWaitsForAnAgentThatComesUpLate) {
   CKPTD_ASSERT_OK((*client)->Restore().status());
 }
 
+// An agent that answers a registration later than rpc_timeout (just
+// restarted, its node's CPUs busy): Connect tries again within connect_wait.
+class SlowFirstRegister : public agent::AgentService {
+ public:
+  using agent::AgentService::AgentService;
+  grpc::Status Register(grpc::ServerContext* context, const ckptd::v1::RegisterRequest* req,
+                        ckptd::v1::RegisterResponse* resp) override {
+    if (calls.fetch_add(1) == 0) absl::SleepFor(absl::Milliseconds(900));
+    return agent::AgentService::Register(context, req, resp);
+  }
+  std::atomic<int> calls{0};
+};
+
+TEST_F(ClientTest, ConnectTriesAgainWhenTheAgentAnswersItsRegistrationTooLate) {
+  StopAgent();
+  agent::AgentOptions ao;
+  ao.storage_root = "/ckpt";
+  ao.io_threads = 1;
+  ao.segment_prefix = absl::StrCat("/ckptd-test-client-slow-", ::getpid());
+  core_ = std::make_unique<agent::AgentCore>(&mem_, ao);
+  auto slow = std::make_unique<SlowFirstRegister>(core_.get());
+  SlowFirstRegister* service = slow.get();
+  service_ = std::move(slow);  // the fixture stops the server before it goes
+  CKPTD_ASSERT_OK_AND_ASSIGN(server_, agent::StartUnixServer(socket_, service));
+  State state;
+  ClientOptions o = Options();
+  o.rpc_timeout = absl::Milliseconds(300);
+  o.connect_wait = absl::Seconds(60);  // real time: the deadline of each try is
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  EXPECT_GE(service->calls.load(), 2);
+  CKPTD_EXPECT_OK(client->Restore().status());
+  client.reset();
+  server_->Shutdown();
+  server_.reset();
+  // Without connect_wait the late answer is the error.
+  service->calls = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(server_, agent::StartUnixServer(socket_, service));
+  o.connect_wait = absl::ZeroDuration();
+  EXPECT_THAT(Client::Connect(o, state.Specs()).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("register")));
+}
+
 }  // namespace
 // A job with ranks on other nodes and no coordinator could never commit: the
 // lone agent refuses it at registration, told by the option or by torchrun's

@@ -65,6 +65,13 @@ bool CompressionPays(const CompressionRates& rates, double margin);
 // encoders at idle priority beside a busy trainer), or data that does not
 // compress. Needs EncodeOptions::compress. Blocks carry their own filter and
 // codecs (docs/format.md), so a shard may mix compressed and raw blocks.
+// AdaptiveCompression::margin beside trainers whose CPU time counts more
+// than the shard's durable time (an agent whose background work runs at idle
+// or low priority): compression must get the data to disk 1.5 times as fast
+// to be kept. Float state (about 1.2x smaller compressed) is then written
+// raw; state that compresses well (sparse, low-entropy) still is not.
+inline constexpr double kCompressionMarginBesideTraining = 1.5;
+
 struct AdaptiveCompression {
   bool enabled = false;
   // How much faster compression must be to keep it (>= 1: raw writes also

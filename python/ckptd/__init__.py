@@ -397,7 +397,9 @@ class Client:
     """A trainer rank's connection to its node's agent (libckptd's client).
 
     Registers `buffers` (ckptd.Buffer) at once; raises UnavailableError when
-    the agent cannot be reached within `connect_wait` seconds. Times are in
+    the agent cannot be reached within `connect_wait` seconds (and
+    DeadlineExceededError when it did not answer a registration in time
+    until then). Times are in
     seconds. Close it (or use `with`) to say goodbye to the agent, which
     still persists what was published.
 
@@ -445,7 +447,10 @@ class Client:
                 _check(_lib.ckptd_connect_ext(ctypes.byref(options), ctypes.byref(ext), array, len(buffers),
                                               ctypes.byref(handle)))
                 break
-            except UnavailableError:
+            except (UnavailableError, DeadlineExceededError):
+                # No agent yet, or one too busy to answer in time (restarted
+                # on a node whose CPUs are busy): a new registration of the
+                # same rank replaces the last.
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
