@@ -364,26 +364,38 @@ class Checkpointer:
         failure raises ckptd.Error, e.g. FailedPreconditionError naming the
         tensor when the model does not match the checkpoint."""
         self._require_tracked("restore()")
-        if self._layout is None:
-            try:
-                self._open()
-            except _ckptd.UnavailableError as e:
+        # Optimizer state made for the restore to overwrite, not zeroed yet
+        # (zeroing a large state only to overwrite it costs a pass over its
+        # memory on the restart path); zeroed unless a step is restored.
+        unzeroed = []
+        restored = False
+        try:
+            if self._layout is None:
+                try:
+                    self._open(unzeroed)
+                except _ckptd.UnavailableError as e:
+                    rank, world_size = self._client_args["rank"], self._client_args["world_size"]
+                    if world_size > 1:
+                        raise _ckptd.UnavailableError(
+                            f"{e} (rank {rank} of {world_size} cannot restore; the other ranks may: "
+                            "exit and let the launcher start the job again, or pass connect_wait= to wait for the "
+                            "node's agent)", code=e.code) from e
+                    self._retry_at = time.monotonic() + self._retry_interval
+                    self._fail("restore (training starts from scratch)", e)
+                    return 0
+            step = self._layout.client.restore()
+            if step is None:
                 rank, world_size = self._client_args["rank"], self._client_args["world_size"]
-                if world_size > 1:
-                    raise _ckptd.UnavailableError(
-                        f"{e} (rank {rank} of {world_size} cannot restore; the other ranks may: "
-                        "exit and let the launcher start the job again, or pass connect_wait= to wait for the "
-                        "node's agent)", code=e.code) from e
-                self._retry_at = time.monotonic() + self._retry_interval
-                self._fail("restore (training starts from scratch)", e)
+                _log.info("ckptd: job '%s' has no committed checkpoint (rank %d of %d): training starts from scratch",
+                          self._client_args["job"], rank, world_size)
                 return 0
-        step = self._layout.client.restore()
-        if step is None:
-            rank, world_size = self._client_args["rank"], self._client_args["world_size"]
-            _log.info("ckptd: job '%s' has no committed checkpoint (rank %d of %d): training starts from scratch",
-                      self._client_args["job"], rank, world_size)
-            return 0
-        self._load(step)
+            self._load(step)
+            restored = True
+        finally:
+            if not restored:
+                with torch.no_grad():
+                    for t in unzeroed:
+                        t.zero_()
         _log.info("ckptd: job '%s' restored step %d (rank %d of %d)", self._client_args["job"], step,
                   self._client_args["rank"], self._client_args["world_size"])
         return step
@@ -556,10 +568,12 @@ class Checkpointer:
             plan.trees[tracked.name] = tree
         return plan
 
-    def _open(self):
-        """Registers the tracked state with the agent."""
+    def _open(self, unzeroed=None):
+        """Registers the tracked state with the agent. With a list `unzeroed`,
+        optimizer state that starts as zeros is made without zeroing it and
+        listed there: the caller zeroes it unless a restore overwrote it."""
         rng_state = self._capture_rngs()
-        undo = self._materialize()
+        undo = self._materialize(unzeroed)
         try:
             plan = self._collect()
             layout = _Layout()
@@ -605,7 +619,7 @@ class Checkpointer:
         return _ckptd.Buffer.at(name, t.data_ptr(), dtype, shape, component=component, device_kind=kind,
                                 device_index=t.device.index or 0, owner=t)
 
-    def _materialize(self):
+    def _materialize(self, unzeroed=None):
         """Optimizers create their state at their first step. A trial step with
         zero gradients creates it now, so that it is registered (and restored)
         from the start; parameters, gradients and RNG are put back. Returns the
@@ -617,7 +631,7 @@ class Checkpointer:
             if not isinstance(opt, torch.optim.Optimizer) or len(opt.state) > 0:
                 continue
             params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad]
-            if not params or self._zero_state(opt):
+            if not params or self._zero_state(opt, unzeroed):
                 continue
             saved = [(p, p.detach().to("cpu", copy=True), p.grad) for p in params]
             count = opt.__dict__.get("_step_count")
@@ -638,14 +652,16 @@ class Checkpointer:
         return stepped
 
     @staticmethod
-    def _zero_state(opt):
+    def _zero_state(opt, unzeroed=None):
         """For an optimizer whose first step creates zeros (_ZERO_INIT_OPTIMIZERS),
         makes that state without the step, which would read and write every
         element several times (seconds for a large model): a twin of it over
         one-element parameters steps once, and each state entry of it becomes
         zeros shaped like its parameter (per-element state), a zero scalar
         tensor, or a zero number, on the twin's device and dtype. Returns
-        whether it did; False leaves `opt` untouched (the trial step does it)."""
+        whether it did; False leaves `opt` untouched (the trial step does it).
+        With a list `unzeroed`, the per-element tensors are left unwritten
+        (torch.empty) and appended to it, for the caller to zero or fill."""
         if type(opt) not in _ZERO_INIT_OPTIMIZERS:
             return False
         real, groups = [], []
@@ -664,7 +680,11 @@ class Checkpointer:
                 entries = {}
                 for k, v in twin.state.get(t, {}).items():
                     if isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape == t.shape:
-                        entries[k] = torch.zeros(p.shape, dtype=v.dtype, device=v.device)
+                        if unzeroed is None:
+                            entries[k] = torch.zeros(p.shape, dtype=v.dtype, device=v.device)
+                        else:
+                            entries[k] = torch.empty(p.shape, dtype=v.dtype, device=v.device)
+                            unzeroed.append(entries[k])
                     elif isinstance(v, torch.Tensor) and v.dim() == 0:
                         entries[k] = torch.zeros((), dtype=v.dtype, device=v.device)
                     elif isinstance(v, (int, float)) and not isinstance(v, bool):

@@ -164,6 +164,33 @@ class CheckpointerTest(AgentTestCase):
         # An optimizer whose first state is not zeros keeps the trial step.
         self.assertFalse(ckt.Checkpointer._zero_state(torch.optim.SGD(_net().parameters(), lr=0.1, momentum=0.9)))
 
+    def test_optimizer_state_is_zeros_after_a_restore_that_finds_nothing_or_no_agent(self):
+        # restore() makes Adam's state without zeroing it (the restore of a
+        # step overwrites it); when no step is restored it must be zeros.
+        def zeros(opt):
+            tensors = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+            return len(tensors) > 0 and not any(bool(t.any()) for t in tensors)
+
+        model = _net()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        with self.checkpointer(self.job(), model, opt) as ckpt:
+            self.assertEqual(ckpt.restore(), 0)
+            self.assertTrue(zeros(opt))
+        model = _net()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        gone = self.checkpointer("down", model, opt, socket=self.agent.dir + "/none.sock", rpc_timeout=0.5)
+        with self.assertWarns(ckptd.CheckpointWarning):
+            self.assertEqual(gone.restore(), 0)
+        self.assertTrue(zeros(opt))
+        # A step restored: its state, not zeros.
+        job = self.job()
+        self.save_one(job, _net())
+        model = _net()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        with self.checkpointer(job, model, opt) as ckpt:
+            self.assertEqual(ckpt.restore(), 1)
+            self.assertFalse(zeros(opt))
+
     def test_a_model_that_does_not_match_is_refused_naming_the_tensor(self):
         job = self.job()
         self.save_one(job, _net())
