@@ -891,11 +891,16 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 
 void AgentCore::PersistLoop(Trainer* t) {
   PrepareSlots(t);
-  // The persister waits for the disk and submits writes; its CPU work is
-  // the pool's, at background_priority and guarded against starvation. It
-  // keeps normal CPU priority (no privilege could raise it again): its
-  // writes get the lowest best-effort I/O priority.
+  // Only now: a restore may wait for a slot that PrepareSlots allocates.
+  // The persister waits for the disk and submits writes; the CPU work of a
+  // persist is the pool's, at background_priority and guarded against
+  // starvation. The persister itself cannot be raised again once lowered
+  // (that needs CAP_SYS_NICE), so it runs at nice 19 at most: a
+  // SCHED_IDLE persister would wait without bound to submit the next write
+  // on a CPU kept busy, nice 19 gets about 1.5% of a busy core, plenty to
+  // wait and submit.
   if (options_.background_priority != base::ThreadPriority::kNormal) {
+    (void)base::SetCallingThreadPriority(base::ThreadPriority::kLow);
     (void)base::SetCallingThreadLowestIoPriority();
   }
   while (true) {

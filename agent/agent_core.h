@@ -55,8 +55,9 @@ struct AgentOptions {
   // The CPU priority of persists' CPU work: the pool's workers (which
   // compress and checksum) and the encoder of each memory checkpoint's
   // index. Each trainer's persister thread, which waits for the disk and
-  // submits the writes, keeps normal CPU priority and gets the lowest
-  // best-effort I/O priority. Restores then run on a pool of their own, at
+  // submits the writes, runs at nice 19 (never SCHED_IDLE: it could not be
+  // raised again) with the lowest best-effort I/O priority, unless this is
+  // kNormal. Restores then run on a pool of their own, at
   // normal priority: a trainer waits for them.
   base::ThreadPriority background_priority = base::ThreadPriority::kNormal;
   // Bounded starvation of those workers (base::StarvationGuard): once they

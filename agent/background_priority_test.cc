@@ -152,15 +152,15 @@ TEST_F(BackgroundPriorityTest, IdlePersistsAndRestoresFromMemoryAndDisk) {
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0("job")));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 1, 0x5a));
-  // The persister that submits the writes keeps the CPU priority it had
-  // (its CPU work runs on the idle pool) at the lowest best-effort I/O
+  // The persister that submits the writes runs at nice 19, not SCHED_IDLE
+  // (its CPU work runs on the idle pool), at the lowest best-effort I/O
   // priority.
   const WriterPriority mine = CallingThread();
   const std::vector<WriterPriority> writers = fs_.writers();
   ASSERT_FALSE(writers.empty());
   for (const WriterPriority& w : writers) {
     EXPECT_EQ(w.policy, mine.policy);
-    EXPECT_EQ(w.nice, mine.nice);
+    EXPECT_EQ(w.nice, 19);
     EXPECT_EQ(w.ioprio, kLowestBestEffortIo);
   }
   // From memory (the agent checks the kept copy on the restore pool), then
@@ -181,7 +181,7 @@ TEST_F(BackgroundPriorityTest, LowPersistsAtNice19AndRestoresFromTheLocalTier) {
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
   ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 4, 0x21));
   for (const WriterPriority& w : fs_.writers()) {
-    EXPECT_EQ(w.nice, CallingThread().nice);
+    EXPECT_EQ(w.nice, 19);
     EXPECT_EQ(w.ioprio, kLowestBestEffortIo);
   }
   EXPECT_EQ(RestoreAndCheck(agent, *seg, h, 4, 0x21, /*reread=*/false), RestoreSource::kMemory);
