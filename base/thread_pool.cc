@@ -58,8 +58,11 @@ int64_t ThreadPool::boosts() const {
 bool ThreadPool::boosted() const {
   const absl::Time now = clock_->Now();
   absl::MutexLock l(&mu_);
-  return boosted_ &&
-         !(running_ == 0 && tasks_.empty() && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after);
+  return boosted_ && !(tasks_.empty() && IdleForWindowLocked(now));
+}
+
+bool ThreadPool::IdleForWindowLocked(absl::Time now) const {
+  return running_ == 0 && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after;
 }
 
 std::function<void()> ThreadPool::TakeLocked() {
@@ -137,7 +140,7 @@ void ThreadPool::ReserveLoop(bool watcher) {
         const absl::Time now = clock_->Now();
         // Idle for `after` since the boost: the next work starts at the
         // workers' priority again, and must starve anew to be helped.
-        if (running_ == 0 && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after) {
+        if (IdleForWindowLocked(now)) {
           boosted_ = false;
           idle_since_ = absl::InfinitePast();
         } else {

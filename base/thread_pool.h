@@ -44,7 +44,7 @@ struct StarvationGuard {
   std::function<absl::StatusOr<ThreadCpuTimes>(int tid)> read_times;
   // Called (on a reserve worker, no lock held) each time the reserve is
   // called in, with what was measured, e.g. "the workers got 0.3% of the CPU
-  // they asked for over 2.0s".
+  // time they were runnable for over 2s".
   std::function<void(const std::string& why)> on_boost;
 };
 
@@ -78,6 +78,9 @@ class ThreadPool {
   // Pops the next task (mu_ held, a task queued).
   std::function<void()> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finished();
+  // No task has run since the pool last ran out of work, `guard_.after` ago
+  // or longer (a boost then ends).
+  bool IdleForWindowLocked(absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sums the workers' counts; nullopt where they cannot be read.
   std::optional<ThreadCpuTimes> SampleWorkers(const std::vector<int>& tids);
 
