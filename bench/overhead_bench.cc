@@ -1,14 +1,17 @@
 #include "bench/overhead_bench.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -56,10 +59,13 @@ const char kOverheadHelp[] =
     "each agent configuration C, side by side: P/C[@CPUS] is ckptd-agent\n"
     "--background-priority P --compression C [--cpu-set CPUS] (the training loop\n"
     "then on the other CPUs), `control` the same procedure without snapshots\n"
-    "(the noise of the machine), and `spin` that with a busy thread at SCHED_IDLE\n"
+    "(the noise of the machine), `spin` that with a busy thread at SCHED_IDLE\n"
     "on a second CPU instead of a persist (the loop on the first; what any work\n"
     "on another CPU costs it, whatever its priority: SMT siblings, shared caches\n"
-    "and memory, a VM's vCPUs on one core); default control;spin;idle/auto;\n"
+    "and memory, a VM's vCPUs on one core), and `write` that with a thread at\n"
+    "SCHED_IDLE and the lowest I/O priority writing as many bytes as the state\n"
+    "with O_DIRECT and fsyncing them (what a persist's disk traffic alone costs\n"
+    "it, as dd would write them); default control;spin;write;idle/auto;\n"
     "normal/auto;idle/zstd;normal/zstd. For each, this process registers M MiB\n"
     "of fp32 state (default 1335, 1.4 GB: params, grads and two Adam moments)\n"
     "with a fresh ckptd-agent, snapshots once to warm up, then trains in one\n"
@@ -118,11 +124,15 @@ struct AgentConfig {
   std::vector<int> cpus;
   // The control: no snapshot in the measured windows (what noise alone
   // shows); with `spin`, a busy thread at SCHED_IDLE on another CPU instead
-  // (what any work there costs the training loop, whatever its priority).
+  // (what any work there costs the training loop, whatever its priority);
+  // with `write`, a thread at SCHED_IDLE and the lowest I/O priority that
+  // writes as many bytes as the state with O_DIRECT and fsyncs them (what
+  // the disk traffic of a persist alone costs, as dd would do it).
   bool control = false;
   bool spin = false;
+  bool write = false;
   std::string Name() const {
-    if (control) return spin ? "spin" : "control";
+    if (control) return spin ? "spin" : write ? "write" : "control";
     return absl::StrCat(priority, "/", compression, cpus.empty() ? "" : "@", base::FormatCpuList(cpus));
   }
 };
@@ -326,6 +336,34 @@ void InspectShard(const std::string& path, PersistCycle* c) {
   }
 }
 
+// The `write` yardstick: `bytes` written to `path` in 4 MiB O_DIRECT writes
+// and fsynced, from a thread at SCHED_IDLE with the lowest best-effort I/O
+// priority (as the agent's background work); the file is removed.
+absl::Status WriteLikeAPersist(const std::string& path, uint64_t bytes) {
+  (void)base::SetCallingThreadPriority(base::ThreadPriority::kIdle);
+  (void)base::SetCallingThreadLowestIoPriority();
+  constexpr size_t kChunk = 4u << 20;
+  void* mem = nullptr;
+  if (::posix_memalign(&mem, 4096, kChunk) != 0) return absl::ResourceExhaustedError("write: no memory");
+  std::unique_ptr<void, decltype(&std::free)> buf(mem, &std::free);
+  std::memset(mem, 0x5a, kChunk);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0600);
+  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("write: open ", path));
+  absl::Cleanup close_and_remove = [fd, &path] {
+    ::close(fd);
+    ::unlink(path.c_str());
+  };
+  for (uint64_t off = 0; off < bytes; off += kChunk) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunk, (bytes - off + 4095) / 4096 * 4096));
+    if (::pwrite(fd, mem, n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("write: pwrite ", path));
+    }
+  }
+  if (::fsync(fd) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("write: fsync ", path));
+  return absl::OkStatus();
+}
+
 // One round of one configuration: a fresh agent, a warm-up snapshot, then the
 // measured one. `why` says what failed.
 std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::string& dir, int n,
@@ -391,11 +429,11 @@ std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::s
       PersistCycle cycle;
       absl::Status s = c.Snapshot(1).status();
       if (s.ok()) s = c.WaitPersisted(1, absl::Minutes(10));
-      // Trains for `d` (or, with d infinite, until `step` is persisted),
-      // asking the agent every 20 ms whether `step` is persisted (the same
-      // calls in every phase); returns the step times.
+      // Trains for `d` (or, with d infinite, until `step` is persisted, or
+      // `until` is set), asking the agent every 20 ms whether `step` is
+      // persisted (the same calls in every phase); returns the step times.
       absl::Time persisted_at;
-      auto train = [&](absl::Duration d, uint64_t step) {
+      auto train = [&](absl::Duration d, uint64_t step, const std::atomic<bool>* until = nullptr) {
         std::vector<double> times;
         const absl::Time start = absl::Now();
         absl::Time next_poll = start;
@@ -403,6 +441,7 @@ std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::s
           const absl::Time t0 = absl::Now();
           work.Step();
           times.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+          if (until != nullptr && until->load()) break;
           if (absl::Now() >= next_poll) {
             next_poll = absl::Now() + absl::Milliseconds(20);
             if (c.WaitPersisted(step, absl::ZeroDuration()).ok() && d == absl::InfiniteDuration()) {
@@ -431,7 +470,21 @@ std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::s
         const double cpu0 = ProcessCpuSeconds(*agent);
         const absl::Time snap = absl::Now();
         std::vector<double> during;
-        if (config.control) {
+        if (config.control && config.write) {
+          absl::Status written;
+          std::atomic<bool> done{false};
+          std::thread writer([&] {
+            written = WriteLikeAPersist(absl::StrCat(dir, "/write-", n), state.bytes());
+            done = true;
+          });
+          during = train(absl::Minutes(20), step, &done);
+          writer.join();
+          if (!written.ok()) {
+            s = written;
+            break;
+          }
+          durables.push_back(absl::ToDoubleSeconds(absl::Now() - snap));
+        } else if (config.control) {
           std::atomic<bool> stop{false};
           std::thread spinner;
           if (config.spin) {
@@ -506,10 +559,10 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
   absl::StatusOr<std::vector<int>> allowed = base::AllowedCpus();
   if (!allowed.ok()) return usage(std::string(allowed.status().message()));
   for (absl::string_view part :
-       absl::StrSplit(args.Get("configs").value_or("control;spin;idle/auto;normal/auto;idle/zstd;normal/zstd"), ';')) {
+       absl::StrSplit(args.Get("configs").value_or("control;spin;write;idle/auto;normal/auto;idle/zstd;normal/zstd"), ';')) {
     AgentConfig config;
-    if (part == "control" || part == "spin") {
-      config = {"idle", "auto", {}, true, part == "spin"};
+    if (part == "control" || part == "spin" || part == "write") {
+      config = {"idle", "auto", {}, true, part == "spin", part == "write"};
       configs.push_back(std::move(config));
       continue;
     }
@@ -611,6 +664,7 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
     const double raw_blocks = median_of(v, [](const PersistCycle& c) { return static_cast<double>(c.raw_blocks); });
     const uint64_t blocks = v.empty() ? 0 : v.front().blocks;
     w.BeginObject();
+    w.Field("config", configs[k].Name());
     w.Field("priority", configs[k].priority);
     w.Field("compression", configs[k].compression);
     w.Field("agent_cpus", base::FormatCpuList(configs[k].cpus));
