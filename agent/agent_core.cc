@@ -890,7 +890,12 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 }
 
 void AgentCore::PersistLoop(Trainer* t) {
+  base::SetCallingThreadName("ckptd-persist");
   PrepareSlots(t);
+  // The encoder of this trainer's memory checkpoints (their shard indexes),
+  // made before this thread lowers itself: its starvation reserve runs at
+  // the priority of the thread that makes it, and must be normal.
+  base::ThreadPool memory_encoder(1, options_.background_priority, PersistGuard());
   // Only now: a restore may wait for a slot that PrepareSlots allocates.
   // The persister waits for the disk and submits writes; the CPU work of a
   // persist is the pool's, at background_priority and guarded against
@@ -921,7 +926,7 @@ void AgentCore::PersistLoop(Trainer* t) {
     while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
       const uint64_t step = t->segment->step(*slot);
       if (IsMemoryCheckpoint(t, step)) {
-        KeepInMemory(t, *slot);
+        KeepInMemory(t, *slot, &memory_encoder);
         continue;
       }
       bool released = false;
@@ -1016,7 +1021,7 @@ ckptd::v1::ShardReport AgentCore::ShardReportOf(Trainer* t, uint64_t step, doubl
   return report;
 }
 
-void AgentCore::KeepInMemory(Trainer* t, uint32_t slot) {
+void AgentCore::KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encoder) {
   const TrainerRegistration& reg = t->reg;
   const uint64_t step = t->segment->step(slot);
   const std::string what = absl::StrCat("job ", reg.job, " rank ", reg.rank, ": memory checkpoint of step ", step);
@@ -1029,10 +1034,9 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot) {
   const absl::Time start = clock_->Now();
   absl::StatusOr<storage::ShardWriteResult> result;
   {
-    base::ThreadPool encoder(1, options_.background_priority, PersistGuard());
     storage::DiscardingFileSystem nowhere;
     result = storage::WriteShard(&nowhere, storage::ShardFileName(reg.rank), {reg.job, step, reg.rank, reg.world_size},
-                                 sources, MemoryShardOptions(options_.write), &encoder);
+                                 sources, MemoryShardOptions(options_.write), encoder);
   }
   const double index_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
   if (!result.ok()) {

@@ -450,8 +450,9 @@ class AgentCore {
   // index is computed as a raw write would make it (MemoryShardOptions,
   // nothing written), the slot is KEPT and sent to the partners, and the
   // coordinator is told (ShardReport.memory_only). Nothing of it reaches
-  // storage. A slot that cannot be kept is reported nowhere.
-  void KeepInMemory(Trainer* t, uint32_t slot);
+  // storage. A slot that cannot be kept is reported nowhere. `encoder`: the
+  // trainer's (one worker, at the persists' priority, guarded).
+  void KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encoder);
   // To the coordinator: a rank's step could not be made a checkpoint; and
   // the report of one that was (persist_seconds: `seconds`).
   void ReportPersistFailed(Trainer* t, uint64_t step, const absl::Status& s);

@@ -14,6 +14,7 @@
 #include "base/posix_error.h"
 #include "base/status_macros.h"
 #include "grpcpp/server_posix.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 
@@ -263,6 +264,7 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string&
 }
 
 void UnixServer::AcceptLoop() {
+  base::SetCallingThreadName("ckptd-accept");
   while (true) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {

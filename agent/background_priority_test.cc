@@ -17,6 +17,7 @@
 #include "base/testing/busy_cpu.h"
 #include "base/testing/capturing_logger.h"
 #include "base/testing/matchers.h"
+#include "base/testing/threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "staging/staging.h"
@@ -26,6 +27,7 @@ namespace ckptd::agent {
 namespace {
 
 using ::ckptd::testing::IsOk;
+using ::ckptd::testing::ThreadsNamed;
 using ::testing::Optional;
 
 // The priority of a thread that wrote checkpoint data: CPU and I/O.
@@ -162,6 +164,18 @@ TEST_F(BackgroundPriorityTest, IdlePersistsAndRestoresFromMemoryAndDisk) {
     EXPECT_EQ(w.policy, mine.policy);
     EXPECT_EQ(w.nice, 19);
     EXPECT_EQ(w.ioprio, kLowestBestEffortIo);
+  }
+  // By name: the trainer's persister at nice 19; every starvation reserve
+  // (the persist pool's, and the one of the trainer's memory-checkpoint
+  // encoder, made by its persister) at this thread's priority, never below.
+  const std::vector<int> persisters = ThreadsNamed("ckptd-persist");
+  ASSERT_EQ(persisters.size(), 1u);
+  EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(persisters[0])), 19);
+  const std::vector<int> reserve = ThreadsNamed("ckptd-reserve");
+  EXPECT_GE(reserve.size(), 2u);
+  for (int tid : reserve) {
+    EXPECT_EQ(::sched_getscheduler(tid), mine.policy);
+    EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(tid)), mine.nice);
   }
   // From memory (the agent checks the kept copy on the restore pool), then
   // from disk (decoded there).

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_status.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 
@@ -273,6 +274,7 @@ absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
 }
 
 void CoordinatorLink::HeartbeatLoop() {
+  base::SetCallingThreadName("ckptd-heartbeat");
   absl::Duration backoff = absl::Milliseconds(100);
   absl::Status last = absl::OkStatus();
   while (true) {
@@ -306,6 +308,7 @@ void CoordinatorLink::HeartbeatLoop() {
 }
 
 void CoordinatorLink::SenderLoop() {
+  base::SetCallingThreadName("ckptd-report");
   while (true) {
     std::vector<ckptd::v1::ShardReport> shards;
     std::vector<ckptd::v1::ReportFailureRequest> failures;

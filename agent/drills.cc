@@ -15,6 +15,7 @@
 #include "storage/layout.h"
 #include "storage/shard_reader.h"
 #include "storage/store.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 
@@ -143,6 +144,7 @@ void DrillExecutor::Ended(Drill* d, const std::string& detail_suffix) {
 }
 
 void DrillExecutor::Run(Drill* d) {
+  base::SetCallingThreadName("ckptd-drill");
   const absl::Status s = Execute(d);
   absl::MutexLock l(&mu_);
   if (!s.ok()) {

@@ -28,6 +28,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server_builder.h"
 #include "rpc/grpc_status.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 namespace {
@@ -256,6 +257,7 @@ class PeerService::Lanes {
   }
 
   void Loop() {
+    base::SetCallingThreadName("ckptd-peer");
     std::list<Handshake> shakes;
     absl::Time listener_paused_until = absl::InfinitePast();
     std::vector<pollfd> fds;
@@ -384,6 +386,7 @@ class PeerService::Lanes {
     const std::string what = lane.front().what;
     try {
       w.thread = std::thread([this, self, fd = std::move(h.fd), p = std::move(lane.front())]() mutable {
+        base::SetCallingThreadName("ckptd-peer-recv");
         Serve(std::move(p), fd);
         {
           absl::MutexLock done(&mu_);

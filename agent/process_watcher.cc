@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/posix_error.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 
@@ -61,6 +62,7 @@ absl::Status ProcessWatcher::Watch(pid_t pid, std::function<void()> on_exit) {
 }
 
 void ProcessWatcher::Loop() {
+  base::SetCallingThreadName("ckptd-procwatch");
   while (true) {
     epoll_event events[16];
     const int n = ::epoll_wait(epoll_fd_, events, 16, -1);

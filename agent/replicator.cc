@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 namespace {
@@ -78,6 +79,7 @@ bool Replicator::WaitIdle(absl::Duration timeout) {
 }
 
 void Replicator::Loop() {
+  base::SetCallingThreadName("ckptd-replicate");
   // Below training: the copies wait for idle cores.
   if (options_.low_priority) (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
   while (true) {

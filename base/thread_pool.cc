@@ -81,6 +81,7 @@ void ThreadPool::Finished() {
 }
 
 void ThreadPool::WorkerLoop() {
+  SetCallingThreadName("ckptd-pool");
   {
     absl::MutexLock l(&mu_);
     worker_tids_.push_back(CurrentThreadId());
@@ -113,6 +114,7 @@ std::optional<ThreadCpuTimes> ThreadPool::SampleWorkers(const std::vector<int>& 
 }
 
 void ThreadPool::ReserveLoop(bool watcher) {
+  SetCallingThreadName("ckptd-reserve");
   // The watcher's window: since when it has looked, and what it saw then.
   struct Window {
     bool open = false;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <set>
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/testing/busy_cpu.h"
+#include "base/testing/threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -490,6 +492,40 @@ TEST(StarvationGuardRealTest, NoGuardForNormalPoolsOrAZeroWindow) {
   EXPECT_EQ(normal.reserve_size(), 0);
   ThreadPool unguarded(2, ThreadPriority::kIdle);
   EXPECT_EQ(unguarded.reserve_size(), 0);
+}
+
+TEST(ThreadPoolTest, WorkersAndTheReserveSayWhatTheyAre) {
+  using ::ckptd::testing::ThreadsNamed;
+  std::string seen;
+  {
+    ThreadPool pool(1);
+    absl::Notification ran;
+    pool.Schedule([&] {
+      std::ifstream f("/proc/self/task/" + std::to_string(::syscall(SYS_gettid)) + "/comm");
+      std::getline(f, seen);
+      ran.Notify();
+    });
+    ran.WaitForNotification();
+  }
+  EXPECT_EQ(seen, "ckptd-pool");
+  // A guarded idle pool's reserve runs at its creator's priority, named so.
+  const int policy = ::sched_getscheduler(0);
+  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  StarvationGuard g;
+  g.after = absl::Seconds(1);
+  ThreadPool idle(2, ThreadPriority::kIdle, g);
+  ASSERT_EQ(idle.reserve_size(), 2);
+  // The reserve threads name themselves once started.
+  std::vector<int> reserve;
+  for (int i = 0; i < 500 && (reserve = ThreadsNamed("ckptd-reserve")).size() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_EQ(reserve.size(), 2u);
+  for (int tid : reserve) {
+    EXPECT_EQ(::sched_getscheduler(tid), policy);
+    EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(tid)), nice);
+  }
+  EXPECT_EQ(ThreadsNamed("ckptd-pool").size(), 2u);
 }
 
 // Spends `cpu` of the calling thread's own CPU time.

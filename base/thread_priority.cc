@@ -1,5 +1,6 @@
 #include "base/thread_priority.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -90,6 +91,12 @@ absl::StatusOr<ThreadCpuTimes> ReadThreadCpuTimes(int tid) {
     return absl::UnavailableError(absl::StrCat(path, ": not the scheduler's counts: \"", line, "\""));
   }
   return ThreadCpuTimes{absl::Nanoseconds(on_cpu), absl::Nanoseconds(waiting)};
+}
+
+void SetCallingThreadName(absl::string_view name) {
+  // The kernel keeps 16 bytes with the terminating zero.
+  const std::string shown(name.substr(0, 15));
+  (void)::pthread_setname_np(::pthread_self(), shown.c_str());
 }
 
 AppliedPriority SetCallingThreadPriority(ThreadPriority priority) {

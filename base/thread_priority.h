@@ -55,6 +55,11 @@ int CurrentThreadId();
 // for the disk and must not be starved of the CPU.
 absl::Status SetCallingThreadLowestIoPriority();
 
+// Names the calling thread (its first 15 bytes) as `ps -L`, `top -H`, perf
+// and /proc/self/task/TID/comm show it. A new thread inherits its creator's
+// name: each of ckptd's threads says what it is. Best effort.
+void SetCallingThreadName(absl::string_view name);
+
 // What the scheduler has counted for one thread of this process
 // (/proc/self/task/TID/schedstat): time on a CPU, and time runnable but
 // waiting for one.

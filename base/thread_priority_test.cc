@@ -5,6 +5,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -117,6 +119,29 @@ TEST(ThreadPriorityTest, AnotherThreadOfTheProcessByItsId) {
   t.join();
   EXPECT_EQ(nice_seen, 19);
   EXPECT_EQ(Nice(), mine);
+}
+
+// What /proc says the calling thread is called.
+std::string CallingThreadComm() {
+  std::ifstream f("/proc/self/task/" + std::to_string(::syscall(SYS_gettid)) + "/comm");
+  std::string name;
+  std::getline(f, name);
+  return name;
+}
+
+TEST(ThreadNameTest, NamesTheCallingThreadOnlyAndCutsAt15Bytes) {
+  const std::string mine = CallingThreadComm();
+  std::string named, cut;
+  std::thread t([&] {
+    SetCallingThreadName("ckptd-persist");
+    named = CallingThreadComm();
+    SetCallingThreadName("a-name-longer-than-fifteen-bytes");
+    cut = CallingThreadComm();
+  });
+  t.join();
+  EXPECT_EQ(named, "ckptd-persist");
+  EXPECT_EQ(cut, "a-name-longer-t");
+  EXPECT_EQ(CallingThreadComm(), mine);
 }
 
 }  // namespace
