@@ -100,6 +100,8 @@ struct Client::Impl {
       const BufferSpec& buf = buffers[b.buffer()];
       if (buf.device.kind() != ckptd::v1::Device::HOST) return;  // below, in order
       uint8_t* dst = static_cast<uint8_t*>(buf.data) + b.offset();
+      // A restarted trainer's state is often new memory: mapped in one call.
+      PrefaultForWrite(dst, b.length());
       if (storage::CopyAndXxh3(dst, base + offsets[b.buffer()] + b.offset(), b.length()) != b.xxh3()) {
         mismatch(b);
       }

@@ -1,5 +1,9 @@
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <thread>
@@ -15,12 +19,30 @@ ParallelCopier::ParallelCopier(int threads)
   if (threads_ > 1) helpers_ = std::make_unique<base::ThreadPool>(threads_ - 1);
 }
 
-void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+void PrefaultForWrite(void* p, size_t n) {
+  // Once refused (an older kernel: EINVAL), not asked again.
+  static std::atomic<bool> unsupported{false};
+  if (n == 0 || unsupported.load(std::memory_order_relaxed)) return;
+  const uintptr_t page = 4096;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) & ~(page - 1);
+  if (end <= start) return;
+  if (::madvise(reinterpret_cast<void*>(start), end - start, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+    unsupported.store(true, std::memory_order_relaxed);
+  }
+}
+
+void ParallelCopier::Copy(void* dst, const void* src, size_t n, bool fresh_dst) {
   // Below a few MiB a single memcpy wins: handing work out costs more.
   constexpr size_t kMinPerThread = 8u << 20;
   const size_t by_size = std::max<size_t>(1, n / kMinPerThread);
   const size_t count = std::min<size_t>(static_cast<size_t>(threads_), by_size);
   if (count <= 1 || helpers_ == nullptr) {
+    if (fresh_dst) PrefaultForWrite(dst, n);
     if (n > 0) std::memcpy(dst, src, n);
     return;
   }
@@ -35,10 +57,12 @@ void ParallelCopier::Copy(void* dst, const void* src, size_t n) {
     if (begin >= end) continue;
     done.Add();
     helpers_->Schedule([=, &done] {
+      if (fresh_dst) PrefaultForWrite(d + begin, end - begin);
       std::memcpy(d + begin, s + begin, end - begin);
       done.Done();
     });
   }
+  if (fresh_dst) PrefaultForWrite(d, std::min(n, per));
   std::memcpy(d, s, std::min(n, per));
   done.Wait();
 }
@@ -80,7 +104,8 @@ class HostCopier final : public DeviceCopier {
   }
   absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
     if (device.kind() != ckptd::v1::Device::HOST) return NotHost(device);
-    copier_.Copy(dst, src, n);
+    // A restore's destination: a restarted trainer's state, often new.
+    copier_.Copy(dst, src, n, /*fresh_dst=*/true);
     return absl::OkStatus();
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
