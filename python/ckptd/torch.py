@@ -828,30 +828,79 @@ class Checkpointer:
 
 
 class ResumableLoader:
-    """A DataLoader over `dataset` that resumes mid-epoch: each epoch reads
-    the samples in an order drawn from (seed, epoch) (or in index order with
-    shuffle=False), and its state_dict() is the data cursor: epoch, samples
-    the training loop has received in it, seed. Batches are counted as the
-    loop receives them, so worker processes reading ahead do not move it.
+    """A DataLoader over `dataset` that resumes mid-epoch, also on another
+    number of ranks. Each epoch reads the samples in an order drawn from
+    (seed, epoch) (or in index order with shuffle=False), the same on every
+    rank. The job consumes that order in steps of world_size × batch_size
+    samples: at each step rank r receives the r-th batch_size of them, so
+    the ranks together read every sample of the epoch once.
+
+    Its state_dict() is the data cursor: the epoch, the position (samples of
+    the epoch's order the whole job has consumed: world_size × batch_size
+    per step), the seed and the world size it was saved with. The position
+    does not depend on the world size: a job restored onto M ranks from a
+    checkpoint of N continues at exactly the same sample, with none
+    repeated or skipped. Steps are counted as the loop receives them, so
+    worker processes reading ahead do not move it.
+
+    The epoch's last step may hold fewer than world_size × batch_size
+    samples: with drop_last=False each rank takes its batch_size of what is
+    left in rank order (the last of them fewer; ranks past the end none),
+    with drop_last=True that step is left out on every rank. A job whose
+    ranks must take the same steps (collectives in every step) should use
+    drop_last=True, or a dataset whose length is a multiple of
+    world_size × batch_size.
 
     Other keyword arguments go to torch.utils.data.DataLoader (num_workers,
     collate_fn, pin_memory, ...), except sampler, batch_sampler, shuffle and
     generator, which it sets. Each epoch starts a new DataLoader.
     """
 
-    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0, drop_last=False, **loader_kwargs):
+    def __init__(self, dataset, batch_size=1, shuffle=True, seed=0, drop_last=False, *, rank=0, world_size=1,
+                 **loader_kwargs):
         for k in ("sampler", "batch_sampler", "shuffle", "generator"):
             if k in loader_kwargs:
                 raise TypeError(f"ResumableLoader sets {k} itself")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"ResumableLoader: batch_size must be a positive integer, got {batch_size!r}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"ResumableLoader: world_size must be a positive integer, got {world_size!r}")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"ResumableLoader: rank must be in [0, {world_size}), got {rank!r}")
         self.dataset, self.batch_size, self.shuffle, self.seed = dataset, batch_size, shuffle, seed
         self.drop_last = drop_last
+        self.rank, self.world_size = rank, world_size
         self.loader_kwargs = loader_kwargs
         self.epoch = 0
-        self.offset = 0
+        self.position = 0
+
+    @property
+    def offset(self):
+        """The position (the name of the single-rank cursor of earlier versions)."""
+        return self.position
+
+    def _stride(self):
+        return self.world_size * self.batch_size
+
+    def _steps(self, n):
+        """Steps of the job in an epoch of n samples."""
+        stride = self._stride()
+        return n // stride if self.drop_last else (n + stride - 1) // stride
+
+    def _slice(self, start, n):
+        """This rank's samples (as positions in the order) of the step that
+        starts at position `start`."""
+        begin = min(n, start + self.rank * self.batch_size)
+        return begin, min(n, begin + self.batch_size)
 
     def __len__(self):
+        """Batches this rank receives in a whole epoch."""
         n = len(self.dataset)
-        return n // self.batch_size if self.drop_last else (n + self.batch_size - 1) // self.batch_size
+        steps = self._steps(n)
+        if steps == 0:
+            return 0
+        begin, end = self._slice((steps - 1) * self._stride(), n)
+        return steps - 1 + (1 if end > begin else 0)
 
     def _generator(self, epoch):
         g = torch.Generator()
@@ -859,7 +908,7 @@ class ResumableLoader:
         return g
 
     def order(self, epoch):
-        """The order of the samples in `epoch`."""
+        """The order of the samples in `epoch` (the same on every rank)."""
         n = len(self.dataset)
         if not self.shuffle:
             return list(range(n))
@@ -867,20 +916,35 @@ class ResumableLoader:
 
     def __iter__(self):
         n = len(self.dataset)
-        order = self.order(self.epoch)[self.offset:]
+        order = self.order(self.epoch)
+        stride = self._stride()
+        # This rank's samples from the position on, in the order it gets
+        # them, and where the job's position is once it has each batch. The
+        # steps start at the position, whatever world size made it.
+        mine, ends = [], []
+        start = self.position
+        while start < n and (not self.drop_last or start + stride <= n):
+            begin, end = self._slice(start, n)
+            if end > begin:
+                mine.extend(order[begin:end])
+                ends.append(min(n, start + stride))
+            start += stride
         # Its own generator: worker seeds come from it, not from torch's
         # global RNG, which a resumed run must find where it was saved.
-        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=order,
-                                             drop_last=self.drop_last, generator=self._generator(self.epoch),
+        loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=mine,
+                                             drop_last=False, generator=self._generator(self.epoch),
                                              **self.loader_kwargs)
-        for batch in loader:
-            self.offset = min(self.offset + self.batch_size, n)
+        for batch, end in zip(loader, ends):
+            self.position = end
             yield batch
         self.epoch += 1
-        self.offset = 0
+        self.position = 0
 
     def state_dict(self):
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed}
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "world_size": self.world_size}
 
     def load_state_dict(self, state):
-        self.epoch, self.offset, self.seed = int(state["epoch"]), int(state["offset"]), int(state["seed"])
+        """Takes a cursor saved with any world size (and the single-rank
+        cursor of earlier versions: epoch, offset, seed)."""
+        position = state["position"] if "position" in state else state["offset"]
+        self.epoch, self.position, self.seed = int(state["epoch"]), int(position), int(state["seed"])

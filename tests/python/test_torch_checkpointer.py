@@ -505,9 +505,100 @@ class CheckpointerTest(AgentTestCase):
             ckpt.track("loader", loader2)
             self.assertEqual(ckpt.restore(), 2)
         self.assertEqual([b[0].tolist() for b in loader2], rest)
-        self.assertEqual(loader2.state_dict(), {"epoch": 1, "offset": 0, "seed": 7})
+        self.assertEqual(loader2.state_dict(), {"epoch": 1, "position": 0, "seed": 7, "world_size": 1})
         self.assertFalse(torch.equal(emb2.weight, expected))  # the weight of step 2, not later
 
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
+class ResumableLoaderTest(unittest.TestCase):
+    """The data cursor across ranks and world sizes: no sample of an epoch
+    repeated or skipped, whatever the world size after a restore."""
+
+    @staticmethod
+    def ranks(n_samples, world_size, batch_size, drop_last=False, seed=3):
+        data = torch.utils.data.TensorDataset(torch.arange(n_samples))
+        return [ckt.ResumableLoader(data, batch_size=batch_size, seed=seed, drop_last=drop_last, rank=r,
+                                    world_size=world_size) for r in range(world_size)]
+
+    @staticmethod
+    def take(loaders, steps):
+        """`steps` steps of the job (each rank one batch, as in lockstep);
+        returns the samples in the order the job consumed them."""
+        its = [iter(l) for l in loaders]
+        seen = []
+        for _ in range(steps):
+            for it in its:
+                batch = next(it, None)
+                if batch is not None:
+                    seen += batch[0].tolist()
+        return seen
+
+    @staticmethod
+    def rest(loaders):
+        seen = []
+        its = [iter(l) for l in loaders]
+        while True:
+            got = False
+            for it in its:
+                batch = next(it, None)
+                if batch is not None:
+                    got = True
+                    seen += batch[0].tolist()
+            if not got:
+                return seen
+
+    def test_the_ranks_split_each_step_and_read_the_epoch_once(self):
+        loaders = self.ranks(50, 4, 2)
+        order = loaders[0].order(0)
+        seen = self.rest(loaders)
+        self.assertEqual(seen, order)  # in the order, rank by rank within a step
+        # Ranks past the end of the last step (2 samples left) get none.
+        self.assertEqual([len(l) for l in loaders], [7, 6, 6, 6])
+        self.assertEqual([l.state_dict()["epoch"] for l in loaders], [1, 1, 1, 1])
+
+    def test_restore_onto_fewer_and_more_ranks_repeats_and_skips_nothing(self):
+        for old, new, steps in [(4, 3, 3), (4, 2, 1), (2, 4, 5), (3, 5, 2), (1, 4, 7), (4, 1, 2)]:
+            with self.subTest(old=old, new=new):
+                before = self.ranks(53, old, 2)
+                order = before[0].order(0)
+                first = self.take(before, steps)
+                states = [l.state_dict() for l in before]
+                self.assertEqual(len({tuple(sorted(st.items())) for st in states}), 1)  # the same on every rank
+                self.assertEqual(states[0]["position"], len(first))
+                after = self.ranks(53, new, 2)
+                for l in after:
+                    l.load_state_dict(states[0])
+                self.assertEqual(first + self.rest(after), order)
+                self.assertEqual({l.state_dict()["epoch"] for l in after}, {1})
+
+    def test_drop_last_leaves_out_the_last_partial_step_on_every_rank(self):
+        loaders = self.ranks(50, 4, 4, drop_last=True)
+        order = loaders[0].order(0)
+        self.assertEqual([len(l) for l in loaders], [3, 3, 3, 3])
+        seen = self.take(loaders, 1)
+        after = self.ranks(50, 3, 4, drop_last=True)
+        for l in after:
+            l.load_state_dict(loaders[0].state_dict())
+        seen += self.rest(after)
+        # 16 consumed at world size 4, then two steps of 12; the 10 left are dropped.
+        self.assertEqual(seen, order[:40])
+
+    def test_a_single_rank_cursor_of_earlier_versions_is_read(self):
+        (loader,) = self.ranks(20, 1, 3)
+        order = loader.order(0)
+        loader.load_state_dict({"epoch": 0, "offset": 6, "seed": 3})
+        self.assertEqual(loader.offset, 6)
+        self.assertEqual(self.rest([loader]), order[6:])
+
+    def test_bad_ranks_world_sizes_and_batch_sizes_are_refused_by_name(self):
+        data = torch.utils.data.TensorDataset(torch.arange(4))
+        for kw, what in [({"rank": 2, "world_size": 2}, "rank"), ({"rank": -1, "world_size": 2}, "rank"),
+                         ({"world_size": 0}, "world_size"), ({"world_size": True}, "world_size"),
+                         ({"batch_size": 0}, "batch_size")]:
+            with self.subTest(kw=kw):
+                with self.assertRaisesRegex(ValueError, what):
+                    ckt.ResumableLoader(data, **kw)
