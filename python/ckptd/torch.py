@@ -882,25 +882,22 @@ class ResumableLoader:
     def _stride(self):
         return self.world_size * self.batch_size
 
-    def _steps(self, n):
-        """Steps of the job in an epoch of n samples."""
+    def _batches(self, start, n):
+        """This rank's batches of an epoch of n samples from job position
+        `start` on: (begin, end) of each in the epoch's order, and where the
+        job's position is once the rank has it. The steps start at `start`,
+        whatever world size made it."""
         stride = self._stride()
-        return n // stride if self.drop_last else (n + stride - 1) // stride
-
-    def _slice(self, start, n):
-        """This rank's samples (as positions in the order) of the step that
-        starts at position `start`."""
-        begin = min(n, start + self.rank * self.batch_size)
-        return begin, min(n, begin + self.batch_size)
+        while start < n and (not self.drop_last or start + stride <= n):
+            begin = min(n, start + self.rank * self.batch_size)
+            end = min(n, begin + self.batch_size)
+            if end > begin:
+                yield begin, end, min(n, start + stride)
+            start += stride
 
     def __len__(self):
         """Batches this rank receives in a whole epoch."""
-        n = len(self.dataset)
-        steps = self._steps(n)
-        if steps == 0:
-            return 0
-        begin, end = self._slice((steps - 1) * self._stride(), n)
-        return steps - 1 + (1 if end > begin else 0)
+        return sum(1 for _ in self._batches(0, len(self.dataset)))
 
     def _generator(self, epoch):
         g = torch.Generator()
@@ -917,18 +914,10 @@ class ResumableLoader:
     def __iter__(self):
         n = len(self.dataset)
         order = self.order(self.epoch)
-        stride = self._stride()
-        # This rank's samples from the position on, in the order it gets
-        # them, and where the job's position is once it has each batch. The
-        # steps start at the position, whatever world size made it.
         mine, ends = [], []
-        start = self.position
-        while start < n and (not self.drop_last or start + stride <= n):
-            begin, end = self._slice(start, n)
-            if end > begin:
-                mine.extend(order[begin:end])
-                ends.append(min(n, start + stride))
-            start += stride
+        for begin, end, after in self._batches(self.position, n):
+            mine.extend(order[begin:end])
+            ends.append(after)
         # Its own generator: worker seeds come from it, not from torch's
         # global RNG, which a resumed run must find where it was saved.
         loader = torch.utils.data.DataLoader(self.dataset, batch_size=self.batch_size, sampler=mine,
