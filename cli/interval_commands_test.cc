@@ -342,9 +342,16 @@ TEST(PlanCommandTest, TableSevenBillion) {
                            HasSubstr("rng"), HasSubstr("7.57 kB"), HasSubstr("data cursor"), HasSubstr("4.10 kB"),
                            HasSubstr("total per rank"), HasSubstr("29.31 GB"), HasSubstr("per node (8 ranks)"),
                            HasSubstr("234.50 GB"), HasSubstr("job (64 ranks)"), HasSubstr("1.88 TB")));
-  EXPECT_THAT(r.out, AllOf(HasSubstr("stall (= δ)"), HasSubstr("1.17 s at 25 GB/s"), HasSubstr("persist P"),
-                           HasSubstr("117.3 s"), HasSubstr("job MTBF M"), HasSubstr("217.0 d"),
-                           HasSubstr("interval τ"), HasSubstr("expected waste"), HasSubstr("waste at 30 min")));
+  // Written once: 112 GB of model state, 1/64 of it per rank.
+  EXPECT_THAT(r.out, AllOf(HasSubstr("written per checkpoint (replicated state once per job, spread over dp 64)"),
+                           HasSubstr("unique (one copy)           112.00 GB    16 B/param, rng and cursor per rank"),
+                           HasSubstr("rank share                  1.75 GB      16 B/param / dp 64, rng, cursor"),
+                           HasSubstr("node share (8 ranks)        14.00 GB\n"),
+                           HasSubstr("job total (64 ranks)        112.00 GB    1× unique")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("stall (= δ)"), HasSubstr("1.17 s: state held at 25 GB/s"),
+                           HasSubstr("persist P                   7.00 s: node share at 2 GB/s"),
+                           HasSubstr("job MTBF M"), HasSubstr("217.0 d"), HasSubstr("interval τ"),
+                           HasSubstr("expected waste"), HasSubstr("waste at 30 min")));
 }
 
 TEST(PlanCommandTest, JsonSevenBillion) {
@@ -358,12 +365,66 @@ TEST(PlanCommandTest, JsonSevenBillion) {
                            HasSubstr("\"dp\":64"), HasSubstr("\"dtype\":\"bf16\""), HasSubstr("\"optimizer\":\"adam\""),
                            HasSubstr("\"bytes_per_param\":{\"weights\":2,\"grads\":2,\"optimizer\":12}")));
   EXPECT_NEAR(JsonNumber(r.out, "stall_seconds"), 29312511668 / 25e9, 1e-5);
-  EXPECT_NEAR(JsonNumber(r.out, "persist_seconds"), 234500093344 / 2e9, 1e-3);
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("\"replicated\":\"once\""), HasSubstr("\"unique_bytes\":112000746752,"),
+                    HasSubstr("\"rank_write_bytes\":1750011668,"), HasSubstr("\"node_write_bytes\":14000093344,"),
+                    HasSubstr("\"job_write_bytes\":112000746752,")));
+  EXPECT_NEAR(JsonNumber(r.out, "persist_seconds"), 14000093344 / 2e9, 1e-5);
   EXPECT_NEAR(JsonNumber(r.out, "mtbf_seconds"), 3600 / (64 * 3e-6), 100);
   const double daly = policy::DalyOptimum(29312511668 / 25e9, 3600 / (64 * 3e-6));
   EXPECT_NEAR(JsonNumber(r.out, "interval_seconds"), daly, daly * 1e-5);
   EXPECT_GT(JsonNumber(r.out, "expected_waste"), 0);
   EXPECT_GT(JsonNumber(r.out, "alternative_waste"), JsonNumber(r.out, "expected_waste"));
+}
+
+// Issue 18: `plan --params 70B --gpus 8192` (dp 8192, ZeRO-0) holds 1.12 TB per
+// rank but writes 1.12 TB per job, a 137 MB share per rank; `--replicated
+// every` gives back what every rank writing its whole state costs.
+TEST(PlanCommandTest, SeventyBillionOn8192GpusWritesOnce) {
+  Result r = Plan({"--params", "70B", "--gpus", "8192"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("(tp 1 × pp 1 × dp 8192), bf16, adam, ZeRO-0"),
+            HasSubstr("total per rank              1.12 TB\n"), HasSubstr("per node (8 ranks)          8.96 TB\n"),
+            HasSubstr("job (8192 ranks)            9.18 PB\n"), HasSubstr("unique (one copy)           1.12 TB "),
+            HasSubstr("rank share                  136.73 MB    16 B/param / dp 8192, rng, cursor"),
+            HasSubstr("node share (8 ranks)        1.09 GB\n"),
+            HasSubstr("job total (8192 ranks)      1.12 TB      1× unique"),
+            HasSubstr("stall (= δ)                 44.8 s: state held"),
+            HasSubstr("persist P                   0.55 s: node share at 2 GB/s"),
+            HasSubstr("interval τ                  3593 s (59.9 min), Daly optimum")));
+  EXPECT_THAT(r.out, Not(HasSubstr("raised to persist time P")));
+
+  Result every = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every"});
+  ASSERT_EQ(every.code, base::kExitOk) << every.err;
+  EXPECT_THAT(every.out, AllOf(HasSubstr("written per checkpoint (by every rank, all it holds)"),
+                               HasSubstr("unique (one copy)           1.12 TB "),
+                               HasSubstr("rank share                  1.12 TB      all it holds"),
+                               HasSubstr("job total (8192 ranks)      9.18 PB      8191× unique"),
+                               HasSubstr("persist P                   4480 s (74.7 min): node share"),
+                               HasSubstr("interval τ                  4480 s (74.7 min), raised to persist time P")));
+
+  Result once = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once", "--json"});
+  ASSERT_EQ(once.code, base::kExitOk) << once.err;
+  ASSERT_TRUE(IsValidJson(once.out)) << once.out;
+  // 70e9 × 16 + 8192 × 11668; 1.12e12 / 8192 + 11668; 8 shares.
+  EXPECT_THAT(once.out,
+              AllOf(HasSubstr("\"replicated\":\"once\""), HasSubstr("\"job_bytes\":9175040095584256,"),
+                    HasSubstr("\"unique_bytes\":1120095584256,"), HasSubstr("\"rank_write_bytes\":136730418,"),
+                    HasSubstr("\"node_write_bytes\":1093843344,"), HasSubstr("\"job_write_bytes\":1120095584256,")));
+  EXPECT_NEAR(JsonNumber(once.out, "persist_seconds"), 1093843344 / 2e9, 1e-5);
+  EXPECT_NEAR(JsonNumber(once.out, "stall_seconds"), 44.8, 1e-5);
+
+  Result every_json = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every", "--json"});
+  ASSERT_EQ(every_json.code, base::kExitOk) << every_json.err;
+  ASSERT_TRUE(IsValidJson(every_json.out)) << every_json.out;
+  EXPECT_THAT(every_json.out,
+              AllOf(HasSubstr("\"replicated\":\"every\""), HasSubstr("\"unique_bytes\":1120095584256,"),
+                    HasSubstr("\"rank_write_bytes\":1120000011668,"), HasSubstr("\"node_write_bytes\":8960000093344,"),
+                    HasSubstr("\"job_write_bytes\":9175040095584256,")));
+  EXPECT_NEAR(JsonNumber(every_json.out, "persist_seconds"), 4480, 1e-3);
+  EXPECT_NEAR(JsonNumber(every_json.out, "interval_seconds"), 4480, 1e-3);
 }
 
 TEST(PlanCommandTest, AllFlags) {
@@ -385,11 +446,15 @@ TEST(PlanCommandTest, AllFlags) {
 TEST(PlanCommandTest, Help) {
   Result r = Plan({"--help"});
   EXPECT_EQ(r.code, base::kExitOk);
-  for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp",
-                           "--gpus-per-node", "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds",
-                           "--alternative-seconds", "--json"}) {
+  for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp", "--gpus-per-node",
+                           "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds", "--alternative-seconds",
+                           "--json", "--replicated once|every"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
+  EXPECT_THAT(r.out, AllOf(HasSubstr("DTensor Replicate"), HasSubstr("the memory tier keeps it"),
+                           HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
+                           HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
+                           HasSubstr("persist P = node share / --write-gbps")));
   EXPECT_THAT(r.out, AllOf(HasSubstr("bytes per parameter"), HasSubstr("fp32 master 4, m 4, v 4"),
                            HasSubstr("ZeRO stage 1 divides the"), HasSubstr("7572 bytes per rank"),
                            HasSubstr("GB = 1e9 bytes"), HasSubstr("not\n  modelled offline")));
@@ -420,6 +485,9 @@ TEST(PlanCommandTest, BadInputIsAUsageError) {
            {{"--params", "7B", "--gpus", "8", "--restart-seconds", "-5"}, "--restart-seconds must not be negative"},
            {{"--params", "7B", "--gpus", "8", "--gpus-per-node", "0"}, "--gpus-per-node must be in 1.."},
            {{"--params", "7B", "--gpus", "8", "--svg", "x"}, "unknown flag --svg"},
+           {{"--params", "7B", "--gpus", "8", "--replicated", "twice"},
+            "--replicated: unknown way to write replicated state \"twice\" (accepted: once, every)"},
+           {{"--params", "7B", "--gpus", "8", "--replicated", "EVERY"}, "--replicated: "},
        }) {
     Result r = Plan(c.argv);
     EXPECT_EQ(r.code, base::kExitUsage) << c.message;

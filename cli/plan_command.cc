@@ -24,9 +24,10 @@ namespace ckptd::cli {
 const char kPlanHelp[] =
     "usage: ckptctl plan --params N --gpus G [options]\n"
     "\n"
-    "Estimates what one checkpoint of a training job holds per rank, per node and\n"
-    "in all, how long it blocks training and takes to persist, and the interval\n"
-    "and waste that follow. Offline arithmetic from the assumptions below.\n"
+    "Estimates the state a training job's ranks hold, the bytes one checkpoint\n"
+    "holds once and that each rank, node and the job write, how long it blocks\n"
+    "training and takes to persist, and the interval and waste that follow.\n"
+    "Offline arithmetic from the assumptions below.\n"
     "\n"
     "  --params N               model parameters: a number (7e9) or one with a\n"
     "                           decimal suffix K, M, B, T (350M, 7B, 1.5T)\n"
@@ -38,6 +39,12 @@ const char kPlanHelp[] =
     "  --pp P                   pipeline-parallel degree (default 1); G must be a\n"
     "                           multiple of T·P, and dp = G/(T·P)\n"
     "  --gpus-per-node K        default 8\n"
+    "  --replicated once|every  state replicated over the data-parallel ranks:\n"
+    "                           once (default): written once per job, its bytes\n"
+    "                           spread evenly over the replicas (the job declares\n"
+    "                           it: ckptd.torch from DTensor Replicate placements\n"
+    "                           or a data-parallel group); every: every rank\n"
+    "                           writes all it holds (a job that declares none)\n"
     "  --d2h-gbps X             device-to-host copy bandwidth per GPU, GB/s\n"
     "                           (default 25)\n"
     "  --write-gbps Y           storage write bandwidth per node, GB/s (default 2)\n"
@@ -45,7 +52,7 @@ const char kPlanHelp[] =
     "  --restart-seconds R      cost of one restart, seconds (default 300)\n"
     "  --alternative-seconds T  interval to compare with, seconds (default 1800)\n"
     "  --json                   one JSON object instead of the table (bytes, seconds,\n"
-    "                           waste as fractions)\n"
+    "                           waste as fractions; the fields below)\n"
     "\n"
     "Assumptions:\n"
     "  bytes per parameter      weights  grads  optimizer state\n"
@@ -58,17 +65,35 @@ const char kPlanHelp[] =
     "    fp32, sgd                 4       4     4: momentum 4\n"
     "  (mixed-precision Adam: 16 bytes per parameter, as in the ZeRO paper)\n"
     "  Each rank holds params/(tp·pp) parameters. ZeRO stage 1 divides the\n"
-    "  optimizer state by dp, stage 2 also the grads, stage 3 also the weights.\n"
+    "  optimizer state by dp, stage 2 also the grads, stage 3 also the weights;\n"
+    "  a component ZeRO does not divide is replicated over the dp ranks.\n"
     "  RNG: 7572 bytes per rank (CPU Mersenne Twister 5056, one CUDA Philox 16,\n"
     "  Python random 2500). Data cursor: 4096 bytes per rank.\n"
-    "  Every rank writes its own shard, data-parallel replicas included; sizes\n"
-    "  are before compression. GB = 1e9 bytes, GB/s = 1e9 bytes/s.\n"
-    "  stall = bytes per rank / --d2h-gbps; persist P = bytes per node /\n"
-    "  --write-gbps (ranks per node = --gpus-per-node, or G when fewer).\n"
+    "  State held: what each rank holds, replicas included. Every rank snapshots\n"
+    "  all of it (the memory tier keeps it, so that a restarted trainer restores\n"
+    "  from its own node's agent): stall = bytes per rank / --d2h-gbps.\n"
+    "  Unique bytes: one copy of each tp/pp shard of weights, grads and optimizer\n"
+    "  state, params × bytes per parameter whatever dp and ZeRO, plus the rng and\n"
+    "  data cursor of every rank (they differ per rank).\n"
+    "  Written: with --replicated once, each rank writes what ZeRO divided and\n"
+    "  1/dp of what it holds replicated (1/dp of its tp/pp shard in all) and its\n"
+    "  rng and cursor, so the job writes the unique bytes. With every, each rank\n"
+    "  writes all it holds. A node writes its ranks' shares (ranks per node =\n"
+    "  --gpus-per-node, or G when fewer); persist P = node share / --write-gbps.\n"
+    "  Sizes are before compression.\n"
+    "  GB = 1e9 bytes, GB/s = 1e9 bytes/s.\n"
     "  δ = stall only: the slowdown of steps while a persist is in flight is not\n"
     "  modelled offline (`ckptctl interval` takes a measured δ).\n"
     "  M = 1/(G·λ); interval = Daly's optimum for (δ, M), never under P;\n"
     "  waste W(τ) = δ/τ + (τ/2 + R)/M (see `ckptctl interval --help`).\n"
+    "\n"
+    "JSON: the inputs (replicated: \"once\" or \"every\"), dp, nodes,\n"
+    "ranks_per_node, params_per_rank, bytes_per_param; state held: rank_bytes\n"
+    "(per component and total), node_bytes (a node's ranks), job_bytes (all ranks);\n"
+    "written per checkpoint: unique_bytes, rank_write_bytes, node_write_bytes,\n"
+    "job_write_bytes; stall_seconds, persist_seconds, mtbf_seconds, mtbf_hours,\n"
+    "cost_seconds (δ), daly_seconds, interval_seconds, interval_minutes,\n"
+    "expected_waste, alternative_waste, reason.\n"
     "\n"
     "exit status: 0 success, 2 usage error\n";
 
@@ -131,7 +156,7 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   auto per_param = [&](double bytes, bool partitioned) {
     return partitioned ? absl::StrFormat("%g B/param / dp %d", bytes, p.dp) : absl::StrFormat("%g B/param", bytes);
   };
-  out << "\nper rank\n";
+  out << "\nstate held per rank\n";
   FigureLine(out, "params (weights)",
              absl::StrFormat("%-12s %s", DecimalBytes(p.params_bytes), per_param(p.per_param.weights, in.zero >= 3)));
   FigureLine(out, "grads",
@@ -145,10 +170,27 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   FigureLine(out, absl::StrFormat("per node (%d ranks)", p.ranks_per_node), DecimalBytes(p.node_bytes));
   FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), DecimalBytes(p.job_bytes));
 
+  const bool once = in.replicated == policy::ReplicatedWrites::kOnce;
+  out << (once ? absl::StrFormat("\nwritten per checkpoint (replicated state once per job, spread over dp %d)\n", p.dp)
+               : std::string("\nwritten per checkpoint (by every rank, all it holds)\n"));
+  const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
+  FigureLine(
+      out, "unique (one copy)",
+      absl::StrFormat("%-12s %g B/param, rng and cursor per rank", DecimalBytes(p.unique_bytes), model_per_param));
+  FigureLine(out, "rank share",
+             absl::StrFormat("%-12s %s", DecimalBytes(p.rank_write_bytes),
+                             once ? absl::StrFormat("%g B/param / dp %d, rng, cursor", model_per_param, p.dp)
+                                  : std::string("all it holds")));
+  FigureLine(out, absl::StrFormat("node share (%d ranks)", p.ranks_per_node), DecimalBytes(p.node_write_bytes));
+  FigureLine(
+      out, absl::StrFormat("job total (%d ranks)", in.gpus),
+      absl::StrFormat("%-12s %.4g× unique", DecimalBytes(p.job_write_bytes), p.job_write_bytes / p.unique_bytes));
+
   out << "\ntime and interval\n";
   FigureLine(out, "stall (= δ)",
-             absl::StrFormat("%s at %g GB/s device-to-host", DurationFigure(p.stall_s), in.d2h_gbps));
-  FigureLine(out, "persist P", absl::StrFormat("%s at %g GB/s per node", DurationFigure(p.persist_s), in.write_gbps));
+             absl::StrFormat("%s: state held at %g GB/s device-to-host", DurationFigure(p.stall_s), in.d2h_gbps));
+  FigureLine(out, "persist P",
+             absl::StrFormat("%s: node share at %g GB/s", DurationFigure(p.persist_s), in.write_gbps));
   FigureLine(
       out, "job MTBF M",
       absl::StrFormat("%s at %g failures per GPU-hour", DurationFigure(p.job_mtbf_s), in.fail_rate_per_gpu_hour));
@@ -171,6 +213,7 @@ std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
   w.Field("pp", in.pp);
   w.Field("dp", p.dp);
   w.Field("gpus_per_node", in.gpus_per_node);
+  w.Field("replicated", policy::ReplicatedWritesName(in.replicated));
   w.Field("nodes", p.nodes);
   w.Field("ranks_per_node", p.ranks_per_node);
   w.Field("d2h_gbps", in.d2h_gbps);
@@ -196,6 +239,10 @@ std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
   w.EndObject();
   w.Field("node_bytes", WholeBytes(p.node_bytes));
   w.Field("job_bytes", WholeBytes(p.job_bytes));
+  w.Field("unique_bytes", WholeBytes(p.unique_bytes));
+  w.Field("rank_write_bytes", WholeBytes(p.rank_write_bytes));
+  w.Field("node_write_bytes", WholeBytes(p.node_write_bytes));
+  w.Field("job_write_bytes", WholeBytes(p.job_write_bytes));
   w.Field("stall_seconds", p.stall_s);
   w.Field("persist_seconds", p.persist_s);
   w.Field("mtbf_seconds", p.job_mtbf_s);
@@ -214,9 +261,9 @@ std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
 int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<base::Args> args =
       base::Args::Parse(argv,
-                  {"params", "gpus", "dtype", "optimizer", "zero", "tp", "pp", "gpus-per-node", "d2h-gbps",
-                   "write-gbps", "fail-rate", "restart-seconds", "alternative-seconds"},
-                  {"json", "help"});
+                        {"params", "gpus", "dtype", "optimizer", "zero", "tp", "pp", "gpus-per-node", "replicated",
+                         "d2h-gbps", "write-gbps", "fail-rate", "restart-seconds", "alternative-seconds"},
+                        {"json", "help"});
   auto usage = [&](absl::string_view why) {
     err << "ckptctl plan: " << why << "\n(`ckptctl plan --help` describes the flags)\n";
     return base::kExitUsage;
@@ -253,6 +300,11 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
   if (absl::Status s = policy::BytesPerParameter("bf16", in.optimizer).status(); !s.ok()) {
     return usage(absl::StrCat("--optimizer: ", s.message()));
+  }
+  if (std::optional<std::string> replicated = args->Get("replicated")) {
+    absl::StatusOr<policy::ReplicatedWrites> r = policy::ParseReplicatedWrites(*replicated);
+    if (!r.ok()) return usage(absl::StrCat("--replicated: ", r.status().message()));
+    in.replicated = *r;
   }
   if (in.gpus % (int64_t{in.tp} * in.pp) != 0) {
     return usage(absl::StrCat("--gpus ", in.gpus, " is not a multiple of --tp × --pp = ", int64_t{in.tp} * in.pp,

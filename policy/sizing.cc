@@ -34,6 +34,10 @@ absl::Status Validate(const PlanInputs& in) {
   if (!(std::isfinite(in.restart_s) && in.restart_s >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("restart_s must be non-negative and finite, got ", in.restart_s));
   }
+  if (in.replicated != ReplicatedWrites::kOnce && in.replicated != ReplicatedWrites::kEvery) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replicated must be once or every, got ", static_cast<int>(in.replicated)));
+  }
   if (in.zero < 0 || in.zero > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero stage must be 0, 1, 2 or 3, got ", in.zero));
   }
@@ -46,6 +50,15 @@ absl::Status Validate(const PlanInputs& in) {
 }
 
 }  // namespace
+
+absl::StatusOr<ReplicatedWrites> ParseReplicatedWrites(absl::string_view name) {
+  if (name == "once") return ReplicatedWrites::kOnce;
+  if (name == "every") return ReplicatedWrites::kEvery;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown way to write replicated state \"", name, "\" (accepted: once, every)"));
+}
+
+absl::string_view ReplicatedWritesName(ReplicatedWrites r) { return r == ReplicatedWrites::kEvery ? "every" : "once"; }
 
 absl::StatusOr<BytesPerParam> BytesPerParameter(absl::string_view dtype, absl::string_view optimizer) {
   BytesPerParam b;
@@ -94,8 +107,20 @@ absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in) {
   p.node_bytes = p.rank_bytes * p.ranks_per_node;
   p.job_bytes = p.rank_bytes * in.gpus;
 
+  const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
+  const double per_rank_fixed = p.rng_bytes + p.data_cursor_bytes;
+  p.unique_bytes = in.params * model_per_param + in.gpus * per_rank_fixed;
+  // kOnce: a component ZeRO partitions is already 1/dp of the tp/pp shard per
+  // rank, and one it does not is replicated over dp ranks that write 1/dp of
+  // it each, so every component's share is 1/dp of the shard.
+  p.rank_write_bytes = in.replicated == ReplicatedWrites::kEvery
+                           ? p.rank_bytes
+                           : p.params_per_rank * model_per_param / dp + per_rank_fixed;
+  p.node_write_bytes = p.rank_write_bytes * p.ranks_per_node;
+  p.job_write_bytes = p.rank_write_bytes * in.gpus;
+
   p.stall_s = p.rank_bytes / (in.d2h_gbps * 1e9);
-  p.persist_s = p.node_bytes / (in.write_gbps * 1e9);
+  p.persist_s = p.node_write_bytes / (in.write_gbps * 1e9);
   p.job_mtbf_s = JobMtbfSeconds(in.fail_rate_per_gpu_hour, in.gpus);
   p.delta_s = p.stall_s;
 

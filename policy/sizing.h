@@ -1,6 +1,7 @@
-// The capacity planner behind `ckptctl plan`: how many bytes each rank, node
-// and the job checkpoint for a model and parallel layout, how long the
-// blocking copy and the persist take, and the interval and waste that follow.
+// The capacity planner behind `ckptctl plan`: how many bytes each rank holds
+// and writes for a model and parallel layout, how many one checkpoint of the
+// job holds uniquely, how long the blocking copy and the persist take, and the
+// interval and waste that follow.
 // An offline estimate from stated assumptions (docs/interval.md), not a
 // measurement.
 #pragma once
@@ -25,6 +26,20 @@ inline constexpr double kDataCursorBytesPerRank = 4096;
 // scale per block and state (bitsandbytes' blockwise quantization).
 inline constexpr double kQuantBlock = 2048;
 
+// How state replicated over the data-parallel ranks is written.
+enum class ReplicatedWrites {
+  // Once per job, its bytes spread evenly over the dp replicas: the job
+  // declares its replicated state (ckptd.torch from DTensor Replicate
+  // placements, or a data-parallel group).
+  kOnce,
+  // Every rank writes its whole state, replicas included: what a job that
+  // does not declare its replicated state gets.
+  kEvery,
+};
+// "once" | "every"; kInvalidArgument naming the text and the accepted names.
+absl::StatusOr<ReplicatedWrites> ParseReplicatedWrites(absl::string_view name);
+absl::string_view ReplicatedWritesName(ReplicatedWrites r);
+
 struct PlanInputs {
   double params = 0;             // parameters of the whole model
   int gpus = 0;                  // one rank per GPU
@@ -33,6 +48,7 @@ struct PlanInputs {
   int zero = 0;                  // ZeRO stage 0..3
   int tp = 1, pp = 1;            // tensor- and pipeline-parallel degrees
   int gpus_per_node = 8;
+  ReplicatedWrites replicated = ReplicatedWrites::kOnce;
   double d2h_gbps = 25;          // device-to-host copy per GPU, GB/s (1e9 bytes/s)
   double write_gbps = 2;         // storage write per node, GB/s
   double fail_rate_per_gpu_hour = 3e-6;
@@ -62,9 +78,10 @@ struct Plan {
   double params_per_rank = 0;  // params / (tp·pp)
   BytesPerParam per_param;
 
-  // Bytes per rank, each component after ZeRO partitioning (stage 1 divides the
-  // optimizer state by dp, 2 also the grads, 3 also the weights). Every rank
-  // writes its own shard: replicated state is counted on every replica.
+  // State held: bytes per rank, each component after ZeRO partitioning (stage
+  // 1 divides the optimizer state by dp, 2 also the grads, 3 also the
+  // weights); a component ZeRO does not partition is replicated over the dp
+  // ranks. Every rank snapshots all of it.
   double params_bytes = 0;
   double grads_bytes = 0;
   double optimizer_bytes = 0;
@@ -72,10 +89,20 @@ struct Plan {
   double data_cursor_bytes = 0;
   double rank_bytes = 0;  // the sum of the five
   double node_bytes = 0;  // rank_bytes × ranks_per_node
-  double job_bytes = 0;   // rank_bytes × gpus
+  double job_bytes = 0;   // rank_bytes × gpus: held by all ranks, replicas included
 
-  double stall_s = 0;    // rank_bytes / d2h bandwidth: the blocking copy
-  double persist_s = 0;  // node_bytes / write bandwidth (uncompressed)
+  // Written per checkpoint. unique_bytes: one copy of each tp/pp shard of
+  // weights, grads and optimizer state (params × bytes per parameter, whatever
+  // dp and ZeRO) plus rng and data cursor for every rank, which differ per rank.
+  double unique_bytes = 0;
+  // Each rank's share. kOnce: its partitioned components, 1/dp of its
+  // replicated ones, rng and cursor; kEvery: rank_bytes.
+  double rank_write_bytes = 0;
+  double node_write_bytes = 0;  // rank_write_bytes × ranks_per_node
+  double job_write_bytes = 0;   // rank_write_bytes × gpus: unique_bytes with kOnce
+
+  double stall_s = 0;    // rank_bytes / d2h bandwidth: the blocking copy of the whole state
+  double persist_s = 0;  // node_write_bytes / write bandwidth (uncompressed)
   double job_mtbf_s = 0;
   // δ = stall_s: the slowdown of steps while a persist is in flight is not
   // modelled offline (the live policy measures it).
@@ -86,7 +113,7 @@ struct Plan {
 // kInvalidArgument naming the input and value when it is out of range: params,
 // gpus, bandwidths and the failure rate must be positive (and finite); zero in
 // 0..3; tp, pp, gpus_per_node ≥ 1; gpus a multiple of tp·pp; restart ≥ 0;
-// alternative > 0; dtype and optimizer known.
+// alternative > 0; dtype and optimizer known; replicated kOnce or kEvery.
 absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in);
 
 }  // namespace ckptd::policy

@@ -71,8 +71,15 @@ TEST(PlanCheckpointTest, SevenBillionZero1) {
   EXPECT_DOUBLE_EQ(p->rank_bytes, rank);
   EXPECT_DOUBLE_EQ(p->node_bytes, 8 * rank);
   EXPECT_DOUBLE_EQ(p->job_bytes, 64 * rank);
-  EXPECT_DOUBLE_EQ(p->stall_s, rank / 25e9);     // ≈ 1.17 s
-  EXPECT_DOUBLE_EQ(p->persist_s, 8 * rank / 2e9);  // ≈ 117 s
+  // Written once: weights and grads are replicated over the 64 ranks, each
+  // writes 1/64 of them and its own 1/64 of the optimizer state.
+  const double share = 112e9 / 64 + 7572 + 4096;
+  EXPECT_DOUBLE_EQ(p->unique_bytes, 112e9 + 64 * (7572 + 4096));
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, share);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 8 * share);
+  EXPECT_DOUBLE_EQ(p->job_write_bytes, 64 * share);
+  EXPECT_DOUBLE_EQ(p->stall_s, rank / 25e9);        // ≈ 1.17 s: the whole state
+  EXPECT_DOUBLE_EQ(p->persist_s, 8 * share / 2e9);  // ≈ 7 s: the node's share
   EXPECT_DOUBLE_EQ(p->delta_s, p->stall_s);
   EXPECT_DOUBLE_EQ(p->job_mtbf_s, 3600 / (64 * 3e-6));  // ≈ 217 days
   // Daly for δ ≈ 1.17 s, M ≈ 1.9e7 s: sqrt(2δM) ≈ 6.6e3 s, above P.
@@ -124,12 +131,13 @@ TEST(PlanCheckpointTest, ModelParallelSplitsParameters) {
 
 TEST(PlanCheckpointTest, PersistFloorsTheInterval) {
   // Slow storage: fp32 Adam, no ZeRO, 8 ranks per node of 1e9 params each
-  // (16 GB per rank) at 0.1 GB/s: persist 1280 s; a high failure rate makes
-  // Daly shorter than that.
+  // (16 GB per rank), each written by every rank, at 0.1 GB/s: persist 1280 s;
+  // a high failure rate makes Daly shorter than that.
   PlanInputs in;
   in.params = 1e9;
   in.gpus = 8;
   in.dtype = "fp32";
+  in.replicated = ReplicatedWrites::kEvery;
   in.write_gbps = 0.1;
   in.fail_rate_per_gpu_hour = 0.01;  // M = 12.5 h, δ = 0.64 s: Daly ≈ 240 s
   absl::StatusOr<Plan> p = PlanCheckpoint(in);
@@ -149,6 +157,163 @@ TEST(PlanCheckpointTest, FewerGpusThanANode) {
   EXPECT_EQ(p->nodes, 1);
   EXPECT_EQ(p->ranks_per_node, 2);
   EXPECT_DOUBLE_EQ(p->node_bytes, p->job_bytes);
+}
+
+// Issue 18: the planner counts what is written. 70B, 8192 GPUs, ZeRO-0 (the
+// defaults): every rank holds 1.12 TB, but the job's state is 16 B/param ×
+// 70e9 = 1.12 TB, written once, each rank a 1/8192 sliver.
+TEST(PlanCheckpointTest, SeventyBillionOn8192GpusWritesTheStateOnce) {
+  PlanInputs in;
+  in.params = 70e9;
+  in.gpus = 8192;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const double fixed = 7572 + 4096;
+  EXPECT_EQ(p->dp, 8192);
+  EXPECT_DOUBLE_EQ(p->rank_bytes, 1.12e12 + fixed);          // held: the whole model state
+  EXPECT_DOUBLE_EQ(p->job_bytes, 8192 * (1.12e12 + fixed));  // ≈ 9.18 PB held
+  EXPECT_DOUBLE_EQ(p->unique_bytes, 1.12e12 + 8192 * fixed);
+  const double share = 1.12e12 / 8192 + fixed;  // ≈ 136.73 MB
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, share);
+  EXPECT_NEAR(p->rank_write_bytes, 136.73e6, 0.01e6);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 8 * share);
+  EXPECT_DOUBLE_EQ(p->job_write_bytes, p->unique_bytes);
+  EXPECT_DOUBLE_EQ(p->stall_s, (1.12e12 + fixed) / 25e9);  // the whole state is snapshotted: 44.8 s
+  EXPECT_DOUBLE_EQ(p->persist_s, 8 * share / 2e9);         // ≈ 0.55 s
+  EXPECT_LT(p->persist_s, 1);
+  // Daly's optimum (≈ 60 min) stands: the persist no longer raises it.
+  EXPECT_EQ(p->interval.reason, "Daly optimum");
+  EXPECT_DOUBLE_EQ(p->interval.interval_s, DalyOptimum(p->delta_s, p->job_mtbf_s));
+  EXPECT_LT(p->interval.interval_s, 3600);
+
+  // Without declared replicated state every rank writes its 1.12 TB: 9.18 PB
+  // per job and a 75-minute persist that raises the interval.
+  in.replicated = ReplicatedWrites::kEvery;
+  absl::StatusOr<Plan> every = PlanCheckpoint(in);
+  ASSERT_TRUE(every.ok()) << every.status();
+  EXPECT_DOUBLE_EQ(every->unique_bytes, p->unique_bytes);
+  EXPECT_DOUBLE_EQ(every->rank_bytes, p->rank_bytes);
+  EXPECT_DOUBLE_EQ(every->rank_write_bytes, 1.12e12 + fixed);
+  EXPECT_DOUBLE_EQ(every->job_write_bytes, 8192 * (1.12e12 + fixed));
+  EXPECT_NEAR(every->job_write_bytes, 9.18e15, 0.005e15);
+  EXPECT_DOUBLE_EQ(every->persist_s, 8 * (1.12e12 + fixed) / 2e9);  // ≈ 4480 s
+  EXPECT_EQ(every->interval.reason, "raised to persist time P");
+  EXPECT_DOUBLE_EQ(every->interval.interval_s, every->persist_s);
+  EXPECT_DOUBLE_EQ(every->stall_s, p->stall_s);
+}
+
+// Whatever the ZeRO stage, `once` writes 1/dp of each rank's tp/pp shard of
+// the model state; `every` writes what the rank holds, which ZeRO shrinks.
+TEST(PlanCheckpointTest, WrittenBytesAcrossZeroStages) {
+  const double fixed = 7572 + 4096;
+  const double unique = 7e9 * 16 + 64 * fixed;
+  const double once_share = 7e9 * 16 / 64 + fixed;
+  struct Case {
+    int zero;
+    double held;  // per rank
+  };
+  for (const Case& c : {Case{0, 7e9 * 16 + fixed}, Case{1, 7e9 * 4 + 7e9 * 12 / 64 + fixed},
+                        Case{2, 7e9 * 2 + 7e9 * 14 / 64 + fixed}, Case{3, 7e9 * 16 / 64 + fixed}}) {
+    PlanInputs in = SevenB();
+    in.zero = c.zero;
+    absl::StatusOr<Plan> once = PlanCheckpoint(in);
+    ASSERT_TRUE(once.ok()) << once.status();
+    EXPECT_DOUBLE_EQ(once->rank_bytes, c.held) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->unique_bytes, unique) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->rank_write_bytes, once_share) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->node_write_bytes, 8 * once_share) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->job_write_bytes, unique) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->persist_s, 8 * once_share / 2e9) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(once->stall_s, c.held / 25e9) << "ZeRO-" << c.zero;
+
+    in.replicated = ReplicatedWrites::kEvery;
+    absl::StatusOr<Plan> every = PlanCheckpoint(in);
+    ASSERT_TRUE(every.ok()) << every.status();
+    EXPECT_DOUBLE_EQ(every->unique_bytes, unique) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(every->rank_write_bytes, c.held) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(every->node_write_bytes, 8 * c.held) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(every->job_write_bytes, 64 * c.held) << "ZeRO-" << c.zero;
+    EXPECT_DOUBLE_EQ(every->persist_s, 8 * c.held / 2e9) << "ZeRO-" << c.zero;
+    // ZeRO-3 partitions everything: nothing is replicated, so both write the same.
+    if (c.zero == 3) {
+      EXPECT_DOUBLE_EQ(every->rank_write_bytes, once->rank_write_bytes);
+    } else {
+      EXPECT_GT(every->rank_write_bytes, 2 * once->rank_write_bytes) << "ZeRO-" << c.zero;
+    }
+  }
+}
+
+TEST(PlanCheckpointTest, WrittenBytesWithModelParallelism) {
+  // 70B, 512 GPUs, tp 8, pp 4, ZeRO-1: dp 16; each rank holds 70e9/32
+  // parameters' weights and grads whole and 1/16 of their optimizer state.
+  PlanInputs in;
+  in.params = 70e9;
+  in.gpus = 512;
+  in.tp = 8;
+  in.pp = 4;
+  in.zero = 1;
+  const double fixed = 7572 + 4096;
+  const double shard = 70e9 / 32;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->unique_bytes, 70e9 * 16 + 512 * fixed);
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, shard * 16 / 16 + fixed);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 8 * (shard + fixed));
+  EXPECT_NEAR(p->job_write_bytes, p->unique_bytes, p->unique_bytes * 1e-12);
+  EXPECT_DOUBLE_EQ(p->rank_bytes, shard * 4 + shard * 12 / 16 + fixed);
+
+  in.replicated = ReplicatedWrites::kEvery;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, shard * 4 + shard * 12 / 16 + fixed);
+  EXPECT_DOUBLE_EQ(p->job_write_bytes, 512 * (shard * 4 + shard * 12 / 16 + fixed));
+
+  // dp 1 (tp·pp = G): nothing is replicated; both ways write what is held.
+  in.gpus = 32;
+  in.zero = 0;
+  for (ReplicatedWrites r : {ReplicatedWrites::kOnce, ReplicatedWrites::kEvery}) {
+    in.replicated = r;
+    p = PlanCheckpoint(in);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->dp, 1);
+    EXPECT_DOUBLE_EQ(p->rank_write_bytes, p->rank_bytes) << ReplicatedWritesName(r);
+    EXPECT_DOUBLE_EQ(p->job_write_bytes, p->unique_bytes) << ReplicatedWritesName(r);
+  }
+}
+
+TEST(PlanCheckpointTest, WrittenBytesOnFewerGpusThanANode) {
+  // 1e8 params on 2 GPUs, ZeRO-0, dp 2: one node of 2 ranks writes the job.
+  PlanInputs in;
+  in.params = 1e8;
+  in.gpus = 2;
+  const double fixed = 7572 + 4096;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, 1e8 * 16 / 2 + fixed);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, p->job_write_bytes);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 1.6e9 + 2 * fixed);
+  EXPECT_DOUBLE_EQ(p->job_write_bytes, p->unique_bytes);
+  EXPECT_DOUBLE_EQ(p->persist_s, (1.6e9 + 2 * fixed) / 2e9);
+  in.replicated = ReplicatedWrites::kEvery;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 2 * (1.6e9 + fixed));
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, p->node_bytes);
+}
+
+TEST(ReplicatedWritesTest, NamesRoundTripAndUnknownOnesListTheAccepted) {
+  for (ReplicatedWrites r : {ReplicatedWrites::kOnce, ReplicatedWrites::kEvery}) {
+    absl::StatusOr<ReplicatedWrites> parsed = ParseReplicatedWrites(ReplicatedWritesName(r));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, r);
+  }
+  EXPECT_EQ(ReplicatedWritesName(ReplicatedWrites::kOnce), "once");
+  EXPECT_EQ(ReplicatedWritesName(ReplicatedWrites::kEvery), "every");
+  absl::StatusOr<ReplicatedWrites> bad = ParseReplicatedWrites("twice");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), AllOf(HasSubstr("\"twice\""), HasSubstr("accepted: once, every")));
+  EXPECT_FALSE(ParseReplicatedWrites("Once").ok());
+  EXPECT_FALSE(ParseReplicatedWrites("").ok());
 }
 
 TEST(PlanCheckpointTest, InvalidInputsNameTheValue) {
@@ -178,6 +343,7 @@ TEST(PlanCheckpointTest, InvalidInputsNameTheValue) {
   with([](PlanInputs& in) { in.fail_rate_per_gpu_hour = 0; }, "fail_rate_per_gpu_hour");
   with([](PlanInputs& in) { in.restart_s = -3; }, "restart_s must be non-negative and finite, got -3");
   with([](PlanInputs& in) { in.alternative_s = 0; }, "alternative_s");
+  with([](PlanInputs& in) { in.replicated = static_cast<ReplicatedWrites>(7); }, "replicated must be once or every");
   for (const Case& c : cases) {
     absl::StatusOr<Plan> p = PlanCheckpoint(c.in);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.want;
