@@ -20,6 +20,7 @@ const char kUsage[] =
     "offline commands (a shard file or a storage root, no coordinator):\n"
     "  inspect <shard file>   show the tensors, components, dtypes, sizes, chunks and codecs of a shard\n"
     "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
+    "  export --root <dir> --job J --out DIR   write a committed step's full tensors as safetensors\n"
     "  start-fresh --root <dir> --job J   let a job whose committed steps are all damaged start from scratch\n"
     "  interval               the checkpoint interval for a failure rate and costs (or a live job's,\n"
     "                         with --job and --coordinator), and its expected waste\n"
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
   if (command == "inspect") return ckptd::cli::RunInspect(fs.get(), args, std::cout, std::cerr);
+  if (command == "export") return ckptd::cli::RunExport(fs.get(), args, std::cout, std::cerr);
   if (command == "start-fresh") return ckptd::cli::RunStartFresh(fs.get(), args, std::cout, std::cerr);
   const ckptd::cli::CoordinatorApiFactory remote = ckptd::cli::NewRemoteCoordinatorApi;
   if (command == "verify") return ckptd::cli::RunVerifyCommand(fs.get(), args, remote, std::cout, std::cerr);

@@ -19,6 +19,7 @@
 #include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
+#include "storage/safetensors_export.h"
 #include "storage/shard_reader.h"
 #include "storage/store.h"
 
@@ -48,6 +49,33 @@ const char kVerifyHelp[] =
     "\n"
     "exit status: 0 all verified, 1 a step failed (or the job/step named is not\n"
     "committed), 2 usage error\n";
+
+const char kExportHelp[] =
+    "usage: ckptctl export --root <dir> --job J [--step S] --out DIR [--format safetensors]\n"
+    "                      [--components LIST] [--max-file-bytes N] [--threads N] [--json]\n"
+    "\n"
+    "Writes the full (unsharded) tensors of a committed step as safetensors files,\n"
+    "the format inference and evaluation tools read. A tensor sharded over ranks\n"
+    "(a global shape and each rank's offsets) is put together from every rank's\n"
+    "slice; a tensor replicated over ranks is written once. Every byte is checked\n"
+    "against the shards' checksums on the way out. Files are written under a\n"
+    "temporary name and renamed into DIR (created if missing); files of the same\n"
+    "names there are replaced.\n"
+    "\n"
+    "  --step S            default: the newest intact committed step\n"
+    "  --format F          safetensors (the only format, and the default)\n"
+    "  --components LIST   comma-separated: params (default), grads, optimizer, rng,\n"
+    "                      data_cursor, or all; rng and data_cursor are bytes (U8),\n"
+    "                      each rank's named rank<r>/<name>\n"
+    "  --max-file-bytes N  tensors beyond N bytes (K/M/G/T suffixes: powers of 1024)\n"
+    "                      go into several files, model-00001-of-0000N.safetensors,\n"
+    "                      with model.safetensors.index.json naming each tensor's\n"
+    "                      file (default 5000000000; one file: model.safetensors)\n"
+    "  --threads N         decoder threads, 1..1024 (default: one per hardware thread)\n"
+    "  --json              one JSON object: the files and every tensor\n"
+    "\n"
+    "exit status: 0 exported, 1 the step cannot be exported (not committed,\n"
+    "quarantined, damaged, tensors whose slices do not fit together), 2 usage error\n";
 
 const char kStartFreshHelp[] =
     "usage: ckptctl start-fresh --root <dir> --job J [--note TEXT]\n"
@@ -395,6 +423,87 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
     out << absl::StrFormat("%d step(s) checked, %d failed: %s\n", checked, failed, ok ? "OK" : "FAILED");
   }
   return ok ? base::kExitOk : base::kExitFailed;
+}
+
+int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+              std::ostream& err) {
+  absl::StatusOr<base::Args> args = base::Args::Parse(
+      argv, {"root", "job", "step", "out", "format", "components", "max-file-bytes", "threads"}, {"json", "help"});
+  if (args.ok() && args->Has("help")) {
+    out << kExportHelp;
+    return base::kExitOk;
+  }
+  auto usage = [&](absl::string_view why) {
+    err << "ckptctl export: " << why << "\n(`ckptctl export --help` describes the flags)\n";
+    return base::kExitUsage;
+  };
+  if (!args.ok()) return usage(args.status().message());
+  for (const char* flag : {"root", "job", "out"}) {
+    if (!args->Get(flag)) return usage(absl::StrCat("--", flag, " is required"));
+  }
+  if (!args->positional().empty()) return usage(absl::StrCat("unexpected argument \"", args->positional()[0], "\""));
+  if (absl::Status s = storage::ValidateJobName(*args->Get("job")); !s.ok()) return usage(s.message());
+  if (std::optional<std::string> format = args->Get("format"); format && *format != "safetensors") {
+    return usage(absl::StrCat("--format: \"", absl::CHexEscape(*format), "\" is not a format (safetensors)"));
+  }
+  storage::SafetensorsExportOptions options;
+  absl::StatusOr<std::optional<uint64_t>> step = args->GetUint("step");
+  if (!step.ok()) return usage(step.status().message());
+  for (absl::Status s : {args->ReadUint("max-file-bytes", 1, UINT64_MAX, &options.max_file_bytes, true),
+                         args->ReadUint("threads", 1, base::kMaxThreads, &options.threads)}) {
+    if (!s.ok()) return usage(s.message());
+  }
+  if (std::optional<std::string> list = args->Get("components")) {
+    absl::StatusOr<std::vector<ckptd::v1::Component>> components = storage::ParseComponentList(*list);
+    if (!components.ok()) return usage(absl::StrCat("--components: ", components.status().message()));
+    options.components = *std::move(components);
+  }
+  storage::CheckpointStore store(fs, *args->Get("root"));
+  const std::string dir = *args->Get("out");
+  absl::StatusOr<storage::SafetensorsExport> done =
+      storage::ExportSafetensors(store, *args->Get("job"), *step, dir, options);
+  if (!done.ok()) {
+    err << "ckptctl export: " << base::TerminalSafe(done.status().message()) << "\n";
+    return base::kExitFailed;
+  }
+  if (args->Has("json")) {
+    JsonWriter w;
+    w.BeginObject();
+    w.Field("job", done->job);
+    w.Field("step", done->step);
+    w.Field("out", dir);
+    w.Field("bytes", done->bytes);
+    w.Key("files");
+    w.BeginArray();
+    for (const std::string& f : done->files) w.String(f);
+    w.EndArray();
+    w.Key("tensors");
+    w.BeginArray();
+    for (const storage::ExportedTensor& t : done->tensors) {
+      w.BeginObject();
+      w.Field("name", t.name);
+      w.Field("file", t.file);
+      w.Field("dtype", t.dtype);
+      w.Key("shape");
+      w.BeginArray();
+      for (uint64_t d : t.shape) w.Uint(d);
+      w.EndArray();
+      w.Field("bytes", t.bytes);
+      w.Field("slices", t.slices);
+      w.EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    out << w.str() << "\n";
+    return base::kExitOk;
+  }
+  int assembled = 0;
+  for (const storage::ExportedTensor& t : done->tensors) assembled += t.slices > 1 ? 1 : 0;
+  out << absl::StrFormat("exported step %d of job %s: %d tensors (%d put together from several ranks), %s, to %s\n",
+                         done->step, done->job, done->tensors.size(), assembled, base::HumanBytes(done->bytes),
+                         base::TerminalSafe(dir));
+  for (const std::string& f : done->files) out << "  " << f << "\n";
+  return base::kExitOk;
 }
 
 int RunStartFresh(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,

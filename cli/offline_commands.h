@@ -1,5 +1,5 @@
 // ckptctl commands that work on a storage root or a shard file directly,
-// without a coordinator: inspect, offline verify, and start-fresh.
+// without a coordinator: inspect, offline verify, export and start-fresh.
 #pragma once
 
 #include <ostream>
@@ -29,6 +29,15 @@ int RunVerify(storage::FileSystem* fs, const std::vector<std::string>& argv, std
 int RunStartFresh(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
                   std::ostream& err);
 
+// ckptctl export --root <dir> --job J [--step S] --out DIR [--format safetensors]
+//                [--components LIST] [--max-file-bytes N] [--threads N] [--json]
+// Writes a committed step's full tensors as safetensors files
+// (storage::ExportSafetensors). Exit 0 when written, 1 when the step cannot
+// be exported, 2 on usage errors.
+int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std::ostream& out,
+              std::ostream& err);
+
+extern const char kExportHelp[];
 extern const char kStartFreshHelp[];
 extern const char kInspectHelp[];
 extern const char kVerifyHelp[];

@@ -61,3 +61,16 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$TOOLS/promtool" ]; then
   fi
   rm -rf "$tmp"
 fi
+
+# tests/python/test_export.py reads an exported step back with the
+# safetensors package from PyPI (with Debian's numpy), which Debian does not
+# ship: it goes into .tools/python. Best effort: without it (no network to
+# PyPI) that one test is reported as skipped.
+if [ ! -d "$TOOLS/python/safetensors" ] && [ -x /usr/bin/python3 ]; then
+  if timeout 300 /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+       --target "$TOOLS/python" safetensors >/dev/null 2>&1; then
+    echo "install-deps: safetensors installed into .tools/python"
+  else
+    echo "install-deps: could not install safetensors from PyPI; its export test will be skipped"
+  fi
+fi

@@ -1,7 +1,11 @@
 #include "storage/shard_reader.h"
 
 #include "absl/strings/string_view.h"
+#include <algorithm>
+#include <cstring>
 #include <deque>
+#include <map>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
@@ -37,13 +41,21 @@ int ChunkOfMessage(absl::string_view message) {
 }  // namespace
 
 struct ShardReader::Job {
+  // Part of a decoded block copied out: `length` bytes at `offset` in it.
+  struct Copy {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint8_t* to = nullptr;
+  };
   struct Item {
     int tensor = 0;
     int block = 0;
-    uint8_t* dest = nullptr;  // null: decode into the slot's scratch (verification)
+    uint8_t* dest = nullptr;  // null: decode into the slot's scratch (verification, copies)
+    std::vector<Copy> copies;  // from the scratch, once decoded and verified
   };
   std::vector<Item> items;
   bool verify = false;  // collect every problem instead of stopping at the first
+  bool scratch = false;  // some item decodes into scratch (verify, or copies)
   std::vector<VerifyProblem> problems;
 };
 
@@ -144,7 +156,53 @@ absl::Status ShardReader::ReadTensors(absl::Span<const TensorDest> dests) {
       return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(d.name), "' has no buffer"));
     }
     for (int b = 0; b < t.blocks_size(); ++b) {
-      job.items.push_back({it->second, b, static_cast<uint8_t*>(d.data) + t.blocks(b).raw_offset()});
+      job.items.push_back({it->second, b, static_cast<uint8_t*>(d.data) + t.blocks(b).raw_offset(), {}});
+    }
+  }
+  return RunBlocks(job);
+}
+
+absl::Status ShardReader::ReadRanges(absl::Span<const RangeDest> ranges) {
+  absl::flat_hash_map<absl::string_view, int> by_name;
+  for (int i = 0; i < index_.tensors_size(); ++i) by_name[index_.tensors(i).name()] = i;
+  // Each block's copies, whichever ranges they come from.
+  std::map<std::pair<int, int>, std::vector<Job::Copy>> copies;
+  for (const RangeDest& r : ranges) {
+    auto it = by_name.find(r.name);
+    if (it == by_name.end()) {
+      return absl::NotFoundError(absl::StrCat("tensor '", absl::CHexEscape(r.name), "' is not in shard ", path_));
+    }
+    const Tensor& t = index_.tensors(it->second);
+    if (r.offset > t.raw_length() || r.length > t.raw_length() - r.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(r.name), "' is ", t.raw_length(),
+                                                     " bytes in shard ", path_, ": bytes [", r.offset, ", +",
+                                                     r.length, ") are past its end"));
+    }
+    if (r.length == 0) continue;
+    if (r.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(r.name), "' has no buffer"));
+    }
+    // Blocks cover the tensor in order: the first that ends past the range's start.
+    const auto& blocks = t.blocks();
+    auto b = std::upper_bound(blocks.begin(), blocks.end(), r.offset, [](uint64_t off, const Block& block) {
+      return off < block.raw_offset() + block.raw_length();
+    });
+    const uint64_t end = r.offset + r.length;
+    for (; b != blocks.end() && b->raw_offset() < end; ++b) {
+      const uint64_t from = std::max(r.offset, b->raw_offset());
+      const uint64_t to = std::min(end, b->raw_offset() + b->raw_length());
+      copies[{it->second, static_cast<int>(b - blocks.begin())}].push_back(
+          {from - b->raw_offset(), to - from, static_cast<uint8_t*>(r.data) + (from - r.offset)});
+    }
+  }
+  Job job;
+  for (auto& [where, list] : copies) {
+    const Block& block = index_.tensors(where.first).blocks(where.second);
+    if (list.size() == 1 && list[0].offset == 0 && list[0].length == block.raw_length()) {
+      job.items.push_back({where.first, where.second, list[0].to, {}});  // the whole block: decoded in place
+    } else {
+      job.scratch = true;
+      job.items.push_back({where.first, where.second, nullptr, std::move(list)});
     }
   }
   return RunBlocks(job);
@@ -153,8 +211,9 @@ absl::Status ShardReader::ReadTensors(absl::Span<const TensorDest> dests) {
 absl::StatusOr<std::vector<VerifyProblem>> ShardReader::Verify() {
   Job job;
   job.verify = true;
+  job.scratch = true;
   for (int t = 0; t < index_.tensors_size(); ++t) {
-    for (int b = 0; b < index_.tensors(t).blocks_size(); ++b) job.items.push_back({t, b, nullptr});
+    for (int b = 0; b < index_.tensors(t).blocks_size(); ++b) job.items.push_back({t, b, nullptr, {}});
   }
   CKPTD_RETURN_IF_ERROR(RunBlocks(job));
   return std::move(job.problems);
@@ -176,7 +235,7 @@ absl::Status ShardReader::RunBlocks(Job& job) {
   const int reads = std::max(1, options_.reads_in_flight);
   // Slots are bounded by count and by memory: an index may declare large
   // blocks that compress to almost nothing.
-  const uint64_t slot_bytes = max_range + (job.verify ? max_raw : 0);
+  const uint64_t slot_bytes = max_range + (job.scratch ? max_raw : 0);
   const uint64_t by_memory = std::max<uint64_t>(1, options_.max_buffer_bytes / std::max<uint64_t>(slot_bytes, 1));
   const size_t nslots = std::min<size_t>({job.items.size(), static_cast<size_t>(pool_->size() + reads),
                                           static_cast<size_t>(by_memory)});
@@ -184,7 +243,7 @@ absl::Status ShardReader::RunBlocks(Job& job) {
   std::vector<ReadSlot*> free_slots;
   for (ReadSlot& s : slots) {
     s.buffer = base::AlignedBuffer(max_range, kShardAlignment);
-    if (job.verify) s.scratch = base::AlignedBuffer(max_raw, kShardAlignment);
+    if (job.scratch) s.scratch = base::AlignedBuffer(max_raw, kShardAlignment);
     free_slots.push_back(&s);
   }
 
@@ -268,6 +327,9 @@ absl::Status ShardReader::RunBlocks(Job& job) {
         for (const auto& c : block.chunks()) chunk_data.push_back(slot->buffer.data() + (c.file_offset() - base));
         thread_local BlockDecoder decoder;
         s = decoder.Decode(block, chunk_data.data(), it.dest != nullptr ? it.dest : slot->scratch.data());
+      }
+      if (s.ok()) {
+        for (const Job::Copy& c : it.copies) std::memcpy(c.to, slot->scratch.data() + c.offset, c.length);
       }
       {
         absl::MutexLock l(&mu);

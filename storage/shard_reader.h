@@ -39,6 +39,15 @@ struct TensorDest {
   size_t length = 0;
 };
 
+// Where to put part of one tensor: `length` bytes from byte `offset` of its
+// raw bytes.
+struct RangeDest {
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  void* data = nullptr;
+};
+
 // One failure found by Verify.
 struct VerifyProblem {
   std::string file;    // the shard or manifest at fault
@@ -70,6 +79,12 @@ class ShardReader {
   // not in the shard is kNotFound, a length that differs kInvalidArgument;
   // both name the tensor. Corruption is kDataLoss naming tensor, block, chunk.
   absl::Status ReadTensors(absl::Span<const TensorDest> dests);
+
+  // Reads parts of tensors: only the blocks that hold them are read, each
+  // once however many ranges it serves, decoded and verified whole (a
+  // block's checksums cover all of it), and the ranges copied out. Errors
+  // as ReadTensors; a range past the tensor's end is kInvalidArgument.
+  absl::Status ReadRanges(absl::Span<const RangeDest> ranges);
 
   // Reads and verifies every block of every tensor. Returns the problems
   // found (empty when the shard is intact); an I/O error that stops the scan

@@ -27,7 +27,7 @@ __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
     "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "library_path", "PARAMS",
-    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR",
+    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export",
 ]
 
 # The ABI version this binding needs (ckptd_options_ext came with 2).
@@ -252,7 +252,11 @@ for _name, _res, _args in [
         ("ckptd_persist_failures", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64),
                                                   ctypes.c_char_p, ctypes.c_size_t]),
         # ABI version 4 and later.
-        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p])]:
+        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p]),
+        # ABI version 5 and later.
+        ("ckptd_export_safetensors", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
+                                                    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int,
+                                                    _P(ctypes.c_uint64)])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -540,6 +544,35 @@ class Client:
             self.close()
         except Exception:  # interpreter shutdown: nothing left to tell the agent
             pass
+
+
+def export(root, job, out, *, step=None, components=("params",), max_file_bytes=None, threads=0):
+    """Writes the full (unsharded) tensors of a committed step of `job` under
+    the storage root `root` as safetensors files in directory `out`, as
+    `ckptctl export` does: each tensor sharded over ranks put together from
+    every rank's slice, a replicated one written once, every byte verified
+    against the checkpoint's checksums. `step`: default the newest intact
+    committed step. `components`: names among "params", "grads",
+    "optimizer", "rng", "data_cursor", or "all". Tensors past
+    `max_file_bytes` (default 5e9) go into several files with
+    model.safetensors.index.json; otherwise one file, model.safetensors.
+    Returns the step exported. Needs no agent: it reads the storage root."""
+    if not hasattr(_lib, "ckptd_export_safetensors"):
+        raise Error(f"ckptd.export: {_lib_path} is older than ABI version 5 and cannot export")
+    if isinstance(components, str):
+        components = (components,)
+    if not components or not all(isinstance(c, str) for c in components):
+        raise InvalidArgumentError(f"ckptd.export: components must name state components, got {components!r}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63):
+        raise InvalidArgumentError(f"ckptd.export: step must be a non-negative integer, got {step!r}")
+    if max_file_bytes is not None and (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int)
+                                       or not 0 < max_file_bytes < 1 << 64):
+        raise InvalidArgumentError(f"ckptd.export: max_file_bytes must be a positive integer, got {max_file_bytes!r}")
+    exported = ctypes.c_uint64(0)
+    _check(_lib.ckptd_export_safetensors(os.fsencode(root), job.encode(), -1 if step is None else step,
+                                         os.fsencode(out), ",".join(components).encode(), max_file_bytes or 0,
+                                         int(threads), ctypes.byref(exported)))
+    return exported.value
 
 
 def __getattr__(name):
