@@ -16,6 +16,7 @@
 #include "storage/checksum.h"
 #include "storage/discarding_file_system.h"
 #include "storage/layout.h"
+#include "storage/reshard.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
 
@@ -74,6 +75,28 @@ std::string LayoutKey(const TrainerRegistration& reg) {
     absl::StrAppend(&key, "/", bytes.size(), ":", bytes);
   }
   return key;
+}
+
+// Whether `index` (this rank's shard of a step) holds another slice of a
+// registered sharded buffer than the one registered: the step is then read
+// resharded (LoadResharded).
+bool Resliced(const TrainerRegistration& reg, const ckptd::v1::ShardIndex& index) {
+  for (const ckptd::v1::Tensor& b : reg.buffers) {
+    if (b.global_shape_size() == 0) continue;
+    for (const ckptd::v1::Tensor& saved : index.tensors()) {
+      if (saved.name() != b.name()) continue;
+      if (saved.global_shape_size() == 0) return false;  // not a resharding: LoadFrom names the mismatch
+      if (!std::equal(saved.global_shape().begin(), saved.global_shape().end(), b.global_shape().begin(),
+                      b.global_shape().end())) {
+        return false;  // another tensor: LoadFrom names the mismatch
+      }
+      if (!std::equal(saved.offsets().begin(), saved.offsets().end(), b.offsets().begin(), b.offsets().end()) ||
+          !std::equal(saved.shape().begin(), saved.shape().end(), b.shape().begin(), b.shape().end())) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
@@ -168,6 +191,7 @@ struct AgentCore::Trainer {
   uint64_t memory_rejected ABSL_GUARDED_BY(mu) = 0;
   uint64_t peer_restores ABSL_GUARDED_BY(mu) = 0;
   uint64_t peer_rejected ABSL_GUARDED_BY(mu) = 0;
+  uint64_t resharded_restores ABSL_GUARDED_BY(mu) = 0;
   // The step the trainer's last restore handed over (nullopt: none, or a
   // fresh start), and for a memory checkpoint the shard it must be and the
   // peers the plan named (a reread of it has no disk to go to).
@@ -187,6 +211,7 @@ struct AgentCore::Trainer {
     s.memory_rejected = memory_rejected;
     s.peer_restores = peer_restores;
     s.peer_rejected = peer_rejected;
+    s.resharded_restores = resharded_restores;
     s.slots = segment->slots();
     s.slots_ready = segment->slots_prepared();
     return s;
@@ -1362,6 +1387,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   const absl::Duration wait_for_slot = call->wait_for_slot;
   call->source = RestoreSource::kMemory;
   call->verify.clear();
+  if (!call->expected) {
+    // A step saved by another number of ranks is read resharded, from disk:
+    // no copy of this rank's slice exists anywhere.
+    absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
+    if (manifest.ok() && manifest->world_size() != reg.world_size) {
+      call->source = RestoreSource::kRoot;
+      return LoadResharded(t, step, *manifest, wait_for_slot);
+    }
+  }
   if (call->from_memory) {
     if (std::optional<uint32_t> slot = LoadFromMemory(t, step, call)) return *slot;
   }
@@ -1377,16 +1411,19 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
                                             " is left in memory (this agent's or a peer's); it has no copy on disk"));
   }
   call->source = RestoreSource::kRoot;
+  bool resliced = false;  // the saved slices of this rank are not the registered ones
   if (local_) {
     uint32_t slot = 0;
     std::optional<absl::Status> local = local_->Read(
         {reg.job, step, reg.rank, reg.world_size},
         [&](storage::ShardReader& reader) -> absl::Status {
+          resliced = Resliced(reg, reader.index());
+          if (resliced) return absl::OkStatus();
           CKPTD_ASSIGN_OR_RETURN(slot, LoadFrom(t, step, reader, wait_for_slot));
           return absl::OkStatus();
         },
         &t->local);
-    if (local.has_value()) {
+    if (local.has_value() && !resliced) {
       CKPTD_RETURN_IF_ERROR(*local);
       call->source = RestoreSource::kLocal;
       return slot;
@@ -1395,7 +1432,150 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
                          storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
+  if (resliced || Resliced(reg, reader->index())) {
+    reader.reset();
+    CKPTD_ASSIGN_OR_RETURN(const ckptd::v1::StepManifest manifest, store_.ReadManifest(reg.job, step));
+    return LoadResharded(t, step, manifest, wait_for_slot);
+  }
   return LoadFrom(t, step, *reader, wait_for_slot);
+}
+
+absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
+                                                  absl::Duration wait_for_slot) {
+  const TrainerRegistration& reg = t->reg;
+  const uint32_t saved_world = manifest.world_size();
+  if (saved_world == 0 || static_cast<uint32_t>(manifest.shards_size()) != saved_world) {
+    return absl::DataLossError(absl::StrCat("the MANIFEST of step ", step, " lists ", manifest.shards_size(),
+                                            " shards for a world of ", saved_world));
+  }
+  // Every saved shard's index, checked against the MANIFEST.
+  auto open = [&](uint32_t rank) -> absl::StatusOr<std::unique_ptr<storage::ShardReader>> {
+    const ckptd::v1::ShardRef* ref = nullptr;
+    for (const ckptd::v1::ShardRef& r : manifest.shards()) {
+      if (r.rank() == rank) ref = &r;
+    }
+    if (ref == nullptr) {
+      return absl::DataLossError(absl::StrCat("the MANIFEST of step ", step, " has no shard of rank ", rank));
+    }
+    const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, rank);
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
+                           storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
+    const ckptd::v1::ShardIndex& index = reader->index();
+    if (reader->index_xxh3() != ref->index_xxh3() || index.job() != reg.job || index.step() != step ||
+        index.rank() != rank || index.world_size() != saved_world) {
+      return absl::DataLossError(absl::StrCat(path, " is not the shard the MANIFEST of step ", step, " names"));
+    }
+    return reader;
+  };
+  std::vector<std::shared_ptr<const ckptd::v1::ShardIndex>> indexes(saved_world);
+  for (uint32_t r = 0; r < saved_world; ++r) {
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader, open(r));
+    indexes[r] = std::make_shared<const ckptd::v1::ShardIndex>(reader->index());
+  }
+  auto find = [&](uint32_t rank, const std::string& name) -> const ckptd::v1::Tensor* {
+    for (const ckptd::v1::Tensor& x : indexes[rank]->tensors()) {
+      if (x.name() == name) return &x;
+    }
+    return nullptr;
+  };
+  // What to read: parts of saved slices into each buffer's place in the slot.
+  struct Read {
+    uint32_t rank = 0;
+    size_t buffer = 0;
+    storage::Box source;
+    storage::Box target;
+  };
+  std::vector<Read> reads;
+  // Buffers without a global layout are each rank's own: rank r reads
+  // rank r's, a rank the saved world did not have rank r mod that world's.
+  const uint32_t own = reg.rank % saved_world;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < reg.buffers.size(); ++i) {
+    const ckptd::v1::Tensor& b = reg.buffers[i];
+    const std::string what = absl::StrCat("buffer '", absl::CHexEscape(b.name()), "'");
+    bytes += t->layout.lengths[i];
+    if (b.global_shape_size() == 0) {
+      const ckptd::v1::Tensor* saved = find(own, b.name());
+      if (saved == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, " is not in rank ", own, "'s shard of step ", step, " (saved by ", saved_world,
+                         " ranks)"));
+      }
+      if (saved->global_shape_size() > 0 || saved->dtype() != b.dtype() ||
+          !std::equal(saved->shape().begin(), saved->shape().end(), b.shape().begin(), b.shape().end())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, " is registered as ", storage::DTypeName(b.dtype()), " [", absl::StrJoin(b.shape(), ", "),
+            "] without a global layout; rank ", own, " saved ", storage::DTypeName(saved->dtype()), " [",
+            absl::StrJoin(saved->shape(), ", "), "]",
+            saved->global_shape_size() > 0
+                ? absl::StrCat(" of global shape [", absl::StrJoin(saved->global_shape(), ", "), "]")
+                : ""));
+      }
+      reads.push_back({own, i, storage::SliceBox(*saved), storage::SliceBox(*saved)});
+      continue;
+    }
+    std::vector<storage::SavedSlice> slices;
+    for (uint32_t r = 0; r < saved_world; ++r) {
+      const ckptd::v1::Tensor* saved = find(r, b.name());
+      if (saved == nullptr) continue;
+      if (saved->dtype() != b.dtype() ||
+          !std::equal(saved->global_shape().begin(), saved->global_shape().end(), b.global_shape().begin(),
+                      b.global_shape().end())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, " is registered as ", storage::DTypeName(b.dtype()), " of global shape [",
+            absl::StrJoin(b.global_shape(), ", "), "]; rank ", r, " saved ", storage::DTypeName(saved->dtype()),
+            saved->global_shape_size() > 0
+                ? absl::StrCat(" of global shape [", absl::StrJoin(saved->global_shape(), ", "), "]")
+                : absl::StrCat(" [", absl::StrJoin(saved->shape(), ", "), "] without a global layout"),
+            " at step ", step));
+      }
+      slices.push_back({r, storage::SliceBox(*saved)});
+    }
+    const storage::Box target = storage::SliceBox(b);
+    CKPTD_ASSIGN_OR_RETURN(const std::vector<storage::SavedSlice> from,
+                           storage::SlicesFor(absl::StrCat(what, " of step ", step), target, slices));
+    for (const storage::SavedSlice& f : from) reads.push_back({f.rank, i, f.box, target});
+  }
+  // A saved tensor this rank does not register would be dropped: another model.
+  for (const ckptd::v1::Tensor& saved : indexes[own]->tensors()) {
+    if (std::none_of(reg.buffers.begin(), reg.buffers.end(),
+                     [&](const ckptd::v1::Tensor& b) { return b.name() == saved.name(); })) {
+      return absl::FailedPreconditionError(absl::StrCat("step ", step, " holds tensor '",
+                                                        absl::CHexEscape(saved.name()), "' that is not registered"));
+    }
+  }
+  std::sort(reads.begin(), reads.end(), [](const Read& a, const Read& b) { return a.rank < b.rank; });
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
+  uint8_t* const data = t->segment->slot_data(slot);
+  absl::Status read;
+  std::set<uint32_t> ranks;
+  for (size_t at = 0; read.ok() && at < reads.size();) {
+    const uint32_t rank = reads[at].rank;
+    ranks.insert(rank);
+    absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader = open(rank);
+    read = reader.status();
+    for (; read.ok() && at < reads.size() && reads[at].rank == rank; ++at) {
+      const Read& r = reads[at];
+      const ckptd::v1::Tensor& b = reg.buffers[r.buffer];
+      read = storage::ReadIntoSlice(**reader, b.name(), r.source, r.target, storage::DTypeSize(b.dtype()),
+                                    data + t->layout.offsets[r.buffer]);
+    }
+  }
+  // Not kept in memory: the slot holds no shard that was ever written.
+  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step, /*keep=*/false));
+  if (!read.ok()) {
+    (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
+    return read;
+  }
+  logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " of ", reg.world_size, ": step ", step,
+                             " (saved by ", saved_world, saved_world == 1 ? " rank" : " ranks",
+                             ") read resharded from ", ranks.size(), ranks.size() == 1 ? " shard, " : " shards, ",
+                             Gib(bytes)));
+  {
+    absl::MutexLock l(&t->mu);
+    ++t->resharded_restores;
+  }
+  return slot;
 }
 
 absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
@@ -1427,6 +1607,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
       return absl::FailedPreconditionError(absl::StrCat("buffer '", name, "' is registered with shape [",
                                                         absl::StrJoin(b.shape(), ", "), "] but step ", step,
                                                         " holds shape [", absl::StrJoin(saved->shape(), ", "), "]"));
+    }
+    // So is a slice of another global tensor (a step saved without global
+    // layouts is read as it is).
+    if (b.global_shape_size() > 0 && saved->global_shape_size() > 0 &&
+        !std::equal(saved->global_shape().begin(), saved->global_shape().end(), b.global_shape().begin(),
+                    b.global_shape().end())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "buffer '", name, "' is registered as a slice of global shape [", absl::StrJoin(b.global_shape(), ", "),
+          "] but step ", step, " holds one of [", absl::StrJoin(saved->global_shape(), ", "), "]"));
     }
     dests.push_back({b.name(), nullptr, t->layout.lengths[i]});
   }
@@ -1467,7 +1656,11 @@ absl::StatusOr<std::vector<BlockDigest>> AgentCore::KeptBlocks(Trainer* t, const
     for (const ckptd::v1::Tensor& x : index.tensors()) {
       if (x.name() == b.name()) saved = &x;
     }
-    if (saved == nullptr || saved->raw_length() != t->layout.lengths[i] || saved->dtype() != b.dtype()) {
+    auto same = [](const auto& x, const auto& y) { return std::equal(x.begin(), x.end(), y.begin(), y.end()); };
+    // Another slice of the same length (a resharded job) is not this buffer.
+    if (saved == nullptr || saved->raw_length() != t->layout.lengths[i] || saved->dtype() != b.dtype() ||
+        !same(saved->shape(), b.shape()) || !same(saved->global_shape(), b.global_shape()) ||
+        !same(saved->offsets(), b.offsets())) {
       return absl::FailedPreconditionError(
           absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' does not match the kept step"));
     }

@@ -226,6 +226,9 @@ struct PersistStatus {
   // did not match (read elsewhere instead).
   uint64_t peer_restores = 0;
   uint64_t peer_rejected = 0;
+  // Restores of a step saved by another number of ranks (or other slices),
+  // read resharded from the storage root.
+  uint64_t resharded_restores = 0;
   // Staging slots ready (the rest are still being allocated), of `slots`.
   uint32_t slots_ready = 0;
   uint32_t slots = 0;
@@ -580,6 +583,18 @@ class AgentCore {
   // LoadStep from one open shard.
   absl::StatusOr<uint32_t> LoadFrom(Trainer* t, uint64_t step, storage::ShardReader& reader,
                                     absl::Duration wait_for_slot);
+  // LoadStep of a step saved by another number of ranks than the trainer's
+  // job runs now, or with other slices of its sharded buffers (elastic
+  // restore; docs/elastic.md): from the storage root, each sharded buffer
+  // put together from the parts of the saved shards that hold its slice
+  // (block-granular reads, each block verified), each buffer without a
+  // global layout read whole from the shard of the same rank, or of rank
+  // `rank mod saved world` for a rank the saved world did not have.
+  // kFailedPrecondition naming the buffer when the saved tensors cannot
+  // make it (another dtype or global shape, slices that leave part of it
+  // uncovered), kDataLoss/kNotFound for a damaged or missing shard.
+  absl::StatusOr<uint32_t> LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
+                                         absl::Duration wait_for_slot);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
   // A copy of a memory checkpoint held here, as an emergency persist writes
   // it: one source per buffer, the memory they point into kept alive, and

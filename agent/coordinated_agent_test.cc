@@ -392,6 +392,70 @@ TEST_F(MemoryCheckpointTest, AfterAFailureTheNewestMemoryCheckpointIsWrittenFrom
   EXPECT_EQ(m.shards_size(), 2);
 }
 
+// A node is lost for good: the job comes back with fewer ranks (and later
+// with more), the coordinator takes the new world size once no rank of the
+// old one runs, and each new rank reads the committed step resharded from
+// disk. Buffers without a global layout are each rank's own: rank r's, or
+// rank r mod the saved world's for a rank that world did not have.
+TEST_F(CoordinatedAgentTest, AJobRestoresOntoAnotherNumberOfRanks) {
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
+  TrainerDied(b, 1);
+  CKPTD_ASSERT_OK(a.agent->TrainerExited(a.handle.trainer_id, /*died=*/true));
+  CKPTD_ASSERT_OK(b.agent->TrainerExited(b.handle.trainer_id, /*died=*/true));
+  a.link->Beat(*a.agent);
+  b.link->Beat(*b.agent);
+  // Node-b is gone; node-a runs the job alone, as rank 0 of 1.
+  auto reregister = [&](Node& n, uint32_t rank, uint32_t world) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(n.handle, n.agent->Register(Rank(rank, world)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(n.seg, staging::StagingSegment::Open(n.handle.segment));
+    n.link->Beat(*n.agent);
+  };
+  ASSERT_NO_FATAL_FAILURE(reregister(a, 0, 1));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult one, a.agent->Restore(a.handle.trainer_id, absl::Seconds(10)));
+  EXPECT_EQ(one.step, std::optional<uint64_t>(10));
+  EXPECT_EQ(one.source, RestoreSource::kRoot);  // never the old world's copies in memory
+  EXPECT_EQ(a.seg->slot_data(one.slot)[0], Pattern(10, 0));
+  EXPECT_EQ(a.seg->slot_data(one.slot)[a.handle.offsets.back()], Pattern(10, 0));
+  CKPTD_ASSERT_OK(a.seg->Release(one.slot));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, a.agent->Status(a.handle.trainer_id));
+  EXPECT_EQ(st.resharded_restores, 1u);
+  const ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).world_size(), 1u);
+  ASSERT_EQ(status.jobs(0).last_restore().ranks_size(), 1);
+  EXPECT_EQ(status.jobs(0).last_restore().ranks(0).source(), ckptd::v1::STORAGE_ROOT);
+  // The one rank saves step 20 (a world of 1), then dies; the job comes
+  // back with three ranks over two nodes.
+  Snapshot(a, 0, 20);
+  EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 20)));
+  TrainerDied(a, 0);
+  CKPTD_ASSERT_OK(a.agent->TrainerExited(a.handle.trainer_id, /*died=*/true));
+  a.link->Beat(*a.agent);
+  ASSERT_NO_FATAL_FAILURE(reregister(a, 0, 3));
+  ASSERT_NO_FATAL_FAILURE(reregister(b, 2, 3));
+  Node c;  // rank 1 of 3 on node-a's agent as a second trainer
+  c.handle = *a.agent->Register(Rank(1, 3));
+  CKPTD_ASSERT_OK_AND_ASSIGN(c.seg, staging::StagingSegment::Open(c.handle.segment));
+  a.link->Beat(*a.agent);
+  std::vector<absl::StatusOr<RestoreResult>> results(3, absl::UnknownError("not run"));
+  std::thread t0([&] { results[0] = a.agent->Restore(a.handle.trainer_id, absl::Seconds(10)); });
+  std::thread t1([&] { results[1] = a.agent->Restore(c.handle.trainer_id, absl::Seconds(10)); });
+  std::thread t2([&] { results[2] = b.agent->Restore(b.handle.trainer_id, absl::Seconds(10)); });
+  t0.join();
+  t1.join();
+  t2.join();
+  staging::StagingSegment* segs[] = {a.seg.get(), c.seg.get(), b.seg.get()};
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_THAT(results[r].status(), IsOk()) << "rank " << r;
+    EXPECT_EQ(results[r]->step, std::optional<uint64_t>(20));
+    EXPECT_EQ(results[r]->source, RestoreSource::kRoot);
+    // Step 20 was saved by rank 0 alone: every rank gets rank 0's.
+    EXPECT_EQ(segs[r]->slot_data(results[r]->slot)[0], Pattern(20, 0)) << "rank " << r;
+    CKPTD_ASSERT_OK(segs[r]->Release(results[r]->slot));
+  }
+}
+
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {
   keep_in_memory_ = false;  // the damage is on disk
   Node a = Start("node-a", 0, 2);

@@ -78,9 +78,14 @@ TEST(JobTest, AnotherWorldSizeOnlyWhenNothingRuns) {
   job->RankGone(0, "node-b");  // not its node
   EXPECT_TRUE(job->AnyRankAlive());
   job->RankGone(0, "node-a");
+  // A memory checkpoint of the four ranks: their slices, which the eight
+  // ranks cannot restore from (they read a durable step resharded).
+  for (uint32_t r = 0; r < 4; ++r) job->AddMemoryShard(30, r, {100, 7}, 0.1, 0);
+  ASSERT_TRUE(job->memory_steps().contains(30));
   EXPECT_THAT(job->Resize(8), IsOk());
   EXPECT_EQ(job->world_size(), 8u);
   EXPECT_TRUE(job->ranks().empty());
+  EXPECT_TRUE(job->memory_steps().empty());
 }
 
 TEST(JobTest, ARestartCountsOnceAndTheRoundRestoresTheNewestUsableStep) {

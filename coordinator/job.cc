@@ -94,6 +94,10 @@ absl::Status Job::Resize(uint32_t world_size) {
   record_.set_world_size(world_size);
   ranks_.clear();
   round_.reset();
+  // Memory checkpoints of the old world are its ranks' slices: the new
+  // ranks restore a durable step, resharded from disk.
+  memory_steps_.clear();
+  emergency_.reset();
   dirty_ = true;
   return absl::OkStatus();
 }

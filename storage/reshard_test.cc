@@ -147,7 +147,9 @@ TEST_F(ReshardTest, AnyGridReadsBackOntoAnyOtherGrid) {
     std::mt19937_64 rng(seed);
     std::vector<uint64_t> global;
     const int dims = 1 + static_cast<int>(seed % 3);
-    for (int d = 0; d < dims; ++d) global.push_back(dims == 1 ? 2000 + rng() % 5000 : 2 + rng() % (dims == 2 ? 90 : 20));
+    for (int d = 0; d < dims; ++d) {
+      global.push_back(dims == 1 ? 2000 + rng() % 5000 : 2 + rng() % (dims == 2 ? 90 : 20));
+    }
     const std::vector<Box> saved = Grid(global, rng);
     for (uint32_t r = 0; r < saved.size(); ++r) {
       ASSERT_NO_FATAL_FAILURE(WriteSlice(r, static_cast<uint32_t>(saved.size()), global, saved[r]));

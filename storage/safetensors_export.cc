@@ -149,9 +149,10 @@ absl::StatusOr<Planned> PlanTensor(const std::string& name, std::vector<Piece> p
                                                         ckptd::v1::DType_Name(p.meta.dtype()), " on rank ", p.rank));
     }
     if ((p.meta.global_shape_size() > 0) != out.sharded) {
-      return absl::FailedPreconditionError(absl::StrCat("tensor ", Quoted(name), " has a global layout on rank ",
-                                                        out.sharded ? pieces.front().rank : p.rank,
-                                                        " but none on rank ", out.sharded ? p.rank : pieces.front().rank));
+      const uint32_t with = out.sharded ? pieces.front().rank : p.rank;
+      const uint32_t without = out.sharded ? p.rank : pieces.front().rank;
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor ", Quoted(name), " has a global layout on rank ", with, " but none on rank ", without));
     }
   }
   const uint64_t element = DTypeSize(out.dtype);

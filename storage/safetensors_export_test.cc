@@ -762,7 +762,9 @@ TEST_F(SafetensorsExportTest, AFailedSplitExportLeavesTheFormerFilesAndIndexInPl
   EXPECT_THAT(ExportSafetensors(store_, kJob, 8, kOut, split),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("'e.weight'")));
   EXPECT_EQ(ListOut(), files);
-  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(ReadFile(absl::StrCat(kOut, "/", files[i])), before[i]) << files[i];
+  for (size_t i = 0; i < files.size(); ++i) {
+    EXPECT_EQ(ReadFile(absl::StrCat(kOut, "/", files[i])), before[i]) << files[i];
+  }
 }
 
 TEST_F(SafetensorsExportTest, AShardOfAnotherStepIsDataLoss) {

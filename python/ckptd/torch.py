@@ -20,6 +20,7 @@ docs/python.md describes the design and its limits.
 
 import base64
 import collections
+import hashlib
 import json
 import logging
 import random
@@ -37,7 +38,7 @@ try:
 except ImportError:  # NumPy is optional: its RNG is saved when it is there
     _np = None
 
-__all__ = ["Checkpointer", "ResumableLoader", "DEFAULT_EVERY"]
+__all__ = ["Checkpointer", "ResumableLoader", "DEFAULT_EVERY", "derived_seed"]
 
 # Steps between snapshots when Checkpointer(every=) is not given and no
 # coordinator schedules them (a coordinator's schedule always wins). The same
@@ -73,6 +74,46 @@ def _escape(key):
     return str(key).replace("%", "%25").replace("/", "%2F").replace("#", "%23")
 
 
+# --- sharded tensors -----------------------------------------------------------
+
+def _is_dtensor(t):
+    """A torch.distributed DTensor (FSDP2, tensor parallelism): duck-typed,
+    so that torch versions without DTensor import this module too."""
+    return callable(getattr(t, "to_local", None)) and hasattr(t, "placements") and hasattr(t, "device_mesh")
+
+
+def _dtensor_slice(t, where):
+    """(local tensor, global shape, offsets) of DTensor `t` on this rank: its
+    placements over its device mesh say where its local shard lies. Shard(d)
+    splits dimension d as torch.chunk does (pieces of ceil(n/k), the last
+    ones shorter or empty), nested in mesh-dimension order; Replicate keeps
+    it whole. Partial sums cannot be checkpointed (reduce them first)."""
+    local = t.to_local()
+    global_shape = [int(n) for n in t.shape]
+    offsets = [0] * len(global_shape)
+    extent = list(global_shape)
+    coordinate = t.device_mesh.get_coordinate()
+    if coordinate is None:
+        raise ValueError(f"ckptd: tensor at '{where}' is a DTensor on a device mesh this rank is not part of")
+    for mesh_dim, p in enumerate(t.placements):
+        if getattr(p, "is_replicate", lambda: False)():
+            continue
+        if not getattr(p, "is_shard", lambda: False)():
+            raise TypeError(f"ckptd: tensor at '{where}' has placement {p} on mesh dimension {mesh_dim}; only "
+                            "Shard(dim) and Replicate() can be checkpointed (reduce partial values first)")
+        d = p.dim % len(global_shape)
+        parts, k = t.device_mesh.size(mesh_dim), coordinate[mesh_dim]
+        chunk = -(-extent[d] // parts)
+        start = min(extent[d], chunk * k)
+        end = min(extent[d], start + chunk)
+        offsets[d] += start
+        extent[d] = end - start
+    if list(local.shape) != extent:
+        raise ValueError(f"ckptd: tensor at '{where}' is a DTensor whose local shard is {list(local.shape)}, not the "
+                         f"{extent} its placements {list(t.placements)} give (an uneven sharding ckptd does not know)")
+    return local, global_shape, offsets
+
+
 # --- non-tensor state as JSON -------------------------------------------------
 
 def _encode(value, path, on_tensor):
@@ -81,7 +122,7 @@ def _encode(value, path, on_tensor):
         return value
     if isinstance(value, (int, float)):
         return value  # floats keep every bit: json writes repr()
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor) or _is_dtensor(value):
         return {"$T": on_tensor(path, value), "shape": list(value.shape), "dtype": str(value.dtype)[6:]}
     if isinstance(value, dict):
         return {"$d": [[_encode(k, path + ("<key>",), on_tensor), _encode(v, path + (k,), on_tensor)]
@@ -208,6 +249,22 @@ def _rng_streams():
     return [_python_rng()] + ([_numpy_rng()] if _np is not None else []) + _torch_rngs()
 
 
+def derived_seed(seed, step, rank):
+    """The seed of the RNG streams of a rank that the restored checkpoint's
+    world did not have (an elastic restore onto more ranks): a 63-bit number
+    from the job's seed, the restored step and the rank, the same in every
+    run (docs/elastic.md)."""
+    digest = hashlib.sha256(f"ckptd-rng/{int(seed)}/{int(step)}/{int(rank)}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _seed_rngs(seed):
+    random.seed(seed)
+    if _np is not None:
+        _np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)  # every CUDA device's too
+
+
 # --- what is tracked, what is registered ---------------------------------------
 
 class _Tracked:
@@ -216,10 +273,13 @@ class _Tracked:
 
 
 class _Leaf:
-    """A tensor in a tracked object's state_dict() now."""
+    """A tensor in a tracked object's state_dict() now. For a DTensor,
+    `tensor` is its local shard, `sharded` the DTensor and `layout` the
+    shard's (global shape, offsets)."""
 
-    def __init__(self, name, tensor, path, tracked):
+    def __init__(self, name, tensor, path, tracked, sharded=None, layout=None):
         self.name, self.tensor, self.path, self.tracked = name, tensor, path, tracked
+        self.sharded, self.layout = sharded, layout
 
 
 class _Plan:
@@ -235,9 +295,10 @@ class _Reg:
     """A registered tensor buffer. `tensor` is the registered memory, which
     the Checkpointer keeps alive for as long as the registration."""
 
-    def __init__(self, name, tensor):
+    def __init__(self, name, tensor, sharded=None, layout=None):
         self.name, self.tensor = name, tensor
         self.shape, self.dtype, self.device = tuple(tensor.shape), tensor.dtype, tensor.device
+        self.sharded, self.layout = sharded, layout
 
 
 class _Layout:
@@ -285,10 +346,20 @@ class Checkpointer:
     Out-of-range values (a rank or world_size beyond uint32_t, a negative
     step or time, ...) raise ValueError naming the parameter, here rather
     than at the first snapshot.
+
+    Elastic restore (docs/elastic.md): a DTensor in a tracked state_dict()
+    (FSDP2's Shard(0), tensor parallelism's Shard(d), Replicate()) is
+    registered as its local shard with its global shape and offsets, so a
+    job restarted on another number of ranks gets each rank's new shard. A
+    rank that the restored step's world did not have gets RNG streams
+    derived from `seed` (default: from the job's name), the step and its
+    rank (derived_seed); rng_derived says so and restored_world_size is the
+    saved world's size.
     """
 
     def __init__(self, job, socket, rank=0, world_size=1, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
-                 connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0):
+                 connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0,
+                 seed=None):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
         # Checked now: at the first maybe_snapshot a bad value would only be a
@@ -304,6 +375,11 @@ class Checkpointer:
                                  slot_wait=slot_wait, rpc_timeout=rpc_timeout,
                                  spare_device_buffer=spare_device_buffer, connect_wait=connect_wait)
         self._rng = rng
+        if seed is None:  # from the job's name: the same on every rank and in every run
+            seed = int.from_bytes(hashlib.sha256(str(job).encode()).digest()[:8], "little") >> 1
+        self._seed = _ckptd._integer("seed", seed, 0, _ckptd.INT64_MAX)
+        self.restored_world_size = None  # the world size that saved the restored step, when it says
+        self.rng_derived = False  # this rank's RNG streams were derived (docs/elastic.md), not restored
         self._on_error = on_error
         self._retry_interval = retry_interval
         self._retry_at = 0.0
@@ -545,6 +621,11 @@ class Checkpointer:
 
         for tracked in self._tracked.values():
             def on_tensor(path, t, tracked=tracked):
+                sharded, layout = None, None
+                if _is_dtensor(t):
+                    sharded = t
+                    t, global_shape, offsets = _dtensor_slice(t, "/".join(map(_escape, path)))
+                    layout = (tuple(global_shape), tuple(offsets))
                 if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
                     raise TypeError(f"ckptd: tensor at '{'/'.join(map(_escape, path))}' is {t.layout} on "
                                     f"{t.device}; only dense CPU and CUDA tensors can be checkpointed")
@@ -555,7 +636,7 @@ class Checkpointer:
                 name = "/".join(_escape(k) for k in path)
                 if name in plan.leaves:
                     raise ValueError(f"ckptd: two tensors are named '{name}'")
-                plan.leaves[name] = _Leaf(name, t.detach(), path[1:], tracked)
+                plan.leaves[name] = _Leaf(name, t.detach(), path[1:], tracked, sharded, layout)
                 if t.is_contiguous() and t.numel() > 0:
                     seen[_memory_key(t)] = name
                 return name
@@ -580,11 +661,11 @@ class Checkpointer:
             buffers = []
             for leaf in plan.leaves.values():
                 t = leaf.tensor if leaf.tensor.is_contiguous() else leaf.tensor.contiguous()
-                reg = _Reg(leaf.name, t)
+                reg = _Reg(leaf.name, t, leaf.sharded, leaf.layout)
                 layout.regs[leaf.name] = reg
                 if t.device.type == "cuda":
                     layout.cuda_devices.add(t.device.index)
-                buffers.append(self._buffer(leaf.name, t, leaf.tracked.component))
+                buffers.append(self._buffer(leaf.name, t, leaf.tracked.component, leaf.layout))
             for name, tree in plan.trees.items():
                 tracked = self._tracked[name]
                 size = tracked.meta_bytes or _meta_capacity(tree)
@@ -610,14 +691,19 @@ class Checkpointer:
             self._apply_rngs(rng_state)
 
     @staticmethod
-    def _buffer(name, t, component):
+    def _buffer(name, t, component, layout=None):
         dtype = _DTYPES.get(t.dtype)
         shape = tuple(t.shape)
+        global_shape, offsets = layout if layout is not None else (None, None)
         if dtype is None:  # complex and other dtypes: their bytes
+            if layout is not None:
+                raise TypeError(f"ckptd: tensor '{name}' is a sharded {t.dtype} tensor; only the dtypes of ckptd "
+                                "can be sharded (their bytes would not split by elements)")
             dtype, shape = _ckptd.BYTES, (t.numel() * t.element_size(),)
         kind = _ckptd.DEVICE_CUDA if t.device.type == "cuda" else _ckptd.DEVICE_HOST
         return _ckptd.Buffer.at(name, t.data_ptr(), dtype, shape, component=component, device_kind=kind,
-                                device_index=t.device.index or 0, owner=t)
+                                device_index=t.device.index or 0, global_shape=global_shape, offsets=offsets,
+                                owner=t)
 
     def _materialize(self, unzeroed=None):
         """Optimizers create their state at their first step. A trial step with
@@ -761,8 +847,12 @@ class Checkpointer:
             if leaf.tensor.data_ptr() != reg.tensor.data_ptr() or not leaf.tensor.is_contiguous():
                 with torch.no_grad():
                     reg.tensor.copy_(leaf.tensor)
+        saved_by = [self._client_args["rank"], self._client_args["world_size"]]
         for name, tree in plan.trees.items():
-            data = json.dumps(tree, separators=(",", ":")).encode("utf-8")
+            # Which rank of which world saved it (not counted in the buffer's
+            # size, which the structure of the state alone sets: the slack
+            # holds it).
+            data = json.dumps({**tree, "saved_by": saved_by}, separators=(",", ":")).encode("utf-8")
             array = layout.metas[name]
             size = len(array)
             if _META_HEADER + len(data) > size:
@@ -786,23 +876,28 @@ class Checkpointer:
         restore of `step` filled."""
         layout = self._layout
         states = []
+        saved_by = None
         for name, tracked in self._tracked.items():
             raw = bytes(layout.metas[name])
             n = struct.unpack("<Q", raw[len(_META_MAGIC):_META_HEADER])[0]
             if raw[:len(_META_MAGIC)] != _META_MAGIC or _META_HEADER + n > len(raw):
                 raise _ckptd.DataLossError(f"ckptd: step {step} holds no state of '{name}' that ckptd.torch wrote")
             tree = json.loads(raw[_META_HEADER:_META_HEADER + n].decode("utf-8"))
+            saved_by = tree.get("saved_by", saved_by)  # absent in checkpoints of earlier versions
 
             def tensor_for(node, step=step):
                 reg = layout.regs.get(node["$T"])
                 if reg is None:
                     raise _ckptd.FailedPreconditionError(
                         f"ckptd: step {step} refers to tensor '{node['$T']}', which is not registered")
-                if list(reg.shape) != node["shape"] or str(reg.dtype)[6:] != node["dtype"]:
+                # A DTensor is recorded with its global shape; its local
+                # shard (the registered memory) is what the restore filled.
+                shape = list(reg.layout[0]) if reg.layout is not None else list(reg.shape)
+                if shape != node["shape"] or str(reg.dtype)[6:] != node["dtype"]:
                     raise _ckptd.FailedPreconditionError(
-                        f"ckptd: tensor '{reg.name}' is {str(reg.dtype)[6:]}{list(reg.shape)} here but "
+                        f"ckptd: tensor '{reg.name}' is {str(reg.dtype)[6:]}{shape} here but "
                         f"{node['dtype']}{node['shape']} in the checkpoint of step {step}")
-                return reg.tensor
+                return reg.sharded if reg.sharded is not None else reg.tensor
 
             state = _decode(tree["state"], tensor_for)
             if "metadata" in tree:
@@ -812,7 +907,17 @@ class Checkpointer:
         # Every object's state is checked before any is loaded.
         for tracked, state in states:
             tracked.obj.load_state_dict(state)
-        if layout.rngs:
+        rank = self._client_args["rank"]
+        self.restored_world_size = saved_by[1] if saved_by else None
+        self.rng_derived = False
+        if layout.rngs and saved_by is not None and saved_by[0] != rank:
+            # The saved world had no rank `rank` (its streams are another
+            # rank's): streams of its own, the same in every run.
+            _seed_rngs(derived_seed(self._seed, step, rank))
+            self.rng_derived = True
+            _log.info("ckptd: job '%s' rank %d: step %d was saved by %d ranks; this rank's RNG streams are derived "
+                      "from the job's seed, the step and the rank", self._client_args["job"], rank, step, saved_by[1])
+        elif layout.rngs:
             self._apply_rngs([(rng, bytes(array)) for rng, array in layout.rngs])
         # load_state_dict may have replaced tensors (optimizers do). A state
         # that no longer fits is registered again at the next snapshot.
