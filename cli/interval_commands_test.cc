@@ -334,7 +334,7 @@ TEST(ParseParameterCountTest, SuffixesAreDecimal) {
 }
 
 TEST(PlanCommandTest, TableSevenBillion) {
-  Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1"});
+  Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1", "--replicated", "once"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("7B parameters, 64 GPUs on 8 nodes (tp 1 × pp 1 × dp 64), bf16, adam, ZeRO-1"),
                            HasSubstr("params (weights)"), HasSubstr("14.00 GB"), HasSubstr("grads"),
@@ -342,8 +342,9 @@ TEST(PlanCommandTest, TableSevenBillion) {
                            HasSubstr("rng"), HasSubstr("7.57 kB"), HasSubstr("data cursor"), HasSubstr("4.10 kB"),
                            HasSubstr("total per rank"), HasSubstr("29.31 GB"), HasSubstr("per node (8 ranks)"),
                            HasSubstr("234.50 GB"), HasSubstr("job (64 ranks)"), HasSubstr("1.88 TB")));
-  // Written once: 112 GB of model state, 1/64 of it per rank.
-  EXPECT_THAT(r.out, AllOf(HasSubstr("written per checkpoint (replicated state once per job, spread over dp 64)"),
+  // Counted as written once (the comparison mode): 112 GB of model state, 1/64 of it per rank.
+  EXPECT_THAT(r.out, AllOf(HasSubstr("written per checkpoint if replicated state were written once per job, spread "
+                                     "over dp 64\n(a comparison: ckptd does not write that way yet)\n"),
                            HasSubstr("unique (one copy)           112.00 GB    16 B/param, rng and cursor per rank"),
                            HasSubstr("rank share                  1.75 GB      16 B/param / dp 64, rng, cursor"),
                            HasSubstr("node share (8 ranks)        14.00 GB\n"),
@@ -355,7 +356,7 @@ TEST(PlanCommandTest, TableSevenBillion) {
 }
 
 TEST(PlanCommandTest, JsonSevenBillion) {
-  Result r = Plan({"--params", "7e9", "--gpus", "64", "--zero", "1", "--json"});
+  Result r = Plan({"--params", "7e9", "--gpus", "64", "--zero", "1", "--replicated", "once", "--json"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"rank_bytes\":{\"params\":14000000000,\"grads\":14000000000,"
@@ -377,17 +378,56 @@ TEST(PlanCommandTest, JsonSevenBillion) {
   EXPECT_GT(JsonNumber(r.out, "alternative_waste"), JsonNumber(r.out, "expected_waste"));
 }
 
-// Issue 18: `plan --params 70B --gpus 8192` (dp 8192, ZeRO-0) holds 1.12 TB per
-// rank but writes 1.12 TB per job, a 137 MB share per rank; `--replicated
-// every` gives back what every rank writing its whole state costs.
-TEST(PlanCommandTest, SeventyBillionOn8192GpusWritesOnce) {
+// `plan --params 70B --gpus 8192` (dp 8192, ZeRO-0) by default counts what
+// ckptd writes today: every rank its whole 1.12 TB, 9.18 PB per job, a
+// 4480 s persist per node that raises the interval; `--replicated every` is
+// the same.
+TEST(PlanCommandTest, SeventyBillionOn8192GpusDefaultIsEveryRankWritingItsWholeState) {
   Result r = Plan({"--params", "70B", "--gpus", "8192"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(
       r.out,
       AllOf(HasSubstr("(tp 1 × pp 1 × dp 8192), bf16, adam, ZeRO-0"),
             HasSubstr("total per rank              1.12 TB\n"), HasSubstr("per node (8 ranks)          8.96 TB\n"),
-            HasSubstr("job (8192 ranks)            9.18 PB\n"), HasSubstr("unique (one copy)           1.12 TB "),
+            HasSubstr("job (8192 ranks)            9.18 PB\n"),
+            HasSubstr("written per checkpoint (as ckptd writes today: every rank all it holds, replicas included)\n"),
+            HasSubstr("unique (one copy)           1.12 TB "),
+            HasSubstr("rank share                  1.12 TB      all it holds"),
+            HasSubstr("node share (8 ranks)        8.96 TB\n"),
+            HasSubstr("job total (8192 ranks)      9.18 PB      8191× unique"),
+            HasSubstr("stall (= δ)                 44.8 s: state held"),
+            HasSubstr("persist P                   4480 s (74.7 min): node share at 2 GB/s"),
+            HasSubstr("Daly optimum τ              3593 s (59.9 min)"),
+            HasSubstr("interval τ                  4480 s (74.7 min), raised to persist time P")));
+  EXPECT_THAT(r.out, Not(HasSubstr("once")));
+
+  Result every = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every"});
+  ASSERT_EQ(every.code, base::kExitOk) << every.err;
+  EXPECT_EQ(every.out, r.out);
+
+  Result json = Plan({"--params", "70B", "--gpus", "8192", "--json"});
+  ASSERT_EQ(json.code, base::kExitOk) << json.err;
+  ASSERT_TRUE(IsValidJson(json.out)) << json.out;
+  EXPECT_THAT(json.out,
+              AllOf(HasSubstr("\"replicated\":\"every\""), HasSubstr("\"unique_bytes\":1120095584256,"),
+                    HasSubstr("\"rank_write_bytes\":1120000011668,"), HasSubstr("\"node_write_bytes\":8960000093344,"),
+                    HasSubstr("\"job_write_bytes\":9175040095584256,")));
+  EXPECT_NEAR(JsonNumber(json.out, "persist_seconds"), 4480, 1e-3);
+  EXPECT_NEAR(JsonNumber(json.out, "interval_seconds"), 4480, 1e-3);
+}
+
+// The comparison mode: `--replicated once` counts the 1.12 TB written once per
+// job, a 137 MB share per rank, a 0.55 s persist and Daly's interval.
+TEST(PlanCommandTest, SeventyBillionOn8192GpusCountedAsWrittenOnce) {
+  Result r = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("(tp 1 × pp 1 × dp 8192), bf16, adam, ZeRO-0"),
+            HasSubstr("total per rank              1.12 TB\n"), HasSubstr("per node (8 ranks)          8.96 TB\n"),
+            HasSubstr("job (8192 ranks)            9.18 PB\n"),
+            HasSubstr("(a comparison: ckptd does not write that way yet)\n"),
+            HasSubstr("unique (one copy)           1.12 TB "),
             HasSubstr("rank share                  136.73 MB    16 B/param / dp 8192, rng, cursor"),
             HasSubstr("node share (8 ranks)        1.09 GB\n"),
             HasSubstr("job total (8192 ranks)      1.12 TB      1× unique"),
@@ -395,15 +435,6 @@ TEST(PlanCommandTest, SeventyBillionOn8192GpusWritesOnce) {
             HasSubstr("persist P                   0.55 s: node share at 2 GB/s"),
             HasSubstr("interval τ                  3593 s (59.9 min), Daly optimum")));
   EXPECT_THAT(r.out, Not(HasSubstr("raised to persist time P")));
-
-  Result every = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every"});
-  ASSERT_EQ(every.code, base::kExitOk) << every.err;
-  EXPECT_THAT(every.out, AllOf(HasSubstr("written per checkpoint (by every rank, all it holds)"),
-                               HasSubstr("unique (one copy)           1.12 TB "),
-                               HasSubstr("rank share                  1.12 TB      all it holds"),
-                               HasSubstr("job total (8192 ranks)      9.18 PB      8191× unique"),
-                               HasSubstr("persist P                   4480 s (74.7 min): node share"),
-                               HasSubstr("interval τ                  4480 s (74.7 min), raised to persist time P")));
 
   Result once = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once", "--json"});
   ASSERT_EQ(once.code, base::kExitOk) << once.err;
@@ -415,16 +446,6 @@ TEST(PlanCommandTest, SeventyBillionOn8192GpusWritesOnce) {
                     HasSubstr("\"node_write_bytes\":1093843344,"), HasSubstr("\"job_write_bytes\":1120095584256,")));
   EXPECT_NEAR(JsonNumber(once.out, "persist_seconds"), 1093843344 / 2e9, 1e-5);
   EXPECT_NEAR(JsonNumber(once.out, "stall_seconds"), 44.8, 1e-5);
-
-  Result every_json = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every", "--json"});
-  ASSERT_EQ(every_json.code, base::kExitOk) << every_json.err;
-  ASSERT_TRUE(IsValidJson(every_json.out)) << every_json.out;
-  EXPECT_THAT(every_json.out,
-              AllOf(HasSubstr("\"replicated\":\"every\""), HasSubstr("\"unique_bytes\":1120095584256,"),
-                    HasSubstr("\"rank_write_bytes\":1120000011668,"), HasSubstr("\"node_write_bytes\":8960000093344,"),
-                    HasSubstr("\"job_write_bytes\":9175040095584256,")));
-  EXPECT_NEAR(JsonNumber(every_json.out, "persist_seconds"), 4480, 1e-3);
-  EXPECT_NEAR(JsonNumber(every_json.out, "interval_seconds"), 4480, 1e-3);
 }
 
 TEST(PlanCommandTest, AllFlags) {
@@ -448,10 +469,14 @@ TEST(PlanCommandTest, Help) {
   EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp", "--gpus-per-node",
                            "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds", "--alternative-seconds",
-                           "--json", "--replicated once|every"}) {
+                           "--json", "--replicated every|once"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
-  EXPECT_THAT(r.out, AllOf(HasSubstr("DTensor Replicate"), HasSubstr("the memory tier keeps it"),
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("every (default): what"), HasSubstr("ckptd writes today, each rank its whole state"),
+                    HasSubstr("PyTorch DCP's deduplication"), HasSubstr("--replicated every (what ckptd writes)"),
+                    HasSubstr("With once (not how ckptd writes yet)")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("the memory tier keeps it"),
                            HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
                            HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
                            HasSubstr("persist P = node share / --write-gbps")));

@@ -39,12 +39,15 @@ const char kPlanHelp[] =
     "  --pp P                   pipeline-parallel degree (default 1); G must be a\n"
     "                           multiple of T·P, and dp = G/(T·P)\n"
     "  --gpus-per-node K        default 8\n"
-    "  --replicated once|every  state replicated over the data-parallel ranks:\n"
-    "                           once (default): written once per job, its bytes\n"
-    "                           spread evenly over the replicas (the job declares\n"
-    "                           it: ckptd.torch from DTensor Replicate placements\n"
-    "                           or a data-parallel group); every: every rank\n"
-    "                           writes all it holds (a job that declares none)\n"
+    "  --replicated every|once  how state replicated over the data-parallel ranks\n"
+    "                           is counted as written. every (default): what\n"
+    "                           ckptd writes today, each rank its whole state,\n"
+    "                           data-parallel replicas included. once: for\n"
+    "                           comparison, the bytes of a checkpoint that writes\n"
+    "                           replicated state once per job, spread over the\n"
+    "                           replicas (as PyTorch DCP's deduplication of\n"
+    "                           replicated tensors does); ckptd does not write\n"
+    "                           that way yet\n"
     "  --d2h-gbps X             device-to-host copy bandwidth per GPU, GB/s\n"
     "                           (default 25)\n"
     "  --write-gbps Y           storage write bandwidth per node, GB/s (default 2)\n"
@@ -75,11 +78,12 @@ const char kPlanHelp[] =
     "  Unique bytes: one copy of each tp/pp shard of weights, grads and optimizer\n"
     "  state, params × bytes per parameter whatever dp and ZeRO, plus the rng and\n"
     "  data cursor of every rank (they differ per rank).\n"
-    "  Written: with --replicated once, each rank writes what ZeRO divided and\n"
-    "  1/dp of what it holds replicated (1/dp of its tp/pp shard in all) and its\n"
-    "  rng and cursor, so the job writes the unique bytes. With every, each rank\n"
-    "  writes all it holds. A node writes its ranks' shares (ranks per node =\n"
-    "  --gpus-per-node, or G when fewer); persist P = node share / --write-gbps.\n"
+    "  Written: with --replicated every (what ckptd writes), each rank writes all\n"
+    "  it holds. With once (not how ckptd writes yet), each rank would write what\n"
+    "  ZeRO divided and 1/dp of what it holds replicated (1/dp of its tp/pp shard\n"
+    "  in all) and its rng and cursor, and the job the unique bytes. A node\n"
+    "  writes its ranks' shares (ranks per node = --gpus-per-node, or G when\n"
+    "  fewer); persist P = node share / --write-gbps.\n"
     "  Sizes are before compression.\n"
     "  GB = 1e9 bytes, GB/s = 1e9 bytes/s.\n"
     "  δ = stall only: the slowdown of steps while a persist is in flight is not\n"
@@ -87,7 +91,7 @@ const char kPlanHelp[] =
     "  M = 1/(G·λ); interval = Daly's optimum for (δ, M), never under P;\n"
     "  waste W(τ) = δ/τ + (τ/2 + R)/M (see `ckptctl interval --help`).\n"
     "\n"
-    "JSON: the inputs (replicated: \"once\" or \"every\"), dp, nodes,\n"
+    "JSON: the inputs (replicated: \"every\" or \"once\"), dp, nodes,\n"
     "ranks_per_node, params_per_rank, bytes_per_param; state held: rank_bytes\n"
     "(per component and total), node_bytes (a node's ranks), job_bytes (all ranks);\n"
     "written per checkpoint: unique_bytes, rank_write_bytes, node_write_bytes,\n"
@@ -171,8 +175,13 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), DecimalBytes(p.job_bytes));
 
   const bool once = in.replicated == policy::ReplicatedWrites::kOnce;
-  out << (once ? absl::StrFormat("\nwritten per checkpoint (replicated state once per job, spread over dp %d)\n", p.dp)
-               : std::string("\nwritten per checkpoint (by every rank, all it holds)\n"));
+  // The default, every, is what ckptd writes; once is a comparison with a
+  // checkpoint that writes replicated state once, which ckptd does not yet.
+  out << (once ? absl::StrFormat("\nwritten per checkpoint if replicated state were written once per job, spread "
+                                 "over dp %d\n(a comparison: ckptd does not write that way yet)\n",
+                                 p.dp)
+               : std::string("\nwritten per checkpoint (as ckptd writes today: every rank all it holds, replicas "
+                             "included)\n"));
   const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
   FigureLine(
       out, "unique (one copy)",

@@ -26,14 +26,15 @@ inline constexpr double kDataCursorBytesPerRank = 4096;
 // scale per block and state (bitsandbytes' blockwise quantization).
 inline constexpr double kQuantBlock = 2048;
 
-// How state replicated over the data-parallel ranks is written.
+// How state replicated over the data-parallel ranks is counted as written.
 enum class ReplicatedWrites {
-  // Once per job, its bytes spread evenly over the dp replicas: the job
-  // declares its replicated state (ckptd.torch from DTensor Replicate
-  // placements, or a data-parallel group).
+  // Once per job, its bytes spread evenly over the dp replicas, as a
+  // checkpoint that deduplicates replicated tensors writes them (PyTorch
+  // DCP's save planner does). ckptd does not write that way yet: a
+  // comparison, the bytes such a checkpoint would write.
   kOnce,
-  // Every rank writes its whole state, replicas included: what a job that
-  // does not declare its replicated state gets.
+  // Every rank writes its whole state, replicas included: what ckptd writes
+  // today, and the default.
   kEvery,
 };
 // "once" | "every"; kInvalidArgument naming the text and the accepted names.
@@ -48,7 +49,7 @@ struct PlanInputs {
   int zero = 0;                  // ZeRO stage 0..3
   int tp = 1, pp = 1;            // tensor- and pipeline-parallel degrees
   int gpus_per_node = 8;
-  ReplicatedWrites replicated = ReplicatedWrites::kOnce;
+  ReplicatedWrites replicated = ReplicatedWrites::kEvery;  // what ckptd writes today
   double d2h_gbps = 25;          // device-to-host copy per GPU, GB/s (1e9 bytes/s)
   double write_gbps = 2;         // storage write per node, GB/s
   double fail_rate_per_gpu_hour = 3e-6;

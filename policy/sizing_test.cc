@@ -56,7 +56,9 @@ PlanInputs SevenB() {
 }
 
 TEST(PlanCheckpointTest, SevenBillionZero1) {
-  absl::StatusOr<Plan> p = PlanCheckpoint(SevenB());
+  PlanInputs in = SevenB();
+  in.replicated = ReplicatedWrites::kOnce;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->dp, 64);
   EXPECT_EQ(p->nodes, 8);
@@ -71,8 +73,9 @@ TEST(PlanCheckpointTest, SevenBillionZero1) {
   EXPECT_DOUBLE_EQ(p->rank_bytes, rank);
   EXPECT_DOUBLE_EQ(p->node_bytes, 8 * rank);
   EXPECT_DOUBLE_EQ(p->job_bytes, 64 * rank);
-  // Written once: weights and grads are replicated over the 64 ranks, each
-  // writes 1/64 of them and its own 1/64 of the optimizer state.
+  // Counted as written once (the comparison mode): weights and grads are
+  // replicated over the 64 ranks, each writes 1/64 of them and its own 1/64 of
+  // the optimizer state.
   const double share = 112e9 / 64 + 7572 + 4096;
   EXPECT_DOUBLE_EQ(p->unique_bytes, 112e9 + 64 * (7572 + 4096));
   EXPECT_DOUBLE_EQ(p->rank_write_bytes, share);
@@ -159,13 +162,38 @@ TEST(PlanCheckpointTest, FewerGpusThanANode) {
   EXPECT_DOUBLE_EQ(p->node_bytes, p->job_bytes);
 }
 
-// Issue 18: the planner counts what is written. 70B, 8192 GPUs, ZeRO-0 (the
-// defaults): every rank holds 1.12 TB, but the job's state is 16 B/param ×
-// 70e9 = 1.12 TB, written once, each rank a 1/8192 sliver.
-TEST(PlanCheckpointTest, SeventyBillionOn8192GpusWritesTheStateOnce) {
+// The default is what ckptd writes today: every rank its whole state, replicas
+// included. 70B, 8192 GPUs, ZeRO-0: every rank writes its 1.12 TB, 9.18 PB per
+// job and a 75-minute persist that raises the interval.
+TEST(PlanCheckpointTest, DefaultCountsEveryRankWritingItsWholeState) {
+  EXPECT_EQ(PlanInputs().replicated, ReplicatedWrites::kEvery);
   PlanInputs in;
   in.params = 70e9;
   in.gpus = 8192;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const double fixed = 7572 + 4096;
+  EXPECT_EQ(p->dp, 8192);
+  EXPECT_DOUBLE_EQ(p->rank_bytes, 1.12e12 + fixed);
+  EXPECT_DOUBLE_EQ(p->unique_bytes, 1.12e12 + 8192 * fixed);
+  EXPECT_DOUBLE_EQ(p->rank_write_bytes, p->rank_bytes);
+  EXPECT_DOUBLE_EQ(p->node_write_bytes, 8 * (1.12e12 + fixed));
+  EXPECT_DOUBLE_EQ(p->job_write_bytes, p->job_bytes);
+  EXPECT_NEAR(p->job_write_bytes, 9.18e15, 0.005e15);
+  EXPECT_DOUBLE_EQ(p->persist_s, 8 * (1.12e12 + fixed) / 2e9);  // ≈ 4480 s
+  EXPECT_NEAR(p->persist_s, 4480, 1e-3);
+  EXPECT_EQ(p->interval.reason, "raised to persist time P");
+  EXPECT_DOUBLE_EQ(p->interval.interval_s, p->persist_s);
+}
+
+// The comparison mode: 70B, 8192 GPUs, ZeRO-0, every rank holds 1.12 TB, and
+// the job's state is 16 B/param × 70e9 = 1.12 TB; counted as written once,
+// each rank writes a 1/8192 sliver of it.
+TEST(PlanCheckpointTest, SeventyBillionOn8192GpusCountedAsWrittenOnce) {
+  PlanInputs in;
+  in.params = 70e9;
+  in.gpus = 8192;
+  in.replicated = ReplicatedWrites::kOnce;
   absl::StatusOr<Plan> p = PlanCheckpoint(in);
   ASSERT_TRUE(p.ok()) << p.status();
   const double fixed = 7572 + 4096;
@@ -181,13 +209,13 @@ TEST(PlanCheckpointTest, SeventyBillionOn8192GpusWritesTheStateOnce) {
   EXPECT_DOUBLE_EQ(p->stall_s, (1.12e12 + fixed) / 25e9);  // the whole state is snapshotted: 44.8 s
   EXPECT_DOUBLE_EQ(p->persist_s, 8 * share / 2e9);         // ≈ 0.55 s
   EXPECT_LT(p->persist_s, 1);
-  // Daly's optimum (≈ 60 min) stands: the persist no longer raises it.
+  // Daly's optimum (≈ 60 min) stands: such a persist would not raise it.
   EXPECT_EQ(p->interval.reason, "Daly optimum");
   EXPECT_DOUBLE_EQ(p->interval.interval_s, DalyOptimum(p->delta_s, p->job_mtbf_s));
   EXPECT_LT(p->interval.interval_s, 3600);
 
-  // Without declared replicated state every rank writes its 1.12 TB: 9.18 PB
-  // per job and a 75-minute persist that raises the interval.
+  // As ckptd writes, every rank writes its 1.12 TB: 9.18 PB per job and a
+  // 75-minute persist that raises the interval.
   in.replicated = ReplicatedWrites::kEvery;
   absl::StatusOr<Plan> every = PlanCheckpoint(in);
   ASSERT_TRUE(every.ok()) << every.status();
@@ -202,8 +230,8 @@ TEST(PlanCheckpointTest, SeventyBillionOn8192GpusWritesTheStateOnce) {
   EXPECT_DOUBLE_EQ(every->stall_s, p->stall_s);
 }
 
-// Whatever the ZeRO stage, `once` writes 1/dp of each rank's tp/pp shard of
-// the model state; `every` writes what the rank holds, which ZeRO shrinks.
+// Whatever the ZeRO stage, `once` counts 1/dp of each rank's tp/pp shard of
+// the model state; `every` counts what the rank holds, which ZeRO shrinks.
 TEST(PlanCheckpointTest, WrittenBytesAcrossZeroStages) {
   const double fixed = 7572 + 4096;
   const double unique = 7e9 * 16 + 64 * fixed;
@@ -216,6 +244,7 @@ TEST(PlanCheckpointTest, WrittenBytesAcrossZeroStages) {
                         Case{2, 7e9 * 2 + 7e9 * 14 / 64 + fixed}, Case{3, 7e9 * 16 / 64 + fixed}}) {
     PlanInputs in = SevenB();
     in.zero = c.zero;
+    in.replicated = ReplicatedWrites::kOnce;
     absl::StatusOr<Plan> once = PlanCheckpoint(in);
     ASSERT_TRUE(once.ok()) << once.status();
     EXPECT_DOUBLE_EQ(once->rank_bytes, c.held) << "ZeRO-" << c.zero;
@@ -252,6 +281,7 @@ TEST(PlanCheckpointTest, WrittenBytesWithModelParallelism) {
   in.tp = 8;
   in.pp = 4;
   in.zero = 1;
+  in.replicated = ReplicatedWrites::kOnce;
   const double fixed = 7572 + 4096;
   const double shard = 70e9 / 32;
   absl::StatusOr<Plan> p = PlanCheckpoint(in);
@@ -286,6 +316,7 @@ TEST(PlanCheckpointTest, WrittenBytesOnFewerGpusThanANode) {
   PlanInputs in;
   in.params = 1e8;
   in.gpus = 2;
+  in.replicated = ReplicatedWrites::kOnce;
   const double fixed = 7572 + 4096;
   absl::StatusOr<Plan> p = PlanCheckpoint(in);
   ASSERT_TRUE(p.ok()) << p.status();
