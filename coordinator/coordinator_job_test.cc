@@ -82,10 +82,18 @@ TEST(JobTest, AnotherWorldSizeOnlyWhenNothingRuns) {
   // ranks cannot restore from (they read a durable step resharded).
   for (uint32_t r = 0; r < 4; ++r) job->AddMemoryShard(30, r, {100, 7}, 0.1, 0);
   ASSERT_TRUE(job->memory_steps().contains(30));
+  // A step two of the four ranks had written when they all went: it can
+  // never complete.
+  job->AddShard(40, ShardOf(0), 0.1, 0, kNow);
+  job->AddShard(40, ShardOf(1), 0.1, 0, kNow);
+  ASSERT_TRUE(job->pending().contains(40));
   EXPECT_THAT(job->Resize(8), IsOk());
   EXPECT_EQ(job->world_size(), 8u);
   EXPECT_TRUE(job->ranks().empty());
   EXPECT_TRUE(job->memory_steps().empty());
+  EXPECT_TRUE(job->pending().empty());
+  ASSERT_TRUE(job->aborted().contains(40));
+  EXPECT_THAT(job->aborted().at(40).reason, HasSubstr("8 ranks instead of 4"));
 }
 
 TEST(JobTest, ARestartCountsOnceAndTheRoundRestoresTheNewestUsableStep) {

@@ -87,9 +87,17 @@ bool Job::AnyRankAlive() const {
 
 absl::Status Job::Resize(uint32_t world_size) {
   if (world_size == this->world_size()) return absl::OkStatus();
-  if (AnyRankAlive() || !pending_.empty()) {
+  // A step being committed decides first; one still being written by the
+  // old world can never complete once none of its ranks runs.
+  const bool committing =
+      std::any_of(pending_.begin(), pending_.end(), [](const auto& p) { return p.second.committing; });
+  if (AnyRankAlive() || committing) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", name(), " runs with world size ", this->world_size(), ", not ", world_size));
+  }
+  while (!pending_.empty()) {
+    AbortStep(pending_.begin()->first,
+              absl::StrCat("the job restarted with ", world_size, " ranks instead of ", this->world_size()));
   }
   record_.set_world_size(world_size);
   ranks_.clear();

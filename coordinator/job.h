@@ -144,8 +144,10 @@ class Job {
   void RecoverCommitted(uint64_t step, const google::protobuf::RepeatedPtrField<ckptd::v1::ShardRef>& shards);
 
   // --- Membership.
-  // The whole job came back with another world size: its ranks start over.
-  // kFailedPrecondition while a rank is alive or a step pending.
+  // The whole job came back with another world size: its ranks start over,
+  // and steps the old world was still writing are aborted (none of its ranks
+  // runs to finish them). kFailedPrecondition while a rank is alive or a
+  // step is being committed.
   absl::Status Resize(uint32_t world_size);
   // A rank its agent registered (what it knew of the rank's progress stays).
   void RegisterRank(uint32_t rank, const std::string& node, int32_t pid);

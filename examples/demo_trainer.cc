@@ -5,6 +5,8 @@
 // mid-accumulation); a saved RNG adds dropout-like noise; a data cursor walks
 // the shuffled epochs. The last line is `final_step=<n> digest=<hex>`, a
 // digest of all five components: a resumed run must print the same one.
+// With --sharded the ranks train one model split over them instead, which a
+// job may restore onto another number of ranks (docs/elastic.md).
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +35,7 @@ const char kUsage[] =
     "usage: ckptd-demo-trainer --socket <path> --job <name> --steps <n> --state-mb <m>\n"
     "                          [--rank r --world-size w] [--every k] [--accum a] [--step-ms t]\n"
     "                          [--skip-restore COMPONENT] [--agent-wait-ms t] [--pace-file PATH]\n"
+    "                          [--sharded]\n"
     "\n"
     "Ranges: --steps 1..2^62, --state-mb 1..65536 (MiB of state), --world-size\n"
     "1..1048576 (default 1), --rank 0..world-size - 1 (default 0), --every 0..2^40,\n"
@@ -52,6 +55,13 @@ const char kUsage[] =
     "with their agent should wait for it.\n"
     "--skip-restore PARAMS|GRADS|OPTIMIZER|RNG|DATA_CURSOR drops that component\n"
     "after a restore (tests use it to show that every component matters).\n"
+    "--sharded: the ranks train one model of --state-mb MiB (all ranks together)\n"
+    "split over them, each rank its part of the elements (global shape and\n"
+    "offsets declared to ckptd), with the same data, RNG and cursor on every rank:\n"
+    "what the job computes does not depend on the number of ranks, and a restart\n"
+    "with another number restores from a checkpoint of any. digest= is then this\n"
+    "rank's part of the job's digest: the sum of every rank's (mod 2^64, hex) is\n"
+    "the same for any number of ranks.\n"
     "\n"
     "When the node's agent reports to a coordinator, the coordinator's schedule\n"
     "replaces --every, and when it detects a failure of the job (a rank died or\n"
@@ -94,6 +104,7 @@ struct State {
   Adam adam;
   uint64_t rng = 0x9E3779B97F4A7C15ull;
   Cursor cursor;
+  uint64_t first = 0;  // global index of params[0] (--sharded)
 
   // Every rank reads its own shuffle of the data with its own noise, so the
   // ranks' states differ (a restore of another rank's shard would show).
@@ -101,6 +112,13 @@ struct State {
     rng ^= Mix(rank) * (rank != 0);
     cursor.seed += rank;
     for (size_t i = 0; i < n; ++i) params[i] = static_cast<float>(static_cast<int64_t>(Mix(i) % 2001) - 1000) * 1e-4f;
+  }
+  // --sharded: elements [first, first + n) of one model, the data, noise and
+  // cursor the job's (the same on every rank).
+  State(size_t n, uint64_t first_index) : params(n), grads(n), m(n), v(n), first(first_index) {
+    for (size_t i = 0; i < n; ++i) {
+      params[i] = static_cast<float>(static_cast<int64_t>(Mix(first + i) % 2001) - 1000) * 1e-4f;
+    }
   }
 
   uint64_t NextRandom() {
@@ -126,8 +144,9 @@ struct State {
     const uint64_t drop = NextRandom();
     for (size_t i = 0; i < params.size(); ++i) {
       // Dropout-like: every element's use of this sample depends on the RNG.
-      if (((drop >> (i % 61)) & 3) == 0) continue;
-      grads[i] += params[i] - target * static_cast<float>((i % 7) + 1);
+      const uint64_t g = first + i;
+      if (((drop >> (g % 61)) & 3) == 0) continue;
+      grads[i] += params[i] - target * static_cast<float>((g % 7) + 1);
     }
   }
 
@@ -157,6 +176,32 @@ struct State {
     add(&cursor, sizeof(cursor));
     return ckptd::storage::ChecksumHex(ckptd::storage::Xxh3(all));
   }
+
+  // --sharded: this rank's part of the job's digest. Each element adds a
+  // hash of its global index, its array and its bits, so the sum over the
+  // ranks is the same however the elements are split; rank 0 adds the
+  // job-wide optimizer step, RNG and cursor once.
+  uint64_t DigestPart(bool with_shared) const {
+    uint64_t sum = 0;
+    const std::vector<float>* arrays[] = {&params, &grads, &m, &v};
+    for (uint64_t a = 0; a < 4; ++a) {
+      const std::vector<float>& x = *arrays[a];
+      for (size_t i = 0; i < x.size(); ++i) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &x[i], sizeof(bits));
+        sum += Mix(Mix(((first + i) << 2) | a) ^ bits);
+      }
+    }
+    if (with_shared) {
+      std::string shared;
+      auto add = [&shared](const void* p, size_t n) { shared.append(static_cast<const char*>(p), n); };
+      add(&adam, sizeof(adam));
+      add(&rng, sizeof(rng));
+      add(&cursor, sizeof(cursor));
+      sum += ckptd::storage::Xxh3(shared);
+    }
+    return sum;
+  }
 };
 
 ckptd::client::BufferSpec Spec(std::string name, ckptd::v1::Component c, ckptd::v1::DType d, uint64_t n, void* p) {
@@ -166,6 +211,15 @@ ckptd::client::BufferSpec Spec(std::string name, ckptd::v1::Component c, ckptd::
   b.dtype = d;
   b.shape = {n};
   b.data = p;
+  return b;
+}
+
+// A part of one global array: `n` of `total` elements from `first`.
+ckptd::client::BufferSpec Slice(std::string name, ckptd::v1::Component c, uint64_t n, uint64_t total, uint64_t first,
+                                void* p) {
+  ckptd::client::BufferSpec b = Spec(std::move(name), c, ckptd::v1::FLOAT32, n, p);
+  b.global_shape = {total};
+  b.offsets = {first};
   return b;
 }
 
@@ -187,7 +241,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<Args> args = Args::Parse(argv_list,
                                           {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum",
                                            "step-ms", "skip-restore", "agent-wait-ms", "pace-file"},
-                                          {"help"});
+                                          {"help", "sharded"});
   if (args.ok() && args->Has("help")) {
     std::cout << kUsage;
     return 0;
@@ -227,10 +281,24 @@ int main(int argc, char** argv) {
   // state-mb counts parameters + gradients + two Adam moments, 4 bytes each:
   // at most kMaxStateMb MiB, so the product cannot overflow.
   static_assert(kMaxStateMb <= (UINT64_MAX >> 20) / 16);
-  const size_t n = std::max<size_t>(1, state_mb * (uint64_t{1} << 20) / 16);
+  const bool sharded = args->Has("sharded");
+  const uint64_t total = std::max<uint64_t>(1, state_mb * (uint64_t{1} << 20) / 16);
+  // --sharded: rank r holds its part of `total` (the first total % world
+  // ranks one element more); a rank may hold none.
+  const uint64_t first =
+      sharded ? rank * (total / world_size) + std::min<uint64_t>(rank, total % world_size) : 0;
+  if (sharded && total < world_size) {
+    return usage(absl::StrCat("--sharded: ", total, " elements (--state-mb ", state_mb, ") cannot be split over ",
+                              world_size, " ranks"));
+  }
+  const size_t n = sharded ? total / world_size + (rank < total % world_size ? 1 : 0) : total;
   std::optional<State> allocated;
   try {
-    allocated.emplace(n, rank);
+    if (sharded) {
+      allocated.emplace(n, first);
+    } else {
+      allocated.emplace(n, rank);
+    }
   } catch (const std::bad_alloc&) {  // the one exception a size the user chose may raise
     std::cerr << "ckptd-demo-trainer: cannot allocate " << state_mb << " MiB of training state (--state-mb)\n";
     return 1;
@@ -244,14 +312,24 @@ int main(int argc, char** argv) {
   options.every_steps = every;
   options.connect_wait = absl::Milliseconds(static_cast<int64_t>(agent_wait_ms));
   options.slot_wait = absl::Seconds(30);
-  std::vector<ckptd::client::BufferSpec> specs = {
-      Spec("model.params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, n, state.params.data()),
-      Spec("model.grads", ckptd::v1::GRADS, ckptd::v1::FLOAT32, n, state.grads.data()),
-      Spec("adam.m", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, n, state.m.data()),
-      Spec("adam.v", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, n, state.v.data()),
+  std::vector<ckptd::client::BufferSpec> specs;
+  if (sharded) {
+    specs = {Slice("model.params", ckptd::v1::PARAMS, n, total, first, state.params.data()),
+             Slice("model.grads", ckptd::v1::GRADS, n, total, first, state.grads.data()),
+             Slice("adam.m", ckptd::v1::OPTIMIZER, n, total, first, state.m.data()),
+             Slice("adam.v", ckptd::v1::OPTIMIZER, n, total, first, state.v.data())};
+  } else {
+    specs = {Spec("model.params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, n, state.params.data()),
+             Spec("model.grads", ckptd::v1::GRADS, ckptd::v1::FLOAT32, n, state.grads.data()),
+             Spec("adam.m", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, n, state.m.data()),
+             Spec("adam.v", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, n, state.v.data())};
+  }
+  for (ckptd::client::BufferSpec& b : std::vector<ckptd::client::BufferSpec>{
       Spec("adam.t", ckptd::v1::OPTIMIZER, ckptd::v1::BYTES, sizeof(Adam), &state.adam),
       Spec("rng", ckptd::v1::RNG, ckptd::v1::BYTES, sizeof(state.rng), &state.rng),
-      Spec("data.cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, sizeof(Cursor), &state.cursor)};
+      Spec("data.cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, sizeof(Cursor), &state.cursor)}) {
+    specs.push_back(std::move(b));
+  }
 
   uint64_t start = 0;
   absl::StatusOr<std::unique_ptr<ckptd::client::Client>> client = ckptd::client::Client::Connect(options, specs);
@@ -270,7 +348,11 @@ int main(int argc, char** argv) {
         // A fresh state is one more allocation of the (checked) state size.
         std::optional<State> fresh_state;
         try {
-          fresh_state.emplace(n, rank);
+          if (sharded) {
+            fresh_state.emplace(n, first);
+          } else {
+            fresh_state.emplace(n, rank);
+          }
         } catch (const std::bad_alloc&) {
           std::cerr << "ckptd-demo-trainer: cannot allocate " << state_mb << " MiB for --skip-restore\n";
           return 1;
@@ -310,7 +392,8 @@ int main(int argc, char** argv) {
   std::cerr << absl::StrFormat("ckptd-demo-trainer: %d steps in %.3f s (%.3f ms/step), %d snapshots\n", steps - start,
                                train_s, 1e3 * train_s / std::max<uint64_t>(steps - start, 1),
                                client.ok() ? (*client)->snapshots_taken() : 0);
-  std::cout << "final_step=" << steps << " digest=" << state.Digest() << " train_s=" << absl::StrFormat("%.6f", train_s)
+  const std::string digest = sharded ? absl::StrFormat("%016x", state.DigestPart(rank == 0)) : state.Digest();
+  std::cout << "final_step=" << steps << " digest=" << digest << " train_s=" << absl::StrFormat("%.6f", train_s)
             << std::endl;
   return 0;
 }

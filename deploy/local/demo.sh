@@ -11,7 +11,11 @@
 # is its own failure domain (rack-1..3). ckptd detects each crash, the
 # launcher restarts the job, every rank restores the newest intact checkpoint
 # (never the corrupted one), and the job finishes. The final digest of every
-# rank must equal the reference run's.
+# rank must equal the reference run's. Last, node-c is lost for good with no
+# spare: the launcher restarts the job on the two nodes left, four ranks
+# instead of six, which restore the newest checkpoint resharded (one model
+# split over the ranks, --sharded) and finish where a run of six ranks that
+# lost nothing ends (docs/elastic.md).
 #
 # Prints progress, a summary, and as its last line `demo: PASS` or
 # `demo: FAIL <reason>` (exit 0 or 1). Leaves no process behind, also when
@@ -43,6 +47,7 @@ RANKS_PER_NODE=2
 WORLD=$((${#NODES[@]} * RANKS_PER_NODE))
 CRASH_NODE="node-c"
 CRASH_WITH_PARTNER="node-a"
+LOST_NODE="node-c"  # the last of NODES: its ranks are the highest
 
 say() { echo "demo: $*"; }
 fail() {
@@ -153,7 +158,8 @@ start_cluster() {
 supervise_agent() {
   local node="$1" socket="$2" domain="$3" n=0 child=""
   trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
-  while [ ! -e "$STOP" ]; do
+  # $CL/down-<node>: the node is gone for good; its agent is not restarted.
+  while [ ! -e "$STOP" ] && [ ! -e "$CL/down-$node" ]; do
     n=$((n + 1))
     # The node's own disk ($CL/nvme-<node>, which survives the node's crash)
     # is its node-local tier: shards go there first, then to the shared root.
@@ -165,9 +171,10 @@ supervise_agent() {
       >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
     child=$!
     echo "$child" >>"$CL/agent-pids"
+    echo "$child" >"$CL/agent-$node.pid"
     wait "$child"
     local code=$?
-    [ -e "$STOP" ] && break
+    [ -e "$STOP" ] || [ -e "$CL/down-$node" ] && break
     echo "demo:   the agent of $node exited ($code); restarting it, as systemd would"
     sleep 0.5
   done
@@ -183,12 +190,15 @@ print("" if v is None else v)' "$JOB" "$1" 2>/dev/null
 }
 
 # Runs the job under the launcher in the background; LAUNCHER is its pid.
+# $1: more trainer flags (--sharded). The launcher takes the number of ranks
+# from $CL/ranks when it exists (a job that goes on with fewer).
 start_job() {
-  "$REPO/deploy/local/launch.sh" --ranks "$WORLD" --grace 10 --max-restarts 4 --log-dir "$CL/launcher" -- \
+  "$REPO/deploy/local/launch.sh" --ranks "$WORLD" --ranks-file "$CL/ranks" --grace 10 --max-restarts 4 \
+    --log-dir "$CL/launcher" -- \
     sh -c 'exec "$0" --socket "$1/node$((RANK / $2)).sock" --job "$3" --rank "$RANK" --world-size "$WORLD_SIZE" \
            --steps "$4" --state-mb "$5" --step-ms "$6" --accum 4 --agent-wait-ms 30000 \
-           --pace-file "$1/pace"' \
-    "$BIN/ckptd-demo-trainer" "$CL" "$RANKS_PER_NODE" "$JOB" "$STEPS" "$STATE_MB" "$STEP_MS" \
+           --pace-file "$1/pace" $7' \
+    "$BIN/ckptd-demo-trainer" "$CL" "$RANKS_PER_NODE" "$JOB" "$STEPS" "$STATE_MB" "$STEP_MS" "${1:-}" \
     2>"$CL/launcher/launch.log" &
   LAUNCHER=$!
   remember "$LAUNCHER"
@@ -219,6 +229,16 @@ digests() {
   done
 }
 
+# --sharded: the job's digest, the sum of the last attempt's ranks' parts.
+job_digest() {
+  local last
+  last=$(ls "$CL/launcher" | sed -n 's/^attempt-\([0-9]*\)\.rank-0\.out$/\1/p' | sort -n | tail -1)
+  for f in "$CL/launcher/attempt-$last".rank-*.out; do tail -n 1 "$f"; done |
+    python3 -c 'import sys
+parts = [l.split("digest=")[1].split()[0] for l in sys.stdin if "digest=" in l]
+print(f"{len(parts)} ranks, digest {sum(int(p, 16) for p in parts) % (1 << 64):016x}" if parts else "")'
+}
+
 stop_cluster() {
   touch "$STOP"
   while read -r pid; do kill -TERM "$pid" 2>/dev/null; done <"$PIDFILE"
@@ -228,7 +248,7 @@ stop_cluster() {
 }
 
 # ------------------------------------------------------- 1. reference run
-say "[1/3] reference run: ${#NODES[@]} nodes x $RANKS_PER_NODE ranks, job $JOB, $STEPS steps of ${STEP_MS} ms, ${STATE_MB} MiB of state per rank, no failure"
+say "[1/4] reference run: ${#NODES[@]} nodes x $RANKS_PER_NODE ranks, job $JOB, $STEPS steps of ${STEP_MS} ms, ${STATE_MB} MiB of state per rank, no failure"
 start_cluster reference
 start_job
 follow_job || fail "the reference run failed (see $CL/launcher/launch.log)"
@@ -238,7 +258,7 @@ stop_cluster
 say "  done: ${REF_COMMITTED:-0} checkpoints committed; rank 0 ${REFERENCE[0]}"
 
 # ---------------------------------------------------------- 2. drill run
-say "[2/3] the same job with failures: a trainer killed, a corrupted shard, $CRASH_NODE crashing mid-run, then $CRASH_WITH_PARTNER with its partner"
+say "[2/4] the same job with failures: a trainer killed, a corrupted shard, $CRASH_NODE crashing mid-run, then $CRASH_WITH_PARTNER with its partner"
 start_cluster run
 start_job
 # Wait for a few checkpoints before breaking things.
@@ -305,7 +325,7 @@ INTERVAL_JSON=$("$BIN/ckptctl" interval --job "$JOB" --coordinator "$ADDR" --jso
 stop_cluster
 
 # ------------------------------------------------------------ 3. verdict
-say "[3/3] comparing"
+say "[3/4] comparing"
 matching=0
 for ((r = 0; r < WORLD; r++)); do
   [ -n "${DIGESTS[$r]:-}" ] && [ "${DIGESTS[$r]}" = "${REFERENCE[$r]}" ] && matching=$((matching + 1))
@@ -399,4 +419,43 @@ EOF
 [ "$PARTNERS_CODE" -eq 0 ] ||
   fail "the kill-node --with-partners drill did not pass (see $DIR/drill-kill-partners.json and .err)"
 [ "$matching" -eq "$WORLD" ] || fail "only $matching of $WORLD ranks ended with the reference digest"
+
+# ------------------------------------------------- 4. a node lost for good
+LEFT=$((WORLD - RANKS_PER_NODE))
+say "[4/4] $LOST_NODE lost for good, no spare: the job finishes on $LEFT ranks (one model split over the ranks)"
+start_cluster sharded-reference
+start_job --sharded
+follow_job || fail "the sharded reference run failed (see $CL/launcher/launch.log)"
+SHARDED_REFERENCE=$(job_digest)
+stop_cluster
+say "  reference: $WORLD ranks, no failure: ${SHARDED_REFERENCE:-no digest}"
+start_cluster lost-node
+start_job --sharded
+for _ in $(seq 600); do
+  [ "$(job_field checkpoints_committed)" -ge 2 ] 2>/dev/null && break
+  kill -0 "$LAUNCHER" 2>/dev/null || break
+  sleep 0.1
+done
+[ "$(job_field checkpoints_committed)" -ge 2 ] 2>/dev/null || fail "no two checkpoints committed before the node loss"
+LOST_AT=$(job_field fastest_step)
+# The node goes, and nothing replaces it: its agent stays down, its ranks'
+# trainers die with it, and the launcher starts the ranks that are left.
+echo "$LEFT" >"$CL/ranks"
+touch "$CL/down-$LOST_NODE"
+kill -KILL "$(cat "$CL/agent-$LOST_NODE.pid")" 2>/dev/null
+tail -n "$RANKS_PER_NODE" "$CL/launcher/pids" | while read -r pid; do kill -KILL "$pid" 2>/dev/null; done
+say "  $LOST_NODE lost at step ${LOST_AT:-?} (its agent and its ranks' trainers SIGKILLed)"
+follow_job
+LOST_CODE=$?
+LOST_DIGEST=$(job_digest)
+LOST_RESTORED=$(grep -ho "step [0-9]* (saved by $WORLD ranks) read resharded" "$CL"/logs/agent-*.log | sort -u | head -1)
+stop_cluster
+say "  after the loss: ${LOST_DIGEST:-no digest}; ${LOST_RESTORED:-no resharded restore logged}"
+grep -q "attempt [0-9]*: $LEFT ranks instead of $WORLD" "$CL/launcher/launch.log" ||
+  fail "the launcher did not restart the job on $LEFT ranks (see $CL/launcher/launch.log)"
+[ "$LOST_CODE" -eq 0 ] || fail "the job did not finish on $LEFT ranks (see $CL/launcher/launch.log)"
+[ -n "$LOST_RESTORED" ] || fail "no rank restored a step of $WORLD ranks resharded (see $CL/logs/agent-*.log)"
+[ "${LOST_DIGEST#* ranks, }" = "${SHARDED_REFERENCE#* ranks, }" ] && [ "${LOST_DIGEST%% ranks,*}" = "$LEFT" ] ||
+  fail "the job on $LEFT ranks did not end where the run of $WORLD ranks ends ($LOST_DIGEST against $SHARDED_REFERENCE)"
+say "  lost node: the job finished on $LEFT ranks with the digest of the run of $WORLD"
 echo "demo: PASS"

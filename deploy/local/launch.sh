@@ -6,7 +6,12 @@
 # all N again; they restore the newest committed checkpoint. Done when every
 # rank of one attempt exits 0.
 #
-#   launch.sh --ranks N [--max-restarts 5] [--grace 10] [--log-dir DIR] -- CMD [ARGS...]
+#   launch.sh --ranks N [--ranks-file F] [--max-restarts 5] [--grace 10] [--log-dir DIR] -- CMD [ARGS...]
+#
+# --ranks-file F: before each attempt, when F holds a whole number from 1 up,
+# that many ranks start instead of N (the job goes on with fewer ranks after
+# a node is lost for good, or with more; they restore the newest checkpoint
+# resharded, docs/elastic.md).
 #
 # Each rank runs CMD with RANK and WORLD_SIZE set (and ATTEMPT, from 0); a
 # command that needs them in its arguments can be `sh -c '... $RANK ...'`.
@@ -17,17 +22,19 @@
 set -uo pipefail
 
 usage() {
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
 RANKS=""
+RANKS_FILE=""
 MAX_RESTARTS=5
 GRACE=10
 LOG_DIR="."
 while [ $# -gt 0 ]; do
   case "$1" in
     --ranks) RANKS="${2:-}"; shift 2 ;;
+    --ranks-file) RANKS_FILE="${2:-}"; shift 2 ;;
     --max-restarts) MAX_RESTARTS="${2:-}"; shift 2 ;;
     --grace) GRACE="${2:-}"; shift 2 ;;
     --log-dir) LOG_DIR="${2:-}"; shift 2 ;;
@@ -72,6 +79,18 @@ describe() {  # an exit status in words
 }
 
 for ((attempt = 0; attempt <= MAX_RESTARTS; attempt++)); do
+  if [ -n "$RANKS_FILE" ] && [ -f "$RANKS_FILE" ]; then
+    wanted=$(tr -d '[:space:]' <"$RANKS_FILE")
+    case "$wanted" in
+      '' | *[!0-9]* | 0) echo "launch: $RANKS_FILE holds no whole number from 1 up; $RANKS ranks" >&2 ;;
+      *)
+        if [ "$wanted" -ne "$RANKS" ]; then
+          echo "launch: attempt $attempt: $wanted ranks instead of $RANKS (from $RANKS_FILE)" >&2
+          RANKS=$wanted
+        fi
+        ;;
+    esac
+  fi
   PIDS=()
   for ((r = 0; r < RANKS; r++)); do
     RANK=$r WORLD_SIZE=$RANKS ATTEMPT=$attempt "$@" \

@@ -7,10 +7,12 @@ sharded dimension with the same number of ranks, and registrations that do
 not fit the saved tensors."""
 
 import array
+import os
+import subprocess
 import threading
 import unittest
 
-from support import AgentTestCase
+from support import ROOT, AgentTestCase
 
 import ckptd
 
@@ -190,6 +192,54 @@ class ElasticRestoreTest(AgentTestCase):
         ranks, clients, steps = self._restore(job, 3)
         self.assertEqual(steps, [5] * 3)
         self._check(ranks, 5, 2)
+
+
+TRAINER = os.environ.get("CKPTD_DEMO_TRAINER") or os.path.join(ROOT, "build", "bin", "ckptd-demo-trainer")
+
+
+class DemoTrainerElasticTest(AgentTestCase):
+    """ckptd-demo-trainer --sharded: one model split over the ranks; a job
+    checkpointed by four ranks finishes on three (a node lost with no
+    spare), then on five, and ends where an uninterrupted run of four ends:
+    the sum of the ranks' digests."""
+
+    STATE_MB = 1  # 65536 elements of each array, all ranks together
+
+    def _run(self, job, world, steps, every):
+        procs = [subprocess.Popen([TRAINER, "--socket", self.agent.socket, "--job", job, "--steps", str(steps),
+                                   "--state-mb", str(self.STATE_MB), "--rank", str(r), "--world-size", str(world),
+                                   "--every", str(every), "--accum", "7", "--sharded"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+        total, errs = 0, []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            errs.append(err)
+            self.assertEqual(p.returncode, 0, err)
+            last = out.strip().splitlines()[-1]
+            self.assertTrue(last.startswith(f"final_step={steps} digest="), last)
+            total = (total + int(last.split()[1].split("=")[1], 16)) % (1 << 64)
+        return total, errs
+
+    def test_the_job_finishes_on_fewer_and_then_more_ranks(self):
+        reference, _ = self._run("demo-reference", 4, 90, every=0)
+        # The same job with two restarts on other numbers of ranks; 7
+        # micro-batches per optimizer step, so the restores land mid-accumulation.
+        _, errs = self._run("demo-elastic", 4, 30, every=10)
+        self.assertEqual(self.agent.committed_steps("demo-elastic"), [10, 20, 30])
+        total, errs = self._run("demo-elastic", 3, 60, every=10)
+        self.assertTrue(all("restored step 30" in e for e in errs), errs)
+        total, errs = self._run("demo-elastic", 5, 90, every=10)
+        self.assertTrue(all("restored step 60" in e for e in errs), errs)
+        self.assertEqual(total, reference)
+        self.assertIn("(saved by 3 ranks) read resharded", self.agent.read_log())
+
+    def test_the_digest_depends_on_every_element(self):
+        # A different number of steps changes the job's digest: the sums compare state, not nothing.
+        a, _ = self._run("demo-digest-a", 2, 20, every=0)
+        b, _ = self._run("demo-digest-b", 3, 21, every=0)
+        c, _ = self._run("demo-digest-c", 3, 20, every=0)
+        self.assertNotEqual(a, b)
+        self.assertEqual(a, c)
 
 
 if __name__ == "__main__":
