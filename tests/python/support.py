@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import unittest
 
@@ -83,3 +84,24 @@ class AgentTestCase(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.agent.cleanup()
+
+
+def run_all(fn, items, timeout=120):
+    """fn(item) on a thread per item (the ranks of a restore wait for each
+    other); the results in order, or the first exception raised."""
+    results, errors = [None] * len(items), []
+
+    def run(i):
+        try:
+            results[i] = fn(items[i])
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return results

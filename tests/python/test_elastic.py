@@ -9,10 +9,9 @@ not fit the saved tensors."""
 import array
 import os
 import subprocess
-import threading
 import unittest
 
-from support import ROOT, AgentTestCase
+from support import ROOT, AgentTestCase, run_all
 
 import ckptd
 
@@ -80,27 +79,6 @@ class _Rank:
         ]
 
 
-def _all(fn, items):
-    """fn(item) on a thread per item (the ranks of a restore wait for each
-    other); the results, or the first exception raised."""
-    results, errors = [None] * len(items), []
-
-    def run(i):
-        try:
-            results[i] = fn(items[i])
-        except Exception as e:  # noqa: BLE001 - handed to the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return results
-
-
 class ElasticRestoreTest(AgentTestCase):
     def _state(self, step):
         return _global(W_SHAPE, step), _global(V_SHAPE, -step), [step + b for b in range(BIAS_LEN)], step
@@ -122,7 +100,7 @@ class ElasticRestoreTest(AgentTestCase):
         ranks = [_Rank(r, world, None, by_rows_v) for r in range(world)]
         clients = [ckptd.Client(self.agent.socket, job, r.buffers(), rank=r.rank, world_size=world) for r in ranks]
         self.addCleanup(lambda: [c.close() for c in clients])
-        steps = _all(lambda c: c.restore(), clients)
+        steps = run_all(lambda c: c.restore(), clients)
         return ranks, clients, steps
 
     def _check(self, ranks, step, saved_world):
@@ -182,7 +160,7 @@ class ElasticRestoreTest(AgentTestCase):
             clients.append(ckptd.Client(self.agent.socket, job, buffers, rank=r.rank, world_size=3))
         self.addCleanup(lambda: [c.close() for c in clients])
         with self.assertRaises(ckptd.FailedPreconditionError) as e:
-            _all(lambda c: c.restore(), clients)
+            run_all(lambda c: c.restore(), clients)
         self.assertIn("'w'", str(e.exception))
         self.assertIn("global shape [11, 6]", str(e.exception))
         # Nothing was quarantined: the step stays for a registration that fits.

@@ -6,10 +6,9 @@ its new shard; replicated state and the data position carried over; RNG
 streams of ranks the saved world did not have derived from the job's seed,
 the step and the rank (docs/elastic.md)."""
 
-import threading
 import unittest
 
-from support import AgentTestCase
+from support import AgentTestCase, run_all
 
 try:
     import torch
@@ -142,25 +141,6 @@ class DTensorSliceTest(unittest.TestCase):
         self.assertTrue(all(0 <= s < 1 << 63 for s in seeds))
 
 
-def _all(fn, items):
-    results, errors = [None] * len(items), []
-
-    def run(i):
-        try:
-            results[i] = fn(items[i])
-        except Exception as e:  # noqa: BLE001 - handed to the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return results
-
-
 @unittest.skipIf(torch is None, "torch is not installed")
 class ElasticCheckpointerTest(AgentTestCase):
     SEED = 11
@@ -193,7 +173,7 @@ class ElasticCheckpointerTest(AgentTestCase):
 
     def _restore(self, job, world, step, saved_world, consumed):
         models, loaders, ckpts = self._ranks(job, world)
-        self.assertEqual(_all(lambda c: c.restore(), ckpts), [step] * world)
+        self.assertEqual(run_all(lambda c: c.restore(), ckpts), [step] * world)
         for r, (m, loader, c) in enumerate(zip(models, loaders, ckpts)):
             with self.subTest(rank=r, world=world):
                 start, length = m.rows
@@ -221,7 +201,7 @@ class ElasticCheckpointerTest(AgentTestCase):
         ckt._seed_rngs = lambda seed: (seeded.append(seed), real(seed))
         self.addCleanup(setattr, ckt, "_seed_rngs", real)
         _, _, ckpts = self._ranks(job, 3)
-        _all(lambda c: c.restore(), ckpts)
+        run_all(lambda c: c.restore(), ckpts)
         self.assertEqual([c.rng_derived for c in ckpts], [False, True, True])
         self.assertEqual(sorted(seeded), sorted([ckt.derived_seed(self.SEED, 5, 1), ckt.derived_seed(self.SEED, 5, 2)]))
 
