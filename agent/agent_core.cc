@@ -1387,13 +1387,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   const absl::Duration wait_for_slot = call->wait_for_slot;
   call->source = RestoreSource::kMemory;
   call->verify.clear();
+  call->manifest.reset();
   if (!call->expected) {
+    absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
+    if (manifest.ok()) call->manifest = *std::move(manifest);
     // A step saved by another number of ranks is read resharded, from disk:
     // no copy of this rank's slice exists anywhere.
-    absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
-    if (manifest.ok() && manifest->world_size() != reg.world_size) {
+    if (call->manifest && call->manifest->world_size() != reg.world_size) {
       call->source = RestoreSource::kRoot;
-      return LoadResharded(t, step, *manifest, wait_for_slot);
+      return LoadResharded(t, step, *call->manifest, wait_for_slot);
     }
   }
   if (call->from_memory) {
@@ -1434,8 +1436,10 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
                          storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
   if (resliced || Resliced(reg, reader->index())) {
     reader.reset();
-    CKPTD_ASSIGN_OR_RETURN(const ckptd::v1::StepManifest manifest, store_.ReadManifest(reg.job, step));
-    return LoadResharded(t, step, manifest, wait_for_slot);
+    if (!call->manifest) {
+      CKPTD_ASSIGN_OR_RETURN(call->manifest, store_.ReadManifest(reg.job, step));
+    }
+    return LoadResharded(t, step, *call->manifest, wait_for_slot);
   }
   return LoadFrom(t, step, *reader, wait_for_slot);
 }
@@ -1449,23 +1453,8 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
                                             " shards for a world of ", saved_world));
   }
   // Every saved shard's index, checked against the MANIFEST.
-  auto open = [&](uint32_t rank) -> absl::StatusOr<std::unique_ptr<storage::ShardReader>> {
-    const ckptd::v1::ShardRef* ref = nullptr;
-    for (const ckptd::v1::ShardRef& r : manifest.shards()) {
-      if (r.rank() == rank) ref = &r;
-    }
-    if (ref == nullptr) {
-      return absl::DataLossError(absl::StrCat("the MANIFEST of step ", step, " has no shard of rank ", rank));
-    }
-    const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, rank);
-    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
-                           storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
-    const ckptd::v1::ShardIndex& index = reader->index();
-    if (reader->index_xxh3() != ref->index_xxh3() || index.job() != reg.job || index.step() != step ||
-        index.rank() != rank || index.world_size() != saved_world) {
-      return absl::DataLossError(absl::StrCat(path, " is not the shard the MANIFEST of step ", step, " names"));
-    }
-    return reader;
+  auto open = [&](uint32_t rank) {
+    return store_.OpenCommittedShard(reg.job, step, manifest, rank, storage::ShardReadOptions(), restore_pool_);
   };
   std::vector<std::shared_ptr<const ckptd::v1::ShardIndex>> indexes(saved_world);
   for (uint32_t r = 0; r < saved_world; ++r) {
@@ -1706,7 +1695,7 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
 }
 
 absl::StatusOr<ckptd::v1::ShardRef> AgentCore::ExpectedRef(Trainer* t, uint64_t step, const LoadCall& call) {
-  if (!call.expected) return CommittedRef(t, step);
+  if (!call.expected) return CommittedRef(t, step, call);
   if (call.expected->rank() != t->reg.rank) {
     return absl::InvalidArgumentError(absl::StrCat("the restore plan of memory checkpoint ", step,
                                                    " names the shard of rank ", call.expected->rank(), " for rank ",
@@ -1715,8 +1704,12 @@ absl::StatusOr<ckptd::v1::ShardRef> AgentCore::ExpectedRef(Trainer* t, uint64_t 
   return *call.expected;
 }
 
-absl::StatusOr<ckptd::v1::ShardRef> AgentCore::CommittedRef(Trainer* t, uint64_t step) {
-  CKPTD_ASSIGN_OR_RETURN(ckptd::v1::StepManifest manifest, store_.ReadManifest(t->reg.job, step));
+absl::StatusOr<ckptd::v1::ShardRef> AgentCore::CommittedRef(Trainer* t, uint64_t step, const LoadCall& call) {
+  std::optional<ckptd::v1::StepManifest> read;
+  if (!call.manifest) {
+    CKPTD_ASSIGN_OR_RETURN(read, store_.ReadManifest(t->reg.job, step));
+  }
+  const ckptd::v1::StepManifest& manifest = call.manifest ? *call.manifest : *read;
   for (const ckptd::v1::ShardRef& r : manifest.shards()) {
     if (r.rank() == t->reg.rank) return r;
   }

@@ -511,6 +511,9 @@ class AgentCore {
     // as its agent reported it, which a copy in memory (own or a peer's) must
     // be instead of the MANIFEST's entry. There is no copy on disk.
     std::optional<ckptd::v1::ShardRef> expected;
+    // The step's MANIFEST, read once by LoadStep (none for a memory
+    // checkpoint, or when it could not be read).
+    std::optional<ckptd::v1::StepManifest> manifest;
     RestoreSource source = RestoreSource::kNone;
     std::vector<BlockDigest> verify;
   };
@@ -557,8 +560,9 @@ class AgentCore {
   // checkpoint (it has no MANIFEST), else the committed MANIFEST's entry for
   // the trainer's rank.
   absl::StatusOr<ckptd::v1::ShardRef> ExpectedRef(Trainer* t, uint64_t step, const LoadCall& call);
-  // The committed MANIFEST's entry for the trainer's rank at `step`.
-  absl::StatusOr<ckptd::v1::ShardRef> CommittedRef(Trainer* t, uint64_t step);
+  // The committed MANIFEST's entry for the trainer's rank at `step` (from
+  // call.manifest when LoadStep read it).
+  absl::StatusOr<ckptd::v1::ShardRef> CommittedRef(Trainer* t, uint64_t step, const LoadCall& call);
   // Queues the step just kept in `kept.slot` for the partners.
   void Replicate(Trainer* t, const KeptStep& kept);
   // Checks every block of the kept step against its checksum in the kept

@@ -198,33 +198,14 @@ class Readers {
  public:
   Readers(CheckpointStore& store, std::string job, uint64_t step, const ckptd::v1::StepManifest& manifest,
           base::ThreadPool* pool)
-      : store_(store), job_(std::move(job)), step_(step), pool_(pool) {
-    for (const auto& ref : manifest.shards()) refs_[ref.rank()] = ref;
-  }
+      : store_(store), job_(std::move(job)), step_(step), manifest_(manifest), pool_(pool) {}
 
   absl::StatusOr<ShardReader*> Get(uint32_t rank) {
     auto it = open_.find(rank);
     if (it != open_.end()) return it->second.get();
     if (open_.size() >= kMaxOpen) open_.erase(open_.begin());
-    const auto ref = refs_.find(rank);
-    if (ref == refs_.end()) {
-      return absl::DataLossError(absl::StrCat("step ", step_, " of job ", job_, ": no shard of rank ", rank,
-                                              " in its MANIFEST"));
-    }
-    if (ref->second.file() != ShardFileName(rank)) {
-      return absl::DataLossError(absl::StrCat("step ", step_, " of job ", job_, ": the MANIFEST names ",
-                                              Quoted(ref->second.file()), " as the shard of rank ", rank));
-    }
-    ShardReadOptions options;
     CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> reader,
-                           ShardReader::Open(store_.fs(), ShardPath(store_.root(), job_, step_, rank), options, pool_));
-    const ckptd::v1::ShardIndex& index = reader->index();
-    if (reader->index_xxh3() != ref->second.index_xxh3() || index.job() != job_ || index.step() != step_ ||
-        index.rank() != rank) {
-      return absl::DataLossError(absl::StrCat("shard ", reader->path(), " does not match the MANIFEST of step ",
-                                              step_, " (its index is for job ", Quoted(index.job()), ", step ",
-                                              index.step(), ", rank ", index.rank(), ")"));
-    }
+                           store_.OpenCommittedShard(job_, step_, manifest_, rank, {}, pool_));
     return (open_[rank] = std::move(reader)).get();
   }
 
@@ -233,8 +214,8 @@ class Readers {
   CheckpointStore& store_;
   std::string job_;
   uint64_t step_;
+  const ckptd::v1::StepManifest& manifest_;
   base::ThreadPool* pool_;
-  std::map<uint32_t, ckptd::v1::ShardRef> refs_;
   std::map<uint32_t, std::unique_ptr<ShardReader>> open_;
 };
 

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -183,6 +184,33 @@ absl::Status CheckpointStore::CheckReportedShard(absl::string_view job, uint64_t
         absl::StrCat("rank ", rank, " reported ", reported.file_length(), " bytes but ", path, " has ", info->size));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> CheckpointStore::OpenCommittedShard(
+    absl::string_view job, uint64_t step, const ckptd::v1::StepManifest& manifest, uint32_t rank,
+    const ShardReadOptions& options, base::ThreadPool* pool) {
+  const ckptd::v1::ShardRef* ref = nullptr;
+  for (const ckptd::v1::ShardRef& r : manifest.shards()) {
+    if (r.rank() == rank) ref = &r;
+  }
+  if (ref == nullptr) {
+    return absl::DataLossError(absl::StrCat("step ", step, " of job ", job, ": no shard of rank ", rank,
+                                            " in its MANIFEST"));
+  }
+  if (ref->file() != ShardFileName(rank)) {
+    return absl::DataLossError(absl::StrCat("step ", step, " of job ", job, ": the MANIFEST names '",
+                                            absl::CHexEscape(ref->file()), "' as the shard of rank ", rank));
+  }
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> reader,
+                         ShardReader::Open(fs_, ShardPath(root_, job, step, rank), options, pool));
+  const ckptd::v1::ShardIndex& index = reader->index();
+  if (reader->index_xxh3() != ref->index_xxh3() || index.job() != job || index.step() != step ||
+      index.rank() != rank || index.world_size() != manifest.world_size()) {
+    return absl::DataLossError(absl::StrCat("shard ", reader->path(), " does not match the MANIFEST of step ", step,
+                                            " (its index is for job '", absl::CHexEscape(index.job()), "', step ",
+                                            index.step(), ", rank ", index.rank(), " of ", index.world_size(), ")"));
+  }
+  return reader;
 }
 
 absl::StatusOr<std::vector<StepInfo>> CheckpointStore::ListSteps(absl::string_view job) {

@@ -6,6 +6,7 @@
 #include "absl/strings/string_view.h"
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -96,6 +97,16 @@ class CheckpointStore {
   // its writer reported: kFailedPrecondition naming the rank when it is
   // missing or its length differs, the file system's error otherwise.
   absl::Status CheckReportedShard(absl::string_view job, uint64_t step, const ckptd::v1::ShardRef& reported);
+
+  // Opens rank `rank`'s shard of committed `step` (whose MANIFEST is
+  // `manifest`) and checks it is the one the MANIFEST names: file name,
+  // index checksum, job, step, rank and world size. kDataLoss naming what
+  // differs (a rank the MANIFEST lacks included); ShardReader::Open's errors.
+  absl::StatusOr<std::unique_ptr<ShardReader>> OpenCommittedShard(absl::string_view job, uint64_t step,
+                                                                  const ckptd::v1::StepManifest& manifest,
+                                                                  uint32_t rank,
+                                                                  const ShardReadOptions& options = {},
+                                                                  base::ThreadPool* pool = nullptr);
 
   // Steps of `job` in ascending order (kNotFound when the job has no directory;
   // kFailedPrecondition when its directory is a link or not a directory).
