@@ -58,7 +58,12 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
   // Ranks that left the node are no longer alive there.
   for (const auto& old : agent->ranks) {
     bool still = false;
-    for (const auto& r : hb.ranks()) still |= r.job() == old.job() && r.rank() == old.rank();
+    // A rank of the same number in another world size (the job restarted
+    // on fewer or more ranks) is a new trainer: the old one is gone, or the
+    // new world could never be taken.
+    for (const auto& r : hb.ranks()) {
+      still |= r.job() == old.job() && r.rank() == old.rank() && r.world_size() == old.world_size();
+    }
     Job* job = FindJob(old.job());
     if (!still && job != nullptr) job->RankGone(old.rank(), agent->node_id);
   }
