@@ -82,6 +82,25 @@ TEST_F(CoordinatorCoreTest, TrainerDeathIsAFailureAtOnce) {
   EXPECT_THAT(core_->ReportFailure(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("NODE_LOST")));
 }
 
+// The job restarts on fewer ranks, and the first the coordinator hears of it
+// is a heartbeat that lists the new rank 0 where the old rank 0 was: the old
+// rank is gone and the job takes its new world, or it never could.
+TEST_F(CoordinatorCoreTest, AHeartbeatListingARankOfAnotherWorldSizeResizesTheJob) {
+  TwoNodes();
+  ranks_["node-b"] = Registration("node-b", {});
+  CKPTD_ASSERT_OK(Beat("node-b").status());
+  EXPECT_EQ(JobState().ranks_alive(), 2u);
+  ranks_["node-a"] = Registration("node-a", {0, 1}, /*world=*/2);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  EXPECT_TRUE(ack.known());
+  EXPECT_EQ(JobState().world_size(), 2u);
+  EXPECT_EQ(JobState().ranks_alive(), 2u);
+  // The same rank numbers of the same world: the same trainers, no change.
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  EXPECT_EQ(JobState().world_size(), 2u);
+  EXPECT_EQ(JobState().ranks_alive(), 2u);
+}
+
 TEST_F(CoordinatorCoreTest, RankWithoutProgressIsHungAfterTheThreshold) {
   options_.hang_floor = absl::Seconds(30);
   options_.hang_multiple = 10;
