@@ -16,6 +16,7 @@
 #include "storage/checksum.h"
 #include "storage/discarding_file_system.h"
 #include "storage/layout.h"
+#include "storage/replica.h"
 #include "storage/reshard.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
@@ -78,9 +79,13 @@ std::string LayoutKey(const TrainerRegistration& reg) {
 }
 
 // Whether `index` (this rank's shard of a step) holds another slice of a
-// registered sharded buffer than the one registered: the step is then read
-// resharded (LoadResharded).
+// registered sharded buffer than the one registered, or a share of a
+// replicated one: the step is then read resharded (LoadResharded).
 bool Resliced(const TrainerRegistration& reg, const ckptd::v1::ShardIndex& index) {
+  // A share of a replicated buffer: the rest is in the other members' shards.
+  for (const ckptd::v1::Tensor& saved : index.tensors()) {
+    if (saved.has_replica() && !storage::IsWholeShare(saved)) return true;
+  }
   for (const ckptd::v1::Tensor& b : reg.buffers) {
     if (b.global_shape_size() == 0) continue;
     for (const ckptd::v1::Tensor& saved : index.tensors()) {
@@ -320,6 +325,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   absl::flat_hash_set<std::string> names;
   for (const ckptd::v1::Tensor& b : reg.buffers) {
     CKPTD_RETURN_IF_ERROR(storage::ValidateTensorMeta(b, "register"));
+    if (b.has_replica()) CKPTD_RETURN_IF_ERROR(storage::ValidateReplicaRequest(b, reg.world_size, "register"));
     if (!names.insert(b.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' is registered twice"));
     }
@@ -655,14 +661,16 @@ absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::Sh
   std::vector<storage::TensorSource> sources(layout.offsets.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     const ckptd::v1::Tensor& t = index.tensors(static_cast<int>(i));
-    if (t.raw_length() != layout.lengths[i]) {
+    // A share of a replicated buffer: its rows of the whole buffer in memory.
+    const uint64_t whole = storage::WholeByteLength(t);
+    if (whole != layout.lengths[i]) {
       return absl::FailedPreconditionError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
-                                                        "' of the copy's index is ", t.raw_length(),
-                                                        " bytes, its buffer ", layout.lengths[i]));
+                                                        "' of the copy's index is ", whole, " bytes, its buffer ",
+                                                        layout.lengths[i]));
     }
     sources[i].meta = t;
-    sources[i].data = base + layout.offsets[i];
-    sources[i].length = layout.lengths[i];
+    sources[i].data = base + layout.offsets[i] + (t.has_replica() ? storage::ShareByteOffset(t) : 0);
+    sources[i].length = t.raw_length();
   }
   return sources;
 }
@@ -724,7 +732,7 @@ absl::StatusOr<AgentCore::HeldCopy> AgentCore::FindHeldCopy(const ckptd::v1::Per
                                    " has a shard index that does not parse");
       }
       std::vector<uint64_t> lengths;
-      for (const ckptd::v1::Tensor& t : index->tensors()) lengths.push_back(t.raw_length());
+      for (const ckptd::v1::Tensor& t : index->tensors()) lengths.push_back(storage::WholeByteLength(t));
       const staging::StagingLayout layout = staging::PlanLayout(lengths);
       if (layout.slot_bytes != held->size()) {
         return absl::DataLossError(absl::StrCat("the copy held for node ", held->header().from_node(), " holds ",
@@ -1012,15 +1020,19 @@ void AgentCore::TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint6
   t->last_stall = *stall;
 }
 
-std::vector<storage::TensorSource> AgentCore::SlotSources(Trainer* t, uint32_t slot) {
+absl::StatusOr<std::vector<storage::TensorSource>> AgentCore::SlotSources(Trainer* t, uint32_t slot,
+                                                                         base::ThreadPool* pool) {
   const TrainerRegistration& reg = t->reg;
   std::vector<storage::TensorSource> sources(reg.buffers.size());
+  bool replicated = false;
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
     sources[i].meta = reg.buffers[i];
     sources[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
     sources[i].length = t->layout.lengths[i];
+    replicated |= reg.buffers[i].has_replica();
   }
-  return sources;
+  if (!replicated) return sources;
+  return storage::ShareSources(sources, options_.write.block_bytes, pool);
 }
 
 void AgentCore::ReportPersistFailed(Trainer* t, uint64_t step, const absl::Status& s) {
@@ -1053,15 +1065,17 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encode
   double stall = 0;
   uint64_t incarnation = 0;
   TakeReportStamps(t, slot, &stall, &incarnation);
-  const std::vector<storage::TensorSource> sources = SlotSources(t, slot);
   // The shard a raw write of the snapshot would be, written nowhere. One
   // encoder, as MemoryShardOptions asks, at the persists' priority.
   const absl::Time start = clock_->Now();
-  absl::StatusOr<storage::ShardWriteResult> result;
-  {
+  absl::StatusOr<std::vector<storage::TensorSource>> sources = SlotSources(t, slot, encoder);
+  absl::StatusOr<storage::ShardWriteResult> result = absl::UnknownError("not written");
+  if (!sources.ok()) {
+    result = sources.status();
+  } else {
     storage::DiscardingFileSystem nowhere;
     result = storage::WriteShard(&nowhere, storage::ShardFileName(reg.rank), {reg.job, step, reg.rank, reg.world_size},
-                                 sources, MemoryShardOptions(options_.write), encoder);
+                                 *sources, MemoryShardOptions(options_.write), encoder);
   }
   const double index_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
   if (!result.ok()) {
@@ -1201,10 +1215,11 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   uint64_t incarnation = 0;
   // Taken now: once the slot is released it may hold the next snapshot.
   TakeReportStamps(t, slot, &stall, &incarnation);
-  const std::vector<storage::TensorSource> sources = SlotSources(t, slot);
   BeginWriting(reg.job, step);
   const absl::Time start = clock_->Now();
-  absl::StatusOr<storage::ShardWriteResult> result = WriteShard(t, step, sources, release);
+  absl::StatusOr<std::vector<storage::TensorSource>> sources = SlotSources(t, slot, &pool_);
+  absl::StatusOr<storage::ShardWriteResult> result =
+      sources.ok() ? WriteShard(t, step, *sources, release) : absl::StatusOr<storage::ShardWriteResult>(sources.status());
   const double persist_seconds = absl::ToDoubleSeconds(clock_->Now() - start);
   EndWriting(reg.job, step);
   if (!result.ok()) CleanUpFailedStep(t, step);
@@ -1483,8 +1498,12 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
     const ckptd::v1::Tensor& b = reg.buffers[i];
     const std::string what = absl::StrCat("buffer '", absl::CHexEscape(b.name()), "'");
     bytes += t->layout.lengths[i];
-    if (b.global_shape_size() == 0) {
-      const ckptd::v1::Tensor* saved = find(own, b.name());
+    // A replicated buffer (registered so, or saved as shares) is read as
+    // the slices the group's members saved of it.
+    const ckptd::v1::Tensor* own_saved = find(own, b.name());
+    const bool replicated = b.has_replica() || (own_saved != nullptr && own_saved->has_replica());
+    if (b.global_shape_size() == 0 && !replicated) {
+      const ckptd::v1::Tensor* saved = own_saved;
       if (saved == nullptr) {
         return absl::FailedPreconditionError(
             absl::StrCat(what, " is not in rank ", own, "'s shard of step ", step, " (saved by ", saved_world,
@@ -1503,21 +1522,26 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
       reads.push_back({own, i, storage::SliceBox(*saved), storage::SliceBox(*saved)});
       continue;
     }
+    // The tensor the slices are of: a buffer without a global layout (a
+    // replicated one) is the whole of itself.
+    const auto& global = b.global_shape_size() > 0 ? b.global_shape() : b.shape();
     std::vector<storage::SavedSlice> slices;
     for (uint32_t r = 0; r < saved_world; ++r) {
       const ckptd::v1::Tensor* saved = find(r, b.name());
       if (saved == nullptr) continue;
+      const auto& saved_global = saved->global_shape_size() > 0 ? saved->global_shape() : saved->shape();
       if (saved->dtype() != b.dtype() ||
-          !std::equal(saved->global_shape().begin(), saved->global_shape().end(), b.global_shape().begin(),
-                      b.global_shape().end())) {
+          !std::equal(saved_global.begin(), saved_global.end(), global.begin(), global.end())) {
         return absl::FailedPreconditionError(absl::StrCat(
             what, " is registered as ", storage::DTypeName(b.dtype()), " of global shape [",
-            absl::StrJoin(b.global_shape(), ", "), "]; rank ", r, " saved ", storage::DTypeName(saved->dtype()),
+            absl::StrJoin(global, ", "), "]; rank ", r, " saved ", storage::DTypeName(saved->dtype()),
             saved->global_shape_size() > 0
                 ? absl::StrCat(" of global shape [", absl::StrJoin(saved->global_shape(), ", "), "]")
                 : absl::StrCat(" [", absl::StrJoin(saved->shape(), ", "), "] without a global layout"),
             " at step ", step));
       }
+      // A member's share of no rows holds nothing.
+      if (saved->raw_length() == 0 && saved->shape_size() > 0) continue;
       slices.push_back({r, storage::SliceBox(*saved)});
     }
     const storage::Box target = storage::SliceBox(b);
@@ -1550,17 +1574,30 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
                                     data + t->layout.offsets[r.buffer]);
     }
   }
-  // Not kept in memory: the slot holds no shard that was ever written.
-  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step, /*keep=*/false));
+  // Kept in memory when the slot holds what this rank's own shard of the
+  // step describes: the same world, the shard's index checking every byte
+  // (its shares of replicated buffers carry the checksums of the whole).
+  std::optional<KeptStep> own_shard;
+  if (read.ok() && saved_world == reg.world_size) {
+    for (const ckptd::v1::ShardRef& ref : manifest.shards()) {
+      if (ref.rank() != reg.rank) continue;
+      KeptStep k{slot, step, ref.file_length(), ref.index_xxh3(), indexes[reg.rank]};
+      if (KeptBlocks(t, k).ok()) own_shard = k;
+    }
+  }
+  const bool keep = own_shard.has_value() && options_.keep_in_memory;
+  CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step, keep));
   if (!read.ok()) {
     (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
     return read;
   }
+  // The same slices as saved, gathered from the group's shares; else resharded.
+  if (keep) SetKept(t, *own_shard);
   logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " of ", reg.world_size, ": step ", step,
-                             " (saved by ", saved_world, saved_world == 1 ? " rank" : " ranks",
-                             ") read resharded from ", ranks.size(), ranks.size() == 1 ? " shard, " : " shards, ",
-                             Gib(bytes)));
-  {
+                             " (saved by ", saved_world, saved_world == 1 ? " rank" : " ranks", ") read ",
+                             own_shard ? "from its replica group's shares in " : "resharded from ", ranks.size(),
+                             ranks.size() == 1 ? " shard, " : " shards, ", Gib(bytes)));
+  if (!own_shard) {
     absl::MutexLock l(&t->mu);
     ++t->resharded_restores;
   }
@@ -1646,6 +1683,21 @@ absl::StatusOr<std::vector<BlockDigest>> AgentCore::KeptBlocks(Trainer* t, const
       if (x.name() == b.name()) saved = &x;
     }
     auto same = [](const auto& x, const auto& y) { return std::equal(x.begin(), x.end(), y.begin(), y.end()); };
+    if (saved != nullptr && saved->has_replica()) {
+      // A share: the index holds the checksums of the whole buffer, which
+      // memory holds. The same buffer is the same box of the same tensor.
+      const storage::Box member = storage::MemberBox(*saved);
+      const storage::Box mine = storage::SliceBox(b);
+      if (saved->dtype() != b.dtype() || !(member == mine) ||
+          !same(saved->global_shape(), b.global_shape_size() > 0 ? b.global_shape() : b.shape())) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' does not match the kept step"));
+      }
+      CKPTD_ASSIGN_OR_RETURN(const std::vector<storage::WholeBlock> whole,
+                             storage::WholeBlocks(*saved, t->layout.lengths[i]));
+      for (const storage::WholeBlock& w : whole) blocks.push_back({static_cast<uint32_t>(i), w.offset, w.length, w.xxh3});
+      continue;
+    }
     // Another slice of the same length (a resharded job) is not this buffer.
     if (saved == nullptr || saved->raw_length() != t->layout.lengths[i] || saved->dtype() != b.dtype() ||
         !same(saved->shape(), b.shape()) || !same(saved->global_shape(), b.global_shape()) ||

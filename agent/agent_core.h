@@ -465,8 +465,9 @@ class AgentCore {
   // may hold the next snapshot once released) and its restore round, for
   // the shard report.
   void TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint64_t* incarnation);
-  // Sources for a shard of the snapshot in `slot`, one per registered buffer.
-  std::vector<storage::TensorSource> SlotSources(Trainer* t, uint32_t slot);
+  // What to write of the snapshot in `slot`: every buffer, a replicated one
+  // as this rank's share of it (storage::ShareSources, hashed on `pool`).
+  absl::StatusOr<std::vector<storage::TensorSource>> SlotSources(Trainer* t, uint32_t slot, base::ThreadPool* pool);
   // Counts the outcome `s` of the persist of `step` in the trainer's
   // PersistStatus and reports it to the logger, rate-limited (see
   // AgentOptions::persist_failure_log_interval).

@@ -1,5 +1,6 @@
 // Agents under a coordinator, without sockets: two AgentCores (two nodes)
 // talk to one CoordinatorCore through an in-process CoordinatorClient.
+#include <cstring>
 #include <thread>
 
 #include "agent/agent_core.h"
@@ -15,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
+#include "storage/shard_reader.h"
 #include "storage/store.h"
 
 namespace ckptd::agent {
@@ -139,13 +141,15 @@ class CoordinatedAgentTest : public ::testing::Test {
     std::unique_ptr<staging::StagingSegment> seg;
   };
 
-  Node Start(const std::string& name, uint32_t rank, uint32_t world) {
+  Node Start(const std::string& name, uint32_t rank, uint32_t world) { return Start(name, Rank(rank, world)); }
+
+  Node Start(const std::string& name, const TrainerRegistration& reg) {
     Node n;
     n.link = std::make_unique<InProcessCoordinator>(&core_, name);
     AgentOptions options = Options(n.link.get());
     options.node_id = name;  // what its heartbeats say it holds in memory is its own
     n.agent = std::make_unique<AgentCore>(&mem_, options);
-    absl::StatusOr<TrainerHandle> h = n.agent->Register(Rank(rank, world));
+    absl::StatusOr<TrainerHandle> h = n.agent->Register(reg);
     EXPECT_THAT(h.status(), IsOk());
     n.handle = *h;
     absl::StatusOr<std::unique_ptr<staging::StagingSegment>> seg = staging::StagingSegment::Open(h->segment);
@@ -454,6 +458,144 @@ TEST_F(CoordinatedAgentTest, AJobRestoresOntoAnotherNumberOfRanks) {
     EXPECT_EQ(segs[r]->slot_data(results[r]->slot)[0], Pattern(20, 0)) << "rank " << r;
     CKPTD_ASSERT_OK(segs[r]->Release(results[r]->slot));
   }
+}
+
+// Rank `rank` of a data-parallel job of `world` ranks: weights and Adam
+// state the same on every rank (replicated over the group "dp"), its own RNG.
+TrainerRegistration DataParallel(uint32_t rank, uint32_t world) {
+  TrainerRegistration r;
+  r.job = "job";
+  r.rank = rank;
+  r.world_size = world;
+  auto replicated = [&](ckptd::v1::Tensor t, uint64_t rows, uint64_t cols) {
+    t.clear_shape();
+    t.add_shape(rows);
+    t.add_shape(cols);
+    t.mutable_replica()->set_group("dp");
+    t.mutable_replica()->set_count(world);
+    t.mutable_replica()->set_index(rank);
+    return t;
+  };
+  r.buffers = {replicated(Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 0), 40, 25),
+               replicated(Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 0), 80, 25),
+               Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 64)};
+  return r;
+}
+
+class ReplicatedStateTest : public CoordinatedAgentTest {
+ protected:
+  // A snapshot of `step` on rank `rank` (its node `n`): the replicated
+  // buffers hold the same bytes on every rank, the RNG the rank's own.
+  void SnapshotDp(Node& n, uint32_t rank, uint64_t step) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, n.seg->AcquireForFill(absl::Seconds(10)));
+    uint8_t* p = n.seg->slot_data(slot);
+    std::memset(p, Pattern(step, 0), n.handle.slot_bytes);
+    for (uint64_t i = 0; i < 64; ++i) p[n.handle.offsets[2] + i] = static_cast<uint8_t>(Pattern(step, rank) + i);
+    CKPTD_ASSERT_OK(n.seg->Publish(slot, step));
+    CKPTD_ASSERT_OK(n.agent->SnapshotPublished(n.handle.trainer_id, slot, step, 0.001));
+    CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, n.agent->WaitPersisted(n.handle.trainer_id, step, absl::Seconds(30)));
+    ASSERT_THAT(st.last_persisted_step, Optional(step)) << st.last_error;
+  }
+
+  // Every node restores at once; each must get `step` from `source` with
+  // every byte of its buffers as saved (rank r's RNG that of rank `rng_of[r]`).
+  void RestoreDp(std::vector<Node*> nodes, uint64_t step, RestoreSource source, std::vector<uint32_t> rng_of) {
+    std::vector<absl::StatusOr<RestoreResult>> results(nodes.size(), absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      threads.emplace_back([&, i] { results[i] = nodes[i]->agent->Restore(nodes[i]->handle.trainer_id, absl::Seconds(10)); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t r = 0; r < nodes.size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r));
+      ASSERT_THAT(results[r].status(), IsOk());
+      EXPECT_THAT(results[r]->step, Optional(step));
+      EXPECT_EQ(results[r]->source, source);
+      const uint8_t* p = nodes[r]->seg->slot_data(results[r]->slot);
+      const uint64_t rng_at = nodes[r]->handle.offsets[2];
+      ASSERT_GE(rng_at, 12000u);
+      // Every byte of params and adam (the bytes between buffers are padding).
+      uint64_t wrong = 0;
+      for (int b = 0; b < 2; ++b) {
+        for (uint64_t i = 0; i < (b == 0 ? 4000u : 8000u); ++i) wrong += p[nodes[r]->handle.offsets[b] + i] != Pattern(step, 0);
+      }
+      EXPECT_EQ(wrong, 0u) << "bytes of the replicated buffers not as saved";
+      for (uint64_t i = 0; i < 64; ++i) {
+        ASSERT_EQ(p[rng_at + i], static_cast<uint8_t>(Pattern(step, rng_of[r]) + i)) << "rng byte " << i;
+      }
+      CKPTD_ASSERT_OK(nodes[r]->seg->Release(results[r]->slot));
+    }
+  }
+
+  // Four nodes of one rank each, fresh, that commit step 10.
+  std::vector<Node> StartFourAndCommit10() {
+    std::vector<Node> nodes;
+    for (uint32_t r = 0; r < 4; ++r) nodes.push_back(Start(absl::StrCat("node-", r), DataParallel(r, 4)));
+    std::vector<Node*> all;
+    for (Node& n : nodes) all.push_back(&n);
+    RestoreAll(all);
+    for (uint32_t r = 0; r < 4; ++r) SnapshotDp(nodes[r], r, 10);
+    EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+    return nodes;
+  }
+};
+
+TEST_F(ReplicatedStateTest, ADataParallelJobWritesItsReplicatedStateOnceAndEveryRankRestoresAllOfIt) {
+  std::vector<Node> nodes = StartFourAndCommit10();
+  // Each rank wrote a quarter of the weights and of Adam, and its own RNG.
+  uint64_t raw = 0;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<storage::ShardReader> reader,
+                               storage::ShardReader::Open(&mem_, storage::ShardPath("/ckpt", "job", 10, r), {}));
+    EXPECT_EQ(reader->FindTensor("params")->raw_length(), 4000u / 4);
+    EXPECT_EQ(reader->FindTensor("adam")->raw_length(), 8000u / 4);
+    EXPECT_EQ(reader->FindTensor("rng")->raw_length(), 64u);
+    raw += reader->index().raw_bytes();
+  }
+  EXPECT_EQ(raw, 4000u + 8000u + 4 * 64u);  // not 4 x (4000 + 8000 + 64)
+  // Rank 2's trainer dies: every rank gets all of its state back from its
+  // agent's memory, checked against the checksums of the whole buffers.
+  TrainerDied(nodes[2], 2);
+  std::vector<Node*> all;
+  for (Node& n : nodes) all.push_back(&n);
+  ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kMemory, {0, 1, 2, 3}));
+  // Then from disk, each rank putting the group's shares together: the
+  // copies in memory are damaged (a byte each), which the whole buffers'
+  // checksums catch.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(nodes[r].agent->CorruptKeptStep("job", r, 10).status());
+  TrainerDied(nodes[0], 0);
+  ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kRoot, {0, 1, 2, 3}));
+  for (Node& n : nodes) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, n.agent->Status(n.handle.trainer_id));
+    EXPECT_EQ(st.resharded_restores, 0u);  // the same slices: not a resharding
+  }
+  // Read from disk, the step is kept in memory again, verifiable as a whole.
+  TrainerDied(nodes[1], 1);
+  ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kMemory, {0, 1, 2, 3}));
+}
+
+TEST_F(ReplicatedStateTest, TwoRanksRestoreWhatFourWroteOnce) {
+  std::vector<Node> nodes = StartFourAndCommit10();
+  TrainerDied(nodes[3], 3);
+  for (Node& n : nodes) {
+    CKPTD_ASSERT_OK(n.agent->TrainerExited(n.handle.trainer_id, /*died=*/true));
+    n.link->Beat(*n.agent);
+  }
+  // Nodes 2 and 3 are gone for good; the job goes on as two ranks, a group
+  // of two.
+  for (uint32_t r = 0; r < 2; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(nodes[r].handle, nodes[r].agent->Register(DataParallel(r, 2)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(nodes[r].seg, staging::StagingSegment::Open(nodes[r].handle.segment));
+    nodes[r].link->Beat(*nodes[r].agent);
+  }
+  ASSERT_NO_FATAL_FAILURE(RestoreDp({&nodes[0], &nodes[1]}, 10, RestoreSource::kRoot, {0, 1}));
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, nodes[0].agent->Status(nodes[0].handle.trainer_id));
+  EXPECT_EQ(st.resharded_restores, 1u);
+  // The two go on, and write half each.
+  for (uint32_t r = 0; r < 2; ++r) SnapshotDp(nodes[r], r, 20);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<storage::ShardReader> reader,
+                             storage::ShardReader::Open(&mem_, storage::ShardPath("/ckpt", "job", 20, 1), {}));
+  EXPECT_EQ(reader->FindTensor("params")->raw_length(), 4000u / 2);
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {

@@ -69,6 +69,26 @@ TrainerRegistration OneRank() {
                       Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)}};
 }
 
+// Rank 1 of a data-parallel job of two ranks, with the bytes of OneRank():
+// params and adam the same on both ranks (replicated over "dp", written as
+// this rank's half of the rows), the cursor its own.
+TrainerRegistration DataParallelRank() {
+  TrainerRegistration r = OneRank();
+  r.rank = 1;
+  r.world_size = 2;
+  r.local_world_size = 1;
+  const uint64_t rows[] = {120, 240};
+  for (int i = 0; i < 2; ++i) {
+    r.buffers[i].clear_shape();
+    r.buffers[i].add_shape(rows[i]);
+    r.buffers[i].add_shape(25);
+    r.buffers[i].mutable_replica()->set_group("dp");
+    r.buffers[i].mutable_replica()->set_count(2);
+    r.buffers[i].mutable_replica()->set_index(1);
+  }
+  return r;
+}
+
 // A snapshot every step from step 0; every `durable_every`-th one durable.
 ckptd::v1::Schedule EveryStep(uint64_t durable_every) {
   ckptd::v1::Schedule s;
@@ -300,8 +320,8 @@ struct Trainer {
   std::unique_ptr<staging::StagingSegment> seg;
 };
 
-void Start(AgentCore& agent, Trainer* out) {
-  CKPTD_ASSERT_OK_AND_ASSIGN(out->h, agent.Register(OneRank()));
+void Start(AgentCore& agent, Trainer* out, const TrainerRegistration& reg = OneRank()) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(out->h, agent.Register(reg));
   CKPTD_ASSERT_OK_AND_ASSIGN(out->seg, staging::StagingSegment::Open(out->h.segment));
 }
 
@@ -817,6 +837,47 @@ TEST_F(MemoryCheckpointTest, AnOrderedEmergencyPersistWritesTheKeptStepAsTheShar
   EXPECT_THAT(mem_.Stat(storage::StepDir("/ckpt", "job", 1)).status(),
               StatusIs(absl::StatusCode::kNotFound, ::testing::_));
   EXPECT_THAT(EmergencyReports(coord_), SizeIs(1));
+}
+
+// A rank of a data-parallel job: its memory checkpoint's index describes
+// its share of the replicated buffers (what a persist writes) with the
+// checksums of the whole; a peer's copy of the whole comes back verified
+// through them, and an emergency persist writes the share as reported.
+TEST_F(MemoryCheckpointTest, ADataParallelRanksMemoryStepComesBackFromAPeerAndIsWrittenAsItsShare) {
+  {
+    AgentCore a(&fs_, NodeA());
+    Trainer t;
+    ASSERT_NO_FATAL_FAILURE(Start(a, &t, DataParallelRank()));
+    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
+  }
+  const ckptd::v1::ShardReport memory = coord_.ReportOf(2);
+  ASSERT_TRUE(memory.memory_only());
+  ScriptedCoordinator coord;
+  coord.SetPlan(MemoryRound(2, memory.shard(), {PeerAt("node-b")}));
+  AgentOptions o = TestAgentOptions("memckpt-dp");
+  o.node_id = "node-c";
+  o.coordinator = &coord;
+  o.peer_network = &net_;
+  AgentCore c(&fs_, o);
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(c, &t, DataParallelRank()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, c.Restore(t.h.trainer_id, absl::Seconds(5)));
+  EXPECT_THAT(r.step, Optional(2u));
+  EXPECT_EQ(r.source, RestoreSource::kPeer);
+  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r.slot, StepFill(2)));
+  CKPTD_EXPECT_OK(t.seg->Release(r.slot));
+  // Node C now keeps the step: an emergency persist writes it, the shard
+  // node A reported to the byte: half of params and adam, all of the cursor.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport done, c.EmergencyPersist(OrderOf(memory, "node-c")));
+  EXPECT_EQ(done.shard().file_length(), memory.shard().file_length());
+  EXPECT_EQ(done.shard().index_xxh3(), memory.shard().index_xxh3());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<storage::ShardReader> reader,
+                             storage::ShardReader::Open(&mem_, storage::ShardPath("/ckpt", "job", 2, 1)));
+  EXPECT_EQ(reader->index().raw_bytes(), (12000u + 24000u) / 2 + 24u);
+  std::string half(6000, '\0');
+  CKPTD_ASSERT_OK(reader->ReadTensors({{"params", half.data(), half.size()}}));
+  EXPECT_EQ(half, std::string(6000, static_cast<char>(StepFill(2))));
+  EXPECT_THAT(reader->FindTensor("params")->offsets(), ::testing::ElementsAre(60u, 0u));
 }
 
 TEST_F(MemoryCheckpointTest, AnEmergencyPersistOnAFullDiskFailsCleanlyAndCanBeTriedAgain) {

@@ -342,9 +342,9 @@ TEST(PlanCommandTest, TableSevenBillion) {
                            HasSubstr("rng"), HasSubstr("7.57 kB"), HasSubstr("data cursor"), HasSubstr("4.10 kB"),
                            HasSubstr("total per rank"), HasSubstr("29.31 GB"), HasSubstr("per node (8 ranks)"),
                            HasSubstr("234.50 GB"), HasSubstr("job (64 ranks)"), HasSubstr("1.88 TB")));
-  // Counted as written once (the comparison mode): 112 GB of model state, 1/64 of it per rank.
-  EXPECT_THAT(r.out, AllOf(HasSubstr("written per checkpoint if replicated state were written once per job, spread "
-                                     "over dp 64\n(a comparison: ckptd does not write that way yet)\n"),
+  // Counted as written once: 112 GB of model state, 1/64 of it per rank.
+  EXPECT_THAT(r.out, AllOf(HasSubstr("written per checkpoint (replicated state declared: written once per job, "
+                                     "spread over dp 64)\n"),
                            HasSubstr("unique (one copy)           112.00 GB    16 B/param, rng and cursor per rank"),
                            HasSubstr("rank share                  1.75 GB      16 B/param / dp 64, rng, cursor"),
                            HasSubstr("node share (8 ranks)        14.00 GB\n"),
@@ -378,19 +378,20 @@ TEST(PlanCommandTest, JsonSevenBillion) {
   EXPECT_GT(JsonNumber(r.out, "alternative_waste"), JsonNumber(r.out, "expected_waste"));
 }
 
-// `plan --params 70B --gpus 8192` (dp 8192, ZeRO-0) by default counts what
-// ckptd writes today: every rank its whole 1.12 TB, 9.18 PB per job, a
-// 4480 s persist per node that raises the interval; `--replicated every` is
-// the same.
-TEST(PlanCommandTest, SeventyBillionOn8192GpusDefaultIsEveryRankWritingItsWholeState) {
-  Result r = Plan({"--params", "70B", "--gpus", "8192"});
+// `plan --params 70B --gpus 8192` (dp 8192, ZeRO-0) with `--replicated
+// every` counts a job that does not declare its replicated state: every rank
+// writes its whole 1.12 TB, 9.18 PB per job, a 4480 s persist per node that
+// raises the interval.
+TEST(PlanCommandTest, SeventyBillionOn8192GpusEveryRankWritingItsWholeState) {
+  Result r = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(
       r.out,
       AllOf(HasSubstr("(tp 1 × pp 1 × dp 8192), bf16, adam, ZeRO-0"),
             HasSubstr("total per rank              1.12 TB\n"), HasSubstr("per node (8 ranks)          8.96 TB\n"),
             HasSubstr("job (8192 ranks)            9.18 PB\n"),
-            HasSubstr("written per checkpoint (as ckptd writes today: every rank all it holds, replicas included)\n"),
+            HasSubstr("written per checkpoint (replicated state not declared: every rank all it holds, replicas "
+                      "included)\n"),
             HasSubstr("unique (one copy)           1.12 TB "),
             HasSubstr("rank share                  1.12 TB      all it holds"),
             HasSubstr("node share (8 ranks)        8.96 TB\n"),
@@ -399,13 +400,8 @@ TEST(PlanCommandTest, SeventyBillionOn8192GpusDefaultIsEveryRankWritingItsWholeS
             HasSubstr("persist P                   4480 s (74.7 min): node share at 2 GB/s"),
             HasSubstr("Daly optimum τ              3593 s (59.9 min)"),
             HasSubstr("interval τ                  4480 s (74.7 min), raised to persist time P")));
-  EXPECT_THAT(r.out, Not(HasSubstr("once")));
 
-  Result every = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every"});
-  ASSERT_EQ(every.code, base::kExitOk) << every.err;
-  EXPECT_EQ(every.out, r.out);
-
-  Result json = Plan({"--params", "70B", "--gpus", "8192", "--json"});
+  Result json = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "every", "--json"});
   ASSERT_EQ(json.code, base::kExitOk) << json.err;
   ASSERT_TRUE(IsValidJson(json.out)) << json.out;
   EXPECT_THAT(json.out,
@@ -416,17 +412,19 @@ TEST(PlanCommandTest, SeventyBillionOn8192GpusDefaultIsEveryRankWritingItsWholeS
   EXPECT_NEAR(JsonNumber(json.out, "interval_seconds"), 4480, 1e-3);
 }
 
-// The comparison mode: `--replicated once` counts the 1.12 TB written once per
-// job, a 137 MB share per rank, a 0.55 s persist and Daly's interval.
-TEST(PlanCommandTest, SeventyBillionOn8192GpusCountedAsWrittenOnce) {
-  Result r = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once"});
+// The default, what ckptd writes of declared replicated state: the 1.12 TB
+// written once per job, a 137 MB share per rank, a 0.55 s persist and Daly's
+// interval; `--replicated once` is the same.
+TEST(PlanCommandTest, SeventyBillionOn8192GpusDefaultIsReplicatedStateWrittenOnce) {
+  Result r = Plan({"--params", "70B", "--gpus", "8192"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(
       r.out,
       AllOf(HasSubstr("(tp 1 × pp 1 × dp 8192), bf16, adam, ZeRO-0"),
             HasSubstr("total per rank              1.12 TB\n"), HasSubstr("per node (8 ranks)          8.96 TB\n"),
             HasSubstr("job (8192 ranks)            9.18 PB\n"),
-            HasSubstr("(a comparison: ckptd does not write that way yet)\n"),
+            HasSubstr("written per checkpoint (replicated state declared: written once per job, spread over dp "
+                      "8192)\n"),
             HasSubstr("unique (one copy)           1.12 TB "),
             HasSubstr("rank share                  136.73 MB    16 B/param / dp 8192, rng, cursor"),
             HasSubstr("node share (8 ranks)        1.09 GB\n"),
@@ -435,8 +433,11 @@ TEST(PlanCommandTest, SeventyBillionOn8192GpusCountedAsWrittenOnce) {
             HasSubstr("persist P                   0.55 s: node share at 2 GB/s"),
             HasSubstr("interval τ                  3593 s (59.9 min), Daly optimum")));
   EXPECT_THAT(r.out, Not(HasSubstr("raised to persist time P")));
+  Result once_text = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once"});
+  ASSERT_EQ(once_text.code, base::kExitOk) << once_text.err;
+  EXPECT_EQ(once_text.out, r.out);
 
-  Result once = Plan({"--params", "70B", "--gpus", "8192", "--replicated", "once", "--json"});
+  Result once = Plan({"--params", "70B", "--gpus", "8192", "--json"});
   ASSERT_EQ(once.code, base::kExitOk) << once.err;
   ASSERT_TRUE(IsValidJson(once.out)) << once.out;
   // 70e9 × 16 + 8192 × 11668; 1.12e12 / 8192 + 11668; 8 shares.
@@ -469,13 +470,13 @@ TEST(PlanCommandTest, Help) {
   EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp", "--gpus-per-node",
                            "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds", "--alternative-seconds",
-                           "--json", "--replicated every|once"}) {
+                           "--json", "--replicated once|every"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   EXPECT_THAT(r.out,
-              AllOf(HasSubstr("every (default): what"), HasSubstr("ckptd writes today, each rank its whole state"),
-                    HasSubstr("PyTorch DCP's deduplication"), HasSubstr("--replicated every (what ckptd writes)"),
-                    HasSubstr("With once (not how ckptd writes yet)")));
+              AllOf(HasSubstr("once (default): what ckptd"), HasSubstr("writes when the job declares its replicated"),
+                    HasSubstr("every: what it"), HasSubstr("--replicated once (replicated state declared)"),
+                    HasSubstr("With every (not declared)")));
   EXPECT_THAT(r.out, AllOf(HasSubstr("the memory tier keeps it"),
                            HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
                            HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),

@@ -157,6 +157,19 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
     w.BeginArray();
     for (uint64_t d : t.offsets()) w.Uint(d);
     w.EndArray();
+    if (t.has_replica()) {
+      // A share of a tensor the group's ranks hold the same (docs/format.md).
+      w.Key("replica");
+      w.BeginObject();
+      w.Field("group", t.replica().group());
+      w.Field("count", t.replica().count());
+      w.Field("index", t.replica().index());
+      w.Key("shape");
+      w.BeginArray();
+      for (uint64_t d : t.replica().shape()) w.Uint(d);
+      w.EndArray();
+      w.EndObject();
+    }
     w.Field("device", t.device().kind() == ckptd::v1::Device::CUDA ? absl::StrCat("cuda:", t.device().index())
                                                                     : std::string("host"));
     w.Field("raw_bytes", t.raw_length());
@@ -223,6 +236,11 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
                            storage::DTypeName(t.dtype()), ShapeString(t.shape()), slice,
                            base::HumanBytes(t.raw_length()), base::HumanBytes(s.stored), Ratio(t.raw_length(), s.stored),
                            s.chunks, s.zstd_chunks, s.chunks - s.zstd_chunks);
+    if (t.has_replica()) {
+      out << absl::StrFormat("    share %d of %d of replica group '%s' (the whole: %s)\n", t.replica().index() + 1,
+                             t.replica().count(), base::TerminalSafe(t.replica().group()),
+                             ShapeString(t.replica().shape()));
+    }
     if (!chunks) continue;
     for (int b = 0; b < t.blocks_size(); ++b) {
       const auto& block = t.blocks(b);

@@ -39,15 +39,14 @@ const char kPlanHelp[] =
     "  --pp P                   pipeline-parallel degree (default 1); G must be a\n"
     "                           multiple of T·P, and dp = G/(T·P)\n"
     "  --gpus-per-node K        default 8\n"
-    "  --replicated every|once  how state replicated over the data-parallel ranks\n"
-    "                           is counted as written. every (default): what\n"
-    "                           ckptd writes today, each rank its whole state,\n"
-    "                           data-parallel replicas included. once: for\n"
-    "                           comparison, the bytes of a checkpoint that writes\n"
-    "                           replicated state once per job, spread over the\n"
-    "                           replicas (as PyTorch DCP's deduplication of\n"
-    "                           replicated tensors does); ckptd does not write\n"
-    "                           that way yet\n"
+    "  --replicated once|every  how state replicated over the data-parallel ranks\n"
+    "                           is counted as written. once (default): what ckptd\n"
+    "                           writes when the job declares its replicated\n"
+    "                           state (a replica group, DTensor Replicate\n"
+    "                           placements, ckptd.torch replicated=): once per\n"
+    "                           job, spread over the replicas. every: what it\n"
+    "                           writes when the job does not, each rank its\n"
+    "                           whole state, data-parallel replicas included\n"
     "  --d2h-gbps X             device-to-host copy bandwidth per GPU, GB/s\n"
     "                           (default 25)\n"
     "  --write-gbps Y           storage write bandwidth per node, GB/s (default 2)\n"
@@ -78,10 +77,10 @@ const char kPlanHelp[] =
     "  Unique bytes: one copy of each tp/pp shard of weights, grads and optimizer\n"
     "  state, params × bytes per parameter whatever dp and ZeRO, plus the rng and\n"
     "  data cursor of every rank (they differ per rank).\n"
-    "  Written: with --replicated every (what ckptd writes), each rank writes all\n"
-    "  it holds. With once (not how ckptd writes yet), each rank would write what\n"
-    "  ZeRO divided and 1/dp of what it holds replicated (1/dp of its tp/pp shard\n"
-    "  in all) and its rng and cursor, and the job the unique bytes. A node\n"
+    "  Written: with --replicated once (replicated state declared), each rank\n"
+    "  writes what ZeRO divided and 1/dp of what it holds replicated (1/dp of\n"
+    "  its tp/pp shard in all) and its rng and cursor, and the job the unique\n"
+    "  bytes. With every (not declared), each rank writes all it holds. A node\n"
     "  writes its ranks' shares (ranks per node = --gpus-per-node, or G when\n"
     "  fewer); persist P = node share / --write-gbps.\n"
     "  Sizes are before compression.\n"
@@ -175,13 +174,11 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), DecimalBytes(p.job_bytes));
 
   const bool once = in.replicated == policy::ReplicatedWrites::kOnce;
-  // The default, every, is what ckptd writes; once is a comparison with a
-  // checkpoint that writes replicated state once, which ckptd does not yet.
-  out << (once ? absl::StrFormat("\nwritten per checkpoint if replicated state were written once per job, spread "
-                                 "over dp %d\n(a comparison: ckptd does not write that way yet)\n",
+  out << (once ? absl::StrFormat("\nwritten per checkpoint (replicated state declared: written once per job, "
+                                 "spread over dp %d)\n",
                                  p.dp)
-               : std::string("\nwritten per checkpoint (as ckptd writes today: every rank all it holds, replicas "
-                             "included)\n"));
+               : std::string("\nwritten per checkpoint (replicated state not declared: every rank all it holds, "
+                             "replicas included)\n"));
   const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
   FigureLine(
       out, "unique (one copy)",

@@ -81,7 +81,8 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
   // A newer caller's fields that this library does not know must be unset.
   const auto* bytes = reinterpret_cast<const unsigned char*>(ext);
   for (size_t i = offsetof(ckptd_options_ext, reserved); i < ext->size; ++i) {
-    if (bytes[i] != 0) {
+    const bool known = i >= offsetof(ckptd_options_ext, replicas) && i < sizeof(ckptd_options_ext);
+    if (bytes[i] != 0 && !known) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
                                                      " is unknown to this libckptd (ABI version ", CKPTD_ABI_VERSION,
                                                      ")"));
@@ -118,6 +119,10 @@ int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("ckptd_connect: count ", count, " is outside 0..", kMaxBuffers, " buffers")));
   }
+  const ckptd_replica* replicas = nullptr;
+  if (ext != nullptr && ext->size >= offsetof(ckptd_options_ext, replicas) + sizeof(ext->replicas)) {
+    replicas = ext->replicas;
+  }
   std::vector<ckptd::client::BufferSpec> specs;
   for (size_t i = 0; i < count; ++i) {
     const ckptd_buffer& b = buffers[i];
@@ -139,6 +144,15 @@ int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext
     s.device.set_kind(b.device_kind == CKPTD_DEVICE_CUDA ? ckptd::v1::Device::CUDA : ckptd::v1::Device::HOST);
     s.device.set_index(b.device_index);
     s.data = b.data;
+    if (replicas != nullptr && replicas[i].count > 0) {
+      if (replicas[i].group == nullptr) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("ckptd_connect: buffer ", i, " is replicated over a group without a name")));
+      }
+      s.replica_group = replicas[i].group;
+      s.replica_count = replicas[i].count;
+      s.replica_index = replicas[i].index;
+    }
     specs.push_back(std::move(s));
   }
   absl::StatusOr<std::unique_ptr<ckptd::client::Client>> client = ckptd::client::Client::Connect(*o, std::move(specs));

@@ -13,7 +13,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/file_system.h"
+#include "storage/layout.h"
 #include "storage/mem_file_system.h"
+#include "storage/shard_reader.h"
 
 extern "C" int ckptd_c_smoke(const char* socket, const char* job, int ext_spare);
 
@@ -43,6 +45,51 @@ TEST(CApiTest, ConnectSnapshotRestoreFromC) {
   EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi-ext", 1), 0) << ckptd_last_error();
   (*server)->Shutdown();
   std::system(absl::StrCat("rm -rf ", dir).c_str());
+}
+
+// A buffer declared replicated through ckptd_options_ext.replicas reaches
+// the agent, which writes it as a share; a group the job cannot hold, or one
+// without a name, is refused.
+TEST(CApiTest, ReplicatedBuffersAreDeclaredThroughExtOptions) {
+  ckptd::testing::TempDir tmp("ckptd-capi-");
+  const std::string socket = tmp.path() + "/agent.sock";
+  ckptd::storage::MemFileSystem mem;
+  ASSERT_TRUE(mem.CreateDir("/ckpt").ok());
+  ckptd::agent::AgentOptions o;
+  o.storage_root = "/ckpt";
+  o.io_threads = 1;
+  o.segment_prefix = absl::StrCat("/ckptd-test-capi-dp-", ::getpid());
+  ckptd::agent::AgentCore core(&mem, o);
+  ckptd::agent::AgentService service(&core);
+  auto server = ckptd::agent::StartUnixServer(socket, &service);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const ckptd_options options = {socket.c_str(), "capi-dp", 0, 1, 0, 1000, 5000};
+  float w[6] = {1, 2, 3, 4, 5, 6};
+  uint64_t shape[2] = {3, 2};
+  ckptd_buffer b = {"w", CKPTD_PARAMS, CKPTD_FLOAT32, 2, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, w};
+  ckptd_replica replica = {"dp", 2, 0};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, &replica};
+  ckptd_client* client = nullptr;
+  EXPECT_EQ(ckptd_connect_ext(&options, &ext, &b, 1, &client), 3);
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("larger than the job's world of 1"));
+  replica = {nullptr, 1, 0};
+  EXPECT_EQ(ckptd_connect_ext(&options, &ext, &b, 1, &client), 3);
+  EXPECT_THAT(ckptd_last_error(), HasSubstr("without a name"));
+  replica = {"dp", 1, 0};
+  ASSERT_EQ(ckptd_connect_ext(&options, &ext, &b, 1, &client), 0) << ckptd_last_error();
+  int found = 1;
+  uint64_t step = 0;
+  ASSERT_EQ(ckptd_restore(client, &found, &step), 0) << ckptd_last_error();
+  ASSERT_EQ(ckptd_snapshot(client, 5, nullptr), 0) << ckptd_last_error();
+  ASSERT_EQ(ckptd_wait_persisted(client, 5, 30000), 0) << ckptd_last_error();
+  ckptd_close(client);
+  auto reader = ckptd::storage::ShardReader::Open(&mem, ckptd::storage::ShardPath("/ckpt", "capi-dp", 5, 0), {});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const ckptd::v1::Tensor* saved = (*reader)->FindTensor("w");
+  ASSERT_NE(saved, nullptr);
+  EXPECT_EQ(saved->replica().group(), "dp");
+  EXPECT_EQ(saved->replica().count(), 1u);
+  (*server)->Shutdown();
 }
 
 // Issue 16 (5): the C ABI tells the trainer of persists that failed.
@@ -111,17 +158,22 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_EQ(plain.rpc_timeout, absl::Seconds(5));
   EXPECT_FALSE(plain.spare_device_buffer);
 
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0, nullptr};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions spare, ClientOptionsFromC(&options, &ext));
   EXPECT_TRUE(spare.spare_device_buffer);
   // `reserved` is where the next option goes: set, it is not ignored.
   ext.reserved = 1;
   EXPECT_THAT(ClientOptionsFromC(&options, &ext),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
+  ext.reserved = 0;
+  // ABI 6's replicas are known (read by ckptd_connect_ext with the buffers).
+  const ckptd_replica replicas[1] = {{"dp", 1, 0}};
+  ext.replicas = replicas;
+  CKPTD_EXPECT_OK(ClientOptionsFromC(&options, &ext).status());
 
   // A caller built before spare_device_buffer existed: the field lies
   // outside its struct and is not read, whatever the memory there holds.
-  ckptd_options_ext old = {sizeof(size_t), 1, 0};
+  ckptd_options_ext old = {sizeof(size_t), 1, 0, nullptr};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions older, ClientOptionsFromC(&options, &old));
   EXPECT_FALSE(older.spare_device_buffer);
 
@@ -139,7 +191,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_THAT(ClientOptionsFromC(&options, &newer.ext),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
 
-  ckptd_options_ext unset = {0, 1, 0};
+  ckptd_options_ext unset = {0, 1, 0, nullptr};
   EXPECT_THAT(ClientOptionsFromC(&options, &unset),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sizeof(ckptd_options_ext)")));
   ckptd_client* client = nullptr;

@@ -16,8 +16,9 @@ extern "C" {
 
 /* Versions only grow, each a superset of the one before: 2 added
  * ckptd_options_ext and ckptd_connect_ext; 3 added ckptd_persist_failures; 4 added
- * ckptd_restore_source; 5 added ckptd_export_safetensors. */
-#define CKPTD_ABI_VERSION 5
+ * ckptd_restore_source; 5 added ckptd_export_safetensors; 6 added
+ * ckptd_options_ext.replicas. */
+#define CKPTD_ABI_VERSION 6
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -50,6 +51,16 @@ typedef struct ckptd_options {
   int64_t rpc_timeout_ms;   /* bound on each call to the agent; 0: 5000 */
 } ckptd_options;
 
+/* A buffer every rank of a group holds the same (the weights and optimizer
+ * state of data parallelism): the group writes it once, each member a share
+ * of its rows (dimension 0), and every member restores all of it
+ * (docs/elastic.md). `count` 0: not replicated. */
+typedef struct ckptd_replica {
+  const char* group; /* the group's name, e.g. "dp" (1..256 bytes of UTF-8) */
+  uint32_t count;    /* ranks in the group, at most the world size */
+  uint32_t index;    /* this rank's place in it, < count */
+} ckptd_replica;
+
 /* Options added after ABI version 1, for ckptd_connect_ext. Set `size` to
  * sizeof(ckptd_options_ext) and zero what you do not set: the library reads
  * only the fields inside `size`, and new fields only ever replace `reserved`
@@ -63,6 +74,9 @@ typedef struct ckptd_options_ext {
    * copy, the copy into staging runs in the background. 0: one hop. */
   int32_t spare_device_buffer;
   int32_t reserved; /* 0 */
+  /* ABI 6: NULL, or one entry per buffer passed to ckptd_connect_ext, in the
+   * same order: which buffers are replicated over a group of ranks. */
+  const struct ckptd_replica* replicas;
 } ckptd_options_ext;
 
 typedef struct ckptd_client ckptd_client;

@@ -658,6 +658,11 @@ absl::Status Client::EnsureRegistered() {
     for (uint64_t d : b.shape) t->add_shape(d);
     for (uint64_t d : b.global_shape) t->add_global_shape(d);
     for (uint64_t d : b.offsets) t->add_offsets(d);
+    if (b.replica_count > 0) {
+      t->mutable_replica()->set_group(b.replica_group);
+      t->mutable_replica()->set_count(b.replica_count);
+      t->mutable_replica()->set_index(b.replica_index);
+    }
     *t->mutable_device() = b.device;
   }
   ckptd::v1::RegisterResponse resp;

@@ -32,6 +32,13 @@ struct BufferSpec {
   std::vector<uint64_t> shape;
   std::vector<uint64_t> global_shape;  // empty: not sharded
   std::vector<uint64_t> offsets;
+  // Replicated over a group of ranks (data parallelism: every member holds
+  // the same bytes): the group's name, its size and this rank's place in it.
+  // The group writes the buffer once, each member a share of its rows
+  // (docs/elastic.md). replica_count 0: not replicated.
+  std::string replica_group;
+  uint32_t replica_count = 0;
+  uint32_t replica_index = 0;
   ckptd::v1::Device device;            // host by default
   void* data = nullptr;
 };

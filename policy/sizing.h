@@ -28,13 +28,13 @@ inline constexpr double kQuantBlock = 2048;
 
 // How state replicated over the data-parallel ranks is counted as written.
 enum class ReplicatedWrites {
-  // Once per job, its bytes spread evenly over the dp replicas, as a
-  // checkpoint that deduplicates replicated tensors writes them (PyTorch
-  // DCP's save planner does). ckptd does not write that way yet: a
-  // comparison, the bytes such a checkpoint would write.
+  // Once per job, its bytes spread evenly over the dp replicas: what ckptd
+  // writes of state the job declares replicated (a replica group; DTensor
+  // Replicate placements; ckptd.torch's replicated=; docs/elastic.md), and
+  // the default.
   kOnce,
   // Every rank writes its whole state, replicas included: what ckptd writes
-  // today, and the default.
+  // of state the job does not declare replicated.
   kEvery,
 };
 // "once" | "every"; kInvalidArgument naming the text and the accepted names.
@@ -49,7 +49,7 @@ struct PlanInputs {
   int zero = 0;                  // ZeRO stage 0..3
   int tp = 1, pp = 1;            // tensor- and pipeline-parallel degrees
   int gpus_per_node = 8;
-  ReplicatedWrites replicated = ReplicatedWrites::kEvery;  // what ckptd writes today
+  ReplicatedWrites replicated = ReplicatedWrites::kOnce;  // replicated state declared
   double d2h_gbps = 25;          // device-to-host copy per GPU, GB/s (1e9 bytes/s)
   double write_gbps = 2;         // storage write per node, GB/s
   double fail_rate_per_gpu_hour = 3e-6;

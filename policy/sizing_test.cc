@@ -73,7 +73,7 @@ TEST(PlanCheckpointTest, SevenBillionZero1) {
   EXPECT_DOUBLE_EQ(p->rank_bytes, rank);
   EXPECT_DOUBLE_EQ(p->node_bytes, 8 * rank);
   EXPECT_DOUBLE_EQ(p->job_bytes, 64 * rank);
-  // Counted as written once (the comparison mode): weights and grads are
+  // Counted as written once (declared replicated state): weights and grads are
   // replicated over the 64 ranks, each writes 1/64 of them and its own 1/64 of
   // the optimizer state.
   const double share = 112e9 / 64 + 7572 + 4096;
@@ -162,12 +162,13 @@ TEST(PlanCheckpointTest, FewerGpusThanANode) {
   EXPECT_DOUBLE_EQ(p->node_bytes, p->job_bytes);
 }
 
-// The default is what ckptd writes today: every rank its whole state, replicas
-// included. 70B, 8192 GPUs, ZeRO-0: every rank writes its 1.12 TB, 9.18 PB per
-// job and a 75-minute persist that raises the interval.
-TEST(PlanCheckpointTest, DefaultCountsEveryRankWritingItsWholeState) {
-  EXPECT_EQ(PlanInputs().replicated, ReplicatedWrites::kEvery);
+// The default is what ckptd writes of declared replicated state: once per
+// job. Undeclared (kEvery): 70B, 8192 GPUs, ZeRO-0: every rank writes its
+// 1.12 TB, 9.18 PB per job and a 75-minute persist that raises the interval.
+TEST(PlanCheckpointTest, UndeclaredReplicatedStateCountsEveryRankWritingItsWholeState) {
+  EXPECT_EQ(PlanInputs().replicated, ReplicatedWrites::kOnce);
   PlanInputs in;
+  in.replicated = ReplicatedWrites::kEvery;
   in.params = 70e9;
   in.gpus = 8192;
   absl::StatusOr<Plan> p = PlanCheckpoint(in);
@@ -186,7 +187,7 @@ TEST(PlanCheckpointTest, DefaultCountsEveryRankWritingItsWholeState) {
   EXPECT_DOUBLE_EQ(p->interval.interval_s, p->persist_s);
 }
 
-// The comparison mode: 70B, 8192 GPUs, ZeRO-0, every rank holds 1.12 TB, and
+// Declared (the default): 70B, 8192 GPUs, ZeRO-0, every rank holds 1.12 TB, and
 // the job's state is 16 B/param × 70e9 = 1.12 TB; counted as written once,
 // each rank writes a 1/8192 sliver of it.
 TEST(PlanCheckpointTest, SeventyBillionOn8192GpusCountedAsWrittenOnce) {

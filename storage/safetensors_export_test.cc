@@ -1,4 +1,5 @@
 #include "storage/safetensors_export.h"
+#include "storage/replica.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -382,6 +383,32 @@ TEST_F(SafetensorsExportTest, AnEmptySliceOverlapsNothing) {
                                 {Sharded(w, {1, 0}, {0, 5})}}));
   CKPTD_ASSERT_OK_AND_ASSIGN(SafetensorsExport out, ExportSafetensors(store_, kJob, 1, kOut, TwoThreads()));
   ExpectSafetensors(ReadFile(kModel), 1, {F32(w)});
+}
+
+// A data-parallel group of four wrote w once (rows 0, 1, 2 and none) and
+// the scalar step whole on every rank: the export puts the shares together.
+TEST_F(SafetensorsExportTest, SharesOfReplicatedTensorsArePutTogether) {
+  const Global w = MakeGlobal("w", {3, 5}, 0);
+  const Global step = MakeGlobal("step", {}, 42);
+  CKPTD_ASSERT_OK(store_.PrepareStep(kJob, 1));
+  for (uint32_t r = 0; r < 4; ++r) {
+    std::vector<TensorSource> whole;
+    for (const Global* g : {&w, &step}) {
+      Slice s = Whole(*g);
+      s.meta.clear_raw_length();
+      s.meta.mutable_replica()->set_group("dp");
+      s.meta.mutable_replica()->set_count(4);
+      s.meta.mutable_replica()->set_index(r);
+      whole.push_back({s.meta, g->bytes.data(), g->bytes.size()});
+    }
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<TensorSource> shares, ShareSources(whole, 4096, &pool_));
+    CKPTD_ASSERT_OK(store_.WriteShard(kJob, 1, r, 4, shares, SmallBlocks(), &pool_).status());
+  }
+  CKPTD_ASSERT_OK(store_.CommitStep(kJob, 1, 4).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(SafetensorsExport out, ExportSafetensors(store_, kJob, 1, kOut, TwoThreads()));
+  EXPECT_THAT(out.tensors, ElementsAre(IsExported("step", "model.safetensors", "F32", {}, 4, 1),
+                                       IsExported("w", "model.safetensors", "F32", {3, 5}, 60, 3)));
+  ExpectSafetensors(ReadFile(kModel), 1, {F32(step), F32(w)});
 }
 
 TEST_F(SafetensorsExportTest, NamesAreJsonStrings) {

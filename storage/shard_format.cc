@@ -2,6 +2,7 @@
 
 #include "absl/strings/string_view.h"
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "base/aligned_buffer.h"
@@ -27,24 +28,31 @@ uint64_t GetFixed64(const uint8_t* p) {
 }
 
 // Header: magic[8] | version u32 | alignment u32 | zero[40] | xxh3(bytes 0..55) u64
-void EncodeShardHeader(uint8_t out[kShardHeaderBytes]) {
+void EncodeShardHeader(uint8_t out[kShardHeaderBytes], uint32_t version) {
   std::memset(out, 0, kShardHeaderBytes);
   std::memcpy(out, kShardMagic.data(), 8);
-  PutFixed32(out + 8, kShardFormatVersion);
+  PutFixed32(out + 8, version);
   PutFixed32(out + 12, kShardAlignment);
   PutFixed64(out + 56, Xxh3(out, 56));
 }
 
-absl::Status DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string_view what) {
+namespace {
+
+bool KnownVersion(uint32_t v) { return v >= kOldestShardFormatVersion && v <= kShardFormatVersion; }
+
+std::string Unsupported(absl::string_view what, uint32_t version) {
+  return absl::StrCat(what, ": shard format version ", version, " is not supported (this build reads ",
+                      kOldestShardFormatVersion, " to ", kShardFormatVersion, ")");
+}
+
+}  // namespace
+
+absl::StatusOr<uint32_t> DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string_view what) {
   if (std::memcmp(in, kShardMagic.data(), 8) != 0) {
     return absl::DataLossError(absl::StrCat(what, ": not a ckptd shard file (bad header magic)"));
   }
   const uint32_t version = GetFixed32(in + 8);
-  if (version != kShardFormatVersion) {
-    return absl::UnimplementedError(
-        absl::StrCat(what, ": shard format version ", version, " is not supported (this build reads ",
-                     kShardFormatVersion, ")"));
-  }
+  if (!KnownVersion(version)) return absl::UnimplementedError(Unsupported(what, version));
   if (GetFixed64(in + 56) != Xxh3(in, 56)) {
     return absl::DataLossError(absl::StrCat(what, ": header checksum mismatch"));
   }
@@ -52,7 +60,7 @@ absl::Status DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string
     return absl::DataLossError(absl::StrCat(what, ": header alignment ", GetFixed32(in + 12),
                                             " is not ", kShardAlignment));
   }
-  return absl::OkStatus();
+  return version;
 }
 
 // Footer: magic[8] | version u32 | flags u32 | index_offset u64 | index_length u64 |
@@ -75,11 +83,7 @@ absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes
     return absl::DataLossError(
         absl::StrCat(what, ": bad footer magic (file truncated, extended or not a shard)"));
   }
-  if (GetFixed32(in + 8) != kShardFormatVersion) {
-    return absl::UnimplementedError(absl::StrCat(what, ": shard format version ", GetFixed32(in + 8),
-                                                 " is not supported (this build reads ",
-                                                 kShardFormatVersion, ")"));
-  }
+  if (!KnownVersion(GetFixed32(in + 8))) return absl::UnimplementedError(Unsupported(what, GetFixed32(in + 8)));
   if (GetFixed64(in + 56) != Xxh3(in, 56)) {
     return absl::DataLossError(absl::StrCat(what, ": footer checksum mismatch"));
   }

@@ -1,4 +1,4 @@
-// Fixed-size parts of shard format v1: the header block at the start of the
+// Fixed-size parts of the shard format (versions 1 and 2): the header block at the start of the
 // file and the footer at its end. docs/format.md specifies them byte by byte.
 #pragma once
 
@@ -12,7 +12,13 @@
 
 namespace ckptd::storage {
 
-inline constexpr uint32_t kShardFormatVersion = 1;
+// The newest version this build writes and reads. A shard is written as
+// version 1 unless it needs version 2 (a share of a replicated tensor), so
+// that a reader of version 1 reads every shard that does not.
+inline constexpr uint32_t kShardFormatVersion = 2;
+inline constexpr uint32_t kOldestShardFormatVersion = 1;
+// The first version whose index may hold shares of replicated tensors.
+inline constexpr uint32_t kShardFormatVersionReplicas = 2;
 // Every chunk, the index and the file length are multiples of this.
 inline constexpr uint32_t kShardAlignment = 4096;
 // The header occupies the first block; its first kShardHeaderBytes are defined.
@@ -34,10 +40,11 @@ struct ShardFooter {
   uint64_t file_length = 0;
 };
 
-// Writes the 64 defined header bytes into `out`.
-void EncodeShardHeader(uint8_t out[kShardHeaderBytes]);
-// Checks magic, version and checksum. `what` names the file in errors.
-absl::Status DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string_view what);
+// Writes the 64 defined header bytes of a shard of format `version` into `out`.
+void EncodeShardHeader(uint8_t out[kShardHeaderBytes], uint32_t version = kShardFormatVersion);
+// Checks magic, version and checksum; returns the version. `what` names the
+// file in errors.
+absl::StatusOr<uint32_t> DecodeShardHeader(const uint8_t in[kShardHeaderBytes], absl::string_view what);
 
 void EncodeShardFooter(const ShardFooter& footer, uint8_t out[kShardFooterBytes]);
 // Checks magic, version, checksum, and that every offset and length fits a

@@ -1,4 +1,5 @@
 #include "storage/shard_index.h"
+#include "storage/replica.h"
 
 #include "absl/strings/string_view.h"
 #include <limits>
@@ -110,6 +111,12 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
   if (absl::Status s = TensorByteLength(meta).status(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
   }
+  if (meta.has_replica() && meta.replica().block_bytes() != 0) return ValidateShare(meta, what);
+  if (meta.has_replica() && (meta.replica().count() == 0 || meta.replica().index() >= meta.replica().count())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": place ", meta.replica().index(),
+                                                   " in a replica group of ", meta.replica().count(),
+                                                   " is not inside the group"));
+  }
   return absl::OkStatus();
 }
 
@@ -120,10 +127,11 @@ ByteRange BlockFileRange(const Block& block) {
   return {first.file_offset(), end - first.file_offset()};
 }
 
-absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, absl::string_view what) {
-  if (index.format_version() != kShardFormatVersion) {
+absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, uint32_t version,
+                                absl::string_view what) {
+  if (index.format_version() != version) {
     return absl::DataLossError(absl::StrCat(what, ": index format_version ", index.format_version(),
-                                            " does not match the footer's ", kShardFormatVersion));
+                                            " does not match the footer's ", version));
   }
   if (index.alignment() != kShardAlignment) {
     return absl::DataLossError(absl::StrCat(what, ": index alignment ", index.alignment(), " is not ",
@@ -142,6 +150,13 @@ absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, 
       return absl::DataLossError(s.message());
     }
     const std::string where = absl::StrCat(what, ": tensor '", absl::CHexEscape(tensor.name()), "'");
+    if (tensor.has_replica() && version < kShardFormatVersionReplicas) {
+      return absl::DataLossError(
+          absl::StrCat(where, " is a share of a replicated tensor in a shard of format version ", version));
+    }
+    if (tensor.has_replica() && tensor.replica().block_bytes() == 0) {
+      return absl::DataLossError(absl::StrCat(where, ": its replica carries no checksums of the whole buffer"));
+    }
     if (!names.insert(tensor.name()).second) {
       return absl::DataLossError(absl::StrCat(where, " appears twice in the index"));
     }

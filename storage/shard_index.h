@@ -18,16 +18,18 @@ absl::StatusOr<uint64_t> TensorByteLength(const ckptd::v1::Tensor& meta);
 // True when `s` is well-formed UTF-8 (no overlong forms or surrogates).
 bool IsValidUtf8(absl::string_view s);
 
-// Checks name (1..4096 bytes of UTF-8), component, dtype, and that shape, global_shape and offsets
-// agree. `what` prefixes errors. kInvalidArgument.
+// Checks name (1..4096 bytes of UTF-8), component, dtype, that shape, global_shape and offsets
+// agree, and a replica: its group (storage/replica.h) and, once it holds
+// checksums, the whole share. `what` prefixes errors. kInvalidArgument.
 absl::Status ValidateTensorMeta(const ckptd::v1::Tensor& meta, absl::string_view what);
 
-// Checks a whole index read from a file whose chunk area ends at
-// `index_offset`: version, alignment, tensor metadata, names unique, blocks
+// Checks a whole index read from a file of format `version` whose chunk area
+// ends at `index_offset`: version (the file's; shares of replicated tensors
+// from version 2 on), alignment, tensor metadata, names unique, blocks
 // covering each tensor in order, every block well-formed, every chunk inside
 // the chunk area, aligned and within its block's span, totals consistent.
 // Errors are kDataLoss and name the tensor, block and chunk.
-absl::Status ValidateShardIndex(const ckptd::v1::ShardIndex& index, uint64_t index_offset,
+absl::Status ValidateShardIndex(const ckptd::v1::ShardIndex& index, uint64_t index_offset, uint32_t version,
                                 absl::string_view what);
 
 // [first chunk offset, aligned end of last chunk) of a validated block.

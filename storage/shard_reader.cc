@@ -103,7 +103,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   }
   // Magic and version first, so that a newer format is named as such.
   CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(0, block.data(), kShardAlignment));
-  CKPTD_RETURN_IF_ERROR(DecodeShardHeader(block.data(), path));
+  CKPTD_ASSIGN_OR_RETURN(const uint32_t version, DecodeShardHeader(block.data(), path));
   if (size < kShardHeaderBlock + kShardAlignment) {
     return absl::DataLossError(absl::StrCat(path, ": file of ", size,
                                             " bytes is too short to be a shard (truncated?)"));
@@ -116,6 +116,10 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   CKPTD_ASSIGN_OR_RETURN(ShardFooter footer,
                          DecodeShardFooter(block.data() + kShardAlignment - kShardFooterBytes, size, path));
 
+  if (footer.format_version != version) {
+    return absl::DataLossError(absl::StrCat(path, ": footer version ", footer.format_version,
+                                            " does not match the header's ", version));
+  }
   base::AlignedBuffer index_buf(std::max<uint64_t>(footer.index_length, 1), kShardAlignment);
   CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(footer.index_offset, index_buf.data(), index_buf.capacity()));
   if (Xxh3(index_buf.data(), footer.index_length) != footer.index_xxh3) {
@@ -124,7 +128,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   if (!r->index_.ParseFromArray(index_buf.data(), static_cast<int>(footer.index_length))) {
     return absl::DataLossError(absl::StrCat(path, ": index does not parse"));
   }
-  CKPTD_RETURN_IF_ERROR(ValidateShardIndex(r->index_, footer.index_offset, path));
+  CKPTD_RETURN_IF_ERROR(ValidateShardIndex(r->index_, footer.index_offset, version, path));
   r->index_xxh3_ = footer.index_xxh3;
   return r;
 }

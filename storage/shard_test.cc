@@ -277,7 +277,8 @@ void ExpectIndexDescribes(const ShardReader& reader, const std::vector<TestTenso
                           const ShardIdentity& identity, const ShardWriteResult& result,
                           const ShardWriteOptions& options) {
   const ShardIndex& index = reader.index();
-  EXPECT_EQ(index.format_version(), kShardFormatVersion);
+  // Version 1: nothing here needs version 2 (docs/format.md §5).
+  EXPECT_EQ(index.format_version(), kOldestShardFormatVersion);
   EXPECT_EQ(index.job(), identity.job);
   EXPECT_EQ(index.step(), identity.step);
   EXPECT_EQ(index.rank(), identity.rank);
@@ -1030,10 +1031,11 @@ TEST_F(ShardCorruptionTest, HeaderProblems) {
   // A newer format version, with a correct checksum.
   bad = file_;
   uint8_t* h = reinterpret_cast<uint8_t*>(bad.data());
-  PutFixed32(h + 8, 2);
+  PutFixed32(h + 8, 3);
   PutFixed64(h + 56, Xxh3(h, 56));
   EXPECT_THAT(OpenStatus(bad), StatusIs(absl::StatusCode::kUnimplemented,
-                                        AllOf(HasSubstr(path_), HasSubstr("shard format version 2"))));
+                                        AllOf(HasSubstr(path_), HasSubstr("shard format version 3"),
+                                              HasSubstr("this build reads 1 to 2"))));
 
   bad = file_;
   h = reinterpret_cast<uint8_t*>(bad.data());
@@ -1045,16 +1047,21 @@ TEST_F(ShardCorruptionTest, HeaderProblems) {
   // corruption (the v1 checksum comes first); a reader may also name the
   // version. Never accepted.
   bad = file_;
-  PutFixed32(reinterpret_cast<uint8_t*>(bad.data()) + 8, 2);
+  PutFixed32(reinterpret_cast<uint8_t*>(bad.data()) + 8, 3);
   EXPECT_THAT(OpenStatus(bad), AnyOf(StatusIs(absl::StatusCode::kDataLoss, HasSubstr("header checksum mismatch")),
-                                     StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("version 2"))));
+                                     StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("version 3"))));
 }
 
 TEST_F(ShardCorruptionTest, FooterProblems) {
   ShardFooter f = layout_.footer;
+  f.format_version = 3;
+  EXPECT_THAT(OpenStatus(WithFooter(file_, f)),
+              StatusIs(absl::StatusCode::kUnimplemented, AllOf(HasSubstr(path_), HasSubstr("version 3"))));
+  // A known version, but not the header's.
   f.format_version = 2;
   EXPECT_THAT(OpenStatus(WithFooter(file_, f)),
-              StatusIs(absl::StatusCode::kUnimplemented, AllOf(HasSubstr(path_), HasSubstr("version 2"))));
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr(path_), HasSubstr("footer version 2 does not match the header's 1"))));
 
   f = layout_.footer;
   f.flags = 1;

@@ -111,7 +111,12 @@ class ShardWriteJob {
     if (block_bytes > kMaxBlockBytes) block_bytes = kMaxBlockBytes;
     block_bytes_ = block_bytes;
 
-    index_.set_format_version(kShardFormatVersion);
+    // Version 2 only when a share needs it: a version-1 reader reads the rest.
+    version_ = std::any_of(tensors_.begin(), tensors_.end(),
+                           [](const TensorSource& t) { return t.meta.has_replica(); })
+                   ? kShardFormatVersionReplicas
+                   : kOldestShardFormatVersion;
+    index_.set_format_version(version_);
     index_.set_job(identity_.job);
     index_.set_step(identity_.step);
     index_.set_rank(identity_.rank);
@@ -323,6 +328,7 @@ class ShardWriteJob {
                                                      " bytes exceeds the limit ", kMaxIndexBytes));
     }
     ShardFooter footer;
+    footer.format_version = version_;
     footer.index_offset = next_offset_;
     footer.index_length = serialized.size();
     footer.index_xxh3 = Xxh3(serialized);
@@ -333,7 +339,7 @@ class ShardWriteJob {
     EncodeShardFooter(footer, tail_buf.data() + tail - kShardFooterBytes);
 
     base::AlignedBuffer header(kShardHeaderBlock, kShardAlignment);
-    EncodeShardHeader(header.data());
+    EncodeShardHeader(header.data(), version_);
     CKPTD_ASSIGN_OR_RETURN(uint64_t t1, file_->Write(0, header.data(), kShardHeaderBlock));
     CKPTD_ASSIGN_OR_RETURN(uint64_t t2, file_->Write(next_offset_, tail_buf.data(), tail));
     CKPTD_RETURN_IF_ERROR(file_->WaitFor(t1));
@@ -386,6 +392,7 @@ class ShardWriteJob {
 
   std::vector<BlockRef> blocks_;
   uint64_t block_bytes_ = 0;
+  uint32_t version_ = kOldestShardFormatVersion;
   std::vector<Slot> slots_;
   std::unique_ptr<WritableFile> file_;
   ShardIndex index_;
@@ -420,6 +427,10 @@ absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors) {
     if (expected != t.length) {
       return absl::InvalidArgumentError(absl::StrCat(where, " has ", t.length,
                                                      " bytes but its shape and dtype make ", expected));
+    }
+    if (t.meta.has_replica() && t.meta.replica().block_bytes() == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " is replicated: its share is written (storage::ShareSources), not the buffer"));
     }
     if (t.length > 0 && t.data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(where, " has no data"));

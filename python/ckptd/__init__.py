@@ -27,7 +27,7 @@ __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
     "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "library_path", "PARAMS",
-    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export",
+    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export", "Replica",
 ]
 
 # The ABI version this binding needs (ckptd_options_ext came with 2).
@@ -112,6 +112,12 @@ class PersistFailedWarning(CheckpointWarning, RuntimeWarning):
 # the client connected, and the newest one's step and error (None and "" when
 # there is none).
 PersistFailures = collections.namedtuple("PersistFailures", ["failed", "last_failed_step", "last_error"])
+
+# A buffer every rank of a group holds the same (the weights and optimizer
+# state of data parallelism): the group's name, its size and this rank's
+# place in it. The group writes the buffer once, each member a share of its
+# rows, and every member restores all of it (docs/elastic.md).
+Replica = collections.namedtuple("Replica", ["group", "count", "index"])
 
 
 def error_for(code, message):
@@ -231,8 +237,13 @@ class _OptionsC(ctypes.Structure):
                 ("rpc_timeout_ms", ctypes.c_int64)]
 
 
+class _ReplicaC(ctypes.Structure):
+    _fields_ = [("group", ctypes.c_char_p), ("count", ctypes.c_uint32), ("index", ctypes.c_uint32)]
+
+
 class _OptionsExtC(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_size_t), ("spare_device_buffer", ctypes.c_int32), ("reserved", ctypes.c_int32)]
+    _fields_ = [("size", ctypes.c_size_t), ("spare_device_buffer", ctypes.c_int32), ("reserved", ctypes.c_int32),
+                ("replicas", ctypes.POINTER(_ReplicaC))]
 
 
 _lib, _lib_path = _load()
@@ -308,7 +319,8 @@ class Buffer:
     data_ptr(); `owner` is kept referenced so the memory stays valid.
     """
 
-    def __init__(self, name, obj, component=PARAMS, dtype=None, shape=None, global_shape=None, offsets=None):
+    def __init__(self, name, obj, component=PARAMS, dtype=None, shape=None, global_shape=None, offsets=None,
+                 replica=None):
         view = memoryview(obj)
         if view.readonly:
             raise InvalidArgumentError(f"buffer '{name}': the memory of {type(obj).__name__} is read-only")
@@ -325,11 +337,11 @@ class Buffer:
         flat = view.cast("B") if nbytes > 0 else None
         array = (ctypes.c_ubyte * nbytes).from_buffer(flat) if nbytes > 0 else None
         self._init(name, ctypes.addressof(array) if array is not None else 0, nbytes, component, dtype, shape,
-                   global_shape, offsets, DEVICE_HOST, 0, (obj, view, flat, array))
+                   global_shape, offsets, DEVICE_HOST, 0, (obj, view, flat, array), replica)
 
     @classmethod
     def at(cls, name, address, dtype, shape, component=PARAMS, device_kind=DEVICE_HOST, device_index=0,
-           global_shape=None, offsets=None, owner=None):
+           global_shape=None, offsets=None, owner=None, replica=None):
         b = cls.__new__(cls)
         shape = _shape(name, "shape", shape)
         n = DTYPE_SIZES.get(dtype, 0)
@@ -337,11 +349,11 @@ class Buffer:
             n *= d
         address = _integer(f"buffer '{name}': address", address, 0, UINT64_MAX)
         b._init(name, address, n, component, dtype, shape, global_shape, offsets, device_kind, device_index,
-                owner)
+                owner, replica)
         return b
 
     def _init(self, name, address, nbytes, component, dtype, shape, global_shape, offsets, device_kind,
-              device_index, owner):
+              device_index, owner, replica=None):
         if isinstance(component, str):
             if component not in COMPONENTS:
                 raise InvalidArgumentError(f"buffer '{name}': component '{component}' is none of "
@@ -370,6 +382,7 @@ class Buffer:
             raise InvalidArgumentError(f"buffer '{name}' has no memory")
         self.name, self.component, self.dtype, self.shape = name, int(component), int(dtype), shape
         self.global_shape, self.offsets = global_shape, offsets
+        self.replica = _replica(name, replica)
         self.address, self.nbytes = address, nbytes
         self.device_kind, self.device_index = device_kind, device_index
         self._owner = owner
@@ -391,6 +404,21 @@ def _shape(name, what, values, ndim=None):
     if ndim is not None and len(dims) != ndim:
         raise InvalidArgumentError(f"ckptd: buffer '{name}': {what} has {len(dims)} entries, the shape {ndim}")
     return dims
+
+
+def _replica(name, replica):
+    """A buffer's replica group as a Replica (None: not replicated)."""
+    if replica is None:
+        return None
+    if isinstance(replica, (str, bytes)) or not hasattr(replica, "__iter__") or len(tuple(replica)) != 3:
+        raise TypeError(f"ckptd: buffer '{name}': replica must be ckptd.Replica(group, count, index)")
+    group, count, index = tuple(replica)
+    if not isinstance(group, str) or not group or len(group.encode("utf-8")) > 256:
+        raise InvalidArgumentError(f"ckptd: buffer '{name}': the replica group's name must be 1..256 bytes of "
+                                   f"UTF-8, not {group!r}")
+    count = _integer(f"buffer '{name}': replica count", count, 1, 2**32 - 1)
+    index = _integer(f"buffer '{name}': replica index", index, 0, count - 1)
+    return Replica(group, count, index)
 
 
 def _dims(values):
@@ -443,7 +471,18 @@ class Client:
                                 b.device_kind, b.device_index, b.address or None)
         self._socket, self._job = socket.encode("utf-8"), job.encode("utf-8")
         options = _OptionsC(self._socket, self._job, rank, world_size, every_steps, slot_wait_ms, rpc_timeout_ms)
-        ext = _OptionsExtC(ctypes.sizeof(_OptionsExtC), 1 if spare_device_buffer else 0, 0)
+        self._replicas = None
+        if any(b.replica is not None for b in buffers):
+            if _lib.ckptd_abi_version() < 6:
+                raise Error(f"ckptd: {_lib_path} is older than ABI version 6 and cannot write replicated buffers once")
+            self._groups = [b.replica.group.encode("utf-8") if b.replica else None for b in buffers]
+            self._replicas = (_ReplicaC * len(buffers))(
+                *[_ReplicaC(g, b.replica.count, b.replica.index) if b.replica else _ReplicaC(None, 0, 0)
+                  for g, b in zip(self._groups, buffers)])
+        # An older libckptd (ABI < 6) is given the struct it knows.
+        ext_size = ctypes.sizeof(_OptionsExtC) if _lib.ckptd_abi_version() >= 6 else _OptionsExtC.replicas.offset
+        ext = _OptionsExtC(ext_size, 1 if spare_device_buffer else 0, 0,
+                           ctypes.cast(self._replicas, _P(_ReplicaC)) if self._replicas is not None else None)
         deadline = time.monotonic() + connect_wait
         while True:
             handle = ctypes.c_void_p()

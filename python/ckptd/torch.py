@@ -69,6 +69,10 @@ _ZERO_INIT_OPTIMIZERS = tuple(getattr(torch.optim, n) for n in
 
 _CURSOR_WORDS = ("sampler", "loader", "cursor", "data")
 
+# The components whose plain tensors Checkpointer(replicated=...) declares
+# replicated: RNG streams and data cursors are each rank's own.
+_REPLICATED_COMPONENTS = (_ckptd.PARAMS, _ckptd.GRADS, _ckptd.OPTIMIZER)
+
 
 def _escape(key):
     return str(key).replace("%", "%25").replace("/", "%2F").replace("#", "%23")
@@ -112,6 +116,26 @@ def _dtensor_slice(t, where):
         raise ValueError(f"ckptd: tensor at '{where}' is a DTensor whose local shard is {list(local.shape)}, not the "
                          f"{extent} its placements {list(t.placements)} give (an uneven sharding ckptd does not know)")
     return local, global_shape, offsets
+
+
+def _dtensor_replica(t):
+    """The ckptd.Replica group of DTensor `t`'s local shard: the ranks whose
+    coordinates differ only on the mesh dimensions where it is Replicate()
+    hold the same shard (HSDP's data-parallel dimension). None when no mesh
+    dimension of more than one rank replicates it."""
+    coordinate = t.device_mesh.get_coordinate()
+    names = getattr(t.device_mesh, "mesh_dim_names", None)
+    dims, count, index = [], 1, 0
+    for mesh_dim, p in enumerate(t.placements):
+        size = t.device_mesh.size(mesh_dim)
+        if not getattr(p, "is_replicate", lambda: False)() or size == 1:
+            continue
+        dims.append(str(names[mesh_dim]) if names else str(mesh_dim))
+        index = index * size + coordinate[mesh_dim]
+        count *= size
+    if count == 1:
+        return None
+    return _ckptd.Replica("mesh:" + ",".join(dims), count, index)
 
 
 # --- non-tensor state as JSON -------------------------------------------------
@@ -275,11 +299,12 @@ class _Tracked:
 class _Leaf:
     """A tensor in a tracked object's state_dict() now. For a DTensor,
     `tensor` is its local shard, `sharded` the DTensor and `layout` the
-    shard's (global shape, offsets)."""
+    shard's (global shape, offsets). `replica`: the ckptd.Replica group it
+    is the same on (None: this rank's own)."""
 
-    def __init__(self, name, tensor, path, tracked, sharded=None, layout=None):
+    def __init__(self, name, tensor, path, tracked, sharded=None, layout=None, replica=None):
         self.name, self.tensor, self.path, self.tracked = name, tensor, path, tracked
-        self.sharded, self.layout = sharded, layout
+        self.sharded, self.layout, self.replica = sharded, layout, replica
 
 
 class _Plan:
@@ -355,11 +380,21 @@ class Checkpointer:
     derived from `seed` (default: from the job's name), the step and its
     rank (derived_seed); rng_derived says so and restored_world_size is the
     saved world's size.
+
+    Replicated state written once: a DTensor's shard that Replicate()
+    placements repeat on other ranks (HSDP) is declared replicated over
+    them. `replicated` does the same for the plain tensors of the params,
+    grads and optimizer objects: True when every rank of the job holds the
+    same ones (plain data parallelism, DDP), or a ckptd.Replica(group,
+    count, index) for a group of the job. The group then writes each such
+    tensor once, every member a share of its rows, and every member
+    restores all of it. Only state that is the same on every member may be
+    declared so (DDP keeps parameters, buffers and optimizer state so).
     """
 
     def __init__(self, job, socket, rank=0, world_size=1, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
                  connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0,
-                 seed=None):
+                 seed=None, replicated=None):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
         # Checked now: at the first maybe_snapshot a bad value would only be a
@@ -378,6 +413,14 @@ class Checkpointer:
         if seed is None:  # from the job's name: the same on every rank and in every run
             seed = int.from_bytes(hashlib.sha256(str(job).encode()).digest()[:8], "little") >> 1
         self._seed = _ckptd._integer("seed", seed, 0, _ckptd.INT64_MAX)
+        if replicated is True:  # plain data parallelism: every rank holds the same weights and optimizer state
+            replicated = _ckptd.Replica("dp", world_size, rank)
+        elif replicated is False:
+            replicated = None
+        self._replicated = _ckptd._replica("replicated", replicated) if replicated is not None else None
+        if self._replicated is not None and self._replicated.count > world_size:
+            raise ValueError(f"ckptd: a replica group of {self._replicated.count} ranks is larger than the world "
+                             f"of {world_size}")
         self.restored_world_size = None  # the world size that saved the restored step, when it says
         self.rng_derived = False  # this rank's RNG streams were derived (docs/elastic.md), not restored
         self._on_error = on_error
@@ -621,11 +664,14 @@ class Checkpointer:
 
         for tracked in self._tracked.values():
             def on_tensor(path, t, tracked=tracked):
-                sharded, layout = None, None
+                sharded, layout, replica = None, None, None
                 if _is_dtensor(t):
                     sharded = t
                     t, global_shape, offsets = _dtensor_slice(t, "/".join(map(_escape, path)))
                     layout = (tuple(global_shape), tuple(offsets))
+                    replica = _dtensor_replica(sharded)
+                elif self._replicated is not None and tracked.component in _REPLICATED_COMPONENTS:
+                    replica = self._replicated
                 if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):
                     raise TypeError(f"ckptd: tensor at '{'/'.join(map(_escape, path))}' is {t.layout} on "
                                     f"{t.device}; only dense CPU and CUDA tensors can be checkpointed")
@@ -636,7 +682,7 @@ class Checkpointer:
                 name = "/".join(_escape(k) for k in path)
                 if name in plan.leaves:
                     raise ValueError(f"ckptd: two tensors are named '{name}'")
-                plan.leaves[name] = _Leaf(name, t.detach(), path[1:], tracked, sharded, layout)
+                plan.leaves[name] = _Leaf(name, t.detach(), path[1:], tracked, sharded, layout, replica)
                 if t.is_contiguous() and t.numel() > 0:
                     seen[_memory_key(t)] = name
                 return name
@@ -665,7 +711,7 @@ class Checkpointer:
                 layout.regs[leaf.name] = reg
                 if t.device.type == "cuda":
                     layout.cuda_devices.add(t.device.index)
-                buffers.append(self._buffer(leaf.name, t, leaf.tracked.component, leaf.layout))
+                buffers.append(self._buffer(leaf.name, t, leaf.tracked.component, leaf.layout, leaf.replica))
             for name, tree in plan.trees.items():
                 tracked = self._tracked[name]
                 size = tracked.meta_bytes or _meta_capacity(tree)
@@ -691,7 +737,7 @@ class Checkpointer:
             self._apply_rngs(rng_state)
 
     @staticmethod
-    def _buffer(name, t, component, layout=None):
+    def _buffer(name, t, component, layout=None, replica=None):
         dtype = _DTYPES.get(t.dtype)
         shape = tuple(t.shape)
         global_shape, offsets = layout if layout is not None else (None, None)
@@ -703,7 +749,7 @@ class Checkpointer:
         kind = _ckptd.DEVICE_CUDA if t.device.type == "cuda" else _ckptd.DEVICE_HOST
         return _ckptd.Buffer.at(name, t.data_ptr(), dtype, shape, component=component, device_kind=kind,
                                 device_index=t.device.index or 0, global_shape=global_shape, offsets=offsets,
-                                owner=t)
+                                owner=t, replica=replica)
 
     def _materialize(self, unzeroed=None):
         """Optimizers create their state at their first step. A trial step with

@@ -92,7 +92,7 @@ void Exercise(const std::string& bytes) {
   {
     absl::Status again = ckptd::storage::ValidateShardIndex(index, GetFixed64(reinterpret_cast<const uint8_t*>(
                                                                         bytes.data() + bytes.size() - 48)),
-                                                            "fuzz");
+                                                            index.format_version(), "fuzz");
     FUZZ_CHECK(again.ok(), "an opened index does not validate", again);
   }
   for (const ckptd::v1::Tensor& t : index.tensors()) {

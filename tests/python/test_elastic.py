@@ -8,6 +8,7 @@ not fit the saved tensors."""
 
 import array
 import os
+import random
 import subprocess
 import unittest
 
@@ -170,6 +171,83 @@ class ElasticRestoreTest(AgentTestCase):
         ranks, clients, steps = self._restore(job, 3)
         self.assertEqual(steps, [5] * 3)
         self._check(ranks, 5, 2)
+
+
+class ReplicatedStateTest(AgentTestCase):
+    """Replicated state written once: the ranks of a data-parallel job hold
+    the same weights, declare them replicated over their group, and the group
+    writes them once (each rank a share of the rows); every rank restores all
+    of them, on the same world or another."""
+
+    ROWS, COLS = 64, 1024  # 256 KiB of float32 weights, incompressible
+
+    def _weights(self, step):
+        return random.Random(step).randbytes(self.ROWS * self.COLS * 4)
+
+    def _buffers(self, rank, world, weights, rng, replicated=True):
+        group = ckptd.Replica("dp", world, rank) if replicated else None
+        return [ckptd.Buffer("w", weights, dtype=ckptd.FLOAT32, shape=(self.ROWS, self.COLS), replica=group),
+                ckptd.Buffer("rng", rng, component=ckptd.RNG)]
+
+    def _save(self, job, world, step, replicated=True):
+        weights = self._weights(step)
+        state = [(bytearray(weights), bytearray(f"rng {r} {step}".encode().ljust(16, b"."))) for r in range(world)]
+        clients = [ckptd.Client(self.agent.socket, job, self._buffers(r, world, *state[r], replicated), rank=r,
+                                world_size=world) for r in range(world)]
+        try:
+            for c in clients:
+                c.snapshot(step)
+            for c in clients:
+                c.wait_persisted(step, timeout=60)
+        finally:
+            for c in clients:
+                c.close()
+        folder = os.path.join(self.agent.root, job, f"step-{step}")
+        return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".shard"))
+
+    def _restore_and_check(self, job, world, step, saved_world, replicated=True):
+        state = [(bytearray(self.ROWS * self.COLS * 4), bytearray(16)) for _ in range(world)]
+        clients = [ckptd.Client(self.agent.socket, job, self._buffers(r, world, *state[r], replicated), rank=r,
+                                world_size=world) for r in range(world)]
+        self.addCleanup(lambda: [c.close() for c in clients])
+        self.assertEqual(run_all(lambda c: c.restore(), clients), [step] * world)
+        weights = self._weights(step)
+        for r in range(world):
+            with self.subTest(rank=r, world=world):
+                self.assertEqual(bytes(state[r][0]), weights)
+                self.assertEqual(bytes(state[r][1]), f"rng {r % saved_world} {step}".encode().ljust(16, b"."))
+        sources = {c.restore_source() for c in clients}
+        for c in clients:
+            c.close()
+        return sources
+
+    def test_four_ranks_write_a_quarter_and_restore_on_four_two_and_three(self):
+        everyone = self._save("dp-every-copy", 4, 10, replicated=False)
+        once = self._save("dp-once", 4, 10)
+        # Each of the four wrote a quarter of the weights instead of all of them.
+        self.assertLess(once, 0.3 * everyone, (once, everyone))
+        # Back on four ranks (the agent's memory or the disk: all of it either way).
+        self._restore_and_check("dp-once", 4, 10, 4)
+        # On two ranks, a group of two.
+        self.assertEqual(self._restore_and_check("dp-once", 2, 10, 4), {"storage-root"})
+        # On three ranks that do not declare the weights replicated: they get
+        # them whole all the same.
+        self._restore_and_check("dp-once", 3, 10, 4, replicated=False)
+        self.assertIn("read resharded", self.agent.read_log())
+
+    def test_a_group_is_checked(self):
+        w, rng = bytearray(self.ROWS * self.COLS * 4), bytearray(16)
+        with self.assertRaises(ckptd.InvalidArgumentError):
+            ckptd.Buffer("w", w, dtype=ckptd.FLOAT32, shape=(self.ROWS, self.COLS), replica=ckptd.Replica("dp", 2, 2))
+        with self.assertRaises(ckptd.InvalidArgumentError):
+            ckptd.Buffer("w", w, dtype=ckptd.FLOAT32, shape=(self.ROWS, self.COLS), replica=ckptd.Replica("", 2, 0))
+        with self.assertRaises(TypeError):
+            ckptd.Buffer("w", w, dtype=ckptd.FLOAT32, shape=(self.ROWS, self.COLS), replica="dp")
+        # A group larger than the job: the agent refuses the registration.
+        with self.assertRaises(ckptd.InvalidArgumentError) as e:
+            ckptd.Client(self.agent.socket, "dp-misfit", self._buffers(0, 1, w, rng)[:1] + [
+                ckptd.Buffer("v", bytearray(8), replica=ckptd.Replica("dp", 2, 0))], rank=0, world_size=1)
+        self.assertIn("larger than the job's world of 1", str(e.exception))
 
 
 TRAINER = os.environ.get("CKPTD_DEMO_TRAINER") or os.path.join(ROOT, "build", "bin", "ckptd-demo-trainer")

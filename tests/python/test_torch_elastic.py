@@ -6,12 +6,14 @@ its new shard; replicated state and the data position carried over; RNG
 streams of ranks the saved world did not have derived from the job's seed,
 the step and the rank (docs/elastic.md)."""
 
+import os
 import unittest
 
 from support import AgentTestCase, run_all
 
 try:
     import torch
+    import ckptd
     import ckptd.torch as ckt
 except ImportError:
     torch = None
@@ -121,6 +123,22 @@ class DTensorSliceTest(unittest.TestCase):
         t = FakeDTensor(torch.zeros(10, 2), (10, 6), Mesh([2, 3], [1, 2]), [Replicate(), Shard(-1)])
         self.assertEqual(ckt._dtensor_slice(t, "w")[1:], ([10, 6], [0, 4]))
 
+    def test_the_replica_group_of_a_shard(self):
+        # Replicated over the first mesh dimension (HSDP's data-parallel one),
+        # sharded over the second: the two ranks of coordinates (*, 2) hold
+        # the same shard; this one is the second of them.
+        t = FakeDTensor(torch.zeros(10, 2), (10, 6), Mesh([2, 3], [1, 2]), [Replicate(), Shard(-1)])
+        self.assertEqual(ckt._dtensor_replica(t), ckptd.Replica("mesh:0", 2, 1))
+        t.device_mesh.mesh_dim_names = ("dp", "tp")
+        self.assertEqual(ckt._dtensor_replica(t).group, "mesh:dp")
+        # Replicated over a 2 x 2 mesh: a group of four, places in row-major order.
+        t = FakeDTensor(torch.zeros(10, 6), (10, 6), Mesh([2, 2], [1, 0]), [Replicate(), Replicate()])
+        self.assertEqual(ckt._dtensor_replica(t), ckptd.Replica("mesh:0,1", 4, 2))
+        # Sharded only, or replicated over a mesh dimension of one rank: nobody else holds it.
+        self.assertIsNone(ckt._dtensor_replica(FakeDTensor(torch.zeros(5, 6), (10, 6), Mesh([2], [0]), [Shard(0)])))
+        self.assertIsNone(ckt._dtensor_replica(
+            FakeDTensor(torch.zeros(5, 6), (10, 6), Mesh([1, 2], [0, 0]), [Replicate(), Shard(0)])))
+
     def test_what_cannot_be_checkpointed(self):
         t = FakeDTensor(torch.zeros(10, 6), (10, 6), Mesh([2], [0]), [Partial()])
         with self.assertRaisesRegex(TypeError, "Partial"):
@@ -192,6 +210,51 @@ class ElasticCheckpointerTest(AgentTestCase):
         self._restore(job, 3, 5, 2, consumed=40)
         self._save(job, 3, 9, consumed=66)
         self._restore(job, 2, 9, 3, consumed=66)
+
+    def test_a_data_parallel_job_writes_its_weights_once(self):
+        """Plain tensors that every rank holds the same (DDP), declared with
+        replicated=True: four ranks write a quarter each; two restore all."""
+
+        class Model:
+            def __init__(self, step):
+                g = torch.Generator().manual_seed(step)
+                self.weight = torch.randn(256, 256, generator=g) if step else torch.zeros(256, 256)
+
+            def state_dict(self):
+                return {"weight": self.weight}
+
+            def load_state_dict(self, sd):
+                self.weight.copy_(sd["weight"])
+
+        def save(job, replicated):
+            ckpts = []
+            for r in range(4):
+                c = ckt.Checkpointer(job, self.agent.socket, rank=r, world_size=4, every=0, replicated=replicated)
+                c.track("model", Model(7))
+                ckpts.append(c)
+                self.addCleanup(c.close)
+            for c in ckpts:
+                self.assertTrue(c.snapshot(7))
+            for c in ckpts:
+                c.wait_persisted(7)
+                c.close()
+            folder = os.path.join(self.agent.root, job, "step-7")
+            return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".shard"))
+
+        everyone, once = save("torch-dp-every-copy", False), save("torch-dp-once", True)
+        self.assertLess(once, 0.35 * everyone, (once, everyone))
+        models = [Model(0) for _ in range(2)]
+        ckpts = []
+        for r in range(2):
+            c = ckt.Checkpointer("torch-dp-once", self.agent.socket, rank=r, world_size=2, every=0, replicated=True)
+            c.track("model", models[r])
+            ckpts.append(c)
+            self.addCleanup(c.close)
+        self.assertEqual(run_all(lambda c: c.restore(), ckpts), [7, 7])
+        for m in models:
+            self.assertTrue(torch.equal(m.weight, Model(7).weight))
+        with self.assertRaisesRegex(ValueError, "larger than the world of 2"):
+            ckt.Checkpointer("x", self.agent.socket, rank=0, world_size=2, replicated=ckptd.Replica("dp", 4, 0))
 
     def test_a_new_ranks_rng_streams_are_derived_from_the_seed_step_and_rank(self):
         job = "torch-elastic-rng"
