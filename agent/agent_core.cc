@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -661,6 +662,18 @@ absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::Sh
   std::vector<storage::TensorSource> sources(layout.offsets.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     const ckptd::v1::Tensor& t = index.tensors(static_cast<int>(i));
+    // Checked before any of it is used (a peer's copy's index only parsed).
+    if (absl::Status v = storage::ValidateTensorMeta(t, "the copy's index"); !v.ok()) {
+      return absl::DataLossError(v.message());
+    }
+    if (t.has_replica() && t.replica().block_bytes() == 0) {
+      return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
+                                              "' of the copy's index is a share without checksums"));
+    }
+    if (storage::TensorByteLength(t).value_or(~uint64_t{0}) != t.raw_length()) {
+      return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
+                                              "' of the copy's index does not match its shape"));
+    }
     // A share of a replicated buffer: its rows of the whole buffer in memory.
     const uint64_t whole = storage::WholeByteLength(t);
     if (whole != layout.lengths[i]) {
@@ -1498,11 +1511,11 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
     const ckptd::v1::Tensor& b = reg.buffers[i];
     const std::string what = absl::StrCat("buffer '", absl::CHexEscape(b.name()), "'");
     bytes += t->layout.lengths[i];
-    // A replicated buffer (registered so, or saved as shares) is read as
-    // the slices the group's members saved of it.
+    // A buffer saved as shares of a replicated buffer is put together from
+    // the shares of the group `own` belonged to; saved whole, it is read
+    // whole (whether this rank declares it replicated or not).
     const ckptd::v1::Tensor* own_saved = find(own, b.name());
-    const bool replicated = b.has_replica() || (own_saved != nullptr && own_saved->has_replica());
-    if (b.global_shape_size() == 0 && !replicated) {
+    if (b.global_shape_size() == 0 && (own_saved == nullptr || !own_saved->has_replica())) {
       const ckptd::v1::Tensor* saved = own_saved;
       if (saved == nullptr) {
         return absl::FailedPreconditionError(
@@ -1525,10 +1538,22 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
     // The tensor the slices are of: a buffer without a global layout (a
     // replicated one) is the whole of itself.
     const auto& global = b.global_shape_size() > 0 ? b.global_shape() : b.shape();
+    // Shares of the group's buffer only: a group is told by the checksums
+    // of the whole its members store (other groups' buffers of the same
+    // name and shape, another tensor-parallel rank's, hold other bytes).
+    // Without a global layout, the group of `own`; with one, of the
+    // elements of each member box, one group's (the lowest rank's).
+    const std::string want = b.global_shape_size() == 0 ? storage::WholeIdentity(*own_saved) : std::string();
+    std::map<std::string, std::string> group_of_box;
     std::vector<storage::SavedSlice> slices;
     for (uint32_t r = 0; r < saved_world; ++r) {
       const ckptd::v1::Tensor* saved = find(r, b.name());
       if (saved == nullptr) continue;
+      if (!want.empty() && (!saved->has_replica() || storage::WholeIdentity(*saved) != want)) continue;
+      if (want.empty() && saved->has_replica()) {
+        const std::string id = storage::WholeIdentity(*saved);
+        if (group_of_box.emplace(storage::BoxText(storage::MemberBox(*saved)), id).first->second != id) continue;
+      }
       const auto& saved_global = saved->global_shape_size() > 0 ? saved->global_shape() : saved->shape();
       if (saved->dtype() != b.dtype() ||
           !std::equal(saved_global.begin(), saved_global.end(), global.begin(), global.end())) {
@@ -1545,8 +1570,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
       slices.push_back({r, storage::SliceBox(*saved)});
     }
     const storage::Box target = storage::SliceBox(b);
-    CKPTD_ASSIGN_OR_RETURN(const std::vector<storage::SavedSlice> from,
-                           storage::SlicesFor(absl::StrCat(what, " of step ", step), target, slices));
+    CKPTD_ASSIGN_OR_RETURN(
+        const std::vector<storage::SavedSlice> from,
+        storage::SlicesFor(absl::StrCat(what, " of step ", step,
+                                        want.empty() ? ""
+                                                     : absl::StrCat(" (the shares of rank ", own,
+                                                                    "'s replica group '",
+                                                                    absl::CHexEscape(own_saved->replica().group()),
+                                                                    "', which must all hold the same buffer)")),
+                           target, slices));
     for (const storage::SavedSlice& f : from) reads.push_back({f.rank, i, f.box, target});
   }
   // A saved tensor this rank does not register would be dropped: another model.
@@ -1582,7 +1614,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
     for (const ckptd::v1::ShardRef& ref : manifest.shards()) {
       if (ref.rank() != reg.rank) continue;
       KeptStep k{slot, step, ref.file_length(), ref.index_xxh3(), indexes[reg.rank]};
-      if (KeptBlocks(t, k).ok()) own_shard = k;
+      if (!KeptBlocks(t, k).ok()) continue;
+      // What the group's shares made must be what this rank saved, every
+      // byte: its own index holds the checksums of its whole buffers.
+      if (absl::Status v = VerifyKept(t, k); !v.ok()) {
+        read = absl::DataLossError(absl::StrCat("step ", step, ": the shares of rank ", reg.rank,
+                                                "'s replica groups do not make the buffers it saved: ", v.message()));
+        break;
+      }
+      own_shard = k;
     }
   }
   const bool keep = own_shard.has_value() && options_.keep_in_memory;

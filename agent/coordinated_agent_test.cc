@@ -462,7 +462,11 @@ TEST_F(CoordinatedAgentTest, AJobRestoresOntoAnotherNumberOfRanks) {
 
 // Rank `rank` of a data-parallel job of `world` ranks: weights and Adam
 // state the same on every rank (replicated over the group "dp"), its own RNG.
-TrainerRegistration DataParallel(uint32_t rank, uint32_t world) {
+// With `group` < world, the groups are ranks [0, group), [group, 2 group), ...
+// (tensor parallelism over the groups: each group's buffers of the same names
+// hold other bytes).
+TrainerRegistration DataParallel(uint32_t rank, uint32_t world, uint32_t group = 0) {
+  if (group == 0) group = world;
   TrainerRegistration r;
   r.job = "job";
   r.rank = rank;
@@ -472,8 +476,8 @@ TrainerRegistration DataParallel(uint32_t rank, uint32_t world) {
     t.add_shape(rows);
     t.add_shape(cols);
     t.mutable_replica()->set_group("dp");
-    t.mutable_replica()->set_count(world);
-    t.mutable_replica()->set_index(rank);
+    t.mutable_replica()->set_count(group);
+    t.mutable_replica()->set_index(rank % group);
     return t;
   };
   r.buffers = {replicated(Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 0), 40, 25),
@@ -486,10 +490,10 @@ class ReplicatedStateTest : public CoordinatedAgentTest {
  protected:
   // A snapshot of `step` on rank `rank` (its node `n`): the replicated
   // buffers hold the same bytes on every rank, the RNG the rank's own.
-  void SnapshotDp(Node& n, uint32_t rank, uint64_t step) {
+  void SnapshotDp(Node& n, uint32_t rank, uint64_t step, uint32_t group = 0) {
     CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, n.seg->AcquireForFill(absl::Seconds(10)));
     uint8_t* p = n.seg->slot_data(slot);
-    std::memset(p, Pattern(step, 0), n.handle.slot_bytes);
+    std::memset(p, ReplicatedFill(step, rank, group), n.handle.slot_bytes);
     for (uint64_t i = 0; i < 64; ++i) p[n.handle.offsets[2] + i] = static_cast<uint8_t>(Pattern(step, rank) + i);
     CKPTD_ASSERT_OK(n.seg->Publish(slot, step));
     CKPTD_ASSERT_OK(n.agent->SnapshotPublished(n.handle.trainer_id, slot, step, 0.001));
@@ -499,7 +503,14 @@ class ReplicatedStateTest : public CoordinatedAgentTest {
 
   // Every node restores at once; each must get `step` from `source` with
   // every byte of its buffers as saved (rank r's RNG that of rank `rng_of[r]`).
-  void RestoreDp(std::vector<Node*> nodes, uint64_t step, RestoreSource source, std::vector<uint32_t> rng_of) {
+  // What the replicated buffers of `rank` hold at `step`: the same on every
+  // rank of its group of `group` ranks (0: all of them).
+  static uint8_t ReplicatedFill(uint64_t step, uint32_t rank, uint32_t group) {
+    return Pattern(step, group == 0 ? 0 : 100 + rank / group);
+  }
+
+  void RestoreDp(std::vector<Node*> nodes, uint64_t step, RestoreSource source, std::vector<uint32_t> rng_of,
+                 uint32_t group = 0) {
     std::vector<absl::StatusOr<RestoreResult>> results(nodes.size(), absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (size_t i = 0; i < nodes.size(); ++i) {
@@ -517,7 +528,9 @@ class ReplicatedStateTest : public CoordinatedAgentTest {
       // Every byte of params and adam (the bytes between buffers are padding).
       uint64_t wrong = 0;
       for (int b = 0; b < 2; ++b) {
-        for (uint64_t i = 0; i < (b == 0 ? 4000u : 8000u); ++i) wrong += p[nodes[r]->handle.offsets[b] + i] != Pattern(step, 0);
+        for (uint64_t i = 0; i < (b == 0 ? 4000u : 8000u); ++i) {
+          wrong += p[nodes[r]->handle.offsets[b] + i] != ReplicatedFill(step, static_cast<uint32_t>(r), group);
+        }
       }
       EXPECT_EQ(wrong, 0u) << "bytes of the replicated buffers not as saved";
       for (uint64_t i = 0; i < 64; ++i) {
@@ -572,6 +585,22 @@ TEST_F(ReplicatedStateTest, ADataParallelJobWritesItsReplicatedStateOnceAndEvery
   // Read from disk, the step is kept in memory again, verifiable as a whole.
   TrainerDied(nodes[1], 1);
   ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kMemory, {0, 1, 2, 3}));
+}
+
+// Two groups of two (tensor parallelism over them): the buffers of the same
+// names hold other bytes in each group, and every rank gets its own group's
+// back from disk, never the other's.
+TEST_F(ReplicatedStateTest, EachRankPutsTogetherTheSharesOfItsOwnGroup) {
+  std::vector<Node> nodes;
+  for (uint32_t r = 0; r < 4; ++r) nodes.push_back(Start(absl::StrCat("node-", r), DataParallel(r, 4, 2)));
+  std::vector<Node*> all;
+  for (Node& n : nodes) all.push_back(&n);
+  RestoreAll(all);
+  for (uint32_t r = 0; r < 4; ++r) SnapshotDp(nodes[r], r, 10, /*group=*/2);
+  ASSERT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(nodes[r].agent->CorruptKeptStep("job", r, 10).status());
+  TrainerDied(nodes[1], 1);
+  ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kRoot, {0, 1, 2, 3}, /*group=*/2));
 }
 
 TEST_F(ReplicatedStateTest, TwoRanksRestoreWhatFourWroteOnce) {

@@ -81,7 +81,10 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
   // A newer caller's fields that this library does not know must be unset.
   const auto* bytes = reinterpret_cast<const unsigned char*>(ext);
   for (size_t i = offsetof(ckptd_options_ext, reserved); i < ext->size; ++i) {
-    const bool known = i >= offsetof(ckptd_options_ext, replicas) && i < sizeof(ckptd_options_ext);
+    // The replicas pointer, read by ckptd_connect_ext when the struct holds
+    // it whole; part of it is nothing this library reads.
+    const bool known = i >= offsetof(ckptd_options_ext, replicas) && i < sizeof(ckptd_options_ext) &&
+                       has(offsetof(ckptd_options_ext, replicas), sizeof(ext->replicas));
     if (bytes[i] != 0 && !known) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
                                                      " is unknown to this libckptd (ABI version ", CKPTD_ABI_VERSION,

@@ -1,5 +1,7 @@
 #include <unistd.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -170,6 +172,12 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   const ckptd_replica replicas[1] = {{"dp", 1, 0}};
   ext.replicas = replicas;
   CKPTD_EXPECT_OK(ClientOptionsFromC(&options, &ext).status());
+  // A struct that holds part of the pointer: nothing this library reads.
+  ckptd_options_ext partial = ext;
+  partial.size = offsetof(ckptd_options_ext, replicas) + 4;
+  partial.replicas = reinterpret_cast<const ckptd_replica*>(uintptr_t{0x1000});
+  EXPECT_THAT(ClientOptionsFromC(&options, &partial),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
 
   // A caller built before spare_device_buffer existed: the field lies
   // outside its struct and is not read, whatever the memory there holds.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -97,9 +98,9 @@ absl::Status ValidateShare(const Tensor& meta, absl::string_view what) {
                                                      r.count()));
     }
   }
-  if (r.block_bytes() == 0 || r.block_bytes() > kMaxBlockBytes) {
+  if (r.block_bytes() < kShardAlignment || r.block_bytes() > kMaxBlockBytes) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": replica checksum block of ", r.block_bytes(),
-                                                   " bytes is not in 1..", kMaxBlockBytes));
+                                                   " bytes is not in ", kShardAlignment, "..", kMaxBlockBytes));
   }
   Tensor whole;
   whole.set_dtype(meta.dtype());
@@ -115,7 +116,8 @@ absl::Status ValidateShare(const Tensor& meta, absl::string_view what) {
 
 absl::StatusOr<std::vector<TensorSource>> ShareSources(absl::Span<const TensorSource> whole, uint64_t block_bytes,
                                                        base::ThreadPool* pool) {
-  block_bytes = std::clamp<uint64_t>(block_bytes, 1, kMaxBlockBytes);
+  block_bytes = std::clamp<uint64_t>(block_bytes, kShardAlignment, kMaxBlockBytes);
+  block_bytes -= block_bytes % 8;
   std::vector<TensorSource> out(whole.begin(), whole.end());
   base::WaitGroup hashed;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -132,6 +134,10 @@ absl::StatusOr<std::vector<TensorSource>> ShareSources(absl::Span<const TensorSo
     *m.mutable_offsets() = {offsets.begin(), offsets.end()};
     r.set_block_bytes(block_bytes);
     const uint64_t blocks = s.length / block_bytes + (s.length % block_bytes != 0 ? 1 : 0);
+    if (blocks > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", absl::CHexEscape(m.name()), "': ", s.length,
+                                                     " bytes are too many to checksum in blocks of ", block_bytes));
+    }
     r.mutable_block_xxh3()->Resize(static_cast<int>(blocks), 0);
     const auto* data = static_cast<const uint8_t*>(s.data);
     uint64_t* sums = r.mutable_block_xxh3()->mutable_data();
@@ -172,6 +178,14 @@ uint64_t ShareByteOffset(const Tensor& share) {
   if (share.shape_size() == 0) return 0;
   const std::vector<uint64_t> shape(share.shape().begin(), share.shape().end());
   return (share.offsets(0) - share.replica().offsets(0)) * RowBytes(share, shape);
+}
+
+std::string WholeIdentity(const Tensor& share) {
+  const ckptd::v1::Replica& r = share.replica();
+  std::string id = absl::StrCat(static_cast<int>(share.dtype()), "/", absl::StrJoin(r.shape(), ","), "@",
+                                absl::StrJoin(r.offsets(), ","), "/", r.block_bytes(), "/");
+  id.append(reinterpret_cast<const char*>(r.block_xxh3().data()), sizeof(uint64_t) * r.block_xxh3_size());
+  return id;
 }
 
 uint64_t WholeByteLength(const Tensor& saved) {

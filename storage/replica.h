@@ -1,7 +1,7 @@
 // Replicated state written once (docs/format.md §2.4, `Replica`): a buffer
 // that every rank of a group holds the same (the weights and optimizer state
-// of data parallelism) is stored as shares, member i of the group writing
-// rows [i/count of the way, (i+1)/count) of dimension 0, each share carrying
+// of data parallelism) is stored as shares, member i of the group writing its
+// rows of dimension 0 (ShareRows: in order, balanced), each share carrying
 // the checksums of the whole buffer so that a copy of the whole kept in
 // memory is verified through any member's shard index.
 #pragma once
@@ -49,7 +49,9 @@ absl::Status ValidateShare(const ckptd::v1::Tensor& meta, absl::string_view what
 // bytes): each buffer replicated over a group becomes this rank's share of
 // it, with the checksums of the whole buffer per `block_bytes` (computed on
 // `pool`, or on the calling thread when null); the other buffers as they
-// are. A scalar is not split: every member stores it.
+// are. A scalar is not split: every member stores it. `block_bytes` is
+// normalized as the shard writer's (4 KiB to 256 MiB, a multiple of 8);
+// kInvalidArgument for a buffer of more checksum blocks than that allows.
 absl::StatusOr<std::vector<TensorSource>> ShareSources(absl::Span<const TensorSource> whole, uint64_t block_bytes,
                                                        base::ThreadPool* pool);
 
@@ -64,6 +66,12 @@ uint64_t ShareByteOffset(const ckptd::v1::Tensor& share);
 // Bytes of the whole buffer a stored tensor is (a share) or holds (any other
 // tensor: its raw_length). REQUIRES: validated.
 uint64_t WholeByteLength(const ckptd::v1::Tensor& saved);
+
+// What tells the shares of one group's buffer from another group's: the
+// members of a group store the same checksums of the same box, a buffer of
+// other bytes (another tensor-parallel rank's of the same name) others.
+// REQUIRES: validated.
+std::string WholeIdentity(const ckptd::v1::Tensor& share);
 
 // Whether a stored share is the whole buffer (a group of one, a scalar).
 bool IsWholeShare(const ckptd::v1::Tensor& share);

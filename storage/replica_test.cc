@@ -256,6 +256,9 @@ TEST_F(ReplicaShardTest, DamagedSharesAreRefused) {
        "replica checksums"},
       {"no checksum block", [](ckptd::v1::Tensor& t) { t.mutable_replica()->set_block_bytes(0); },
        "no checksums of the whole"},
+      // Millions of checksums for a small buffer: refused before anything is sized by them.
+      {"a checksum block too small", [](ckptd::v1::Tensor& t) { t.mutable_replica()->set_block_bytes(8); },
+       "is not in 4096.."},
       {"another member's rows", [](ckptd::v1::Tensor& t) { t.set_offsets(0, 0); }, "not rows [3, 6)"},
       {"a share of columns", [](ckptd::v1::Tensor& t) { t.mutable_replica()->set_offsets(1, 1); },
        "exceeds global dimension 1"},
