@@ -441,6 +441,8 @@ void PrintPreviewJson(const Command& c, const ckptd::v1::RestorePreview& p) {
   w.Field("memory_checkpoint", p.memory_step());
   NullableUint(w, "durable_step", p.memory_step() && p.has_durable_step(), p.durable_step());
   w.Field("reason", p.reason());
+  NullableUint(w, "world_size", p.world_size() != 0, p.world_size());
+  NullableUint(w, "saved_world_size", p.saved_world_size() != 0, p.saved_world_size());
   w.Key("sources");
   w.BeginObject();
   for (const auto& [source, n] : PlannedCounts(p)) w.Field(source, n);
@@ -493,6 +495,10 @@ void PrintPreviewText(const Command& c, const ckptd::v1::RestorePreview& p) {
         << ")\n";
   } else {
     out << "a restart now restores step " << p.step() << "\n";
+  }
+  if (!p.fresh_start() && p.saved_world_size() != 0 && p.saved_world_size() != p.world_size()) {
+    out << "  saved by " << p.saved_world_size() << (p.saved_world_size() == 1 ? " rank" : " ranks")
+        << ", the job runs " << p.world_size() << ": each rank reads its part resharded from disk\n";
   }
   if (!p.reason().empty()) out << "  why: " << TerminalSafe(p.reason()) << "\n";
   if (!p.fresh_start() && p.ranks_size() > 0) PrintRankSources(out, p);

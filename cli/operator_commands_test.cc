@@ -508,6 +508,30 @@ TEST_F(OperatorCommandsTest, RestorePlanTextAndJson) {
                            HasSubstr("\"passed_over\":[]")));
 }
 
+TEST_F(OperatorCommandsTest, RestorePlanOfAResizedJobSaysItReadsResharded) {
+  ckptd::v1::RestorePreview p;
+  p.set_job("llm");
+  p.set_step(1200);
+  p.set_world_size(4);
+  p.set_saved_world_size(6);
+  p.set_state(ckptd::v1::JOB_RUNNING);
+  fake_.preview = p;
+  Result r = Run(RunRestorePlan, {"--job", "llm"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("saved by 6 ranks, the job runs 4: each rank reads its part resharded from disk"));
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"world_size\":4,\"saved_world_size\":6")));
+  p.set_saved_world_size(4);
+  fake_.preview = p;
+  r = Run(RunRestorePlan, {"--job", "llm"});
+  EXPECT_THAT(r.out, Not(HasSubstr("resharded")));
+  p.clear_saved_world_size();
+  fake_.preview = p;
+  r = Run(RunRestorePlan, {"--job", "llm", "--json"});
+  EXPECT_THAT(r.out, HasSubstr("\"saved_world_size\":null"));
+}
+
 TEST_F(OperatorCommandsTest, RestorePlanOfAMemoryCheckpointNamesItsFallback) {
   ckptd::v1::RestorePreview p;
   p.set_job("llm");

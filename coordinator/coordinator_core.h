@@ -250,6 +250,9 @@ class CoordinatorCore {
   // Fills a LOAD plan's peers for the asking agent.
   void AddPlanPeers(const Agent& asker, const Job& job, uint32_t rank, ckptd::v1::RestorePlanResponse* plan) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // GetRestorePreview's part under the lock: all but what it reads from storage.
+  absl::StatusOr<ckptd::v1::RestorePreview> PreviewLocked(const ckptd::v1::RestorePreviewRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Where each rank of `job` would read `step` from (RestorePreview.ranks).
   void AddRankSources(const Job& job, uint64_t step, ckptd::v1::RestorePreview* preview) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

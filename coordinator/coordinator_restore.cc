@@ -334,6 +334,23 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
 
 absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
     const ckptd::v1::RestorePreviewRequest& request) {
+  CKPTD_ASSIGN_OR_RETURN(ckptd::v1::RestorePreview p, PreviewLocked(request));
+  if (p.fresh_start() || p.memory_step()) return p;
+  // Read without the lock: which world saved the step.
+  absl::StatusOr<ckptd::v1::StepManifest> m = store_->ReadManifest(p.job(), p.step());
+  if (!m.ok()) return p;
+  p.set_saved_world_size(m->world_size());
+  if (m->world_size() != p.world_size()) {
+    for (ckptd::v1::RankRestoreSources& r : *p.mutable_ranks()) r.set_planned(ckptd::v1::STORAGE_ROOT);
+    p.set_reason(absl::StrCat(p.reason(), "; step ", p.step(), " was saved by ", m->world_size(),
+                              m->world_size() == 1 ? " rank" : " ranks", " and the job runs ", p.world_size(),
+                              ": every rank reads its part of it resharded from disk"));
+  }
+  return p;
+}
+
+absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::PreviewLocked(
+    const ckptd::v1::RestorePreviewRequest& request) {
   CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
   absl::MutexLock l(&mu_);
   const Job* job = FindJob(request.job());
@@ -342,6 +359,7 @@ absl::StatusOr<ckptd::v1::RestorePreview> CoordinatorCore::GetRestorePreview(
   p.set_job(job->name());
   p.set_state(job->state());
   p.set_incarnation(job->incarnation());
+  p.set_world_size(job->world_size());
   const std::optional<uint64_t> durable = job->NewestUsable();
   const std::optional<uint64_t> memory = NewestMemoryRestorable(*job);
   const std::optional<uint64_t> newest = memory ? memory : durable;

@@ -18,6 +18,7 @@ using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using v1 = ::ckptd::v1::RestorePlanResponse;
 
 TEST_F(CoordinatorCoreTest, NothingCommittedMeansEveryRankStartsFresh) {
@@ -205,6 +206,31 @@ TEST_F(CoordinatorCoreTest, RestorePreviewNamesTheStepAndWhatItPassesOver) {
   EXPECT_EQ(JobState().schedule().incarnation(), p.incarnation());
   req.set_job("nope");
   EXPECT_THAT(core_->GetRestorePreview(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job nope")));
+}
+
+// After the job came back on fewer ranks, the preview says that the step was
+// saved by more and that every rank reads its part resharded from disk.
+TEST_F(CoordinatorCoreTest, RestorePreviewAfterAResizeSaysTheStepIsReadResharded) {
+  TwoNodes();
+  CommitStep(10);
+  ckptd::v1::RestorePreviewRequest req;
+  req.set_job(kJob);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview same, core_->GetRestorePreview(req));
+  EXPECT_EQ(same.world_size(), 4u);
+  EXPECT_EQ(same.saved_world_size(), 4u);
+  EXPECT_THAT(same.reason(), Not(HasSubstr("resharded")));
+  ranks_["node-b"] = Registration("node-b", {});
+  CKPTD_ASSERT_OK(Beat("node-b").status());
+  ranks_["node-a"] = Registration("node-a", {0, 1}, /*world=*/2);
+  CKPTD_ASSERT_OK(Beat("node-a").status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RestorePreview p, core_->GetRestorePreview(req));
+  EXPECT_EQ(p.step(), 10u);
+  EXPECT_EQ(p.world_size(), 2u);
+  EXPECT_EQ(p.saved_world_size(), 4u);
+  EXPECT_THAT(p.reason(), HasSubstr("saved by 4 ranks and the job runs 2: every rank reads its part of it "
+                                    "resharded from disk"));
+  ASSERT_EQ(p.ranks_size(), 2);
+  for (const auto& r : p.ranks()) EXPECT_EQ(r.planned(), ckptd::v1::STORAGE_ROOT) << r.rank();
 }
 
 
