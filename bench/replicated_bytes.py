@@ -26,8 +26,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from torch_compare import ROOT, Agent  # noqa: E402 (this folder is the script's: on sys.path)
 
 
 def build(params_m, seed=0):
@@ -84,27 +83,14 @@ def role(a):
     print(json.dumps(out), flush=True)
 
 
-class Agent:
-    def __init__(self, binary, d, root):
-        self.binary, self.dir, self.root = binary, d, root
-        self.socket = os.path.join(d, "agent.sock")
-        self.proc = None
-
-    def __enter__(self):
-        log = open(os.path.join(self.dir, "agent.log"), "ab")
-        self.proc = subprocess.Popen([self.binary, "--storage-root", self.root, "--socket", self.socket], stdout=log,
-                                     stderr=log)
-        for _ in range(400):
-            if os.path.exists(self.socket):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("ckptd-agent did not start")
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        self.proc.wait()
-        if os.path.exists(self.socket):
-            os.unlink(self.socket)
+def with_agent(a, d, fn):
+    """fn(agent) with a ckptd-agent over d/root running."""
+    agent = Agent(a.agent, d)
+    agent.start()
+    try:
+        return fn(agent)
+    finally:
+        agent.kill()
 
 
 def run_ranks(a, agent, job, which, replicated):
@@ -152,16 +138,14 @@ def main():
         return 0
     d = tempfile.mkdtemp(prefix="ckptd-replicated-")
     root = os.path.join(d, "root")
-    os.makedirs(root)
     results = {}
     try:
         for way in ("every", "once"):
             job = f"dp-{way}"
-            with Agent(a.agent, d, root) as agent:
-                saved = run_ranks(a, agent, job, "save", way)
+            saved = with_agent(a, d, lambda agent: run_ranks(a, agent, job, "save", way))
             on_disk, raw = shard_figures(a.ckptctl, os.path.join(root, job, "step-1"))
-            with Agent(a.agent, d, root) as agent:  # a new agent: nothing in memory, the disk
-                restored = run_ranks(a, agent, job, "restore", way)
+            # A new agent: nothing in memory, the disk.
+            restored = with_agent(a, d, lambda agent: run_ranks(a, agent, job, "restore", way))
             want = saved[0]["digest"]
             if any(s["digest"] != want for s in saved) or any(
                     r["digest"] != want or r["step"] != 1 for r in restored):

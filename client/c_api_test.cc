@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core.h"
@@ -28,24 +30,57 @@ using ::ckptd::client::ClientOptionsFromC;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// An agent over an in-memory storage root "/ckpt" serving `socket`, its
+// staging segments named after `tag`; `prepare` runs on the storage root
+// before the agent starts.
+class ServedAgent {
+ public:
+  ServedAgent(const std::string& socket, const std::string& tag,
+              const std::function<void(ckptd::storage::MemFileSystem&)>& prepare = {})
+      : root_made_(MakeRoot(prepare)), core_(&mem_, Options(tag)), service_(&core_) {
+    auto server = ckptd::agent::StartUnixServer(socket, &service_);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (server.ok()) server_ = *std::move(server);
+  }
+  ~ServedAgent() {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  bool serving() const { return root_made_ && server_ != nullptr; }
+  ckptd::storage::MemFileSystem& mem() { return mem_; }
+
+ private:
+  bool MakeRoot(const std::function<void(ckptd::storage::MemFileSystem&)>& prepare) {
+    const bool made = mem_.CreateDir("/ckpt").ok();
+    EXPECT_TRUE(made);
+    if (prepare) prepare(mem_);
+    return made;
+  }
+  static ckptd::agent::AgentOptions Options(const std::string& tag) {
+    ckptd::agent::AgentOptions o;
+    o.storage_root = "/ckpt";
+    o.io_threads = 1;
+    o.segment_prefix = absl::StrCat("/ckptd-test-", tag, "-", ::getpid());
+    return o;
+  }
+
+  ckptd::storage::MemFileSystem mem_;
+  const bool root_made_;  // before the agent: it starts over the root
+  ckptd::agent::AgentCore core_;
+  ckptd::agent::AgentService service_;
+  std::unique_ptr<ckptd::agent::UnixServer> server_;
+};
+
 TEST(CApiTest, ConnectSnapshotRestoreFromC) {
   ckptd::testing::TempDir tmp("ckptd-capi-");
   const std::string dir = tmp.path();
   const std::string socket = dir + "/agent.sock";
-  ckptd::storage::MemFileSystem mem;
-  ASSERT_TRUE(mem.CreateDir("/ckpt").ok());
-  ckptd::agent::AgentOptions o;
-  o.storage_root = "/ckpt";
-  o.io_threads = 1;
-  o.segment_prefix = absl::StrCat("/ckptd-test-capi-", ::getpid());
-  ckptd::agent::AgentCore core(&mem, o);
-  ckptd::agent::AgentService service(&core);
-  auto server = ckptd::agent::StartUnixServer(socket, &service);
-  ASSERT_TRUE(server.ok()) << server.status();
-  EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi", -1), 0) << ckptd_last_error();
-  // The ext entry point; the spare is for device buffers, these are on the host.
-  EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi-ext", 1), 0) << ckptd_last_error();
-  (*server)->Shutdown();
+  {
+    ServedAgent agent(socket, "capi");
+    ASSERT_TRUE(agent.serving());
+    EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi", -1), 0) << ckptd_last_error();
+    // The ext entry point; the spare is for device buffers, these are on the host.
+    EXPECT_EQ(ckptd_c_smoke(socket.c_str(), "capi-ext", 1), 0) << ckptd_last_error();
+  }
   std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
 
@@ -55,16 +90,8 @@ TEST(CApiTest, ConnectSnapshotRestoreFromC) {
 TEST(CApiTest, ReplicatedBuffersAreDeclaredThroughExtOptions) {
   ckptd::testing::TempDir tmp("ckptd-capi-");
   const std::string socket = tmp.path() + "/agent.sock";
-  ckptd::storage::MemFileSystem mem;
-  ASSERT_TRUE(mem.CreateDir("/ckpt").ok());
-  ckptd::agent::AgentOptions o;
-  o.storage_root = "/ckpt";
-  o.io_threads = 1;
-  o.segment_prefix = absl::StrCat("/ckptd-test-capi-dp-", ::getpid());
-  ckptd::agent::AgentCore core(&mem, o);
-  ckptd::agent::AgentService service(&core);
-  auto server = ckptd::agent::StartUnixServer(socket, &service);
-  ASSERT_TRUE(server.ok()) << server.status();
+  ServedAgent agent(socket, "capi-dp");
+  ASSERT_TRUE(agent.serving());
   const ckptd_options options = {socket.c_str(), "capi-dp", 0, 1, 0, 1000, 5000};
   float w[6] = {1, 2, 3, 4, 5, 6};
   uint64_t shape[2] = {3, 2};
@@ -85,31 +112,24 @@ TEST(CApiTest, ReplicatedBuffersAreDeclaredThroughExtOptions) {
   ASSERT_EQ(ckptd_snapshot(client, 5, nullptr), 0) << ckptd_last_error();
   ASSERT_EQ(ckptd_wait_persisted(client, 5, 30000), 0) << ckptd_last_error();
   ckptd_close(client);
-  auto reader = ckptd::storage::ShardReader::Open(&mem, ckptd::storage::ShardPath("/ckpt", "capi-dp", 5, 0), {});
+  auto reader =
+      ckptd::storage::ShardReader::Open(&agent.mem(), ckptd::storage::ShardPath("/ckpt", "capi-dp", 5, 0), {});
   ASSERT_TRUE(reader.ok()) << reader.status();
   const ckptd::v1::Tensor* saved = (*reader)->FindTensor("w");
   ASSERT_NE(saved, nullptr);
   EXPECT_EQ(saved->replica().group(), "dp");
   EXPECT_EQ(saved->replica().count(), 1u);
-  (*server)->Shutdown();
 }
 
 // Issue 16 (5): the C ABI tells the trainer of persists that failed.
 TEST(CApiTest, PersistFailuresReachTheCaller) {
   ckptd::testing::TempDir tmp("ckptd-capi-");
   const std::string socket = tmp.path() + "/agent.sock";
-  ckptd::storage::MemFileSystem mem;
-  ASSERT_TRUE(mem.CreateDir("/ckpt").ok());
   // A file where the job's folder goes: every persist of the job fails.
-  ASSERT_TRUE(ckptd::storage::WriteFileAtomically(&mem, "/ckpt/capi-full", "in the way").ok());
-  ckptd::agent::AgentOptions o;
-  o.storage_root = "/ckpt";
-  o.io_threads = 1;
-  o.segment_prefix = absl::StrCat("/ckptd-test-capi-full-", ::getpid());
-  ckptd::agent::AgentCore core(&mem, o);
-  ckptd::agent::AgentService service(&core);
-  auto server = ckptd::agent::StartUnixServer(socket, &service);
-  ASSERT_TRUE(server.ok()) << server.status();
+  ServedAgent agent(socket, "capi-full", [](ckptd::storage::MemFileSystem& mem) {
+    ASSERT_TRUE(ckptd::storage::WriteFileAtomically(&mem, "/ckpt/capi-full", "in the way").ok());
+  });
+  ASSERT_TRUE(agent.serving());
   ckptd_options options = {socket.c_str(), "capi-full", 0, 1, 0, 1000, 2000};
   float x[4] = {1, 2, 3, 4};
   uint64_t shape[1] = {4};
@@ -131,7 +151,6 @@ TEST(CApiTest, PersistFailuresReachTheCaller) {
   EXPECT_EQ(std::string(small), std::string(error).substr(0, sizeof(small) - 1));
   EXPECT_EQ(ckptd_persist_failures(nullptr, &failed, &last, error, sizeof(error)), 3);
   ckptd_close(client);
-  (*server)->Shutdown();
 }
 
 TEST(CApiTest, ErrorsAreCodesWithMessages) {

@@ -21,18 +21,6 @@ namespace {
 
 using ckptd::v1::Tensor;
 
-absl::Status CheckGroup(const ckptd::v1::Replica& r, absl::string_view where) {
-  if (r.group().empty() || r.group().size() > kMaxReplicaGroupName || !IsValidUtf8(r.group())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": the replica group's name must be 1..", kMaxReplicaGroupName, " bytes of UTF-8"));
-  }
-  if (r.count() == 0 || r.index() >= r.count()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": place ", r.index(), " in a replica group of ",
-                                                   r.count(), " is not inside the group"));
-  }
-  return absl::OkStatus();
-}
-
 template <typename A, typename B>
 bool Same(const A& a, const B& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end());
@@ -47,6 +35,18 @@ uint64_t RowBytes(const Tensor& meta, const std::vector<uint64_t>& shape) {
 
 }  // namespace
 
+absl::Status ValidateReplicaGroup(const ckptd::v1::Replica& r, absl::string_view where) {
+  if (r.group().empty() || r.group().size() > kMaxReplicaGroupName || !IsValidUtf8(r.group())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": the replica group's name must be 1..", kMaxReplicaGroupName, " bytes of UTF-8"));
+  }
+  if (r.count() == 0 || r.index() >= r.count()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": place ", r.index(), " in a replica group of ",
+                                                   r.count(), " is not inside the group"));
+  }
+  return absl::OkStatus();
+}
+
 RowRange ShareRows(uint64_t rows, uint32_t count, uint32_t index) {
   if (count == 0 || index >= count) return {};
   const uint64_t base = rows / count;
@@ -58,7 +58,7 @@ RowRange ShareRows(uint64_t rows, uint32_t count, uint32_t index) {
 absl::Status ValidateReplicaRequest(const Tensor& meta, uint32_t world_size, absl::string_view what) {
   const std::string where = absl::StrCat(what, ": buffer '", absl::CHexEscape(meta.name()), "'");
   const ckptd::v1::Replica& r = meta.replica();
-  CKPTD_RETURN_IF_ERROR(CheckGroup(r, where));
+  CKPTD_RETURN_IF_ERROR(ValidateReplicaGroup(r, where));
   if (r.count() > world_size) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a replica group of ", r.count(),
                                                    " ranks is larger than the job's world of ", world_size));
@@ -73,7 +73,7 @@ absl::Status ValidateReplicaRequest(const Tensor& meta, uint32_t world_size, abs
 absl::Status ValidateShare(const Tensor& meta, absl::string_view what) {
   const std::string where = absl::StrCat(what, ": tensor '", absl::CHexEscape(meta.name()), "'");
   const ckptd::v1::Replica& r = meta.replica();
-  CKPTD_RETURN_IF_ERROR(CheckGroup(r, where));
+  CKPTD_RETURN_IF_ERROR(ValidateReplicaGroup(r, where));
   const int ndim = meta.shape_size();
   if (r.shape_size() != ndim || r.offsets_size() != ndim || meta.global_shape_size() != ndim) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a share's shape, global_shape and replica shape and "

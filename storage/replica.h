@@ -33,6 +33,11 @@ struct RowRange {
 };
 RowRange ShareRows(uint64_t rows, uint32_t count, uint32_t index);
 
+// Checks what every replica names: the group (1..256 bytes of UTF-8) and a
+// place inside it (count >= 1, index < count). kInvalidArgument starting
+// with `what`.
+absl::Status ValidateReplicaGroup(const ckptd::v1::Replica& replica, absl::string_view what);
+
 // Checks a replica as a registration declares it (only group, count and
 // index set): the group named (1..256 bytes of UTF-8), 1 <= count <=
 // world_size, index < count. kInvalidArgument starting with `what`.

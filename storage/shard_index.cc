@@ -111,13 +111,9 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
   if (absl::Status s = TensorByteLength(meta).status(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
   }
-  if (meta.has_replica() && meta.replica().block_bytes() != 0) return ValidateShare(meta, what);
-  if (meta.has_replica() && (meta.replica().count() == 0 || meta.replica().index() >= meta.replica().count())) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": place ", meta.replica().index(),
-                                                   " in a replica group of ", meta.replica().count(),
-                                                   " is not inside the group"));
-  }
-  return absl::OkStatus();
+  if (!meta.has_replica()) return absl::OkStatus();
+  if (meta.replica().block_bytes() != 0) return ValidateShare(meta, what);
+  return ValidateReplicaGroup(meta.replica(), where);
 }
 
 ByteRange BlockFileRange(const Block& block) {

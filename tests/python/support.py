@@ -105,3 +105,16 @@ def run_all(fn, items, timeout=120):
     if errors:
         raise errors[0]
     return results
+
+
+def save_all(clients, step, timeout=60):
+    """Every client snapshots `step`, then waits until it is persisted; all
+    are closed, whatever happens."""
+    try:
+        for c in clients:
+            c.snapshot(step)
+        for c in clients:
+            c.wait_persisted(step, timeout=timeout)
+    finally:
+        for c in clients:
+            c.close()

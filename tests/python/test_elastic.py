@@ -12,7 +12,7 @@ import random
 import subprocess
 import unittest
 
-from support import ROOT, AgentTestCase, run_all
+from support import ROOT, AgentTestCase, run_all, save_all
 
 import ckptd
 
@@ -87,14 +87,7 @@ class ElasticRestoreTest(AgentTestCase):
     def _save(self, job, world, step, by_rows_v=False):
         ranks = [_Rank(r, world, self._state(step), by_rows_v) for r in range(world)]
         clients = [ckptd.Client(self.agent.socket, job, r.buffers(), rank=r.rank, world_size=world) for r in ranks]
-        try:
-            for c in clients:
-                c.snapshot(step)
-            for c in clients:
-                c.wait_persisted(step, timeout=60)
-        finally:
-            for c in clients:
-                c.close()
+        save_all(clients, step)
 
     def _restore(self, job, world, by_rows_v=False):
         """Restores `world` ranks at once: their _Rank objects and clients (open)."""
@@ -194,14 +187,7 @@ class ReplicatedStateTest(AgentTestCase):
         state = [(bytearray(weights), bytearray(f"rng {r} {step}".encode().ljust(16, b"."))) for r in range(world)]
         clients = [ckptd.Client(self.agent.socket, job, self._buffers(r, world, *state[r], replicated), rank=r,
                                 world_size=world) for r in range(world)]
-        try:
-            for c in clients:
-                c.snapshot(step)
-            for c in clients:
-                c.wait_persisted(step, timeout=60)
-        finally:
-            for c in clients:
-                c.close()
+        save_all(clients, step)
         folder = os.path.join(self.agent.root, job, f"step-{step}")
         return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".shard"))
 
