@@ -19,6 +19,7 @@
 #include "storage/layout.h"
 #include "storage/replica.h"
 #include "storage/reshard.h"
+#include "storage/reshard_plan.h"
 #include "storage/shard_index.h"
 #include "storage/shard_reader.h"
 
@@ -198,6 +199,7 @@ struct AgentCore::Trainer {
   uint64_t peer_restores ABSL_GUARDED_BY(mu) = 0;
   uint64_t peer_rejected ABSL_GUARDED_BY(mu) = 0;
   uint64_t resharded_restores ABSL_GUARDED_BY(mu) = 0;
+  uint64_t resharded_shards_opened ABSL_GUARDED_BY(mu) = 0;
   // The step the trainer's last restore handed over (nullopt: none, or a
   // fresh start), and for a memory checkpoint the shard it must be and the
   // peers the plan named (a reread of it has no disk to go to).
@@ -218,6 +220,7 @@ struct AgentCore::Trainer {
     s.peer_restores = peer_restores;
     s.peer_rejected = peer_rejected;
     s.resharded_restores = resharded_restores;
+    s.resharded_shards_opened = resharded_shards_opened;
     s.slots = segment->slots();
     s.slots_ready = segment->slots_prepared();
     return s;
@@ -1472,154 +1475,172 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   return LoadFrom(t, step, *reader, wait_for_slot);
 }
 
+absl::StatusOr<std::vector<storage::PlannedRead>> AgentCore::PlanResharded(Trainer* t, uint64_t step,
+                                                                          const ckptd::v1::StepManifest& manifest,
+                                                                          ReshardReaders* readers, bool* planned,
+                                                                          bool ask_coordinator) {
+  const TrainerRegistration& reg = t->reg;
+  const uint32_t saved_world = manifest.world_size();
+  *planned = false;
+  // The coordinator reads the step's indexes once for the whole job.
+  if (options_.coordinator != nullptr && ask_coordinator) {
+    ckptd::v1::ReshardPlanRequest req;
+    req.set_job(reg.job);
+    req.set_rank(reg.rank);
+    req.set_world_size(reg.world_size);
+    req.set_step(step);
+    for (const ckptd::v1::Tensor& b : reg.buffers) *req.add_buffers() = b;
+    absl::StatusOr<ckptd::v1::ReshardPlanResponse> plan =
+        options_.coordinator->ReshardPlan(req, options_.restore_timeout);
+    absl::Status problem = plan.status();
+    std::vector<storage::PlannedRead> reads;
+    if (plan.ok() && plan->saved_world_size() != saved_world) {
+      problem = absl::InvalidArgumentError(absl::StrCat("it plans for a world of ", plan->saved_world_size(),
+                                                        " where the MANIFEST lists ", saved_world));
+    }
+    if (problem.ok()) {
+      for (const ckptd::v1::ReshardRead& r : plan->reads()) {
+        storage::PlannedRead read;
+        read.rank = r.saved_rank();
+        read.buffer = r.buffer();
+        read.source.offsets.assign(r.offsets().begin(), r.offsets().end());
+        read.source.shape.assign(r.shape().begin(), r.shape().end());
+        if (read.rank >= saved_world) {
+          problem = absl::InvalidArgumentError(absl::StrCat("it reads rank ", read.rank, " of ", saved_world));
+          break;
+        }
+        if (read.buffer < reg.buffers.size()) read.target = storage::SliceBox(reg.buffers[read.buffer]);
+        reads.push_back(std::move(read));
+      }
+    }
+    if (problem.ok()) problem = storage::CheckPlan(reg.buffers, reads);
+    if (problem.ok()) {
+      std::stable_sort(reads.begin(), reads.end(),
+                       [](const storage::PlannedRead& a, const storage::PlannedRead& b) { return a.rank < b.rank; });
+      *planned = true;
+      return reads;
+    }
+    if (!absl::IsUnimplemented(problem)) {
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": no reshard plan of step ", step,
+                                    " from the coordinator (", problem.message().substr(0, 1000),
+                                    "); planning from the ", saved_world, " saved shards' indexes"));
+    }
+  }
+  // Every saved shard's index, checked against the MANIFEST. A few are kept
+  // open for the reads that follow; many would hold a descriptor each.
+  storage::SavedLayout layout(saved_world);
+  const bool keep_open = saved_world <= kReshardReadersKeptOpen;
+  for (uint32_t r = 0; r < saved_world; ++r) {
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader, OpenSavedShard(t, step, manifest, r));
+    layout.Add(r, reader->index());
+    if (keep_open) (*readers)[r] = std::move(reader);
+  }
+  layout.Seal();
+  CKPTD_ASSIGN_OR_RETURN(std::vector<storage::PlannedRead> reads,
+                         storage::PlanReshard(step, reg.rank, reg.buffers, layout));
+  std::set<uint32_t> used;
+  for (const storage::PlannedRead& r : reads) used.insert(r.rank);
+  std::erase_if(*readers, [&](const auto& kv) { return !used.contains(kv.first) && kv.first != reg.rank; });
+  return reads;
+}
+
+absl::StatusOr<std::unique_ptr<storage::ShardReader>> AgentCore::OpenSavedShard(
+    Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest, uint32_t rank) {
+  {
+    absl::MutexLock l(&t->mu);
+    ++t->resharded_shards_opened;
+  }
+  return store_.OpenCommittedShard(t->reg.job, step, manifest, rank, storage::ShardReadOptions(), restore_pool_);
+}
+
 absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
-                                                  absl::Duration wait_for_slot) {
+                                                  absl::Duration wait_for_slot, bool ask_coordinator) {
   const TrainerRegistration& reg = t->reg;
   const uint32_t saved_world = manifest.world_size();
   if (saved_world == 0 || static_cast<uint32_t>(manifest.shards_size()) != saved_world) {
     return absl::DataLossError(absl::StrCat("the MANIFEST of step ", step, " lists ", manifest.shards_size(),
                                             " shards for a world of ", saved_world));
   }
-  // Every saved shard's index, checked against the MANIFEST.
-  auto open = [&](uint32_t rank) {
-    return store_.OpenCommittedShard(reg.job, step, manifest, rank, storage::ShardReadOptions(), restore_pool_);
-  };
-  std::vector<std::shared_ptr<const ckptd::v1::ShardIndex>> indexes(saved_world);
-  for (uint32_t r = 0; r < saved_world; ++r) {
-    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader, open(r));
-    indexes[r] = std::make_shared<const ckptd::v1::ShardIndex>(reader->index());
-  }
-  auto find = [&](uint32_t rank, const std::string& name) -> const ckptd::v1::Tensor* {
-    for (const ckptd::v1::Tensor& x : indexes[rank]->tensors()) {
-      if (x.name() == name) return &x;
-    }
-    return nullptr;
-  };
-  // What to read: parts of saved slices into each buffer's place in the slot.
-  struct Read {
-    uint32_t rank = 0;
-    size_t buffer = 0;
-    storage::Box source;
-    storage::Box target;
-  };
-  std::vector<Read> reads;
-  // Buffers without a global layout are each rank's own: rank r reads
-  // rank r's, a rank the saved world did not have rank r mod that world's.
-  const uint32_t own = reg.rank % saved_world;
+  ReshardReaders readers;
+  bool planned = false;
+  CKPTD_ASSIGN_OR_RETURN(const std::vector<storage::PlannedRead> reads,
+                         PlanResharded(t, step, manifest, &readers, &planned, ask_coordinator));
   uint64_t bytes = 0;
-  for (size_t i = 0; i < reg.buffers.size(); ++i) {
-    const ckptd::v1::Tensor& b = reg.buffers[i];
-    const std::string what = absl::StrCat("buffer '", absl::CHexEscape(b.name()), "'");
-    bytes += t->layout.lengths[i];
-    // A buffer saved as shares of a replicated buffer is put together from
-    // the shares of the group `own` belonged to; saved whole, it is read
-    // whole (whether this rank declares it replicated or not).
-    const ckptd::v1::Tensor* own_saved = find(own, b.name());
-    if (b.global_shape_size() == 0 && (own_saved == nullptr || !own_saved->has_replica())) {
-      const ckptd::v1::Tensor* saved = own_saved;
-      if (saved == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(what, " is not in rank ", own, "'s shard of step ", step, " (saved by ", saved_world,
-                         " ranks)"));
-      }
-      if (saved->global_shape_size() > 0 || saved->dtype() != b.dtype() ||
-          !std::equal(saved->shape().begin(), saved->shape().end(), b.shape().begin(), b.shape().end())) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, " is registered as ", storage::DTypeName(b.dtype()), " [", absl::StrJoin(b.shape(), ", "),
-            "] without a global layout; rank ", own, " saved ", storage::DTypeName(saved->dtype()), " [",
-            absl::StrJoin(saved->shape(), ", "), "]",
-            saved->global_shape_size() > 0
-                ? absl::StrCat(" of global shape [", absl::StrJoin(saved->global_shape(), ", "), "]")
-                : ""));
-      }
-      reads.push_back({own, i, storage::SliceBox(*saved), storage::SliceBox(*saved)});
-      continue;
-    }
-    // The tensor the slices are of: a buffer without a global layout (a
-    // replicated one) is the whole of itself.
-    const auto& global = b.global_shape_size() > 0 ? b.global_shape() : b.shape();
-    // Shares of the group's buffer only: a group is told by the checksums
-    // of the whole its members store (other groups' buffers of the same
-    // name and shape, another tensor-parallel rank's, hold other bytes).
-    // Without a global layout, the group of `own`; with one, of the
-    // elements of each member box, one group's (the lowest rank's).
-    const std::string want = b.global_shape_size() == 0 ? storage::WholeIdentity(*own_saved) : std::string();
-    std::map<std::string, std::string> group_of_box;
-    std::vector<storage::SavedSlice> slices;
-    for (uint32_t r = 0; r < saved_world; ++r) {
-      const ckptd::v1::Tensor* saved = find(r, b.name());
-      if (saved == nullptr) continue;
-      if (!want.empty() && (!saved->has_replica() || storage::WholeIdentity(*saved) != want)) continue;
-      if (want.empty() && saved->has_replica()) {
-        const std::string id = storage::WholeIdentity(*saved);
-        if (group_of_box.emplace(storage::BoxText(storage::MemberBox(*saved)), id).first->second != id) continue;
-      }
-      const auto& saved_global = saved->global_shape_size() > 0 ? saved->global_shape() : saved->shape();
-      if (saved->dtype() != b.dtype() ||
-          !std::equal(saved_global.begin(), saved_global.end(), global.begin(), global.end())) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            what, " is registered as ", storage::DTypeName(b.dtype()), " of global shape [",
-            absl::StrJoin(global, ", "), "]; rank ", r, " saved ", storage::DTypeName(saved->dtype()),
-            saved->global_shape_size() > 0
-                ? absl::StrCat(" of global shape [", absl::StrJoin(saved->global_shape(), ", "), "]")
-                : absl::StrCat(" [", absl::StrJoin(saved->shape(), ", "), "] without a global layout"),
-            " at step ", step));
-      }
-      // A member's share of no rows holds nothing.
-      if (saved->raw_length() == 0 && saved->shape_size() > 0) continue;
-      slices.push_back({r, storage::SliceBox(*saved)});
-    }
-    const storage::Box target = storage::SliceBox(b);
-    CKPTD_ASSIGN_OR_RETURN(
-        const std::vector<storage::SavedSlice> from,
-        storage::SlicesFor(absl::StrCat(what, " of step ", step,
-                                        want.empty() ? ""
-                                                     : absl::StrCat(" (the shares of rank ", own,
-                                                                    "'s replica group '",
-                                                                    absl::CHexEscape(own_saved->replica().group()),
-                                                                    "', which must all hold the same buffer)")),
-                           target, slices));
-    for (const storage::SavedSlice& f : from) reads.push_back({f.rank, i, f.box, target});
-  }
-  // A saved tensor this rank does not register would be dropped: another model.
-  for (const ckptd::v1::Tensor& saved : indexes[own]->tensors()) {
-    if (std::none_of(reg.buffers.begin(), reg.buffers.end(),
-                     [&](const ckptd::v1::Tensor& b) { return b.name() == saved.name(); })) {
-      return absl::FailedPreconditionError(absl::StrCat("step ", step, " holds tensor '",
-                                                        absl::CHexEscape(saved.name()), "' that is not registered"));
-    }
-  }
-  std::sort(reads.begin(), reads.end(), [](const Read& a, const Read& b) { return a.rank < b.rank; });
+  for (uint64_t length : t->layout.lengths) bytes += length;
   CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
   uint8_t* const data = t->segment->slot_data(slot);
   absl::Status read;
   std::set<uint32_t> ranks;
+  // The identity of the whole buffer the shares read into a buffer without
+  // a global layout are of: one group's, whoever planned.
+  std::map<size_t, std::string> whole_of;
+  std::shared_ptr<const ckptd::v1::ShardIndex> own_index;
+  bool plan_wrong = false;  // the shards hold other slices than the plan says
   for (size_t at = 0; read.ok() && at < reads.size();) {
     const uint32_t rank = reads[at].rank;
     ranks.insert(rank);
-    absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader = open(rank);
-    read = reader.status();
-    for (; read.ok() && at < reads.size() && reads[at].rank == rank; ++at) {
-      const Read& r = reads[at];
-      const ckptd::v1::Tensor& b = reg.buffers[r.buffer];
-      read = storage::ReadIntoSlice(**reader, b.name(), r.source, r.target, storage::DTypeSize(b.dtype()),
-                                    data + t->layout.offsets[r.buffer]);
+    std::unique_ptr<storage::ShardReader> reader;
+    if (auto it = readers.find(rank); it != readers.end()) {
+      reader = std::move(it->second);
+      readers.erase(it);
+    } else {
+      absl::StatusOr<std::unique_ptr<storage::ShardReader>> opened = OpenSavedShard(t, step, manifest, rank);
+      read = opened.status();
+      if (opened.ok()) reader = *std::move(opened);
     }
+    const std::string where = absl::StrCat("rank ", rank, "'s shard of step ", step);
+    for (; read.ok() && at < reads.size() && reads[at].rank == rank; ++at) {
+      const storage::PlannedRead& r = reads[at];
+      const ckptd::v1::Tensor& b = reg.buffers[r.buffer];
+      const ckptd::v1::Tensor* saved = reader->FindTensor(b.name());
+      if (saved == nullptr) {
+        read = absl::DataLossError(
+            absl::StrCat(where, " holds no tensor '", absl::CHexEscape(b.name()), "', which the plan reads"));
+        plan_wrong = true;
+        break;
+      }
+      read = storage::CheckPlannedSource(*saved, rank, b, r.source, where);
+      if (read.ok() && b.global_shape_size() == 0 && saved->has_replica()) {
+        const std::string whole = storage::WholeIdentity(*saved);
+        if (whole_of.emplace(r.buffer, whole).first->second != whole) {
+          read = absl::DataLossError(absl::StrCat(where, ": its share of buffer '", absl::CHexEscape(b.name()),
+                                                  "' is of another buffer than the other shares the plan reads"));
+        }
+      }
+      plan_wrong = !read.ok();
+      if (read.ok()) {
+        read = storage::ReadIntoSlice(*reader, b.name(), r.source, r.target, storage::DTypeSize(b.dtype()),
+                                      data + t->layout.offsets[r.buffer]);
+      }
+    }
+    if (read.ok() && rank == reg.rank) own_index = std::make_shared<const ckptd::v1::ShardIndex>(reader->index());
   }
   // Kept in memory when the slot holds what this rank's own shard of the
   // step describes: the same world, the shard's index checking every byte
   // (its shares of replicated buffers carry the checksums of the whole).
   std::optional<KeptStep> own_shard;
   if (read.ok() && saved_world == reg.world_size) {
+    if (own_index == nullptr) {
+      std::unique_ptr<storage::ShardReader> reader;
+      if (auto it = readers.find(reg.rank); it != readers.end()) {
+        reader = std::move(it->second);
+      } else if (absl::StatusOr<std::unique_ptr<storage::ShardReader>> opened =
+                     OpenSavedShard(t, step, manifest, reg.rank);
+                 opened.ok()) {
+        reader = *std::move(opened);
+      }
+      if (reader != nullptr) own_index = std::make_shared<const ckptd::v1::ShardIndex>(reader->index());
+    }
     for (const ckptd::v1::ShardRef& ref : manifest.shards()) {
-      if (ref.rank() != reg.rank) continue;
-      KeptStep k{slot, step, ref.file_length(), ref.index_xxh3(), indexes[reg.rank]};
+      if (ref.rank() != reg.rank || own_index == nullptr) continue;
+      KeptStep k{slot, step, ref.file_length(), ref.index_xxh3(), own_index};
       if (!KeptBlocks(t, k).ok()) continue;
       // What the group's shares made must be what this rank saved, every
       // byte: its own index holds the checksums of its whole buffers.
       if (absl::Status v = VerifyKept(t, k); !v.ok()) {
         read = absl::DataLossError(absl::StrCat("step ", step, ": the shares of rank ", reg.rank,
                                                 "'s replica groups do not make the buffers it saved: ", v.message()));
+        plan_wrong = true;  // another group's shares, if the coordinator chose them
         break;
       }
       own_shard = k;
@@ -1629,6 +1650,13 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
   CKPTD_RETURN_IF_ERROR(t->segment->Publish(slot, step, keep));
   if (!read.ok()) {
     (void)t->segment->Release(slot);  // RESTORED -> FREE; cannot fail here
+    if (planned && plan_wrong) {
+      // The coordinator's plan does not fit the files: plan from them instead.
+      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the coordinator's reshard plan of step ",
+                                    step, " does not fit the saved shards (", read.message().substr(0, 1000),
+                                    "); planning from the ", saved_world, " saved shards' indexes"));
+      return LoadResharded(t, step, manifest, wait_for_slot, /*ask_coordinator=*/false);
+    }
     return read;
   }
   // The same slices as saved, gathered from the group's shares; else resharded.
@@ -1636,7 +1664,9 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
   logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " of ", reg.world_size, ": step ", step,
                              " (saved by ", saved_world, saved_world == 1 ? " rank" : " ranks", ") read ",
                              own_shard ? "from its replica group's shares in " : "resharded from ", ranks.size(),
-                             ranks.size() == 1 ? " shard, " : " shards, ", Gib(bytes)));
+                             ranks.size() == 1 ? " shard, " : " shards, ", Gib(bytes),
+                             planned ? ", planned by the coordinator"
+                                     : absl::StrCat(", planned from the ", saved_world, " saved indexes")));
   if (!own_shard) {
     absl::MutexLock l(&t->mu);
     ++t->resharded_restores;

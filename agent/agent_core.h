@@ -37,6 +37,7 @@
 #include "ckptd/v1/shard.pb.h"
 #include "staging/staging.h"
 #include "storage/file_system.h"
+#include "storage/reshard_plan.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
 #include "storage/store.h"
@@ -229,6 +230,9 @@ struct PersistStatus {
   // Restores of a step saved by another number of ranks (or other slices),
   // read resharded from the storage root.
   uint64_t resharded_restores = 0;
+  // Saved shards those restores opened (their indexes read): to plan by
+  // itself (every saved shard) and to read (only those the plan names).
+  uint64_t resharded_shards_opened = 0;
   // Staging slots ready (the rest are still being allocated), of `slots`.
   uint32_t slots_ready = 0;
   uint32_t slots = 0;
@@ -378,6 +382,9 @@ class AgentCore {
   void OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder>& orders);
   static constexpr absl::Duration kEmergencyRetry = absl::Seconds(10);
   static constexpr size_t kMaxOrdersRemembered = 4096;
+  // A saved world of at most this many ranks keeps the shards it planned
+  // from open for the reads (one descriptor each).
+  static constexpr uint32_t kReshardReadersKeptOpen = 64;
   // Carries out one order now: the copy this node holds (a step its
   // trainers keep in memory, live or parked, or a copy held for a partner)
   // is written raw to the storage root as the shard that was reported
@@ -598,8 +605,24 @@ class AgentCore {
   // kFailedPrecondition naming the buffer when the saved tensors cannot
   // make it (another dtype or global shape, slices that leave part of it
   // uncovered), kDataLoss/kNotFound for a damaged or missing shard.
+  // Which slices of which saved shards fill t's buffers: the coordinator's
+  // plan (checked), unless not `ask_coordinator`, or, without one, planned
+  // from every saved shard's index (some kept open in `readers` for the
+  // reads). `planned`: the coordinator's.
+  using ReshardReaders = std::map<uint32_t, std::unique_ptr<storage::ShardReader>>;
+  absl::StatusOr<std::vector<storage::PlannedRead>> PlanResharded(Trainer* t, uint64_t step,
+                                                                  const ckptd::v1::StepManifest& manifest,
+                                                                  ReshardReaders* readers, bool* planned,
+                                                                  bool ask_coordinator);
+  // Opens `rank`'s shard of committed `step` for a resharded restore (counted).
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> OpenSavedShard(Trainer* t, uint64_t step,
+                                                                       const ckptd::v1::StepManifest& manifest,
+                                                                       uint32_t rank);
+  // Reads committed `step` resharded: the slices of the saved shards that
+  // hold t's buffers. A coordinator's plan that does not fit the files is
+  // dropped for one made from them.
   absl::StatusOr<uint32_t> LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
-                                         absl::Duration wait_for_slot);
+                                         absl::Duration wait_for_slot, bool ask_coordinator = true);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
   // A copy of a memory checkpoint held here, as an emergency persist writes
   // it: one source per buffer, the memory they point into kept alive, and

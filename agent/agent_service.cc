@@ -141,6 +141,7 @@ grpc::Status AgentService::GetStatus(grpc::ServerContext*, const ckptd::v1::GetS
   resp->set_has_memory_checkpoint(s->last_memory_step.has_value());
   resp->set_last_memory_step(s->last_memory_step.value_or(0));
   resp->set_resharded_restores(s->resharded_restores);
+  resp->set_resharded_shards_opened(s->resharded_shards_opened);
   return grpc::Status::OK;
 }
 

@@ -92,6 +92,21 @@ class InProcessCoordinator : public CoordinatorClient {
     absl::MutexLock l(&mu_);
     return results_;
   }
+  absl::StatusOr<ckptd::v1::ReshardPlanResponse> ReshardPlan(const ckptd::v1::ReshardPlanRequest& request,
+                                                             absl::Duration) override {
+    if (!plans_reshards) return absl::UnimplementedError("this coordinator makes no reshard plans");
+    ckptd::v1::ReshardPlanRequest req = request;
+    req.set_node_id(node_);
+    req.set_session(session_);
+    absl::StatusOr<ckptd::v1::ReshardPlanResponse> plan = core_->GetReshardPlan(req);
+    if (plan.ok() && tamper) tamper(&*plan);
+    return plan;
+  }
+
+  // Whether reshard plans are served (as an older coordinator's are not),
+  // and what is done to them on the way (an attack).
+  bool plans_reshards = true;
+  std::function<void(ckptd::v1::ReshardPlanResponse*)> tamper;
 
  private:
   coordinator::CoordinatorCore* const core_;
@@ -625,6 +640,174 @@ TEST_F(ReplicatedStateTest, TwoRanksRestoreWhatFourWroteOnce) {
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<storage::ShardReader> reader,
                              storage::ShardReader::Open(&mem_, storage::ShardPath("/ckpt", "job", 20, 1), {}));
   EXPECT_EQ(reader->FindTensor("params")->raw_length(), 4000u / 2);
+}
+
+// Rank `rank` of `world` of a sharded job (FSDP's Shard(0)): "w", a float
+// [40, 25] tensor split by rows, and an RNG of its own.
+TrainerRegistration Sharded(uint32_t rank, uint32_t world) {
+  TrainerRegistration r;
+  r.job = "job";
+  r.rank = rank;
+  r.world_size = world;
+  ckptd::v1::Tensor w = Buffer("w", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 0);
+  w.clear_shape();
+  const uint64_t first = 40 * rank / world;
+  const uint64_t end = 40 * (rank + 1) / world;
+  for (uint64_t d : {uint64_t{40}, uint64_t{25}}) w.add_global_shape(d);
+  for (uint64_t d : {first, uint64_t{0}}) w.add_offsets(d);
+  for (uint64_t d : {end - first, uint64_t{25}}) w.add_shape(d);
+  r.buffers = {w, Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 64)};
+  return r;
+}
+
+class ShardedStateTest : public CoordinatedAgentTest {
+ protected:
+  // A node and what its trainer registered last.
+  struct Node2 {
+    Node node;
+    TrainerRegistration agent_reg;
+  };
+
+  // Every byte of global row `row` of "w" at `step`.
+  static uint8_t RowByte(uint64_t step, uint64_t row) { return static_cast<uint8_t>(step * 3 + row * 5 + 1); }
+
+  void SnapshotSharded(Node2& n, uint64_t step) {
+    const ckptd::v1::Tensor& w = n.agent_reg.buffers[0];
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, n.node.seg->AcquireForFill(absl::Seconds(10)));
+    uint8_t* p = n.node.seg->slot_data(slot);
+    for (uint64_t i = 0; i < w.shape(0); ++i) {
+      std::memset(p + n.node.handle.offsets[0] + i * 100, RowByte(step, w.offsets(0) + i), 100);
+    }
+    std::memset(p + n.node.handle.offsets[1], Pattern(step, n.agent_reg.rank), 64);
+    CKPTD_ASSERT_OK(n.node.seg->Publish(slot, step));
+    CKPTD_ASSERT_OK(n.node.agent->SnapshotPublished(n.node.handle.trainer_id, slot, step, 0.001));
+    CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st,
+                               n.node.agent->WaitPersisted(n.node.handle.trainer_id, step, absl::Seconds(30)));
+    ASSERT_THAT(st.last_persisted_step, Optional(step)) << st.last_error;
+  }
+
+  // Four nodes of one rank each commit step 10; their trainers die, nodes 2
+  // and 3 are gone for good, and nodes 0 and 1 come back as a job of two
+  // (`prepare` runs before they restore). Each new rank must get rows
+  // [20r, 20r + 20) of step 10 and saved rank r's RNG. Returns how many
+  // saved shards each opened.
+  std::vector<uint64_t> FourThenTwo(const std::function<void(std::vector<Node2>&)>& prepare) {
+    std::vector<Node2> nodes(4);
+    std::vector<Node*> all;
+    for (uint32_t r = 0; r < 4; ++r) {
+      nodes[r].agent_reg = Sharded(r, 4);
+      nodes[r].node = Start(absl::StrCat("node-", r), nodes[r].agent_reg);
+      all.push_back(&nodes[r].node);
+    }
+    std::vector<absl::StatusOr<RestoreResult>> fresh(4, absl::UnknownError("not run"));
+    {
+      std::vector<std::thread> threads;
+      for (uint32_t r = 0; r < 4; ++r) {
+        threads.emplace_back([&, r] { fresh[r] = all[r]->agent->Restore(all[r]->handle.trainer_id, absl::Seconds(5)); });
+      }
+      for (auto& t : threads) t.join();
+    }
+    for (uint32_t r = 0; r < 4; ++r) {
+      EXPECT_THAT(fresh[r].status(), IsOk());
+      SnapshotSharded(nodes[r], 10);
+    }
+    EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+    TrainerDied(nodes[3].node, 3);
+    for (Node2& n : nodes) {
+      EXPECT_THAT(n.node.agent->TrainerExited(n.node.handle.trainer_id, /*died=*/true), IsOk());
+      n.node.link->Beat(*n.node.agent);
+    }
+    for (uint32_t r = 0; r < 2; ++r) {
+      nodes[r].agent_reg = Sharded(r, 2);
+      absl::StatusOr<TrainerHandle> h = nodes[r].node.agent->Register(nodes[r].agent_reg);
+      EXPECT_THAT(h.status(), IsOk());
+      nodes[r].node.handle = *h;
+      nodes[r].node.seg = *staging::StagingSegment::Open(h->segment);
+      nodes[r].node.link->Beat(*nodes[r].node.agent);
+    }
+    prepare(nodes);
+    std::vector<absl::StatusOr<RestoreResult>> results(2, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        results[r] = nodes[r].node.agent->Restore(nodes[r].node.handle.trainer_id, absl::Seconds(10));
+      });
+    }
+    for (auto& t : threads) t.join();
+    std::vector<uint64_t> opened;
+    for (uint32_t r = 0; r < 2; ++r) {
+      SCOPED_TRACE(absl::StrCat("rank ", r, " of 2"));
+      EXPECT_THAT(results[r].status(), IsOk());
+      if (!results[r].ok()) continue;
+      EXPECT_THAT(results[r]->step, Optional(10u));
+      EXPECT_EQ(results[r]->source, RestoreSource::kRoot);
+      const uint8_t* p = nodes[r].node.seg->slot_data(results[r]->slot);
+      uint64_t wrong = 0;
+      for (uint64_t i = 0; i < 20; ++i) {
+        for (uint64_t b = 0; b < 100; ++b) wrong += p[nodes[r].node.handle.offsets[0] + i * 100 + b] != RowByte(10, 20 * r + i);
+      }
+      EXPECT_EQ(wrong, 0u) << "bytes of rows [" << 20 * r << ", " << 20 * r + 20 << ") not as saved";
+      for (uint64_t b = 0; b < 64; ++b) {
+        wrong += p[nodes[r].node.handle.offsets[1] + b] != Pattern(10, r);
+      }
+      EXPECT_EQ(wrong, 0u) << "the RNG is not saved rank " << r << "'s";
+      EXPECT_THAT(nodes[r].node.seg->Release(results[r]->slot), IsOk());
+      absl::StatusOr<PersistStatus> st = nodes[r].node.agent->Status(nodes[r].node.handle.trainer_id);
+      EXPECT_THAT(st.status(), IsOk());
+      if (!st.ok()) continue;
+      EXPECT_EQ(st->resharded_restores, 1u);
+      opened.push_back(st->resharded_shards_opened);
+    }
+    return opened;
+  }
+};
+
+// The coordinator reads the step's four indexes once and tells each rank
+// which slices to read: rank 0 opens saved shards 0 and 1 only (its rows
+// and its RNG), rank 1 shards 1, 2 and 3; neither reads all four indexes.
+TEST_F(ShardedStateTest, TheCoordinatorPlansAndEachRankOpensOnlyTheShardsItReads) {
+  EXPECT_EQ(FourThenTwo([](std::vector<Node2>&) {}), (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(core_.reshard_layouts_read(), 1u);
+}
+
+// A coordinator that plans nothing (an older one): each agent plans from
+// the four saved indexes by itself, and reads through the shards it opened
+// to plan (a small saved world: each opened once).
+TEST_F(ShardedStateTest, WithoutTheCoordinatorsPlanTheAgentPlansFromEveryIndex) {
+  EXPECT_EQ(FourThenTwo([](std::vector<Node2>& nodes) {
+              for (uint32_t r = 0; r < 2; ++r) nodes[r].node.link->plans_reshards = false;
+            }),
+            (std::vector<uint64_t>{4, 4}));
+  EXPECT_EQ(core_.reshard_layouts_read(), 0u);
+}
+
+// A plan that does not fit the files (the coordinator's sources of two
+// reads swapped: still covering the slice, so only the shards can tell) is
+// caught before its bytes are used, and the agent plans by itself.
+TEST_F(ShardedStateTest, APlanThatDoesNotFitTheShardsIsCaughtAndReplanned) {
+  EXPECT_EQ(FourThenTwo([](std::vector<Node2>& nodes) {
+              nodes[0].node.link->tamper = [](ckptd::v1::ReshardPlanResponse* plan) {
+                ASSERT_GE(plan->reads_size(), 3);
+                // Reads 0 and 2 are of "w" (rows 0..10 from rank 0, 10..20 from rank 1).
+                ckptd::v1::ReshardRead* a = nullptr;
+                ckptd::v1::ReshardRead* b = nullptr;
+                for (ckptd::v1::ReshardRead& r : *plan->mutable_reads()) {
+                  if (r.buffer() != 0) continue;
+                  (a == nullptr ? a : b) = &r;
+                }
+                ASSERT_NE(b, nullptr);
+                const uint32_t saved = a->saved_rank();
+                a->set_saved_rank(b->saved_rank());
+                b->set_saved_rank(saved);
+              };
+              nodes[1].node.link->tamper = [](ckptd::v1::ReshardPlanResponse* plan) {
+                // A read of a rank the step does not have.
+                plan->mutable_reads(0)->set_saved_rank(9);
+              };
+            }),
+            // Rank 0 opened one shard of the bad plan, then all four; rank 1
+            // refused its plan before opening anything.
+            (std::vector<uint64_t>{5, 4}));
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "rpc/grpc_status.h"
 #include "base/thread_priority.h"
 
@@ -131,37 +132,53 @@ size_t CoordinatorLink::unanswered_shards() {
   return shards_.size();
 }
 
-absl::StatusOr<ckptd::v1::RestorePlanResponse> CoordinatorLink::RestorePlan(
-    const ckptd::v1::RestorePlanRequest& request, absl::Duration timeout) {
-  ckptd::v1::RestorePlanRequest asked = request;
-  asked.set_node_id(options_.node_id);
-  {
-    // The plan is asked in the node's session: right after the agent starts,
-    // wait (within `timeout`) for its registration.
-    absl::MutexLock l(&mu_);
-    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || session_.has_value() || CutOffLocked();
-    };
-    clock_->AwaitWithTimeout(&mu_, absl::Condition(&settled), std::min(timeout, options_.rpc_timeout));
-    if (CutOffLocked()) {
-      return absl::UnavailableError(
-          absl::StrCat("restore plan from coordinator ", options_.address, ": cut off for a drill"));
-    }
-    if (!session_) {
-      return absl::UnavailableError(absl::StrCat("restore plan from coordinator ", options_.address,
-                                                 ": this agent is not registered with it (yet)"));
-    }
-    asked.set_session(*session_);
+absl::StatusOr<std::string> CoordinatorLink::SessionFor(absl::string_view what, absl::Duration timeout) {
+  // Asked in the node's session: right after the agent starts, wait (within
+  // `timeout`) for its registration.
+  absl::MutexLock l(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || session_.has_value() || CutOffLocked();
+  };
+  clock_->AwaitWithTimeout(&mu_, absl::Condition(&settled), std::min(timeout, options_.rpc_timeout));
+  if (CutOffLocked()) {
+    return absl::UnavailableError(absl::StrCat(what, " from coordinator ", options_.address, ": cut off for a drill"));
   }
+  if (!session_) {
+    return absl::UnavailableError(absl::StrCat(what, " from coordinator ", options_.address,
+                                               ": this agent is not registered with it (yet)"));
+  }
+  return *session_;
+}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> CoordinatorLink::AskInSession(
+    absl::string_view what, const Request& request, absl::Duration timeout,
+    grpc::Status (ckptd::v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Request&, Response*)) {
+  Request asked = request;
+  asked.set_node_id(options_.node_id);
+  CKPTD_ASSIGN_OR_RETURN(*asked.mutable_session(), SessionFor(what, timeout));
   grpc::ClientContext ctx;
-  Prepare(&ctx, std::min(timeout, options_.rpc_timeout));
-  ckptd::v1::RestorePlanResponse response;
-  grpc::Status s = stub_->GetRestorePlan(&ctx, asked, &response);
+  Prepare(&ctx, timeout);
+  Response response;
+  grpc::Status s = (stub_.get()->*method)(&ctx, asked, &response);
   if (!s.ok()) {
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("restore plan from coordinator ", options_.address, ": ", s.error_message()));
+                        absl::StrCat(what, " from coordinator ", options_.address, ": ", s.error_message()));
   }
   return response;
+}
+
+absl::StatusOr<ckptd::v1::RestorePlanResponse> CoordinatorLink::RestorePlan(
+    const ckptd::v1::RestorePlanRequest& request, absl::Duration timeout) {
+  return AskInSession("restore plan", request, std::min(timeout, options_.rpc_timeout),
+                      &ckptd::v1::Coordinator::Stub::GetRestorePlan);
+}
+
+// The coordinator's first plan of a step reads the step's indexes: bounded
+// by the restore's timeout, not one RPC's.
+absl::StatusOr<ckptd::v1::ReshardPlanResponse> CoordinatorLink::ReshardPlan(
+    const ckptd::v1::ReshardPlanRequest& request, absl::Duration timeout) {
+  return AskInSession("reshard plan", request, timeout, &ckptd::v1::Coordinator::Stub::GetReshardPlan);
 }
 
 absl::Status CoordinatorLink::Register() {

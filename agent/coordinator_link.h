@@ -41,6 +41,13 @@ class CoordinatorClient {
                                                                      absl::Duration timeout) = 0;
   // The newest schedule heard for `job`, if any.
   virtual std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) = 0;
+  // Asks which slices of which saved shards fill a rank's buffers (a step
+  // read resharded), bounded by `timeout`. kUnimplemented where the
+  // coordinator plans none: the agent then plans by itself.
+  virtual absl::StatusOr<ckptd::v1::ReshardPlanResponse> ReshardPlan(const ckptd::v1::ReshardPlanRequest& request,
+                                                                     absl::Duration timeout) {
+    return absl::UnimplementedError("this coordinator makes no reshard plans");
+  }
 };
 
 struct CoordinatorLinkOptions {
@@ -95,6 +102,8 @@ class CoordinatorLink : public CoordinatorClient {
   void Failure(const ckptd::v1::ReportFailureRequest& failure) override;
   absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
                                                              absl::Duration timeout) override;
+  absl::StatusOr<ckptd::v1::ReshardPlanResponse> ReshardPlan(const ckptd::v1::ReshardPlanRequest& request,
+                                                             absl::Duration timeout) override;
   std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) override;
 
   // Waits up to `timeout` until every queued report was answered (for a
@@ -114,6 +123,15 @@ class CoordinatorLink : public CoordinatorClient {
   bool cut_off();
 
  private:
+  // The node's session, waited for within `timeout` right after start;
+  // kUnavailable (starting with `what`) without one.
+  absl::StatusOr<std::string> SessionFor(absl::string_view what, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `request` (its node_id and session filled in) through `method`,
+  // bounded by `timeout`; errors start with `what`.
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> AskInSession(
+      absl::string_view what, const Request& request, absl::Duration timeout,
+      grpc::Status (ckptd::v1::Coordinator::Stub::*method)(grpc::ClientContext*, const Request&, Response*));
   using ShardKey = std::tuple<std::string, uint64_t, uint32_t>;
   void HeartbeatLoop();
   void SenderLoop();

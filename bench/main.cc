@@ -7,6 +7,7 @@
 #include "bench/coordinator_bench.h"
 #include "bench/overhead_bench.h"
 #include "bench/persist_bench.h"
+#include "bench/reshard_bench.h"
 #include "bench/restore_bench.h"
 #include "bench/snapshot_bench.h"
 
@@ -24,6 +25,8 @@ int main(int argc, char** argv) {
       "  register  a trainer's registration with a live agent, fresh and after a restart\n"
       "  restore   a restarted trainer's restore from the agent's memory, the node-local\n"
       "            tier or the storage root, beside memcpy and read()\n"
+      "  reshard   a step of N ranks restored onto M: the coordinator's plans beside each\n"
+      "            rank planning from every saved index\n"
       "\n"
       "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -37,6 +40,7 @@ int main(int argc, char** argv) {
   if (name == "overhead") return ckptd::bench::RunOverheadBench(args, std::cout, std::cerr);
   if (name == "register") return ckptd::bench::RunRegisterBench(args, std::cout, std::cerr);
   if (name == "restore") return ckptd::bench::RunRestoreBench(args, std::cout, std::cerr);
+  if (name == "reshard") return ckptd::bench::RunReshardBench(args, std::cout, std::cerr);
   if (name == "coordinator") return ckptd::bench::RunCoordinatorBench(args, std::cout, std::cerr);
   std::cerr << "ckptd-bench: unknown benchmark \"" << name << "\"\n\n" << kUsage;
   return ckptd::base::kExitUsage;

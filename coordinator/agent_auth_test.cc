@@ -25,7 +25,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 constexpr const char* kAgentRpcs[] = {"RegisterAgent", "Heartbeats", "ReportShard", "ReportFailure",
-                                      "GetRestorePlan"};
+                                      "GetRestorePlan", "GetReshardPlan"};
 
 class AgentAuthTest : public ::testing::Test, public ServiceHarness {
  protected:
@@ -65,6 +65,14 @@ class AgentAuthTest : public ::testing::Test, public ServiceHarness {
     plan.set_node_id("node-a");
     plan.set_session(sessions_["node-a"]);
     out["GetRestorePlan"] = Call(&Stub::GetRestorePlan, plan, authorization).status();
+    ckptd::v1::ReshardPlanRequest reshard;
+    reshard.set_node_id("node-a");
+    reshard.set_session(sessions_["node-a"]);
+    reshard.set_job(kJob);
+    reshard.set_world_size(2);
+    reshard.set_step(50);
+    reshard.add_buffers()->set_name("w");
+    out["GetReshardPlan"] = Call(&Stub::GetReshardPlan, reshard, authorization).status();
     return out;
   }
 

@@ -12,6 +12,7 @@
 #include "base/random.h"
 #include "base/status_macros.h"
 #include "coordinator/coordinator_core_internal.h"
+#include "coordinator/reshard_layouts.h"
 #include "coordinator/drill_book.h"
 #include "coordinator/job.h"
 #include "storage/layout.h"
@@ -80,7 +81,8 @@ CoordinatorCore::CoordinatorCore(storage::CheckpointStore* store, StateStore* st
       clock_(clock),
       options_(std::move(options)),
       observer_(observer),
-      drills_(std::make_unique<internal::DrillBook>()) {
+      drills_(std::make_unique<internal::DrillBook>()),
+      reshard_layouts_(std::make_unique<internal::ReshardLayouts>(store, /*keep=*/2, /*readers=*/8)) {
   last_tick_ = clock_->Now();
 }
 

@@ -34,6 +34,7 @@ namespace ckptd::coordinator {
 namespace internal {
 class Job;
 class DrillBook;
+class ReshardLayouts;
 struct IntervalView;
 struct MemoryTiers;
 }  // namespace internal
@@ -141,6 +142,12 @@ class CoordinatorCore {
   absl::StatusOr<ckptd::v1::ReportShardResponse> ReportShard(const ckptd::v1::ReportShardRequest& request);
   absl::Status ReportFailure(const ckptd::v1::ReportFailureRequest& request);
   absl::StatusOr<ckptd::v1::RestorePlanResponse> GetRestorePlan(const ckptd::v1::RestorePlanRequest& request);
+  // Which slices of which saved shards fill the asking rank's buffers, for
+  // a committed step it reads resharded (coordinator_reshard.cc). The
+  // step's layout is read from storage once and kept for the other ranks.
+  absl::StatusOr<ckptd::v1::ReshardPlanResponse> GetReshardPlan(const ckptd::v1::ReshardPlanRequest& request);
+  // Steps whose layout GetReshardPlan read from storage (once each while kept).
+  uint64_t reshard_layouts_read() const;
 
   // Operator-facing.
   absl::StatusOr<ckptd::v1::RequestCheckpointResponse> RequestCheckpoint(
@@ -205,6 +212,10 @@ class CoordinatorCore {
   // the node it ran on is gone (a rank restarted on a replacement node).
   absl::Status CheckSpeaksFor(const Job& job, uint32_t rank, const std::string& node, bool moving) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Checks what a rank's request names: the node id, the job's name, and
+  // the rank inside a world of 1..max_world_size. kInvalidArgument.
+  absl::Status ValidateRankRequest(const std::string& node_id, const std::string& job, uint32_t rank,
+                                   uint32_t world_size) const;
   Job* FindJob(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
@@ -351,6 +362,8 @@ class CoordinatorCore {
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<internal::DrillBook> drills_ ABSL_PT_GUARDED_BY(mu_);
+  // The layouts of steps read resharded (its own lock; read outside mu_).
+  const std::unique_ptr<internal::ReshardLayouts> reshard_layouts_;
   // Committed steps retention dropped (queued by AfterCommit), removed by
   // the next RunRetention().
   std::vector<std::pair<std::string, uint64_t>> retention_queue_ ABSL_GUARDED_BY(mu_);
@@ -368,6 +381,9 @@ class CoordinatorCore {
   absl::Mutex inflight_mu_;
   int commits_in_flight_ ABSL_GUARDED_BY(inflight_mu_) = 0;
 };
+
+// Buffers a reshard plan is made for, at most (a rank's registration).
+inline constexpr size_t kMaxReshardBuffers = size_t{1} << 20;
 
 // Checks a node id the way job names are checked: [A-Za-z0-9._-]{1,128}.
 absl::Status ValidateNodeId(absl::string_view node_id);

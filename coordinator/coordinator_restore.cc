@@ -207,14 +207,20 @@ void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestoreP
   job->RefreshRank(request.rank(), agent->node_id, request.pid());
 }
 
-absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd::v1::RestorePlanRequest& request) {
-  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
-  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(request.job()));
-  if (request.world_size() == 0 || request.world_size() > options_.max_world_size ||
-      request.rank() >= request.world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank(), " is not inside world size ",
-                                                   request.world_size(), " (at most ", options_.max_world_size, ")"));
+absl::Status CoordinatorCore::ValidateRankRequest(const std::string& node_id, const std::string& job, uint32_t rank,
+                                                  uint32_t world_size) const {
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(node_id));
+  CKPTD_RETURN_IF_ERROR(storage::ValidateJobName(job));
+  if (world_size == 0 || world_size > options_.max_world_size || rank >= world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is not inside world size ", world_size,
+                                                   " (at most ", options_.max_world_size, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd::v1::RestorePlanRequest& request) {
+  CKPTD_RETURN_IF_ERROR(
+      ValidateRankRequest(request.node_id(), request.job(), request.rank(), request.world_size()));
   if (request.problem().size() > 4096) return absl::InvalidArgumentError("problem is longer than 4096 bytes");
   // A restart held back for the operator's consent to start fresh: has it
   // come? (Storage is read without the lock.)

@@ -240,6 +240,13 @@ grpc::ServerUnaryReactor* CoordinatorService::GetRestorePlan(grpc::CallbackServe
   return FinishWith(ctx, core_->GetRestorePlan(*req), resp);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetReshardPlan(grpc::CallbackServerContext* ctx,
+                                                             const ckptd::v1::ReshardPlanRequest* req,
+                                                             ckptd::v1::ReshardPlanResponse* resp) {
+  if (absl::Status auth = CheckAgent(*ctx, "GetReshardPlan", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
+  return FinishWith(ctx, core_->GetReshardPlan(*req), resp);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetClusterStatus(grpc::CallbackServerContext* ctx,
                                                                const ckptd::v1::GetClusterStatusRequest*,
                                                                ckptd::v1::GetClusterStatusResponse* resp) {

@@ -26,7 +26,7 @@ struct CoordinatorServiceOptions {
   // metadata "authorization: Bearer <token>". Empty: they are all refused.
   std::string operator_token;
   // What agent RPCs (RegisterAgent, Heartbeats, ReportShard, ReportFailure,
-  // GetRestorePlan) must carry as "authorization: Bearer <token>" unless the
+  // GetRestorePlan, GetReshardPlan) must carry as "authorization: Bearer <token>" unless the
   // caller's verified TLS client certificate names the request's node (its
   // common name or a subject alternative name equals node_id). The token
   // speaks for any node; a certificate only for its own. Empty: only such
@@ -65,6 +65,8 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* GetRestorePlan(grpc::CallbackServerContext* ctx,
                                            const ckptd::v1::RestorePlanRequest* req,
                                            ckptd::v1::RestorePlanResponse* resp) override;
+  grpc::ServerUnaryReactor* GetReshardPlan(grpc::CallbackServerContext* ctx, const ckptd::v1::ReshardPlanRequest* req,
+                                           ckptd::v1::ReshardPlanResponse* resp) override;
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
                                              const ckptd::v1::GetClusterStatusRequest* req,
                                              ckptd::v1::GetClusterStatusResponse* resp) override;

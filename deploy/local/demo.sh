@@ -449,12 +449,16 @@ follow_job
 LOST_CODE=$?
 LOST_DIGEST=$(job_digest)
 LOST_RESTORED=$(grep -ho "step [0-9]* (saved by $WORLD ranks) read resharded" "$CL"/logs/agent-*.log | sort -u | head -1)
+LOST_PLANNED=$(grep -h "(saved by $WORLD ranks) read resharded" "$CL"/logs/agent-*.log | grep -c "planned by the coordinator")
 stop_cluster
 say "  after the loss: ${LOST_DIGEST:-no digest}; ${LOST_RESTORED:-no resharded restore logged}"
+say "  ranks whose slices the coordinator planned: ${LOST_PLANNED:-0} of $LEFT (each opened only the saved shards it reads)"
 grep -q "attempt [0-9]*: $LEFT ranks instead of $WORLD" "$CL/launcher/launch.log" ||
   fail "the launcher did not restart the job on $LEFT ranks (see $CL/launcher/launch.log)"
 [ "$LOST_CODE" -eq 0 ] || fail "the job did not finish on $LEFT ranks (see $CL/launcher/launch.log)"
 [ -n "$LOST_RESTORED" ] || fail "no rank restored a step of $WORLD ranks resharded (see $CL/logs/agent-*.log)"
+[ "${LOST_PLANNED:-0}" -ge "$LEFT" ] ||
+  fail "only ${LOST_PLANNED:-0} of $LEFT ranks read with the coordinator's reshard plan (see $CL/logs/agent-*.log)"
 [ "${LOST_DIGEST#* ranks, }" = "${SHARDED_REFERENCE#* ranks, }" ] && [ "${LOST_DIGEST%% ranks,*}" = "$LEFT" ] ||
   fail "the job on $LEFT ranks did not end where the run of $WORLD ranks ends ($LOST_DIGEST against $SHARDED_REFERENCE)"
 say "  lost node: the job finished on $LEFT ranks with the digest of the run of $WORLD"
