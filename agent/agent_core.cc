@@ -232,6 +232,8 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
       options_(std::move(options)),
       store_(fs, options_.storage_root),
       pool_(options_.io_threads, options_.background_priority, PersistGuard()) {
+  write_ = options_.write;
+  write_.stop = [this] { return absl::ToUnixNanos(clock_->Now()) >= stop_writes_at_.load(); };
   if (options_.background_priority != base::ThreadPriority::kNormal) {
     own_restore_pool_ = std::make_unique<base::ThreadPool>(options_.io_threads);
     restore_pool_ = own_restore_pool_.get();
@@ -252,7 +254,7 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
   local.dir = options_.local_cache;
   local.fs = options_.local_fs != nullptr ? options_.local_fs : fs;
   local.keep = options_.local_cache_keep;
-  local.write = options_.write;
+  local.write = write_;
   local.pool = &pool_;
   local.read_pool = restore_pool_;
   local.logger = logger_;
@@ -291,6 +293,20 @@ AgentCore::~AgentCore() {
       t->stopping = true;
     }
     t->persister.join();
+  }
+}
+
+void AgentCore::BeginShutdown(absl::Time deadline) {
+  stop_writes_at_.store(absl::ToUnixNanos(deadline));
+  shutting_down_.store(true);
+  std::vector<std::shared_ptr<Trainer>> trainers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, t] : trainers_) trainers.push_back(t);
+  }
+  for (const std::shared_ptr<Trainer>& t : trainers) {
+    absl::MutexLock l(&t->mu);
+    t->wake = true;
   }
 }
 
@@ -973,8 +989,26 @@ void AgentCore::PersistLoop(Trainer* t) {
       stop = t->stopping;
     }
     while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
+      const bool shutting_down = shutting_down_.load();
+      if (shutting_down) {
+        // Only the newest snapshot is worth the time left; the slots are
+        // taken in step order.
+        while (std::optional<uint32_t> newer = t->segment->TakeReady()) {
+          logger_->Info(absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ",
+                                     t->segment->step(*slot), " is not persisted; step ",
+                                     t->segment->step(*newer), ", newer, is"));
+          (void)t->segment->Release(*slot);
+          slot = newer;
+        }
+      }
       const uint64_t step = t->segment->step(*slot);
       if (IsMemoryCheckpoint(t, step)) {
+        if (shutting_down) {
+          logger_->Info(absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ", step,
+                                     " is a memory checkpoint and is not written"));
+          (void)t->segment->Release(*slot);
+          continue;
+        }
         KeepInMemory(t, *slot, &memory_encoder);
         continue;
       }
@@ -999,7 +1033,11 @@ void AgentCore::PersistLoop(Trainer* t) {
       } else if (kept) {
         t->segment->Unkeep(*slot, step);
       }
-      NotePersisted(t, step, s);
+      if (shutting_down_.load()) {
+        NoteShutdownPersist(t, step, s);
+      } else {
+        NotePersisted(t, step, s);
+      }
     }
     if (stop) {
       // Failures not reported yet are, before the trainer is forgotten.
@@ -1135,6 +1173,31 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encode
   t->status.last_memory_step = step;
 }
 
+void AgentCore::NoteShutdownPersist(Trainer* t, uint64_t step, const absl::Status& s) {
+  const std::string who = absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ", step);
+  if (s.ok()) {
+    logger_->Info(absl::StrCat(who, " is durable and ",
+                               options_.coordinator != nullptr
+                                   ? "reported to the coordinator, which commits it once every rank has reported it"
+                                   : "handed to this agent's commit (done once every rank of the job has it)"));
+  } else if (absl::IsCancelled(s)) {
+    logger_->Warning(absl::StrCat(who, " was stopped at the end of the shutdown's grace period (", s.message(),
+                                  "): nothing of it is left on disk, and the newest committed step stays the one "
+                                  "to restore"));
+  } else {
+    logger_->Warning(absl::StrCat(who, " failed: ", s.message()));
+  }
+  absl::MutexLock l(&t->mu);
+  if (s.ok()) {
+    t->status.last_persisted_step = step;
+    ++t->status.persisted;
+  } else {
+    ++t->status.failed;
+    t->status.last_error = s;
+    t->status.last_failed_step = step;
+  }
+}
+
 void AgentCore::NotePersisted(Trainer* t, uint64_t step, const absl::Status& s) {
   const TrainerRegistration& reg = t->reg;
   std::string line;
@@ -1215,7 +1278,7 @@ absl::StatusOr<storage::ShardWriteResult> AgentCore::WriteShard(Trainer* t, uint
   const TrainerRegistration& reg = t->reg;
   if (local_) return local_->Persist({reg.job, step, reg.rank, reg.world_size}, sources, release, &t->local);
   CKPTD_RETURN_IF_ERROR(store_.PrepareStep(reg.job, step));
-  return store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, options_.write, &pool_);
+  return store_.WriteShard(reg.job, step, reg.rank, reg.world_size, sources, write_, &pool_);
 }
 
 void AgentCore::DropLocalStepsAbove(const std::string& job, uint64_t step) {
@@ -1246,7 +1309,8 @@ absl::Status AgentCore::PersistOne(Trainer* t, uint32_t slot, const std::functio
   }
   if (options_.coordinator != nullptr) {
     if (!result.ok()) {
-      ReportPersistFailed(t, step, result.status());
+      // A write stopped because the agent exits is no failure of the storage.
+      if (!absl::IsCancelled(result.status())) ReportPersistFailed(t, step, result.status());
       return result.status();
     }
     // The coordinator commits: it hears of every shard, this one included.
@@ -1490,8 +1554,9 @@ absl::StatusOr<std::vector<storage::PlannedRead>> AgentCore::PlanResharded(Train
     req.set_world_size(reg.world_size);
     req.set_step(step);
     for (const ckptd::v1::Tensor& b : reg.buffers) *req.add_buffers() = b;
+    // Half the restore's time at most: planning by itself must still fit.
     absl::StatusOr<ckptd::v1::ReshardPlanResponse> plan =
-        options_.coordinator->ReshardPlan(req, options_.restore_timeout);
+        options_.coordinator->ReshardPlan(req, options_.restore_timeout / 2);
     absl::Status problem = plan.status();
     std::vector<storage::PlannedRead> reads;
     if (plan.ok() && plan->saved_world_size() != saved_world) {
@@ -1520,10 +1585,13 @@ absl::StatusOr<std::vector<storage::PlannedRead>> AgentCore::PlanResharded(Train
       *planned = true;
       return reads;
     }
-    if (!absl::IsUnimplemented(problem)) {
-      logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": no reshard plan of step ", step,
-                                    " from the coordinator (", problem.message().substr(0, 1000),
-                                    "); planning from the ", saved_world, " saved shards' indexes"));
+    const std::string line = absl::StrCat("job ", reg.job, " rank ", reg.rank, ": no reshard plan of step ", step,
+                                          " from the coordinator (", problem.message().substr(0, 1000),
+                                          "); planning from the ", saved_world, " saved shards' indexes");
+    if (absl::IsUnimplemented(problem)) {
+      logger_->Info(line);  // a coordinator that plans none
+    } else {
+      logger_->Warning(line);
     }
   }
   // Every saved shard's index, checked against the MANIFEST. A few are kept
@@ -1540,7 +1608,11 @@ absl::StatusOr<std::vector<storage::PlannedRead>> AgentCore::PlanResharded(Train
                          storage::PlanReshard(step, reg.rank, reg.buffers, layout));
   std::set<uint32_t> used;
   for (const storage::PlannedRead& r : reads) used.insert(r.rank);
-  std::erase_if(*readers, [&](const auto& kv) { return !used.contains(kv.first) && kv.first != reg.rank; });
+  // Rank reg.rank's own index is needed again to keep the result in memory
+  // (the same world only).
+  const bool keep_own = saved_world == reg.world_size;
+  std::erase_if(*readers,
+                [&](const auto& kv) { return !used.contains(kv.first) && !(keep_own && kv.first == reg.rank); });
   return reads;
 }
 
@@ -1571,9 +1643,32 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
   uint8_t* const data = t->segment->slot_data(slot);
   absl::Status read;
   std::set<uint32_t> ranks;
-  // The identity of the whole buffer the shares read into a buffer without
-  // a global layout are of: one group's, whoever planned.
+  // A buffer without a global layout is rank `own`'s: its own copy, or put
+  // together from the shares of `own`'s group (told by the identity of the
+  // whole its members store). The coordinator's plan is held to that.
+  const uint32_t own = reg.rank % saved_world;
   std::map<size_t, std::string> whole_of;
+  if (planned) {
+    const ckptd::v1::ShardIndex* own_saved = nullptr;
+    std::unique_ptr<storage::ShardReader> opened;
+    for (const storage::PlannedRead& r : reads) {
+      if (reg.buffers[r.buffer].global_shape_size() > 0 || whole_of.contains(r.buffer)) continue;
+      if (own_saved == nullptr) {
+        if (auto it = readers.find(own); it != readers.end()) {
+          own_saved = &it->second->index();
+        } else {
+          CKPTD_ASSIGN_OR_RETURN(opened, OpenSavedShard(t, step, manifest, own));
+          own_saved = &opened->index();
+        }
+      }
+      for (const ckptd::v1::Tensor& x : own_saved->tensors()) {
+        if (x.name() == reg.buffers[r.buffer].name()) {
+          whole_of[r.buffer] = x.has_replica() ? storage::WholeIdentity(x) : std::string();
+        }
+      }
+    }
+    if (opened != nullptr) readers[own] = std::move(opened);  // read from as well, most likely
+  }
   std::shared_ptr<const ckptd::v1::ShardIndex> own_index;
   bool plan_wrong = false;  // the shards hold other slices than the plan says
   for (size_t at = 0; read.ok() && at < reads.size();) {
@@ -1600,11 +1695,18 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
         break;
       }
       read = storage::CheckPlannedSource(*saved, rank, b, r.source, where);
-      if (read.ok() && b.global_shape_size() == 0 && saved->has_replica()) {
-        const std::string whole = storage::WholeIdentity(*saved);
-        if (whole_of.emplace(r.buffer, whole).first->second != whole) {
+      if (read.ok() && b.global_shape_size() == 0) {
+        if (!saved->has_replica()) {
+          if (rank != own || whole_of[r.buffer] != "") {
+            read = absl::DataLossError(absl::StrCat("the plan reads buffer '", absl::CHexEscape(b.name()),
+                                                    "' from rank ", rank, "'s shard; without a global layout it is "
+                                                    "rank ", own, "'s, whole"));
+          }
+        } else if (const std::string whole = storage::WholeIdentity(*saved);
+                   whole_of.emplace(r.buffer, whole).first->second != whole) {
           read = absl::DataLossError(absl::StrCat(where, ": its share of buffer '", absl::CHexEscape(b.name()),
-                                                  "' is of another buffer than the other shares the plan reads"));
+                                                  "' is of another buffer than rank ", own,
+                                                  "'s replica group holds"));
         }
       }
       plan_wrong = !read.ok();

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -260,10 +261,23 @@ class AgentCore {
  public:
   // `fs` must outlive the agent.
   AgentCore(storage::FileSystem* fs, AgentOptions options);
-  // Stops the persisters after they finish the snapshots already published.
+  // Stops the persisters after they finish the snapshots already published
+  // (after BeginShutdown: as it says).
   ~AgentCore();
   AgentCore(const AgentCore&) = delete;
   AgentCore& operator=(const AgentCore&) = delete;
+
+  // The agent is about to exit (SIGTERM), and must be gone by `deadline`:
+  // from now on each persister persists only the newest snapshot published
+  // and not yet durable (an older one still waiting is dropped, said so),
+  // and a shard write still going at `deadline` stops there, leaving
+  // nothing of the shard on disk (kCancelled) and nothing reported. Each
+  // persist under way or started from now on ends with a line that says
+  // which: durable and reported to the coordinator (or handed to this
+  // agent's commit), or stopped. Returns at once; the destructor waits for
+  // the persisters. Memory checkpoints are not written (they die with the
+  // agent, as on any exit).
+  void BeginShutdown(absl::Time deadline);
 
   // Where the agent's components report (AgentOptions::logger).
   base::Logger* logger() const { return logger_; }
@@ -478,6 +492,9 @@ class AgentCore {
   // Counts the outcome `s` of the persist of `step` in the trainer's
   // PersistStatus and reports it to the logger, rate-limited (see
   // AgentOptions::persist_failure_log_interval).
+  // NotePersisted's counterpart after BeginShutdown: says what became of
+  // the persist, whatever it was.
+  void NoteShutdownPersist(Trainer* t, uint64_t step, const absl::Status& s);
   void NotePersisted(Trainer* t, uint64_t step, const absl::Status& s);
   // A persist of `step` that failed in its write: what it left of the step
   // goes, in the local tier and in the storage root: the rank's partial
@@ -642,6 +659,12 @@ class AgentCore {
 
   storage::FileSystem* const fs_;
   const AgentOptions options_;
+  // BeginShutdown: whether it was called, and when shard writes stop (unix
+  // nanoseconds of clock_; never before).
+  std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> stop_writes_at_{std::numeric_limits<int64_t>::max()};
+  // options_.write, stopped at stop_writes_at_ (set in the constructor).
+  storage::ShardWriteOptions write_;
   base::Logger* const logger_ = options_.logger != nullptr ? options_.logger : &base::DefaultLogger();
   base::Clock* const clock_ = options_.clock != nullptr ? options_.clock : base::RealClock::Get();
   storage::CheckpointStore store_;

@@ -996,5 +996,80 @@ TEST_F(LocalTierTest, AFailedPersistLeavesNoEmptyStepFolderInTheTierOrTheStorage
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
+// The agent's exit (SIGTERM): BeginShutdown bounds the persists under way.
+class ShutdownTest : public AgentCoreTest {
+ protected:
+  ShutdownTest() {
+    options_.logger = &log_;
+    options_.slots = 3;
+    // Each 4 KiB block write of the storage root takes 20 ms: a snapshot of
+    // 12 KiB of params and more is a persist of a few hundred milliseconds.
+    slow_.SetLatency(absl::Milliseconds(20));
+  }
+  static TrainerRegistration Rank0() {
+    TrainerRegistration r;
+    r.job = "job";
+    r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 12000)};
+    return r;
+  }
+  // Nothing of `step` on disk: no step folder, no temp file.
+  void ExpectNothingOf(uint64_t step) {
+    EXPECT_FALSE(mem_.Stat(absl::StrCat("/ckpt/job/step-", step)).ok()) << "step " << step << " left a folder";
+    EXPECT_FALSE(mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", "job", step, 0), storage::kTempSuffix)).ok());
+  }
+
+  ckptd::testing::CapturingLogger log_;
+  storage::FaultInjectionFileSystem slow_{&mem_};
+};
+
+TEST_F(ShutdownTest, APersistPastTheDeadlineStopsAndLeavesNothing) {
+  auto agent = std::make_unique<AgentCore>(&slow_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent->Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(*agent, *seg, h, 10));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 20));
+  // SIGTERM while step 20 is being written, with 50 ms to go.
+  ASSERT_TRUE(Eventually([&] { return mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", "job", 20, 0),
+                                                             storage::kTempSuffix)).ok(); },
+                         absl::Seconds(10)));
+  const absl::Time start = absl::Now();
+  agent->BeginShutdown(absl::Now() + absl::Milliseconds(50));
+  agent.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the persist was not stopped at the deadline";
+  ExpectNothingOf(20);
+  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 20 was stopped at the end of the shutdown's grace "
+                            "period"));
+  EXPECT_TRUE(log_.Contains("nothing of it is left on disk"));
+  // Step 10 is untouched and still the one to restore.
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> latest, store.LatestCommittedStep("job"));
+  EXPECT_THAT(latest, Optional(10u));
+}
+
+TEST_F(ShutdownTest, ThePersistUnderWayAndTheNewestSnapshotAreWrittenOlderOnesDropped) {
+  auto agent = std::make_unique<AgentCore>(&slow_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent->Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  // Step 10 is being written; 20 and 30 wait behind it.
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 10));
+  ASSERT_TRUE(Eventually([&] { return mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", "job", 10, 0),
+                                                             storage::kTempSuffix)).ok(); },
+                         absl::Seconds(10)));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 20));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 30));
+  agent->BeginShutdown(absl::Now() + absl::Seconds(60));
+  agent.reset();
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto steps, store.ListSteps("job"));
+  std::vector<uint64_t> committed;
+  for (const auto& s : steps) {
+    if (s.state == storage::StepState::kCommitted) committed.push_back(s.step);
+  }
+  EXPECT_THAT(committed, ::testing::ElementsAre(10u, 30u));
+  ExpectNothingOf(20);
+  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 20 is not persisted; step 30, newer, is"));
+  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 30 is durable and handed to this agent's commit"));
+}
+
 }  // namespace
 }  // namespace ckptd::agent

@@ -614,6 +614,14 @@ TEST_F(ReplicatedStateTest, EachRankPutsTogetherTheSharesOfItsOwnGroup) {
   for (uint32_t r = 0; r < 4; ++r) SnapshotDp(nodes[r], r, 10, /*group=*/2);
   ASSERT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
   for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(nodes[r].agent->CorruptKeptStep("job", r, 10).status());
+  // A coordinator whose plan sends rank 1 to the other group's shares (the
+  // same boxes, other bytes): the agent checks them against the whole its
+  // own share describes, and plans by itself.
+  nodes[1].link->tamper = [](ckptd::v1::ReshardPlanResponse* plan) {
+    for (ckptd::v1::ReshardRead& r : *plan->mutable_reads()) {
+      if (r.buffer() < 2) r.set_saved_rank(r.saved_rank() + 2);
+    }
+  };
   TrainerDied(nodes[1], 1);
   ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kRoot, {0, 1, 2, 3}, /*group=*/2));
 }
@@ -808,6 +816,22 @@ TEST_F(ShardedStateTest, APlanThatDoesNotFitTheShardsIsCaughtAndReplanned) {
             // Rank 0 opened one shard of the bad plan, then all four; rank 1
             // refused its plan before opening anything.
             (std::vector<uint64_t>{5, 4}));
+}
+
+// A plan that reads a buffer without a global layout (the RNG) from another
+// rank's shard: the slice is the same shape, so only the rule "rank r's own"
+// tells it; the agent holds the coordinator's plan to it.
+TEST_F(ShardedStateTest, APlanReadingAnotherRanksOwnBufferIsCaught) {
+  EXPECT_EQ(FourThenTwo([](std::vector<Node2>& nodes) {
+              nodes[1].node.link->tamper = [](ckptd::v1::ReshardPlanResponse* plan) {
+                for (ckptd::v1::ReshardRead& r : *plan->mutable_reads()) {
+                  if (r.buffer() == 1) r.set_saved_rank(0);  // rank 0's RNG for rank 1
+                }
+              };
+            }),
+            // Rank 1 opened its own shard (to check against) and rank 0's,
+            // then planned from all four.
+            (std::vector<uint64_t>{2, 6}));
 }
 
 TEST_F(CoordinatedAgentTest, DamagedShardOnOneNodeSendsEveryRankBackAStep) {

@@ -41,7 +41,7 @@ const char kAgentUsage[] =
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]\n"
     "                   [--peer-listen <host:port> [--peer-data-port N] [--peer-address <host:port>]\n"
     "                   [--replicas N] [--failure-domain <label>] [--replication-gbps G]]]\n"
-    "                   [--inject-write-latency <duration>] [--allow-drills]\n"
+    "                   [--shutdown-grace <d>] [--inject-write-latency <duration>] [--allow-drills]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
     "owns their shared-memory staging, persists every published snapshot in\n"
@@ -125,6 +125,13 @@ const char kAgentUsage[] =
     "                            default: the node alone): partners are picked outside it\n"
     "  --replication-gbps G      cap on the bandwidth replication uses, in Gbit/s, 0..10000 (default\n"
     "                            10; 0: no cap). Sending runs at the lowest CPU priority\n"
+    "  --shutdown-grace <d>      on SIGTERM or SIGINT: the time left to persist the newest snapshot\n"
+    "                            not yet durable of each trainer (older ones waiting are dropped).\n"
+    "                            A write still going after it stops, leaving nothing of the shard on\n"
+    "                            disk; the log says of each step whether it is durable and reported,\n"
+    "                            or stopped. 0s..1h (default 25s); keep it a few seconds below the\n"
+    "                            time the supervisor waits before SIGKILL (a pod's\n"
+    "                            terminationGracePeriodSeconds, 30 s by default)\n"
     "  --inject-write-latency <d>  testing and drills only: every write (and read) of checkpoint\n"
     "                            data in the storage root sleeps <d> first (e.g. 200ms; at most 1h), so\n"
     "                            a persist stays in flight long enough to kill the agent in the middle\n"
@@ -136,7 +143,8 @@ const char kAgentUsage[] =
     "                            fail (EIO, ENOSPC) or slow for a while. Without it, every drill is\n"
     "                            refused with an error report\n"
     "\n"
-    "Stops on SIGINT or SIGTERM after persisting what trainers already published.\n"
+    "Stops on SIGINT or SIGTERM after persisting, within --shutdown-grace, the newest snapshot\n"
+    "each trainer published.\n"
     "Exit codes: 1 the storage root or --local-cache could not be created, 2 bad command line\n"
     "(a value outside its range included), 3 the socket could not be served.\n";
 
@@ -148,6 +156,7 @@ const std::set<std::string> kValueFlags = {
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
     "memory-budget", "memory-keep-for", "peer-listen", "peer-address", "replicas", "failure-domain",
     "replication-gbps", "peer-data-port", "background-priority", "starvation-limit", "cpu-set", "compression",
+    "shutdown-grace",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
@@ -417,6 +426,9 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
     options.local_cache = *local;
   }
   flags.allow_drills = args.Has("allow-drills");
+  CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> grace,
+                         args.GetDurationInRange("shutdown-grace", absl::ZeroDuration(), absl::Hours(1)));
+  if (grace) flags.shutdown_grace = *grace;
   if (args.Get("coordinator")) {
     CKPTD_ASSIGN_OR_RETURN(flags.link, LinkOptions(args));
     options.node_id = flags.link->node_id;

@@ -59,6 +59,9 @@ struct AgentFlags {
   absl::Duration inject_write_latency = absl::ZeroDuration();
   // --allow-drills.
   bool allow_drills = false;
+  // --shutdown-grace: how long the persists under way at SIGTERM may take
+  // (AgentCore::BeginShutdown).
+  absl::Duration shutdown_grace = absl::Seconds(25);
   // With --peer-listen (which needs --coordinator).
   std::optional<PeerFlags> peer;
 };

@@ -63,7 +63,8 @@ absl::StatusOr<storage::ShardWriteResult> LocalTier::Persist(const ShardId& shar
       Prune(shard.job);
       return local;
     }
-    // A full or failing local disk costs the tier, not the checkpoint.
+    // A full or failing local disk costs the tier, not the checkpoint; a
+    // write stopped (the agent shuts down) is no reason to write the root.
     why = absl::Status(local.status().code(),
                        absl::StrCat("node-local tier ", options_.dir, ": ", local.status().message()));
   }
@@ -71,6 +72,7 @@ absl::StatusOr<storage::ShardWriteResult> LocalTier::Persist(const ShardId& shar
     absl::MutexLock l(&mu_);
     RemoveStepIfUnused(shard.job, shard.step);
   }
+  if (absl::IsCancelled(why)) return why;
   options_.logger->Warning(absl::StrCat("job ", shard.job, " rank ", shard.rank, " step ", shard.step, ": ",
                                         why.message(), "; writing the storage root directly"));
   {

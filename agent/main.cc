@@ -2,6 +2,7 @@
 // restores the trainers' checkpoints.
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
@@ -265,7 +267,12 @@ int main(int argc, char** argv) {
             << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
             << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
   while (!g_stop) ::pause();
-  std::cerr << "ckptd-agent: stopping\n";
+  // What is being persisted now ends within the grace period, or stops with
+  // nothing of it left; the log says which of each step.
+  const absl::Time deadline = absl::Now() + flags->shutdown_grace;
+  core->BeginShutdown(deadline);
+  std::cerr << "ckptd-agent: stopping: persisting the newest snapshot of each trainer within "
+            << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
   (*server)->Shutdown();
   server->reset();
   service.reset();  // stops watching the trainers: no death reaches the core after it is gone
@@ -276,7 +283,7 @@ int main(int argc, char** argv) {
   core.reset();    // persists what trainers already published
   peers.replicator.reset();  // after the copy under way
   if (peers.server != nullptr) peers.server->Shutdown();
-  if (link != nullptr && !link->Flush(absl::Seconds(5))) {
+  if (link != nullptr && !link->Flush(std::max(absl::Seconds(2), deadline - absl::Now()))) {
     std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "
                  "cleans them up\n";
   }

@@ -82,7 +82,7 @@ CoordinatorCore::CoordinatorCore(storage::CheckpointStore* store, StateStore* st
       options_(std::move(options)),
       observer_(observer),
       drills_(std::make_unique<internal::DrillBook>()),
-      reshard_layouts_(std::make_unique<internal::ReshardLayouts>(store, /*keep=*/2, /*readers=*/8)) {
+      reshard_layouts_(std::make_unique<internal::ReshardLayouts>(store, /*keep=*/4, /*readers=*/8)) {
   last_tick_ = clock_->Now();
 }
 

@@ -244,7 +244,14 @@ grpc::ServerUnaryReactor* CoordinatorService::GetReshardPlan(grpc::CallbackServe
                                                              const ckptd::v1::ReshardPlanRequest* req,
                                                              ckptd::v1::ReshardPlanResponse* resp) {
   if (absl::Status auth = CheckAgent(*ctx, "GetReshardPlan", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
-  return FinishWith(ctx, core_->GetReshardPlan(*req), resp);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // The request and response live until Finish.
+  planners_.Schedule([this, reactor, req, resp] {
+    absl::StatusOr<ckptd::v1::ReshardPlanResponse> plan = core_->GetReshardPlan(*req);
+    if (plan.ok()) *resp = *std::move(plan);
+    reactor->Finish(ToGrpcStatus(plan.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetClusterStatus(grpc::CallbackServerContext* ctx,

@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
+#include "base/thread_pool.h"
 #include "coordinator/coordinator_core.h"
 #include "grpcpp/grpcpp.h"
 
@@ -65,6 +66,8 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   grpc::ServerUnaryReactor* GetRestorePlan(grpc::CallbackServerContext* ctx,
                                            const ckptd::v1::RestorePlanRequest* req,
                                            ckptd::v1::RestorePlanResponse* resp) override;
+  // Answered on the service's planner threads: the first plan of a step
+  // reads its N shard indexes, which must not hold up gRPC's own threads.
   grpc::ServerUnaryReactor* GetReshardPlan(grpc::CallbackServerContext* ctx, const ckptd::v1::ReshardPlanRequest* req,
                                            ckptd::v1::ReshardPlanResponse* resp) override;
   grpc::ServerUnaryReactor* GetClusterStatus(grpc::CallbackServerContext* ctx,
@@ -118,6 +121,8 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
   // Verifications under way (each on a detached thread); the destructor
   // waits for them.
   int verifying_ ABSL_GUARDED_BY(mu_) = 0;
+  // GetReshardPlan's threads (their queue holds the calls beyond them).
+  base::ThreadPool planners_{4};
 };
 
 struct CoordinatorServer {

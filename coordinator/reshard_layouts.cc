@@ -37,20 +37,28 @@ absl::StatusOr<std::shared_ptr<const storage::SavedLayout>> ReshardLayouts::Get(
       mu_.Await(absl::Condition(&done));
       return entry->result;
     }
+    // At most kMaxLoading steps are read at once; the others wait their turn.
+    auto turn = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return loading_ < kMaxLoading; };
+    mu_.Await(absl::Condition(&turn));
+    ++loading_;
   }
   absl::StatusOr<std::shared_ptr<const storage::SavedLayout>> result = Load(job, step);
   absl::MutexLock l(&mu_);
+  --loading_;
   entry->result = result;
   entry->done = true;
+  entry->used = ++uses_;
   if (!result.ok()) {
     entries_.erase(key);
     return result;
   }
-  // The least recently used layouts beyond `keep_` go (those still loading stay).
+  // The least recently used layouts beyond `keep_` go: never the one just
+  // read, nor those still being read.
   while (entries_.size() > keep_) {
     auto oldest = entries_.end();
     for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->second->done && (oldest == entries_.end() || it->second->used < oldest->second->used)) oldest = it;
+      if (it->first == key || !it->second->done) continue;
+      if (oldest == entries_.end() || it->second->used < oldest->second->used) oldest = it;
     }
     if (oldest == entries_.end()) break;
     entries_.erase(oldest);

@@ -1,7 +1,8 @@
 // The saved layouts of the steps ranks restore resharded (a step saved by
 // another number of ranks, or holding shares of replicated buffers): read
 // once per step from its N shard indexes, shared by every rank's plan, the
-// few most recently used kept.
+// few most recently used kept (a few hundred bytes per saved tensor each),
+// at most two steps read at once.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +49,10 @@ class ReshardLayouts {
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, uint64_t>, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
+  // Steps being read now, at most kMaxLoading (each holds `readers_` whole
+  // indexes and threads while it reads).
+  static constexpr int kMaxLoading = 2;
+  int loading_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t loads_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -74,3 +74,16 @@ if [ ! -d "$TOOLS/python/safetensors" ] && [ -x /usr/bin/python3 ]; then
     echo "install-deps: could not install safetensors from PyPI; its export test will be skipped"
   fi
 fi
+
+# tests/deploy/deploy_files_test.sh checks every Kubernetes manifest against
+# Kubernetes' own schemas with kubernetes-validate from PyPI (Debian does not
+# ship it), installed into .tools/k8s-validate. Best effort here: without it
+# (no network to PyPI) that check fails under CI=true and is skipped otherwise.
+if [ ! -d "$TOOLS/k8s-validate/kubernetes_validate" ] && [ -x /usr/bin/python3 ]; then
+  if timeout 300 /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+       --target "$TOOLS/k8s-validate" kubernetes-validate >/dev/null 2>&1; then
+    echo "install-deps: kubernetes-validate installed into .tools/k8s-validate"
+  else
+    echo "install-deps: could not install kubernetes-validate from PyPI; the manifests' schema check needs it"
+  fi
+fi

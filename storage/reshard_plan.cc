@@ -1,9 +1,11 @@
 #include "storage/reshard_plan.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -75,11 +77,19 @@ void SavedLayout::Seal() {
     e.by_row.resize(e.by_rank.size());
     e.max_rows = 0;
     e.first_group.assign(e.by_rank.size(), true);
+    e.first_row.assign(e.by_rank.size(), 0);
+    e.uniform = true;
     absl::flat_hash_map<std::string, uint64_t> group_of_box;
     for (size_t i = 0; i < e.by_rank.size(); ++i) {
       e.by_row[i] = static_cast<uint32_t>(i);
       const Box box = SliceBox(e.by_rank[i].meta);
+      e.first_row[i] = FirstRow(box);
       e.max_rows = std::max(e.max_rows, EndRow(box) - FirstRow(box));
+      const Tensor& a = e.by_rank[0].meta;
+      const Tensor& b = e.by_rank[i].meta;
+      const auto& ga = GlobalOf(a);
+      const auto& gb = GlobalOf(b);
+      e.uniform = e.uniform && a.dtype() == b.dtype() && std::equal(ga.begin(), ga.end(), gb.begin(), gb.end());
       // Of the elements of each member box, one group's shares are read:
       // the lowest rank's.
       const SavedTensor& s = e.by_rank[i];
@@ -87,9 +97,8 @@ void SavedLayout::Seal() {
         e.first_group[i] = group_of_box.emplace(BoxText(MemberBox(s.meta)), s.whole).first->second == s.whole;
       }
     }
-    std::stable_sort(e.by_row.begin(), e.by_row.end(), [&](uint32_t a, uint32_t b) {
-      return FirstRow(SliceBox(e.by_rank[a].meta)) < FirstRow(SliceBox(e.by_rank[b].meta));
-    });
+    std::stable_sort(e.by_row.begin(), e.by_row.end(),
+                     [&](uint32_t a, uint32_t b) { return e.first_row[a] < e.first_row[b]; });
     e.sorted = true;
   }
 }
@@ -109,10 +118,16 @@ const SavedTensor* SavedLayout::Find(uint32_t rank, absl::string_view name) cons
 
 bool SavedLayout::FirstGroup(const SavedTensor& s) const {
   const Entries* e = EntriesOf(s.meta.name());
-  if (e == nullptr || e->by_rank.empty() || &s < e->by_rank.data() || &s >= e->by_rank.data() + e->by_rank.size()) {
-    return true;
-  }
-  return e->first_group[static_cast<size_t>(&s - e->by_rank.data())];
+  if (e == nullptr) return true;
+  const std::less<const SavedTensor*> before;
+  const SavedTensor* begin = e->by_rank.data();
+  if (e->by_rank.empty() || before(&s, begin) || !before(&s, begin + e->by_rank.size())) return true;
+  return e->first_group[static_cast<size_t>(&s - begin)];
+}
+
+const SavedTensor* SavedLayout::Representative(absl::string_view name) const {
+  const Entries* e = EntriesOf(name);
+  return e == nullptr || e->by_rank.empty() || !e->uniform ? nullptr : &e->by_rank.front();
 }
 
 std::vector<const SavedTensor*> SavedLayout::Candidates(absl::string_view name, const Box& target) const {
@@ -125,7 +140,7 @@ std::vector<const SavedTensor*> SavedLayout::Candidates(absl::string_view name, 
   // the target's rows; one that starts more than max_rows before `first`
   // ends before it.
   const uint64_t from = first >= e->max_rows ? first - e->max_rows + 1 : 0;
-  auto row = [&](uint32_t i) { return FirstRow(SliceBox(e->by_rank[i].meta)); };
+  auto row = [&](uint32_t i) { return e->first_row[i]; };
   auto lo = std::lower_bound(e->by_row.begin(), e->by_row.end(), from,
                              [&](uint32_t i, uint64_t r) { return row(i) < r; });
   for (auto it = lo; it != e->by_row.end() && row(*it) < end; ++it) {
@@ -180,13 +195,25 @@ absl::StatusOr<std::vector<PlannedRead>> PlanReshard(uint64_t step, uint32_t ran
     // and shape, another tensor-parallel rank's, hold other bytes). Without
     // a global layout, the group of `own`; with one, of the elements of each
     // member box, one group's (the lowest rank's).
-    const uint64_t want = b.global_shape_size() == 0 ? own_saved->whole : 0;
+    const bool own_group = b.global_shape_size() == 0;
+    const uint64_t want = own_group ? own_saved->whole : 0;
     const Box target = SliceBox(b);
+    // Every rank saved the tensor alike, or the step is not one to reshard.
+    if (saved.Has(b.name())) {
+      const SavedTensor* like = saved.Representative(b.name());
+      if (like == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(what, ": the ranks of step ", step,
+                                                          " saved it with different dtypes or global shapes"));
+      }
+      if (std::optional<std::string> wrong = GlobalMismatch(like->meta, b, like->rank)) {
+        return absl::FailedPreconditionError(absl::StrCat(what, " ", *wrong, " at step ", step));
+      }
+    }
     std::vector<SavedSlice> slices;
     for (const SavedTensor* c : saved.Candidates(b.name(), target)) {
       const Tensor& s = c->meta;
-      if (want != 0 && (!s.has_replica() || c->whole != want)) continue;
-      if (want == 0 && s.has_replica() && !saved.FirstGroup(*c)) continue;
+      if (own_group && (!s.has_replica() || c->whole != want)) continue;
+      if (!own_group && s.has_replica() && !saved.FirstGroup(*c)) continue;
       if (std::optional<std::string> wrong = GlobalMismatch(s, b, c->rank)) {
         return absl::FailedPreconditionError(absl::StrCat(what, " ", *wrong, " at step ", step));
       }
@@ -199,16 +226,18 @@ absl::StatusOr<std::vector<PlannedRead>> PlanReshard(uint64_t step, uint32_t ran
     CKPTD_ASSIGN_OR_RETURN(
         const std::vector<SavedSlice> from,
         SlicesFor(absl::StrCat(what, " of step ", step,
-                               want == 0 ? ""
-                                         : absl::StrCat(" (the shares of rank ", own, "'s replica group '",
+                               !own_group ? ""
+                                          : absl::StrCat(" (the shares of rank ", own, "'s replica group '",
                                                         absl::CHexEscape(own_saved->meta.replica().group()),
                                                         "', which must all hold the same buffer)")),
                   target, slices));
     for (const SavedSlice& f : from) reads.push_back({f.rank, i, f.box, target});
   }
   // A saved tensor this rank does not register would be dropped: another model.
+  absl::flat_hash_set<absl::string_view> registered;
+  for (const Tensor& b : buffers) registered.insert(b.name());
   for (absl::string_view name : saved.NamesOf(own)) {
-    if (std::none_of(buffers.begin(), buffers.end(), [&](const Tensor& b) { return b.name() == name; })) {
+    if (!registered.contains(name)) {
       return absl::FailedPreconditionError(
           absl::StrCat("step ", step, " holds tensor '", absl::CHexEscape(name), "' that is not registered"));
     }

@@ -28,7 +28,7 @@ namespace ckptd::storage {
 struct SavedTensor {
   uint32_t rank = 0;
   ckptd::v1::Tensor meta;
-  uint64_t whole = 0;  // XXH3-64 of WholeIdentity; 0 when not a share
+  uint64_t whole = 0;  // a share's XXH3-64 of WholeIdentity (meta.has_replica())
 };
 
 // The tensors every shard of one step declares, by name. A few hundred
@@ -53,6 +53,11 @@ class SavedLayout {
   // Whether a saved share is of the group whose shares fill its member box
   // (of several groups' shares of one box, the lowest rank's group).
   bool FirstGroup(const SavedTensor& s) const;
+  // When every rank's tensor of that name has one dtype and one global
+  // shape, one of them; null when the ranks disagree or none saved it.
+  const SavedTensor* Representative(absl::string_view name) const;
+  // Whether some rank saved a tensor of that name.
+  bool Has(absl::string_view name) const { return EntriesOf(name) != nullptr; }
   // Names rank saved, in no particular order.
   std::vector<absl::string_view> NamesOf(uint32_t rank) const;
   // Tensors held, over all ranks.
@@ -64,6 +69,8 @@ class SavedLayout {
     std::vector<uint32_t> by_row;       // positions in by_rank, ordered by first row of dimension 0
     uint64_t max_rows = 0;              // the most rows of dimension 0 of any entry
     std::vector<bool> first_group;      // by_rank's: FirstGroup
+    std::vector<uint64_t> first_row;    // by_rank's: the first row of dimension 0 of its slice
+    bool uniform = true;                // one dtype and one global shape
     bool sorted = true;
   };
   const Entries* EntriesOf(absl::string_view name) const;

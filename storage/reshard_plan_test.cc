@@ -253,6 +253,15 @@ TEST(PlanReshardTest, WhatTheStepCannotFillIsNamed) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("'extra' is not in rank 0's shard")));
   EXPECT_THAT(PlanReshard(10, 0, {Slice("w", {8, 4}, RowBlock(8, 4, 0, 4))}, layout),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("holds tensor 'rng' that is not registered")));
+  // The tensor grew: rows the step never had are named by the shape, not
+  // as a hole.
+  EXPECT_THAT(PlanReshard(10, 1, {Slice("w", {16, 4}, Box{{8, 0}, {8, 4}}), Own("rng", 8)}, layout),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rank 0 saved FLOAT32 of global shape [8, 4]")));
+  // Ranks that saved one tensor two ways.
+  const SavedLayout mixed =
+      Layout({{Slice("w", {8, 4}, RowBlock(8, 4, 0, 2))}, {Slice("w", {9, 4}, Box{{4, 0}, {5, 4}})}});
+  EXPECT_THAT(PlanReshard(10, 0, {Slice("w", {8, 4}, WholeBox({8, 4}))}, mixed),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("different dtypes or global shapes")));
   // Saved slices that overlap without being the same.
   const SavedLayout overlapping =
       Layout({{Slice("w", {8, 4}, Box{{0, 0}, {5, 4}})}, {Slice("w", {8, 4}, Box{{4, 0}, {4, 4}})}});

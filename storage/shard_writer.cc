@@ -197,6 +197,10 @@ class ShardWriteJob {
       }
       if (ready != nullptr) {
         CKPTD_RETURN_IF_ERROR(ready->encoded.status());
+        if (options_.stop && options_.stop()) {
+          return absl::CancelledError(absl::StrCat("stopped with ", written, " of ", blocks_.size(),
+                                                   " blocks written; nothing of the shard is kept"));
+        }
         CKPTD_RETURN_IF_ERROR(SubmitWrite(ready));
         if (in_flight.empty()) busy_since_ = clock_->Now();
         in_flight.push_back(ready);

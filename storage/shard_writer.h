@@ -97,6 +97,11 @@ struct ShardWriteOptions {
   // Writes kept in flight.
   int writes_in_flight = 8;
   bool direct_io = true;
+  // Asked before each block's write is submitted: true stops the write
+  // there (kCancelled, saying how far it got), and the temp file is removed:
+  // nothing of the shard is left. Null: never stops. An agent shutting down
+  // stops its persists at the end of its grace period.
+  std::function<bool()> stop;
   // The index's creation time (0: now). A shard written again from the same
   // bytes with the same options and this time is the same file, to the byte
   // (an emergency persist of a memory checkpoint, whose index was computed

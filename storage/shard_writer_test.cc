@@ -12,6 +12,7 @@
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_format.h"
 #include "storage/shard_reader.h"
@@ -230,6 +231,42 @@ TEST(AdaptiveCompressionTest, NothingToDecideWithoutCompression) {
   EXPECT_EQ(w.raw, 52);
   EXPECT_EQ(w.result.blocks_raw_by_decision, 0u);
   EXPECT_EQ(w.result.stored_bytes, w.result.raw_bytes);
+}
+
+// The tensors as a writer takes them (pointing into `tensors`).
+std::vector<TensorSource> SourcesOf(const std::vector<FloatTensor>& tensors) {
+  std::vector<TensorSource> sources;
+  for (const FloatTensor& t : tensors) sources.push_back({t.meta, t.data.data(), t.data.size()});
+  return sources;
+}
+
+// A write asked to stop (the agent shuts down) ends there, and nothing of
+// the shard is left: neither the temp file nor the shard.
+TEST(StopTest, AWriteAskedToStopEndsWithNothingLeft) {
+  for (int after : {0, 1, 17, 51}) {
+    SCOPED_TRACE(after);
+    MemFileSystem fs;
+    const std::vector<FloatTensor> tensors = FloatTensors();
+    const std::vector<TensorSource> sources = SourcesOf(tensors);
+    ShardWriteOptions options;
+    options.block_bytes = 64 << 10;
+    int asked = 0;
+    options.stop = [&] { return asked++ >= after; };
+    absl::StatusOr<ShardWriteResult> w = WriteShard(&fs, "/shard", {"job", 10, 0, 1}, sources, options);
+    EXPECT_THAT(w.status(), ::ckptd::testing::StatusIs(absl::StatusCode::kCancelled,
+                                                        ::testing::HasSubstr(absl::StrCat("stopped with "))));
+    EXPECT_THAT(w.status().message(), ::testing::HasSubstr("of 52 blocks written; nothing of the shard is kept"));
+    EXPECT_FALSE(fs.Stat("/shard").ok());
+    EXPECT_FALSE(fs.Stat(absl::StrCat("/shard", kTempSuffix)).ok());
+  }
+  // Never asked to stop: written whole.
+  MemFileSystem fs;
+  const std::vector<FloatTensor> tensors = FloatTensors();
+  ShardWriteOptions options;
+  options.block_bytes = 64 << 10;
+  options.stop = [] { return false; };
+  CKPTD_ASSERT_OK(WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options).status());
+  EXPECT_TRUE(fs.Stat("/shard").ok());
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 # The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm) and
 # docs/operations.md checked against each other and against the binaries just
 # built, in a few seconds:
-#   1. Kubernetes: yamllint, and a structural check of every manifest;
+#   1. Kubernetes: yamllint, Kubernetes' schemas (kubernetes-validate), and a
+#      structural check of every manifest, the sidecar's security settings
+#      included;
 #   2. systemd: `systemd-analyze verify` and `security --offline` on the units
 #      (ExecStart pointed at BIN_DIR), and their env files against the units;
 #   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh and
@@ -198,7 +200,11 @@ def mount_for(c, spec, path):
                 best = (mp, vol)
     return best
 
+def pod_programs(tmpl):
+    return {program(c) for c in containers_of(tmpl)}
+
 roles = {}  # ckptd program -> (what, container, pod spec)
+sidecars = []  # (what, pod template) of pods that run the agent beside the trainer
 for rel, kind, name, d, tmpl in workloads:
     spec = tmpl.get("spec") or {}
     what = f"{rel}: {kind} {name}"
@@ -236,9 +242,13 @@ for rel, kind, name, d, tmpl in workloads:
         if len(set(ports)) != len(ports):
             bad(f"{cw}: duplicate port names")
         if program(c) in ("ckptd-coordinator", "ckptd-agent", "ckptd-demo-trainer"):
+            if pod_programs(tmpl) >= {"ckptd-agent", "ckptd-demo-trainer"}:
+                continue  # a sidecar pod: checked below, on its own
             if program(c) in roles:
                 bad(f"{cw}: a second {program(c)} container")
             roles[program(c)] = (cw, c, spec)
+    if pod_programs(tmpl) >= {"ckptd-agent", "ckptd-demo-trainer"}:
+        sidecars.append((what, tmpl))
     for v in volumes:
         if v.get("name") not in used:
             bad(f"{what}: volume {v.get('name')!r} is mounted by no container")
@@ -367,11 +377,126 @@ if not problems:
     if len(sockets) == 2 and (sockets[0][1], sockets[0][2]) != (sockets[1][1], sockets[1][2]):
         bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
 
+    # The sidecar: the agent inside the training pod, with no host privilege.
+    if not sidecars:
+        bad("no pod runs the agent as a sidecar beside the trainer (deploy/kubernetes/sidecar)")
+    for what, tmpl in sidecars:
+        spec = tmpl.get("spec") or {}
+        inits = spec.get("initContainers") or []
+        agents = [c for c in inits if program(c) == "ckptd-agent"]
+        trainers = [c for c in spec.get("containers") or [] if program(c) == "ckptd-demo-trainer"]
+        if not agents or agents[0].get("restartPolicy") != "Always":
+            bad(f"{what}: the agent must be a native sidecar (an initContainer with restartPolicy: Always)")
+            continue
+        if not trainers:
+            bad(f"{what}: the trainer must be one of the pod's containers")
+            continue
+        sa, st = agents[0], trainers[0]
+        for field in ("hostPID", "hostIPC", "hostNetwork"):
+            if spec.get(field):
+                bad(f"{what}: {field} is set; the sidecar uses no host namespace")
+        if spec.get("shareProcessNamespace") is not True:
+            bad(f"{what}: needs shareProcessNamespace: true (the agent watches the trainer's process)")
+        for v in spec.get("volumes") or []:
+            if "hostPath" in v:
+                bad(f"{what}: volume {v.get('name')!r} is a hostPath; the sidecar needs none")
+        pod_sc = spec.get("securityContext") or {}
+        for c in containers_of(tmpl):
+            cw = f"{what}: container {c.get('name')!r}"
+            sc = c.get("securityContext") or {}
+            if sc.get("privileged"):
+                bad(f"{cw}: privileged")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                bad(f"{cw}: needs allowPrivilegeEscalation: false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                bad(f"{cw}: needs readOnlyRootFilesystem: true")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []) or (sc.get("capabilities") or {}).get("add"):
+                bad(f"{cw}: must drop ALL capabilities and add none")
+            if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+                bad(f"{cw}: needs runAsNonRoot: true")
+            if sc.get("runAsUser", pod_sc.get("runAsUser")) in (None, 0):
+                bad(f"{cw}: needs a non-root runAsUser")
+        if (pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
+            bad(f"{what}: needs seccompProfile RuntimeDefault")
+        if spec.get("automountServiceAccountToken") is not False:
+            bad(f"{what}: needs automountServiceAccountToken: false (the pod calls no Kubernetes API)")
+        aw, tw = f"{what}: container {sa.get('name')!r}", f"{what}: container {st.get('name')!r}"
+        # One socket file and one /dev/shm, both on the pod's own volumes.
+        where = []
+        for w, c in ((aw, sa), (tw, st)):
+            sock = arg_after(c, "--socket") or ""
+            m = mount_for(c, spec, sock)
+            if not m or not m[1] or "emptyDir" not in m[1]:
+                bad(f"{w}: --socket {sock} is not on an emptyDir volume of the pod")
+            else:
+                where.append((m[1].get("name"), os.path.relpath(sock, m[0])))
+            shm = mounts_by_path(c, spec).get("/dev/shm")
+            if not shm or (shm.get("emptyDir") or {}).get("medium") != "Memory":
+                bad(f"{w}: must mount an emptyDir of medium Memory at /dev/shm: the staging memory is there")
+        if len(where) == 2 and where[0] != where[1]:
+            bad(f"{what}: the agent's socket {where[0]} and the trainer's {where[1]} are not the same file")
+        shm_a, shm_t = mounts_by_path(sa, spec).get("/dev/shm"), mounts_by_path(st, spec).get("/dev/shm")
+        if shm_a and shm_t and shm_a.get("name") != shm_t.get("name"):
+            bad(f"{what}: the agent and the trainer mount different volumes at /dev/shm")
+        def uid_of(c):
+            return (c.get("securityContext") or {}).get("runAsUser", pod_sc.get("runAsUser"))
+        if uid_of(sa) != uid_of(st):
+            bad(f"{what}: the agent and the trainer must run as one uid (owner-only socket and staging)")
+        # Shared storage root, the coordinator's Service, its agent token.
+        m = mount_for(sa, spec, arg_after(sa, "--storage-root") or "")
+        if not m or not m[1] or (m[1].get("persistentVolumeClaim") or {}).get("claimName") not in claims[:1]:
+            bad(f"{aw}: --storage-root is not on the coordinator's checkpoint volume")
+        addr = arg_after(sa, "--coordinator") or ""
+        if not any(name_of(s) == addr.rpartition(":")[0].split(".")[0] for _, s in by_kind.get("Service", [])):
+            bad(f"{aw}: --coordinator {addr} is not the coordinator's Service")
+        if secret_of(sa, spec, "--agent-token-file") != secret_of(coord, cspec, "--agent-token-file"):
+            bad(f"{aw}: --agent-token-file is not the coordinator's agent token Secret")
+        # Each pod's agent is a node of its own; its failure domain is the node.
+        env = {e.get("name"): e for e in sa.get("env") or []}
+        def field_of(flag):
+            v = re.fullmatch(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg_after(sa, flag) or "")
+            return (((env.get(v.group(1)) or {}).get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") if v else None
+        if field_of("--node-id") != "metadata.name":
+            bad(f"{aw}: --node-id must be the pod's name (env from fieldRef metadata.name)")
+        if field_of("--failure-domain") != "spec.nodeName":
+            bad(f"{aw}: --failure-domain must be the node's name (env from fieldRef spec.nodeName)")
+        tier = arg_after(sa, "--local-cache")
+        if tier is not None:
+            m = mount_for(sa, spec, tier)
+            if not m or not m[1] or "emptyDir" not in m[1] or (m[1]["emptyDir"] or {}).get("medium") == "Memory":
+                bad(f"{aw}: --local-cache {tier} is not on an emptyDir on the node's disk")
+        # The persist at shutdown ends before the kubelet's SIGKILL.
+        grace = arg_after(sa, "--shutdown-grace") or ""
+        g = re.fullmatch(r"(\d+)s", grace)
+        if not g or int(g.group(1)) >= int(spec.get("terminationGracePeriodSeconds") or 30):
+            bad(f"{aw}: --shutdown-grace {grace or '(none)'} must be whole seconds below "
+                f"terminationGracePeriodSeconds ({spec.get('terminationGracePeriodSeconds') or 30})")
+
 for p in problems:
     print(p)
 sys.exit(1 if problems else 0)
 PYEOF
 }
+# Kubernetes' own schemas, strict (no field Kubernetes does not know), at
+# 1.29: the oldest release with native sidecars (the sidecar example's
+# initContainer restartPolicy). kubernetes-validate comes from PyPI
+# (scripts/install-deps.sh puts it in .tools/k8s-validate).
+KV="$REPO/.tools/k8s-validate"
+k8s_schemas() {
+  local f rc=0
+  for f in $(find "$K8S" -name '*.yaml' ! -name kustomization.yaml | sort); do
+    PYTHONPATH="$KV" "$PY" -m kubernetes_validate -k 1.29.0 --strict --quiet "$f" || rc=1
+  done
+  return $rc
+}
+if PYTHONPATH="$KV" "$PY" -c "import kubernetes_validate" 2>/dev/null; then
+  check "Kubernetes manifests against Kubernetes 1.29's schemas (kubernetes-validate --strict)" k8s_schemas
+elif [ "${CI:-}" = true ]; then
+  echo "FAILED: kubernetes-validate is missing ($KV; scripts/install-deps.sh installs it from PyPI)"
+  failures=$((failures + 1))
+else
+  echo "skipped: Kubernetes schemas (kubernetes-validate is not in $KV: run scripts/install-deps.sh with PyPI reachable)"
+fi
 if "$PY" -c "import yaml" 2>/dev/null; then
   check "Kubernetes manifests: structure, volumes, selectors, ports, and the agent/trainer wiring" k8s_structure
 else
@@ -509,7 +634,7 @@ SEP_RE = re.compile(r"(;|&&|\|\||\s\|\s|\s&\s|\s&$|\n)")
 OPTS = {"CKPTD_COORDINATOR_OPTS": "ckptd-coordinator", "CKPTD_AGENT_OPTS": "ckptd-agent"}
 FOREIGN = {"srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo", "#SBATCH", "kubectl", "docker", "cmake",
            "openssl", "systemctl", "systemd-analyze", "mount", "sudoedit", "install.sh", "test-single-node.sh",
-           "apt-get", "yamllint", "shellcheck", "ctest", "torchrun"}
+           "apt-get", "yamllint", "shellcheck", "ctest", "torchrun", "kubernetes-validate"}
 
 problems = []
 helps = {}

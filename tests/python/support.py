@@ -21,7 +21,8 @@ class Agent:
     """ckptd-agent in a temporary directory: start(), kill() (SIGKILL),
     start() again on the same socket and storage, cleanup()."""
 
-    def __init__(self):
+    def __init__(self, extra_args=()):
+        self.extra_args = list(extra_args)
         self.dir = tempfile.mkdtemp(prefix="ckptd-py-")
         self.socket = os.path.join(self.dir, "agent.sock")
         self.root = os.path.join(self.dir, "root")
@@ -32,7 +33,7 @@ class Agent:
     def start(self, timeout=20.0):
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([AGENT, "--storage-root", self.root, "--socket", self.socket, "--slots", "2",
-                                          "--keep", "3", "--threads", "2"], stdout=log, stderr=log)
+                                          "--keep", "3", "--threads", "2"] + self.extra_args, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

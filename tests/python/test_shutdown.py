@@ -1,0 +1,89 @@
+"""ckptd-agent stopped with SIGTERM at random moments of a persist (as
+Kubernetes stops a sidecar when its pod ends): it finishes the persist if
+that fits --shutdown-grace, else stops it; either way the step is committed
+whole or nothing of it is left, the log says which, the agent exits in
+time, and a new agent restores the newest committed step bit-exact."""
+
+import os
+import random
+import signal
+import time
+import unittest
+
+import ckptd
+from support import Agent
+
+GRACE_S = 0.3
+# Every write (and read) of checkpoint data sleeps this long: a persist of
+# the 32 MiB state below (8 writes of 4 MiB) takes about half a second.
+LATENCY = "60ms"
+STATE_BYTES = 32 << 20
+
+
+def leftovers(root, job, step):
+    """What of `step` is on disk: its files, temp files included."""
+    d = os.path.join(root, job, f"step-{step}")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+class ShutdownTest(unittest.TestCase):
+    def one_round(self, delay):
+        agent = Agent(["--shutdown-grace", f"{int(GRACE_S * 1000)}ms", "--inject-write-latency", LATENCY]).start()
+        try:
+            state = bytearray(STATE_BYTES)
+            client = ckptd.Client(agent.socket, "shutdown", [ckptd.Buffer("state", state)], every_steps=1)
+            state[:] = b"\x01" * STATE_BYTES
+            client.snapshot(1)
+            client.wait_persisted(1, timeout=60)
+            state[:] = b"\x02" * STATE_BYTES
+            client.snapshot(2)
+            time.sleep(delay)
+            start = time.monotonic()
+            agent.proc.send_signal(signal.SIGTERM)
+            code = agent.proc.wait(timeout=30)
+            took = time.monotonic() - start
+            client.close()
+            log = agent.read_log()
+            self.assertEqual(code, 0, log)
+            # The grace period, and the time a block write already under way
+            # needs to end, plus the exit.
+            self.assertLess(took, GRACE_S + 2.5, log)
+            committed = agent.committed_steps("shutdown")
+            self.assertIn(1, committed, log)
+            if 2 in committed:
+                if "shutting down" in log:
+                    self.assertIn("step 2 is durable", log)
+                outcome = "finished"
+            else:
+                self.assertIn("step 2 was stopped at the end of the shutdown's grace period", log)
+                self.assertIn("nothing of it is left on disk", log)
+                self.assertEqual(leftovers(agent.root, "shutdown", 2), [], log)
+                outcome = "stopped"
+            for name in os.listdir(os.path.join(agent.root, "shutdown")):
+                self.assertFalse(name.endswith(".tmp"), name)
+            # A new agent on the same storage restores what is committed.
+            agent.extra_args = []
+            agent.start()
+            state[:] = b"\x00" * STATE_BYTES
+            with ckptd.Client(agent.socket, "shutdown", [ckptd.Buffer("state", state)], every_steps=1) as again:
+                restored = again.restore()
+            self.assertEqual(restored, 2 if outcome == "finished" else 1)
+            self.assertEqual(state.count(bytes([restored])), STATE_BYTES)
+            return outcome
+        finally:
+            agent.cleanup()
+
+    def test_sigterm_at_random_moments_of_a_persist(self):
+        rng = random.Random(int(os.environ.get("CKPTD_SHUTDOWN_SEED", "0")) or None)
+        outcomes = []
+        # Early (the persist cannot fit the grace period), late (it is nearly
+        # done, or done), and random moments between.
+        for delay in [0.0, 1.5] + [rng.uniform(0.0, 1.0) for _ in range(4)]:
+            with self.subTest(delay=round(delay, 3)):
+                outcomes.append(self.one_round(delay))
+        self.assertIn("stopped", outcomes)
+        self.assertIn("finished", outcomes)
+
+
+if __name__ == "__main__":
+    unittest.main()
