@@ -1387,6 +1387,18 @@ absl::Status AgentCore::CommitAlone(Trainer* t, uint64_t step, const storage::Sh
   return store_.RemoveIncompleteSteps(reg.job, step).status();
 }
 
+void AgentCore::OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd::v1::CommittedStep>& committed) {
+  std::map<std::string, uint64_t> newest;
+  for (const ckptd::v1::CommittedStep& c : committed) newest[c.job()] = c.step();
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, t] : trainers_) {
+    if (auto it = newest.find(t->reg.job); it != newest.end()) t->segment->PinKept(it->second);
+  }
+  for (Parked& p : parked_) {
+    if (auto it = newest.find(p.job); it != newest.end()) p.segment->PinKept(it->second);
+  }
+}
+
 void AgentCore::MarkCommitted(const std::string& job, uint64_t step, Trainer* committer) {
   std::vector<std::shared_ptr<Trainer>> trainers;
   {
@@ -1398,6 +1410,7 @@ void AgentCore::MarkCommitted(const std::string& job, uint64_t step, Trainer* co
   auto mark = [step](Trainer* t) {
     absl::MutexLock l(&t->mu);
     if (!t->status.last_committed_step || *t->status.last_committed_step < step) t->status.last_committed_step = step;
+    t->segment->PinKept(*t->status.last_committed_step);  // what a restart restores: kept in memory last
   };
   // The committer may have left trainers_ already (it exited; its persister drains).
   mark(committer);

@@ -394,6 +394,12 @@ class AgentCore {
   // incarnation; one that failed is tried again when ordered again after
   // `kEmergencyRetry`). Without a coordinator, does nothing.
   void OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder>& orders);
+  // The coordinator's newest usable committed steps (HeartbeatAck.committed):
+  // each trainer's staging of those jobs keeps that step's copy last
+  // (StagingSegment::PinKept), so that a restart finds it in memory even
+  // while newer steps have not committed. Without a coordinator the agent
+  // pins the steps it commits itself.
+  void OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd::v1::CommittedStep>& committed);
   static constexpr absl::Duration kEmergencyRetry = absl::Seconds(10);
   static constexpr size_t kMaxOrdersRemembered = 4096;
   // A saved world of at most this many ranks keeps the shards it planned

@@ -71,6 +71,7 @@ TEST_F(AgentCoreTest, SnapshotPersistsCommitsAndRestoresAllFiveComponents) {
   EXPECT_THAT(st.last_persisted_step, Optional(30u));
   EXPECT_THAT(st.last_committed_step, Optional(30u));
   EXPECT_EQ(st.failed, 0u);
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(30));  // kept in memory last
 
   // Retention kept two; the newest is committed and restorable.
   storage::CheckpointStore store(&mem_, "/ckpt");

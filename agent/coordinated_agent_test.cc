@@ -79,6 +79,7 @@ class InProcessCoordinator : public CoordinatorClient {
     absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(hb);
     ASSERT_THAT(ack.status(), IsOk());
     ASSERT_TRUE(ack->known());
+    if (agent != nullptr) agent->OnCommittedSteps(ack->committed());  // as ckptd-agent's relay does
     if (on_ack) on_ack(*ack);
     absl::MutexLock l(&mu_);
     for (const auto& s : ack->schedules()) schedules_[s.job()] = s;
@@ -256,6 +257,32 @@ TEST_F(CoordinatedAgentTest, TwoNodesCommitThroughTheCoordinatorAndRestoreTheSam
   Snapshot(b, 1, 20);
   TrainerDied(a, 0);
   EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{20u, 20u}));
+}
+
+// A rank that runs ahead keeps persisting steps that cannot commit (the
+// other rank lags, then dies): its agent keeps the newest committed step in
+// memory all along (the coordinator names it in its heartbeat answers), so
+// the restart that follows reads it from there, not from disk.
+TEST_F(CoordinatedAgentTest, TheNewestCommittedStepStaysInMemoryWhileNewerOnesDoNotCommit) {
+  Node a = Start("node-a", 0, 2);
+  Node b = Start("node-b", 1, 2);
+  RestoreAll({&a, &b});
+  Snapshot(a, 0, 10);
+  Snapshot(b, 1, 10);
+  ASSERT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 10)));
+  a.link->Beat(*a.agent);  // the answer names step 10 as committed
+  EXPECT_EQ(a.seg->pinned_step(), std::optional<uint64_t>(10));
+  // Rank 0 alone goes on: 20 and 30 are persisted and kept, never committed.
+  // Two slots: 30 takes 20's, not 10's.
+  Snapshot(a, 0, 20);
+  Snapshot(a, 0, 30);
+  TrainerDied(b, 1);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{10u, 10u}));
+  const ckptd::v1::GetClusterStatusResponse status = core_.ClusterStatus();
+  ASSERT_EQ(status.jobs(0).last_restore().ranks_size(), 2);
+  for (const auto& r : status.jobs(0).last_restore().ranks()) {
+    EXPECT_EQ(r.source(), ckptd::v1::AGENT_MEMORY) << "rank " << r.rank();
+  }
 }
 
 TEST_F(CoordinatedAgentTest, ATrainerThatRestoresAgainGetsTheSameStepWithoutANewRound) {

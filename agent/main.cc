@@ -65,6 +65,7 @@ class HeartbeatRelay {
     absl::MutexLock l(&mu_);
     if (drills_ != nullptr) drills_->OnAck(ack);
     if (core_ != nullptr) core_->OnPersistOrders(ack.persist());
+    if (core_ != nullptr) core_->OnCommittedSteps(ack.committed());
     if (replicator_ != nullptr) replicator_->SetPartners(ack.send_to());
     if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
   }

@@ -46,6 +46,7 @@ using ::testing::_;
 using ::testing::Each;
 using ::testing::HasSubstr;
 using ::testing::Optional;
+using ::testing::IsEmpty;
 using ::testing::Pair;
 using ::testing::UnorderedElementsAre;
 using ::testing::UnorderedElementsAreArray;
@@ -725,27 +726,32 @@ TEST_F(MemoryTierTest, ACommittedStepWhoseSlotTheTrainerTookBackIsReadFromDisk) 
   ASSERT_NO_FATAL_FAILURE(PersistACommittedStepAndANewerUncommittedOne(agent, ranks, 2, &mem_));
   std::map<uint64_t, uint32_t> slot_of;
   ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*ranks[0].seg, {2, 3}, &slot_of));
-  // Rank 0's trainer starts another snapshot: no slot is free, so it takes
-  // back the kept slot with the lowest step, step 2's; it dies before
-  // publishing.
-  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t filling, ranks[0].seg->AcquireForFill(absl::ZeroDuration()));
-  EXPECT_EQ(filling, slot_of[2]);
-  EXPECT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(slot_of[3], 3u)));
-  std::memset(ranks[0].seg->slot_data(filling), 0xee, 4096);
-  CKPTD_ASSERT_OK(ranks[0].seg->Abandon(filling));
+  // Rank 0's trainer starts two more snapshots: no slot is free, so it takes
+  // back the kept slots, step 3's first (step 2, the newest committed, is
+  // pinned: given up last), then step 2's; it dies before publishing.
+  EXPECT_EQ(ranks[0].seg->pinned_step(), std::optional<uint64_t>(2));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t first, ranks[0].seg->AcquireForFill(absl::ZeroDuration()));
+  EXPECT_EQ(first, slot_of[3]);
+  EXPECT_THAT(KeptSlots(*ranks[0].seg), UnorderedElementsAre(Pair(slot_of[2], 2u)));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t second, ranks[0].seg->AcquireForFill(absl::ZeroDuration()));
+  EXPECT_EQ(second, slot_of[2]);
+  EXPECT_THAT(KeptSlots(*ranks[0].seg), IsEmpty());
+  for (uint32_t filling : {first, second}) {
+    std::memset(ranks[0].seg->slot_data(filling), 0xee, 4096);
+    CKPTD_ASSERT_OK(ranks[0].seg->Abandon(filling));
+  }
 
   ASSERT_NO_FATAL_FAILURE(RestartAll(agent, ranks));
-  // Rank 0's copy of step 2 is gone: it reads the committed shard from disk
-  // (into the slot that is free, not step 3's); rank 1 still has its copy.
+  // Rank 0's copy of step 2 is gone: it reads the committed shard from disk;
+  // rank 1 still has its copy.
   std::vector<uint32_t> slots;
   ASSERT_NO_FATAL_FAILURE(
       RestoreAllAndRelease(agent, ranks, 2, {RestoreSource::kRoot, RestoreSource::kMemory}, &slots));
-  EXPECT_EQ(slots[0], slot_of[2]);
   // Rank 0's copy is not damaged, just not there any more: none rejected.
   EXPECT_THAT(agent.Status(ranks[0].h.trainer_id), IsOkAndHolds(MemoryRestores(0, 0)));
   EXPECT_THAT(agent.Status(ranks[1].h.trainer_id), IsOkAndHolds(MemoryRestores(1, 0)));
   // Step 3 went with the timeline the job left; step 2 is kept by both now.
-  EXPECT_EQ(ranks[0].seg->state(slot_of[3]), SlotState::kFree);
+  EXPECT_EQ(ranks[0].seg->state(slots[0] == slot_of[2] ? slot_of[3] : slot_of[2]), SlotState::kFree);
   for (uint32_t r = 0; r < 2; ++r) {
     EXPECT_THAT(KeptSlots(*ranks[r].seg), UnorderedElementsAre(Pair(slots[r], 2u))) << "rank " << r;
   }

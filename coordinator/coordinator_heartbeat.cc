@@ -109,7 +109,14 @@ ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, cons
   std::set<std::string> seen;
   for (const auto& r : agent.ranks) {
     if (!seen.insert(r.job()).second) continue;
-    if (Job* job = FindJob(r.job())) *ack.add_schedules() = job->schedule();
+    Job* job = FindJob(r.job());
+    if (job == nullptr) continue;
+    *ack.add_schedules() = job->schedule();
+    if (const std::optional<uint64_t> newest = job->NewestUsable()) {
+      ckptd::v1::CommittedStep* c = ack.add_committed();
+      c->set_job(job->name());
+      c->set_step(*newest);
+    }
   }
   for (const ckptd::v1::DrillReport& report : hb.drill_reports()) drills_->Report(agent.node_id, report);
   drills_->AddOrders(agent.node_id, &ack);

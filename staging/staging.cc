@@ -155,7 +155,11 @@ struct StagingSegment::Header {
   uint64_t slot_bytes;
   uint64_t data_offset;
   uint64_t total_bytes;
-  uint8_t reserved[24];
+  // The kept step a slot acquisition gives up last, plus one (0: none): the
+  // newest committed step, which a restart restores (PinKept). Written by
+  // the agent; zero in a segment of an agent that does not pin.
+  std::atomic<uint64_t> pinned;
+  uint8_t reserved[16];
 };
 
 // Shared between processes: only address-free (lock-free) atomics.
@@ -325,6 +329,15 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Open(const std::
   return seg;
 }
 
+void StagingSegment::PinKept(std::optional<uint64_t> step) {
+  reinterpret_cast<Header*>(base_)->pinned.store(step ? *step + 1 : 0, std::memory_order_release);
+}
+
+std::optional<uint64_t> StagingSegment::pinned_step() const {
+  const uint64_t pinned = reinterpret_cast<const Header*>(base_)->pinned.load(std::memory_order_acquire);
+  return pinned == 0 ? std::nullopt : std::optional<uint64_t>(pinned - 1);
+}
+
 uint32_t StagingSegment::slots() const { return reinterpret_cast<const Header*>(base_)->slots; }
 uint64_t StagingSegment::slot_bytes() const { return reinterpret_cast<const Header*>(base_)->slot_bytes; }
 
@@ -369,12 +382,21 @@ absl::StatusOr<uint32_t> StagingSegment::Acquire(SlotState to, absl::Duration wa
     for (uint32_t i = 0; i < slots(); ++i) {
       if (Transition(i, SlotState::kFree, to)) return i;
     }
-    // No slot is free: the kept copy of the oldest step is given up.
+    // No slot is free: the kept copy of the oldest step is given up, the
+    // pinned one (the newest committed step) last.
     while (true) {
+      const uint64_t pinned = reinterpret_cast<const Header*>(base_)->pinned.load(std::memory_order_acquire);
       std::optional<uint32_t> oldest;
+      std::optional<uint32_t> kept_pinned;
       for (uint32_t i = 0; i < slots(); ++i) {
-        if (state(i) == SlotState::kKept && (!oldest || step(i) < step(*oldest))) oldest = i;
+        if (state(i) != SlotState::kKept) continue;
+        if (pinned != 0 && step(i) == pinned - 1) {
+          kept_pinned = i;
+        } else if (!oldest || step(i) < step(*oldest)) {
+          oldest = i;
+        }
       }
+      if (!oldest) oldest = kept_pinned;
       if (!oldest) break;
       if (Transition(*oldest, SlotState::kKept, to)) return *oldest;
     }

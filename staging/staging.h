@@ -179,6 +179,12 @@ class StagingSegment {
   void Prefault(uint32_t slot) const;
   // Agent: PERSISTING -> KEPT.
   absl::Status Keep(uint32_t slot);
+  // Agent: the kept step that a slot acquisition with no free slot gives up
+  // last (the newest committed step: what a restart restores), or none.
+  // Older and newer kept steps go first, the oldest first; when only the
+  // pinned one is kept, it goes too rather than stall the trainer.
+  void PinKept(std::optional<uint64_t> step);
+  std::optional<uint64_t> pinned_step() const;
   // Agent: KEPT -> FREE when the slot still holds `step`; false otherwise.
   bool Unkeep(uint32_t slot, uint64_t step);
   // Agent: KEPT -> RESTORING when the slot holds `step`; false when it does

@@ -317,6 +317,29 @@ TEST(StagingSegmentTest, AcquirePrefersFreeSlotsThenGivesUpTheOldestKeptStep) {
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("(3 slots, all in use)")));
 }
 
+// The newest committed step, pinned, outlives newer steps that never
+// committed: a restart after a failure elsewhere restores it from memory.
+TEST(StagingSegmentTest, ThePinnedStepIsGivenUpLast) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 3, 4096));
+  EXPECT_EQ(seg->pinned_step(), std::nullopt);
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept60, KeepStep(*seg, 60));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept80, KeepStep(*seg, 80));
+  CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept100, KeepStep(*seg, 100));
+  seg->PinKept(60);
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(60));
+  // The trainer opens the segment again (a restart): the pin is in the segment.
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto trainer, StagingSegment::Open(seg->name()));
+  EXPECT_EQ(trainer->pinned_step(), std::optional<uint64_t>(60));
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(kept80));  // not 60, the oldest
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(kept100));
+  EXPECT_EQ(seg->state(kept60), SlotState::kKept);
+  // Only the pinned step is left: it goes rather than stall the trainer.
+  EXPECT_THAT(trainer->AcquireForFill(absl::ZeroDuration()), IsOkAndHolds(kept60));
+  // Unpinned: the oldest goes first again.
+  seg->PinKept(std::nullopt);
+  EXPECT_EQ(seg->pinned_step(), std::nullopt);
+}
+
 TEST(StagingSegmentTest, AcquireForRestoreAlsoTakesTheOldestKeptStep) {
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, StagingSegment::Create(UniqueName(), 2, 4096));
   CKPTD_ASSERT_OK_AND_ASSIGN(const uint32_t kept8, KeepStep(*seg, 8));

@@ -70,7 +70,8 @@ void SavedLayout::Add(uint32_t rank, const ckptd::v1::ShardIndex& index) {
 }
 
 void SavedLayout::Seal() {
-  for (auto& [name, e] : tensors_) {
+  for (auto& named : tensors_) {
+    Entries& e = named.second;
     if (e.sorted) continue;
     std::stable_sort(e.by_rank.begin(), e.by_rank.end(),
                      [](const SavedTensor& a, const SavedTensor& b) { return a.rank < b.rank; });

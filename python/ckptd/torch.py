@@ -23,6 +23,7 @@ import collections
 import hashlib
 import json
 import logging
+import os
 import random
 import struct
 import sys
@@ -349,11 +350,45 @@ def _memory_key(t):
     return (t.device, t.data_ptr(), t.dtype, tuple(t.shape))
 
 
+# The exit status of a rank the coordinator asks to restart (as
+# ckptd-demo-trainer's): its launcher starts the job again.
+EXIT_RESTART = 75
+
+
+def _env_uint32(name):
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return _ckptd._uint32(name, int(value, 10))
+    except ValueError as e:
+        raise ValueError(f"ckptd: the environment's {name}={value!r} is not a rank number: {e}") from None
+
+
+def launcher_world(rank=None, world_size=None):
+    """(rank, world_size): as given, else what the launcher put in the
+    environment (torchrun's RANK and WORLD_SIZE; also set by
+    torch.distributed's env:// launchers), else rank 0 of 1."""
+    if rank is None:
+        rank = _env_uint32("RANK")
+    if world_size is None:
+        world_size = _env_uint32("WORLD_SIZE")
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
 class Checkpointer:
     """Checkpoints the objects a training loop tracks through the node's
     ckptd-agent, and resumes them bit-identically.
 
-    job, socket, rank, world_size: as for ckptd.Client. every: maybe_snapshot
+    job, socket: as for ckptd.Client. rank, world_size: as for ckptd.Client;
+    not given, from the launcher's environment (torchrun's RANK and
+    WORLD_SIZE), else rank 0 of 1. on_restart: what maybe_snapshot does when
+    the coordinator asks every rank to restart (a failure elsewhere): "exit"
+    raises SystemExit(EXIT_RESTART), so that the launcher (torchrun's
+    elastic agent, with --max-restarts) starts the ranks again; "flag" only
+    sets restart_requested() for the loop to look at. Default: "exit" under
+    torchrun's elastic agent (TORCHELASTIC_RUN_ID set), else "flag".
+    every: maybe_snapshot
     snapshots every this many steps; not given (None), every DEFAULT_EVERY
     (500) steps; 0: only the steps a coordinator schedules (without one,
     never: only snapshot() does). When the node's agent reports to a
@@ -392,14 +427,19 @@ class Checkpointer:
     declared so (DDP keeps parameters, buffers and optimizer state so).
     """
 
-    def __init__(self, job, socket, rank=0, world_size=1, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
+    def __init__(self, job, socket, rank=None, world_size=None, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
                  connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0,
-                 seed=None, replicated=None):
+                 seed=None, replicated=None, on_restart=None):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
+        if on_restart is None:  # torchrun's elastic agent restarts the workers that exit
+            on_restart = "exit" if os.environ.get("TORCHELASTIC_RUN_ID") else "flag"
+        if on_restart not in ("exit", "flag"):
+            raise ValueError(f"on_restart must be 'exit' or 'flag', not {on_restart!r}")
+        self._on_restart = on_restart
         # Checked now: at the first maybe_snapshot a bad value would only be a
         # CheckpointWarning, again at every retry.
-        rank, world_size = _ckptd._world(rank, world_size)
+        rank, world_size = _ckptd._world(*launcher_world(rank, world_size))
         self._every_default = every is None
         every = DEFAULT_EVERY if every is None else _ckptd._uint64("every", every)
         _ckptd._millis("slot_wait", slot_wait)
@@ -536,6 +576,8 @@ class Checkpointer:
                 self._retry_at = time.monotonic() + self._retry_interval
                 return self._fail("connect", e)
         self._check_persist_failures()
+        if self._on_restart == "exit" and self._layout.client.restart_requested():
+            raise SystemExit(EXIT_RESTART)
         if not self._layout.client.should_snapshot(step):
             return False
         return self.snapshot(step)

@@ -514,6 +514,63 @@ if __name__ == "__main__":
 
 
 @unittest.skipIf(torch is None, "torch is not installed")
+class LauncherEnvironmentTest(unittest.TestCase):
+    """Under torchrun: the rank and world size from its environment, and a
+    coordinator's restart request ends the worker for its elastic agent."""
+
+    def env(self, **values):
+        saved = {k: os.environ.get(k) for k in values}
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def test_rank_and_world_size_come_from_torchruns_environment(self):
+        self.env(RANK="3", WORLD_SIZE="4", TORCHELASTIC_RUN_ID=None)
+        self.assertEqual(ckt.launcher_world(), (3, 4))
+        ckpt = ckt.Checkpointer("job", "/nonexistent.sock")
+        self.assertEqual((ckpt._client_args["rank"], ckpt._client_args["world_size"]), (3, 4))
+        # Given explicitly, they win.
+        self.assertEqual(ckt.launcher_world(1, 2), (1, 2))
+        ckpt = ckt.Checkpointer("job", "/nonexistent.sock", rank=0, world_size=1)
+        self.assertEqual((ckpt._client_args["rank"], ckpt._client_args["world_size"]), (0, 1))
+        # Neither given nor set: rank 0 of 1.
+        self.env(RANK=None, WORLD_SIZE=None)
+        self.assertEqual(ckt.launcher_world(), (0, 1))
+
+    def test_a_bad_environment_is_refused_by_name(self):
+        self.env(RANK="x", WORLD_SIZE="2")
+        with self.assertRaisesRegex(ValueError, "RANK='x' is not a rank number"):
+            ckt.Checkpointer("job", "/nonexistent.sock")
+        self.env(RANK="2", WORLD_SIZE="2")
+        with self.assertRaisesRegex(ValueError, "rank must be from 0 to world_size - 1 = 1; got 2"):
+            ckt.Checkpointer("job", "/nonexistent.sock")
+        self.env(RANK="-1", WORLD_SIZE="2")
+        with self.assertRaisesRegex(ValueError, "RANK='-1'"):
+            ckt.Checkpointer("job", "/nonexistent.sock")
+
+    def test_under_torchrun_a_restart_request_exits_by_default(self):
+        self.env(RANK="0", WORLD_SIZE="1", TORCHELASTIC_RUN_ID="job-1")
+        self.assertEqual(ckt.Checkpointer("job", "/nonexistent.sock")._on_restart, "exit")
+        self.assertEqual(ckt.Checkpointer("job", "/nonexistent.sock", on_restart="flag")._on_restart, "flag")
+        self.env(TORCHELASTIC_RUN_ID=None)
+        self.assertEqual(ckt.Checkpointer("job", "/nonexistent.sock")._on_restart, "flag")
+        with self.assertRaisesRegex(ValueError, "on_restart must be 'exit' or 'flag'"):
+            ckt.Checkpointer("job", "/nonexistent.sock", on_restart="die")
+        self.assertEqual(ckt.EXIT_RESTART, 75)
+
+
+@unittest.skipIf(torch is None, "torch is not installed")
 class ResumableLoaderTest(unittest.TestCase):
     """The data cursor across ranks and world sizes: no sample of an epoch
     repeated or skipped, whatever the world size after a restore."""

@@ -12,8 +12,9 @@ dropout masks.
 
 --rank R --world-size W: one rank of a job (its own model, data and RNG
 streams, seeded by R; rank 0 is the single-rank run). When the coordinator
-asks for a restart, it writes --out (with "restart_at": the step) and exits
-75, as a launcher expects.
+asks for a restart, maybe_snapshot ends the run with SystemExit(75)
+(on_restart="exit"), as a launcher expects; it writes --out (with
+"restart_at": the step) first.
 """
 
 import argparse
@@ -21,7 +22,6 @@ import hashlib
 import os
 import random
 import signal
-import sys
 import time
 
 import numpy as np
@@ -82,7 +82,7 @@ def main():
     loader = ckptd.torch.ResumableLoader(data, batch_size=16, seed=seed + 5, num_workers=args.workers)
 
     ckpt = ckptd.torch.Checkpointer(args.job, args.socket, rank=args.rank, world_size=args.world_size,
-                                    every=args.every, slot_wait=10.0, on_error="raise")
+                                    every=args.every, slot_wait=10.0, on_error="raise", on_restart="exit")
     ckpt.track("model", model)
     ckpt.track("optimizer", opt)
     ckpt.track("scheduler", sched)
@@ -102,12 +102,13 @@ def main():
             sched.step()
             log["steps"][step] = (loss.item().hex(), hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes())
                                   .hexdigest())
-            if ckpt.maybe_snapshot(step):
-                last_snapshot = step
-            if ckpt.restart_requested():  # a failure elsewhere: the launcher starts every rank again
+            try:
+                if ckpt.maybe_snapshot(step):
+                    last_snapshot = step
+            except SystemExit:  # a failure elsewhere: exit 75, the launcher starts every rank again
                 log["restart_at"] = step
                 torch.save(log, args.out)
-                sys.exit(75)
+                raise
             if args.kill_at and step >= args.kill_at and last_snapshot:
                 committed = committed_steps(args.commit_dir) if args.commit_dir else None
                 if committed is None or committed:
