@@ -384,8 +384,9 @@ class Checkpointer:
     not given, from the launcher's environment (torchrun's RANK and
     WORLD_SIZE), else rank 0 of 1. on_restart: what maybe_snapshot does when
     the coordinator asks every rank to restart (a failure elsewhere): "exit"
-    raises SystemExit(EXIT_RESTART), so that the launcher (torchrun's
-    elastic agent, with --max-restarts) starts the ranks again; "flag" only
+    closes the Checkpointer and raises SystemExit(EXIT_RESTART), so that the
+    launcher (torchrun's elastic agent, with --max-restarts) starts the ranks
+    again (with --max-restarts 0, torchrun ends the run instead); "flag" only
     sets restart_requested() for the loop to look at. Default: "exit" under
     torchrun's elastic agent (TORCHELASTIC_RUN_ID set), else "flag".
     every: maybe_snapshot
@@ -577,6 +578,13 @@ class Checkpointer:
                 return self._fail("connect", e)
         self._check_persist_failures()
         if self._on_restart == "exit" and self._layout.client.restart_requested():
+            # Say goodbye first: the agent persists what was handed to it and
+            # ends the session now, not when it notices the process gone.
+            try:
+                self._close_client()
+            except Exception as e:  # exiting anyway; the agent cleans up after a dead process too
+                warnings.warn(f"ckptd: closing before the restart: {e}", _ckptd.CheckpointWarning,
+                              stacklevel=_caller_level())
             raise SystemExit(EXIT_RESTART)
         if not self._layout.client.should_snapshot(step):
             return False

@@ -225,6 +225,11 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
         self.assertGreaterEqual(start, killed["committed_at_kill"], why)
         self.assertLessEqual(start, step_killed, f"a step newer than the kill was restored {why}")
         self.assertEqual(start % self.EVERY, 0, why)
+        # Rank 0 said goodbye before it exited: no second failure counted
+        # against the job's failure rate.
+        status = self.ckptctl_status(job)
+        died = [(f["node_id"], f["rank"]) for f in status["failures"] if f["job"] == job and f["kind"] == "trainer_died"]
+        self.assertNotIn((NODES[0], 0), died, f"rank 0's exit 75 was counted as a failure {why}: {status}")
         sys.stderr.write(f"\nrank 1 killed after step {step_killed} (committed then: {committed_at_failure}); rank 0 "
                          f"told to restart at step {survivor['restart_at']}; both ranks restored step {start}\n")
 

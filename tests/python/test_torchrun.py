@@ -68,8 +68,13 @@ class TorchrunTest(unittest.TestCase):
         self.out = tempfile.mkdtemp(prefix="ckptd-torchrun-")
 
     def torchrun(self, job, max_restarts, *extra):
+        # torch 2.x's elastic agent keeps one TCPStore for every attempt
+        # and its workers' process groups write their keys there with no
+        # attempt prefix: a restarted gloo group can read the addresses of
+        # the attempt before and fail to connect. The opt-out gives each
+        # attempt a store of its own.
         env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"), OMP_NUM_THREADS="1",
-                   CUDA_VISIBLE_DEVICES="")
+                   CUDA_VISIBLE_DEVICES="", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         cmd = [os.path.join(VENV, "bin", "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", "2",
                "--max-restarts", str(max_restarts), "--monitor-interval", "0.5", TRAINER,
                "--socket", self.agent.socket, "--job", job, "--steps", str(STEPS), "--every", str(EVERY),
