@@ -299,6 +299,9 @@ AgentCore::~AgentCore() {
 void AgentCore::BeginShutdown(absl::Time deadline) {
   stop_writes_at_.store(absl::ToUnixNanos(deadline));
   shutting_down_.store(true);
+  // What is left to persist has a deadline: it runs at normal priority now,
+  // not after the pool starved for --starvation-limit.
+  pool_.Boost();
   std::vector<std::shared_ptr<Trainer>> trainers;
   {
     absl::MutexLock l(&mu_);
@@ -308,6 +311,9 @@ void AgentCore::BeginShutdown(absl::Time deadline) {
     absl::MutexLock l(&t->mu);
     t->wake = true;
   }
+  // Restores waiting for the other ranks (RestoreLocal) see shutting_down_
+  // when lone_mu_ is released.
+  absl::MutexLock l(&lone_mu_);
 }
 
 std::shared_ptr<AgentCore::Trainer> AgentCore::Find(uint64_t trainer_id) {
@@ -793,7 +799,8 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
   }
   absl::StatusOr<HeldCopy> copy = FindHeldCopy(order);
   if (!copy.ok()) return failed(copy.status());
-  storage::ShardWriteOptions write = MemoryShardOptions(options_.write);
+  // write_: stopped, like every persist, at the end of a shutdown's grace period.
+  storage::ShardWriteOptions write = MemoryShardOptions(write_);
   write.created_unix_nanos = copy->created_unix_nanos;
   BeginWriting(order.job(), order.step());
   const absl::Time start = clock_->Now();
@@ -857,6 +864,11 @@ void AgentCore::OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::
       while (orders_.size() > kMaxOrdersRemembered) orders_.erase(orders_.begin());
     }
     emergency_pool_.Schedule([this, order, key] {
+      if (shutting_down_.load() && write_.stop()) {
+        logger_->Warning(absl::StrCat("shutting down: emergency persist of job ", order.job(), " step ", order.step(),
+                                      " rank ", order.rank(), " not started: the grace period ended"));
+        return;
+      }
       absl::StatusOr<ckptd::v1::ShardReport> done = EmergencyPersist(order);
       if (done.ok()) return;
       logger_->Warning(absl::StrCat(done.status().message(), "; tried again if still ordered in ",
@@ -988,56 +1000,17 @@ void AgentCore::PersistLoop(Trainer* t) {
       t->wake = false;
       stop = t->stopping;
     }
-    while (std::optional<uint32_t> slot = t->segment->TakeReady()) {
-      const bool shutting_down = shutting_down_.load();
-      if (shutting_down) {
-        // Only the newest snapshot is worth the time left; the slots are
-        // taken in step order.
-        while (std::optional<uint32_t> newer = t->segment->TakeReady()) {
-          logger_->Info(absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ",
-                                     t->segment->step(*slot), " is not persisted; step ",
-                                     t->segment->step(*newer), ", newer, is"));
-          (void)t->segment->Release(*slot);
-          slot = newer;
-        }
-      }
-      const uint64_t step = t->segment->step(*slot);
-      if (IsMemoryCheckpoint(t, step)) {
-        if (shutting_down) {
-          logger_->Info(absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ", step,
-                                     " is a memory checkpoint and is not written"));
-          (void)t->segment->Release(*slot);
-          continue;
-        }
-        KeepInMemory(t, *slot, &memory_encoder);
-        continue;
-      }
-      bool released = false;
-      bool kept = false;
-      // The slot goes back to the trainer: KEPT (the snapshot stays in
-      // memory, and the trainer takes it when it has no free slot) or FREE.
-      auto release = [&] {
-        if (released) return;
-        released = true;
-        kept = options_.keep_in_memory && t->segment->Keep(*slot).ok();
-        if (!kept) (void)t->segment->Release(*slot);
-      };
-      storage::ShardWriteResult written;
-      absl::Status s = PersistOne(t, *slot, release, &written);
-      // The slot is the trainer's again whatever happened: training goes on.
-      release();
-      if (kept && s.ok() && written.index != nullptr) {
-        const KeptStep k{*slot, step, written.file_length, written.index_xxh3, written.index};
-        SetKept(t, k);
-        Replicate(t, k);
-      } else if (kept) {
-        t->segment->Unkeep(*slot, step);
-      }
+    while (std::optional<uint32_t> first = t->segment->TakeReady()) {
+      std::vector<uint32_t> slots{*first};
       if (shutting_down_.load()) {
-        NoteShutdownPersist(t, step, s);
-      } else {
-        NotePersisted(t, step, s);
+        // Everything published, newest first: the newest snapshot is worth
+        // the time left most; older ones follow while it lasts, so that when
+        // another rank cannot finish the newest step, the job still has an
+        // older one every rank wrote. (The slots are taken in step order.)
+        while (std::optional<uint32_t> more = t->segment->TakeReady()) slots.push_back(*more);
+        std::reverse(slots.begin(), slots.end());
       }
+      for (const uint32_t slot : slots) PersistSlot(t, slot, &memory_encoder);
     }
     if (stop) {
       // Failures not reported yet are, before the trainer is forgotten.
@@ -1054,6 +1027,70 @@ void AgentCore::PersistLoop(Trainer* t) {
       if (!line.empty()) logger_->Warning(line);
       return;
     }
+  }
+}
+
+void AgentCore::PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_encoder) {
+  const bool shutting_down = shutting_down_.load();
+  const uint64_t step = t->segment->step(slot);
+  const std::string who = absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ", step);
+  if (IsMemoryCheckpoint(t, step)) {
+    if (shutting_down) {
+      logger_->Info(absl::StrCat(who, " is a memory checkpoint and is not written"));
+      (void)t->segment->Release(slot);
+      return;
+    }
+    KeepInMemory(t, slot, memory_encoder);
+    return;
+  }
+  if (shutting_down) {
+    // Written newest first: once a newer step committed, an older one is of
+    // no use to any restart.
+    std::optional<uint64_t> committed;
+    {
+      absl::MutexLock l(&t->mu);
+      committed = t->status.last_committed_step;
+    }
+    if (committed && *committed > step) {
+      logger_->Info(absl::StrCat(who, " is not persisted: step ", *committed, ", newer, is committed"));
+      (void)t->segment->Release(slot);
+      return;
+    }
+  }
+  if (shutting_down && write_.stop()) {
+    logger_->Warning(absl::StrCat(who, " is not persisted: the shutdown's grace period ended before its turn"));
+    (void)t->segment->Release(slot);
+    absl::MutexLock l(&t->mu);
+    ++t->status.failed;
+    t->status.last_error = absl::CancelledError("the agent's shutdown grace period ended before it was written");
+    t->status.last_failed_step = step;
+    return;
+  }
+  bool released = false;
+  bool kept = false;
+  // The slot goes back to the trainer: KEPT (the snapshot stays in
+  // memory, and the trainer takes it when it has no free slot) or FREE.
+  auto release = [&] {
+    if (released) return;
+    released = true;
+    kept = options_.keep_in_memory && t->segment->Keep(slot).ok();
+    if (!kept) (void)t->segment->Release(slot);
+  };
+  storage::ShardWriteResult written;
+  absl::Status s = PersistOne(t, slot, release, &written);
+  // The slot is the trainer's again whatever happened: training goes on.
+  release();
+  if (kept && s.ok() && written.index != nullptr) {
+    const KeptStep k{slot, step, written.file_length, written.index_xxh3, written.index};
+    SetKept(t, k);
+    Replicate(t, k);
+  } else if (kept) {
+    t->segment->Unkeep(slot, step);
+  }
+  if (shutting_down_.load()) {
+    NoteShutdownPersist(t, step, s);
+  } else {
+    NotePersisted(t, step, s);
   }
 }
 
@@ -1189,7 +1226,8 @@ void AgentCore::NoteShutdownPersist(Trainer* t, uint64_t step, const absl::Statu
   }
   absl::MutexLock l(&t->mu);
   if (s.ok()) {
-    t->status.last_persisted_step = step;
+    // Older steps are written after the newest at shutdown.
+    t->status.last_persisted_step = std::max(t->status.last_persisted_step.value_or(0), step);
     ++t->status.persisted;
   } else {
     ++t->status.failed;
@@ -1392,7 +1430,10 @@ void AgentCore::OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd:
   for (const ckptd::v1::CommittedStep& c : committed) newest[c.job()] = c.step();
   absl::MutexLock l(&mu_);
   for (const auto& [id, t] : trainers_) {
-    if (auto it = newest.find(t->reg.job); it != newest.end()) t->segment->PinKept(it->second);
+    // A live trainer's job is in every heartbeat: absent here, it has no
+    // step to restore, and nothing is worth keeping last.
+    auto it = newest.find(t->reg.job);
+    t->segment->PinKept(it != newest.end() ? std::optional<uint64_t>(it->second) : std::nullopt);
   }
   for (Parked& p : parked_) {
     if (auto it = newest.find(p.job); it != newest.end()) p.segment->PinKept(it->second);
@@ -1415,6 +1456,12 @@ void AgentCore::MarkCommitted(const std::string& job, uint64_t step, Trainer* co
   // The committer may have left trainers_ already (it exited; its persister drains).
   mark(committer);
   for (const std::shared_ptr<Trainer>& t : trainers) mark(t.get());
+}
+
+void AgentCore::NoStepToRestore(Trainer* t) {
+  absl::MutexLock l(&t->mu);
+  t->status.last_committed_step.reset();
+  t->segment->PinKept(std::nullopt);
 }
 
 absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const RestoreOptions& options) {
@@ -1481,6 +1528,14 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
 }
 
 RestoreResult AgentCore::Restored(Trainer* t, uint64_t step, uint32_t slot, LoadCall* call, uint64_t incarnation) {
+  {
+    // The job goes on from `step`: a newer step committed before belongs to
+    // a timeline that is gone, and `step` is what the next restart restores
+    // until another commits.
+    absl::MutexLock l(&t->mu);
+    t->status.last_committed_step = step;
+    t->segment->PinKept(step);
+  }
   RestoreResult r;
   r.step = step;
   r.slot = slot;
@@ -2182,6 +2237,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
                                                   " reads back intact; last problem: ", r->last_damage.message()));
         }
         if (!r->held_back.empty()) return absl::FailedPreconditionError(r->held_back);
+        NoStepToRestore(t);
         return RestoreResult();  // nothing committed: every rank starts fresh
       }
       step = r->steps[r->at];
@@ -2231,7 +2287,11 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
           job.committed = step;
         }
       }
-      auto settled = [r, attempt] { return r->go || r->attempt != attempt || !r->failed.ok(); };
+      // BeginShutdown wakes this (it takes lone_mu_): the agent stops
+      // serving, and no rank is kept waiting for ranks that cannot come.
+      auto settled = [this, r, attempt] {
+        return r->go || r->attempt != attempt || !r->failed.ok() || shutting_down_.load();
+      };
       clock_->AwaitWithDeadline(&lone_mu_, absl::Condition(&settled), deadline);
       if (r->attempt != attempt) {
         outcome = kAgain;
@@ -2240,6 +2300,10 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
       } else if (!r->failed.ok()) {
         outcome = kFailed;
         failed = r->failed;
+      } else if (shutting_down_.load()) {
+        outcome = kFailed;
+        failed = absl::UnavailableError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
+                                                     ": the agent is shutting down"));
       } else {
         outcome = kTimedOut;
         loaded = r->loaded.size();
@@ -2277,6 +2341,11 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
     holding = false;
   };
   while (true) {
+    if (shutting_down_.load()) {
+      release();
+      return absl::UnavailableError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
+                                                 ": the agent is shutting down"));
+    }
     const absl::Duration left = deadline - clock_->Now();
     if (left <= absl::ZeroDuration()) {
       release();
@@ -2292,6 +2361,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
     switch (plan->verdict()) {
       case ckptd::v1::RestorePlanResponse::FRESH_START: {
         release();
+        NoStepToRestore(t);
         DropLocalStepsAbove(reg.job, 0);
         absl::MutexLock l(&t->mu);
         t->incarnation = plan->incarnation();

@@ -394,11 +394,14 @@ class AgentCore {
   // incarnation; one that failed is tried again when ordered again after
   // `kEmergencyRetry`). Without a coordinator, does nothing.
   void OnPersistOrders(const google::protobuf::RepeatedPtrField<ckptd::v1::PersistOrder>& orders);
-  // The coordinator's newest usable committed steps (HeartbeatAck.committed):
-  // each trainer's staging of those jobs keeps that step's copy last
-  // (StagingSegment::PinKept), so that a restart finds it in memory even
-  // while newer steps have not committed. Without a coordinator the agent
-  // pins the steps it commits itself.
+  // The steps a restart of each job would restore (HeartbeatAck.committed:
+  // the newest complete memory checkpoint newer than the newest usable
+  // durable step, else that step): each trainer's staging of those jobs
+  // keeps that step's copy last (StagingSegment::PinKept), so that a restart
+  // finds it in memory even while newer steps have not committed; a live
+  // trainer whose job is not listed has nothing pinned. Without a
+  // coordinator the agent pins the steps it commits itself. Either way, a
+  // restore pins the step it restored (and a fresh start, nothing).
   void OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd::v1::CommittedStep>& committed);
   static constexpr absl::Duration kEmergencyRetry = absl::Seconds(10);
   static constexpr size_t kMaxOrdersRemembered = 4096;
@@ -471,6 +474,14 @@ class AgentCore {
     std::shared_ptr<LoneRound> round;
   };
   void PersistLoop(Trainer* t);
+  // One published snapshot (its slot PERSISTING): kept in memory when it is
+  // a memory checkpoint, else written; after BeginShutdown, memory
+  // checkpoints are dropped and nothing is started once the grace period
+  // ended.
+  void PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_encoder);
+  // A restore found no step to restore (the job starts fresh): nothing
+  // committed is pinned in `t`'s staging.
+  void NoStepToRestore(Trainer* t);
   // Whether the snapshot of `step` is a memory checkpoint: the coordinator's
   // schedule for the trainer's job asks for it at `step` and not durable, and
   // the memory tier is on. Anything else (no coordinator, no schedule heard,

@@ -155,6 +155,11 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_THAT(r.step, Optional(1u));
   EXPECT_EQ(seg->slot_data(r.slot)[0], 1);
+  // The job goes on from step 1: that is what a restart restores now, and
+  // what the staging keeps last, not step 2.
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(1));
+  EXPECT_THAT(agent.Status(h.trainer_id),
+              ::ckptd::testing::IsOkAndHolds(::testing::Field(&PersistStatus::last_committed_step, Optional(1u))));
   // The agent commits this job alone: it marks step 2, kept but never restored.
   CKPTD_ASSERT_OK_AND_ASSIGN(std::string mark,
                              storage::ReadFileToString(&mem_, storage::QuarantinePath("/ckpt", "job", 2)));
@@ -187,6 +192,10 @@ TEST_F(AgentCoreTest, AFreshStartOverDamagedStepsWaitsForTheOperator) {
   CKPTD_ASSERT_OK(store.AllowFreshStart("job", "test").status());
   CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult fresh, agent.Restore(h.trainer_id, absl::Seconds(10)));
   EXPECT_EQ(fresh.step, std::nullopt);
+  // Nothing to restore: nothing kept last.
+  EXPECT_EQ(seg->pinned_step(), std::nullopt);
+  EXPECT_THAT(agent.Status(h.trainer_id), ::ckptd::testing::IsOkAndHolds(::testing::Field(
+                                              &PersistStatus::last_committed_step, std::optional<uint64_t>())));
   // A step committed after the choice is not covered by it.
   ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 2));
   CKPTD_ASSERT_OK(store.QuarantineStep("job", 2, "checksum mismatch"));
@@ -793,6 +802,26 @@ TEST_F(AgentCoreTest, LoneAgentRestoreThatNotEveryRankJoinsIsBounded) {
   for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
+TEST_F(AgentCoreTest, LoneAgentRestoreWaitingForOtherRanksEndsWhenTheAgentShutsDown) {
+  base::FakeClock clock;
+  options_.clock = &clock;
+  options_.restore_timeout = absl::Minutes(5);
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
+  BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+      &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, absl::Seconds(10)); });
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+  // SIGTERM: the restore does not wait out its 5 minutes (nor holds the
+  // agent's server that long); the clock does not move.
+  agent.BeginShutdown(clock.Now() + absl::Seconds(30));
+  ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+  EXPECT_THAT(restore.result(), StatusIs(absl::StatusCode::kUnavailable,
+                                         HasSubstr("restore of job job rank 0: the agent is shutting down")));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 // A coordinator that is never asked anything: for registrations only.
 class SilentCoordinator : public CoordinatorClient {
  public:
@@ -1047,7 +1076,43 @@ TEST_F(ShutdownTest, APersistPastTheDeadlineStopsAndLeavesNothing) {
   EXPECT_THAT(latest, Optional(10u));
 }
 
-TEST_F(ShutdownTest, ThePersistUnderWayAndTheNewestSnapshotAreWrittenOlderOnesDropped) {
+// With a node-local tier a shard is written there, then copied to the
+// storage root: a copy still running at the deadline stops too, and leaves
+// nothing of the step in the root (nor in the tier).
+TEST_F(ShutdownTest, ACopyFromTheLocalTierPastTheDeadlineStopsAndLeavesNothing) {
+  CKPTD_ASSERT_OK(mem_.CreateDir("/nvme"));
+  options_.local_cache = "/nvme";
+  options_.local_fs = &mem_;  // the tier is fast: the time goes into the copy
+  // The copy of a shard (one chunk) is one write to the root: 20 + 250 ms.
+  slow_.SlowPath("/ckpt", absl::Milliseconds(250));
+  auto agent = std::make_unique<AgentCore>(&slow_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent->Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(*agent, *seg, h, 10));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 20));
+  // SIGTERM while step 20, whole in the tier, is being copied to the root,
+  // with 50 ms to go.
+  const std::string root_shard = storage::ShardPath("/ckpt", "job", 20, 0);
+  ASSERT_TRUE(Eventually([&] { return mem_.Stat(absl::StrCat(root_shard, storage::kTempSuffix)).ok(); },
+                         absl::Seconds(10)));
+  EXPECT_TRUE(mem_.Stat(storage::ShardPath("/nvme", "job", 20, 0)).ok()) << "not a copy from the tier";
+  const absl::Time start = absl::Now();
+  agent->BeginShutdown(absl::Now() + absl::Milliseconds(50));
+  agent.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2)) << "the copy was not stopped at the deadline";
+  ExpectNothingOf(20);
+  EXPECT_FALSE(mem_.Stat(root_shard).ok()) << "the copy reached the storage root";
+  EXPECT_FALSE(mem_.Stat(storage::ShardPath("/nvme", "job", 20, 0)).ok()) << "the tier kept an uncommitted step";
+  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 20 was stopped at the end of the shutdown's grace "
+                            "period"));
+  EXPECT_TRUE(log_.Contains(absl::StrCat("copy of ", storage::ShardPath("/nvme", "job", 20, 0), " to ", root_shard,
+                                         " stopped with")));
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> latest, store.LatestCommittedStep("job"));
+  EXPECT_THAT(latest, Optional(10u));
+}
+
+TEST_F(ShutdownTest, ThePersistUnderWayAndTheNewestSnapshotAreWrittenOlderOnesNotOnceItCommitted) {
   auto agent = std::make_unique<AgentCore>(&slow_, options_);
   CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent->Register(Rank0()));
   CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
@@ -1068,8 +1133,62 @@ TEST_F(ShutdownTest, ThePersistUnderWayAndTheNewestSnapshotAreWrittenOlderOnesDr
   }
   EXPECT_THAT(committed, ::testing::ElementsAre(10u, 30u));
   ExpectNothingOf(20);
-  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 20 is not persisted; step 30, newer, is"));
   EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 30 is durable and handed to this agent's commit"));
+  EXPECT_TRUE(log_.Contains("shutting down: job job rank 0: step 20 is not persisted: step 30, newer, is committed"));
+}
+
+// A rank of a job of two whose other rank is elsewhere: nothing commits
+// here, so the older snapshots are written too, after the newest, for as
+// long as the grace period lasts.
+TEST_F(ShutdownTest, OlderSnapshotsFollowTheNewestWhileTimeRemains) {
+  for (const bool enough_time : {true, false}) {
+    SCOPED_TRACE(enough_time ? "60 s of grace" : "grace ends during the newest");
+    const std::string job = enough_time ? "long" : "short";
+    ckptd::testing::CapturingLogger log;
+    AgentOptions options = options_;
+    options.logger = &log;
+    auto agent = std::make_unique<AgentCore>(&slow_, options);
+    TrainerRegistration reg = Rank0();
+    reg.job = job;
+    reg.world_size = 2;
+    CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent->Register(reg));
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+    ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 10));
+    ASSERT_TRUE(Eventually([&] { return mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", job, 10, 0),
+                                                               storage::kTempSuffix)).ok(); },
+                           absl::Seconds(10)));
+    ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 20));
+    ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *seg, h, 30));
+    agent->BeginShutdown(absl::Now() + (enough_time ? absl::Seconds(60) : absl::Milliseconds(150)));
+    const absl::Time start = absl::Now();
+    agent.reset();
+    const std::string durable = absl::StrCat("shutting down: job ", job, " rank 0: step 30 is durable");
+    if (enough_time) {
+      for (uint64_t step : {10, 20, 30}) {
+        EXPECT_TRUE(mem_.Stat(storage::ShardPath("/ckpt", job, step, 0)).ok()) << "no shard of step " << step;
+      }
+      // Newest first.
+      const std::vector<std::string> lines = log.lines();
+      auto at = [&](absl::string_view what) {
+        for (size_t i = 0; i < lines.size(); ++i) {
+          if (absl::StrContains(lines[i], what)) return static_cast<int>(i);
+        }
+        return -1;
+      };
+      const int newest = at(durable);
+      const int older = at(absl::StrCat("shutting down: job ", job, " rank 0: step 20 is durable"));
+      ASSERT_GE(newest, 0);
+      ASSERT_GE(older, 0);
+      EXPECT_LT(newest, older) << "step 20 was written before step 30";
+    } else {
+      EXPECT_LT(absl::Now() - start, absl::Seconds(3)) << "the persists were not stopped at the deadline";
+      EXPECT_FALSE(mem_.Stat(storage::ShardPath("/ckpt", job, 20, 0)).ok());
+      EXPECT_FALSE(mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", job, 20, 0), storage::kTempSuffix)).ok());
+      const std::string who = absl::StrCat("shutting down: job ", job, " rank 0: step 20 ");
+      EXPECT_TRUE(log.Contains(who + "is not persisted: the shutdown's grace period ended before its turn") ||
+                  log.Contains(who + "was stopped at the end"));
+    }
+  }
 }
 
 }  // namespace

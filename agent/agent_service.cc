@@ -301,7 +301,7 @@ void UnixServer::AcceptLoop() {
   }
 }
 
-void UnixServer::Shutdown() {
+void UnixServer::Shutdown(absl::Time deadline) {
   if (shut_down_) return;
   shut_down_ = true;
   if (wake_fd_ >= 0) {
@@ -311,7 +311,12 @@ void UnixServer::Shutdown() {
   if (acceptor_.joinable()) acceptor_.join();
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
-  if (server_ != nullptr) server_->Shutdown();
+  if (server_ == nullptr) return;
+  if (deadline == absl::InfiniteFuture()) {
+    server_->Shutdown();
+  } else {
+    server_->Shutdown(absl::ToChronoTime(deadline));
+  }
 }
 
 UnixServer::~UnixServer() {

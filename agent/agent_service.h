@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/process_watcher.h"
 #include "base/logger.h"
@@ -100,8 +101,9 @@ class UnixServer {
   UnixServer(const UnixServer&) = delete;
   UnixServer& operator=(const UnixServer&) = delete;
 
-  // Stops accepting, then shuts the gRPC server down (in-flight calls end).
-  void Shutdown();
+  // Stops accepting, then shuts the gRPC server down: in-flight calls end by
+  // themselves, and those still running at `deadline` are cancelled.
+  void Shutdown(absl::Time deadline = absl::InfiniteFuture());
 
  private:
   UnixServer() = default;

@@ -76,28 +76,20 @@ class RecordingFs : public storage::FileSystem {
   absl::StatusOr<storage::FileInfo> Stat(const std::string& path) override { return mem_.Stat(path); }
 
  private:
-  class File : public storage::WritableFile {
+  class File : public storage::ForwardingWritableFile {
    public:
-    File(RecordingFs* fs, std::unique_ptr<storage::WritableFile> f) : fs_(fs), f_(std::move(f)) {}
-    const std::string& path() const override { return f_->path(); }
-    size_t alignment() const override { return f_->alignment(); }
+    File(RecordingFs* fs, std::unique_ptr<storage::WritableFile> f)
+        : ForwardingWritableFile(std::move(f)), fs_(fs) {}
     absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
       {
         absl::MutexLock l(&fs_->mu_);
         fs_->writers_.push_back(CallingThread());
       }
-      return f_->Write(offset, data, n);
+      return ForwardingWritableFile::Write(offset, data, n);
     }
-    absl::Status WaitFor(uint64_t ticket) override { return f_->WaitFor(ticket); }
-    absl::Status WaitAll() override { return f_->WaitAll(); }
-    absl::Status Allocate(uint64_t length) override { return f_->Allocate(length); }
-    absl::Status Truncate(uint64_t length) override { return f_->Truncate(length); }
-    absl::Status Sync() override { return f_->Sync(); }
-    absl::Status Close() override { return f_->Close(); }
 
    private:
     RecordingFs* const fs_;
-    std::unique_ptr<storage::WritableFile> f_;
   };
 
   storage::MemFileSystem mem_;

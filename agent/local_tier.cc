@@ -56,9 +56,16 @@ absl::StatusOr<storage::ShardWriteResult> LocalTier::Persist(const ShardId& shar
         ++counters->stats_.writes;
       }
       CKPTD_RETURN_IF_ERROR(root_->PrepareStep(shard.job, shard.step));
+      // Stopped as the writes are (the end of a shutdown's grace period):
+      // kCancelled with nothing of the copy in the storage root, which the
+      // caller reports as stopped, not failed, and cleans up as any failed
+      // persist (Discard).
+      storage::CopyOptions copy;
+      copy.stop = options_.write.stop;
       CKPTD_RETURN_IF_ERROR(
           storage::CopyFileDurably(options_.fs, storage::ShardPath(options_.dir, shard.job, shard.step, shard.rank),
-                                   root_->fs(), storage::ShardPath(root_->root(), shard.job, shard.step, shard.rank))
+                                   root_->fs(), storage::ShardPath(root_->root(), shard.job, shard.step, shard.rank),
+                                   copy)
               .status());
       Prune(shard.job);
       return local;

@@ -96,7 +96,8 @@ class LocalTier {
   // directly instead: a fallback, reported to the logger and counted in
   // `counters` with its reason ("node-local tier <dir>: ..."), and `release`
   // is not called. Returns the shard as written, or what failed in the
-  // storage root.
+  // storage root; kCancelled when `write.stop` stopped the local write or
+  // the copy (no fallback then, and nothing of the shard in the root).
   absl::StatusOr<storage::ShardWriteResult> Persist(const ShardId& shard,
                                                     absl::Span<const storage::TensorSource> sources,
                                                     const std::function<void()>& release,

@@ -272,9 +272,11 @@ int main(int argc, char** argv) {
   // nothing of it left; the log says which of each step.
   const absl::Time deadline = absl::Now() + flags->shutdown_grace;
   core->BeginShutdown(deadline);
-  std::cerr << "ckptd-agent: stopping: persisting the newest snapshot of each trainer within "
+  std::cerr << "ckptd-agent: stopping: persisting each trainer's snapshots not yet durable, newest first, within "
             << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
-  (*server)->Shutdown();
+  // Calls still running at the deadline (a restore waits for the other
+  // ranks at most that long: it sees the shutdown) are cancelled.
+  (*server)->Shutdown(deadline);
   server->reset();
   service.reset();  // stops watching the trainers: no death reaches the core after it is gone
   relay.Connect(nullptr, nullptr);

@@ -28,6 +28,7 @@
 #include "agent/replicator.h"
 #include "agent/testing_agent_harness.h"
 #include "base/status_macros.h"
+#include "base/testing/capturing_logger.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
@@ -522,6 +523,33 @@ TEST_F(MemoryCheckpointTest, TheTrainersCountersTellMemoryCheckpointsFromPersist
   const ckptd::v1::GetStatusResponse none = ServiceStatus(second, fresh);
   EXPECT_EQ(none.memory_checkpoints(), 0u);
   EXPECT_FALSE(none.has_memory_checkpoint());
+}
+
+// At shutdown the newest snapshot may be a memory checkpoint: it is not
+// written, and the durable one published before it is, not dropped.
+TEST_F(MemoryCheckpointTest, AtShutdownANewerMemoryCheckpointDoesNotCostTheDurableStepBeforeIt) {
+  ckptd::testing::CapturingLogger log;
+  AgentOptions options = NodeA();
+  options.logger = &log;
+  options.slots = 4;
+  storage::FaultInjectionFileSystem slow(&fs_);
+  slow.SetLatency(absl::Milliseconds(20));  // a persist of a few hundred milliseconds
+  auto agent = std::make_unique<AgentCore>(&slow, options);
+  Trainer t;
+  ASSERT_NO_FATAL_FAILURE(Start(*agent, &t));
+  // Step 3 (durable) is being written; 6 (durable) and 7 (memory) wait.
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *t.seg, t.h, 3));
+  ASSERT_TRUE(Eventually([&] { return mem_.Stat(absl::StrCat(storage::ShardPath("/ckpt", "job", 3, 0),
+                                                             storage::kTempSuffix)).ok(); },
+                         absl::Seconds(10)));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *t.seg, t.h, 6));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(*agent, *t.seg, t.h, 7));
+  agent->BeginShutdown(absl::Now() + absl::Seconds(60));
+  agent.reset();
+  CKPTD_EXPECT_OK(mem_.Stat(storage::ShardPath("/ckpt", "job", 6, 0)).status());
+  EXPECT_FALSE(mem_.Stat(storage::StepDir("/ckpt", "job", 7)).ok());
+  EXPECT_TRUE(log.Contains("shutting down: job job rank 0: step 7 is a memory checkpoint and is not written"));
+  EXPECT_TRUE(log.Contains("shutting down: job job rank 0: step 6 is durable"));
 }
 
 TEST_F(MemoryCheckpointTest, ASnapshotOffTheScheduleIsDurable) {

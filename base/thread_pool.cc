@@ -61,6 +61,15 @@ bool ThreadPool::boosted() const {
   return boosted_ && !(tasks_.empty() && IdleForWindowLocked(now));
 }
 
+void ThreadPool::Boost() {
+  if (!guarded_) return;
+  absl::MutexLock l(&mu_);
+  if (boosted_) return;
+  boosted_ = true;
+  ++boosts_;
+  idle_since_ = absl::InfinitePast();  // busy since the boost
+}
+
 bool ThreadPool::IdleForWindowLocked(absl::Time now) const {
   return running_ == 0 && idle_since_ != absl::InfinitePast() && now - idle_since_ >= guard_.after;
 }
@@ -192,8 +201,11 @@ void ThreadPool::ReserveLoop(bool watcher) {
     absl::MutexLock l(&mu_);
     auto drained = [this]()
                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || (tasks_.empty() && running_ == 0); };
+    // Boost() calls the reserve in between two ticks.
+    auto wake = [this, &drained]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return drained() || (boosted_ && !tasks_.empty()); };
     // A window ends with the work it watched.
-    if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&drained), guard_.tick)) window.open = false;
+    if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&wake), guard_.tick) && drained()) window.open = false;
   }
 }
 

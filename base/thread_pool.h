@@ -70,6 +70,10 @@ class ThreadPool {
   int reserve_size() const { return static_cast<int>(reserve_.size()); }
   int64_t boosts() const;
   bool boosted() const;
+  // Calls the reserve in now, as starvation would (counted in boosts(); no
+  // on_boost): for work that must not wait, e.g. persists at shutdown. The
+  // boost ends as one for starvation does. A pool without a reserve: no-op.
+  void Boost();
 
  private:
   void WorkerLoop();

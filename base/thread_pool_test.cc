@@ -431,6 +431,23 @@ TEST_F(StarvationGuardTest, StarvedWorkersHandTheirTasksToTheReserveAfterTheWind
   release_.Notify();
 }
 
+TEST_F(StarvationGuardTest, BoostCallsTheReserveInAtOnce) {
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  const int worker = HoldTheWorker(pool);
+  Probe probe;
+  ScheduleWatched(pool, probe.Task());
+  EXPECT_FALSE(probe.ran.HasBeenNotified());
+  pool.Boost();  // no time passes
+  ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_NE(probe.tid.load(), worker);
+  EXPECT_EQ(pool.boosts(), 1);
+  EXPECT_TRUE(pool.boosted());
+  pool.Boost();  // already boosted: not counted again
+  EXPECT_EQ(pool.boosts(), 1);
+  EXPECT_TRUE(whys().empty());
+  release_.Notify();
+}
+
 TEST_F(StarvationGuardTest, WorkersThatGetTheirShareAreNotHelped) {
   counts_.set_share(0.5);  // two runnable threads on one core
   ThreadPool pool(1, ThreadPriority::kIdle, Guard());

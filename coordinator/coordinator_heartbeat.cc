@@ -112,10 +112,20 @@ ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, cons
     Job* job = FindJob(r.job());
     if (job == nullptr) continue;
     *ack.add_schedules() = job->schedule();
-    if (const std::optional<uint64_t> newest = job->NewestUsable()) {
+    // What a restart restores: the newest complete memory checkpoint newer
+    // than the newest usable durable step, else that step. (Whether every
+    // copy of the memory checkpoint is alive is decided at the restart.)
+    std::optional<uint64_t> restores = job->NewestUsable();
+    for (auto it = job->memory_steps().rbegin(); it != job->memory_steps().rend(); ++it) {
+      if (restores && it->first <= *restores) break;
+      if (!it->second.complete) continue;
+      restores = it->first;
+      break;
+    }
+    if (restores) {
       ckptd::v1::CommittedStep* c = ack.add_committed();
       c->set_job(job->name());
-      c->set_step(*newest);
+      c->set_step(*restores);
     }
   }
   for (const ckptd::v1::DrillReport& report : hb.drill_reports()) drills_->Report(agent.node_id, report);

@@ -635,6 +635,35 @@ TEST_F(ReplicationTest, ANodeCannotReportAMemoryCheckpointOfAnotherNodesRank) {
   EXPECT_THAT(JobState().pending_steps(), IsEmpty());
 }
 
+// The step each heartbeat answer names for the staging to keep last is the
+// one a restart restores: the newest complete memory checkpoint newer than
+// the newest durable step, else that step.
+TEST_F(ReplicationTest, HeartbeatAnswersNameTheStepARestartRestores) {
+  RegisterPeer("node-a", {0, 1}, "rack-1", 1);
+  RegisterPeer("node-b", {2, 3}, "rack-2", 1);
+  auto named = [&](const std::string& node) -> std::optional<uint64_t> {
+    const ckptd::v1::HeartbeatAck ack = MustBeat(node);
+    for (const ckptd::v1::CommittedStep& c : ack.committed()) {
+      if (c.job() == CoreHarness::kJob) return c.step();
+    }
+    return std::nullopt;
+  };
+  EXPECT_EQ(named("node-a"), std::nullopt);  // nothing to restore yet
+  CommitStep(10);
+  EXPECT_EQ(named("node-a"), std::optional<uint64_t>(10));
+  // Step 20 in memory, not yet from every rank: still 10.
+  for (uint32_t r = 0; r < 3; ++r) {
+    CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(r), MemoryReport(20, r))).status());
+  }
+  EXPECT_EQ(named("node-a"), std::optional<uint64_t>(10));
+  CKPTD_ASSERT_OK(core_->ReportShard(ShardRequest(NodeOf(3), MemoryReport(20, 3))).status());
+  EXPECT_EQ(named("node-a"), std::optional<uint64_t>(20));
+  EXPECT_EQ(named("node-b"), std::optional<uint64_t>(20));
+  // A newer durable step wins over the older memory checkpoint.
+  CommitStep(30);
+  EXPECT_EQ(named("node-a"), std::optional<uint64_t>(30));
+}
+
 TEST_F(ReplicationTest, AMemoryCheckpointIsRestoredWhenEveryRankHasACopyInMemory) {
   RegisterPeer("node-a", {0, 1}, "rack-1", 1);
   RegisterPeer("node-b", {2, 3}, "rack-2", 1);

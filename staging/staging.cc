@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <random>
@@ -156,7 +157,7 @@ struct StagingSegment::Header {
   uint64_t data_offset;
   uint64_t total_bytes;
   // The kept step a slot acquisition gives up last, plus one (0: none): the
-  // newest committed step, which a restart restores (PinKept). Written by
+  // step a restart restores (PinKept). Written by
   // the agent; zero in a segment of an agent that does not pin.
   std::atomic<uint64_t> pinned;
   uint8_t reserved[16];
@@ -347,6 +348,8 @@ uint8_t* StagingSegment::slot_data(uint32_t slot) const {
 
 StagingSegment::SlotHeader* StagingSegment::slot_header(uint32_t slot) const {
   static_assert(sizeof(Header) == 64 && sizeof(SlotHeader) == kSlotHeaderBytes);
+  // Where trainers built from older sources find it: the layout is shared.
+  static_assert(offsetof(Header, pinned) == 40);
   return reinterpret_cast<SlotHeader*>(base_ + 64 + static_cast<uint64_t>(slot) * kSlotHeaderBytes);
 }
 

@@ -28,6 +28,7 @@ class DiscardingFile : public WritableFile {
   }
   absl::Status Truncate(uint64_t) override { return absl::OkStatus(); }
   absl::Status Sync() override { return absl::OkStatus(); }
+  absl::Status StartWriteback(uint64_t, uint64_t) override { return absl::OkStatus(); }
   absl::Status Close() override { return absl::OkStatus(); }
 
  private:

@@ -90,6 +90,15 @@ class FaultWritableFile : public WritableFile {
     return base_->Sync();
   }
 
+  // Forwarded, not counted as an operation (a hint that changes nothing
+  // durable), but recorded (writebacks()).
+  absl::Status StartWriteback(uint64_t offset, uint64_t length) override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("sync_file_range"));
+    if (!error_.ok()) return error_;
+    fs_->RecordWriteback(path(), offset, length);
+    return base_->StartWriteback(offset, length);
+  }
+
   absl::Status Close() override {
     const Fault fault = fs_->NextOperation(path(), 0);
     // The base file is closed in every case, as close(2) releases the fd even
@@ -233,6 +242,17 @@ void FaultInjectionFileSystem::Reset() {
   latency_ = absl::ZeroDuration();
   slow_paths_.clear();
   crashed_ = false;
+  writebacks_.clear();
+}
+
+std::vector<FaultInjectionFileSystem::Writeback> FaultInjectionFileSystem::writebacks() const {
+  absl::MutexLock lock(&mu_);
+  return writebacks_;
+}
+
+void FaultInjectionFileSystem::RecordWriteback(const std::string& path, uint64_t offset, uint64_t length) {
+  absl::MutexLock lock(&mu_);
+  writebacks_.push_back({path, offset, length});
 }
 
 uint64_t FaultInjectionFileSystem::operation_count() const {

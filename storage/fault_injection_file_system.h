@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -36,7 +37,8 @@ enum class FaultScope {
 
 // Operations counted: every FileSystem call, and every Write, Read, Sync and
 // Close on files opened through the wrapper. Numbering starts at 0 after
-// construction or Reset().
+// construction or Reset(). StartWriteback is forwarded and recorded
+// (writebacks()), not counted: it makes nothing durable.
 class FaultInjectionFileSystem : public FileSystem {
  public:
   // `base` must outlive the wrapper. `on_crash` runs once when a kCrash fault
@@ -60,11 +62,20 @@ class FaultInjectionFileSystem : public FileSystem {
   // Adds `delay` to every read and write whose path contains
   // `path_substring`, on top of SetLatency's; zero removes the rule.
   void SlowPath(const std::string& path_substring, absl::Duration delay);
-  // Clears all faults, the crash flag and the operation counter.
+  // Clears all faults, the crash flag, the operation counter and the
+  // writebacks recorded.
   void Reset();
 
   uint64_t operation_count() const;
   bool crashed() const;
+
+  // WritableFile::StartWriteback calls made through the wrapper, oldest first.
+  struct Writeback {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  std::vector<Writeback> writebacks() const;
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                                 const OpenOptions& options) override;
@@ -83,6 +94,8 @@ class FaultInjectionFileSystem : public FileSystem {
   // of a write, 0 otherwise; `writes` says whether the operation writes
   // (FaultScope::kWrites rules apply only then).
   Fault NextOperation(const std::string& path, uint64_t write_bytes, bool writes = false);
+  // Internal, used by the wrapped files: records a StartWriteback.
+  void RecordWriteback(const std::string& path, uint64_t offset, uint64_t length);
   // SetLatency's delay.
   absl::Duration latency() const;
   // The delay of a read or write of `path`: SetLatency's plus every
@@ -112,6 +125,7 @@ class FaultInjectionFileSystem : public FileSystem {
   absl::Duration latency_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::map<std::string, absl::Duration> slow_paths_ ABSL_GUARDED_BY(mu_);  // by substring
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Writeback> writebacks_ ABSL_GUARDED_BY(mu_);
 };
 
 // The status a fault turns into, naming the operation and path.

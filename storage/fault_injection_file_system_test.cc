@@ -2,6 +2,8 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
@@ -241,9 +243,97 @@ TEST_F(FaultInjectionFileSystemTest, CopyThatFailsLeavesNeitherTheTargetNorItsTe
   CKPTD_ASSERT_OK(WriteFileAtomically(&mem_, "/root/from", std::string(10000, 'a')));
   CKPTD_ASSERT_OK(mem_.CreateDir("/root/dst"));
   fs_.FailWritesAfterBytes(4096, Fault::kEnospc);
-  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", 4096),
+  CopyOptions copy;
+  copy.chunk_bytes = 4096;
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", copy),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("copy: writing /root/dst/to.tmp")));
   EXPECT_THAT(mem_.ListDir("/root/dst"), IsOkAndHolds(::testing::IsEmpty()));
+}
+
+// A copy asked to stop (the agent shuts down) ends there: nothing of it is
+// left, and the target as it was before is untouched.
+TEST_F(FaultInjectionFileSystemTest, CopyAskedToStopLeavesNothingAndTheOldTargetUntouched) {
+  const std::string contents(10000, 'a');  // three chunks of 4096
+  CKPTD_ASSERT_OK(WriteFileAtomically(&mem_, "/root/from", contents));
+  CKPTD_ASSERT_OK(mem_.CreateDir("/root/dst"));
+  CKPTD_ASSERT_OK(WriteFileAtomically(&mem_, "/root/dst/to", "old"));
+  // Asked before each of the three chunk writes and once before the fsync.
+  for (const auto& [after, how_far] : {std::pair<int, std::string>{1, "stopped with 4096 of 10000 bytes written"},
+                                       {2, "stopped with 8192 of 10000 bytes written"},
+                                       {3, "stopped with all 10000 bytes written, before the fsync and rename"}}) {
+    SCOPED_TRACE(after);
+    int asked = 0;
+    CopyOptions copy;
+    copy.chunk_bytes = 4096;
+    copy.stop = [&asked, after = after] { return asked++ >= after; };
+    EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", copy),
+                StatusIs(absl::StatusCode::kCancelled,
+                         AllOf(HasSubstr("copy of /root/from to /root/dst/to"), HasSubstr(how_far),
+                               HasSubstr("nothing of the copy is kept"))));
+    EXPECT_EQ(asked, after + 1);
+    EXPECT_THAT(mem_.ListDir("/root/dst"), IsOkAndHolds(::testing::SizeIs(1)));  // no to.tmp
+    EXPECT_THAT(ReadFileToString(&mem_, "/root/dst/to"), IsOkAndHolds(std::string("old")));
+  }
+  // Never asked to stop: copied as without a stop.
+  int asked = 0;
+  CopyOptions copy;
+  copy.chunk_bytes = 4096;
+  copy.stop = [&] { return ++asked < 0; };
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", copy), IsOkAndHolds(contents.size()));
+  EXPECT_EQ(asked, 4);
+  EXPECT_THAT(ReadFileToString(&mem_, "/root/dst/to"), IsOkAndHolds(contents));
+  EXPECT_THAT(mem_.ListDir("/root/dst"), IsOkAndHolds(::testing::SizeIs(1)));
+  // And without one.
+  CKPTD_ASSERT_OK(mem_.RemoveFile("/root/dst/to"));
+  copy.stop = nullptr;
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/dst/to", copy), IsOkAndHolds(contents.size()));
+  EXPECT_THAT(ReadFileToString(&mem_, "/root/dst/to"), IsOkAndHolds(contents));
+}
+
+// A buffered copy (memory files have alignment 1) hands what it has written
+// to writeback as it goes: in order, without gaps or overlaps, each piece at
+// least writeback_bytes, so the fsync has at most about that much left.
+TEST_F(FaultInjectionFileSystemTest, ABufferedCopyStartsWritebackAsItGoes) {
+  const uint64_t length = 10 * 4096 + 5;
+  CKPTD_ASSERT_OK(WriteFileAtomically(&mem_, "/root/from", std::string(length, 'b')));
+  CopyOptions copy;
+  copy.chunk_bytes = 4096;
+  copy.writeback_bytes = 8192;
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/to", copy), IsOkAndHolds(length));
+  const std::vector<FaultInjectionFileSystem::Writeback> writebacks = fs_.writebacks();
+  ASSERT_FALSE(writebacks.empty());
+  uint64_t next = 0;
+  for (const FaultInjectionFileSystem::Writeback& w : writebacks) {
+    EXPECT_EQ(w.path, "/root/to.tmp");
+    EXPECT_EQ(w.offset, next) << "not in order, or a gap or overlap";
+    EXPECT_GE(w.length, copy.writeback_bytes);
+    next = w.offset + w.length;
+  }
+  // All but the last chunk and less than writeback_bytes before it.
+  EXPECT_LE(next, length);
+  EXPECT_GE(next + copy.writeback_bytes + copy.chunk_bytes, length);
+  EXPECT_THAT(ReadFileToString(&mem_, "/root/to"), IsOkAndHolds(std::string(length, 'b')));
+  // Off: only the fsync writes back.
+  fs_.Reset();
+  copy.writeback_bytes = 0;
+  EXPECT_THAT(CopyFileDurably(&mem_, "/root/from", &fs_, "/root/to", copy), IsOkAndHolds(length));
+  EXPECT_TRUE(fs_.writebacks().empty());
+}
+
+TEST_F(FaultInjectionFileSystemTest, StartWritebackIsForwardedAndRecordedNotCounted) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WritableFile> w, fs_.NewWritableFile("/root/a", Buffered()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t ticket, w->Write(0, "abcd", 4));
+  CKPTD_ASSERT_OK(w->WaitFor(ticket));
+  const uint64_t ops = fs_.operation_count();
+  CKPTD_ASSERT_OK(w->StartWriteback(0, 4));
+  EXPECT_EQ(fs_.operation_count(), ops);
+  ASSERT_EQ(fs_.writebacks().size(), 1u);
+  EXPECT_EQ(fs_.writebacks()[0].path, "/root/a");
+  EXPECT_EQ(fs_.writebacks()[0].offset, 0u);
+  EXPECT_EQ(fs_.writebacks()[0].length, 4u);
+  CKPTD_ASSERT_OK(w->Close());
+  // The wrapped file's answer: a closed memory file says so.
+  EXPECT_THAT(w->StartWriteback(0, 4), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("closed")));
 }
 
 TEST_F(FaultInjectionFileSystemTest, SlowPathDelaysOnlyMatchingFiles) {

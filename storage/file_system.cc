@@ -157,11 +157,25 @@ absl::Status WriteFileAtomically(FileSystem* fs, const std::string& path, absl::
   return status;
 }
 
+WritebackPacer::WritebackPacer(WritableFile* file, uint64_t start, uint64_t every)
+    : file_(file), every_(file->alignment() <= 1 ? every : 0), next_(start) {}
+
+absl::Status WritebackPacer::Completed(uint64_t end) {
+  if (every_ == 0 || end <= next_ || end - next_ < every_) return absl::OkStatus();
+  const uint64_t offset = next_;
+  next_ = end;
+  return file_->StartWriteback(offset, end - offset);
+}
+
 absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string& from, FileSystem* to_fs,
-                                         const std::string& to, size_t chunk_bytes) {
+                                         const std::string& to, const CopyOptions& options) {
   const std::string tmp = absl::StrCat(to, ".tmp");
   auto in_context = [&](const absl::Status& s, absl::string_view what) {
     return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  };
+  auto stopped = [&](absl::string_view how_far) {
+    return absl::CancelledError(absl::StrCat("copy of ", from, " to ", to, " stopped with ", how_far,
+                                             "; nothing of the copy is kept"));
   };
   // The source is read buffered (its tail is not a whole block); the copy is
   // written direct where the file system allows, padded to the block and cut
@@ -178,12 +192,13 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
     absl::StatusOr<std::unique_ptr<WritableFile>> out = to_fs->NewWritableFile(tmp, OpenOptions());
     if (!out.ok()) return in_context(out.status(), absl::StrCat("copy: creating ", tmp));
     const size_t align = std::max<size_t>((*out)->alignment(), 1);
-    const size_t chunk = base::AlignUp(std::max<size_t>(chunk_bytes, align), align);
+    const size_t chunk = base::AlignUp(std::max<size_t>(options.chunk_bytes, align), align);
     if (absl::Status s = length == 0 ? absl::OkStatus() : (*out)->Allocate(base::AlignUp(length, align));
         !s.ok() && !absl::IsUnimplemented(s)) {
       return in_context(s, absl::StrCat("copy: reserving ", length, " bytes for ", tmp));
     }
     for (base::AlignedBuffer& b : buffers) b = base::AlignedBuffer(chunk, std::max<size_t>(align, base::kDirectIoAlignment));
+    WritebackPacer writeback(out->get(), 0, options.writeback_bytes);
     // Chunk i is read into buffers[i % 2]; its write is queued while chunk
     // i + 1 is read into the other buffer.
     std::optional<uint64_t> pending_write;  // ticket of the write of the previous chunk
@@ -195,10 +210,11 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
         return in_context(s, absl::StrCat("copy: reading ", from, " at ", offset));
       }
       if (pending_write) {
-        if (absl::Status s = (*out)->WaitFor(*pending_write); !s.ok()) {
-          return in_context(s, absl::StrCat("copy: writing ", tmp));
-        }
+        absl::Status s = (*out)->WaitFor(*pending_write);
+        if (s.ok()) s = writeback.Completed(offset);
+        if (!s.ok()) return in_context(s, absl::StrCat("copy: writing ", tmp));
       }
+      if (options.stop && options.stop()) return stopped(absl::StrCat(offset, " of ", length, " bytes written"));
       const size_t padded = base::AlignUp(n, align);
       if (padded > n) std::memset(buf.data() + n, 0, padded - n);
       absl::StatusOr<uint64_t> ticket = (*out)->Write(offset, buf.data(), padded);
@@ -206,7 +222,11 @@ absl::StatusOr<uint64_t> CopyFileDurably(FileSystem* from_fs, const std::string&
       pending_write = *ticket;
     }
     absl::Status s = (*out)->WaitAll();
-    if (s.ok()) s = (*out)->Truncate(length);
+    if (!s.ok()) return in_context(s, absl::StrCat("copy: writing ", tmp));
+    if (options.stop && options.stop()) {
+      return stopped(absl::StrCat("all ", length, " bytes written, before the fsync and rename"));
+    }
+    s = (*out)->Truncate(length);
     if (s.ok()) s = (*out)->Sync();
     if (s.ok()) s = (*out)->Close();
     if (!s.ok()) return in_context(s, absl::StrCat("copy: writing ", tmp));

@@ -119,7 +119,9 @@ TEST_P(PosixFileSystemTest, CopyFileDurablyCopiesEveryByteOfAnOddLength) {
   FillBlock(reinterpret_cast<uint8_t*>(contents.data()), length, 7);
   CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("from"), contents));
   CKPTD_ASSERT_OK(fs_->CreateDir(Path("sub")));
-  EXPECT_THAT(CopyFileDurably(fs_.get(), Path("from"), fs_.get(), Path("sub/to"), 8192),
+  CopyOptions copy;
+  copy.chunk_bytes = 8192;
+  EXPECT_THAT(CopyFileDurably(fs_.get(), Path("from"), fs_.get(), Path("sub/to"), copy),
               ::ckptd::testing::IsOkAndHolds(length));
   EXPECT_THAT(ReadFileToString(fs_.get(), Path("sub/to")), ::ckptd::testing::IsOkAndHolds(contents));
   EXPECT_THAT(fs_->ListDir(Path("sub")), ::ckptd::testing::IsOkAndHolds(::testing::SizeIs(1)));
@@ -129,6 +131,55 @@ TEST_P(PosixFileSystemTest, CopyFileDurablyCopiesEveryByteOfAnOddLength) {
               ::ckptd::testing::IsOkAndHolds(0u));
   EXPECT_THAT(CopyFileDurably(fs_.get(), Path("nope"), fs_.get(), Path("sub/nope")),
               ::ckptd::testing::StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("copy: reading")));
+}
+
+TEST_P(PosixFileSystemTest, CopyFileDurablyAskedToStopLeavesNothingAndTheOldTargetUntouched) {
+  const size_t length = 3 * 8192 + 123;
+  std::string contents(length, '\0');
+  FillBlock(reinterpret_cast<uint8_t*>(contents.data()), length, 9);
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("from"), contents));
+  CKPTD_ASSERT_OK(fs_->CreateDir(Path("sub")));
+  CKPTD_ASSERT_OK(WriteFileAtomically(fs_.get(), Path("sub/to"), "old"));
+  // Stops once the first chunk is written.
+  int asked = 0;
+  CopyOptions copy;
+  copy.chunk_bytes = 8192;
+  copy.stop = [&] { return asked++ >= 1; };
+  EXPECT_THAT(CopyFileDurably(fs_.get(), Path("from"), fs_.get(), Path("sub/to"), copy),
+              StatusIs(absl::StatusCode::kCancelled,
+                       AllOf(HasSubstr(Path("from")), HasSubstr(Path("sub/to")),
+                             HasSubstr(absl::StrCat("stopped with 8192 of ", length, " bytes written")))));
+  EXPECT_EQ(asked, 2);
+  EXPECT_THAT(fs_->ListDir(Path("sub")), IsOkAndHolds(::testing::SizeIs(1)));  // no sub/to.tmp
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("sub/to")), IsOkAndHolds(std::string("old")));
+  // A stop that never says stop: copied whole.
+  copy.stop = [] { return false; };
+  EXPECT_THAT(CopyFileDurably(fs_.get(), Path("from"), fs_.get(), Path("sub/to"), copy), IsOkAndHolds(length));
+  EXPECT_THAT(ReadFileToString(fs_.get(), Path("sub/to")), IsOkAndHolds(contents));
+  EXPECT_THAT(fs_->ListDir(Path("sub")), IsOkAndHolds(::testing::SizeIs(1)));
+}
+
+// sync_file_range on a buffered file; nothing (and no error) on one written
+// direct; the closed file's error after Close.
+TEST_P(PosixFileSystemTest, StartWritebackOfCompletedWrites) {
+  base::AlignedBuffer buf(4 * kBlock);
+  FillBlock(buf.data(), 4 * kBlock, 5);
+  for (const bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "direct" : "buffered");
+    const std::string path = Path(direct ? "wb-direct" : "wb-buffered");
+    CKPTD_ASSERT_OK_AND_ASSIGN(auto writer, fs_->NewWritableFile(path, Direct(direct)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t t, writer->Write(0, buf.data(), 4 * kBlock));
+    CKPTD_ASSERT_OK(writer->WaitFor(t));
+    CKPTD_EXPECT_OK(writer->StartWriteback(0, 2 * kBlock));
+    CKPTD_EXPECT_OK(writer->StartWriteback(2 * kBlock, 2 * kBlock));
+    CKPTD_EXPECT_OK(writer->StartWriteback(0, 0));
+    CKPTD_ASSERT_OK(writer->Sync());
+    CKPTD_ASSERT_OK(writer->Close());
+    EXPECT_THAT(writer->StartWriteback(0, kBlock), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr(path)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::string got, ReadFileToString(fs_.get(), path));
+    ASSERT_EQ(got.size(), 4 * kBlock);
+    EXPECT_EQ(std::memcmp(got.data(), buf.data(), got.size()), 0);
+  }
 }
 
 TEST_P(PosixFileSystemTest, ReportsIoMode) {

@@ -77,7 +77,6 @@ void SavedLayout::Seal() {
                      [](const SavedTensor& a, const SavedTensor& b) { return a.rank < b.rank; });
     e.by_row.resize(e.by_rank.size());
     e.max_rows = 0;
-    e.first_group.assign(e.by_rank.size(), true);
     e.first_row.assign(e.by_rank.size(), 0);
     e.uniform = true;
     absl::flat_hash_map<std::string, uint64_t> group_of_box;
@@ -93,9 +92,9 @@ void SavedLayout::Seal() {
       e.uniform = e.uniform && a.dtype() == b.dtype() && std::equal(ga.begin(), ga.end(), gb.begin(), gb.end());
       // Of the elements of each member box, one group's shares are read:
       // the lowest rank's.
-      const SavedTensor& s = e.by_rank[i];
+      SavedTensor& s = e.by_rank[i];
       if (s.meta.has_replica()) {
-        e.first_group[i] = group_of_box.emplace(BoxText(MemberBox(s.meta)), s.whole).first->second == s.whole;
+        s.first_group = group_of_box.emplace(BoxText(MemberBox(s.meta)), s.whole).first->second == s.whole;
       }
     }
     std::stable_sort(e.by_row.begin(), e.by_row.end(),
@@ -115,15 +114,6 @@ const SavedTensor* SavedLayout::Find(uint32_t rank, absl::string_view name) cons
   auto it = std::lower_bound(e->by_rank.begin(), e->by_rank.end(), rank,
                              [](const SavedTensor& s, uint32_t r) { return s.rank < r; });
   return it != e->by_rank.end() && it->rank == rank ? &*it : nullptr;
-}
-
-bool SavedLayout::FirstGroup(const SavedTensor& s) const {
-  const Entries* e = EntriesOf(s.meta.name());
-  if (e == nullptr) return true;
-  const std::less<const SavedTensor*> before;
-  const SavedTensor* begin = e->by_rank.data();
-  if (e->by_rank.empty() || before(&s, begin) || !before(&s, begin + e->by_rank.size())) return true;
-  return e->first_group[static_cast<size_t>(&s - begin)];
 }
 
 const SavedTensor* SavedLayout::Representative(absl::string_view name) const {
@@ -214,7 +204,7 @@ absl::StatusOr<std::vector<PlannedRead>> PlanReshard(uint64_t step, uint32_t ran
     for (const SavedTensor* c : saved.Candidates(b.name(), target)) {
       const Tensor& s = c->meta;
       if (own_group && (!s.has_replica() || c->whole != want)) continue;
-      if (!own_group && s.has_replica() && !saved.FirstGroup(*c)) continue;
+      if (!own_group && s.has_replica() && !c->first_group) continue;
       if (std::optional<std::string> wrong = GlobalMismatch(s, b, c->rank)) {
         return absl::FailedPreconditionError(absl::StrCat(what, " ", *wrong, " at step ", step));
       }

@@ -29,6 +29,10 @@ struct SavedTensor {
   uint32_t rank = 0;
   ckptd::v1::Tensor meta;
   uint64_t whole = 0;  // a share's XXH3-64 of WholeIdentity (meta.has_replica())
+  // Set by SavedLayout::Seal: whether a share is of the group whose shares
+  // fill its member box (of several groups' shares of one box, the lowest
+  // rank's group). Always true for a tensor that is not a share.
+  bool first_group = true;
 };
 
 // The tensors every shard of one step declares, by name. A few hundred
@@ -50,9 +54,6 @@ class SavedLayout {
   // The saved slices of tensor `name` that may overlap `target` (a
   // superset, found through their rows of dimension 0), ordered by rank.
   std::vector<const SavedTensor*> Candidates(absl::string_view name, const Box& target) const;
-  // Whether a saved share is of the group whose shares fill its member box
-  // (of several groups' shares of one box, the lowest rank's group).
-  bool FirstGroup(const SavedTensor& s) const;
   // When every rank's tensor of that name has one dtype and one global
   // shape, one of them; null when the ranks disagree or none saved it.
   const SavedTensor* Representative(absl::string_view name) const;
@@ -68,7 +69,6 @@ class SavedLayout {
     std::vector<SavedTensor> by_rank;   // ordered by rank
     std::vector<uint32_t> by_row;       // positions in by_rank, ordered by first row of dimension 0
     uint64_t max_rows = 0;              // the most rows of dimension 0 of any entry
-    std::vector<bool> first_group;      // by_rank's: FirstGroup
     std::vector<uint64_t> first_row;    // by_rank's: the first row of dimension 0 of its slice
     bool uniform = true;                // one dtype and one global shape
     bool sorted = true;

@@ -1,6 +1,7 @@
 #include "storage/shard_writer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -155,10 +156,18 @@ class ShardWriteJob {
     }
     absl::Status status = Pipeline();
     // Encode tasks point into slots_: none may be running when this returns.
+    // Those not started yet have nothing left to do.
+    if (!status.ok()) abandoned_.store(true, std::memory_order_relaxed);
     pending_.Wait();
     CKPTD_RETURN_IF_ERROR(status);
+    if (Stopped()) {
+      return absl::CancelledError(absl::StrCat("stopped with all ", blocks_.size(),
+                                               " blocks written, before the index; nothing of the shard is kept"));
+    }
     return Finish();
   }
+
+  bool Stopped() const { return options_.stop && options_.stop(); }
 
   // Encodes blocks on the pool and writes each as soon as it is ready.
   absl::Status Pipeline() {
@@ -172,6 +181,10 @@ class ShardWriteJob {
       free_slots.push_back(&s);
     }
     std::deque<Slot*> in_flight;  // writes submitted, oldest first
+    // Blocks are written back to back from kShardHeaderBlock, and retired in
+    // the order submitted.
+    WritebackPacer writeback(file_.get(), kShardHeaderBlock, options_.writeback_bytes);
+    uint64_t retired_end = kShardHeaderBlock;
     size_t next_block = 0;
     size_t written = 0;
     started_ = clock_->Now();
@@ -197,7 +210,7 @@ class ShardWriteJob {
       }
       if (ready != nullptr) {
         CKPTD_RETURN_IF_ERROR(ready->encoded.status());
-        if (options_.stop && options_.stop()) {
+        if (Stopped()) {
           return absl::CancelledError(absl::StrCat("stopped with ", written, " of ", blocks_.size(),
                                                    " blocks written; nothing of the shard is kept"));
         }
@@ -211,6 +224,8 @@ class ShardWriteJob {
         Slot* done = in_flight.front();
         in_flight.pop_front();
         CKPTD_RETURN_IF_ERROR(file_->WaitFor(done->ticket));
+        retired_end += done->encoded->encoded_length;
+        CKPTD_RETURN_IF_ERROR(writeback.Completed(retired_end));
         ++written;
         free_slots.push_back(done);
         Retired(*done, in_flight.empty());
@@ -229,6 +244,10 @@ class ShardWriteJob {
     if (!compress_ && options_.encode.compress) ++result_.blocks_raw_by_decision;
     pending_.Add();
     pool_->Schedule([this, slot] {
+      if (abandoned_.load(std::memory_order_relaxed)) {
+        pending_.Done();
+        return;
+      }
       const BlockRef& ref = blocks_[slot->block];
       const TensorSource& src = tensors_[ref.tensor];
       const uint8_t* raw = static_cast<const uint8_t*>(src.data) + ref.raw_offset;
@@ -349,6 +368,11 @@ class ShardWriteJob {
     CKPTD_RETURN_IF_ERROR(file_->WaitFor(t1));
     CKPTD_RETURN_IF_ERROR(file_->WaitFor(t2));
     if (allocated_ > footer.file_length) CKPTD_RETURN_IF_ERROR(file_->Truncate(footer.file_length));
+    if (Stopped()) {
+      return absl::CancelledError(absl::StrCat("stopped with all ", blocks_.size(),
+                                               " blocks and the index written, before the fsync; nothing of the "
+                                               "shard is kept"));
+    }
     CKPTD_RETURN_IF_ERROR(file_->Sync());
     CKPTD_RETURN_IF_ERROR(file_->Close());
     file_.reset();
@@ -405,6 +429,8 @@ class ShardWriteJob {
   uint64_t stored_bytes_ = 0;
   ShardWriteResult result_;
   base::WaitGroup pending_;
+  // The write failed or stopped: encode tasks not started yet do nothing.
+  std::atomic<bool> abandoned_{false};
 
   absl::Mutex mu_;
   std::deque<Slot*> ready_ ABSL_GUARDED_BY(mu_);

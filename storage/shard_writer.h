@@ -97,11 +97,17 @@ struct ShardWriteOptions {
   // Writes kept in flight.
   int writes_in_flight = 8;
   bool direct_io = true;
-  // Asked before each block's write is submitted: true stops the write
+  // Asked before each block's write is submitted, once more before the
+  // index is written and once more before the fsync: true stops the write
   // there (kCancelled, saying how far it got), and the temp file is removed:
   // nothing of the shard is left. Null: never stops. An agent shutting down
   // stops its persists at the end of its grace period.
   std::function<bool()> stop;
+  // Buffered writes (direct_io off, or a file system that cannot write
+  // direct) start writeback every this many bytes of completed block writes
+  // (WritebackPacer), so that the fsync at the end has little left to
+  // flush; 0: only the fsync writes back.
+  uint64_t writeback_bytes = kWritebackBytes;
   // The index's creation time (0: now). A shard written again from the same
   // bytes with the same options and this time is the same file, to the byte
   // (an emergency persist of a memory checkpoint, whose index was computed

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/aligned_buffer.h"
@@ -12,6 +13,7 @@
 #include "base/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_format.h"
@@ -267,6 +269,121 @@ TEST(StopTest, AWriteAskedToStopEndsWithNothingLeft) {
   options.stop = [] { return false; };
   CKPTD_ASSERT_OK(WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options).status());
   EXPECT_TRUE(fs.Stat("/shard").ok());
+}
+
+// The checks after the blocks: a stop that turns true only once every
+// block's write is submitted still stops the write, before the index or
+// before the fsync, and nothing of the shard is left.
+TEST(StopTest, AStopAfterTheLastBlockStillLeavesNothing) {
+  // Asked before each of the 52 blocks (0..51), before the index (52) and
+  // before the fsync (53).
+  for (const auto& [after, where] : {std::pair<int, std::string>{52, "with all 52 blocks written, before the index"},
+                                     {53, "with all 52 blocks and the index written, before the fsync"}}) {
+    SCOPED_TRACE(after);
+    MemFileSystem fs;
+    const std::vector<FloatTensor> tensors = FloatTensors();
+    ShardWriteOptions options;
+    options.block_bytes = 64 << 10;
+    int asked = 0;
+    options.stop = [&asked, after = after] { return asked++ >= after; };
+    absl::StatusOr<ShardWriteResult> w = WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options);
+    EXPECT_THAT(w.status(), ::ckptd::testing::StatusIs(
+                                absl::StatusCode::kCancelled,
+                                ::testing::AllOf(::testing::HasSubstr("writing shard /shard: stopped"),
+                                                 ::testing::HasSubstr(where),
+                                                 ::testing::HasSubstr("nothing of the shard is kept"))));
+    EXPECT_EQ(asked, after + 1);
+    EXPECT_FALSE(fs.Stat("/shard").ok());
+    EXPECT_FALSE(fs.Stat(absl::StrCat("/shard", kTempSuffix)).ok());
+  }
+  // Asked 54 times in all, never saying stop: written whole.
+  MemFileSystem fs;
+  const std::vector<FloatTensor> tensors = FloatTensors();
+  ShardWriteOptions options;
+  options.block_bytes = 64 << 10;
+  int asked = 0;
+  options.stop = [&] { return asked++ >= 54; };
+  CKPTD_ASSERT_OK(WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options).status());
+  EXPECT_EQ(asked, 54);
+  EXPECT_TRUE(fs.Stat("/shard").ok());
+}
+
+// Files that report the alignment of O_DIRECT (what a writer takes for a
+// file written direct) around another file system's.
+class PretendDirectFileSystem : public FileSystem {
+ public:
+  explicit PretendDirectFileSystem(FileSystem* base) : base_(base) {}
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                const OpenOptions& options) override {
+    absl::StatusOr<std::unique_ptr<WritableFile>> f = base_->NewWritableFile(path, options);
+    if (!f.ok() || !options.direct_io) return f;
+    return std::unique_ptr<WritableFile>(std::make_unique<File>(*std::move(f)));
+  }
+  absl::StatusOr<std::unique_ptr<ReadableFile>> NewReadableFile(const std::string& path,
+                                                                const OpenOptions& options) override {
+    return base_->NewReadableFile(path, options);
+  }
+  absl::Status CreateDir(const std::string& path) override { return base_->CreateDir(path); }
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+  absl::Status RemoveDir(const std::string& path) override { return base_->RemoveDir(path); }
+  absl::Status Rename(const std::string& from, const std::string& to) override { return base_->Rename(from, to); }
+  absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  absl::StatusOr<std::vector<FileInfo>> ListDir(const std::string& path) override { return base_->ListDir(path); }
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override { return base_->Stat(path); }
+
+ private:
+  class File : public ForwardingWritableFile {
+   public:
+    using ForwardingWritableFile::ForwardingWritableFile;
+    size_t alignment() const override { return kShardAlignment; }
+  };
+
+  FileSystem* const base_;
+};
+
+// Buffered writes (memory files have alignment 1) are handed to writeback
+// as they complete: in order, without gaps or overlaps, from the first block
+// on, each piece at least writeback_bytes, so that the fsync has at most
+// about that much left. A file written direct is not.
+TEST(WritebackTest, BufferedWritesStartWritebackAsTheyGoDirectOnesDoNot) {
+  const std::vector<FloatTensor> tensors = FloatTensors();  // 52 blocks of 64 KiB
+  ShardWriteOptions options;
+  options.block_bytes = 64 << 10;
+  options.writeback_bytes = 256 << 10;
+  options.direct_io = false;
+  options.encode.compress = false;  // raw: block i ends at the header + (i + 1) x 64 KiB
+  MemFileSystem mem;
+  FaultInjectionFileSystem fs(&mem);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ShardWriteResult w,
+                             WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options));
+  const std::vector<FaultInjectionFileSystem::Writeback> writebacks = fs.writebacks();
+  ASSERT_FALSE(writebacks.empty());
+  uint64_t next = kShardHeaderBlock;  // the header is written last, with the index
+  for (const FaultInjectionFileSystem::Writeback& b : writebacks) {
+    EXPECT_EQ(b.path, absl::StrCat("/shard", kTempSuffix));
+    EXPECT_EQ(b.offset, next) << "not in order, or a gap or overlap";
+    EXPECT_GE(b.length, options.writeback_bytes);
+    next = b.offset + b.length;
+  }
+  // Up to less than writeback_bytes before the blocks' end, never past it.
+  const uint64_t blocks_end = kShardHeaderBlock + w.stored_bytes;
+  EXPECT_LE(next, blocks_end);
+  EXPECT_GT(next + options.writeback_bytes, blocks_end);
+  EXPECT_EQ(writebacks.size(), 13u);  // 4 blocks each
+  // Off: none.
+  fs.Reset();
+  options.writeback_bytes = 0;
+  CKPTD_ASSERT_OK(WriteShard(&fs, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options).status());
+  EXPECT_TRUE(fs.writebacks().empty());
+  // Written direct: none, whatever writeback_bytes says.
+  fs.Reset();
+  options.writeback_bytes = 256 << 10;
+  options.direct_io = true;
+  PretendDirectFileSystem direct(&fs);
+  CKPTD_ASSERT_OK(WriteShard(&direct, "/shard", {"job", 10, 0, 1}, SourcesOf(tensors), options).status());
+  EXPECT_TRUE(fs.writebacks().empty());
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ShardReader> reader, ShardReader::Open(&mem, "/shard", {}, nullptr));
+  EXPECT_THAT(reader->Verify(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
 }
 
 }  // namespace

@@ -418,6 +418,10 @@ if not problems:
                 bad(f"{cw}: needs a non-root runAsUser")
         if (pod_sc.get("seccompProfile") or {}).get("type") != "RuntimeDefault":
             bad(f"{what}: needs seccompProfile RuntimeDefault")
+        # The schema takes any string here (the policies: Always, OnRootMismatch).
+        if "fsGroup" in pod_sc and pod_sc.get("fsGroupChangePolicy") != "OnRootMismatch":
+            bad(f"{what}: with fsGroup, needs fsGroupChangePolicy: OnRootMismatch (not "
+                f"{pod_sc.get('fsGroupChangePolicy') or '(none)'}): no walk over the checkpoint volume at each mount")
         if spec.get("automountServiceAccountToken") is not False:
             bad(f"{what}: needs automountServiceAccountToken: false (the pod calls no Kubernetes API)")
         aw, tw = f"{what}: container {sa.get('name')!r}", f"{what}: container {st.get('name')!r}"
@@ -465,12 +469,24 @@ if not problems:
             m = mount_for(sa, spec, tier)
             if not m or not m[1] or "emptyDir" not in m[1] or (m[1]["emptyDir"] or {}).get("medium") == "Memory":
                 bad(f"{aw}: --local-cache {tier} is not on an emptyDir on the node's disk")
-        # The persist at shutdown ends before the kubelet's SIGKILL.
+        # The persist at shutdown ends before the kubelet's SIGKILL. The pod's
+        # one grace period holds the trainer's stop (Kubernetes stops a native
+        # sidecar only after the main containers), then --shutdown-grace, then
+        # the agent's last flush of its reports (up to 2 s past the grace).
+        FLUSH_S = 5
+        pod_grace = int(spec.get("terminationGracePeriodSeconds") or 30)
+        stop = str(((tmpl.get("metadata") or {}).get("annotations") or {}).get("ckptd/trainer-stop-seconds", ""))
         grace = arg_after(sa, "--shutdown-grace") or ""
         g = re.fullmatch(r"(\d+)s", grace)
-        if not g or int(g.group(1)) >= int(spec.get("terminationGracePeriodSeconds") or 30):
-            bad(f"{aw}: --shutdown-grace {grace or '(none)'} must be whole seconds below "
-                f"terminationGracePeriodSeconds ({spec.get('terminationGracePeriodSeconds') or 30})")
+        if not re.fullmatch(r"\d+", stop):
+            bad(f"{what}: needs the annotation ckptd/trainer-stop-seconds (whole seconds the trainer "
+                f"takes to exit after SIGTERM), not {stop or '(none)'}: the shutdown budget counts it")
+        elif not g:
+            bad(f"{aw}: --shutdown-grace {grace or '(none)'} must be whole seconds")
+        elif int(stop) + int(g.group(1)) + FLUSH_S > pod_grace:
+            bad(f"{what}: trainer stop {stop} s + --shutdown-grace {g.group(1)} s + flush {FLUSH_S} s = "
+                f"{int(stop) + int(g.group(1)) + FLUSH_S} s exceeds terminationGracePeriodSeconds "
+                f"{pod_grace}: the kubelet's SIGKILL would cut the last persist short")
 
 for p in problems:
     print(p)
