@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
@@ -1422,18 +1423,29 @@ absl::Status AgentCore::CommitAlone(Trainer* t, uint64_t step, const storage::Sh
   }
   MarkCommitted(reg.job, step, t);
   CKPTD_RETURN_IF_ERROR(store_.ApplyRetention(reg.job, options_.keep_last).status());
+  // At shutdown the ranks write their snapshots newest first: another rank
+  // may be writing an older step now. What is left below `step` goes at
+  // the job's next commit.
+  if (shutting_down_.load()) return absl::OkStatus();
   return store_.RemoveIncompleteSteps(reg.job, step).status();
 }
 
-void AgentCore::OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd::v1::CommittedStep>& committed) {
+void AgentCore::OnCommittedSteps(const ckptd::v1::HeartbeatAck& ack) {
+  if (!ack.known()) return;  // a coordinator that restarted, or a session that ended: it says nothing of the jobs
+  std::set<std::string> listed;
+  for (const ckptd::v1::Schedule& s : ack.schedules()) listed.insert(s.job());
   std::map<std::string, uint64_t> newest;
-  for (const ckptd::v1::CommittedStep& c : committed) newest[c.job()] = c.step();
+  for (const ckptd::v1::CommittedStep& c : ack.committed()) newest[c.job()] = c.step();
   absl::MutexLock l(&mu_);
   for (const auto& [id, t] : trainers_) {
-    // A live trainer's job is in every heartbeat: absent here, it has no
-    // step to restore, and nothing is worth keeping last.
     auto it = newest.find(t->reg.job);
-    t->segment->PinKept(it != newest.end() ? std::optional<uint64_t>(it->second) : std::nullopt);
+    if (it != newest.end()) {
+      t->segment->PinKept(it->second);
+    } else if (listed.contains(t->reg.job)) {
+      // The heartbeat listed the job and the coordinator names no step of
+      // it: nothing to restore, nothing worth keeping last.
+      t->segment->PinKept(std::nullopt);
+    }
   }
   for (Parked& p : parked_) {
     if (auto it = newest.find(p.job); it != newest.end()) p.segment->PinKept(it->second);
@@ -2304,6 +2316,8 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
         outcome = kFailed;
         failed = absl::UnavailableError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
                                                      ": the agent is shutting down"));
+        // The round ends for every rank: none goes on alone.
+        r->failed = absl::UnavailableError(absl::StrCat("restore of job ", reg.job, ": the agent is shutting down"));
       } else {
         outcome = kTimedOut;
         loaded = r->loaded.size();

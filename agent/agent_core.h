@@ -268,9 +268,10 @@ class AgentCore {
   AgentCore& operator=(const AgentCore&) = delete;
 
   // The agent is about to exit (SIGTERM), and must be gone by `deadline`:
-  // from now on each persister persists only the newest snapshot published
-  // and not yet durable (an older one still waiting is dropped, said so),
-  // and a shard write still going at `deadline` stops there, leaving
+  // from now on each persister persists the snapshots published and not
+  // yet durable newest first, then older ones while time remains (none
+  // older than a step this agent knows is committed; what is skipped is
+  // said so), and a shard write still going at `deadline` stops there, leaving
   // nothing of the shard on disk (kCancelled) and nothing reported. Each
   // persist under way or started from now on ends with a line that says
   // which: durable and reported to the coordinator (or handed to this
@@ -402,7 +403,10 @@ class AgentCore {
   // trainer whose job is not listed has nothing pinned. Without a
   // coordinator the agent pins the steps it commits itself. Either way, a
   // restore pins the step it restored (and a fresh start, nothing).
-  void OnCommittedSteps(const google::protobuf::RepeatedPtrField<ckptd::v1::CommittedStep>& committed);
+  // Only the jobs the answer has a schedule for (those the heartbeat
+  // listed) are touched; an answer of a coordinator that does not know
+  // this agent (HeartbeatAck.known false) touches nothing.
+  void OnCommittedSteps(const ckptd::v1::HeartbeatAck& ack);
   static constexpr absl::Duration kEmergencyRetry = absl::Seconds(10);
   static constexpr size_t kMaxOrdersRemembered = 4096;
   // A saved world of at most this many ranks keeps the shards it planned

@@ -141,6 +141,38 @@ TEST_F(AgentCoreTest, RestoreNamesTheBufferThatDoesNotMatch) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("'cursor' that is not registered")));
 }
 
+// The coordinator's heartbeat answers move the pin only for the jobs the
+// heartbeat listed (those it has a schedule for), and an answer of a
+// coordinator that does not know the agent moves nothing.
+TEST_F(AgentCoreTest, HeartbeatAnswersPinOnlyTheJobsTheyCoverAndOnlyWhenTheyKnowTheAgent) {
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, 10));
+  ASSERT_EQ(seg->pinned_step(), std::optional<uint64_t>(10));
+  auto answer = [](bool known, bool lists_job, std::optional<uint64_t> step) {
+    ckptd::v1::HeartbeatAck ack;
+    ack.set_known(known);
+    if (lists_job) ack.add_schedules()->set_job("job");
+    ack.add_schedules()->set_job("other");
+    if (step) {
+      ckptd::v1::CommittedStep* c = ack.add_committed();
+      c->set_job("job");
+      c->set_step(*step);
+    }
+    return ack;
+  };
+  agent.OnCommittedSteps(answer(false, false, std::nullopt));  // a coordinator that restarted
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(10));
+  agent.OnCommittedSteps(answer(true, false, std::nullopt));  // sent before the job registered
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(10));
+  agent.OnCommittedSteps(answer(true, true, 20));
+  EXPECT_EQ(seg->pinned_step(), std::optional<uint64_t>(20));
+  agent.OnCommittedSteps(answer(true, true, std::nullopt));  // the job has no step to restore
+  EXPECT_EQ(seg->pinned_step(), std::nullopt);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   options_.keep_in_memory = false;  // the damage is on disk
   AgentCore agent(&mem_, options_);

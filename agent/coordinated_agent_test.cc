@@ -79,7 +79,7 @@ class InProcessCoordinator : public CoordinatorClient {
     absl::StatusOr<ckptd::v1::HeartbeatAck> ack = core_->OnHeartbeat(hb);
     ASSERT_THAT(ack.status(), IsOk());
     ASSERT_TRUE(ack->known());
-    if (agent != nullptr) agent->OnCommittedSteps(ack->committed());  // as ckptd-agent's relay does
+    if (agent != nullptr) agent->OnCommittedSteps(*ack);  // as ckptd-agent's relay does
     if (on_ack) on_ack(*ack);
     absl::MutexLock l(&mu_);
     for (const auto& s : ack->schedules()) schedules_[s.job()] = s;

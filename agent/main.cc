@@ -8,11 +8,13 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
@@ -38,6 +40,9 @@ namespace agent = ckptd::agent;
 namespace storage = ckptd::storage;
 
 volatile std::sig_atomic_t g_stop = 0;
+// How long past --shutdown-grace the agent may take to stop before it
+// exits regardless (the flush allowance of docs/operations.md's budget).
+constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
 void OnSignal(int) { g_stop = 1; }
 
 // Prints "ckptd-agent: <what>: <why>"; returns the exit code of a failure.
@@ -65,7 +70,7 @@ class HeartbeatRelay {
     absl::MutexLock l(&mu_);
     if (drills_ != nullptr) drills_->OnAck(ack);
     if (core_ != nullptr) core_->OnPersistOrders(ack.persist());
-    if (core_ != nullptr) core_->OnCommittedSteps(ack.committed());
+    if (core_ != nullptr) core_->OnCommittedSteps(ack);
     if (replicator_ != nullptr) replicator_->SetPartners(ack.send_to());
     if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
   }
@@ -274,8 +279,22 @@ int main(int argc, char** argv) {
   core->BeginShutdown(deadline);
   std::cerr << "ckptd-agent: stopping: persisting each trainer's snapshots not yet durable, newest first, within "
             << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
-  // Calls still running at the deadline (a restore waits for the other
-  // ranks at most that long: it sees the shutdown) are cancelled.
+  // Whatever still runs kShutdownOverrun past the grace period (a restore
+  // reading a large step from a slow disk, a peer's fetch, a coordinator
+  // that does not answer) does not keep the agent from exiting before the
+  // supervisor's SIGKILL: the persists have stopped by then, and what is
+  // left is what a SIGKILL would leave.
+  absl::Notification stopped;
+  std::thread watchdog([&stopped, deadline] {
+    if (stopped.WaitForNotificationWithDeadline(deadline + kShutdownOverrun)) return;
+    std::cerr << "ckptd-agent: still stopping " << absl::FormatDuration(kShutdownOverrun)
+              << " after --shutdown-grace ended (a restore or a peer's fetch under way, or the coordinator "
+                 "not answering): exiting now\n";
+    std::_Exit(ckptd::base::kExitFailed);
+  });
+  // Calls still running at the deadline are cancelled (a restore waiting
+  // for other ranks sees the shutdown and ends); the server waits for their
+  // handlers to return.
   (*server)->Shutdown(deadline);
   server->reset();
   service.reset();  // stops watching the trainers: no death reaches the core after it is gone
@@ -290,5 +309,7 @@ int main(int argc, char** argv) {
     std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "
                  "cleans them up\n";
   }
+  stopped.Notify();
+  watchdog.join();
   return ckptd::base::kExitOk;
 }

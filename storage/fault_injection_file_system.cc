@@ -252,6 +252,8 @@ std::vector<FaultInjectionFileSystem::Writeback> FaultInjectionFileSystem::write
 
 void FaultInjectionFileSystem::RecordWriteback(const std::string& path, uint64_t offset, uint64_t length) {
   absl::MutexLock lock(&mu_);
+  // Bounded: the wrapper also serves agents started with --allow-drills.
+  if (writebacks_.size() >= kMaxWritebacksRecorded) writebacks_.erase(writebacks_.begin());
   writebacks_.push_back({path, offset, length});
 }
 

@@ -69,7 +69,9 @@ class FaultInjectionFileSystem : public FileSystem {
   uint64_t operation_count() const;
   bool crashed() const;
 
-  // WritableFile::StartWriteback calls made through the wrapper, oldest first.
+  // WritableFile::StartWriteback calls made through the wrapper, oldest
+  // first: the newest kMaxWritebacksRecorded.
+  static constexpr size_t kMaxWritebacksRecorded = 1024;
   struct Writeback {
     std::string path;
     uint64_t offset = 0;

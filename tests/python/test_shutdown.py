@@ -7,6 +7,7 @@ time, and a new agent restores the newest committed step bit-exact."""
 import os
 import random
 import signal
+import threading
 import time
 import unittest
 
@@ -88,6 +89,56 @@ class ShutdownTest(unittest.TestCase):
                 outcomes.append(self.one_round(delay))
         self.assertIn("stopped", outcomes)
         self.assertIn("finished", outcomes)
+
+    def test_a_restore_that_outlasts_the_grace_period_does_not_keep_the_agent_alive(self):
+        """A restore reading from a disk that answers each read after 30 s:
+        SIGTERM with no grace, and the agent still exits 5 s after the grace
+        period (before a supervisor's SIGKILL), saying why."""
+        agent = Agent()
+        try:
+            agent.start()
+            state = bytearray(b"\x07" * (1 << 20))
+            with ckptd.Client(agent.socket, "held", [ckptd.Buffer("state", state)], every_steps=1,
+                              slot_wait=10.0) as client:
+                client.snapshot(1)
+                client.wait_persisted(1, timeout=60)
+            agent.stop()
+            self.assertIn(1, agent.committed_steps("held"), agent.read_log())
+            agent.extra_args = ["--shutdown-grace", "0s", "--inject-write-latency", "30s"]
+            agent.start()
+            errors = []
+
+            def restore():
+                try:
+                    with ckptd.Client(agent.socket, "held", [ckptd.Buffer("state", state)], slot_wait=10.0,
+                                      rpc_timeout=120.0) as again:
+                        again.restore()
+                except ckptd.Error as e:  # the agent went away under it
+                    errors.append(e)
+
+            thread = threading.Thread(target=restore, daemon=True)
+            thread.start()
+            # The restore is reading (each read waits 30 s) once the shard is opened.
+            deadline = time.monotonic() + 20
+            while "staging ready" not in agent.read_log() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
+            start = time.monotonic()
+            agent.proc.send_signal(signal.SIGTERM)
+            code = agent.proc.wait(timeout=60)
+            took = time.monotonic() - start
+            log = agent.read_log()
+            self.assertEqual(code, 1, log)
+            self.assertGreaterEqual(took, 4.5, log)
+            self.assertLess(took, 15, log)
+            self.assertIn("still stopping 5s after --shutdown-grace ended", log)
+            self.assertIn("exiting now", log)
+            thread.join(timeout=150)
+            self.assertFalse(thread.is_alive())
+            # What was committed is untouched.
+            self.assertIn(1, agent.committed_steps("held"), log)
+        finally:
+            agent.cleanup()
 
 
 if __name__ == "__main__":
