@@ -862,10 +862,17 @@ class Checkpointer:
                 entries = {}
                 for k, v in twin.state.get(t, {}).items():
                     if isinstance(v, torch.Tensor) and v.dim() == 1 and v.shape == t.shape:
-                        if unzeroed is None:
+                        if _is_dtensor(p):
+                            # Sharded like its parameter (FSDP2): a DTensor
+                            # over the same mesh and placements, holding
+                            # only this rank's shard.
+                            make = torch.zeros_like if unzeroed is None else torch.empty_like
+                            entries[k] = make(p, dtype=v.dtype)
+                        elif unzeroed is None:
                             entries[k] = torch.zeros(p.shape, dtype=v.dtype, device=v.device)
                         else:
                             entries[k] = torch.empty(p.shape, dtype=v.dtype, device=v.device)
+                        if unzeroed is not None:
                             unzeroed.append(entries[k])
                     elif isinstance(v, torch.Tensor) and v.dim() == 0:
                         entries[k] = torch.zeros((), dtype=v.dtype, device=v.device)

@@ -10,6 +10,15 @@ its newest snapshot is persisted, having written what it did to --out +
 ".killed". Each rank writes --out (a JSON file, "{rank}" in the path
 replaced): the step it started from, each step's loss (as a hex float), and
 digests of the model, the optimizer and the data cursor at the end.
+
+--fsdp: the model is sharded with FSDP2 (fully_shard: each parameter and
+its Adam moments a DTensor split along dimension 0 over the ranks) instead
+of replicated by DDP, and any number of ranks may restore the job's newest
+step. Each rank also writes the digest of the job's full state (every
+DTensor gathered whole) right after the restore and at the end, the world
+size that saved the restored step, and the samples it read at each step with
+the epoch's order, so that a test can check what a change of world size
+kept and what it read.
 """
 
 import argparse
@@ -17,6 +26,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 
 import torch
 import torch.distributed as dist
@@ -46,6 +56,18 @@ def digest(obj):
     return h.hexdigest()
 
 
+def full(obj):
+    """`obj` with every DTensor gathered into the whole tensor (a collective:
+    every rank calls it)."""
+    if callable(getattr(obj, "full_tensor", None)):
+        return obj.full_tensor()
+    if isinstance(obj, dict):
+        return {k: full(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(full(v) for v in obj)
+    return obj
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--socket", required=True)
@@ -55,6 +77,7 @@ def main():
     ap.add_argument("--kill-rank", type=int, default=-1)
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--fsdp", action="store_true")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -62,28 +85,48 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
     g = torch.Generator().manual_seed(2)
-    data = torch.utils.data.TensorDataset(torch.randn(512, 16, generator=g), torch.randint(0, 4, (512,), generator=g))
+    n = 480  # a multiple of 4, 3 and 2 ranks' batches of 4
+    data = torch.utils.data.TensorDataset(torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g),
+                                          torch.arange(n))
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
-    loader = ckptd.torch.ResumableLoader(data, batch_size=8, seed=3, rank=rank, world_size=world)
+    if args.fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        forward = fully_shard(model, mesh=mesh)
+    else:
+        forward = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(forward.parameters(), lr=1e-2)
+    # drop_last: every rank takes every step (collectives in each).
+    loader = ckptd.torch.ResumableLoader(data, batch_size=4 if args.fsdp else 8, seed=3, rank=rank,
+                                         world_size=world, drop_last=args.fsdp)
 
-    # Rank and world size from torchrun's environment; replicated: DDP keeps
-    # the weights and Adam's state the same on every rank.
+    # Rank and world size from torchrun's environment. DDP keeps the weights
+    # and Adam's state the same on every rank: declared replicated. FSDP2's
+    # DTensors declare their slices themselves.
     ckpt = ckptd.torch.Checkpointer(args.job, args.socket, every=args.every, slot_wait=10.0, on_error="raise",
-                                    replicated=True, rng=False)
+                                    replicated=not args.fsdp, rng=False)
     ckpt.track("model", model)
     ckpt.track("optimizer", opt)
     ckpt.track("data", loader)
     start = ckpt.restore()
     log = {"rank": rank, "world": world, "start": start, "steps": {},
            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
+    if args.fsdp:
+        log.update(restored=digest(full([model.state_dict(), opt.state_dict()])),
+                   restored_world_size=ckpt.restored_world_size, samples={}, orders={})
 
     step, last_snapshot = start, 0
     while step < args.steps:
-        for x, y in loader:
+        for x, y, ids in loader:
             step += 1
-            loss = F.cross_entropy(ddp(x), y)
+            if args.fsdp:
+                log["samples"][step] = [loader.epoch, ids.tolist()]
+                log["orders"].setdefault(loader.epoch, loader.order(loader.epoch))
+            loss = F.cross_entropy(forward(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -99,8 +142,13 @@ def main():
             if step == args.steps:
                 break
 
+    if args.fsdp and last_snapshot:
+        ckpt.wait_persisted(last_snapshot, timeout=60)
     ckpt.close()
-    log.update(model=digest(model.state_dict()), optimizer=digest(opt.state_dict()),
+    model_state, opt_state = full(model.state_dict()), full(opt.state_dict())
+    if args.fsdp:
+        log["full"] = digest([model_state, opt_state])
+    log.update(model=digest(model_state), optimizer=digest(opt_state),
                loader=digest(loader.state_dict()))
     with open(args.out.format(rank=rank), "w") as f:
         json.dump(log, f)
@@ -109,3 +157,10 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Not through the interpreter's finalization: there, a gloo thread of
+    # torch 2.x still finishing FSDP2's all-gather work can take the GIL
+    # while Python tears down and abort the process (std::terminate) after
+    # the job has finished.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
