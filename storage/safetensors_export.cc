@@ -125,6 +125,21 @@ bool SameBlocks(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+// Opaque bytes (dtype BYTES, no global layout) held by several ranks whose
+// copies are not all the same.
+bool OpaqueAndDifferent(const std::vector<Piece>& pieces) {
+  if (pieces.size() < 2) return false;
+  for (const Piece& p : pieces) {
+    if (p.meta.dtype() != ckptd::v1::BYTES || p.meta.global_shape_size() > 0) return false;
+  }
+  for (const Piece& p : pieces) {
+    if (!SameBlocks(p.meta, pieces.front().meta) || Dims(p.meta.shape()) != Dims(pieces.front().meta.shape())) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::string RankList(const std::vector<Piece>& pieces) {
   std::vector<uint32_t> ranks;
   for (const Piece& p : pieces) ranks.push_back(p.rank);
@@ -370,9 +385,27 @@ absl::StatusOr<SafetensorsExport> ExportSafetensors(CheckpointStore& store, absl
       return absl::FailedPreconditionError("tensor '__metadata__': the name is reserved by the safetensors format");
     }
     std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.rank < b.rank; });
+    if (OpaqueAndDifferent(pieces)) {
+      // Opaque bytes each rank holds its own version of (a framework's
+      // record of the rank that saved it): exported per rank, as RNG state.
+      for (Piece& p : pieces) {
+        std::string own = absl::StrCat("rank", p.rank, "/", name);
+        if (by_name.count(own) > 0) {
+          return absl::FailedPreconditionError(absl::StrCat("tensor ", Quoted(name), " differs by rank, and ",
+                                                            Quoted(own), ", the name of rank ", p.rank,
+                                                            "'s copy, is taken by another tensor"));
+        }
+        std::vector<Piece> one;
+        one.push_back(std::move(p));
+        CKPTD_ASSIGN_OR_RETURN(Planned t, PlanTensor(own, std::move(one)));
+        planned.push_back(std::move(t));
+      }
+      continue;
+    }
     CKPTD_ASSIGN_OR_RETURN(Planned t, PlanTensor(name, std::move(pieces)));
     planned.push_back(std::move(t));
   }
+  std::sort(planned.begin(), planned.end(), [](const Planned& a, const Planned& b) { return a.name < b.name; });
   // Files of at most max_file_bytes of tensors, in name order.
   std::vector<std::vector<const Planned*>> files(1);
   uint64_t in_file = 0;

@@ -58,8 +58,10 @@ struct SafetensorsExport {
 //    overlap otherwise or leave part of the tensor uncovered are an error;
 //  - without one, a tensor held by one rank is exported as it is; one held by
 //    several ranks is exported once when every copy has the same shape and
-//    the same block checksums (data-parallel replicas), otherwise it is an
-//    error naming the tensor: its global layout must be declared.
+//    the same block checksums (data-parallel replicas); opaque bytes (dtype
+//    BYTES) whose copies differ are exported per rank, as "rank<r>/<name>";
+//    other tensors whose copies differ are an error naming the tensor: its
+//    global layout must be declared.
 // Every byte is read through ShardReader, which verifies each chunk; each
 // shard's index must match the step's MANIFEST. Every file is written under
 // a temporary name and synced before any is renamed into `out_dir` (created

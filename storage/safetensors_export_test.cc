@@ -585,6 +585,37 @@ TEST_F(SafetensorsExportTest, CreatesAMissingOutputDirectoryWithItsParents) {
                     {F32(m.a), F32(m.b), F32(m.c), F32(m.bias), F32(m.e)});
 }
 
+// Opaque bytes of the weights' component that each rank saved its own
+// version of (ckptd.torch's record of a tracked object's non-tensor state
+// names the rank that saved it) are exported per rank; the same bytes on
+// every rank once; the weights around them whole.
+TEST_F(SafetensorsExportTest, OpaqueBytesThatDifferByRankAreExportedPerRank) {
+  const Global bias = MakeGlobal("bias", {5}, 0);
+  std::vector<std::vector<Slice>> ranks;
+  for (uint32_t r = 0; r < 3; ++r) {
+    ranks.push_back({Opaque("model#meta", ckptd::v1::PARAMS, RngBytes(3, r)),
+                     Opaque("shared#meta", ckptd::v1::PARAMS, RngBytes(3, 9)), Whole(bias)});
+  }
+  CKPTD_ASSERT_OK(WriteStep(3, ranks));
+  CKPTD_ASSERT_OK_AND_ASSIGN(SafetensorsExport out, ExportSafetensors(store_, kJob, 3, kOut, TwoThreads()));
+  const std::string f = "model.safetensors";
+  EXPECT_THAT(out.tensors, ElementsAre(IsExported("bias", f, "F32", {5}, 20, 1),
+                                       IsExported("rank0/model#meta", f, "U8", {16}, 16, 1),
+                                       IsExported("rank1/model#meta", f, "U8", {16}, 16, 1),
+                                       IsExported("rank2/model#meta", f, "U8", {16}, 16, 1),
+                                       IsExported("shared#meta", f, "U8", {16}, 16, 1)));
+  std::vector<Expected> want = {F32(bias), {"shared#meta", "U8", {16}, RngBytes(3, 9)}};
+  for (uint32_t r = 0; r < 3; ++r) want.push_back({absl::StrCat("rank", r, "/model#meta"), "U8", {16}, RngBytes(3, r)});
+  ExpectSafetensors(ReadFile(kModel), 3, want);
+
+  // A tensor already named like a rank's copy is not overwritten by it.
+  ranks[1].push_back(Opaque("rank1/model#meta", ckptd::v1::PARAMS, RngBytes(4, 4)));
+  CKPTD_ASSERT_OK(WriteStep(4, ranks));
+  EXPECT_THAT(ExportSafetensors(store_, kJob, 4, "/taken", TwoThreads()),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("'model#meta' differs by rank"), HasSubstr("'rank1/model#meta'"))));
+}
+
 TEST_F(SafetensorsExportTest, CopiesWithoutALayoutThatDifferAreRejected) {
   const Global bias = MakeGlobal("bias", {5}, 0);
   const Global other = MakeGlobal("bias", {5}, 1);

@@ -6,7 +6,8 @@ attempt; torchrun's elastic agent stops rank 0 and starts both again; both
 restore the same committed step and end bit-identical to an uninterrupted
 run. A job sharded with FSDP2 (DTensors) saved by 4 ranks is restored by
 3, then 2, then 4: each time the job's full state is bit-identical to what
-was saved and the data position goes on with no sample repeated or skipped.
+was saved and the data position goes on with no sample repeated or skipped;
+ckptd.export writes its last step's parameters whole, as they were trained.
 
 Debian's torch 1.13 ships a torchrun that crashes on Debian's Python 3.11
 before it starts a worker, so this test runs torch 2.x from PyPI in a virtual
@@ -17,6 +18,7 @@ CI=true, where it fails."""
 
 import json
 import os
+import hashlib
 import random
 import subprocess
 import sys
@@ -24,6 +26,9 @@ import tempfile
 import unittest
 
 from support import HERE, ROOT, Agent
+from test_export import read_safetensors
+
+import ckptd
 
 VENV = os.environ.get("CKPTD_TORCH2_VENV") or os.path.join(os.path.expanduser("~"), ".cache", "ckptd-test",
                                                            "torch2-venv")
@@ -158,6 +163,14 @@ class TorchrunTest(unittest.TestCase):
             self.assertEqual(ids, order[:len(ids)], f"epoch {epoch}: the samples read are not its order's")
             if epoch != max(by_epoch):
                 self.assertEqual(len(ids), len(order), f"epoch {epoch} not read to its end")
+        # The last step exported for inference: each parameter whole, bit for
+        # bit the one the 4 ranks gathered.
+        out = os.path.join(self.out, "export")
+        self.assertEqual(ckptd.export(self.agent.root, "fsdp", out), 50)
+        tensors, _ = read_safetensors(os.path.join(out, "model.safetensors"))
+        exported = {name.split("/", 1)[1]: [list(shape), hashlib.sha256(data).hexdigest()]
+                    for name, (dtype, shape, data) in tensors.items() if name.startswith("model/")}
+        self.assertEqual(exported, logs[0]["tensors"])
 
 
 if __name__ == "__main__":

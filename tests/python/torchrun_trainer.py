@@ -16,9 +16,10 @@ its Adam moments a DTensor split along dimension 0 over the ranks) instead
 of replicated by DDP, and any number of ranks may restore the job's newest
 step. Each rank also writes the digest of the job's full state (every
 DTensor gathered whole) right after the restore and at the end, the world
-size that saved the restored step, and the samples it read at each step with
-the epoch's order, so that a test can check what a change of world size
-kept and what it read.
+size that saved the restored step, the samples it read at each step with
+the epoch's order, and the shape and SHA-256 of each whole parameter at the
+end, so that a test can check what a change of world size kept, what it
+read and what an export writes.
 """
 
 import argparse
@@ -148,6 +149,8 @@ def main():
     model_state, opt_state = full(model.state_dict()), full(opt.state_dict())
     if args.fsdp:
         log["full"] = digest([model_state, opt_state])
+        log["tensors"] = {k: [list(v.shape), hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest()]
+                          for k, v in model_state.items()}
     log.update(model=digest(model_state), optimizer=digest(opt_state),
                loader=digest(loader.state_dict()))
     with open(args.out.format(rank=rank), "w") as f:
