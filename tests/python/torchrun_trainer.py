@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--fsdp", action="store_true")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="with --fsdp: HSDP, the model sharded over world/R ranks and replicated R times")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -93,7 +95,11 @@ def main():
     if args.fsdp:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh("cpu", (world,))
+        if args.replicas > 1:
+            mesh = init_device_mesh("cpu", (args.replicas, world // args.replicas),
+                                    mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (world,))
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)
