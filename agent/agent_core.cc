@@ -1561,8 +1561,15 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   const TrainerRegistration& reg = t->reg;
   const absl::Duration wait_for_slot = call->wait_for_slot;
   call->source = RestoreSource::kMemory;
+  call->resharded_from = 0;
   call->verify.clear();
   call->manifest.reset();
+  auto resharded = [&]() -> absl::StatusOr<uint32_t> {
+    bool was = false;
+    CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, LoadResharded(t, step, *call->manifest, wait_for_slot, &was));
+    if (was) call->resharded_from = call->manifest->world_size();
+    return slot;
+  };
   if (!call->expected) {
     absl::StatusOr<ckptd::v1::StepManifest> manifest = store_.ReadManifest(reg.job, step);
     if (manifest.ok()) call->manifest = *std::move(manifest);
@@ -1570,7 +1577,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
     // no copy of this rank's slice exists anywhere.
     if (call->manifest && call->manifest->world_size() != reg.world_size) {
       call->source = RestoreSource::kRoot;
-      return LoadResharded(t, step, *call->manifest, wait_for_slot);
+      return resharded();
     }
   }
   if (call->from_memory) {
@@ -1614,7 +1621,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
     if (!call->manifest) {
       CKPTD_ASSIGN_OR_RETURN(call->manifest, store_.ReadManifest(reg.job, step));
     }
-    return LoadResharded(t, step, *call->manifest, wait_for_slot);
+    return resharded();
   }
   return LoadFrom(t, step, *reader, wait_for_slot);
 }
@@ -1706,8 +1713,10 @@ absl::StatusOr<std::unique_ptr<storage::ShardReader>> AgentCore::OpenSavedShard(
 }
 
 absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
-                                                  absl::Duration wait_for_slot, bool ask_coordinator) {
+                                                  absl::Duration wait_for_slot, bool* resharded,
+                                                  bool ask_coordinator) {
   const TrainerRegistration& reg = t->reg;
+  *resharded = false;
   const uint32_t saved_world = manifest.world_size();
   if (saved_world == 0 || static_cast<uint32_t>(manifest.shards_size()) != saved_world) {
     return absl::DataLossError(absl::StrCat("the MANIFEST of step ", step, " lists ", manifest.shards_size(),
@@ -1837,7 +1846,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
       logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": the coordinator's reshard plan of step ",
                                     step, " does not fit the saved shards (", read.message().substr(0, 1000),
                                     "); planning from the ", saved_world, " saved shards' indexes"));
-      return LoadResharded(t, step, manifest, wait_for_slot, /*ask_coordinator=*/false);
+      return LoadResharded(t, step, manifest, wait_for_slot, resharded, /*ask_coordinator=*/false);
     }
     return read;
   }
@@ -1850,6 +1859,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
                              planned ? ", planned by the coordinator"
                                      : absl::StrCat(", planned from the ", saved_world, " saved indexes")));
   if (!own_shard) {
+    *resharded = true;
     absl::MutexLock l(&t->mu);
     ++t->resharded_restores;
   }
@@ -2403,6 +2413,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
         absl::StatusOr<uint32_t> slot = LoadStep(t, plan->step(), call);
         req.set_has_attempt(true);
         req.set_attempt_step(plan->step());
+        req.set_attempt_saved_world_size(call->resharded_from);  // 0 unless loaded resharded
         req.clear_problem();
         if (slot.ok()) {
           held = *slot;

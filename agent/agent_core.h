@@ -561,6 +561,9 @@ class AgentCore {
     // checkpoint, or when it could not be read).
     std::optional<ckptd::v1::StepManifest> manifest;
     RestoreSource source = RestoreSource::kNone;
+    // The step was read resharded (another world, or other slices): the
+    // number of ranks that saved it. 0: read as saved.
+    uint32_t resharded_from = 0;
     std::vector<BlockDigest> verify;
   };
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, LoadCall* call);
@@ -659,8 +662,10 @@ class AgentCore {
   // Reads committed `step` resharded: the slices of the saved shards that
   // hold t's buffers. A coordinator's plan that does not fit the files is
   // dropped for one made from them.
+  // `*resharded` says whether it was (false: the rank's own buffers put
+  // together from its replica group's shares, as saved).
   absl::StatusOr<uint32_t> LoadResharded(Trainer* t, uint64_t step, const ckptd::v1::StepManifest& manifest,
-                                         absl::Duration wait_for_slot, bool ask_coordinator = true);
+                                         absl::Duration wait_for_slot, bool* resharded, bool ask_coordinator = true);
   std::shared_ptr<Trainer> Find(uint64_t trainer_id);
   // A copy of a memory checkpoint held here, as an emergency persist writes
   // it: one source per buffer, the memory they point into kept alive, and

@@ -471,6 +471,9 @@ TEST_F(CoordinatedAgentTest, AJobRestoresOntoAnotherNumberOfRanks) {
   EXPECT_EQ(status.jobs(0).world_size(), 1u);
   ASSERT_EQ(status.jobs(0).last_restore().ranks_size(), 1);
   EXPECT_EQ(status.jobs(0).last_restore().ranks(0).source(), ckptd::v1::STORAGE_ROOT);
+  // The coordinator heard it was read resharded, and from which world.
+  EXPECT_TRUE(status.jobs(0).last_restore().ranks(0).resharded());
+  EXPECT_EQ(status.jobs(0).last_restore().saved_world_size(), 2u);
   // The one rank saves step 20 (a world of 1), then dies; the job comes
   // back with three ranks over two nodes.
   Snapshot(a, 0, 20);
@@ -500,6 +503,11 @@ TEST_F(CoordinatedAgentTest, AJobRestoresOntoAnotherNumberOfRanks) {
     EXPECT_EQ(segs[r]->slot_data(results[r]->slot)[0], Pattern(20, 0)) << "rank " << r;
     CKPTD_ASSERT_OK(segs[r]->Release(results[r]->slot));
   }
+  const ckptd::v1::RestoreSummary last = core_.ClusterStatus().jobs(0).last_restore();
+  EXPECT_EQ(last.step(), 20u);
+  EXPECT_EQ(last.saved_world_size(), 1u);
+  ASSERT_EQ(last.ranks_size(), 3);
+  for (const auto& k : last.ranks()) EXPECT_TRUE(k.resharded()) << "rank " << k.rank();
 }
 
 // Rank `rank` of a data-parallel job of `world` ranks: weights and Adam

@@ -375,8 +375,20 @@ class StarvationGuardTest : public ::testing::Test {
     pool.Schedule(std::move(task));
     AwaitClockWaiters(1);
   }
-  void AdvanceTicks(int n) {
-    for (int i = 0; i < n; ++i) clock_.Advance(absl::Milliseconds(250));
+  // Moves the fake clock `n` ticks. With `watched`, one tick at a time: the
+  // next only once the pool's watcher waits on the clock again (having read
+  // the time of this one) or has called the reserve in. Ticks in a row
+  // could otherwise pass while the watcher is between two waits: it would
+  // judge an earlier time and then wait for a tick that never comes.
+  void AdvanceTicks(int n, ThreadPool* watched = nullptr) {
+    for (int i = 0; i < n; ++i) {
+      clock_.Advance(absl::Milliseconds(250));
+      if (watched == nullptr) continue;
+      const absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (clock_.waiters() != 1 && !watched->boosted() && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    }
   }
   // Occupies the pool's one worker until `release_` is notified; returns
   // the worker's thread id.
@@ -386,7 +398,9 @@ class StarvationGuardTest : public ::testing::Test {
     pool.Schedule([&] {
       tid.store(CurrentThreadId());
       holding.Notify();
-      release_.WaitForNotification();
+      // Bounded: a test that fails before it lets go ends instead of hanging
+      // in the pool's destructor.
+      release_.WaitForNotificationWithTimeout(absl::Seconds(120));
     });
     holding.WaitForNotification();
     // A worker that holds a task may be starving with it: watched.
@@ -419,10 +433,10 @@ TEST_F(StarvationGuardTest, StarvedWorkersHandTheirTasksToTheReserveAfterTheWind
   const int worker = HoldTheWorker(pool);
   Probe probe;
   ScheduleWatched(pool, probe.Task());
-  AdvanceTicks(7);  // 1.75 s: less than the window
+  AdvanceTicks(7, &pool);  // 1.75 s: less than the window
   EXPECT_FALSE(probe.ran.HasBeenNotified());
   EXPECT_EQ(pool.boosts(), 0);
-  AdvanceTicks(2);
+  AdvanceTicks(2, &pool);
   ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_NE(probe.tid.load(), worker);  // a reserve worker ran it
   EXPECT_EQ(pool.boosts(), 1);
@@ -454,7 +468,7 @@ TEST_F(StarvationGuardTest, WorkersThatGetTheirShareAreNotHelped) {
   const int worker = HoldTheWorker(pool);
   Probe probe;
   ScheduleWatched(pool, probe.Task());
-  AdvanceTicks(40);  // 10 s
+  AdvanceTicks(40, &pool);  // 10 s
   EXPECT_FALSE(probe.ran.HasBeenNotified());
   EXPECT_EQ(pool.boosts(), 0);
   release_.Notify();
@@ -469,7 +483,7 @@ TEST_F(StarvationGuardTest, WithoutSchedulerCountsNoTaskFinishingIsStarvation) {
   const int worker = HoldTheWorker(pool);
   Probe probe;
   ScheduleWatched(pool, probe.Task());
-  AdvanceTicks(9);
+  AdvanceTicks(9, &pool);
   ASSERT_TRUE(probe.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_NE(probe.tid.load(), worker);
   EXPECT_THAT(whys(), ::testing::ElementsAre(::testing::HasSubstr("no task finished in 2")));
@@ -481,7 +495,7 @@ TEST_F(StarvationGuardTest, TheBoostEndsOnceThePoolHasBeenIdleForTheWindow) {
   const int worker = HoldTheWorker(pool);
   Probe starved;
   ScheduleWatched(pool, starved.Task());
-  AdvanceTicks(9);
+  AdvanceTicks(9, &pool);
   ASSERT_TRUE(starved.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
   release_.Notify();
   // Work that follows at once is still the reserve's.

@@ -87,6 +87,11 @@ std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r) {
   for (const auto& [name, n] : SourceCounts(r)) {
     parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
   }
+  const auto resharded = std::count_if(r.ranks().begin(), r.ranks().end(), [](const auto& k) { return k.resharded(); });
+  if (resharded > 0) {
+    parts.push_back(absl::StrCat(resharded, resharded == 1 ? " rank" : " ranks", " read resharded (saved by ",
+                                 r.saved_world_size(), r.saved_world_size() == 1 ? " rank)" : " ranks)"));
+  }
   return absl::StrJoin(parts, ", ");
 }
 
@@ -94,6 +99,8 @@ void WriteRestoreSummary(JsonWriter& w, const ckptd::v1::RestoreSummary& r) {
   w.BeginObject();
   w.Field("step", r.step());
   w.Field("incarnation", r.incarnation());
+  // Ranks read the step resharded: the world that saved it; else null.
+  NullableUint(w, "saved_world_size", r.saved_world_size() > 0, r.saved_world_size());
   w.Key("sources");
   w.BeginObject();
   for (const auto& [name, n] : SourceCounts(r)) w.Field(name, n);
@@ -106,6 +113,7 @@ void WriteRestoreSummary(JsonWriter& w, const ckptd::v1::RestoreSummary& r) {
     const absl::string_view name = rpc::RestoreSourceName(rank.source());
     w.Field("source", name.empty() ? "unknown" : std::string(name));
     w.Field("node", rank.node_id());
+    w.Field("resharded", rank.resharded());
     w.EndObject();
   }
   w.EndArray();

@@ -92,8 +92,9 @@ TEST(DrillReportTest, SaysWhereTheRanksReadTheRestoredStep) {
   JsonWriter w;
   WriteDrillJson(d, w);
   EXPECT_TRUE(IsValidJson(w.str())) << w.str();
-  EXPECT_THAT(w.str(), HasSubstr("\"restore_sources\":{\"step\":40,\"incarnation\":0,\"sources\":{\"memory\":3,"
-                                 "\"peer\":1},\"ranks\":[{\"rank\":0,\"source\":\"memory\",\"node\":\"node-a\"}"));
+  EXPECT_THAT(w.str(), HasSubstr("\"restore_sources\":{\"step\":40,\"incarnation\":0,\"saved_world_size\":null,"
+                                 "\"sources\":{\"memory\":3,\"peer\":1},\"ranks\":[{\"rank\":0,\"source\":\"memory\","
+                                 "\"node\":\"node-a\",\"resharded\":false}"));
   EXPECT_THAT(DrillHtmlPage({d}, "drill"), HasSubstr("<th>read from</th><td>3 ranks from memory, 1 from peer</td>"));
   // Nothing known (a fresh start, or an older coordinator): null, no line.
   JsonWriter none;

@@ -188,9 +188,38 @@ TEST_F(OperatorCommandsTest, StatusSaysWhereTheLastRestoreReadEachRank) {
   EXPECT_THAT(r.out, HasSubstr("last restore: step 1240 (incarnation 3), 2 ranks from memory, 1 from storage-root"));
   r = Run(RunStatus, {"--json"});
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("\"last_restore\":{\"step\":1240,\"incarnation\":3,\"sources\":{\"memory\":2,"
-                                     "\"storage-root\":1},\"ranks\":[{\"rank\":0,\"source\":\"memory\",\"node\":\"node-a\"}"),
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"last_restore\":{\"step\":1240,\"incarnation\":3,\"saved_world_size\":null,"
+                                     "\"sources\":{\"memory\":2,\"storage-root\":1},\"ranks\":[{\"rank\":0,"
+                                     "\"source\":\"memory\",\"node\":\"node-a\",\"resharded\":false}"),
                            HasSubstr("\"last_restore\":null")));
+}
+
+// Elastic restore: the ranks that read the step resharded, and the world
+// that saved it.
+TEST_F(OperatorCommandsTest, StatusSaysTheLastRestoreWasReadResharded) {
+  TwoNodes();
+  for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {
+    if (j.job() != "llm") continue;
+    ckptd::v1::RestoreSummary* r = j.mutable_last_restore();
+    r->set_step(131);
+    r->set_incarnation(2);
+    r->set_saved_world_size(6);
+    for (uint32_t rank = 0; rank < 3; ++rank) {
+      auto* e = r->add_ranks();
+      e->set_rank(rank);
+      e->set_source(ckptd::v1::STORAGE_ROOT);
+      e->set_node_id(rank < 2 ? "node-a" : "node-b");
+      e->set_resharded(true);
+    }
+  }
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("last restore: step 131 (incarnation 2), 3 ranks from storage-root, 3 ranks read "
+                               "resharded (saved by 6 ranks)"));
+  r = Run(RunStatus, {"--json"});
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"last_restore\":{\"step\":131,\"incarnation\":2,\"saved_world_size\":6,"),
+                           HasSubstr("\"node\":\"node-b\",\"resharded\":true}")));
 }
 
 TEST_F(OperatorCommandsTest, StatusOfAnEmptyCluster) {

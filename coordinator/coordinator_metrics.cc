@@ -103,6 +103,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                     "Ranks of the job's last restore by where they read it: memory (their agent's), "
                                     "peer (another node's agent), node-local (the node's disk tier), storage-root.",
                                     {"job", "source"}));
+  CKPTD_ASSIGN_OR_RETURN(m->restored_resharded_,
+                         r.AddGauge("ckptd_restored_ranks_resharded",
+                                    "Ranks of the job's last restore that read it resharded: the step was saved by "
+                                    "another number of ranks (ckptd_restored_saved_world_size), or with other "
+                                    "slices.",
+                                    {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->restored_saved_world_,
+                         r.AddGauge("ckptd_restored_saved_world_size",
+                                    "The number of ranks that saved the step of the job's last restore, when ranks "
+                                    "read it resharded; 0 otherwise.",
+                                    {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->fresh_over_damaged_,
                          r.AddCounter("ckptd_fresh_starts_over_damaged_total",
                                       "Restarts from scratch over committed steps that were all damaged, as the "
@@ -170,6 +181,10 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
         if (!name.empty()) ++by_source[std::string(name)];
       }
       for (const auto& [source, n] : by_source) restored_ranks_->With({job, source})->Set(n);
+      const auto& ranks = j.last_restore().ranks();
+      restored_resharded_->With({job})->Set(
+          static_cast<double>(std::count_if(ranks.begin(), ranks.end(), [](const auto& k) { return k.resharded(); })));
+      restored_saved_world_->With({job})->Set(j.last_restore().saved_world_size());
     }
     ranks_alive_->With({job})->Set(j.ranks_alive());
     job_step_->With({job, "fastest"})->Set(static_cast<double>(j.fastest_step()));

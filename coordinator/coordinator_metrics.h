@@ -75,6 +75,8 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::CounterFamily* failures_ = nullptr;
   metrics::GaugeFamily* restore_blocked_ = nullptr;
   metrics::GaugeFamily* restored_ranks_ = nullptr;
+  metrics::GaugeFamily* restored_resharded_ = nullptr;
+  metrics::GaugeFamily* restored_saved_world_ = nullptr;
   metrics::CounterFamily* fresh_over_damaged_ = nullptr;
   metrics::CounterFamily* persist_failures_ = nullptr;
   metrics::GaugeFamily* replication_partners_ = nullptr;

@@ -134,11 +134,28 @@ TEST_F(CoordinatorMetricsTest, RestoredRanksBySource) {
     req.set_attempt_source(r == 0 ? ckptd::v1::AGENT_MEMORY : ckptd::v1::STORAGE_ROOT);
     CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
   }
-  const std::vector<std::string> lines = Lines(registry_->Render());
+  std::vector<std::string> lines = Lines(registry_->Render());
   EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"memory\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"storage-root\"} 1"));
   EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"peer\"} 0"));
   EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"node-local\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks_resharded{job=\"llm-7b\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_saved_world_size{job=\"llm-7b\"} 0"));
+
+  // The next restart reads the step resharded (saved by 2 ranks, other slices).
+  for (uint32_t r = 0; r < 2; ++r) {
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(PlanRequest(r, std::nullopt, true, 2, /*trainer=*/2)).status());
+  }
+  for (uint32_t r = 0; r < 2; ++r) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, 10, true, 2, /*trainer=*/2);
+    req.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+    req.set_attempt_saved_world_size(2);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
+  }
+  lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks{job=\"llm-7b\",source=\"storage-root\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_ranks_resharded{job=\"llm-7b\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_restored_saved_world_size{job=\"llm-7b\"} 2"));
 }
 
 TEST_F(CoordinatorMetricsTest, TotalsSurviveACoordinatorRestart) {

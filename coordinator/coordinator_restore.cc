@@ -311,7 +311,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     } else if (!request.has_attempt() || request.attempt_step() != *step) {
       response = job->NotLoaded(rank);
     } else if (request.attempt_ok()) {
-      response = job->Loaded(rank, request.attempt_source());
+      response = job->Loaded(rank, request.attempt_source(), request.attempt_saved_world_size());
     } else if (job->round()->memory) {
       // A memory checkpoint a rank could not load intact from any copy: no
       // disk holds it either. Every rank goes to the newest durable step.

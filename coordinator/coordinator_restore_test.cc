@@ -66,10 +66,31 @@ TEST_F(CoordinatorCoreTest, TheJobsStatusSaysWhereEachRankReadTheRestoredStep) {
     EXPECT_EQ(job.last_restore().ranks(r).rank(), r);
     EXPECT_EQ(job.last_restore().ranks(r).source(), sources[r]);
     EXPECT_EQ(job.last_restore().ranks(r).node_id(), NodeOf(r));
+    EXPECT_FALSE(job.last_restore().ranks(r).resharded());
   }
+  EXPECT_EQ(job.last_restore().saved_world_size(), 0u);
   // A new failure opens a new round: the old summary goes until it ends.
   CKPTD_ASSERT_OK(Plan(2, std::nullopt, true, 4, /*trainer=*/2).status());
   EXPECT_FALSE(JobState().has_last_restore());
+}
+
+// Ranks that read the step resharded say so, with the world that saved it
+// (the same world: other slices); a rank asking again as the same trainer
+// and reading it as saved is no longer counted.
+TEST_F(CoordinatorCoreTest, TheJobsStatusSaysWhichRanksReadTheStepResharded) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  for (uint32_t r = 0; r < 4; ++r) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, 10, true);
+    req.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+    if (r != 3) req.set_attempt_saved_world_size(4);
+    CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
+  }
+  const ckptd::v1::RestoreSummary last = JobState().last_restore();
+  EXPECT_EQ(last.saved_world_size(), 4u);
+  ASSERT_EQ(last.ranks_size(), 4);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_EQ(last.ranks(r).resharded(), r != 3) << r;
 }
 
 TEST_F(CoordinatorCoreTest, ARereadChangesOnlyWhereTheRankReadTheStep) {

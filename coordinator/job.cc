@@ -526,9 +526,14 @@ RestorePlanResponse Job::NotLoaded(uint32_t rank) {
   return Plan();
 }
 
-RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source) {
+RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source, uint32_t saved_world_size) {
   round_->ok.insert(rank);
   round_->sources[rank] = source;
+  if (saved_world_size > 0) {
+    round_->resharded_from[rank] = saved_world_size;
+  } else {
+    round_->resharded_from.erase(rank);
+  }
   if (round_->ok.size() == world_size()) round_->go = true;
   RestorePlanResponse r = Plan();
   if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);
@@ -560,6 +565,10 @@ std::optional<ckptd::v1::RestoreSummary> Job::RoundSummary() const {
     e->set_rank(rank);
     e->set_source(source);
     if (auto it = ranks_.find(rank); it != ranks_.end()) e->set_node_id(it->second.node_id);
+    if (auto it = round_->resharded_from.find(rank); it != round_->resharded_from.end()) {
+      e->set_resharded(true);
+      r.set_saved_world_size(it->second);
+    }
   }
   return r;
 }

@@ -64,6 +64,8 @@ struct RestoreRound {
   std::map<uint32_t, std::string> askers;
   // Where each rank that loaded `step` read it from (as its agent said).
   std::map<uint32_t, ckptd::v1::RestoreSource> sources;
+  // The ranks that read `step` resharded, and the world size that saved it.
+  std::map<uint32_t, uint32_t> resharded_from;
   // `step` is a memory checkpoint: no MANIFEST, copies in memory only.
   bool memory = false;
 };
@@ -297,8 +299,11 @@ class Job {
   // fresh; it has not loaded the round's step yet; it loaded it intact.
   ckptd::v1::RestorePlanResponse StartsFresh(uint32_t rank);
   ckptd::v1::RestorePlanResponse NotLoaded(uint32_t rank);
+  // `saved_world_size` > 0: it read the step resharded, saved by that many
+  // ranks.
   ckptd::v1::RestorePlanResponse Loaded(uint32_t rank,
-                                        ckptd::v1::RestoreSource source = ckptd::v1::RESTORE_SOURCE_UNSPECIFIED);
+                                        ckptd::v1::RestoreSource source = ckptd::v1::RESTORE_SOURCE_UNSPECIFIED,
+                                        uint32_t saved_world_size = 0);
   // The rank, as `asker`, read the round's `step` again from `source` (the
   // copy it loaded first failed its trainer's check): where it read it
   // changes, also in the record of the resume when the job resumed already.

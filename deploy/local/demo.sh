@@ -450,13 +450,19 @@ LOST_CODE=$?
 LOST_DIGEST=$(job_digest)
 LOST_RESTORED=$(grep -ho "step [0-9]* (saved by $WORLD ranks) read resharded" "$CL"/logs/agent-*.log | sort -u | head -1)
 LOST_PLANNED=$(grep -h "(saved by $WORLD ranks) read resharded" "$CL"/logs/agent-*.log | grep -c "planned by the coordinator")
+# What the coordinator heard: its record of the job's last restore.
+LOST_SEEN=$("$BIN/ckptctl" status --coordinator "$ADDR" --job "$JOB" 2>/dev/null |
+  grep -o "[0-9]* ranks\{0,1\} read resharded (saved by [0-9]* ranks\{0,1\})" | head -1)
 stop_cluster
 say "  after the loss: ${LOST_DIGEST:-no digest}; ${LOST_RESTORED:-no resharded restore logged}"
 say "  ranks whose slices the coordinator planned: ${LOST_PLANNED:-0} of $LEFT (each opened only the saved shards it reads)"
+say "  ckptctl status: last restore ${LOST_SEEN:-not reported as resharded}"
 grep -q "attempt [0-9]*: $LEFT ranks instead of $WORLD" "$CL/launcher/launch.log" ||
   fail "the launcher did not restart the job on $LEFT ranks (see $CL/launcher/launch.log)"
 [ "$LOST_CODE" -eq 0 ] || fail "the job did not finish on $LEFT ranks (see $CL/launcher/launch.log)"
 [ -n "$LOST_RESTORED" ] || fail "no rank restored a step of $WORLD ranks resharded (see $CL/logs/agent-*.log)"
+[ "$LOST_SEEN" = "$LEFT ranks read resharded (saved by $WORLD ranks)" ] ||
+  fail "the coordinator's last restore of the job is not $LEFT ranks read resharded from $WORLD (${LOST_SEEN:-none})"
 [ "${LOST_PLANNED:-0}" -ge "$LEFT" ] ||
   fail "only ${LOST_PLANNED:-0} of $LEFT ranks read with the coordinator's reshard plan (see $CL/logs/agent-*.log)"
 [ "${LOST_DIGEST#* ranks, }" = "${SHARDED_REFERENCE#* ranks, }" ] && [ "${LOST_DIGEST%% ranks,*}" = "$LEFT" ] ||
