@@ -1529,6 +1529,7 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
     req.set_attempt_step(step);
     req.set_attempt_ok(true);
     req.set_attempt_source(RestoreSourceProto(call.source));
+    req.set_attempt_saved_world_size(call.resharded_from);
     req.set_reread(true);
     if (absl::Status told = options_.coordinator->RestorePlan(req, options_.restore_timeout).status(); !told.ok()) {
       logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank,

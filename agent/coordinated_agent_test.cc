@@ -14,6 +14,7 @@
 #include "coordinator/coordinator_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/restore_source.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_reader.h"
@@ -632,6 +633,11 @@ TEST_F(ReplicatedStateTest, ADataParallelJobWritesItsReplicatedStateOnceAndEvery
     CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, n.agent->Status(n.handle.trainer_id));
     EXPECT_EQ(st.resharded_restores, 0u);  // the same slices: not a resharding
   }
+  // Nor does the coordinator hear of one.
+  const ckptd::v1::RestoreSummary last = core_.ClusterStatus().jobs(0).last_restore();
+  ASSERT_EQ(last.ranks_size(), 4);
+  EXPECT_EQ(rpc::ReshardedRanks(last), 0);
+  EXPECT_EQ(last.saved_world_size(), 0u);
   // Read from disk, the step is kept in memory again, verifiable as a whole.
   TrainerDied(nodes[1], 1);
   ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kMemory, {0, 1, 2, 3}));

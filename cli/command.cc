@@ -87,8 +87,7 @@ std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r) {
   for (const auto& [name, n] : SourceCounts(r)) {
     parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
   }
-  const auto resharded = std::count_if(r.ranks().begin(), r.ranks().end(), [](const auto& k) { return k.resharded(); });
-  if (resharded > 0) {
+  if (const int resharded = rpc::ReshardedRanks(r); resharded > 0) {
     parts.push_back(absl::StrCat(resharded, resharded == 1 ? " rank" : " ranks", " read resharded (saved by ",
                                  r.saved_world_size(), r.saved_world_size() == 1 ? " rank)" : " ranks)"));
   }

@@ -181,9 +181,7 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
         if (!name.empty()) ++by_source[std::string(name)];
       }
       for (const auto& [source, n] : by_source) restored_ranks_->With({job, source})->Set(n);
-      const auto& ranks = j.last_restore().ranks();
-      restored_resharded_->With({job})->Set(
-          static_cast<double>(std::count_if(ranks.begin(), ranks.end(), [](const auto& k) { return k.resharded(); })));
+      restored_resharded_->With({job})->Set(rpc::ReshardedRanks(j.last_restore()));
       restored_saved_world_->With({job})->Set(j.last_restore().saved_world_size());
     }
     ranks_alive_->With({job})->Set(j.ranks_alive());

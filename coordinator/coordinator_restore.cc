@@ -247,12 +247,26 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, agent->node_id, /*moving=*/true));
     const std::string asker =
         request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", agent->instance, "#", request.trainer_id());
+    if (const uint32_t saved = request.attempt_saved_world_size(); saved != 0) {
+      // A step read resharded was read from the storage root, and a memory
+      // checkpoint never is: it has no copy there.
+      if (saved > options_.max_world_size) {
+        return absl::InvalidArgumentError(absl::StrCat("attempt_saved_world_size ", saved,
+                                                       " is above the largest world (", options_.max_world_size, ")"));
+      }
+      if (!request.attempt_ok() || request.attempt_source() != ckptd::v1::STORAGE_ROOT ||
+          (job->round() && job->round()->memory && job->round()->step == request.attempt_step())) {
+        return absl::InvalidArgumentError(
+            "attempt_saved_world_size is set only for a step loaded intact, resharded, from the storage root");
+      }
+    }
     if (request.reread()) {
       // Where the rank read the round's step, corrected: nothing else changes.
       if (!request.has_attempt() || !request.attempt_ok()) {
         return absl::InvalidArgumentError("a reread reports a step loaded intact (has_attempt and attempt_ok)");
       }
-      CKPTD_RETURN_IF_ERROR(job->Reread(rank, asker, request.attempt_step(), request.attempt_source()));
+      CKPTD_RETURN_IF_ERROR(job->Reread(rank, asker, request.attempt_step(), request.attempt_source(),
+                                        request.attempt_saved_world_size()));
       RestorePlanResponse plan = job->Plan();
       AddPlanPeers(*agent, *job, rank, &plan);
       AddMemoryExpectation(*job, rank, &plan);

@@ -87,10 +87,41 @@ TEST_F(CoordinatorCoreTest, TheJobsStatusSaysWhichRanksReadTheStepResharded) {
     if (r != 3) req.set_attempt_saved_world_size(4);
     CKPTD_ASSERT_OK(core_->GetRestorePlan(req).status());
   }
-  const ckptd::v1::RestoreSummary last = JobState().last_restore();
+  ckptd::v1::RestoreSummary last = JobState().last_restore();
   EXPECT_EQ(last.saved_world_size(), 4u);
   ASSERT_EQ(last.ranks_size(), 4);
   for (uint32_t r = 0; r < 4; ++r) EXPECT_EQ(last.ranks(r).resharded(), r != 3) << r;
+  // Rank 0 reports the step again, read as saved this time.
+  ckptd::v1::RestorePlanRequest again = PlanRequest(0, 10, true);
+  again.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+  CKPTD_ASSERT_OK(core_->GetRestorePlan(again).status());
+  last = JobState().last_restore();
+  EXPECT_FALSE(last.ranks(0).resharded());
+  EXPECT_TRUE(last.ranks(1).resharded());
+  EXPECT_EQ(last.saved_world_size(), 4u);
+}
+
+// What an agent says of a resharded read is held to what one can be: from
+// the storage root, intact, within the largest world.
+TEST_F(CoordinatorCoreTest, AReshardedReportThatCannotBeTrueIsRefused) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  ckptd::v1::RestorePlanRequest req = PlanRequest(0, 10, true);
+  req.set_attempt_source(ckptd::v1::AGENT_MEMORY);
+  req.set_attempt_saved_world_size(2);
+  EXPECT_THAT(core_->GetRestorePlan(req).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("from the storage root")));
+  req.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+  req.set_attempt_saved_world_size(0xFFFFFFFFu);
+  EXPECT_THAT(core_->GetRestorePlan(req).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("above the largest world")));
+  req = PlanRequest(0, 10, false);
+  req.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+  req.set_attempt_saved_world_size(2);
+  EXPECT_THAT(core_->GetRestorePlan(req).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("loaded intact")));
+  EXPECT_FALSE(JobState().has_last_restore());
 }
 
 TEST_F(CoordinatorCoreTest, ARereadChangesOnlyWhereTheRankReadTheStep) {

@@ -529,28 +529,38 @@ RestorePlanResponse Job::NotLoaded(uint32_t rank) {
 RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source, uint32_t saved_world_size) {
   round_->ok.insert(rank);
   round_->sources[rank] = source;
-  if (saved_world_size > 0) {
-    round_->resharded_from[rank] = saved_world_size;
-  } else {
-    round_->resharded_from.erase(rank);
-  }
+  NoteResharded(rank, saved_world_size);
   if (round_->ok.size() == world_size()) round_->go = true;
   RestorePlanResponse r = Plan();
   if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);
   return r;
 }
 
-absl::Status Job::Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source) {
+void Job::NoteResharded(uint32_t rank, uint32_t saved_world_size) {
+  if (saved_world_size > 0) {
+    round_->resharded_from[rank] = saved_world_size;
+  } else {
+    round_->resharded_from.erase(rank);
+  }
+}
+
+absl::Status Job::Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source,
+                         uint32_t saved_world_size) {
   if (!round_ || round_->step != step || !round_->ok.contains(rank) || !AskedBefore(rank, asker)) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of job ", name(), " did not load step ", step,
                                                       " in the restore round under way: nothing to read again"));
   }
   round_->sources[rank] = source;
+  NoteResharded(rank, saved_world_size);
   // The resume of this round, recorded when a rank took its first step.
   if (!resumes_.empty() && resumes_.back().restored == step && resumes_.back().sources.incarnation() == incarnation()) {
     for (ckptd::v1::RestoreSummary::Rank& r : *resumes_.back().sources.mutable_ranks()) {
-      if (r.rank() == rank) r.set_source(source);
+      if (r.rank() == rank) {
+        r.set_source(source);
+        r.set_resharded(saved_world_size > 0);
+      }
     }
+    if (saved_world_size > 0) resumes_.back().sources.set_saved_world_size(saved_world_size);
   }
   return absl::OkStatus();
 }

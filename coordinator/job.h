@@ -308,7 +308,8 @@ class Job {
   // copy it loaded first failed its trainer's check): where it read it
   // changes, also in the record of the resume when the job resumed already.
   // kFailedPrecondition unless `asker` loaded `step` in the round under way.
-  absl::Status Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source);
+  absl::Status Reread(uint32_t rank, const std::string& asker, uint64_t step, ckptd::v1::RestoreSource source,
+                      uint32_t saved_world_size = 0);
   // The round's step was found damaged (and quarantined): every rank falls
   // back to the newest usable step, in the same incarnation.
   ckptd::v1::RestorePlanResponse FallBack();
@@ -337,6 +338,9 @@ class Job {
   std::optional<ckptd::v1::JobRecord> RecordToSave(absl::Time now);
 
  private:
+  // Rank `rank` of the round under way read its step resharded, saved by
+  // `saved_world_size` ranks (0: read as saved).
+  void NoteResharded(uint32_t rank, uint32_t saved_world_size);
   Job() = default;
   void ScheduleChanged();
   void ForgetProgress();

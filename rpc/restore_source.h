@@ -20,4 +20,11 @@ inline absl::string_view RestoreSourceName(ckptd::v1::RestoreSource source) {
   }
 }
 
+// The ranks of a restore that read its step resharded (docs/elastic.md).
+inline int ReshardedRanks(const ckptd::v1::RestoreSummary& r) {
+  int n = 0;
+  for (const auto& rank : r.ranks()) n += rank.resharded() ? 1 : 0;
+  return n;
+}
+
 }  // namespace ckptd::rpc

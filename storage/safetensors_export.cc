@@ -125,6 +125,9 @@ bool SameBlocks(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+// The name of rank `rank`'s own copy of a tensor exported per rank.
+std::string PerRankName(uint32_t rank, absl::string_view name) { return absl::StrCat("rank", rank, "/", name); }
+
 // Opaque bytes (dtype BYTES, no global layout) held by several ranks whose
 // copies are not all the same.
 bool OpaqueAndDifferent(const std::vector<Piece>& pieces) {
@@ -371,7 +374,7 @@ absl::StatusOr<SafetensorsExport> ExportSafetensors(CheckpointStore& store, absl
       // RNG state and data cursors are each rank's own: exported per rank.
       const bool per_rank = (t.component() == ckptd::v1::RNG || t.component() == ckptd::v1::DATA_CURSOR) &&
                             manifest.world_size() > 1;
-      by_name[per_rank ? absl::StrCat("rank", ref.rank(), "/", t.name()) : t.name()].push_back(
+      by_name[per_rank ? PerRankName(ref.rank(), t.name()) : t.name()].push_back(
           Piece{ref.rank(), t});
     }
   }
@@ -389,7 +392,7 @@ absl::StatusOr<SafetensorsExport> ExportSafetensors(CheckpointStore& store, absl
       // Opaque bytes each rank holds its own version of (a framework's
       // record of the rank that saved it): exported per rank, as RNG state.
       for (Piece& p : pieces) {
-        std::string own = absl::StrCat("rank", p.rank, "/", name);
+        std::string own = PerRankName(p.rank, name);
         if (by_name.count(own) > 0) {
           return absl::FailedPreconditionError(absl::StrCat("tensor ", Quoted(name), " differs by rank, and ",
                                                             Quoted(own), ", the name of rank ", p.rank,
