@@ -1,6 +1,7 @@
 // Helpers shared by the benchmarks of ckptd-bench.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,5 +39,8 @@ std::string ShellQuote(const std::string& s);
 // The first number after `"key" :` inside the first `"section" : {` object
 // of fio-style JSON.
 std::optional<double> JsonNumberAfter(const std::string& json, const std::string& section, const std::string& key);
+
+// The largest CUDA device index of --cuda.
+constexpr uint64_t kMaxCudaDevice = 1023;
 
 }  // namespace ckptd::bench

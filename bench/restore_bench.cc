@@ -73,6 +73,7 @@ const char kRegisterHelp[] =
 const char kRestoreHelp[] =
     "usage: ckptd-bench restore --bytes <n> [--from memory|peer|local|root] [--repeat R] [--dir <dir>] [--json]\n"
     "                           [--log]\n"
+    "       ckptd-bench restore --bytes <n> --cuda D [--repeat R] [--dir <dir>] [--json] [--log]\n"
     "\n"
     "A trainer's restore after a restart, through an agent started in this process\n"
     "(Unix socket and storage under --dir, default a new folder under /tmp, removed\n"
@@ -109,7 +110,17 @@ const char kRestoreHelp[] =
     "eviction, and fio's O_DIRECT sequential read of it when fio is on PATH.\n"
     "Without the memory tier the new trainer's staging is allocated anew: that\n"
     "wait (staging_wait_s) is not part of restore_s.\n"
-    "Holds about 4x <n> of memory (two buffers, two staging slots).\n"
+    "--cuda D (memory only): the trainer's buffer lives on CUDA device D. Each\n"
+    "round times two restores from the agent's memory: the trainer that took the\n"
+    "snapshot restores it again (rollback_s: a rollback, its staging slot\n"
+    "page-locked by the snapshot), then a new trainer restores it (restore_s: a\n"
+    "restart; a restore never page-locks the slot, whose locking would cost more\n"
+    "than the copy it speeds up). Yardsticks: one cudaMemcpy of <n> bytes from\n"
+    "page-locked host memory (cuda_memcpy_s; locking it with cudaHostRegister:\n"
+    "host_register_s) and from pageable memory (pageable_memcpy_s); target:\n"
+    "restore <= 1.2x the page-locked cudaMemcpy (ratio, rollback_ratio).\n"
+    "Holds about 4x <n> of memory (two buffers, two staging slots; with --cuda two\n"
+    "host buffers and two of <n> on the device).\n"
     "--json keys: bytes, from, rounds, source (where the agent read the step, as\n"
     "the client reports it: memory, node-local or storage-root; '+'-joined when\n"
     "rounds differ), source_as_expected, verified, and the medians connect_s,\n"
@@ -119,15 +130,19 @@ const char kRestoreHelp[] =
     "for peer replicate_s (node-a to node-b), replicate_gbps,\n"
     "replicate_new_memory_gbps (the warm-up copies into new memory), restore_gbps,\n"
     "iperf3_gbps, ratio (replicate_gbps / iperf3_gbps), target_ratio, target_met\n"
-    "(gbps: 1e9 bits per second).\n"
+    "(gbps: 1e9 bits per second); with --cuda device, restore_s, rollback_s,\n"
+    "cuda_memcpy_s, pageable_memcpy_s, host_register_s, ratio, rollback_ratio,\n"
+    "restore_vs_pageable, target_ratio, target_met, rollback_target_met.\n"
     "--log writes the agent's log, timed, to stderr.\n"
-    "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100.\n";
+    "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100, --cuda 0..1023.\n";
 
 namespace {
 
 constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
 constexpr double kAgainTarget = 0.050;
 constexpr double kMemoryTargetRatio = 1.3;
+// A restore onto a device against one cudaMemcpy from page-locked memory.
+constexpr double kDeviceTargetRatio = 1.2;
 constexpr double kPeerTargetRatio = 0.8;
 // Unmeasured rounds before --from peer's (see kRestoreHelp).
 constexpr int kPeerWarmupRounds = 3;
@@ -738,6 +753,235 @@ int RunPeerRestore(const base::Args& args, uint64_t n, int rounds, std::ostream&
   return base::kExitOk;
 }
 
+// --from memory --cuda D: the trainer's buffer lives on a device.
+class DeviceBuffers {
+ public:
+  DeviceBuffers(client::DeviceCopier* copier, int device) : copier_(copier) {
+    device_.set_kind(ckptd::v1::Device::CUDA);
+    device_.set_index(device);
+  }
+  ~DeviceBuffers() {
+    for (void* p : owned_) copier_->FreeOnDevice(p, device_);
+  }
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+
+  const ckptd::v1::Device& device() const { return device_; }
+  absl::StatusOr<void*> Allocate(uint64_t n) {
+    CKPTD_ASSIGN_OR_RETURN(void* p, copier_->AllocateOnDevice(n, device_));
+    owned_.push_back(p);
+    return p;
+  }
+  // Plain copies, each waited for.
+  absl::Status ToDevice(void* dst, const uint8_t* src, uint64_t n) {
+    CKPTD_RETURN_IF_ERROR(copier_->CopyFromHost(dst, src, n, device_));
+    return copier_->Synchronize();
+  }
+  absl::Status ToHost(uint8_t* dst, const void* src, uint64_t n) {
+    CKPTD_RETURN_IF_ERROR(copier_->CopyToHost(dst, src, n, device_));
+    return copier_->Synchronize();
+  }
+  // The trainer's buffer of `n` bytes at `p` on the device.
+  std::vector<client::BufferSpec> Specs(void* p, uint64_t n) const {
+    std::vector<client::BufferSpec> specs = bench::Specs(static_cast<uint8_t*>(p), {n});
+    specs[0].device = device_;
+    return specs;
+  }
+
+ private:
+  client::DeviceCopier* const copier_;
+  ckptd::v1::Device device_;
+  std::vector<void*> owned_;
+};
+
+struct DeviceTimes {
+  double connect = 0, staging_wait = 0, restore = 0, rollback = 0;
+  double pinned = 0, pageable = 0, lock = 0;
+  std::string source;
+};
+
+// `c` restores into `dst` on the device (zeroed first): it must get `step`,
+// with the bytes of `pattern` (`scratch` holds the read-back). Seconds of the
+// Restore; `*source` gets where it read them.
+absl::StatusOr<double> RestoreToDevice(client::Client& c, DeviceBuffers& dev, void* dst, const uint8_t* pattern,
+                                       uint8_t* scratch, uint64_t n, uint64_t step, std::string* source) {
+  std::memset(scratch, 0, n);
+  CKPTD_RETURN_IF_ERROR(dev.ToDevice(dst, scratch, n));
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::optional<uint64_t> restored, c.Restore());
+  const double seconds = Seconds(absl::Now() - t0);
+  if (restored != step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the restore returned step ", restored ? absl::StrCat(*restored) : "none", ", not step ", step));
+  }
+  CKPTD_RETURN_IF_ERROR(dev.ToHost(scratch, dst, n));
+  if (std::memcmp(scratch, pattern, n) != 0) {
+    return absl::DataLossError(absl::StrCat("the bytes restored on ", "cuda:", dev.device().index(),
+                                            " differ from those of step ", step));
+  }
+  *source = std::string(c.last_restore_source());
+  return seconds;
+}
+
+// One round: a trainer snapshots step `step` from device memory `a` and,
+// once it is persisted, restores it into `a` again (a rollback: its staging
+// slot is page-locked by the snapshot); then it exits and a new trainer
+// restores into `b` (a restart). The yardsticks: the same bytes copied from
+// host memory into `b`, page-locked (cudaHostRegister, timed too) and not.
+absl::StatusOr<DeviceTimes> DeviceRound(const client::ClientOptions& co, DeviceBuffers& dev, void* a, void* b,
+                                        uint8_t* pattern, uint8_t* scratch, uint64_t n, uint64_t step,
+                                        bool inline_alloc, LineLogger& log, client::DeviceCopier* copier) {
+  DeviceTimes t;
+  Fill(pattern, n, step);
+  CKPTD_RETURN_IF_ERROR(dev.ToDevice(a, pattern, n));
+  std::string source;
+  {
+    client::ClientOptions writer = co;
+    writer.slot_wait = kReadyWait;  // the agent may still be allocating the staging
+    CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(writer, dev.Specs(a, n)));
+    CKPTD_RETURN_IF_ERROR(c->Snapshot(step).status());
+    CKPTD_RETURN_IF_ERROR(c->WaitPersisted(step, absl::Minutes(10)));
+    CKPTD_ASSIGN_OR_RETURN(t.rollback, RestoreToDevice(*c, dev, a, pattern, scratch, n, step, &source));
+    if (source != "memory") {
+      return absl::FailedPreconditionError(absl::StrCat("the rollback read the step from ", source, ", not memory"));
+    }
+  }  // the trainer exits
+  std::memset(scratch, 0, n);
+  CKPTD_RETURN_IF_ERROR(dev.ToDevice(b, scratch, n));
+  const size_t mark = log.size();
+  const absl::Time t0 = absl::Now();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(co, dev.Specs(b, n)));
+  const absl::Time connected = absl::Now();
+  t.connect = Seconds(connected - t0);
+  CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
+  t.staging_wait = std::max(0.0, Seconds(ready - connected));
+  CKPTD_ASSIGN_OR_RETURN(t.restore, RestoreToDevice(*c, dev, b, pattern, scratch, n, step, &t.source));
+  c.reset();
+  // The yardsticks, after the restores.
+  absl::Time y = absl::Now();
+  CKPTD_RETURN_IF_ERROR(dev.ToDevice(b, pattern, n));
+  t.pageable = Seconds(absl::Now() - y);
+  y = absl::Now();
+  CKPTD_RETURN_IF_ERROR(copier->RegisterHostMemory(pattern, n));
+  t.lock = Seconds(absl::Now() - y);
+  absl::Status copied = dev.ToDevice(b, pattern, n);  // once untimed, as the snapshot benchmark's yardstick
+  if (copied.ok()) {
+    y = absl::Now();
+    copied = dev.ToDevice(b, pattern, n);
+    t.pinned = Seconds(absl::Now() - y);
+  }
+  CKPTD_RETURN_IF_ERROR(copier->UnregisterHostMemory(pattern));
+  CKPTD_RETURN_IF_ERROR(copied);
+  return t;
+}
+
+int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device, client::DeviceCopier* copier,
+                     std::ostream& out, std::ostream& err) {
+  auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
+    err << "ckptd-bench restore: " << why << "\n";
+    if (log != nullptr) log->PrintProblems(err);
+    return rc;
+  };
+  // The benchmark's own copies; the trainers' go through a copier of their
+  // own, as in a trainer process (or through `copier` when one is given).
+  std::unique_ptr<client::DeviceCopier> cuda;
+  client::DeviceCopier* own = copier;
+  if (own == nullptr) {
+    absl::StatusOr<std::unique_ptr<client::DeviceCopier>> made = client::NewCudaCopier();
+    if (!made.ok()) return fail(absl::StrCat("--cuda ", device, ": ", made.status().message()));
+    cuda = *std::move(made);
+    own = cuda.get();
+  }
+  ScratchDir dir;
+  LineLogger log(args.Has("log") ? &err : nullptr);
+  absl::Status made = dir.Init(args.Get("dir"), "ckptd-restorebench");
+  absl::StatusOr<agent::AgentOptions> options =
+      made.ok() ? BaseOptions(dir.path(), "restorebench", &log) : absl::StatusOr<agent::AgentOptions>(made);
+  if (!options.ok()) return fail(options.status().message());
+  const bool inline_alloc =
+      staging::SegmentBytes(options->slots, staging::PlanLayout({n}).slot_bytes) <= options->prepare_inline_bytes;
+  base::AlignedBuffer pattern, scratch;
+  if (absl::Status s = AllocateTwo(n, &pattern, &scratch); !s.ok()) return fail(s.message());
+  std::optional<DeviceBuffers> dev;
+  dev.emplace(own, device);
+  absl::StatusOr<void*> a = dev->Allocate(n);
+  absl::StatusOr<void*> b = a.ok() ? dev->Allocate(n) : a;
+  if (!b.ok()) return fail(absl::StrCat("--cuda ", device, ": ", b.status().message()));
+  const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
+  absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket);
+  if (!agent.ok()) return fail(agent.status().message(), nullptr, base::kExitUnavailable);
+  client::ClientOptions co;
+  co.socket = socket;
+  co.job = "restorebench";
+  co.copier = copier;
+  std::vector<double> connect, staging_wait, restore, rollback, pinned, pageable, lock;
+  std::vector<std::string> sources;
+  for (int r = 0; r < rounds; ++r) {
+    absl::StatusOr<DeviceTimes> t = DeviceRound(co, *dev, *a, *b, pattern.data(), scratch.data(), n, r + 1,
+                                                inline_alloc, log, own);
+    if (!t.ok()) return fail(t.status().message(), &log);
+    connect.push_back(t->connect);
+    staging_wait.push_back(t->staging_wait);
+    restore.push_back(t->restore);
+    rollback.push_back(t->rollback);
+    pinned.push_back(t->pinned);
+    pageable.push_back(t->pageable);
+    lock.push_back(t->lock);
+    if (std::find(sources.begin(), sources.end(), t->source) == sources.end()) sources.push_back(t->source);
+  }
+  agent->reset();
+  dev.reset();
+  const std::string source = absl::StrJoin(sources, "+");
+  const bool as_expected = source == "memory";
+  const double restore_s = Median(restore), rollback_s = Median(rollback), pinned_s = Median(pinned),
+               pageable_s = Median(pageable);
+  const double ratio = pinned_s > 0 ? restore_s / pinned_s : 0;
+  const double rollback_ratio = pinned_s > 0 ? rollback_s / pinned_s : 0;
+  const double vs_pageable = pageable_s > 0 ? restore_s / pageable_s : 0;
+  const std::string where = absl::StrCat("cuda:", device);
+  if (args.Has("json")) {
+    cli::JsonWriter w;
+    w.BeginObject();
+    w.Field("bytes", n);
+    w.Field("from", "memory");
+    w.Field("device", where);
+    w.Field("rounds", rounds);
+    w.Field("source", source);
+    w.Field("source_as_expected", as_expected);
+    w.Field("verified", true);
+    w.Field("connect_s", Median(connect));
+    w.Field("staging_wait_s", Median(staging_wait));
+    w.Field("restore_s", restore_s);
+    w.Field("rollback_s", rollback_s);
+    w.Field("cuda_memcpy_s", pinned_s);
+    w.Field("pageable_memcpy_s", pageable_s);
+    w.Field("host_register_s", Median(lock));
+    w.Field("ratio", ratio);
+    w.Field("rollback_ratio", rollback_ratio);
+    w.Field("restore_vs_pageable", vs_pageable);
+    w.Field("target_ratio", kDeviceTargetRatio);
+    w.Field("target_met", ratio <= kDeviceTargetRatio);
+    w.Field("rollback_target_met", rollback_ratio <= kDeviceTargetRatio);
+    w.EndObject();
+    out << w.str() << "\n";
+    return base::kExitOk;
+  }
+  auto verdict = [](double r) { return r <= kDeviceTargetRatio ? "met" : "MISSED"; };
+  out << absl::StrFormat("restore of %s from memory onto %s (read from %s%s, bytes verified), median of %d:\n",
+                         base::HumanBytes(n), where, source, as_expected ? "" : ", NOT memory", rounds);
+  out << absl::StrFormat("  restart  %.4f s: a new trainer (connect %.4f s, staging wait %.4f s before it)\n",
+                         restore_s, Median(connect), Median(staging_wait));
+  out << absl::StrFormat("  rollback %.4f s: the trainer that took the snapshot, its slot page-locked\n", rollback_s);
+  out << absl::StrFormat("  cudaMemcpy from page-locked memory %.4f s (locking it: cudaHostRegister %.4f s), "
+                         "from pageable memory %.4f s\n",
+                         pinned_s, Median(lock), pageable_s);
+  out << absl::StrFormat("  restart %.2fx page-locked cudaMemcpy (target <= %.1fx: %s), %.2fx pageable\n", ratio,
+                         kDeviceTargetRatio, verdict(ratio), vs_pageable);
+  out << absl::StrFormat("  rollback %.2fx page-locked cudaMemcpy (target <= %.1fx: %s)\n", rollback_ratio,
+                         kDeviceTargetRatio, verdict(rollback_ratio));
+  return base::kExitOk;
+}
+
 }  // namespace
 
 int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
@@ -836,9 +1080,10 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
   return base::kExitOk;
 }
 
-int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
+                    client::DeviceCopier* device_copier) {
   absl::StatusOr<base::Args> args =
-      base::Args::Parse(argv, {"bytes", "from", "repeat", "dir"}, {"json", "log", "help"});
+      base::Args::Parse(argv, {"bytes", "from", "repeat", "dir", "cuda"}, {"json", "log", "help"});
   if (args.ok() && args->Has("help")) {
     out << kRestoreHelp;
     return base::kExitOk;
@@ -850,12 +1095,18 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   if (!args.ok()) return usage(args.status().message());
   uint64_t n = 0;
   int rounds = 3;
+  int device = 0;
   for (const absl::Status& s :
-       {args->ReadUint("bytes", 1, kMaxBytes, &n, /*allow_suffix=*/true), args->ReadUint("repeat", 1, 100, &rounds)}) {
+       {args->ReadUint("bytes", 1, kMaxBytes, &n, /*allow_suffix=*/true), args->ReadUint("repeat", 1, 100, &rounds),
+        args->ReadUint("cuda", 0, kMaxCudaDevice, &device)}) {
     if (!s.ok()) return usage(s.message());
   }
   if (n == 0) return usage("--bytes is required");
   const std::string from = args->Get("from").value_or("memory");
+  if (args->Get("cuda")) {
+    if (from != "memory") return usage("--cuda goes with --from memory");
+    return RunDeviceRestore(*args, n, rounds, device, device_copier, out, err);
+  }
   if (from == "peer") return RunPeerRestore(*args, n, rounds, out, err);
   Tier tier;
   if (from == "memory") {

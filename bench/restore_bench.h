@@ -8,10 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "client/device_copy.h"
+
 namespace ckptd::bench {
 
 int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
-int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err);
+// `device_copier`, for tests: the copier of --cuda (instead of CUDA's), for
+// the benchmark's copies and the trainers'.
+int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
+                    client::DeviceCopier* device_copier = nullptr);
 
 extern const char kRegisterHelp[];
 extern const char kRestoreHelp[];

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/flags.h"
+#include "client/fake_device_copier.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -60,6 +61,53 @@ TEST(RestoreBenchTest, EachTierRestoresVerifiedBytesFromWhereItShould) {
   }
 }
 
+// --cuda through a copier whose "device" memory is host memory: the restart
+// and the rollback restore verified bytes onto the device from the agent's
+// memory, the yardsticks run, and the staging is locked for the snapshots
+// and the yardstick alone (never by a restore).
+TEST(RestoreBenchTest, DeviceRestoresAreVerifiedAndMeasuredBesideCudaMemcpy) {
+  client::FakeDeviceCopier fake;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunRestoreBench({"--bytes", "3M", "--cuda", "0", "--repeat", "2", "--json"}, out, err, &fake),
+            base::kExitOk)
+      << err.str();
+  const google::protobuf::Struct json = ParseJson(out.str());
+  const auto& f = json.fields();
+  EXPECT_EQ(f.at("device").string_value(), "cuda:0");
+  EXPECT_EQ(f.at("source").string_value(), "memory") << out.str();
+  EXPECT_TRUE(f.at("source_as_expected").bool_value());
+  EXPECT_TRUE(f.at("verified").bool_value());
+  for (const char* key : {"restore_s", "rollback_s", "cuda_memcpy_s", "pageable_memcpy_s", "host_register_s", "ratio",
+                          "rollback_ratio", "restore_vs_pageable", "target_ratio", "target_met",
+                          "rollback_target_met"}) {
+    EXPECT_TRUE(f.contains(key)) << key << " missing from " << out.str();
+  }
+  EXPECT_GT(f.at("restore_s").number_value(), 0);
+  EXPECT_GT(f.at("rollback_s").number_value(), 0);
+  EXPECT_EQ(f.at("target_ratio").number_value(), 1.2);
+  // Per round: the writer's snapshot locks its slot, and the yardstick its
+  // pattern; both are unlocked again.
+  EXPECT_EQ(fake.locks(), 2 * 2);
+  EXPECT_EQ(fake.locked(), 0);
+  EXPECT_EQ(fake.live(), 0);  // both device buffers freed
+  // The text report says both ratios.
+  std::ostringstream text, text_err;
+  ASSERT_EQ(RunRestoreBench({"--bytes", "1M", "--cuda", "0", "--repeat", "1"}, text, text_err, &fake), base::kExitOk)
+      << text_err.str();
+  EXPECT_THAT(text.str(), HasSubstr("onto cuda:0 (read from memory, bytes verified)"));
+  EXPECT_THAT(text.str(), HasSubstr("page-locked cudaMemcpy (target <= 1.2x"));
+}
+
+// Without a usable device (no GPU here, or no CUDA in the build) --cuda
+// fails at once, naming it.
+TEST(RestoreBenchTest, CudaWithoutADeviceIsAClearError) {
+  if (client::NewCudaCopier().ok()) GTEST_SKIP() << "this machine has a CUDA device";
+  std::ostringstream out, err;
+  EXPECT_EQ(RunRestoreBench({"--bytes", "1M", "--cuda", "0"}, out, err), base::kExitFailed);
+  EXPECT_THAT(err.str(), HasSubstr("--cuda 0: "));
+  EXPECT_EQ(out.str(), "");
+}
+
 TEST(RestoreBenchTest, BadArgumentsAreUsageErrorsNamingTheFlag) {
   struct Case {
     bool restore;
@@ -71,12 +119,15 @@ TEST(RestoreBenchTest, BadArgumentsAreUsageErrorsNamingTheFlag) {
            {true, {"--bytes", "2T"}, "--bytes must be a size in 1..1T"},
            {true, {"--bytes", "1M", "--repeat", "0"}, "--repeat must be an integer in 1..100"},
            {true, {"--from", "root"}, "--bytes is required"},
+           {true, {"--bytes", "1M", "--from", "root", "--cuda", "0"}, "--cuda goes with --from memory"},
+           {true, {"--bytes", "1M", "--cuda", "1024"}, "--cuda must be an integer in 0..1023"},
            {false, {"--bytes", "1M", "--slots", "17"}, "--slots must be an integer in 1..16"},
            {false, {"--bytes", "1M", "--buffers", "1025"}, "--buffers must be an integer in 1..1024"},
            {false, {"--bytes", "2", "--buffers", "3"}, "cannot be cut into 3 buffers"},
        }) {
     std::ostringstream out, err;
-    EXPECT_EQ((c.restore ? RunRestoreBench : RunRegisterBench)(c.argv, out, err), base::kExitUsage) << c.message;
+    EXPECT_EQ(c.restore ? RunRestoreBench(c.argv, out, err) : RunRegisterBench(c.argv, out, err), base::kExitUsage)
+        << c.message;
     EXPECT_THAT(err.str(), HasSubstr(c.message));
   }
 }

@@ -43,10 +43,8 @@ const char kSnapshotHelp[] =
 
 namespace {
 
-// The largest --bytes (held twice in memory, once more in staging) and CUDA
-// device index.
+// The largest --bytes (held twice in memory, once more in staging).
 constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
-constexpr uint64_t kMaxCudaDevice = 1023;
 
 }  // namespace
 

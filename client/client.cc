@@ -45,21 +45,33 @@ constexpr int kRestoreTimeoutFactor = 60;
 struct Client::Impl {
   // Prepares `slot` for this process's copies (see slot_mapped). Without
   // `prefault` the copy threads fault the pages in as they go, in parallel.
-  absl::Status MapSlot(uint32_t slot, bool prefault = true) {
-    if (slot >= slot_mapped.size() || slot_mapped[slot]) return absl::OkStatus();
-    if (prefault) segment->Prefault(slot);
-    if (any_device) {
+  // A snapshot's slot is also page-locked when a buffer lives on a device
+  // (`lock`): its device-to-host copies then run as DMA. A restore does not
+  // lock the slot: locking costs more than the copy it would speed up (the
+  // kernel pins every page, at about 1-2 GB/s), and a restarted trainer's
+  // first restore would pay it on the critical path.
+  absl::Status MapSlot(uint32_t slot, bool prefault = true, bool lock = true) {
+    if (slot >= slot_mapped.size()) return absl::OkStatus();
+    const bool want_lock = lock && any_device;
+    if (slot_mapped[slot] == SlotMap::kLocked || (slot_mapped[slot] == SlotMap::kMapped && !want_lock)) {
+      return absl::OkStatus();
+    }
+    if (prefault && slot_mapped[slot] == SlotMap::kUnmapped) segment->Prefault(slot);
+    if (want_lock) {
       CKPTD_RETURN_IF_ERROR(copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes()));
     }
-    slot_mapped[slot] = true;
+    slot_mapped[slot] = want_lock ? SlotMap::kLocked : SlotMap::kMapped;
     return absl::OkStatus();
   }
   // Copies the restored slot of `resp` into the buffers. With blocks to
   // verify (a step from the agent's memory), each block is checked as it is
   // copied: a host block right after its copy, while it is still in the
-  // cache, a device block before its copy is queued. Returns the first
-  // mismatch ("" when none); errors are the copier's or a digest list that
-  // does not cover the buffers.
+  // cache, by the verifier's threads. Device buffers are copied whole, one
+  // copy each, by a thread of their own while the verifier's threads check
+  // their blocks in the slot: the check never holds the transfer up. A
+  // mismatch fails the restore (the caller reads the step again, from disk,
+  // over what was copied). Returns the first mismatch ("" when none); errors
+  // are the copier's or a digest list that does not cover the buffers.
   absl::StatusOr<std::string> CopyOut(const ckptd::v1::RestoreResponse& resp) {
     const uint8_t* base = segment->slot_data(resp.slot());
     if (resp.verify_size() == 0) {
@@ -85,43 +97,49 @@ struct Client::Impl {
       }
     }
     if (verifier == nullptr) verifier = std::make_unique<ParallelCopier>(options.copy_threads);
+    // The device copies: the copier is this thread's alone until it is joined.
+    absl::Status device_copied;
+    std::thread device_copies;
+    if (any_device) {
+      device_copies = std::thread([this, base, &device_copied] {
+        for (size_t i = 0; i < buffers.size() && device_copied.ok(); ++i) {
+          if (buffers[i].device.kind() == ckptd::v1::Device::HOST || lengths[i] == 0) continue;
+          device_copied = copier->CopyFromHost(buffers[i].data, base + offsets[i], lengths[i], buffers[i].device);
+        }
+      });
+    }
     absl::Mutex mu;
     std::string problem;
-    absl::Status failed;
-    auto mismatch = [&](const ckptd::v1::BlockDigest& b) {
-      absl::MutexLock l(&mu);
-      if (problem.empty()) {
-        problem = absl::StrCat("buffer '", buffers[b.buffer()].name, "' bytes ", b.offset(), "..",
-                               b.offset() + b.length(), " do not match their checksum");
-      }
-    };
     verifier->ForEach(static_cast<size_t>(resp.verify_size()), [&](size_t k) {
       const ckptd::v1::BlockDigest& b = resp.verify(static_cast<int>(k));
       const BufferSpec& buf = buffers[b.buffer()];
-      if (buf.device.kind() != ckptd::v1::Device::HOST) return;  // below, in order
-      uint8_t* dst = static_cast<uint8_t*>(buf.data) + b.offset();
-      // A restarted trainer's state is often new memory: mapped in one call.
-      PrefaultForWrite(dst, b.length());
-      if (storage::CopyAndXxh3(dst, base + offsets[b.buffer()] + b.offset(), b.length()) != b.xxh3()) {
-        mismatch(b);
+      const uint8_t* src = base + offsets[b.buffer()] + b.offset();
+      uint64_t digest;
+      if (buf.device.kind() == ckptd::v1::Device::HOST) {
+        uint8_t* dst = static_cast<uint8_t*>(buf.data) + b.offset();
+        // A restarted trainer's state is often new memory: mapped in one call.
+        PrefaultForWrite(dst, b.length());
+        digest = storage::CopyAndXxh3(dst, src, b.length());
+      } else {
+        digest = storage::Xxh3(src, b.length());
+      }
+      if (digest != b.xxh3()) {
+        absl::MutexLock l(&mu);
+        if (problem.empty()) {
+          problem = absl::StrCat("buffer '", buf.name, "' bytes ", b.offset(), "..", b.offset() + b.length(),
+                                 " do not match their checksum");
+        }
       }
     });
-    for (const ckptd::v1::BlockDigest& b : resp.verify()) {
-      const BufferSpec& buf = buffers[b.buffer()];
-      if (buf.device.kind() == ckptd::v1::Device::HOST) continue;
-      const uint8_t* src = base + offsets[b.buffer()] + b.offset();
-      if (storage::Xxh3(src, b.length()) != b.xxh3()) mismatch(b);
-      absl::Status s = copier->CopyFromHost(static_cast<uint8_t*>(buf.data) + b.offset(), src, b.length(), buf.device);
-      if (!s.ok() && failed.ok()) failed = s;
-    }
-    CKPTD_RETURN_IF_ERROR(failed);
+    if (device_copies.joinable()) device_copies.join();
+    CKPTD_RETURN_IF_ERROR(device_copied);
     return problem;
   }
 
   // The segment goes: page-locked slots are unlocked first.
   void DropSegment() {
-    for (uint32_t i = 0; any_device && i < slot_mapped.size(); ++i) {
-      if (slot_mapped[i]) (void)copier->UnregisterHostMemory(segment->slot_data(i));
+    for (uint32_t i = 0; i < slot_mapped.size(); ++i) {
+      if (slot_mapped[i] == SlotMap::kLocked) (void)copier->UnregisterHostMemory(segment->slot_data(i));
     }
     slot_mapped.clear();
     segment.reset();
@@ -142,11 +160,13 @@ struct Client::Impl {
   uint64_t trainer_id = 0;
   std::unique_ptr<staging::StagingSegment> segment;
   std::vector<uint64_t> offsets;
-  // Per slot: faulted into this process (and page-locked when a buffer lives
-  // on a device). Done at a slot's first use, not at registration, so that
-  // registering never waits for gigabytes of page faults (and slots the agent
-  // still allocates are not touched). Training thread only.
-  std::vector<bool> slot_mapped;
+  // Per slot: faulted into this process (kMapped), and page-locked too
+  // (kLocked) once a snapshot used it while a buffer lives on a device. Done
+  // at a slot's first use, not at registration, so that registering never
+  // waits for gigabytes of page faults (and slots the agent still allocates
+  // are not touched). Training thread only.
+  enum class SlotMap { kUnmapped, kMapped, kLocked };
+  std::vector<SlotMap> slot_mapped;
   // Where the last restore read its step.
   std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
   // Copies and checks restored blocks (made at the first restore from memory).
@@ -685,8 +705,8 @@ absl::Status Client::EnsureRegistered() {
     }
   }
   // Page-locked staging turns device copies into DMA at full speed: each slot
-  // is locked at its first use (MapSlot).
-  im.slot_mapped.assign(im.segment->slots(), false);
+  // is locked at its first snapshot (MapSlot).
+  im.slot_mapped.assign(im.segment->slots(), Impl::SlotMap::kUnmapped);
   im.trainer_id = resp.trainer_id();
   im.registered = true;
   im.coordinated.store(resp.coordinated());
@@ -833,7 +853,7 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
       return absl::InternalError(absl::StrCat("agent restored into staging slot ", resp.slot(), " of ",
                                               im.segment->slots()));
     }
-    const absl::Status mapped = im.MapSlot(resp.slot(), /*prefault=*/resp.verify_size() == 0);
+    const absl::Status mapped = im.MapSlot(resp.slot(), /*prefault=*/resp.verify_size() == 0, /*lock=*/false);
     absl::StatusOr<std::string> problem = mapped.ok() ? im.CopyOut(resp) : absl::StatusOr<std::string>(mapped);
     absl::Status synced = im.copier->Synchronize();
     if (problem.ok() && !synced.ok()) problem = synced;

@@ -20,6 +20,7 @@
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
+#include "client/fake_device_copier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "staging/staging.h"
@@ -83,94 +84,6 @@ struct State {
     }
     return specs;
   }
-};
-
-// A DeviceCopier whose "device" memory is ordinary host memory, so that the
-// two-hop pipeline runs without a GPU. It logs every copy ("d2d <bytes>",
-// "d2h", "h2d", "host" for host buffers, "sync"), can hold device-to-host
-// copies at a gate, fail the next one, and fail an allocation.
-class FakeDeviceCopier final : public DeviceCopier {
- public:
-  absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
-    if (device.kind() == ckptd::v1::Device::HOST) return Copy("host", dst, src, n);
-    absl::MutexLock l(&mu_);
-    mu_.Await(absl::Condition(&open_));
-    if (!fail_next_d2h_.ok()) return std::exchange(fail_next_d2h_, absl::OkStatus());
-    std::memcpy(dst, src, n);
-    log_.push_back(absl::StrCat("d2h ", n));
-    return absl::OkStatus();
-  }
-  absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
-    return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "h2d", dst, src, n);
-  }
-  absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
-    return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "d2d", dst, src, n);
-  }
-  absl::Status Synchronize() override {
-    absl::MutexLock l(&mu_);
-    log_.push_back("sync");
-    return absl::OkStatus();
-  }
-  absl::Status RegisterHostMemory(void*, size_t) override { return absl::OkStatus(); }
-  absl::Status UnregisterHostMemory(void*) override { return absl::OkStatus(); }
-  absl::StatusOr<void*> AllocateOnDevice(size_t n, const ckptd::v1::Device&) override {
-    absl::MutexLock l(&mu_);
-    if (allocations_left_ == 0) return absl::ResourceExhaustedError("fake device is full");
-    --allocations_left_;
-    ++allocated_;
-    ++live_;
-    return static_cast<void*>(new uint8_t[n]);
-  }
-  void FreeOnDevice(void* p, const ckptd::v1::Device&) override {
-    absl::MutexLock l(&mu_);
-    --live_;
-    delete[] static_cast<uint8_t*>(p);
-  }
-
-  void CloseGate() {
-    absl::MutexLock l(&mu_);
-    open_ = false;
-  }
-  void OpenGate() {
-    absl::MutexLock l(&mu_);
-    open_ = true;
-  }
-  void FailNextDeviceToHost(absl::Status s) {
-    absl::MutexLock l(&mu_);
-    fail_next_d2h_ = std::move(s);
-  }
-  void LimitAllocations(int n) {
-    absl::MutexLock l(&mu_);
-    allocations_left_ = n;
-  }
-  std::vector<std::string> TakeLog() {
-    absl::MutexLock l(&mu_);
-    return std::exchange(log_, {});
-  }
-  int allocated() {
-    absl::MutexLock l(&mu_);
-    return allocated_;
-  }
-  int live() {
-    absl::MutexLock l(&mu_);
-    return live_;
-  }
-
- private:
-  absl::Status Copy(const char* what, void* dst, const void* src, size_t n) {
-    if (n > 0) std::memcpy(dst, src, n);
-    absl::MutexLock l(&mu_);
-    log_.push_back(absl::StrCat(what, " ", n));
-    return absl::OkStatus();
-  }
-
-  absl::Mutex mu_;
-  bool open_ ABSL_GUARDED_BY(mu_) = true;
-  absl::Status fail_next_d2h_ ABSL_GUARDED_BY(mu_);
-  int allocations_left_ ABSL_GUARDED_BY(mu_) = 1000;
-  int allocated_ ABSL_GUARDED_BY(mu_) = 0;
-  int live_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
 };
 
 // A coordinator as the agent sees it: a fixed schedule, fresh starts.
@@ -695,6 +608,60 @@ TEST_F(ClientTest, SpareAllocationFailureFailsConnectWithoutLeaking) {
                     StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("register"))));
   EXPECT_EQ(fake_.allocated(), 3);
   EXPECT_EQ(fake_.live(), 0);
+}
+
+// A restarted trainer's device buffers come back from the agent's memory
+// without page-locking the staging slot (locking costs more than the copy
+// it speeds up): one copy per device buffer, beside the check of its blocks.
+// A damaged block is found and the step read again from disk. The slot is
+// locked at the first snapshot into it, whose device copies are then DMA.
+TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
+  ClientOptions o = Options();
+  o.copier = &fake_;
+  State state;
+  state.Step(5);
+  const State at5 = state;
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+    CKPTD_ASSERT_OK(client->Snapshot(5).status());
+    CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
+    EXPECT_EQ(fake_.locks(), 1);  // the snapshot's slot
+  }  // the trainer goes away (its staging stays with the agent)
+  EXPECT_EQ(fake_.locked(), 0);
+  for (int damaged : {0, 1}) {
+    SCOPED_TRACE(damaged ? "damaged" : "intact");
+    State fresh;
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, fresh.DeviceSpecs()));
+    if (damaged) {
+      // A stray write into the kept copy of step 5, in "adam" (on the device).
+      std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
+      ASSERT_NE(seg, nullptr);
+      for (uint32_t slot = 0; slot < seg->slots(); ++slot) {
+        if (seg->state(slot) == staging::SlotState::kKept && seg->step(slot) == 5) {
+          seg->slot_data(slot)[3 * 4096 + 100] ^= 0x10;
+        }
+      }
+    }
+    const int locks = fake_.locks();
+    fake_.TakeLog();
+    EXPECT_THAT(client->Restore(), ::ckptd::testing::IsOkAndHolds(Optional(5u)));
+    EXPECT_TRUE(fresh == at5);
+    EXPECT_EQ(client->last_restore_source(), damaged ? "storage-root" : "memory");
+    EXPECT_EQ(fake_.locks(), locks);
+    std::vector<std::string> log = fake_.TakeLog();
+    if (!damaged) {
+      // One copy per device buffer (params, adam); the host buffers are
+      // copied by the checking threads.
+      EXPECT_THAT(log, ElementsAre("h2d 4000", "h2d 8000", "sync"));
+    }
+    if (damaged) {  // the last round: a snapshot locks its slot
+      fresh.Step(6);
+      CKPTD_ASSERT_OK(client->Snapshot(6).status());
+      EXPECT_EQ(fake_.locks(), locks + 1);
+      CKPTD_ASSERT_OK(client->WaitPersisted(6, absl::Seconds(30)));
+    }
+  }
+  EXPECT_EQ(fake_.locked(), 0);
 }
 
 TEST_F(ClientTest, SpareOptionWithOnlyHostBuffersIsOneHop) {

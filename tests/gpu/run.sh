@@ -4,7 +4,10 @@
 # snapshot benchmark with a 1 GiB buffer on cuda:0 (stall of Snapshot through
 # a live agent beside one cudaMemcpy into page-locked memory), once copying
 # straight into staging and once in two hops through a spare device buffer
-# (--spare: the stall is the device-to-device copy), then the Python binding
+# (--spare: the stall is the device-to-device copy), then the restore
+# benchmark with 1 GiB from the agent's memory onto cuda:0 (a new trainer's
+# restore and a rollback beside one cudaMemcpy from page-locked memory, and
+# from pageable memory) and on the host, then the Python binding
 # on CUDA (python_cuda_check.py: device memory from libcudart through ctypes,
 # and ckptd.torch on cuda:0 when the machine has CUDA torch, else that half
 # is skipped). Prints its results and exits non-zero when a check fails or is
@@ -49,6 +52,9 @@ echo "snapshot benchmark (1 GiB on cuda:0, then two hops through a spare on cuda
 run "$BENCH" snapshot --bytes 1G --cuda 0 --repeat 5 --json || failed+=("snapshot benchmark")
 run "$BENCH" snapshot --bytes 1G --cuda 0 --spare --repeat 5 --json || failed+=("two-hop snapshot benchmark")
 run "$BENCH" snapshot --bytes 1G --repeat 5 --json || failed+=("host snapshot benchmark")
+echo "restore benchmark (1 GiB from the agent's memory onto cuda:0: a restart and a rollback, then on the host):"
+run "$BENCH" restore --bytes 1G --cuda 0 --repeat 5 --json || failed+=("restore benchmark")
+run "$BENCH" restore --bytes 1G --repeat 5 --json || failed+=("host restore benchmark")
 echo "python binding on CUDA ($PY):"
 # The agent through the same loader as the binaries: shell words for the script.
 env "${PYENV[@]}" CKPTD_AGENT_CMD="$(printf '%q ' ${PREFIX[@]+"${PREFIX[@]}"} "$AGENT")" \

@@ -1,0 +1,133 @@
+// For tests: a DeviceCopier whose "device" memory is ordinary host memory, so
+// that the device paths of the client (two-hop snapshots, restores into
+// device buffers) and of the benchmarks run without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/device_copy.h"
+#include "client/host_copy.h"
+
+namespace ckptd::client {
+
+// Logs every copy ("d2d <bytes>", "d2h", "h2d", "host" for host buffers,
+// "sync"), counts page-locking, can hold device-to-host copies at a gate,
+// fail the next one, and fail an allocation. Thread-safe.
+class FakeDeviceCopier final : public DeviceCopier {
+ public:
+  absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) return Copy("host", dst, src, n);
+    absl::MutexLock l(&mu_);
+    mu_.Await(absl::Condition(&open_));
+    if (!fail_next_d2h_.ok()) return std::exchange(fail_next_d2h_, absl::OkStatus());
+    if (n > 0) std::memcpy(dst, src, n);
+    log_.push_back(absl::StrCat("d2h ", n));
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "h2d", dst, src, n);
+  }
+  absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "d2d", dst, src, n);
+  }
+  absl::Status Synchronize() override {
+    absl::MutexLock l(&mu_);
+    log_.push_back("sync");
+    return absl::OkStatus();
+  }
+  absl::Status RegisterHostMemory(void*, size_t) override {
+    absl::MutexLock l(&mu_);
+    ++locks_;
+    ++locked_;
+    return absl::OkStatus();
+  }
+  absl::Status UnregisterHostMemory(void*) override {
+    absl::MutexLock l(&mu_);
+    --locked_;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> AllocateOnDevice(size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) return AllocateHostMemory(n);
+    absl::MutexLock l(&mu_);
+    if (allocations_left_ == 0) return absl::ResourceExhaustedError("fake device is full");
+    --allocations_left_;
+    ++allocated_;
+    ++live_;
+    return static_cast<void*>(new uint8_t[n]);
+  }
+  void FreeOnDevice(void* p, const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) {
+      FreeHostMemory(p);
+      return;
+    }
+    absl::MutexLock l(&mu_);
+    --live_;
+    delete[] static_cast<uint8_t*>(p);
+  }
+
+  void CloseGate() {
+    absl::MutexLock l(&mu_);
+    open_ = false;
+  }
+  void OpenGate() {
+    absl::MutexLock l(&mu_);
+    open_ = true;
+  }
+  void FailNextDeviceToHost(absl::Status s) {
+    absl::MutexLock l(&mu_);
+    fail_next_d2h_ = std::move(s);
+  }
+  void LimitAllocations(int n) {
+    absl::MutexLock l(&mu_);
+    allocations_left_ = n;
+  }
+  std::vector<std::string> TakeLog() {
+    absl::MutexLock l(&mu_);
+    return std::exchange(log_, {});
+  }
+  int allocated() {
+    absl::MutexLock l(&mu_);
+    return allocated_;
+  }
+  int live() {
+    absl::MutexLock l(&mu_);
+    return live_;
+  }
+  // RegisterHostMemory calls so far, and those not yet unregistered.
+  int locks() {
+    absl::MutexLock l(&mu_);
+    return locks_;
+  }
+  int locked() {
+    absl::MutexLock l(&mu_);
+    return locked_;
+  }
+
+ private:
+  absl::Status Copy(const char* what, void* dst, const void* src, size_t n) {
+    if (n > 0) std::memcpy(dst, src, n);
+    absl::MutexLock l(&mu_);
+    log_.push_back(absl::StrCat(what, " ", n));
+    return absl::OkStatus();
+  }
+
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  absl::Status fail_next_d2h_ ABSL_GUARDED_BY(mu_);
+  int allocations_left_ ABSL_GUARDED_BY(mu_) = 1000;
+  int allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;
+  int locks_ ABSL_GUARDED_BY(mu_) = 0;
+  int locked_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ckptd::client
