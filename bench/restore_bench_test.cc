@@ -63,8 +63,7 @@ TEST(RestoreBenchTest, EachTierRestoresVerifiedBytesFromWhereItShould) {
 
 // --cuda through a copier whose "device" memory is host memory: the restart
 // and the rollback restore verified bytes onto the device from the agent's
-// memory, the yardsticks run, and the staging is locked for the snapshots
-// and the yardstick alone (never by a restore).
+// memory, and the yardsticks run.
 TEST(RestoreBenchTest, DeviceRestoresAreVerifiedAndMeasuredBesideCudaMemcpy) {
   client::FakeDeviceCopier fake;
   std::ostringstream out, err;
@@ -85,9 +84,10 @@ TEST(RestoreBenchTest, DeviceRestoresAreVerifiedAndMeasuredBesideCudaMemcpy) {
   EXPECT_GT(f.at("restore_s").number_value(), 0);
   EXPECT_GT(f.at("rollback_s").number_value(), 0);
   EXPECT_EQ(f.at("target_ratio").number_value(), 1.2);
-  // Per round: the writer's snapshot locks its slot, and the yardstick its
-  // pattern; both are unlocked again.
-  EXPECT_EQ(fake.locks(), 2 * 2);
+  // The writer's snapshots lock their slots (and after a restore the slots
+  // are locked in the background), the yardstick its pattern: everything is
+  // unlocked again.
+  EXPECT_GE(fake.locks(), 2 * 2);
   EXPECT_EQ(fake.locked(), 0);
   EXPECT_EQ(fake.live(), 0);  // both device buffers freed
   // The text report says both ratios.

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#include "base/thread_priority.h"
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "client/host_copy.h"
 #include "grpcpp/grpcpp.h"
@@ -49,19 +50,87 @@ struct Client::Impl {
   // (`lock`): its device-to-host copies then run as DMA. A restore does not
   // lock the slot: locking costs more than the copy it would speed up (the
   // kernel pins every page, at about 1-2 GB/s), and a restarted trainer's
-  // first restore would pay it on the critical path.
+  // first restore would pay it on the critical path. After a restore the
+  // locking thread locks the slots (LockLoop); a snapshot into a slot it is
+  // locking waits for it.
   absl::Status MapSlot(uint32_t slot, bool prefault = true, bool lock = true) {
-    if (slot >= slot_mapped.size()) return absl::OkStatus();
     const bool want_lock = lock && any_device;
-    if (slot_mapped[slot] == SlotMap::kLocked || (slot_mapped[slot] == SlotMap::kMapped && !want_lock)) {
-      return absl::OkStatus();
+    SlotMap was;
+    {
+      absl::MutexLock l(&map_mu);
+      if (slot >= slot_mapped.size()) return absl::OkStatus();
+      if (want_lock) {
+        struct Wait {
+          Impl* im;
+          uint32_t slot;
+        } wait{this, slot};
+        map_mu.Await(absl::Condition(
+            +[](Wait* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->im->map_mu) {
+              return w->im->slot_mapped[w->slot] != SlotMap::kLocking;
+            },
+            &wait));
+      }
+      was = slot_mapped[slot];
+      // Being locked by the locking thread is mapped enough for a restore.
+      if (was == SlotMap::kLocked || (was != SlotMap::kUnmapped && !want_lock)) return absl::OkStatus();
+      if (want_lock) slot_mapped[slot] = SlotMap::kLocking;
     }
-    if (prefault && slot_mapped[slot] == SlotMap::kUnmapped) segment->Prefault(slot);
+    if (prefault && was == SlotMap::kUnmapped) segment->Prefault(slot);
+    absl::Status locked;
+    if (want_lock) locked = copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes());
+    absl::MutexLock l(&map_mu);
     if (want_lock) {
-      CKPTD_RETURN_IF_ERROR(copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes()));
+      slot_mapped[slot] = locked.ok() ? SlotMap::kLocked : was;
+    } else if (slot_mapped[slot] == SlotMap::kUnmapped) {  // the locking thread may have taken it up meanwhile
+      slot_mapped[slot] = SlotMap::kMapped;
     }
-    slot_mapped[slot] = want_lock ? SlotMap::kLocked : SlotMap::kMapped;
-    return absl::OkStatus();
+    return locked;
+  }
+
+  // The locking thread: page-locks every slot not locked yet, one after the
+  // other, each once the agent has prepared it; stops at the first error
+  // (the snapshot into that slot tries again and reports it) or when told.
+  void LockLoop() {
+    base::SetCallingThreadName("ckptd-lock");
+    bool (*const stop)(Impl*) = +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->map_mu) { return i->lock_stop; };
+    for (uint32_t slot = 0;; ++slot) {
+      SlotMap was;
+      {
+        absl::MutexLock l(&map_mu);
+        // The agent may still be allocating the slot: looked at again every
+        // 10 ms (it says nothing when done).
+        while (!lock_stop && slot < slot_mapped.size() && segment->state(slot) == staging::SlotState::kPreparing) {
+          map_mu.AwaitWithTimeout(absl::Condition(stop, this), absl::Milliseconds(10));
+        }
+        if (lock_stop || slot >= slot_mapped.size()) return;
+        was = slot_mapped[slot];
+        if (was == SlotMap::kLocked || was == SlotMap::kLocking) continue;
+        slot_mapped[slot] = SlotMap::kLocking;
+      }
+      const absl::Status locked = copier->RegisterHostMemory(segment->slot_data(slot), segment->slot_bytes());
+      absl::MutexLock l(&map_mu);
+      slot_mapped[slot] = locked.ok() ? SlotMap::kLocked : was;
+      if (!locked.ok()) return;
+    }
+  }
+  // Starts the locking thread for the current segment, once a restore ran
+  // (lock_after_restore); nothing to do without device buffers.
+  void StartLocking() {
+    if (!any_device || !lock_after_restore || segment == nullptr || lock_thread.joinable()) return;
+    {
+      absl::MutexLock l(&map_mu);
+      lock_stop = false;
+    }
+    lock_thread = std::thread([this] { LockLoop(); });
+  }
+  // Stops it; a slot it is locking is finished first.
+  void StopLocking() {
+    if (!lock_thread.joinable()) return;
+    {
+      absl::MutexLock l(&map_mu);
+      lock_stop = true;
+    }
+    lock_thread.join();
   }
   // Copies the restored slot of `resp` into the buffers. With blocks to
   // verify (a step from the agent's memory), each block is checked as it is
@@ -136,8 +205,11 @@ struct Client::Impl {
     return problem;
   }
 
-  // The segment goes: page-locked slots are unlocked first.
+  // The segment goes: the locking thread stops, and page-locked slots are
+  // unlocked first.
   void DropSegment() {
+    StopLocking();
+    absl::MutexLock l(&map_mu);
     for (uint32_t i = 0; i < slot_mapped.size(); ++i) {
       if (slot_mapped[i] == SlotMap::kLocked) (void)copier->UnregisterHostMemory(segment->slot_data(i));
     }
@@ -161,12 +233,18 @@ struct Client::Impl {
   std::unique_ptr<staging::StagingSegment> segment;
   std::vector<uint64_t> offsets;
   // Per slot: faulted into this process (kMapped), and page-locked too
-  // (kLocked) once a snapshot used it while a buffer lives on a device. Done
-  // at a slot's first use, not at registration, so that registering never
-  // waits for gigabytes of page faults (and slots the agent still allocates
-  // are not touched). Training thread only.
-  enum class SlotMap { kUnmapped, kMapped, kLocked };
-  std::vector<SlotMap> slot_mapped;
+  // (kLocked; kLocking while it is being locked) while a buffer lives on a
+  // device: at a slot's first snapshot, or before it by the locking thread
+  // once the trainer restored. Never at registration, so that registering
+  // never waits for gigabytes of page faults and pinning (and slots the
+  // agent still allocates are not touched). The segment itself is the
+  // training thread's; the locking thread uses it while it runs.
+  enum class SlotMap { kUnmapped, kMapped, kLocking, kLocked };
+  absl::Mutex map_mu;
+  std::vector<SlotMap> slot_mapped ABSL_GUARDED_BY(map_mu);
+  bool lock_stop ABSL_GUARDED_BY(map_mu) = false;
+  std::thread lock_thread;          // training thread only (start, stop)
+  bool lock_after_restore = false;  // training thread only: a restore ran
   // Where the last restore read its step.
   std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
   // Copies and checks restored blocks (made at the first restore from memory).
@@ -302,7 +380,7 @@ struct Client::Impl {
     absl::Status status = FromGrpcStatus(s);
     if (absl::IsUnavailable(status) || absl::IsNotFound(status) || absl::IsDeadlineExceeded(status)) {
       registered = false;
-      segment.reset();
+      DropSegment();  // its locked slots unlocked, the locking thread stopped
     }
     return absl::Status(status.code(), absl::StrCat(what, " (agent at ", options.socket, "): ", status.message()));
   }
@@ -705,8 +783,13 @@ absl::Status Client::EnsureRegistered() {
     }
   }
   // Page-locked staging turns device copies into DMA at full speed: each slot
-  // is locked at its first snapshot (MapSlot).
-  im.slot_mapped.assign(im.segment->slots(), Impl::SlotMap::kUnmapped);
+  // is locked at its first snapshot (MapSlot), or before it by the locking
+  // thread once the trainer restored (an agent that came back: at once).
+  {
+    absl::MutexLock l(&im.map_mu);
+    im.slot_mapped.assign(im.segment->slots(), Impl::SlotMap::kUnmapped);
+  }
+  im.StartLocking();
   im.trainer_id = resp.trainer_id();
   im.registered = true;
   im.coordinated.store(resp.coordinated());
@@ -831,6 +914,12 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
                                                     absl::FormatDuration(restore_timeout)));
   }
   CKPTD_RETURN_IF_ERROR(EnsureRegistered());
+  // Once the state is back, the slots are page-locked for the snapshots to
+  // come, in the background (not before: locking would slow the restore).
+  absl::Cleanup lock_slots = [&im] {
+    im.lock_after_restore = true;
+    im.StartLocking();
+  };
   ckptd::v1::RestoreRequest req;
   req.set_trainer_id(im.trainer_id);
   req.set_wait_for_slot_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(im.options.rpc_timeout)));

@@ -613,8 +613,9 @@ TEST_F(ClientTest, SpareAllocationFailureFailsConnectWithoutLeaking) {
 // A restarted trainer's device buffers come back from the agent's memory
 // without page-locking the staging slot (locking costs more than the copy
 // it speeds up): one copy per device buffer, beside the check of its blocks.
-// A damaged block is found and the step read again from disk. The slot is
-// locked at the first snapshot into it, whose device copies are then DMA.
+// A damaged block is found and the step read again from disk. Once the
+// state is back, the slots are locked in the background, so that the first
+// snapshot into each does not wait for it.
 TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
   ClientOptions o = Options();
   o.copier = &fake_;
@@ -625,17 +626,17 @@ TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
     CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
     CKPTD_ASSERT_OK(client->Snapshot(5).status());
     CKPTD_ASSERT_OK(client->WaitPersisted(5, absl::Seconds(30)));
-    EXPECT_EQ(fake_.locks(), 1);  // the snapshot's slot
+    EXPECT_EQ(fake_.locks(), 1);  // the snapshot's slot, at the snapshot (no restore ran)
   }  // the trainer goes away (its staging stays with the agent)
   EXPECT_EQ(fake_.locked(), 0);
   for (int damaged : {0, 1}) {
     SCOPED_TRACE(damaged ? "damaged" : "intact");
     State fresh;
     CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, fresh.DeviceSpecs()));
+    std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);  // the first trainer's, taken over
+    ASSERT_NE(seg, nullptr);
     if (damaged) {
       // A stray write into the kept copy of step 5, in "adam" (on the device).
-      std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
-      ASSERT_NE(seg, nullptr);
       for (uint32_t slot = 0; slot < seg->slots(); ++slot) {
         if (seg->state(slot) == staging::SlotState::kKept && seg->step(slot) == 5) {
           seg->slot_data(slot)[3 * 4096 + 100] ^= 0x10;
@@ -644,23 +645,103 @@ TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
     }
     const int locks = fake_.locks();
     fake_.TakeLog();
+    fake_.CloseLockGate();  // locking waits; the restore must not
     EXPECT_THAT(client->Restore(), ::ckptd::testing::IsOkAndHolds(Optional(5u)));
     EXPECT_TRUE(fresh == at5);
     EXPECT_EQ(client->last_restore_source(), damaged ? "storage-root" : "memory");
     EXPECT_EQ(fake_.locks(), locks);
-    std::vector<std::string> log = fake_.TakeLog();
     if (!damaged) {
       // One copy per device buffer (params, adam); the host buffers are
       // copied by the checking threads.
-      EXPECT_THAT(log, ElementsAre("h2d 4000", "h2d 8000", "sync"));
+      EXPECT_THAT(fake_.TakeLog(), ElementsAre("h2d 4000", "h2d 8000", "sync"));
     }
-    if (damaged) {  // the last round: a snapshot locks its slot
+    // Then the locking thread locks every slot.
+    EXPECT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
+    fake_.OpenLockGate();
+    EXPECT_TRUE(Eventually([&] { return fake_.locked() == static_cast<int>(seg->slots()); }));
+    EXPECT_EQ(fake_.locks(), locks + static_cast<int>(seg->slots()));
+    if (damaged) {  // the last round: a snapshot finds its slot locked
       fresh.Step(6);
       CKPTD_ASSERT_OK(client->Snapshot(6).status());
-      EXPECT_EQ(fake_.locks(), locks + 1);
+      EXPECT_EQ(fake_.locks(), locks + static_cast<int>(seg->slots()));
       CKPTD_ASSERT_OK(client->WaitPersisted(6, absl::Seconds(30)));
     }
   }
+  EXPECT_EQ(fake_.locked(), 0);  // unlocked when the trainers went
+}
+
+// The locking thread never holds a trainer up for more than one slot: a
+// client that goes away while it locks a slot waits for that one slot, and
+// unlocks everything; a snapshot into a slot being locked waits for it
+// instead of locking it twice; after a restart of the agent the slots of
+// the new staging are locked in turn.
+TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
+  ClientOptions o = Options();
+  o.copier = &fake_;
+  o.rpc_timeout = absl::Milliseconds(500);
+  o.slot_wait = absl::ZeroDuration();
+  State state;
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+    fake_.CloseLockGate();
+    CKPTD_ASSERT_OK(client->Restore().status());  // a fresh start: nothing to restore, the slots are locked after it
+    ASSERT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
+    std::thread opener([&] {
+      absl::SleepFor(absl::Milliseconds(100));
+      fake_.OpenLockGate();
+    });
+    client.reset();  // waits for the slot being locked, not for the others
+    opener.join();
+    EXPECT_EQ(fake_.locked(), 0);
+    EXPECT_EQ(fake_.locks(), 1);
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+  fake_.CloseLockGate();
+  CKPTD_ASSERT_OK(client->Restore().status());
+  ASSERT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
+  // A snapshot now: into the slot being locked it waits for it; into the
+  // other it locks that one itself, and the locking thread leaves it be.
+  std::thread opener([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    fake_.OpenLockGate();
+  });
+  CKPTD_ASSERT_OK(client->Snapshot(1).status());
+  opener.join();
+  EXPECT_TRUE(Eventually([&] { return fake_.locked() == 2; }));
+  EXPECT_EQ(fake_.locks(), 1 + 2);  // each slot once
+  CKPTD_ASSERT_OK(client->WaitPersisted(1, absl::Seconds(30)));
+  // The agent restarts: the client registers again, unlocks the old staging
+  // and locks the new one's slots in the background, each once.
+  StopAgent();
+  StartAgent();
+  uint64_t step = 10;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        (void)client->Snapshot(step++);
+        return fake_.locks() == 1 + 2 + 2 && fake_.locked() == 2;
+      },
+      absl::Seconds(10), absl::Milliseconds(50)))
+      << fake_.locks() << " locks, " << fake_.locked() << " locked";
+  client.reset();
+  EXPECT_EQ(fake_.locked(), 0);
+}
+
+// An agent that goes away takes its staging with it: the client unlocks the
+// slots it had page-locked before letting the segment go (memory unmapped
+// while still registered with the device runtime is an error there).
+TEST_F(ClientTest, AnAgentThatGoesAwayHasItsSlotsUnlocked) {
+  ClientOptions o = Options();
+  o.copier = &fake_;
+  o.rpc_timeout = absl::Milliseconds(500);
+  State state;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+  CKPTD_ASSERT_OK(client->Snapshot(1).status());
+  CKPTD_ASSERT_OK(client->WaitPersisted(1, absl::Seconds(30)));
+  EXPECT_EQ(fake_.locked(), 1);
+  StopAgent();
+  EXPECT_THAT(client->WaitPersisted(2, absl::Seconds(5)),
+              AnyOf(StatusIs(absl::StatusCode::kUnavailable, HasSubstr("agent")),
+                    StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("agent"))));
   EXPECT_EQ(fake_.locked(), 0);
 }
 

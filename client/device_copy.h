@@ -30,6 +30,8 @@ class DeviceCopier {
 
   // Makes host memory page-locked for the device runtime, so that device
   // copies into it run as DMA without an intermediate buffer. No-op on host.
+  // The client calls these from its locking thread too, while another
+  // thread copies: they must be safe beside the other calls.
   virtual absl::Status RegisterHostMemory(void* p, size_t n) = 0;
   virtual absl::Status UnregisterHostMemory(void* p) = 0;
 

@@ -13,14 +13,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/device_copy.h"
 #include "client/host_copy.h"
 
 namespace ckptd::client {
 
 // Logs every copy ("d2d <bytes>", "d2h", "h2d", "host" for host buffers,
-// "sync"), counts page-locking, can hold device-to-host copies at a gate,
-// fail the next one, and fail an allocation. Thread-safe.
+// "sync"), counts page-locking, can hold device-to-host copies and
+// page-locking at gates, fail the next device-to-host copy, and fail an
+// allocation. Thread-safe.
 class FakeDeviceCopier final : public DeviceCopier {
  public:
   absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
@@ -45,6 +47,11 @@ class FakeDeviceCopier final : public DeviceCopier {
   }
   absl::Status RegisterHostMemory(void*, size_t) override {
     absl::MutexLock l(&mu_);
+    ++lock_waiting_;
+    // Bounded: a caller that should not have been held fails its test
+    // instead of hanging it.
+    mu_.AwaitWithTimeout(absl::Condition(&lock_open_), absl::Seconds(30));
+    --lock_waiting_;
     ++locks_;
     ++locked_;
     return absl::OkStatus();
@@ -80,6 +87,20 @@ class FakeDeviceCopier final : public DeviceCopier {
   void OpenGate() {
     absl::MutexLock l(&mu_);
     open_ = true;
+  }
+  // Holds page-locking (RegisterHostMemory) until opened, for up to 30 s.
+  void CloseLockGate() {
+    absl::MutexLock l(&mu_);
+    lock_open_ = false;
+  }
+  void OpenLockGate() {
+    absl::MutexLock l(&mu_);
+    lock_open_ = true;
+  }
+  // Callers held at that gate now.
+  int lock_waiting() {
+    absl::MutexLock l(&mu_);
+    return lock_waiting_;
   }
   void FailNextDeviceToHost(absl::Status s) {
     absl::MutexLock l(&mu_);
@@ -125,6 +146,8 @@ class FakeDeviceCopier final : public DeviceCopier {
   int allocations_left_ ABSL_GUARDED_BY(mu_) = 1000;
   int allocated_ ABSL_GUARDED_BY(mu_) = 0;
   int live_ ABSL_GUARDED_BY(mu_) = 0;
+  bool lock_open_ ABSL_GUARDED_BY(mu_) = true;
+  int lock_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   int locks_ ABSL_GUARDED_BY(mu_) = 0;
   int locked_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
