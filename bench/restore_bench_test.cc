@@ -90,6 +90,7 @@ TEST(RestoreBenchTest, DeviceRestoresAreVerifiedAndMeasuredBesideCudaMemcpy) {
   EXPECT_GE(fake.locks(), 2 * 2);
   EXPECT_EQ(fake.locked(), 0);
   EXPECT_EQ(fake.live(), 0);  // both device buffers freed
+  EXPECT_EQ(fake.calls_on_no_device(), 0);
   // The text report says both ratios.
   std::ostringstream text, text_err;
   ASSERT_EQ(RunRestoreBench({"--bytes", "1M", "--cuda", "0", "--repeat", "1"}, text, text_err, &fake), base::kExitOk)

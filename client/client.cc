@@ -92,6 +92,8 @@ struct Client::Impl {
   // (the snapshot into that slot tries again and reports it) or when told.
   void LockLoop() {
     base::SetCallingThreadName("ckptd-lock");
+    // Left to the snapshots, which report it, when the device is unusable.
+    if (!copier->UseDeviceOnThisThread(first_device).ok()) return;
     bool (*const stop)(Impl*) = +[](Impl* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(i->map_mu) { return i->lock_stop; };
     for (uint32_t slot = 0;; ++slot) {
       SlotMap was;
@@ -114,9 +116,10 @@ struct Client::Impl {
     }
   }
   // Starts the locking thread for the current segment, once a restore ran
-  // (lock_after_restore); nothing to do without device buffers.
+  // (lock_after_restore) and while none runs; nothing to do without device
+  // buffers.
   void StartLocking() {
-    if (!any_device || !lock_after_restore || segment == nullptr || lock_thread.joinable()) return;
+    if (!any_device || !lock_after_restore || restoring || segment == nullptr || lock_thread.joinable()) return;
     {
       absl::MutexLock l(&map_mu);
       lock_stop = false;
@@ -171,6 +174,7 @@ struct Client::Impl {
     std::thread device_copies;
     if (any_device) {
       device_copies = std::thread([this, base, &device_copied] {
+        device_copied = copier->UseDeviceOnThisThread(first_device);
         for (size_t i = 0; i < buffers.size() && device_copied.ok(); ++i) {
           if (buffers[i].device.kind() == ckptd::v1::Device::HOST || lengths[i] == 0) continue;
           device_copied = copier->CopyFromHost(buffers[i].data, base + offsets[i], lengths[i], buffers[i].device);
@@ -222,6 +226,9 @@ struct Client::Impl {
   std::vector<BufferSpec> buffers;
   std::vector<uint64_t> lengths;
   bool any_device = false;
+  // The device of the first buffer on one: the client's own threads make it
+  // theirs before they lock or copy (DeviceCopier::UseDeviceOnThisThread).
+  ckptd::v1::Device first_device;
   std::unique_ptr<DeviceCopier> owned_copier;
   DeviceCopier* copier = nullptr;  // owned_copier, or options.copier
   std::shared_ptr<grpc::Channel> channel;
@@ -245,6 +252,7 @@ struct Client::Impl {
   bool lock_stop ABSL_GUARDED_BY(map_mu) = false;
   std::thread lock_thread;          // training thread only (start, stop)
   bool lock_after_restore = false;  // training thread only: a restore ran
+  bool restoring = false;           // training thread only: a restore runs
   // Where the last restore read its step.
   std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
   // Copies and checks restored blocks (made at the first restore from memory).
@@ -465,6 +473,8 @@ struct Client::Impl {
   // The hop thread: runs second hops one at a time until stopped; a hop
   // queued before the stop still runs.
   void HopLoop() {
+    // An error here is the copies' too, and reported with them.
+    (void)copier->UseDeviceOnThisThread(first_device);
     while (true) {
       Hop hop;
       {
@@ -532,6 +542,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       return absl::InvalidArgumentError(absl::StrCat("buffer '", absl::CHexEscape(b.name), "' has no memory"));
     }
     impl->lengths.push_back(length);
+    if (!impl->any_device && b.device.kind() != ckptd::v1::Device::HOST) impl->first_device = b.device;
     impl->any_device = impl->any_device || b.device.kind() != ckptd::v1::Device::HOST;
   }
   impl->buffers = std::move(buffers);
@@ -679,6 +690,7 @@ Client::~Client() {
                                    impl),
                                impl_->options.rpc_timeout);
   }
+  impl_->StopLocking();
   if (impl_->registered) {
     ckptd::v1::GoodbyeRequest req;
     req.set_trainer_id(impl_->trainer_id);
@@ -733,13 +745,15 @@ bool Client::restart_requested() const {
 
 absl::Status Client::EnsureRegistered() {
   Impl& im = *impl_;
+  bool lost;
   {
     absl::MutexLock l(&im.mu);
-    if (im.agent_lost) {
-      im.agent_lost = false;
-      im.registered = false;
-      im.DropSegment();
-    }
+    lost = std::exchange(im.agent_lost, false);
+  }
+  if (lost) {
+    // Outside `mu`: stopping the locking thread may wait for a slot.
+    im.registered = false;
+    im.DropSegment();
   }
   if (im.registered) return absl::OkStatus();
   ckptd::v1::RegisterRequest req;
@@ -774,6 +788,7 @@ absl::Status Client::EnsureRegistered() {
   std::optional<uint32_t> agent_uid;
   struct stat socket_st;
   if (::stat(im.options.socket.c_str(), &socket_st) == 0) agent_uid = static_cast<uint32_t>(socket_st.st_uid);
+  im.DropSegment();  // one a failed registration left
   CKPTD_ASSIGN_OR_RETURN(im.segment, staging::StagingSegment::Open(resp.segment(), im.clock, agent_uid));
   im.offsets.assign(resp.offsets().begin(), resp.offsets().end());
   for (size_t i = 0; i < im.buffers.size(); ++i) {
@@ -913,13 +928,16 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
                                                     " is still in flight after ",
                                                     absl::FormatDuration(restore_timeout)));
   }
-  CKPTD_RETURN_IF_ERROR(EnsureRegistered());
   // Once the state is back, the slots are page-locked for the snapshots to
-  // come, in the background (not before: locking would slow the restore).
+  // come, in the background; never while a restore copies out of one.
+  im.restoring = true;
   absl::Cleanup lock_slots = [&im] {
+    im.restoring = false;
     im.lock_after_restore = true;
     im.StartLocking();
   };
+  CKPTD_RETURN_IF_ERROR(EnsureRegistered());
+  im.StopLocking();  // a restore again (a rollback): the slot it locks is finished first
   ckptd::v1::RestoreRequest req;
   req.set_trainer_id(im.trainer_id);
   req.set_wait_for_slot_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(im.options.rpc_timeout)));

@@ -159,10 +159,22 @@ class ClientTest : public ::testing::Test {
     o.rpc_timeout = absl::Seconds(2);
     return o;
   }
-  ClientOptions TwoHopOptions() {
+  // Device buffers through fake_.
+  ClientOptions DeviceOptions() {
     ClientOptions o = Options();
-    o.spare_device_buffer = true;
     o.copier = &fake_;
+    return o;
+  }
+  // Opens fake_'s lock gate after 100 ms, from a thread the caller joins.
+  std::thread OpenLockGateSoon() {
+    return std::thread([this] {
+      absl::SleepFor(absl::Milliseconds(100));
+      fake_.OpenLockGate();
+    });
+  }
+  ClientOptions TwoHopOptions() {
+    ClientOptions o = DeviceOptions();
+    o.spare_device_buffer = true;
     return o;
   }
   // The staging segment of the agent's `trainer_id`-th registration, mapped
@@ -402,6 +414,7 @@ TEST_F(ClientTest, TwoHopSnapshotReturnsAfterTheDeviceCopyAndRestoresExactly) {
   EXPECT_EQ(fake_.allocated(), 2);
   client.reset();
   EXPECT_EQ(fake_.live(), 0);  // the spares are freed with the client
+  EXPECT_EQ(fake_.calls_on_no_device(), 0);  // the client's own threads chose their device
 }
 
 // Issue 16 (5): the trainer learns of failed persists without asking, and
@@ -617,8 +630,7 @@ TEST_F(ClientTest, SpareAllocationFailureFailsConnectWithoutLeaking) {
 // state is back, the slots are locked in the background, so that the first
 // snapshot into each does not wait for it.
 TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
-  ClientOptions o = Options();
-  o.copier = &fake_;
+  ClientOptions o = DeviceOptions();
   State state;
   state.Step(5);
   const State at5 = state;
@@ -668,6 +680,7 @@ TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
     }
   }
   EXPECT_EQ(fake_.locked(), 0);  // unlocked when the trainers went
+  EXPECT_EQ(fake_.calls_on_no_device(), 0);  // the client's own threads chose their device
 }
 
 // The locking thread never holds a trainer up for more than one slot: a
@@ -676,8 +689,7 @@ TEST_F(ClientTest, DeviceBuffersAreRestoredFromMemoryWithoutLockingTheSlot) {
 // instead of locking it twice; after a restart of the agent the slots of
 // the new staging are locked in turn.
 TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
-  ClientOptions o = Options();
-  o.copier = &fake_;
+  ClientOptions o = DeviceOptions();
   o.rpc_timeout = absl::Milliseconds(500);
   o.slot_wait = absl::ZeroDuration();
   State state;
@@ -686,10 +698,7 @@ TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
     fake_.CloseLockGate();
     CKPTD_ASSERT_OK(client->Restore().status());  // a fresh start: nothing to restore, the slots are locked after it
     ASSERT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
-    std::thread opener([&] {
-      absl::SleepFor(absl::Milliseconds(100));
-      fake_.OpenLockGate();
-    });
+    std::thread opener = OpenLockGateSoon();
     client.reset();  // waits for the slot being locked, not for the others
     opener.join();
     EXPECT_EQ(fake_.locked(), 0);
@@ -701,10 +710,7 @@ TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
   ASSERT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
   // A snapshot now: into the slot being locked it waits for it; into the
   // other it locks that one itself, and the locking thread leaves it be.
-  std::thread opener([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    fake_.OpenLockGate();
-  });
+  std::thread opener = OpenLockGateSoon();
   CKPTD_ASSERT_OK(client->Snapshot(1).status());
   opener.join();
   EXPECT_TRUE(Eventually([&] { return fake_.locked() == 2; }));
@@ -724,14 +730,42 @@ TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
       << fake_.locks() << " locks, " << fake_.locked() << " locked";
   client.reset();
   EXPECT_EQ(fake_.locked(), 0);
+  EXPECT_EQ(fake_.calls_on_no_device(), 0);  // the client's own threads chose their device
+}
+
+// A rollback (a restore again in the same trainer) while the locking thread
+// locks a slot waits for that slot first: a restore never copies out of
+// staging while it is being locked.
+TEST_F(ClientTest, ARollbackWaitsForTheSlotBeingLocked) {
+  ClientOptions o = DeviceOptions();
+  State state;
+  state.Step(1);
+  const State at1 = state;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));
+  CKPTD_ASSERT_OK(client->Snapshot(1).status());
+  CKPTD_ASSERT_OK(client->WaitPersisted(1, absl::Seconds(30)));
+  fake_.CloseLockGate();
+  state.Step(2);
+  EXPECT_THAT(client->Restore(), ::ckptd::testing::IsOkAndHolds(Optional(1u)));
+  EXPECT_TRUE(state == at1);
+  // The locking thread now holds the other slot at the gate.
+  ASSERT_TRUE(Eventually([&] { return fake_.lock_waiting() == 1; }));
+  state.Step(3);
+  std::thread opener = OpenLockGateSoon();
+  EXPECT_THAT(client->Restore(), ::ckptd::testing::IsOkAndHolds(Optional(1u)));
+  opener.join();
+  EXPECT_TRUE(state == at1);
+  EXPECT_EQ(fake_.copies_while_locking(), 0);
+  EXPECT_TRUE(Eventually([&] { return fake_.locked() == 2; }));
+  EXPECT_EQ(fake_.locks(), 2);  // each slot once
+  EXPECT_EQ(fake_.calls_on_no_device(), 0);
 }
 
 // An agent that goes away takes its staging with it: the client unlocks the
 // slots it had page-locked before letting the segment go (memory unmapped
 // while still registered with the device runtime is an error there).
 TEST_F(ClientTest, AnAgentThatGoesAwayHasItsSlotsUnlocked) {
-  ClientOptions o = Options();
-  o.copier = &fake_;
+  ClientOptions o = DeviceOptions();
   o.rpc_timeout = absl::Milliseconds(500);
   State state;
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.DeviceSpecs()));

@@ -36,10 +36,19 @@ absl::Status CudaStatus(cudaError_t e, absl::string_view what) {
 
 // Switches the calling thread's current device for a scope and restores the
 // caller's afterwards: the trainer's own device choice is never disturbed.
+// A thread already on `device` is left alone: switching back would create
+// a context on the previous device (cudaSetDevice does, since CUDA 12), and
+// a thread that never chose one is "on" device 0. The client's own threads
+// choose theirs first (UseDeviceOnThisThread), so they never touch a device
+// that holds none of the trainer's buffers.
 class ScopedDevice {
  public:
   explicit ScopedDevice(int device) {
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ == device) {
+      previous_ = -1;  // nothing to switch, nothing to restore
+      return;
+    }
     status_ = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
   }
   ~ScopedDevice() {
@@ -91,6 +100,12 @@ class CudaCopier final : public DeviceCopier {
       if (first.ok()) first = s;
     }
     return first;
+  }
+
+  absl::Status UseDeviceOnThisThread(const ckptd::v1::Device& device) override {
+    if (device.kind() == ckptd::v1::Device::HOST) return absl::OkStatus();
+    CKPTD_RETURN_IF_ERROR(CheckDevice(device.index()));
+    return CudaStatus(cudaSetDevice(device.index()), absl::StrCat("cudaSetDevice(", device.index(), ")"));
   }
 
   absl::Status RegisterHostMemory(void* p, size_t n) override {

@@ -28,6 +28,12 @@ class DeviceCopier {
   // Waits for every queued copy; returns the first error of any of them.
   virtual absl::Status Synchronize() = 0;
 
+  // Makes `device` the current one of the calling thread, a thread of
+  // ckptd's own, before its first call: page-locking and copies from it then
+  // use that device's context and never create one on another device (a
+  // thread that chose none is on device 0). No-op on host.
+  virtual absl::Status UseDeviceOnThisThread(const ckptd::v1::Device& device) { return absl::OkStatus(); }
+
   // Makes host memory page-locked for the device runtime, so that device
   // copies into it run as DMA without an intermediate buffer. No-op on host.
   // The client calls these from its locking thread too, while another

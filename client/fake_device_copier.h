@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,7 @@ class FakeDeviceCopier final : public DeviceCopier {
  public:
   absl::Status CopyToHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
     if (device.kind() == ckptd::v1::Device::HOST) return Copy("host", dst, src, n);
+    NoteThread();
     absl::MutexLock l(&mu_);
     mu_.Await(absl::Condition(&open_));
     if (!fail_next_d2h_.ok()) return std::exchange(fail_next_d2h_, absl::OkStatus());
@@ -35,9 +37,15 @@ class FakeDeviceCopier final : public DeviceCopier {
     return absl::OkStatus();
   }
   absl::Status CopyFromHost(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) {
+      NoteThread();
+      absl::MutexLock l(&mu_);
+      if (lock_waiting_ > 0) ++copies_while_locking_;
+    }
     return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "h2d", dst, src, n);
   }
   absl::Status CopyOnDevice(void* dst, const void* src, size_t n, const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) NoteThread();
     return Copy(device.kind() == ckptd::v1::Device::HOST ? "host" : "d2d", dst, src, n);
   }
   absl::Status Synchronize() override {
@@ -45,7 +53,12 @@ class FakeDeviceCopier final : public DeviceCopier {
     log_.push_back("sync");
     return absl::OkStatus();
   }
+  absl::Status UseDeviceOnThisThread(const ckptd::v1::Device& device) override {
+    if (device.kind() != ckptd::v1::Device::HOST) chose_device_ = true;
+    return absl::OkStatus();
+  }
   absl::Status RegisterHostMemory(void*, size_t) override {
+    NoteThread();
     absl::MutexLock l(&mu_);
     ++lock_waiting_;
     // Bounded: a caller that should not have been held fails its test
@@ -122,6 +135,20 @@ class FakeDeviceCopier final : public DeviceCopier {
     absl::MutexLock l(&mu_);
     return live_;
   }
+  // Device copies and page-locking by a thread other than the one that made
+  // this copier (the test's, standing for the trainer's) that had not
+  // chosen its device first (UseDeviceOnThisThread): on CUDA those would
+  // run on device 0, creating a context there.
+  int calls_on_no_device() {
+    absl::MutexLock l(&mu_);
+    return calls_on_no_device_;
+  }
+  // Host-to-device copies (restores) made while a page-locking was held at
+  // the gate.
+  int copies_while_locking() {
+    absl::MutexLock l(&mu_);
+    return copies_while_locking_;
+  }
   // RegisterHostMemory calls so far, and those not yet unregistered.
   int locks() {
     absl::MutexLock l(&mu_);
@@ -133,6 +160,11 @@ class FakeDeviceCopier final : public DeviceCopier {
   }
 
  private:
+  void NoteThread() {
+    if (chose_device_ || std::this_thread::get_id() == owner_) return;
+    absl::MutexLock l(&mu_);
+    ++calls_on_no_device_;
+  }
   absl::Status Copy(const char* what, void* dst, const void* src, size_t n) {
     if (n > 0) std::memcpy(dst, src, n);
     absl::MutexLock l(&mu_);
@@ -140,6 +172,8 @@ class FakeDeviceCopier final : public DeviceCopier {
     return absl::OkStatus();
   }
 
+  static inline thread_local bool chose_device_ = false;
+  const std::thread::id owner_ = std::this_thread::get_id();
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   absl::Status fail_next_d2h_ ABSL_GUARDED_BY(mu_);
@@ -149,6 +183,8 @@ class FakeDeviceCopier final : public DeviceCopier {
   bool lock_open_ ABSL_GUARDED_BY(mu_) = true;
   int lock_waiting_ ABSL_GUARDED_BY(mu_) = 0;
   int locks_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_on_no_device_ ABSL_GUARDED_BY(mu_) = 0;
+  int copies_while_locking_ ABSL_GUARDED_BY(mu_) = 0;
   int locked_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> log_ ABSL_GUARDED_BY(mu_);
 };
