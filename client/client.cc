@@ -99,10 +99,13 @@ struct Client::Impl {
       SlotMap was;
       {
         absl::MutexLock l(&map_mu);
-        // The agent may still be allocating the slot: looked at again every
-        // 10 ms (it says nothing when done).
+        // The agent may still be allocating the slot: looked at again after
+        // 10 ms, then less and less often, at most every second (it says
+        // nothing when done, and a slot it could not allocate stays so).
+        absl::Duration poll = absl::Milliseconds(10);
         while (!lock_stop && slot < slot_mapped.size() && segment->state(slot) == staging::SlotState::kPreparing) {
-          map_mu.AwaitWithTimeout(absl::Condition(stop, this), absl::Milliseconds(10));
+          map_mu.AwaitWithTimeout(absl::Condition(stop, this), poll);
+          poll = std::min(2 * poll, absl::Seconds(1));
         }
         if (lock_stop || slot >= slot_mapped.size()) return;
         was = slot_mapped[slot];

@@ -134,6 +134,7 @@ class ClientTest : public ::testing::Test {
     agent::AgentOptions o;
     o.storage_root = "/ckpt";
     o.io_threads = 1;
+    o.prepare_inline_bytes = prepare_inline_bytes_;
     o.segment_prefix = absl::StrCat("/ckptd-test-client-", ::getpid(), "-", counter_++);
     o.coordinator = coordinator_;
     segment_prefix_ = o.segment_prefix;
@@ -199,6 +200,7 @@ class ClientTest : public ::testing::Test {
     return last;
   }
 
+  uint64_t prepare_inline_bytes_ = uint64_t{64} << 20;  // the agent's default
   static inline int counter_ = 0;
   FakeDeviceCopier fake_;  // outlives every client of a test
   base::FakeClock clock_;  // for ClientOptions::clock; outlives every client of a test
@@ -731,6 +733,21 @@ TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
   client.reset();
   EXPECT_EQ(fake_.locked(), 0);
   EXPECT_EQ(fake_.calls_on_no_device(), 0);  // the client's own threads chose their device
+}
+
+// Staging the agent allocates in the background: the locking thread waits
+// for each slot to be ready before it locks it.
+TEST_F(ClientTest, SlotsStillBeingAllocatedAreLockedOnceReady) {
+  StopAgent();
+  prepare_inline_bytes_ = 0;  // every segment in the background
+  StartAgent();
+  State state;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(DeviceOptions(), state.DeviceSpecs()));
+  CKPTD_ASSERT_OK(client->Restore().status());  // a fresh start
+  EXPECT_TRUE(Eventually([&] { return fake_.locked() == 2; }));
+  EXPECT_EQ(fake_.locks(), 2);
+  client.reset();
+  EXPECT_EQ(fake_.locked(), 0);
 }
 
 // A rollback (a restore again in the same trainer) while the locking thread
