@@ -718,15 +718,16 @@ TEST_F(ClientTest, TheLockingThreadStopsWithTheClientAndFollowsANewAgent) {
   EXPECT_TRUE(Eventually([&] { return fake_.locked() == 2; }));
   EXPECT_EQ(fake_.locks(), 1 + 2);  // each slot once
   CKPTD_ASSERT_OK(client->WaitPersisted(1, absl::Seconds(30)));
-  // The agent restarts: the client registers again, unlocks the old staging
-  // and locks the new one's slots in the background, each once.
+  // The agent restarts: the client registers again (once, or again when a
+  // call sent to the old agent fails late), unlocks the old staging and
+  // locks the new one's slots in the background.
   StopAgent();
   StartAgent();
   uint64_t step = 10;
   EXPECT_TRUE(Eventually(
       [&] {
         (void)client->Snapshot(step++);
-        return fake_.locks() == 1 + 2 + 2 && fake_.locked() == 2;
+        return fake_.locks() >= 1 + 2 + 2 && fake_.locked() == 2;
       },
       absl::Seconds(10), absl::Milliseconds(50)))
       << fake_.locks() << " locks, " << fake_.locked() << " locked";
