@@ -228,6 +228,20 @@ class LocalAgent {
   std::unique_ptr<agent::UnixServer> server_;
 };
 
+// A benchmark's failure: `why` (and the agent's warnings and errors from
+// `log`) on `err`; returns the exit code `rc`.
+int Fail(std::ostream& err, absl::string_view bench, absl::string_view why, LineLogger* log, int rc) {
+  err << "ckptd-bench " << bench << ": " << why << "\n";
+  if (log != nullptr) log->PrintProblems(err);
+  return rc;
+}
+
+// Whether the agent allocates the staging of one trainer buffer of `n`
+// bytes within Register (else in the background).
+bool AllocatedInline(const agent::AgentOptions& options, uint64_t n) {
+  return staging::SegmentBytes(options.slots, staging::PlanLayout({n}).slot_bytes) <= options.prepare_inline_bytes;
+}
+
 // The agent's options shared by both benchmarks; creates the storage root.
 absl::StatusOr<agent::AgentOptions> BaseOptions(const std::string& dir, absl::string_view tag, base::Logger* log) {
   agent::AgentOptions o;
@@ -667,9 +681,7 @@ absl::StatusOr<PeerTimes> PeerRound(PeerNodes& nodes, const client::ClientOption
 // --from peer (see kRestoreHelp).
 int RunPeerRestore(const base::Args& args, uint64_t n, int rounds, std::ostream& out, std::ostream& err) {
   auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
-    err << "ckptd-bench restore: " << why << "\n";
-    if (log != nullptr) log->PrintProblems(err);
-    return rc;
+    return Fail(err, "restore", why, log, rc);
   };
   ScratchDir dir;
   LineLogger log(args.Has("log") ? &err : nullptr);
@@ -880,9 +892,7 @@ absl::StatusOr<DeviceTimes> DeviceRound(const client::ClientOptions& co, DeviceB
 int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device, client::DeviceCopier* copier,
                      std::ostream& out, std::ostream& err) {
   auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
-    err << "ckptd-bench restore: " << why << "\n";
-    if (log != nullptr) log->PrintProblems(err);
-    return rc;
+    return Fail(err, "restore", why, log, rc);
   };
   // The benchmark's own copies; the trainers' go through a copier of their
   // own, as in a trainer process (or through `copier` when one is given).
@@ -900,8 +910,7 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
   absl::StatusOr<agent::AgentOptions> options =
       made.ok() ? BaseOptions(dir.path(), "restorebench", &log) : absl::StatusOr<agent::AgentOptions>(made);
   if (!options.ok()) return fail(options.status().message());
-  const bool inline_alloc =
-      staging::SegmentBytes(options->slots, staging::PlanLayout({n}).slot_bytes) <= options->prepare_inline_bytes;
+  const bool inline_alloc = AllocatedInline(*options, n);
   base::AlignedBuffer pattern, scratch;
   if (absl::Status s = AllocateTwo(n, &pattern, &scratch); !s.ok()) return fail(s.message());
   std::optional<DeviceBuffers> dev;
@@ -1009,9 +1018,7 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
   if (n == 0) return usage("--bytes is required");
   if (n < buffers) return usage(absl::StrCat("--bytes ", n, " cannot be cut into ", buffers, " buffers (--buffers)"));
   auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
-    err << "ckptd-bench register: " << why << "\n";
-    if (log != nullptr) log->PrintProblems(err);
-    return rc;
+    return Fail(err, "register", why, log, rc);
   };
 
   ScratchDir dir;
@@ -1122,9 +1129,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   }
   const char* expected = tier == Tier::kMemory ? "memory" : tier == Tier::kLocal ? "node-local" : "storage-root";
   auto fail = [&](absl::string_view why, LineLogger* log = nullptr, int rc = base::kExitFailed) {
-    err << "ckptd-bench restore: " << why << "\n";
-    if (log != nullptr) log->PrintProblems(err);
-    return rc;
+    return Fail(err, "restore", why, log, rc);
   };
 
   ScratchDir dir;
@@ -1141,8 +1146,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
     }
   }
   if (!options.ok()) return fail(options.status().message());
-  const bool inline_alloc =
-      staging::SegmentBytes(options->slots, staging::PlanLayout({n}).slot_bytes) <= options->prepare_inline_bytes;
+  const bool inline_alloc = AllocatedInline(*options, n);
   // The first trainer's buffer (the pattern) and the second's (pre-faulted).
   base::AlignedBuffer src, dst;
   if (absl::Status s = AllocateTwo(n, &src, &dst); !s.ok()) return fail(s.message());
