@@ -910,9 +910,19 @@ void AgentCore::PrepareSlots(Trainer* t) {
       return;
     }
   }
+  const absl::Duration took = clock_->Now() - start;
+  // Said because it matters: huge pages allocate, page-lock and restore
+  // faster, and whether staging gets them is the machine's setting.
+  const staging::MappedPages pages = seg.Mapped();
+  std::string paging;
+  if (pages.huge_bytes > 0) {
+    paging = absl::StrCat(", ", pages.huge_bytes * 100 / pages.bytes, "% of it on huge pages");
+  } else if (pages.bytes > 0) {
+    paging = ", on 4 KiB pages (/dev/shm mounted with huge=advise gives huge pages: see docs/operations.md)";
+  }
   logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging ready, ", seg.slots(), " slots of ",
                              Gib(seg.slot_bytes()), " allocated in the background in ",
-                             absl::FormatDuration(absl::Trunc(clock_->Now() - start, absl::Milliseconds(1)))));
+                             absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))), paging));
 }
 
 void AgentCore::SetKept(Trainer* t, KeptStep kept) {

@@ -65,7 +65,8 @@ const char kRegisterHelp[] =
     "--json keys: bytes, buffers, slots, segment_bytes, rounds, first_register_s,\n"
     "ready_s, first_snapshot_s, again_register_s (medians), again_reused (every\n"
     "second Connect took the parked segment over), again_target_s,\n"
-    "again_target_met.\n"
+    "again_target_met, staging_huge_fraction (0..1: of the agent's staging, what\n"
+    "huge pages map; see huge pages in docs/operations.md).\n"
     "--log writes the agent's log, timed, to stderr.\n"
     "Ranges: --bytes 1..1T (K, M, G, T suffixes; at least K), --buffers 1..1024,\n"
     "--slots 1..16, --repeat 1..100.\n";
@@ -125,14 +126,17 @@ const char kRestoreHelp[] =
     "the client reports it: memory, node-local or storage-root; '+'-joined when\n"
     "rounds differ), source_as_expected, verified, and the medians connect_s,\n"
     "staging_wait_s, restore_s; for memory memcpy_s, ratio (restore_s /\n"
-    "memcpy_s), target_ratio, target_met; for local and root read_s, ratio\n"
+    "memcpy_s), target_ratio, target_met, staging_huge_fraction (0..1: of the\n"
+    "staging mapped by the agent and the restoring trainer, what huge pages map;\n"
+    "see huge pages in docs/operations.md); for local and root read_s, ratio\n"
     "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1);\n"
     "for peer replicate_s (node-a to node-b), replicate_gbps,\n"
     "replicate_new_memory_gbps (the warm-up copies into new memory), restore_gbps,\n"
     "iperf3_gbps, ratio (replicate_gbps / iperf3_gbps), target_ratio, target_met\n"
     "(gbps: 1e9 bits per second); with --cuda device, restore_s, rollback_s,\n"
     "cuda_memcpy_s, pageable_memcpy_s, host_register_s, ratio, rollback_ratio,\n"
-    "restore_vs_pageable, target_ratio, target_met, rollback_target_met.\n"
+    "restore_vs_pageable, target_ratio, target_met, rollback_target_met,\n"
+    "staging_huge_fraction.\n"
     "--log writes the agent's log, timed, to stderr.\n"
     "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100, --cuda 0..1023.\n";
 
@@ -287,15 +291,22 @@ absl::StatusOr<absl::Time> AwaitStaging(LineLogger& log, size_t mark, absl::Time
   return line->time;
 }
 
+// Of the staging mapped in this process under `prefix` (the agent's
+// mapping, and a trainer's while it runs), the fraction that huge pages map.
+double HugeFraction(absl::string_view prefix) {
+  const staging::MappedPages m = staging::MappedStaging(prefix);
+  return m.bytes > 0 ? static_cast<double>(m.huge_bytes) / static_cast<double>(m.bytes) : 0;
+}
+
 struct RegisterTimes {
-  double first = 0, ready = 0, first_snapshot = 0, again = 0;
+  double first = 0, ready = 0, first_snapshot = 0, again = 0, huge = 0;
   bool reused = false;
 };
 
 // One round of the register benchmark against a fresh agent.
 absl::StatusOr<RegisterTimes> RegisterRound(const client::ClientOptions& co,
                                             const std::vector<client::BufferSpec>& specs, LineLogger& log,
-                                            bool inline_alloc) {
+                                            bool inline_alloc, absl::string_view prefix) {
   RegisterTimes t;
   const size_t mark = log.size();
   const absl::Time t0 = absl::Now();
@@ -317,6 +328,7 @@ absl::StatusOr<RegisterTimes> RegisterRound(const client::ClientOptions& co,
   t.ready = Seconds(ready - t0);
   CKPTD_RETURN_IF_ERROR(c->WaitPersisted(1, absl::Minutes(10)));
   c.reset();  // goodbye: the agent parks the segment
+  t.huge = HugeFraction(prefix);  // the agent's mapping alone
   const size_t again_mark = log.size();
   const absl::Time t1 = absl::Now();
   CKPTD_ASSIGN_OR_RETURN(c, client::Client::Connect(co, specs));
@@ -442,7 +454,7 @@ absl::StatusOr<std::string> RestoreAndCompare(client::Client& c, const uint8_t* 
 }
 
 struct RestoreTimes {
-  double connect = 0, staging_wait = 0, restore = 0;
+  double connect = 0, staging_wait = 0, restore = 0, huge = 0;
   double yardstick = 0;  // memcpy or read()
   std::optional<double> fio, resident;
   std::string source;
@@ -480,6 +492,7 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
   // The yardsticks come after the restore: a disk still busy with the
   // persist slows the restore, not them.
   if (tier == Tier::kMemory) {
+    t.huge = HugeFraction(options.segment_prefix);
     const absl::Time t2 = absl::Now();
     std::memcpy(dst, src, n);
     t.yardstick = Seconds(absl::Now() - t2);
@@ -808,7 +821,7 @@ class DeviceBuffers {
 
 struct DeviceTimes {
   double connect = 0, staging_wait = 0, restore = 0, rollback = 0;
-  double pinned = 0, pageable = 0, lock = 0;
+  double pinned = 0, pageable = 0, lock = 0, huge = 0;
   std::string source;
 };
 
@@ -842,7 +855,8 @@ absl::StatusOr<double> RestoreToDevice(client::Client& c, DeviceBuffers& dev, vo
 // host memory into `b`, page-locked (cudaHostRegister, timed too) and not.
 absl::StatusOr<DeviceTimes> DeviceRound(const client::ClientOptions& co, DeviceBuffers& dev, void* a, void* b,
                                         uint8_t* pattern, uint8_t* scratch, uint64_t n, uint64_t step,
-                                        bool inline_alloc, LineLogger& log, client::DeviceCopier* copier) {
+                                        bool inline_alloc, LineLogger& log, client::DeviceCopier* copier,
+                                        absl::string_view prefix) {
   DeviceTimes t;
   Fill(pattern, n, step);
   CKPTD_RETURN_IF_ERROR(dev.ToDevice(a, pattern, n));
@@ -868,6 +882,7 @@ absl::StatusOr<DeviceTimes> DeviceRound(const client::ClientOptions& co, DeviceB
   CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
   t.staging_wait = std::max(0.0, Seconds(ready - connected));
   CKPTD_ASSIGN_OR_RETURN(t.restore, RestoreToDevice(*c, dev, b, pattern, scratch, n, step, &t.source));
+  t.huge = HugeFraction(prefix);
   c.reset();
   // The yardsticks, after the restores; each copy once untimed first, as
   // the snapshot benchmark's yardstick.
@@ -925,11 +940,11 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
   co.socket = socket;
   co.job = "restorebench";
   co.copier = copier;
-  std::vector<double> connect, staging_wait, restore, rollback, pinned, pageable, lock;
+  std::vector<double> connect, staging_wait, restore, rollback, pinned, pageable, lock, huge;
   std::vector<std::string> sources;
   for (int r = 0; r < rounds; ++r) {
     absl::StatusOr<DeviceTimes> t = DeviceRound(co, *dev, *a, *b, pattern.data(), scratch.data(), n, r + 1,
-                                                inline_alloc, log, own);
+                                                inline_alloc, log, own, options->segment_prefix);
     if (!t.ok()) return fail(t.status().message(), &log);
     connect.push_back(t->connect);
     staging_wait.push_back(t->staging_wait);
@@ -938,6 +953,7 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
     pinned.push_back(t->pinned);
     pageable.push_back(t->pageable);
     lock.push_back(t->lock);
+    huge.push_back(t->huge);
     if (std::find(sources.begin(), sources.end(), t->source) == sources.end()) sources.push_back(t->source);
   }
   agent->reset();
@@ -973,6 +989,7 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
     w.Field("target_ratio", kDeviceTargetRatio);
     w.Field("target_met", ratio <= kDeviceTargetRatio);
     w.Field("rollback_target_met", rollback_ratio <= kDeviceTargetRatio);
+    w.Field("staging_huge_fraction", Median(huge));
     w.EndObject();
     out << w.str() << "\n";
     return base::kExitOk;
@@ -990,6 +1007,7 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
                          kDeviceTargetRatio, verdict(ratio), vs_pageable);
   out << absl::StrFormat("  rollback %.2fx page-locked cudaMemcpy (target <= %.1fx: %s)\n", rollback_ratio,
                          kDeviceTargetRatio, verdict(rollback_ratio));
+  out << absl::StrFormat("  staging on huge pages: %.0f%%\n", 100 * Median(huge));
   return base::kExitOk;
 }
 
@@ -1041,7 +1059,7 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
   const std::vector<client::BufferSpec> specs = Specs(buffer.data(), lengths);
   const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
   const std::string prefix = options->segment_prefix;
-  std::vector<double> first, ready, first_snapshot, again;
+  std::vector<double> first, ready, first_snapshot, again, huge;
   bool reused = true;
   for (int r = 0; r < rounds; ++r) {
     options->segment_prefix = absl::StrCat(prefix, "-", r);
@@ -1050,12 +1068,13 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
     client::ClientOptions co;
     co.socket = socket;
     co.job = absl::StrCat("regbench-", r);  // new to the agent
-    absl::StatusOr<RegisterTimes> t = RegisterRound(co, specs, log, inline_alloc);
+    absl::StatusOr<RegisterTimes> t = RegisterRound(co, specs, log, inline_alloc, options->segment_prefix);
     if (!t.ok()) return fail(t.status().message(), &log);
     first.push_back(t->first);
     ready.push_back(t->ready);
     first_snapshot.push_back(t->first_snapshot);
     again.push_back(t->again);
+    huge.push_back(t->huge);
     reused = reused && t->reused;
   }
   const double again_s = Median(again);
@@ -1075,16 +1094,18 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
     w.Field("again_reused", reused);
     w.Field("again_target_s", kAgainTarget);
     w.Field("again_target_met", met);
+    w.Field("staging_huge_fraction", Median(huge));
     w.EndObject();
     out << w.str() << "\n";
   } else {
     out << absl::StrFormat(
         "register of %s in %u buffer%s, segment %s (%u slots), median of %d:\n"
         "  first %.4f s (first snapshot at %.4f s, every slot ready at %.4f s)\n"
-        "  again %.4f s%s (target: again < %.3f s for any size: %s)\n",
+        "  again %.4f s%s (target: again < %.3f s for any size: %s)\n"
+        "  staging on huge pages: %.0f%%\n",
         base::HumanBytes(n), buffers, buffers == 1 ? "" : "s", base::HumanBytes(segment_bytes), slots, rounds,
         Median(first), Median(first_snapshot), Median(ready), again_s,
-        reused ? "" : ", the parked segment NOT taken over", kAgainTarget, met ? "met" : "MISSED");
+        reused ? "" : ", the parked segment NOT taken over", kAgainTarget, met ? "met" : "MISSED", 100 * Median(huge));
   }
   return base::kExitOk;
 }
@@ -1156,7 +1177,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   client::ClientOptions co;
   co.socket = socket;
   co.job = "restorebench";
-  std::vector<double> connect, staging_wait, restore, yardstick, fio, resident;
+  std::vector<double> connect, staging_wait, restore, yardstick, fio, resident, huge;
   std::vector<std::string> sources;
   for (int r = 0; r < rounds; ++r) {
     absl::StatusOr<RestoreTimes> t =
@@ -1166,6 +1187,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
     staging_wait.push_back(t->staging_wait);
     restore.push_back(t->restore);
     yardstick.push_back(t->yardstick);
+    huge.push_back(t->huge);
     if (t->fio) fio.push_back(*t->fio);
     if (t->resident) resident.push_back(*t->resident);
     if (std::find(sources.begin(), sources.end(), t->source) == sources.end()) sources.push_back(t->source);
@@ -1192,6 +1214,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
     if (tier == Tier::kMemory) {
       w.Field("target_ratio", kMemoryTargetRatio);
       w.Field("target_met", ratio <= kMemoryTargetRatio);
+      w.Field("staging_huge_fraction", Median(huge));
     } else {
       if (!fio.empty()) w.Field("fio_read_s", Median(fio));
       if (!resident.empty()) w.Field("resident_after_evict", Median(resident));
@@ -1207,6 +1230,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   if (tier == Tier::kMemory) {
     out << absl::StrFormat("  memcpy  %.4f s: restore %.2fx memcpy (target <= %.1fx: %s)\n", yard_s, ratio,
                            kMemoryTargetRatio, ratio <= kMemoryTargetRatio ? "met" : "MISSED");
+    out << absl::StrFormat("  staging on huge pages: %.0f%%\n", 100 * Median(huge));
   } else {
     out << absl::StrFormat("  read()  %.4f s: restore %.2fx read()\n", yard_s, ratio);
     if (!fio.empty()) out << absl::StrFormat("  fio     %.4f s (O_DIRECT, 4 MiB blocks)\n", Median(fio));

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <new>
 #include <random>
 
@@ -53,6 +55,54 @@ absl::Status ValidateName(const std::string& name) {
                                                    "\" must be '/' then 1..199 of A-Z a-z 0-9 . _ -, not starting with '.'"));
   }
   return absl::OkStatus();
+}
+
+// Reads a byte of every page of [p, p + len): maps pages that exist.
+void TouchPages(const uint8_t* p, uint64_t len) {
+  const volatile uint8_t* v = p;
+  for (uint64_t off = 0; off < len; off += 4096) (void)v[off];
+}
+
+// Reserves bytes [offset, offset + len) of the segment file `fd`, mapped at
+// `base` (offset page-aligned), and faults them into the mapping: they exist
+// in /dev/shm afterwards, so a full /dev/shm is an error here, not a SIGBUS
+// in the trainer later. Returns 0 or an errno. The pages are made through
+// the mapping (MADV_POPULATE_WRITE, as first writes would), so that a
+// MADV_HUGEPAGE mapping gets huge pages; fallocate follows no mapping. It
+// serves where the kernel lacks MADV_POPULATE_WRITE (before 5.14), and says
+// why populating failed (a full /dev/shm fails it with EFAULT, fallocate
+// with ENOSPC).
+int Reserve(int fd, uint8_t* base, uint64_t offset, uint64_t len) {
+  if (::madvise(base + offset, len, MADV_POPULATE_WRITE) == 0) return 0;
+  if (int err = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(len)); err != 0) return err;
+  TouchPages(base + offset, len);
+  return 0;
+}
+
+// Adds up /proc/self/smaps over the mappings whose first line `take`s.
+MappedPages ScanSmaps(const std::function<bool(absl::string_view first_line)>& take) {
+  MappedPages m;
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool taken = false;
+  while (std::getline(smaps, line)) {
+    // A mapping's first line starts "<start>-<end> ", its other lines "<Key>:".
+    const size_t space = line.find(' ');
+    const bool first = space != std::string::npos && line.find(':') > space && line.find('-') < space;
+    if (first) {
+      taken = take(line);
+      continue;
+    }
+    if (!taken) continue;
+    uint64_t* to = absl::StartsWith(line, "Size:")             ? &m.bytes
+                   : absl::StartsWith(line, "ShmemPmdMapped:") ? &m.huge_bytes
+                                                               : nullptr;
+    if (to == nullptr) continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    uint64_t kib = 0;
+    if (f.size() == 3 && f[2] == "kB" && absl::SimpleAtoi(f[1], &kib)) *to += kib * 1024;
+  }
+  return m;
 }
 
 std::string Describe(absl::string_view what, absl::string_view path, const FileAccess& f) {
@@ -184,6 +234,24 @@ StagingLayout PlanLayout(const std::vector<uint64_t>& lengths) {
   return layout;
 }
 
+MappedPages MappedStaging(absl::string_view name_prefix) {
+  const std::string path = absl::StrCat(kShmDir, name_prefix);
+  return ScanSmaps([&](absl::string_view first) {
+    // "<range> <perms> <offset> <dev> <inode>   <path>[ (deleted)]"
+    const size_t slash = first.find('/');
+    return slash != absl::string_view::npos && absl::StartsWith(first.substr(slash), path);
+  });
+}
+
+MappedPages StagingSegment::Mapped() const {
+  const uintptr_t from = reinterpret_cast<uintptr_t>(base_);
+  // Every part of it: the kernel may split a mapping in several.
+  return ScanSmaps([&](absl::string_view first) {
+    uint64_t start = 0;
+    return absl::SimpleHexAtoi(first.substr(0, first.find('-')), &start) && start >= from && start - from < mapped_;
+  });
+}
+
 uint64_t SegmentBytes(uint32_t slots, uint64_t slot_bytes) { return kHeaderBlock + slots * slot_bytes; }
 
 absl::StatusOr<uint32_t> SlotsWithinBudget(uint64_t slot_bytes, uint32_t wanted, uint64_t budget_bytes) {
@@ -242,16 +310,30 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
   } else if (::fchmod(fd, 0600) != 0) {
     return fail("fchmod", errno);
   }
+  if (::ftruncate(fd, static_cast<off_t>(total)) != 0) return fail("ftruncate", errno);
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return fail("mmap", errno);
   // Reserve the memory now (or slot by slot in PrepareSlot): a full /dev/shm
   // must be an error here, not a SIGBUS in the trainer later.
-  const uint64_t reserve = prepare_slots ? total : kHeaderBlock;
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(reserve)); err != 0) {
-    return fail(absl::StrCat("reserving ", reserve, " bytes of shared memory for"), err);
+  auto reserve = [&](uint64_t offset, uint64_t len) {
+    const int err = Reserve(fd, static_cast<uint8_t*>(base), offset, len);
+    if (err != 0) ::munmap(base, total);
+    return err;
+  };
+  if (int err = reserve(0, kHeaderBlock); err != 0) return fail("reserving the header block of", err);
+  if (prepare_slots) {
+    if (int err = reserve(kHeaderBlock, total - kHeaderBlock); err != 0) {
+      return fail(absl::StrCat("reserving ", total, " bytes of shared memory for"), err);
+    }
+  } else {
+    // Huge pages for slots made in the background (PrepareSlot) where
+    // /dev/shm is mounted with huge=advise (always and within_size give
+    // them without asking): allocation, page-locking and a new trainer's
+    // first touch then go 2 MiB at a time, not 4 KiB. Not for a segment
+    // made here, within a registration, nor for its header: the kernel may
+    // compact memory to find huge pages. Ignored by a kernel without them.
+    (void)::madvise(static_cast<uint8_t*>(base) + kHeaderBlock, total - kHeaderBlock, MADV_HUGEPAGE);
   }
-  if (!prepare_slots && ::ftruncate(fd, static_cast<off_t>(total)) != 0) return fail("ftruncate", errno);
-  void* base =
-      ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | (prepare_slots ? MAP_POPULATE : 0), fd, 0);
-  if (base == MAP_FAILED) return fail("mmap", errno);
   auto* header = static_cast<Header*>(base);
   std::memcpy(header->magic, kMagic, sizeof(kMagic));
   header->version = kVersion;
@@ -476,8 +558,7 @@ void StagingSegment::Advise(uint32_t slot, int advice) const {
   // madvise wants a page-aligned start: slot data is 4096-aligned.
   if (::madvise(slot_data(slot), slot_bytes(), advice) != 0 && errno == EINVAL) {
     // Older kernels lack MADV_POPULATE_*: touch a byte per page instead.
-    volatile uint8_t* p = slot_data(slot);
-    for (uint64_t off = 0; off < slot_bytes(); off += 4096) (void)p[off];
+    TouchPages(slot_data(slot), slot_bytes());
   }
 }
 
@@ -485,16 +566,15 @@ absl::Status StagingSegment::PrepareSlot(uint32_t slot) {
   if (slot >= slots()) return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
   if (state(slot) != SlotState::kPreparing) return absl::OkStatus();
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(name_, ": only its creator prepares slots"));
-  const uint64_t offset = kHeaderBlock + static_cast<uint64_t>(slot) * slot_bytes();
-  if (int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(slot_bytes())); err != 0) {
+  // Made here, in the background: the first touch of fresh memory (clearing
+  // it, and on a virtual machine the host backing it) is the costly part,
+  // and a trainer's snapshot must not pay it.
+  if (int err = Reserve(fd_, base_, kHeaderBlock + static_cast<uint64_t>(slot) * slot_bytes(), slot_bytes());
+      err != 0) {
     return PosixError(absl::StrCat("reserving ", slot_bytes(), " bytes of shared memory for staging slot ", slot,
                                    " of ", name_),
                       err);
   }
-  // Faulted in here, in the background: the first touch of fresh memory
-  // (clearing it, and on a virtual machine the host backing it) is the
-  // costly part, and a trainer's snapshot must not pay it.
-  Advise(slot, MADV_POPULATE_WRITE);
   if (!Transition(slot, SlotState::kPreparing, SlotState::kFree)) {
     return absl::InternalError(absl::StrCat(name_, ": staging slot ", slot, " left PREPARING while being prepared"));
   }

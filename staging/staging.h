@@ -86,6 +86,17 @@ absl::StatusOr<std::vector<std::string>> ReclaimStaleSegments(const std::string&
 // Where shm_open keeps POSIX shared memory (glibc, Linux).
 inline constexpr char kShmDir[] = "/dev/shm";
 
+// Staging memory mapped into this process, from /proc/self/smaps: how many
+// bytes, and how many of them huge pages map (2 MiB at a time: /dev/shm
+// mounted with huge=advise, within_size or always; see docs/operations.md).
+struct MappedPages {
+  uint64_t bytes = 0;
+  uint64_t huge_bytes = 0;
+};
+// This process's mappings of segments whose name ("/ckptd-...") starts with
+// `name_prefix`. Zeros when /proc cannot be read.
+MappedPages MappedStaging(absl::string_view name_prefix);
+
 // The owner, group and mode of a file, as stat() reports them.
 struct FileAccess {
   uint32_t uid = 0;
@@ -146,6 +157,8 @@ class StagingSegment {
   const std::string& name() const { return name_; }
   // The whole segment: header block and slots.
   uint64_t total_bytes() const { return mapped_; }
+  // This mapping of it, as MappedStaging.
+  MappedPages Mapped() const;
   uint32_t slots() const;
   uint64_t slot_bytes() const;
   uint8_t* slot_data(uint32_t slot) const;

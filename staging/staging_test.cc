@@ -1,6 +1,8 @@
 #include "staging/staging.h"
 
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -8,10 +10,13 @@
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -515,6 +520,136 @@ TEST(StagingSegmentTest, OnlyTheCreatorPreparesSlots) {
   CKPTD_EXPECT_OK(trainer->PrepareSlot(0));  // FREE now: nothing to do
   EXPECT_EQ(trainer->state(0), SlotState::kFree);
   EXPECT_EQ(trainer->state(1), SlotState::kPreparing);
+}
+
+// Runs `fn` in a child process with a /dev/shm of its own: a tmpfs mounted
+// with `options` in a mount namespace of its own, gone with the child.
+// Returns what `fn` returned, or "skip: <why>" when the child cannot have it.
+std::string WithOwnShm(const std::string& options, const std::function<std::string()>& fn) {
+  if (::geteuid() != 0) return "skip: needs root, to mount a tmpfs of its own on /dev/shm";
+  return ckptd::testing::RunInChild([&]() -> std::string {
+    if (::unshare(CLONE_NEWNS) != 0) return absl::StrCat("skip: unshare(CLONE_NEWNS): ", std::strerror(errno));
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+      return absl::StrCat("skip: making mounts private: ", std::strerror(errno));
+    }
+    const std::string all = absl::StrCat("mode=1777,", options);
+    if (::mount("ckptd-test", kShmDir, "tmpfs", MS_NOSUID | MS_NODEV, all.c_str()) != 0) {
+      return absl::StrCat("skip: mounting a tmpfs with ", all, " on ", kShmDir, ": ", std::strerror(errno));
+    }
+    return fn();
+  });
+}
+
+#define RUN_WITH_OWN_SHM(options, fn)                                   \
+  do {                                                                  \
+    const std::string result = WithOwnShm(options, fn);                 \
+    if (absl::StartsWith(result, "skip: ")) GTEST_SKIP() << result;     \
+    EXPECT_EQ(result, "ok");                                            \
+  } while (false)
+
+// Checks in a child: the first that fails says what it found.
+#define CHILD_CHECK(cond, ...) \
+  if (!(cond)) return absl::StrCat(#cond, ": ", __VA_ARGS__)
+
+std::string FillingAFullShm() {
+  // 3 slots of 3 MiB do not fit in 8 MiB: the third is refused, the
+  // others keep what they hold.
+  const std::string name = UniqueName();
+  absl::StatusOr<std::unique_ptr<StagingSegment>> agent =
+      StagingSegment::Create(name, 3, 3 << 20, std::nullopt, nullptr, /*prepare_slots=*/false);
+  CHILD_CHECK(agent.ok(), agent.status().ToString());
+  for (uint32_t slot : {0u, 1u}) {
+    const absl::Status s = (*agent)->PrepareSlot(slot);
+    CHILD_CHECK(s.ok(), s.ToString());
+  }
+  absl::StatusOr<std::unique_ptr<StagingSegment>> trainer = StagingSegment::Open(name);
+  CHILD_CHECK(trainer.ok(), trainer.status().ToString());
+  absl::StatusOr<uint32_t> slot = (*trainer)->AcquireForFill(absl::ZeroDuration());
+  CHILD_CHECK(slot.ok(), slot.status().ToString());
+  std::memset((*trainer)->slot_data(*slot), 0x5a, 3 << 20);
+  const absl::Status full = (*agent)->PrepareSlot(2);
+  CHILD_CHECK(!full.ok(), "slot 2 was prepared");
+  const std::string why = full.ToString();
+  CHILD_CHECK(absl::StrContains(why, "reserving 3145728 bytes of shared memory for staging slot 2 of " + name) &&
+                  absl::StrContains(why, std::strerror(ENOSPC)),
+              why);
+  CHILD_CHECK((*agent)->state(2) == SlotState::kPreparing, SlotStateName((*agent)->state(2)));
+  CHILD_CHECK((*agent)->slot_data(*slot)[0] == 0x5a && (*agent)->slot_data(*slot)[(3 << 20) - 1] == 0x5a,
+              "slot ", *slot, " lost its bytes");
+  // A segment made whole at once is refused, and leaves no name behind.
+  const std::string whole = UniqueName();
+  absl::StatusOr<std::unique_ptr<StagingSegment>> big = StagingSegment::Create(whole, 2, 4 << 20);
+  CHILD_CHECK(!big.ok(), "a 8 MiB segment was made beside 6 MiB in a tmpfs of 8 MiB");
+  CHILD_CHECK(absl::StrContains(big.status().message(), "reserving") &&
+                  absl::StrContains(big.status().message(), std::strerror(ENOSPC)),
+              big.status().ToString());
+  CHILD_CHECK(::access(absl::StrCat(kShmDir, whole).c_str(), F_OK) != 0, whole, " is left behind");
+  return "ok";
+}
+
+TEST(StagingSegmentTest, AFullDevShmIsAClearErrorNotASigbus) {
+  RUN_WITH_OWN_SHM("size=8m", FillingAFullShm);
+}
+
+bool KernelHasShmemHugePages() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string modes;
+  return std::getline(f, modes) && !absl::StrContains(modes, "[deny]");
+}
+
+TEST(StagingSegmentTest, AFullDevShmWithHugePagesIsAClearErrorToo) {
+  if (!KernelHasShmemHugePages()) GTEST_SKIP() << "this kernel gives shared memory no huge pages";
+  RUN_WITH_OWN_SHM("size=8m,huge=advise", FillingAFullShm);
+}
+
+TEST(StagingSegmentTest, SlotsMadeInTheBackgroundGetHugePagesWhereDevShmOffersThem) {
+  if (!KernelHasShmemHugePages()) GTEST_SKIP() << "this kernel gives shared memory no huge pages";
+  constexpr uint64_t kSlotBytes = 8 << 20;
+  RUN_WITH_OWN_SHM("size=64m,huge=advise", [&]() -> std::string {
+    const std::string name = UniqueName();
+    absl::StatusOr<std::unique_ptr<StagingSegment>> agent =
+        StagingSegment::Create(name, 2, kSlotBytes, std::nullopt, nullptr, /*prepare_slots=*/false);
+    CHILD_CHECK(agent.ok(), agent.status().ToString());
+    for (uint32_t slot : {0u, 1u}) {
+      const absl::Status s = (*agent)->PrepareSlot(slot);
+      CHILD_CHECK(s.ok(), s.ToString());
+    }
+    const MappedPages a = (*agent)->Mapped();
+    CHILD_CHECK(a.bytes == (*agent)->total_bytes(), a.bytes, " bytes mapped");
+    // 2 MiB pages where the kernel found them (all but the first, which
+    // holds the header, when memory is not fragmented).
+    CHILD_CHECK(a.huge_bytes > 0 && a.huge_bytes % (2 << 20) == 0 && a.huge_bytes < a.bytes, a.huge_bytes,
+                " bytes on huge pages");
+    // The trainer maps what the agent made: its reads take huge pages too.
+    absl::StatusOr<std::unique_ptr<StagingSegment>> trainer = StagingSegment::Open(name);
+    CHILD_CHECK(trainer.ok(), trainer.status().ToString());
+    CHILD_CHECK((*trainer)->Mapped().huge_bytes == 0, (*trainer)->Mapped().huge_bytes, " before a read");
+    (*trainer)->Prefault(1);
+    const MappedPages t = (*trainer)->Mapped();
+    CHILD_CHECK(t.huge_bytes > 0 && t.huge_bytes <= kSlotBytes, t.huge_bytes, " bytes on huge pages");
+    // Both mappings, by name.
+    const MappedPages both = MappedStaging(name);
+    CHILD_CHECK(both.bytes == 2 * a.bytes && both.huge_bytes == a.huge_bytes + t.huge_bytes, both.bytes, " and ",
+                both.huge_bytes);
+    return "ok";
+  });
+}
+
+TEST(StagingSegmentTest, NoHugePagesUnlessDevShmOffersThem) {
+  RUN_WITH_OWN_SHM("size=64m,huge=never", [&]() -> std::string {
+    const std::string name = UniqueName();
+    absl::StatusOr<std::unique_ptr<StagingSegment>> agent =
+        StagingSegment::Create(name, 2, 8 << 20, std::nullopt, nullptr, /*prepare_slots=*/false);
+    CHILD_CHECK(agent.ok(), agent.status().ToString());
+    for (uint32_t slot : {0u, 1u}) {
+      const absl::Status s = (*agent)->PrepareSlot(slot);
+      CHILD_CHECK(s.ok(), s.ToString());
+    }
+    const MappedPages a = (*agent)->Mapped();
+    CHILD_CHECK(a.bytes == (*agent)->total_bytes() && a.huge_bytes == 0, a.bytes, " and ", a.huge_bytes);
+    CHILD_CHECK(MappedStaging("/no-such-segment").bytes == 0, "a mapping was found");
+    return "ok";
+  });
 }
 
 }  // namespace

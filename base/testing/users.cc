@@ -32,15 +32,14 @@ std::string BecomeUser(const TestUser& user) {
   return "";
 }
 
-std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) {
+std::string RunInChild(const std::function<std::string()>& fn) {
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return "pipe failed";
   const pid_t child = ::fork();
   if (child < 0) return "fork failed";
   if (child == 0) {
     ::close(pipe_fds[0]);
-    std::string out = BecomeUser(user);
-    if (out.empty()) out = fn();
+    const std::string out = fn();
     (void)!::write(pipe_fds[1], out.data(), out.size());
     ::_exit(0);
   }
@@ -51,8 +50,18 @@ std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) 
   while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
   ::close(pipe_fds[0]);
   int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return absl::StrCat(out, " (child died)");
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) {
+    return absl::StrCat(out, " (child died", WIFSIGNALED(status) ? absl::StrCat(" of signal ", WTERMSIG(status)) : "",
+                        ")");
+  }
   return out;
+}
+
+std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) {
+  return RunInChild([&] {
+    const std::string became = BecomeUser(user);
+    return became.empty() ? fn() : became;
+  });
 }
 
 }  // namespace ckptd::testing

@@ -25,6 +25,10 @@ std::vector<uint32_t> UnusedIds(size_t n);
 // uid <n>: <errno text>").
 std::string BecomeUser(const TestUser& user);
 
+// Runs `fn` in a forked child and returns what it returned, with " (child
+// died ...)" added when the child did not exit (a signal, e.g. SIGBUS).
+std::string RunInChild(const std::function<std::string()>& fn);
+
 // Runs `fn` in a forked child as `user` and returns what it returned, or why
 // the child could not become `user` or did not finish.
 std::string RunAs(const TestUser& user, const std::function<std::string()>& fn);
