@@ -127,8 +127,8 @@ const char kRestoreHelp[] =
     "rounds differ), source_as_expected, verified, and the medians connect_s,\n"
     "staging_wait_s, restore_s; for memory memcpy_s, ratio (restore_s /\n"
     "memcpy_s), target_ratio, target_met, staging_huge_fraction (0..1: of the\n"
-    "staging mapped by the agent and the restoring trainer, what huge pages map;\n"
-    "see huge pages in docs/operations.md); for local and root read_s, ratio\n"
+    "agent's staging, what huge pages map; see huge pages in\n"
+    "docs/operations.md); for local and root read_s, ratio\n"
     "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1);\n"
     "for peer replicate_s (node-a to node-b), replicate_gbps,\n"
     "replicate_new_memory_gbps (the warm-up copies into new memory), restore_gbps,\n"
@@ -292,7 +292,7 @@ absl::StatusOr<absl::Time> AwaitStaging(LineLogger& log, size_t mark, absl::Time
 }
 
 // Of the staging mapped in this process under `prefix` (the agent's
-// mapping, and a trainer's while it runs), the fraction that huge pages map.
+// mapping, and a trainer's while one runs), the fraction that huge pages map.
 double HugeFraction(absl::string_view prefix) {
   const staging::MappedPages m = staging::MappedStaging(prefix);
   return m.bytes > 0 ? static_cast<double>(m.huge_bytes) / static_cast<double>(m.bytes) : 0;
@@ -492,10 +492,11 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
   // The yardsticks come after the restore: a disk still busy with the
   // persist slows the restore, not them.
   if (tier == Tier::kMemory) {
-    t.huge = HugeFraction(options.segment_prefix);
     const absl::Time t2 = absl::Now();
     std::memcpy(dst, src, n);
     t.yardstick = Seconds(absl::Now() - t2);
+    c.reset();
+    t.huge = HugeFraction(options.segment_prefix);  // the agent's mapping alone
   } else {
     EvictPageCache({options.storage_root, options.local_cache});
     CKPTD_ASSIGN_OR_RETURN(t.yardstick, TimeRead(shard, dst, n));
@@ -882,8 +883,8 @@ absl::StatusOr<DeviceTimes> DeviceRound(const client::ClientOptions& co, DeviceB
   CKPTD_ASSIGN_OR_RETURN(absl::Time ready, AwaitStaging(log, mark, connected, inline_alloc));
   t.staging_wait = std::max(0.0, Seconds(ready - connected));
   CKPTD_ASSIGN_OR_RETURN(t.restore, RestoreToDevice(*c, dev, b, pattern, scratch, n, step, &t.source));
-  t.huge = HugeFraction(prefix);
   c.reset();
+  t.huge = HugeFraction(prefix);  // the agent's mapping alone
   // The yardsticks, after the restores; each copy once untimed first, as
   // the snapshot benchmark's yardstick.
   CKPTD_RETURN_IF_ERROR(dev.ToDevice(b, pattern, n));

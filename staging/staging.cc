@@ -66,21 +66,32 @@ void TouchPages(const uint8_t* p, uint64_t len) {
 // Reserves bytes [offset, offset + len) of the segment file `fd`, mapped at
 // `base` (offset page-aligned), and faults them into the mapping: they exist
 // in /dev/shm afterwards, so a full /dev/shm is an error here, not a SIGBUS
-// in the trainer later. Returns 0 or an errno. The pages are made through
-// the mapping (MADV_POPULATE_WRITE, as first writes would), so that a
-// MADV_HUGEPAGE mapping gets huge pages; fallocate follows no mapping. It
-// serves where the kernel lacks MADV_POPULATE_WRITE (before 5.14), and says
-// why populating failed (a full /dev/shm fails it with EFAULT, fallocate
-// with ENOSPC).
+// in the trainer later. Returns 0 or an errno; on an error the range holds
+// no memory. The pages are made through the mapping (MADV_POPULATE_WRITE,
+// as first writes would), so that a MADV_HUGEPAGE mapping gets huge pages;
+// fallocate follows no mapping. It serves where the kernel lacks
+// MADV_POPULATE_WRITE (before 5.14), and says why populating failed (a full
+// /dev/shm fails it with EFAULT, fallocate with ENOSPC).
 int Reserve(int fd, uint8_t* base, uint64_t offset, uint64_t len) {
   if (::madvise(base + offset, len, MADV_POPULATE_WRITE) == 0) return 0;
-  if (int err = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(len)); err != 0) return err;
+  if (int err = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(len)); err != 0) {
+    // What populating made before /dev/shm filled up goes back: it would
+    // starve every other user of /dev/shm (other ranks, NCCL, data loaders).
+    (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(len));
+    return err;
+  }
   TouchPages(base + offset, len);
   return 0;
 }
 
-// Adds up /proc/self/smaps over the mappings whose first line `take`s.
-MappedPages ScanSmaps(const std::function<bool(absl::string_view first_line)>& take) {
+// What ScanSmaps does with a mapping, from its first line.
+enum class Scan { kSkip, kTake, kStop };
+
+// Adds up /proc/self/smaps over the mappings `which` takes, in address
+// order, until it says stop (the kernel walks the page tables of each
+// mapping read: stopping early spares the rest).
+MappedPages ScanSmaps(const std::function<Scan(absl::string_view first_line)>& which) {
   MappedPages m;
   std::ifstream smaps("/proc/self/smaps");
   std::string line;
@@ -90,7 +101,9 @@ MappedPages ScanSmaps(const std::function<bool(absl::string_view first_line)>& t
     const size_t space = line.find(' ');
     const bool first = space != std::string::npos && line.find(':') > space && line.find('-') < space;
     if (first) {
-      taken = take(line);
+      const Scan scan = which(line);
+      if (scan == Scan::kStop) break;
+      taken = scan == Scan::kTake;
       continue;
     }
     if (!taken) continue;
@@ -239,16 +252,19 @@ MappedPages MappedStaging(absl::string_view name_prefix) {
   return ScanSmaps([&](absl::string_view first) {
     // "<range> <perms> <offset> <dev> <inode>   <path>[ (deleted)]"
     const size_t slash = first.find('/');
-    return slash != absl::string_view::npos && absl::StartsWith(first.substr(slash), path);
+    return slash != absl::string_view::npos && absl::StartsWith(first.substr(slash), path) ? Scan::kTake
+                                                                                            : Scan::kSkip;
   });
 }
 
 MappedPages StagingSegment::Mapped() const {
   const uintptr_t from = reinterpret_cast<uintptr_t>(base_);
-  // Every part of it: the kernel may split a mapping in several.
+  // Every part of it (the kernel may split a mapping in several), and no
+  // mapping past it.
   return ScanSmaps([&](absl::string_view first) {
     uint64_t start = 0;
-    return absl::SimpleHexAtoi(first.substr(0, first.find('-')), &start) && start >= from && start - from < mapped_;
+    if (!absl::SimpleHexAtoi(first.substr(0, first.find('-')), &start) || start < from) return Scan::kSkip;
+    return start - from < mapped_ ? Scan::kTake : Scan::kStop;
   });
 }
 

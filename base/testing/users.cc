@@ -36,7 +36,11 @@ std::string RunInChild(const std::function<std::string()>& fn) {
   int pipe_fds[2];
   if (::pipe(pipe_fds) != 0) return "pipe failed";
   const pid_t child = ::fork();
-  if (child < 0) return "fork failed";
+  if (child < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return "fork failed";
+  }
   if (child == 0) {
     ::close(pipe_fds[0]);
     const std::string out = fn();
