@@ -997,13 +997,28 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
     absl::MutexLock l(&im.sched_mu);
     memory_checkpoint = im.schedule && rpc::ScheduledAt(*im.schedule, step) && !rpc::DurableAt(*im.schedule, step);
   }
+  int late_polls = 0;
   while (true) {
     CKPTD_RETURN_IF_ERROR(EnsureRegistered());
     ckptd::v1::GetStatusRequest req;
     req.set_trainer_id(im.trainer_id);
     ckptd::v1::GetStatusResponse resp;
-    CKPTD_RETURN_IF_ERROR(
-        im.Check(im.stub->GetStatus(im.Context(im.options.rpc_timeout).get(), req, &resp), "status"));
+    const grpc::Status polled = im.stub->GetStatus(im.Context(im.options.rpc_timeout).get(), req, &resp);
+    // An agent too busy to answer one poll within rpc_timeout (its node's
+    // CPUs or memory under pressure) is asked again until this wait's own
+    // deadline, and the client keeps its registration and its staging; only
+    // then is the late answer the error (and the agent taken for lost).
+    if (polled.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && im.clock->Now() < deadline) {
+      ++late_polls;
+      continue;
+    }
+    absl::Status checked = im.Check(polled, "status");
+    if (!checked.ok() && late_polls > 0) {
+      checked = absl::Status(checked.code(), absl::StrCat("step ", step, " not known to be persisted within ",
+                                                          absl::FormatDuration(timeout), ": ", checked.message(),
+                                                          " (", late_polls + 1, " polls answered too late)"));
+    }
+    CKPTD_RETURN_IF_ERROR(checked);
     {
       absl::MutexLock l(&im.sched_mu);
       im.NoteFailures(im.registration.load(), resp.failed(), resp.last_failed_step(), resp.last_error());

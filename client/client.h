@@ -156,7 +156,9 @@ class Client {
   // of the client's clock. A second hop in flight is waited for within
   // `timeout`, and its error is returned. A memory checkpoint (the
   // coordinator's schedule makes `step` one: Schedule.durable_every) is done
-  // once the agent keeps it in memory.
+  // once the agent keeps it in memory. The agent is asked every 5 ms; a
+  // question it does not answer within rpc_timeout is asked again, until
+  // `timeout`.
   absl::Status WaitPersisted(uint64_t step, absl::Duration timeout);
 
   // Snapshots published to the agent (with two hops: once the second ended),

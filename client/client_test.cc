@@ -940,6 +940,84 @@ TEST_F(ClientTest, ConnectTriesAgainWhenTheAgentAnswersItsRegistrationTooLate) {
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("register")));
 }
 
+// An agent that answers status polls later than rpc_timeout while `late` is
+// above zero (each late answer counts it down; below zero: always late), and
+// counts registrations.
+class LateStatus : public agent::AgentService {
+ public:
+  using agent::AgentService::AgentService;
+  grpc::Status Register(grpc::ServerContext* context, const ckptd::v1::RegisterRequest* req,
+                        ckptd::v1::RegisterResponse* resp) override {
+    ++registrations;
+    return agent::AgentService::Register(context, req, resp);
+  }
+  grpc::Status GetStatus(grpc::ServerContext* context, const ckptd::v1::GetStatusRequest* req,
+                         ckptd::v1::GetStatusResponse* resp) override {
+    if (late.load() != 0) {
+      if (late.load() > 0) --late;
+      absl::SleepFor(absl::Milliseconds(700));
+    }
+    return agent::AgentService::GetStatus(context, req, resp);
+  }
+  std::atomic<int> late{0};
+  std::atomic<int> registrations{0};
+};
+
+class LateStatusTest : public ClientTest {
+ protected:
+  void SetUp() override {
+    ClientTest::SetUp();
+    StopAgent();
+    agent::AgentOptions ao;
+    ao.storage_root = "/ckpt";
+    ao.io_threads = 1;
+    ao.segment_prefix = absl::StrCat("/ckptd-test-client-late-", ::getpid());
+    core_ = std::make_unique<agent::AgentCore>(&mem_, ao);
+    auto late = std::make_unique<LateStatus>(core_.get());
+    service = late.get();
+    service_ = std::move(late);  // the fixture stops the server before it goes
+    CKPTD_ASSERT_OK_AND_ASSIGN(server_, agent::StartUnixServer(socket_, service));
+  }
+  LateStatus* service = nullptr;
+};
+
+TEST_F(LateStatusTest, APollAnsweredTooLateIsAskedAgainAndTheClientStaysRegistered) {
+  State state;
+  ClientOptions o = Options();
+  o.rpc_timeout = absl::Milliseconds(200);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  CKPTD_ASSERT_OK(client->Snapshot(5).status());
+  service->late = 2;
+  CKPTD_EXPECT_OK(client->WaitPersisted(5, absl::Minutes(1)));
+  EXPECT_EQ(service->late.load(), 0);
+  // Neither the registration nor the staging was given up for it.
+  EXPECT_EQ(service->registrations.load(), 1);
+  CKPTD_ASSERT_OK(client->Snapshot(10).status());
+  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
+  EXPECT_EQ(service->registrations.load(), 1);
+}
+
+TEST_F(LateStatusTest, AnAgentThatNeverAnswersInTimeFailsTheWaitAtItsDeadline) {
+  State state;
+  ClientOptions o = Options();
+  o.rpc_timeout = absl::Milliseconds(200);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  CKPTD_ASSERT_OK(client->Snapshot(5).status());
+  service->late = -1;
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(client->WaitPersisted(5, absl::Seconds(1)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("step 5 not known to be persisted within 1s"), HasSubstr("status (agent at"),
+                             HasSubstr("polls answered too late"))));
+  // The deadline, and at most one poll more.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1) + absl::Milliseconds(200) + absl::Seconds(2));
+  EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+  // The agent answers again: the client registers anew and goes on.
+  service->late = 0;
+  CKPTD_ASSERT_OK(client->Snapshot(10).status());
+  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
+}
+
 }  // namespace
 // A job with ranks on other nodes and no coordinator could never commit: the
 // lone agent refuses it at registration, told by the option or by torchrun's
