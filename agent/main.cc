@@ -28,6 +28,7 @@
 #include "base/cpu_set.h"
 #include "base/flags.h"
 #include "base/logger.h"
+#include "base/open_files.h"
 #include "base/status_macros.h"
 #include "staging/staging.h"
 #include "storage/fault_injection_file_system.h"
@@ -205,6 +206,10 @@ int main(int argc, char** argv) {
   if (flags->help) {
     std::cout << agent::kAgentUsage;
     return ckptd::base::kExitOk;
+  }
+  // Every connection is a file.
+  if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("partner agents"); !warning.empty()) {
+    std::cerr << "ckptd-agent: " << warning << "\n";
   }
   // Before any thread starts: every later one inherits the CPUs.
   if (!flags->cpu_set.empty()) {

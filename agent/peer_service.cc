@@ -28,6 +28,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server_builder.h"
 #include "rpc/grpc_status.h"
+#include "rpc/server_limits.h"
 #include "base/thread_priority.h"
 
 namespace ckptd::agent {
@@ -713,6 +714,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string&
   builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  rpc::LimitIdleConnections(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve peers on ", listen, " (--peer-listen)"));

@@ -17,6 +17,7 @@
 #include "grpcpp/support/server_callback.h"
 #include "metrics/http_server.h"
 #include "rpc/grpc_status.h"
+#include "rpc/server_limits.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -399,7 +400,8 @@ grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackSe
 }
 
 absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen, CoordinatorService* service,
-                                                         std::shared_ptr<grpc::ServerCredentials> credentials) {
+                                                         std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                         absl::Duration handshake_timeout) {
   absl::StatusOr<std::pair<std::string, uint16_t>> parsed = base::ParseHostPort(listen);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("listen address \"", listen, "\": ", parsed.status().message()));
@@ -417,14 +419,12 @@ absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& list
   int port = 0;
   builder.AddListeningPort(address, std::move(credentials), &port);
   builder.RegisterService(service);
-  // Agents keep their heartbeat stream open with keepalive pings; a peer
-  // that vanished without closing is noticed within a minute.
   // A second coordinator on the same port must fail, not share the traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20'000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5'000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Agents keep their heartbeat stream open with keepalive pings; a peer
+  // that vanished without closing, or a connection that never speaks, is
+  // closed within a minute, a TLS handshake left unfinished sooner.
+  rpc::LimitIdleConnections(&builder, handshake_timeout);
   CoordinatorServer out;
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || port == 0) {

@@ -18,6 +18,7 @@
 #include "base/thread_pool.h"
 #include "coordinator/coordinator_core.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/server_limits.h"
 
 namespace ckptd::coordinator {
 
@@ -134,10 +135,11 @@ struct CoordinatorServer {
 // every interface; port 0 picks a free one) with `credentials`. Errors:
 // kInvalidArgument for a malformed address, kUnavailable when it cannot be
 // bound. Stop with ShutdownCoordinatorServer (heartbeat streams never end by
-// themselves).
-absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen,
-                                                         CoordinatorService* service,
-                                                         std::shared_ptr<grpc::ServerCredentials> credentials);
+// themselves). Idle connections are limited as rpc::LimitIdleConnections
+// says, with `handshake_timeout`.
+absl::StatusOr<CoordinatorServer> StartCoordinatorServer(
+    const std::string& listen, CoordinatorService* service, std::shared_ptr<grpc::ServerCredentials> credentials,
+    absl::Duration handshake_timeout = rpc::kHandshakeTimeout);
 
 // Shuts `server` down, cancelling calls still open after `grace`, and waits
 // for them to end.

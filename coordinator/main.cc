@@ -22,6 +22,7 @@
 #include "base/clock.h"
 #include "base/flags.h"
 #include "base/logger.h"
+#include "base/open_files.h"
 #include "base/posix_error.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_metrics.h"
@@ -192,6 +193,10 @@ int main(int argc, char** argv) {
   if (flags->help) {
     std::cout << co::kCoordinatorUsage;
     return ckptd::base::kExitOk;
+  }
+  // Every connection is a file.
+  if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("agents and operators"); !warning.empty()) {
+    std::cerr << "ckptd-coordinator: " << warning << "\n";
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*flags);
   if (!credentials.ok()) return Fail("TLS", credentials.status(), kExitUsage);

@@ -2,7 +2,15 @@
 // made by `openssl` at test time (skipped when openssl is not on PATH).
 #include "rpc/tls.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <cstdlib>
 #include <fstream>
@@ -13,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "base/testing/env.h"
 #include "base/testing/matchers.h"
 #include "coordinator/coordinator_service.h"
@@ -193,6 +202,50 @@ TEST_F(TlsTest, ClientCertificateOfAnotherCaIsRefused) {
       std::shared_ptr<grpc::ChannelCredentials> creds,
       rpc::ChannelCredentialsFromFiles({File("rogue-client.pem"), File("rogue-client.key"), File("ca.pem")}));
   EXPECT_THAT(Probe(creds), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+}
+
+// Connections that connect and never start TLS are closed at the handshake
+// timeout, each freeing its file; a real client still gets in.
+TEST_F(TlsTest, ConnectionsThatNeverFinishTheirHandshakeAreClosed) {
+  CoordinatorService second(core_.get(), CoordinatorServiceOptions{.operator_token = "t", .agent_token = kAgentToken});
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
+                             rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorServer quick,
+                             StartCoordinatorServer("127.0.0.1:0", &second, creds, absl::Milliseconds(300)));
+  std::vector<int> silent;
+  for (int i = 0; i < 50; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(quick.port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  const absl::Time start = absl::Now();
+  int closed = 0;
+  for (int fd : silent) {
+    pollfd p = {fd, POLLIN, 0};
+    const absl::Duration left = absl::Seconds(8) - (absl::Now() - start);
+    char byte;
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(left)))) == 1 &&
+        ::recv(fd, &byte, 1, 0) <= 0) {
+      ++closed;
+    }
+    ::close(fd);
+  }
+  // Well before the 8 s waited for (gRPC's own default is 120 s).
+  EXPECT_EQ(closed, 50);
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride("localhost");
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = ckptd::v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", quick.port), Client("client"), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ckptd::v1::GetClusterStatusResponse resp;
+  EXPECT_THAT(FromGrpcStatus(stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &resp)), IsOk());
+  ShutdownCoordinatorServer(quick.server.get());
 }
 
 TEST_F(TlsTest, PlaintextClientIsRefused) {
