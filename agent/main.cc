@@ -207,8 +207,10 @@ int main(int argc, char** argv) {
     std::cout << agent::kAgentUsage;
     return ckptd::base::kExitOk;
   }
-  // Every connection is a file.
-  if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("partner agents"); !warning.empty()) {
+  // Every connection is a file (said only of the Peer port, the agent's
+  // only one on the network).
+  if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("partner agents");
+      !warning.empty() && flags->peer) {
     std::cerr << "ckptd-agent: " << warning << "\n";
   }
   // Before any thread starts: every later one inherits the CPUs.

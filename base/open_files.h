@@ -15,8 +15,9 @@ namespace ckptd::base {
 inline constexpr uint64_t kFewOpenFiles = 65536;
 
 // Raises this process's soft limit on open files (RLIMIT_NOFILE) to its hard
-// limit, as far as an unprivileged process may; the usual soft limit, 1024,
-// is a thousand idle connections. Returns the soft limit now in force.
+// limit (or to fs.nr_open, the kernel's bound, when the hard limit is above
+// it); the usual soft limit, 1024, is a thousand idle connections. Returns
+// the soft limit now in force.
 absl::StatusOr<uint64_t> RaiseOpenFileLimit();
 
 // For a server at start: RaiseOpenFileLimit, and a warning to print when it

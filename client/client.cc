@@ -419,8 +419,10 @@ struct Client::Impl {
       --notifications;
       // The agent restarted or is gone: the next call registers again (and
       // reports the agent unavailable if it still is). UNIMPLEMENTED is an
-      // older agent that does not know the call, not a lost one.
-      if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED && sent_under == registration.load()) {
+      // older agent that does not know the call, DEADLINE_EXCEEDED a busy
+      // one that answered late: neither is a lost one.
+      if (!s.ok() && s.error_code() != grpc::StatusCode::UNIMPLEMENTED &&
+          s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && sent_under == registration.load()) {
         agent_lost = true;
       }
     });
@@ -523,6 +525,10 @@ struct Client::Impl {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options, std::vector<BufferSpec> buffers) {
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("rpc_timeout must be positive, not ",
+                                                   absl::FormatDuration(options.rpc_timeout)));
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->clock = options.clock != nullptr ? options.clock : base::RealClock::Get();
@@ -1004,21 +1010,23 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
     req.set_trainer_id(im.trainer_id);
     ckptd::v1::GetStatusResponse resp;
     const grpc::Status polled = im.stub->GetStatus(im.Context(im.options.rpc_timeout).get(), req, &resp);
-    // An agent too busy to answer one poll within rpc_timeout (its node's
-    // CPUs or memory under pressure) is asked again until this wait's own
-    // deadline, and the client keeps its registration and its staging; only
-    // then is the late answer the error (and the agent taken for lost).
-    if (polled.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && im.clock->Now() < deadline) {
+    // An agent too busy to answer a poll within rpc_timeout (its node's CPUs
+    // or memory under pressure) is asked again until this wait's own
+    // deadline, and the client keeps its registration and its staging, also
+    // at the deadline: a busy agent is not a lost one (one that is gone
+    // answers UNAVAILABLE, one that forgot this trainer NOT_FOUND).
+    if (polled.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
       ++late_polls;
+      if (im.clock->Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "step ", step, " not known to be persisted within ", absl::FormatDuration(timeout), ": status (agent at ",
+            im.options.socket, "): ", late_polls, " polls not answered within ",
+            absl::FormatDuration(im.options.rpc_timeout), " (rpc_timeout)"));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
       continue;
     }
-    absl::Status checked = im.Check(polled, "status");
-    if (!checked.ok() && late_polls > 0) {
-      checked = absl::Status(checked.code(), absl::StrCat("step ", step, " not known to be persisted within ",
-                                                          absl::FormatDuration(timeout), ": ", checked.message(),
-                                                          " (", late_polls + 1, " polls answered too late)"));
-    }
-    CKPTD_RETURN_IF_ERROR(checked);
+    CKPTD_RETURN_IF_ERROR(im.Check(polled, "status"));
     {
       absl::MutexLock l(&im.sched_mu);
       im.NoteFailures(im.registration.load(), resp.failed(), resp.last_failed_step(), resp.last_error());

@@ -158,7 +158,9 @@ class Client {
   // coordinator's schedule makes `step` one: Schedule.durable_every) is done
   // once the agent keeps it in memory. The agent is asked every 5 ms; a
   // question it does not answer within rpc_timeout is asked again, until
-  // `timeout`.
+  // `timeout` (kDeadlineExceeded then; the registration and the staging are
+  // kept: a busy agent is not a lost one). The wait may run past `timeout`
+  // by one rpc_timeout.
   absl::Status WaitPersisted(uint64_t step, absl::Duration timeout);
 
   // Snapshots published to the agent (with two hops: once the second ended),

@@ -959,7 +959,15 @@ class LateStatus : public agent::AgentService {
     }
     return agent::AgentService::GetStatus(context, req, resp);
   }
+  grpc::Status SnapshotPublished(grpc::ServerContext* context, const ckptd::v1::SnapshotPublishedRequest* req,
+                                 ckptd::v1::SnapshotPublishedResponse* resp) override {
+    if (late_published.load()) absl::SleepFor(absl::Milliseconds(700));
+    ++published;
+    return agent::AgentService::SnapshotPublished(context, req, resp);
+  }
   std::atomic<int> late{0};
+  std::atomic<bool> late_published{false};
+  std::atomic<int> published{0};
   std::atomic<int> registrations{0};
 };
 
@@ -984,38 +992,68 @@ class LateStatusTest : public ClientTest {
 TEST_F(LateStatusTest, APollAnsweredTooLateIsAskedAgainAndTheClientStaysRegistered) {
   State state;
   ClientOptions o = Options();
-  o.rpc_timeout = absl::Milliseconds(200);
+  o.rpc_timeout = absl::Milliseconds(500);
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  const int registered = service->registrations.load();
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   service->late = 2;
   CKPTD_EXPECT_OK(client->WaitPersisted(5, absl::Minutes(1)));
   EXPECT_EQ(service->late.load(), 0);
   // Neither the registration nor the staging was given up for it.
-  EXPECT_EQ(service->registrations.load(), 1);
+  EXPECT_EQ(service->registrations.load(), registered);
   CKPTD_ASSERT_OK(client->Snapshot(10).status());
   CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
-  EXPECT_EQ(service->registrations.load(), 1);
+  EXPECT_EQ(service->registrations.load(), registered);
 }
 
-TEST_F(LateStatusTest, AnAgentThatNeverAnswersInTimeFailsTheWaitAtItsDeadline) {
+TEST_F(LateStatusTest, AnAgentThatNeverAnswersInTimeFailsTheWaitAtItsDeadlineAndIsNotTakenForLost) {
   State state;
   ClientOptions o = Options();
-  o.rpc_timeout = absl::Milliseconds(200);
+  o.rpc_timeout = absl::Milliseconds(500);
   CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  const int registered = service->registrations.load();
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   service->late = -1;
   const absl::Time start = absl::Now();
   EXPECT_THAT(client->WaitPersisted(5, absl::Seconds(1)),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        AllOf(HasSubstr("step 5 not known to be persisted within 1s"), HasSubstr("status (agent at"),
-                             HasSubstr("polls answered too late"))));
-  // The deadline, and at most one poll more.
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1) + absl::Milliseconds(200) + absl::Seconds(2));
+                             HasSubstr("polls not answered within 500ms (rpc_timeout)"))));
+  // The deadline, and at most one poll more (and some slack).
   EXPECT_GE(absl::Now() - start, absl::Seconds(1));
-  // The agent answers again: the client registers anew and goes on.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
+  // The agent answers again: the client goes on, under the same registration.
   service->late = 0;
   CKPTD_ASSERT_OK(client->Snapshot(10).status());
   CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
+  EXPECT_EQ(service->registrations.load(), registered);
+}
+
+TEST_F(LateStatusTest, ANotificationAnsweredTooLateLosesNothing) {
+  State state;
+  ClientOptions o = Options();
+  o.rpc_timeout = absl::Milliseconds(500);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  const int registered = service->registrations.load();
+  service->late_published = true;
+  CKPTD_ASSERT_OK(client->Snapshot(5).status());
+  // The notification ran past its deadline (the agent finds the slot anyway).
+  ASSERT_TRUE(Eventually([&] { return service->published.load() == 1; }));
+  CKPTD_EXPECT_OK(client->WaitPersisted(5, absl::Minutes(1)));
+  service->late_published = false;
+  CKPTD_ASSERT_OK(client->Snapshot(10).status());
+  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
+  EXPECT_EQ(service->registrations.load(), registered);
+}
+
+TEST(ClientOptionsTest, ANonPositiveRpcTimeoutIsRefused) {
+  ClientOptions o;
+  o.socket = "/nonexistent/agent.sock";
+  o.job = "train";
+  for (absl::Duration bad : {absl::ZeroDuration(), absl::Milliseconds(-1)}) {
+    o.rpc_timeout = bad;
+    EXPECT_THAT(Client::Connect(o, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rpc_timeout")));
+  }
 }
 
 }  // namespace

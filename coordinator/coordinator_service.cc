@@ -422,8 +422,9 @@ absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& list
   // A second coordinator on the same port must fail, not share the traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Agents keep their heartbeat stream open with keepalive pings; a peer
-  // that vanished without closing, or a connection that never speaks, is
-  // closed within a minute, a TLS handshake left unfinished sooner.
+  // that vanished without closing is closed within a minute, a connection
+  // that never finishes its handshake at the handshake timeout, one without
+  // calls after 5 minutes.
   rpc::LimitIdleConnections(&builder, handshake_timeout);
   CoordinatorServer out;
   out.server = builder.BuildAndStart();

@@ -11,14 +11,18 @@ class ServerBuilder;
 
 namespace ckptd::rpc {
 
-// How long a connection may take to finish its handshake (TLS) by default.
-inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+// How long a connection may take to finish its handshake (TLS) by default:
+// long enough for thousands of agents reconnecting at once to a restarted
+// coordinator.
+inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(20);
 
-// Sets on `builder`: a connection that has not finished its handshake
-// within `handshake_timeout` is closed; every connection is pinged after 30
-// s without traffic (calls or not) and closed when the ping is not answered
-// within 20 s, so a vanished peer, or one that never speaks, holds its file
-// for under a minute; clients may ping every 5 s at most.
+// Sets on `builder`: a connection that has not finished its handshake within
+// `handshake_timeout` (one that connects and sends nothing included) is
+// closed; a connection without a call for 5 minutes is closed (clients
+// reconnect by themselves when they need to; an agent's heartbeat stream is
+// a call); every connection is pinged after 30 s without traffic and closed
+// when the ping goes unanswered for 20 s (a peer that vanished); clients may
+// ping every 5 s at most.
 void LimitIdleConnections(grpc::ServerBuilder* builder, absl::Duration handshake_timeout = kHandshakeTimeout);
 
 }  // namespace ckptd::rpc
