@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/container/flat_hash_set.h"
@@ -233,6 +234,12 @@ AgentCore::AgentCore(storage::FileSystem* fs, AgentOptions options)
       options_(std::move(options)),
       store_(fs, options_.storage_root),
       pool_(options_.io_threads, options_.background_priority, PersistGuard()) {
+  {
+    // Trainer ids start at a random point (see first_trainer_id).
+    std::random_device rd;
+    absl::MutexLock l(&mu_);
+    next_id_ = options_.first_trainer_id != 0 ? options_.first_trainer_id : (uint64_t{rd()} << 20) + 1;
+  }
   write_ = options_.write;
   write_.stop = [this] { return absl::ToUnixNanos(clock_->Now()) >= stop_writes_at_.load(); };
   if (options_.background_priority != base::ThreadPriority::kNormal) {

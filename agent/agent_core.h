@@ -122,6 +122,10 @@ struct AgentOptions {
   // skipped until a slot is ready), so that no registration waits for
   // gigabytes of memory to be cleared.
   uint64_t prepare_inline_bytes = uint64_t{64} << 20;
+  // The first trainer id; 0 (the default): a random one, so that a trainer
+  // of the agent before a restart, asking with its old id, is told it is
+  // unknown rather than given another trainer's answers. Tests fix it.
+  uint64_t first_trainer_id = 0;
   // Keep each persisted (or restored) step of a trainer in its staging slot
   // (KEPT) for a restore from memory, until the trainer takes the slot back
   // for a snapshot (the oldest kept step first, when it has no free slot).
@@ -706,7 +710,7 @@ class AgentCore {
   // Null without a local tier.
   std::unique_ptr<LocalTier> local_;
   absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;  // from AgentOptions::first_trainer_id
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers_ ABSL_GUARDED_BY(mu_);
   // The memory tier: segments of exited trainers (least recently parked
   // first), and the bytes of every segment, live or parked.

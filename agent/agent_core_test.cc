@@ -305,6 +305,22 @@ TEST_F(AgentCoreTest, FindTrainerByJobAndRank) {
   EXPECT_EQ(agent.FindTrainer("job", 0), std::nullopt);
 }
 
+TEST_F(AgentCoreTest, AnAgentAfterARestartDoesNotKnowTheTrainerIdsOfTheOneBefore) {
+  uint64_t old_id = 0;
+  {
+    AgentCore before(&mem_, options_);
+    CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, before.Register(FiveComponents("job")));
+    old_id = h.trainer_id;
+  }
+  AgentCore after(&mem_, options_);
+  for (const char* job : {"job", "j1", "j2", "j3"}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, after.Register(FiveComponents(job)));
+    EXPECT_NE(h.trainer_id, old_id) << job;
+    EXPECT_NE(h.trainer_id, 0u) << job;
+  }
+  EXPECT_THAT(after.Status(old_id), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+}
+
 TEST_F(AgentCoreTest, RegistrationErrorsNameTheProblem) {
   AgentCore agent(&mem_, options_);
   TrainerRegistration r = FiveComponents("../etc");

@@ -135,6 +135,7 @@ class ClientTest : public ::testing::Test {
     o.storage_root = "/ckpt";
     o.io_threads = 1;
     o.prepare_inline_bytes = prepare_inline_bytes_;
+    o.first_trainer_id = 1;  // OpenSegment finds the n-th registration's
     o.segment_prefix = absl::StrCat("/ckptd-test-client-", ::getpid(), "-", counter_++);
     o.coordinator = coordinator_;
     segment_prefix_ = o.segment_prefix;
