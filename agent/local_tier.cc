@@ -171,7 +171,16 @@ void LocalTier::Prune(const std::string& job) {
   const std::multiset<uint64_t>& in_flight = in_flight_[job];
   const uint64_t oldest_in_flight = in_flight.empty() ? UINT64_MAX : *in_flight.begin();
   const size_t keep = static_cast<size_t>(std::max(options_.keep, 1));
+  if (steps.size() <= keep) return;
+  // The newest committed step stays, whatever newer ones the tier holds
+  // (steps written here run ahead of their commits when the storage root is
+  // slow): it is what a restart restores.
+  std::optional<uint64_t> committed;
+  for (auto it = steps.rbegin(); it != steps.rend() && !committed; ++it) {
+    if (root_->fs()->Stat(storage::ManifestPath(root_->root(), job, *it)).ok()) committed = *it;
+  }
   for (size_t i = 0; i + keep < steps.size() && steps[i] < oldest_in_flight; ++i) {
+    if (steps[i] == committed) continue;
     // Best effort: a reader that has the file open keeps reading it.
     (void)storage::RemoveTree(options_.fs, storage::StepDir(options_.dir, job, steps[i]));
   }

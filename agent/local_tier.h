@@ -5,7 +5,7 @@
 // the local copy when it is exactly the shard the step committed. A local
 // write that fails costs the tier, not the checkpoint: the shard is written
 // to the storage root directly. The tier holds the newest `keep` steps of
-// each job.
+// each job, and its newest committed step.
 #pragma once
 
 #include <cstdint>
@@ -133,8 +133,9 @@ class LocalTier {
   std::vector<uint64_t> Steps(const std::string& job);
 
  private:
-  // Keeps the newest `keep` steps of `job`; never one being written or
-  // copied, nor any newer than that.
+  // Keeps the newest `keep` steps of `job`, and the newest committed one
+  // (what a restart restores) when newer ones are not committed yet; never
+  // one being written or copied, nor any newer than that.
   void Prune(const std::string& job);
   // Removes the tier's directory of `step` when it is empty and no write of
   // the step is under way (an empty one would count as a step kept).

@@ -171,6 +171,36 @@ TEST_F(LocalTierAloneTest, KeepsTheNewestStepsPerJobAndAtLeastOne) {
   EXPECT_THAT(one.Steps(kJob), ElementsAre(6u));
 }
 
+TEST_F(LocalTierAloneTest, TheNewestCommittedStepStaysWhenNewerOnesAreNotCommittedYet) {
+  LocalTier tier(Options(&mem_, 2), &root_);
+  for (uint64_t step : {1u, 2u}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(storage::ShardWriteResult written, Persist(tier, step));
+    Commit(step, written);
+  }
+  // The storage root lags: steps 3 and 4 are written here, not committed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(storage::ShardWriteResult third, Persist(tier, 3));
+  CKPTD_ASSERT_OK(Persist(tier, 4).status());
+  EXPECT_THAT(tier.Steps(kJob), ElementsAre(2u, 3u, 4u));
+  // A restart now restores step 2, from here.
+  int reads = 0;
+  std::optional<absl::Status> got = tier.Read(
+      {kJob, 2, 0, 1},
+      [&](storage::ShardReader&) {
+        ++reads;
+        return absl::OkStatus();
+      },
+      &counters_);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(*got, IsOk());
+  EXPECT_EQ(reads, 1);
+  // Once a newer step commits, the older one goes.
+  Commit(3, third);
+  CKPTD_ASSERT_OK(Persist(tier, 5).status());
+  EXPECT_THAT(tier.Steps(kJob), ElementsAre(3u, 4u, 5u));
+  CKPTD_ASSERT_OK(Persist(tier, 6).status());
+  EXPECT_THAT(tier.Steps(kJob), ElementsAre(3u, 5u, 6u));
+}
+
 TEST_F(LocalTierAloneTest, StepsInFlightAreNeitherPrunedNorDropped) {
   LocalTier tier(Options(&mem_, 1), &root_);
   LeaveStep(9);  // newer, from a run that is gone
