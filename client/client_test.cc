@@ -987,32 +987,43 @@ class LateStatusTest : public ClientTest {
     service_ = std::move(late);  // the fixture stops the server before it goes
     CKPTD_ASSERT_OK_AND_ASSIGN(server_, agent::StartUnixServer(socket_, service));
   }
+  // A client with a 500 ms rpc_timeout; `registered` is the agent's count of
+  // registrations once it connected.
+  std::unique_ptr<Client> Connected() {
+    ClientOptions o = Options();
+    o.rpc_timeout = absl::Milliseconds(500);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(o, state.Specs());
+    EXPECT_THAT(client.status(), IsOk());
+    registered = service->registrations.load();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+  // Step `step` is snapshotted and persisted, and the client is still the
+  // registration it was.
+  void ExpectPersistedUnderTheSameRegistration(Client& client, uint64_t step) {
+    CKPTD_ASSERT_OK(client.Snapshot(step).status());
+    CKPTD_EXPECT_OK(client.WaitPersisted(step, absl::Minutes(1)));
+    EXPECT_EQ(service->registrations.load(), registered);
+  }
   LateStatus* service = nullptr;
+  State state;
+  int registered = 0;
 };
 
 TEST_F(LateStatusTest, APollAnsweredTooLateIsAskedAgainAndTheClientStaysRegistered) {
-  State state;
-  ClientOptions o = Options();
-  o.rpc_timeout = absl::Milliseconds(500);
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
-  const int registered = service->registrations.load();
+  std::unique_ptr<Client> client = Connected();
+  ASSERT_NE(client, nullptr);
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   service->late = 2;
   CKPTD_EXPECT_OK(client->WaitPersisted(5, absl::Minutes(1)));
   EXPECT_EQ(service->late.load(), 0);
   // Neither the registration nor the staging was given up for it.
   EXPECT_EQ(service->registrations.load(), registered);
-  CKPTD_ASSERT_OK(client->Snapshot(10).status());
-  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
-  EXPECT_EQ(service->registrations.load(), registered);
+  ExpectPersistedUnderTheSameRegistration(*client, 10);
 }
 
 TEST_F(LateStatusTest, AnAgentThatNeverAnswersInTimeFailsTheWaitAtItsDeadlineAndIsNotTakenForLost) {
-  State state;
-  ClientOptions o = Options();
-  o.rpc_timeout = absl::Milliseconds(500);
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
-  const int registered = service->registrations.load();
+  std::unique_ptr<Client> client = Connected();
+  ASSERT_NE(client, nullptr);
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   service->late = -1;
   const absl::Time start = absl::Now();
@@ -1025,26 +1036,19 @@ TEST_F(LateStatusTest, AnAgentThatNeverAnswersInTimeFailsTheWaitAtItsDeadlineAnd
   EXPECT_LT(absl::Now() - start, absl::Seconds(1) + absl::Milliseconds(500) + absl::Seconds(2));
   // The agent answers again: the client goes on, under the same registration.
   service->late = 0;
-  CKPTD_ASSERT_OK(client->Snapshot(10).status());
-  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
-  EXPECT_EQ(service->registrations.load(), registered);
+  ExpectPersistedUnderTheSameRegistration(*client, 10);
 }
 
 TEST_F(LateStatusTest, ANotificationAnsweredTooLateLosesNothing) {
-  State state;
-  ClientOptions o = Options();
-  o.rpc_timeout = absl::Milliseconds(500);
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
-  const int registered = service->registrations.load();
+  std::unique_ptr<Client> client = Connected();
+  ASSERT_NE(client, nullptr);
   service->late_published = true;
   CKPTD_ASSERT_OK(client->Snapshot(5).status());
   // The notification ran past its deadline (the agent finds the slot anyway).
   ASSERT_TRUE(Eventually([&] { return service->published.load() == 1; }));
   CKPTD_EXPECT_OK(client->WaitPersisted(5, absl::Minutes(1)));
   service->late_published = false;
-  CKPTD_ASSERT_OK(client->Snapshot(10).status());
-  CKPTD_EXPECT_OK(client->WaitPersisted(10, absl::Minutes(1)));
-  EXPECT_EQ(service->registrations.load(), registered);
+  ExpectPersistedUnderTheSameRegistration(*client, 10);
 }
 
 TEST(ClientOptionsTest, ANonPositiveRpcTimeoutIsRefused) {
