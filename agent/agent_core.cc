@@ -589,6 +589,16 @@ absl::StatusOr<std::string> AgentCore::CorruptKeptStep(const std::string& job, u
                                                  ", in staging slot ", i, " (", staging::SlotStateName(s), ")"));
     }
   }
+  // The trainer gives up a kept copy for its next snapshot when no slot is
+  // free, before the agent may have heard that the step committed: that
+  // snapshot is newer and may commit in its turn.
+  for (uint32_t i = 0; !slot && i < seg.slots(); ++i) {
+    if (seg.state(i) == staging::SlotState::kFilling) {
+      return absl::UnavailableError(absl::StrCat(who, " keeps no copy of step ", step,
+                                                 " in memory while it takes a newer snapshot in staging slot ", i,
+                                                 " (FILLING)"));
+    }
+  }
   size_t buffer = 0;
   while (buffer < t->layout.lengths.size() && t->layout.lengths[buffer] == 0) ++buffer;
   if (buffer == t->layout.lengths.size()) {

@@ -623,6 +623,36 @@ TEST_F(CorruptMemoryTest, ARankWithoutACopyOfTheStepIsAClearErrorAndNothingIsTou
   CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 
+// The trainer gave up the kept copy of the committed step for its next
+// snapshot (no slot was free) before the agent heard of the commit: that
+// snapshot may commit next, so the drill is told to look again, not that the
+// rank keeps no copy.
+TEST_F(CorruptMemoryTest, ACopyGivenUpForANewerSnapshotMakesTheDrillWaitForThatOne) {
+  AgentCore agent(&mem_, TestAgentOptions("drills"));
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(Rank0()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<staging::StagingSegment> seg, staging::StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, step));
+  // Both kept copies given up: step 1's for one snapshot, step 2's (the
+  // pinned one, last) for another.
+  std::vector<uint32_t> filling;
+  for (int i = 0; i < 2; ++i) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+    filling.push_back(slot);
+  }
+  const std::vector<std::string> before = Slots(*seg);
+  EXPECT_THAT(agent.CorruptKeptStep(kJob, 0, 2),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("rank 0 of job job keeps no copy of step 2 in memory while it takes a newer "
+                                 "snapshot in staging slot")));
+  // Once the trainer is done with them, the rank keeps no copy: a clear error.
+  for (uint32_t slot : filling) CKPTD_ASSERT_OK(seg->Abandon(slot));
+  EXPECT_THAT(agent.CorruptKeptStep(kJob, 0, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank 0 of job job keeps no copy of step 2 in memory (it keeps no step)")));
+  EXPECT_EQ(Slots(*seg), before);
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 TEST_F(DrillsTest, CorruptMemoryWaitsWhileANewerStepMayStillCommit) {
   options_.max_wait_for_commit = absl::Seconds(1);
   int asked = 0;
