@@ -120,6 +120,10 @@ std::string KeptText(const std::vector<Kept>& kept) {
   return absl::StrCat(steps.size() == 1 ? ", step " : ", steps ", absl::StrJoin(steps, ", "), " in memory");
 }
 
+// LoadFromPeers' id of the copy this agent holds for a partner (a node id
+// never holds a '/').
+constexpr char kHeldCopySource[] = "/held";
+
 // Kept steps whose slot the trainer took back for a snapshot are forgotten.
 template <typename Kept>
 void ForgetTakenBack(const staging::StagingSegment& segment, std::vector<Kept>* kept) {
@@ -169,6 +173,9 @@ struct AgentCore::Trainer {
   staging::StagingLayout layout;
   std::shared_ptr<staging::StagingSegment> segment;
   std::thread persister;
+  // The persister is still allocating the segment's slots in the background
+  // (a restore waits for them rather than fail after its usual wait).
+  std::atomic<bool> preparing{false};
 
   absl::Mutex mu;
   bool wake ABSL_GUARDED_BY(mu) = false;
@@ -208,6 +215,10 @@ struct AgentCore::Trainer {
   std::optional<uint64_t> restored ABSL_GUARDED_BY(mu);
   std::optional<ckptd::v1::ShardRef> restored_expected ABSL_GUARDED_BY(mu);
   std::vector<ckptd::v1::PeerCopy> restored_peers ABSL_GUARDED_BY(mu);
+  // Where that step came from among the peers (LoadCall::handed_from), and
+  // the peers whose copy of it the trainer found damaged since.
+  std::string restored_from ABSL_GUARDED_BY(mu);
+  std::set<std::string> rejected_sources ABSL_GUARDED_BY(mu);
 
   // `status` with the local tier's counters.
   PersistStatus StatusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -485,6 +496,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     // process) wrote them: a predecessor's that are not committed are void.
     job.newest[reg.rank] = {t->id, reg.pid};
   }
+  t->preparing.store(t->segment->slots_prepared() < t->segment->slots());
   t->persister = std::thread([this, raw] { PersistLoop(raw); });
   trainers_[handle.trainer_id] = std::move(t);
   return handle;
@@ -920,6 +932,7 @@ void AgentCore::PrepareSlots(Trainer* t) {
       absl::MutexLock l(&t->mu);
       if (t->stopping) return;
     }
+    if (options_.before_preparing_slot) options_.before_preparing_slot(i);
     if (absl::Status s = seg.PrepareSlot(i); !s.ok()) {
       logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging slot ", i, " of ", seg.slots(),
                                     " could not be allocated (", s.message(), "); snapshots use the ",
@@ -997,6 +1010,7 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 void AgentCore::PersistLoop(Trainer* t) {
   base::SetCallingThreadName("ckptd-persist");
   PrepareSlots(t);
+  t->preparing.store(false);
   // The encoder of this trainer's memory checkpoints (their shard indexes),
   // made before this thread lowers itself: its starvation reserve runs at
   // the priority of the thread that makes it, and must be normal.
@@ -1517,6 +1531,8 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
       t->restored = r->step;
       t->restored_expected = r->step ? call.expected : std::nullopt;
       t->restored_peers = r->step ? call.peers : std::vector<ckptd::v1::PeerCopy>();
+      t->restored_from = call.handed_from;
+      t->rejected_sources.clear();
     }
     return r;
   }
@@ -1536,6 +1552,10 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
     // A memory checkpoint has no copy on disk: read again from a peer's.
     call.expected = t->restored_expected;
     if (call.expected) call.peers = t->restored_peers;
+    // The copy the trainer found damaged, and any before it, are not read
+    // again: the next peer holding the step is.
+    if (!t->restored_from.empty()) t->rejected_sources.insert(t->restored_from);
+    call.skip_sources = t->rejected_sources;
     for (const KeptStep& k : t->kept) {
       if (k.step == step) t->segment->Unkeep(k.slot, k.step);
     }
@@ -1547,6 +1567,10 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
                    call.expected ? "a memory checkpoint: reading it from a peer's memory" : "reading it from disk"));
   call.from_memory = false;
   CKPTD_ASSIGN_OR_RETURN(const uint32_t slot, LoadStep(t.get(), step, &call));
+  {
+    absl::MutexLock l(&t->mu);
+    t->restored_from = call.handed_from;
+  }
   if (options_.coordinator != nullptr) {
     // The coordinator heard the rank read the step from memory: it learns
     // where it was read in the end (the restore stands either way).
@@ -1585,10 +1609,29 @@ RestoreResult AgentCore::Restored(Trainer* t, uint64_t step, uint32_t slot, Load
   return r;
 }
 
+absl::StatusOr<uint32_t> AgentCore::AcquireRestoreSlot(Trainer* t, absl::Duration wait) {
+  // A new registration's slots are allocated in the background, a slot of
+  // tens of GiB in seconds: a restore (the replacement node's first call)
+  // waits for the first one to be ready rather than fail after the trainer's
+  // usual wait, as long as the allocation goes on and within the restore's
+  // own time.
+  const absl::Time give_up = clock_->Now() + options_.restore_timeout;
+  while (true) {
+    // Read before the try: a slot made ready just after it is found next time.
+    const bool preparing = t->preparing.load();
+    absl::StatusOr<uint32_t> slot =
+        t->segment->AcquireForRestore(preparing ? std::max(wait, absl::Milliseconds(50)) : wait);
+    if (slot.ok() || !absl::IsResourceExhausted(slot.status()) || !preparing || clock_->Now() >= give_up) {
+      return slot;
+    }
+  }
+}
+
 absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
   const absl::Duration wait_for_slot = call->wait_for_slot;
   call->source = RestoreSource::kMemory;
+  call->handed_from.clear();
   call->resharded_from = 0;
   call->verify.clear();
   call->manifest.reset();
@@ -1613,7 +1656,8 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
   }
   if (!call->peers.empty() || options_.replicas != nullptr) {
     call->source = RestoreSource::kPeer;
-    if (std::optional<uint32_t> slot = LoadFromPeers(t, step, call)) return *slot;
+    CKPTD_ASSIGN_OR_RETURN(const std::optional<uint32_t> slot, LoadFromPeers(t, step, call));
+    if (slot) return *slot;
   }
   if (call->expected) {
     // Never written: the local tier and the storage root hold no copy of it
@@ -1756,7 +1800,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
                          PlanResharded(t, step, manifest, &readers, &planned, ask_coordinator));
   uint64_t bytes = 0;
   for (uint64_t length : t->layout.lengths) bytes += length;
-  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, AcquireRestoreSlot(t, wait_for_slot));
   uint8_t* const data = t->segment->slot_data(slot);
   absl::Status read;
   std::set<uint32_t> ranks;
@@ -1941,7 +1985,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadFrom(Trainer* t, uint64_t step, storage:
                                                         absl::CHexEscape(saved.name()), "' that is not registered"));
     }
   }
-  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, t->segment->AcquireForRestore(wait_for_slot));
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, AcquireRestoreSlot(t, wait_for_slot));
   for (size_t i = 0; i < dests.size(); ++i) dests[i].data = t->segment->slot_data(slot) + t->layout.offsets[i];
   absl::Status read = reader.ReadTensors(dests);
   // Publish either way; on failure hand the slot straight back. Read intact,
@@ -2160,7 +2204,7 @@ absl::StatusOr<AgentCore::KeptStep> AgentCore::PullCopy(Trainer* t, uint64_t ste
   return kept;
 }
 
-std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call) {
+absl::StatusOr<std::optional<uint32_t>> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
   ckptd::v1::ReplicaKey key;
   key.set_job(reg.job);
@@ -2170,12 +2214,15 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
   // replacement node may be the lost node's partner), then the peers the
   // plan names.
   struct Source {
+    std::string id;    // LoadCall::skip_sources
     std::string from;  // for the log
     CopyFetch fetch;
   };
   std::vector<Source> sources;
-  if (std::shared_ptr<const Replica> held = options_.replicas != nullptr ? options_.replicas->Find(key) : nullptr) {
-    sources.push_back({"the copy this agent holds for its partner", [held](const ReplicaSink& sink) -> absl::Status {
+  std::shared_ptr<const Replica> held =
+      options_.replicas != nullptr && !call->skip_sources.contains(kHeldCopySource) ? options_.replicas->Find(key) : nullptr;
+  if (held != nullptr) {
+    sources.push_back({kHeldCopySource, "the copy this agent holds for its partner", [held](const ReplicaSink& sink) -> absl::Status {
                          CKPTD_ASSIGN_OR_RETURN(absl::Span<uint8_t> out, sink(held->header()));
                          if (out.size() != held->size()) return absl::InternalError("the copy's size changed");
                          std::memcpy(out.data(), held->data(), held->size());
@@ -2184,7 +2231,8 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
   }
   if (options_.peer_network != nullptr) {
     for (const ckptd::v1::PeerCopy& peer : call->peers) {
-      sources.push_back({absl::StrCat("node ", peer.node_id(), "'s memory (", peer.address(), ")"),
+      if (call->skip_sources.contains(peer.node_id())) continue;
+      sources.push_back({peer.node_id(), absl::StrCat("node ", peer.node_id(), "'s memory (", peer.address(), ")"),
                          [this, peer, key](const ReplicaSink& sink) {
                            return options_.peer_network->Fetch(peer.address(), key, sink).status();
                          }});
@@ -2193,13 +2241,15 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
   if (sources.empty()) return std::nullopt;
   absl::StatusOr<ckptd::v1::ShardRef> ref = ExpectedRef(t, step, *call);
   if (!ref.ok()) return std::nullopt;
-  absl::StatusOr<uint32_t> slot = t->segment->AcquireForRestore(call->wait_for_slot);
-  if (!slot.ok()) return std::nullopt;  // the disk tiers say why
-  {
-    absl::MutexLock l(&t->mu);  // it may have kept an older step
-    std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == *slot; });
-  }
+  std::optional<uint32_t> slot;
   for (const Source& source : sources) {
+    if (!slot) {
+      // No slot to load into is the trainer's to hear, not a missing copy
+      // (for a memory checkpoint that would send the whole job to disk).
+      CKPTD_ASSIGN_OR_RETURN(slot, AcquireRestoreSlot(t, call->wait_for_slot));
+      absl::MutexLock l(&t->mu);  // it may have kept an older step
+      std::erase_if(t->kept, [&](const KeptStep& k) { return k.slot == *slot; });
+    }
     const absl::Time start = clock_->Now();
     absl::StatusOr<KeptStep> kept = PullCopy(t, step, *slot, *ref, source.fetch);
     if (!kept.ok()) {
@@ -2219,12 +2269,18 @@ std::optional<uint32_t> AgentCore::LoadFromPeers(Trainer* t, uint64_t step, Load
     const bool ok = HandOverKept(t, *kept, call, source.from, &rejected);
     absl::MutexLock l(&t->mu);
     t->peer_rejected += rejected;
-    if (!ok) return std::nullopt;  // the slot is free again
+    if (!ok) {
+      slot.reset();  // free again: the next source takes one anew
+      continue;
+    }
     ++t->peer_restores;
+    call->handed_from = source.id;
     return *slot;
   }
-  (void)t->segment->Publish(*slot, step);
-  (void)t->segment->Release(*slot);  // RESTORED -> FREE
+  if (slot) {
+    (void)t->segment->Publish(*slot, step);
+    (void)t->segment->Release(*slot);  // RESTORED -> FREE
+  }
   return std::nullopt;
 }
 

@@ -122,6 +122,9 @@ struct AgentOptions {
   // skipped until a slot is ready), so that no registration waits for
   // gigabytes of memory to be cleared.
   uint64_t prepare_inline_bytes = uint64_t{64} << 20;
+  // Called before each slot is allocated in the background (tests hold the
+  // allocation there to see what waits for it).
+  std::function<void(uint32_t slot)> before_preparing_slot;
   // The first trainer id; 0 (the default): a random one, so that a trainer
   // of the agent before a restart, asking with its old id, is told it is
   // unknown rather than given another trainer's answers. Tests fix it.
@@ -557,6 +560,12 @@ class AgentCore {
     bool from_memory = true;  // may use the memory tier
     // Other nodes' agents holding the step in memory (the coordinator's plan).
     std::vector<ckptd::v1::PeerCopy> peers;
+    // Copies in other agents' memory (LoadFromPeers' source ids: a node id,
+    // or "/held" for the copy this agent holds for a partner) not to read
+    // again: a reread skips those that failed the trainer's check.
+    std::set<std::string> skip_sources;
+    // The source id of the copy handed over ("": not from a peer's memory).
+    std::string handed_from;
     // A memory checkpoint (RestorePlanResponse.memory_step): the rank's shard
     // as its agent reported it, which a copy in memory (own or a peer's) must
     // be instead of the MANIFEST's entry. There is no copy on disk.
@@ -596,7 +605,11 @@ class AgentCore {
   // trainer's layout, copied into a staging slot (RESTORED) and checked
   // like a copy from memory; nullopt when none has it (each failure is
   // logged and counted).
-  std::optional<uint32_t> LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call);
+  absl::StatusOr<std::optional<uint32_t>> LoadFromPeers(Trainer* t, uint64_t step, LoadCall* call);
+  // A staging slot of `t` to restore into, waiting `wait` for one, and
+  // while the slots are still being allocated for them (up to
+  // restore_timeout).
+  absl::StatusOr<uint32_t> AcquireRestoreSlot(Trainer* t, absl::Duration wait);
   // Copies a peer's copy of `step` into `slot` through `fetch` (which hands
   // the copy's header to the sink it is given, then fills what the sink
   // returned); kept there (the KeptStep it is now) once the header matches

@@ -289,6 +289,15 @@ class LoopbackNetwork : public PeerNetwork {
     std::memcpy(out.data(), it->second.data.data(), out.size());
     return it->second.header;
   }
+  // The copy of `step` of rank 0 of "job" put to `from` is held by `to` too,
+  // with the byte at `damage` (if any) flipped.
+  void Duplicate(const std::string& from, const std::string& to, uint64_t step,
+                 std::optional<uint64_t> damage = std::nullopt) {
+    absl::MutexLock l(&mu_);
+    Copy c = copies_.at({from, "job", 0, step});
+    if (damage) c.data.at(*damage) ^= 0xff;
+    copies_[{to, "job", 0, step}] = std::move(c);
+  }
   // The header of the copy of `step` of rank 0 of "job" put to `address`.
   std::optional<ckptd::v1::ReplicaHeader> HeaderOf(const std::string& address, uint64_t step) {
     absl::MutexLock l(&mu_);
@@ -714,6 +723,58 @@ TEST_F(MemoryCheckpointTest, ALostNodesMemoryStepComesBackFromItsPartnersMemory)
       EXPECT_EQ(st.peer_rejected, 2u);
     }
     EXPECT_THAT(fs_.CallsUnder("/ckpt"), IsEmpty());
+  }
+}
+
+// Two peers hold the memory step, the first one's copy damaged: the next
+// peer's copy is read, whether the agent finds the damage or the trainer
+// does (then its reread skips the peer whose copy failed its check).
+TEST_F(MemoryCheckpointTest, APeersDamagedCopyIsFollowedByTheNextPeersCopy) {
+  {
+    AgentCore a(&fs_, NodeA());
+    Trainer t;
+    ASSERT_NO_FATAL_FAILURE(Start(a, &t));
+    ASSERT_NO_FATAL_FAILURE(TakeAll(a, t, {1, 2}));
+  }
+  ASSERT_TRUE(net_.HeaderOf("node-b", 2).has_value());
+  net_.Duplicate("node-b", "node-d", 2);
+  net_.Duplicate("node-b", "node-b", 2, /*damage=*/5000);
+  for (bool client_verifies : {false, true}) {
+    SCOPED_TRACE(client_verifies ? "the trainer checks" : "the agent checks");
+    ScriptedCoordinator coord;
+    coord.SetPlan(MemoryRound(2, coord_.ReportOf(2).shard(), {PeerAt("node-b"), PeerAt("node-d")}));
+    AgentOptions o = TestAgentOptions("memckpt-c");
+    o.node_id = "node-c";
+    o.coordinator = &coord;
+    o.peer_network = &net_;
+    ckptd::testing::CapturingLogger log;
+    o.logger = &log;
+    AgentCore c(&fs_, o);
+    Trainer t;
+    ASSERT_NO_FATAL_FAILURE(Start(c, &t));
+    RestoreOptions ro;
+    ro.wait_for_slot = absl::Seconds(5);
+    ro.client_verifies = client_verifies;
+    CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, c.Restore(t.h.trainer_id, ro));
+    ASSERT_THAT(r.step, Optional(2u));
+    EXPECT_EQ(r.source, RestoreSource::kPeer);
+    ASSERT_THAT(coord.requests(), SizeIs(2));
+    EXPECT_TRUE(coord.requests()[1].attempt_ok()) << coord.requests()[1].problem();
+    if (client_verifies) {
+      // Handed over unchecked, node B's copy fails the trainer's check.
+      EXPECT_EQ(t.seg->slot_data(r.slot)[5000], static_cast<uint8_t>(StepFill(2) ^ 0xff));
+      CKPTD_ASSERT_OK(t.seg->Release(r.slot));
+      ro.reread_step = 2;
+      ro.reread_problem = "a block does not match its checksum";
+      CKPTD_ASSERT_OK_AND_ASSIGN(r, c.Restore(t.h.trainer_id, ro));
+      ASSERT_THAT(r.step, Optional(2u));
+      EXPECT_EQ(r.source, RestoreSource::kPeer);
+    }
+    ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r.slot, StepFill(2)));
+    CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, c.Status(t.h.trainer_id));
+    EXPECT_EQ(st.peer_restores, client_verifies ? 2u : 1u);
+    EXPECT_TRUE(log.Contains("step 2 copied from node node-d's memory")) << ::testing::PrintToString(log.lines());
+    CKPTD_EXPECT_OK(t.seg->Release(r.slot));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/testing_agent_harness.h"
@@ -651,6 +652,57 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
   ASSERT_NO_FATAL_FAILURE(Restart(agent, t, &again));
   ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, again, 2, RestoreSource::kMemory));
   CKPTD_ASSERT_OK(agent.TrainerExited(again.h.trainer_id));
+}
+
+// A replacement node: its agent allocates the new trainer's slots in the
+// background, and the trainer's restore (its first call) waits for the first
+// one rather than fail after the trainer's usual wait for a slot (seconds,
+// while a slot of tens of GiB takes longer to allocate).
+TEST_F(MemoryTierTest, ARestoreWaitsForTheSlotsBeingAllocatedInTheBackground) {
+  {
+    AgentCore before(&mem_, options_);
+    Started t;
+    ASSERT_NO_FATAL_FAILURE(Start(before, Rank("job"), &t));
+    ASSERT_NO_FATAL_FAILURE(Persist(before, t, {4}));
+    CKPTD_ASSERT_OK(before.TrainerExited(t.h.trainer_id));
+  }
+  absl::Notification allocate;
+  options_.prepare_inline_bytes = 0;  // every segment is "large"
+  options_.before_preparing_slot = [&](uint32_t) { allocate.WaitForNotification(); };
+  AgentCore agent(&mem_, options_);
+  Started t;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &t));
+  absl::StatusOr<RestoreResult> r = absl::UnknownError("not run");
+  absl::Notification restored;
+  std::thread restore([&] {
+    r = agent.Restore(t.h.trainer_id, absl::ZeroDuration());
+    restored.Notify();
+  });
+  EXPECT_FALSE(restored.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "the restore did not wait for a slot: " << r.status();
+  allocate.Notify();
+  restore.join();
+  CKPTD_ASSERT_OK(r.status());
+  EXPECT_EQ(r->step, std::optional<uint64_t>(4));
+  EXPECT_EQ(r->source, RestoreSource::kRoot);
+  ASSERT_NO_FATAL_FAILURE(ExpectHolds(t, r->slot, StepFill(4)));
+  CKPTD_ASSERT_OK(t.seg->Release(r->slot));
+
+  // Once the allocation is over (here: all slots ready), a restore that finds
+  // none free says so after its wait, as before.
+  ASSERT_TRUE(Eventually([&] {
+    absl::StatusOr<PersistStatus> st = agent.Status(t.h.trainer_id);
+    return st.ok() && st->slots_ready == st->slots;
+  }));
+  std::vector<uint32_t> held;
+  for (uint32_t i = 0; i < t.h.slots; ++i) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, t.seg->AcquireForFill(absl::ZeroDuration()));
+    held.push_back(slot);
+  }
+  EXPECT_THAT(agent.Restore(t.h.trainer_id, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("no free staging slot")));
+  for (uint32_t slot : held) CKPTD_ASSERT_OK(t.seg->Abandon(slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(t.h.trainer_id));
 }
 
 // The ranks of a job of `world` ranks, each registered as a trainer.
