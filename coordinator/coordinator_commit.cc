@@ -43,8 +43,9 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
   }
   CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, node, /*moving=*/false));
   if (job->committed().contains(step)) return true;  // a repeated report of a committed step
-  // A coordinator that lost its database: trust the rank's count.
-  job->RaiseIncarnation(report.incarnation());
+  if (absl::Status s = job->CheckIncarnation(report.incarnation()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
   if (report.incarnation() < job->incarnation()) {
     fx->aborts.emplace_back(job->name(), step);
     return absl::AbortedError(absl::StrCat(what, ": written before the job's latest restore; not committed"));
@@ -55,6 +56,7 @@ absl::StatusOr<bool> CoordinatorCore::AcceptShard(const std::string& node, const
   if (report.memory_only()) {
     // Kept in memory, not written: complete once every rank has it. A step
     // no newer than the newest durable one is not needed and is ignored.
+    job->RaiseIncarnation(report.incarnation());
     (void)job->AddMemoryShard(step, rank, {report.shard().file_length(), report.shard().index_xxh3()},
                               report.stall_seconds(), report.incarnation());
     return false;
@@ -115,6 +117,9 @@ absl::StatusOr<bool> CoordinatorCore::AddShardOf(Job* job, const ShardReport& re
     AbortPending(job, step, std::string(file_check.message()), fx);
     return absl::Status(file_check.code(), absl::StrCat(what, ": ", file_check.message(), "; the step is aborted"));
   }
+  // A coordinator that lost its database takes the rank's count (within
+  // CheckIncarnation's rule), once the report is otherwise good.
+  if (!emergency) job->RaiseIncarnation(report.incarnation());
   ShardRef ref = report.shard();
   ref.set_file(storage::ShardFileName(rank));  // never a client-supplied path
   const absl::Time now = clock_->Now();

@@ -1,10 +1,13 @@
 // CoordinatorCore: shard reports, the global commit, aborts and retention.
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/testing/matchers.h"
 #include "coordinator/coordinator_core.h"
+#include "coordinator/state_store.h"
 #include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -79,6 +82,75 @@ TEST_F(CoordinatorCoreTest, AnAgentReportsItsRanksInOneBatchAndABadEntryFailsAlo
   empty.set_node_id("node-b");
   empty.set_session(sessions_["node-b"]);
   EXPECT_THAT(core_->ReportShard(empty), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no shard")));
+}
+
+// A rank cannot have been told of a restore round that has not happened: a
+// report of a later incarnation than the job's (UINT64_MAX) is refused and
+// changes nothing, and the other ranks' reports still commit the step.
+TEST_F(CoordinatorCoreTest, AReportOfAnIncarnationTheJobHasNotReachedIsRefused) {
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t inc = RestoreAll(10);
+  EXPECT_THAT(Shard("node-a", 20, 0, 4, UINT64_MAX),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("incarnation 18446744073709551615 is out of range (at most 4294967296)")));
+  EXPECT_THAT(Shard("node-a", 20, 0, 4, inc + 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr(absl::StrCat("reported for incarnation ", inc + 1, ", but job llm-7b is at incarnation ",
+                                                 inc))));
+  EXPECT_EQ(JobState().schedule().incarnation(), inc);
+  EXPECT_TRUE(JobState().pending_steps().empty());
+  CommitStep(20, inc);
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ckptd::v1::JobRecord> saved, state_->ListJobs());
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].schedule().incarnation(), inc);
+}
+
+// A coordinator that lost its database learns the job's incarnation from
+// its ranks' reports (within kMaxIncarnation), until it opens a restore
+// round of its own; a report from before that round is then stale.
+TEST_F(CoordinatorCoreTest, ACoordinatorThatLostItsDatabaseTakesTheRanksIncarnation) {
+  TwoNodes();
+  CommitStep(10);
+  RestoreAll(10);
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 3, ckptd::v1::TRAINER_DIED));
+  const uint64_t inc = RestoreAll(10);
+  ASSERT_EQ(inc, 2u);
+  state_ = NewMemStateStore();
+  Reset();
+  TwoNodes();
+  ASSERT_EQ(JobState().schedule().incarnation(), 0u);
+  EXPECT_THAT(Shard("node-a", 20, 0, 4, UINT64_MAX), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
+  CommitStep(20, inc);
+  EXPECT_EQ(JobState().schedule().incarnation(), inc);
+  CKPTD_ASSERT_OK(ReportFailure("node-b", 3, ckptd::v1::TRAINER_DIED));
+  EXPECT_EQ(RestoreAll(20), inc + 1);
+  EXPECT_THAT(Shard("node-a", 30, 0, 4, inc), StatusIs(absl::StatusCode::kAborted, HasSubstr("latest restore")));
+  EXPECT_THAT(Shard("node-a", 30, 0, 4, inc + 2), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                           HasSubstr("no rank was told of a later restore round")));
+  CommitStep(30, inc + 1);
+  EXPECT_EQ(JobState().newest_committed_step(), 30u);
+}
+
+// A saved record whose incarnation no job reaches (written before reports
+// were bounded) is not used: the job is found again from storage and takes
+// its ranks' count from their reports.
+TEST_F(CoordinatorCoreTest, ASavedRecordOfAnImpossibleIncarnationIsNotUsed) {
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t inc = RestoreAll(10);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ckptd::v1::JobRecord> saved, state_->ListJobs());
+  ASSERT_EQ(saved.size(), 1u);
+  ckptd::v1::JobRecord poisoned = saved[0];
+  poisoned.mutable_schedule()->set_incarnation(UINT64_MAX);
+  CKPTD_ASSERT_OK(state_->PutJob(poisoned));
+  Reset();
+  EXPECT_EQ(JobState().schedule().incarnation(), 0u);
+  EXPECT_EQ(JobState().newest_committed_step(), 10u);
+  TwoNodes();
+  CommitStep(20, inc);
+  EXPECT_EQ(JobState().schedule().incarnation(), inc);
 }
 
 TEST_F(CoordinatorCoreTest, ShardWhoseFileDisagreesWithTheReportAbortsTheStep) {

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -22,7 +25,9 @@ namespace ckptd::coordinator {
 using ckptd::v1::FailureEvent;
 using ckptd::v1::JobRecord;
 using ckptd::v1::ShardReport;
+using internal::kMaxIncarnation;
 using internal::kMaxRanksPerAgent;
+using internal::kMaxReportedSeconds;
 using internal::kMaxShardBytes;
 using internal::kMaxStep;
 
@@ -57,9 +62,20 @@ absl::Status ValidateShardReport(const ShardReport& r, uint32_t max_world) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": shard length ", r.shard().file_length(), " is out of range"));
   }
-  for (double v : {r.stall_seconds(), r.shard().persist_seconds()}) {
-    if (!std::isfinite(v) || v < 0)
-      return absl::InvalidArgumentError(absl::StrCat(what, ": a timing is not a duration"));
+  if (r.incarnation() > kMaxIncarnation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": incarnation ", r.incarnation(), " is out of range (at most ", kMaxIncarnation, ")"));
+  }
+  const std::pair<const char*, double> timings[] = {{"stall_seconds", r.stall_seconds()},
+                                                    {"persist_seconds", r.shard().persist_seconds()}};
+  for (const auto& [name, v] : timings) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", name, " ", v, " is not a duration"));
+    }
+    if (v > kMaxReportedSeconds) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", name, " ", v, " is above ", kMaxReportedSeconds, " (a day): no measurement"));
+    }
   }
   return absl::OkStatus();
 }
@@ -96,6 +112,13 @@ absl::Status CoordinatorCore::Recover() {
   absl::MutexLock l(&mu_);
   for (const JobRecord& r : records) {
     if (!storage::ValidateJobName(r.job()).ok() || r.world_size() == 0) continue;
+    if (r.schedule().incarnation() > kMaxIncarnation) {
+      // Saved before reports' incarnations were bounded: the job is found
+      // again from storage, and takes its ranks' count from their reports.
+      logger_->Warning(absl::StrCat("job ", r.job(), ": the saved record's incarnation ", r.schedule().incarnation(),
+                                    " is above ", kMaxIncarnation, "; not used"));
+      continue;
+    }
     jobs_[r.job()] = Job::Recovered(r);
   }
   for (const std::string& name : stored_jobs) {
@@ -142,6 +165,8 @@ absl::Status CoordinatorCore::CheckSpeaksFor(const Job& job, uint32_t rank, cons
   if (it == job.ranks().end() || it->second.node_id == node) return absl::OkStatus();
   const std::string& host = it->second.node_id;
   if (moving) {
+    // A dead rank may restart on any node: launchers (torchrun among them)
+    // do not keep a rank on its node across restarts.
     auto agent = agents_.find(host);
     if (!it->second.alive || agent == agents_.end() || !agent->second->alive) return absl::OkStatus();
   }
@@ -170,15 +195,44 @@ absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobFor(const std::string&
   return job;
 }
 
+absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobForRank(const std::string& name, uint32_t world_size,
+                                                                  uint32_t rank, const std::string& node) {
+  if (const Job* job = FindJob(name)) CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, node, /*moving=*/true));
+  return JobFor(name, world_size);
+}
+
 absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     const ckptd::v1::RegisterAgentRequest& request) {
-  CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.node_id()));
-  if (request.ranks_size() > static_cast<int>(kMaxRanksPerAgent)) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", request.node_id(), " registers ", request.ranks_size(),
-                                                   " ranks; at most ", kMaxRanksPerAgent));
+  const std::string& node = request.node_id();
+  CKPTD_RETURN_IF_ERROR(ValidateNodeId(node));
+  if (request.address().size() > internal::kMaxAgentAddress) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", node, ": address is ", request.address().size(),
+                                                   " bytes; at most ", internal::kMaxAgentAddress));
   }
+  if (request.gpus_size() > static_cast<int>(internal::kMaxGpus)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", node, " registers ", request.gpus_size(), " gpus; at most ", internal::kMaxGpus));
+  }
+  for (int i = 0; i < request.gpus_size(); ++i) {
+    if (request.gpus(i).size() > internal::kMaxGpuName) {
+      return absl::InvalidArgumentError(absl::StrCat("node ", node, ": gpus[", i, "] is ", request.gpus(i).size(),
+                                                     " bytes; at most ", internal::kMaxGpuName));
+    }
+  }
+  if (request.ranks_size() > static_cast<int>(kMaxRanksPerAgent)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node ", node, " registers ", request.ranks_size(), " ranks; at most ", kMaxRanksPerAgent));
+  }
+  // The world size of each job the ranks name: one per job, or registering
+  // one rank would resize the job under another.
+  std::map<std::string, uint32_t> worlds;
   for (const auto& r : request.ranks()) {
     CKPTD_RETURN_IF_ERROR(internal::ValidateRankInfo(r, options_.max_world_size));
+    auto [it, fresh] = worlds.emplace(r.job(), r.world_size());
+    if (!fresh && it->second != r.world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("node ", node, " registers ranks of job ", r.job(),
+                                                     " in world sizes ", it->second, " and ", r.world_size()));
+    }
   }
   for (const auto& s : request.durable_shards()) {
     CKPTD_RETURN_IF_ERROR(internal::ValidateShardReport(s, options_.max_world_size));
@@ -190,30 +244,28 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
   CKPTD_ASSIGN_OR_RETURN(std::string session, base::RandomHex(16));
   ckptd::v1::RegisterAgentResponse response;
   Effects fx;
+  std::vector<std::string> refused;  // ranks another node hosts, logged below
   {
     absl::MutexLock l(&mu_);
     // Every rank's job must accept its world size, and the new jobs fit,
-    // before anything changes.
+    // before anything changes: a refused registration leaves the node's
+    // session, ranks and jobs as they were.
     std::set<std::string> new_jobs;
-    for (const auto& r : request.ranks()) {
-      Job* job = FindJob(r.job());
-      if (job == nullptr) new_jobs.insert(r.job());
-      if (job != nullptr && job->world_size() != r.world_size()) {
-        CKPTD_RETURN_IF_ERROR(JobFor(r.job(), r.world_size()).status());
-      }
+    for (const auto& [name, world] : worlds) {
+      const Job* job = FindJob(name);
+      if (job == nullptr) new_jobs.insert(name);
+      if (job != nullptr) CKPTD_RETURN_IF_ERROR(job->CheckResize(world));
     }
     if (jobs_.size() + new_jobs.size() > options_.max_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat("node ", request.node_id(), " registers ranks of ",
-                                                       new_jobs.size(), " new jobs; this coordinator tracks ",
-                                                       jobs_.size(), " of at most ", options_.max_jobs,
-                                                       " (--max-jobs)"));
+      return absl::ResourceExhaustedError(absl::StrCat("node ", node, " registers ranks of ", new_jobs.size(),
+                                                       " new jobs; this coordinator tracks ", jobs_.size(),
+                                                       " of at most ", options_.max_jobs, " (--max-jobs)"));
     }
-    if (!agents_.contains(request.node_id()) && agents_.size() >= options_.max_nodes) {
-      return absl::ResourceExhaustedError(absl::StrCat("node ", request.node_id(),
-                                                       " is one too many: this coordinator tracks ", agents_.size(),
-                                                       " nodes, its limit (--max-nodes)"));
+    if (!agents_.contains(node) && agents_.size() >= options_.max_nodes) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", node, " is one too many: this coordinator tracks ",
+                                                       agents_.size(), " nodes, its limit (--max-nodes)"));
     }
-    auto& agent = agents_[request.node_id()];
+    auto& agent = agents_[node];
     if (agent == nullptr) agent = std::make_unique<Agent>();
     // A new agent process while the old one still counts as alive: it
     // crashed and was started again before it was missed. The snapshots it
@@ -228,9 +280,9 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->address = request.address();
     agent->gpus.assign(request.gpus().begin(), request.gpus().end());
     agent->session = std::move(session);
-    agent->last_heartbeat = clock_->Now();
+    const absl::Time now = clock_->Now();
+    agent->last_heartbeat = now;
     agent->alive = true;
-    agent->ranks.assign(request.ranks().begin(), request.ranks().end());
     agent->drills_allowed = request.drills_allowed();
     // Peer replication: a change of who takes part, or how, moves partners.
     if (!agent->peer_address.empty() || !request.peer_address().empty()) partners_dirty_ = true;
@@ -238,20 +290,30 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->failure_domain = request.failure_domain();
     agent->memory_tier = request.memory_tier();
     agent->replicas = request.replicas();
+    // Another node's rank is refused, as in heartbeats: the others go on.
+    // (JobFor cannot fail here: the world sizes and new jobs were checked.)
+    std::vector<ckptd::v1::RankInfo> accepted;
     for (const auto& r : request.ranks()) {
-      CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(r.job(), r.world_size()));
-      job->RegisterRank(r.rank(), request.node_id(), r.pid());
+      absl::StatusOr<Job*> job = JobForRank(r.job(), r.world_size(), r.rank(), node);
+      if (!job.ok()) {
+        refused.emplace_back(job.status().message());
+        continue;
+      }
+      (*job)->RegisterRank(r.rank(), node, r.pid());
+      accepted.push_back(r);
     }
+    agent->ranks = std::move(accepted);
     response.set_session(agent->session);
     response.set_heartbeat_interval_ms(
         static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));
     for (int i = 0; i < request.durable_shards_size(); ++i) {
       // A shard that is no longer wanted is dropped; it does not fail the registration.
-      (void)AcceptShard(request.node_id(), request.durable_shards(i), checks[i], &fx);
+      (void)AcceptShard(node, request.durable_shards(i), checks[i], &fx);
     }
-    MaybeRecomputePartners(clock_->Now());
+    MaybeRecomputePartners(now);
     SaveChangedJobs(&fx);
   }
+  for (const std::string& why : refused) logger_->Warning(absl::StrCat("registration of node ", node, ": ", why));
   Apply(fx);
   return response;
 }

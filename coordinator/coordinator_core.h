@@ -208,8 +208,9 @@ class CoordinatorCore {
   absl::StatusOr<Agent*> AgentInSession(const std::string& node, const std::string& session)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kPermissionDenied unless `node` may speak for `rank` of `job`: the rank
-  // runs there, or is not known to run anywhere. With `moving`, also when
-  // the node it ran on is gone (a rank restarted on a replacement node).
+  // runs there, or is not known to run anywhere. With `moving` (the rank
+  // would move to `node`), also when its trainer is dead or the node it ran
+  // on is gone (a rank restarted on another node).
   absl::Status CheckSpeaksFor(const Job& job, uint32_t rank, const std::string& node, bool moving) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Checks what a rank's request names: the node id, the job's name, and
@@ -218,6 +219,11 @@ class CoordinatorCore {
                                    uint32_t world_size) const;
   Job* FindJob(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Job*> JobFor(const std::string& name, uint32_t world_size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // JobFor for `rank`, which `node` lists or asks for, once
+  // CheckSpeaksFor(moving) allows it against the job as it is: a node
+  // cannot resize a job through a rank it may not speak for.
+  absl::StatusOr<Job*> JobForRank(const std::string& name, uint32_t world_size, uint32_t rank,
+                                  const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
   // jobs (they restart).
   void LoseAgent(Agent* agent, const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -37,8 +37,15 @@ constexpr size_t kMaxMemoryCopies = 4096;
 constexpr uint32_t kMaxReplicas = 16;
 // A node's replication time (Heartbeat.replicate_seconds) beyond this is no
 // measurement.
-constexpr double kMaxReplicateSeconds = 86400;
+constexpr double kMaxReplicateSeconds = kMaxReportedSeconds;
 constexpr size_t kMaxPeerAddress = 255;
+// A registration's address (a host name, as peer_address's host), and its
+// GPUs: names such as "cuda:0" or a MIG instance's UUID, a few dozen per
+// node. Bounded so that one node cannot make the cluster status exceed what
+// one answer carries (gRPC's 4 MiB) nor the coordinator's memory grow.
+constexpr size_t kMaxAgentAddress = 255;
+constexpr size_t kMaxGpus = 256;
+constexpr size_t kMaxGpuName = 128;
 // The peers a restore plan names for a rank (nodes that claim to hold it).
 constexpr size_t kMaxPlanPeers = 8;
 

@@ -1,6 +1,7 @@
 // CoordinatorCore: membership, failure detection, recovery, saving and listing steps.
 #include "coordinator/coordinator_core.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/testing/matchers.h"
 #include "coordinator/state_store.h"
@@ -133,6 +135,29 @@ TEST_F(CoordinatorCoreTest, RankWithoutProgressIsHungAfterTheThreshold) {
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RESTARTING);
 }
 
+// One node reporting an absurd step time (1e300 s) must not lift the hang
+// limit of the other nodes' ranks, which the job's mean step time feeds.
+TEST_F(CoordinatorCoreTest, AnAbsurdStepTimeFromOneNodeLeavesHangDetectionToTheOthers) {
+  options_.hang_floor = absl::Seconds(30);
+  options_.hang_multiple = 10;
+  Reset();
+  TwoNodes();
+  for (int i = 0; i < 40; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    const uint64_t step = 1 + i;
+    CKPTD_ASSERT_OK(Beat("node-a", {{0, step}, {1, step}}, 1e300).status());
+    // Rank 3 stops at step 4.
+    CKPTD_ASSERT_OK(Beat("node-b", {{2, step}, {3, std::min<uint64_t>(step, 4)}}, 1.0).status());
+    core_->Tick();
+  }
+  EXPECT_LT(JobState().step_seconds(), 2.0);
+  ckptd::v1::ListEventsRequest list;
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto events, core_->ListEvents(list));
+  ASSERT_EQ(events.events_size(), 1);
+  EXPECT_EQ(events.events(0).kind(), ckptd::v1::TRAINER_HUNG);
+  EXPECT_EQ(events.events(0).rank(), 3u);
+}
+
 TEST_F(CoordinatorCoreTest, RestartedCoordinatorLosesNoCommittedStepAndTakesLateReports) {
   TwoNodes();
   CommitStep(10);
@@ -255,6 +280,64 @@ TEST_F(CoordinatorCoreTest, MalformedRequestsChangeNothing) {
   ckptd::v1::ListEventsRequest list;
   list.set_job("a b");
   EXPECT_THAT(core_->ListEvents(list), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job name")));
+}
+
+// A registration refused by a check that needs the coordinator's state (one
+// new job listed in two world sizes) leaves the node as it was: its
+// session, its ranks, and no new job.
+TEST_F(CoordinatorCoreTest, ARefusedRegistrationLeavesTheNodesSessionAndRanksAlone) {
+  TwoNodes();
+  ckptd::v1::RegisterAgentRequest reg = Registration("node-a", {0, 1});
+  for (uint32_t world : {4u, 8u}) {
+    ckptd::v1::RankInfo* r = reg.add_ranks();
+    r->set_job("other");
+    r->set_rank(world == 4 ? 0 : 1);
+    r->set_world_size(world);
+    r->set_pid(77);
+  }
+  EXPECT_THAT(core_->RegisterAgent(reg),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job other in world sizes 4 and 8")));
+  // The same for a job that runs: its world size is checked before anything changes.
+  reg = Registration("node-a", {0, 1}, /*world=*/8);
+  EXPECT_THAT(core_->RegisterAgent(reg),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("runs with world size 4, not 8")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  EXPECT_TRUE(ack.known());
+  const ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+  ASSERT_EQ(status.jobs_size(), 1);
+  EXPECT_EQ(status.jobs(0).job(), kJob);
+  EXPECT_EQ(status.jobs(0).ranks_alive(), 4u);
+  for (const auto& a : status.agents()) {
+    if (a.node_id() == "node-a") {
+      EXPECT_EQ(a.ranks_size(), 2);
+    }
+  }
+}
+
+// What a registration carries beside its ranks is bounded, so that one node
+// cannot make the cluster status too large to send (gRPC's 4 MiB) or the
+// coordinator's memory grow without end.
+TEST_F(CoordinatorCoreTest, ARegistrationsAddressAndGpusAreBounded) {
+  ckptd::v1::RegisterAgentRequest reg = Registration("node-a", {0});
+  reg.set_address(std::string(256, 'h'));
+  EXPECT_THAT(core_->RegisterAgent(reg),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("address is 256 bytes; at most 255")));
+  reg.set_address(std::string(255, 'h'));
+  for (int i = 0; i < 257; ++i) reg.add_gpus(absl::StrCat("cuda:", i));
+  EXPECT_THAT(core_->RegisterAgent(reg),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("registers 257 gpus; at most 256")));
+  reg.mutable_gpus()->RemoveLast();
+  reg.set_gpus(7, std::string(129, 'g'));
+  EXPECT_THAT(core_->RegisterAgent(reg),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("gpus[7] is 129 bytes; at most 128")));
+  EXPECT_EQ(core_->ClusterStatus().agents_size(), 0);
+  // At the limits, it registers.
+  reg.set_gpus(7, std::string(128, 'g'));
+  CKPTD_ASSERT_OK(core_->RegisterAgent(reg).status());
+  const ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+  ASSERT_EQ(status.agents_size(), 1);
+  EXPECT_EQ(status.agents(0).address().size(), 255u);
+  EXPECT_EQ(status.agents(0).gpus_size(), 256);
 }
 
 TEST_F(CoordinatorCoreTest, ListStepsShowsCommittedPendingAbortedAndIncompleteSteps) {

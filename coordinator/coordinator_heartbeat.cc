@@ -75,10 +75,10 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
   for (int i = 0; i < hb.ranks_size(); ++i) {
     const ckptd::v1::RankInfo& r = hb.ranks(i);
     if (last.at({r.job(), r.rank()}) != i) continue;
-    absl::StatusOr<Job*> job = JobFor(r.job(), r.world_size());
-    if (!job.ok()) continue;  // a rank of another world size is refused; the others go on
-    // Another node's rank: refused; the others go on.
-    if (!CheckSpeaksFor(**job, r.rank(), agent->node_id, /*moving=*/true).ok()) continue;
+    // Another node's rank, or one of a world size its job cannot take now:
+    // refused; the others go on.
+    absl::StatusOr<Job*> job = JobForRank(r.job(), r.world_size(), r.rank(), agent->node_id);
+    if (!job.ok()) continue;
     if ((*job)->state() == ckptd::v1::JOB_RUNNING && (*job)->IsNewTrainer(r.rank(), "", agent->node_id, r.pid())) {
       (*job)->RankGone(r.rank(), agent->node_id);
       RecordFailure(*job, agent->node_id, r.rank(), ckptd::v1::TRAINER_DIED,

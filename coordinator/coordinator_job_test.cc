@@ -96,6 +96,23 @@ TEST(JobTest, AnotherWorldSizeOnlyWhenNothingRuns) {
   EXPECT_THAT(job->aborted().at(40).reason, HasSubstr("8 ranks instead of 4"));
 }
 
+// A saved step time (or stall, or persist time) beyond a day, from before
+// reports were bounded, would keep every rank's hang limit out of reach.
+TEST(JobTest, ARecoveredRecordForgetsTimingsThatAreNoMeasurement) {
+  ckptd::v1::JobRecord record;
+  record.set_job("j");
+  record.set_world_size(2);
+  record.set_step_seconds(1e300);
+  record.set_stall_seconds(2e5);
+  record.set_persist_seconds(3.5);
+  std::unique_ptr<Job> job = Job::Recovered(record);
+  EXPECT_EQ(job->record().step_seconds(), 0);
+  EXPECT_EQ(job->record().stall_seconds(), 0);
+  EXPECT_EQ(job->stalls().size(), 0u);
+  EXPECT_EQ(job->record().persist_seconds(), 3.5);
+  EXPECT_EQ(job->persists().size(), 1u);
+}
+
 TEST(JobTest, ARestartCountsOnceAndTheRoundRestoresTheNewestUsableStep) {
   std::unique_ptr<Job> job = JobWithCommitted(2, {10, 20});
   job->Quarantine(20, "damaged");

@@ -242,9 +242,9 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
   {
     absl::MutexLock l(&mu_);
     CKPTD_ASSIGN_OR_RETURN(Agent * agent, AgentInSession(request.node_id(), request.session()));
-    CKPTD_ASSIGN_OR_RETURN(Job * job, JobFor(request.job(), request.world_size()));
     const uint32_t rank = request.rank();
-    CKPTD_RETURN_IF_ERROR(CheckSpeaksFor(*job, rank, agent->node_id, /*moving=*/true));
+    // Checked against the job as it is before a new world resizes it.
+    CKPTD_ASSIGN_OR_RETURN(Job * job, JobForRank(request.job(), request.world_size(), rank, agent->node_id));
     const std::string asker =
         request.trainer_id() == 0 ? "" : absl::StrCat(agent->node_id, "#", agent->instance, "#", request.trainer_id());
     if (const uint32_t saved = request.attempt_saved_world_size(); saved != 0) {

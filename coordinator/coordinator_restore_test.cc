@@ -1,8 +1,11 @@
 // CoordinatorCore: restore rounds after a failure, quarantine, and the restore preview.
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "base/status_macros.h"
+#include "base/testing/capturing_logger.h"
 #include "base/testing/matchers.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/state_store.h"
@@ -14,6 +17,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
@@ -292,13 +296,48 @@ class RunningJobTest : public CoordinatorCoreTest {
  protected:
   // Two nodes, step 10 committed, every rank resumed from it and past it.
   void SetUp() override {
+    options_.logger = &log_;
+    Reset();
     TwoNodes();
     CommitStep(10);
     incarnation_ = RestoreAll(10);
     CKPTD_ASSERT_OK(Beat("node-a", {{0, 12}, {1, 12}}).status());
     CKPTD_ASSERT_OK(Beat("node-b", {{2, 12}, {3, 12}}).status());
   }
+
+  // Registers `node` listing `ranks` of kJob, without making it the node
+  // the harness's plan requests of those ranks go through.
+  void RegisterOnly(const std::string& node, std::vector<uint32_t> ranks, uint32_t world = 4) {
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(Registration(node, ranks, world));
+    ASSERT_THAT(resp.status(), IsOk());
+    sessions_[node] = resp->session();
+  }
+
+  // The plan request of `rank` sent by `node`'s agent (world `world`).
+  ckptd::v1::RestorePlanRequest PlanFrom(const std::string& node, uint32_t rank,
+                                         std::optional<uint64_t> attempt = std::nullopt, bool ok = true,
+                                         uint32_t world = 4) {
+    ckptd::v1::RestorePlanRequest req = PlanRequest(rank, attempt, ok, world, /*trainer=*/9);
+    req.set_node_id(node);
+    req.set_session(sessions_[node]);
+    return req;
+  }
+
+  // The node the cluster status lists `rank` of kJob under ("" when none, and
+  // every such node when several).
+  std::string ListedUnder(uint32_t rank) {
+    std::string nodes;
+    const ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+    for (const auto& a : status.agents()) {
+      for (const auto& r : a.ranks()) {
+        if (r.job() == kJob && r.rank() == rank) absl::StrAppend(&nodes, nodes.empty() ? "" : ",", a.node_id());
+      }
+    }
+    return nodes;
+  }
+
   uint64_t incarnation_ = 0;
+  ckptd::testing::CapturingLogger log_;
 };
 
 TEST_F(RunningJobTest, APlanRequestOfARunningTrainerOpensNoRound) {
@@ -381,6 +420,40 @@ TEST_F(RunningJobTest, ANodeSpeaksOnlyForItsOwnRanks) {
   EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
   EXPECT_TRUE(EventKinds().empty());
   EXPECT_THAT(JobState().pending_steps(), ElementsAre(20u));
+}
+
+// Under per-node credentials any node's agent can register: listing another
+// live node's running rank takes nothing (issue: it took the rank, then
+// restarted the job with a failure report, and the owner was refused).
+TEST_F(RunningJobTest, ARegistrationTakesNoRankThatRunsOnAnotherNode) {
+  ASSERT_NO_FATAL_FAILURE(RegisterOnly("node-c", {0, 1}));
+  EXPECT_EQ(ListedUnder(0), "node-a");
+  EXPECT_TRUE(log_.Contains("registration of node node-c: rank 0 of job llm-7b runs on node node-a"));
+  EXPECT_THAT(ReportFailure("node-c", 0, ckptd::v1::TRAINER_DIED),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs on node node-a")));
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_TRUE(EventKinds().empty());
+  // node-a still speaks for its ranks, and node-c's heartbeats take nothing.
+  CKPTD_ASSERT_OK(Shard("node-a", 20, 0, 4, incarnation_).status());
+  ranks_["node-c"] = Registration("node-c", {0, 1});
+  CKPTD_ASSERT_OK(Beat("node-c").status());
+  EXPECT_EQ(ListedUnder(0), "node-a");
+  CKPTD_ASSERT_OK(Shard("node-a", 20, 1, 4, incarnation_).status());
+  EXPECT_THAT(JobState().pending_steps(), ElementsAre(20u));
+  EXPECT_EQ(JobState().ranks_alive(), 4u);
+}
+
+// A node that may not speak for a rank (it runs on another node) cannot
+// resize the job by asking for that rank's plan, or listing it, in another
+// world size: the rank is checked against the job as it is first.
+TEST_F(RunningJobTest, AnotherNodesRankResizesNothing) {
+  ASSERT_NO_FATAL_FAILURE(RegisterOnly("node-c", {}));
+  EXPECT_THAT(core_->GetRestorePlan(PlanFrom("node-c", 0, std::nullopt, true, /*world=*/2)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("runs on node node-a")));
+  ranks_["node-c"] = Registration("node-c", {0}, /*world=*/2);
+  CKPTD_ASSERT_OK(Beat("node-c").status());
+  EXPECT_EQ(JobState().world_size(), 4u);
+  EXPECT_EQ(ListedUnder(0), "node-a");
 }
 
 TEST_F(RunningJobTest, APlanRequestNeedsTheNodesSession) {

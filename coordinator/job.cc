@@ -45,10 +45,16 @@ std::unique_ptr<Job> Job::Create(const std::string& name, uint32_t world_size, u
 std::unique_ptr<Job> Job::Recovered(const JobRecord& record) {
   std::unique_ptr<Job> job(new Job());
   job->record_ = record;
+  // A timing beyond what is a measurement (saved before reports were
+  // bounded) is forgotten rather than kept for the hang limits and policy.
+  ckptd::v1::JobRecord& r = job->record_;
+  if (!(r.step_seconds() <= kMaxReportedSeconds)) r.set_step_seconds(0);
+  if (!(r.stall_seconds() <= kMaxReportedSeconds)) r.set_stall_seconds(0);
+  if (!(r.persist_seconds() <= kMaxReportedSeconds)) r.set_persist_seconds(0);
   // The measurements themselves are not kept; their recent means seed the
   // windows so that the policy need not wait for new ones.
-  if (record.stall_seconds() > 0) job->stalls_.Push(record.stall_seconds());
-  if (record.persist_seconds() > 0) job->persists_.Push(record.persist_seconds());
+  if (r.stall_seconds() > 0) job->stalls_.Push(r.stall_seconds());
+  if (r.persist_seconds() > 0) job->persists_.Push(r.persist_seconds());
   if (record.restart_seconds() > 0) job->restarts_.Push(record.restart_seconds());
   if (job->state() == ckptd::v1::JOB_STATE_UNSPECIFIED) {
     job->record_.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
@@ -85,7 +91,7 @@ bool Job::AnyRankAlive() const {
   return std::any_of(ranks_.begin(), ranks_.end(), [](const auto& r) { return r.second.alive; });
 }
 
-absl::Status Job::Resize(uint32_t world_size) {
+absl::Status Job::CheckResize(uint32_t world_size) const {
   if (world_size == this->world_size()) return absl::OkStatus();
   // A step being committed decides first; one still being written by the
   // old world can never complete once none of its ranks runs.
@@ -95,6 +101,12 @@ absl::Status Job::Resize(uint32_t world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("job ", name(), " runs with world size ", this->world_size(), ", not ", world_size));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Job::Resize(uint32_t world_size) {
+  if (world_size == this->world_size()) return absl::OkStatus();
+  if (absl::Status s = CheckResize(world_size); !s.ok()) return s;
   while (!pending_.empty()) {
     AbortStep(pending_.begin()->first,
               absl::StrCat("the job restarted with ", world_size, " ranks instead of ", this->world_size()));
@@ -146,8 +158,11 @@ bool Job::RecordProgress(const std::string& node, const ckptd::v1::RankProgress&
     rank.step = p.step();
     rank.last_progress = now;
   }
-  auto keep = [](double v, double& into) {
-    if (v > 0 && std::isfinite(v)) into = v;
+  // (A step time beyond kMaxReportedSeconds is ignored: it would lift
+  // every rank's hang limit, since the job's mean feeds them all.)
+  auto measured = [](double v) { return v > 0 && v <= kMaxReportedSeconds; };
+  auto keep = [&](double v, double& into) {
+    if (measured(v)) into = v;
   };
   // The ranks' progress reaches here a heartbeat or two late, and ranks go
   // on training until they hear of the failure: until the restore round
@@ -171,7 +186,7 @@ bool Job::RecordProgress(const std::string& node, const ckptd::v1::RankProgress&
     timings_dirty_ = true;
   }
   rank.skipped = p.snapshots_skipped();
-  if (p.step_seconds() > 0) record_.set_step_seconds(Ewma(record_.step_seconds(), p.step_seconds()));
+  if (measured(p.step_seconds())) record_.set_step_seconds(Ewma(record_.step_seconds(), p.step_seconds()));
   return true;
 }
 
@@ -226,8 +241,15 @@ void Job::SetRule(uint64_t every_steps, uint64_t durable_every, uint64_t start_s
   ScheduleChanged();
 }
 
+absl::Status Job::CheckIncarnation(uint64_t incarnation) const {
+  if (!incarnation_issued_ || incarnation <= this->incarnation()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("reported for incarnation ", incarnation, ", but job ", name(), " is at incarnation ",
+                   this->incarnation(), ": no rank was told of a later restore round"));
+}
+
 void Job::RaiseIncarnation(uint64_t incarnation) {
-  if (incarnation <= this->incarnation()) return;
+  if (incarnation_issued_ || incarnation <= this->incarnation()) return;
   record_.mutable_schedule()->set_incarnation(incarnation);
   dirty_ = true;
 }
@@ -469,7 +491,10 @@ void Job::StartRestoreRound(std::optional<uint64_t> memory_step) {
   // (A whole durable period, with two cadences: the durable steps stay.)
   const uint64_t period = s->every_steps() * std::max<uint64_t>(1, s->durable_every());
   if (period > 0) s->set_start_step(s->start_step() % period);
+  // Cannot wrap: the count starts at most at kMaxIncarnation (reports and
+  // recovered records above it are refused) and rises by one a round.
   s->set_incarnation(s->incarnation() + 1);
+  incarnation_issued_ = true;
   s->set_state(ckptd::v1::JOB_RUNNING);
   ScheduleChanged();
   ForgetProgress();

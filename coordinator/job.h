@@ -23,6 +23,15 @@
 
 namespace ckptd::coordinator::internal {
 
+// A duration a rank or agent reports (a step time, a stall, a persist) beyond
+// this is no measurement: no checkpoint or step takes a day, and one such
+// value would lift every rank's hang limit (the job's step time feeds them).
+inline constexpr double kMaxReportedSeconds = 86400;
+// Incarnations count a job's restore rounds: one a report names beyond this
+// (a round a second for 136 years) is corrupt, and the job's count stays far
+// from wrapping.
+inline constexpr uint64_t kMaxIncarnation = uint64_t{1} << 32;
+
 // A rank of the job, as its agent last told.
 struct Rank {
   std::string node_id;
@@ -151,6 +160,8 @@ class Job {
   // runs to finish them). kFailedPrecondition while a rank is alive or a
   // step is being committed.
   absl::Status Resize(uint32_t world_size);
+  // What Resize(world_size) would answer, changing nothing.
+  absl::Status CheckResize(uint32_t world_size) const;
   // A rank its agent registered (what it knew of the rank's progress stays).
   void RegisterRank(uint32_t rank, const std::string& node, int32_t pid);
   // A rank its agent's heartbeat lists: a new one when it was dead, or runs
@@ -185,8 +196,16 @@ class Job {
                uint64_t durable_phase = 0);
 
   // --- Shards and commits.
-  // A rank counts incarnations further than the job does (the coordinator
-  // lost its database): the job takes the rank's count.
+  // Whether a rank's report may name `incarnation`: kFailedPrecondition when
+  // it is later than the job's and this coordinator opened a restore round
+  // of the job (it issued every incarnation since, so no rank can know of a
+  // later one). Before that, the job's count may be behind the ranks'.
+  absl::Status CheckIncarnation(uint64_t incarnation) const;
+  // A rank counts incarnations further than the job does, and the job's
+  // count is not this coordinator's own yet (it lost its database, or
+  // stopped before saving the last round): the job takes the rank's count.
+  // REQUIRES: CheckIncarnation(incarnation) is ok, incarnation <=
+  // kMaxIncarnation.
   void RaiseIncarnation(uint64_t incarnation);
   // Adds a rank's durable shard of `step`. True when it completes the step,
   // which is then committing until EndCommit.
@@ -362,6 +381,9 @@ class Job {
   std::optional<RestoreRound> round_;
   std::optional<uint64_t> fresh_allowed_over_;
   std::string restore_blocked_;
+  // This coordinator opened a restore round of the job: the incarnation is
+  // its own count, which no report may exceed (CheckIncarnation).
+  bool incarnation_issued_ = false;
   // Changed schedule, counters or world size: saved at once. Changed
   // timings only: saved every few seconds. The counters of a commit: saved
   // by the next Tick, so that the answer to the report that completed the
