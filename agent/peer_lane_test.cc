@@ -2,7 +2,8 @@
 // present no nonce, a wrong, used or expired one; senders that stop half-way
 // or say their bytes changed; a slot taken back while its bytes are on the
 // wire; a crowd of idle connections in front of a real copy; a service
-// stopped under a copy; and TLS, where the bytes stay on the gRPC streams.
+// stopped under a copy; partners that stop or trickle half-way, on the lane
+// and on the gRPC streams; and TLS, where the bytes stay on the gRPC streams.
 // Copies sent and fetched whole over both paths are in
 // peer_replication_test.cc.
 #include <dirent.h>
@@ -15,17 +16,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/peer_service.h"
 #include "agent/replica_store.h"
 #include "agent/replicator.h"
+#include "agent/tcp_socket.h"
 #include "agent/testing_peer_harness.h"
 #include "base/clock.h"
 #include "base/testing/env.h"
@@ -36,6 +41,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
@@ -47,6 +54,7 @@ namespace {
 using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -444,6 +452,238 @@ TEST_F(LaneTest, ASlotTakenBackWhileItsBytesAreOnTheWireIsNotKept) {
   EXPECT_EQ(net_->stats().lane_puts, 1u) << "it went over the data lane";
   ExpectNothingHeld();
   EXPECT_TRUE(Eventually([&] { return service_->lane_stats().dropped == 1; }));
+}
+
+// ---- A partner that stops ----
+
+constexpr uint64_t kStoppedCopyBytes = 8 * kMiB;
+constexpr absl::Duration kBase = absl::Milliseconds(500);
+// Far more than the calls below take, far less than they waited before (a
+// stream fetch: as long as 64 GiB take at the minimum rate).
+constexpr absl::Duration kLimit = absl::Seconds(5);
+
+// What a stopping partner does after it answered.
+enum class Stops {
+  kBeforeTheHeader,  // FetchReplica sends nothing
+  kAfterTheHeader,   // FetchReplica sends the header and 1 MiB, then nothing
+  kTrickling,        // FetchReplica sends the header, then 1 KiB every 20 ms
+  kTakingNothing,    // PutReplica reads nothing
+};
+
+// A Peer service that answers as a partner would, then sends or takes
+// nothing (or next to nothing) more until `released` or the caller's cancel:
+// a partner hung, cut off or SIGSTOPped half-way, as the caller sees it.
+// With a lane port, OpenPut and OpenFetch hand out that lane (served by the
+// test); without, they say there is none and the caller uses the streams.
+class StoppingPartner final : public ckptd::v1::Peer::Service {
+ public:
+  StoppingPartner(Stops stops, int lane_port, absl::Notification* released)
+      : stops_(stops), lane_port_(lane_port), released_(released) {}
+
+  grpc::Status FetchReplica(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
+                            grpc::ServerWriter<ckptd::v1::ReplicaPiece>* writer) override {
+    ckptd::v1::ReplicaPiece piece;
+    if (stops_ != Stops::kBeforeTheHeader) {
+      *piece.mutable_header() = Header(request->key().step(), kStoppedCopyBytes);
+      piece.mutable_data()->assign(stops_ == Stops::kAfterTheHeader ? kMiB : 1024, 'x');
+      if (!writer->Write(piece)) return grpc::Status::CANCELLED;
+    }
+    if (stops_ != Stops::kTrickling) return Hang(ctx);
+    piece.clear_header();
+    for (uint64_t offset = 1024; offset < kStoppedCopyBytes && !Stopped(ctx, absl::Milliseconds(20)); offset += 1024) {
+      piece.set_offset(offset);
+      if (!writer->Write(piece)) return grpc::Status::CANCELLED;
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "released by the test");
+  }
+  grpc::Status PutReplica(grpc::ServerContext* ctx, grpc::ServerReader<ckptd::v1::ReplicaPiece>*,
+                          ckptd::v1::PutReplicaResponse*) override {
+    return Hang(ctx);
+  }
+  grpc::Status OpenFetch(grpc::ServerContext*, const ckptd::v1::FetchReplicaRequest* request,
+                         ckptd::v1::DataLane* lane) override {
+    if (lane_port_ == 0) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no data lane");
+    *lane->mutable_header() = Header(request->key().step(), kStoppedCopyBytes);
+    lane->set_port(static_cast<uint32_t>(lane_port_));
+    lane->set_nonce(std::string(16, 'n'));
+    return grpc::Status::OK;
+  }
+  grpc::Status OpenPut(grpc::ServerContext*, const ckptd::v1::ReplicaHeader*, ckptd::v1::DataLane* lane) override {
+    if (lane_port_ == 0) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no data lane");
+    lane->set_port(static_cast<uint32_t>(lane_port_));
+    lane->set_nonce(std::string(16, 'n'));
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Whether the call is over (released, or cancelled by the caller) after
+  // waiting up to `wait` for it.
+  bool Stopped(grpc::ServerContext* ctx, absl::Duration wait) {
+    return released_->WaitForNotificationWithTimeout(wait) || ctx->IsCancelled();
+  }
+  grpc::Status Hang(grpc::ServerContext* ctx) {
+    while (!Stopped(ctx, absl::Milliseconds(10))) {
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "released by the test");
+  }
+
+  const Stops stops_;
+  const int lane_port_;
+  absl::Notification* const released_;
+};
+
+// A client with a base deadline of kBase against a StoppingPartner; with a
+// lane, the test's end of it takes one connection and its nonce, then
+// sends a byte every 20 ms (`drip`) or reads nothing, until released.
+class StoppingPartnerTest : public ::testing::Test {
+ protected:
+  void Start(Stops stops, bool lane = false, bool drip = false, double min_bytes_per_second = 1e6) {
+    int lane_port = 0;
+    if (lane) {
+      CKPTD_ASSERT_OK_AND_ASSIGN(lane_listener_, tcp::Listen("127.0.0.1", 0, &lane_port));
+      lane_thread_ = std::thread([this, drip] { ServeLane(drip); });
+    }
+    partner_ = std::make_unique<StoppingPartner>(stops, lane_port, &released_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(partner_.get());
+    builder.SetMaxReceiveMessageSize(16 << 20);  // the client's pieces of 4 MiB and a header
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    GrpcPeerNetworkOptions no;
+    no.node_id = "node-a";
+    no.base_deadline = kBase;
+    no.min_bytes_per_second = min_bytes_per_second;
+    net_ = std::make_unique<GrpcPeerNetwork>(no);
+  }
+  void TearDown() override {
+    Release();
+    if (lane_thread_.joinable()) lane_thread_.join();
+    if (server_ != nullptr) server_->Shutdown();
+  }
+  void Release() {
+    if (!released_.HasBeenNotified()) released_.Notify();
+  }
+
+  // What `call` returned, run on a thread. When it has not returned within
+  // kLimit the test fails and the partner is released, so that a call that
+  // nothing bounds ends and the test reports it rather than hangs.
+  absl::Status Within(std::function<absl::Status()> call) {
+    absl::Status s;
+    absl::Notification done;
+    std::thread t([&] {
+      s = call();
+      done.Notify();
+    });
+    if (!done.WaitForNotificationWithTimeout(kLimit)) {
+      ADD_FAILURE() << "still waiting for the stopped partner after " << kLimit;
+      Release();
+    }
+    t.join();
+    return s;
+  }
+  absl::Status Fetch() {
+    return Within([&] {
+      std::vector<uint8_t> into;
+      return net_->Fetch(address_, Key(1), SinkInto(&into)).status();
+    });
+  }
+  absl::Status Put(uint64_t bytes) {
+    return Within([&] { return net_->Put(address_, Header(1, bytes), FilledSource(0x5a)); });
+  }
+
+  absl::Notification released_;
+  tcp::Fd lane_listener_;
+  std::thread lane_thread_;
+  std::unique_ptr<StoppingPartner> partner_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<GrpcPeerNetwork> net_;
+
+ private:
+  void ServeLane(bool drip) {
+    pollfd p{lane_listener_.get(), POLLIN, 0};
+    while (::poll(&p, 1, 10) != 1) {
+      if (released_.HasBeenNotified()) return;
+    }
+    tcp::Fd conn(::accept4(lane_listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    ASSERT_GE(conn.get(), 0);
+    char nonce[16];
+    for (size_t got = 0; got < sizeof(nonce);) {
+      const ssize_t n = ::recv(conn.get(), nonce + got, sizeof(nonce) - got, 0);
+      if (n <= 0) return;
+      got += static_cast<size_t>(n);
+    }
+    while (!released_.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+      if (drip && ::send(conn.get(), "x", 1, MSG_NOSIGNAL) != 1) return;  // the fetcher gave up
+    }
+  }
+};
+
+TEST_F(StoppingPartnerTest, AStreamFetchFromAHolderThatStopsAfterTheHeaderGivesUpAfterTheBaseDeadline) {
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kAfterTheHeader));
+  EXPECT_THAT(Fetch(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 from ", address_,
+                                              ": no data for 500ms after 1048576 of 8388608 bytes, gave up"))));
+  EXPECT_EQ(net_->stats().stream_fetches, 1u);
+}
+
+TEST_F(StoppingPartnerTest, AStreamFetchFromAHolderThatSendsNothingGivesUpAfterTheBaseDeadline) {
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kBeforeTheHeader));
+  EXPECT_THAT(Fetch(), StatusIs(absl::StatusCode::kUnavailable,
+                                HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 from ", address_,
+                                                       ": no answer within 500ms, gave up"))));
+}
+
+TEST_F(StoppingPartnerTest, AStreamFetchTooSlowForItsSizeGivesUpAtTheDeadlineForThatSize) {
+  // 8 MiB at 100 MB/s: 84 ms on top of the base. 1 KiB every 20 ms never
+  // stalls, and would take minutes.
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kTrickling, /*lane=*/false, /*drip=*/false, /*min_bytes_per_second=*/1e8));
+  const absl::Duration allowed = kBase + absl::Seconds(kStoppedCopyBytes / 1e8);
+  EXPECT_THAT(Fetch(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 from ", address_,
+                                                    ": did not arrive within ", absl::FormatDuration(allowed), " (")),
+                             HasSubstr(" of 8388608 bytes came), gave up"))));
+}
+
+TEST_F(StoppingPartnerTest, AStreamPutToAPartnerThatTakesNothingGivesUpAfterTheBaseDeadline) {
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kTakingNothing));
+  EXPECT_THAT(Put(uint64_t{1} << 30),  // the call's own deadline: 18 minutes
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 to ", address_,
+                                                    ": the partner took no data for 500ms after ")),
+                             HasSubstr(" of 1073741824 bytes, gave up"))));
+  EXPECT_EQ(net_->stats().stream_puts, 1u);
+}
+
+TEST_F(StoppingPartnerTest, ALaneFetchFromAHolderThatDripsGivesUpAtTheDeadline) {
+  // A byte every 20 ms never trips lane_io_timeout (30 s). (The stream is
+  // not used.)
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kBeforeTheHeader, /*lane=*/true, /*drip=*/true, /*min_bytes_per_second=*/1e8));
+  const absl::Duration allowed = kBase + absl::Seconds(kStoppedCopyBytes / 1e8);
+  EXPECT_THAT(Fetch(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 from ", address_,
+                                                    ": did not arrive within ", absl::FormatDuration(allowed))),
+                             HasSubstr("gave up"))));
+  EXPECT_EQ(net_->stats().lane_fetches, 1u);
+}
+
+TEST_F(StoppingPartnerTest, ALanePutToAPartnerThatTakesNothingGivesUpAtTheDeadline) {
+  // At the deadline for 64 MiB, sooner than lane_io_timeout (30 s). (The
+  // stream is not used.)
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kTakingNothing, /*lane=*/true, /*drip=*/false, /*min_bytes_per_second=*/1e8));
+  const absl::Duration allowed = kBase + absl::Seconds(64 * kMiB / 1e8);
+  EXPECT_THAT(Put(64 * kMiB), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                       HasSubstr(absl::StrCat("the copy of job job rank 0 step 1 to ", address_,
+                                                              ": the partner did not take it within ",
+                                                              absl::FormatDuration(allowed), ", gave up"))));
+  EXPECT_EQ(net_->stats().lane_puts, 1u);
 }
 
 // ---- TLS ----

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <system_error>
 #include <thread>
@@ -19,17 +20,19 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "agent/tcp_socket.h"
 #include "base/host_port.h"
 #include "base/posix_error.h"
 #include "base/random.h"
 #include "base/status_macros.h"
+#include "base/thread_priority.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server_builder.h"
 #include "rpc/grpc_status.h"
 #include "rpc/server_limits.h"
-#include "base/thread_priority.h"
 
 namespace ckptd::agent {
 namespace {
@@ -82,12 +85,11 @@ std::string KeyText(const ckptd::v1::ReplicaKey& key) {
   return absl::StrCat("job ", key.job(), " rank ", key.rank(), " step ", key.step());
 }
 
-// Receives `out` from `fd` as RecvAll does, by `deadline`. New memory is
-// faulted in from its end backwards on another thread while the data lands
-// from its start, until the two meet: the receiving thread does not pay for
-// every page of a copy into new memory alone.
-absl::StatusOr<size_t> ReceiveCopy(int fd, absl::Span<uint8_t> out, absl::string_view what,
-                                   absl::Time deadline = absl::InfiniteFuture()) {
+// Receives `out` from `fd` as RecvAll does. New memory is faulted in from
+// its end backwards on another thread while the data lands from its start,
+// until the two meet: the receiving thread does not pay for every page of a
+// copy into new memory alone.
+absl::StatusOr<size_t> ReceiveCopy(int fd, absl::Span<uint8_t> out, absl::string_view what) {
   static const uintptr_t kPageBytes = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   std::atomic<size_t> received{0};
   std::atomic<bool> done{false};
@@ -123,14 +125,143 @@ absl::StatusOr<size_t> ReceiveCopy(int fd, absl::Span<uint8_t> out, absl::string
     *total += *got;
     received.store(*total, std::memory_order_relaxed);
     if (*got != n) break;  // closed
-    if (*total < out.size() && absl::Now() > deadline) {
-      total = absl::DeadlineExceededError(absl::StrCat(what, ": past the deadline at offset ", *total));
-      break;
-    }
   }
   done.store(true, std::memory_order_relaxed);
   if (prefault.joinable()) prefault.join();
   return total;
+}
+
+// Cuts a transfer whose partner stopped, where a blocking call has no
+// timeout of its own (a gRPC stream's Read and Write, a receive that still
+// gets a byte now and then): `cut` (cancel the call, shut the socket down)
+// runs once, on the watchdog's thread, when the transfer's deadline passes
+// or when one wait on the partner lasts `stall`. The owner then reports
+// what cut() says ran out, and stops the watchdog before `cut`'s target goes.
+class Watchdog {
+ public:
+  enum class Cut { kNone, kStall, kDeadline };
+
+  Watchdog(absl::Duration stall, absl::Time deadline, std::function<void()> cut)
+      : stall_(stall), cut_fn_(std::move(cut)), deadline_(deadline) {}
+  ~Watchdog() { Stop(); }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  // kUnavailable naming `what` when no thread can be had: an unwatched
+  // transfer could wait on a stopped partner for as long as it holds on.
+  absl::Status Start(absl::string_view what) {
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error& e) {  // the one way std::thread reports it
+      return absl::UnavailableError(absl::StrCat(what, ": no thread to watch it for a stopped partner: ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+  // After it, `cut` runs no more. Idempotent.
+  void Stop() {
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+      changed_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // The calling thread waits on the partner from BeginWait to EndWait; the
+  // time in between (its own work) is no stall.
+  void BeginWait() {
+    absl::MutexLock l(&mu_);
+    waiting_since_ = absl::Now();
+    changed_ = true;
+  }
+  void EndWait() {
+    absl::MutexLock l(&mu_);
+    waiting_since_ = absl::InfiniteFuture();
+  }
+  void SetDeadline(absl::Time deadline) {
+    absl::MutexLock l(&mu_);
+    deadline_ = deadline;
+    changed_ = true;
+  }
+  Cut cut() const {
+    absl::MutexLock l(&mu_);
+    return cut_;
+  }
+
+ private:
+  void Run() {
+    {
+      absl::MutexLock l(&mu_);
+      while (!stopping_) {
+        const absl::Time now = absl::Now();
+        const absl::Time stalls_at =
+            waiting_since_ == absl::InfiniteFuture() ? absl::InfiniteFuture() : waiting_since_ + stall_;
+        if (now >= deadline_) {
+          cut_ = Cut::kDeadline;
+          break;
+        }
+        if (now >= stalls_at) {
+          cut_ = Cut::kStall;
+          break;
+        }
+        changed_ = false;
+        mu_.AwaitWithDeadline(absl::Condition(&changed_), std::min(deadline_, stalls_at));
+      }
+      if (cut_ == Cut::kNone) return;
+    }
+    cut_fn_();
+  }
+
+  const absl::Duration stall_;
+  const std::function<void()> cut_fn_;
+  mutable absl::Mutex mu_;
+  absl::Time deadline_ ABSL_GUARDED_BY(mu_);
+  absl::Time waiting_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool changed_ ABSL_GUARDED_BY(mu_) = false;  // wakes the thread to look again
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Cut cut_ ABSL_GUARDED_BY(mu_) = Cut::kNone;
+  std::thread thread_;
+};
+
+// Sends a copy of `data_bytes` from `source` over the lane connected as
+// `fd` (with its `nonce`), then reads the partner at `address`'s answer.
+absl::Status PutOnLane(int fd, absl::string_view nonce, uint64_t data_bytes, const PieceSource& source,
+                       const std::string& what, const std::string& address) {
+  CKPTD_RETURN_IF_ERROR(
+      SendAll(fd, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(nonce.data()), nonce.size()), what));
+  // Straight from where the bytes are into the kernel; each piece counts
+  // only when it was still the copy's once sent. An error closes the
+  // connection before the validity byte: the partner drops the copy.
+  for (uint64_t offset = 0; offset < data_bytes; offset += kReplicaPieceBytes) {
+    const uint64_t n = std::min<uint64_t>(kReplicaPieceBytes, data_bytes - offset);
+    CKPTD_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> piece, source.piece(offset, n));
+    if (piece.size() != n) {
+      return absl::InternalError(
+          absl::StrCat(what, ": the piece at offset ", offset, " has ", piece.size(), " bytes, not ", n));
+    }
+    CKPTD_RETURN_IF_ERROR(SendAll(fd, piece, what, offset));
+    if (source.still_valid) CKPTD_RETURN_IF_ERROR(source.still_valid());
+  }
+  PushNow(fd);
+  CKPTD_RETURN_IF_ERROR(SendAll(fd, absl::Span<const uint8_t>(&kCopyValid, 1), what, data_bytes));
+  uint8_t head[5];
+  CKPTD_ASSIGN_OR_RETURN(const size_t got, RecvAll(fd, absl::Span<uint8_t>(head, sizeof(head)), what));
+  if (got != sizeof(head)) {
+    return absl::UnavailableError(absl::StrCat(what, ": the partner closed the data lane without an answer"));
+  }
+  const uint32_t length = head[1] | uint32_t{head[2]} << 8 | uint32_t{head[3]} << 16 | uint32_t{head[4]} << 24;
+  if (head[0] > static_cast<uint8_t>(absl::StatusCode::kUnauthenticated) || length > kMaxAnswerMessage) {
+    return absl::DataLossError(absl::StrCat(what, ": the partner's answer is garbled"));
+  }
+  std::string message(length, '\0');
+  CKPTD_ASSIGN_OR_RETURN(const size_t read,
+                         RecvAll(fd, absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(message.data()), length), what));
+  message.resize(read);
+  const auto code = static_cast<absl::StatusCode>(head[0]);
+  if (code != absl::StatusCode::kOk) {
+    return absl::Status(code, absl::StrCat("the partner at ", address, " did not keep the copy: ", message));
+  }
+  return absl::OkStatus();
 }
 
 // The put answer: code, length, message.
@@ -744,9 +875,16 @@ ckptd::v1::Peer::Stub* GrpcPeerNetwork::StubFor(const std::string& address) {
   return stub.get();
 }
 
+absl::Duration GrpcPeerNetwork::AllowedFor(uint64_t bytes) const {
+  return options_.base_deadline + absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second);
+}
+
 void GrpcPeerNetwork::Prepare(grpc::ClientContext* ctx, uint64_t bytes) const {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + options_.base_deadline +
-                                       absl::Seconds(static_cast<double>(bytes) / options_.min_bytes_per_second)));
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + AllowedFor(bytes)));
+  Authorize(ctx);
+}
+
+void GrpcPeerNetwork::Authorize(grpc::ClientContext* ctx) const {
   if (!options_.agent_token.empty()) {
     ctx->AddMetadata(std::string(kAuthorization), absl::StrCat(kBearer, options_.agent_token));
   }
@@ -780,8 +918,8 @@ absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckpt
     *no_lane = true;
     return host.status();
   }
-  const absl::Time deadline = absl::Now() + options_.base_deadline +
-                              absl::Seconds(static_cast<double>(header.data_bytes()) / options_.min_bytes_per_second);
+  const absl::Duration allowed = AllowedFor(header.data_bytes());
+  const absl::Time deadline = absl::Now() + allowed;
   ckptd::v1::DataLane lane;
   {
     grpc::ClientContext ctx;
@@ -801,45 +939,17 @@ absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckpt
   }
   CKPTD_ASSIGN_OR_RETURN(Fd fd, tcp::Connect(host->first, static_cast<int>(lane.port()), options_.lane_connect_timeout,
                                         options_.lane_io_timeout));
-  CKPTD_RETURN_IF_ERROR(SendAll(
-      fd.get(), absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(lane.nonce().data()), kNonceBytes), what));
-  // Straight from where the bytes are into the kernel; each piece counts
-  // only when it was still the copy's once sent. An error closes the
-  // connection before the validity byte: the partner drops the copy.
-  for (uint64_t offset = 0; offset < header.data_bytes(); offset += kReplicaPieceBytes) {
-    const uint64_t n = std::min<uint64_t>(kReplicaPieceBytes, header.data_bytes() - offset);
-    CKPTD_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> piece, source.piece(offset, n));
-    if (piece.size() != n) {
-      return absl::InternalError(
-          absl::StrCat(what, ": the piece at offset ", offset, " has ", piece.size(), " bytes, not ", n));
-    }
-    CKPTD_RETURN_IF_ERROR(SendAll(fd.get(), piece, what, offset));
-    if (source.still_valid) CKPTD_RETURN_IF_ERROR(source.still_valid());
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": past the deadline at offset ", offset + n));
-    }
+  // lane_io_timeout bounds one wait for a byte; a partner that takes a byte
+  // now and then is cut at the deadline.
+  Watchdog watch(absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
+  CKPTD_RETURN_IF_ERROR(watch.Start(what));
+  absl::Status s = PutOnLane(fd.get(), lane.nonce(), header.data_bytes(), source, what, address);
+  watch.Stop();  // before `fd` closes: its number may be reused
+  if (!s.ok() && watch.cut() != Watchdog::Cut::kNone) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": the partner did not take it within ", absl::FormatDuration(allowed), ", gave up"));
   }
-  PushNow(fd.get());
-  CKPTD_RETURN_IF_ERROR(SendAll(fd.get(), absl::Span<const uint8_t>(&kCopyValid, 1), what, header.data_bytes()));
-  uint8_t head[5];
-  CKPTD_ASSIGN_OR_RETURN(const size_t got, RecvAll(fd.get(), absl::Span<uint8_t>(head, sizeof(head)), what));
-  if (got != sizeof(head)) {
-    return absl::UnavailableError(absl::StrCat(what, ": the partner closed the data lane without an answer"));
-  }
-  const uint32_t length = head[1] | uint32_t{head[2]} << 8 | uint32_t{head[3]} << 16 | uint32_t{head[4]} << 24;
-  if (head[0] > static_cast<uint8_t>(absl::StatusCode::kUnauthenticated) || length > kMaxAnswerMessage) {
-    return absl::DataLossError(absl::StrCat(what, ": the partner's answer is garbled"));
-  }
-  std::string message(length, '\0');
-  CKPTD_ASSIGN_OR_RETURN(
-      const size_t read,
-      RecvAll(fd.get(), absl::Span<uint8_t>(reinterpret_cast<uint8_t*>(message.data()), length), what));
-  message.resize(read);
-  const auto code = static_cast<absl::StatusCode>(head[0]);
-  if (code != absl::StatusCode::kOk) {
-    return absl::Status(code, absl::StrCat("the partner at ", address, " did not keep the copy: ", message));
-  }
-  return absl::OkStatus();
+  return s;
 }
 
 absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ckptd::v1::ReplicaHeader& header,
@@ -848,10 +958,17 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
     absl::MutexLock l(&mu_);
     ++stats_.stream_puts;
   }
+  const std::string what = absl::StrCat("the copy of ", KeyText(header.key()), " to ", address);
   grpc::ClientContext ctx;
+  // The whole call has the deadline for its size; a partner that stops
+  // taking pieces is cut after base_deadline, long before that.
   Prepare(&ctx, header.data_bytes());
+  Watchdog watch(options_.base_deadline, absl::InfiniteFuture(), [&ctx] { ctx.TryCancel(); });
+  CKPTD_RETURN_IF_ERROR(watch.Start(what));
   ckptd::v1::PutReplicaResponse response;
+  watch.BeginWait();
   std::unique_ptr<grpc::ClientWriter<ckptd::v1::ReplicaPiece>> writer = StubFor(address)->PutReplica(&ctx, &response);
+  watch.EndWait();
   ckptd::v1::ReplicaPiece piece;
   *piece.mutable_header() = header;
   uint64_t offset = 0;
@@ -868,7 +985,11 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
       piece.mutable_data()->assign(reinterpret_cast<const char*>(bytes->data()), bytes->size());
       if (source.still_valid) produced = source.still_valid();
     }
-    if (!produced.ok() || !writer->Write(piece)) break;
+    if (!produced.ok()) break;
+    watch.BeginWait();
+    const bool written = writer->Write(piece);
+    watch.EndWait();
+    if (!written) break;
     piece.clear_header();
     offset += n;
   } while (offset < header.data_bytes());
@@ -877,8 +998,19 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
     (void)writer->Finish();
     return produced;
   }
+  watch.BeginWait();
   writer->WritesDone();
-  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(writer->Finish()));
+  const grpc::Status finished = writer->Finish();
+  watch.Stop();
+  if (!finished.ok() && watch.cut() == Watchdog::Cut::kStall) {
+    const std::string when =
+        offset < header.data_bytes()
+            ? absl::StrCat("took no data for ", absl::FormatDuration(options_.base_deadline), " after ", offset, " of ",
+                           header.data_bytes(), " bytes")
+            : absl::StrCat("did not answer for ", absl::FormatDuration(options_.base_deadline), " after the last byte");
+    return absl::UnavailableError(absl::StrCat(what, ": the partner ", when, ", gave up"));
+  }
+  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(finished));
   if (response.bytes() != header.data_bytes()) {
     return absl::DataLossError(
         absl::StrCat("the partner at ", address, " took ", response.bytes(), " of ", header.data_bytes(), " bytes"));
@@ -922,17 +1054,32 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const st
   // A sink that refuses leaves the lane unused: it expires on the holder.
   CKPTD_ASSIGN_OR_RETURN(const absl::Span<uint8_t> out, sink(header));
   if (out.size() != header.data_bytes()) return absl::InternalError("the sink's buffer does not have the copy's size");
-  const absl::Time deadline = absl::Now() + options_.base_deadline +
-                              absl::Seconds(static_cast<double>(header.data_bytes()) / options_.min_bytes_per_second);
+  const absl::Duration allowed = AllowedFor(header.data_bytes());
+  const absl::Time deadline = absl::Now() + allowed;
   CKPTD_ASSIGN_OR_RETURN(Fd fd, tcp::Connect(host->first, static_cast<int>(lane.port()), options_.lane_connect_timeout,
                                         options_.lane_io_timeout));
-  CKPTD_RETURN_IF_ERROR(SendAll(
-      fd.get(), absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(lane.nonce().data()), kNonceBytes), what));
-  // Straight from the kernel into the sink's memory.
-  CKPTD_ASSIGN_OR_RETURN(const size_t done, ReceiveCopy(fd.get(), out, what, deadline));
-  if (done != header.data_bytes()) {
-    return absl::DataLossError(absl::StrCat("the copy of ", KeyText(key), " from ", address, " ended after ", done,
-                                            " of ", header.data_bytes(), " bytes"));
+  // lane_io_timeout bounds one wait for a byte; a holder that sends a byte
+  // now and then is cut at the deadline.
+  Watchdog watch(absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
+  CKPTD_RETURN_IF_ERROR(watch.Start(what));
+  absl::StatusOr<size_t> done = size_t{0};
+  if (absl::Status sent =
+          SendAll(fd.get(),
+                  absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(lane.nonce().data()), kNonceBytes), what);
+      !sent.ok()) {
+    done = sent;
+  } else {
+    done = ReceiveCopy(fd.get(), out, what);  // straight from the kernel into the sink's memory
+  }
+  watch.Stop();  // before `fd` closes: its number may be reused
+  if ((!done.ok() || *done != header.data_bytes()) && watch.cut() != Watchdog::Cut::kNone) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, ": did not arrive within ", absl::FormatDuration(allowed),
+        done.ok() ? absl::StrCat(" (", *done, " of ", header.data_bytes(), " bytes came)") : "", ", gave up"));
+  }
+  if (!done.ok()) return done.status();
+  if (*done != header.data_bytes()) {
+    return absl::DataLossError(absl::StrCat(what, " ended after ", *done, " of ", header.data_bytes(), " bytes"));
   }
   return header;
 }
@@ -944,12 +1091,20 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
     absl::MutexLock l(&mu_);
     ++stats_.stream_fetches;
   }
+  const std::string what = absl::StrCat("the copy of ", KeyText(key), " from ", address);
   grpc::ClientContext ctx;
-  // The size is not known yet: the deadline allows for a large state.
-  Prepare(&ctx, uint64_t{64} << 30);
+  // No deadline on the call: the copy's size, and so the time it may take,
+  // comes with its first piece. The holder has base_deadline to send that,
+  // then base_deadline plus the bytes' time at min_bytes_per_second, and
+  // never base_deadline without a piece.
+  Authorize(&ctx);
+  absl::Duration allowed = options_.base_deadline;
+  Watchdog watch(options_.base_deadline, absl::Now() + allowed, [&ctx] { ctx.TryCancel(); });
+  CKPTD_RETURN_IF_ERROR(watch.Start(what));
   ckptd::v1::FetchReplicaRequest request;
   *request.mutable_key() = key;
   request.set_node_id(options_.node_id);
+  watch.BeginWait();
   std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = StubFor(address)->FetchReplica(&ctx, request);
   ckptd::v1::ReplicaPiece piece;
   ckptd::v1::ReplicaHeader header;
@@ -958,6 +1113,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
   uint64_t done = 0;
   bool first = true;
   while (s.ok() && reader->Read(&piece)) {
+    watch.EndWait();
     if (first) {
       first = false;
       if (!piece.has_header()) {
@@ -965,6 +1121,8 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
         break;
       }
       header = piece.header();
+      allowed = AllowedFor(header.data_bytes());
+      watch.SetDeadline(absl::Now() + allowed);
       if (header.key().job() != key.job() || header.key().rank() != key.rank() || header.key().step() != key.step()) {
         s = absl::DataLossError(
             absl::StrCat("asked for the copy of ", KeyText(key), ", got that of ", KeyText(header.key())));
@@ -982,16 +1140,31 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
       }
     }
     s = TakePiece(piece, out, &done);
+    watch.BeginWait();
   }
   if (!s.ok()) {
     ctx.TryCancel();
     (void)reader->Finish();
     return s;
   }
-  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(reader->Finish()));
+  const grpc::Status finished = reader->Finish();
+  watch.Stop();
+  // A copy that came whole before the cut stands.
+  if (const Watchdog::Cut cut = watch.cut(); !finished.ok() && cut != Watchdog::Cut::kNone) {
+    if (first) {
+      return absl::UnavailableError(
+          absl::StrCat(what, ": no answer within ", absl::FormatDuration(options_.base_deadline), ", gave up"));
+    }
+    if (cut == Watchdog::Cut::kStall) {
+      return absl::UnavailableError(absl::StrCat(what, ": no data for ", absl::FormatDuration(options_.base_deadline),
+                                                 " after ", done, " of ", header.data_bytes(), " bytes, gave up"));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(what, ": did not arrive within ", absl::FormatDuration(allowed),
+                                                    " (", done, " of ", header.data_bytes(), " bytes came), gave up"));
+  }
+  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(finished));
   if (first || done != header.data_bytes()) {
-    return absl::DataLossError(absl::StrCat("the copy of ", KeyText(key), " from ", address, " ended after ", done,
-                                            " of ", header.data_bytes(), " bytes"));
+    return absl::DataLossError(absl::StrCat(what, " ended after ", done, " of ", header.data_bytes(), " bytes"));
   }
   return header;
 }

@@ -159,6 +159,10 @@ struct GrpcPeerNetworkOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string agent_token;  // empty: none sent
   // Each call's deadline: `base` plus the time its bytes take at `min_rate`.
+  // A fetch over the gRPC stream learns its size from the first piece: it
+  // has `base` for that piece, then the deadline for the size from there.
+  // A stream that moves no piece for `base` is cut (kUnavailable) sooner;
+  // on the data lane that is lane_io_timeout.
   absl::Duration base_deadline = absl::Seconds(10);
   double min_bytes_per_second = 50e6;
   // The data lane: connecting, and the longest a send or receive may wait.
@@ -183,7 +187,12 @@ class GrpcPeerNetwork final : public PeerNetwork {
 
  private:
   ckptd::v1::Peer::Stub* StubFor(const std::string& address);
+  // The time a call moving `bytes` may take (GrpcPeerNetworkOptions).
+  absl::Duration AllowedFor(uint64_t bytes) const;
+  // A deadline of AllowedFor(bytes) from now, and Authorize.
   void Prepare(grpc::ClientContext* ctx, uint64_t bytes) const;
+  // The agent token, when there is one.
+  void Authorize(grpc::ClientContext* ctx) const;
   // The bytes over the data lane; `*no_lane` set when the partner serves
   // none or `address` is not host:port (nothing was sent then).
   absl::Status PutOverLane(const std::string& address, const ckptd::v1::ReplicaHeader& header,
