@@ -180,6 +180,20 @@ struct AgentCore::Trainer {
   absl::Mutex mu;
   bool wake ABSL_GUARDED_BY(mu) = false;
   bool stopping ABSL_GUARDED_BY(mu) = false;
+  // Set when the trainer exited: the snapshots it left READY (slot, step;
+  // in step order), the only ones its persister still takes, since a
+  // successor may publish its own in the same segment. Then `drained` once
+  // the persister is done.
+  std::optional<std::vector<std::pair<uint32_t, uint64_t>>> exit_drain ABSL_GUARDED_BY(mu);
+  bool drained ABSL_GUARDED_BY(mu) = false;
+  // A trainer that took over the segment of one still draining: its
+  // persister waits for that one's drain before it takes READY slots.
+  std::shared_ptr<Trainer> predecessor ABSL_GUARDED_BY(mu);
+  // Under AgentCore::mu_, while it drains after its exit: a successor
+  // registered with the same layout took over its segment (the steps it
+  // keeps from now on go to that one).
+  bool adopted = false;
+  std::weak_ptr<Trainer> successor;
   PersistStatus status ABSL_GUARDED_BY(mu);
   // Reporting failed persists (NotePersisted): failures since the last
   // success, those not logged yet, and when the last warning was logged
@@ -301,6 +315,12 @@ base::StarvationGuard AgentCore::PersistGuard() {
 }
 
 AgentCore::~AgentCore() {
+  {
+    // Trainers that died: their last snapshots are written (as before).
+    absl::MutexLock l(&exit_mu_);
+    for (ExitThread& e : exit_threads_) e.thread.join();
+    exit_threads_.clear();
+  }
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers;
   {
     absl::MutexLock l(&mu_);
@@ -380,12 +400,17 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   auto t = std::make_shared<Trainer>();
   t->reg = reg;
   t->key = LayoutKey(reg);
-  t->layout = staging::PlanLayout(lengths);
+  // The lengths are the trainer's: unchecked, their sum could wrap to a
+  // small slot that the offsets run past.
+  absl::StatusOr<staging::StagingLayout> layout = staging::PlanLayoutChecked(lengths);
+  if (!layout.ok()) return absl::InvalidArgumentError(absl::StrCat("register: ", layout.status().message()));
+  t->layout = *std::move(layout);
   const uint64_t budget =
       options_.staging_budget_bytes != 0 ? options_.staging_budget_bytes : options_.slots * t->layout.slot_bytes;
   CKPTD_ASSIGN_OR_RETURN(uint32_t slots, staging::SlotsWithinBudget(t->layout.slot_bytes, options_.slots, budget));
   const uint64_t need = staging::SegmentBytes(slots, t->layout.slot_bytes);
   std::optional<Parked> reuse;
+  std::shared_ptr<Trainer> adopt;
   std::vector<Parked> evicted;
   absl::Status refused;
   {
@@ -405,6 +430,20 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
       break;
     }
     if (!reuse) {
+      // A predecessor still writing its last snapshots: its segment is taken
+      // over now (the restart must not wait for that write, nor allocate
+      // the memory a second time); its persister takes only its own slots.
+      for (const std::shared_ptr<Trainer>& e : exiting_) {
+        if (e->reg.job == reg.job && e->reg.rank == reg.rank && !e->adopted && e->key == t->key &&
+            e->segment->slots() == slots && e->layout.slot_bytes == t->layout.slot_bytes) {
+          adopt = e;
+          adopt->adopted = true;
+          adopt->successor = t;
+          break;
+        }
+      }
+    }
+    if (!reuse && !adopt) {
       const uint64_t limit = options_.memory_budget_bytes;
       uint64_t parked_bytes = 0;
       for (const Parked& p : parked_) parked_bytes += p.segment->total_bytes();
@@ -450,10 +489,29 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
       t->kept = std::move(reuse->kept);
       ForgetTakenBack(*t->segment, &t->kept);
       kept = KeptText(t->kept);
+      t->predecessor = std::move(reuse->draining);
     }
     logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
                                Gib(t->segment->total_bytes()), ") is taken over",
                                kept));
+  } else if (adopt) {
+    t->segment = adopt->segment;
+    std::vector<KeptStep> kept;
+    {
+      absl::MutexLock l(&adopt->mu);
+      kept = adopt->kept;
+    }
+    std::string text;
+    {
+      absl::MutexLock l(&t->mu);
+      t->kept = std::move(kept);
+      ForgetTakenBack(*t->segment, &t->kept);
+      text = KeptText(t->kept);
+      t->predecessor = adopt;
+    }
+    logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
+                               Gib(t->segment->total_bytes()), ") is taken over", text,
+                               ", while the previous trainer's last snapshots are still written"));
   } else {
     const std::string prefix =
         options_.segment_prefix.empty() ? staging::AgentSegmentPrefix() : options_.segment_prefix;
@@ -769,6 +827,9 @@ absl::StatusOr<AgentCore::HeldCopy> AgentCore::FindHeldCopy(const ckptd::v1::Per
     for (const auto& [id, t] : trainers_) {
       if (t->reg.job == order.job() && t->reg.rank == order.rank()) trainers.push_back(t);
     }
+    for (const std::shared_ptr<Trainer>& t : exiting_) {
+      if (t->reg.job == order.job() && t->reg.rank == order.rank()) trainers.push_back(t);
+    }
     for (const Parked& p : parked_) {
       if (p.job != order.job() || p.rank != order.rank()) continue;
       for (const KeptStep& k : p.kept) {
@@ -801,14 +862,21 @@ absl::StatusOr<AgentCore::HeldCopy> AgentCore::FindHeldCopy(const ckptd::v1::Per
       }
       std::vector<uint64_t> lengths;
       for (const ckptd::v1::Tensor& t : index->tensors()) lengths.push_back(storage::WholeByteLength(t));
-      const staging::StagingLayout layout = staging::PlanLayout(lengths);
-      if (layout.slot_bytes != held->size()) {
+      // The lengths are the partner's: unchecked, their sum could wrap to
+      // the copy's size while the offsets run past it.
+      absl::StatusOr<staging::StagingLayout> layout = staging::PlanLayoutChecked(lengths);
+      if (!layout.ok()) {
+        return absl::DataLossError(absl::StrCat("the copy held for node ", held->header().from_node(),
+                                                " has a shard index that lays out no staging slot: ",
+                                                layout.status().message()));
+      }
+      if (layout->slot_bytes != held->size()) {
         return absl::DataLossError(absl::StrCat("the copy held for node ", held->header().from_node(), " holds ",
-                                                held->size(), " bytes; its index lays out ", layout.slot_bytes));
+                                                held->size(), " bytes; its index lays out ", layout->slot_bytes));
       }
       HeldCopy c;
       c.from = absl::StrCat("the copy node ", held->header().from_node(), " sent");
-      CKPTD_ASSIGN_OR_RETURN(c.sources, SourcesIn(*index, layout, held->data()));
+      CKPTD_ASSIGN_OR_RETURN(c.sources, SourcesIn(*index, *layout, held->data()));
       c.created_unix_nanos = index->created_unix_nanos();
       c.still_held = [] { return true; };  // a held copy's bytes never change
       c.keep_alive = std::move(held);
@@ -1009,6 +1077,7 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 
 void AgentCore::PersistLoop(Trainer* t) {
   base::SetCallingThreadName("ckptd-persist");
+  WaitForPredecessor(t);
   PrepareSlots(t);
   t->preparing.store(false);
   // The encoder of this trainer's memory checkpoints (their shard indexes),
@@ -1042,14 +1111,14 @@ void AgentCore::PersistLoop(Trainer* t) {
       t->wake = false;
       stop = t->stopping;
     }
-    while (std::optional<uint32_t> first = t->segment->TakeReady()) {
+    while (std::optional<uint32_t> first = NextReady(t)) {
       std::vector<uint32_t> slots{*first};
       if (shutting_down_.load()) {
         // Everything published, newest first: the newest snapshot is worth
         // the time left most; older ones follow while it lasts, so that when
         // another rank cannot finish the newest step, the job still has an
         // older one every rank wrote. (The slots are taken in step order.)
-        while (std::optional<uint32_t> more = t->segment->TakeReady()) slots.push_back(*more);
+        while (std::optional<uint32_t> more = NextReady(t)) slots.push_back(*more);
         std::reverse(slots.begin(), slots.end());
       }
       for (const uint32_t slot : slots) PersistSlot(t, slot, &memory_encoder);
@@ -1067,9 +1136,47 @@ void AgentCore::PersistLoop(Trainer* t) {
         }
       }
       if (!line.empty()) logger_->Warning(line);
+      absl::MutexLock l(&t->mu);
+      t->drained = true;
       return;
     }
   }
+}
+
+void AgentCore::WaitForPredecessor(Trainer* t) {
+  std::shared_ptr<Trainer> before;
+  {
+    absl::MutexLock l(&t->mu);
+    before = t->predecessor;
+  }
+  if (before == nullptr) return;
+  // Until it is drained, or `t` stops too (its own exit drains only its own
+  // snapshots). Never both locks at once: TrainerExited takes `t`'s, then
+  // the predecessor's.
+  while (true) {
+    {
+      absl::MutexLock l(&t->mu);
+      if (t->stopping) break;
+    }
+    absl::MutexLock l(&before->mu);
+    const auto drained = +[](Trainer* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu) { return b->drained; };
+    clock_->AwaitWithTimeout(&before->mu, absl::Condition(drained, before.get()), absl::Milliseconds(100));
+    if (before->drained) break;
+  }
+  absl::MutexLock l(&t->mu);
+  if (t->stopping) return;  // its exit reads the predecessor's drain
+  t->predecessor.reset();
+}
+
+std::optional<uint32_t> AgentCore::NextReady(Trainer* t) {
+  absl::MutexLock l(&t->mu);
+  if (!t->exit_drain) return t->segment->TakeReady();
+  while (!t->exit_drain->empty()) {
+    const auto [slot, step] = t->exit_drain->front();
+    t->exit_drain->erase(t->exit_drain->begin());
+    if (t->segment->TakeReadySlot(slot, step)) return slot;
+  }
+  return std::nullopt;
 }
 
 void AgentCore::PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_encoder) {
@@ -2524,19 +2631,68 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
 }
 
 absl::Status AgentCore::TrainerExited(uint64_t trainer_id, bool died) {
-  std::shared_ptr<Trainer> t;
+  CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<Trainer> t, BeginExit(trainer_id));
+  FinishExit(std::move(t), died);
+  return absl::OkStatus();
+}
+
+void AgentCore::TrainerDied(uint64_t trainer_id) {
+  absl::StatusOr<std::shared_ptr<Trainer>> t = BeginExit(trainer_id);
+  if (!t.ok()) return;  // it said goodbye first
+  // The rest waits for the trainer's last snapshots to be written: on a
+  // thread of its own, so that the ranks of a node that die together are
+  // drained together, and the next death is noticed at once.
+  absl::MutexLock l(&exit_mu_);
+  std::erase_if(exit_threads_, [](ExitThread& e) {
+    if (!e.done->load()) return false;
+    e.thread.join();
+    return true;
+  });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  exit_threads_.push_back({std::thread([this, t = *std::move(t), done]() mutable {
+                             base::SetCallingThreadName("ckptd-exit");
+                             FinishExit(std::move(t), /*died=*/true);
+                             done->store(true);
+                           }),
+                           done});
+}
+
+absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExit(uint64_t trainer_id) {
+  absl::MutexLock l(&mu_);
+  auto it = trainers_.find(trainer_id);
+  if (it == trainers_.end()) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
+  std::shared_ptr<Trainer> t = std::move(it->second);
+  trainers_.erase(it);
+  staging::StagingSegment& seg = *t->segment;
+  seg.ReclaimAfterTrainerExit();
   {
-    absl::MutexLock l(&mu_);
-    auto it = trainers_.find(trainer_id);
-    if (it == trainers_.end()) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
-    t = std::move(it->second);
-    trainers_.erase(it);
+    absl::MutexLock tl(&t->mu);
+    // What it published and nobody took yet is still persisted; nothing a
+    // successor publishes in the same segment is (its own persister's).
+    std::vector<std::pair<uint32_t, uint64_t>> drain;
+    for (uint32_t i = 0; i < seg.slots(); ++i) {
+      if (seg.state(i) == staging::SlotState::kReady) drain.emplace_back(i, seg.step(i));
+    }
+    if (t->predecessor != nullptr) {
+      // Taken over while that one drained: its snapshots are its own.
+      absl::MutexLock pl(&t->predecessor->mu);
+      if (t->predecessor->exit_drain) {
+        std::erase_if(drain, [&](const std::pair<uint32_t, uint64_t>& d) {
+          return std::find(t->predecessor->exit_drain->begin(), t->predecessor->exit_drain->end(), d) !=
+                 t->predecessor->exit_drain->end();
+        });
+      }
+    }
+    std::sort(drain.begin(), drain.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    t->exit_drain = std::move(drain);
+    t->stopping = true;  // the persister drains those first
+    t->wake = true;
   }
-  t->segment->ReclaimAfterTrainerExit();
-  {
-    absl::MutexLock l(&t->mu);
-    t->stopping = true;  // the persister drains READY slots first
-  }
+  exiting_.push_back(t);
+  return t;
+}
+
+void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
   t->persister.join();
   if (died && options_.coordinator != nullptr) {
     ckptd::v1::ReportFailureRequest f;
@@ -2546,8 +2702,41 @@ absl::Status AgentCore::TrainerExited(uint64_t trainer_id, bool died) {
     f.set_detail(absl::StrCat("trainer process ", t->reg.pid, " exited without saying goodbye"));
     options_.coordinator->Failure(f);
   }
-  Park(std::move(t));
-  return absl::OkStatus();
+  bool adopted = false;
+  std::shared_ptr<Trainer> heir;
+  {
+    absl::MutexLock l(&mu_);
+    std::erase(exiting_, t);
+    adopted = t->adopted;
+    heir = t->successor.lock();
+  }
+  if (!adopted) {
+    Park(std::move(t));
+    return;
+  }
+  // The segment lives on with the trainer that took it over: so do the
+  // steps written into it since.
+  std::vector<KeptStep> kept;
+  {
+    absl::MutexLock l(&t->mu);
+    kept = std::move(t->kept);
+  }
+  auto merge = [&kept](const staging::StagingSegment& seg, std::vector<KeptStep>* into) {
+    for (KeptStep& k : kept) {
+      const bool known = std::any_of(into->begin(), into->end(), [&](const KeptStep& i) { return i.slot == k.slot; });
+      if (!known) into->push_back(std::move(k));
+    }
+    ForgetTakenBack(seg, into);
+  };
+  if (heir != nullptr) {
+    absl::MutexLock l(&heir->mu);
+    merge(*heir->segment, &heir->kept);
+    return;
+  }
+  absl::MutexLock l(&mu_);  // the successor is gone too: its segment may be parked
+  for (Parked& p : parked_) {
+    if (p.segment == t->segment) merge(*p.segment, &p.kept);
+  }
 }
 
 void AgentCore::Park(std::shared_ptr<Trainer> t) {
@@ -2577,6 +2766,7 @@ void AgentCore::Park(std::shared_ptr<Trainer> t) {
       {
         absl::MutexLock tl(&t->mu);
         p.kept = std::move(t->kept);
+        p.draining = std::move(t->predecessor);
       }
       ForgetTakenBack(*p.segment, &p.kept);
       p.since = clock_->Now();

@@ -374,7 +374,13 @@ class AgentCore {
   // snapshots are still persisted; then the trainer is forgotten and its
   // segment parked for its successor (see Register). `died`: it exited
   // without saying goodbye, a failure the coordinator hears of.
+  // A successor that registers (same job, rank and layout) while those
+  // snapshots are still written takes the segment over at once.
   absl::Status TrainerExited(uint64_t trainer_id, bool died = false);
+  // TrainerExited(id, died=true) for the process watcher: the trainer is
+  // forgotten now, and the rest runs on a thread of its own (joined by the
+  // destructor). Nothing happens for an id that is not registered.
+  void TrainerDied(uint64_t trainer_id);
 
   // Waits until `step` of the trainer is persisted, kept as a memory
   // checkpoint, or failed, up to `timeout`.
@@ -449,6 +455,9 @@ class AgentCore {
     std::shared_ptr<staging::StagingSegment> segment;
     std::vector<KeptStep> kept;
     absl::Time since;
+    // The trainer before, if it still writes its last snapshots into the
+    // segment (the next one to take it over waits for that).
+    std::shared_ptr<Trainer> draining;
   };
   // Without a coordinator, for each job: who registered each rank last, the
   // durable shards of steps not committed yet, and the restore round. Read
@@ -647,6 +656,16 @@ class AgentCore {
   void Park(std::shared_ptr<Trainer> t);
   // Allocates the trainer's PREPARING slots (the persister, before anything else).
   void PrepareSlots(Trainer* t);
+  // Before `t`'s persister takes READY slots: the trainer whose segment it
+  // took over is done with its own.
+  void WaitForPredecessor(Trainer* t);
+  // The next READY slot `t`'s persister takes: any, or after its exit only
+  // those it left (Trainer::exit_drain).
+  std::optional<uint32_t> NextReady(Trainer* t);
+  // TrainerExited's two halves: forgotten (and in exiting_), then drained,
+  // reported and parked (or its kept steps handed to the successor).
+  absl::StatusOr<std::shared_ptr<Trainer>> BeginExit(uint64_t trainer_id);
+  void FinishExit(std::shared_ptr<Trainer> t, bool died);
   // Parked segments that are too old go into `out`, to be destroyed
   // outside the lock.
   void EvictIdleLocked(std::vector<Parked>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -728,6 +747,15 @@ class AgentCore {
   // The memory tier: segments of exited trainers (least recently parked
   // first), and the bytes of every segment, live or parked.
   std::vector<Parked> parked_ ABSL_GUARDED_BY(mu_);
+  // Trainers that exited, while their persister writes what they left READY.
+  std::vector<std::shared_ptr<Trainer>> exiting_ ABSL_GUARDED_BY(mu_);
+  // TrainerDied's threads (each done once its trainer is parked).
+  struct ExitThread {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex exit_mu_;
+  std::vector<ExitThread> exit_threads_ ABSL_GUARDED_BY(exit_mu_);
   uint64_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Persists of this agent under way, by job and step: the directory of a
   // step that one of them writes is not removed (CleanUpFailedStep).

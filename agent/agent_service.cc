@@ -68,8 +68,8 @@ grpc::Status AgentService::Register(grpc::ServerContext* context, const ckptd::v
   if (reg.pid > 0) {
     const uint64_t id = h->trainer_id;
     absl::Status watched = watcher_.Watch(reg.pid, [this, id] {
-      // NotFound: the trainer already said goodbye.
-      (void)core_->TrainerExited(id, /*died=*/true);
+      // Nothing: the trainer already said goodbye.
+      core_->TrainerDied(id);
     });
     if (!watched.ok()) {
       (void)core_->TrainerExited(id);  // undo the registration; the watch error is what counts

@@ -3,6 +3,7 @@
 // shard's checksums), segments parked for a restarted trainer, the memory
 // budget, the eviction of idle parked segments and the background
 // preparation of large segments.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -30,6 +31,7 @@
 #include "gtest/gtest.h"
 #include "rpc/restore_source.h"
 #include "staging/staging.h"
+#include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_index.h"
@@ -652,6 +654,82 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
   ASSERT_NO_FATAL_FAILURE(Restart(agent, t, &again));
   ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, again, 2, RestoreSource::kMemory));
   CKPTD_ASSERT_OK(agent.TrainerExited(again.h.trainer_id));
+}
+
+// The trainer dies while its last snapshot is still written (a slow disk):
+// its successor, registering meanwhile, takes the segment over at once and
+// restores from memory; it neither waits for the write nor allocates the
+// memory a second time (with a budget of one segment, it would not fit).
+TEST_F(MemoryTierTest, ASuccessorTakesOverTheSegmentWhileTheLastSnapshotIsWritten) {
+  options_.memory_budget_bytes = SegmentBytesOfOneTrainer();
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  Started first;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(200));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *first.seg, first.h, 2));
+  std::atomic<bool> exited{false};
+  std::thread exit([&] {
+    EXPECT_THAT(agent.TrainerExited(first.h.trainer_id, /*died=*/true), IsOk());
+    exited.store(true);
+  });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started second;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, &second));
+  EXPECT_FALSE(exited.load()) << "step 2 was written before the successor registered: nothing was tested";
+  ExpectLogged("while the previous trainer's last snapshots are still written");
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(first));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, second, 1, RestoreSource::kMemory));
+  // The successor trains on; its snapshot waits for the predecessor's write,
+  // then is its own persister's.
+  ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *second.seg, second.h, 3));
+  exit.join();
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(first));
+  EXPECT_EQ(agent.Memory().parked, 0u);
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(3u)));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, second));
+  EXPECT_EQ(agent.Memory().parked_bytes, SegmentBytes(first));
+  Started third;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, second, &third));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, third, 3, RestoreSource::kMemory));
+  CKPTD_ASSERT_OK(agent.TrainerExited(third.h.trainer_id));
+}
+
+// The process watcher's path: TrainerDied forgets the trainer at once and
+// drains it on a thread of its own, so that ranks dying together are
+// drained together (and the next death is noticed meanwhile).
+TEST_F(MemoryTierTest, TrainersThatDieTogetherAreDrainedTogether) {
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  std::vector<Started> ranks(2);
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", r, 2), &ranks[r]));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *ranks[r].seg, ranks[r].h, 1));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(200));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *ranks[r].seg, ranks[r].h, 2));
+  for (const Started& t : ranks) agent.TrainerDied(t.h.trainer_id);
+  EXPECT_FALSE(agent.FindTrainer("job", 0).has_value());
+  EXPECT_FALSE(agent.FindTrainer("job", 1).has_value());
+  EXPECT_EQ(agent.Memory().parked, 0u) << "parked before step 2 was written";
+  ASSERT_TRUE(Eventually([&] { return agent.Memory().parked == 2; }, absl::Seconds(30)));
+  // Both wrote step 2, which committed.
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(2u)));
+  agent.TrainerDied(ranks[0].h.trainer_id);  // known no more: nothing happens
+  for (Started& t : ranks) {
+    Started back;
+    ASSERT_NO_FATAL_FAILURE(TakeOver(agent, t, &back));
+    t = std::move(back);
+  }
+  std::vector<absl::StatusOr<RestoreResult>> restored = RestoreAll(agent, ranks);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    CKPTD_ASSERT_OK(restored[r].status()) << "rank " << r;
+    EXPECT_EQ(restored[r]->step, std::optional<uint64_t>(2));
+    EXPECT_EQ(restored[r]->source, RestoreSource::kMemory);
+    CKPTD_ASSERT_OK(ranks[r].seg->Release(restored[r]->slot));
+    CKPTD_ASSERT_OK(agent.TrainerExited(ranks[r].h.trainer_id));
+  }
 }
 
 // A replacement node: its agent allocates the new trainer's slots in the

@@ -247,6 +247,26 @@ StagingLayout PlanLayout(const std::vector<uint64_t>& lengths) {
   return layout;
 }
 
+absl::StatusOr<StagingLayout> PlanLayoutChecked(const std::vector<uint64_t>& lengths) {
+  uint64_t offset = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    // Each length is bounded before it is rounded up or added: neither wraps.
+    if (lengths[i] > kMaxSlotBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", i, " (of ", lengths.size(), ") is ", lengths[i],
+                                                     " bytes, above the ", kMaxSlotBytes,
+                                                     " bytes (1 PiB) a staging slot may hold"));
+    }
+    const uint64_t aligned = AlignUp(std::max<uint64_t>(lengths[i], 1), kAlign);
+    if (aligned > kMaxSlotBytes - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buffer ", i, " (of ", lengths.size(), ") of ", lengths[i], " bytes (", aligned, " aligned) at offset ",
+          offset, " ends past the ", kMaxSlotBytes, " bytes (1 PiB) a staging slot may hold"));
+    }
+    offset += aligned;
+  }
+  return PlanLayout(lengths);
+}
+
 MappedPages MappedStaging(absl::string_view name_prefix) {
   const std::string path = absl::StrCat(kShmDir, name_prefix);
   return ScanSmaps([&](absl::string_view first) {
@@ -304,9 +324,10 @@ absl::StatusOr<std::unique_ptr<StagingSegment>> StagingSegment::Create(const std
   if (slots == 0 || slots > kMaxSlots) {
     return absl::InvalidArgumentError(absl::StrCat("staging slots must be 1..", kMaxSlots, ", not ", slots));
   }
-  if (slot_bytes == 0 || slot_bytes % kAlign != 0 || slot_bytes > (uint64_t{1} << 50) / slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staging slot size ", slot_bytes, " must be a positive multiple of ", kAlign));
+  if (slot_bytes == 0 || slot_bytes % kAlign != 0 || slot_bytes > kMaxSlotBytes / slots) {
+    return absl::InvalidArgumentError(absl::StrCat("staging slot size ", slot_bytes, " must be a positive multiple of ",
+                                                   kAlign, ", and ", slots, " slots of it at most ", kMaxSlotBytes,
+                                                   " bytes"));
   }
   const uint64_t total = SegmentBytes(slots, slot_bytes);
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -554,6 +575,13 @@ std::optional<uint32_t> StagingSegment::TakeReady() {
     if (Transition(*best, SlotState::kReady, SlotState::kPersisting)) return best;
     // Another taker won the race for that slot: look again.
   }
+}
+
+bool StagingSegment::TakeReadySlot(uint32_t slot, uint64_t step) {
+  // The step is read before the state is taken: a slot republished in
+  // between holds another step, and is left alone.
+  return slot < slots() && state(slot) == SlotState::kReady && this->step(slot) == step &&
+         Transition(slot, SlotState::kReady, SlotState::kPersisting);
 }
 
 absl::Status StagingSegment::Release(uint32_t slot) {

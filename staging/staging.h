@@ -58,8 +58,18 @@ struct StagingLayout {
   std::vector<uint64_t> lengths;
   uint64_t slot_bytes = 0;        // a multiple of 4096
 };
+// The largest staging slot (and segment): above any machine's memory, and
+// low enough that no offset or size inside one wraps past 2^64 or off_t.
+inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 50;
+
 // Lays out buffers of `lengths` bytes one after another, each aligned.
+// REQUIRES: the lengths fit kMaxSlotBytes together (their sum wraps
+// otherwise); lengths from outside go through PlanLayoutChecked.
 StagingLayout PlanLayout(const std::vector<uint64_t>& lengths);
+// PlanLayout for lengths from outside this process (a trainer's
+// registration, a partner's shard index): kInvalidArgument naming the
+// buffer, its length and its offset when the slot would pass kMaxSlotBytes.
+absl::StatusOr<StagingLayout> PlanLayoutChecked(const std::vector<uint64_t>& lengths);
 
 // The bytes of a segment of `slots` slots of `slot_bytes` (header included).
 uint64_t SegmentBytes(uint32_t slots, uint64_t slot_bytes);
@@ -178,6 +188,8 @@ class StagingSegment {
   absl::Status Publish(uint32_t slot, uint64_t step, bool keep_on_release = false);
   // Agent: the READY slot with the lowest step, now PERSISTING; nullopt if none.
   std::optional<uint32_t> TakeReady();
+  // READY -> PERSISTING of `slot` alone, if it is READY holding `step`.
+  bool TakeReadySlot(uint32_t slot, uint64_t step);
   // Agent: claims a FREE slot to restore into (RESTORING), or, when none is
   // free, the KEPT slot with the lowest step.
   absl::StatusOr<uint32_t> AcquireForRestore(absl::Duration wait);

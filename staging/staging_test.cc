@@ -55,6 +55,36 @@ TEST(PlanLayoutTest, AlignsEveryBuffer) {
   EXPECT_EQ(PlanLayout({}).slot_bytes, 4096u);
 }
 
+TEST(PlanLayoutTest, TheCheckedPlanIsTheSameForLengthsThatFit) {
+  for (const std::vector<uint64_t>& lengths :
+       {std::vector<uint64_t>{10, 4096, 0, 5000}, std::vector<uint64_t>{}, std::vector<uint64_t>{kMaxSlotBytes},
+        std::vector<uint64_t>{kMaxSlotBytes - 8192, 4096, 1}}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(const StagingLayout checked, PlanLayoutChecked(lengths));
+    const StagingLayout plain = PlanLayout(lengths);
+    EXPECT_EQ(checked.offsets, plain.offsets);
+    EXPECT_EQ(checked.lengths, plain.lengths);
+    EXPECT_EQ(checked.slot_bytes, plain.slot_bytes);
+  }
+  EXPECT_EQ(PlanLayoutChecked({kMaxSlotBytes - 8192, 4096, 1})->slot_bytes, kMaxSlotBytes);
+}
+
+TEST(PlanLayoutTest, LengthsThatWouldWrapAreRefusedNamingTheBuffer) {
+  // Unchecked, 2^64 - 4096 then 8192 wraps to a slot of 4096 bytes.
+  EXPECT_THAT(PlanLayoutChecked({~uint64_t{0} - 4095, 8192}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("buffer 0 (of 2) is 18446744073709547520 bytes"), HasSubstr("1 PiB"))));
+  // Rounding up to 4096 alone would wrap to 0.
+  EXPECT_THAT(PlanLayoutChecked({4096, ~uint64_t{0}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("buffer 1 (of 2) is 18446744073709551615 bytes")));
+  // Each fits, together they do not.
+  EXPECT_THAT(PlanLayoutChecked({kMaxSlotBytes / 2, kMaxSlotBytes / 2, 1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(absl::StrCat("buffer 2 (of 3) of 1 bytes (4096 aligned) at offset ", kMaxSlotBytes,
+                                              " ends past"))));
+  EXPECT_THAT(PlanLayoutChecked({kMaxSlotBytes - 4096, 4097}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("buffer 1 (of 2) of 4097 bytes")));
+}
+
 TEST(SlotsWithinBudgetTest, CapsByBudgetAndRefusesWhenNothingFits) {
   EXPECT_THAT(SlotsWithinBudget(1 << 20, 2, 10 << 20), IsOkAndHolds(2u));
   EXPECT_THAT(SlotsWithinBudget(1 << 20, 4, 3 << 20), IsOkAndHolds(3u));
