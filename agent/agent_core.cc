@@ -747,12 +747,19 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
     p->set_snapshots_skipped(t->status.skipped);
     for (uint64_t m : t->missed_targets) p->add_missed_targets(m);
     t->missed_targets.clear();
+    // Only what is still there: the trainer takes kept slots back for its
+    // snapshots without telling (a copy listed but gone would be planned
+    // as a restore source, and fail over).
+    ForgetTakenBack(*t->segment, &t->kept);
     add_kept(t->reg.job, t->reg.rank, t->kept);
   }
   // Parked segments' kept steps, and what this agent holds for partners.
   {
     absl::MutexLock l(&mu_);
-    for (const Parked& p : parked_) add_kept(p.job, p.rank, p.kept);
+    for (Parked& p : parked_) {
+      ForgetTakenBack(*p.segment, &p.kept);
+      add_kept(p.job, p.rank, p.kept);
+    }
   }
   if (options_.replicas != nullptr) {
     for (ckptd::v1::MemoryCopy& c : options_.replicas->List()) *hb->add_memory() = std::move(c);
@@ -1792,14 +1799,18 @@ absl::StatusOr<uint32_t> AgentCore::LoadStep(Trainer* t, uint64_t step, LoadCall
       return slot;
     }
   }
-  const std::string path = storage::ShardPath(options_.storage_root, reg.job, step, reg.rank);
+  // The shard the step committed, by its MANIFEST: a file of another
+  // attempt at the step (an old process's late persist renamed over it) or
+  // of another rank passes every block check of its own.
+  if (!call->manifest) {
+    CKPTD_ASSIGN_OR_RETURN(call->manifest, store_.ReadManifest(reg.job, step));
+  }
+  if (resliced) return resharded();
   CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ShardReader> reader,
-                         storage::ShardReader::Open(fs_, path, storage::ShardReadOptions(), restore_pool_));
-  if (resliced || Resliced(reg, reader->index())) {
+                         store_.OpenCommittedShard(reg.job, step, *call->manifest, reg.rank,
+                                                   storage::ShardReadOptions(), restore_pool_));
+  if (Resliced(reg, reader->index())) {
     reader.reset();
-    if (!call->manifest) {
-      CKPTD_ASSIGN_OR_RETURN(call->manifest, store_.ReadManifest(reg.job, step));
-    }
     return resharded();
   }
   return LoadFrom(t, step, *reader, wait_for_slot);

@@ -202,6 +202,29 @@ TEST_F(AgentCoreTest, DamagedNewestStepFallsBackToThePreviousOne) {
   EXPECT_THAT(again.step, Optional(1u));
 }
 
+// A shard file that is intact but not the one the step committed (another
+// attempt at the step renamed over it, or another step's or rank's copied
+// there) passes its own block checks: the MANIFEST's digest of its index
+// tells it apart, and the restore falls back as for a damaged one.
+TEST_F(AgentCoreTest, AnIntactShardThatIsNotTheCommittedOneIsNotRestored) {
+  options_.keep_in_memory = false;  // read from the storage root
+  AgentCore agent(&mem_, options_);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, agent.Register(FiveComponents("job")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(auto seg, staging::StagingSegment::Open(h.segment));
+  for (uint64_t step : {1u, 2u}) ASSERT_NO_FATAL_FAILURE(SnapshotAndWait(agent, *seg, h, step));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string older,
+                             storage::ReadFileToString(&mem_, storage::ShardPath("/ckpt", "job", 1, 0)));
+  CKPTD_ASSERT_OK(mem_.SetFileContents(storage::ShardPath("/ckpt", "job", 2, 0), older));
+  CKPTD_ASSERT_OK_AND_ASSIGN(RestoreResult r, agent.Restore(h.trainer_id, absl::Seconds(10)));
+  EXPECT_THAT(r.step, Optional(1u));
+  EXPECT_EQ(seg->slot_data(r.slot)[0], 1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::string mark,
+                             storage::ReadFileToString(&mem_, storage::QuarantinePath("/ckpt", "job", 2)));
+  EXPECT_THAT(mark, HasSubstr("does not match the MANIFEST"));
+  CKPTD_ASSERT_OK(seg->Release(r.slot));
+  CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
 TEST_F(AgentCoreTest, AFreshStartOverDamagedStepsWaitsForTheOperator) {
   options_.keep_in_memory = false;  // the damage is on disk
   AgentCore agent(&mem_, options_);

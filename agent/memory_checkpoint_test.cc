@@ -503,6 +503,18 @@ TEST_F(MemoryCheckpointTest, EveryThirdStepIsDurableTheOthersStayInMemoryAsRawSh
     EXPECT_EQ(c.file_length(), coord_.ReportOf(5).shard().file_length());
   }
   EXPECT_THAT(coord_.failures(), IsEmpty());
+  // The trainer takes a kept slot back for a snapshot (none is free): that
+  // copy is gone, and no longer listed.
+  const std::optional<uint32_t> slot_of_5 = KeptSlot(t, 5);
+  const std::optional<uint32_t> slot_of_6 = KeptSlot(t, 6);
+  CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t taken, t.seg->AcquireForFill(absl::ZeroDuration()));
+  ASSERT_TRUE(taken == slot_of_5 || taken == slot_of_6);
+  hb.Clear();
+  agent.FillHeartbeat(&hb);
+  in_memory.clear();
+  for (const ckptd::v1::MemoryCopy& c : hb.memory()) in_memory.push_back(c.step());
+  EXPECT_THAT(in_memory, ::testing::ElementsAre(taken == slot_of_5 ? 6u : 5u));
+  CKPTD_ASSERT_OK(t.seg->Abandon(taken));
 }
 
 TEST_F(MemoryCheckpointTest, TheTrainersCountersTellMemoryCheckpointsFromPersists) {
