@@ -397,6 +397,24 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     CKPTD_ASSIGN_OR_RETURN(uint64_t length, storage::TensorByteLength(b));
     lengths.push_back(length);
   }
+  if (reg.pid > 0) {
+    // The same process registering the same rank again: it dropped its
+    // registration (a call of it timed out, say). That one is retired, and
+    // its segment taken over below, rather than a second one allocated
+    // (which the memory budget might refuse) while the first stays.
+    std::vector<uint64_t> same;
+    {
+      absl::MutexLock l(&mu_);
+      for (const auto& [id, o] : trainers_) {
+        if (o->reg.pid == reg.pid && o->reg.job == reg.job && o->reg.rank == reg.rank) same.push_back(id);
+      }
+    }
+    for (uint64_t id : same) {
+      logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": its process (pid ", reg.pid,
+                                 ") registers again; its registration ", id, " is retired"));
+      ExitInBackground(id, /*died=*/false);
+    }
+  }
   auto t = std::make_shared<Trainer>();
   t->reg = reg;
   t->key = LayoutKey(reg);
@@ -423,7 +441,6 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
       if (it->key == t->key && it->segment->slots() == slots && it->layout.slot_bytes == t->layout.slot_bytes) {
         reuse = std::move(*it);
       } else {
-        staging_bytes_ -= it->segment->total_bytes();
         evicted.push_back(std::move(*it));
       }
       parked_.erase(it);
@@ -445,22 +462,32 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     }
     if (!reuse && !adopt) {
       const uint64_t limit = options_.memory_budget_bytes;
+      // What evicting a parked segment frees: its bytes, unless another user
+      // still holds it (a predecessor writing into it, a copy under way).
+      auto freeable = [](const Parked& p) { return p.segment.use_count() == 1 ? p.segment->total_bytes() : 0; };
+      uint64_t held = staging_bytes_->load();
+      for (const Parked& p : evicted) held -= freeable(p);  // freed below
       uint64_t parked_bytes = 0;
-      for (const Parked& p : parked_) parked_bytes += p.segment->total_bytes();
-      if (limit != 0 && staging_bytes_ - parked_bytes + need > limit) {
+      for (const Parked& p : parked_) parked_bytes += freeable(p);
+      if (limit != 0 && held - parked_bytes + need > limit) {
         refused = absl::ResourceExhaustedError(absl::StrCat(
             "job ", reg.job, " rank ", reg.rank, ": staging of ", slots, " slots of ", t->layout.slot_bytes,
             " bytes needs ", need, " bytes (", Gib(need), ") but the agent's memory budget is ", limit, " bytes (",
-            Gib(limit), "), ", staging_bytes_ - parked_bytes, " of them held by registered trainers: raise "
+            Gib(limit), "), ", held - parked_bytes, " of them held by registered trainers: raise "
             "ckptd-agent --memory-budget, or lower --slots or --staging-budget"));
       } else {
         // Least recently parked first, until the new segment fits.
-        while (limit != 0 && staging_bytes_ + need > limit && !parked_.empty()) {
-          staging_bytes_ -= parked_.front().segment->total_bytes();
-          evicted.push_back(std::move(parked_.front()));
-          parked_.erase(parked_.begin());
+        for (auto it = parked_.begin(); limit != 0 && held + need > limit && it != parked_.end();) {
+          const uint64_t frees = freeable(*it);
+          if (frees == 0) {
+            ++it;
+            continue;
+          }
+          held -= frees;
+          evicted.push_back(std::move(*it));
+          it = parked_.erase(it);
         }
-        staging_bytes_ += need;  // reserved
+        staging_bytes_->fetch_add(need);  // reserved
       }
     }
   }
@@ -481,6 +508,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
                                  reg.job, " rank ", reg.rank));
     }
   }
+  const bool reused = reuse.has_value();
   if (reuse) {
     t->segment = std::move(reuse->segment);
     std::string kept;
@@ -519,11 +547,15 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
         staging::StagingSegment::Create(absl::StrCat(prefix, "-", t->id), slots, t->layout.slot_bytes,
                                         options_.trainer_group, clock_, need <= options_.prepare_inline_bytes);
     if (!segment.ok()) {
-      absl::MutexLock l(&mu_);
-      staging_bytes_ -= need;
+      staging_bytes_->fetch_sub(need);
       return segment.status();
     }
-    t->segment = std::move(*segment);
+    // Its bytes are given back when the last user of the segment lets go.
+    t->segment = std::shared_ptr<staging::StagingSegment>(
+        segment->release(), [bytes = staging_bytes_, need](staging::StagingSegment* s) {
+          delete s;
+          bytes->fetch_sub(need);
+        });
   }
   TrainerHandle handle;
   handle.trainer_id = t->id;
@@ -537,7 +569,26 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   if (options_.coordinator == nullptr) {
     for (const auto& [id, other] : trainers_) {
       if (other->reg.job == reg.job && other->reg.world_size != reg.world_size) {
-        staging_bytes_ -= t->segment->total_bytes();
+        // What was taken over is left as it was found: a draining
+        // predecessor's for the next one to adopt, a parked segment parked.
+        if (adopt) {
+          adopt->adopted = false;
+          adopt->successor.reset();
+        } else if (reused) {
+          Parked p;
+          p.key = t->key;
+          p.job = reg.job;
+          p.rank = reg.rank;
+          p.layout = t->layout;
+          p.segment = t->segment;
+          {
+            absl::MutexLock tl(&t->mu);
+            p.kept = t->kept;
+            p.draining = t->predecessor;
+          }
+          p.since = clock_->Now();
+          parked_.push_back(std::move(p));
+        }
         return absl::FailedPreconditionError(absl::StrCat(
             "job ", reg.job, " rank ", reg.rank, " registers a world of ", reg.world_size, " ranks, but rank ",
             other->reg.rank, " is registered here with a world of ", other->reg.world_size));
@@ -1008,7 +1059,10 @@ void AgentCore::PrepareSlots(Trainer* t) {
       if (t->stopping) return;
     }
     if (options_.before_preparing_slot) options_.before_preparing_slot(i);
-    if (absl::Status s = seg.PrepareSlot(i); !s.ok()) {
+    absl::Status s = seg.PrepareSlot(i);
+    // The trainer before prepared it meanwhile (it died while it did).
+    if (!s.ok() && seg.state(i) != staging::SlotState::kPreparing) continue;
+    if (!s.ok()) {
       logger_->Warning(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging slot ", i, " of ", seg.slots(),
                                     " could not be allocated (", s.message(), "); snapshots use the ",
                                     seg.slots_prepared(), " slots ready"));
@@ -1084,9 +1138,11 @@ void AgentCore::DropKeptAbove(const std::string& job, uint64_t step) {
 
 void AgentCore::PersistLoop(Trainer* t) {
   base::SetCallingThreadName("ckptd-persist");
-  WaitForPredecessor(t);
+  // Slots first (a restore may wait for one), then the trainers before, if
+  // they still write into the segment (preparing touches no READY slot).
   PrepareSlots(t);
   t->preparing.store(false);
+  WaitForPredecessor(t);
   // The encoder of this trainer's memory checkpoints (their shard indexes),
   // made before this thread lowers itself: its starvation reserve runs at
   // the priority of the thread that makes it, and must be normal.
@@ -1156,23 +1212,39 @@ void AgentCore::WaitForPredecessor(Trainer* t) {
     absl::MutexLock l(&t->mu);
     before = t->predecessor;
   }
-  if (before == nullptr) return;
-  // Until it is drained, or `t` stops too (its own exit drains only its own
-  // snapshots). Never both locks at once: TrainerExited takes `t`'s, then
-  // the predecessor's.
-  while (true) {
+  // Each trainer before it in turn, until all are drained (one that exited
+  // while it waited for its own predecessor left that one's link), or `t`
+  // stops too (its own exit drains only its own snapshots). Never two locks
+  // at once: BeginExit takes `t`'s, then the predecessors'.
+  while (before != nullptr) {
     {
       absl::MutexLock l(&t->mu);
-      if (t->stopping) break;
+      if (t->stopping) return;  // its exit reads the predecessors' drains
     }
     absl::MutexLock l(&before->mu);
     const auto drained = +[](Trainer* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(b->mu) { return b->drained; };
     clock_->AwaitWithTimeout(&before->mu, absl::Condition(drained, before.get()), absl::Milliseconds(100));
-    if (before->drained) break;
+    if (before->drained) before = before->predecessor;
   }
   absl::MutexLock l(&t->mu);
-  if (t->stopping) return;  // its exit reads the predecessor's drain
-  t->predecessor.reset();
+  if (!t->stopping) t->predecessor.reset();
+}
+
+std::vector<std::shared_ptr<AgentCore::Trainer>> AgentCore::Predecessors(Trainer* t) {
+  std::vector<std::shared_ptr<Trainer>> chain;
+  std::shared_ptr<Trainer> next;
+  {
+    absl::MutexLock l(&t->mu);
+    next = t->predecessor;
+  }
+  while (next != nullptr) {
+    chain.push_back(next);
+    // On past a drained one too: it stopped waiting for its own when it
+    // exited, and may have drained before them.
+    absl::MutexLock l(&next->mu);
+    next = next->predecessor;
+  }
+  return chain;
 }
 
 std::optional<uint32_t> AgentCore::NextReady(Trainer* t) {
@@ -1637,6 +1709,11 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
   LoadCall call;
   call.wait_for_slot = options.wait_for_slot;
   call.client_verifies = options.client_verifies;
+  call.timeout = options_.restore_timeout;
+  if (const absl::Duration left = options.caller_timeout; left != absl::InfiniteDuration()) {
+    // A second before the caller gives up (half the time left when less).
+    call.timeout = std::min(call.timeout, std::max(left - absl::Seconds(1), left / 2));
+  }
   if (!options.reread_step) {
     absl::StatusOr<RestoreResult> r =
         options_.coordinator != nullptr ? RestoreCoordinated(t.get(), &call) : RestoreLocal(t.get(), &call);
@@ -2445,7 +2522,7 @@ absl::StatusOr<std::shared_ptr<AgentCore::LoneRound>> AgentCore::JoinRound(Train
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
-  const absl::Time deadline = clock_->Now() + options_.restore_timeout;
+  const absl::Time deadline = clock_->Now() + call->timeout;
   CKPTD_ASSIGN_OR_RETURN(std::shared_ptr<LoneRound> round, JoinRound(t));
   LoneRound* const r = round.get();
   // Newest committed step first; a damaged one sends every rank to the one before.
@@ -2536,7 +2613,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
         // The round is over for every rank: a later restore starts another.
         r->failed =
             absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, ": not every rank loaded step ", step,
-                                                     " within ", absl::FormatDuration(options_.restore_timeout)));
+                                                     " within ", absl::FormatDuration(call->timeout)));
       }
     }
     if (outcome == kGo) {
@@ -2548,7 +2625,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
     if (outcome == kTimedOut) {
       return absl::DeadlineExceededError(absl::StrCat(
           "restore of job ", reg.job, " rank ", reg.rank, ": ", loaded, " of ", reg.world_size, " ranks loaded step ",
-          step, " within ", absl::FormatDuration(options_.restore_timeout),
+          step, " within ", absl::FormatDuration(call->timeout),
           "; without a coordinator every rank of the job restores through this agent, and the others did not"));
     }
     // kAgain: a rank found the step damaged; load the one before.
@@ -2557,7 +2634,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall* call) {
   const TrainerRegistration& reg = t->reg;
-  const absl::Time deadline = clock_->Now() + options_.restore_timeout;
+  const absl::Time deadline = clock_->Now() + call->timeout;
   ckptd::v1::RestorePlanRequest req = PlanRequestOf(reg, t->id);
   bool holding = false;  // a RESTORED slot holds req.attempt_step()
   uint32_t held = 0;
@@ -2577,7 +2654,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
       release();
       return absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
                                                       ": the other ranks did not finish loading within ",
-                                                      absl::FormatDuration(options_.restore_timeout)));
+                                                      absl::FormatDuration(call->timeout)));
     }
     absl::StatusOr<ckptd::v1::RestorePlanResponse> plan = options_.coordinator->RestorePlan(req, left);
     if (!plan.ok()) {
@@ -2647,7 +2724,9 @@ absl::Status AgentCore::TrainerExited(uint64_t trainer_id, bool died) {
   return absl::OkStatus();
 }
 
-void AgentCore::TrainerDied(uint64_t trainer_id) {
+void AgentCore::TrainerDied(uint64_t trainer_id) { ExitInBackground(trainer_id, /*died=*/true); }
+
+void AgentCore::ExitInBackground(uint64_t trainer_id, bool died) {
   absl::StatusOr<std::shared_ptr<Trainer>> t = BeginExit(trainer_id);
   if (!t.ok()) return;  // it said goodbye first
   // The rest waits for the trainer's last snapshots to be written: on a
@@ -2660,9 +2739,9 @@ void AgentCore::TrainerDied(uint64_t trainer_id) {
     return true;
   });
   auto done = std::make_shared<std::atomic<bool>>(false);
-  exit_threads_.push_back({std::thread([this, t = *std::move(t), done]() mutable {
+  exit_threads_.push_back({std::thread([this, t = *std::move(t), done, died]() mutable {
                              base::SetCallingThreadName("ckptd-exit");
-                             FinishExit(std::move(t), /*died=*/true);
+                             FinishExit(std::move(t), died);
                              done->store(true);
                            }),
                            done});
@@ -2676,22 +2755,21 @@ absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExit(uint64_
   trainers_.erase(it);
   staging::StagingSegment& seg = *t->segment;
   seg.ReclaimAfterTrainerExit();
+  // Taken over while those drained: the snapshots they left are theirs.
+  std::vector<std::pair<uint32_t, uint64_t>> theirs;
+  for (const std::shared_ptr<Trainer>& p : Predecessors(t.get())) {
+    absl::MutexLock pl(&p->mu);
+    if (p->exit_drain) theirs.insert(theirs.end(), p->exit_drain->begin(), p->exit_drain->end());
+  }
   {
     absl::MutexLock tl(&t->mu);
     // What it published and nobody took yet is still persisted; nothing a
     // successor publishes in the same segment is (its own persister's).
     std::vector<std::pair<uint32_t, uint64_t>> drain;
     for (uint32_t i = 0; i < seg.slots(); ++i) {
-      if (seg.state(i) == staging::SlotState::kReady) drain.emplace_back(i, seg.step(i));
-    }
-    if (t->predecessor != nullptr) {
-      // Taken over while that one drained: its snapshots are its own.
-      absl::MutexLock pl(&t->predecessor->mu);
-      if (t->predecessor->exit_drain) {
-        std::erase_if(drain, [&](const std::pair<uint32_t, uint64_t>& d) {
-          return std::find(t->predecessor->exit_drain->begin(), t->predecessor->exit_drain->end(), d) !=
-                 t->predecessor->exit_drain->end();
-        });
+      const std::pair<uint32_t, uint64_t> d(i, seg.step(i));
+      if (seg.state(i) == staging::SlotState::kReady && std::find(theirs.begin(), theirs.end(), d) == theirs.end()) {
+        drain.push_back(d);
       }
     }
     std::sort(drain.begin(), drain.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -2714,19 +2792,18 @@ void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
     options_.coordinator->Failure(f);
   }
   bool adopted = false;
-  std::shared_ptr<Trainer> heir;
   {
     absl::MutexLock l(&mu_);
     std::erase(exiting_, t);
     adopted = t->adopted;
-    heir = t->successor.lock();
   }
   if (!adopted) {
     Park(std::move(t));
     return;
   }
-  // The segment lives on with the trainer that took it over: so do the
-  // steps written into it since.
+  // The segment lives on with whoever holds it now (the trainer that took it
+  // over, or one after it, registered, exiting or parked): so do the steps
+  // written into it since.
   std::vector<KeptStep> kept;
   {
     absl::MutexLock l(&t->mu);
@@ -2739,12 +2816,19 @@ void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
     }
     ForgetTakenBack(seg, into);
   };
-  if (heir != nullptr) {
-    absl::MutexLock l(&heir->mu);
-    merge(*heir->segment, &heir->kept);
+  absl::MutexLock l(&mu_);
+  for (const auto& [id, o] : trainers_) {
+    if (o->segment != t->segment) continue;
+    absl::MutexLock ol(&o->mu);
+    merge(*o->segment, &o->kept);
     return;
   }
-  absl::MutexLock l(&mu_);  // the successor is gone too: its segment may be parked
+  for (const std::shared_ptr<Trainer>& o : exiting_) {
+    if (o->segment != t->segment || o->adopted) continue;
+    absl::MutexLock ol(&o->mu);
+    merge(*o->segment, &o->kept);
+    return;
+  }
   for (Parked& p : parked_) {
     if (p.segment == t->segment) merge(*p.segment, &p.kept);
   }
@@ -2757,12 +2841,9 @@ void AgentCore::Park(std::shared_ptr<Trainer> t) {
     EvictIdleLocked(&evicted);
     // A call of the trainer still under way (nothing else can find it now)
     // may use its segment: then it is not handed on.
-    if (!options_.keep_in_memory || t.use_count() != 1) {
-      staging_bytes_ -= t->segment->total_bytes();
-    } else {
+    if (options_.keep_in_memory && t.use_count() == 1) {
       for (auto it = parked_.begin(); it != parked_.end(); ++it) {
         if (it->job == t->reg.job && it->rank == t->reg.rank) {
-          staging_bytes_ -= it->segment->total_bytes();
           evicted.push_back(std::move(*it));
           parked_.erase(it);
           break;
@@ -2794,7 +2875,6 @@ void AgentCore::EvictIdleLocked(std::vector<Parked>* out) {
       ++it;
       continue;
     }
-    staging_bytes_ -= it->segment->total_bytes();
     out->push_back(std::move(*it));
     it = parked_.erase(it);
   }
@@ -2809,7 +2889,7 @@ void AgentCore::EvictIdle() {
 AgentCore::MemoryUsage AgentCore::Memory() {
   absl::MutexLock l(&mu_);
   MemoryUsage m;
-  m.bytes = staging_bytes_;
+  m.bytes = staging_bytes_->load();
   m.budget = options_.memory_budget_bytes;
   m.parked = parked_.size();
   for (const Parked& p : parked_) m.parked_bytes += p.segment->total_bytes();

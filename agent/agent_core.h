@@ -189,6 +189,10 @@ struct RestoreOptions {
   // trainer's check: read the same step again, from disk.
   std::optional<uint64_t> reread_step;
   std::string reread_problem;
+  // How long the caller waits (what its RPC deadline leaves): the restore
+  // ends a moment before, within restore_timeout, with its own explanation
+  // rather than the caller's bare "Deadline Exceeded".
+  absl::Duration caller_timeout = absl::InfiniteDuration();
 };
 
 struct RestoreResult {
@@ -375,7 +379,9 @@ class AgentCore {
   // segment parked for its successor (see Register). `died`: it exited
   // without saying goodbye, a failure the coordinator hears of.
   // A successor that registers (same job, rank and layout) while those
-  // snapshots are still written takes the segment over at once.
+  // snapshots are still written takes the segment over at once. A
+  // registration from the same process (pid) as a registered trainer of the
+  // same job and rank retires that one this way first.
   absl::Status TrainerExited(uint64_t trainer_id, bool died = false);
   // TrainerExited(id, died=true) for the process watcher: the trainer is
   // forgotten now, and the rest runs on a thread of its own (joined by the
@@ -587,6 +593,9 @@ class AgentCore {
     // number of ranks that saved it. 0: read as saved.
     uint32_t resharded_from = 0;
     std::vector<BlockDigest> verify;
+    // How long the restore may take: restore_timeout, or less to end before
+    // its caller gives up (RestoreOptions::deadline).
+    absl::Duration timeout;
   };
   absl::StatusOr<RestoreResult> RestoreLocal(Trainer* t, LoadCall* call);
   // The round `t` takes part in: the one under way for its job, or a new one
@@ -659,12 +668,17 @@ class AgentCore {
   // Before `t`'s persister takes READY slots: the trainer whose segment it
   // took over is done with its own.
   void WaitForPredecessor(Trainer* t);
+  // The trainers before `t` that may still write into its segment, nearest
+  // first.
+  std::vector<std::shared_ptr<Trainer>> Predecessors(Trainer* t);
   // The next READY slot `t`'s persister takes: any, or after its exit only
   // those it left (Trainer::exit_drain).
   std::optional<uint32_t> NextReady(Trainer* t);
   // TrainerExited's two halves: forgotten (and in exiting_), then drained,
   // reported and parked (or its kept steps handed to the successor).
   absl::StatusOr<std::shared_ptr<Trainer>> BeginExit(uint64_t trainer_id);
+  // BeginExit now, FinishExit on a thread of its own (exit_threads_).
+  void ExitInBackground(uint64_t trainer_id, bool died);
   void FinishExit(std::shared_ptr<Trainer> t, bool died);
   // Parked segments that are too old go into `out`, to be destroyed
   // outside the lock.
@@ -756,7 +770,11 @@ class AgentCore {
   };
   absl::Mutex exit_mu_;
   std::vector<ExitThread> exit_threads_ ABSL_GUARDED_BY(exit_mu_);
-  uint64_t staging_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The bytes of every segment this agent maps (live, exiting, parked, or
+  // still held by a copy under way), reserved under mu_ before a segment is
+  // made and given back by the segment's deleter when its last user lets
+  // go: shared, since a partner's transfer may hold a segment past the core.
+  std::shared_ptr<std::atomic<uint64_t>> staging_bytes_ = std::make_shared<std::atomic<uint64_t>>(0);
   // Persists of this agent under way, by job and step: the directory of a
   // step that one of them writes is not removed (CleanUpFailedStep).
   absl::Mutex writing_mu_;

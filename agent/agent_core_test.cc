@@ -837,7 +837,10 @@ TEST_F(AgentCoreTest, LoneAgentKeepsTheShardsOfAProcessThatRegistersAgain) {
   EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(10u)));
   ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, 1, 20));
   EXPECT_THAT(store.LatestCommittedStep("job"), ::ckptd::testing::IsOkAndHolds(Optional(20u)));
-  for (const TrainerHandle& h : {first, second, ranks.handles[0], ranks.handles[1]}) {
+  // The registration its process replaced was retired then.
+  EXPECT_THAT(agent.TrainerExited(first.trainer_id),
+              ::ckptd::testing::StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+  for (const TrainerHandle& h : {second, ranks.handles[0], ranks.handles[1]}) {
     CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
   }
 }
@@ -870,6 +873,35 @@ TEST_F(AgentCoreTest, LoneAgentRestoreThatNotEveryRankJoinsIsBounded) {
   CKPTD_ASSERT_OK(ranks.segments[0]->Abandon(a));
   CKPTD_ASSERT_OK(ranks.segments[0]->Abandon(b));
   ASSERT_NO_FATAL_FAILURE(ExpectAllRestored(ranks, RestoreAll(agent, ranks), 10));
+  for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
+}
+
+// The trainer's call gives up after its own deadline: the agent ends the
+// restore a second before, so that the trainer reads why (and not a bare
+// "Deadline Exceeded" that makes it drop its registration).
+TEST_F(AgentCoreTest, ARestoreEndsBeforeItsCallerGivesUp) {
+  base::FakeClock clock;
+  options_.clock = &clock;
+  options_.restore_timeout = absl::Minutes(5);
+  AgentCore agent(&mem_, options_);
+  LoneJobRanks ranks;
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
+  RestoreOptions options;
+  options.wait_for_slot = absl::Seconds(10);
+  options.caller_timeout = absl::Seconds(30);
+  {
+    BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+        &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, options); });
+    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+    clock.Advance(absl::Seconds(29) - absl::Milliseconds(1));
+    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+    EXPECT_FALSE(restore.done());
+    clock.Advance(absl::Milliseconds(1));
+    ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+    EXPECT_THAT(restore.result(),
+                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 ranks loaded step 10 within 29s")));
+  }
   for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 

@@ -84,9 +84,12 @@ grpc::Status AgentService::SnapshotPublished(grpc::ServerContext*, const ckptd::
   return rpc::ToGrpcStatus(core_->SnapshotPublished(req->trainer_id(), req->slot(), req->step(), req->stall_seconds()));
 }
 
-grpc::Status AgentService::Restore(grpc::ServerContext*, const ckptd::v1::RestoreRequest* req,
+grpc::Status AgentService::Restore(grpc::ServerContext* context, const ckptd::v1::RestoreRequest* req,
                                    ckptd::v1::RestoreResponse* resp) {
   RestoreOptions options;
+  if (context != nullptr && context->deadline() != std::chrono::system_clock::time_point::max()) {
+    options.caller_timeout = absl::FromChrono(context->deadline()) - absl::Now();
+  }
   options.wait_for_slot = absl::Milliseconds(req->wait_for_slot_ms());
   options.client_verifies = req->client_verifies();
   if (req->reread()) {

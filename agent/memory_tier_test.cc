@@ -732,6 +732,134 @@ TEST_F(MemoryTierTest, TrainersThatDieTogetherAreDrainedTogether) {
   }
 }
 
+namespace {
+bool HasSlot(const staging::StagingSegment& seg, SlotState s, uint64_t step) {
+  for (uint32_t i = 0; i < seg.slots(); ++i) {
+    if (seg.state(i) == s && seg.step(i) == step) return true;
+  }
+  return false;
+}
+}  // namespace
+
+// A dies leaving steps 2 (being written, slowly) and 3 (READY); B takes over
+// and dies with its own step 5; C takes over B while B drains. C must not
+// take A's step 3: a predecessor's snapshot is void once the rank
+// registered again.
+TEST_F(MemoryTierTest, ATrainerTakingOverFromATakerOverTakesNoneOfTheFirstOnesSnapshots) {
+  options_.slots = 4;
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  Started a;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &a));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(1500));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 5), absl::Milliseconds(200));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  ASSERT_TRUE(Eventually([&] { return HasSlot(*a.seg, SlotState::kPersisting, 2); }));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 3));
+  std::thread exit_a([&] { EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk()); });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started b;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &b));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *b.seg, b.h, 5));
+  std::thread exit_b([&] { EXPECT_THAT(agent.TrainerExited(b.h.trainer_id, /*died=*/true), IsOk()); });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started c;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, b, &c));
+  EXPECT_TRUE(HasSlot(*a.seg, SlotState::kReady, 3) || HasSlot(*a.seg, SlotState::kPersisting, 3));
+  exit_b.join();
+  exit_a.join();
+  CKPTD_ASSERT_OK_AND_ASSIGN(PersistStatus st, agent.Status(c.h.trainer_id));
+  EXPECT_FALSE(st.last_persisted_step.has_value()) << "C persisted step " << st.last_persisted_step.value_or(0);
+  storage::CheckpointStore store(&mem_, "/ckpt");
+  EXPECT_THAT(store.LatestCommittedStep("job"), IsOkAndHolds(Optional(1u)));
+  CKPTD_ASSERT_OK(agent.TrainerExited(c.h.trainer_id));
+}
+
+// The successor's registration fails after it adopted the draining segment
+// (lone agent: another rank registered with another world size).
+TEST_F(MemoryTierTest, ARegistrationRefusedAfterTakingOverLeavesTheDrainingSegmentAlone) {
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  Started a;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", 0, 2), &a));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(300));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  std::atomic<bool> exited{false};
+  std::thread exit([&] {
+    EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk());
+    exited.store(true);
+  });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started r;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", 1, 3), &r));
+  const uint64_t both = SegmentBytes(a) + SegmentBytes(r);
+  EXPECT_EQ(agent.Memory().bytes, both);
+  EXPECT_THAT(agent.Register(Rank("job", 0, 2)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("registers a world of 2 ranks")));
+  EXPECT_FALSE(exited.load()) << "drained before: nothing tested";
+  EXPECT_EQ(agent.Memory().bytes, both) << "the draining segment is still mapped";
+  exit.join();
+  EXPECT_EQ(agent.Memory().parked, 1u) << "the predecessor's segment was not parked";
+  EXPECT_EQ(agent.Memory().bytes, both);
+  EXPECT_THAT(staging::StagingSegment::Open(a.h.segment).status(), IsOk());
+  CKPTD_ASSERT_OK(agent.TrainerExited(r.h.trainer_id));
+}
+
+// A dies draining; B takes over and exits at once (parked, still shared with
+// A's drain); another layout for the rank evicts the parked entry: its
+// bytes stay counted while A's drain keeps the segment mapped.
+TEST_F(MemoryTierTest, AParkedSegmentEvictedWhileStillWrittenIntoStaysCounted) {
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  Started a;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &a));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(500));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  std::atomic<bool> exited{false};
+  std::thread exit([&] {
+    EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk());
+    exited.store(true);
+  });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started b;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &b));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, b));
+  TrainerRegistration other = Rank("job");
+  other.buffers.push_back(Buffer("extra", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 5000));
+  Started d;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, other, &d));
+  EXPECT_FALSE(exited.load()) << "drained before: nothing tested";
+  EXPECT_THAT(staging::StagingSegment::Open(a.h.segment).status(), IsOk()) << "A's segment is still there";
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(a) + SegmentBytes(d)) << "A's segment is not counted";
+  exit.join();
+  CKPTD_ASSERT_OK(agent.TrainerExited(d.h.trainer_id));
+}
+
+// A trainer process that dropped its registration (a call of it timed out)
+// registers again: the first registration is retired and its segment taken
+// over, not a second one allocated beside it (the budget has room for one).
+TEST_F(MemoryTierTest, AProcessThatRegistersAgainTakesItsOwnSegmentOver) {
+  options_.memory_budget_bytes = SegmentBytesOfOneTrainer();
+  AgentCore agent(&mem_, options_);
+  TrainerRegistration reg = Rank("job");
+  reg.pid = 4242;
+  Started first;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, reg, &first));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1}));
+  Started again;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, reg, &again));
+  ExpectLogged("its process (pid 4242) registers again; its registration");
+  EXPECT_THAT(agent.Status(first.h.trainer_id), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no trainer")));
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(first));
+  ASSERT_NO_FATAL_FAILURE(ExpectRestoreAndRelease(agent, again, 1, RestoreSource::kMemory));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, again, {2}));
+  CKPTD_ASSERT_OK(agent.TrainerExited(again.h.trainer_id));
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(first));
+}
+
 // A replacement node: its agent allocates the new trainer's slots in the
 // background, and the trainer's restore (its first call) waits for the first
 // one rather than fail after the trainer's usual wait for a slot (seconds,
@@ -922,7 +1050,9 @@ TEST_F(MemoryTierTest, ARestoreThatGoesBackDropsKeptCopiesOfNewerSteps) {
   options_.slots = 3;
   options_.keep_last = 3;  // step 1 stays on disk: the job goes back to it
   AgentCore agent(&mem_, options_);
-  // The same process registers twice (it lost its connection): both live.
+  // A new process of the rank registers before the agent noticed the old
+  // one's exit: both live. (The same process registering again would
+  // retire its first registration instead.)
   TrainerRegistration reg = Rank("job");
   reg.pid = 4242;
   Started old;
@@ -931,6 +1061,7 @@ TEST_F(MemoryTierTest, ARestoreThatGoesBackDropsKeptCopiesOfNewerSteps) {
   std::map<uint64_t, uint32_t> slot_of;
   ASSERT_NO_FATAL_FAILURE(ExpectKeepsOnly(*old.seg, {1, 2, 3}, &slot_of));
   Started current;
+  reg.pid = 4243;
   ASSERT_NO_FATAL_FAILURE(Start(agent, reg, &current));
   ASSERT_NE(current.h.segment, old.h.segment);
   // Step 3 goes bad on disk (found by a scrub): the job goes back to step 2.

@@ -2,8 +2,10 @@
 // present no nonce, a wrong, used or expired one; senders that stop half-way
 // or say their bytes changed; a slot taken back while its bytes are on the
 // wire; a crowd of idle connections in front of a real copy; a service
-// stopped under a copy; partners that stop or trickle half-way, on the lane
-// and on the gRPC streams; and TLS, where the bytes stay on the gRPC streams.
+// stopped under a copy; fetching nodes that stop reading, and more fetches
+// than the service serves at a time; partners that stop or trickle half-way,
+// on the lane and on the gRPC streams; and TLS, where the bytes stay on the
+// gRPC streams.
 // Copies sent and fetched whole over both paths are in
 // peer_replication_test.cc.
 #include <dirent.h>
@@ -139,6 +141,21 @@ class Conn {
     std::string message(length, '\0');
     if (!Read(message.data(), length)) return absl::UnknownError("a cut answer");
     return absl::Status(static_cast<absl::StatusCode>(head[0]), message);
+  }
+  // Reads `n` bytes and drops them; false when the connection ended first.
+  bool Skip(size_t n) {
+    std::string buffer(n, '\0');
+    return Read(buffer.data(), n);
+  }
+  // Reads until the service closes the connection; the bytes read.
+  uint64_t Drain() {
+    uint64_t total = 0;
+    char buffer[1 << 16];
+    while (true) {
+      const ssize_t r = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (r <= 0) return total;
+      total += static_cast<uint64_t>(r);
+    }
   }
 
  private:
@@ -452,6 +469,105 @@ TEST_F(LaneTest, ASlotTakenBackWhileItsBytesAreOnTheWireIsNotKept) {
   EXPECT_EQ(net_->stats().lane_puts, 1u) << "it went over the data lane";
   ExpectNothingHeld();
   EXPECT_TRUE(Eventually([&] { return service_->lane_stats().dropped == 1; }));
+}
+
+// ---- A fetching node that stops ----
+
+// A copy larger than what the socket buffers and HTTP/2 windows take in.
+constexpr uint64_t kFetchedCopyBytes = 64 * kMiB;
+constexpr absl::Duration kFetchStall = absl::Milliseconds(300);
+
+class FetcherTest : public LaneTest {
+ protected:
+  void SetUp() override {
+    PeerServiceOptions po;
+    po.fetch_stall = kFetchStall;
+    po.max_fetches = 2;
+    ASSERT_NO_FATAL_FAILURE(Start(po));
+    ASSERT_THAT(net_->Put(address_, Header(1, kFetchedCopyBytes), FilledSource(0x33)), IsOk());
+  }
+  ckptd::v1::FetchReplicaRequest Request() {
+    ckptd::v1::FetchReplicaRequest r;
+    *r.mutable_key() = Key(1);
+    r.set_node_id("node-x");
+    return r;
+  }
+  absl::StatusOr<ckptd::v1::DataLane> OpenFetch() {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+    ckptd::v1::DataLane lane;
+    CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(stub_->OpenFetch(&ctx, Request(), &lane)));
+    return lane;
+  }
+  // How long after `start` the service cut the fetch and let it go (20 s at
+  // most).
+  absl::Duration CutAfter(absl::Time start) {
+    EXPECT_TRUE(Eventually(
+        [&] {
+          const PeerFetchStats st = service_->fetch_stats();
+          return st.cut == 1 && st.in_flight == 0;
+        },
+        absl::Seconds(20)))
+        << "the stalled fetch is still served";
+    return absl::Now() - start;
+  }
+};
+
+TEST_F(FetcherTest, AStreamFetcherThatStopsReadingIsCutOffAfterTheStall) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);  // pieces of 4 MiB and a header
+  auto stub = ckptd::v1::Peer::NewStub(
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+  std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = stub->FetchReplica(&ctx, Request());
+  ckptd::v1::ReplicaPiece piece;
+  ASSERT_TRUE(reader->Read(&piece));  // one piece, then nothing for a while
+  const absl::Duration took = CutAfter(absl::Now());
+  EXPECT_LT(took, kFetchStall + absl::Seconds(3));
+  // Reading on, the fetcher does not get the copy whole.
+  uint64_t got = piece.data().size();
+  while (reader->Read(&piece)) got += piece.data().size();
+  EXPECT_LT(got, kFetchedCopyBytes);
+  EXPECT_FALSE(reader->Finish().ok());
+}
+
+TEST_F(FetcherTest, ALaneFetcherThatStopsReadingIsCutOffAfterTheStall) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(const ckptd::v1::DataLane lane, OpenFetch());
+  Conn c(lane_port_);
+  ASSERT_TRUE(c.Write(lane.nonce()));
+  ASSERT_TRUE(c.Skip(kMiB));  // then nothing for a while
+  // Sooner than the socket's own timeout (lane_io_timeout, 30 s).
+  const absl::Duration took = CutAfter(absl::Now());
+  EXPECT_LT(took, kFetchStall + absl::Seconds(3));
+  EXPECT_LT(kMiB + c.Drain(), kFetchedCopyBytes);
+  EXPECT_TRUE(Eventually([&] { return service_->lane_stats().dropped == 1; }));
+}
+
+TEST_F(FetcherTest, FetchesPastTheLimitAreRefused) {
+  // Two lanes opened and not used hold the two fetches served.
+  CKPTD_ASSERT_OK(OpenFetch().status());
+  CKPTD_ASSERT_OK(OpenFetch().status());
+  EXPECT_THAT(OpenFetch().status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("node node-b serves 2 fetches already")));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+  std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = stub_->FetchReplica(&ctx, Request());
+  ckptd::v1::ReplicaPiece piece;
+  EXPECT_FALSE(reader->Read(&piece));
+  EXPECT_THAT(rpc::FromGrpcStatus(reader->Finish()),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("serves 2 fetches already")));
+  PeerFetchStats st = service_->fetch_stats();
+  EXPECT_EQ(st.in_flight, 2u);
+  EXPECT_EQ(st.refused, 2u);
+  // The lanes expire unused; fetches are served again.
+  clock_.Advance(absl::Seconds(31));
+  EXPECT_TRUE(Eventually([&] { return service_->fetch_stats().in_flight == 0; }));
+  std::vector<uint8_t> back;
+  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), SinkInto(&back)).status());
+  EXPECT_EQ(back.size(), kFetchedCopyBytes);
+  EXPECT_TRUE(Eventually([&] { return service_->fetch_stats().in_flight == 0; })) << "the lane's thread lets go";
+  EXPECT_EQ(service_->fetch_stats().cut, 0u);
 }
 
 // ---- A partner that stops ----

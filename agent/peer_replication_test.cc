@@ -109,7 +109,11 @@ TEST(ReplicaStoreTest, ADroppedCopysMemoryServesTheNextCopyOfItsSize) {
   ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 5, 4096)));  // takes step 2's memory
   ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 6, 4096)));  // step 3 goes, still read
   EXPECT_EQ(reading->data()[0], 1);
-  EXPECT_EQ(store.bytes(), 2 * 4096u + 4096u) << "step 4's memory spare, step 3's with its reader";
+  EXPECT_EQ(store.bytes(), 2 * 4096u + 4096u + 4096u) << "step 4's memory spare, step 3's with its reader";
+  EXPECT_EQ(store.pinned_bytes(), 4096u);
+  reading.reset();
+  EXPECT_EQ(store.bytes(), 2 * 4096u + 4096u) << "step 3's memory went with its reader";
+  EXPECT_EQ(store.pinned_bytes(), 0u);
   EXPECT_EQ(store.Shed(1), 4096u) << "spare memory goes first";
   EXPECT_NE(store.Find(Key("j", 0, 5)), nullptr);
 }
@@ -147,6 +151,103 @@ TEST(ReplicaStoreTest, AnOlderCopyNeverPushesOutTheNewest) {
   ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 40, 900)));
   EXPECT_EQ(store.Find(Key("j", 0, 30)), nullptr);
   EXPECT_EQ(store.bytes(), 900u);
+}
+
+TEST(ReplicaStoreTest, ACopyIsReplacedOnlyByTheNodeThatSentIt) {
+  ReplicaStore store({});
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 4, 100, "node-a"), 1));
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 5, 100, "node-a"), 1));
+  // Another partner of this node puts the key of a rank node A sends.
+  EXPECT_THAT(store.Reserve(Header("j", 0, 5, 100, "node-d")).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("the copy of job j rank 0 step 5 is held here for node node-a: node node-d may not "
+                                 "replace it")));
+  // Nor do its newer steps of the rank push node A's two out.
+  for (uint64_t step : {6, 7, 8}) ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, step, 100, "node-d"), 9));
+  for (uint64_t step : {4, 5}) {
+    std::shared_ptr<const Replica> held = store.Find(Key("j", 0, step));
+    ASSERT_NE(held, nullptr) << step;
+    EXPECT_EQ(held->header().from_node(), "node-a");
+    EXPECT_EQ(held->data()[0], 1);
+  }
+  EXPECT_EQ(store.Find(Key("j", 0, 6)), nullptr) << "node D's own older step goes";
+  EXPECT_NE(store.Find(Key("j", 0, 8)), nullptr);
+  EXPECT_THAT(store.Reserve(Header("j", 0, 8, 100, "node-a")).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("held here for node node-d: node node-a")));
+  // Node A replaces its own.
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 5, 100, "node-a"), 2));
+  EXPECT_EQ(store.Find(Key("j", 0, 5))->data()[0], 2);
+  // A copy still being received is its sender's too.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ReplicaStore::Reservation> coming,
+                             store.Reserve(Header("j", 1, 1, 100, "node-a")));
+  EXPECT_THAT(store.Reserve(Header("j", 1, 1, 100, "node-d")).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("being received here for node node-a")));
+  coming.reset();  // never came whole: the key is free
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 1, 1, 100, "node-d")));
+  EXPECT_EQ(store.bytes(), 5 * 100u) << "node A's two, node D's three";
+}
+
+TEST(ReplicaStoreTest, ASenderFloodingTheStoreCannotPushOutAnotherSendersCopies) {
+  base::FakeClock clock;  // each copy received a second after the one before
+  ReplicaStoreOptions o;
+  o.budget_bytes = 1000;
+  o.clock = &clock;
+  ReplicaStore store(o);
+  auto hold = [&](const ckptd::v1::ReplicaHeader& h) {
+    clock.Advance(absl::Seconds(1));
+    Hold(store, h);
+  };
+  auto held_for = [&](const std::string& node) {
+    uint64_t bytes = 0;
+    for (const ckptd::v1::MemoryCopy& c : store.List()) {
+      if (c.owner_node() == node) bytes += store.Find(Key(c.job(), c.rank(), c.step()))->size();
+    }
+    return bytes;
+  };
+  // Node D fills the budget with copies of jobs nobody runs.
+  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(hold(Header(absl::StrCat("junk", i), 0, 1, 200, "node-d")));
+  // Node A, holding less, takes the room its copy needs from node D.
+  ASSERT_NO_FATAL_FAILURE(hold(Header("j", 0, 1, 300, "node-a")));
+  EXPECT_EQ(held_for("node-d"), 600u);
+  // Node D's next copies push out only its own, older ones.
+  for (int i = 5; i < 25; ++i) ASSERT_NO_FATAL_FAILURE(hold(Header(absl::StrCat("junk", i), 0, 1, 200, "node-d")));
+  EXPECT_NE(store.Find(Key("j", 0, 1)), nullptr);
+  EXPECT_EQ(held_for("node-d"), 600u);
+  EXPECT_EQ(store.Find(Key("junk21", 0, 1)), nullptr);
+  EXPECT_NE(store.Find(Key("junk22", 0, 1)), nullptr);
+  // Node A still gets room from node D while node D holds more.
+  ASSERT_NO_FATAL_FAILURE(hold(Header("j", 1, 1, 200, "node-a")));
+  EXPECT_EQ(held_for("node-a"), 500u);
+  EXPECT_EQ(held_for("node-d"), 400u);
+  EXPECT_EQ(store.bytes(), 900u);
+  // A copy that fits only if node A's are pushed out is refused, naming the
+  // rule.
+  EXPECT_THAT(store.Reserve(Header("big", 0, 1, 1000, "node-d")).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("may push out only its own copies")));
+  EXPECT_EQ(held_for("node-a"), 500u);
+}
+
+TEST(ReplicaStoreTest, ACopyBeingFetchedStaysCountedUntilTheFetchLetsGo) {
+  ReplicaStoreOptions o;
+  o.budget_bytes = 1000;
+  ReplicaStore store(o);
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 0, 1, 600)));
+  std::shared_ptr<const Replica> fetching = store.Find(Key("j", 0, 1));
+  // A put does not push it out: that would free nothing.
+  EXPECT_THAT(store.Reserve(Header("j", 1, 1, 600)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+  EXPECT_NE(store.Find(Key("j", 0, 1)), nullptr);
+  // The agent's own trainers take it; its memory counts until the fetch ends.
+  EXPECT_EQ(store.Shed(600), 600u);
+  EXPECT_EQ(store.Find(Key("j", 0, 1)), nullptr);
+  EXPECT_EQ(store.bytes(), 600u);
+  EXPECT_EQ(store.pinned_bytes(), 600u);
+  EXPECT_THAT(store.Reserve(Header("j", 1, 1, 600)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("still being sent to fetching nodes")));
+  fetching.reset();
+  EXPECT_EQ(store.bytes(), 0u);
+  EXPECT_EQ(store.pinned_bytes(), 0u);
+  ASSERT_NO_FATAL_FAILURE(Hold(store, Header("j", 1, 1, 600)));
 }
 
 TEST(ReplicaStoreTest, AReservationDroppedUnkeptFreesItsMemory) {
@@ -321,6 +422,39 @@ TEST_P(PeerServiceTest, OnlyAPartnerWithItsTicketPlacesACopy) {
   EXPECT_THAT(b.store->List(), IsEmpty());
   EXPECT_EQ(b.store->bytes(), 0u);
   EXPECT_EQ(b.service->lane_stats().opened, 0u);
+}
+
+TEST_P(PeerServiceTest, APartnerCannotReplaceAnotherPartnersCopy) {
+  PartnerNode b(0, kToken, lane());
+  constexpr char kTicketD[] = "ddddddddddddddddddddddddddddddd0";
+  google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> senders;
+  *senders.Add() = Partner("node-a", "", kTicket);
+  *senders.Add() = Partner("node-d", "", kTicketD);
+  b.service->SetSenders(senders);
+  GrpcPeerNetwork a(NetworkOptions());
+  ckptd::v1::ReplicaHeader h = Header("job", 0, 7, 1000);
+  h.set_ticket(kTicket);
+  ASSERT_THAT(a.Put(b.address, h, PatternSource(1000)), IsOk());
+  // Node D, a partner of node B with a ticket of its own, puts the key of a
+  // rank node A hosts.
+  GrpcPeerNetworkOptions od = NetworkOptions();
+  od.node_id = "node-d";
+  GrpcPeerNetwork d(od);
+  ckptd::v1::ReplicaHeader hd = Header("job", 0, 7, 1000, "node-d");
+  hd.set_ticket(kTicketD);
+  EXPECT_THAT(d.Put(b.address, hd, FilledSource(0xee)),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("held here for node node-a: node node-d may not replace it")));
+  // Nor do its newer steps of the rank push node A's copy out.
+  for (uint64_t step : {8, 9, 10}) {
+    hd.mutable_key()->set_step(step);
+    ASSERT_THAT(d.Put(b.address, hd, FilledSource(0xee)), IsOk());
+  }
+  std::shared_ptr<const Replica> held = b.store->Find(Key("job", 0, 7));
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->header().from_node(), "node-a");
+  EXPECT_EQ(held->data()[999], Pattern(999));
+  ExpectPath(d);
 }
 
 TEST_P(PeerServiceTest, EveryCallNeedsTheAgentToken) {

@@ -274,7 +274,45 @@ std::string EncodeAnswer(const absl::Status& s) {
   return out + message;
 }
 
+// The time a fetch of `bytes` served may take (PeerServiceOptions).
+absl::Duration FetchAllowed(const PeerServiceOptions& options, uint64_t bytes) {
+  return options.fetch_stall + absl::Seconds(static_cast<double>(bytes) / options.fetch_min_bytes_per_second);
+}
+
+// Why a fetch served was cut after `done` of `total` bytes, as `cut` says.
+absl::Status FetchCut(Watchdog::Cut cut, const std::string& what, const PeerServiceOptions& options, uint64_t done,
+                      uint64_t total) {
+  if (cut == Watchdog::Cut::kStall) {
+    return absl::UnavailableError(absl::StrCat(what, ": the fetching node took no data for ",
+                                               absl::FormatDuration(options.fetch_stall), " after ", done, " of ",
+                                               total, " bytes, gave up"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(what, ": the fetching node did not take it within ",
+                                                  absl::FormatDuration(FetchAllowed(options, total)), " (", done,
+                                                  " of ", total, " bytes went), gave up"));
+}
+
 }  // namespace
+
+// Held while a fetch is served or its lane is open: one of max_fetches.
+class PeerService::FetchSlot {
+ public:
+  explicit FetchSlot(PeerService* service) : service_(service) {}
+  ~FetchSlot() {
+    absl::MutexLock l(&service_->fetch_mu_);
+    --service_->fetch_stats_.in_flight;
+  }
+  FetchSlot(const FetchSlot&) = delete;
+  FetchSlot& operator=(const FetchSlot&) = delete;
+  // The fetch was cut (a stalled or too slow fetching node).
+  void Cut() {
+    absl::MutexLock l(&service_->fetch_mu_);
+    ++service_->fetch_stats_.cut;
+  }
+
+ private:
+  PeerService* const service_;
+};
 
 // ---- The data lane, served ----
 
@@ -327,9 +365,11 @@ class PeerService::Lanes {
     p.peer = std::move(peer);
     return Open(std::move(p));
   }
-  absl::StatusOr<std::string> OpenFetch(std::shared_ptr<const Replica> replica, std::string what, std::string peer) {
+  absl::StatusOr<std::string> OpenFetch(std::shared_ptr<const Replica> replica, std::unique_ptr<FetchSlot> slot,
+                                        std::string what, std::string peer) {
     Pending p;
     p.fetch = std::move(replica);
+    p.slot = std::move(slot);
     p.what = std::move(what);
     p.peer = std::move(peer);
     return Open(std::move(p));
@@ -347,6 +387,7 @@ class PeerService::Lanes {
     absl::Time expires;
     std::unique_ptr<ReplicaStore::Reservation> put;  // a put: the copy's memory, reserved
     std::shared_ptr<const Replica> fetch;            // a fetch: the copy
+    std::unique_ptr<FetchSlot> slot;                 // and its place among the fetches served
     std::string what;                                // "the copy of job .. from node .."
     std::string peer;                                // who opened it
   };
@@ -541,7 +582,7 @@ class PeerService::Lanes {
     absl::Status s = SetBlocking(fd.get(), true, p.what);
     if (s.ok()) s = SetIoTimeout(fd.get(), options_.lane_io_timeout, p.what);
     if (s.ok()) {
-      s = put ? ServePut(std::move(p.put), fd.get(), p.what) : ServeFetch(*p.fetch, fd.get(), p.what);
+      s = put ? ServePut(std::move(p.put), fd.get(), p.what) : ServeFetch(*p.fetch, *p.slot, fd.get(), p.what);
     } else if (put) {
       p.put.reset();
       Count(&PeerLaneStats::dropped);
@@ -586,12 +627,28 @@ class PeerService::Lanes {
     return s;
   }
 
-  absl::Status ServeFetch(const Replica& replica, int fd, const std::string& what) {
-    for (uint64_t offset = 0; offset < replica.size(); offset += kReplicaPieceBytes) {
+  // Sends the copy; a fetching node that takes no piece for fetch_stall, or
+  // not the copy in the time its size allows, is cut off (the socket's own
+  // timeout, lane_io_timeout, bounds one wait for a byte only).
+  absl::Status ServeFetch(const Replica& replica, FetchSlot& slot, int fd, const std::string& what) {
+    Watchdog watch(options_.fetch_stall, absl::Now() + FetchAllowed(options_, replica.size()),
+                   [fd] { (void)::shutdown(fd, SHUT_RDWR); });
+    CKPTD_RETURN_IF_ERROR(watch.Start(what));
+    absl::Status s;
+    uint64_t offset = 0;
+    while (s.ok() && offset < replica.size()) {
       const uint64_t n = std::min<uint64_t>(kReplicaPieceBytes, replica.size() - offset);
-      CKPTD_RETURN_IF_ERROR(SendAll(fd, absl::Span<const uint8_t>(replica.data() + offset, n), what, offset));
+      watch.BeginWait();
+      s = SendAll(fd, absl::Span<const uint8_t>(replica.data() + offset, n), what, offset);
+      watch.EndWait();
+      if (s.ok()) offset += n;
     }
-    return absl::OkStatus();
+    watch.Stop();  // before `fd` closes: its number may be reused
+    if (!s.ok() && watch.cut() != Watchdog::Cut::kNone) {
+      slot.Cut();
+      return FetchCut(watch.cut(), what, options_, offset, replica.size());
+    }
+    return s;
   }
 
   // Drops lanes past their time (their memory with them), and joins the
@@ -685,6 +742,29 @@ PeerLaneStats PeerService::lane_stats() const {
   return lanes_ != nullptr ? lanes_->stats() : PeerLaneStats();
 }
 
+PeerFetchStats PeerService::fetch_stats() const {
+  absl::MutexLock l(&fetch_mu_);
+  return fetch_stats_;
+}
+
+absl::StatusOr<std::unique_ptr<PeerService::FetchSlot>> PeerService::TakeFetchSlot(absl::string_view rpc,
+                                                                                  absl::string_view fetcher) {
+  const size_t limit = std::max<size_t>(1, options_.max_fetches);
+  {
+    absl::MutexLock l(&fetch_mu_);
+    if (fetch_stats_.in_flight < limit) {
+      ++fetch_stats_.in_flight;
+      return std::make_unique<FetchSlot>(this);
+    }
+    ++fetch_stats_.refused;
+  }
+  const absl::Status s = absl::ResourceExhaustedError(
+      absl::StrCat(rpc, ": node ", options_.node_id, " serves ", limit, " fetches already, the most it serves at a",
+                   " time; try again later, or another holder"));
+  logger_->Warning(absl::StrCat("peer fetch by ", fetcher, " refused: ", s.message()));
+  return s;
+}
+
 absl::Status PeerService::CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const {
   if (options_.agent_token.empty()) return absl::OkStatus();  // TLS (checked by the transport), or open
   const auto& md = ctx.client_metadata();
@@ -757,24 +837,47 @@ absl::Status PeerService::Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* r
 grpc::Status PeerService::FetchReplica(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
                                        grpc::ServerWriter<ckptd::v1::ReplicaPiece>* writer) {
   if (absl::Status s = CheckCaller(*ctx, "FetchReplica"); !s.ok()) return rpc::ToGrpcStatus(s);
+  const std::string fetcher =
+      absl::StrCat("node ", absl::CHexEscape(request->node_id().substr(0, 256)), " (", ctx->peer(), ")");
+  absl::StatusOr<std::unique_ptr<FetchSlot>> slot = TakeFetchSlot("FetchReplica", fetcher);
+  if (!slot.ok()) return rpc::ToGrpcStatus(slot.status());
   std::shared_ptr<const Replica> replica = store_->Find(request->key());
   if (replica == nullptr) {
     return rpc::ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("node ", options_.node_id, " holds no copy of ", KeyText(request->key()))));
   }
+  // A fetching node that takes no piece for fetch_stall, or not the copy in
+  // the time its size allows, is cut off: it holds the copy's memory.
+  const std::string what = absl::StrCat("the copy of ", KeyText(request->key()), " to ", fetcher);
+  Watchdog watch(options_.fetch_stall, absl::Now() + FetchAllowed(options_, replica->size()),
+                 [ctx] { ctx->TryCancel(); });
+  if (absl::Status s = watch.Start(what); !s.ok()) return rpc::ToGrpcStatus(s);
   ckptd::v1::ReplicaPiece piece;
   *piece.mutable_header() = replica->header();
   uint64_t offset = 0;
+  bool written = true;
   do {
     const uint64_t n = std::min<uint64_t>(kReplicaPieceBytes, replica->size() - offset);
     piece.set_offset(offset);
     piece.mutable_data()->assign(reinterpret_cast<const char*>(replica->data()) + offset, n);
-    if (!writer->Write(piece)) return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching node went away");
+    watch.BeginWait();
+    written = writer->Write(piece);
+    watch.EndWait();
+    if (!written) break;
     piece.clear_header();
     offset += n;
   } while (offset < replica->size());
-  logger_->Info(absl::StrCat("peer copy of ", KeyText(request->key()), " sent to node ",
-                             absl::CHexEscape(request->node_id().substr(0, 256)), " for a restore"));
+  watch.Stop();
+  if (!written) {
+    if (watch.cut() == Watchdog::Cut::kNone) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the fetching node went away");
+    }
+    (*slot)->Cut();
+    const absl::Status cut = FetchCut(watch.cut(), what, options_, offset, replica->size());
+    logger_->Warning(std::string(cut.message()));
+    return rpc::ToGrpcStatus(cut);
+  }
+  logger_->Info(absl::StrCat("peer copy of ", KeyText(request->key()), " sent to ", fetcher, " for a restore"));
   return grpc::Status::OK;
 }
 
@@ -822,15 +925,20 @@ grpc::Status PeerService::OpenFetch(grpc::ServerContext* ctx, const ckptd::v1::F
         absl::UnimplementedError(absl::StrCat("node ", options_.node_id, " serves no data lane",
                                               options_.tls ? " (TLS)" : "", ": fetch the copy with FetchReplica")));
   }
+  std::string fetcher =
+      absl::StrCat("node ", absl::CHexEscape(request->node_id().substr(0, 256)), " (", ctx->peer(), ")");
+  // Held until the lane is used and done, or expires.
+  absl::StatusOr<std::unique_ptr<FetchSlot>> slot = TakeFetchSlot("OpenFetch", fetcher);
+  if (!slot.ok()) return rpc::ToGrpcStatus(slot.status());
   std::shared_ptr<const Replica> replica = store_->Find(request->key());
   if (replica == nullptr) {
     return rpc::ToGrpcStatus(
         absl::NotFoundError(absl::StrCat("node ", options_.node_id, " holds no copy of ", KeyText(request->key()))));
   }
   *lane->mutable_header() = replica->header();
-  absl::StatusOr<std::string> nonce = lanes->OpenFetch(
-      std::move(replica), absl::StrCat("the copy of ", KeyText(request->key())),
-      absl::StrCat("node ", absl::CHexEscape(request->node_id().substr(0, 256)), " (", ctx->peer(), ")"));
+  absl::StatusOr<std::string> nonce =
+      lanes->OpenFetch(std::move(replica), *std::move(slot),
+                       absl::StrCat("the copy of ", KeyText(request->key())), std::move(fetcher));
   if (!nonce.ok()) return rpc::ToGrpcStatus(nonce.status());
   lane->set_port(static_cast<uint32_t>(lanes->port()));
   lane->set_nonce(*std::move(nonce));

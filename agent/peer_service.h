@@ -56,6 +56,19 @@ struct PeerServiceOptions {
   size_t max_handshakes = 64;
   size_t max_lanes = 64;
   absl::Duration lane_io_timeout = absl::Seconds(30);
+  // Fetches served (FetchReplica, and the data lanes OpenFetch opens): one
+  // is cut when the fetching node takes no piece for fetch_stall, or has not
+  // taken the copy within fetch_stall plus its size at
+  // fetch_min_bytes_per_second (half the rate below which a fetching
+  // GrpcPeerNetwork gives up by default: no fetch its fetcher still waits
+  // for is cut). At most max_fetches (at least 1) are served or open at a
+  // time; more are refused with kResourceExhausted. A fetch holds its copy
+  // in memory, counted in the budget even once the store dropped it. (A
+  // replacement node pulls all the lost node's ranks at once, often from one
+  // partner: room for the largest nodes.)
+  absl::Duration fetch_stall = absl::Seconds(10);
+  double fetch_min_bytes_per_second = 25e6;
+  size_t max_fetches = 64;
 };
 
 // What the data lane did, since the service started.
@@ -67,6 +80,13 @@ struct PeerLaneStats {
   uint64_t refused = 0;      // connections closed for a wrong, used or expired nonce
   uint64_t idle_closed = 0;  // connections closed before presenting a nonce (timeout, or crowded out)
   uint64_t expired = 0;      // lanes never used in time
+};
+
+// The fetches served, over the gRPC stream and the data lane.
+struct PeerFetchStats {
+  uint64_t in_flight = 0;  // being served, or a lane open for one (at most max_fetches)
+  uint64_t refused = 0;    // refused for max_fetches, since the service started
+  uint64_t cut = 0;        // cut for a fetching node that stalled or was too slow, since then
 };
 
 class PeerService final : public ckptd::v1::Peer::Service {
@@ -89,6 +109,7 @@ class PeerService final : public ckptd::v1::Peer::Service {
   // naming the address when it cannot be bound.
   absl::StatusOr<int> StartDataLane(const std::string& host, int port);
   PeerLaneStats lane_stats() const;
+  PeerFetchStats fetch_stats() const;
 
   grpc::Status PutReplica(grpc::ServerContext* ctx, grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader,
                           ckptd::v1::PutReplicaResponse* response) override;
@@ -100,13 +121,17 @@ class PeerService final : public ckptd::v1::Peer::Service {
                          ckptd::v1::DataLane* lane) override;
 
  private:
-  class Lanes;  // the data lane (peer_service.cc)
+  class Lanes;      // the data lane (peer_service.cc)
+  class FetchSlot;  // one of max_fetches, while held (peer_service.cc)
 
   // The call's credential (see PeerServiceOptions::agent_token).
   absl::Status CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const;
   // Whether `header` comes from a partner sending here, with its ticket.
   absl::Status CheckSender(const ckptd::v1::ReplicaHeader& header, absl::string_view rpc);
   absl::Status Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader, ckptd::v1::PutReplicaResponse* response);
+  // One of options_.max_fetches for the fetch `fetcher` asks of `rpc`, or
+  // kResourceExhausted naming the limit.
+  absl::StatusOr<std::unique_ptr<FetchSlot>> TakeFetchSlot(absl::string_view rpc, absl::string_view fetcher);
 
   ReplicaStore* const store_;
   const PeerServiceOptions options_;
@@ -114,6 +139,9 @@ class PeerService final : public ckptd::v1::Peer::Service {
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> tickets_ ABSL_GUARDED_BY(mu_);  // by sending node
   std::unique_ptr<Lanes> lanes_ ABSL_GUARDED_BY(mu_);                // null until StartDataLane
+  // A leaf: taken under the lanes' lock when a lane goes.
+  mutable absl::Mutex fetch_mu_;
+  PeerFetchStats fetch_stats_ ABSL_GUARDED_BY(fetch_mu_);
 };
 
 // Serves `service` on `listen` (host:port; port 0 picks one) with
