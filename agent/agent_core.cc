@@ -134,6 +134,17 @@ void ForgetTakenBack(const staging::StagingSegment& segment, std::vector<Kept>* 
   });
 }
 
+// `kept` joins `into`: each slot once (what `into` says of a slot stands),
+// then only what its slot still holds.
+template <typename Kept>
+void MergeKept(const staging::StagingSegment& segment, std::vector<Kept> kept, std::vector<Kept>* into) {
+  for (Kept& k : kept) {
+    const bool known = std::any_of(into->begin(), into->end(), [&](const Kept& i) { return i.slot == k.slot; });
+    if (!known) into->push_back(std::move(k));
+  }
+  ForgetTakenBack(segment, into);
+}
+
 // The kept steps above `step` go: their slots are freed.
 template <typename Kept>
 void FreeKeptAbove(staging::StagingSegment* segment, std::vector<Kept>* kept, uint64_t step) {
@@ -397,24 +408,6 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     CKPTD_ASSIGN_OR_RETURN(uint64_t length, storage::TensorByteLength(b));
     lengths.push_back(length);
   }
-  if (reg.pid > 0) {
-    // The same process registering the same rank again: it dropped its
-    // registration (a call of it timed out, say). That one is retired, and
-    // its segment taken over below, rather than a second one allocated
-    // (which the memory budget might refuse) while the first stays.
-    std::vector<uint64_t> same;
-    {
-      absl::MutexLock l(&mu_);
-      for (const auto& [id, o] : trainers_) {
-        if (o->reg.pid == reg.pid && o->reg.job == reg.job && o->reg.rank == reg.rank) same.push_back(id);
-      }
-    }
-    for (uint64_t id : same) {
-      logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": its process (pid ", reg.pid,
-                                 ") registers again; its registration ", id, " is retired"));
-      ExitInBackground(id, /*died=*/false);
-    }
-  }
   auto t = std::make_shared<Trainer>();
   t->reg = reg;
   t->key = LayoutKey(reg);
@@ -430,11 +423,18 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   std::optional<Parked> reuse;
   std::shared_ptr<Trainer> adopt;
   std::vector<Parked> evicted;
+  std::vector<std::shared_ptr<Trainer>> retired;
   absl::Status refused;
   {
     absl::MutexLock l(&mu_);
+    CKPTD_RETURN_IF_ERROR(CheckLoneWorldLocked(reg));
     t->id = next_id_++;
     EvictIdleLocked(&evicted);
+    // The same process registering the same rank again: it dropped its
+    // registration (a call of it timed out, say). That one is retired here,
+    // and its segment taken over below, rather than a second one allocated
+    // (which the memory budget might refuse) while the first stays.
+    retired = RetireSameProcessLocked(reg, 0);
     // At most one parked segment per job and rank: its successor's, or of no use.
     for (auto it = parked_.begin(); it != parked_.end(); ++it) {
       if (it->job != reg.job || it->rank != reg.rank) continue;
@@ -497,6 +497,12 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
                                ") left by an exited trainer is released"));
   }
   evicted.clear();
+  for (std::shared_ptr<Trainer>& r : retired) {
+    logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": its process (pid ", reg.pid,
+                               ") registers again; its registration ", r->id, " is retired"));
+    FinishExitInBackground(std::move(r), /*died=*/false);
+  }
+  retired.clear();
   if (!refused.ok()) return refused;
   if (options_.replicas != nullptr && options_.memory_budget_bytes != 0) {
     // Copies held for partners make room: this node's trainers come first.
@@ -531,9 +537,10 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     }
     std::string text;
     {
+      // Merged: a predecessor that finished meanwhile handed its kept steps
+      // to this trainer already.
       absl::MutexLock l(&t->mu);
-      t->kept = std::move(kept);
-      ForgetTakenBack(*t->segment, &t->kept);
+      MergeKept(*t->segment, std::move(kept), &t->kept);
       text = KeptText(t->kept);
       t->predecessor = adopt;
     }
@@ -567,13 +574,17 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   Trainer* raw = t.get();
   absl::MutexLock l(&mu_);
   if (options_.coordinator == nullptr) {
-    for (const auto& [id, other] : trainers_) {
-      if (other->reg.job == reg.job && other->reg.world_size != reg.world_size) {
+    // Checked again (another registration of the job may have come first
+    // since the check above).
+    if (absl::Status world = CheckLoneWorldLocked(reg); !world.ok()) {
+      {
         // What was taken over is left as it was found: a draining
         // predecessor's for the next one to adopt, a parked segment parked.
         if (adopt) {
           adopt->adopted = false;
           adopt->successor.reset();
+          absl::MutexLock tl(&t->mu);
+          t->predecessor.reset();
         } else if (reused) {
           Parked p;
           p.key = t->key;
@@ -589,9 +600,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
           p.since = clock_->Now();
           parked_.push_back(std::move(p));
         }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job ", reg.job, " rank ", reg.rank, " registers a world of ", reg.world_size, " ranks, but rank ",
-            other->reg.rank, " is registered here with a world of ", other->reg.world_size));
+        return world;
       }
     }
     absl::MutexLock ll(&lone_mu_);
@@ -607,8 +616,23 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   }
   t->preparing.store(t->segment->slots_prepared() < t->segment->slots());
   t->persister = std::thread([this, raw] { PersistLoop(raw); });
+  // A registration of the same process that came in meanwhile (its caller
+  // gave up on it and asked again) is retired as well.
+  for (std::shared_ptr<Trainer>& r : RetireSameProcessLocked(reg, 0)) FinishExitInBackground(std::move(r), false);
   trainers_[handle.trainer_id] = std::move(t);
   return handle;
+}
+
+absl::Status AgentCore::CheckLoneWorldLocked(const TrainerRegistration& reg) {
+  if (options_.coordinator != nullptr) return absl::OkStatus();
+  for (const auto& [id, other] : trainers_) {
+    if (other->reg.job == reg.job && other->reg.world_size != reg.world_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", reg.job, " rank ", reg.rank, " registers a world of ", reg.world_size, " ranks, but rank ",
+          other->reg.rank, " is registered here with a world of ", other->reg.world_size));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, uint64_t step, double stall_seconds) {
@@ -1713,10 +1737,29 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
   if (const absl::Duration left = options.caller_timeout; left != absl::InfiniteDuration()) {
     // A second before the caller gives up (half the time left when less).
     call.timeout = std::min(call.timeout, std::max(left - absl::Seconds(1), left / 2));
+    if (call.timeout <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat("restore of job ", t->reg.job, " rank ", t->reg.rank,
+                                                      ": the caller's deadline leaves no time; nothing was loaded"));
+    }
   }
   if (!options.reread_step) {
     absl::StatusOr<RestoreResult> r =
         options_.coordinator != nullptr ? RestoreCoordinated(t.get(), &call) : RestoreLocal(t.get(), &call);
+    if (r.ok() && r->step) {
+      // The registration ended meanwhile (its process died, or registered
+      // again): nobody copies the slot out, and it is not left RESTORED in
+      // a segment another trainer may hold by now.
+      bool gone = false;
+      {
+        absl::MutexLock l(&t->mu);
+        gone = t->stopping;
+      }
+      if (gone) {
+        (void)t->segment->Release(r->slot);
+        return absl::UnavailableError(absl::StrCat("restore of job ", t->reg.job, " rank ", t->reg.rank,
+                                                   ": the registration ended while it ran"));
+      }
+    }
     if (r.ok()) {
       absl::MutexLock l(&t->mu);
       t->restored = r->step;
@@ -2729,6 +2772,25 @@ void AgentCore::TrainerDied(uint64_t trainer_id) { ExitInBackground(trainer_id, 
 void AgentCore::ExitInBackground(uint64_t trainer_id, bool died) {
   absl::StatusOr<std::shared_ptr<Trainer>> t = BeginExit(trainer_id);
   if (!t.ok()) return;  // it said goodbye first
+  FinishExitInBackground(*std::move(t), died);
+}
+
+std::vector<std::shared_ptr<AgentCore::Trainer>> AgentCore::RetireSameProcessLocked(const TrainerRegistration& reg,
+                                                                                    uint64_t except) {
+  std::vector<std::shared_ptr<Trainer>> retired;
+  if (reg.pid <= 0) return retired;
+  std::vector<uint64_t> same;
+  for (const auto& [id, o] : trainers_) {
+    if (id != except && o->reg.pid == reg.pid && o->reg.job == reg.job && o->reg.rank == reg.rank) same.push_back(id);
+  }
+  for (uint64_t id : same) {
+    absl::StatusOr<std::shared_ptr<Trainer>> t = BeginExitLocked(id);
+    if (t.ok()) retired.push_back(*std::move(t));
+  }
+  return retired;
+}
+
+void AgentCore::FinishExitInBackground(std::shared_ptr<Trainer> t, bool died) {
   // The rest waits for the trainer's last snapshots to be written: on a
   // thread of its own, so that the ranks of a node that die together are
   // drained together, and the next death is noticed at once.
@@ -2739,7 +2801,7 @@ void AgentCore::ExitInBackground(uint64_t trainer_id, bool died) {
     return true;
   });
   auto done = std::make_shared<std::atomic<bool>>(false);
-  exit_threads_.push_back({std::thread([this, t = *std::move(t), done, died]() mutable {
+  exit_threads_.push_back({std::thread([this, t = std::move(t), done, died]() mutable {
                              base::SetCallingThreadName("ckptd-exit");
                              FinishExit(std::move(t), died);
                              done->store(true);
@@ -2749,6 +2811,10 @@ void AgentCore::ExitInBackground(uint64_t trainer_id, bool died) {
 
 absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExit(uint64_t trainer_id) {
   absl::MutexLock l(&mu_);
+  return BeginExitLocked(trainer_id);
+}
+
+absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExitLocked(uint64_t trainer_id) {
   auto it = trainers_.find(trainer_id);
   if (it == trainers_.end()) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
   std::shared_ptr<Trainer> t = std::move(it->second);
@@ -2791,81 +2857,84 @@ void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
     f.set_detail(absl::StrCat("trainer process ", t->reg.pid, " exited without saying goodbye"));
     options_.coordinator->Failure(f);
   }
-  bool adopted = false;
-  {
-    absl::MutexLock l(&mu_);
-    std::erase(exiting_, t);
-    adopted = t->adopted;
-  }
-  if (!adopted) {
-    Park(std::move(t));
-    return;
-  }
-  // The segment lives on with whoever holds it now (the trainer that took it
-  // over, or one after it, registered, exiting or parked): so do the steps
-  // written into it since.
   std::vector<KeptStep> kept;
+  std::shared_ptr<Trainer> before;
   {
     absl::MutexLock l(&t->mu);
     kept = std::move(t->kept);
+    before = t->predecessor;
   }
-  auto merge = [&kept](const staging::StagingSegment& seg, std::vector<KeptStep>* into) {
-    for (KeptStep& k : kept) {
-      const bool known = std::any_of(into->begin(), into->end(), [&](const KeptStep& i) { return i.slot == k.slot; });
-      if (!known) into->push_back(std::move(k));
+  std::vector<Parked> evicted;  // unmapped and unlinked outside the lock
+  {
+    // One section from leaving exiting_ to parked (or handed on): a
+    // registration meanwhile finds the segment either way.
+    absl::MutexLock l(&mu_);
+    std::erase(exiting_, t);
+    // A segment parked while this trainer still wrote into it waits on the
+    // ones before it now, if any.
+    for (Parked& p : parked_) {
+      if (p.draining == t) p.draining = before;
     }
-    ForgetTakenBack(seg, into);
-  };
-  absl::MutexLock l(&mu_);
-  for (const auto& [id, o] : trainers_) {
-    if (o->segment != t->segment) continue;
-    absl::MutexLock ol(&o->mu);
-    merge(*o->segment, &o->kept);
-    return;
-  }
-  for (const std::shared_ptr<Trainer>& o : exiting_) {
-    if (o->segment != t->segment || o->adopted) continue;
-    absl::MutexLock ol(&o->mu);
-    merge(*o->segment, &o->kept);
-    return;
-  }
-  for (Parked& p : parked_) {
-    if (p.segment == t->segment) merge(*p.segment, &p.kept);
+    if (!t->adopted) {
+      ParkLocked(std::move(t), std::move(kept), std::move(before), &evicted);
+    } else {
+      HandKeptOnLocked(*t, std::move(kept));
+    }
   }
 }
 
-void AgentCore::Park(std::shared_ptr<Trainer> t) {
-  std::vector<Parked> evicted;
-  {
-    absl::MutexLock l(&mu_);
-    EvictIdleLocked(&evicted);
-    // A call of the trainer still under way (nothing else can find it now)
-    // may use its segment: then it is not handed on.
-    if (options_.keep_in_memory && t.use_count() == 1) {
-      for (auto it = parked_.begin(); it != parked_.end(); ++it) {
-        if (it->job == t->reg.job && it->rank == t->reg.rank) {
-          evicted.push_back(std::move(*it));
-          parked_.erase(it);
-          break;
-        }
-      }
-      Parked p;
-      p.key = t->key;
-      p.job = t->reg.job;
-      p.rank = t->reg.rank;
-      p.layout = t->layout;
-      p.segment = std::move(t->segment);
-      {
-        absl::MutexLock tl(&t->mu);
-        p.kept = std::move(t->kept);
-        p.draining = std::move(t->predecessor);
-      }
-      ForgetTakenBack(*p.segment, &p.kept);
-      p.since = clock_->Now();
-      parked_.push_back(std::move(p));
+void AgentCore::HandKeptOnLocked(const Trainer& t, std::vector<KeptStep> kept) {
+  // The segment lives on with whoever holds it now (the trainer that took it
+  // over, or one after it; registered, exiting or parked): so do the steps
+  // written into it since.
+  for (const auto& [id, o] : trainers_) {
+    if (o->segment != t.segment) continue;
+    absl::MutexLock ol(&o->mu);
+    MergeKept(*o->segment, std::move(kept), &o->kept);
+    return;
+  }
+  for (const std::shared_ptr<Trainer>& o : exiting_) {
+    if (o->segment != t.segment || o->adopted) continue;
+    absl::MutexLock ol(&o->mu);
+    MergeKept(*o->segment, std::move(kept), &o->kept);
+    return;
+  }
+  for (Parked& p : parked_) {
+    if (p.segment != t.segment) continue;
+    MergeKept(*p.segment, std::move(kept), &p.kept);
+    return;
+  }
+  // Still registering (not in trainers_ yet): it merges what it copies.
+  if (std::shared_ptr<Trainer> heir = t.successor.lock()) {
+    absl::MutexLock hl(&heir->mu);
+    MergeKept(*t.segment, std::move(kept), &heir->kept);
+  }
+}
+
+void AgentCore::ParkLocked(std::shared_ptr<Trainer> t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
+                           std::vector<Parked>* evicted) {
+  EvictIdleLocked(evicted);
+  // A call of the trainer still under way (nothing else can find it now)
+  // may use its segment: then it is not handed on.
+  if (!options_.keep_in_memory || t.use_count() != 1) return;
+  for (auto it = parked_.begin(); it != parked_.end(); ++it) {
+    if (it->job == t->reg.job && it->rank == t->reg.rank) {
+      evicted->push_back(std::move(*it));
+      parked_.erase(it);
+      break;
     }
   }
-  t.reset();  // an unparked segment goes here
+  Parked p;
+  p.key = t->key;
+  p.job = t->reg.job;
+  p.rank = t->reg.rank;
+  p.layout = t->layout;
+  p.segment = t->segment;
+  p.kept = std::move(kept);
+  p.draining = std::move(before);
+  ForgetTakenBack(*p.segment, &p.kept);
+  p.since = clock_->Now();
+  parked_.push_back(std::move(p));
 }
 
 void AgentCore::EvictIdleLocked(std::vector<Parked>* out) {

@@ -662,7 +662,6 @@ class AgentCore {
   void DropKeptAbove(const std::string& job, uint64_t step);
   // The trainer exited: its segment is parked for its successor (see
   // Register), or released.
-  void Park(std::shared_ptr<Trainer> t);
   // Allocates the trainer's PREPARING slots (the persister, before anything else).
   void PrepareSlots(Trainer* t);
   // Before `t`'s persister takes READY slots: the trainer whose segment it
@@ -677,9 +676,27 @@ class AgentCore {
   // TrainerExited's two halves: forgotten (and in exiting_), then drained,
   // reported and parked (or its kept steps handed to the successor).
   absl::StatusOr<std::shared_ptr<Trainer>> BeginExit(uint64_t trainer_id);
+  absl::StatusOr<std::shared_ptr<Trainer>> BeginExitLocked(uint64_t trainer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FinishExit of `t` (begun) on a thread of its own (exit_threads_).
+  void FinishExitInBackground(std::shared_ptr<Trainer> t, bool died);
+  // The registered trainers of `reg`'s process (pid) and rank, but `except`:
+  // begun to exit (under mu_), their FinishExit for the caller to start.
+  std::vector<std::shared_ptr<Trainer>> RetireSameProcessLocked(const TrainerRegistration& reg, uint64_t except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // BeginExit now, FinishExit on a thread of its own (exit_threads_).
   void ExitInBackground(uint64_t trainer_id, bool died);
   void FinishExit(std::shared_ptr<Trainer> t, bool died);
+  // FinishExit's end for a trainer whose segment another took over: its
+  // kept steps go to whoever holds the segment now.
+  void HandKeptOnLocked(const Trainer& t, std::vector<KeptStep> kept) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FinishExit's end otherwise: the segment parked for a successor (with
+  // `kept`, and `before` if still writing into it), unless a call of the
+  // trainer still uses it; parked segments pushed out go to `evicted`.
+  void ParkLocked(std::shared_ptr<Trainer> t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
+                  std::vector<Parked>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Without a coordinator: kFailedPrecondition when another trainer of the
+  // job is registered with another world size.
+  absl::Status CheckLoneWorldLocked(const TrainerRegistration& reg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Parked segments that are too old go into `out`, to be destroyed
   // outside the lock.
   void EvictIdleLocked(std::vector<Parked>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -860,6 +860,33 @@ TEST_F(MemoryTierTest, AProcessThatRegistersAgainTakesItsOwnSegmentOver) {
   EXPECT_EQ(agent.Memory().bytes, SegmentBytes(first));
 }
 
+// A trainer dies while writing; its successor takes over and dies too, and
+// its segment is parked while the first still writes into it. Once that
+// write is done, the parked segment is the parked entry's alone again: a
+// registration that needs the memory can have it.
+TEST_F(MemoryTierTest, AParkedSegmentIsFreeableOnceTheTrainerBeforeIsDoneWritingIntoIt) {
+  options_.memory_budget_bytes = SegmentBytesOfOneTrainer();
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  Started a;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &a));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(100));
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  std::thread exit([&] { EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk()); });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  Started b;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &b));
+  ASSERT_NO_FATAL_FAILURE(Dies(agent, b));
+  exit.join();
+  EXPECT_EQ(agent.Memory().parked, 1u);
+  Started other;
+  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("other"), &other));
+  EXPECT_EQ(agent.Memory().parked, 0u);
+  EXPECT_EQ(agent.Memory().bytes, SegmentBytes(other));
+  CKPTD_ASSERT_OK(agent.TrainerExited(other.h.trainer_id));
+}
+
 // A replacement node: its agent allocates the new trainer's slots in the
 // background, and the trainer's restore (its first call) waits for the first
 // one rather than fail after the trainer's usual wait for a slot (seconds,
