@@ -845,28 +845,40 @@ TEST_F(AgentCoreTest, LoneAgentKeepsTheShardsOfAProcessThatRegistersAgain) {
   }
 }
 
+// A lone agent's job of two ranks, both at step 10.
+void TwoRanksAtStep10(AgentCore& agent, LoneJobRanks* ranks) {
+  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, ranks));
+  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, *ranks, r, 10));
+}
+
+// Rank 0 restores with `options` and rank 1 never asks: rank 0 holds step 10
+// and waits for it, until `after` passed on `clock` (not a moment before),
+// then fails saying `what`.
+void ExpectRank0sRestoreEndsAfter(AgentCore& agent, base::FakeClock& clock, LoneJobRanks& ranks,
+                                  const RestoreOptions& options, absl::Duration after, absl::string_view what) {
+  BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+      &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, options); });
+  // Both persisters and the restore wait on the clock.
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+  clock.Advance(after - absl::Milliseconds(1));
+  ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
+  EXPECT_FALSE(restore.done());
+  clock.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+  EXPECT_THAT(restore.result(), StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr(what)));
+}
+
 TEST_F(AgentCoreTest, LoneAgentRestoreThatNotEveryRankJoinsIsBounded) {
   base::FakeClock clock;
   options_.clock = &clock;
   options_.restore_timeout = absl::Minutes(5);
   AgentCore agent(&mem_, options_);
   LoneJobRanks ranks;
-  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
-  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
-  // Rank 1 never asks: rank 0 holds step 10 and waits for it.
-  {
-    BackgroundCall<absl::StatusOr<RestoreResult>> restore(
-        &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, absl::Seconds(10)); });
-    // Both persisters and the restore wait on the clock.
-    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
-    clock.Advance(absl::Minutes(5) - absl::Seconds(1));
-    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
-    EXPECT_FALSE(restore.done());
-    clock.Advance(absl::Seconds(1));
-    ASSERT_TRUE(Eventually([&] { return restore.done(); }));
-    EXPECT_THAT(restore.result(),
-                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 ranks loaded step 10 within 5m")));
-  }
+  ASSERT_NO_FATAL_FAILURE(TwoRanksAtStep10(agent, &ranks));
+  RestoreOptions options;
+  options.wait_for_slot = absl::Seconds(10);
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectRank0sRestoreEndsAfter(agent, clock, ranks, options, absl::Minutes(5), "loaded step 10 within 5m"));
   // The slot it held went back, and the next restore is a round of its own.
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t a, ranks.segments[0]->AcquireForFill(absl::ZeroDuration()));
   CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t b, ranks.segments[0]->AcquireForFill(absl::ZeroDuration()));
@@ -877,31 +889,24 @@ TEST_F(AgentCoreTest, LoneAgentRestoreThatNotEveryRankJoinsIsBounded) {
 }
 
 // The trainer's call gives up after its own deadline: the agent ends the
-// restore a second before, so that the trainer reads why (and not a bare
-// "Deadline Exceeded" that makes it drop its registration).
+// restore a second before, so that the trainer reads why rather than a bare
+// "Deadline Exceeded".
 TEST_F(AgentCoreTest, ARestoreEndsBeforeItsCallerGivesUp) {
   base::FakeClock clock;
   options_.clock = &clock;
   options_.restore_timeout = absl::Minutes(5);
   AgentCore agent(&mem_, options_);
   LoneJobRanks ranks;
-  ASSERT_NO_FATAL_FAILURE(RegisterRanks(agent, "job", 2, &ranks));
-  for (uint32_t r = 0; r < 2; ++r) ASSERT_NO_FATAL_FAILURE(RankSnapshot(agent, ranks, r, 10));
+  ASSERT_NO_FATAL_FAILURE(TwoRanksAtStep10(agent, &ranks));
   RestoreOptions options;
   options.wait_for_slot = absl::Seconds(10);
   options.caller_timeout = absl::Seconds(30);
-  {
-    BackgroundCall<absl::StatusOr<RestoreResult>> restore(
-        &clock, [&] { return agent.Restore(ranks.handles[0].trainer_id, options); });
-    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
-    clock.Advance(absl::Seconds(29) - absl::Milliseconds(1));
-    ASSERT_TRUE(Eventually([&] { return clock.waiters() == 3; }));
-    EXPECT_FALSE(restore.done());
-    clock.Advance(absl::Milliseconds(1));
-    ASSERT_TRUE(Eventually([&] { return restore.done(); }));
-    EXPECT_THAT(restore.result(),
-                StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("1 of 2 ranks loaded step 10 within 29s")));
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectRank0sRestoreEndsAfter(agent, clock, ranks, options, absl::Seconds(29), "loaded step 10 within 29s"));
+  // A caller that leaves no time is told so at once.
+  options.caller_timeout = absl::ZeroDuration();
+  EXPECT_THAT(agent.Restore(ranks.handles[0].trainer_id, options),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("the caller's deadline leaves no time")));
   for (const TrainerHandle& h : ranks.handles) CKPTD_ASSERT_OK(agent.TrainerExited(h.trainer_id));
 }
 

@@ -656,6 +656,23 @@ TEST_F(MemoryTierTest, LargeSegmentsArePreparedInTheBackground) {
   CKPTD_ASSERT_OK(agent.TrainerExited(again.h.trainer_id));
 }
 
+// The trainer `reg` registers, persists step 1, and dies while step 2 is
+// still being written (each write of it takes `delay` on `slow`): its exit
+// runs on `*exit` (which sets `*exited` once done), and the trainer is no
+// longer registered when this returns: a successor may register meanwhile.
+void DieWhileWriting(AgentCore& agent, storage::FaultInjectionFileSystem& slow, const TrainerRegistration& reg,
+                     absl::Duration delay, Started* dying, std::thread* exit, std::atomic<bool>* exited) {
+  ASSERT_NO_FATAL_FAILURE(Start(agent, reg, dying));
+  ASSERT_NO_FATAL_FAILURE(Persist(agent, *dying, {1}));
+  slow.SlowPath(storage::StepDir("/ckpt", reg.job, 2), delay);
+  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *dying->seg, dying->h, 2));
+  *exit = std::thread([&agent, id = dying->h.trainer_id, exited] {
+    EXPECT_THAT(agent.TrainerExited(id, /*died=*/true), IsOk());
+    exited->store(true);
+  });
+  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer(reg.job, reg.rank).has_value(); }));
+}
+
 // The trainer dies while its last snapshot is still written (a slow disk):
 // its successor, registering meanwhile, takes the segment over at once and
 // restores from memory; it neither waits for the write nor allocates the
@@ -665,16 +682,10 @@ TEST_F(MemoryTierTest, ASuccessorTakesOverTheSegmentWhileTheLastSnapshotIsWritte
   storage::FaultInjectionFileSystem slow(&mem_);
   AgentCore agent(&slow, options_);
   Started first;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &first));
-  ASSERT_NO_FATAL_FAILURE(Persist(agent, first, {1}));
-  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(200));
-  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *first.seg, first.h, 2));
+  std::thread exit;
   std::atomic<bool> exited{false};
-  std::thread exit([&] {
-    EXPECT_THAT(agent.TrainerExited(first.h.trainer_id, /*died=*/true), IsOk());
-    exited.store(true);
-  });
-  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  ASSERT_NO_FATAL_FAILURE(
+      DieWhileWriting(agent, slow, Rank("job"), absl::Milliseconds(200), &first, &exit, &exited));
   Started second;
   ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, &second));
   EXPECT_FALSE(exited.load()) << "step 2 was written before the successor registered: nothing was tested";
@@ -782,16 +793,10 @@ TEST_F(MemoryTierTest, ARegistrationRefusedAfterTakingOverLeavesTheDrainingSegme
   storage::FaultInjectionFileSystem slow(&mem_);
   AgentCore agent(&slow, options_);
   Started a;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", 0, 2), &a));
-  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
-  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(300));
-  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  std::thread exit;
   std::atomic<bool> exited{false};
-  std::thread exit([&] {
-    EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk());
-    exited.store(true);
-  });
-  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  ASSERT_NO_FATAL_FAILURE(
+      DieWhileWriting(agent, slow, Rank("job", 0, 2), absl::Milliseconds(300), &a, &exit, &exited));
   Started r;
   ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job", 1, 3), &r));
   const uint64_t both = SegmentBytes(a) + SegmentBytes(r);
@@ -814,16 +819,9 @@ TEST_F(MemoryTierTest, AParkedSegmentEvictedWhileStillWrittenIntoStaysCounted) {
   storage::FaultInjectionFileSystem slow(&mem_);
   AgentCore agent(&slow, options_);
   Started a;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &a));
-  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
-  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(500));
-  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
+  std::thread exit;
   std::atomic<bool> exited{false};
-  std::thread exit([&] {
-    EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk());
-    exited.store(true);
-  });
-  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  ASSERT_NO_FATAL_FAILURE(DieWhileWriting(agent, slow, Rank("job"), absl::Milliseconds(500), &a, &exit, &exited));
   Started b;
   ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &b));
   ASSERT_NO_FATAL_FAILURE(Dies(agent, b));
@@ -869,12 +867,9 @@ TEST_F(MemoryTierTest, AParkedSegmentIsFreeableOnceTheTrainerBeforeIsDoneWriting
   storage::FaultInjectionFileSystem slow(&mem_);
   AgentCore agent(&slow, options_);
   Started a;
-  ASSERT_NO_FATAL_FAILURE(Start(agent, Rank("job"), &a));
-  ASSERT_NO_FATAL_FAILURE(Persist(agent, a, {1}));
-  slow.SlowPath(storage::StepDir("/ckpt", "job", 2), absl::Milliseconds(100));
-  ASSERT_NO_FATAL_FAILURE(Snapshot(agent, *a.seg, a.h, 2));
-  std::thread exit([&] { EXPECT_THAT(agent.TrainerExited(a.h.trainer_id, /*died=*/true), IsOk()); });
-  ASSERT_TRUE(Eventually([&] { return !agent.FindTrainer("job", 0).has_value(); }));
+  std::thread exit;
+  std::atomic<bool> exited{false};
+  ASSERT_NO_FATAL_FAILURE(DieWhileWriting(agent, slow, Rank("job"), absl::Milliseconds(100), &a, &exit, &exited));
   Started b;
   ASSERT_NO_FATAL_FAILURE(TakeOver(agent, a, &b));
   ASSERT_NO_FATAL_FAILURE(Dies(agent, b));
