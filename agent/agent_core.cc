@@ -586,19 +586,14 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
           absl::MutexLock tl(&t->mu);
           t->predecessor.reset();
         } else if (reused) {
-          Parked p;
-          p.key = t->key;
-          p.job = reg.job;
-          p.rank = reg.rank;
-          p.layout = t->layout;
-          p.segment = t->segment;
+          std::vector<KeptStep> kept;
+          std::shared_ptr<Trainer> before;
           {
             absl::MutexLock tl(&t->mu);
-            p.kept = t->kept;
-            p.draining = t->predecessor;
+            kept = t->kept;
+            before = t->predecessor;
           }
-          p.since = clock_->Now();
-          parked_.push_back(std::move(p));
+          ParkLocked(t, std::move(kept), std::move(before), &evicted);
         }
         return world;
       }
@@ -2876,7 +2871,7 @@ void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
       if (p.draining == t) p.draining = before;
     }
     if (!t->adopted) {
-      ParkLocked(std::move(t), std::move(kept), std::move(before), &evicted);
+      ParkLocked(t, std::move(kept), std::move(before), &evicted);
     } else {
       HandKeptOnLocked(*t, std::move(kept));
     }
@@ -2911,11 +2906,12 @@ void AgentCore::HandKeptOnLocked(const Trainer& t, std::vector<KeptStep> kept) {
   }
 }
 
-void AgentCore::ParkLocked(std::shared_ptr<Trainer> t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
-                           std::vector<Parked>* evicted) {
+void AgentCore::ParkLocked(const std::shared_ptr<Trainer>& t, std::vector<KeptStep> kept,
+                           std::shared_ptr<Trainer> before, std::vector<Parked>* evicted) {
   EvictIdleLocked(evicted);
   // A call of the trainer still under way (nothing else can find it now)
-  // may use its segment: then it is not handed on.
+  // may use its segment: then it is not handed on. (An unparked segment is
+  // unmapped when the caller lets `t` go, outside the lock.)
   if (!options_.keep_in_memory || t.use_count() != 1) return;
   for (auto it = parked_.begin(); it != parked_.end(); ++it) {
     if (it->job == t->reg.job && it->rank == t->reg.rank) {

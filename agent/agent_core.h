@@ -692,7 +692,7 @@ class AgentCore {
   // FinishExit's end otherwise: the segment parked for a successor (with
   // `kept`, and `before` if still writing into it), unless a call of the
   // trainer still uses it; parked segments pushed out go to `evicted`.
-  void ParkLocked(std::shared_ptr<Trainer> t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
+  void ParkLocked(const std::shared_ptr<Trainer>& t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
                   std::vector<Parked>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Without a coordinator: kFailedPrecondition when another trainer of the
   // job is registered with another world size.
