@@ -3,6 +3,8 @@
 // commit of jobs whose ranks all run on this node when no coordinator is used,
 // and restores into staging.
 // The gRPC service that serves trainers over a Unix socket translates to this.
+// One AgentCore, its definitions split by concern over agent/agent_*.cc
+// (docs/agent.md), its private parts shared through agent_core_internal.h.
 #pragma once
 
 #include <atomic>
@@ -602,6 +604,33 @@ class AgentCore {
   // over the job's committed steps as storage lists them now.
   absl::StatusOr<std::shared_ptr<LoneRound>> JoinRound(Trainer* t);
   absl::StatusOr<RestoreResult> RestoreCoordinated(Trainer* t, LoadCall* call);
+  // A rank of a lone round that found `step` damaged or missing (`damage`):
+  // the step is quarantined and, unless another rank did so first (another
+  // `attempt`), the round goes on to the step before.
+  void QuarantineInRound(Trainer* t, LoneRound* r, uint64_t step, uint64_t attempt, const absl::Status& damage);
+  // How a rank's wait in a lone round ended, once it loaded `step`.
+  struct RoundOutcome {
+    enum Kind { kGo, kAgain, kFailed, kTimedOut } kind = kAgain;
+    size_t loaded = 0;    // kTimedOut: the ranks that loaded the step
+    absl::Status failed;  // kFailed
+  };
+  // Counts t's rank as loaded and waits (up to `deadline`) until every rank
+  // has, a rank found the step damaged, the round failed, or the agent
+  // shuts down.
+  RoundOutcome AwaitLoneRound(Trainer* t, LoneRound* r, uint64_t step, uint64_t attempt, absl::Time deadline,
+                              absl::Duration timeout);
+  // Restore's two ways: the round (with or without a coordinator), and a
+  // reread of the step handed over from memory (RestoreOptions::reread_step).
+  absl::StatusOr<RestoreResult> RestoreRound(Trainer* t, LoadCall* call);
+  absl::StatusOr<RestoreResult> Reread(Trainer* t, const RestoreOptions& options, LoadCall* call);
+  // The coordinator's FRESH_START: nothing to restore, from round `incarnation`.
+  RestoreResult StartFresh(Trainer* t, uint64_t incarnation);
+  // The coordinator's LOAD: loads the plan's step and records the attempt in
+  // `req`; the slot it is in, nullopt when damaged or missing (`req` says
+  // why), or the error the trainer must hear (no slot, a registration that
+  // does not fit).
+  absl::StatusOr<std::optional<uint32_t>> LoadPlanned(Trainer* t, const ckptd::v1::RestorePlanResponse& plan,
+                                                      LoadCall* call, ckptd::v1::RestorePlanRequest* req);
   // A restore's result for `step` loaded into `slot` by `call`.
   RestoreResult Restored(Trainer* t, uint64_t step, uint32_t slot, LoadCall* call, uint64_t incarnation);
   // Reads the trainer's shard of `step` into a staging slot (RESTORED), or
@@ -694,6 +723,36 @@ class AgentCore {
   // trainer still uses it; parked segments pushed out go to `evicted`.
   void ParkLocked(const std::shared_ptr<Trainer>& t, std::vector<KeptStep> kept, std::shared_ptr<Trainer> before,
                   std::vector<Parked>* evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Register's steps. What a registration takes over or frees, decided
+  // under mu_ (ClaimStagingLocked) and carried out after it.
+  struct Claim {
+    std::optional<Parked> reuse;                     // the segment its predecessor parked
+    bool reused = false;                             // `reuse` was attached (AttachSegment)
+    std::shared_ptr<Trainer> adopt;                  // a predecessor still draining: its segment
+    std::vector<Parked> evicted;                     // released outside the lock
+    std::vector<std::shared_ptr<Trainer>> retired;   // the same process's earlier registrations
+    absl::Status refused;                            // the memory budget holds no new segment
+  };
+  // t's staging layout from the buffers' lengths, and the slots it gets.
+  absl::StatusOr<uint32_t> PlanStaging(Trainer* t, const std::vector<uint64_t>& lengths);
+  // The segment `t` takes over (parked, or of a predecessor still draining),
+  // else the memory reserved for a new one within the budget.
+  void ClaimStagingLocked(const std::shared_ptr<Trainer>& t, uint32_t slots, uint64_t need, Claim* claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReserveBudgetLocked(const Trainer& t, uint32_t slots, uint64_t need, Claim* claim)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Outside mu_: the parked segments the claim evicted go, the retired
+  // registrations finish their exit.
+  void ReleaseClaimed(const TrainerRegistration& reg, Claim* claim);
+  // Copies held for partners make room for `reg`'s staging under the budget.
+  void ShedPartnersCopiesFor(const TrainerRegistration& reg);
+  // t's segment: the claimed one, or a new one of `slots` slots (`need` bytes,
+  // reserved; given back when it cannot be made).
+  absl::Status AttachSegment(Trainer* t, Claim* claim, uint32_t slots, uint64_t need);
+  // `t` joins the registered trainers (its lone job, its persister), unless
+  // the lone world check fails again: then the claim is undone.
+  absl::Status EnlistLocked(const std::shared_ptr<Trainer>& t, Claim* claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UndoClaimLocked(const std::shared_ptr<Trainer>& t, Claim* claim) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Without a coordinator: kFailedPrecondition when another trainer of the
   // job is registered with another world size.
   absl::Status CheckLoneWorldLocked(const TrainerRegistration& reg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -722,6 +781,33 @@ class AgentCore {
                                                                   const ckptd::v1::StepManifest& manifest,
                                                                   ReshardReaders* readers, bool* planned,
                                                                   bool ask_coordinator);
+  // LoadResharded's reads of one step, and what they found.
+  struct ReshardRead {
+    uint64_t step = 0;
+    const ckptd::v1::StepManifest* manifest = nullptr;
+    // The saved rank whose buffers without a global layout this rank gets.
+    uint32_t own = 0;
+    ReshardReaders readers;  // opened already
+    // Per buffer without a global layout: the identity of the whole its
+    // replica group's shares make ("": saved whole, not shared).
+    std::map<size_t, std::string> whole_of;
+    std::set<uint32_t> ranks;  // the saved shards read
+    // This rank's own saved index (the same world only), once read.
+    std::shared_ptr<const ckptd::v1::ShardIndex> own_index;
+    bool plan_wrong = false;  // the shards hold other slices than the plan says
+  };
+  // With a coordinator's plan: rr->whole_of from rank rr->own's saved index.
+  absl::Status NoteGroupWholes(Trainer* t, const std::vector<storage::PlannedRead>& reads, ReshardRead* rr);
+  // Every planned read into `data` (a staging slot), each checked first.
+  absl::Status ReadPlanned(Trainer* t, const std::vector<storage::PlannedRead>& reads, uint8_t* data,
+                           ReshardRead* rr);
+  // Whether `reader` holds what read `r` takes, where the plan says.
+  absl::Status CheckPlannedRead(Trainer* t, storage::ShardReader& reader, const storage::PlannedRead& r,
+                                ReshardRead* rr);
+  // The step in `slot` as this rank's own saved shard (to keep in memory),
+  // when its index describes it; a slot whose bytes it does not check out
+  // sets `*read` (kDataLoss).
+  std::optional<KeptStep> OwnShardIn(Trainer* t, uint32_t slot, ReshardRead* rr, absl::Status* read);
   // Opens `rank`'s shard of committed `step` for a resharded restore (counted).
   absl::StatusOr<std::unique_ptr<storage::ShardReader>> OpenSavedShard(Trainer* t, uint64_t step,
                                                                        const ckptd::v1::StepManifest& manifest,
@@ -749,6 +835,8 @@ class AgentCore {
   // (length and index digest), from this node's trainers (live, then
   // parked) or the copies held for partners; kNotFound otherwise.
   absl::StatusOr<HeldCopy> FindHeldCopy(const ckptd::v1::PersistOrder& order);
+  // FindHeldCopy's last resort: the copy held here for a partner (nullopt: none).
+  absl::StatusOr<std::optional<HeldCopy>> PartnersCopy(const ckptd::v1::PersistOrder& order);
 
   storage::FileSystem* const fs_;
   const AgentOptions options_;
