@@ -26,11 +26,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "agent/coordinator_link.h"
+#include "agent/coordinator_client.h"
 #include "agent/local_tier.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
 #include "base/clock.h"
 #include "base/logger.h"
 #include "base/thread_pool.h"
@@ -38,6 +35,9 @@
 #include "ckptd/v1/agent.pb.h"
 #include "ckptd/v1/manifest.pb.h"
 #include "ckptd/v1/shard.pb.h"
+#include "replication/peer_network.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
 #include "staging/staging.h"
 #include "storage/file_system.h"
 #include "storage/reshard_plan.h"
@@ -135,15 +135,16 @@ struct AgentOptions {
   // (KEPT) for a restore from memory, until the trainer takes the slot back
   // for a snapshot (the oldest kept step first, when it has no free slot).
   bool keep_in_memory = true;
-  // Peer replication (agent/replicator.h, agent/peer_service.h; null: off).
+  // Peer replication (replication/replicator.h, replication/peer_network.h;
+  // null: off).
   // Each persisted step kept in memory is sent to the partners through
   // `replicator`; a restore whose plan names peers holding the step pulls it
   // through `peer_network` when this agent's memory has no copy; and the
   // copies `replicas` holds for partners make room for a registration that
   // needs the memory. Each must outlive the agent.
-  Replicator* replicator = nullptr;
-  PeerNetwork* peer_network = nullptr;
-  ReplicaStore* replicas = nullptr;
+  replication::Replicator* replicator = nullptr;
+  replication::PeerNetwork* peer_network = nullptr;
+  replication::ReplicaStore* replicas = nullptr;
 };
 
 struct TrainerRegistration {
@@ -661,7 +662,7 @@ class AgentCore {
   // the copy's header to the sink it is given, then fills what the sink
   // returned); kept there (the KeptStep it is now) once the header matches
   // `ref` and the trainer's layout.
-  using CopyFetch = std::function<absl::Status(const ReplicaSink& sink)>;
+  using CopyFetch = std::function<absl::Status(const replication::ReplicaSink& sink)>;
   absl::StatusOr<KeptStep> PullCopy(Trainer* t, uint64_t step, uint32_t slot, const ckptd::v1::ShardRef& ref,
                                     const CopyFetch& fetch);
   // The kept step in RESTORING `kept.slot` is verified (by the agent, or,

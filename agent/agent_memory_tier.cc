@@ -85,7 +85,7 @@ void AgentCore::SetKept(Trainer* t, KeptStep kept) {
 
 void AgentCore::Replicate(Trainer* t, const KeptStep& kept) {
   if (options_.replicator == nullptr || !options_.replicator->has_partners()) return;
-  ReplicaSource source;
+  replication::ReplicaSource source;
   ckptd::v1::ReplicaHeader& h = source.header;
   h.mutable_key()->set_job(t->reg.job);
   h.mutable_key()->set_rank(t->reg.rank);
@@ -261,7 +261,7 @@ absl::StatusOr<std::optional<AgentCore::HeldCopy>> AgentCore::PartnersCopy(const
   key.set_job(order.job());
   key.set_rank(order.rank());
   key.set_step(order.step());
-  std::shared_ptr<const Replica> held = options_.replicas->Find(key);
+  std::shared_ptr<const replication::Replica> held = options_.replicas->Find(key);
   if (held == nullptr || held->header().file_length() != order.file_length() ||
       held->header().index_xxh3() != order.index_xxh3()) {
     return std::nullopt;

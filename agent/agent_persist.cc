@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core_internal.h"
 #include "base/status_macros.h"
-#include "rpc/schedule.h"
+#include "protocol/schedule.h"
 #include "storage/discarding_file_system.h"
 #include "storage/layout.h"
 #include "storage/replica.h"
@@ -201,7 +201,7 @@ void AgentCore::PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_
 bool AgentCore::IsMemoryCheckpoint(Trainer* t, uint64_t step) {
   if (options_.coordinator == nullptr || !options_.keep_in_memory) return false;
   const std::optional<ckptd::v1::Schedule> schedule = options_.coordinator->ScheduleFor(t->reg.job);
-  return schedule && rpc::ScheduledAt(*schedule, step) && !rpc::DurableAt(*schedule, step);
+  return schedule && protocol::ScheduledAt(*schedule, step) && !protocol::DurableAt(*schedule, step);
 }
 
 void AgentCore::TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint64_t* incarnation) {

@@ -240,10 +240,10 @@ absl::StatusOr<std::optional<uint32_t>> AgentCore::LoadFromPeers(Trainer* t, uin
     CopyFetch fetch;
   };
   std::vector<Source> sources;
-  std::shared_ptr<const Replica> held =
+  std::shared_ptr<const replication::Replica> held =
       options_.replicas != nullptr && !call->skip_sources.contains(kHeldCopySource) ? options_.replicas->Find(key) : nullptr;
   if (held != nullptr) {
-    sources.push_back({kHeldCopySource, "the copy this agent holds for its partner", [held](const ReplicaSink& sink) -> absl::Status {
+    sources.push_back({kHeldCopySource, "the copy this agent holds for its partner", [held](const replication::ReplicaSink& sink) -> absl::Status {
                          CKPTD_ASSIGN_OR_RETURN(absl::Span<uint8_t> out, sink(held->header()));
                          if (out.size() != held->size()) return absl::InternalError("the copy's size changed");
                          std::memcpy(out.data(), held->data(), held->size());
@@ -254,7 +254,7 @@ absl::StatusOr<std::optional<uint32_t>> AgentCore::LoadFromPeers(Trainer* t, uin
     for (const ckptd::v1::PeerCopy& peer : call->peers) {
       if (call->skip_sources.contains(peer.node_id())) continue;
       sources.push_back({peer.node_id(), absl::StrCat("node ", peer.node_id(), "'s memory (", peer.address(), ")"),
-                         [this, peer, key](const ReplicaSink& sink) {
+                         [this, peer, key](const replication::ReplicaSink& sink) {
                            return options_.peer_network->Fetch(peer.address(), key, sink).status();
                          }});
     }

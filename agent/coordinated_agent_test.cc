@@ -4,9 +4,6 @@
 #include <thread>
 
 #include "agent/agent_core.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
 #include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/eventually.h"
@@ -14,7 +11,10 @@
 #include "coordinator/coordinator_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rpc/restore_source.h"
+#include "protocol/restore_source.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_reader.h"
@@ -23,6 +23,15 @@
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::replication::GrpcPeerNetwork;
+using ::ckptd::replication::GrpcPeerNetworkOptions;
+using ::ckptd::replication::PeerService;
+using ::ckptd::replication::PeerServiceOptions;
+using ::ckptd::replication::ReplicaStore;
+using ::ckptd::replication::ReplicaStoreOptions;
+using ::ckptd::replication::Replicator;
+using ::ckptd::replication::ReplicatorOptions;
+using ::ckptd::replication::StartPeerServer;
 using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
@@ -636,7 +645,7 @@ TEST_F(ReplicatedStateTest, ADataParallelJobWritesItsReplicatedStateOnceAndEvery
   // Nor does the coordinator hear of one.
   const ckptd::v1::RestoreSummary last = core_.ClusterStatus().jobs(0).last_restore();
   ASSERT_EQ(last.ranks_size(), 4);
-  EXPECT_EQ(rpc::ReshardedRanks(last), 0);
+  EXPECT_EQ(protocol::ReshardedRanks(last), 0);
   EXPECT_EQ(last.saved_world_size(), 0u);
   // Read from disk, the step is kept in memory again, verifiable as a whole.
   TrainerDied(nodes[1], 1);

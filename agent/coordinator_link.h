@@ -1,8 +1,8 @@
 // The agent's side of the coordinator: registration of the node and the
 // ranks it hosts, the heartbeat stream (progress and timings out, schedules
 // in), shard reports that survive a disconnect, failure reports, and restore
-// plans. AgentCore talks to the CoordinatorClient interface; CoordinatorLink
-// implements it over gRPC, and tests use a fake.
+// plans. AgentCore talks to the CoordinatorClient interface
+// (coordinator_client.h); CoordinatorLink implements it over gRPC.
 #pragma once
 
 #include <cstdint>
@@ -19,36 +19,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/coordinator_client.h"
 #include "base/clock.h"
 #include "base/logger.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ckptd::agent {
-
-class CoordinatorClient {
- public:
-  virtual ~CoordinatorClient() = default;
-  // A shard of this node is durable. Queued and sent in the background;
-  // kept (and sent again on the next registration) until the coordinator
-  // has answered for it. Never blocks.
-  virtual void ShardDurable(const ckptd::v1::ShardReport& report) = 0;
-  // A failure on this node (trainer died or hung, persist failed). Queued.
-  virtual void Failure(const ckptd::v1::ReportFailureRequest& failure) = 0;
-  // Asks for a restore plan, bounded by `timeout`; kUnavailable when the
-  // coordinator cannot be reached.
-  virtual absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
-                                                                     absl::Duration timeout) = 0;
-  // The newest schedule heard for `job`, if any.
-  virtual std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string& job) = 0;
-  // Asks which slices of which saved shards fill a rank's buffers (a step
-  // read resharded), bounded by `timeout`. kUnimplemented where the
-  // coordinator plans none: the agent then plans by itself.
-  virtual absl::StatusOr<ckptd::v1::ReshardPlanResponse> ReshardPlan(const ckptd::v1::ReshardPlanRequest& request,
-                                                                     absl::Duration timeout) {
-    return absl::UnimplementedError("this coordinator makes no reshard plans");
-  }
-};
 
 struct CoordinatorLinkOptions {
   std::string address;  // host:port

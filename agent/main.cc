@@ -22,14 +22,14 @@
 #include "agent/coordinator_link.h"
 #include "agent/drills.h"
 #include "agent/flags.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
 #include "base/cpu_set.h"
 #include "base/flags.h"
 #include "base/logger.h"
 #include "base/open_files.h"
 #include "base/status_macros.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
 #include "staging/staging.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
@@ -38,6 +38,7 @@
 namespace {
 
 namespace agent = ckptd::agent;
+namespace replication = ckptd::replication;
 namespace storage = ckptd::storage;
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -76,7 +77,7 @@ class HeartbeatRelay {
     if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
   }
   // Peer replication: who to send to and whom to take copies from.
-  void ConnectPeers(agent::Replicator* replicator, agent::PeerService* service) {
+  void ConnectPeers(replication::Replicator* replicator, replication::PeerService* service) {
     absl::MutexLock l(&mu_);
     replicator_ = replicator;
     peer_service_ = service;
@@ -84,8 +85,8 @@ class HeartbeatRelay {
 
  private:
   absl::Mutex mu_;
-  agent::Replicator* replicator_ ABSL_GUARDED_BY(mu_) = nullptr;
-  agent::PeerService* peer_service_ ABSL_GUARDED_BY(mu_) = nullptr;
+  replication::Replicator* replicator_ ABSL_GUARDED_BY(mu_) = nullptr;
+  replication::PeerService* peer_service_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::AgentCore* core_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::DrillExecutor* drills_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
@@ -131,31 +132,31 @@ std::unique_ptr<agent::DrillExecutor> NewDrillExecutor(const agent::AgentFlags& 
 // service, the client side, and the sender. All null without it.
 struct PeerParts {
   std::atomic<agent::AgentCore*> core{nullptr};  // for the staging it holds
-  std::unique_ptr<agent::ReplicaStore> store;
-  std::unique_ptr<agent::PeerService> service;
+  std::unique_ptr<replication::ReplicaStore> store;
+  std::unique_ptr<replication::PeerService> service;
   std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<agent::GrpcPeerNetwork> network;
-  std::unique_ptr<agent::Replicator> replicator;
+  std::unique_ptr<replication::GrpcPeerNetwork> network;
+  std::unique_ptr<replication::Replicator> replicator;
 };
 
 // Starts the Peer service and tells the coordinator link where it is.
 absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOptions* link, PeerParts* parts) {
   const agent::PeerFlags& peer = *flags.peer;
-  agent::ReplicaStoreOptions store;
+  replication::ReplicaStoreOptions store;
   store.budget_bytes = flags.options.memory_budget_bytes;
   store.staging_bytes = [parts] {
     agent::AgentCore* core = parts->core.load();
     return core != nullptr ? core->Memory().bytes : 0;
   };
-  parts->store = std::make_unique<agent::ReplicaStore>(store);
-  agent::PeerServiceOptions service;
+  parts->store = std::make_unique<replication::ReplicaStore>(store);
+  replication::PeerServiceOptions service;
   service.node_id = link->node_id;
   service.agent_token = link->agent_token;
   service.tls = peer.server_credentials != nullptr;
-  parts->service = std::make_unique<agent::PeerService>(parts->store.get(), service);
+  parts->service = std::make_unique<replication::PeerService>(parts->store.get(), service);
   int port = 0;
   CKPTD_ASSIGN_OR_RETURN(parts->server,
-                         agent::StartPeerServer(peer.listen, parts->service.get(), peer.server_credentials, &port));
+                         replication::StartPeerServer(peer.listen, parts->service.get(), peer.server_credentials, &port));
   // Without TLS the copies' bytes go over the data lane, on the same host.
   int data_port = 0;
   if (!service.tls) {
@@ -173,14 +174,14 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
   link->peer_address = peer.advertise.empty() ? absl::StrCat(host, ":", port) : peer.advertise;
   link->failure_domain = peer.failure_domain;
   link->replicas = peer.replicas;
-  agent::GrpcPeerNetworkOptions network;
+  replication::GrpcPeerNetworkOptions network;
   network.node_id = link->node_id;
   network.credentials = link->credentials;
   network.agent_token = link->agent_token;
-  parts->network = std::make_unique<agent::GrpcPeerNetwork>(network);
-  agent::ReplicatorOptions replicator;
+  parts->network = std::make_unique<replication::GrpcPeerNetwork>(network);
+  replication::ReplicatorOptions replicator;
   replicator.max_bytes_per_second = peer.max_bytes_per_second;
-  parts->replicator = std::make_unique<agent::Replicator>(parts->network.get(), replicator);
+  parts->replicator = std::make_unique<replication::Replicator>(parts->network.get(), replicator);
   std::cerr << "ckptd-agent: serving partners on " << peer.listen << " as " << link->peer_address
             << (data_port != 0 ? absl::StrCat(" (copies' bytes on data lane port ", data_port, ")") : std::string())
             << (peer.failure_domain.empty() ? "" : ", failure domain " + peer.failure_domain) << ", sending to "

@@ -23,9 +23,6 @@
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
 #include "agent/testing_agent_harness.h"
 #include "base/status_macros.h"
 #include "base/testing/capturing_logger.h"
@@ -33,6 +30,9 @@
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
 #include "staging/staging.h"
 #include "storage/checksum.h"
 #include "storage/fault_injection_file_system.h"
@@ -46,6 +46,15 @@
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::replication::PeerNetwork;
+using ::ckptd::replication::PieceSource;
+using ::ckptd::replication::Replica;
+using ::ckptd::replication::ReplicaSink;
+using ::ckptd::replication::ReplicaStore;
+using ::ckptd::replication::ReplicaStoreOptions;
+using ::ckptd::replication::Replicator;
+using ::ckptd::replication::ReplicatorOptions;
+using ::ckptd::replication::kReplicaPieceBytes;
 using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;

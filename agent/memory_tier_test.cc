@@ -29,7 +29,7 @@
 #include "base/testing/matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rpc/restore_source.h"
+#include "protocol/restore_source.h"
 #include "staging/staging.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
@@ -143,7 +143,7 @@ void ExpectHolds(const Started& t, uint32_t slot, uint8_t fill) {
 
 // How a restore source reads in a failure.
 absl::string_view SourceName(RestoreSource source) {
-  const absl::string_view name = rpc::RestoreSourceName(RestoreSourceProto(source));
+  const absl::string_view name = protocol::RestoreSourceName(RestoreSourceProto(source));
   return name.empty() ? "none" : name;
 }
 

@@ -17,10 +17,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
-#include "agent/testing_peer_harness.h"
 #include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/eventually.h"
@@ -30,6 +26,10 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
+#include "replication/testing_peer_harness.h"
 #include "staging/staging.h"
 #include "storage/checksum.h"
 #include "storage/mem_file_system.h"
@@ -38,6 +38,26 @@
 namespace ckptd::agent {
 namespace {
 
+using ::ckptd::replication::FilledSource;
+using ::ckptd::replication::GrpcPeerNetwork;
+using ::ckptd::replication::GrpcPeerNetworkOptions;
+using ::ckptd::replication::PeerLaneStats;
+using ::ckptd::replication::PeerNetwork;
+using ::ckptd::replication::PeerNetworkStats;
+using ::ckptd::replication::PeerService;
+using ::ckptd::replication::PeerServiceOptions;
+using ::ckptd::replication::PieceSource;
+using ::ckptd::replication::Replica;
+using ::ckptd::replication::ReplicaSink;
+using ::ckptd::replication::ReplicaSource;
+using ::ckptd::replication::ReplicaStore;
+using ::ckptd::replication::ReplicaStoreOptions;
+using ::ckptd::replication::ReplicationStats;
+using ::ckptd::replication::Replicator;
+using ::ckptd::replication::ReplicatorOptions;
+using ::ckptd::replication::StartPeerServer;
+using ::ckptd::replication::kMaxReplicaIndexBytes;
+using ::ckptd::replication::kReplicaPieceBytes;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;

@@ -23,9 +23,6 @@
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
@@ -35,6 +32,9 @@
 #include "bench/bench_util.h"
 #include "cli/json.h"
 #include "client/client.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
 #include "staging/staging.h"
 #include "storage/file_system.h"
 #include "storage/layout.h"
@@ -556,10 +556,10 @@ class PeerNodes {
  public:
   static absl::StatusOr<std::unique_ptr<PeerNodes>> Start(const agent::AgentOptions& base, const std::string& dir) {
     std::unique_ptr<PeerNodes> p(new PeerNodes());
-    p->store_ = std::make_unique<agent::ReplicaStore>(agent::ReplicaStoreOptions());
-    agent::PeerServiceOptions so;
+    p->store_ = std::make_unique<replication::ReplicaStore>(replication::ReplicaStoreOptions());
+    replication::PeerServiceOptions so;
     so.node_id = "node-b";
-    p->service_ = std::make_unique<agent::PeerService>(p->store_.get(), so);
+    p->service_ = std::make_unique<replication::PeerService>(p->store_.get(), so);
     const std::string ticket = "bench-ticket";
     google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> partners;
     ckptd::v1::ReplicationPartner* partner = partners.Add();
@@ -567,18 +567,18 @@ class PeerNodes {
     partner->set_ticket(ticket);
     p->service_->SetSenders(partners);
     int port = 0;
-    CKPTD_ASSIGN_OR_RETURN(p->server_, agent::StartPeerServer("127.0.0.1:0", p->service_.get(), nullptr, &port));
+    CKPTD_ASSIGN_OR_RETURN(p->server_, replication::StartPeerServer("127.0.0.1:0", p->service_.get(), nullptr, &port));
     // Without TLS, as an agent started with --peer-listen: the bytes go over
     // the data lane.
     CKPTD_RETURN_IF_ERROR(p->service_->StartDataLane("127.0.0.1", 0).status());
     partner->set_node_id("node-b");
     partner->set_address(absl::StrCat("127.0.0.1:", port));
-    agent::GrpcPeerNetworkOptions no;
+    replication::GrpcPeerNetworkOptions no;
     no.node_id = "node-a";
-    p->network_ = std::make_unique<agent::GrpcPeerNetwork>(no);
-    agent::ReplicatorOptions ro;
+    p->network_ = std::make_unique<replication::GrpcPeerNetwork>(no);
+    replication::ReplicatorOptions ro;
     ro.low_priority = false;  // measured: nothing else runs
-    p->replicator_ = std::make_unique<agent::Replicator>(p->network_.get(), ro);
+    p->replicator_ = std::make_unique<replication::Replicator>(p->network_.get(), ro);
     p->replicator_->SetPartners(partners);
     ckptd::v1::PeerCopy b;
     b.set_node_id("node-b");
@@ -615,16 +615,16 @@ class PeerNodes {
   }
   const std::string& socket_a() const { return socket_a_; }
   const std::string& socket_c() const { return socket_c_; }
-  agent::Replicator& replicator() { return *replicator_; }
+  replication::Replicator& replicator() { return *replicator_; }
   BenchCoordinator& coordinator() { return *coordinator_; }
 
  private:
   PeerNodes() = default;
-  std::unique_ptr<agent::ReplicaStore> store_;
-  std::unique_ptr<agent::PeerService> service_;
+  std::unique_ptr<replication::ReplicaStore> store_;
+  std::unique_ptr<replication::PeerService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<agent::GrpcPeerNetwork> network_;
-  std::unique_ptr<agent::Replicator> replicator_;
+  std::unique_ptr<replication::GrpcPeerNetwork> network_;
+  std::unique_ptr<replication::Replicator> replicator_;
   std::unique_ptr<BenchCoordinator> coordinator_;
   agent::AgentOptions base_;
   std::string dir_, socket_a_, socket_c_;
@@ -675,7 +675,7 @@ absl::StatusOr<PeerTimes> PeerRound(PeerNodes& nodes, const client::ClientOption
   if (!nodes.replicator().WaitIdle(absl::Minutes(10))) {
     return absl::DeadlineExceededError("node-a's agent did not finish sending the step to node-b");
   }
-  const agent::ReplicationStats st = nodes.replicator().Stats();
+  const replication::ReplicationStats st = nodes.replicator().Stats();
   if (st.sent != sent_before + 1) {
     return absl::InternalError(absl::StrCat("the copy of step ", step, " did not reach node-b: ",
                                             st.last_error.ok() ? "abandoned" : st.last_error.message()));

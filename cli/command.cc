@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_port.h"
-#include "rpc/restore_source.h"
+#include "protocol/restore_source.h"
 
 namespace ckptd::cli {
 
@@ -69,13 +69,13 @@ std::string JobStateName(ckptd::v1::JobState s) {
 }
 
 namespace {
-// Ranks per source, cheapest first, named as rpc::RestoreSourceName does.
+// Ranks per source, cheapest first, named as protocol::RestoreSourceName does.
 std::vector<std::pair<std::string, int>> SourceCounts(const ckptd::v1::RestoreSummary& r) {
   std::map<int, int> by_source;
   for (const auto& rank : r.ranks()) ++by_source[rank.source()];
   std::vector<std::pair<std::string, int>> out;
   for (const auto& [source, n] : by_source) {
-    const absl::string_view name = rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(source));
+    const absl::string_view name = protocol::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(source));
     out.emplace_back(name.empty() ? "unknown" : std::string(name), n);
   }
   return out;
@@ -87,7 +87,7 @@ std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r) {
   for (const auto& [name, n] : SourceCounts(r)) {
     parts.push_back(absl::StrCat(n, parts.empty() ? (n == 1 ? " rank" : " ranks") : "", " from ", name));
   }
-  if (const int resharded = rpc::ReshardedRanks(r); resharded > 0) {
+  if (const int resharded = protocol::ReshardedRanks(r); resharded > 0) {
     parts.push_back(absl::StrCat(resharded, resharded == 1 ? " rank" : " ranks", " read resharded (saved by ",
                                  r.saved_world_size(), r.saved_world_size() == 1 ? " rank)" : " ranks)"));
   }
@@ -109,7 +109,7 @@ void WriteRestoreSummary(JsonWriter& w, const ckptd::v1::RestoreSummary& r) {
   for (const auto& rank : r.ranks()) {
     w.BeginObject();
     w.Field("rank", rank.rank());
-    const absl::string_view name = rpc::RestoreSourceName(rank.source());
+    const absl::string_view name = protocol::RestoreSourceName(rank.source());
     w.Field("source", name.empty() ? "unknown" : std::string(name));
     w.Field("node", rank.node_id());
     w.Field("resharded", rank.resharded());

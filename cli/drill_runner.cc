@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "cli/command.h"
-#include "rpc/restore_source.h"
+#include "protocol/restore_source.h"
 
 namespace ckptd::cli {
 
@@ -68,7 +68,7 @@ void JudgeMemoryCopy(const ckptd::v1::DrillStatus& st, std::vector<DrillVerdict>
   } else if (source == ckptd::v1::AGENT_MEMORY) {
     detail = absl::StrCat("rank ", rank, " read it from memory: the damaged copy was used");
   } else {
-    const absl::string_view name = rpc::RestoreSourceName(*source);
+    const absl::string_view name = protocol::RestoreSourceName(*source);
     detail = absl::StrCat("rank ", rank, " read it from ", name.empty() ? "an unknown source" : name);
   }
   verdicts->push_back(

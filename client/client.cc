@@ -24,9 +24,9 @@
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "client/host_copy.h"
 #include "grpcpp/grpcpp.h"
+#include "protocol/restore_source.h"
+#include "protocol/schedule.h"
 #include "rpc/grpc_status.h"
-#include "rpc/restore_source.h"
-#include "rpc/schedule.h"
 #include "staging/staging.h"
 #include "storage/checksum.h"
 #include "storage/shard_index.h"
@@ -736,7 +736,7 @@ bool Client::ShouldSnapshot(uint64_t step) const {
   if (im.coordinated.load(std::memory_order_relaxed)) {
     absl::MutexLock l(&im.sched_mu);
     return im.schedule && im.schedule->state() == ckptd::v1::JOB_RUNNING &&
-           rpc::ScheduledAt(*im.schedule, step);
+           protocol::ScheduledAt(*im.schedule, step);
   }
   const uint64_t every = im.options.every_steps;
   return every != 0 && step % every == 0;
@@ -823,7 +823,7 @@ absl::Status Client::EnsureRegistered() {
 }
 
 absl::string_view Client::last_restore_source() const {
-  return rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load()));
+  return protocol::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load()));
 }
 
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
@@ -1001,7 +1001,7 @@ absl::Status Client::WaitPersisted(uint64_t step, absl::Duration timeout) {
   bool memory_checkpoint = false;
   if (im.coordinated.load(std::memory_order_relaxed)) {
     absl::MutexLock l(&im.sched_mu);
-    memory_checkpoint = im.schedule && rpc::ScheduledAt(*im.schedule, step) && !rpc::DurableAt(*im.schedule, step);
+    memory_checkpoint = im.schedule && protocol::ScheduledAt(*im.schedule, step) && !protocol::DurableAt(*im.schedule, step);
   }
   int late_polls = 0;
   while (true) {

@@ -26,7 +26,7 @@
 #include "coordinator/state_store.h"
 #include "policy/interval_policy.h"
 #include "policy/two_level.h"
-#include "rpc/schedule.h"
+#include "protocol/schedule.h"
 #include "storage/store.h"
 
 namespace ckptd::coordinator {

@@ -213,7 +213,7 @@ OneOffTargets TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t f
     if (e > fastest) t.durable.push_back(e);
   }
   for (uint64_t e : current.memory_steps()) {
-    if (e > fastest && !rpc::DurableAt(current, e)) t.memory.push_back(e);
+    if (e > fastest && !protocol::DurableAt(current, e)) t.memory.push_back(e);
   }
   auto known = [&t](uint64_t step) {
     return std::find(t.durable.begin(), t.durable.end(), step) != t.durable.end() ||
@@ -229,7 +229,7 @@ OneOffTargets TargetsUntilNewRule(const ckptd::v1::Schedule& current, uint64_t f
     }
     for (; next < start && t.durable.size() + t.memory.size() < kMaxTargets; next += every) {
       if (known(next)) continue;
-      (rpc::DurableAt(current, next) ? t.durable : t.memory).push_back(next);
+      (protocol::DurableAt(current, next) ? t.durable : t.memory).push_back(next);
     }
   }
   return t;

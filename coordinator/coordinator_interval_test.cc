@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/two_level.h"
-#include "rpc/schedule.h"
+#include "protocol/schedule.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -30,9 +30,9 @@ TEST_F(CoordinatorCoreTest, EveryRankGetsTheSameSchedule) {
   ASSERT_EQ(b.schedules_size(), 1);
   EXPECT_EQ(a.schedules(0).SerializeAsString(), b.schedules(0).SerializeAsString());
   EXPECT_EQ(a.schedules(0).every_steps(), options_.every_steps);
-  EXPECT_TRUE(rpc::ScheduledAt(a.schedules(0), 200));
-  EXPECT_FALSE(rpc::ScheduledAt(a.schedules(0), 150));
-  EXPECT_FALSE(rpc::ScheduledAt(a.schedules(0), 0));
+  EXPECT_TRUE(protocol::ScheduledAt(a.schedules(0), 200));
+  EXPECT_FALSE(protocol::ScheduledAt(a.schedules(0), 150));
+  EXPECT_FALSE(protocol::ScheduledAt(a.schedules(0), 0));
 }
 
 TEST_F(CoordinatorCoreTest, ManualCheckpointTargetsAStepAheadOfTheFastestRank) {
@@ -44,7 +44,7 @@ TEST_F(CoordinatorCoreTest, ManualCheckpointTargetsAStepAheadOfTheFastestRank) {
   CKPTD_ASSERT_OK_AND_ASSIGN(auto target, core_->RequestCheckpoint(req));
   EXPECT_GT(target.target_step(), 42u);
   CKPTD_ASSERT_OK_AND_ASSIGN(auto ack, Beat("node-b"));
-  EXPECT_TRUE(rpc::ScheduledAt(ack.schedules(0), target.target_step()));
+  EXPECT_TRUE(protocol::ScheduledAt(ack.schedules(0), target.target_step()));
   const uint64_t generation = ack.schedules(0).generation();
 
   // A rank that passed the target before it heard of it says so: a new one.
@@ -59,7 +59,7 @@ TEST_F(CoordinatorCoreTest, ManualCheckpointTargetsAStepAheadOfTheFastestRank) {
   p->add_missed_targets(target.target_step());
   CKPTD_ASSERT_OK_AND_ASSIGN(auto moved, core_->OnHeartbeat(hb));
   EXPECT_GT(moved.schedules(0).generation(), generation);
-  EXPECT_FALSE(rpc::ScheduledAt(moved.schedules(0), target.target_step()));
+  EXPECT_FALSE(protocol::ScheduledAt(moved.schedules(0), target.target_step()));
   ASSERT_EQ(moved.schedules(0).extra_steps_size(), 1);
   EXPECT_GT(moved.schedules(0).extra_steps(0), target.target_step() + 3);
 
@@ -269,9 +269,9 @@ TEST_F(IntervalPolicyTest, OldTargetsBeforeTheNewStartStayForRanksThatHaveNotHea
   ckptd::v1::Schedule old;
   old.set_every_steps(5);
   for (uint64_t step = 8; step < sched.start_step(); ++step) {
-    EXPECT_EQ(rpc::ScheduledAt(sched, step), rpc::ScheduledAt(old, step)) << step;
+    EXPECT_EQ(protocol::ScheduledAt(sched, step), protocol::ScheduledAt(old, step)) << step;
   }
-  EXPECT_TRUE(rpc::ScheduledAt(sched, sched.start_step()));
+  EXPECT_TRUE(protocol::ScheduledAt(sched, sched.start_step()));
 }
 
 TEST_F(IntervalPolicyTest, FixedIntervalNeverMoves) {
@@ -327,7 +327,7 @@ TEST_F(IntervalPolicyTest, RestoreToAnOlderStepCountsTheScheduleFromTheStart) {
   EXPECT_LT(after.start_step(), after.every_steps() * std::max<uint64_t>(1, after.durable_every()));
   EXPECT_EQ(after.durable_every(), moved.durable_every());
   // Same phase: the steps the moved rule named are still named.
-  EXPECT_TRUE(rpc::ScheduledAt(after, moved.start_step() + moved.every_steps()));
+  EXPECT_TRUE(protocol::ScheduledAt(after, moved.start_step() + moved.every_steps()));
 }
 
 // The failures seen by class, for the two cadences: [process, node, wide].

@@ -11,7 +11,7 @@
 #include "coordinator/job.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "rpc/schedule.h"
+#include "protocol/schedule.h"
 
 namespace ckptd::coordinator::internal {
 namespace {
@@ -204,9 +204,9 @@ TEST(DurablePhaseTest, ANewRuleContinuesTheDurableCadence) {
   s.set_every_steps(10);
   s.set_durable_every(4);
   s.set_durable_phase(1);
-  EXPECT_FALSE(rpc::DurableAt(s, 100));
-  EXPECT_TRUE(rpc::DurableAt(s, 130));
-  EXPECT_TRUE(rpc::DurableAt(s, 170));
+  EXPECT_FALSE(protocol::DurableAt(s, 100));
+  EXPECT_TRUE(protocol::DurableAt(s, 130));
+  EXPECT_TRUE(protocol::DurableAt(s, 170));
   // A durable one-off kept from the old rule counts too; so does a pending step.
   EXPECT_EQ(DurablePhase(*job, OneOffTargets{{95}, {}}, 10, 4, 100), 0u);  // due at 135: count 4
   job->AddShard(120, ckptd::v1::ShardRef(), 0, 0, absl::Now());

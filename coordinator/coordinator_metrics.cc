@@ -10,7 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "base/status_macros.h"
-#include "rpc/restore_source.h"
+#include "protocol/restore_source.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -173,15 +173,15 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
     if (j.has_last_restore()) {
       std::map<std::string, int> by_source;
       for (int s = ckptd::v1::RestoreSource_MIN; s <= ckptd::v1::RestoreSource_MAX; ++s) {
-        const absl::string_view name = rpc::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(s));
+        const absl::string_view name = protocol::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(s));
         if (!name.empty()) by_source[std::string(name)] = 0;
       }
       for (const auto& rank : j.last_restore().ranks()) {
-        const absl::string_view name = rpc::RestoreSourceName(rank.source());
+        const absl::string_view name = protocol::RestoreSourceName(rank.source());
         if (!name.empty()) ++by_source[std::string(name)];
       }
       for (const auto& [source, n] : by_source) restored_ranks_->With({job, source})->Set(n);
-      restored_resharded_->With({job})->Set(rpc::ReshardedRanks(j.last_restore()));
+      restored_resharded_->With({job})->Set(protocol::ReshardedRanks(j.last_restore()));
       restored_saved_world_->With({job})->Set(j.last_restore().saved_world_size());
     }
     ranks_alive_->With({job})->Set(j.ranks_alive());

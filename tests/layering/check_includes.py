@@ -11,8 +11,8 @@ import os
 import re
 import sys
 
-FOLDERS = ["base/testing", "base", "policy", "metrics", "storage", "staging", "rpc", "client", "agent",
-           "coordinator", "cli", "bench", "examples", "tests", "proto"]
+FOLDERS = ["base/testing", "base", "policy", "metrics", "storage", "staging", "protocol", "rpc", "client",
+           "replication", "agent", "coordinator", "cli", "bench", "examples", "tests", "proto"]
 FORMAT_PROTOS = {"shard", "manifest"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 

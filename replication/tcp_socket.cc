@@ -1,4 +1,4 @@
-#include "agent/tcp_socket.h"
+#include "replication/tcp_socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -17,7 +17,7 @@
 #include "base/posix_error.h"
 #include "base/status_macros.h"
 
-namespace ckptd::agent::tcp {
+namespace ckptd::replication::tcp {
 
 void Fd::Reset() {
   // A socket's close reports nothing this side still waits for.
@@ -199,4 +199,4 @@ std::string PeerName(int fd) {
   return addr.ss_family == AF_INET6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
 }
 
-}  // namespace ckptd::agent::tcp
+}  // namespace ckptd::replication::tcp

@@ -7,7 +7,7 @@
 
 #include "ckptd/v1/coordinator.pb.h"
 
-namespace ckptd::rpc {
+namespace ckptd::protocol {
 
 // Whether `step` is start_step + a multiple of every_steps (every_steps > 0).
 // Whether `schedule` asks for a snapshot at `step` (ScheduledAt): one of its
@@ -48,4 +48,4 @@ inline bool DurableAt(const ckptd::v1::Schedule& schedule, uint64_t step) {
   return (count % k + schedule.durable_phase() % k) % k == 0;
 }
 
-}  // namespace ckptd::rpc
+}  // namespace ckptd::protocol

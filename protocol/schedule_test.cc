@@ -1,4 +1,4 @@
-#include "rpc/schedule.h"
+#include "protocol/schedule.h"
 
 #include <cstdint>
 #include <initializer_list>
@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ckptd::rpc {
+namespace ckptd::protocol {
 namespace {
 
 using ::ckptd::v1::Schedule;
@@ -164,4 +164,4 @@ TEST(DurableAtTest, HugeStepsDoNotOverflow) {
 }
 
 }  // namespace
-}  // namespace ckptd::rpc
+}  // namespace ckptd::protocol

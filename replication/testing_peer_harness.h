@@ -7,9 +7,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "agent/peer_service.h"
+#include "replication/peer_service.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 
 // Pieces of `fill`, of any copy size (the same memory each time).
 inline PieceSource FilledSource(uint8_t fill) {
@@ -21,4 +21,4 @@ inline PieceSource FilledSource(uint8_t fill) {
   return s;
 }
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -1,4 +1,4 @@
-#include "agent/peer_service.h"
+#include "replication/peer_service.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -22,7 +22,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "agent/tcp_socket.h"
 #include "base/host_port.h"
 #include "base/posix_error.h"
 #include "base/random.h"
@@ -31,10 +30,11 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server_builder.h"
+#include "replication/tcp_socket.h"
 #include "rpc/grpc_status.h"
 #include "rpc/server_limits.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 namespace {
 
 using tcp::Fd;
@@ -1277,4 +1277,4 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
   return header;
 }
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

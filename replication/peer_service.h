@@ -18,7 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "agent/replica_store.h"
 #include "base/clock.h"
 #include "base/logger.h"
 #include "ckptd/v1/coordinator.pb.h"
@@ -26,11 +25,10 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "replication/peer_network.h"
+#include "replication/replica_store.h"
 
-namespace ckptd::agent {
-
-// Bytes of snapshot data per message (and per send on the data lane).
-inline constexpr uint64_t kReplicaPieceBytes = uint64_t{4} << 20;
+namespace ckptd::replication {
 
 struct PeerServiceOptions {
   std::string node_id;
@@ -151,35 +149,6 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string&
                                                               std::shared_ptr<grpc::ServerCredentials> credentials,
                                                               int* port);
 
-// What a sender sends: the copy's bytes, read in place piece by piece.
-struct PieceSource {
-  // The `length` bytes (at most kReplicaPieceBytes) of the copy at
-  // `offset`, or an error that ends the copy. Pieces are asked for in order;
-  // the view is read (handed to the kernel, or copied into a message)
-  // before `still_valid` and the next call.
-  std::function<absl::StatusOr<absl::Span<const uint8_t>>(uint64_t offset, uint64_t length)> piece;
-  // Called once the bytes of each piece were read: an error (kAborted when
-  // they may have changed while they were read) ends the copy, and the
-  // partner does not keep it. Null: the bytes never change.
-  std::function<absl::Status()> still_valid;
-};
-// What a fetcher makes of the header of a copy: where its data_bytes go
-// (exactly that long), or an error that ends the fetch.
-using ReplicaSink = std::function<absl::StatusOr<absl::Span<uint8_t>>(const ckptd::v1::ReplicaHeader& header)>;
-
-// The client side (an interface, so that tests can stand in for the network).
-class PeerNetwork {
- public:
-  virtual ~PeerNetwork() = default;
-  // Sends the copy `header` describes (ticket set) to the agent at `address`.
-  virtual absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
-                           const PieceSource& source) = 0;
-  // Pulls the copy of `key` from the agent at `address` into what `sink`
-  // says; returns its header. kNotFound when the agent holds no such copy.
-  virtual absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                         const ReplicaSink& sink) = 0;
-};
-
 struct GrpcPeerNetworkOptions {
   std::string node_id;
   // TLS credentials, or null: insecure, and the copies' bytes go over the
@@ -238,4 +207,4 @@ class GrpcPeerNetwork final : public PeerNetwork {
   PeerNetworkStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -1,4 +1,4 @@
-#include "agent/replica_store.h"
+#include "replication/replica_store.h"
 
 #include <unistd.h>
 
@@ -10,7 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "storage/layout.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 namespace {
 
 // Steps kept per rank: the newest, and the one before (the newest may never
@@ -307,4 +307,4 @@ uint64_t ReplicaStore::Shed(uint64_t want) {
   return before - bytes_;
 }
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

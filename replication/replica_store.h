@@ -35,7 +35,7 @@
 #include "ckptd/v1/coordinator.pb.h"
 #include "ckptd/v1/peer.pb.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 
 // Bounds on what a partner may send: the serialized shard index, and a job
 // name (as storage::ValidateJobName allows).
@@ -164,4 +164,4 @@ class ReplicaStore::Reservation {
   std::shared_ptr<Replica> replica_;
 };
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -1,4 +1,4 @@
-#include "agent/replicator.h"
+#include "replication/replicator.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "base/thread_priority.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 namespace {
 
 std::string KeyText(const ckptd::v1::ReplicaKey& key) {
@@ -164,4 +164,4 @@ absl::Status Replicator::SendOne(const ReplicaSource& source, const ckptd::v1::R
   return network_->Put(partner.address(), header, source_bytes);
 }
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -1,4 +1,4 @@
-// The data lane of peer replication (agent/peer_service.h): connections that
+// The data lane of peer replication (replication/peer_service.h): connections that
 // present no nonce, a wrong, used or expired one; senders that stop half-way
 // or say their bytes changed; a slot taken back while its bytes are on the
 // wire; a crowd of idle connections in front of a real copy; a service
@@ -29,11 +29,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "agent/peer_service.h"
-#include "agent/replica_store.h"
-#include "agent/replicator.h"
-#include "agent/tcp_socket.h"
-#include "agent/testing_peer_harness.h"
 #include "base/clock.h"
 #include "base/testing/env.h"
 #include "base/testing/eventually.h"
@@ -46,11 +41,16 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "replication/peer_service.h"
+#include "replication/replica_store.h"
+#include "replication/replicator.h"
+#include "replication/tcp_socket.h"
+#include "replication/testing_peer_harness.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 #include "staging/staging.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 namespace {
 
 using ::ckptd::testing::Eventually;
@@ -874,4 +874,4 @@ TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
 }
 
 }  // namespace
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -6,7 +6,7 @@
 #include "absl/strings/string_view.h"
 #include "ckptd/v1/coordinator.pb.h"
 
-namespace ckptd::rpc {
+namespace ckptd::protocol {
 
 // "memory", "peer", "node-local", "storage-root"; "" when unspecified or
 // unknown.
@@ -27,4 +27,4 @@ inline int ReshardedRanks(const ckptd::v1::RestoreSummary& r) {
   return n;
 }
 
-}  // namespace ckptd::rpc
+}  // namespace ckptd::protocol

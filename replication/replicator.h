@@ -20,14 +20,14 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "agent/peer_service.h"
 #include "base/clock.h"
 #include "base/logger.h"
 #include "ckptd/v1/coordinator.pb.h"
 #include "ckptd/v1/peer.pb.h"
+#include "replication/peer_network.h"
 #include "staging/staging.h"
 
-namespace ckptd::agent {
+namespace ckptd::replication {
 
 // A kept step to send: its header (key, world size, this node, sizes, the
 // shard's digest and index, the layout's digest; no ticket) and the staging
@@ -102,4 +102,4 @@ class Replicator {
   std::thread thread_;
 };
 
-}  // namespace ckptd::agent
+}  // namespace ckptd::replication

@@ -1,4 +1,4 @@
-// Blocking TCP sockets for peer replication's data lane (agent/peer_service.cc):
+// Blocking TCP sockets for peer replication's data lane (replication/peer_service.cc):
 // an owned descriptor, connect and listen with timeouts, and whole sends and
 // receives whose errors name what was being sent and at which offset.
 #pragma once
@@ -13,7 +13,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 
-namespace ckptd::agent::tcp {
+namespace ckptd::replication::tcp {
 
 // An owned file descriptor.
 class Fd {
@@ -64,4 +64,4 @@ absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound);
 // "host:port" of the other end of `fd`, for logs.
 std::string PeerName(int fd);
 
-}  // namespace ckptd::agent::tcp
+}  // namespace ckptd::replication::tcp
