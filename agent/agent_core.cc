@@ -15,8 +15,9 @@
 #include "absl/strings/str_join.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "rpc/schedule.h"
-#include "storage/checksum.h"
 #include "storage/discarding_file_system.h"
 #include "storage/layout.h"
 #include "storage/replica.h"
@@ -405,7 +406,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
     if (!names.insert(b.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' is registered twice"));
     }
-    CKPTD_ASSIGN_OR_RETURN(uint64_t length, storage::TensorByteLength(b));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t length, format::TensorByteLength(b));
     lengths.push_back(length);
   }
   auto t = std::make_shared<Trainer>();
@@ -860,7 +861,7 @@ absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::Sh
       return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
                                               "' of the copy's index is a share without checksums"));
     }
-    if (storage::TensorByteLength(t).value_or(~uint64_t{0}) != t.raw_length()) {
+    if (format::TensorByteLength(t).value_or(~uint64_t{0}) != t.raw_length()) {
       return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
                                               "' of the copy's index does not match its shape"));
     }
@@ -1127,12 +1128,12 @@ void AgentCore::Replicate(Trainer* t, const KeptStep& kept) {
   // The index as the shard holds it: a partner's copy is checked against the
   // MANIFEST through it.
   if (!kept.index->SerializeToString(h.mutable_index()) ||
-      storage::Xxh3(h.index().data(), h.index().size()) != kept.index_xxh3) {
+      format::Xxh3(h.index().data(), h.index().size()) != kept.index_xxh3) {
     logger_->Warning(absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": step ", kept.step,
                                   " is not sent to partners: its shard index does not serialize to what was written"));
     return;
   }
-  h.set_layout_xxh3(storage::Xxh3(t->key.data(), t->key.size()));
+  h.set_layout_xxh3(format::Xxh3(t->key.data(), t->key.size()));
   source.segment = t->segment;
   source.slot = kept.slot;
   options_.replicator->Submit(std::move(source));
@@ -2105,7 +2106,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
       }
       plan_wrong = !read.ok();
       if (read.ok()) {
-        read = storage::ReadIntoSlice(*reader, b.name(), r.source, r.target, storage::DTypeSize(b.dtype()),
+        read = storage::ReadIntoSlice(*reader, b.name(), r.source, r.target, format::DTypeSize(b.dtype()),
                                       data + t->layout.offsets[r.buffer]);
       }
     }
@@ -2296,7 +2297,7 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
     done.Add();
     restore_pool_->Schedule([&, r] {
       const BlockDigest& b = blocks[r];
-      if (storage::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
+      if (format::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
         absl::MutexLock l(&mu);
         if (!bad || r < *bad) bad = r;
       }
@@ -2413,14 +2414,14 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, Loa
 absl::StatusOr<AgentCore::KeptStep> AgentCore::PullCopy(Trainer* t, uint64_t step, uint32_t slot,
                                                         const ckptd::v1::ShardRef& ref, const CopyFetch& fetch) {
   const TrainerRegistration& reg = t->reg;
-  const uint64_t layout = storage::Xxh3(t->key.data(), t->key.size());
+  const uint64_t layout = format::Xxh3(t->key.data(), t->key.size());
   KeptStep kept{slot, step, ref.file_length(), ref.index_xxh3(), nullptr};
   auto sink = [&](const ckptd::v1::ReplicaHeader& h) -> absl::StatusOr<absl::Span<uint8_t>> {
     if (h.world_size() != reg.world_size || h.layout_xxh3() != layout) {
       return absl::FailedPreconditionError("the copy was taken with other buffers or another world size");
     }
     if (h.file_length() != ref.file_length() || h.index_xxh3() != ref.index_xxh3() ||
-        storage::Xxh3(h.index().data(), h.index().size()) != ref.index_xxh3()) {
+        format::Xxh3(h.index().data(), h.index().size()) != ref.index_xxh3()) {
       return absl::FailedPreconditionError("the copy is not of the shard the step committed");
     }
     if (h.data_bytes() > t->segment->slot_bytes()) {

@@ -16,7 +16,7 @@
 #include "base/format.h"
 #include "base/limits.h"
 #include "cli/json.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/safetensors_export.h"
@@ -133,7 +133,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
   w.Field("created", absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()),
                                       absl::UTCTimeZone()));
   w.Field("file_length", r.file_length());
-  w.Field("index_xxh3", storage::ChecksumHex(r.index_xxh3()));
+  w.Field("index_xxh3", format::ChecksumHex(r.index_xxh3()));
   w.Field("raw_bytes", idx.raw_bytes());
   w.Field("stored_bytes", idx.stored_bytes());
   w.Field("ratio", Ratio(idx.raw_bytes(), idx.stored_bytes()));
@@ -187,7 +187,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
         w.Field("raw_offset", b.raw_offset());
         w.Field("raw_length", b.raw_length());
         w.Field("filter", FilterName(b.filter()));
-        w.Field("raw_xxh3", storage::ChecksumHex(b.raw_xxh3()));
+        w.Field("raw_xxh3", format::ChecksumHex(b.raw_xxh3()));
         w.Key("chunks");
         w.BeginArray();
         for (const auto& c : b.chunks()) {
@@ -196,7 +196,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
           w.Field("stored_length", c.stored_length());
           w.Field("raw_length", c.raw_length());
           w.Field("codec", CodecName(c.codec()));
-          w.Field("stored_xxh3", storage::ChecksumHex(c.stored_xxh3()));
+          w.Field("stored_xxh3", format::ChecksumHex(c.stored_xxh3()));
           w.EndObject();
         }
         w.EndArray();
@@ -222,7 +222,7 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
   out << absl::StrFormat("size    %s raw, %s stored, ratio %.3f, file %s, index xxh3 %s\n",
                          base::HumanBytes(idx.raw_bytes()), base::HumanBytes(idx.stored_bytes()),
                          Ratio(idx.raw_bytes(), idx.stored_bytes()), base::HumanBytes(r.file_length()),
-                         storage::ChecksumHex(r.index_xxh3()));
+                         format::ChecksumHex(r.index_xxh3()));
   out << absl::StrFormat("\n%-32s %-11s %-9s %-18s %-22s %10s %10s %6s %7s %s\n", "TENSOR", "COMPONENT", "DTYPE",
                          "SHAPE", "SLICE OF", "RAW", "STORED", "RATIO", "CHUNKS", "CODECS");
   for (const Tensor& t : idx.tensors()) {
@@ -249,7 +249,7 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
         out << absl::StrFormat("    block %d chunk %d  offset %d  stored %d  raw %d  %s%s  xxh3 %s\n", b, c,
                                ch.file_offset(), ch.stored_length(), ch.raw_length(), CodecName(ch.codec()),
                                block.filter() == ckptd::v1::BYTE_PLANES ? absl::StrCat(" plane ", c) : "",
-                               storage::ChecksumHex(ch.stored_xxh3()));
+                               format::ChecksumHex(ch.stored_xxh3()));
       }
     }
   }
