@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,7 +73,9 @@ const char kExportHelp[] =
     "                      with model.safetensors.index.json naming each tensor's\n"
     "                      file (default 5000000000; one file: model.safetensors)\n"
     "  --threads N         decoder threads, 1..1024 (default: one per hardware thread)\n"
-    "  --json              one JSON object: the files and every tensor\n"
+    "  --json              one JSON object: the files and every tensor; on failure\n"
+    "                      {\"error\": {\"code\", \"status\", \"message\"}} (the canonical\n"
+    "                      status code and name)\n"
     "\n"
     "exit status: 0 exported, 1 the step cannot be exported (not committed,\n"
     "quarantined, damaged, tensors whose slices do not fit together), 2 usage error\n";
@@ -92,6 +95,20 @@ const char kStartFreshHelp[] =
     "exit status: 0 recorded, 1 refused or storage error, 2 usage error\n";
 
 namespace {
+
+// {"error": {"code", "status", "message"}}: a failure for --json readers.
+void PrintJsonError(const absl::Status& s, std::ostream& out) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("error");
+  w.BeginObject();
+  w.Field("code", static_cast<int>(s.code()));
+  w.Field("status", absl::StatusCodeToString(s.code()));
+  w.Field("message", s.message());
+  w.EndObject();
+  w.EndObject();
+  out << w.str() << "\n";
+}
 
 std::string ShapeString(const google::protobuf::RepeatedField<uint64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
@@ -453,6 +470,7 @@ int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   }
   auto usage = [&](absl::string_view why) {
     err << "ckptctl export: " << why << "\n(`ckptctl export --help` describes the flags)\n";
+    if (args.ok() && args->Has("json")) PrintJsonError(absl::InvalidArgumentError(why), out);
     return base::kExitUsage;
   };
   if (!args.ok()) return usage(args.status().message());
@@ -482,6 +500,7 @@ int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       storage::ExportSafetensors(store, *args->Get("job"), *step, dir, options);
   if (!done.ok()) {
     err << "ckptctl export: " << base::TerminalSafe(done.status().message()) << "\n";
+    if (args->Has("json")) PrintJsonError(done.status(), out);
     return base::kExitFailed;
   }
   if (args->Has("json")) {
