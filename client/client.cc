@@ -30,7 +30,6 @@
 #include "rpc/restore_source.h"
 #include "rpc/schedule.h"
 #include "staging/staging.h"
-#include "storage/shard_index.h"
 
 namespace ckptd::client {
 
