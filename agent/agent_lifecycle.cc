@@ -12,6 +12,7 @@
 #include "agent/agent_core_internal.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/replica.h"
 #include "storage/shard_index.h"
@@ -94,7 +95,7 @@ absl::StatusOr<std::vector<uint64_t>> CheckRegistration(const TrainerRegistratio
     if (!names.insert(b.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", absl::CHexEscape(b.name()), "' is registered twice"));
     }
-    CKPTD_ASSIGN_OR_RETURN(uint64_t length, storage::TensorByteLength(b));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t length, format::TensorByteLength(b));
     lengths.push_back(length);
   }
   return lengths;

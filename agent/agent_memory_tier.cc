@@ -11,7 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "agent/agent_core_internal.h"
 #include "base/status_macros.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/replica.h"
 #include "storage/shard_index.h"
@@ -54,7 +55,7 @@ absl::StatusOr<std::vector<storage::TensorSource>> SourcesIn(const ckptd::v1::Sh
       return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
                                               "' of the copy's index is a share without checksums"));
     }
-    if (storage::TensorByteLength(t).value_or(~uint64_t{0}) != t.raw_length()) {
+    if (format::TensorByteLength(t).value_or(~uint64_t{0}) != t.raw_length()) {
       return absl::DataLossError(absl::StrCat("tensor '", absl::CHexEscape(t.name()),
                                               "' of the copy's index does not match its shape"));
     }
@@ -98,12 +99,12 @@ void AgentCore::Replicate(Trainer* t, const KeptStep& kept) {
   // The index as the shard holds it: a partner's copy is checked against the
   // MANIFEST through it.
   if (!kept.index->SerializeToString(h.mutable_index()) ||
-      storage::Xxh3(h.index().data(), h.index().size()) != kept.index_xxh3) {
+      format::Xxh3(h.index().data(), h.index().size()) != kept.index_xxh3) {
     logger_->Warning(absl::StrCat("job ", t->reg.job, " rank ", t->reg.rank, ": step ", kept.step,
                                   " is not sent to partners: its shard index does not serialize to what was written"));
     return;
   }
-  h.set_layout_xxh3(storage::Xxh3(t->key.data(), t->key.size()));
+  h.set_layout_xxh3(format::Xxh3(t->key.data(), t->key.size()));
   source.segment = t->segment;
   source.slot = kept.slot;
   options_.replicator->Submit(std::move(source));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core_internal.h"
 #include "base/status_macros.h"
+#include "format/tensor_size.h"
 #include "storage/replica.h"
 #include "storage/reshard.h"
 #include "storage/reshard_plan.h"
@@ -209,7 +210,7 @@ absl::Status AgentCore::ReadPlanned(Trainer* t, const std::vector<storage::Plann
       rr->plan_wrong = !read.ok();
       if (read.ok()) {
         const ckptd::v1::Tensor& b = reg.buffers[r.buffer];
-        read = storage::ReadIntoSlice(*reader, b.name(), r.source, r.target, storage::DTypeSize(b.dtype()),
+        read = storage::ReadIntoSlice(*reader, b.name(), r.source, r.target, format::DTypeSize(b.dtype()),
                                       data + t->layout.offsets[r.buffer]);
       }
     }

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core_internal.h"
 #include "base/status_macros.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/replica.h"
 #include "storage/shard_index.h"
 
@@ -84,7 +84,7 @@ absl::Status AgentCore::VerifyKept(Trainer* t, const KeptStep& kept) {
     done.Add();
     restore_pool_->Schedule([&, r] {
       const BlockDigest& b = blocks[r];
-      if (storage::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
+      if (format::Xxh3(data + t->layout.offsets[b.buffer] + b.offset, b.length) != b.xxh3) {
         absl::MutexLock l(&mu);
         if (!bad || r < *bad) bad = r;
       }
@@ -201,14 +201,14 @@ std::optional<uint32_t> AgentCore::LoadFromMemory(Trainer* t, uint64_t step, Loa
 absl::StatusOr<AgentCore::KeptStep> AgentCore::PullCopy(Trainer* t, uint64_t step, uint32_t slot,
                                                         const ckptd::v1::ShardRef& ref, const CopyFetch& fetch) {
   const TrainerRegistration& reg = t->reg;
-  const uint64_t layout = storage::Xxh3(t->key.data(), t->key.size());
+  const uint64_t layout = format::Xxh3(t->key.data(), t->key.size());
   KeptStep kept{slot, step, ref.file_length(), ref.index_xxh3(), nullptr};
   auto sink = [&](const ckptd::v1::ReplicaHeader& h) -> absl::StatusOr<absl::Span<uint8_t>> {
     if (h.world_size() != reg.world_size || h.layout_xxh3() != layout) {
       return absl::FailedPreconditionError("the copy was taken with other buffers or another world size");
     }
     if (h.file_length() != ref.file_length() || h.index_xxh3() != ref.index_xxh3() ||
-        storage::Xxh3(h.index().data(), h.index().size()) != ref.index_xxh3()) {
+        format::Xxh3(h.index().data(), h.index().size()) != ref.index_xxh3()) {
       return absl::FailedPreconditionError("the copy is not of the shard the step committed");
     }
     if (h.data_bytes() > t->segment->slot_bytes()) {

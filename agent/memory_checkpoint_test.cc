@@ -28,13 +28,14 @@
 #include "base/testing/capturing_logger.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
 #include "replication/replicator.h"
 #include "staging/staging.h"
-#include "storage/checksum.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/layout.h"
 #include "storage/mem_file_system.h"
@@ -370,7 +371,7 @@ absl::StatusOr<storage::ShardWriteResult> RawWrite(const Trainer& t, uint32_t sl
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
     sources[i].meta = reg.buffers[i];
     sources[i].data = t.seg->slot_data(slot) + t.h.offsets[i];
-    CKPTD_ASSIGN_OR_RETURN(sources[i].length, storage::TensorByteLength(reg.buffers[i]));
+    CKPTD_ASSIGN_OR_RETURN(sources[i].length, format::TensorByteLength(reg.buffers[i]));
   }
   storage::MemFileSystem fs;
   CKPTD_RETURN_IF_ERROR(fs.CreateDir("/raw"));
@@ -382,7 +383,7 @@ absl::StatusOr<storage::ShardWriteResult> RawWrite(const Trainer& t, uint32_t sl
 void ExpectHolds(const Trainer& t, uint32_t slot, uint8_t fill) {
   const TrainerRegistration reg = OneRank();
   for (size_t i = 0; i < reg.buffers.size(); ++i) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, storage::TensorByteLength(reg.buffers[i]));
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, format::TensorByteLength(reg.buffers[i]));
     const uint8_t* data = t.seg->slot_data(slot) + t.h.offsets[i];
     uint64_t wrong = 0;
     for (uint64_t b = 0; b < length; ++b) wrong += data[b] != fill;
@@ -488,12 +489,12 @@ TEST_F(MemoryCheckpointTest, EveryThirdStepIsDurableTheOthersStayInMemoryAsRawSh
     const std::optional<ckptd::v1::ReplicaHeader> sent = net_.HeaderOf("node-b", step);
     ASSERT_TRUE(sent.has_value());
     EXPECT_EQ(sent->index_xxh3(), report.shard().index_xxh3());
-    EXPECT_EQ(storage::Xxh3(sent->index()), report.shard().index_xxh3());
+    EXPECT_EQ(format::Xxh3(sent->index()), report.shard().index_xxh3());
     ckptd::v1::ShardIndex index;
     ASSERT_TRUE(index.ParseFromString(sent->index()));
     index.set_created_unix_nanos(written.index->created_unix_nanos());
     EXPECT_EQ(index.SerializeAsString(), written.index->SerializeAsString());
-    EXPECT_EQ(storage::Xxh3(index.SerializeAsString()), written.index_xxh3);
+    EXPECT_EQ(format::Xxh3(index.SerializeAsString()), written.index_xxh3);
   }
   // The newest memory checkpoint and the newest durable step stay in memory,
   // and the coordinator hears of both.
@@ -622,7 +623,7 @@ TEST_F(MemoryCheckpointTest, AMemoryStepRestoresFromTheAgentsMemoryWithoutReadin
   // The trainer checks the blocks as it copies them out.
   ASSERT_THAT(r.verify, Not(IsEmpty()));
   for (const BlockDigest& d : r.verify) {
-    EXPECT_EQ(storage::Xxh3(t.seg->slot_data(r.slot) + t.h.offsets[d.buffer] + d.offset, d.length), d.xxh3);
+    EXPECT_EQ(format::Xxh3(t.seg->slot_data(r.slot) + t.h.offsets[d.buffer] + d.offset, d.length), d.xxh3);
   }
   const std::vector<ckptd::v1::RestorePlanRequest> asked = coord_.requests();
   ASSERT_THAT(asked, SizeIs(2));
@@ -883,7 +884,7 @@ void ExpectShardHolds(storage::FileSystem* fs, uint64_t step, uint8_t fill) {
   std::vector<std::string> bufs;
   std::vector<storage::TensorDest> dests;
   for (const ckptd::v1::Tensor& b : reg.buffers) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, storage::TensorByteLength(b));
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, format::TensorByteLength(b));
     bufs.emplace_back(length, '\0');
   }
   for (size_t i = 0; i < bufs.size(); ++i) dests.push_back({reg.buffers[i].name(), bufs[i].data(), bufs[i].size()});

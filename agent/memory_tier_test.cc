@@ -27,6 +27,7 @@
 #include "base/testing/capturing_logger.h"
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
+#include "format/tensor_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "protocol/restore_source.h"
@@ -126,7 +127,7 @@ void Restart(AgentCore& agent, const Started& old, Started* out) {
 void ExpectHolds(const Started& t, uint32_t slot, uint8_t fill) {
   ASSERT_EQ(t.h.offsets.size(), t.reg.buffers.size());
   for (size_t i = 0; i < t.reg.buffers.size(); ++i) {
-    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, storage::TensorByteLength(t.reg.buffers[i]));
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint64_t length, format::TensorByteLength(t.reg.buffers[i]));
     const uint8_t* data = t.seg->slot_data(slot) + t.h.offsets[i];
     uint64_t wrong = 0;
     std::optional<uint64_t> first;

@@ -22,6 +22,7 @@
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "ckptd/v1/peer.grpc.pb.h"
+#include "format/checksum.h"
 #include "gmock/gmock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -31,7 +32,6 @@
 #include "replication/replicator.h"
 #include "replication/testing_peer_harness.h"
 #include "staging/staging.h"
-#include "storage/checksum.h"
 #include "storage/mem_file_system.h"
 #include "storage/store.h"
 
@@ -899,7 +899,7 @@ class PeerRestoreTest : public ::testing::Test {
     EXPECT_EQ(r.source, expect);
     EXPECT_EQ(client_verifies && expect == RestoreSource::kPeer, !r.verify.empty());
     for (const BlockDigest& d : r.verify) {
-      EXPECT_EQ(storage::Xxh3(seg->slot_data(r.slot) + h.offsets[d.buffer] + d.offset, d.length), d.xxh3);
+      EXPECT_EQ(format::Xxh3(seg->slot_data(r.slot) + h.offsets[d.buffer] + d.offset, d.length), d.xxh3);
     }
     for (size_t i = 0; i < h.offsets.size(); ++i) {
       EXPECT_EQ(seg->slot_data(r.slot)[h.offsets[i]], kFill) << "buffer " << i;

@@ -23,6 +23,7 @@
 #include "base/thread_pool.h"
 #include "bench/bench_util.h"
 #include "cli/json.h"
+#include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
@@ -258,7 +259,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     s.meta.set_name(b.name);
     s.meta.set_component(b.component);
     s.meta.set_dtype(b.dtype);
-    s.meta.add_shape(b.length / storage::DTypeSize(b.dtype));
+    s.meta.add_shape(b.length / format::DTypeSize(b.dtype));
     s.data = b.data.data();
     s.length = b.length;
     sources.push_back(std::move(s));

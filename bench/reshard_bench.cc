@@ -17,6 +17,7 @@
 #include "bench/bench_util.h"
 #include "cli/json.h"
 #include "coordinator/reshard_layouts.h"
+#include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/reshard_plan.h"
@@ -163,7 +164,7 @@ absl::Status Execute(storage::CheckpointStore& store, const ckptd::v1::StepManif
                      bool* verified) {
   std::vector<std::vector<uint8_t>> dst(buffers.size());
   for (size_t i = 0; i < buffers.size(); ++i) {
-    uint64_t n = storage::DTypeSize(buffers[i].dtype());
+    uint64_t n = format::DTypeSize(buffers[i].dtype());
     for (uint64_t d : buffers[i].shape()) n *= d;
     dst[i].resize(n);
   }
@@ -178,7 +179,7 @@ absl::Status Execute(storage::CheckpointStore& store, const ckptd::v1::StepManif
     }
     const ckptd::v1::Tensor& b = buffers[r.buffer];
     absl::Status read = storage::ReadIntoSlice(*it->second, b.name(), r.source, r.target,
-                                               storage::DTypeSize(b.dtype()), dst[r.buffer].data());
+                                               format::DTypeSize(b.dtype()), dst[r.buffer].data());
     if (!read.ok()) return read;
   }
   const auto [first, end] = RowsOf(s.rows(), rank, s.ranks);

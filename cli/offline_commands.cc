@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,7 +17,7 @@
 #include "base/format.h"
 #include "base/limits.h"
 #include "cli/json.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
 #include "storage/safetensors_export.h"
@@ -72,7 +73,9 @@ const char kExportHelp[] =
     "                      with model.safetensors.index.json naming each tensor's\n"
     "                      file (default 5000000000; one file: model.safetensors)\n"
     "  --threads N         decoder threads, 1..1024 (default: one per hardware thread)\n"
-    "  --json              one JSON object: the files and every tensor\n"
+    "  --json              one JSON object: the files and every tensor; on failure\n"
+    "                      {\"error\": {\"code\", \"status\", \"message\"}} (the canonical\n"
+    "                      status code and name)\n"
     "\n"
     "exit status: 0 exported, 1 the step cannot be exported (not committed,\n"
     "quarantined, damaged, tensors whose slices do not fit together), 2 usage error\n";
@@ -92,6 +95,20 @@ const char kStartFreshHelp[] =
     "exit status: 0 recorded, 1 refused or storage error, 2 usage error\n";
 
 namespace {
+
+// {"error": {"code", "status", "message"}}: a failure for --json readers.
+void PrintJsonError(const absl::Status& s, std::ostream& out) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Key("error");
+  w.BeginObject();
+  w.Field("code", static_cast<int>(s.code()));
+  w.Field("status", absl::StatusCodeToString(s.code()));
+  w.Field("message", s.message());
+  w.EndObject();
+  w.EndObject();
+  out << w.str() << "\n";
+}
 
 std::string ShapeString(const google::protobuf::RepeatedField<uint64_t>& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ","), "]");
@@ -133,7 +150,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
   w.Field("created", absl::FormatTime(absl::RFC3339_sec, absl::FromUnixNanos(idx.created_unix_nanos()),
                                       absl::UTCTimeZone()));
   w.Field("file_length", r.file_length());
-  w.Field("index_xxh3", storage::ChecksumHex(r.index_xxh3()));
+  w.Field("index_xxh3", format::ChecksumHex(r.index_xxh3()));
   w.Field("raw_bytes", idx.raw_bytes());
   w.Field("stored_bytes", idx.stored_bytes());
   w.Field("ratio", Ratio(idx.raw_bytes(), idx.stored_bytes()));
@@ -187,7 +204,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
         w.Field("raw_offset", b.raw_offset());
         w.Field("raw_length", b.raw_length());
         w.Field("filter", FilterName(b.filter()));
-        w.Field("raw_xxh3", storage::ChecksumHex(b.raw_xxh3()));
+        w.Field("raw_xxh3", format::ChecksumHex(b.raw_xxh3()));
         w.Key("chunks");
         w.BeginArray();
         for (const auto& c : b.chunks()) {
@@ -196,7 +213,7 @@ void PrintInspectJson(const storage::ShardReader& r, bool chunks, std::ostream& 
           w.Field("stored_length", c.stored_length());
           w.Field("raw_length", c.raw_length());
           w.Field("codec", CodecName(c.codec()));
-          w.Field("stored_xxh3", storage::ChecksumHex(c.stored_xxh3()));
+          w.Field("stored_xxh3", format::ChecksumHex(c.stored_xxh3()));
           w.EndObject();
         }
         w.EndArray();
@@ -222,7 +239,7 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
   out << absl::StrFormat("size    %s raw, %s stored, ratio %.3f, file %s, index xxh3 %s\n",
                          base::HumanBytes(idx.raw_bytes()), base::HumanBytes(idx.stored_bytes()),
                          Ratio(idx.raw_bytes(), idx.stored_bytes()), base::HumanBytes(r.file_length()),
-                         storage::ChecksumHex(r.index_xxh3()));
+                         format::ChecksumHex(r.index_xxh3()));
   out << absl::StrFormat("\n%-32s %-11s %-9s %-18s %-22s %10s %10s %6s %7s %s\n", "TENSOR", "COMPONENT", "DTYPE",
                          "SHAPE", "SLICE OF", "RAW", "STORED", "RATIO", "CHUNKS", "CODECS");
   for (const Tensor& t : idx.tensors()) {
@@ -249,7 +266,7 @@ void PrintInspectText(const storage::ShardReader& r, bool chunks, std::ostream& 
         out << absl::StrFormat("    block %d chunk %d  offset %d  stored %d  raw %d  %s%s  xxh3 %s\n", b, c,
                                ch.file_offset(), ch.stored_length(), ch.raw_length(), CodecName(ch.codec()),
                                block.filter() == ckptd::v1::BYTE_PLANES ? absl::StrCat(" plane ", c) : "",
-                               storage::ChecksumHex(ch.stored_xxh3()));
+                               format::ChecksumHex(ch.stored_xxh3()));
       }
     }
   }
@@ -453,6 +470,7 @@ int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std
   }
   auto usage = [&](absl::string_view why) {
     err << "ckptctl export: " << why << "\n(`ckptctl export --help` describes the flags)\n";
+    if (args.ok() && args->Has("json")) PrintJsonError(absl::InvalidArgumentError(why), out);
     return base::kExitUsage;
   };
   if (!args.ok()) return usage(args.status().message());
@@ -482,6 +500,7 @@ int RunExport(storage::FileSystem* fs, const std::vector<std::string>& argv, std
       storage::ExportSafetensors(store, *args->Get("job"), *step, dir, options);
   if (!done.ok()) {
     err << "ckptctl export: " << base::TerminalSafe(done.status().message()) << "\n";
+    if (args->Has("json")) PrintJsonError(done.status(), out);
     return base::kExitFailed;
   }
   if (args->Has("json")) {

@@ -451,6 +451,29 @@ TEST_F(OfflineCommandsTest, VerifyThreadsOutsideOneTo1024IsAUsageError) {
 // Issue 16 (4): a FIFO in place of a shard hung `ckptctl verify --root` for
 // ever (opening a FIFO for reading waits for a writer). On the real file
 // system, since memory holds no FIFOs.
+TEST_F(OfflineCommandsTest, ExportJsonAnswersAFailureWithItsStatusCode) {
+  auto run = [this](const std::vector<std::string>& argv) {
+    std::ostringstream out, err;
+    Result r;
+    r.code = RunExport(&mem_, argv, out, err);
+    r.out = out.str();
+    r.err = err.str();
+    return r;
+  };
+  Result missing = run({"--root", kRoot, "--job", "nope", "--out", "/out", "--json"});
+  EXPECT_EQ(missing.code, base::kExitFailed);
+  EXPECT_TRUE(IsValidJson(missing.out)) << missing.out;
+  EXPECT_THAT(missing.out, AllOf(HasSubstr("{\"error\":{\"code\":5,\"status\":\"NOT_FOUND\",\"message\":\""),
+                                 HasSubstr("nope")));
+  EXPECT_THAT(missing.err, HasSubstr("nope"));
+  Result usage = run({"--root", kRoot, "--job", kJob, "--out", "/out", "--components", "weights", "--json"});
+  EXPECT_EQ(usage.code, base::kExitUsage);
+  EXPECT_TRUE(IsValidJson(usage.out)) << usage.out;
+  EXPECT_THAT(usage.out, AllOf(HasSubstr("\"code\":3,\"status\":\"INVALID_ARGUMENT\""), HasSubstr("weights")));
+  // Without --json stdout stays empty.
+  EXPECT_THAT(run({"--root", kRoot, "--job", "nope", "--out", "/out"}).out, IsEmpty());
+}
+
 TEST(OfflineVerifyPosixTest, AFifoInPlaceOfAShardIsReportedAndVerifyFinishes) {
   ckptd::testing::TempDir tmp("ckptd_verify_fifo_");
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();

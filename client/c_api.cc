@@ -15,9 +15,6 @@
 #include "client/c_options.h"
 #include "client/ckptd.h"
 #include "client/client.h"
-#include "storage/posix_file_system.h"
-#include "storage/safetensors_export.h"
-#include "storage/store.h"
 
 struct ckptd_client {
   std::unique_ptr<ckptd::client::Client> client;
@@ -220,31 +217,5 @@ const char* ckptd_restore_source(const ckptd_client* client) {
 }
 
 void ckptd_close(ckptd_client* client) { delete client; }
-
-int ckptd_export_safetensors(const char* root, const char* job, int64_t step, const char* out_dir,
-                             const char* components, uint64_t max_file_bytes, int threads, uint64_t* exported_step) {
-  if (root == nullptr || job == nullptr || out_dir == nullptr || *root == '\0' || *out_dir == '\0') {
-    return Fail(absl::InvalidArgumentError("ckptd_export_safetensors: root, job and out_dir are required"));
-  }
-  ckptd::storage::SafetensorsExportOptions options;
-  if (components != nullptr && *components != '\0') {
-    absl::StatusOr<std::vector<ckptd::v1::Component>> list = ckptd::storage::ParseComponentList(components);
-    if (!list.ok()) return Fail(list.status());
-    options.components = *std::move(list);
-  }
-  if (max_file_bytes > 0) options.max_file_bytes = max_file_bytes;
-  if (threads > ckptd::base::kMaxThreads) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("ckptd_export_safetensors: threads ", threads, " is over ", ckptd::base::kMaxThreads)));
-  }
-  options.threads = threads;
-  std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
-  ckptd::storage::CheckpointStore store(fs.get(), root);
-  absl::StatusOr<ckptd::storage::SafetensorsExport> done = ckptd::storage::ExportSafetensors(
-      store, job, step < 0 ? std::nullopt : std::optional<uint64_t>(static_cast<uint64_t>(step)), out_dir, options);
-  if (!done.ok()) return Fail(done.status());
-  if (exported_step != nullptr) *exported_step = done->step;
-  return 0;
-}
 
 }  // extern "C"

@@ -14,11 +14,13 @@
 extern "C" {
 #endif
 
-/* Versions only grow, each a superset of the one before: 2 added
+/* Versions only grow, each a superset of the one before but 7: 2 added
  * ckptd_options_ext and ckptd_connect_ext; 3 added ckptd_persist_failures; 4 added
  * ckptd_restore_source; 5 added ckptd_export_safetensors; 6 added
- * ckptd_options_ext.replicas. */
-#define CKPTD_ABI_VERSION 6
+ * ckptd_options_ext.replicas; 7 removed ckptd_export_safetensors again, so
+ * that libckptd holds no storage engine (no liburing, zstd or xxhash):
+ * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it. */
+#define CKPTD_ABI_VERSION 7
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -113,19 +115,6 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
    a NULL client). A static string. No RPC. */
 const char* ckptd_restore_source(const ckptd_client* client);
 void ckptd_close(ckptd_client* client);
-
-/* Writes the full (unsharded) tensors of committed step `step` of `job` under
-   the storage root `root` as safetensors files in `out_dir` (created if
-   missing), as `ckptctl export` does: slices put together, replicas written
-   once, every byte verified. `step` < 0: the newest intact committed step.
-   `components`: NULL or "" for "params", else a comma-separated list of
-   params, grads, optimizer, rng, data_cursor, or "all". `max_file_bytes`: 0
-   for the default (5e9); tensors beyond it go into several files with an
-   index. `threads` <= 0: one decoder per hardware thread. On success
-   *exported_step (when not NULL) is the step written. Reads the storage root
-   itself: no agent or coordinator is involved. */
-int ckptd_export_safetensors(const char* root, const char* job, int64_t step, const char* out_dir,
-                             const char* components, uint64_t max_file_bytes, int threads, uint64_t* exported_step);
 
 #ifdef __cplusplus
 }

@@ -23,13 +23,13 @@
 #include "base/thread_priority.h"
 #include "ckptd/v1/agent.grpc.pb.h"
 #include "client/host_copy.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "grpcpp/grpcpp.h"
 #include "protocol/restore_source.h"
 #include "protocol/schedule.h"
 #include "rpc/grpc_status.h"
 #include "staging/staging.h"
-#include "storage/checksum.h"
-#include "storage/shard_index.h"
 
 namespace ckptd::client {
 
@@ -195,9 +195,9 @@ struct Client::Impl {
         uint8_t* dst = static_cast<uint8_t*>(buf.data) + b.offset();
         // A restarted trainer's state is often new memory: mapped in one call.
         PrefaultForWrite(dst, b.length());
-        digest = storage::CopyAndXxh3(dst, src, b.length());
+        digest = format::CopyAndXxh3(dst, src, b.length());
       } else {
-        digest = storage::Xxh3(src, b.length());
+        digest = format::Xxh3(src, b.length());
       }
       if (digest != b.xxh3()) {
         absl::MutexLock l(&mu);
@@ -546,7 +546,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     meta.set_component(b.component);
     meta.set_dtype(b.dtype);
     for (uint64_t d : b.shape) meta.add_shape(d);
-    CKPTD_ASSIGN_OR_RETURN(uint64_t length, storage::TensorByteLength(meta));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t length, format::TensorByteLength(meta));
     if (length > 0 && b.data == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", absl::CHexEscape(b.name), "' has no memory"));
     }

@@ -27,7 +27,7 @@
 #include "base/flags.h"
 #include "base/limits.h"
 #include "client/client.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 
 namespace {
 
@@ -174,7 +174,7 @@ struct State {
     add(&adam, sizeof(adam));
     add(&rng, sizeof(rng));
     add(&cursor, sizeof(cursor));
-    return ckptd::storage::ChecksumHex(ckptd::storage::Xxh3(all));
+    return ckptd::format::ChecksumHex(ckptd::format::Xxh3(all));
   }
 
   // --sharded: this rank's part of the job's digest. Each element adds a
@@ -198,7 +198,7 @@ struct State {
       add(&adam, sizeof(adam));
       add(&rng, sizeof(rng));
       add(&cursor, sizeof(cursor));
-      sum += ckptd::storage::Xxh3(shared);
+      sum += ckptd::format::Xxh3(shared);
     }
     return sum;
   }

@@ -1,7 +1,8 @@
 """Everything is declared in pyproject.toml; this only makes a wheel that
-bundles libckptd.so (a libckptd.so* copied into ckptd/ before the build) a
-platform wheel (py3-none-linux_x86_64, not py3-none-any), and keeps a library
-bundled by an earlier build out of one that bundles none."""
+bundles libckptd.so or ckptctl (a libckptd.so* or ckptctl copied into ckptd/
+before the build) a platform wheel (py3-none-linux_x86_64, not
+py3-none-any), and keeps what an earlier build bundled out of one that
+bundles none."""
 
 import glob
 import os
@@ -10,7 +11,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-BUNDLED = glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "ckptd", "libckptd.so*"))
+
+def native_files(top):
+    """What top/ckptd/ holds of the built files a wheel may bundle."""
+    return [f for pattern in ("libckptd.so*", "ckptctl") for f in glob.glob(os.path.join(top, "ckptd", pattern))]
+
+
+BUNDLED = native_files(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Dist(Distribution):
@@ -20,9 +27,9 @@ class Dist(Distribution):
 
 class BuildPy(build_py):
     def run(self):
-        # pip builds in the source tree: build/lib/ckptd/ may hold a library
-        # an earlier build bundled; only what ckptd/ holds now goes in.
-        for stale in glob.glob(os.path.join(self.build_lib, "ckptd", "libckptd.so*")):
+        # pip builds in the source tree: build/lib/ckptd/ may hold what an
+        # earlier build bundled; only what ckptd/ holds now goes in.
+        for stale in native_files(self.build_lib):
             os.remove(stale)
         super().run()
 
@@ -36,7 +43,8 @@ if BUNDLED:
 
     class BdistWheel(bdist_wheel):
         def get_tag(self):
-            # ctypes loads the library: any Python 3, this platform only.
+            # ctypes loads the library, ckptd.export runs ckptctl: any
+            # Python 3, this platform only.
             return ("py3", "none", super().get_tag()[2])
 
     cmdclass["bdist_wheel"] = BdistWheel

@@ -12,7 +12,8 @@
 
 #include "absl/strings/str_format.h"
 #include "base/aligned_buffer.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -265,30 +266,6 @@ absl::Status ZstdError(const char* what, size_t code) {
 
 // ---- DType ----------------------------------------------------------------
 
-size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case ckptd::v1::FLOAT32:
-    case ckptd::v1::INT32:
-      return 4;
-    case ckptd::v1::BFLOAT16:
-    case ckptd::v1::FLOAT16:
-    case ckptd::v1::INT16:
-      return 2;
-    case ckptd::v1::FLOAT64:
-    case ckptd::v1::INT64:
-      return 8;
-    case ckptd::v1::BYTES:
-    case ckptd::v1::INT8:
-    case ckptd::v1::UINT8:
-    case ckptd::v1::BOOL:
-    case ckptd::v1::FLOAT8_E4M3:
-    case ckptd::v1::FLOAT8_E5M2:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
 bool UsesBytePlanes(DType dtype) {
   return dtype == ckptd::v1::FLOAT32 || dtype == ckptd::v1::BFLOAT16 ||
          dtype == ckptd::v1::FLOAT16;
@@ -396,7 +373,7 @@ size_t BlockEncoder::MaxEncodedLength(size_t raw_length, size_t alignment) {
 absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* raw,
                                                   size_t raw_length, uint8_t* out,
                                                   size_t out_capacity, size_t alignment) {
-  const size_t es = DTypeSize(dtype);
+  const size_t es = format::DTypeSize(dtype);
   if (es == 0) {
     return absl::InvalidArgumentError(absl::StrFormat("unknown dtype %d", static_cast<int>(dtype)));
   }
@@ -415,7 +392,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
   }
 
   EncodedBlock block;
-  block.raw_xxh3 = Xxh3(raw, raw_length);
+  block.raw_xxh3 = format::Xxh3(raw, raw_length);
   const EncodeOptions& opt = impl_->options;
 
   if (!opt.compress || raw_length == 0 || !UsesBytePlanes(dtype)) {
@@ -428,7 +405,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
       if (*stored != 0) {
         chunk.codec = ckptd::v1::ZSTD;
         chunk.stored_length = *stored;
-        chunk.stored_xxh3 = Xxh3(out, *stored);
+        chunk.stored_xxh3 = format::Xxh3(out, *stored);
       }
     }
     if (chunk.codec == ckptd::v1::RAW) {
@@ -493,7 +470,7 @@ absl::StatusOr<EncodedBlock> BlockEncoder::Encode(DType dtype, const uint8_t* ra
       }
       if (chunk.codec == ckptd::v1::RAW) CopyBytes(at, dst[p], n);
     }
-    chunk.stored_xxh3 = Xxh3(at, chunk.stored_length);
+    chunk.stored_xxh3 = format::Xxh3(at, chunk.stored_length);
     cursor = start + chunk.stored_length;
     block.chunks.push_back(chunk);
   }
@@ -638,10 +615,10 @@ absl::Status BlockDecoder::Decode(const ckptd::v1::Block& block, const uint8_t* 
     if (*data == nullptr && c.stored_length() != 0) {
       return absl::InvalidArgumentError(absl::StrFormat("chunk %d: null data", i));
     }
-    uint64_t h = Xxh3(*data, c.stored_length());
+    uint64_t h = format::Xxh3(*data, c.stored_length());
     if (h != c.stored_xxh3()) {
       return absl::DataLossError(absl::StrFormat("chunk %d: checksum mismatch (stored xxh3 %s, expected %s)",
-                                                 i, ChecksumHex(h), ChecksumHex(c.stored_xxh3())));
+                                                 i, format::ChecksumHex(h), format::ChecksumHex(c.stored_xxh3())));
     }
     return absl::OkStatus();
   };
@@ -680,10 +657,10 @@ absl::Status BlockDecoder::Decode(const ckptd::v1::Block& block, const uint8_t* 
     if (n != 0) JoinPlanesFrom(planes.data(), n, es, dest);
   }
 
-  uint64_t h = Xxh3(dest, raw_length);
+  uint64_t h = format::Xxh3(dest, raw_length);
   if (h != block.raw_xxh3()) {
     return absl::DataLossError(absl::StrFormat("block checksum mismatch (xxh3 %s, expected %s)",
-                                               ChecksumHex(h), ChecksumHex(block.raw_xxh3())));
+                                               format::ChecksumHex(h), format::ChecksumHex(block.raw_xxh3())));
   }
   return absl::OkStatus();
 }

@@ -14,8 +14,6 @@
 
 namespace ckptd::storage {
 
-// Bytes per element of `dtype` (1 for BYTES, BOOL, INT8, ...); 0 for unknown values.
-size_t DTypeSize(ckptd::v1::DType dtype);
 // True for the 2- and 4-byte float dtypes that get the byte-plane filter.
 bool UsesBytePlanes(ckptd::v1::DType dtype);
 

@@ -16,14 +16,18 @@
 
 #include "base/aligned_buffer.h"
 #include "base/testing/matchers.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/checksum.h"
 #include "storage/testing_data.h"
 
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::CopyAndXxh3;
+using ::ckptd::format::DTypeSize;
+using ::ckptd::format::Xxh3;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::ckptd::v1::DType;

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "base/testing/matchers.h"
+#include "format/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/checksum.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_reader.h"
 #include "storage/shard_writer.h"
@@ -19,6 +19,7 @@
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::Xxh3;
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
 
@@ -20,7 +20,7 @@ std::string EncodeManifest(const ckptd::v1::StepManifest& manifest) {
   std::memcpy(h, kManifestMagic.data(), 8);
   PutFixed32(h + 8, kManifestFormatVersion);
   PutFixed32(h + 12, static_cast<uint32_t>(payload.size()));
-  PutFixed64(h + 16, Xxh3(payload));
+  PutFixed64(h + 16, format::Xxh3(payload));
   out += payload;
   return out;
 }
@@ -45,7 +45,7 @@ absl::StatusOr<ckptd::v1::StepManifest> DecodeManifest(absl::string_view bytes, 
                                             bytes.size() - kManifestHeaderBytes, " (truncated or extended)"));
   }
   const absl::string_view payload = bytes.substr(kManifestHeaderBytes);
-  if (Xxh3(payload) != GetFixed64(h + 16)) {
+  if (format::Xxh3(payload) != GetFixed64(h + 16)) {
     return absl::DataLossError(absl::StrCat(what, ": manifest checksum mismatch"));
   }
   ckptd::v1::StepManifest m;

@@ -11,15 +11,16 @@
 #include "absl/strings/string_view.h"
 #include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
 #include "base/testing/matchers.h"
+#include "format/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
 
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::Xxh3;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::ckptd::v1::StepManifest;

@@ -10,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/thread_pool.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "storage/codec.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
@@ -28,7 +29,7 @@ bool Same(const A& a, const B& b) {
 
 // Bytes of one row (dimension 0) of a tensor of `meta`'s dtype whose shape is `shape`.
 uint64_t RowBytes(const Tensor& meta, const std::vector<uint64_t>& shape) {
-  uint64_t row = DTypeSize(meta.dtype());
+  uint64_t row = format::DTypeSize(meta.dtype());
   for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
   return row;
 }
@@ -105,7 +106,7 @@ absl::Status ValidateShare(const Tensor& meta, absl::string_view what) {
   Tensor whole;
   whole.set_dtype(meta.dtype());
   *whole.mutable_shape() = r.shape();
-  CKPTD_ASSIGN_OR_RETURN(const uint64_t length, TensorByteLength(whole));
+  CKPTD_ASSIGN_OR_RETURN(const uint64_t length, format::TensorByteLength(whole));
   const uint64_t blocks = length / r.block_bytes() + (length % r.block_bytes() != 0 ? 1 : 0);
   if (static_cast<uint64_t>(r.block_xxh3_size()) != blocks) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", r.block_xxh3_size(),
@@ -144,7 +145,7 @@ absl::StatusOr<std::vector<TensorSource>> ShareSources(absl::Span<const TensorSo
     for (uint64_t b = 0; b < blocks; ++b) {
       const uint64_t at = b * block_bytes;
       const uint64_t n = std::min<uint64_t>(block_bytes, s.length - at);
-      auto hash = [data, at, n, sums, b] { sums[b] = Xxh3(data + at, n); };
+      auto hash = [data, at, n, sums, b] { sums[b] = format::Xxh3(data + at, n); };
       if (pool == nullptr) {
         hash();
         continue;
@@ -193,7 +194,7 @@ uint64_t WholeByteLength(const Tensor& saved) {
   Tensor whole;
   whole.set_dtype(saved.dtype());
   *whole.mutable_shape() = saved.replica().shape();
-  return TensorByteLength(whole).value_or(0);
+  return format::TensorByteLength(whole).value_or(0);
 }
 
 bool IsWholeShare(const Tensor& share) {

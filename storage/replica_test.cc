@@ -10,9 +10,9 @@
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
 #include "base/testing/matchers.h"
 #include "base/thread_pool.h"
+#include "format/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/checksum.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
@@ -23,6 +23,7 @@
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::Xxh3;
 using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;

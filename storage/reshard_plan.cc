@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/replica.h"
 #include "storage/shard_index.h"
 
@@ -59,7 +59,7 @@ void SavedLayout::Add(uint32_t rank, const ckptd::v1::ShardIndex& index) {
     s.meta = t;
     s.meta.clear_blocks();
     if (t.has_replica()) {
-      s.whole = Xxh3(WholeIdentity(t));
+      s.whole = format::Xxh3(WholeIdentity(t));
       s.meta.mutable_replica()->clear_block_xxh3();
     }
     Entries& e = tensors_[t.name()];

@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
+#include "format/tensor_size.h"
 #include "storage/codec.h"
 #include "storage/layout.h"
 #include "storage/reshard.h"
@@ -173,7 +174,7 @@ absl::StatusOr<Planned> PlanTensor(const std::string& name, std::vector<Piece> p
           absl::StrCat("tensor ", Quoted(name), " has a global layout on rank ", with, " but none on rank ", without));
     }
   }
-  const uint64_t element = DTypeSize(out.dtype);
+  const uint64_t element = format::DTypeSize(out.dtype);
   if (!out.sharded) {
     for (const Piece& p : pieces) {
       if (!SameBlocks(p.meta, first) || Dims(p.meta.shape()) != Dims(first.shape())) {
@@ -250,7 +251,7 @@ absl::Status Assemble(Readers& readers, const Planned& t, char* dst) {
   const Box whole = t.sharded ? WholeBox(t.shape) : SliceBox(t.pieces.front().meta);
   for (const Piece& p : t.pieces) {
     CKPTD_ASSIGN_OR_RETURN(ShardReader * reader, readers.Get(p.rank));
-    absl::Status s = ReadIntoSlice(*reader, p.meta.name(), SliceBox(p.meta), whole, DTypeSize(t.dtype), dst);
+    absl::Status s = ReadIntoSlice(*reader, p.meta.name(), SliceBox(p.meta), whole, format::DTypeSize(t.dtype), dst);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("rank ", p.rank, ": ", s.message()));
   }
   return absl::OkStatus();

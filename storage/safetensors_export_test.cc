@@ -17,6 +17,7 @@
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by matchers.h
 #include "base/testing/matchers.h"
 #include "base/thread_pool.h"
+#include "format/tensor_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/codec.h"
@@ -30,6 +31,7 @@
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::DTypeSize;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::IsOkAndHolds;
 using ::ckptd::testing::OneThread;

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/aligned_buffer.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 
 namespace ckptd::storage {
 
@@ -33,7 +33,7 @@ void EncodeShardHeader(uint8_t out[kShardHeaderBytes], uint32_t version) {
   std::memcpy(out, kShardMagic.data(), 8);
   PutFixed32(out + 8, version);
   PutFixed32(out + 12, kShardAlignment);
-  PutFixed64(out + 56, Xxh3(out, 56));
+  PutFixed64(out + 56, format::Xxh3(out, 56));
 }
 
 namespace {
@@ -53,7 +53,7 @@ absl::StatusOr<uint32_t> DecodeShardHeader(const uint8_t in[kShardHeaderBytes], 
   }
   const uint32_t version = GetFixed32(in + 8);
   if (!KnownVersion(version)) return absl::UnimplementedError(Unsupported(what, version));
-  if (GetFixed64(in + 56) != Xxh3(in, 56)) {
+  if (GetFixed64(in + 56) != format::Xxh3(in, 56)) {
     return absl::DataLossError(absl::StrCat(what, ": header checksum mismatch"));
   }
   if (GetFixed32(in + 12) != kShardAlignment) {
@@ -74,7 +74,7 @@ void EncodeShardFooter(const ShardFooter& f, uint8_t out[kShardFooterBytes]) {
   PutFixed64(out + 24, f.index_length);
   PutFixed64(out + 32, f.index_xxh3);
   PutFixed64(out + 40, f.file_length);
-  PutFixed64(out + 56, Xxh3(out, 56));
+  PutFixed64(out + 56, format::Xxh3(out, 56));
 }
 
 absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes],
@@ -84,7 +84,7 @@ absl::StatusOr<ShardFooter> DecodeShardFooter(const uint8_t in[kShardFooterBytes
         absl::StrCat(what, ": bad footer magic (file truncated, extended or not a shard)"));
   }
   if (!KnownVersion(GetFixed32(in + 8))) return absl::UnimplementedError(Unsupported(what, GetFixed32(in + 8)));
-  if (GetFixed64(in + 56) != Xxh3(in, 56)) {
+  if (GetFixed64(in + 56) != format::Xxh3(in, 56)) {
     return absl::DataLossError(absl::StrCat(what, ": footer checksum mismatch"));
   }
   if (actual_file_length < kShardHeaderBlock + kShardFooterBytes) {

@@ -2,13 +2,13 @@
 #include "storage/replica.h"
 
 #include "absl/strings/string_view.h"
-#include <limits>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/aligned_buffer.h"
 #include "base/status_macros.h"
+#include "format/tensor_size.h"
 #include "storage/codec.h"
 #include "storage/shard_format.h"
 
@@ -18,21 +18,6 @@ using ckptd::v1::Block;
 using ckptd::v1::Chunk;
 using ckptd::v1::ShardIndex;
 using ckptd::v1::Tensor;
-
-absl::StatusOr<uint64_t> TensorByteLength(const Tensor& meta) {
-  const size_t elem = DTypeSize(meta.dtype());
-  if (elem == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(meta.dtype())));
-  }
-  uint64_t n = elem;
-  for (uint64_t d : meta.shape()) {
-    if (d != 0 && n > std::numeric_limits<uint64_t>::max() / d) {
-      return absl::InvalidArgumentError("shape overflows 64 bits");
-    }
-    n *= d;
-  }
-  return n;
-}
 
 bool IsValidUtf8(absl::string_view s) {
   size_t i = 0;
@@ -85,7 +70,7 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": component is unspecified or unknown (",
                                                    static_cast<int>(meta.component()), ")"));
   }
-  if (!ckptd::v1::DType_IsValid(meta.dtype()) || DTypeSize(meta.dtype()) == 0) {
+  if (!ckptd::v1::DType_IsValid(meta.dtype()) || format::DTypeSize(meta.dtype()) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": dtype is unspecified or unknown (", static_cast<int>(meta.dtype()), ")"));
   }
@@ -108,7 +93,7 @@ absl::Status ValidateTensorMeta(const Tensor& meta, absl::string_view what) {
       }
     }
   }
-  if (absl::Status s = TensorByteLength(meta).status(); !s.ok()) {
+  if (absl::Status s = format::TensorByteLength(meta).status(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
   }
   if (!meta.has_replica()) return absl::OkStatus();
@@ -156,7 +141,7 @@ absl::Status ValidateShardIndex(const ShardIndex& index, uint64_t index_offset, 
     if (!names.insert(tensor.name()).second) {
       return absl::DataLossError(absl::StrCat(where, " appears twice in the index"));
     }
-    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, TensorByteLength(tensor));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, format::TensorByteLength(tensor));
     if (tensor.raw_length() != expected) {
       return absl::DataLossError(absl::StrCat(where, ": raw_length ", tensor.raw_length(),
                                               " does not match its shape and dtype (", expected, ")"));

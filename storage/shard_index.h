@@ -11,10 +11,6 @@
 
 namespace ckptd::storage {
 
-// Bytes of a tensor with `meta`'s dtype and shape (an empty shape is one
-// element). kInvalidArgument on an unknown dtype or overflow.
-absl::StatusOr<uint64_t> TensorByteLength(const ckptd::v1::Tensor& meta);
-
 // True when `s` is well-formed UTF-8 (no overlong forms or surrogates).
 bool IsValidUtf8(absl::string_view s);
 

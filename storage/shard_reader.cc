@@ -16,7 +16,7 @@
 #include "base/aligned_buffer.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/codec.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(FileSystem* fs, c
   }
   base::AlignedBuffer index_buf(std::max<uint64_t>(footer.index_length, 1), kShardAlignment);
   CKPTD_RETURN_IF_ERROR(r->file_->ReadAt(footer.index_offset, index_buf.data(), index_buf.capacity()));
-  if (Xxh3(index_buf.data(), footer.index_length) != footer.index_xxh3) {
+  if (format::Xxh3(index_buf.data(), footer.index_length) != footer.index_xxh3) {
     return absl::DataLossError(absl::StrCat(path, ": index checksum mismatch"));
   }
   if (!r->index_.ParseFromArray(index_buf.data(), static_cast<int>(footer.index_length))) {
@@ -319,10 +319,10 @@ absl::Status ShardReader::RunBlocks(Job& job) {
       const Block& block = index_.tensors(it.tensor).blocks(it.block);
       absl::Status s;
       if (slot->in_place) {
-        const uint64_t sum = Xxh3(it.dest, block.raw_length());
+        const uint64_t sum = format::Xxh3(it.dest, block.raw_length());
         if (sum != block.chunks(0).stored_xxh3() || sum != block.raw_xxh3()) {
-          s = absl::DataLossError(absl::StrCat("chunk 0: checksum mismatch (stored xxh3 ", ChecksumHex(sum),
-                                               ", expected ", ChecksumHex(block.chunks(0).stored_xxh3()), ")"));
+          s = absl::DataLossError(absl::StrCat("chunk 0: checksum mismatch (stored xxh3 ", format::ChecksumHex(sum),
+                                               ", expected ", format::ChecksumHex(block.chunks(0).stored_xxh3()), ")"));
         }
       } else {
         const uint64_t base = block.chunks(0).file_offset();

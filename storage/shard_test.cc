@@ -20,9 +20,10 @@
 #include "base/status_macros.h"  // testing_matchers.h uses its CONCAT macro
 #include "base/testing/matchers.h"
 #include "base/thread_pool.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/checksum.h"
 #include "storage/codec.h"
 #include "storage/fault_injection_file_system.h"
 #include "storage/file_system.h"
@@ -38,6 +39,8 @@
 namespace ckptd::storage {
 namespace {
 
+using ::ckptd::format::DTypeSize;
+using ::ckptd::format::Xxh3;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::ckptd::v1::Component;

@@ -16,7 +16,8 @@
 #include "base/clock.h"
 #include "base/status_macros.h"
 #include "base/thread_pool.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
+#include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
@@ -275,7 +276,7 @@ class ShardWriteJob {
   // one RAW chunk whose stored bytes are the raw bytes.
   static EncodedBlock RawInPlace(const uint8_t* raw, size_t length) {
     EncodedBlock block;
-    block.raw_xxh3 = Xxh3(raw, length);
+    block.raw_xxh3 = format::Xxh3(raw, length);
     block.chunks.push_back({0, length, length, ckptd::v1::RAW, block.raw_xxh3});
     block.encoded_length = length;
     return block;
@@ -354,7 +355,7 @@ class ShardWriteJob {
     footer.format_version = version_;
     footer.index_offset = next_offset_;
     footer.index_length = serialized.size();
-    footer.index_xxh3 = Xxh3(serialized);
+    footer.index_xxh3 = format::Xxh3(serialized);
     const uint64_t tail = base::AlignUp(serialized.size() + kShardFooterBytes, kShardAlignment);
     footer.file_length = next_offset_ + tail;
     base::AlignedBuffer tail_buf(tail, kShardAlignment);
@@ -453,7 +454,7 @@ absl::Status ValidateTensorSources(absl::Span<const TensorSource> tensors) {
     if (!names.insert(t.meta.name()).second) {
       return absl::InvalidArgumentError(absl::StrCat(where, " is registered twice"));
     }
-    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, TensorByteLength(t.meta));
+    CKPTD_ASSIGN_OR_RETURN(uint64_t expected, format::TensorByteLength(t.meta));
     if (expected != t.length) {
       return absl::InvalidArgumentError(absl::StrCat(where, " has ", t.length,
                                                      " bytes but its shape and dtype make ", expected));

@@ -11,7 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "storage/checksum.h"
+#include "format/checksum.h"
 #include "storage/layout.h"
 #include "storage/manifest.h"
 
@@ -143,8 +143,8 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
       }
       if (it->index_xxh3() != ref->index_xxh3() || it->file_length() != ref->file_length()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            what, ": rank ", rank, " reported digest ", ChecksumHex(it->index_xxh3()), " and ",
-            it->file_length(), " bytes but the file has ", ChecksumHex(ref->index_xxh3()), " and ",
+            what, ": rank ", rank, " reported digest ", format::ChecksumHex(it->index_xxh3()), " and ",
+            it->file_length(), " bytes but the file has ", format::ChecksumHex(ref->index_xxh3()), " and ",
             ref->file_length()));
       }
       ref->set_persist_seconds(it->persist_seconds());
@@ -500,9 +500,9 @@ absl::StatusOr<StepVerifyReport> CheckpointStore::VerifyStep(
     }
     const ckptd::v1::ShardIndex& idx = (*reader)->index();
     if ((*reader)->index_xxh3() != ref.index_xxh3() || (*reader)->file_length() != ref.file_length()) {
-      problem(absl::StrCat(path, ": index digest ", ChecksumHex((*reader)->index_xxh3()), " and length ",
-                           (*reader)->file_length(), " differ from the manifest's ", ChecksumHex(ref.index_xxh3()),
-                           " and ", ref.file_length()));
+      problem(absl::StrCat(path, ": index digest ", format::ChecksumHex((*reader)->index_xxh3()), " and length ",
+                           (*reader)->file_length(), " differ from the manifest's ",
+                           format::ChecksumHex(ref.index_xxh3()), " and ", ref.file_length()));
       continue;
     }
     if (idx.job() != job || idx.step() != step || idx.rank() != ref.rank() || idx.world_size() != m.world_size()) {

@@ -13,21 +13,25 @@ training loops, see ckptd.torch.Checkpointer.
 
 libckptd.so is looked up in this order: $CKPTD_LIBRARY; next to this package;
 the build tree of the checkout the package lies in (build/lib/); the system
-loader (e.g. after `cmake --install`).
+loader (e.g. after `cmake --install`). ckptd.export runs `ckptctl export`
+(libckptd.so, what a trainer loads, holds no storage engine): see ckptctl().
 """
 
 import collections
 import ctypes
+import json
 import math
 import operator
 import os
+import shutil
+import subprocess
 import time
 
 __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
     "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "library_path", "PARAMS",
-    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export", "Replica",
+    "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export", "ckptctl", "Replica",
 ]
 
 # The ABI version this binding needs (ckptd_options_ext came with 2).
@@ -201,13 +205,15 @@ def _world(rank, world_size):
 
 # --- loading libckptd.so -----------------------------------------------------
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_CHECKOUT = os.path.dirname(os.path.dirname(_HERE))  # python/ckptd -> the repository root
+
+
 def _candidates():
     env = os.environ.get("CKPTD_LIBRARY")
     if env:
         return [env]  # asked for explicitly: nothing else
-    here = os.path.dirname(os.path.abspath(__file__))
-    checkout = os.path.dirname(os.path.dirname(here))  # python/ckptd -> the repository root
-    return [os.path.join(here, "libckptd.so"), os.path.join(checkout, "build", "lib", "libckptd.so"), "libckptd.so"]
+    return [os.path.join(_HERE, "libckptd.so"), os.path.join(_CHECKOUT, "build", "lib", "libckptd.so"), "libckptd.so"]
 
 
 def _load():
@@ -263,11 +269,7 @@ for _name, _res, _args in [
         ("ckptd_persist_failures", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64),
                                                   ctypes.c_char_p, ctypes.c_size_t]),
         # ABI version 4 and later.
-        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p]),
-        # ABI version 5 and later.
-        ("ckptd_export_safetensors", ctypes.c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
-                                                    ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_int,
-                                                    _P(ctypes.c_uint64)])]:
+        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -585,19 +587,43 @@ class Client:
             pass
 
 
+def ckptctl():
+    """The ckptctl that ckptd.export runs, looked up like libckptd.so:
+    $CKPTD_CTL; next to this package; bin/ beside the lib/ that libckptd.so
+    was loaded from (its build tree or installation); the build tree of the
+    checkout the package lies in (build/bin/); the PATH. Error when none is
+    there."""
+    env = os.environ.get("CKPTD_CTL")
+    if env:
+        candidates = [env]  # asked for explicitly: nothing else
+    else:
+        candidates = [os.path.join(_HERE, "ckptctl")]
+        if os.sep in _lib_path:
+            prefix = os.path.dirname(os.path.dirname(os.path.abspath(_lib_path)))
+            candidates.append(os.path.join(prefix, "bin", "ckptctl"))
+        candidates.append(os.path.join(_CHECKOUT, "build", "bin", "ckptctl"))
+        on_path = shutil.which("ckptctl")
+        if on_path:
+            candidates.append(on_path)
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise Error("ckptd: cannot find ckptctl; tried " + ", ".join(candidates) + ("" if env else " and the PATH") +
+                ". Build it (cmake --build build, target ckptctl) or point CKPTD_CTL at it.")
+
+
 def export(root, job, out, *, step=None, components=("params",), max_file_bytes=None, threads=0):
     """Writes the full (unsharded) tensors of a committed step of `job` under
-    the storage root `root` as safetensors files in directory `out`, as
-    `ckptctl export` does: each tensor sharded over ranks put together from
-    every rank's slice, a replicated one written once, every byte verified
-    against the checkpoint's checksums. `step`: default the newest intact
-    committed step. `components`: names among "params", "grads",
-    "optimizer", "rng", "data_cursor", or "all". Tensors past
-    `max_file_bytes` (default 5e9) go into several files with
+    the storage root `root` as safetensors files in directory `out`: runs
+    `ckptctl export` (found as ckptctl() says), which puts each tensor
+    sharded over ranks together from every rank's slice, writes a replicated
+    one once, and checks every byte against the checkpoint's checksums.
+    `step`: default the newest intact committed step. `components`: names
+    among "params", "grads", "optimizer", "rng", "data_cursor", or "all".
+    Tensors past `max_file_bytes` (default 5e9) go into several files with
     model.safetensors.index.json; otherwise one file, model.safetensors.
+    `threads` > 0: decoder threads (default one per hardware thread).
     Returns the step exported. Needs no agent: it reads the storage root."""
-    if not hasattr(_lib, "ckptd_export_safetensors"):
-        raise Error(f"ckptd.export: {_lib_path} is older than ABI version 5 and cannot export")
     if isinstance(components, str):
         components = (components,)
     if not components or not all(isinstance(c, str) for c in components):
@@ -607,11 +633,33 @@ def export(root, job, out, *, step=None, components=("params",), max_file_bytes=
     if max_file_bytes is not None and (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int)
                                        or not 0 < max_file_bytes < 1 << 64):
         raise InvalidArgumentError(f"ckptd.export: max_file_bytes must be a positive integer, got {max_file_bytes!r}")
-    exported = ctypes.c_uint64(0)
-    _check(_lib.ckptd_export_safetensors(os.fsencode(root), job.encode(), -1 if step is None else step,
-                                         os.fsencode(out), ",".join(components).encode(), max_file_bytes or 0,
-                                         int(threads), ctypes.byref(exported)))
-    return exported.value
+    root, out, threads = os.fsencode(root), os.fsencode(out), int(threads)
+    if not root or not out:
+        raise InvalidArgumentError("ckptd.export: root and out are required")
+    # --flag=value: a value that begins with "-" stays a value.
+    argv = [ckptctl(), "export", b"--root=" + root, "--job=" + job, b"--out=" + out, "--json"]
+    if step is not None:
+        argv.append(f"--step={step}")
+    if ",".join(components):
+        argv.append("--components=" + ",".join(components))
+    if max_file_bytes is not None:
+        argv.append(f"--max-file-bytes={max_file_bytes}")
+    if threads > 0:
+        argv.append(f"--threads={threads}")
+    run = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # With --json, ckptctl export prints one object, also when it fails:
+    # {"error": {"code", "status", "message"}}.
+    lines = run.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        report = {}
+    if "error" in report:
+        raise error_for(report["error"]["code"], report["error"]["message"])
+    if run.returncode != 0 or "step" not in report:
+        raise Error(f"ckptd.export: {argv[0]} export exited with status {run.returncode}: "
+                    + run.stderr.decode("utf-8", "replace").strip())
+    return report["step"]
 
 
 def __getattr__(name):

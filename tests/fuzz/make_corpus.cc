@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "ckptd/v1/manifest.pb.h"
 #include "ckptd/v1/shard.pb.h"
+#include "format/tensor_size.h"
 #include "storage/codec.h"
 #include "storage/file_system.h"
 #include "storage/manifest.h"
@@ -45,7 +46,7 @@ Tensor Make(std::string name, ckptd::v1::Component component, ckptd::v1::DType d
   t.meta.set_name(std::move(name));
   t.meta.set_component(component);
   t.meta.set_dtype(dtype);
-  uint64_t n = ckptd::storage::DTypeSize(dtype);
+  uint64_t n = ckptd::format::DTypeSize(dtype);
   for (uint64_t d : shape) {
     t.meta.add_shape(d);
     n *= d;

@@ -17,10 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "ckptd/v1/manifest.pb.h"
+#include "format/checksum.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/stubs/logging.h"
-#include "storage/checksum.h"
 #include "storage/layout.h"
 #include "storage/manifest.h"
 #include "storage/shard_format.h"
@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint8_t* h = reinterpret_cast<uint8_t*>(fixed.data());
     const absl::string_view payload = bytes.substr(kManifestHeaderBytes);
     ckptd::storage::PutFixed32(h + 12, static_cast<uint32_t>(payload.size()));
-    ckptd::storage::PutFixed64(h + 16, ckptd::storage::Xxh3(payload));
+    ckptd::storage::PutFixed64(h + 16, ckptd::format::Xxh3(payload));
     if (fixed != bytes) Exercise(fixed);
   }
   return 0;

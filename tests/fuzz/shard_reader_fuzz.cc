@@ -23,8 +23,8 @@
 #include "absl/strings/string_view.h"
 #include "base/thread_pool.h"
 #include "ckptd/v1/shard.pb.h"
+#include "format/checksum.h"
 #include "google/protobuf/stubs/logging.h"
-#include "storage/checksum.h"
 #include "storage/mem_file_system.h"
 #include "storage/shard_format.h"
 #include "storage/shard_index.h"
@@ -38,7 +38,7 @@ using ckptd::storage::kShardFooterBytes;
 using ckptd::storage::kShardHeaderBlock;
 using ckptd::storage::kShardHeaderBytes;
 using ckptd::storage::PutFixed64;
-using ckptd::storage::Xxh3;
+using ckptd::format::Xxh3;
 
 // Inputs whose index claims more raw bytes than this are opened only.
 constexpr uint64_t kMaxRawBytes = 64ull << 20;

@@ -58,6 +58,26 @@ class CheckIncludesTest(unittest.TestCase):
             write(root, "coordinator/coordinator_service.cc", '#include "grpcpp/grpcpp.h"\n')
             self.assertEqual(run(root).returncode, 0)
 
+    def test_format_is_below_storage_and_needs_no_storage(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, "format/checksum.cc", '#include "ckptd/v1/shard.pb.h"\n')
+            write(root, "storage/b.cc", '#include "format/checksum.h"\n')
+            self.assertEqual(run(root).returncode, 0)
+            write(root, "format/checksum.cc", '#include "storage/b.h"\n')
+            r = run(root)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("format/checksum.cc:1: includes storage/b.h (component storage)", r.stdout)
+
+    def test_the_trainer_library_may_not_use_the_storage_engine(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, "client/c_api.cc", '#include "format/checksum.h"\n#include "staging/staging.h"\n')
+            self.assertEqual(run(root).returncode, 0)
+            write(root, "client/c_api.cc", '#include "storage/store.h"\n')
+            self.assertEqual(run(root).returncode, 1)
+            write(root, "client/c_api.cc", "")
+            write(root, "client/c_api_test.cc", '#include "storage/store.h"\n')  # an agent in-process
+            self.assertEqual(run(root).returncode, 0)
+
     def test_a_file_no_rule_covers_fails(self):
         with tempfile.TemporaryDirectory() as root:
             write(root, "staging/testing/x.h", '#include "base/a.h"\n')  # covered by staging/*

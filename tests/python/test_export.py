@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 from support import ROOT, AgentTestCase
 
@@ -188,6 +189,31 @@ class ExportTest(AgentTestCase):
             with self.assertRaises(ckptd.InvalidArgumentError, msg=str(bad)):
                 ckptd.export(self.agent.root, JOB, self.out, **bad)
         self.assertEqual(os.listdir(self.out), [])
+
+
+class CkptctlLookupTest(unittest.TestCase):
+    """ckptd.export runs the ckptctl found like libckptd.so: $CKPTD_CTL alone
+    when set, else beside the library's build tree or installation first."""
+
+    def setUp(self):
+        environ = mock.patch.dict(os.environ)  # restored after each test
+        environ.start()
+        self.addCleanup(environ.stop)
+
+    def test_ckptd_ctl_alone_when_set(self):
+        missing = os.path.join(tempfile.gettempdir(), "nowhere", "ckptctl")
+        os.environ["CKPTD_CTL"] = missing
+        with self.assertRaises(ckptd.Error) as e:
+            ckptd.export("/nonexistent", JOB, "/nonexistent-out")
+        self.assertIn(f"tried {missing}. ", str(e.exception))
+
+    def test_the_bin_beside_the_library_comes_first(self):
+        os.environ.pop("CKPTD_CTL", None)
+        beside = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckptd.library_path()))), "bin",
+                              "ckptctl")
+        if not os.path.exists(beside) or os.path.exists(os.path.join(os.path.dirname(ckptd.__file__), "ckptctl")):
+            self.skipTest(f"no {beside}, or a ckptctl bundled with the package")
+        self.assertEqual(ckptd.ckptctl(), beside)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
-#include "storage/checksum.h"
-
-#include "absl/strings/string_view.h"
-#include <xxhash.h>
+#include "format/checksum.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <new>
 
 #include "absl/strings/str_format.h"
 
-namespace ckptd::storage {
+// xxHash compiled into this file (its functions static): nothing that links
+// ckptd::format needs libxxhash.so, and the state's layout is known here.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace ckptd::format {
 
 uint64_t Xxh3(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
@@ -22,20 +22,19 @@ uint64_t CopyAndXxh3(void* dst, const void* src, size_t n) {
     if (n > 0) std::memcpy(dst, src, n);
     return XXH3_64bits(dst, n);
   }
-  // Only the library knows the state's layout.
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
-  if (state == nullptr) throw std::bad_alloc();
-  XXH3_64bits_reset(state.get());
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
   auto* d = static_cast<uint8_t*>(dst);
   const auto* s = static_cast<const uint8_t*>(src);
   for (size_t off = 0; off < n; off += kPiece) {
     const size_t len = std::min(kPiece, n - off);
     std::memcpy(d + off, s + off, len);
-    XXH3_64bits_update(state.get(), d + off, len);
+    XXH3_64bits_update(&state, d + off, len);
   }
-  return XXH3_64bits_digest(state.get());
+  return XXH3_64bits_digest(&state);
 }
 
 std::string ChecksumHex(uint64_t checksum) { return absl::StrFormat("%016x", checksum); }
 
-}  // namespace ckptd::storage
+}  // namespace ckptd::format

@@ -1,12 +1,13 @@
+// The checksum of the shard format, which the trainer library computes too.
 #pragma once
 
-#include "absl/strings/string_view.h"
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
 
-namespace ckptd::storage {
+#include "absl/strings/string_view.h"
+
+namespace ckptd::format {
 
 // XXH3-64 of a buffer; the checksum used everywhere in the shard format.
 uint64_t Xxh3(const void* data, size_t n);
@@ -19,4 +20,4 @@ uint64_t CopyAndXxh3(void* dst, const void* src, size_t n);
 // 16 lowercase hex digits.
 std::string ChecksumHex(uint64_t checksum);
 
-}  // namespace ckptd::storage
+}  // namespace ckptd::format
