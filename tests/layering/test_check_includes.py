@@ -26,7 +26,7 @@ class CheckIncludesTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as root:
             write(root, "base/a.h", '#include "absl/status/status.h"\n')
             write(root, "storage/b.cc", '#include "storage/b.h"\n#include "base/a.h"\n#include "ckptd/v1/shard.pb.h"\n')
-            write(root, "agent/c.cc", '#include "storage/b.h"\n#include "grpcpp/grpcpp.h"\n')
+            write(root, "agent/agent_service.cc", '#include "storage/b.h"\n#include "grpcpp/grpcpp.h"\n')
             r = run(root)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
@@ -49,6 +49,15 @@ class CheckIncludesTest(unittest.TestCase):
             self.assertEqual(run(root).returncode, 0)
             write(root, "storage/b.cc", '#include "ckptd/v1/coordinator.pb.h"\n')
             self.assertEqual(run(root).returncode, 1)
+
+    def test_the_agent_core_may_not_speak_grpc(self):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, "agent/agent_restore.cc", '#include "ckptd/v1/coordinator.grpc.pb.h"\n')
+            self.assertEqual(run(root).returncode, 1)
+            write(root, "agent/agent_restore.cc", '#include "ckptd/v1/coordinator.pb.h"\n')
+            self.assertEqual(run(root).returncode, 0)
+            write(root, "agent/coordinator_link.cc", '#include "grpcpp/grpcpp.h"\n')
+            self.assertEqual(run(root).returncode, 0)
 
     def test_the_coordinator_core_may_not_speak_grpc(self):
         with tempfile.TemporaryDirectory() as root:
