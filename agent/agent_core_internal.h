@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
@@ -26,6 +27,21 @@
 namespace ckptd::agent {
 
 namespace internal {
+
+// Where a trainer is in its lifecycle (docs/agent.md, "A trainer's
+// lifecycle"). AgentCore::MoveLocked makes every change, under AgentCore::mu_.
+enum class TrainerState {
+  kRegistering,  // Register claims its staging; listed nowhere yet
+  kRegistered,   // in trainers_: it snapshots, its persister persists
+  kExiting,      // in exiting_: its persister writes what it left READY
+  kTakenOver,    // in exiting_, still draining; a successor holds its segment
+  kRetired,      // drained (or refused); its segment parked, handed on or let go
+};
+absl::string_view TrainerStateName(TrainerState state);
+// The lifecycle's transitions: registering -> registered or retired (refused);
+// registered -> exiting; exiting <-> taken over (a successor's registration,
+// undone when it is refused); exiting or taken over -> retired.
+bool TrainerMoveAllowed(TrainerState from, TrainerState to);
 
 // What a commit records of rank `rank`'s shard file, as written.
 ckptd::v1::ShardRef ShardRefOf(uint32_t rank, const storage::ShardWriteResult& written);
@@ -72,10 +88,10 @@ struct AgentCore::Trainer {
   // A trainer that took over the segment of one still draining: its
   // persister waits for that one's drain before it takes READY slots.
   std::shared_ptr<Trainer> predecessor ABSL_GUARDED_BY(mu);
-  // Under AgentCore::mu_, while it drains after its exit: a successor
-  // registered with the same layout took over its segment (the steps it
-  // keeps from now on go to that one).
-  bool adopted = false;
+  // Under AgentCore::mu_ (AgentCore::MoveLocked): its lifecycle state, and
+  // once taken over, the successor registered with the same layout that
+  // holds its segment (the steps it keeps from now on go to that one).
+  internal::TrainerState state = internal::TrainerState::kRegistering;
   std::weak_ptr<Trainer> successor;
   PersistStatus status ABSL_GUARDED_BY(mu);
   // Reporting failed persists (NotePersisted): failures since the last

@@ -21,6 +21,7 @@ namespace ckptd::agent {
 
 using internal::ForgetTakenBack;
 using internal::Gib;
+using internal::TrainerState;
 
 namespace {
 
@@ -103,6 +104,67 @@ absl::StatusOr<std::vector<uint64_t>> CheckRegistration(const TrainerRegistratio
 
 }  // namespace
 
+namespace internal {
+
+absl::string_view TrainerStateName(TrainerState state) {
+  switch (state) {
+    case TrainerState::kRegistering: return "registering";
+    case TrainerState::kRegistered: return "registered";
+    case TrainerState::kExiting: return "exiting";
+    case TrainerState::kTakenOver: return "taken over";
+    case TrainerState::kRetired: return "retired";
+  }
+  return "unknown";
+}
+
+bool TrainerMoveAllowed(TrainerState from, TrainerState to) {
+  switch (from) {
+    case TrainerState::kRegistering: return to == TrainerState::kRegistered || to == TrainerState::kRetired;
+    case TrainerState::kRegistered: return to == TrainerState::kExiting;
+    case TrainerState::kExiting: return to == TrainerState::kTakenOver || to == TrainerState::kRetired;
+    case TrainerState::kTakenOver: return to == TrainerState::kExiting || to == TrainerState::kRetired;
+    case TrainerState::kRetired: return false;
+  }
+  return false;
+}
+
+}  // namespace internal
+
+absl::Status AgentCore::MoveLocked(const std::shared_ptr<Trainer>& t, TrainerState to,
+                                   std::shared_ptr<Trainer> successor) {
+  const TrainerState from = t->state;
+  if (!internal::TrainerMoveAllowed(from, to)) {
+    const absl::Status refused = absl::InternalError(absl::StrCat(
+        "trainer ", t->id, " of job ", t->reg.job, " rank ", t->reg.rank, " cannot go from ",
+        internal::TrainerStateName(from), " to ", internal::TrainerStateName(to), "; it stays ",
+        internal::TrainerStateName(from)));
+    logger_->Error(refused.message());
+    return refused;
+  }
+  switch (to) {
+    case TrainerState::kRegistered:
+      trainers_[t->id] = t;
+      break;
+    case TrainerState::kExiting:
+      if (from == TrainerState::kRegistered) {
+        trainers_.erase(t->id);
+        exiting_.push_back(t);
+      }
+      t->successor.reset();  // from kTakenOver: its successor was refused
+      break;
+    case TrainerState::kTakenOver:
+      t->successor = std::move(successor);
+      break;
+    case TrainerState::kRetired:
+      std::erase(exiting_, t);
+      break;
+    case TrainerState::kRegistering:
+      break;  // never allowed
+  }
+  t->state = to;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg) {
   CKPTD_ASSIGN_OR_RETURN(const std::vector<uint64_t> lengths, CheckRegistration(reg, options_.coordinator != nullptr));
   auto t = std::make_shared<Trainer>();
@@ -130,6 +192,7 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   handle.slot_bytes = t->layout.slot_bytes;
   handle.offsets = t->layout.offsets;
   handle.coordinated = options_.coordinator != nullptr;
+  if (options_.before_enlisting) options_.before_enlisting(reg);
   absl::MutexLock l(&mu_);
   CKPTD_RETURN_IF_ERROR(EnlistLocked(t, &claim));
   return handle;
@@ -170,13 +233,15 @@ void AgentCore::ClaimStagingLocked(const std::shared_ptr<Trainer>& t, uint32_t s
   // over now (the restart must not wait for that write, nor allocate the
   // memory a second time); its persister takes only its own slots.
   for (const std::shared_ptr<Trainer>& e : exiting_) {
-    if (e->reg.job == reg.job && e->reg.rank == reg.rank && !e->adopted && e->key == t->key &&
-        e->segment->slots() == slots && e->layout.slot_bytes == t->layout.slot_bytes) {
+    if (e->reg.job == reg.job && e->reg.rank == reg.rank && e->state == TrainerState::kExiting &&
+        e->key == t->key && e->segment->slots() == slots && e->layout.slot_bytes == t->layout.slot_bytes) {
       claim->adopt = e;
-      claim->adopt->adopted = true;
-      claim->adopt->successor = t;
-      return;
+      break;
     }
+  }
+  if (claim->adopt != nullptr) {
+    if (MoveLocked(claim->adopt, TrainerState::kTakenOver, t).ok()) return;
+    claim->adopt = nullptr;
   }
   ReserveBudgetLocked(*t, slots, need, claim);
 }
@@ -301,6 +366,7 @@ absl::Status AgentCore::EnlistLocked(const std::shared_ptr<Trainer>& t, Claim* c
     // since the check above).
     if (absl::Status world = CheckLoneWorldLocked(reg); !world.ok()) {
       UndoClaimLocked(t, claim);
+      (void)MoveLocked(t, TrainerState::kRetired);  // listed nowhere: nothing to undo
       return world;
     }
     absl::MutexLock ll(&lone_mu_);
@@ -320,16 +386,14 @@ absl::Status AgentCore::EnlistLocked(const std::shared_ptr<Trainer>& t, Claim* c
   // A registration of the same process that came in meanwhile (its caller
   // gave up on it and asked again) is retired as well.
   for (std::shared_ptr<Trainer>& r : RetireSameProcessLocked(reg, 0)) FinishExitInBackground(std::move(r), false);
-  trainers_[t->id] = t;
-  return absl::OkStatus();
+  return MoveLocked(t, TrainerState::kRegistered);
 }
 
 void AgentCore::UndoClaimLocked(const std::shared_ptr<Trainer>& t, Claim* claim) {
   // What was taken over is left as it was found: a draining predecessor's
   // for the next one to adopt, a parked segment parked.
   if (claim->adopt) {
-    claim->adopt->adopted = false;
-    claim->adopt->successor.reset();
+    (void)MoveLocked(claim->adopt, TrainerState::kExiting);  // logged if refused
     absl::MutexLock tl(&t->mu);
     t->predecessor.reset();
   } else if (claim->reused) {
@@ -453,8 +517,8 @@ absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExit(uint64_
 absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExitLocked(uint64_t trainer_id) {
   auto it = trainers_.find(trainer_id);
   if (it == trainers_.end()) return absl::NotFoundError(absl::StrCat("no trainer ", trainer_id, " is registered"));
-  std::shared_ptr<Trainer> t = std::move(it->second);
-  trainers_.erase(it);
+  std::shared_ptr<Trainer> t = it->second;
+  CKPTD_RETURN_IF_ERROR(MoveLocked(t, TrainerState::kExiting));
   staging::StagingSegment& seg = *t->segment;
   seg.ReclaimAfterTrainerExit();
   // Taken over while those drained: the snapshots they left are theirs.
@@ -479,7 +543,6 @@ absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExitLocked(u
     t->stopping = true;  // the persister drains those first
     t->wake = true;
   }
-  exiting_.push_back(t);
   return t;
 }
 
@@ -505,13 +568,14 @@ void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
     // One section from leaving exiting_ to parked (or handed on): a
     // registration meanwhile finds the segment either way.
     absl::MutexLock l(&mu_);
-    std::erase(exiting_, t);
+    const bool taken_over = t->state == TrainerState::kTakenOver;
+    (void)MoveLocked(t, TrainerState::kRetired);  // logged if refused
     // A segment parked while this trainer still wrote into it waits on the
     // ones before it now, if any.
     for (Parked& p : parked_) {
       if (p.draining == t) p.draining = before;
     }
-    if (!t->adopted) {
+    if (!taken_over) {
       ParkLocked(t, std::move(kept), std::move(before), &evicted);
     } else {
       HandKeptOnLocked(*t, std::move(kept));
@@ -530,7 +594,7 @@ void AgentCore::HandKeptOnLocked(const Trainer& t, std::vector<KeptStep> kept) {
     return;
   }
   for (const std::shared_ptr<Trainer>& o : exiting_) {
-    if (o->segment != t.segment || o->adopted) continue;
+    if (o->segment != t.segment || o->state == TrainerState::kTakenOver) continue;
     absl::MutexLock ol(&o->mu);
     MergeKept(*o->segment, std::move(kept), &o->kept);
     return;

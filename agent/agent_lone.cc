@@ -198,8 +198,8 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreLocal(Trainer* t, LoadCall* call
     if (outcome.kind == RoundOutcome::kFailed) return outcome.failed;
     if (outcome.kind == RoundOutcome::kTimedOut) {
       return absl::DeadlineExceededError(absl::StrCat(
-          "restore of job ", reg.job, " rank ", reg.rank, ": ", outcome.loaded, " of ", reg.world_size, " ranks loaded step ",
-          step, " within ", absl::FormatDuration(call->timeout),
+          "restore of job ", reg.job, " rank ", reg.rank, ": ", outcome.loaded, " of ", reg.world_size,
+          " ranks loaded step ", step, " within ", absl::FormatDuration(call->timeout),
           "; without a coordinator every rank of the job restores through this agent, and the others did not"));
     }
     // kAgain: a rank found the step damaged; load the one before.

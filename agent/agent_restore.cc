@@ -88,7 +88,8 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
 }
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreRound(Trainer* t, LoadCall* call) {
-  absl::StatusOr<RestoreResult> r = options_.coordinator != nullptr ? RestoreCoordinated(t, call) : RestoreLocal(t, call);
+  absl::StatusOr<RestoreResult> r =
+      options_.coordinator != nullptr ? RestoreCoordinated(t, call) : RestoreLocal(t, call);
   if (r.ok() && r->step) {
     // The registration ended meanwhile (its process died, or registered
     // again): nobody copies the slot out, and it is not left RESTORED in

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,9 +20,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
+#include "agent/agent_core_internal.h"
 #include "agent/testing_agent_harness.h"
 #include "base/clock.h"
 #include "base/testing/capturing_logger.h"
@@ -39,6 +42,21 @@
 #include "storage/store.h"
 
 namespace ckptd::agent {
+
+// Reads a trainer's lifecycle state (AgentCore::MoveLocked) for the tests.
+class AgentCoreLifecycleProbe {
+ public:
+  // nullopt: listed nowhere (retired, or never registered).
+  static std::optional<internal::TrainerState> StateOf(AgentCore& agent, uint64_t trainer_id) {
+    absl::MutexLock l(&agent.mu_);
+    if (auto it = agent.trainers_.find(trainer_id); it != agent.trainers_.end()) return it->second->state;
+    for (const std::shared_ptr<AgentCore::Trainer>& t : agent.exiting_) {
+      if (t->id == trainer_id) return t->state;
+    }
+    return std::nullopt;
+  }
+};
+
 namespace {
 
 using ::ckptd::testing::Eventually;
@@ -1133,6 +1151,96 @@ TEST_F(MemoryTierTest, WithoutKeepInMemoryNothingIsKeptOrHandedOn) {
   }
   EXPECT_THAT(agent.Status(second.h.trainer_id), IsOkAndHolds(MemoryRestores(0, 0)));
   CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
+}
+
+using internal::TrainerState;
+
+// The lifecycle allows exactly its moves (docs/agent.md): anything else is
+// refused and leaves the trainer where it was.
+TEST(TrainerLifecycleTest, OnlyTheLifecyclesMovesAreAllowed) {
+  const std::vector<TrainerState> all = {TrainerState::kRegistering, TrainerState::kRegistered,
+                                         TrainerState::kExiting, TrainerState::kTakenOver, TrainerState::kRetired};
+  const std::set<std::pair<TrainerState, TrainerState>> allowed = {
+      {TrainerState::kRegistering, TrainerState::kRegistered}, {TrainerState::kRegistering, TrainerState::kRetired},
+      {TrainerState::kRegistered, TrainerState::kExiting},     {TrainerState::kExiting, TrainerState::kTakenOver},
+      {TrainerState::kTakenOver, TrainerState::kExiting},      {TrainerState::kExiting, TrainerState::kRetired},
+      {TrainerState::kTakenOver, TrainerState::kRetired}};
+  std::set<std::string> names;
+  for (TrainerState from : all) {
+    names.insert(std::string(internal::TrainerStateName(from)));
+    for (TrainerState to : all) {
+      EXPECT_EQ(internal::TrainerMoveAllowed(from, to), allowed.contains({from, to}))
+          << internal::TrainerStateName(from) << " -> " << internal::TrainerStateName(to);
+    }
+  }
+  EXPECT_EQ(names.size(), all.size());
+  EXPECT_FALSE(names.contains("unknown"));
+}
+
+// A chain of take-overs, state by state: registered; exiting while its last
+// snapshot is written; taken over by a successor, which is registered;
+// retired once drained, while the successor goes on; the successor's own
+// exit parks the segment.
+TEST_F(MemoryTierTest, ATakeOverChainGoesThroughEachLifecycleState) {
+  storage::FaultInjectionFileSystem slow(&mem_);
+  AgentCore agent(&slow, options_);
+  auto state = [&](const Started& t) { return AgentCoreLifecycleProbe::StateOf(agent, t.h.trainer_id); };
+  Started first;
+  std::thread exit;
+  std::atomic<bool> exited{false};
+  ASSERT_NO_FATAL_FAILURE(DieWhileWriting(agent, slow, Rank("job"), absl::Milliseconds(500), &first, &exit, &exited));
+  EXPECT_EQ(state(first), TrainerState::kExiting);
+  Started second;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, first, &second));
+  EXPECT_FALSE(exited.load()) << "step 2 was written before the successor registered: nothing was tested";
+  EXPECT_EQ(state(first), TrainerState::kTakenOver);
+  EXPECT_EQ(state(second), TrainerState::kRegistered);
+  exit.join();
+  EXPECT_EQ(state(first), std::nullopt) << "retired, listed nowhere";
+  EXPECT_EQ(state(second), TrainerState::kRegistered);
+  EXPECT_EQ(agent.Memory().parked, 0u) << "the segment is the successor's, not parked";
+  CKPTD_ASSERT_OK(agent.TrainerExited(second.h.trainer_id));
+  EXPECT_EQ(state(second), std::nullopt);
+  EXPECT_EQ(agent.Memory().parked, 1u);
+  Started third;
+  ASSERT_NO_FATAL_FAILURE(TakeOver(agent, second, &third));
+  EXPECT_EQ(state(third), TrainerState::kRegistered);
+  CKPTD_ASSERT_OK(agent.TrainerExited(third.h.trainer_id));
+}
+
+// A registration that took a draining predecessor's segment over and is
+// refused at the last check (another rank registered another world size
+// meanwhile) hands the predecessor back to exiting: its segment is then
+// parked when its drain ends, not handed to a successor that never was.
+TEST_F(MemoryTierTest, ARefusedTakeOverLeavesThePredecessorExiting) {
+  storage::FaultInjectionFileSystem slow(&mem_);
+  std::optional<AgentCore> agent;
+  bool armed = false;
+  bool intervened = false;
+  Started other;
+  options_.before_enlisting = [&](const TrainerRegistration&) {
+    if (!armed) return;
+    armed = false;
+    intervened = true;
+    Start(*agent, Rank("job", 1, 3), &other);
+  };
+  agent.emplace(&slow, options_);
+  auto state = [&](const Started& t) { return AgentCoreLifecycleProbe::StateOf(*agent, t.h.trainer_id); };
+  Started first;
+  std::thread exit;
+  std::atomic<bool> exited{false};
+  ASSERT_NO_FATAL_FAILURE(
+      DieWhileWriting(*agent, slow, Rank("job", 0, 2), absl::Milliseconds(500), &first, &exit, &exited));
+  armed = true;
+  EXPECT_THAT(agent->Register(Rank("job", 0, 2)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("registers a world of 2 ranks")));
+  EXPECT_TRUE(intervened);
+  EXPECT_FALSE(exited.load()) << "drained before: nothing tested";
+  EXPECT_EQ(state(first), TrainerState::kExiting);
+  exit.join();
+  EXPECT_EQ(state(first), std::nullopt);
+  EXPECT_EQ(agent->Memory().parked, 1u) << "the predecessor's segment was not parked";
+  CKPTD_ASSERT_OK(agent->TrainerExited(other.h.trainer_id));
 }
 
 }  // namespace
