@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
+#include "base/json.h"
 #include "cli/command.h"
 #include "cli/figures.h"
-#include "cli/json.h"
 #include "cli/svg.h"
 
 namespace ckptd::cli {

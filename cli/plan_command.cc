@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
+#include "base/json.h"
 #include "cli/command.h"
 #include "cli/figures.h"
-#include "cli/json.h"
 
 namespace ckptd::cli {
 
