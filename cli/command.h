@@ -25,6 +25,10 @@
 
 namespace ckptd::cli {
 
+using base::ByteUnits;
+using base::DurationStyle;
+using base::FormatBytes;
+using base::FormatSeconds;
 using base::HumanBytes;
 using base::IsoTime;
 using base::JsonWriter;
