@@ -9,16 +9,21 @@
 
 namespace ckptd::base {
 
-std::string HumanBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes);
+std::string FormatBytes(double bytes, ByteUnits units) {
+  if (units == ByteUnits::kGiB) return absl::StrFormat("%.2f GiB", bytes / (1 << 30));
+  static const char* kBinaryUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static const char* kDecimalUnits[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
+  const bool decimal = units == ByteUnits::kDecimal;
+  const double step = decimal ? 1000 : 1024;
+  const int largest = decimal ? 6 : 5;
+  double v = bytes;
   int u = 0;
-  while (v >= 1024 && u < 5) {
-    v /= 1024;
+  while (v >= step && u < largest) {
+    v /= step;
     ++u;
   }
-  if (u == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.1f %s", v, kUnits[u]);
+  if (u == 0) return absl::StrFormat("%.0f B", v);
+  return decimal ? absl::StrFormat("%.2f %s", v, kDecimalUnits[u]) : absl::StrFormat("%.1f %s", v, kBinaryUnits[u]);
 }
 
 std::string IsoTime(int64_t unix_nanos) {
@@ -26,21 +31,45 @@ std::string IsoTime(int64_t unix_nanos) {
   return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixNanos(unix_nanos), absl::UTCTimeZone());
 }
 
-std::string ShortDuration(double s) {
-  if (!std::isfinite(s)) return "-";
-  if (s < 0) s = 0;  // clock skew between the coordinator and here
-  if (s < 10) return absl::StrFormat("%.1f s", s);
-  if (s < 120) return absl::StrFormat("%.0f s", s);
-  if (s < 7200) return absl::StrFormat("%.1f min", s / 60);
-  if (s < 172800) return absl::StrFormat("%.1f h", s / 3600);
-  return absl::StrFormat("%.1f d", s / 86400);
+namespace {
+
+// Whole seconds from `whole_from`, one decimal from `one_from`, two below.
+std::string PlainSeconds(double s, double one_from, double whole_from) {
+  if (s < one_from) return absl::StrFormat("%.2f s", s);
+  if (s < whole_from) return absl::StrFormat("%.1f s", s);
+  return absl::StrFormat("%.0f s", s);
 }
 
-std::string Seconds(double s) {
-  if (!(s > 0) || !std::isfinite(s)) return "-";
-  if (s < 1) return absl::StrFormat("%.2f s", s);
-  if (s < 100) return absl::StrFormat("%.1f s", s);
-  return absl::StrFormat("%.0f s", s);
+}  // namespace
+
+std::string FormatSeconds(double s, DurationStyle style) {
+  switch (style) {
+    case DurationStyle::kShort:
+      if (!std::isfinite(s)) return "-";
+      if (s < 0) s = 0;  // clock skew between the coordinator and here
+      if (s < 10) return absl::StrFormat("%.1f s", s);
+      if (s < 2 * kMinute) return absl::StrFormat("%.0f s", s);
+      if (s < 2 * kHour) return absl::StrFormat("%.1f min", s / kMinute);
+      if (s < 2 * kDay) return absl::StrFormat("%.1f h", s / kHour);
+      return absl::StrFormat("%.1f d", s / kDay);
+    case DurationStyle::kSeconds:
+      if (!(s > 0) || !std::isfinite(s)) return "-";
+      return PlainSeconds(s, 1, 100);
+    case DurationStyle::kFigure: {
+      if (!std::isfinite(s)) return "-";
+      const std::string plain = PlainSeconds(s, 10, 1000);
+      if (s >= 2 * kDay) return absl::StrFormat("%s (%.1f d)", plain, s / kDay);
+      if (s >= 2 * kHour) return absl::StrFormat("%s (%.2f h)", plain, s / kHour);
+      if (s >= 2 * kMinute) return absl::StrFormat("%s (%.1f min)", plain, s / kMinute);
+      return plain;
+    }
+    case DurationStyle::kLabel:
+      if (s < kMinute) return absl::StrFormat("%.3g s", s);
+      if (s < kHour) return absl::StrFormat("%.3g min", s / kMinute);
+      if (s < kDay) return absl::StrFormat("%.3g h", s / kHour);
+      return absl::StrFormat("%.3g d", s / kDay);
+  }
+  return "-";
 }
 
 size_t Utf8SequenceAt(absl::string_view s, size_t i, uint32_t* cp) {

@@ -45,6 +45,28 @@ TEST(HumanBytesTest, PiBIsTheLargestUnit) {
   EXPECT_EQ(HumanBytes(std::numeric_limits<uint64_t>::max()), "16384.0 PiB");
 }
 
+TEST(FormatBytesTest, BinaryIsHumanBytes) {
+  EXPECT_EQ(FormatBytes(512, ByteUnits::kBinary), "512 B");
+  EXPECT_EQ(FormatBytes(1536, ByteUnits::kBinary), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(12 * kMiB, ByteUnits::kBinary), HumanBytes(12 * kMiB));
+}
+
+TEST(FormatBytesTest, GiBAlwaysWithTwoDecimals) {
+  EXPECT_EQ(FormatBytes(0, ByteUnits::kGiB), "0.00 GiB");
+  EXPECT_EQ(FormatBytes(kGiB / 4, ByteUnits::kGiB), "0.25 GiB");
+  EXPECT_EQ(FormatBytes(80 * kGiB, ByteUnits::kGiB), "80.00 GiB");
+  EXPECT_EQ(FormatBytes(2 * kTiB, ByteUnits::kGiB), "2048.00 GiB");
+}
+
+TEST(FormatBytesTest, DecimalUnitsWithTwoDecimals) {
+  EXPECT_EQ(FormatBytes(0, ByteUnits::kDecimal), "0 B");
+  EXPECT_EQ(FormatBytes(999.4, ByteUnits::kDecimal), "999 B");
+  EXPECT_EQ(FormatBytes(1000, ByteUnits::kDecimal), "1.00 kB");
+  EXPECT_EQ(FormatBytes(7570, ByteUnits::kDecimal), "7.57 kB");
+  EXPECT_EQ(FormatBytes(14e9, ByteUnits::kDecimal), "14.00 GB");
+  EXPECT_EQ(FormatBytes(2e21, ByteUnits::kDecimal), "2000.00 EB");  // EB is the largest unit
+}
+
 TEST(IsoTimeTest, ZeroIsUnknown) { EXPECT_EQ(IsoTime(0), "-"); }
 
 TEST(IsoTimeTest, KnownTimesInUtc) {
@@ -118,6 +140,30 @@ TEST(SecondsTest, ZeroNegativeAndNonFiniteAreUnknown) {
   EXPECT_EQ(Seconds(-1), "-");
   EXPECT_EQ(Seconds(std::numeric_limits<double>::quiet_NaN()), "-");
   EXPECT_EQ(Seconds(std::numeric_limits<double>::infinity()), "-");
+}
+
+TEST(FormatSecondsTest, ShortAndSecondsAreTheirShorthands) {
+  EXPECT_EQ(FormatSeconds(312, DurationStyle::kShort), ShortDuration(312));
+  EXPECT_EQ(FormatSeconds(0.04, DurationStyle::kSeconds), Seconds(0.04));
+}
+
+TEST(FormatSecondsTest, FigureIsSecondsWithALargerUnitFromTwoOfIt) {
+  EXPECT_EQ(FormatSeconds(1.17, DurationStyle::kFigure), "1.17 s");
+  EXPECT_EQ(FormatSeconds(35.25, DurationStyle::kFigure), "35.2 s");
+  EXPECT_EQ(FormatSeconds(119, DurationStyle::kFigure), "119.0 s");
+  EXPECT_EQ(FormatSeconds(300, DurationStyle::kFigure), "300.0 s (5.0 min)");
+  EXPECT_EQ(FormatSeconds(7001, DurationStyle::kFigure), "7001 s (116.7 min)");
+  EXPECT_EQ(FormatSeconds(7200, DurationStyle::kFigure), "7200 s (2.00 h)");
+  EXPECT_EQ(FormatSeconds(3 * kDay, DurationStyle::kFigure), "259200 s (3.0 d)");
+  EXPECT_EQ(FormatSeconds(std::numeric_limits<double>::infinity(), DurationStyle::kFigure), "-");
+  EXPECT_EQ(FormatSeconds(std::numeric_limits<double>::quiet_NaN(), DurationStyle::kFigure), "-");
+}
+
+TEST(FormatSecondsTest, LabelHasThreeSignificantDigits) {
+  EXPECT_EQ(FormatSeconds(30, DurationStyle::kLabel), "30 s");
+  EXPECT_EQ(FormatSeconds(60, DurationStyle::kLabel), "1 min");
+  EXPECT_EQ(FormatSeconds(1.94 * kHour, DurationStyle::kLabel), "1.94 h");
+  EXPECT_EQ(FormatSeconds(217 * kDay, DurationStyle::kLabel), "217 d");
 }
 
 TEST(TerminalSafeTest, PrintableAsciiAndUtf8AreKept) {

@@ -43,9 +43,9 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "base/thread_pool.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
-#include "cli/json.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
@@ -54,7 +54,7 @@
 namespace ckptd::bench {
 
 using base::Args;
-using cli::JsonWriter;
+using base::JsonWriter;
 using SteadyClock = std::chrono::steady_clock;
 namespace v1 = ::ckptd::v1;
 

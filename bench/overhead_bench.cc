@@ -31,8 +31,8 @@
 #include "absl/time/clock.h"
 #include "base/cpu_set.h"
 #include "base/flags.h"
+#include "base/json.h"
 #include "base/thread_priority.h"
-#include "cli/json.h"
 #include "client/client.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
@@ -631,7 +631,7 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
     for (const PersistCycle& c : v) x.push_back(get(c));
     return Median(x);
   };
-  cli::JsonWriter w;
+  base::JsonWriter w;
   w.BeginObject();
   w.Field("state_bytes", state.bytes());
   w.Field("cpus", static_cast<uint64_t>(std::thread::hardware_concurrency()));
@@ -783,7 +783,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
   std::system(absl::StrCat("rm -rf '", dir, "'").c_str());
   if (rc != base::kExitOk) return rc;
   const double base = Median(runs[0]);
-  cli::JsonWriter w;
+  base::JsonWriter w;
   w.BeginObject();
   w.Field("state_mb", vals[0]);
   w.Field("steps", vals[1]);

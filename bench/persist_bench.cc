@@ -19,10 +19,10 @@
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "base/limits.h"
 #include "base/thread_pool.h"
 #include "bench/bench_util.h"
-#include "cli/json.h"
 #include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
@@ -32,7 +32,7 @@
 namespace ckptd::bench {
 
 using base::Args;
-using cli::JsonWriter;
+using base::JsonWriter;
 
 const char kPersistHelp[] =
     "usage: ckptd-bench persist --dir <dir> --bytes <n> [--codec none|zstd] [--dtype fp32|bf16]\n"

@@ -14,8 +14,8 @@
 #include "absl/time/clock.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "bench/bench_util.h"
-#include "cli/json.h"
 #include "coordinator/reshard_layouts.h"
 #include "format/tensor_size.h"
 #include "storage/layout.h"
@@ -290,7 +290,7 @@ int RunReshardBench(const std::vector<std::string>& argv, std::ostream& out, std
   const double opened_ratio =
       self_opened > 0 ? static_cast<double>(s.saved + coordinated_opened) / static_cast<double>(self_opened) : 0;
   if (args->Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("saved_ranks", s.saved);
     w.Field("ranks", s.ranks);

@@ -26,11 +26,11 @@
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "base/logger.h"
 #include "base/posix_error.h"
 #include "base/status_macros.h"
 #include "bench/bench_util.h"
-#include "cli/json.h"
 #include "client/client.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
@@ -740,7 +740,7 @@ int RunPeerRestore(const base::Args& args, uint64_t n, int rounds, std::ostream&
   const double iperf_gbps = Median(iperf) * 8 / 1e9;
   const double ratio = yardstick ? gbps / iperf_gbps : 0;
   if (args.Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
     w.Field("from", "peer");
@@ -968,7 +968,7 @@ int RunDeviceRestore(const base::Args& args, uint64_t n, int rounds, int device,
   const double vs_pageable = pageable_s > 0 ? restore_s / pageable_s : 0;
   const std::string where = absl::StrCat("cuda:", device);
   if (args.Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
     w.Field("from", "memory");
@@ -1081,7 +1081,7 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
   const double again_s = Median(again);
   const bool met = again_s < kAgainTarget;
   if (args->Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
     w.Field("buffers", buffers);
@@ -1199,7 +1199,7 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   const double restore_s = Median(restore), yard_s = Median(yardstick);
   const double ratio = yard_s > 0 ? restore_s / yard_s : 0;
   if (args->Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
     w.Field("from", from);

@@ -16,9 +16,9 @@
 #include "base/aligned_buffer.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "base/limits.h"
 #include "bench/bench_util.h"
-#include "cli/json.h"
 #include "client/client.h"
 #include "storage/posix_file_system.h"
 
@@ -180,7 +180,7 @@ int RunSnapshotBench(const std::vector<std::string>& argv, std::ostream& out, st
   if (rc != base::kExitOk) return rc;
   const double stall = Median(stalls), copy = Median(memcpys);
   if (args->Has("json")) {
-    cli::JsonWriter w;
+    base::JsonWriter w;
     w.BeginObject();
     w.Field("bytes", n);
     w.Field("device", cuda ? absl::StrCat("cuda:", *cuda) : std::string("host"));

@@ -19,14 +19,19 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "ckptd/v1/coordinator.pb.h"
-#include "cli/json.h"
 #include "cli/operator_commands.h"
 
 namespace ckptd::cli {
 
+using base::ByteUnits;
+using base::DurationStyle;
+using base::FormatBytes;
+using base::FormatSeconds;
 using base::HumanBytes;
 using base::IsoTime;
+using base::JsonWriter;
 using base::Seconds;
 using base::ShortDuration;
 using base::TerminalSafe;

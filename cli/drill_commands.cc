@@ -13,11 +13,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/json.h"
 #include "base/limits.h"
 #include "cli/command.h"
 #include "cli/drill_report.h"
 #include "cli/drill_runner.h"
-#include "cli/json.h"
 
 namespace ckptd::cli {
 

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/testing/json_checker.h"
 #include "cli/testing_drills.h"
 #include "cli/testing_fake_coordinator.h"
-#include "cli/testing_json.h"
 #include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -9,10 +9,12 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "base/json.h"
 #include "cli/drill_runner.h"
-#include "cli/json.h"
 
 namespace ckptd::cli {
+
+using base::JsonWriter;
 
 // The report as text: timeline from the injection, work lost, verdict.
 void PrintDrillReport(const DrillOutcome& d, std::ostream& out);

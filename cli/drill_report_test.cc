@@ -6,8 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/testing/json_checker.h"
 #include "cli/testing_drills.h"
-#include "cli/testing_json.h"
 #include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

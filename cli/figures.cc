@@ -7,7 +7,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "cli/command.h"
 
 namespace ckptd::cli {
@@ -17,24 +16,6 @@ void FigureLine(std::ostream& out, absl::string_view label, absl::string_view va
   const size_t width = DisplayWidth(label);
   out << "  " << label << std::string(kLabelWidth > width ? kLabelWidth - width : 1, ' ') << TerminalSafe(value)
       << "\n";
-}
-
-std::string DurationFigure(double s) {
-  if (!std::isfinite(s)) return "-";
-  const std::string main = s < 10     ? absl::StrFormat("%.2f s", s)
-                           : s < 1000 ? absl::StrFormat("%.1f s", s)
-                                      : absl::StrFormat("%.0f s", s);
-  if (s >= 2 * kDay) return absl::StrFormat("%s (%.1f d)", main, s / kDay);
-  if (s >= 2 * kHour) return absl::StrFormat("%s (%.2f h)", main, s / kHour);
-  if (s >= 2 * kMinute) return absl::StrFormat("%s (%.1f min)", main, s / kMinute);
-  return main;
-}
-
-std::string DurationLabel(double s) {
-  if (s < kMinute) return absl::StrFormat("%.3g s", s);
-  if (s < kHour) return absl::StrFormat("%.3g min", s / kMinute);
-  if (s < kDay) return absl::StrFormat("%.3g h", s / kHour);
-  return absl::StrFormat("%.3g d", s / kDay);
 }
 
 absl::Status ReadNumber(const base::Args& args, absl::string_view flag, NumberRange range, double* value) {

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
+#include "base/json.h"
 #include "cli/command.h"
 #include "cli/figures.h"
-#include "cli/json.h"
 #include "cli/svg.h"
 
 namespace ckptd::cli {
@@ -119,15 +119,16 @@ void PrintTwoLevel(const IntervalReport& r, std::ostream& out) {
   for (const TwoLevelReport::Class& c : t.classes) total += c.rate_per_s;
   for (const TwoLevelReport::Class& c : t.classes) {
     std::string v = absl::StrFormat("%.1f %% of failures, MTBF %s, from %s", 100 * c.rate_per_s / total,
-                                    DurationFigure(1 / c.rate_per_s), ClassSource(c));
+                                    FormatSeconds(1 / c.rate_per_s, DurationStyle::kFigure), ClassSource(c));
     if (c.failures) absl::StrAppend(&v, "; ", *c.failures, " seen");
     FigureLine(out, absl::StrCat(c.name, " failures"), v);
   }
   FigureLine(out, "memory checkpoint cost δm",
-             absl::StrCat(DurationFigure(in.memory_cost_s), r.live ? " (the stall)" : ""));
+             absl::StrCat(FormatSeconds(in.memory_cost_s, DurationStyle::kFigure), r.live ? " (the stall)" : ""));
   FigureLine(out, "durable extra cost δd",
-             absl::StrCat(DurationFigure(in.durable_cost_s), r.live ? " (the persist's slowdown)" : ""));
-  if (in.replicate_s > 0) FigureLine(out, "replication time Q", DurationFigure(in.replicate_s));
+             absl::StrCat(FormatSeconds(in.durable_cost_s, DurationStyle::kFigure),
+                          r.live ? " (the persist's slowdown)" : ""));
+  if (in.replicate_s > 0) FigureLine(out, "replication time Q", FormatSeconds(in.replicate_s, DurationStyle::kFigure));
   if (!t.decision) {
     FigureLine(out, "decision", absl::StrCat("none: ", t.error));
     return;
@@ -136,18 +137,18 @@ void PrintTwoLevel(const IntervalReport& r, std::ostream& out) {
   FigureLine(out, "k* = √(δd·λ1 / δm·λ2)",
              std::isinf(d.durable_every_optimum) ? "unbounded: no failure needs disk"
                                                  : absl::StrFormat("%.3g", d.durable_every_optimum));
-  std::string memory = DurationFigure(d.memory_interval_s);
+  std::string memory = FormatSeconds(d.memory_interval_s, DurationStyle::kFigure);
   if (d.memory_steps > 0) absl::StrAppend(&memory, ", every ", d.memory_steps, " steps");
   FigureLine(out, "memory interval τ", memory);
   std::string durable = absl::StrCat("every ", d.durable_every, d.durable_every == 1 ? " checkpoint" : " checkpoints",
-                                     ": ", DurationFigure(d.durable_interval_s));
+                                     ": ", FormatSeconds(d.durable_interval_s, DurationStyle::kFigure));
   if (d.durable_steps > 0) absl::StrAppend(&durable, ", every ", d.durable_steps, " steps");
   FigureLine(out, "durable interval k·τ", durable);
   FigureLine(out, "reason", d.reason);
   FigureLine(out, "expected waste W(τ, k)", Percent(d.expected_waste));
   FigureLine(out, "every checkpoint durable",
-             absl::StrFormat("τ %s: %s (%+.2f points)", DurationFigure(d.single_interval_s), Percent(d.single_waste),
-                             100 * (d.single_waste - d.expected_waste)));
+             absl::StrFormat("τ %s: %s (%+.2f points)", FormatSeconds(d.single_interval_s, DurationStyle::kFigure),
+                             Percent(d.single_waste), 100 * (d.single_waste - d.expected_waste)));
 }
 
 void TwoLevelJson(const TwoLevelReport& t, JsonWriter& w) {
@@ -232,41 +233,45 @@ void PrintIntervalTable(const IntervalReport& r, std::ostream& out) {
     if (r.gpus > 0) {
       // A higher rate means a shorter MTBF: the bounds swap.
       FigureLine(out, "MTBF range",
-                 absl::StrCat(DurationFigure(policy::JobMtbfSeconds(e.upper, r.gpus)), " .. ",
-                              DurationFigure(policy::JobMtbfSeconds(e.lower, r.gpus))));
+                 absl::StrCat(FormatSeconds(policy::JobMtbfSeconds(e.upper, r.gpus), DurationStyle::kFigure), " .. ",
+                              FormatSeconds(policy::JobMtbfSeconds(e.lower, r.gpus), DurationStyle::kFigure)));
     }
   }
-  FigureLine(out, "MTBF M", DurationFigure(in.mtbf_s));
-  FigureLine(out, "checkpoint cost δ", DurationFigure(in.delta_s));
+  FigureLine(out, "MTBF M", FormatSeconds(in.mtbf_s, DurationStyle::kFigure));
+  FigureLine(out, "checkpoint cost δ", FormatSeconds(in.delta_s, DurationStyle::kFigure));
   if (r.live) {
     FigureLine(out, "  stall",
-               absl::StrCat(DurationFigure(r.live->stall_seconds()), ", median of ", r.live->checkpoints_measured(),
-                            " checkpoints (slowest rank)"));
+               absl::StrCat(FormatSeconds(r.live->stall_seconds(), DurationStyle::kFigure), ", median of ",
+                            r.live->checkpoints_measured(), " checkpoints (slowest rank)"));
     FigureLine(out, "  slowdown",
                r.live->step_seconds_persisting() > 0
-                   ? absl::StrFormat("%s (steps %s while persisting)", DurationFigure(r.live->slowdown_seconds()),
-                                     DurationFigure(r.live->step_seconds_persisting()))
+                   ? absl::StrFormat("%s (steps %s while persisting)",
+                                     FormatSeconds(r.live->slowdown_seconds(), DurationStyle::kFigure),
+                                     FormatSeconds(r.live->step_seconds_persisting(), DurationStyle::kFigure))
                    : "none measured");
   }
-  FigureLine(out, "persist time P", in.persist_s > 0 ? DurationFigure(in.persist_s) : "0 (no floor)");
+  FigureLine(out, "persist time P",
+             in.persist_s > 0 ? FormatSeconds(in.persist_s, DurationStyle::kFigure) : "0 (no floor)");
   FigureLine(out, "restart cost R",
-             r.live ? absl::StrCat(DurationFigure(in.restart_s),
+             r.live ? absl::StrCat(FormatSeconds(in.restart_s, DurationStyle::kFigure),
                                    r.live->restart_assumed()
                                        ? " (assumed: no restart measured yet)"
                                        : absl::StrCat(", median of ", r.live->restarts_measured(), " restarts"))
-                    : DurationFigure(in.restart_s));
-  FigureLine(out, "step time", in.step_s > 0 ? DurationFigure(in.step_s) : "unknown (no step conversion)");
+                    : FormatSeconds(in.restart_s, DurationStyle::kFigure));
+  FigureLine(out, "step time",
+             in.step_s > 0 ? FormatSeconds(in.step_s, DurationStyle::kFigure) : "unknown (no step conversion)");
   std::string bounds = "none";
   if (in.min_interval_s > 0 || in.max_interval_s > 0) {
-    bounds = absl::StrCat(in.min_interval_s > 0 ? DurationFigure(in.min_interval_s) : "-", " .. ",
-                          in.max_interval_s > 0 ? DurationFigure(in.max_interval_s) : "-");
+    bounds =
+        absl::StrCat(in.min_interval_s > 0 ? FormatSeconds(in.min_interval_s, DurationStyle::kFigure) : "-", " .. ",
+                     in.max_interval_s > 0 ? FormatSeconds(in.max_interval_s, DurationStyle::kFigure) : "-");
   }
   FigureLine(out, "operator bounds", bounds);
-  FigureLine(out, "alternative interval", DurationFigure(in.alternative_s));
+  FigureLine(out, "alternative interval", FormatSeconds(in.alternative_s, DurationStyle::kFigure));
 
   out << "\ndecision\n";
-  FigureLine(out, "Daly optimum τ", DurationFigure(d.daly_s));
-  std::string chosen = DurationFigure(d.interval_s);
+  FigureLine(out, "Daly optimum τ", FormatSeconds(d.daly_s, DurationStyle::kFigure));
+  std::string chosen = FormatSeconds(d.interval_s, DurationStyle::kFigure);
   if (d.interval_steps > 0) absl::StrAppend(&chosen, ", every ", d.interval_steps, " steps");
   FigureLine(out, "chosen interval τ", chosen);
   FigureLine(out, "reason", d.reason);
@@ -313,7 +318,7 @@ std::string IntervalJson(const IntervalReport& r) {
     w.EndObject();
   }
   w.Field("mtbf_seconds", in.mtbf_s);
-  w.Field("mtbf_hours", in.mtbf_s / kHour);
+  w.Field("mtbf_hours", in.mtbf_s / base::kHour);
   w.Field("cost_seconds", in.delta_s);
   w.Field("persist_seconds", in.persist_s);
   w.Field("restart_seconds", in.restart_s);
@@ -323,7 +328,7 @@ std::string IntervalJson(const IntervalReport& r) {
   w.Field("alternative_seconds", in.alternative_s);
   w.Field("daly_seconds", d.daly_s);
   w.Field("interval_seconds", d.interval_s);
-  w.Field("interval_minutes", d.interval_s / kMinute);
+  w.Field("interval_minutes", d.interval_s / base::kMinute);
   NullableUint(w, "interval_steps", d.interval_steps > 0, d.interval_steps);
   w.Field("expected_waste", d.expected_waste);
   w.Field("alternative_waste", d.alternative_waste);
@@ -372,9 +377,11 @@ std::string WasteCurveSvg(const IntervalReport& r) {
                         kWidth / 2, r.job.empty() ? "" : XmlEscape(absl::StrCat(" — job ", r.job)));
   absl::StrAppendFormat(
       &s, "<text x=\"%.0f\" y=\"42\" text-anchor=\"middle\" fill=\"#555\">%s</text>\n", kWidth / 2,
-      XmlEscape(absl::StrCat("M ", DurationLabel(in.mtbf_s), ", δ ", DurationLabel(in.delta_s), ", R ",
-                             DurationLabel(in.restart_s),
-                             in.persist_s > 0 ? absl::StrCat(", P ", DurationLabel(in.persist_s)) : std::string())));
+      XmlEscape(absl::StrCat("M ", FormatSeconds(in.mtbf_s, DurationStyle::kLabel), ", δ ",
+                             FormatSeconds(in.delta_s, DurationStyle::kLabel), ", R ",
+                             FormatSeconds(in.restart_s, DurationStyle::kLabel),
+                             in.persist_s > 0 ? absl::StrCat(", P ", FormatSeconds(in.persist_s, DurationStyle::kLabel))
+                                              : std::string())));
   absl::StrAppendFormat(&s,
                         "<defs><clipPath id=\"plot\"><rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" "
                         "height=\"%.1f\"/></clipPath></defs>\n",
@@ -403,7 +410,7 @@ std::string WasteCurveSvg(const IntervalReport& r) {
     absl::StrAppend(&s, "<line", svg::LineAt(x, y0, x, y1), " stroke=\"#ddd\"/>", "<line",
                     svg::LineAt(x, y1, x, y1 + 5), " stroke=\"black\"/>");
     absl::StrAppendFormat(&s, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, y1 + 19,
-                          DurationLabel(ticks[i]));
+                          FormatSeconds(ticks[i], DurationStyle::kLabel));
   }
   // Y ticks: five steps of y_max.
   for (int i = 0; i <= 5; ++i) {
@@ -463,13 +470,17 @@ std::string WasteCurveSvg(const IntervalReport& r) {
                           right_half ? "end" : "start", colour, XmlEscape(label));
   };
   marker("alternative", "#d62728", " stroke-dasharray=\"5 4\"",
-         absl::StrCat("alternative ", DurationLabel(in.alternative_s), ": ", Percent(d.alternative_waste)),
+         absl::StrCat("alternative ", FormatSeconds(in.alternative_s, DurationStyle::kLabel), ": ",
+                      Percent(d.alternative_waste)),
          in.alternative_s, 1);
   if (std::fabs(d.daly_s - d.interval_s) > 1e-9 * d.interval_s) {
-    marker("daly", "#7f7f7f", " stroke-dasharray=\"2 3\"",
-           absl::StrCat("Daly optimum ", DurationLabel(d.daly_s), ": ", Percent(waste(d.daly_s))), d.daly_s, 2);
+    marker(
+        "daly", "#7f7f7f", " stroke-dasharray=\"2 3\"",
+        absl::StrCat("Daly optimum ", FormatSeconds(d.daly_s, DurationStyle::kLabel), ": ", Percent(waste(d.daly_s))),
+        d.daly_s, 2);
   }
-  marker("chosen", "#2ca02c", "", absl::StrCat("chosen ", DurationLabel(d.interval_s), ": ", Percent(d.expected_waste)),
+  marker("chosen", "#2ca02c", "",
+         absl::StrCat("chosen ", FormatSeconds(d.interval_s, DurationStyle::kLabel), ": ", Percent(d.expected_waste)),
          d.interval_s, 0);
   s += labels;
   s += svg::kEnd;
@@ -524,7 +535,7 @@ void PrintUndecided(const ckptd::v1::IntervalStatus& st, const base::Args& args,
   FigureLine(out, "failure rate λ",
              absl::StrFormat("%.3g per GPU-hour (%.0f failures over %.4g GPU-hours)", st.rate_per_gpu_hour(),
                              static_cast<double>(st.failures()), st.exposure_gpu_hours()));
-  FigureLine(out, "MTBF M", DurationFigure(st.mtbf_seconds()));
+  FigureLine(out, "MTBF M", FormatSeconds(st.mtbf_seconds(), DurationStyle::kFigure));
 }
 
 int RunLiveInterval(const base::Args& args, const IntervalFetcher& fetch, std::ostream& out, std::ostream& err) {
@@ -582,7 +593,7 @@ IntervalReport IntervalReportFromStatus(const ckptd::v1::IntervalStatus& st) {
   if (two.classes_size() == policy::kFailureClasses) {
     std::vector<TwoLevelReport::Class> classes;
     for (const ckptd::v1::FailureClassStatus& c : two.classes()) {
-      classes.push_back({c.name(), c.rate_per_gpu_hour() * st.gpus() / kHour, c.failures(), c.from_memory()});
+      classes.push_back({c.name(), c.rate_per_gpu_hour() * st.gpus() / base::kHour, c.failures(), c.from_memory()});
     }
     TwoLevelReport t;
     t.classes = std::move(classes);
@@ -712,7 +723,7 @@ int RunInterval(const std::vector<std::string>& argv, std::ostream& out, std::os
                          ReadNumber(*args, "alternative-seconds", NumberRange::kPositive, &in.alternative_s)}) {
     if (!s.ok()) return usage(s.message());
   }
-  in.mtbf_s = mtbf_hours * kHour;
+  in.mtbf_s = mtbf_hours * base::kHour;
   if (in.min_interval_s > 0 && in.max_interval_s > 0 && in.min_interval_s > in.max_interval_s) {
     return usage(absl::StrCat("--min-seconds ", *args->Get("min-seconds"), " exceeds --max-seconds ",
                               *args->Get("max-seconds")));

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "base/flags.h"
-#include "cli/testing_json.h"
+#include "base/testing/json_checker.h"
 #include "cli/testing_terminal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/json.h"
 #include "base/limits.h"
-#include "cli/json.h"
 #include "format/checksum.h"
 #include "storage/layout.h"
 #include "storage/shard_index.h"
@@ -26,6 +26,7 @@
 
 namespace ckptd::cli {
 
+using base::JsonWriter;
 using ckptd::v1::Tensor;
 
 const char kInspectHelp[] =

@@ -15,9 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/flags.h"
+#include "base/json.h"
 #include "cli/command.h"
 #include "cli/figures.h"
-#include "cli/json.h"
 
 namespace ckptd::cli {
 
@@ -111,19 +111,6 @@ std::string Count(double n) {
   return absl::StrFormat("%.4g", n);
 }
 
-// Decimal units, to match bandwidths in GB/s: "14.00 GB", "7.57 kB".
-std::string DecimalBytes(double bytes) {
-  static const char* kUnits[] = {"B", "kB", "MB", "GB", "TB", "PB", "EB"};
-  int u = 0;
-  double v = bytes;
-  while (v >= 1000 && u < 6) {
-    v /= 1000;
-    ++u;
-  }
-  if (u == 0) return absl::StrFormat("%.0f B", v);
-  return absl::StrFormat("%.2f %s", v, kUnits[u]);
-}
-
 uint64_t WholeBytes(double bytes) { return static_cast<uint64_t>(std::llround(bytes)); }
 
 }  // namespace
@@ -161,17 +148,20 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   };
   out << "\nstate held per rank\n";
   FigureLine(out, "params (weights)",
-             absl::StrFormat("%-12s %s", DecimalBytes(p.params_bytes), per_param(p.per_param.weights, in.zero >= 3)));
+             absl::StrFormat("%-12s %s", FormatBytes(p.params_bytes, ByteUnits::kDecimal),
+                             per_param(p.per_param.weights, in.zero >= 3)));
   FigureLine(out, "grads",
-             absl::StrFormat("%-12s %s", DecimalBytes(p.grads_bytes), per_param(p.per_param.grads, in.zero >= 2)));
-  FigureLine(
-      out, "optimizer",
-      absl::StrFormat("%-12s %s", DecimalBytes(p.optimizer_bytes), per_param(p.per_param.optimizer, in.zero >= 1)));
-  FigureLine(out, "rng", absl::StrFormat("%-12s fixed", DecimalBytes(p.rng_bytes)));
-  FigureLine(out, "data cursor", absl::StrFormat("%-12s fixed", DecimalBytes(p.data_cursor_bytes)));
-  FigureLine(out, "total per rank", DecimalBytes(p.rank_bytes));
-  FigureLine(out, absl::StrFormat("per node (%d ranks)", p.ranks_per_node), DecimalBytes(p.node_bytes));
-  FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), DecimalBytes(p.job_bytes));
+             absl::StrFormat("%-12s %s", FormatBytes(p.grads_bytes, ByteUnits::kDecimal),
+                             per_param(p.per_param.grads, in.zero >= 2)));
+  FigureLine(out, "optimizer",
+             absl::StrFormat("%-12s %s", FormatBytes(p.optimizer_bytes, ByteUnits::kDecimal),
+                             per_param(p.per_param.optimizer, in.zero >= 1)));
+  FigureLine(out, "rng", absl::StrFormat("%-12s fixed", FormatBytes(p.rng_bytes, ByteUnits::kDecimal)));
+  FigureLine(out, "data cursor", absl::StrFormat("%-12s fixed", FormatBytes(p.data_cursor_bytes, ByteUnits::kDecimal)));
+  FigureLine(out, "total per rank", FormatBytes(p.rank_bytes, ByteUnits::kDecimal));
+  FigureLine(out, absl::StrFormat("per node (%d ranks)", p.ranks_per_node),
+             FormatBytes(p.node_bytes, ByteUnits::kDecimal));
+  FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), FormatBytes(p.job_bytes, ByteUnits::kDecimal));
 
   const bool once = in.replicated == policy::ReplicatedWrites::kOnce;
   out << (once ? absl::StrFormat("\nwritten per checkpoint (replicated state declared: written once per job, "
@@ -180,31 +170,36 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
                : std::string("\nwritten per checkpoint (replicated state not declared: every rank all it holds, "
                              "replicas included)\n"));
   const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
-  FigureLine(
-      out, "unique (one copy)",
-      absl::StrFormat("%-12s %g B/param, rng and cursor per rank", DecimalBytes(p.unique_bytes), model_per_param));
+  FigureLine(out, "unique (one copy)",
+             absl::StrFormat("%-12s %g B/param, rng and cursor per rank",
+                             FormatBytes(p.unique_bytes, ByteUnits::kDecimal), model_per_param));
   FigureLine(out, "rank share",
-             absl::StrFormat("%-12s %s", DecimalBytes(p.rank_write_bytes),
+             absl::StrFormat("%-12s %s", FormatBytes(p.rank_write_bytes, ByteUnits::kDecimal),
                              once ? absl::StrFormat("%g B/param / dp %d, rng, cursor", model_per_param, p.dp)
                                   : std::string("all it holds")));
-  FigureLine(out, absl::StrFormat("node share (%d ranks)", p.ranks_per_node), DecimalBytes(p.node_write_bytes));
-  FigureLine(
-      out, absl::StrFormat("job total (%d ranks)", in.gpus),
-      absl::StrFormat("%-12s %.4g× unique", DecimalBytes(p.job_write_bytes), p.job_write_bytes / p.unique_bytes));
+  FigureLine(out, absl::StrFormat("node share (%d ranks)", p.ranks_per_node),
+             FormatBytes(p.node_write_bytes, ByteUnits::kDecimal));
+  FigureLine(out, absl::StrFormat("job total (%d ranks)", in.gpus),
+             absl::StrFormat("%-12s %.4g× unique", FormatBytes(p.job_write_bytes, ByteUnits::kDecimal),
+                             p.job_write_bytes / p.unique_bytes));
 
   out << "\ntime and interval\n";
   FigureLine(out, "stall (= δ)",
-             absl::StrFormat("%s: state held at %g GB/s device-to-host", DurationFigure(p.stall_s), in.d2h_gbps));
-  FigureLine(out, "persist P",
-             absl::StrFormat("%s: node share at %g GB/s", DurationFigure(p.persist_s), in.write_gbps));
+             absl::StrFormat("%s: state held at %g GB/s device-to-host",
+                             FormatSeconds(p.stall_s, DurationStyle::kFigure), in.d2h_gbps));
   FigureLine(
-      out, "job MTBF M",
-      absl::StrFormat("%s at %g failures per GPU-hour", DurationFigure(p.job_mtbf_s), in.fail_rate_per_gpu_hour));
-  FigureLine(out, "restart cost R", DurationFigure(in.restart_s));
-  FigureLine(out, "Daly optimum τ", DurationFigure(p.interval.daly_s));
-  FigureLine(out, "interval τ", absl::StrCat(DurationFigure(p.interval.interval_s), ", ", p.interval.reason));
+      out, "persist P",
+      absl::StrFormat("%s: node share at %g GB/s", FormatSeconds(p.persist_s, DurationStyle::kFigure), in.write_gbps));
+  FigureLine(out, "job MTBF M",
+             absl::StrFormat("%s at %g failures per GPU-hour", FormatSeconds(p.job_mtbf_s, DurationStyle::kFigure),
+                             in.fail_rate_per_gpu_hour));
+  FigureLine(out, "restart cost R", FormatSeconds(in.restart_s, DurationStyle::kFigure));
+  FigureLine(out, "Daly optimum τ", FormatSeconds(p.interval.daly_s, DurationStyle::kFigure));
+  FigureLine(out, "interval τ",
+             absl::StrCat(FormatSeconds(p.interval.interval_s, DurationStyle::kFigure), ", ", p.interval.reason));
   FigureLine(out, "expected waste W(τ)", Percent(p.interval.expected_waste));
-  FigureLine(out, absl::StrCat("waste at ", DurationLabel(in.alternative_s)), Percent(p.interval.alternative_waste));
+  FigureLine(out, absl::StrCat("waste at ", FormatSeconds(in.alternative_s, DurationStyle::kLabel)),
+             Percent(p.interval.alternative_waste));
 }
 
 std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
@@ -252,11 +247,11 @@ std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
   w.Field("stall_seconds", p.stall_s);
   w.Field("persist_seconds", p.persist_s);
   w.Field("mtbf_seconds", p.job_mtbf_s);
-  w.Field("mtbf_hours", p.job_mtbf_s / kHour);
+  w.Field("mtbf_hours", p.job_mtbf_s / base::kHour);
   w.Field("cost_seconds", p.delta_s);
   w.Field("daly_seconds", p.interval.daly_s);
   w.Field("interval_seconds", p.interval.interval_s);
-  w.Field("interval_minutes", p.interval.interval_s / kMinute);
+  w.Field("interval_minutes", p.interval.interval_s / base::kMinute);
   w.Field("expected_waste", p.interval.expected_waste);
   w.Field("alternative_waste", p.interval.alternative_waste);
   w.Field("reason", p.interval.reason);

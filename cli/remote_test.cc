@@ -11,11 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
+#include "base/testing/json_checker.h"
 #include "base/testing/matchers.h"
 #include "cli/command.h"
 #include "cli/interval_commands.h"
 #include "cli/operator_commands.h"
-#include "cli/testing_json.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/state_store.h"

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/json.h"
 #include "cli/command.h"
-#include "cli/json.h"
 
 namespace ckptd::cli {
 

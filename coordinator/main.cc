@@ -238,8 +238,8 @@ int main(int argc, char** argv) {
   }
   service_options.insecure_agents = flags->insecure_agents;
 
-  ckptd::storage::CheckpointStore store(fs.get(), flags->storage_root);
   ckptd::base::RealClock clock;
+  ckptd::storage::CheckpointStore store(fs.get(), flags->storage_root, &clock);
   ckptd::metrics::Registry registry;
   absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
   if (!metrics.ok()) return Fail("metrics", metrics.status(), kExitFailed);

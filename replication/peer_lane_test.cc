@@ -755,6 +755,28 @@ TEST_F(StoppingPartnerTest, AStreamFetchFromAHolderThatSendsNothingGivesUpAfterT
                                                        ": no answer within 500ms, gave up"))));
 }
 
+TEST_F(StoppingPartnerTest, AStalledFetchIsCutWhenTheNetworksClockPassesTheBaseDeadline) {
+  ASSERT_NO_FATAL_FAILURE(Start(Stops::kBeforeTheHeader));
+  base::FakeClock clock;
+  GrpcPeerNetworkOptions no;
+  no.node_id = "node-a";
+  no.base_deadline = absl::Hours(1);  // on the real clock the fetch would wait that long
+  no.clock = &clock;
+  GrpcPeerNetwork net(no);
+  absl::Status fetched;
+  std::thread fetch([&] {
+    std::vector<uint8_t> into;
+    fetched = net.Fetch(address_, Key(1), SinkInto(&into)).status();
+  });
+  if (!Eventually([&] { return clock.waiters() == 1; })) {
+    ADD_FAILURE() << "the fetch is not watched on the network's clock";
+    Release();
+  }
+  clock.Advance(absl::Hours(1));
+  fetch.join();
+  EXPECT_THAT(fetched, StatusIs(absl::StatusCode::kUnavailable, HasSubstr(": no answer within 1h, gave up")));
+}
+
 TEST_F(StoppingPartnerTest, AStreamFetchTooSlowForItsSizeGivesUpAtTheDeadlineForThatSize) {
   // 8 MiB at 100 MB/s: 84 ms on top of the base. 1 KiB every 20 ms never
   // stalls, and would take minutes.

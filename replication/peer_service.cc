@@ -135,14 +135,15 @@ absl::StatusOr<size_t> ReceiveCopy(int fd, absl::Span<uint8_t> out, absl::string
 // timeout of its own (a gRPC stream's Read and Write, a receive that still
 // gets a byte now and then): `cut` (cancel the call, shut the socket down)
 // runs once, on the watchdog's thread, when the transfer's deadline passes
-// or when one wait on the partner lasts `stall`. The owner then reports
-// what cut() says ran out, and stops the watchdog before `cut`'s target goes.
+// or when one wait on the partner lasts `stall`, both read on `clock`. The
+// owner then reports what cut() says ran out, and stops the watchdog before
+// `cut`'s target goes.
 class Watchdog {
  public:
   enum class Cut { kNone, kStall, kDeadline };
 
-  Watchdog(absl::Duration stall, absl::Time deadline, std::function<void()> cut)
-      : stall_(stall), cut_fn_(std::move(cut)), deadline_(deadline) {}
+  Watchdog(base::Clock* clock, absl::Duration stall, absl::Time deadline, std::function<void()> cut)
+      : clock_(clock), stall_(stall), cut_fn_(std::move(cut)), deadline_(deadline) {}
   ~Watchdog() { Stop(); }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -171,7 +172,7 @@ class Watchdog {
   // time in between (its own work) is no stall.
   void BeginWait() {
     absl::MutexLock l(&mu_);
-    waiting_since_ = absl::Now();
+    waiting_since_ = clock_->Now();
     changed_ = true;
   }
   void EndWait() {
@@ -193,7 +194,7 @@ class Watchdog {
     {
       absl::MutexLock l(&mu_);
       while (!stopping_) {
-        const absl::Time now = absl::Now();
+        const absl::Time now = clock_->Now();
         const absl::Time stalls_at =
             waiting_since_ == absl::InfiniteFuture() ? absl::InfiniteFuture() : waiting_since_ + stall_;
         if (now >= deadline_) {
@@ -205,13 +206,14 @@ class Watchdog {
           break;
         }
         changed_ = false;
-        mu_.AwaitWithDeadline(absl::Condition(&changed_), std::min(deadline_, stalls_at));
+        clock_->AwaitWithDeadline(&mu_, absl::Condition(&changed_), std::min(deadline_, stalls_at));
       }
       if (cut_ == Cut::kNone) return;
     }
     cut_fn_();
   }
 
+  base::Clock* const clock_;
   const absl::Duration stall_;
   const std::function<void()> cut_fn_;
   mutable absl::Mutex mu_;
@@ -321,11 +323,13 @@ class PeerService::FetchSlot {
 // use (at most options.max_lanes together).
 class PeerService::Lanes {
  public:
-  Lanes(ReplicaStore* store, const PeerServiceOptions& options, base::Logger* logger, Fd listener, Fd wake, int port)
+  Lanes(ReplicaStore* store, const PeerServiceOptions& options, base::Logger* logger, base::Clock* fetch_clock,
+        Fd listener, Fd wake, int port)
       : store_(store),
         options_(options),
         logger_(logger),
         clock_(options.clock != nullptr ? options.clock : base::RealClock::Get()),
+        fetch_clock_(fetch_clock),
         listener_(std::move(listener)),
         wake_(std::move(wake)),
         port_(port) {
@@ -442,7 +446,7 @@ class PeerService::Lanes {
       absl::Time now = clock_->Now();
       absl::Duration wait = kLoopSlice;
       for (const Handshake& h : shakes) wait = std::min(wait, h.deadline - now);
-      const bool listening = absl::Now() >= listener_paused_until;
+      const bool listening = now >= listener_paused_until;
       fds.clear();
       fds.push_back({wake_.get(), POLLIN, 0});
       fds.push_back({listening ? listener_.get() : -1, POLLIN, 0});
@@ -490,7 +494,7 @@ class PeerService::Lanes {
           // Out of descriptors or memory: the queue waits a moment rather
           // than spin.
           logger_->Warning(base::PosixError("data lane: accept", errno).ToString());
-          *paused_until = absl::Now() + kLoopSlice;
+          *paused_until = now + kLoopSlice;
         }
         return;
       }
@@ -631,7 +635,7 @@ class PeerService::Lanes {
   // not the copy in the time its size allows, is cut off (the socket's own
   // timeout, lane_io_timeout, bounds one wait for a byte only).
   absl::Status ServeFetch(const Replica& replica, FetchSlot& slot, int fd, const std::string& what) {
-    Watchdog watch(options_.fetch_stall, absl::Now() + FetchAllowed(options_, replica.size()),
+    Watchdog watch(fetch_clock_, options_.fetch_stall, fetch_clock_->Now() + FetchAllowed(options_, replica.size()),
                    [fd] { (void)::shutdown(fd, SHUT_RDWR); });
     CKPTD_RETURN_IF_ERROR(watch.Start(what));
     absl::Status s;
@@ -685,6 +689,7 @@ class PeerService::Lanes {
   const PeerServiceOptions& options_;
   base::Logger* const logger_;
   base::Clock* const clock_;
+  base::Clock* const fetch_clock_;
   const Fd listener_;
   const Fd wake_;
   const int port_;
@@ -703,7 +708,8 @@ class PeerService::Lanes {
 PeerService::PeerService(ReplicaStore* store, PeerServiceOptions options)
     : store_(store),
       options_(std::move(options)),
-      logger_(options_.logger != nullptr ? options_.logger : &base::DefaultLogger()) {}
+      logger_(options_.logger != nullptr ? options_.logger : &base::DefaultLogger()),
+      fetch_clock_(options_.fetch_clock != nullptr ? options_.fetch_clock : base::RealClock::Get()) {}
 
 PeerService::~PeerService() {
   std::unique_ptr<Lanes> lanes;
@@ -733,7 +739,8 @@ absl::StatusOr<int> PeerService::StartDataLane(const std::string& host, int port
   CKPTD_ASSIGN_OR_RETURN(Fd listener, tcp::Listen(host, port, &bound));
   Fd wake(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (wake.get() < 0) return base::PosixError("data lane: eventfd", errno);
-  lanes_ = std::make_unique<Lanes>(store_, options_, logger_, std::move(listener), std::move(wake), bound);
+  lanes_ =
+      std::make_unique<Lanes>(store_, options_, logger_, fetch_clock_, std::move(listener), std::move(wake), bound);
   return bound;
 }
 
@@ -849,7 +856,7 @@ grpc::Status PeerService::FetchReplica(grpc::ServerContext* ctx, const ckptd::v1
   // A fetching node that takes no piece for fetch_stall, or not the copy in
   // the time its size allows, is cut off: it holds the copy's memory.
   const std::string what = absl::StrCat("the copy of ", KeyText(request->key()), " to ", fetcher);
-  Watchdog watch(options_.fetch_stall, absl::Now() + FetchAllowed(options_, replica->size()),
+  Watchdog watch(fetch_clock_, options_.fetch_stall, fetch_clock_->Now() + FetchAllowed(options_, replica->size()),
                  [ctx] { ctx->TryCancel(); });
   if (absl::Status s = watch.Start(what); !s.ok()) return rpc::ToGrpcStatus(s);
   ckptd::v1::ReplicaPiece piece;
@@ -963,7 +970,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string&
 
 // ---- The client side ----
 
-GrpcPeerNetwork::GrpcPeerNetwork(GrpcPeerNetworkOptions options) : options_(std::move(options)) {}
+GrpcPeerNetwork::GrpcPeerNetwork(GrpcPeerNetworkOptions options)
+    : options_(std::move(options)), clock_(options_.clock != nullptr ? options_.clock : base::RealClock::Get()) {}
 
 PeerNetworkStats GrpcPeerNetwork::stats() const {
   absl::MutexLock l(&mu_);
@@ -1027,7 +1035,7 @@ absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckpt
     return host.status();
   }
   const absl::Duration allowed = AllowedFor(header.data_bytes());
-  const absl::Time deadline = absl::Now() + allowed;
+  const absl::Time deadline = clock_->Now() + allowed;
   ckptd::v1::DataLane lane;
   {
     grpc::ClientContext ctx;
@@ -1046,10 +1054,10 @@ absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckpt
     ++stats_.lane_puts;
   }
   CKPTD_ASSIGN_OR_RETURN(Fd fd, tcp::Connect(host->first, static_cast<int>(lane.port()), options_.lane_connect_timeout,
-                                        options_.lane_io_timeout));
+                                             options_.lane_io_timeout, clock_));
   // lane_io_timeout bounds one wait for a byte; a partner that takes a byte
   // now and then is cut at the deadline.
-  Watchdog watch(absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
+  Watchdog watch(clock_, absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
   CKPTD_RETURN_IF_ERROR(watch.Start(what));
   absl::Status s = PutOnLane(fd.get(), lane.nonce(), header.data_bytes(), source, what, address);
   watch.Stop();  // before `fd` closes: its number may be reused
@@ -1071,7 +1079,7 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
   // The whole call has the deadline for its size; a partner that stops
   // taking pieces is cut after base_deadline, long before that.
   Prepare(&ctx, header.data_bytes());
-  Watchdog watch(options_.base_deadline, absl::InfiniteFuture(), [&ctx] { ctx.TryCancel(); });
+  Watchdog watch(clock_, options_.base_deadline, absl::InfiniteFuture(), [&ctx] { ctx.TryCancel(); });
   CKPTD_RETURN_IF_ERROR(watch.Start(what));
   ckptd::v1::PutReplicaResponse response;
   watch.BeginWait();
@@ -1163,12 +1171,12 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const st
   CKPTD_ASSIGN_OR_RETURN(const absl::Span<uint8_t> out, sink(header));
   if (out.size() != header.data_bytes()) return absl::InternalError("the sink's buffer does not have the copy's size");
   const absl::Duration allowed = AllowedFor(header.data_bytes());
-  const absl::Time deadline = absl::Now() + allowed;
+  const absl::Time deadline = clock_->Now() + allowed;
   CKPTD_ASSIGN_OR_RETURN(Fd fd, tcp::Connect(host->first, static_cast<int>(lane.port()), options_.lane_connect_timeout,
-                                        options_.lane_io_timeout));
+                                             options_.lane_io_timeout, clock_));
   // lane_io_timeout bounds one wait for a byte; a holder that sends a byte
   // now and then is cut at the deadline.
-  Watchdog watch(absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
+  Watchdog watch(clock_, absl::InfiniteDuration(), deadline, [sock = fd.get()] { (void)::shutdown(sock, SHUT_RDWR); });
   CKPTD_RETURN_IF_ERROR(watch.Start(what));
   absl::StatusOr<size_t> done = size_t{0};
   if (absl::Status sent =
@@ -1207,7 +1215,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
   // never base_deadline without a piece.
   Authorize(&ctx);
   absl::Duration allowed = options_.base_deadline;
-  Watchdog watch(options_.base_deadline, absl::Now() + allowed, [&ctx] { ctx.TryCancel(); });
+  Watchdog watch(clock_, options_.base_deadline, clock_->Now() + allowed, [&ctx] { ctx.TryCancel(); });
   CKPTD_RETURN_IF_ERROR(watch.Start(what));
   ckptd::v1::FetchReplicaRequest request;
   *request.mutable_key() = key;
@@ -1230,7 +1238,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
       }
       header = piece.header();
       allowed = AllowedFor(header.data_bytes());
-      watch.SetDeadline(absl::Now() + allowed);
+      watch.SetDeadline(clock_->Now() + allowed);
       if (header.key().job() != key.job() || header.key().rank() != key.rank() || header.key().step() != key.step()) {
         s = absl::DataLossError(
             absl::StrCat("asked for the copy of ", KeyText(key), ", got that of ", KeyText(header.key())));

@@ -41,8 +41,12 @@ struct PeerServiceOptions {
   // lane is served.
   bool tls = false;
   base::Logger* logger = nullptr;
-  // Reads the time for the data lane's nonces and handshakes.
+  // Reads the time for the data lane's nonces and handshakes, and its
+  // listener's pause after a failed accept.
   base::Clock* clock = nullptr;
+  // Times the fetches served (fetch_stall and the time a copy's size
+  // allows); nullptr: the real clock.
+  base::Clock* fetch_clock = nullptr;
   // The data lane (proto/ckptd/v1/peer.proto): how long a nonce is good,
   // how long a connection may take to present it, how many connections may
   // be presenting one at a time (the longest waiting is closed for a new
@@ -134,6 +138,7 @@ class PeerService final : public ckptd::v1::Peer::Service {
   ReplicaStore* const store_;
   const PeerServiceOptions options_;
   base::Logger* const logger_;
+  base::Clock* const fetch_clock_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> tickets_ ABSL_GUARDED_BY(mu_);  // by sending node
   std::unique_ptr<Lanes> lanes_ ABSL_GUARDED_BY(mu_);                // null until StartDataLane
@@ -165,6 +170,10 @@ struct GrpcPeerNetworkOptions {
   // The data lane: connecting, and the longest a send or receive may wait.
   absl::Duration lane_connect_timeout = absl::Seconds(10);
   absl::Duration lane_io_timeout = absl::Seconds(30);
+  // Times the copies sent and fetched: the cut of a partner that stalls,
+  // and the data lane's deadlines (connecting included); the gRPC calls'
+  // own deadlines stay on real time. nullptr: the real clock.
+  base::Clock* clock = nullptr;
 };
 
 // How the copies went (each call once, by the path its bytes took).
@@ -202,6 +211,7 @@ class GrpcPeerNetwork final : public PeerNetwork {
                                                            const ReplicaSink& sink);
 
   const GrpcPeerNetworkOptions options_;
+  base::Clock* const clock_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::unique_ptr<ckptd::v1::Peer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   PeerNetworkStats stats_ ABSL_GUARDED_BY(mu_);

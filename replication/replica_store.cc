@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "base/format.h"
 #include "storage/layout.h"
 
 namespace ckptd::replication {
@@ -19,7 +19,8 @@ constexpr size_t kStepsPerRank = 2;
 // Buffers of dropped copies kept for the next ones.
 constexpr size_t kMaxSpare = 4;
 
-std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
+using base::ByteUnits;
+using base::FormatBytes;
 
 }  // namespace
 
@@ -116,9 +117,10 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve
   };
   if (budget != 0) {
     if (staging > budget || need > budget - staging) {
-      return refuse(absl::ResourceExhaustedError(absl::StrCat(
-          who, " needs ", need, " bytes (", Gib(need), "), but of the agent's memory budget of ", Gib(budget), " ",
-          Gib(std::min(staging, budget)), " hold its own trainers' staging")));
+      return refuse(absl::ResourceExhaustedError(
+          absl::StrCat(who, " needs ", need, " bytes (", FormatBytes(need, ByteUnits::kGiB),
+                       "), but of the agent's memory budget of ", FormatBytes(budget, ByteUnits::kGiB), " ",
+                       FormatBytes(std::min(staging, budget), ByteUnits::kGiB), " hold its own trainers' staging")));
     }
     // The rank's newest copy stays unless the new one is newer.
     const Held* protect = nullptr;
@@ -132,11 +134,13 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve
       if (!EvictOneLocked(protect, &from, SenderBytesLocked(from) + need)) {
         const uint64_t pinned = pinned_->load(std::memory_order_relaxed);
         return refuse(absl::ResourceExhaustedError(absl::StrCat(
-            who, " needs ", need, " bytes (", Gib(need), "): the agent's memory budget of ", Gib(budget), " holds ",
-            Gib(staging), " of staging and ", Gib(bytes_), " of copies being received or kept (",
-            Gib(SenderBytesLocked(from)), " of them node ", from,
+            who, " needs ", need, " bytes (", FormatBytes(need, ByteUnits::kGiB), "): the agent's memory budget of ",
+            FormatBytes(budget, ByteUnits::kGiB), " holds ", FormatBytes(staging, ByteUnits::kGiB), " of staging and ",
+            FormatBytes(bytes_, ByteUnits::kGiB), " of copies being received or kept (",
+            FormatBytes(SenderBytesLocked(from), ByteUnits::kGiB), " of them node ", from,
             "'s: it may push out only its own copies and those of senders holding more than it would with this one)",
-            pinned != 0 ? absl::StrCat(", and ", Gib(pinned), " of dropped copies still being sent to fetching nodes")
+            pinned != 0 ? absl::StrCat(", and ", FormatBytes(pinned, ByteUnits::kGiB),
+                                       " of dropped copies still being sent to fetching nodes")
                         : "")));
       }
     }
@@ -148,16 +152,16 @@ absl::StatusOr<std::unique_ptr<ReplicaStore::Reservation>> ReplicaStore::Reserve
     return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : UINT64_MAX;
   }();
   if (need > kMachineBytes) {
-    return refuse(absl::ResourceExhaustedError(absl::StrCat(who, " needs ", need, " bytes (", Gib(need),
-                                                            "): this machine cannot allocate them, it has ",
-                                                            Gib(kMachineBytes), " of memory")));
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        who, " needs ", need, " bytes (", FormatBytes(need, ByteUnits::kGiB),
+        "): this machine cannot allocate them, it has ", FormatBytes(kMachineBytes, ByteUnits::kGiB), " of memory")));
   }
   std::shared_ptr<Replica> replica;
   try {
     replica = std::make_shared<Replica>(header, need, std::move(memory));
   } catch (const std::bad_alloc&) {  // a size no budget bounded
-    return refuse(absl::ResourceExhaustedError(
-        absl::StrCat(who, " needs ", need, " bytes (", Gib(need), "): this machine cannot allocate them")));
+    return refuse(absl::ResourceExhaustedError(absl::StrCat(
+        who, " needs ", need, " bytes (", FormatBytes(need, ByteUnits::kGiB), "): this machine cannot allocate them")));
   }
   bytes_ += extra;
   sender_bytes_[from] += need;
@@ -194,7 +198,8 @@ void ReplicaStore::Keep(std::unique_ptr<Reservation> reservation) {
     }
   }
   logger_->Info(absl::StrCat("peer copy of job ", key.job(), " rank ", key.rank(), " step ", key.step(), " (",
-                             Gib(replica->size()), ") received from node ", replica->header().from_node()));
+                             FormatBytes(replica->size(), ByteUnits::kGiB), ") received from node ",
+                             replica->header().from_node()));
 }
 
 void ReplicaStore::DropLocked(Held held, bool recycle) {

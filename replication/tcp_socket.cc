@@ -84,8 +84,8 @@ absl::StatusOr<size_t> RecvAll(int fd, absl::Span<uint8_t> out, absl::string_vie
   return done;
 }
 
-absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration connect_timeout,
-                           absl::Duration io_timeout) {
+absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration connect_timeout, absl::Duration io_timeout,
+                           base::Clock* clock) {
   const std::string where =
       absl::StrCat(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", port);
   addrinfo hints{};
@@ -98,7 +98,7 @@ absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration con
     return absl::UnavailableError(absl::StrCat("data lane ", where, ": cannot resolve the host: ", gai_strerror(rc)));
   }
   absl::Status last = absl::UnavailableError(absl::StrCat("data lane ", where, ": no address"));
-  const absl::Time deadline = absl::Now() + connect_timeout;
+  const absl::Time deadline = clock->Now() + connect_timeout;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) {
@@ -109,7 +109,7 @@ absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration con
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{fd.get(), POLLOUT, 0};
       do {
-        const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+        const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - clock->Now()));
         rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 60'000)));
       } while (rc < 0 && errno == EINTR);
       if (rc == 0) {

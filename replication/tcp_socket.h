@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "base/clock.h"
 
 namespace ckptd::replication::tcp {
 
@@ -53,9 +54,9 @@ absl::Status SendAll(int fd, absl::Span<const uint8_t> data, absl::string_view w
 absl::StatusOr<size_t> RecvAll(int fd, absl::Span<uint8_t> out, absl::string_view what, uint64_t offset = 0);
 
 // A TCP connection to `host`:`port`, blocking, with `io_timeout` on each
-// send and receive.
-absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration connect_timeout,
-                           absl::Duration io_timeout);
+// send and receive; `connect_timeout` is measured on `clock`.
+absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration connect_timeout, absl::Duration io_timeout,
+                           base::Clock* clock);
 
 // A listening TCP socket (non-blocking) on `host` (empty: every interface)
 // and `port` (0: any free one); `*bound` gets the port.

@@ -28,18 +28,71 @@ absl::Status FaultStatus(Fault fault, absl::string_view operation, absl::string_
 
 namespace {
 
-class FaultWritableFile : public WritableFile {
+// What a fault-injecting file and reader share: the wrapped `File` (a
+// WritableFile or a ReadableFile), the first injected failure, which every
+// later call returns, and the calls both have.
+template <typename File>
+class FaultFile : public File {
  public:
-  FaultWritableFile(FaultInjectionFileSystem* fs, std::unique_ptr<WritableFile> base)
-      : fs_(fs), base_(std::move(base)) {}
+  FaultFile(FaultInjectionFileSystem* fs, std::unique_ptr<File> base) : fs_(fs), base_(std::move(base)) {}
 
   const std::string& path() const override { return base_->path(); }
   size_t alignment() const override { return base_->alignment(); }
 
-  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
-    const Fault fault = fs_->NextOperation(path(), n, /*writes=*/true);
+  absl::Status WaitFor(uint64_t ticket) override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitFor(ticket);
+  }
+
+  absl::Status WaitAll() override {
+    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
+    if (!error_.ok()) return error_;
+    return base_->WaitAll();
+  }
+
+  absl::Status Close() override {
+    const Fault fault = fs_->NextOperation(path(), 0);
+    // The base file is closed in every case, as close(2) releases the fd even
+    // when it reports an error.
+    absl::Status status = base_->Close();
+    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "close", path()));
+    if (!error_.ok()) return error_;
+    return status;
+  }
+
+ protected:
+  // Counts a read or write (of `write_bytes`) as an operation and waits the
+  // latency set for the path; returns the fault to inject.
+  Fault BeginTransfer(uint64_t write_bytes, bool writes) {
+    const Fault fault = fs_->NextOperation(path(), write_bytes, writes);
     const absl::Duration delay = fs_->LatencyFor(path());
     if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    return fault;
+  }
+
+  // Records the first error (later calls return it) and returns `status`.
+  absl::Status Fail(absl::Status status) {
+    if (error_.ok()) error_ = status;
+    return status;
+  }
+
+  absl::Status CheckCrashed(absl::string_view op) const {
+    if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
+    return absl::OkStatus();
+  }
+
+  FaultInjectionFileSystem* const fs_;
+  const std::unique_ptr<File> base_;
+  absl::Status error_;  // first injected failure; a file is used by one thread
+};
+
+class FaultWritableFile final : public FaultFile<WritableFile> {
+ public:
+  using FaultFile::FaultFile;
+
+  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
+    const Fault fault = BeginTransfer(n, /*writes=*/true);
     if (fault == Fault::kShortWrite) {
       // Store the first half (rounded down to the alignment), then report ENOSPC.
       const size_t align = alignment() == 0 ? 1 : alignment();
@@ -53,18 +106,6 @@ class FaultWritableFile : public WritableFile {
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "write", path()));
     if (!error_.ok()) return error_;
     return base_->Write(offset, data, n);
-  }
-
-  absl::Status WaitFor(uint64_t ticket) override {
-    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
-    if (!error_.ok()) return error_;
-    return base_->WaitFor(ticket);
-  }
-
-  absl::Status WaitAll() override {
-    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
-    if (!error_.ok()) return error_;
-    return base_->WaitAll();
   }
 
   absl::Status Allocate(uint64_t length) override {
@@ -98,86 +139,20 @@ class FaultWritableFile : public WritableFile {
     fs_->RecordWriteback(path(), offset, length);
     return base_->StartWriteback(offset, length);
   }
-
-  absl::Status Close() override {
-    const Fault fault = fs_->NextOperation(path(), 0);
-    // The base file is closed in every case, as close(2) releases the fd even
-    // when it reports an error.
-    absl::Status status = base_->Close();
-    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "close", path()));
-    if (!error_.ok()) return error_;
-    return status;
-  }
-
- private:
-  // Records the first error (later calls return it) and returns `status`.
-  absl::Status Fail(absl::Status status) {
-    if (error_.ok()) error_ = status;
-    return status;
-  }
-
-  absl::Status CheckCrashed(absl::string_view op) const {
-    if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
-    return absl::OkStatus();
-  }
-
-  FaultInjectionFileSystem* const fs_;
-  const std::unique_ptr<WritableFile> base_;
-  absl::Status error_;  // first injected failure; a file is used by one thread
 };
 
-class FaultReadableFile : public ReadableFile {
+class FaultReadableFile final : public FaultFile<ReadableFile> {
  public:
-  FaultReadableFile(FaultInjectionFileSystem* fs, std::unique_ptr<ReadableFile> base)
-      : fs_(fs), base_(std::move(base)) {}
+  using FaultFile::FaultFile;
 
-  const std::string& path() const override { return base_->path(); }
-  size_t alignment() const override { return base_->alignment(); }
   uint64_t size() const override { return base_->size(); }
 
   absl::StatusOr<uint64_t> Read(uint64_t offset, void* buf, size_t n) override {
-    const Fault fault = fs_->NextOperation(path(), 0);
-    const absl::Duration delay = fs_->LatencyFor(path());
-    if (delay > absl::ZeroDuration()) absl::SleepFor(delay);
+    const Fault fault = BeginTransfer(0, /*writes=*/false);
     if (fault != Fault::kNone) return Fail(FaultStatus(fault, "read", path()));
     if (!error_.ok()) return error_;
     return base_->Read(offset, buf, n);
   }
-
-  absl::Status WaitFor(uint64_t ticket) override {
-    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
-    if (!error_.ok()) return error_;
-    return base_->WaitFor(ticket);
-  }
-
-  absl::Status WaitAll() override {
-    CKPTD_RETURN_IF_ERROR(CheckCrashed("wait"));
-    if (!error_.ok()) return error_;
-    return base_->WaitAll();
-  }
-
-  absl::Status Close() override {
-    const Fault fault = fs_->NextOperation(path(), 0);
-    absl::Status status = base_->Close();
-    if (fault != Fault::kNone) return Fail(FaultStatus(fault, "close", path()));
-    if (!error_.ok()) return error_;
-    return status;
-  }
-
- private:
-  absl::Status Fail(absl::Status status) {
-    if (error_.ok()) error_ = status;
-    return status;
-  }
-
-  absl::Status CheckCrashed(absl::string_view op) const {
-    if (fs_->crashed()) return FaultStatus(Fault::kCrash, op, path());
-    return absl::OkStatus();
-  }
-
-  FaultInjectionFileSystem* const fs_;
-  const std::unique_ptr<ReadableFile> base_;
-  absl::Status error_;
 };
 
 }  // namespace

@@ -79,11 +79,13 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
-// A WritableFile that hands every call to another: a wrapper overrides
-// only what it changes.
-class ForwardingWritableFile : public WritableFile {
+// A WritableFile that hands every call to a `File`: a subclass overrides
+// only what it changes. `File` is another WritableFile (ForwardingWritableFile,
+// for wrappers) or an implementation's own file class with the same calls.
+template <typename File>
+class ForwardingWritableFileOf : public WritableFile {
  public:
-  explicit ForwardingWritableFile(std::unique_ptr<WritableFile> file) : file_(std::move(file)) {}
+  explicit ForwardingWritableFileOf(std::unique_ptr<File> file) : file_(std::move(file)) {}
   const std::string& path() const override { return file_->path(); }
   size_t alignment() const override { return file_->alignment(); }
   absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
@@ -100,10 +102,15 @@ class ForwardingWritableFile : public WritableFile {
   absl::Status Close() override { return file_->Close(); }
 
  protected:
-  WritableFile& wrapped() { return *file_; }
+  File& wrapped() { return *file_; }
 
  private:
-  const std::unique_ptr<WritableFile> file_;
+  const std::unique_ptr<File> file_;
+};
+// Wraps another WritableFile.
+class ForwardingWritableFile : public ForwardingWritableFileOf<WritableFile> {
+ public:
+  using ForwardingWritableFileOf::ForwardingWritableFileOf;
 };
 
 class ReadableFile {

@@ -244,6 +244,12 @@ class PosixFile {
   size_t alignment() const { return direct_ ? base::kDirectIoAlignment : 1; }
   uint64_t size() const { return size_; }
 
+  // Submit for a file opened for writing.
+  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) {
+    // The file is only written from `data`; Submit serves reads too.
+    return Submit(offset, const_cast<void*>(data), n);
+  }
+
   absl::StatusOr<uint64_t> Submit(uint64_t offset, void* buf, size_t n) {
     if (closed_) return Closed();
     CKPTD_RETURN_IF_ERROR(error_);
@@ -534,29 +540,8 @@ class PosixFile {
   absl::Status error_;
 };
 
-class PosixWritableFile final : public WritableFile {
- public:
-  explicit PosixWritableFile(std::unique_ptr<PosixFile> file) : file_(std::move(file)) {}
-
-  const std::string& path() const override { return file_->path(); }
-  size_t alignment() const override { return file_->alignment(); }
-  absl::StatusOr<uint64_t> Write(uint64_t offset, const void* data, size_t n) override {
-    // The file is only written from `data`; PosixFile shares code with reads.
-    return file_->Submit(offset, const_cast<void*>(data), n);
-  }
-  absl::Status WaitFor(uint64_t ticket) override { return file_->WaitFor(ticket); }
-  absl::Status WaitAll() override { return file_->WaitAll(); }
-  absl::Status Allocate(uint64_t length) override { return file_->Allocate(length); }
-  absl::Status Truncate(uint64_t length) override { return file_->Truncate(length); }
-  absl::Status Sync() override { return file_->Sync(); }
-  absl::Status StartWriteback(uint64_t offset, uint64_t length) override {
-    return file_->StartWriteback(offset, length);
-  }
-  absl::Status Close() override { return file_->Close(); }
-
- private:
-  std::unique_ptr<PosixFile> file_;
-};
+// A PosixFile opened for writing, as a WritableFile.
+using PosixWritableFile = ForwardingWritableFileOf<PosixFile>;
 
 class PosixReadableFile final : public ReadableFile {
  public:

@@ -9,7 +9,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "format/checksum.h"
 #include "storage/layout.h"
@@ -29,7 +28,8 @@ absl::string_view StepStateName(StepState state) {
   return "unknown";
 }
 
-CheckpointStore::CheckpointStore(FileSystem* fs, std::string root) : fs_(fs), root_(std::move(root)) {}
+CheckpointStore::CheckpointStore(FileSystem* fs, std::string root, base::Clock* clock)
+    : fs_(fs), root_(std::move(root)), clock_(clock != nullptr ? clock : base::RealClock::Get()) {}
 
 absl::Status CheckpointStore::PrepareStep(absl::string_view job, uint64_t step) {
   CKPTD_RETURN_IF_ERROR(ValidateJobName(job));
@@ -150,7 +150,7 @@ absl::StatusOr<StepManifest> CheckpointStore::CommitStep(absl::string_view job, 
       ref->set_persist_seconds(it->persist_seconds());
     }
   }
-  m.set_committed_unix_nanos(absl::ToUnixNanos(absl::Now()));
+  m.set_committed_unix_nanos(absl::ToUnixNanos(clock_->Now()));
   const std::string encoded = EncodeManifest(m);
   if (encoded.size() - kManifestHeaderBytes > kMaxManifestBytes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": manifest of ", encoded.size(),

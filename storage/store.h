@@ -3,7 +3,6 @@
 // retention, cleanup of steps that never committed, and verification.
 #pragma once
 
-#include "absl/strings/string_view.h"
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -13,7 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "base/clock.h"
 #include "ckptd/v1/manifest.pb.h"
 #include "storage/file_system.h"
 #include "storage/shard_reader.h"
@@ -61,8 +62,9 @@ std::vector<uint64_t> RetentionDrops(const std::set<uint64_t>& committed, int ke
 
 class CheckpointStore {
  public:
-  // `fs` must outlive the store.
-  CheckpointStore(FileSystem* fs, std::string root);
+  // `fs` (and `clock`) must outlive the store. `clock` stamps the MANIFEST's
+  // commit time; nullptr: the real clock.
+  CheckpointStore(FileSystem* fs, std::string root, base::Clock* clock = nullptr);
 
   const std::string& root() const { return root_; }
   FileSystem* fs() const { return fs_; }
@@ -183,6 +185,7 @@ class CheckpointStore {
  private:
   FileSystem* const fs_;
   const std::string root_;
+  base::Clock* const clock_;
 };
 
 }  // namespace ckptd::storage

@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/clock.h"
 #include "base/status_macros.h"  // CKPTD_STATUS_CONCAT_, used by testing_matchers.h
 #include "base/testing/fifo.h"
 #include "base/testing/matchers.h"
@@ -169,6 +170,16 @@ TEST_F(StoreTest, CommitListsEveryShard) {
   EXPECT_THAT(files, ElementsAre(Field(&FileInfo::name, "MANIFEST"), Field(&FileInfo::name, "rank-0.shard"),
                                  Field(&FileInfo::name, "rank-1.shard"), Field(&FileInfo::name, "rank-2.shard")));
   for (uint32_t r = 0; r < 3; ++r) ExpectShardData(5, r);
+}
+
+TEST_F(StoreTest, TheManifestIsStampedWithTheStoresClock) {
+  base::FakeClock clock;
+  CheckpointStore store(&mem_, "/root", &clock);
+  CKPTD_ASSERT_OK(WriteAll(5, 2).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest m, store.CommitStep(kJob, 5, 2));
+  EXPECT_EQ(m.committed_unix_nanos(), absl::ToUnixNanos(clock.Now()));
+  CKPTD_ASSERT_OK_AND_ASSIGN(StepManifest read, store_.ReadManifest(kJob, 5));
+  EXPECT_EQ(read.committed_unix_nanos(), m.committed_unix_nanos());
 }
 
 TEST_F(StoreTest, CommittedStepSurvivesACrash) {

@@ -1,4 +1,4 @@
-#include "cli/json.h"
+#include "base/json.h"
 
 #include <cmath>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "base/format.h"
 
-namespace ckptd::cli {
+namespace ckptd::base {
 
 std::string JsonEscape(absl::string_view s) {
   std::string out = "\"";
@@ -17,7 +17,7 @@ std::string JsonEscape(absl::string_view s) {
       // U+FFFF); a byte that is not UTF-8 is escaped on its own as U+00XX, so
       // any input gives valid, pure-ASCII JSON.
       uint32_t cp = 0;
-      if (size_t len = base::Utf8SequenceAt(s, i, &cp); len > 0) {
+      if (size_t len = Utf8SequenceAt(s, i, &cp); len > 0) {
         if (cp >= 0x10000) {
           cp -= 0x10000;
           absl::StrAppendFormat(&out, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
@@ -112,4 +112,4 @@ void JsonWriter::Null() {
   out_ += "null";
 }
 
-}  // namespace ckptd::cli
+}  // namespace ckptd::base

@@ -1,5 +1,5 @@
-#include "cli/json.h"
-#include "cli/testing_json.h"
+#include "base/json.h"
+#include "base/testing/json_checker.h"
 
 #include <cctype>
 #include <cstdint>
@@ -10,7 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace ckptd::cli {
+namespace ckptd::base {
 namespace {
 
 using ::ckptd::testing::IsValidJson;
@@ -186,4 +186,4 @@ TEST(JsonWriterTest, KeysAndValuesAreEscaped) {
 }
 
 }  // namespace
-}  // namespace ckptd::cli
+}  // namespace ckptd::base

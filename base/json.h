@@ -1,4 +1,4 @@
-// A minimal streaming JSON writer for command output (no parsing).
+// A minimal streaming JSON writer for command and benchmark output (no parsing).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace ckptd::cli {
+namespace ckptd::base {
 
 // Usage: JsonWriter w; w.BeginObject(); w.Key("a"); w.Int(1); w.EndObject(); w.str().
 // Commas are inserted automatically.
@@ -46,4 +46,4 @@ class JsonWriter {
 
 std::string JsonEscape(absl::string_view s);
 
-}  // namespace ckptd::cli
+}  // namespace ckptd::base
