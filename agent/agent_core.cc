@@ -11,7 +11,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "agent/agent_core_internal.h"
 #include "storage/layout.h"
 
@@ -43,8 +42,6 @@ int32_t GpuOf(const TrainerRegistration& reg) {
   }
   return gpu;
 }
-
-std::string Gib(uint64_t bytes) { return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30)); }
 
 }  // namespace internal
 

@@ -50,9 +50,6 @@ ckptd::v1::ShardRef ShardRefOf(uint32_t rank, const storage::ShardWriteResult& w
 // coordinator is told.
 int32_t GpuOf(const TrainerRegistration& reg);
 
-// "1.50 GiB".
-std::string Gib(uint64_t bytes);
-
 // Kept steps whose slot the trainer took back for a snapshot are forgotten.
 template <typename Kept>
 void ForgetTakenBack(const staging::StagingSegment& segment, std::vector<Kept>* kept) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/agent_core_internal.h"
+#include "base/format.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
 #include "format/tensor_size.h"
@@ -19,8 +20,9 @@
 
 namespace ckptd::agent {
 
+using base::ByteUnits;
+using base::FormatBytes;
 using internal::ForgetTakenBack;
-using internal::Gib;
 using internal::TrainerState;
 
 namespace {
@@ -258,9 +260,10 @@ void AgentCore::ReserveBudgetLocked(const Trainer& t, uint32_t slots, uint64_t n
   for (const Parked& p : parked_) parked_bytes += freeable(p);
   if (limit != 0 && held - parked_bytes + need > limit) {
     claim->refused = absl::ResourceExhaustedError(absl::StrCat(
-        "job ", reg.job, " rank ", reg.rank, ": staging of ", slots, " slots of ", t.layout.slot_bytes,
-        " bytes needs ", need, " bytes (", Gib(need), ") but the agent's memory budget is ", limit, " bytes (",
-        Gib(limit), "), ", held - parked_bytes, " of them held by registered trainers: raise "
+        "job ", reg.job, " rank ", reg.rank, ": staging of ", slots, " slots of ", t.layout.slot_bytes, " bytes needs ",
+        need, " bytes (", FormatBytes(need, ByteUnits::kGiB), ") but the agent's memory budget is ", limit, " bytes (",
+        FormatBytes(limit, ByteUnits::kGiB), "), ", held - parked_bytes,
+        " of them held by registered trainers: raise "
         "ckptd-agent --memory-budget, or lower --slots or --staging-budget"));
     return;
   }
@@ -281,7 +284,7 @@ void AgentCore::ReserveBudgetLocked(const Trainer& t, uint32_t slots, uint64_t n
 void AgentCore::ReleaseClaimed(const TrainerRegistration& reg, Claim* claim) {
   for (const Parked& p : claim->evicted) {
     logger_->Info(absl::StrCat("memory tier: the staging of job ", p.job, " rank ", p.rank, " (",
-                               Gib(p.segment->total_bytes()), KeptText(p.kept),
+                               FormatBytes(p.segment->total_bytes(), ByteUnits::kGiB), KeptText(p.kept),
                                ") left by an exited trainer is released"));
   }
   claim->evicted.clear();
@@ -300,8 +303,8 @@ void AgentCore::ShedPartnersCopiesFor(const TrainerRegistration& reg) {
   const uint64_t held = options_.replicas->bytes();
   if (staging + held > options_.memory_budget_bytes) {
     const uint64_t freed = options_.replicas->Shed(staging + held - options_.memory_budget_bytes);
-    logger_->Info(absl::StrCat("memory tier: ", Gib(freed), " of partners' copies dropped for the staging of job ",
-                               reg.job, " rank ", reg.rank));
+    logger_->Info(absl::StrCat("memory tier: ", FormatBytes(freed, ByteUnits::kGiB),
+                               " of partners' copies dropped for the staging of job ", reg.job, " rank ", reg.rank));
   }
 }
 
@@ -318,7 +321,7 @@ absl::Status AgentCore::AttachSegment(Trainer* t, Claim* claim, uint32_t slots, 
       t->predecessor = std::move(claim->reuse->draining);
     }
     logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
-                               Gib(t->segment->total_bytes()), ") is taken over", kept));
+                               FormatBytes(t->segment->total_bytes(), ByteUnits::kGiB), ") is taken over", kept));
     return absl::OkStatus();
   }
   if (claim->adopt) {
@@ -338,7 +341,7 @@ absl::Status AgentCore::AttachSegment(Trainer* t, Claim* claim, uint32_t slots, 
       t->predecessor = claim->adopt;
     }
     logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " registered again: its staging (",
-                               Gib(t->segment->total_bytes()), ") is taken over", text,
+                               FormatBytes(t->segment->total_bytes(), ByteUnits::kGiB), ") is taken over", text,
                                ", while the previous trainer's last snapshots are still written"));
     return absl::OkStatus();
   }

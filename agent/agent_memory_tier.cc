@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "agent/agent_core_internal.h"
+#include "base/format.h"
 #include "base/status_macros.h"
 #include "format/checksum.h"
 #include "format/tensor_size.h"
@@ -19,8 +20,9 @@
 
 namespace ckptd::agent {
 
+using base::ByteUnits;
+using base::FormatBytes;
 using internal::ForgetTakenBack;
-using internal::Gib;
 using internal::ShardRefOf;
 
 namespace {
@@ -353,7 +355,7 @@ absl::StatusOr<ckptd::v1::ShardReport> AgentCore::EmergencyPersist(const ckptd::
   report.mutable_shard()->set_persist_seconds(seconds);
   if (options_.coordinator != nullptr) options_.coordinator->ShardDurable(report);
   logger_->Info(absl::StrCat(what, ": written from ", copy->from, absl::StrFormat(" in %.3f s (", seconds),
-                             Gib(written->raw_bytes), ")"));
+                             FormatBytes(written->raw_bytes, ByteUnits::kGiB), ")"));
   return report;
 }
 

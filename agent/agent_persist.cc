@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core_internal.h"
+#include "base/format.h"
 #include "base/status_macros.h"
 #include "protocol/schedule.h"
 #include "storage/discarding_file_system.h"
@@ -14,7 +15,8 @@
 
 namespace ckptd::agent {
 
-using internal::Gib;
+using base::ByteUnits;
+using base::FormatBytes;
 using internal::ShardRefOf;
 
 void AgentCore::PrepareSlots(Trainer* t) {
@@ -49,7 +51,7 @@ void AgentCore::PrepareSlots(Trainer* t) {
     paging = ", on 4 KiB pages (/dev/shm mounted with huge=advise gives huge pages: see docs/operations.md)";
   }
   logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, ": staging ready, ", seg.slots(), " slots of ",
-                             Gib(seg.slot_bytes()), " allocated in the background in ",
+                             FormatBytes(seg.slot_bytes(), ByteUnits::kGiB), " allocated in the background in ",
                              absl::FormatDuration(absl::Trunc(took, absl::Milliseconds(1))), paging));
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent_core_internal.h"
+#include "base/format.h"
 #include "base/status_macros.h"
 #include "format/tensor_size.h"
 #include "storage/replica.h"
@@ -17,7 +18,8 @@
 
 namespace ckptd::agent {
 
-using internal::Gib;
+using base::ByteUnits;
+using base::FormatBytes;
 
 absl::StatusOr<std::vector<storage::PlannedRead>> AgentCore::PlanResharded(Trainer* t, uint64_t step,
                                                                           const ckptd::v1::StepManifest& manifest,
@@ -153,7 +155,7 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
   logger_->Info(absl::StrCat("job ", reg.job, " rank ", reg.rank, " of ", reg.world_size, ": step ", step,
                              " (saved by ", saved_world, saved_world == 1 ? " rank" : " ranks", ") read ",
                              own_shard ? "from its replica group's shares in " : "resharded from ", rr.ranks.size(),
-                             rr.ranks.size() == 1 ? " shard, " : " shards, ", Gib(bytes),
+                             rr.ranks.size() == 1 ? " shard, " : " shards, ", FormatBytes(bytes, ByteUnits::kGiB),
                              planned ? ", planned by the coordinator"
                                      : absl::StrCat(", planned from the ", saved_world, " saved indexes")));
   if (!own_shard) {
