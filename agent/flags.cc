@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/cpu_set.h"
 #include "base/flags.h"
@@ -31,7 +32,7 @@
 namespace ckptd::agent {
 
 const char kAgentUsage[] =
-    "usage: ckptd-agent --storage-root <dir> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
+    "usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
     "                   [--background-priority idle|low|normal] [--starvation-limit <d>] [--cpu-set <list>]\n"
     "                   [--compression auto|zstd|none]\n"
@@ -52,7 +53,10 @@ const char kAgentUsage[] =
     "another PID namespace (a pod of its own) is watched by the pid the kernel\n"
     "recorded for its connection, so the agent must see the trainers' processes.\n"
     "\n"
-    "  --storage-root <dir>      where checkpoints live (<dir>/<job>/step-<s>/...)\n"
+    "  --storage-root <dir>      where checkpoints live (<dir>/<job>/step-<s>/...): a directory, or an\n"
+    "                            object store, s3://bucket/prefix (credentials, region and endpoint from\n"
+    "                            AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
+    "                            AWS_ENDPOINT_URL or the profile AWS_PROFILE; see docs/operations.md)\n"
     "  --socket <path>           Unix socket to serve on\n"
     "  --staging-budget <bytes>  staging memory per trainer, 1..1T (K/M/G/T suffixes); default:\n"
     "                            --slots slots\n"
@@ -428,7 +432,8 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
     CKPTD_ASSIGN_OR_RETURN(options.trainer_group, TrainerGroup(*group));
   }
   if (std::optional<std::string> local = args.Get("local-cache")) {
-    CKPTD_RETURN_IF_ERROR(CheckApart(options.storage_root, *local));
+    // An object store root cannot overlap a local directory.
+    if (!absl::StartsWith(options.storage_root, "s3://")) CKPTD_RETURN_IF_ERROR(CheckApart(options.storage_root, *local));
     options.local_cache = *local;
   }
   flags.allow_drills = args.Has("allow-drills");

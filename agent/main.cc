@@ -27,6 +27,7 @@
 #include "base/logger.h"
 #include "base/open_files.h"
 #include "base/status_macros.h"
+#include "objstore/storage_root.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
 #include "replication/replicator.h"
@@ -221,7 +222,12 @@ int main(int argc, char** argv) {
   }
   agent::AgentOptions& options = flags->options;
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
-  if (absl::Status s = storage::CreateDirs(fs.get(), options.storage_root); !s.ok()) return Fail("storage root", s);
+  // A directory or an object store (s3://bucket/prefix).
+  absl::StatusOr<ckptd::objstore::StorageRoot> root = ckptd::objstore::OpenStorageRoot(options.storage_root, fs.get());
+  if (!root.ok()) return Fail("storage root", root.status());
+  options.storage_root = root->path;
+  if (absl::Status s = storage::CreateDirs(root->fs, options.storage_root); !s.ok()) return Fail("storage root", s);
+  ckptd::objstore::AbortAbandonedUploads(*root, std::cerr, "ckptd-agent");
   if (!options.local_cache.empty()) {
     if (absl::Status s = storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) return Fail("--local-cache", s);
     // The local tier is this node's own disk: drills and injected latency
@@ -254,14 +260,14 @@ int main(int argc, char** argv) {
                       : " with the agent token of --agent-token-file")
               << "\n";
   }
-  std::unique_ptr<storage::FaultInjectionFileSystem> fault_fs = NewFaultFileSystem(*flags, fs.get());
+  std::unique_ptr<storage::FaultInjectionFileSystem> fault_fs = NewFaultFileSystem(*flags, root->fs);
   storage::FileSystem* const data_fs =
-      fault_fs != nullptr ? static_cast<storage::FileSystem*>(fault_fs.get()) : fs.get();
+      fault_fs != nullptr ? static_cast<storage::FileSystem*>(fault_fs.get()) : root->fs;
   auto core = std::make_unique<agent::AgentCore>(data_fs, options);
   peers.core.store(core.get());
   relay.ConnectPeers(peers.replicator.get(), peers.service.get());
   std::unique_ptr<agent::DrillExecutor> drills =
-      NewDrillExecutor(*flags, core.get(), link.get(), fault_fs.get(), fs.get());
+      NewDrillExecutor(*flags, core.get(), link.get(), fault_fs.get(), root->fs);
   relay.Connect(core.get(), drills.get());
   // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
   if (absl::StatusOr<std::vector<std::string>> stale = ckptd::staging::ReclaimStaleSegments(); stale.ok()) {
@@ -276,8 +282,8 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  std::cerr << "ckptd-agent: serving on unix:" << flags->socket << ", storage root " << options.storage_root
-            << (fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
+  std::cerr << "ckptd-agent: serving on unix:" << flags->socket << ", storage root " << root->description
+            << (root->object_store ? "" : fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
             << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
             << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
   while (!g_stop) ::pause();

@@ -10,6 +10,7 @@
 #include "cli/offline_commands.h"
 #include "cli/operator_commands.h"
 #include "cli/remote.h"
+#include "objstore/routing_file_system.h"
 #include "storage/posix_file_system.h"
 
 namespace {
@@ -19,9 +20,12 @@ const char kUsage[] =
     "\n"
     "offline commands (a shard file or a storage root, no coordinator):\n"
     "  inspect <shard file>   show the tensors, components, dtypes, sizes, chunks and codecs of a shard\n"
-    "  verify --root <dir>    read committed checkpoints back and check every chunk\n"
-    "  export --root <dir> --job J --out DIR   write a committed step's full tensors as safetensors\n"
-    "  start-fresh --root <dir> --job J   let a job whose committed steps are all damaged start from scratch\n"
+    "  verify --root <root>   read committed checkpoints back and check every chunk\n"
+    "  export --root <root> --job J --out DIR   write a committed step's full tensors as safetensors\n"
+    "  start-fresh --root <root> --job J   let a job whose committed steps are all damaged start from scratch\n"
+    "  (a <root> or shard file is a path or an object store URL, s3://bucket/prefix[/...]: credentials,\n"
+    "  region and endpoint come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,\n"
+    "  AWS_REGION, AWS_ENDPOINT_URL or the profile AWS_PROFILE of ~/.aws/credentials and ~/.aws/config)\n"
     "  interval               the checkpoint interval for a failure rate and costs (or a live job's,\n"
     "                         with --job and --coordinator), and its expected waste\n"
     "  plan                   checkpoint size, stall, persist time and interval for a model and layout\n"
@@ -51,7 +55,9 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   args.erase(args.begin());
-  std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
+  std::unique_ptr<ckptd::storage::PosixFileSystem> posix = ckptd::storage::NewPosixFileSystem();
+  // --root may name a directory or an object store (s3://bucket/prefix).
+  auto fs = std::make_unique<ckptd::objstore::RoutingFileSystem>(posix.get());
   if (command == "inspect") return ckptd::cli::RunInspect(fs.get(), args, std::cout, std::cerr);
   if (command == "export") return ckptd::cli::RunExport(fs.get(), args, std::cout, std::cerr);
   if (command == "start-fresh") return ckptd::cli::RunStartFresh(fs.get(), args, std::cout, std::cerr);

@@ -41,7 +41,7 @@ const char kInspectHelp[] =
     "  --chunks   also list every chunk (offset, lengths, codec, checksum)\n";
 
 const char kVerifyHelp[] =
-    "usage: ckptctl verify --root <dir> [--job J] [--step S] [--json] [--threads N]\n"
+    "usage: ckptctl verify --root <dir|s3://bucket/prefix> [--job J] [--step S] [--json] [--threads N]\n"
     "\n"
     "Reads committed steps back from a storage root and checks every shard\n"
     "against its MANIFEST and every chunk against its checksum. Without --job,\n"
@@ -53,7 +53,7 @@ const char kVerifyHelp[] =
     "committed), 2 usage error\n";
 
 const char kExportHelp[] =
-    "usage: ckptctl export --root <dir> --job J [--step S] --out DIR [--format safetensors]\n"
+    "usage: ckptctl export --root <dir|s3://bucket/prefix> --job J [--step S] --out DIR [--format safetensors]\n"
     "                      [--components LIST] [--max-file-bytes N] [--threads N] [--json]\n"
     "\n"
     "Writes the full (unsharded) tensors of a committed step as safetensors files,\n"
@@ -82,7 +82,7 @@ const char kExportHelp[] =
     "quarantined, damaged, tensors whose slices do not fit together), 2 usage error\n";
 
 const char kStartFreshHelp[] =
-    "usage: ckptctl start-fresh --root <dir> --job J [--note TEXT]\n"
+    "usage: ckptctl start-fresh --root <dir|s3://bucket/prefix> --job J [--note TEXT]\n"
     "\n"
     "Lets job J start from scratch although it has committed steps, when every\n"
     "one of them is quarantined (damaged). A restart of such a job is held back\n"

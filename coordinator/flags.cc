@@ -14,7 +14,7 @@
 namespace ckptd::coordinator {
 
 const char kCoordinatorUsage[] =
-    "usage: ckptd-coordinator --listen <host:port> --storage-root <dir> --state-dir <dir>\n"
+    "usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix> --state-dir <dir>\n"
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
     "                         [--every N | --initial-every N] [--durable-every auto|K]\n"
@@ -34,7 +34,9 @@ const char kCoordinatorUsage[] =
     "\n"
     "  --listen <host:port>        gRPC address (\":port\": every interface; port 0..65535, 0: any\n"
     "                              free port)\n"
-    "  --storage-root <dir>        where checkpoints live (created when missing)\n"
+    "  --storage-root <dir>        where checkpoints live (created when missing): a directory, or an object\n"
+    "                              store, s3://bucket/prefix (its bucket must exist; credentials, region\n"
+    "                              and endpoint from the AWS_* environment or profile, see docs/operations.md)\n"
     "  --state-dir <dir>           the coordinator's database (coordinator.db) and tokens\n"
     "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics\n"
     "  --heartbeat-interval <d>    how often agents send heartbeats, 1ms..1h (default 1s)\n"

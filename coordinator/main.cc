@@ -34,6 +34,7 @@
 #include "rpc/operator_token.h"
 #include "rpc/tls.h"
 #include "storage/file_system.h"
+#include "objstore/storage_root.h"
 #include "storage/posix_file_system.h"
 #include "storage/store.h"
 
@@ -201,9 +202,14 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*flags);
   if (!credentials.ok()) return Fail("TLS", credentials.status(), kExitUsage);
   std::unique_ptr<ckptd::storage::PosixFileSystem> fs = ckptd::storage::NewPosixFileSystem();
-  if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), flags->storage_root); !s.ok()) {
+  // A directory or an object store (s3://bucket/prefix).
+  absl::StatusOr<ckptd::objstore::StorageRoot> root = ckptd::objstore::OpenStorageRoot(flags->storage_root, fs.get());
+  if (!root.ok()) return Fail("storage root", root.status(), kExitFailed);
+  flags->storage_root = root->path;
+  if (absl::Status s = ckptd::storage::CreateDirs(root->fs, flags->storage_root); !s.ok()) {
     return Fail("storage root", s, kExitFailed);
   }
+  ckptd::objstore::AbortAbandonedUploads(*root, std::cerr, "ckptd-coordinator");
   // The lock comes first: nothing in the state directory (the database, the
   // token) is touched while another coordinator runs on it.
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), flags->state_dir); !s.ok()) {
@@ -239,7 +245,7 @@ int main(int argc, char** argv) {
   service_options.insecure_agents = flags->insecure_agents;
 
   ckptd::base::RealClock clock;
-  ckptd::storage::CheckpointStore store(fs.get(), flags->storage_root, &clock);
+  ckptd::storage::CheckpointStore store(root->fs, flags->storage_root, &clock);
   ckptd::metrics::Registry registry;
   absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
   if (!metrics.ok()) return Fail("metrics", metrics.status(), kExitFailed);
@@ -286,7 +292,7 @@ int main(int argc, char** argv) {
     std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*flags->metrics_listen, http->port())
               << "/metrics\n";
   }
-  std::cerr << "ckptd-coordinator: storage root " << flags->storage_root << ", state " << flags->state_dir
+  std::cerr << "ckptd-coordinator: storage root " << root->description << ", state " << flags->state_dir
             << (flags->tls ? ", mutual TLS" : ", no TLS")
             << (flags->insecure_agents ? ", agents unauthenticated"
                                        : flags->tls ? ", agents by certificate or agent token" : ", agents by agent token")

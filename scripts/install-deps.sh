@@ -8,6 +8,13 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev liburing-dev libzstd-dev zstd libxxhash-dev libsqlite3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # s3:// storage roots: libcurl signs (AWS SigV4) and sends, pugixml reads
+  # S3's XML, libssl-dev's libcrypto makes DeleteObjects' Content-MD5.
+  libcurl4-openssl-dev libpugixml-dev libssl-dev
+  # tests/s3: a single-node Ceph RADOS Gateway (tests/s3/rgw.sh) that the
+  # object-store tests run against, and the S3 clients the benchmark
+  # measures ckptd beside (boto3, awscli).
+  radosgw ceph-mon ceph-osd ceph-common python3-boto3 awscli
   clang libclang-rt-14-dev
   fio python3
   openssl  # generates the test CA for the coordinator's mutual-TLS tests

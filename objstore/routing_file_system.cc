@@ -1,0 +1,76 @@
+#include "objstore/routing_file_system.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace ckptd::objstore {
+
+absl::StatusOr<storage::FileSystem*> RoutingFileSystem::For(const std::string& path) {
+  if (!IsObjectStoreRoot(path)) return local_;
+  absl::MutexLock l(&mu_);
+  if (remote_ == nullptr) {
+    absl::StatusOr<S3Options> options = S3OptionsFromEnvironment();
+    if (!options.ok()) {
+      return absl::Status(options.status().code(), absl::StrCat(path, ": ", options.status().message()));
+    }
+    CKPTD_ASSIGN_OR_RETURN(remote_, ObjectStoreFileSystem::Create(std::move(*options)));
+  }
+  return remote_.get();
+}
+
+absl::StatusOr<std::unique_ptr<storage::WritableFile>> RoutingFileSystem::NewWritableFile(
+    const std::string& path, const storage::OpenOptions& options) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->NewWritableFile(path, options);
+}
+
+absl::StatusOr<std::unique_ptr<storage::ReadableFile>> RoutingFileSystem::NewReadableFile(
+    const std::string& path, const storage::OpenOptions& options) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->NewReadableFile(path, options);
+}
+
+absl::Status RoutingFileSystem::CreateDir(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->CreateDir(path);
+}
+
+absl::Status RoutingFileSystem::RemoveFile(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->RemoveFile(path);
+}
+
+absl::Status RoutingFileSystem::RemoveDir(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->RemoveDir(path);
+}
+
+absl::Status RoutingFileSystem::Rename(const std::string& from, const std::string& to) {
+  if (IsObjectStoreRoot(from) != IsObjectStoreRoot(to)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot rename ", from, " to ", to, ": not on one file system"));
+  }
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(from));
+  return fs->Rename(from, to);
+}
+
+absl::Status RoutingFileSystem::SyncDir(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->SyncDir(path);
+}
+
+absl::StatusOr<std::vector<storage::FileInfo>> RoutingFileSystem::ListDir(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->ListDir(path);
+}
+
+absl::StatusOr<storage::FileInfo> RoutingFileSystem::Stat(const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->Stat(path);
+}
+
+absl::Status RoutingFileSystem::RemoveTree(const std::string& path, const storage::RemoveTreeOptions& options) {
+  CKPTD_ASSIGN_OR_RETURN(storage::FileSystem * fs, For(path));
+  return fs->RemoveTree(path, options);
+}
+
+}  // namespace ckptd::objstore
