@@ -408,7 +408,7 @@ TEST(AgentFlagsTest, PeerReplicationFlags) {
 
 TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kAgentUsage;
-  EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir> --socket <path>"));
+  EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> --socket <path>"));
   for (const char* flag : {"--storage-root",
                            "--socket",
                            "--staging-budget",

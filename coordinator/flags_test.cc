@@ -276,7 +276,7 @@ TEST(CoordinatorFlagsTest, HelpNeedsNothingElse) {
 TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kCoordinatorUsage;
   EXPECT_THAT(usage,
-              StartsWith("usage: ckptd-coordinator --listen <host:port> --storage-root <dir> --state-dir <dir>"));
+              StartsWith("usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix> --state-dir <dir>"));
   for (const char* flag : {"--listen",
                            "--storage-root",
                            "--state-dir",

@@ -14,7 +14,7 @@ PACKAGES=(
   # tests/s3: a single-node Ceph RADOS Gateway (tests/s3/rgw.sh) that the
   # object-store tests run against, and the S3 clients the benchmark
   # measures ckptd beside (boto3, awscli).
-  radosgw ceph-mon ceph-osd ceph-common python3-boto3 awscli
+  radosgw ceph-mon ceph-osd ceph-common uuid-runtime python3-boto3 awscli
   clang libclang-rt-14-dev
   fio python3
   openssl  # generates the test CA for the coordinator's mutual-TLS tests

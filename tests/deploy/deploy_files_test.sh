@@ -907,12 +907,22 @@ dockerfile_packages() {
   deps="$(sed -n '/^PACKAGES=(/,/^)/p' "$REPO/scripts/install-deps.sh" | sed 's/#.*//' | tr ' ' '\n' | grep -E '^[a-z0-9][a-z0-9.+-]+$')"
   [ -n "$build" ] && [ -n "$runtime" ] || { echo "could not read the Dockerfile's package lists"; return 1; }
   for p in $build; do grep -qx "$p" <<<"$deps" || missing+=("build stage: $p is not in scripts/install-deps.sh"); done
+  # What the final stage gets: its packages and everything they depend on
+  # (libcurl4 brings its TLS, HTTP/2 and Kerberos libraries with it).
+  local closure="$runtime" more
+  while :; do
+    more="$(for p in $closure; do dpkg-query -W -f='${Depends},${Pre-Depends}\n' "$p" 2>/dev/null; done |
+      tr ',|' '\n' | sed -E 's/\(.*\)//; s/:any//; s/^ +//; s/ +$//' | grep -E '^[a-z0-9][a-z0-9.+-]+$' |
+      sort -u | grep -vxF -f <(tr ' ' '\n' <<<"$closure") || true)"
+    [ -n "$more" ] || break
+    closure="$closure"$'\n'"$more"
+  done
   for lib in $(for b in "${BINARIES[@]}"; do ldd "$BIN/$b"; done | awk '/=>/ { print $3 }' | sort -u); do
     pkg="$(dpkg -S "$(readlink -f "$lib")" 2>/dev/null || dpkg -S "$lib" 2>/dev/null)" || { missing+=("no package owns $lib"); continue; }
     pkg="${pkg%%:*}"
     case "$pkg" in libc6 | libgcc-s1 | libstdc++6) continue ;; esac  # in debian:12-slim
     case "$pkg" in libasan* | libubsan* | liblsan* | libtsan* | libclang-rt*) continue ;; esac  # sanitizer builds
-    grep -qx "$pkg" <<<"$runtime" || missing+=("final stage: $lib comes from $pkg, which it does not install")
+    grep -qx "$pkg" <<<"$closure" || missing+=("final stage: $lib comes from $pkg, which it does not install")
   done
   for b in "${BINARIES[@]}"; do
     grep -q "/build/bin/$b" "$df" || missing+=("the final stage does not copy $b")
