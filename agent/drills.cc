@@ -316,12 +316,15 @@ namespace {
 
 // Rewrites `path` with the byte at `offset` inverted, as a whole new file
 // renamed over it (shards are written once and never changed in place), a
-// few MiB at a time: a shard may be many GiB.
+// few MiB at a time: a shard may be many GiB. The new file is the shard's own
+// temp name, as the store writes it: on an object store that is what becomes
+// the object it names at the rename (the shard's step is committed, so no
+// writer of the store uses that name now).
 absl::Status CopyWithFlippedByte(storage::FileSystem* fs, const std::string& path, uint64_t offset) {
   constexpr size_t kPiece = size_t{4} << 20;
   storage::OpenOptions options;
   options.direct_io = false;
-  const std::string tmp = absl::StrCat(path, ".drill-tmp");
+  const std::string tmp = absl::StrCat(path, storage::kTempSuffix);
   absl::Status status = [&]() -> absl::Status {
     CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<storage::ReadableFile> in, fs->NewReadableFile(path, options));
     const uint64_t size = in->size();

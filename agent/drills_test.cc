@@ -475,7 +475,7 @@ TEST_F(DrillsTest, CorruptShardIsFoundByVerifyStep) {
   }
   ASSERT_THAT(changed, SizeIs(1));
   EXPECT_THAT(r.detail(), HasSubstr(absl::StrCat("offset ", changed[0], " ")));
-  EXPECT_FALSE(mem_.Stat(shard + ".drill-tmp").ok());
+  EXPECT_FALSE(mem_.Stat(absl::StrCat(shard, storage::kTempSuffix)).ok());
 
   absl::StatusOr<storage::StepVerifyReport> verify = store.VerifyStep(kJob, 7, testing::OneThread());
   ASSERT_TRUE(verify.ok()) << verify.status();

@@ -30,6 +30,10 @@
 #                          with K=2, every other checkpoint stays in memory, and a
 #                          failure has the newest of them written to disk from the
 #                          surviving copies (the summary's "emergency persist")
+#   CKPTD_DEMO_ROOT=s3://BUCKET/PREFIX  keep the shared storage root in an object
+#                          store (each run under PREFIX/<run>; AWS_ENDPOINT_URL,
+#                          AWS_ACCESS_KEY_ID, ... name the store and the
+#                          credentials); default: a folder under DIR
 #   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
 #   CKPTD_BIN=DIR          where the binaries are (default build/bin)
 set -uo pipefail
@@ -70,6 +74,7 @@ command -v python3 >/dev/null || fail "python3 is needed to read ckptctl's JSON"
 case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
 rm -rf "$DIR" && mkdir -p "$DIR" || fail "cannot create $DIR"
 say "data, logs and reports under $DIR"
+[ -n "${CKPTD_DEMO_ROOT:-}" ] && say "the shared storage root in an object store: ${CKPTD_DEMO_ROOT%/}/<run>"
 
 # -------------------------------------------------------------- processes
 # Every process this script starts is recorded; cleanup stops them all.
@@ -115,10 +120,16 @@ trap 'echo; echo "demo: FAIL interrupted"; exit 130' INT TERM
 start_cluster() {
   local run="$1"
   CL="$DIR/$run"
-  mkdir -p "$CL/root" "$CL/state" "$CL/logs" "$CL/launcher"
+  mkdir -p "$CL/state" "$CL/logs" "$CL/launcher"
+  if [ -n "${CKPTD_DEMO_ROOT:-}" ]; then
+    ROOT="${CKPTD_DEMO_ROOT%/}/$run"
+  else
+    ROOT="$CL/root"
+    mkdir -p "$ROOT"
+  fi
   # The interval policy on: the failure rate assumed here (0.5 per GPU-hour)
   # makes its choice seconds, which suits a demo that lasts seconds.
-  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --storage-root "$CL/root" --state-dir "$CL/state" \
+  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --storage-root "$ROOT" --state-dir "$CL/state" \
     --heartbeat-interval 200ms --node-lost-after 1500ms --initial-every 20 --failure-rate 0.5 \
     --min-interval 0 --decide-every 1s --keep 3 --durable-every "$DURABLE_EVERY" \
     >"$CL/logs/coordinator.out" 2>"$CL/logs/coordinator.log" &
@@ -165,7 +176,7 @@ supervise_agent() {
     # is its node-local tier: shards go there first, then to the shared root.
     # Each persisted step also goes to a partner agent's memory (peer
     # replication over loopback, on a port of the system's choosing).
-    "$BIN/ckptd-agent" --storage-root "$CL/root" --socket "$socket" --coordinator "$ADDR" \
+    "$BIN/ckptd-agent" --storage-root "$ROOT" --socket "$socket" --coordinator "$ADDR" \
       --node-id "$node" --agent-token-file "$AGENT_TOKEN" --threads 2 --allow-drills --local-cache "$CL/nvme-$node" --local-cache-keep 3 \
       --peer-listen 127.0.0.1:0 --failure-domain "$domain" \
       >"$CL/logs/agent-$node.$n.out" 2>"$CL/logs/agent-$node.$n.log" &
