@@ -440,6 +440,14 @@ absl::StatusOr<S3Client::Response> S3Client::Send(Request& req) {
 
 // The request helpers: each returns the response when it succeeded, the
 // mapped error otherwise.
+// `parsed`, the XML answer to `req`; an error that names the request.
+template <typename T, typename Req>
+absl::StatusOr<T> AnswerTo(const Req& req, absl::StatusOr<T> parsed) {
+  if (parsed.ok()) return parsed;
+  return absl::Status(parsed.status().code(), absl::StrCat("S3 ", req.method, " ", req.Url(), " (", req.what,
+                                                           "): ", parsed.status().message()));
+}
+
 #define CKPTD_S3_SEND(resp, req)                    \
   CKPTD_ASSIGN_OR_RETURN(Response resp, Send(req)); \
   if (resp.status < 200 || resp.status >= 300) return ErrorOf(req, resp)
@@ -530,7 +538,7 @@ absl::Status S3Client::DeleteMany(const std::string& bucket, const std::vector<s
     req.headers.push_back(absl::StrCat("Content-MD5: ", Md5Base64(body)));
     req.headers.push_back("Content-Type: application/xml");
     CKPTD_S3_SEND(resp, req);
-    CKPTD_ASSIGN_OR_RETURN(std::vector<S3Error> failed, ParseDeleteResult(resp.body));
+    CKPTD_ASSIGN_OR_RETURN(std::vector<S3Error> failed, AnswerTo(req, ParseDeleteResult(resp.body)));
     for (const S3Error& e : failed) {
       if (e.code == "NoSuchKey") continue;
       return absl::UnavailableError(absl::StrCat("S3 delete-objects in s3://", bucket, ": ", e.key,
@@ -544,7 +552,7 @@ absl::Status S3Client::DeleteMany(const std::string& bucket, const std::vector<s
 absl::StatusOr<std::string> S3Client::CreateUpload(const std::string& bucket, const std::string& key) {
   Request req = MakeRequest("POST", "create-upload", bucket, key, {{"uploads", ""}});
   CKPTD_S3_SEND(resp, req);
-  return ParseUploadId(resp.body);
+  return AnswerTo(req, ParseUploadId(resp.body));
 }
 
 absl::StatusOr<std::string> S3Client::UploadPart(const std::string& bucket, const std::string& key,
@@ -569,7 +577,7 @@ absl::StatusOr<std::string> S3Client::CompleteUpload(const std::string& bucket, 
   req.body = body;
   req.headers.push_back("Content-Type: application/xml");
   CKPTD_S3_SEND(resp, req);
-  return ParseCompleteEtag(resp.body);
+  return AnswerTo(req, ParseCompleteEtag(resp.body));
 }
 
 absl::Status S3Client::AbortUpload(const std::string& bucket, const std::string& key, const std::string& upload_id) {
@@ -590,7 +598,7 @@ absl::StatusOr<std::vector<UploadInfo>> S3Client::ListUploads(const std::string&
     if (!id_marker.empty()) req.query.push_back({"upload-id-marker", id_marker});
     req.query.push_back({"uploads", ""});
     CKPTD_S3_SEND(resp, req);
-    CKPTD_ASSIGN_OR_RETURN(UploadPage p, ParseUploadPage(resp.body));
+    CKPTD_ASSIGN_OR_RETURN(UploadPage p, AnswerTo(req, ParseUploadPage(resp.body)));
     for (UploadInfo& u : p.uploads) out.push_back(std::move(u));
     if (!p.truncated) return out;
     if (p.next_key_marker.empty()) {
@@ -615,7 +623,7 @@ absl::StatusOr<ListResult> S3Client::List(const std::string& bucket, const std::
     if (max_keys > 0) req.query.push_back({"max-keys", absl::StrCat(max_keys)});
     req.query.push_back({"prefix", prefix});
     CKPTD_S3_SEND(resp, req);
-    CKPTD_ASSIGN_OR_RETURN(ListPage p, ParseListPage(resp.body));
+    CKPTD_ASSIGN_OR_RETURN(ListPage p, AnswerTo(req, ParseListPage(resp.body)));
     for (ObjectInfo& o : p.objects) out.objects.push_back(std::move(o));
     for (std::string& s : p.prefixes) out.prefixes.push_back(std::move(s));
     if (!p.truncated || max_keys > 0) return out;

@@ -614,7 +614,9 @@ def ckptctl():
 
 def export(root, job, out, *, step=None, components=("params",), max_file_bytes=None, threads=0):
     """Writes the full (unsharded) tensors of a committed step of `job` under
-    the storage root `root` as safetensors files in directory `out`: runs
+    the storage root `root` (a directory, or an object store as
+    "s3://bucket/prefix" with endpoint and credentials from the AWS_*
+    environment, as for the agent) as safetensors files in directory `out`: runs
     `ckptctl export` (found as ckptctl() says), which puts each tensor
     sharded over ranks together from every rank's slice, writes a replicated
     one once, and checks every byte against the checkpoint's checksums.
