@@ -1,6 +1,7 @@
 #include "bench/bench_util.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -10,7 +11,10 @@
 #include <system_error>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace ckptd::bench {
 
@@ -54,6 +58,36 @@ std::string ShellQuote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return out + "'";
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  const std::string p(buf, static_cast<size_t>(n));
+  return p.substr(0, p.rfind('/'));
+}
+
+absl::StatusOr<double> RunS3Yardstick(const std::string& op, const std::string& url, const std::string& file) {
+  const std::string script = absl::StrCat(SelfDir(), "/s3_transfer.py");
+  if (::access(script.c_str(), R_OK) != 0) return absl::NotFoundError(absl::StrCat(script, " is missing"));
+  // Its one line of JSON on success; its message (stderr) and a marker when it fails.
+  constexpr char kFailed[] = "s3-yardstick-failed";
+  const std::optional<std::string> out =
+      Capture(absl::StrCat("python3 ", ShellQuote(script), " ", op, " --url ", ShellQuote(url), " --file ",
+                           ShellQuote(file), " 2>&1 || echo ", kFailed));
+  if (!out) return absl::UnavailableError("the S3 yardstick did not run (no shell?)");
+  if (absl::StrContains(*out, kFailed)) {
+    return absl::UnavailableError(absl::StrCat("the S3 yardstick failed: ", absl::StripAsciiWhitespace(
+                                                                              out->substr(0, out->rfind(kFailed)))));
+  }
+  const size_t at = out->find("\"gbps\": ");
+  double gbps = 0;
+  if (at == std::string::npos ||
+      !absl::SimpleAtod(out->substr(at + 8, out->find_first_of(",}", at) - at - 8), &gbps)) {
+    return absl::InternalError(absl::StrCat("the S3 yardstick printed no speed: ", *out));
+  }
+  return gbps;
 }
 
 std::optional<double> JsonNumberAfter(const std::string& json, const std::string& section, const std::string& key) {

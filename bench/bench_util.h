@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace ckptd::bench {
 
@@ -35,6 +36,16 @@ std::optional<std::string> Capture(const std::string& command);
 
 // `s` quoted for the shell.
 std::string ShellQuote(const std::string& s);
+
+// The folder of this program (ckptd-bench), where the binaries and the
+// scripts it runs are; "." when /proc/self/exe cannot be read.
+std::string SelfDir();
+
+// The S3 yardstick (bench/s3_transfer.py: boto3's transfer manager at its
+// defaults), beside this program: `op` ("upload" or "download") of the
+// object at `url` to or from the local `file`. Its GB/s, or an error saying
+// why it did not run (no python3 or boto3, a store that refused).
+absl::StatusOr<double> RunS3Yardstick(const std::string& op, const std::string& url, const std::string& file);
 
 // The first number after `"key" :` inside the first `"section" : {` object
 // of fio-style JSON.

@@ -45,6 +45,7 @@
 #include "base/format.h"
 #include "base/json.h"
 #include "base/thread_pool.h"
+#include "bench/bench_util.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/layout.h"
@@ -110,14 +111,6 @@ double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   const size_t rank = static_cast<size_t>(std::ceil(p / 100 * static_cast<double>(v.size())));
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
-}
-
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, n);
-  return p.substr(0, p.rfind('/'));
 }
 
 struct ProcUsage {

@@ -33,7 +33,10 @@
 #include "base/flags.h"
 #include "base/json.h"
 #include "base/thread_priority.h"
+#include "bench/bench_util.h"
 #include "client/client.h"
+#include "objstore/s3_options.h"
+#include "objstore/storage_root.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
@@ -53,7 +56,8 @@ const char kOverheadHelp[] =
     "1..2^40 each, --repeat 1..100.\n"
     "\n"
     "usage: ckptd-bench overhead --during-persist [--state-mb M] [--configs C;C;...]\n"
-    "                            [--work-kb W] [--quiet-ms Q] [--persists N] [--repeat R] [--json]\n"
+    "                            [--work-kb W] [--quiet-ms Q] [--persists N] [--repeat R]\n"
+    "                            [--root <dir|s3://bucket/prefix>] [--json]\n"
     "\n"
     "How much a persist slows a 1-thread training loop on the same machine, for\n"
     "each agent configuration C, side by side: P/C[@CPUS] is ckptd-agent\n"
@@ -78,23 +82,14 @@ const char kOverheadHelp[] =
     "staging), the durable time (from the snapshot to the shard fsynced and\n"
     "renamed), the agent's CPU seconds per persist, and what the last shard holds\n"
     "(stored/raw bytes, blocks written raw); and the host's steal time and load.\n"
+    "Each agent's storage root is a new folder under a scratch folder in /tmp,\n"
+    "or with --root a new folder or prefix below it (removed afterwards); an\n"
+    "object store root (credentials as for ckptd-agent) gets a node-local tier\n"
+    "in the scratch folder (--local-cache), so the durable time is the upload's.\n"
     "Ranges: --state-mb 1..65536, --work-kb 4..1048576, --quiet-ms 100..600000,\n"
     "--persists 1..100, --repeat 1..100; P is idle, low or normal, C is auto, zstd or none.\n";
 
 namespace {
-
-std::string SelfDir() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  std::string p(buf, n);
-  return p.substr(0, p.rfind('/'));
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
 
 // Runs the trainer; returns train_s from its last line.
 std::optional<double> RunTrainer(const std::string& command) {
@@ -251,7 +246,7 @@ double ProcessCpuSeconds(pid_t pid) {
 
 // Starts ckptd-agent with `config` on `root`, serving `socket`; waits for the socket.
 std::optional<pid_t> StartAgent(const std::string& bin, const std::string& root, const std::string& socket,
-                                const AgentConfig& config) {
+                                const AgentConfig& config, const std::string& local_cache = "") {
   const std::string agent = bin + "/ckptd-agent";
   std::vector<std::string> args = {agent,
                                    "--storage-root",
@@ -267,6 +262,10 @@ std::optional<pid_t> StartAgent(const std::string& bin, const std::string& root,
   if (!config.cpus.empty()) {
     args.push_back("--cpu-set");
     args.push_back(base::FormatCpuList(config.cpus));
+  }
+  if (!local_cache.empty()) {
+    args.push_back("--local-cache");
+    args.push_back(local_cache);
   }
   const pid_t pid = ::fork();
   if (pid < 0) return std::nullopt;
@@ -320,9 +319,8 @@ struct BenchState {
 };
 
 // Counts the shard's float blocks stored raw, and its stored/raw bytes.
-void InspectShard(const std::string& path, PersistCycle* c) {
-  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
-  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader = storage::ShardReader::Open(fs.get(), path);
+void InspectShard(storage::FileSystem* fs, const std::string& path, PersistCycle* c) {
+  absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader = storage::ShardReader::Open(fs, path);
   if (!reader.ok()) return;
   const v1::ShardIndex& index = (*reader)->index();
   for (const v1::Tensor& t : index.tensors()) {
@@ -366,13 +364,19 @@ absl::Status WriteLikeAPersist(const std::string& path, uint64_t bytes) {
 
 // One round of one configuration: a fresh agent, a warm-up snapshot, then the
 // measured one. `why` says what failed.
-std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::string& dir, int n,
+std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::string& dir,
+                                            const std::string& root_base, int n,
                                             const AgentConfig& config, BenchState& state, TrainingWork& work,
                                             absl::Duration quiet, int persists, absl::Duration control_window,
                                             std::string* why) {
-  const std::string root = absl::StrCat(dir, "/root-", n);
+  // A root of the caller's (--root) gets a folder (or prefix) per agent; an
+  // object store root gets a node-local tier in front, as on a cloud node.
+  const bool remote = objstore::IsObjectStoreRoot(root_base);
+  const std::string root = root_base.empty() ? absl::StrCat(dir, "/root-", n)
+                                             : absl::StrCat(root_base, "/overhead-", ::getpid(), "-", n);
+  const std::string local = remote ? absl::StrCat(dir, "/local-", n) : std::string();
   const std::string socket = absl::StrCat(dir, "/agent-", n, ".sock");
-  std::optional<pid_t> agent = StartAgent(bin, root, socket, config);
+  std::optional<pid_t> agent = StartAgent(bin, root, socket, config, local);
   if (!agent) {
     *why = absl::StrCat("ckptd-agent ", config.Name(), " did not start");
     return std::nullopt;
@@ -540,8 +544,15 @@ std::optional<PersistCycle> RunPersistCycle(const std::string& bin, const std::s
   }  // the client says goodbye before the agent stops
   ::kill(*agent, SIGTERM);
   ::waitpid(*agent, nullptr, 0);
-  if (result && result->last_step > 1) InspectShard(storage::ShardPath(root, "bench", result->last_step, 0), &*result);
-  std::system(absl::StrCat("rm -rf '", root, "'").c_str());
+  std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+  absl::StatusOr<objstore::StorageRoot> opened = objstore::OpenStorageRoot(root, posix.get());
+  if (opened.ok()) {
+    if (result && result->last_step > 1) {
+      InspectShard(opened->fs, storage::ShardPath(opened->path, "bench", result->last_step, 0), &*result);
+    }
+    (void)storage::RemoveTree(opened->fs, opened->path);
+  }
+  if (!local.empty()) std::system(absl::StrCat("rm -rf '", local, "'").c_str());
   return result;
 }
 
@@ -583,6 +594,17 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
     }
     configs.push_back(std::move(config));
   }
+  // --root: where the agents' storage roots go (a directory or s3://); the
+  // store is checked before any training starts.
+  const std::string root_base = std::string(absl::StripSuffix(args.Get("root").value_or(""), "/"));
+  if (!root_base.empty()) {
+    std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+    absl::StatusOr<objstore::StorageRoot> opened = objstore::OpenStorageRoot(root_base, posix.get());
+    if (!opened.ok()) {
+      err << "ckptd-bench overhead: --root " << root_base << ": " << opened.status().message() << "\n";
+      return base::kExitFailed;
+    }
+  }
   char tmpl[] = "/tmp/ckptd-overhead-XXXXXX";
   if (::mkdtemp(tmpl) == nullptr) {
     err << "ckptd-bench overhead: cannot create a temporary folder\n";
@@ -610,7 +632,7 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
       }
       const absl::Duration control_window = absl::Seconds(durables.empty() ? 1.5 : Median(durables));
       std::optional<PersistCycle> cycle =
-          RunPersistCycle(SelfDir(), dir, n++, configs[which], state, work,
+          RunPersistCycle(SelfDir(), dir, root_base, n++, configs[which], state, work,
                           absl::Milliseconds(static_cast<int64_t>(quiet_ms)), persists, control_window, &why);
       if (!cycle) {
         err << "ckptd-bench overhead: " << why << "\n";
@@ -703,7 +725,8 @@ int RunDuringPersist(const base::Args& args, std::ostream& out, std::ostream& er
 
 int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<base::Args> args = base::Args::Parse(
-      argv, {"state-mb", "steps", "step-ms", "every", "repeat", "configs", "work-kb", "quiet-ms", "persists"},
+      argv, {"state-mb", "steps", "step-ms", "every", "repeat", "configs", "work-kb", "quiet-ms", "persists",
+             "root"},
       {"json", "help", "during-persist"});
   if (args.ok() && args->Has("help")) {
     out << kOverheadHelp;
@@ -715,7 +738,7 @@ int RunOverheadBench(const std::vector<std::string>& argv, std::ostream& out, st
   };
   if (!args.ok()) return usage(std::string(args.status().message()));
   if (args->Has("during-persist")) return RunDuringPersist(*args, out, err, usage);
-  for (const char* f : {"configs", "work-kb", "quiet-ms", "persists"}) {
+  for (const char* f : {"configs", "work-kb", "quiet-ms", "persists", "root"}) {
     if (args->Has(f)) return usage(absl::StrCat("--", f, " needs --during-persist"));
   }
   // The trainer's ranges (ckptd-demo-trainer --help), checked here so that a

@@ -24,6 +24,8 @@
 #include "base/thread_pool.h"
 #include "bench/bench_util.h"
 #include "format/tensor_size.h"
+#include "objstore/s3_options.h"
+#include "objstore/storage_root.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
 #include "storage/shard_reader.h"
@@ -35,9 +37,9 @@ using base::Args;
 using base::JsonWriter;
 
 const char kPersistHelp[] =
-    "usage: ckptd-bench persist --dir <dir> --bytes <n> [--codec none|zstd] [--dtype fp32|bf16]\n"
-    "                           [--threads T] [--io-depth D] [--keep] [--json] [--compare]\n"
-    "                           [--repeat N] [--step S]\n"
+    "usage: ckptd-bench persist --dir <dir|s3://bucket/prefix> --bytes <n> [--codec none|zstd]\n"
+    "                           [--dtype fp32|bf16] [--threads T] [--io-depth D] [--keep] [--json]\n"
+    "                           [--compare] [--posix-dir <dir>] [--repeat N] [--step S]\n"
     "\n"
     "Writes a synthetic rank checkpoint (normally distributed weights, mean 0,\n"
     "std 0.02, plus RNG and data-cursor blobs) as a committed step of job `bench`\n"
@@ -49,9 +51,18 @@ const char kPersistHelp[] =
     "--compare also measures, on the same directory and bytes: fio sequential\n"
     "O_DIRECT io_uring write and read (fio_write_gbps, fio_read_gbps), and\n"
     "`zstd -1 -T<threads>` (zstd_cli_gbps, zstd_cli_ratio), and reports the\n"
-    "ratios of ckptd to each. --repeat N runs N rounds (ckptd and the\n"
-    "yardsticks, in alternating order) and reports medians. --bytes accepts K, M, G\n"
-    "and T suffixes (powers of 1024).\n"
+    "ratios of ckptd to each.\n"
+    "An object store (s3://bucket/prefix; endpoint and credentials from the\n"
+    "AWS_* environment, as for ckptd-agent) is written as the agent writes it:\n"
+    "parallel multipart uploads, parallel ranged reads. There --compare runs,\n"
+    "instead of fio, boto3's transfer manager at its defaults (s3_transfer.py,\n"
+    "beside this program) on the same raw bytes: upload and download\n"
+    "(s3_client_upload_gbps, s3_client_download_gbps, write_vs_s3_client,\n"
+    "read_vs_s3_client); and --posix-dir D persists the same step to the\n"
+    "directory D in each round too (posix_write_gbps, and durable_time_vs_posix:\n"
+    "the store's time until durable over D's).\n"
+    "--repeat N runs N rounds (ckptd and the yardsticks, in alternating order)\n"
+    "and reports medians. --bytes accepts K, M, G and T suffixes (powers of 1024).\n"
     "Ranges: --bytes 1..1T, --threads 1..1024 (default: one per core), --io-depth\n"
     "1..256, --repeat 1..100, --step 0..2^62 (default 1).\n"
     "Without --keep the step is removed afterwards.\n";
@@ -140,6 +151,16 @@ FioResult RunFio(const std::string& dir, uint64_t bytes, int depth) {
   return r;
 }
 
+// `parts` one after the other into the local file `path` (page cache only).
+absl::Status WriteParts(const std::string& path, const std::vector<std::pair<const uint8_t*, size_t>>& parts) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot create ", path));
+  bool ok = true;
+  for (const auto& [p, n] : parts) ok = ok && std::fwrite(p, 1, n, f) == n;
+  ok = (std::fclose(f) == 0) && ok;
+  return ok ? absl::OkStatus() : absl::InternalError(absl::StrCat("cannot write ", path));
+}
+
 struct ZstdResult {
   std::optional<double> gbps;
   std::optional<double> ratio;
@@ -153,19 +174,11 @@ ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const 
   ZstdResult r;
   const std::string in = storage::JoinPath(dir, "zstd-bench.raw");
   const std::string out = in + ".zst";
-  FILE* f = std::fopen(in.c_str(), "wb");
-  if (f == nullptr) {
-    r.error = absl::StrCat("cannot create ", in);
-    return r;
-  }
-  uint64_t total = 0;
-  bool ok = true;
-  for (const auto& [p, n] : parts) {
-    ok = ok && std::fwrite(p, 1, n, f) == n;
-    total += n;
-  }
-  ok = (std::fclose(f) == 0) && ok;
-  if (ok) {
+  if (absl::Status s = WriteParts(in, parts); !s.ok()) {
+    r.error = std::string(s.message());
+  } else {
+    uint64_t total = 0;
+    for (const auto& part : parts) total += part.second;
     const absl::Time t0 = absl::Now();
     std::optional<std::string> res =
         Capture(absl::StrCat("zstd -q -f -1 -T", threads, " ", ShellQuote(in), " -o ", ShellQuote(out)));
@@ -177,8 +190,6 @@ ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const 
     } else {
       r.error = "zstd did not run (is it installed?)";
     }
-  } else {
-    r.error = absl::StrCat("cannot write ", in);
   }
   std::remove(in.c_str());
   std::remove(out.c_str());
@@ -189,7 +200,7 @@ ZstdResult RunZstdCli(const std::string& dir, const std::vector<std::pair<const 
 
 int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<Args> args =
-      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat", "io-depth"}, {"keep", "json", "compare", "help"});
+      Args::Parse(argv, {"dir", "bytes", "codec", "dtype", "threads", "step", "repeat", "io-depth", "posix-dir"}, {"keep", "json", "compare", "help"});
   if (args.ok() && args->Has("help")) {
     out << kPersistHelp;
     return base::kExitOk;
@@ -216,7 +227,6 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   if (codec != "none" && codec != "zstd") return usage("--codec must be none or zstd");
   if (dtype != "fp32" && dtype != "bf16") return usage("--dtype must be fp32 or bf16");
   if (threads == 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 1024u));
-  const std::string dir = *args->Get("dir");
   const bool bf16 = dtype == "bf16";
   const size_t elem = bf16 ? 2 : 4;
 
@@ -266,16 +276,38 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     raw_bytes += b.length;
   }
 
-  std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
-  storage::CheckpointStore store(fs.get(), dir);
-  const std::string job = "bench";
-  if (absl::Status s = storage::CreateDirs(fs.get(), dir); !s.ok()) {
-    err << "ckptd-bench persist: " << s.message() << "\n";
+  std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+  const bool object_store = objstore::IsObjectStoreRoot(*args->Get("dir"));
+  if (args->Get("posix-dir") && !object_store) return usage("--posix-dir goes with an s3:// --dir");
+  absl::StatusOr<objstore::StorageRoot> root = objstore::OpenStorageRoot(*args->Get("dir"), posix.get());
+  if (!root.ok()) {
+    err << "ckptd-bench persist: " << root.status().message() << "\n";
     return base::kExitFailed;
   }
-  if (store.ReadManifest(job, step).ok() || fs->Stat(storage::StepDir(dir, job, step)).ok()) {
-    err << "ckptd-bench persist: " << storage::StepDir(dir, job, step)
-        << " already exists; remove it or pass another --step\n";
+  const std::string dir = root->path;
+  storage::FileSystem* fs = root->fs;
+  const std::string job = "bench";
+  // Every root the bench writes: --dir, and --posix-dir beside an object store.
+  std::vector<std::pair<storage::FileSystem*, std::string>> roots = {{fs, dir}};
+  if (std::optional<std::string> posix_dir = args->Get("posix-dir")) roots.emplace_back(posix.get(), *posix_dir);
+  for (const auto& [root_fs, root_dir] : roots) {
+    if (absl::Status s = storage::CreateDirs(root_fs, root_dir); !s.ok()) {
+      err << "ckptd-bench persist: " << s.message() << "\n";
+      return base::kExitFailed;
+    }
+    storage::CheckpointStore store(root_fs, root_dir);
+    if (store.ReadManifest(job, step).ok() || root_fs->Stat(storage::StepDir(root_dir, job, step)).ok()) {
+      err << "ckptd-bench persist: " << storage::StepDir(root_dir, job, step)
+          << " already exists; remove it or pass another --step\n";
+      return base::kExitFailed;
+    }
+  }
+  // The yardsticks' local files: beside the data for a directory, in a
+  // scratch folder for an object store.
+  ScratchDir scratch;
+  if (absl::Status s = scratch.Init(object_store ? std::nullopt : std::optional<std::string>(dir), "ckptd-bench-s3");
+      !s.ok()) {
+    err << "ckptd-bench persist: " << s.message() << "\n";
     return base::kExitFailed;
   }
 
@@ -288,14 +320,20 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   std::vector<std::pair<const uint8_t*, size_t>> parts;
   for (const Buffer& b : buffers) parts.emplace_back(b.data.data(), b.length);
 
-  // Each round measures ckptd, then the yardsticks, on the same directory, so
-  // that drifts of a shared disk affect both; medians over rounds are reported.
-  std::vector<double> write_runs, read_runs, fio_write_runs, fio_read_runs, zstd_runs;
+  // Each round measures ckptd, then the yardsticks, on the same root, so
+  // that drifts of a shared disk or store affect both; medians over rounds
+  // are reported.
+  std::vector<double> write_runs, read_runs, posix_write_runs, posix_read_runs, fio_write_runs, fio_read_runs,
+      zstd_runs, s3_up_runs, s3_down_runs;
   storage::ShardWriteResult written;
   FioResult fio;
   ZstdResult zstd;
-  // ckptd's side of one round: write + commit, then read back verified.
-  auto run_ckptd = [&](bool keep_last) -> bool {
+  std::string s3_error;
+  // ckptd's side of one round on one root: write + commit, then read back
+  // verified; its throughputs go to `writes` and `reads`.
+  auto run_ckptd = [&](storage::FileSystem* root_fs, const std::string& root_dir, bool keep,
+                       std::vector<double>* writes, std::vector<double>* reads) -> bool {
+    storage::CheckpointStore store(root_fs, root_dir);
     const absl::Time w0 = absl::Now();
     absl::Status status = store.PrepareStep(job, step);
     absl::StatusOr<storage::ShardWriteResult> result =
@@ -305,7 +343,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
         result.ok() ? store.CommitStep(job, step, 1) : absl::StatusOr<ckptd::v1::StepManifest>(result.status());
     const double write_secs = absl::ToDoubleSeconds(absl::Now() - w0);
     if (!manifest.ok()) {
-      err << "ckptd-bench persist: write failed: " << manifest.status().message() << "\n";
+      err << "ckptd-bench persist: write to " << root_dir << " failed: " << manifest.status().message() << "\n";
       (void)store.AbortStep(job, step);  // best effort; the error above is what matters
       return false;
     }
@@ -325,7 +363,7 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     }
     const absl::Time r0 = absl::Now();
     absl::StatusOr<std::unique_ptr<storage::ShardReader>> reader =
-        storage::ShardReader::Open(fs.get(), storage::ShardPath(dir, job, step, 0), ropt, &pool);
+        storage::ShardReader::Open(root_fs, storage::ShardPath(root_dir, job, step, 0), ropt, &pool);
     status = reader.ok() ? (*reader)->ReadTensors(dests) : reader.status();
     const double read_secs = absl::ToDoubleSeconds(absl::Now() - r0);
     for (size_t i = 0; status.ok() && i < buffers.size(); ++i) {
@@ -334,12 +372,12 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
       }
     }
     if (!status.ok()) {
-      err << "ckptd-bench persist: read failed: " << status.message() << "\n";
+      err << "ckptd-bench persist: read from " << root_dir << " failed: " << status.message() << "\n";
       return false;
     }
-    write_runs.push_back(raw_bytes / write_secs / 1e9);
-    read_runs.push_back(raw_bytes / read_secs / 1e9);
-    if (!keep_last || !args->Has("keep")) {
+    writes->push_back(raw_bytes / write_secs / 1e9);
+    reads->push_back(raw_bytes / read_secs / 1e9);
+    if (!keep) {
       if (absl::Status s = store.RemoveStep(job, step); !s.ok()) {
         err << "ckptd-bench persist: could not remove the benchmark step: " << s.message() << "\n";
         return false;
@@ -347,26 +385,65 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
     }
     return true;
   };
-  // The yardsticks' side: fio on the same directory, and the zstd CLI.
+  // The S3 client's side: the same raw bytes as one file, uploaded and
+  // downloaded by boto3's transfer manager, then deleted.
+  auto run_s3_client = [&] {
+    const std::string file = storage::JoinPath(scratch.path(), "s3-yardstick.raw");
+    const std::string url = storage::JoinPath(dir, "s3-yardstick.raw");
+    std::string why;
+    if (absl::Status s = WriteParts(file, parts); !s.ok()) {
+      why = std::string(s.message());
+    } else if (absl::StatusOr<double> up = RunS3Yardstick("upload", url, file); !up.ok()) {
+      why = std::string(up.status().message());
+    } else if (absl::StatusOr<double> down = RunS3Yardstick("download", url, file); !down.ok()) {
+      why = std::string(down.status().message());
+    } else {
+      s3_up_runs.push_back(*up);
+      s3_down_runs.push_back(*down);
+    }
+    if (!why.empty()) s3_error = why;
+    (void)fs->RemoveFile(url);  // best effort: it may not have been written
+    std::remove(file.c_str());
+  };
+  // The yardsticks' side: fio on the same directory or the S3 client on the
+  // same store, and the zstd CLI.
   auto run_yardsticks = [&] {
-    fio = RunFio(dir, base::AlignUp(raw_bytes, 1 << 20), io_depth);
-    if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
-    if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
+    if (object_store) {
+      run_s3_client();
+    } else {
+      fio = RunFio(dir, base::AlignUp(raw_bytes, 1 << 20), io_depth);
+      if (fio.write_gbps) fio_write_runs.push_back(*fio.write_gbps);
+      if (fio.read_gbps) fio_read_runs.push_back(*fio.read_gbps);
+    }
     if (codec == "zstd") {
-      zstd = RunZstdCli(dir, parts, threads);
+      zstd = RunZstdCli(scratch.path(), parts, threads);
       if (zstd.gbps) zstd_runs.push_back(*zstd.gbps);
     }
+  };
+  // Everything but ckptd on --dir: ckptd on --posix-dir, the yardsticks.
+  auto run_others = [&]() -> bool {
+    if (roots.size() > 1 &&
+        !run_ckptd(roots[1].first, roots[1].second, /*keep=*/false, &posix_write_runs, &posix_read_runs)) {
+      return false;
+    }
+    if (args->Has("compare")) run_yardsticks();
+    return true;
   };
   // Rounds alternate which side goes first, so that neither always follows
   // the other's deletes (which discard blocks on some disks).
   for (int round = 0; round < repeat; ++round) {
-    const bool compare = args->Has("compare");
-    if (compare && round % 2 == 1) run_yardsticks();
-    if (!run_ckptd(round + 1 == repeat)) return base::kExitFailed;
-    if (compare && round % 2 == 0) run_yardsticks();
+    const bool keep = round + 1 == repeat && args->Has("keep");
+    if (round % 2 == 1 && !run_others()) return base::kExitFailed;
+    if (!run_ckptd(fs, dir, keep, &write_runs, &read_runs)) return base::kExitFailed;
+    if (round % 2 == 0 && !run_others()) return base::kExitFailed;
   }
   const double write_gbps = Median(write_runs);
   const double read_gbps = Median(read_runs);
+  std::optional<double> posix_write_gbps, posix_read_gbps, s3_up_gbps, s3_down_gbps;
+  if (!posix_write_runs.empty()) posix_write_gbps = Median(posix_write_runs);
+  if (!posix_read_runs.empty()) posix_read_gbps = Median(posix_read_runs);
+  if (!s3_up_runs.empty()) s3_up_gbps = Median(s3_up_runs);
+  if (!s3_down_runs.empty()) s3_down_gbps = Median(s3_down_runs);
   const double ratio = static_cast<double>(raw_bytes) / written.stored_bytes;
   if (!fio_write_runs.empty()) fio.write_gbps = Median(fio_write_runs);
   if (!fio_read_runs.empty()) fio.read_gbps = Median(fio_read_runs);
@@ -378,7 +455,9 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   w.Field("dtype", dtype);
   w.Field("threads", threads);
   w.Field("io_depth", io_depth);
-  w.Field("io_uring", fs->uses_io_uring());
+  w.Field("root", root->description);
+  w.Field("object_store", object_store);
+  if (!object_store) w.Field("io_uring", posix->uses_io_uring());
   w.Field("raw_bytes", raw_bytes);
   w.Field("stored_bytes", written.stored_bytes);
   w.Field("file_bytes", written.file_length);
@@ -386,6 +465,19 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
   w.Field("rounds", repeat);
   w.Field("write_gbps", write_gbps);
   w.Field("read_gbps", read_gbps);
+  if (posix_write_gbps && posix_read_gbps) {
+    // Durable time is bytes over speed: the object store's over the directory's.
+    w.Field("posix_write_gbps", *posix_write_gbps);
+    w.Field("posix_read_gbps", *posix_read_gbps);
+    w.Field("durable_time_vs_posix", *posix_write_gbps / write_gbps);
+  }
+  if (s3_up_gbps && s3_down_gbps) {
+    w.Field("s3_client_upload_gbps", *s3_up_gbps);
+    w.Field("s3_client_download_gbps", *s3_down_gbps);
+    w.Field("write_vs_s3_client", write_gbps / *s3_up_gbps);
+    w.Field("read_vs_s3_client", read_gbps / *s3_down_gbps);
+  }
+  if (!s3_error.empty()) w.Field("s3_client_error", s3_error);
   if (args->Has("compare")) {
     if (fio.write_gbps) {
       w.Field("fio_write_gbps", *fio.write_gbps);
@@ -413,6 +505,16 @@ int RunPersistBench(const std::vector<std::string>& argv, std::ostream& out, std
                            base::HumanBytes(raw_bytes), base::HumanBytes(written.stored_bytes), ratio);
     out << absl::StrFormat("  write %.3f GB/s (until durable), read+verify %.3f GB/s; median of %d round(s)\n",
                            write_gbps, read_gbps, repeat);
+    if (posix_write_gbps && posix_read_gbps) {
+      out << absl::StrFormat("  ckptd on %s: write %.3f GB/s, read+verify %.3f GB/s (durable time on the store %.2fx)\n",
+                             roots[1].second, *posix_write_gbps, *posix_read_gbps, *posix_write_gbps / write_gbps);
+    }
+    if (s3_up_gbps && s3_down_gbps) {
+      out << absl::StrFormat(
+          "  boto3 transfer manager: upload %.3f GB/s (ckptd write %.0f%%), download %.3f GB/s (ckptd read %.0f%%)\n",
+          *s3_up_gbps, 100 * write_gbps / *s3_up_gbps, *s3_down_gbps, 100 * read_gbps / *s3_down_gbps);
+    }
+    if (!s3_error.empty()) out << "  boto3: " << s3_error << "\n";
     if (fio.write_gbps && fio.read_gbps) {
       out << absl::StrFormat("  fio   write %.3f GB/s (ckptd %.0f%%), read %.3f GB/s (ckptd %.0f%%)\n",
                              *fio.write_gbps, 100 * write_gbps / *fio.write_gbps, *fio.read_gbps,

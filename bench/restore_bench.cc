@@ -15,6 +15,7 @@
 #include <optional>
 #include <system_error>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,6 +33,7 @@
 #include "base/status_macros.h"
 #include "bench/bench_util.h"
 #include "client/client.h"
+#include "objstore/storage_root.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
 #include "replication/replicator.h"
@@ -72,8 +74,8 @@ const char kRegisterHelp[] =
     "--slots 1..16, --repeat 1..100.\n";
 
 const char kRestoreHelp[] =
-    "usage: ckptd-bench restore --bytes <n> [--from memory|peer|local|root] [--repeat R] [--dir <dir>] [--json]\n"
-    "                           [--log]\n"
+    "usage: ckptd-bench restore --bytes <n> [--from memory|peer|local|root] [--root s3://bucket/prefix] [--repeat R]\n"
+    "                           [--dir <dir>] [--json] [--log]\n"
     "       ckptd-bench restore --bytes <n> --cuda D [--repeat R] [--dir <dir>] [--json] [--log]\n"
     "\n"
     "A trainer's restore after a restart, through an agent started in this process\n"
@@ -109,6 +111,18 @@ const char kRestoreHelp[] =
     "(resident_after_evict says how much of the shard it held). Yardsticks, run\n"
     "after the restore: a plain read() of the shard file after the same\n"
     "eviction, and fio's O_DIRECT sequential read of it when fio is on PATH.\n"
+    "--root s3://bucket/prefix (local and root): the storage root is that object\n"
+    "store location instead of a folder under --dir (endpoint, region and\n"
+    "credentials from the environment, as for ckptd-agent; the bucket must exist).\n"
+    "The steps go under a job of this run's own, restorebench-<unix ms>-<pid>,\n"
+    "removed afterwards. With local the node-local tier stays in front, its\n"
+    "yardsticks as above. With root nothing is evicted (the agent reads the\n"
+    "object store over HTTP); the yardstick, run after each restore, is boto3's\n"
+    "transfer manager at its defaults (s3_transfer.py in this program's folder,\n"
+    "where the build copies bench/s3_transfer.py; it needs python3 and boto3)\n"
+    "downloading the whole shard object the restore read into a file under\n"
+    "<dir>, removed afterwards; when it cannot run it is reported missing, with\n"
+    "why.\n"
     "Without the memory tier the new trainer's staging is allocated anew: that\n"
     "wait (staging_wait_s) is not part of restore_s.\n"
     "--cuda D (memory only): the trainer's buffer lives on CUDA device D. Each\n"
@@ -130,13 +144,18 @@ const char kRestoreHelp[] =
     "agent's staging, what huge pages map; see huge pages in\n"
     "docs/operations.md); for local and root read_s, ratio\n"
     "(restore_s / read_s), fio_read_s (when fio ran), resident_after_evict (0..1);\n"
+    "with --root also root (where it is and how it is reached, no secrets), and\n"
+    "for root, instead of read_s to resident_after_evict: restore_gbps (<n>\n"
+    "bytes over restore_s), s3_client_gbps (the yardstick's median) and\n"
+    "restore_vs_s3_client (restore_gbps / s3_client_gbps: above 1, the restore\n"
+    "is faster), or s3_client_missing (why the yardstick never ran);\n"
     "for peer replicate_s (node-a to node-b), replicate_gbps,\n"
     "replicate_new_memory_gbps (the warm-up copies into new memory), restore_gbps,\n"
-    "iperf3_gbps, ratio (replicate_gbps / iperf3_gbps), target_ratio, target_met\n"
-    "(gbps: 1e9 bits per second); with --cuda device, restore_s, rollback_s,\n"
-    "cuda_memcpy_s, pageable_memcpy_s, host_register_s, ratio, rollback_ratio,\n"
-    "restore_vs_pageable, target_ratio, target_met, rollback_target_met,\n"
-    "staging_huge_fraction.\n"
+    "iperf3_gbps, ratio (replicate_gbps / iperf3_gbps), target_ratio, target_met;\n"
+    "with --cuda device, restore_s, rollback_s, cuda_memcpy_s, pageable_memcpy_s,\n"
+    "host_register_s, ratio, rollback_ratio, restore_vs_pageable, target_ratio,\n"
+    "target_met, rollback_target_met, staging_huge_fraction. Every *_gbps is in\n"
+    "1e9 bits per second (the S3 yardstick's own GB/s times 8).\n"
     "--log writes the agent's log, timed, to stderr.\n"
     "Ranges: --bytes 1..1T (K, M, G, T suffixes), --repeat 1..100, --cuda 0..1023.\n";
 
@@ -154,6 +173,9 @@ constexpr int kPeerWarmupRounds = 3;
 constexpr absl::Duration kReadyWait = absl::Minutes(2);
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// `bytes` in `seconds` as 1e9 bits per second (0 for no time).
+double Gbps(double bytes, double seconds) { return seconds > 0 ? bytes * 8 / seconds / 1e9 : 0; }
 
 // The agent's log, each line with the time it came.
 class LineLogger : public base::Logger {
@@ -212,9 +234,12 @@ class LineLogger : public base::Logger {
 // An agent serving its Unix socket from this process.
 class LocalAgent {
  public:
+  // `root_fs` serves the storage root and must outlive the agent; null: a
+  // POSIX file system of the agent's own.
   static absl::StatusOr<std::unique_ptr<LocalAgent>> Start(const agent::AgentOptions& options,
-                                                           const std::string& socket) {
-    std::unique_ptr<LocalAgent> a(new LocalAgent(options));
+                                                           const std::string& socket,
+                                                           storage::FileSystem* root_fs = nullptr) {
+    std::unique_ptr<LocalAgent> a(new LocalAgent(options, root_fs));
     CKPTD_ASSIGN_OR_RETURN(a->server_, agent::StartUnixServer(socket, &a->service_, a->service_.peers()));
     return a;
   }
@@ -224,8 +249,10 @@ class LocalAgent {
   }
 
  private:
-  explicit LocalAgent(const agent::AgentOptions& options)
-      : fs_(storage::NewPosixFileSystem()), core_(fs_.get(), options), service_(&core_) {}
+  LocalAgent(const agent::AgentOptions& options, storage::FileSystem* root_fs)
+      : fs_(storage::NewPosixFileSystem()),
+        core_(root_fs != nullptr ? root_fs : fs_.get(), options),
+        service_(&core_) {}
   std::unique_ptr<storage::PosixFileSystem> fs_;
   agent::AgentCore core_;
   agent::AgentService service_;
@@ -246,16 +273,37 @@ bool AllocatedInline(const agent::AgentOptions& options, uint64_t n) {
   return staging::SegmentBytes(options.slots, staging::PlanLayout({n}).slot_bytes) <= options.prepare_inline_bytes;
 }
 
-// The agent's options shared by both benchmarks; creates the storage root.
-absl::StatusOr<agent::AgentOptions> BaseOptions(const std::string& dir, absl::string_view tag, base::Logger* log) {
+// The agent's options shared by both benchmarks; creates the storage root:
+// `root` when given (--root), else a folder under `dir`.
+absl::StatusOr<agent::AgentOptions> BaseOptions(const std::string& dir, absl::string_view tag, base::Logger* log,
+                                                const objstore::StorageRoot* root = nullptr) {
   agent::AgentOptions o;
-  o.storage_root = storage::JoinPath(dir, "root");
+  o.storage_root = root != nullptr ? root->path : storage::JoinPath(dir, "root");
   o.keep_last = 1;
   o.segment_prefix = absl::StrCat("/ckptd-", tag, "-", ::getpid());
   o.logger = log;
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
-  CKPTD_RETURN_IF_ERROR(storage::CreateDirs(fs.get(), o.storage_root));
+  CKPTD_RETURN_IF_ERROR(storage::CreateDirs(root != nullptr ? root->fs : fs.get(), o.storage_root));
   return o;
+}
+
+// --root: an object store location, its bucket checked. `posix` must
+// outlive the result.
+absl::StatusOr<objstore::StorageRoot> OpenObjectStoreRoot(const std::string& url, storage::FileSystem* posix) {
+  if (!objstore::IsObjectStoreRoot(url)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`", base::TerminalSafe(url), "` is not an object store location (s3://bucket/prefix)"));
+  }
+  return objstore::OpenStorageRoot(url, posix);
+}
+
+// Removes the steps of `job` under `root`; a failure is a warning on `err`
+// (what is left harms no later run, each with a job of its own).
+void RemoveJob(const objstore::StorageRoot& root, const std::string& job, std::ostream& err) {
+  const std::string path = storage::JobDir(root.path, job);
+  if (absl::Status s = storage::RemoveTree(root.fs, path); !s.ok()) {
+    err << "ckptd-bench restore: warning: cannot remove " << path << ": " << s.message() << "\n";
+  }
 }
 
 // `data` cut into buffers of `lengths` bytes.
@@ -350,10 +398,11 @@ void Fill(uint8_t* p, uint64_t n, uint64_t seed) {
   for (; i < n; ++i) p[i] = static_cast<uint8_t>(i ^ seed);
 }
 
-// Writes back and drops from the page cache every file under `dirs`.
+// Writes back and drops from the page cache every file under `dirs` (an
+// object store location has none).
 void EvictPageCache(std::initializer_list<std::string> dirs) {
   for (const std::string& dir : dirs) {
-    if (dir.empty()) continue;
+    if (dir.empty() || objstore::IsObjectStoreRoot(dir)) continue;
     std::error_code ec;
     for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
          !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
@@ -457,14 +506,28 @@ struct RestoreTimes {
   double connect = 0, staging_wait = 0, restore = 0, huge = 0;
   double yardstick = 0;  // memcpy or read()
   std::optional<double> fio, resident;
+  // For a shard in an object store, instead of the others: the S3
+  // yardstick's bytes per second, or why it did not run.
+  absl::StatusOr<double> s3_client = absl::UnknownError("not run");
   std::string source;
 };
 
+// The S3 yardstick (see kRestoreHelp): boto3 downloads the object at `url`
+// into the local file `scratch`, removed afterwards. Bytes per second.
+absl::StatusOr<double> S3ClientBytesPerSecond(const std::string& url, const std::string& scratch) {
+  absl::StatusOr<double> gbytes_per_s = RunS3Yardstick("download", url, scratch);
+  std::error_code ec;
+  std::filesystem::remove(scratch, ec);  // absent when the download failed
+  if (!gbytes_per_s.ok()) return gbytes_per_s.status();
+  return *gbytes_per_s * 1e9;
+}
+
 // One round of the restore benchmark: step `step` snapshotted from `src`,
-// restored into `dst` by a new trainer.
+// restored into `dst` by a new trainer. `scratch`: a local file the S3
+// yardstick may write.
 absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const agent::AgentOptions& options,
                                           Tier tier, bool inline_alloc, uint8_t* src, uint8_t* dst, uint64_t n,
-                                          uint64_t step, LineLogger& log) {
+                                          uint64_t step, const std::string& scratch, LineLogger& log) {
   RestoreTimes t;
   Fill(src, n, step);
   {
@@ -476,9 +539,10 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
   }  // the trainer exits
   const std::string shard =
       storage::ShardPath(tier == Tier::kLocal ? options.local_cache : options.storage_root, co.job, step, co.rank);
+  const bool in_object_store = objstore::IsObjectStoreRoot(shard);
   if (tier != Tier::kMemory) {
     EvictPageCache({options.storage_root, options.local_cache});
-    t.resident = ResidentFraction(shard);
+    if (!in_object_store) t.resident = ResidentFraction(shard);
   }
   std::memset(dst, 0, n);
   const size_t mark = log.size();
@@ -497,6 +561,8 @@ absl::StatusOr<RestoreTimes> RestoreRound(const client::ClientOptions& co, const
     t.yardstick = Seconds(absl::Now() - t2);
     c.reset();
     t.huge = HugeFraction(options.segment_prefix);  // the agent's mapping alone
+  } else if (in_object_store) {
+    t.s3_client = S3ClientBytesPerSecond(shard, scratch);
   } else {
     EvictPageCache({options.storage_root, options.local_cache});
     CKPTD_ASSIGN_OR_RETURN(t.yardstick, TimeRead(shard, dst, n));
@@ -732,10 +798,8 @@ int RunPeerRestore(const base::Args& args, uint64_t n, int rounds, std::ostream&
   nodes->reset();
   const std::string source = absl::StrJoin(sources, "+");
   const double replicate_s = Median(replicate), restore_s = Median(restore);
-  const double gbps = replicate_s > 0 ? n * 8 / replicate_s / 1e9 : 0;
-  const double restore_gbps = restore_s > 0 ? n * 8 / restore_s / 1e9 : 0;
-  const double new_memory_s = Median(new_memory);
-  const double new_memory_gbps = new_memory_s > 0 ? n * 8 / new_memory_s / 1e9 : 0;
+  const double gbps = Gbps(n, replicate_s), restore_gbps = Gbps(n, restore_s);
+  const double new_memory_gbps = Gbps(n, Median(new_memory));
   const bool yardstick = !iperf.empty();
   const double iperf_gbps = Median(iperf) * 8 / 1e9;
   const double ratio = yardstick ? gbps / iperf_gbps : 0;
@@ -1114,7 +1178,7 @@ int RunRegisterBench(const std::vector<std::string>& argv, std::ostream& out, st
 int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err,
                     client::DeviceCopier* device_copier) {
   absl::StatusOr<base::Args> args =
-      base::Args::Parse(argv, {"bytes", "from", "repeat", "dir", "cuda"}, {"json", "log", "help"});
+      base::Args::Parse(argv, {"bytes", "from", "repeat", "dir", "cuda", "root"}, {"json", "log", "help"});
   if (args.ok() && args->Has("help")) {
     out << kRestoreHelp;
     return base::kExitOk;
@@ -1134,6 +1198,8 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   }
   if (n == 0) return usage("--bytes is required");
   const std::string from = args->Get("from").value_or("memory");
+  const std::optional<std::string> root_url = args->Get("root");
+  if (root_url && (from == "memory" || from == "peer")) return usage("--root goes with --from local or --from root");
   if (args->Get("cuda")) {
     if (from != "memory") return usage("--cuda goes with --from memory");
     return RunDeviceRestore(*args, n, rounds, device, device_copier, out, err);
@@ -1157,33 +1223,55 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   ScratchDir dir;
   LineLogger log(args->Has("log") ? &err : nullptr);
   absl::Status made = dir.Init(args->Get("dir"), "ckptd-restorebench");
+  // Declared before the agent, which they outlive: --root's file system and,
+  // with --root, the node-local tier's.
+  std::unique_ptr<storage::PosixFileSystem> posix = storage::NewPosixFileSystem();
+  std::optional<objstore::StorageRoot> root;
+  if (made.ok() && root_url) {
+    absl::StatusOr<objstore::StorageRoot> opened = OpenObjectStoreRoot(*root_url, posix.get());
+    if (!opened.ok()) return fail(absl::StrCat("--root: ", opened.status().message()));
+    root = *std::move(opened);
+  }
   absl::StatusOr<agent::AgentOptions> options =
-      made.ok() ? BaseOptions(dir.path(), "restorebench", &log) : absl::StatusOr<agent::AgentOptions>(made);
+      made.ok() ? BaseOptions(dir.path(), "restorebench", &log, root ? &*root : nullptr)
+                : absl::StatusOr<agent::AgentOptions>(made);
   if (options.ok() && tier != Tier::kMemory) {
     options->keep_in_memory = false;
     if (tier == Tier::kLocal) {
       options->local_cache = storage::JoinPath(dir.path(), "local");
-      std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
-      if (absl::Status s = storage::CreateDirs(fs.get(), options->local_cache); !s.ok()) options = s;
+      if (root) options->local_fs = posix.get();  // not the object store's
+      if (absl::Status s = storage::CreateDirs(posix.get(), options->local_cache); !s.ok()) options = s;
     }
   }
   if (!options.ok()) return fail(options.status().message());
+  // In an object store other runs may share: a job of this run's own, whose
+  // steps go once the agent has stopped (this is declared before it).
+  const std::string job =
+      root ? absl::StrCat("restorebench-", absl::ToUnixMillis(absl::Now()), "-", ::getpid()) : "restorebench";
+  absl::Cleanup remove_job = [&] {
+    if (root) RemoveJob(*root, job, err);
+  };
   const bool inline_alloc = AllocatedInline(*options, n);
   // The first trainer's buffer (the pattern) and the second's (pre-faulted).
   base::AlignedBuffer src, dst;
   if (absl::Status s = AllocateTwo(n, &src, &dst); !s.ok()) return fail(s.message());
   const std::string socket = storage::JoinPath(dir.path(), "agent.sock");
-  absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket);
+  absl::StatusOr<std::unique_ptr<LocalAgent>> agent = LocalAgent::Start(*options, socket, root ? root->fs : nullptr);
   if (!agent.ok()) return fail(agent.status().message(), nullptr, base::kExitUnavailable);
   client::ClientOptions co;
   co.socket = socket;
-  co.job = "restorebench";
-  std::vector<double> connect, staging_wait, restore, yardstick, fio, resident, huge;
+  co.job = job;
+  const bool s3 = root && tier == Tier::kRoot;  // the S3 yardstick instead of the files'
+  const std::string scratch = storage::JoinPath(dir.path(), "s3-yardstick.shard");
+  std::vector<double> connect, staging_wait, restore, yardstick, fio, resident, huge, s3_client;
+  std::string s3_missing;
   std::vector<std::string> sources;
   for (int r = 0; r < rounds; ++r) {
     absl::StatusOr<RestoreTimes> t =
-        RestoreRound(co, *options, tier, inline_alloc, src.data(), dst.data(), n, r + 1, log);
+        RestoreRound(co, *options, tier, inline_alloc, src.data(), dst.data(), n, r + 1, scratch, log);
     if (!t.ok()) return fail(t.status().message(), &log);
+    if (s3 && t->s3_client.ok()) s3_client.push_back(*t->s3_client);
+    if (s3 && !t->s3_client.ok()) s3_missing = std::string(t->s3_client.status().message());
     connect.push_back(t->connect);
     staging_wait.push_back(t->staging_wait);
     restore.push_back(t->restore);
@@ -1198,6 +1286,8 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
   const bool as_expected = source == expected;
   const double restore_s = Median(restore), yard_s = Median(yardstick);
   const double ratio = yard_s > 0 ? restore_s / yard_s : 0;
+  const double restore_gbps = Gbps(n, restore_s), s3_gbps = Median(s3_client) * 8 / 1e9;
+  const double s3_ratio = s3_gbps > 0 ? restore_gbps / s3_gbps : 0;
   if (args->Has("json")) {
     base::JsonWriter w;
     w.BeginObject();
@@ -1210,13 +1300,24 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
     w.Field("connect_s", Median(connect));
     w.Field("staging_wait_s", Median(staging_wait));
     w.Field("restore_s", restore_s);
-    w.Field(tier == Tier::kMemory ? "memcpy_s" : "read_s", yard_s);
-    w.Field("ratio", ratio);
-    if (tier == Tier::kMemory) {
+    if (root) w.Field("root", root->description);
+    if (s3) {
+      w.Field("restore_gbps", restore_gbps);
+      if (s3_client.empty()) {
+        w.Field("s3_client_missing", s3_missing);
+      } else {
+        w.Field("s3_client_gbps", s3_gbps);
+        w.Field("restore_vs_s3_client", s3_ratio);
+      }
+    } else if (tier == Tier::kMemory) {
+      w.Field("memcpy_s", yard_s);
+      w.Field("ratio", ratio);
       w.Field("target_ratio", kMemoryTargetRatio);
       w.Field("target_met", ratio <= kMemoryTargetRatio);
       w.Field("staging_huge_fraction", Median(huge));
     } else {
+      w.Field("read_s", yard_s);
+      w.Field("ratio", ratio);
       if (!fio.empty()) w.Field("fio_read_s", Median(fio));
       if (!resident.empty()) w.Field("resident_after_evict", Median(resident));
     }
@@ -1228,7 +1329,15 @@ int RunRestoreBench(const std::vector<std::string>& argv, std::ostream& out, std
                          from, source, as_expected ? "" : absl::StrCat(", NOT ", expected), rounds);
   out << absl::StrFormat("  restore %.4f s (connect %.4f s, staging wait %.4f s before it)\n", restore_s,
                          Median(connect), Median(staging_wait));
-  if (tier == Tier::kMemory) {
+  if (root) out << "  storage root " << root->description << "\n";
+  if (s3) {
+    out << absl::StrFormat("  restore %.2f Gbit/s; ", restore_gbps)
+        << (s3_client.empty() ? absl::StrCat("no S3 client yardstick: ", s3_missing)
+                              : absl::StrFormat("S3 client (boto3's transfer manager) %.2f Gbit/s: restore %.2fx "
+                                                "its throughput",
+                                                s3_gbps, s3_ratio))
+        << "\n";
+  } else if (tier == Tier::kMemory) {
     out << absl::StrFormat("  memcpy  %.4f s: restore %.2fx memcpy (target <= %.1fx: %s)\n", yard_s, ratio,
                            kMemoryTargetRatio, ratio <= kMemoryTargetRatio ? "met" : "MISSED");
     out << absl::StrFormat("  staging on huge pages: %.0f%%\n", 100 * Median(huge));

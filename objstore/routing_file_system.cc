@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "objstore/storage_root.h"
 
 namespace ckptd::objstore {
 
@@ -9,11 +10,11 @@ absl::StatusOr<storage::FileSystem*> RoutingFileSystem::For(const std::string& p
   if (!IsObjectStoreRoot(path)) return local_;
   absl::MutexLock l(&mu_);
   if (remote_ == nullptr) {
-    absl::StatusOr<S3Options> options = S3OptionsFromEnvironment();
-    if (!options.ok()) {
-      return absl::Status(options.status().code(), absl::StrCat(path, ": ", options.status().message()));
-    }
-    CKPTD_ASSIGN_OR_RETURN(remote_, ObjectStoreFileSystem::Create(std::move(*options)));
+    // The bucket is checked by the first request on it, which names it.
+    OpenRootOptions options;
+    options.check_bucket = false;
+    CKPTD_ASSIGN_OR_RETURN(StorageRoot root, OpenStorageRoot(path, local_, options));
+    remote_ = std::move(root.owned);
   }
   return remote_.get();
 }

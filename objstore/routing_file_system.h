@@ -11,7 +11,6 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "objstore/object_file_system.h"
 #include "storage/file_system.h"
 
 namespace ckptd::objstore {
@@ -41,7 +40,7 @@ class RoutingFileSystem final : public storage::FileSystem {
 
   storage::FileSystem* const local_;
   absl::Mutex mu_;
-  std::unique_ptr<ObjectStoreFileSystem> remote_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<storage::FileSystem> remote_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ckptd::objstore

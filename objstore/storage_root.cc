@@ -3,11 +3,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
+#if CKPTD_HAVE_OBJSTORE
 #include "objstore/object_file_system.h"
+#endif
 
 namespace ckptd::objstore {
 
+#if CKPTD_HAVE_OBJSTORE
 bool ObjectStoreSupported() { return true; }
+#else
+bool ObjectStoreSupported() { return false; }
+
+absl::Status NoObjectStores(absl::string_view root) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("storage root ", root,
+                   ": this build of ckptd has no object-store support (it was built without libcurl and "
+                   "pugixml; rebuild with libcurl4-openssl-dev and libpugixml-dev installed)"));
+}
+#endif
 
 absl::StatusOr<StorageRoot> OpenStorageRoot(const std::string& root, storage::FileSystem* posix,
                                             const OpenRootOptions& options) {
@@ -19,6 +32,9 @@ absl::StatusOr<StorageRoot> OpenStorageRoot(const std::string& root, storage::Fi
     return out;
   }
   CKPTD_ASSIGN_OR_RETURN(ObjectUrl url, ParseObjectUrl(root));
+#if !CKPTD_HAVE_OBJSTORE
+  return NoObjectStores(root);
+#else
   S3Options s3;
   if (options.s3) {
     s3 = *options.s3;
@@ -42,11 +58,13 @@ absl::StatusOr<StorageRoot> OpenStorageRoot(const std::string& root, storage::Fi
   out.object_store = true;
   out.description = description;
   return out;
+#endif
 }
 
 void AbortAbandonedUploads(const StorageRoot& root, std::ostream& log, absl::string_view who,
                            absl::Duration older_than) {
   if (!root.object_store) return;
+#if CKPTD_HAVE_OBJSTORE
   auto* fs = static_cast<ObjectStoreFileSystem*>(root.owned.get());
   absl::StatusOr<int> aborted = fs->AbortStaleUploads(root.path, absl::Now() - older_than);
   if (!aborted.ok()) {
@@ -56,6 +74,9 @@ void AbortAbandonedUploads(const StorageRoot& root, std::ostream& log, absl::str
     log << who << ": aborted " << *aborted << " multipart upload(s) under " << root.path
         << " that writers which died had left open\n";
   }
+#else
+  (void)log, (void)who, (void)older_than;
+#endif
 }
 
 }  // namespace ckptd::objstore
