@@ -129,8 +129,10 @@ absl::StatusOr<uint32_t> AgentCore::LoadResharded(Trainer* t, uint64_t step, con
                          PlanResharded(t, step, manifest, &rr.readers, &planned, ask_coordinator));
   uint64_t bytes = 0;
   for (uint64_t length : t->layout.lengths) bytes += length;
-  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, AcquireRestoreSlot(t, wait_for_slot));
+  // Before the slot is taken: an error here (the own shard does not open)
+  // has nothing to give back.
   if (planned) CKPTD_RETURN_IF_ERROR(NoteGroupWholes(t, reads, &rr));
+  CKPTD_ASSIGN_OR_RETURN(uint32_t slot, AcquireRestoreSlot(t, wait_for_slot));
   absl::Status read = ReadPlanned(t, reads, t->segment->slot_data(slot), &rr);
   // Kept in memory when the slot holds what this rank's own shard of the
   // step describes: the same world, the shard's index checking every byte

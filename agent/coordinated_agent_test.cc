@@ -676,6 +676,38 @@ TEST_F(ReplicatedStateTest, EachRankPutsTogetherTheSharesOfItsOwnGroup) {
   ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kRoot, {0, 1, 2, 3}, /*group=*/2));
 }
 
+// A rank whose own shard of the newest step cannot be opened (its index cut
+// off after the coordinator planned from it) while it checks its group's
+// shares against it: the step is quarantined, every rank goes back a step,
+// and the failed read leaves no restore slot taken.
+TEST_F(ReplicatedStateTest, AnOwnShardThatCannotBeOpenedSendsTheJobBackAndHoldsNoSlot) {
+  std::vector<Node> nodes = StartFourAndCommit10();
+  for (uint32_t r = 0; r < 4; ++r) SnapshotDp(nodes[r], r, 20);
+  ASSERT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 20)));
+  // The memory copies of step 20 are damaged: each rank reads it from disk.
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(nodes[r].agent->CorruptKeptStep("job", r, 20).status());
+  const std::string path = storage::ShardPath("/ckpt", "job", 20, 1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(const std::string bytes, storage::ReadFileToString(&mem_, path));
+  nodes[1].link->tamper = [&](ckptd::v1::ReshardPlanResponse*) {
+    if (bytes.size() > 0) (void)mem_.SetFileContents(path, bytes.substr(0, bytes.size() / 2));
+  };
+  TrainerDied(nodes[1], 1);
+  std::vector<Node*> all;
+  for (Node& n : nodes) all.push_back(&n);
+  ASSERT_NO_FATAL_FAILURE(RestoreDp(all, 10, RestoreSource::kMemory, {0, 1, 2, 3}));
+  EXPECT_THAT(core_.ClusterStatus().jobs(0).quarantined_steps(), ::testing::ElementsAre(20u));
+  for (uint32_t r = 0; r < 4; ++r) {
+    for (uint32_t slot = 0; slot < nodes[r].seg->slots(); ++slot) {
+      const staging::SlotState state = nodes[r].seg->state(slot);
+      EXPECT_TRUE(state == staging::SlotState::kFree || state == staging::SlotState::kKept)
+          << "rank " << r << " slot " << slot << " is " << staging::SlotStateName(state);
+    }
+  }
+  // Every rank goes on saving.
+  for (uint32_t r = 0; r < 4; ++r) SnapshotDp(nodes[r], r, 30);
+  EXPECT_TRUE(Exists(storage::ManifestPath("/ckpt", "job", 30)));
+}
+
 TEST_F(ReplicatedStateTest, TwoRanksRestoreWhatFourWroteOnce) {
   std::vector<Node> nodes = StartFourAndCommit10();
   TrainerDied(nodes[3], 3);
