@@ -20,6 +20,12 @@
 #include "gtest/gtest.h"
 #include "storage/file_system.h"
 #include "storage/posix_file_system.h"
+#ifdef CKPTD_HAVE_ETCD
+#include "base/random.h"
+#include "base/testing/eventually.h"
+#include "coordinator/etcd_state_store.h"
+#include "etcd/testing_etcd.h"
+#endif
 
 namespace ckptd::coordinator {
 namespace {
@@ -109,11 +115,60 @@ class TempDir {
   std::string path_;
 };
 
-enum class Impl { kMem, kSqlite };
+enum class Impl { kMem, kSqlite, kEtcd };
 
 std::string ImplName(const ::testing::TestParamInfo<Impl>& info) {
-  return info.param == Impl::kMem ? "Mem" : "Sqlite";
+  return info.param == Impl::kMem ? "Mem" : info.param == Impl::kSqlite ? "Sqlite" : "Etcd";
 }
+
+#ifdef CKPTD_HAVE_ETCD
+// One etcd for every test of this binary; each test its own prefix, leading
+// it through an election of its own.
+class EtcdForTests {
+ public:
+  // Null (with `why`) when etcd cannot start.
+  static EtcdForTests* Get(std::string* why) {
+    static absl::StatusOr<std::unique_ptr<etcd::testing::EtcdCluster>>* cluster =
+        new absl::StatusOr<std::unique_ptr<etcd::testing::EtcdCluster>>(etcd::testing::EtcdCluster::Start(1));
+    if (!cluster->ok()) {
+      *why = cluster->status().ToString();
+      return nullptr;
+    }
+    static EtcdForTests* self = new EtcdForTests((**cluster)->endpoints());
+    return self;
+  }
+
+  // A store under a fresh prefix (or `prefix`), led by an election of its own.
+  std::unique_ptr<StateStore> Open(const StateStoreOptions& options, std::string prefix = "") {
+    if (prefix.empty()) prefix = absl::StrCat("/ckptd-test/", base::RandomHex(8).value());
+    // A store reopened on the prefix: the one before it resigns.
+    for (auto& earlier : elections_) {
+      if (earlier->options().key == prefix + "/leader") earlier->Stop();
+    }
+    etcd::ElectionOptions e;
+    e.key = prefix + "/leader";
+    e.candidate = "test:1";
+    e.lease_ttl_seconds = 10;
+    auto election = std::make_unique<etcd::LeaderElection>(client_.get(), e);
+    EXPECT_THAT(election->Start(), IsOk());
+    EXPECT_TRUE(::ckptd::testing::Eventually([&] { return election->Leading().ok(); }));
+    absl::StatusOr<std::unique_ptr<StateStore>> store =
+        OpenEtcdStateStore(client_.get(), election.get(), EtcdStateStoreOptions{prefix, options.max_events, 1000});
+    EXPECT_THAT(store.status(), IsOk());
+    elections_.push_back(std::move(election));
+    return store.ok() ? std::move(store).value() : nullptr;
+  }
+
+ private:
+  explicit EtcdForTests(const std::string& endpoints) {
+    etcd::EtcdOptions options;
+    options.endpoints = {endpoints};
+    client_ = std::move(etcd::EtcdClient::Connect(options).value());
+  }
+  std::unique_ptr<etcd::EtcdClient> client_;
+  std::vector<std::unique_ptr<etcd::LeaderElection>> elections_;  // kept: stores refer to them
+};
+#endif
 
 // The contract every StateStore keeps.
 class StateStoreConformanceTest : public ::testing::TestWithParam<Impl> {
@@ -121,11 +176,26 @@ class StateStoreConformanceTest : public ::testing::TestWithParam<Impl> {
   void SetUp() override {
     ASSERT_FALSE(dir_.path().empty()) << "mkdtemp: " << std::strerror(errno);
     store_ = Open({});
+    if (store_ == nullptr && GetParam() == Impl::kEtcd && !HasFailure()) {
+      GTEST_SKIP() << "no etcd on $PATH (Debian: etcd-server)";
+    }
     ASSERT_NE(store_, nullptr);
   }
 
   std::unique_ptr<StateStore> Open(const StateStoreOptions& options) {
     if (GetParam() == Impl::kMem) return NewMemStateStore(options);
+#ifdef CKPTD_HAVE_ETCD
+    if (GetParam() == Impl::kEtcd) {
+      std::string why;
+      EtcdForTests* etcd = EtcdForTests::Get(&why);
+      if (etcd == nullptr) {
+        if (etcd::testing::EtcdRequired()) ADD_FAILURE() << why;
+        return nullptr;
+      }
+      if (prefix_.empty()) prefix_ = absl::StrCat("/ckptd-test/", base::RandomHex(8).value());
+      return etcd->Open(options, prefix_);
+    }
+#endif
     absl::StatusOr<std::unique_ptr<StateStore>> store =
         OpenSqliteStateStore(storage::JoinPath(dir_.path(), "state"), options);
     EXPECT_THAT(store.status(), IsOk());
@@ -133,6 +203,7 @@ class StateStoreConformanceTest : public ::testing::TestWithParam<Impl> {
   }
 
   TempDir dir_;
+  std::string prefix_;  // etcd: this test's keys
   std::unique_ptr<StateStore> store_;
 };
 
@@ -343,7 +414,11 @@ TEST_P(StateStoreConformanceTest, ConcurrentUseFromSeveralThreads) {
   EXPECT_THAT(store_->ListQuarantined(""), ::ckptd::testing::IsOkAndHolds(SizeIs(kThreads * 5)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Impls, StateStoreConformanceTest, ::testing::Values(Impl::kMem, Impl::kSqlite),
+INSTANTIATE_TEST_SUITE_P(Impls, StateStoreConformanceTest, ::testing::Values(Impl::kMem, Impl::kSqlite
+#ifdef CKPTD_HAVE_ETCD
+                                                                               , Impl::kEtcd
+#endif
+                                                                               ),
                          ImplName);
 
 // --- SQLite only --------------------------------------------------------------

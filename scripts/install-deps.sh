@@ -15,6 +15,11 @@ PACKAGES=(
   # object-store tests run against, and the S3 clients the benchmark
   # measures ckptd beside (boto3, awscli).
   radosgw ceph-mon ceph-osd ceph-common uuid-runtime python3-boto3 awscli
+  # tests/etcd: coordinator high availability runs against a real etcd
+  # (tests/etcd/etcd.sh starts one member or a 3-member cluster on loopback);
+  # golang-etcd-server-dev ships the etcd v3 .proto files the coordinator's
+  # etcd client is generated from.
+  etcd-server etcd-client golang-etcd-server-dev
   clang libclang-rt-14-dev
   fio python3
   openssl  # generates the test CA for the coordinator's mutual-TLS tests

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-FOLDERS = ["base/testing", "base", "policy", "metrics", "format", "storage", "staging", "protocol", "rpc", "client",
+FOLDERS = ["base/testing", "base", "policy", "metrics", "format", "storage", "staging", "protocol", "rpc", "etcd", "client",
            "replication", "agent", "coordinator", "cli", "bench", "examples", "tests", "proto"]
 FORMAT_PROTOS = {"shard", "manifest"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
