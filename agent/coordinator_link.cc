@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -18,15 +19,18 @@ constexpr size_t kMaxBatch = 256;
 // connection cannot hold it forever.
 constexpr absl::Duration kStreamLifetime = absl::Minutes(10);
 
-std::shared_ptr<grpc::Channel> MakeChannel(const CoordinatorLinkOptions& o) {
+std::unique_ptr<rpc::CoordinatorTargets> MakeTargets(const CoordinatorLinkOptions& o) {
   grpc::ChannelArguments args;
   // Notice a dead TCP connection within seconds, also while idle.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
-  return grpc::CreateCustomChannel(o.address, o.credentials ? o.credentials : grpc::InsecureChannelCredentials(),
-                                   args);
+  // The flags checked the list; a single address is taken as given.
+  absl::StatusOr<std::vector<std::string>> addresses = rpc::ParseCoordinatorAddresses(o.address);
+  return std::make_unique<rpc::CoordinatorTargets>(
+      addresses.ok() ? *addresses : std::vector<std::string>{o.address},
+      o.credentials ? o.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 // Whether an error may go away by itself (so the report is kept and sent again).
@@ -50,8 +54,7 @@ uint64_t NewInstance() {
 
 CoordinatorLink::CoordinatorLink(CoordinatorLinkOptions options, HeartbeatFiller fill)
     : options_(std::move(options)), fill_(std::move(fill)), instance_(NewInstance()), interval_(options_.heartbeat_interval) {
-  channel_ = MakeChannel(options_);
-  stub_ = ckptd::v1::Coordinator::NewStub(channel_);
+  targets_ = MakeTargets(options_);
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   sender_thread_ = std::thread([this] { SenderLoop(); });
 }
@@ -64,6 +67,24 @@ CoordinatorLink::~CoordinatorLink() {
   }
   heartbeat_thread_.join();
   sender_thread_.join();
+}
+
+std::pair<std::string, std::unique_ptr<ckptd::v1::Coordinator::Stub>> CoordinatorLink::Stub() const {
+  rpc::CoordinatorTargets::Target t = targets_->Current();
+  return {t.address, ckptd::v1::Coordinator::NewStub(t.channel)};
+}
+
+void CoordinatorLink::Follow(const std::string& used, const grpc::ClientContext& ctx, const grpc::Status& status) {
+  if (!targets_->Observe(used, ctx, status)) return;
+  const std::string now = targets_->Current().address;
+  absl::MutexLock l(&mu_);
+  if (now == used) return;
+  moved_ = true;
+  if (session_) {
+    logger_->Info(absl::StrCat("coordinator ", used, " is not the leader (", status.error_message(),
+                               "); following ", now));
+  }
+  session_.reset();
 }
 
 void CoordinatorLink::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
@@ -132,6 +153,27 @@ size_t CoordinatorLink::unanswered_shards() {
   return shards_.size();
 }
 
+uint64_t CoordinatorLink::coordinator_epoch() {
+  absl::MutexLock l(&mu_);
+  return epoch_;
+}
+
+bool CoordinatorLink::AcceptEpoch(uint64_t epoch, const std::string& address) {
+  if (epoch >= epoch_) {
+    epoch_ = epoch;
+    return true;
+  }
+  logger_->Warning(absl::StrCat("coordinator ", address, " answers for leadership epoch ", epoch,
+                                ", older than epoch ", epoch_, " already heard: a deposed leader; its answer is "
+                                "refused"));
+  return false;
+}
+
+size_t CoordinatorLink::answered_shards() {
+  absl::MutexLock l(&mu_);
+  return answered_.size();
+}
+
 absl::StatusOr<std::string> CoordinatorLink::SessionFor(absl::string_view what, absl::Duration timeout) {
   // Asked in the node's session: right after the agent starts, wait (within
   // `timeout`) for its registration.
@@ -141,10 +183,11 @@ absl::StatusOr<std::string> CoordinatorLink::SessionFor(absl::string_view what, 
   };
   clock_->AwaitWithTimeout(&mu_, absl::Condition(&settled), std::min(timeout, options_.rpc_timeout));
   if (CutOffLocked()) {
-    return absl::UnavailableError(absl::StrCat(what, " from coordinator ", options_.address, ": cut off for a drill"));
+    return absl::UnavailableError(
+        absl::StrCat(what, " from coordinator ", targets_->Describe(), ": cut off for a drill"));
   }
   if (!session_) {
-    return absl::UnavailableError(absl::StrCat(what, " from coordinator ", options_.address,
+    return absl::UnavailableError(absl::StrCat(what, " from coordinator ", targets_->Describe(),
                                                ": this agent is not registered with it (yet)"));
   }
   return *session_;
@@ -160,10 +203,12 @@ absl::StatusOr<Response> CoordinatorLink::AskInSession(
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout);
   Response response;
-  grpc::Status s = (stub_.get()->*method)(&ctx, asked, &response);
+  auto [address, stub] = Stub();
+  grpc::Status s = (stub.get()->*method)(&ctx, asked, &response);
   if (!s.ok()) {
+    Follow(address, ctx, s);
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat(what, " from coordinator ", options_.address, ": ", s.error_message()));
+                        absl::StrCat(what, " from coordinator ", address, ": ", s.error_message()));
   }
   return response;
 }
@@ -202,13 +247,29 @@ absl::Status CoordinatorLink::Register() {
       *req.add_durable_shards() = report;
       sent.push_back(key);
     }
+    for (const auto& [key, report] : answered_) {
+      if (!shards_.contains(ShardKey(report.job(), report.step(), report.shard().rank()))) {
+        *req.add_durable_shards() = report;
+      }
+    }
   }
   grpc::ClientContext ctx;
   Prepare(&ctx, options_.rpc_timeout);
   ckptd::v1::RegisterAgentResponse resp;
-  const absl::Status s = rpc::FromGrpcStatus(stub_->RegisterAgent(&ctx, req, &resp));
-  if (!s.ok()) return s;
+  auto [address, stub] = Stub();
+  const grpc::Status answer = stub->RegisterAgent(&ctx, req, &resp);
+  if (!answer.ok()) {
+    Follow(address, ctx, answer);
+    return absl::Status(static_cast<absl::StatusCode>(answer.error_code()),
+                        absl::StrCat(address, ": ", answer.error_message()));
+  }
   absl::MutexLock l(&mu_);
+  if (!AcceptEpoch(resp.coordinator_epoch(), address)) {
+    // Another replica leads now: go there (the shards stay queued).
+    session_.reset();
+    moved_ |= targets_->Observe(address, grpc::Status(grpc::StatusCode::UNAVAILABLE, "a deposed leader"));
+    return absl::UnavailableError(absl::StrCat(address, ": a deposed leader (epoch ", resp.coordinator_epoch(), ")"));
+  }
   // The coordinator took every shard of the registration (or refused it for good).
   for (const ShardKey& key : sent) shards_.erase(key);
   session_ = resp.session();
@@ -226,8 +287,9 @@ absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
     if (CutOffLocked()) return absl::UnavailableError("cut off for a drill");
     stream_context_ = &ctx;
   }
+  auto [address, stub] = Stub();
   std::unique_ptr<grpc::ClientReaderWriter<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>> stream =
-      stub_->Heartbeats(&ctx);
+      stub->Heartbeats(&ctx);
   absl::Status why = absl::OkStatus();
   while (true) {
     ckptd::v1::Heartbeat hb;
@@ -244,6 +306,16 @@ absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
       }
     }
     if (!stream->Write(hb) || !stream->Read(&ack)) break;
+    {
+      // A deposed leader's answer (its orders included) is not acted on.
+      absl::MutexLock l(&mu_);
+      if (!AcceptEpoch(ack.coordinator_epoch(), address)) {
+        session_.reset();
+        moved_ |= targets_->Observe(address, grpc::Status(grpc::StatusCode::UNAVAILABLE, "a deposed leader"));
+        why = absl::UnavailableError(absl::StrCat("a deposed leader (epoch ", ack.coordinator_epoch(), ")"));
+        break;
+      }
+    }
     if (options_.on_ack) options_.on_ack(ack);
     absl::Duration interval;
     {
@@ -286,6 +358,7 @@ absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
     absl::MutexLock l(&mu_);
     stream_context_ = nullptr;
   }
+  if (why.ok() && !finished.ok()) Follow(address, ctx, finished);
   if (!why.ok()) return why;
   return finished.ok() ? absl::UnavailableError("heartbeat stream ended") : rpc::FromGrpcStatus(finished);
 }
@@ -310,15 +383,24 @@ void CoordinatorLink::HeartbeatLoop() {
     }
     absl::Status s = session ? StreamHeartbeats(*session) : Register();
     if (!session && s.ok()) {
-      logger_->Info(absl::StrCat("registered with coordinator ", options_.address, " as node ", options_.node_id));
+      logger_->Info(absl::StrCat("registered with coordinator ", targets_->Current().address, " as node ",
+                                 options_.node_id));
       backoff = absl::Milliseconds(100);
       continue;
     }
     if (!s.ok() && s.code() != last.code()) {
-      logger_->Warning(absl::StrCat("coordinator ", options_.address, ": ", s.message()));
+      logger_->Warning(absl::StrCat("coordinator ", targets_->Describe(), ": ", s.message()));
     }
     last = s;
     if (absl::IsNotFound(s)) continue;  // register again at once
+    {
+      // Moved to the leader a standby named (or the next replica): at once.
+      absl::MutexLock l(&mu_);
+      if (std::exchange(moved_, false)) {
+        backoff = absl::Milliseconds(100);
+        continue;
+      }
+    }
     if (!SleepUnlessStopping(backoff)) return;
     backoff = std::min(2 * backoff, options_.max_backoff);
   }
@@ -349,7 +431,10 @@ void CoordinatorLink::SenderLoop() {
       grpc::ClientContext ctx;
       Prepare(&ctx, options_.rpc_timeout);
       ckptd::v1::ReportFailureResponse resp;
-      const absl::Status s = rpc::FromGrpcStatus(stub_->ReportFailure(&ctx, f, &resp));
+      auto [address, stub] = Stub();
+      const grpc::Status answer = stub->ReportFailure(&ctx, f, &resp);
+      Follow(address, ctx, answer);
+      const absl::Status s = rpc::FromGrpcStatus(answer);
       if (Transient(s) || absl::IsNotFound(s)) keep.push_back(f);
       if (!s.ok() && !Transient(s) && !absl::IsNotFound(s)) {
         logger_->Warning(absl::StrCat("coordinator refused a failure report: ", s.message()));
@@ -365,7 +450,10 @@ void CoordinatorLink::SenderLoop() {
       grpc::ClientContext ctx;
       Prepare(&ctx, options_.rpc_timeout);
       ckptd::v1::ReportShardResponse resp;
-      const absl::Status s = rpc::FromGrpcStatus(stub_->ReportShard(&ctx, req, &resp));
+      auto [address, stub] = Stub();
+      const grpc::Status answer = stub->ReportShard(&ctx, req, &resp);
+      if (!answer.ok()) Follow(address, ctx, answer);
+      const absl::Status s = rpc::FromGrpcStatus(answer);
       // The coordinator is away (or forgot us): keep the rest for later.
       if (Transient(s) || absl::IsNotFound(s)) break;
       absl::MutexLock l(&mu_);
@@ -380,6 +468,9 @@ void CoordinatorLink::SenderLoop() {
         if (Transient(result)) continue;  // sent again later
         if (!result.ok()) {
           logger_->Warning(absl::StrCat("shard ", report.shard().rank(), " of ", report.job(), " step ", report.step(), " not committed: ", result.message()));
+        } else if (!report.emergency()) {
+          auto& kept = answered_[{report.job(), report.shard().rank()}];
+          if (kept.job().empty() || kept.step() <= report.step()) kept = report;
         }
         shards_.erase(ShardKey(report.job(), report.step(), report.shard().rank()));
       }

@@ -24,11 +24,14 @@
 #include "base/logger.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "rpc/coordinator_targets.h"
 
 namespace ckptd::agent {
 
 struct CoordinatorLinkOptions {
-  std::string address;  // host:port
+  // host:port, or the replicas of a replicated coordinator as
+  // host:port,host:port,...: the link follows their leader.
+  std::string address;
   std::string node_id;
   std::string host_name;  // informational
   std::vector<std::string> gpus;
@@ -97,6 +100,10 @@ class CoordinatorLink : public CoordinatorClient {
   // shard reports wait for an answer.
   bool connected();
   size_t unanswered_shards();
+  // How many answered reports the next registration sends again.
+  size_t answered_shards();
+  // The newest coordinator epoch this link has heard.
+  uint64_t coordinator_epoch();
   bool cut_off();
 
  private:
@@ -128,8 +135,15 @@ class CoordinatorLink : public CoordinatorClient {
   // Random per agent process, sent with every registration: it tells the
   // coordinator a restarted agent from the same one registering again.
   const uint64_t instance_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
+  // The coordinator(s), and the one calls go to.
+  std::unique_ptr<rpc::CoordinatorTargets> targets_;
+  // The stub of the current target.
+  std::pair<std::string, std::unique_ptr<ckptd::v1::Coordinator::Stub>> Stub() const;
+  // After a call to `used` failed: follows a standby's pointer to the
+  // leader (or the next replica); the session belongs to the coordinator
+  // left, so it is dropped and the heartbeat loop registers at once.
+  void Follow(const std::string& used, const grpc::ClientContext& ctx, const grpc::Status& status)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -137,8 +151,20 @@ class CoordinatorLink : public CoordinatorClient {
   absl::Duration interval_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
   std::map<ShardKey, ckptd::v1::ShardReport> shards_ ABSL_GUARDED_BY(mu_);  // not yet answered
+  // The newest answered report of each (job, rank): sent again with every
+  // registration, since a coordinator that took it and then died (or a
+  // replicated coordinator's new leader) may not have committed its step;
+  // one that did answers it as a repeat.
+  std::map<std::pair<std::string, uint32_t>, ckptd::v1::ShardReport> answered_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::ReportFailureRequest> failures_ ABSL_GUARDED_BY(mu_);
   bool send_wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool moved_ ABSL_GUARDED_BY(mu_) = false;  // Follow() changed the target: register now
+  // The newest coordinator epoch heard (replicated coordinators); answers
+  // of an older one, a deposed leader's, are refused.
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Whether `epoch` is not older than the newest heard (and records it);
+  // logs a refusal naming `address` otherwise.
+  bool AcceptEpoch(uint64_t epoch, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool sending_failures_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Time cut_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -27,6 +27,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
     forgotten_ = false;
     resp->set_session(absl::StrCat("session-", registrations_.size()));
     resp->set_heartbeat_interval_ms(10);
+    resp->set_coordinator_epoch(epoch_);
     return grpc::Status::OK;
   }
 
@@ -39,6 +40,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
         absl::MutexLock l(&mu_);
         ++heartbeats_;
         ack.set_known(!forgotten_);
+        ack.set_coordinator_epoch(epoch_);
         for (const auto& o : orders_) *ack.add_drills() = o;
       }
       if (!stream->Write(ack)) break;
@@ -70,6 +72,10 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
     absl::MutexLock l(&mu_);
     forgotten_ = true;
   }
+  void SetEpoch(uint64_t epoch) {
+    absl::MutexLock l(&mu_);
+    epoch_ = epoch;
+  }
   void AddOrder(const ckptd::v1::DrillOrder& o) {
     absl::MutexLock l(&mu_);
     orders_.push_back(o);
@@ -80,6 +86,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int shard_reports_ ABSL_GUARDED_BY(mu_) = 0;
   bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ckptd::v1::RegisterAgentRequest> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::DrillOrder> orders_ ABSL_GUARDED_BY(mu_);
 };
@@ -189,6 +196,72 @@ TEST_F(CoordinatorLinkTest, CutOffSendsNothingThenReconnectsAndRegistersAgain) {
                            absl::Seconds(1)));
   EXPECT_FALSE(link.cut_off());
   EXPECT_TRUE(AdvanceUntil([&] { return link.unanswered_shards() == 0; }, absl::Milliseconds(100)));
+}
+
+TEST_F(CoordinatorLinkTest, AnsweredReportsGoAgainWithTheNextRegistration) {
+  CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() >= 1; }, absl::Milliseconds(10)));
+  auto report = [](uint64_t step, uint32_t rank) {
+    ckptd::v1::ShardReport r;
+    r.set_job("job");
+    r.set_step(step);
+    r.mutable_shard()->set_rank(rank);
+    return r;
+  };
+  link.ShardDurable(report(5, 0));
+  link.ShardDurable(report(5, 1));
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.shard_reports() == 2; }, absl::Milliseconds(100)));
+  link.ShardDurable(report(10, 0));  // rank 0's newer step replaces its step 5
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.shard_reports() == 3; }, absl::Milliseconds(100)));
+  EXPECT_EQ(link.unanswered_shards(), 0u);
+  EXPECT_EQ(link.answered_shards(), 2u);
+  // The coordinator dies before committing (or a new leader takes over):
+  // the agent registers again with what it reported.
+  fake_.Forget();
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.registrations().size() >= 2; }, absl::Milliseconds(10)));
+  const ckptd::v1::RegisterAgentRequest again = fake_.registrations()[1];
+  std::vector<std::pair<uint64_t, uint32_t>> sent;
+  for (const auto& r : again.durable_shards()) sent.emplace_back(r.step(), r.shard().rank());
+  EXPECT_THAT(sent, ::testing::UnorderedElementsAre(std::pair<uint64_t, uint32_t>(10, 0),
+                                                    std::pair<uint64_t, uint32_t>(5, 1)));
+}
+
+TEST_F(CoordinatorLinkTest, AnswersOfAnOlderLeadershipEpochAreRefused) {
+  fake_.SetEpoch(7);
+  absl::Mutex mu;
+  int orders_seen = 0;
+  CoordinatorLinkOptions o = Options();
+  o.on_ack = [&](const ckptd::v1::HeartbeatAck& ack) {
+    absl::MutexLock l(&mu);
+    orders_seen += ack.drills_size();
+  };
+  CoordinatorLink link(o, [](ckptd::v1::Heartbeat*) {});
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() >= 2; }, absl::Milliseconds(10)));
+  EXPECT_EQ(link.coordinator_epoch(), 7u);
+  // A deposed leader (epoch 3) answers, with an order: refused.
+  fake_.SetEpoch(3);
+  ckptd::v1::DrillOrder order;
+  order.set_drill_id(1);
+  fake_.AddOrder(order);
+  // The link drops the stream and keeps trying to register: refused too.
+  const size_t before = fake_.registrations().size();
+  ASSERT_TRUE(AdvanceUntil([&] { return fake_.registrations().size() >= before + 2; }, absl::Milliseconds(10)));
+  {
+    absl::MutexLock l(&mu);
+    EXPECT_EQ(orders_seen, 0);
+  }
+  EXPECT_EQ(link.coordinator_epoch(), 7u);
+  EXPECT_FALSE(link.connected());
+  // The next leader (epoch 8) is heard, and its orders carried out.
+  fake_.SetEpoch(8);
+  ASSERT_TRUE(AdvanceUntil(
+      [&] {
+        absl::MutexLock l(&mu);
+        return orders_seen > 0;
+      },
+      absl::Milliseconds(10)));
+  EXPECT_EQ(link.coordinator_epoch(), 8u);
+  EXPECT_TRUE(link.connected());
 }
 
 TEST_F(CoordinatorLinkTest, ACutOffCanBeLiftedEarly) {

@@ -24,6 +24,7 @@
 #include "base/limits.h"
 #include "base/status_macros.h"
 #include "base/thread_priority.h"
+#include "rpc/coordinator_targets.h"
 #include "rpc/operator_token.h"
 #include "rpc/tls.h"
 #include "storage/layout.h"
@@ -95,8 +96,10 @@ const char kAgentUsage[] =
     "  --trainer-group <group>   let this group's processes use the agent: the socket and the\n"
     "                            staging memory become 0660 with this group (name or number);\n"
     "                            the agent must be a member. Default: owner-only (0600)\n"
-    "  --coordinator <host:port> report to a ckptd-coordinator (port 1..65535): it commits every\n"
-    "                            step (also of jobs on this node only), sets the schedule and plans restores\n"
+    "  --coordinator <host:port> report to a ckptd-coordinator (port 1..65535), or to replicated\n"
+    "                            ones as host:port,host:port,... (the agent follows their leader):\n"
+    "                            it commits every step (also of jobs on this node only), sets the\n"
+    "                            schedule and plans restores\n"
     "  --node-id <id>            this node's name for the coordinator (default: the host name)\n"
     "  --agent-token-file <file> file holding the coordinator's agent token, sent with every call\n"
     "                            (its --agent-token-file, or the <state-dir>/agent-token it\n"
@@ -262,7 +265,7 @@ absl::Status CheckApart(const std::string& storage_root, const std::string& loca
 absl::StatusOr<CoordinatorLinkOptions> LinkOptions(const base::Args& args) {
   CoordinatorLinkOptions link;
   link.address = *args.Get("coordinator");
-  if (absl::Status s = base::ParseHostPort(link.address, base::PortUse::kConnect).status(); !s.ok()) {
+  if (absl::Status s = rpc::ParseCoordinatorAddresses(link.address).status(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", s.message()));
   }
   char host[256] = {};

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/host_port.h"
+#include "rpc/coordinator_targets.h"
 #include "protocol/restore_source.h"
 
 namespace ckptd::cli {
@@ -26,7 +27,7 @@ const std::set<std::string>& CoordinatorValueFlags() {
 absl::Status CheckCoordinatorAddress(const base::Args& args) {
   std::optional<std::string> address = args.Get("coordinator");
   if (!address) return absl::OkStatus();
-  if (absl::Status s = base::ParseHostPort(*address, base::PortUse::kConnect).status(); !s.ok()) {
+  if (absl::Status s = rpc::ParseCoordinatorAddresses(*address).status(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--coordinator: ", s.message()));
   }
   return absl::OkStatus();

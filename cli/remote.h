@@ -10,13 +10,15 @@
 #include "base/flags.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "cli/operator_commands.h"
+#include "rpc/coordinator_targets.h"
 
 namespace ckptd::cli {
 
-// A stub for the coordinator named by --coordinator, over mutual TLS when
+// The coordinator(s) named by --coordinator (host:port, or replicas as
+// host:port,host:port,...: calls follow their leader), over mutual TLS when
 // --tls-ca, --tls-cert and --tls-key are all given. kInvalidArgument naming
-// the flag when one is missing or a file cannot be read.
-absl::StatusOr<std::unique_ptr<ckptd::v1::Coordinator::Stub>> ConnectCoordinator(const base::Args& args);
+// the flag when one is missing or malformed, or a file cannot be read.
+absl::StatusOr<std::unique_ptr<rpc::CoordinatorTargets>> ConnectCoordinators(const base::Args& args);
 
 // GetInterval for `job`. kUnavailable (or kDeadlineExceeded) when the
 // coordinator cannot be reached, with its address in the message.

@@ -225,6 +225,7 @@ absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint
     --commits_in_flight_;
   };
   absl::MutexLock l(&commit_mu_);
+  if (options_.may_write) CKPTD_RETURN_IF_ERROR(options_.may_write());
   // Each file was checked as it was reported (CheckShardFile).
   absl::StatusOr<ckptd::v1::StepManifest> m =
       store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kCheckedByCaller);
@@ -267,6 +268,12 @@ void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
 }
 
 void CoordinatorCore::Apply(Effects& fx) {
+  if (options_.may_write) {
+    if (absl::Status s = options_.may_write(); !s.ok()) {
+      if (!fx.empty()) logger_->Warning(absl::StrCat("not writing what was decided: ", s.message()));
+      return;
+    }
+  }
   while (!fx.empty()) {
     Effects next;
     for (const auto& q : fx.quarantines) {

@@ -304,6 +304,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     }
     agent->ranks = std::move(accepted);
     response.set_session(agent->session);
+    response.set_coordinator_epoch(options_.epoch);
     response.set_heartbeat_interval_ms(
         static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));
     for (int i = 0; i < request.durable_shards_size(); ++i) {

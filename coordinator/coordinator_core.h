@@ -94,6 +94,14 @@ struct CoordinatorOptions {
   // failure domain), at most this often, so that thousands of agents
   // registering at once do not recompute thousands of times.
   absl::Duration partners_recompute_every = absl::Milliseconds(250);
+  // Replicated coordinators: asked before anything is written to storage or
+  // the state store (a commit, a removal, a record). Not OK (this replica
+  // no longer leads): nothing is written, the effects are dropped, and the
+  // replica's core is about to be discarded. Unset: always allowed.
+  std::function<absl::Status()> may_write;
+  // Replicated coordinators: the leadership's epoch, sent with every
+  // registration and heartbeat answer (agents refuse older ones); 0 alone.
+  uint64_t epoch = 0;
   // Where the component reports what an operator should read (default:
   // base::DefaultLogger()); must outlive it.
   base::Logger* logger = nullptr;

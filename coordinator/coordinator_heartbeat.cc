@@ -34,6 +34,7 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     absl::StatusOr<Agent*> known = AgentInSession(hb.node_id(), hb.session());
     if (!known.ok()) {
       ack.set_known(false);
+      ack.set_coordinator_epoch(options_.epoch);
       return ack;
     }
     Agent* agent = *known;
@@ -106,6 +107,7 @@ void CoordinatorCore::RecordProgress(const Agent& agent, const ckptd::v1::RankPr
 
 ckptd::v1::HeartbeatAck CoordinatorCore::HeartbeatReply(const Agent& agent, const ckptd::v1::Heartbeat& hb) {
   ckptd::v1::HeartbeatAck ack;
+  ack.set_coordinator_epoch(options_.epoch);
   std::set<std::string> seen;
   for (const auto& r : agent.ranks) {
     if (!seen.insert(r.job()).second) continue;

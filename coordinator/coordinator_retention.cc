@@ -33,6 +33,12 @@ void CoordinatorCore::RunRetention() {
     absl::MutexLock l(&mu_);
     queue.swap(retention_queue_);
   }
+  if (options_.may_write && !queue.empty()) {
+    if (absl::Status s = options_.may_write(); !s.ok()) {
+      logger_->Warning(absl::StrCat("not removing what retention dropped: ", s.message()));
+      return;
+    }
+  }
   // Without commit_mu_: a committed step that retention dropped is never
   // written or committed again, and removing its thousands of files must not
   // hold up the commit of a newer step.

@@ -402,6 +402,15 @@ grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackSe
 absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen, CoordinatorService* service,
                                                          std::shared_ptr<grpc::ServerCredentials> credentials,
                                                          absl::Duration handshake_timeout) {
+  return internal::StartServer(
+      listen, [service](grpc::ServerBuilder& b) { b.RegisterService(service); }, std::move(credentials),
+      handshake_timeout);
+}
+
+absl::StatusOr<CoordinatorServer> internal::StartServer(const std::string& listen,
+                                                        const std::function<void(grpc::ServerBuilder&)>& add_service,
+                                                        std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                        absl::Duration handshake_timeout) {
   absl::StatusOr<std::pair<std::string, uint16_t>> parsed = base::ParseHostPort(listen);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("listen address \"", listen, "\": ", parsed.status().message()));
@@ -418,7 +427,7 @@ absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& list
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(address, std::move(credentials), &port);
-  builder.RegisterService(service);
+  add_service(builder);
   // A second coordinator on the same port must fail, not share the traffic.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Agents keep their heartbeat stream open with keepalive pings; a peer

@@ -141,6 +141,14 @@ absl::StatusOr<CoordinatorServer> StartCoordinatorServer(
     const std::string& listen, CoordinatorService* service, std::shared_ptr<grpc::ServerCredentials> credentials,
     absl::Duration handshake_timeout = rpc::kHandshakeTimeout);
 
+namespace internal {
+// StartCoordinatorServer with the service(s) `add_service` registers.
+absl::StatusOr<CoordinatorServer> StartServer(const std::string& listen,
+                                              const std::function<void(grpc::ServerBuilder&)>& add_service,
+                                              std::shared_ptr<grpc::ServerCredentials> credentials,
+                                              absl::Duration handshake_timeout);
+}  // namespace internal
+
 // Shuts `server` down, cancelling calls still open after `grace`, and waits
 // for them to end.
 void ShutdownCoordinatorServer(grpc::Server* server, absl::Duration grace = absl::Seconds(1));

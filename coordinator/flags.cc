@@ -10,11 +10,17 @@
 #include "base/flags.h"
 #include "base/host_port.h"
 #include "base/status_macros.h"
+#ifdef CKPTD_HAVE_ETCD
+#include "etcd/etcd_client.h"
+#endif
 
 namespace ckptd::coordinator {
 
 const char kCoordinatorUsage[] =
-    "usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix> --state-dir <dir>\n"
+    "usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix>\n"
+    "                         (--state-dir <dir> | --etcd-endpoints <h:p,...> [--etcd-prefix /ckptd/<name>]\n"
+    "                          [--etcd-lease-ttl 3s] [--advertise <host:port>] [--etcd-ca F [--etcd-cert F\n"
+    "                          --etcd-key F]] [--etcd-user U --etcd-password-file F])\n"
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
     "                         [--every N | --initial-every N] [--durable-every auto|K]\n"
@@ -37,7 +43,26 @@ const char kCoordinatorUsage[] =
     "  --storage-root <dir>        where checkpoints live (created when missing): a directory, or an object\n"
     "                              store, s3://bucket/prefix (its bucket must exist; credentials, region\n"
     "                              and endpoint from the AWS_* environment or profile, see docs/operations.md)\n"
-    "  --state-dir <dir>           the coordinator's database (coordinator.db) and tokens\n"
+    "  --state-dir <dir>           the coordinator's database (coordinator.db) and tokens: one\n"
+    "                              coordinator, its state on its own disk\n"
+    "  --etcd-endpoints <list>     instead of --state-dir: replicated coordinators, their state in\n"
+    "                              etcd (members as host:port, comma-separated). The replicas elect a\n"
+    "                              leader through etcd; only it serves, the others answer UNAVAILABLE\n"
+    "                              naming it, and take over within about the lease TTL when it is gone.\n"
+    "                              Needs --operator-token-file and --agent-token-file (or\n"
+    "                              --insecure-agents): every replica must hold the same tokens\n"
+    "  --etcd-prefix <key>         the cluster's keys in etcd (default /ckptd/default): replicas with\n"
+    "                              the same prefix share state and elect one leader\n"
+    "  --etcd-lease-ttl <d>        the leader's lease, whole seconds 2s..60s (default 3s): how long\n"
+    "                              after a leader dies (or is paused, or cut off) another takes over\n"
+    "  --advertise <host:port>     the address this replica is reached at, which standbys name to\n"
+    "                              agents and ckptctl (default: --listen, with this host's name when\n"
+    "                              --listen has no host or a wildcard one)\n"
+    "  --etcd-ca F [--etcd-cert F --etcd-key F]\n"
+    "                              TLS to etcd: its CA, and a client certificate for members that\n"
+    "                              require one\n"
+    "  --etcd-user U --etcd-password-file F\n"
+    "                              etcd's authentication: the user and a file holding its password\n"
     "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics\n"
     "  --heartbeat-interval <d>    how often agents send heartbeats, 1ms..1h (default 1s)\n"
     "  --node-lost-after <d>       heartbeat silence after which a node is lost (default 5s)\n"
@@ -117,6 +142,8 @@ const std::set<std::string> kValueFlags = {
     "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
     "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
     "operator-token-file", "agent-token-file", "tls-cert",
+    "etcd-endpoints", "etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user",
+    "etcd-password-file",
     "tls-key", "tls-ca",
     "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "failure-mix", "restart-guess",
     "alternative-interval", "interval-hysteresis", "decide-every",
@@ -231,6 +258,68 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
   return absl::OkStatus();
 }
 
+// The replicated coordinator's flags (--etcd-endpoints given).
+absl::Status ParseEtcd(const base::Args& args, CoordinatorFlags& flags) {
+#ifndef CKPTD_HAVE_ETCD
+  return absl::InvalidArgumentError(
+      "--etcd-endpoints: this ckptd-coordinator was built without etcd (its build found no etcd .proto files: "
+      "Debian's golang-etcd-server-dev); use --state-dir");
+#else
+  CoordinatorFlags::Etcd etcd;
+  absl::StatusOr<std::vector<std::string>> endpoints = etcd::ParseEndpoints(*args.Get("etcd-endpoints"));
+  if (!endpoints.ok()) return absl::InvalidArgumentError(absl::StrCat("--etcd-endpoints: ", endpoints.status().message()));
+  etcd.endpoints = *endpoints;
+  if (std::optional<std::string> p = args.Get("etcd-prefix")) {
+    if (p->empty() || p->front() != '/' || p->back() == '/' || p->size() > 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--etcd-prefix \"", *p, "\" must start with / and not end with one, at most 256 bytes "
+                       "(e.g. /ckptd/prod)"));
+    }
+    etcd.prefix = *p;
+  }
+  if (std::optional<std::string> v = args.Get("etcd-lease-ttl")) {
+    absl::Duration d;
+    if (!absl::ParseDuration(*v, &d) || d < absl::Seconds(2) || d > absl::Seconds(60) ||
+        d != absl::Seconds(absl::ToInt64Seconds(d))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--etcd-lease-ttl: \"", *v, "\" is not a whole number of seconds in 2s..60s"));
+    }
+    etcd.lease_ttl_seconds = absl::ToInt64Seconds(d);
+  }
+  const bool cert = args.Has("etcd-cert");
+  const bool key = args.Has("etcd-key");
+  if (cert != key) return absl::InvalidArgumentError("--etcd-cert and --etcd-key go together");
+  if (cert && !args.Has("etcd-ca")) return absl::InvalidArgumentError("--etcd-cert needs --etcd-ca");
+  etcd.tls = rpc::TlsFiles{args.Get("etcd-cert").value_or(""), args.Get("etcd-key").value_or(""),
+                           args.Get("etcd-ca").value_or("")};
+  if (args.Has("etcd-user") != args.Has("etcd-password-file")) {
+    return absl::InvalidArgumentError("--etcd-user and --etcd-password-file go together");
+  }
+  etcd.user = args.Get("etcd-user").value_or("");
+  etcd.password_file = args.Get("etcd-password-file").value_or("");
+  if (std::optional<std::string> a = args.Get("advertise")) {
+    absl::StatusOr<std::pair<std::string, uint16_t>> hp = base::ParseHostPort(*a, base::PortUse::kConnect);
+    if (!hp.ok() || hp->first.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--advertise: \"", *a, "\" is not host:port"));
+    }
+    etcd.advertise = *a;
+  }
+  // Every replica must accept the same credentials: generated tokens would
+  // differ from one replica to the next.
+  if (!flags.operator_token_file) {
+    return absl::InvalidArgumentError(
+        "--etcd-endpoints needs --operator-token-file: every replica must hold the same operator token");
+  }
+  if (!flags.agent_token_file && !flags.insecure_agents) {
+    return absl::InvalidArgumentError(
+        "--etcd-endpoints needs --agent-token-file (or --insecure-agents): every replica must accept the same "
+        "agent token");
+  }
+  flags.etcd = std::move(etcd);
+  return absl::OkStatus();
+#endif
+}
+
 }  // namespace
 
 absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::string>& argv) {
@@ -243,8 +332,20 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
   if (!args.positional().empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args.positional()[0], "\""));
   }
-  if (!args.Get("listen") || !args.Get("storage-root") || !args.Get("state-dir")) {
-    return absl::InvalidArgumentError("--listen, --storage-root and --state-dir are required");
+  if (!args.Get("listen") || !args.Get("storage-root")) {
+    return absl::InvalidArgumentError("--listen, --storage-root and --state-dir (or --etcd-endpoints) are required");
+  }
+  if (args.Has("state-dir") == args.Has("etcd-endpoints")) {
+    return absl::InvalidArgumentError(
+        args.Has("state-dir") ? "--state-dir and --etcd-endpoints exclude each other: replicated coordinators "
+                                "keep their state in etcd"
+                              : "--state-dir (one coordinator) or --etcd-endpoints (replicated) is required");
+  }
+  if (!args.Has("etcd-endpoints")) {
+    for (const char* f : {"etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key",
+                          "etcd-user", "etcd-password-file"}) {
+      if (args.Has(f)) return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --etcd-endpoints"));
+    }
   }
   flags.listen = *args.Get("listen");
   // Both addresses are checked here, before anything is opened or written.
@@ -252,7 +353,7 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
     return absl::InvalidArgumentError(absl::StrCat("--listen: ", s.message()));
   }
   flags.storage_root = *args.Get("storage-root");
-  flags.state_dir = *args.Get("state-dir");
+  flags.state_dir = args.Get("state-dir").value_or("");
   flags.metrics_listen = args.Get("metrics-listen");
   if (flags.metrics_listen) {
     if (absl::Status s = base::ParseHostPort(*flags.metrics_listen, base::PortUse::kListen).status(); !s.ok()) {
@@ -274,6 +375,7 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
     return absl::InvalidArgumentError("mutual TLS needs all of --tls-cert, --tls-key and --tls-ca");
   }
   if (tls_flags == 3) flags.tls = rpc::TlsFiles{*args.Get("tls-cert"), *args.Get("tls-key"), *args.Get("tls-ca")};
+  if (args.Has("etcd-endpoints")) CKPTD_RETURN_IF_ERROR(ParseEtcd(args, flags));
   return flags;
 }
 

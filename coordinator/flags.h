@@ -4,6 +4,7 @@
 // file or a socket; main() does that with what this returns.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,18 @@ struct CoordinatorFlags {
   bool insecure_agents = false;                    // --insecure-agents (excludes --agent-token-file)
   // --tls-cert, --tls-key and --tls-ca (all three or none); main() reads them.
   std::optional<rpc::TlsFiles> tls;
+  // Replicated coordinators (--etcd-endpoints): state in etcd, a leader
+  // elected through it; the others stand by.
+  struct Etcd {
+    std::vector<std::string> endpoints;  // --etcd-endpoints
+    std::string prefix = "/ckptd/default";  // --etcd-prefix
+    rpc::TlsFiles tls;                   // --etcd-ca, --etcd-cert, --etcd-key
+    std::string user;                    // --etcd-user
+    std::string password_file;           // --etcd-password-file
+    int64_t lease_ttl_seconds = 3;       // --etcd-lease-ttl
+    std::string advertise;               // --advertise (default from --listen and the host name)
+  };
+  std::optional<Etcd> etcd;
   // The durations, intervals, policy settings and --keep; retention_in_tick
   // is false (the service removes old steps on a thread of its own).
   CoordinatorOptions options;

@@ -160,7 +160,7 @@ TEST(CoordinatorFlagsTest, TlsNeedsAllThreeFiles) {
 
 TEST(CoordinatorFlagsTest, RequiredFlagsAndStrayArguments) {
   EXPECT_THAT(ParseCoordinatorFlags({"--listen", "127.0.0.1:0"}),
-              FailsNaming("--listen, --storage-root and --state-dir are required"));
+              FailsNaming("--listen, --storage-root and --state-dir (or --etcd-endpoints) are required"));
   EXPECT_THAT(ParseCoordinatorFlags({"--storage-root", "/r", "--state-dir", "/s"}), FailsNaming("are required"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"serve"})), FailsNaming("unexpected argument \"serve\""));
 }
@@ -276,7 +276,7 @@ TEST(CoordinatorFlagsTest, HelpNeedsNothingElse) {
 TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kCoordinatorUsage;
   EXPECT_THAT(usage,
-              StartsWith("usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix> --state-dir <dir>"));
+              StartsWith("usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix>\n"));
   for (const char* flag : {"--listen",
                            "--storage-root",
                            "--state-dir",
@@ -306,7 +306,16 @@ TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
                            "--restart-guess",
                            "--alternative-interval",
                            "--interval-hysteresis",
-                           "--decide-every"}) {
+                           "--decide-every",
+                           "--etcd-endpoints",
+                           "--etcd-prefix",
+                           "--etcd-lease-ttl",
+                           "--advertise",
+                           "--etcd-ca",
+                           "--etcd-cert",
+                           "--etcd-key",
+                           "--etcd-user",
+                           "--etcd-password-file"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows.
     EXPECT_THAT(ParseCoordinatorFlags({flag, "x"}).status(),
@@ -388,6 +397,90 @@ TEST(CoordinatorFlagsTest, TheEndsOfEveryRangeAreAccepted) {
   EXPECT_EQ(bottom.options.every_steps, 1u);
   EXPECT_EQ(bottom.options.keep_last, 1);
 }
+
+}  // namespace
+}  // namespace ckptd::coordinator
+
+namespace ckptd::coordinator {
+namespace {
+
+// Replicated coordinators: the required flags with etcd instead of a state
+// directory, and both tokens from files, then `more`.
+std::vector<std::string> Replicated(std::vector<std::string> more) {
+  std::vector<std::string> args = {"--listen",           "127.0.0.1:7000",  "--storage-root",     "/srv/ckpt",
+                                   "--etcd-endpoints",   "e1:2379,e2:2379", "--operator-token-file", "/etc/op",
+                                   "--agent-token-file", "/etc/ag"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+#ifdef CKPTD_HAVE_ETCD
+TEST(CoordinatorFlagsTest, EtcdFlagsReachTheirSettings) {
+  absl::StatusOr<CoordinatorFlags> f = ParseCoordinatorFlags(Replicated({}));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->etcd.has_value());
+  EXPECT_THAT(f->etcd->endpoints, ::testing::ElementsAre("e1:2379", "e2:2379"));
+  EXPECT_EQ(f->etcd->prefix, "/ckptd/default");
+  EXPECT_EQ(f->etcd->lease_ttl_seconds, 3);
+  EXPECT_TRUE(f->state_dir.empty());
+  f = ParseCoordinatorFlags(Replicated({"--etcd-prefix", "/ckptd/prod", "--etcd-lease-ttl", "10s", "--advertise",
+                                        "coord-0.example:7000", "--etcd-ca", "/ca", "--etcd-cert", "/c", "--etcd-key",
+                                        "/k", "--etcd-user", "ckptd", "--etcd-password-file", "/pw"}));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->etcd->prefix, "/ckptd/prod");
+  EXPECT_EQ(f->etcd->lease_ttl_seconds, 10);
+  EXPECT_EQ(f->etcd->advertise, "coord-0.example:7000");
+  EXPECT_EQ(f->etcd->tls.ca, "/ca");
+  EXPECT_EQ(f->etcd->tls.cert, "/c");
+  EXPECT_EQ(f->etcd->tls.key, "/k");
+  EXPECT_EQ(f->etcd->user, "ckptd");
+  EXPECT_EQ(f->etcd->password_file, "/pw");
+  // With --insecure-agents, no agent token file is needed.
+  EXPECT_TRUE(ParseCoordinatorFlags({"--listen", ":7000", "--storage-root", "/r", "--etcd-endpoints", "e:2379",
+                                     "--operator-token-file", "/op", "--insecure-agents"})
+                  .ok());
+}
+
+TEST(CoordinatorFlagsTest, EtcdFlagsThatDoNotFitAreRefused) {
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--state-dir", "/s"})),
+              FailsNaming("--state-dir and --etcd-endpoints exclude each other"));
+  EXPECT_THAT(ParseCoordinatorFlags({"--listen", ":1", "--storage-root", "/r"}),
+              FailsNaming("--state-dir (one coordinator) or --etcd-endpoints (replicated) is required"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--etcd-prefix", "/x"})), FailsNaming("--etcd-prefix needs --etcd-endpoints"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--advertise", "h:1"})), FailsNaming("--advertise needs --etcd-endpoints"));
+  EXPECT_THAT(ParseCoordinatorFlags({"--listen", ":1", "--storage-root", "/r", "--etcd-endpoints", "e:2379",
+                                     "--agent-token-file", "/ag"}),
+              FailsNaming("needs --operator-token-file"));
+  EXPECT_THAT(ParseCoordinatorFlags({"--listen", ":1", "--storage-root", "/r", "--etcd-endpoints", "e:2379",
+                                     "--operator-token-file", "/op"}),
+              FailsNaming("needs --agent-token-file"));
+  std::vector<std::string> args = Replicated({});
+  args[5] = "e1:2379,nonsense";
+  EXPECT_THAT(ParseCoordinatorFlags(args), FailsNaming("--etcd-endpoints: etcd endpoint \"nonsense\""));
+  for (const char* prefix : {"", "ckptd", "/ckptd/"}) {
+    EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-prefix", prefix})), FailsNaming("--etcd-prefix")) << prefix;
+  }
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-prefix", "/" + std::string(300, 'p')})),
+              FailsNaming("at most 256 bytes"));
+  for (const char* ttl : {"1s", "61s", "2500ms", "x", "0s"}) {
+    EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-lease-ttl", ttl})),
+                FailsNaming("--etcd-lease-ttl: \"" + std::string(ttl) + "\""));
+  }
+  EXPECT_TRUE(ParseCoordinatorFlags(Replicated({"--etcd-lease-ttl", "2s"})).ok());
+  EXPECT_TRUE(ParseCoordinatorFlags(Replicated({"--etcd-lease-ttl", "1m"})).ok());
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-cert", "/c"})), FailsNaming("--etcd-cert and --etcd-key"));
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-cert", "/c", "--etcd-key", "/k"})),
+              FailsNaming("--etcd-cert needs --etcd-ca"));
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--etcd-user", "u"})),
+              FailsNaming("--etcd-user and --etcd-password-file go together"));
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--advertise", ":7000"})), FailsNaming("--advertise"));
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--advertise", "h:0"})), FailsNaming("--advertise"));
+}
+#else
+TEST(CoordinatorFlagsTest, WithoutEtcdInTheBuildEtcdEndpointsAreRefused) {
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({})), FailsNaming("built without etcd"));
+}
+#endif
 
 }  // namespace
 }  // namespace ckptd::coordinator

@@ -17,10 +17,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "base/clock.h"
 #include "base/flags.h"
+#include "base/host_port.h"
 #include "base/logger.h"
 #include "base/open_files.h"
 #include "base/posix_error.h"
@@ -28,7 +32,18 @@
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/flags.h"
+#include "coordinator/standby_service.h"
 #include "coordinator/state_store.h"
+#ifdef CKPTD_HAVE_ETCD
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "coordinator/etcd_state_store.h"
+#include "etcd/etcd_client.h"
+#include "etcd/leader_election.h"
+#endif
 #include "metrics/http_server.h"
 #include "metrics/registry.h"
 #include "rpc/operator_token.h"
@@ -180,6 +195,241 @@ int WriteGeneratedToken(const co::CoordinatorFlags& flags, absl::string_view fil
   return ckptd::base::kExitOk;
 }
 
+// The service's credentials: the operator and agent tokens (generated ones
+// still to be written, as `*operator_generated` and `*agent_generated` say).
+// kExitOk, or the exit code after saying what failed.
+int ServiceCredentials(const co::CoordinatorFlags& flags, co::CoordinatorServiceOptions* o, bool* operator_generated,
+                       bool* agent_generated) {
+  if (int code = OperatorToken(flags, o->operator_token, operator_generated); code != ckptd::base::kExitOk) {
+    return code;
+  }
+  if (int code = AgentToken(flags, o->agent_token, agent_generated); code != ckptd::base::kExitOk) return code;
+  // One token for both would let every agent act as an operator.
+  if (o->agent_token == o->operator_token) {
+    std::cerr << "ckptd-coordinator: the agent token and the operator token are the same; give each a token of its "
+                 "own (--agent-token-file, --operator-token-file)\n";
+    return kExitUsage;
+  }
+  o->insecure_agents = flags.insecure_agents;
+  return ckptd::base::kExitOk;
+}
+
+// The metrics endpoint of --metrics-listen (null without it); kExitOk, or the
+// exit code after saying what failed.
+int StartMetrics(const co::CoordinatorFlags& flags, ckptd::metrics::Registry& registry,
+                 std::unique_ptr<ckptd::metrics::HttpServer>* http) {
+  if (!flags.metrics_listen) return ckptd::base::kExitOk;
+  absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> started =
+      ckptd::metrics::HttpServer::Start(*flags.metrics_listen, ckptd::metrics::MetricsHandler(registry));
+  if (!started.ok()) {
+    return Fail(absl::StrCat("--metrics-listen ", *flags.metrics_listen), started.status(), kExitUnavailable);
+  }
+  *http = *std::move(started);
+  return ckptd::base::kExitOk;
+}
+
+#ifdef CKPTD_HAVE_ETCD
+// The address standbys name for this replica: --advertise, else --listen
+// with the port bound and, for no host or a wildcard one, this host's name.
+std::string AdvertisedAddress(const co::CoordinatorFlags& flags, int port) {
+  if (!flags.etcd->advertise.empty()) return flags.etcd->advertise;
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = ckptd::base::ParseHostPort(flags.listen);
+  std::string host = hp.ok() ? hp->first : std::string();
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    char name[256] = {};
+    host = ::gethostname(name, sizeof(name) - 1) == 0 ? name : "localhost";
+  }
+  if (absl::StrContains(host, ':')) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<std::string> ReadPasswordFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string password(absl::StripTrailingAsciiWhitespace(ss.str()));
+  if (password.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " is empty"));
+  return password;
+}
+
+// One leadership: the state store on etcd, the core recovered from it and
+// storage, the service on the --listen port. Gone when the leadership ends.
+struct Leadership {
+  int64_t epoch = 0;
+  std::unique_ptr<co::StateStore> state;
+  std::unique_ptr<co::CoordinatorCore> core;
+  ckptd::metrics::CollectorHandle collector;
+  std::unique_ptr<co::CoordinatorService> service;
+  co::CoordinatorServer server;
+
+  ~Leadership() {
+    if (server.server != nullptr) co::ShutdownCoordinatorServer(server.server.get());
+    service.reset();  // stops the ticker
+    collector.Reset();
+    core.reset();
+    state.reset();
+  }
+};
+
+// Replicated coordinators (--etcd-endpoints): campaigns through etcd, serves
+// as the leader while it leads and as a standby otherwise, until SIGINT or
+// SIGTERM (then resigns, so that another takes over at once).
+int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                  const co::CoordinatorServiceOptions& service_options, ckptd::storage::CheckpointStore* store,
+                  ckptd::base::Clock* clock, co::CoordinatorMetrics* metrics, const sigset_t& stop_signals) {
+  const co::CoordinatorFlags::Etcd& e = *flags.etcd;
+  ckptd::etcd::EtcdOptions etcd_options;
+  etcd_options.endpoints = e.endpoints;
+  etcd_options.tls = e.tls;
+  etcd_options.user = e.user;
+  if (!e.password_file.empty()) {
+    absl::StatusOr<std::string> password = ReadPasswordFile(e.password_file);
+    if (!password.ok()) return Fail("--etcd-password-file", password.status(), kExitUsage);
+    etcd_options.password = *password;
+  }
+  absl::StatusOr<std::unique_ptr<ckptd::etcd::EtcdClient>> etcd = ckptd::etcd::EtcdClient::Connect(etcd_options);
+  if (!etcd.ok()) return Fail("etcd", etcd.status(), kExitUsage);
+
+  // The standby answer names the leader the election knows.
+  std::atomic<ckptd::etcd::LeaderElection*> election_for_answers{nullptr};
+  std::string advertise;
+  auto answer = [&]() {
+    co::StandbyAnswer a;
+    ckptd::etcd::LeaderElection* el = election_for_answers.load();
+    const ckptd::etcd::LeaderInfo info = el != nullptr ? el->Leader() : ckptd::etcd::LeaderInfo();
+    if (info.candidate.empty() || info.self) {
+      a.message = absl::StrCat("ckptd-coordinator ", advertise,
+                               " is a standby and no coordinator leads at the moment (an election is under way); "
+                               "retry shortly");
+    } else {
+      a.message = absl::StrCat("ckptd-coordinator ", advertise, " is a standby; the leader is ", info.candidate,
+                               " (epoch ", info.epoch, ")");
+      a.leader = info.candidate;
+    }
+    return a;
+  };
+  // gRPC takes a generic service for one server only: each standby spell
+  // has a service of its own.
+  struct Standby {
+    std::unique_ptr<co::StandbyService> service;
+    co::CoordinatorServer server;
+    ~Standby() {
+      if (server.server != nullptr) co::ShutdownCoordinatorServer(server.server.get(), absl::ZeroDuration());
+    }
+  };
+  auto start_standby = [&](const std::string& address) -> absl::StatusOr<std::unique_ptr<Standby>> {
+    auto s = std::make_unique<Standby>();
+    s->service = std::make_unique<co::StandbyService>(answer);
+    absl::StatusOr<co::CoordinatorServer> server = co::StartStandbyServer(address, s->service.get(), credentials);
+    if (!server.ok()) return server.status();
+    s->server = std::move(*server);
+    return s;
+  };
+  absl::StatusOr<std::unique_ptr<Standby>> first = start_standby(flags.listen);
+  if (!first.ok()) {
+    return Fail(absl::StrCat("--listen ", flags.listen), first.status(),
+                absl::IsInvalidArgument(first.status()) ? kExitUsage : kExitUnavailable);
+  }
+  std::unique_ptr<Standby> standby = std::move(*first);
+  const int port = standby->server.port;
+  const std::string listen = WithPort(flags.listen, port);
+  advertise = AdvertisedAddress(flags, port);
+
+  ckptd::etcd::ElectionOptions election_options;
+  election_options.key = absl::StrCat(e.prefix, "/leader");
+  election_options.candidate = advertise;
+  election_options.lease_ttl_seconds = e.lease_ttl_seconds;
+  election_options.keepalive_every = absl::Seconds(e.lease_ttl_seconds) / 3;
+  election_options.poll_every = absl::Milliseconds(250);
+  ckptd::etcd::LeaderElection election(etcd->get(), election_options);
+  election_for_answers = &election;
+  if (absl::Status s = election.Start(); !s.ok()) return Fail("election", s, kExitUsage);
+  std::cerr << "ckptd-coordinator: replicated through etcd " << absl::StrJoin(e.endpoints, ",") << " under "
+            << e.prefix << " as " << advertise << " (lease TTL " << e.lease_ttl_seconds << "s)\n";
+  std::cerr << "ckptd-coordinator: standby on " << listen << std::endl;
+
+  std::atomic<bool> stopping{false};
+  std::thread signals([&] {
+    int sig = 0;
+    while (sigwait(&stop_signals, &sig) != 0) {
+    }
+    std::cerr << "ckptd-coordinator: stopping on signal " << sig << "\n";
+    stopping = true;
+  });
+
+  std::unique_ptr<Leadership> leading;
+  ckptd::etcd::LeaderInfo known;
+  while (!stopping) {
+    const ckptd::etcd::LeaderInfo info = election.AwaitChange(known, absl::Milliseconds(200));
+    if (stopping) break;
+    known = info;
+    if (leading != nullptr && (!info.self || info.epoch != leading->epoch)) {
+      std::cerr << "ckptd-coordinator: no longer the leader of epoch " << leading->epoch
+                << (info.self ? absl::StrCat(" (leading again, as epoch ", info.epoch, ")")
+                    : info.candidate.empty()
+                        ? std::string()
+                        : absl::StrCat(" (", info.candidate, " leads, epoch ", info.epoch, ")"))
+                << "; standing by" << std::endl;
+      leading.reset();
+    }
+    if (info.self && leading == nullptr) {
+      const absl::Time won = absl::Now();
+      auto l = std::make_unique<Leadership>();
+      l->epoch = info.epoch;
+      absl::StatusOr<std::unique_ptr<co::StateStore>> state =
+          co::OpenEtcdStateStore(etcd->get(), &election, co::EtcdStateStoreOptions{e.prefix, 10'000, 1000});
+      absl::Status recovered = state.status();
+      if (recovered.ok()) {
+        l->state = std::move(*state);
+        co::CoordinatorOptions options = flags.options;
+        // A replica that lost its leadership writes nothing more.
+        options.may_write = [&election] { return election.Leading().status(); };
+        options.epoch = static_cast<uint64_t>(info.epoch);
+        l->core = std::make_unique<co::CoordinatorCore>(store, l->state.get(), clock, options, metrics);
+        recovered = l->core->Recover();
+      }
+      if (!recovered.ok()) {
+        std::cerr << "ckptd-coordinator: leading (epoch " << info.epoch
+                  << ") but cannot recover the state: " << recovered.message() << "; stepping down\n";
+        election.Fenced(info.epoch, "recovery failed");
+        continue;
+      }
+      l->collector = metrics->Watch(l->core.get());
+      l->service = std::make_unique<co::CoordinatorService>(l->core.get(), service_options);
+      standby.reset();
+      absl::StatusOr<co::CoordinatorServer> server = co::StartCoordinatorServer(listen, l->service.get(), credentials);
+      if (!server.ok()) {
+        std::cerr << "ckptd-coordinator: leading but cannot serve on " << listen << ": " << server.status().message()
+                  << "; stepping down\n";
+        election.Fenced(info.epoch, "cannot serve");
+        l.reset();
+      } else {
+        l->server = std::move(*server);
+        leading = std::move(l);
+        std::cerr << "ckptd-coordinator: leading (epoch " << info.epoch << "), serving on " << listen << " after "
+                  << absl::FormatDuration(absl::Now() - won) << " of recovery" << std::endl;
+      }
+    }
+    if (leading == nullptr && standby == nullptr) {
+      absl::StatusOr<std::unique_ptr<Standby>> again = start_standby(listen);
+      if (again.ok()) {
+        standby = std::move(*again);
+      } else {
+        std::cerr << "ckptd-coordinator: cannot serve as a standby on " << listen << ": " << again.status().message()
+                  << "\n";
+      }
+    }
+  }
+  leading.reset();
+  standby.reset();
+  election_for_answers = nullptr;
+  election.Stop();  // resigns
+  signals.join();
+  return ckptd::base::kExitOk;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,6 +460,31 @@ int main(int argc, char** argv) {
     return Fail("storage root", s, kExitFailed);
   }
   ckptd::objstore::AbortAbandonedUploads(*root, std::cerr, "ckptd-coordinator");
+#ifdef CKPTD_HAVE_ETCD
+  if (flags->etcd) {
+    co::CoordinatorServiceOptions service_options;
+    bool generated = false;
+    if (int code = ServiceCredentials(*flags, &service_options, &generated, &generated); code != ckptd::base::kExitOk) {
+      return code;
+    }
+    ckptd::base::RealClock clock;
+    ckptd::storage::CheckpointStore store(root->fs, flags->storage_root, &clock);
+    ckptd::metrics::Registry registry;
+    absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
+    if (!metrics.ok()) return Fail("metrics", metrics.status(), kExitFailed);
+    std::unique_ptr<ckptd::metrics::HttpServer> http;
+    if (int code = StartMetrics(*flags, registry, &http); code != ckptd::base::kExitOk) return code;
+    if (http != nullptr) {
+      std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*flags->metrics_listen, http->port())
+                << "/metrics\n";
+    }
+    std::cerr << "ckptd-coordinator: storage root " << root->description
+              << (flags->tls ? ", mutual TLS" : ", no TLS") << "\n";
+    const int code = RunReplicated(*flags, *credentials, service_options, &store, &clock, metrics->get(), stop_signals);
+    if (http != nullptr) http->Stop();
+    return code;
+  }
+#endif
   // The lock comes first: nothing in the state directory (the database, the
   // token) is touched while another coordinator runs on it.
   if (absl::Status s = ckptd::storage::CreateDirs(fs.get(), flags->state_dir); !s.ok()) {
@@ -227,22 +502,11 @@ int main(int argc, char** argv) {
   }
   co::CoordinatorServiceOptions service_options;
   bool token_generated = false;
-  if (int code = OperatorToken(*flags, service_options.operator_token, &token_generated);
-      code != ckptd::base::kExitOk) {
-    return code;
-  }
   bool agent_token_generated = false;
-  if (int code = AgentToken(*flags, service_options.agent_token, &agent_token_generated);
+  if (int code = ServiceCredentials(*flags, &service_options, &token_generated, &agent_token_generated);
       code != ckptd::base::kExitOk) {
     return code;
   }
-  // One token for both would let every agent act as an operator.
-  if (service_options.agent_token == service_options.operator_token) {
-    std::cerr << "ckptd-coordinator: the agent token and the operator token are the same; give each a token of its "
-                 "own (--agent-token-file, --operator-token-file)\n";
-    return kExitUsage;
-  }
-  service_options.insecure_agents = flags->insecure_agents;
 
   ckptd::base::RealClock clock;
   ckptd::storage::CheckpointStore store(root->fs, flags->storage_root, &clock);
@@ -254,14 +518,7 @@ int main(int argc, char** argv) {
   ckptd::metrics::CollectorHandle collector = (*metrics)->Watch(&core);
 
   std::unique_ptr<ckptd::metrics::HttpServer> http;
-  if (flags->metrics_listen) {
-    absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> started =
-        ckptd::metrics::HttpServer::Start(*flags->metrics_listen, ckptd::metrics::MetricsHandler(registry));
-    if (!started.ok()) {
-      return Fail(absl::StrCat("--metrics-listen ", *flags->metrics_listen), started.status(), kExitUnavailable);
-    }
-    http = *std::move(started);
-  }
+  if (int code = StartMetrics(*flags, registry, &http); code != ckptd::base::kExitOk) return code;
   auto service = std::make_unique<co::CoordinatorService>(&core, service_options);
   absl::StatusOr<co::CoordinatorServer> server = co::StartCoordinatorServer(flags->listen, service.get(), *credentials);
   if (!server.ok()) {

@@ -1,0 +1,251 @@
+// Replicated ckptd-coordinator binaries on a real etcd: one leads, the others
+// stand by naming it, and one takes over when the leader is killed, paused or
+// stopped, with the state the leader kept in etcd.
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/testing/eventually.h"
+#include "base/testing/matchers.h"
+#include "base/testing/temp_dir.h"
+#include "ckptd/v1/coordinator.grpc.pb.h"
+#include "coordinator/standby_service.h"
+#include "coordinator/testing_coordinator_process.h"
+#include "etcd/testing_etcd.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "rpc/grpc_status.h"
+
+namespace ckptd::coordinator {
+namespace {
+
+using ::ckptd::coordinator::testing::CoordinatorProcess;
+using ::ckptd::coordinator::testing::NumberAfter;
+using ::ckptd::testing::Eventually;
+using ::testing::HasSubstr;
+
+constexpr char kOperatorToken[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+constexpr char kAgentToken[] = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+
+class ReplicatedCoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CKPTD_START_ETCD_OR_SKIP(etcd, 1);
+    etcd_ = std::move(etcd);
+    for (const auto& [name, token] : {std::pair("operator-token", kOperatorToken), std::pair("agent-token", kAgentToken)}) {
+      std::ofstream(dir_.Sub(name)) << token << "\n";
+      ::chmod(dir_.Sub(name).c_str(), 0600);
+    }
+  }
+
+  std::unique_ptr<CoordinatorProcess> Start(const std::string& name, std::vector<std::string> extra = {}) {
+    std::vector<std::string> flags = {"--listen", "127.0.0.1:0", "--storage-root", dir_.Sub("root"),
+                                      "--etcd-endpoints", etcd_->endpoints(), "--etcd-prefix", "/ckptd/test",
+                                      "--operator-token-file", dir_.Sub("operator-token"),
+                                      "--agent-token-file", dir_.Sub("agent-token"),
+                                      "--heartbeat-interval", "100ms", "--every", "5"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return std::make_unique<CoordinatorProcess>(flags, dir_.Sub(name + ".log"));
+  }
+
+  // The port a replica serves on (as a standby first); 0 when it did not start.
+  static int Port(CoordinatorProcess& c) {
+    int port = 0;
+    (void)Eventually(
+        [&] {
+          port = NumberAfter(c.Log(), "standby on 127.0.0.1:").value_or(0);
+          return port != 0 || c.Exited(absl::ZeroDuration());
+        },
+        absl::Seconds(30));
+    return port;
+  }
+
+  // GetClusterStatus on `port`: its status, and the ckptd-leader trailer.
+  static std::pair<absl::Status, std::string> Status(int port, ckptd::v1::GetClusterStatusResponse* out = nullptr) {
+    auto stub = ckptd::v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ckptd::v1::GetClusterStatusResponse resp;
+    const grpc::Status s = stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &resp);
+    if (out != nullptr) *out = resp;
+    std::string leader;
+    auto it = ctx.GetServerTrailingMetadata().find(kLeaderMetadataKey);
+    if (it != ctx.GetServerTrailingMetadata().end()) leader = std::string(it->second.data(), it->second.size());
+    return {rpc::FromGrpcStatus(s), leader};
+  }
+
+  // Registers a node with one rank of `job` at the leader on `port`.
+  static absl::Status Register(int port, const std::string& job) {
+    auto stub = ckptd::v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id("node-0");
+    ckptd::v1::RankInfo* r = req.add_ranks();
+    r->set_job(job);
+    r->set_rank(0);
+    r->set_world_size(1);
+    r->set_pid(4242);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAgentToken));
+    ckptd::v1::RegisterAgentResponse resp;
+    return rpc::FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp));
+  }
+
+  static bool Leads(CoordinatorProcess& c) { return c.Log().find("leading (epoch") != std::string::npos; }
+
+  // Starts replica a, waits until it leads, then replica b (a standby); their
+  // ports in pa_ and pb_.
+  void StartLeaderThenStandby(const std::vector<std::string>& extra = {}) {
+    a_ = Start("a", extra);
+    pa_ = Port(*a_);
+    ASSERT_GT(pa_, 0) << a_->Log();
+    ASSERT_TRUE(Eventually([&] { return Leads(*a_); }, absl::Seconds(15))) << a_->Log();
+    b_ = Start("b", extra);
+    pb_ = Port(*b_);
+    ASSERT_GT(pb_, 0) << b_->Log();
+  }
+
+  ckptd::testing::TempDir dir_{"ckptd_replicated_"};
+  std::unique_ptr<CoordinatorProcess> a_, b_;
+  int pa_ = 0, pb_ = 0;
+  std::unique_ptr<etcd::testing::EtcdCluster> etcd_;
+};
+
+TEST_F(ReplicatedCoordinatorTest, OneLeadsTheOtherNamesItAndTakesOverWithTheStateWhenItIsKilled) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  CoordinatorProcess* a = a_.get();
+  CoordinatorProcess* b = b_.get();
+  const int pa = pa_;
+  const int pb = pb_;
+
+  EXPECT_THAT(Status(pa).first, ::ckptd::testing::IsOk());
+  // The standby answers UNAVAILABLE, naming the leader in words and metadata.
+  std::pair<absl::Status, std::string> standby;
+  ASSERT_TRUE(Eventually([&] {
+    standby = Status(pb);
+    return !standby.second.empty();
+  })) << standby.first;
+  EXPECT_THAT(standby.first, ::ckptd::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                                         HasSubstr(absl::StrCat("the leader is 127.0.0.1:", pa))));
+  EXPECT_EQ(standby.second, absl::StrCat("127.0.0.1:", pa));
+
+  // A job the leader records (in etcd, with its next tick).
+  ASSERT_THAT(Register(pa, "replicated-job"), ::ckptd::testing::IsOk());
+  absl::SleepFor(absl::Seconds(1));
+
+  const absl::Time killed = absl::Now();
+  a->Signal(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return Status(pb).first.ok(); }, absl::Seconds(15), absl::Milliseconds(50)))
+      << b->Log();
+  const absl::Duration failover = absl::Now() - killed;
+  std::cerr << "failover after SIGKILL of the leader (lease TTL 3s): " << absl::FormatDuration(failover) << "\n";
+  // The target is 5 s with the default 3 s lease; a loaded test
+  // machine gets some slack.
+  EXPECT_LT(failover, absl::Seconds(8));
+  ckptd::v1::GetClusterStatusResponse status;
+  ASSERT_THAT(Status(pb, &status).first, ::ckptd::testing::IsOk());
+  EXPECT_THAT(status.DebugString(), HasSubstr("replicated-job")) << b->Log();
+  EXPECT_THAT(b->Log(), HasSubstr("leading (epoch"));
+}
+
+TEST_F(ReplicatedCoordinatorTest, APausedLeaderIsReplacedAndStandsByWhenItResumes) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  CoordinatorProcess* a = a_.get();
+  CoordinatorProcess* b = b_.get();
+  const int pa = pa_;
+  const int pb = pb_;
+
+  a->Signal(SIGSTOP);
+  ASSERT_TRUE(Eventually([&] { return Status(pb).first.ok(); }, absl::Seconds(15), absl::Milliseconds(50)))
+      << b->Log();
+  a->Signal(SIGCONT);
+  // It notices its lease lapsed, says so, and names the new leader.
+  ASSERT_TRUE(Eventually([&] { return a->Log().find("no longer the leader") != std::string::npos; },
+                         absl::Seconds(10)))
+      << a->Log();
+  EXPECT_THAT(a->Log(), HasSubstr("stepping down"));
+  std::pair<absl::Status, std::string> answer;
+  ASSERT_TRUE(Eventually([&] {
+    answer = Status(pa);
+    return answer.second == absl::StrCat("127.0.0.1:", pb);
+  })) << answer.first << "\n" << a->Log();
+  EXPECT_TRUE(absl::IsUnavailable(answer.first));
+  EXPECT_THAT(Status(pb).first, ::ckptd::testing::IsOk());
+}
+
+TEST_F(ReplicatedCoordinatorTest, AStoppedLeaderResignsAndTheStandbyTakesOverAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby({"--etcd-lease-ttl", "30s"}));
+  CoordinatorProcess* a = a_.get();
+  CoordinatorProcess* b = b_.get();
+  const int pb = pb_;
+  ASSERT_TRUE(Eventually([&] { return !Status(pb).second.empty(); }));
+  const absl::Time stopped = absl::Now();
+  EXPECT_EQ(a->Stop(), 0) << a->Log();
+  ASSERT_TRUE(Eventually([&] { return Status(pb).first.ok(); }, absl::Seconds(10), absl::Milliseconds(50)))
+      << b->Log();
+  // Not the 30 s lease: the leader resigned.
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(5));
+}
+
+// Whether the coordinator on `port` serves and lists `node` as alive.
+bool ListsAliveNode(int port, const std::string& node) {
+  ckptd::v1::GetClusterStatusResponse status;
+  auto stub = ckptd::v1::Coordinator::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!stub->GetClusterStatus(&ctx, ckptd::v1::GetClusterStatusRequest(), &status).ok()) return false;
+  for (const auto& a : status.agents()) {
+    if (a.node_id() == node && a.alive()) return true;
+  }
+  return false;
+}
+
+// Runs `argv` to its end (at most 30 s): its exit code and output.
+std::pair<int, std::string> RunToEnd(const std::vector<std::string>& argv, const std::string& log) {
+  CoordinatorProcess::Spawned p(argv, log);
+  const int code = p.Wait(absl::Seconds(30));
+  return {code, p.Log()};
+}
+
+TEST_F(ReplicatedCoordinatorTest, AgentsAndCkptctlGivenTheReplicasFollowTheLeaderAcrossAFailover) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  CoordinatorProcess* a = a_.get();
+  CoordinatorProcess* b = b_.get();
+  const int pa = pa_;
+  const int pb = pb_;
+  ASSERT_TRUE(Eventually([&] { return !Status(pb).second.empty(); }));
+  // The standby first: the agent is sent on to the leader.
+  const std::string both = absl::StrCat("127.0.0.1:", pb, ",127.0.0.1:", pa);
+  CoordinatorProcess::Spawned agent({CKPTD_AGENT_BIN, "--storage-root", dir_.Sub("root"), "--socket",
+                                     dir_.Sub("agent.sock"), "--coordinator", both, "--node-id", "node-a",
+                                     "--agent-token-file", dir_.Sub("agent-token"), "--threads", "2"},
+                                    dir_.Sub("agent.log"));
+  ASSERT_TRUE(Eventually([&] { return ListsAliveNode(pa, "node-a"); }, absl::Seconds(20))) << agent.Log();
+  auto [code, out] = RunToEnd({CKPTD_CTL_BIN, "status", "--coordinator", both}, dir_.Sub("ctl1.log"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("node-a"));
+
+  const absl::Time killed = absl::Now();
+  a->Signal(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return ListsAliveNode(pb, "node-a"); }, absl::Seconds(20), absl::Milliseconds(50)))
+      << agent.Log() << b->Log();
+  std::cerr << "from the leader's SIGKILL to the agent registered with the new leader: "
+            << absl::FormatDuration(absl::Now() - killed) << "\n";
+  EXPECT_THAT(agent.Log(), HasSubstr(absl::StrCat("registered with coordinator 127.0.0.1:", pb)));
+  // The dead replica first in the list: ckptctl goes on to the live one.
+  std::tie(code, out) = RunToEnd({CKPTD_CTL_BIN, "status", "--coordinator", absl::StrCat("127.0.0.1:", pa, ",127.0.0.1:", pb)},
+                            dir_.Sub("ctl2.log"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("node-a"));
+}
+
+}  // namespace
+}  // namespace ckptd::coordinator
