@@ -122,21 +122,25 @@ std::string ImplName(const ::testing::TestParamInfo<Impl>& info) {
 }
 
 #ifdef CKPTD_HAVE_ETCD
-// One etcd for every test of this binary; each test its own prefix, leading
-// it through an election of its own.
+// One etcd for every test of this binary (stopped when the tests end); each
+// test its own prefix, leading it through an election of its own.
 class EtcdForTests {
  public:
   // Null (with `why`) when etcd cannot start.
   static EtcdForTests* Get(std::string* why) {
-    static absl::StatusOr<std::unique_ptr<etcd::testing::EtcdCluster>>* cluster =
-        new absl::StatusOr<std::unique_ptr<etcd::testing::EtcdCluster>>(etcd::testing::EtcdCluster::Start(1));
-    if (!cluster->ok()) {
-      *why = cluster->status().ToString();
-      return nullptr;
+    std::unique_ptr<EtcdForTests>& self = Instance();
+    if (self == nullptr) {
+      absl::StatusOr<std::unique_ptr<etcd::testing::EtcdCluster>> cluster = etcd::testing::EtcdCluster::Start(1);
+      if (!cluster.ok()) {
+        *why = cluster.status().ToString();
+        return nullptr;
+      }
+      self.reset(new EtcdForTests(std::move(*cluster)));
     }
-    static EtcdForTests* self = new EtcdForTests((**cluster)->endpoints());
-    return self;
+    return self.get();
   }
+  // Stops the stores' elections, then etcd.
+  static void Reset() { Instance().reset(); }
 
   // A store under a fresh prefix (or `prefix`), led by an election of its own.
   std::unique_ptr<StateStore> Open(const StateStoreOptions& options, std::string prefix = "") {
@@ -160,14 +164,26 @@ class EtcdForTests {
   }
 
  private:
-  explicit EtcdForTests(const std::string& endpoints) {
+  explicit EtcdForTests(std::unique_ptr<etcd::testing::EtcdCluster> cluster) : cluster_(std::move(cluster)) {
     etcd::EtcdOptions options;
-    options.endpoints = {endpoints};
+    options.endpoints = {cluster_->endpoints()};
     client_ = std::move(etcd::EtcdClient::Connect(options).value());
   }
+  static std::unique_ptr<EtcdForTests>& Instance() {
+    static std::unique_ptr<EtcdForTests>* instance = new std::unique_ptr<EtcdForTests>();
+    return *instance;
+  }
+  // Destroyed last to first: the elections, the client, then etcd.
+  std::unique_ptr<etcd::testing::EtcdCluster> cluster_;
   std::unique_ptr<etcd::EtcdClient> client_;
   std::vector<std::unique_ptr<etcd::LeaderElection>> elections_;  // kept: stores refer to them
 };
+
+class StopEtcdAtTheEnd : public ::testing::Environment {
+ public:
+  void TearDown() override { EtcdForTests::Reset(); }
+};
+::testing::Environment* const kStopEtcd = ::testing::AddGlobalTestEnvironment(new StopEtcdAtTheEnd);
 #endif
 
 // The contract every StateStore keeps.
