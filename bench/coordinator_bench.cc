@@ -8,6 +8,7 @@
 #include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -44,9 +45,13 @@
 #include "base/flags.h"
 #include "base/format.h"
 #include "base/json.h"
+#include "base/random.h"
 #include "base/thread_pool.h"
 #include "bench/bench_util.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
+#ifdef CKPTD_HAVE_ETCD
+#include "etcd/etcd_client.h"
+#endif
 #include "grpcpp/grpcpp.h"
 #include "storage/layout.h"
 #include "storage/posix_file_system.h"
@@ -63,6 +68,7 @@ const char kCoordinatorHelp[] =
     "usage: ckptd-bench coordinator [--agents 10000] [--ranks 4096] [--ranks-per-agent 8] [--rate 1]\n"
     "                               [--seconds 30] [--checkpoints 20] [--channels 64]\n"
     "                               [--retain N] [--coordinator-bin PATH] [--dir DIR] [--keep] [--json]\n"
+    "                               [--etcd-endpoints H:P,...]\n"
     "\n"
     "Starts ckptd-coordinator (default: next to this binary) on a scratch storage\n"
     "root and state folder under DIR (default $TMPDIR or /tmp) and simulates\n"
@@ -89,6 +95,11 @@ const char kCoordinatorHelp[] =
     "  coordinator_commit_*  the coordinator's own ckptd_commit_latency_seconds\n"
     "                     (last report received to manifest durable), per step\n"
     "--retain N is passed to the coordinator as --keep N (default: its own, 2).\n"
+    "With --etcd-endpoints the coordinator runs replicated (its state in that etcd,\n"
+    "under a prefix of its own) and the bench also reports what it writes there:\n"
+    "  etcd_writes_per_s_steady   etcd revisions per second in the steady window\n"
+    "  etcd_writes_per_checkpoint revisions per checkpoint, heartbeats going on\n"
+    "  etcd_db_bytes              the first member's database size at the end\n"
     "The shard files the coordinator checks at commit (a small real shard per rank\n"
     "and step) are written before anything is timed. Without --keep the scratch\n"
     "folder is removed afterwards. The bench raises its open-file limit to the hard\n"
@@ -235,9 +246,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(co
     for (size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
       std::string line = buf.substr(0, nl);
       buf.erase(0, nl + 1);
-      constexpr std::string_view kListening = "listening on ";
+      // A replicated coordinator says "leading (epoch N), serving on ADDR after ...".
+      constexpr std::string_view kServing = "serving on ";
+      std::string_view kListening = "listening on ";
       constexpr std::string_view kMetrics = "metrics on http://";
-      const size_t at = line.find(kListening);
+      size_t at = line.find(kListening);
+      if (at == std::string::npos && (at = line.find(kServing)) != std::string::npos) kListening = kServing;
       proc->AddLine(line);
       if (const size_t m = line.find(kMetrics); m != std::string::npos) {
         const std::string url = line.substr(m + kMetrics.size());  // host:port/metrics
@@ -248,6 +262,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(co
       }
       if (at != std::string::npos) {
         proc->address_ = line.substr(at + kListening.size());
+        proc->address_ = proc->address_.substr(0, proc->address_.find(' '));
         proc->drain_ = std::thread([p = proc.get(), rest = buf] { p->Drain(rest); });
         return proc;
       }
@@ -871,6 +886,62 @@ CheckpointOutcome RunCheckpoint(std::vector<Connection>& conns, const std::vecto
 }
 
 // What one run measured.
+// With --etcd-endpoints: the flags that make the coordinator replicated
+// (a prefix of its own, the operator token it needs in a file), and etcd's
+// revision, which grows by one with every write.
+class EtcdWatch {
+ public:
+  absl::StatusOr<std::vector<std::string>> Start(const std::string& endpoints, const std::string& dir) {
+#ifdef CKPTD_HAVE_ETCD
+    etcd::EtcdOptions o;
+    o.endpoints = {endpoints};
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> c = etcd::EtcdClient::Connect(o);
+    if (!c.ok()) return c.status();
+    client_ = std::move(*c);
+    absl::StatusOr<std::string> suffix = base::RandomHex(8);
+    absl::StatusOr<std::string> token = base::RandomHex(32);
+    if (!suffix.ok() || !token.ok()) return absl::InternalError("no random bytes");
+    prefix_ = absl::StrCat("/ckptd-bench/", *suffix);
+    const std::string token_file = storage::JoinPath(dir, "operator-token");
+    {
+      std::ofstream out(token_file);
+      out << *token << "\n";
+    }
+    ::chmod(token_file.c_str(), 0600);
+    return std::vector<std::string>{"--etcd-endpoints", endpoints, "--etcd-prefix", prefix_,
+                                    "--operator-token-file", token_file};
+#else
+    return absl::FailedPreconditionError("--etcd-endpoints: this build has no etcd client");
+#endif
+  }
+  // etcd's revision now; none without etcd (or when it does not answer).
+  std::optional<int64_t> Revision() {
+#ifdef CKPTD_HAVE_ETCD
+    if (client_ == nullptr) return std::nullopt;
+    etcd::pb::RangeRequest r;
+    r.set_key(prefix_);
+    r.set_count_only(true);
+    absl::StatusOr<etcd::pb::RangeResponse> got = client_->Range(r);
+    if (got.ok()) return got->header().revision();
+#endif
+    return std::nullopt;
+  }
+  std::optional<int64_t> DbBytes() {
+#ifdef CKPTD_HAVE_ETCD
+    if (client_ == nullptr) return std::nullopt;
+    absl::StatusOr<etcd::pb::StatusResponse> s = client_->MemberStatus(0);
+    if (s.ok()) return s->dbsize();
+#endif
+    return std::nullopt;
+  }
+
+ private:
+#ifdef CKPTD_HAVE_ETCD
+  std::unique_ptr<etcd::EtcdClient> client_;
+  std::string prefix_;
+#endif
+};
+
 struct Results {
   uint64_t rank_agents = 0;
   uint64_t nofile_limit = 0;
@@ -895,6 +966,10 @@ struct Results {
   uint64_t broken = 0;
   uint64_t agents_alive = 0;
   uint64_t coordinator_committed = 0;  // as GetClusterStatus counts them
+  // With --etcd-endpoints: what the coordinator wrote to etcd.
+  std::optional<double> etcd_writes_per_s_steady;
+  std::optional<double> etcd_writes_per_checkpoint;
+  std::optional<int64_t> etcd_db_bytes;
 };
 
 struct Flags {
@@ -907,6 +982,7 @@ struct Flags {
   uint64_t channels = 64;
   uint64_t retain = 0;  // the coordinator's --keep; 0: its default
   std::string coordinator_bin;
+  std::string etcd_endpoints;  // replicated coordinator: its etcd
   std::string dir;
 };
 
@@ -962,6 +1038,9 @@ bool WriteResults(const Flags& f, const Results& r, bool json, std::ostream& out
   w.Field("checkpoints_committed", static_cast<uint64_t>(latency_ms.size()));
   w.Field("coordinator_checkpoints_committed", r.coordinator_committed);
   w.Field("manifests_verified", r.manifests_verified);
+  if (r.etcd_writes_per_s_steady) w.Field("etcd_writes_per_s_steady", *r.etcd_writes_per_s_steady);
+  if (r.etcd_writes_per_checkpoint) w.Field("etcd_writes_per_checkpoint", *r.etcd_writes_per_checkpoint);
+  if (r.etcd_db_bytes) w.Field("etcd_db_bytes", *r.etcd_db_bytes);
   w.Field("all_committed", all_committed);
   w.Field("report_send_p50_ms", Percentile(send_ms, 50));
   w.Field("report_send_max_ms", Percentile(send_ms, 100));
@@ -1034,7 +1113,7 @@ bool WriteResults(const Flags& f, const Results& r, bool json, std::ostream& out
 int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   absl::StatusOr<Args> args = Args::Parse(argv,
                                           {"agents", "ranks", "ranks-per-agent", "rate", "seconds", "checkpoints",
-                                           "channels", "coordinator-bin", "dir", "retain"},
+                                           "channels", "coordinator-bin", "dir", "retain", "etcd-endpoints"},
                                           {"json", "keep", "help"});
   if (args.ok() && args->Has("help")) {
     out << kCoordinatorHelp;
@@ -1081,6 +1160,7 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   }
   f.channels = std::min(f.channels, f.agents);
   f.coordinator_bin = args->Get("coordinator-bin").value_or(SelfDir() + "/ckptd-coordinator");
+  f.etcd_endpoints = args->Get("etcd-endpoints").value_or("");
   const char* tmpdir = std::getenv("TMPDIR");
   f.dir = args->Get("dir").value_or(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp");
   const bool json = args->Has("json");
@@ -1120,11 +1200,18 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   const int64_t lost_ms = std::max<int64_t>(5000, 5 * interval_ms);
   std::vector<std::string> coordinator_args = {
       "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--storage-root", root,
-      "--state-dir", state_dir, "--heartbeat-interval", absl::StrCat(interval_ms, "ms"),
-      "--node-lost-after", absl::StrCat(lost_ms, "ms"),
+      "--heartbeat-interval", absl::StrCat(interval_ms, "ms"), "--node-lost-after", absl::StrCat(lost_ms, "ms"),
       // The simulated agents present no node credential (checking one is a
       // comparison per call, nothing a load test needs to measure).
       "--insecure-agents"};
+  EtcdWatch etcd_watch;
+  if (f.etcd_endpoints.empty()) {
+    coordinator_args.insert(coordinator_args.end(), {"--state-dir", state_dir});
+  } else {
+    absl::StatusOr<std::vector<std::string>> replicated = etcd_watch.Start(f.etcd_endpoints, state_dir);
+    if (!replicated.ok()) return fail(std::string(replicated.status().message()));
+    coordinator_args.insert(coordinator_args.end(), replicated->begin(), replicated->end());
+  }
   if (f.retain > 0) coordinator_args.insert(coordinator_args.end(), {"--keep", absl::StrCat(f.retain)});
   absl::StatusOr<std::unique_ptr<CoordinatorProcess>> coordinator =
       CoordinatorProcess::Start(f.coordinator_bin, coordinator_args, absl::Seconds(30));
@@ -1198,6 +1285,7 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   std::this_thread::sleep_for(period);
 
   // 5. Steady window: heartbeats only.
+  const std::optional<int64_t> rev0 = etcd_watch.Revision();
   const uint64_t acked0 = totals.acked.load(), sent0 = totals.sent.load(), skipped0 = totals.skipped.load();
   const std::optional<ProcUsage> coord0 = ReadProcUsage(coord.pid());
   const std::optional<ProcUsage> self0 = ReadProcUsage(::getpid());
@@ -1206,6 +1294,7 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   std::this_thread::sleep_for(std::chrono::nanoseconds(std::llround(f.seconds * 1e9)));
   totals.recording = false;
   const SteadyClock::time_point w1 = SteadyClock::now();
+  const std::optional<int64_t> rev1 = etcd_watch.Revision();
   const std::optional<ProcUsage> coord1 = ReadProcUsage(coord.pid());
   const std::optional<ProcUsage> self1 = ReadProcUsage(::getpid());
   const uint64_t acked1 = totals.acked.load(), sent1 = totals.sent.load(), skipped1 = totals.skipped.load();
@@ -1221,8 +1310,10 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   r.sent_per_s = static_cast<double>(sent1 - sent0) / r.window_s;
   r.skipped = skipped1 - skipped0;
   r.ack_ms = TakeAckLatencies(&totals);
+  if (rev0 && rev1) r.etcd_writes_per_s_steady = static_cast<double>(*rev1 - *rev0) / r.window_s;
 
   // 6. Checkpoints, with the heartbeats going on.
+  const std::optional<int64_t> rev2 = etcd_watch.Revision();
   const int senders = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
   const std::optional<ProcUsage> ckpt_cpu0 = ReadProcUsage(coord.pid());
   const SteadyClock::time_point c0 = SteadyClock::now();
@@ -1241,6 +1332,12 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   const SteadyClock::time_point c1 = SteadyClock::now();
   const std::optional<ProcUsage> ckpt_cpu1 = ReadProcUsage(coord.pid());
   r.checkpointing_ack_ms = TakeAckLatencies(&totals);
+  // The records of the last commits are saved at the coordinator's next ticks.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (const std::optional<int64_t> rev3 = etcd_watch.Revision(); rev2 && rev3) {
+    r.etcd_writes_per_checkpoint = static_cast<double>(*rev3 - *rev2) / static_cast<double>(f.checkpoints);
+  }
+  r.etcd_db_bytes = etcd_watch.DbBytes();
   if (ckpt_cpu0 && ckpt_cpu1) {
     r.checkpointing_cores = (ckpt_cpu1->cpu_seconds - ckpt_cpu0->cpu_seconds) / (MsBetween(c0, c1) / 1000);
   }

@@ -11,6 +11,9 @@
 #include "bench/overhead_bench.h"
 #include "bench/persist_bench.h"
 #include "bench/snapshot_bench.h"
+#ifdef CKPTD_HAVE_ETCD
+#include "etcd/testing_etcd.h"
+#endif
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -54,6 +57,28 @@ TEST(CoordinatorBenchTest, SmallRunCommitsEveryCheckpointAndReportsTheFields) {
   EXPECT_GE(fields.at("commit_latency_max_ms").number_value(), fields.at("commit_latency_p50_ms").number_value());
   EXPECT_FALSE(fields.contains("coordinator_exit")) << out.str();
 }
+
+#ifdef CKPTD_HAVE_ETCD
+TEST(CoordinatorBenchTest, AReplicatedCoordinatorCommitsAndTheWritesToEtcdAreCounted) {
+  CKPTD_START_ETCD_OR_SKIP(etcd, 1);
+  std::ostringstream out, err;
+  const int rc = RunCoordinatorBench({"--agents", "20", "--ranks", "16", "--seconds", "2", "--checkpoints", "3",
+                                      "--rate", "4", "--channels", "4", "--coordinator-bin", CKPTD_COORDINATOR_BINARY,
+                                      "--etcd-endpoints", etcd->endpoints(), "--json"},
+                                     out, err);
+  ASSERT_EQ(rc, base::kExitOk) << err.str();
+  google::protobuf::Struct json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out.str(), &json).ok()) << out.str();
+  const auto& fields = json.fields();
+  EXPECT_EQ(fields.at("checkpoints_committed").number_value(), 3);
+  ASSERT_TRUE(fields.contains("etcd_writes_per_checkpoint")) << out.str();
+  // Each commit saves the job's record (heartbeats write nothing).
+  EXPECT_GE(fields.at("etcd_writes_per_checkpoint").number_value(), 1);
+  EXPECT_LT(fields.at("etcd_writes_per_checkpoint").number_value(), 10);
+  EXPECT_LT(fields.at("etcd_writes_per_s_steady").number_value(), 5);
+  EXPECT_GT(fields.at("etcd_db_bytes").number_value(), 0);
+}
+#endif
 
 TEST(CoordinatorBenchTest, TooFewAgentsForTheRanksIsAUsageError) {
   std::ostringstream out, err;
