@@ -365,12 +365,10 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
     if (stopping) break;
     known = info;
     if (leading != nullptr && (!info.self || info.epoch != leading->epoch)) {
-      std::cerr << "ckptd-coordinator: no longer the leader of epoch " << leading->epoch
-                << (info.self ? absl::StrCat(" (leading again, as epoch ", info.epoch, ")")
-                    : info.candidate.empty()
-                        ? std::string()
-                        : absl::StrCat(" (", info.candidate, " leads, epoch ", info.epoch, ")"))
-                << "; standing by" << std::endl;
+      std::cerr << "ckptd-coordinator: no longer the leader of epoch " << leading->epoch << " ("
+                << (info.self ? absl::StrCat("leading again, as epoch ", info.epoch)
+                              : std::string(election.Leading().status().message()))
+                << "); standing by" << std::endl;
       leading.reset();
     }
     if (info.self && leading == nullptr) {

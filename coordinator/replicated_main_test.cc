@@ -34,8 +34,10 @@ constexpr char kAgentToken[] = "fedcba9876543210fedcba9876543210fedcba9876543210
 
 class ReplicatedCoordinatorTest : public ::testing::Test {
  protected:
+  explicit ReplicatedCoordinatorTest(int etcd_members = 1) : etcd_members_(etcd_members) {}
+
   void SetUp() override {
-    CKPTD_START_ETCD_OR_SKIP(etcd, 1);
+    CKPTD_START_ETCD_OR_SKIP(etcd, etcd_members_);
     etcd_ = std::move(etcd);
     for (const auto& [name, token] : {std::pair("operator-token", kOperatorToken), std::pair("agent-token", kAgentToken)}) {
       std::ofstream(dir_.Sub(name)) << token << "\n";
@@ -112,6 +114,7 @@ class ReplicatedCoordinatorTest : public ::testing::Test {
     ASSERT_GT(pb_, 0) << b_->Log();
   }
 
+  const int etcd_members_;
   ckptd::testing::TempDir dir_{"ckptd_replicated_"};
   std::unique_ptr<CoordinatorProcess> a_, b_;
   int pa_ = 0, pb_ = 0;
@@ -167,10 +170,13 @@ TEST_F(ReplicatedCoordinatorTest, APausedLeaderIsReplacedAndStandsByWhenItResume
       << b->Log();
   a->Signal(SIGCONT);
   // It notices its lease lapsed, says so, and names the new leader.
-  ASSERT_TRUE(Eventually([&] { return a->Log().find("no longer the leader") != std::string::npos; },
-                         absl::Seconds(10)))
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const std::string log = a->Log();
+        return log.find("no longer the leader") != std::string::npos && log.find("stepping down") != std::string::npos;
+      },
+      absl::Seconds(10)))
       << a->Log();
-  EXPECT_THAT(a->Log(), HasSubstr("stepping down"));
   std::pair<absl::Status, std::string> answer;
   ASSERT_TRUE(Eventually([&] {
     answer = Status(pa);
@@ -245,6 +251,49 @@ TEST_F(ReplicatedCoordinatorTest, AgentsAndCkptctlGivenTheReplicasFollowTheLeade
                             dir_.Sub("ctl2.log"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("node-a"));
+}
+
+// The same on a cluster of three etcd members.
+class ReplicatedOnThreeMembersTest : public ReplicatedCoordinatorTest {
+ protected:
+  ReplicatedOnThreeMembersTest() : ReplicatedCoordinatorTest(3) {}
+};
+
+TEST_F(ReplicatedOnThreeMembersTest, AMemberLostChangesNothingAQuorumLostStopsServiceUntilItReturns) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  ASSERT_THAT(Register(pa_, "quorum-job"), ::ckptd::testing::IsOk());
+  absl::SleepFor(absl::Seconds(1));  // the job's record reaches etcd at a tick
+
+  // One member of three lost: the leader goes on.
+  ASSERT_TRUE(etcd_->Kill(2).ok());
+  absl::SleepFor(absl::Seconds(5));
+  EXPECT_THAT(Status(pa_).first, ::ckptd::testing::IsOk()) << a_->Log();
+  EXPECT_EQ(a_->Log().find("stepping down"), std::string::npos) << a_->Log();
+
+  // Two lost: no lease can be renewed; the leader steps down saying why, and
+  // no replica serves.
+  ASSERT_TRUE(etcd_->Kill(1).ok());
+  ASSERT_TRUE(Eventually([&] { return a_->Log().find("no longer the leader") != std::string::npos; },
+                         absl::Seconds(15)))
+      << a_->Log();
+  EXPECT_THAT(a_->Log(), HasSubstr("cut off from etcd"));
+  EXPECT_TRUE(absl::IsUnavailable(Status(pa_).first));
+  EXPECT_TRUE(absl::IsUnavailable(Status(pb_).first));
+
+  // The quorum returns: a replica leads again, with the job's record.
+  ASSERT_TRUE(etcd_->Restart(1, /*wait_healthy=*/false).ok());
+  ASSERT_TRUE(etcd_->Restart(2, /*wait_healthy=*/false).ok());
+  int serving = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        serving = Status(pa_).first.ok() ? pa_ : Status(pb_).first.ok() ? pb_ : 0;
+        return serving != 0;
+      },
+      absl::Seconds(40), absl::Milliseconds(200)))
+      << a_->Log() << b_->Log();
+  ckptd::v1::GetClusterStatusResponse status;
+  ASSERT_THAT(Status(serving, &status).first, ::ckptd::testing::IsOk());
+  EXPECT_THAT(status.DebugString(), HasSubstr("quorum-job"));
 }
 
 }  // namespace

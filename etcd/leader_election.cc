@@ -67,7 +67,8 @@ absl::StatusOr<int64_t> LeaderElection::Leading() const {
   if (leader_.self && absl::Now() < lease_expiry_) return leader_.epoch;
   if (leader_.self) {
     return absl::FailedPreconditionError(
-        absl::StrCat("this coordinator's leadership (epoch ", leader_.epoch, ") may have expired; stepping down"));
+        absl::StrCat("this coordinator's leadership (epoch ", leader_.epoch,
+                     ") may have expired: its lease was not renewed within the TTL (paused, or cut off from etcd)"));
   }
   if (leader_.candidate.empty()) return absl::FailedPreconditionError("no coordinator leads at the moment");
   return absl::FailedPreconditionError(
