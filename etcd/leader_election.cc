@@ -1,5 +1,6 @@
 #include "etcd/leader_election.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +117,7 @@ pb::Compare LeaderElection::Guard(int64_t epoch) const {
 void LeaderElection::PauseKeepAliveForTesting(bool paused) {
   absl::MutexLock l(&mu_);
   paused_ = paused;
+  ++changes_;
 }
 
 void LeaderElection::StepDown(absl::string_view why) {
@@ -142,12 +144,19 @@ bool LeaderElection::Sleep(absl::Duration d) {
 void LeaderElection::Run() {
   for (;;) {
     bool leading;
-    int64_t abandoned;
+    bool paused;
+    int64_t abandoned = 0;
     {
       absl::MutexLock l(&mu_);
       if (stop_) return;
       leading = leader_.self;
-      abandoned = std::exchange(abandoned_lease_, 0);
+      paused = paused_;
+      if (!paused) abandoned = std::exchange(abandoned_lease_, 0);
+    }
+    if (paused) {
+      // As a stopped process: no renewal, no campaign, nothing sent.
+      if (!Sleep(std::min(options_.keepalive_every, options_.poll_every))) return;
+      continue;
     }
     if (abandoned != 0) (void)etcd_->LeaseRevoke(abandoned);
     if (leading) {
@@ -233,7 +242,6 @@ void LeaderElection::Renew() {
                             " ago); paused, or cut off from etcd"));
       return;
     }
-    if (paused_) return;
     lease = lease_;
     epoch = leader_.epoch;
   }

@@ -84,8 +84,9 @@ class LeaderElection {  // thread-safe
 
   const ElectionOptions& options() const { return options_; }
 
-  // Tests: while paused, the leader sends no keep-alive (as if the process
-  // were stopped), so its lease runs out in etcd.
+  // Tests: while paused, the election sends nothing to etcd (no keep-alive,
+  // no campaign), as if the process were stopped, so a leader's lease runs
+  // out in etcd.
   void PauseKeepAliveForTesting(bool paused);
 
  private:
