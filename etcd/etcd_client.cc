@@ -86,7 +86,10 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const EtcdOption
   for (const std::string& endpoint : client->endpoints_) {
     auto m = std::make_unique<Member>();
     m->endpoint = endpoint;
-    m->stubs = client->Dial(endpoint);
+    {
+      absl::MutexLock l(&m->mu);
+      m->stubs = client->Dial(endpoint);
+    }
     client->members_.push_back(std::move(m));
   }
   return client;
