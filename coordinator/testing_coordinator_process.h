@@ -41,80 +41,73 @@ inline std::optional<int> NumberAfter(const std::string& text, const std::string
   return n;
 }
 
-// One run of the binary with stderr (and stdout) in a file.
-class CoordinatorProcess {
+// A binary (argv[0] its path) run with stderr (and stdout) in a file, and
+// killed (SIGCONT first, should it be stopped) when the object goes.
+class SpawnedProcess {
  public:
-  // Any binary (argv[0] its path), run the same way: an agent or ckptctl
-  // beside the coordinators.
-  class Spawned {
-   public:
-    Spawned(const std::vector<std::string>& argv, std::string log) : log_(std::move(log)) {
-      std::vector<std::string> args = argv;
-      std::vector<char*> cargv;
-      for (std::string& a : args) cargv.push_back(a.data());
-      cargv.push_back(nullptr);
-      posix_spawn_file_actions_t fa;
-      posix_spawn_file_actions_init(&fa);
-      posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      posix_spawn_file_actions_adddup2(&fa, 2, 1);
-      if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
-      posix_spawn_file_actions_destroy(&fa);
-    }
-    ~Spawned() {
-      if (pid_ > 0) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, nullptr, 0);
-      }
-    }
-    std::string Log() const { return ReadAll(log_); }
-    // The exit code once it ends within `wait` (128 + signal when killed);
-    // -1 when it is still running.
-    int Wait(absl::Duration wait) {
-      int code = -1;
-      (void)::ckptd::testing::Eventually(
-          [&] {
-            int status = 0;
-            if (pid_ <= 0 || ::waitpid(pid_, &status, WNOHANG) != pid_) return false;
-            pid_ = -1;
-            code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-            return true;
-          },
-          wait, absl::Milliseconds(20));
-      return code;
-    }
-
-   private:
-    std::string log_;
-    pid_t pid_ = -1;
-  };
-
-  CoordinatorProcess(std::vector<std::string> args, std::string log) : log_(std::move(log)) {
-    std::vector<std::string> argv = {CKPTD_COORDINATOR_BINARY};
-    argv.insert(argv.end(), args.begin(), args.end());
+  SpawnedProcess(const std::vector<std::string>& argv, std::string log) : log_(std::move(log)) {
+    std::vector<std::string> args = argv;
     std::vector<char*> cargv;
-    for (std::string& a : argv) cargv.push_back(a.data());
+    for (std::string& a : args) cargv.push_back(a.data());
     cargv.push_back(nullptr);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 2, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 2, 1);
-    if (posix_spawn(&pid_, CKPTD_COORDINATOR_BINARY, &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ) != 0) {
+      pid_ = -1;
+      exit_code_ = 127;  // as a shell says of a command it cannot run
+    }
     posix_spawn_file_actions_destroy(&fa);
   }
-  ~CoordinatorProcess() {
+  ~SpawnedProcess() {
     if (pid_ > 0) {
       ::kill(pid_, SIGCONT);
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
   }
+  SpawnedProcess(const SpawnedProcess&) = delete;
+  SpawnedProcess& operator=(const SpawnedProcess&) = delete;
 
   pid_t pid() const { return pid_; }
+  std::string Log() const { return ReadAll(log_); }
+  // The exit code once it ends within `wait` (128 + signal when killed);
+  // -1 when it is still running. After it ended, the same code again.
+  int Wait(absl::Duration wait) {
+    if (pid_ <= 0) return exit_code_;
+    (void)::ckptd::testing::Eventually(
+        [&] {
+          int status = 0;
+          if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
+          pid_ = -1;
+          exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          return true;
+        },
+        wait, absl::Milliseconds(10));
+    return pid_ > 0 ? -1 : exit_code_;
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+};
+
+// One run of ckptd-coordinator (CKPTD_COORDINATOR_BINARY).
+class CoordinatorProcess {
+ public:
+  // Any binary, run the same way: an agent or ckptctl beside the coordinators.
+  using Spawned = SpawnedProcess;
+
+  CoordinatorProcess(std::vector<std::string> args, std::string log) : process_(WithBinary(std::move(args)), log) {}
+
+  pid_t pid() const { return process_.pid(); }
   // Sends `sig` (SIGKILL, SIGSTOP, SIGCONT, ...) to the process.
   void Signal(int sig) {
-    if (pid_ > 0) ::kill(pid_, sig);
+    if (pid() > 0) ::kill(pid(), sig);
   }
-  std::string Log() const { return ReadAll(log_); }
+  std::string Log() const { return process_.Log(); }
 
   // Waits for "listening on 127.0.0.1:<port>"; 0 when the process ended or
   // it took too long.
@@ -137,32 +130,23 @@ class CoordinatorProcess {
   int metrics_port() const { return metrics_port_; }
 
   // Whether the process ended within `wait`; its exit code then in exit_code().
-  bool Exited(absl::Duration wait) {
-    if (pid_ <= 0) return true;
-    return ::ckptd::testing::Eventually(
-        [this] {
-          int status = 0;
-          if (::waitpid(pid_, &status, WNOHANG) != pid_) return false;
-          pid_ = -1;
-          exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          return true;
-        },
-        wait, absl::Milliseconds(10));
-  }
-  int exit_code() const { return exit_code_; }
+  bool Exited(absl::Duration wait) { return process_.Wait(wait) >= 0; }
+  int exit_code() { return process_.Wait(absl::ZeroDuration()); }
 
   // SIGTERM, then the exit code (-1 if it did not stop within 30 s).
   int Stop() {
-    if (pid_ > 0) ::kill(pid_, SIGTERM);
-    return Exited(absl::Seconds(30)) ? exit_code_ : -1;
+    Signal(SIGTERM);
+    return process_.Wait(absl::Seconds(30));
   }
 
  private:
-  std::string log_;
-  pid_t pid_ = -1;
-  int exit_code_ = -1;
+  static std::vector<std::string> WithBinary(std::vector<std::string> args) {
+    args.insert(args.begin(), CKPTD_COORDINATOR_BINARY);
+    return args;
+  }
+
+  SpawnedProcess process_;
   int metrics_port_ = 0;
 };
-
 
 }  // namespace ckptd::coordinator::testing
