@@ -26,6 +26,7 @@
 #include "base/flags.h"
 #include "base/logger.h"
 #include "base/open_files.h"
+#include "base/stop_signals.h"
 #include "base/status_macros.h"
 #include "objstore/storage_root.h"
 #include "replication/peer_service.h"
@@ -42,11 +43,9 @@ namespace agent = ckptd::agent;
 namespace replication = ckptd::replication;
 namespace storage = ckptd::storage;
 
-volatile std::sig_atomic_t g_stop = 0;
 // How long past --shutdown-grace the agent may take to stop before it
 // exits regardless (the flush allowance of docs/operations.md's budget).
 constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
-void OnSignal(int) { g_stop = 1; }
 
 // Prints "ckptd-agent: <what>: <why>"; returns the exit code of a failure.
 int Fail(absl::string_view what, const absl::Status& why) {
@@ -200,6 +199,9 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
 
 int main(int argc, char** argv) {
   ckptd::base::SetProgramName("ckptd-agent");
+  // Before any thread starts, so that a SIGTERM waits for main() whichever
+  // thread it lands on.
+  const sigset_t stop_signals = ckptd::base::BlockStopSignals();
   absl::StatusOr<agent::AgentFlags> flags = agent::ParseAgentFlags(std::vector<std::string>(argv + 1, argv + argc));
   if (!flags.ok()) {
     std::cerr << "ckptd-agent: " << flags.status().message() << "\n" << agent::kAgentUsage;
@@ -280,19 +282,12 @@ int main(int argc, char** argv) {
     std::cerr << "ckptd-agent: " << server.status().message() << "\n";
     return ckptd::base::kExitUnavailable;
   }
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   std::cerr << "ckptd-agent: serving on unix:" << flags->socket << ", storage root " << root->description
             << (root->object_store ? "" : fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
             << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
             << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
-  while (!g_stop) ::pause();
-  // What is being persisted now ends within the grace period, or stops with
-  // nothing of it left; the log says which of each step.
+  const int sig = ckptd::base::WaitForStopSignal(stop_signals);
   const absl::Time deadline = absl::Now() + flags->shutdown_grace;
-  core->BeginShutdown(deadline);
-  std::cerr << "ckptd-agent: stopping: persisting each trainer's snapshots not yet durable, newest first, within "
-            << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
   // Whatever still runs kShutdownOverrun past the grace period (a restore
   // reading a large step from a slow disk, a peer's fetch, a coordinator
   // that does not answer) does not keep the agent from exiting before the
@@ -306,6 +301,12 @@ int main(int argc, char** argv) {
                  "not answering): exiting now\n";
     std::_Exit(ckptd::base::kExitFailed);
   });
+  // What is being persisted now ends within the grace period, or stops with
+  // nothing of it left; the log says which of each step.
+  std::cerr << "ckptd-agent: stopping on signal " << sig
+            << ": persisting each trainer's snapshots not yet durable, newest first, within "
+            << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
+  core->BeginShutdown(deadline);
   // Calls still running at the deadline are cancelled (a restore waiting
   // for other ranks sees the shutdown and ends); the server waits for their
   // handlers to return.

@@ -2,7 +2,6 @@
 // detects failures, sets the checkpoint schedule, commits global checkpoints
 // and plans restores.
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -28,6 +27,7 @@
 #include "base/logger.h"
 #include "base/open_files.h"
 #include "base/posix_error.h"
+#include "base/stop_signals.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
@@ -64,17 +64,6 @@ using ckptd::base::kExitUsage;
 std::string WithPort(const std::string& listen, int port) {
   const size_t colon = listen.rfind(':');
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
-}
-
-// Blocks SIGINT and SIGTERM, which main() takes by sigwait(); called before
-// any thread starts, so that every thread inherits the mask.
-sigset_t BlockStopSignals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  return stop_signals;
 }
 
 // Mutual TLS with --tls-cert, --tls-key and --tls-ca; none without them.
@@ -351,9 +340,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
 
   std::atomic<bool> stopping{false};
   std::thread signals([&] {
-    int sig = 0;
-    while (sigwait(&stop_signals, &sig) != 0) {
-    }
+    const int sig = ckptd::base::WaitForStopSignal(stop_signals);
     std::cerr << "ckptd-coordinator: stopping on signal " << sig << "\n";
     stopping = true;
   });
@@ -432,7 +419,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
 
 int main(int argc, char** argv) {
   ckptd::base::SetProgramName("ckptd-coordinator");
-  const sigset_t stop_signals = BlockStopSignals();
+  const sigset_t stop_signals = ckptd::base::BlockStopSignals();
   absl::StatusOr<co::CoordinatorFlags> flags =
       co::ParseCoordinatorFlags(std::vector<std::string>(argv + 1, argv + argc));
   if (!flags.ok()) {
@@ -554,9 +541,7 @@ int main(int argc, char** argv) {
             << "\n";
   std::cerr << "ckptd-coordinator: listening on " << WithPort(flags->listen, server->port) << std::endl;
 
-  int sig = 0;
-  while (sigwait(&stop_signals, &sig) != 0) {
-  }
+  const int sig = ckptd::base::WaitForStopSignal(stop_signals);
   std::cerr << "ckptd-coordinator: stopping on signal " << sig << "\n";
   co::ShutdownCoordinatorServer(server->server.get());
   if (http != nullptr) http->Stop();
