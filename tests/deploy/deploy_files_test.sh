@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm) and
 # docs/operations.md checked against each other and against the binaries just
-# built, in a few seconds:
-#   1. Kubernetes: yamllint, Kubernetes' schemas (kubernetes-validate), and a
-#      structural check of every manifest, the sidecar's security settings
-#      included;
+# built, in half a minute:
+#   1. Kubernetes: yamllint, kustomize builds (the commented-out switches
+#      turned on: the replicated coordinators' component ha/, the object
+#      store), Kubernetes' schemas (kubernetes-validate) on the manifests and
+#      the builds, and a structural check of every manifest, the sidecar's
+#      security settings included, and of the build with ha/ (the replicas'
+#      --advertise are the agents' --coordinator list, their --etcd-endpoints
+#      the etcd StatefulSet's members, a PodDisruptionBudget per StatefulSet);
 #   2. systemd: `systemd-analyze verify` and `security --offline` on the units
-#      (ExecStart pointed at BIN_DIR), and their env files against the units;
+#      (ExecStart pointed at BIN_DIR), the coordinator's with the drop-in
+#      ha.conf too, and their env files against the units;
 #   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh and
 #      this test; install.sh into a temporary root;
 #   4. every --flag passed to a ckptd binary in those files (and in
@@ -16,11 +21,16 @@
 #      coordinator.env's flags, an agent with agent.env's, and ckptctl talk
 #      mutual TLS with its certificates;
 #   6. the Dockerfile: its runtime packages hold every shared library the
-#      binaries load; its build packages are ones install-deps installs.
+#      binaries load; its build packages are ones install-deps installs;
+#   7. replicated coordinators: two started as ha.conf does, with
+#      coordinator-ha.env's flags, on a real etcd (one member, loopback):
+#      one leads, the standby names it, and takes over the leader's SIGKILL.
 #
 #   deploy_files_test.sh BIN_DIR [WORK_DIR]
-# Needs yamllint, shellcheck, python3-yaml, openssl and systemd-analyze
-# (scripts/install-deps.sh installs them). Prints ok/FAILED per check and
+# Needs yamllint, shellcheck, python3-yaml, openssl, systemd-analyze and etcd
+# (scripts/install-deps.sh installs them), and kustomize or kubectl (not a
+# Debian package: without it, the builds fail under CI=true and are skipped
+# otherwise, as kubernetes-validate and etcd are). Prints ok/FAILED per check and
 # "N passed, M failed"; exits 1 when any failed.
 set -uo pipefail
 BIN="$(cd "${1:?usage: deploy_files_test.sh BIN_DIR [WORK_DIR]}" && pwd)"
@@ -78,6 +88,45 @@ BINARIES=(ckptd-coordinator ckptd-agent ckptctl ckptd-demo-trainer)
 if need yamllint yamllint; then
   check "yamllint deploy/kubernetes" yamllint -s -c "$K8S/.yamllint" "$K8S"
 fi
+# kustomize builds, with a standalone kustomize or kubectl's (v1.21 or later:
+# components). The switches that are comments in kustomization.yaml (the
+# replicated coordinators, ha/; the object store) are built on a copy with
+# their lines uncommented, as an operator turns them on. Builds go to $W/k8s.
+KUSTOMIZE=()
+if have kustomize; then
+  KUSTOMIZE=(kustomize build)
+elif have kubectl && kubectl kustomize --help >/dev/null 2>&1; then
+  KUSTOMIZE=(kubectl kustomize)
+fi
+kustomize_builds() {
+  local d out="$W/k8s"
+  mkdir -p "$out"
+  for d in . demo sidecar; do
+    "${KUSTOMIZE[@]}" "$K8S/$d" >"$out/build-${d/./base}.yaml" || { echo "kustomize build deploy/kubernetes/$d failed"; return 1; }
+  done
+  # The base with the replicated coordinators' component.
+  rm -rf "$out/ha" && cp -r "$K8S" "$out/ha" || return 1
+  sed -i 's/^# components:$/components:/; s/^#   - ha$/  - ha/' "$out/ha/kustomization.yaml"
+  grep -q '^  - ha$' "$out/ha/kustomization.yaml" || { echo "kustomization.yaml: no commented '# components:' / '#   - ha' switch"; return 1; }
+  "${KUSTOMIZE[@]}" "$out/ha" >"$out/build-ha.yaml" || { echo "kustomize build with components: [ha] failed"; return 1; }
+  # And with the object store too: the base's switch and ha/'s patch for it.
+  rm -rf "$out/ha-s3" && cp -r "$out/ha" "$out/ha-s3" || return 1
+  sed -i '/^# configMapGenerator:$/,$ s/^# \{0,1\}//' "$out/ha-s3/kustomization.yaml"
+  sed -i '/^# With the storage root in an object store/,$ s/^#   /  /' "$out/ha-s3/ha/kustomization.yaml"
+  grep -q '^  - path: object-store.json$' "$out/ha-s3/ha/kustomization.yaml" ||
+    { echo "ha/kustomization.yaml: no commented object-store.json patch"; return 1; }
+  "${KUSTOMIZE[@]}" "$out/ha-s3" >"$out/build-ha-s3.yaml" ||
+    { echo "kustomize build with components: [ha] and the object store failed"; return 1; }
+}
+if [ ${#KUSTOMIZE[@]} -gt 0 ]; then
+  check "kustomize build: deploy/kubernetes, demo, sidecar; with components: [ha]; with ha and the object store" \
+    kustomize_builds
+elif [ "${CI:-}" = true ]; then
+  echo "FAILED: no kustomize (kubectl kustomize, or kustomize) to build deploy/kubernetes with"
+  failures=$((failures + 1))
+else
+  echo "skipped: kustomize builds and the replicated coordinators' manifests (no kustomize, no kubectl kustomize)"
+fi
 k8s_structure() {
   "$PY" - "$K8S" <<'PYEOF'
 import glob, os, re, sys
@@ -89,8 +138,10 @@ def bad(msg):
     problems.append(msg)
 
 KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service"), ("v1", "Secret"),
-         ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("batch/v1", "Job"),
-         ("kustomize.config.k8s.io/v1beta1", "Kustomization")}
+         ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("apps/v1", "StatefulSet"),
+         ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
+         ("kustomize.config.k8s.io/v1beta1", "Kustomization"), ("kustomize.config.k8s.io/v1alpha1", "Component")}
+KUSTOMIZE_KINDS = ("Kustomization", "Component")
 # Secrets the operator creates with kubectl before applying (docs/operations.md).
 EXTERNAL_SECRETS = {"ckptd-operator-token", "ckptd-agent-token"}
 
@@ -118,13 +169,18 @@ for rel, d in docs:
     av, kind = d.get("apiVersion"), d.get("kind")
     if (av, kind) not in KNOWN:
         bad(f"{rel}: unexpected apiVersion/kind {av!r}/{kind!r}")
-    if kind != "Kustomization" and not name_of(d):
+    if kind not in KUSTOMIZE_KINDS and not name_of(d):
         bad(f"{rel}: {kind} without metadata.name")
 
-kusts = [(rel, d) for rel, d in docs if d.get("kind") == "Kustomization"]
-objects = [(rel, d) for rel, d in docs if d.get("kind") != "Kustomization"]
+kusts = [(rel, d) for rel, d in docs if d.get("kind") in KUSTOMIZE_KINDS]
+objects = [(rel, d) for rel, d in docs if d.get("kind") not in KUSTOMIZE_KINDS]
 if not kusts:
     bad("no kustomization.yaml")
+# A Component's manifests change the base's (ha/: the coordinator's
+# replicas); their wiring is checked on the kustomize build with it.
+component_dirs = {os.path.dirname(rel) for rel, k in kusts if k.get("kind") == "Component"}
+def in_component(rel):
+    return os.path.dirname(rel) in component_dirs
 
 # Every manifest is listed by a kustomization, every listed file exists, and
 # every kustomization replaces the image name the containers use.
@@ -155,7 +211,7 @@ pvcs = {name_of(d): d for _, d in by_kind.get("PersistentVolumeClaim", [])}
 secrets = {name_of(d) for _, d in by_kind.get("Secret", [])} | EXTERNAL_SECRETS
 
 workloads = []  # (rel, kind, name, pod template)
-for kind in ("Deployment", "DaemonSet", "Job"):
+for kind in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
     for rel, d in by_kind.get(kind, []):
         spec = d.get("spec") or {}
         tmpl = spec.get("template") or {}
@@ -163,7 +219,7 @@ for kind in ("Deployment", "DaemonSet", "Job"):
         what = f"{rel}: {kind} {name_of(d)}"
         if not labels:
             bad(f"{what}: pod template without labels")
-        if kind in ("Deployment", "DaemonSet"):
+        if kind in ("Deployment", "DaemonSet", "StatefulSet"):
             sel = (spec.get("selector") or {}).get("matchLabels") or {}
             if not sel:
                 bad(f"{what}: no selector.matchLabels")
@@ -209,7 +265,9 @@ for rel, kind, name, d, tmpl in workloads:
     spec = tmpl.get("spec") or {}
     what = f"{rel}: {kind} {name}"
     volumes = spec.get("volumes") or []
-    vol_names = [v.get("name") for v in volumes]
+    # A StatefulSet's volumeClaimTemplates are volumes of each pod too.
+    claim_templates = [(t.get("metadata") or {}).get("name") for t in (d.get("spec") or {}).get("volumeClaimTemplates") or []]
+    vol_names = [v.get("name") for v in volumes] + claim_templates
     if len(set(vol_names)) != len(vol_names):
         bad(f"{what}: duplicate volume names")
     used = set()
@@ -241,7 +299,7 @@ for rel, kind, name, d, tmpl in workloads:
         ports = [p.get("name") for p in c.get("ports") or []]
         if len(set(ports)) != len(ports):
             bad(f"{cw}: duplicate port names")
-        if program(c) in ("ckptd-coordinator", "ckptd-agent", "ckptd-demo-trainer"):
+        if program(c) in ("ckptd-coordinator", "ckptd-agent", "ckptd-demo-trainer") and not in_component(rel):
             if pod_programs(tmpl) >= {"ckptd-agent", "ckptd-demo-trainer"}:
                 continue  # a sidecar pod: checked below, on its own
             if program(c) in roles:
@@ -249,6 +307,9 @@ for rel, kind, name, d, tmpl in workloads:
             roles[program(c)] = (cw, c, spec)
     if pod_programs(tmpl) >= {"ckptd-agent", "ckptd-demo-trainer"}:
         sidecars.append((what, tmpl))
+    for name in claim_templates:
+        if name not in used:
+            bad(f"{what}: volumeClaimTemplate {name!r} is mounted by no container")
     for v in volumes:
         if v.get("name") not in used:
             bad(f"{what}: volume {v.get('name')!r} is mounted by no container")
@@ -500,13 +561,16 @@ PYEOF
 KV="$REPO/.tools/k8s-validate"
 k8s_schemas() {
   local f rc=0
-  for f in $(find "$K8S" -name '*.yaml' ! -name kustomization.yaml | sort); do
+  # The manifests, and what kustomize built of them (the patches applied).
+  for f in $(find "$K8S" -name '*.yaml' ! -name kustomization.yaml | sort) "$W"/k8s/build-*.yaml; do
+    [ -e "$f" ] || continue
     PYTHONPATH="$KV" "$PY" -m kubernetes_validate -k 1.29.0 --strict --quiet "$f" || rc=1
   done
   return $rc
 }
 if PYTHONPATH="$KV" "$PY" -c "import kubernetes_validate" 2>/dev/null; then
-  check "Kubernetes manifests against Kubernetes 1.29's schemas (kubernetes-validate --strict)" k8s_schemas
+  check "Kubernetes manifests and their kustomize builds against Kubernetes 1.29's schemas (kubernetes-validate --strict)" \
+    k8s_schemas
 elif [ "${CI:-}" = true ]; then
   echo "FAILED: kubernetes-validate is missing ($KV; scripts/install-deps.sh installs it from PyPI)"
   failures=$((failures + 1))
@@ -519,24 +583,310 @@ else
   echo "FAILED: python3-yaml is missing ($PY; Debian package python3-yaml; scripts/install-deps.sh installs it)"
   failures=$((failures + 1))
 fi
+# The replicated coordinators, on the build with components: [ha]: the
+# replicas' stable names are the agents' list, the etcd they name is the
+# etcd StatefulSet's members, and each StatefulSet has its budget.
+k8s_ha_structure() {
+  local etcd_bin=""
+  have etcd && etcd_bin="$(command -v etcd)"
+  [ -z "$etcd_bin" ] && [ -x /usr/bin/etcd ] && etcd_bin=/usr/bin/etcd
+  "$PY" - "$W/k8s/build-ha.yaml" "$W/k8s/build-ha-s3.yaml" "$etcd_bin" <<'PYEOF'
+import os, re, subprocess, sys
+import yaml
+
+build, s3_build, etcd_bin = sys.argv[1:]
+problems = []
+def bad(msg):
+    problems.append(msg)
+
+def load(path):
+    return [d for d in yaml.safe_load_all(open(path)) if isinstance(d, dict)]
+
+def name_of(d):
+    return (d.get("metadata") or {}).get("name")
+
+def labels_of(w):
+    return ((w["spec"].get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+def selects(sel, labels):
+    return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+
+def containers(w):
+    spec = w["spec"]["template"]["spec"]
+    return (spec.get("initContainers") or []) + (spec.get("containers") or [])
+
+def program(c):
+    cmd = c.get("command") or []
+    return os.path.basename(cmd[0]) if cmd else None
+
+def words(c):
+    return [str(a) for a in (c.get("command") or [])[1:] + (c.get("args") or [])]
+
+def arg_after(c, flag):
+    """The value of --flag VALUE or --flag=VALUE."""
+    a = words(c)
+    for i, x in enumerate(a):
+        if x == flag and i + 1 < len(a):
+            return a[i + 1]
+        if x.startswith(flag + "="):
+            return x[len(flag) + 1:]
+    return None
+
+def expand(what, c, value, pod, ns):
+    """value with its $(VAR)s as Kubernetes expands them in pod `pod`: only
+    the pod's name and namespace (downward API) are known here."""
+    fields = {e.get("name"): (((e.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"))
+              for e in c.get("env") or []}
+    def sub(m):
+        field = fields.get(m.group(1))
+        if field == "metadata.name":
+            return pod
+        if field == "metadata.namespace":
+            return ns
+        bad(f"{what}: $({m.group(1)}) is not the pod's name or namespace (env fieldRef)")
+        return m.group(0)
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, value or "")
+
+def volume_at(w, c, path):
+    """The volume (or volumeClaimTemplate) whose mount holds path."""
+    spec = w["spec"]["template"]["spec"]
+    vols = {v.get("name"): v for v in spec.get("volumes") or []}
+    for t in w["spec"].get("volumeClaimTemplates") or []:
+        vols[name_of(t)] = {"name": name_of(t), "volumeClaimTemplate": t}
+    best = None
+    for m in c.get("volumeMounts") or []:
+        mp = m.get("mountPath") or ""
+        if path == mp or path.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) > len(best[0]):
+                best = (mp, vols.get(m.get("name")) or {})
+    return best[1] if best else {}
+
+docs = load(build)
+by_kind = {}
+for d in docs:
+    by_kind.setdefault(d.get("kind"), []).append(d)
+workloads = [d for k in ("Deployment", "DaemonSet", "StatefulSet", "Job") for d in by_kind.get(k, [])]
+def running(prog):
+    return [(w, c) for w in workloads for c in containers(w) if program(c) == prog]
+
+coords, etcds, agents = running("ckptd-coordinator"), running("etcd"), running("ckptd-agent")
+for prog, found in (("ckptd-coordinator", coords), ("etcd", etcds), ("ckptd-agent", agents)):
+    if not found:
+        bad(f"no workload runs {prog}")
+if problems:
+    print("\n".join(problems))
+    sys.exit(1)
+
+# The single coordinator is gone: no Deployment, no state volume, no --state-dir.
+for w, c in coords:
+    if w["kind"] != "StatefulSet":
+        bad(f"{w['kind']} {name_of(w)} runs ckptd-coordinator: with ha, only the StatefulSet's replicas may")
+    if arg_after(c, "--state-dir") is not None or "--insecure-agents" in words(c):
+        bad(f"{name_of(w)}: a replica with --state-dir or --insecure-agents")
+if any(name_of(p) == "ckptd-coordinator-state" for p in by_kind.get("PersistentVolumeClaim", [])):
+    bad("the single coordinator's state volume ckptd-coordinator-state is still there")
+if len(running("ckptd-coordinator")) != 1 or len(etcds) != 1:
+    bad("expected one coordinator StatefulSet and one etcd StatefulSet")
+cw, cc = coords[0]
+ew, ec = etcds[0]
+ns = (cw.get("metadata") or {}).get("namespace") or "default"
+for d in docs:
+    if d.get("kind") != "Namespace" and ((d.get("metadata") or {}).get("namespace") or "default") != ns:
+        bad(f"{d.get('kind')} {name_of(d)}: not in the namespace {ns} of the rest")
+
+def port_of(addr):
+    return addr.rsplit(":", 1)[1] if addr and ":" in addr else None
+
+def stateful_set(w, c, least):
+    """Checks a StatefulSet's own setup; returns the stable name of each pod
+    (pod, host) as its headless Service gives it."""
+    what = f"StatefulSet {name_of(w)}"
+    n = w["spec"].get("replicas", 1)
+    if n < least:
+        bad(f"{what}: replicas {n}, fewer than {least}")
+    svc = [s for s in by_kind.get("Service", []) if name_of(s) == w["spec"].get("serviceName")]
+    if not svc:
+        bad(f"{what}: serviceName {w['spec'].get('serviceName')!r} is no Service")
+    else:
+        spec = svc[0]["spec"]
+        if spec.get("clusterIP") != "None":
+            bad(f"{what}: its Service {name_of(svc[0])} is not headless (clusterIP: None)")
+        if spec.get("publishNotReadyAddresses") is not True:
+            bad(f"{what}: its Service {name_of(svc[0])} needs publishNotReadyAddresses: true (names resolve "
+                "before the pods are ready)")
+        if not selects(spec.get("selector"), labels_of(w)):
+            bad(f"{what}: its Service {name_of(svc[0])} does not select its pods")
+    # Spread over nodes.
+    terms = (((w["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {})
+             .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    terms += [t.get("podAffinityTerm") or {} for t in
+              (((w["spec"]["template"]["spec"].get("affinity") or {}).get("podAntiAffinity") or {})
+               .get("preferredDuringSchedulingIgnoredDuringExecution") or [])]
+    if not any(t.get("topologyKey") == "kubernetes.io/hostname" and
+               selects((t.get("labelSelector") or {}).get("matchLabels"), labels_of(w)) for t in terms):
+        bad(f"{what}: no pod anti-affinity across nodes (topologyKey kubernetes.io/hostname, its own pods)")
+    # Exactly one budget, of one pod at a time, selecting these pods only.
+    pdbs = [p for p in by_kind.get("PodDisruptionBudget", [])
+            if selects((p["spec"].get("selector") or {}).get("matchLabels"), labels_of(w))]
+    if len(pdbs) != 1:
+        bad(f"{what}: {len(pdbs)} PodDisruptionBudgets select its pods, not 1")
+    for p in pdbs:
+        if p.get("apiVersion") != "policy/v1" or p["spec"].get("maxUnavailable") != 1 or "minAvailable" in p["spec"]:
+            bad(f"PodDisruptionBudget {name_of(p)}: needs policy/v1 and maxUnavailable: 1 alone")
+        others = [name_of(o) for o in workloads if o is not w and
+                  selects((p["spec"].get("selector") or {}).get("matchLabels"), labels_of(o))]
+        if others:
+            bad(f"PodDisruptionBudget {name_of(p)}: selects the pods of {others} too")
+    # Hardened like the other pods.
+    pod_sc = w["spec"]["template"]["spec"].get("securityContext") or {}
+    for k in containers(w):
+        sc = k.get("securityContext") or {}
+        if (sc.get("allowPrivilegeEscalation") is not False or sc.get("readOnlyRootFilesystem") is not True or
+                "ALL" not in ((sc.get("capabilities") or {}).get("drop") or [])):
+            bad(f"{what}: container {k.get('name')} needs allowPrivilegeEscalation: false, "
+                "readOnlyRootFilesystem: true and capabilities drop ALL")
+        if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+            bad(f"{what}: container {k.get('name')} needs runAsNonRoot: true")
+        if not k.get("readinessProbe") or not k.get("livenessProbe"):
+            bad(f"{what}: container {k.get('name')} needs a readiness and a liveness probe")
+    service = w["spec"].get("serviceName")
+    return [(f"{name_of(w)}-{i}", f"{name_of(w)}-{i}.{service}.{ns}.svc") for i in range(n)]
+
+# The coordinator's replicas and what they advertise.
+replicas = stateful_set(cw, cc, 2)
+listen_port = port_of(arg_after(cc, "--listen"))
+advertised = []
+for pod, host in replicas:
+    a = expand(f"{name_of(cw)}: --advertise", cc, arg_after(cc, "--advertise"), pod, ns)
+    advertised.append(a)
+    if a != f"{host}:{listen_port}":
+        bad(f"{name_of(cw)}: pod {pod} advertises {a!r}, not its stable name {host}:{listen_port} "
+            "(its headless Service's, on its --listen port)")
+for w, c in agents:
+    listed = (arg_after(c, "--coordinator") or "").split(",")
+    if len(listed) > 16:
+        bad(f"{name_of(w)}: --coordinator lists {len(listed)} addresses, more than 16")
+    for a in advertised:
+        if a not in listed:
+            bad(f"{name_of(w)}: replica address {a} is not in the agents' --coordinator {','.join(listed)}")
+    for a in listed:
+        if a not in advertised:
+            bad(f"{name_of(w)}: --coordinator address {a} is no replica's --advertise")
+# Clients keep the Service ckptd-coordinator (metrics, kubectl port-forward).
+if not any(s["spec"].get("clusterIP") != "None" and selects(s["spec"].get("selector"), labels_of(cw))
+           for s in by_kind.get("Service", [])):
+    bad("no (non-headless) Service selects the coordinator replicas")
+
+# The etcd the replicas use is the etcd StatefulSet's members.
+members = stateful_set(ew, ec, 3)
+if len(members) % 2 == 0:
+    bad(f"StatefulSet {name_of(ew)}: an even number of etcd members ({len(members)})")
+endpoints = [expand(f"{name_of(cw)}: --etcd-endpoints", cc, e, replicas[0][0], ns)
+             for e in (arg_after(cc, "--etcd-endpoints") or "").split(",")]
+clients, peers = [], []
+for pod, host in members:
+    what = f"{name_of(ew)}: pod {pod}"
+    if expand(what, ec, arg_after(ec, "--name"), pod, ns) != pod:
+        bad(f"{what}: --name is not the pod's name")
+    client = expand(what, ec, arg_after(ec, "--advertise-client-urls"), pod, ns)
+    peer = expand(what, ec, arg_after(ec, "--initial-advertise-peer-urls"), pod, ns)
+    if not re.fullmatch(r"https?://" + re.escape(host) + r":\d+", client) or \
+            not re.fullmatch(r"https?://" + re.escape(host) + r":\d+", peer):
+        bad(f"{what}: advertises {client} and {peer}, not its stable name {host}")
+    clients.append(re.sub(r"^https?://", "", client))
+    peers.append(f"{pod}={peer}")
+if sorted(endpoints) != sorted(clients):
+    bad(f"the coordinators' --etcd-endpoints {','.join(endpoints)} are not the etcd members {','.join(clients)}")
+cluster = expand(f"{name_of(ew)}: --initial-cluster", ec, arg_after(ec, "--initial-cluster"), members[0][0], ns)
+if sorted(cluster.split(",")) != sorted(peers):
+    bad(f"{name_of(ew)}: --initial-cluster {cluster} is not its members {','.join(peers)}")
+if not arg_after(cc, "--etcd-prefix"):
+    bad(f"{name_of(cw)}: no --etcd-prefix")
+data = volume_at(ew, ec, arg_after(ec, "--data-dir") or "")
+if "volumeClaimTemplate" not in data:
+    bad(f"{name_of(ew)}: --data-dir {arg_after(ec, '--data-dir')} is not on a volumeClaimTemplate (a volume per member)")
+if not re.fullmatch(r"[a-z0-9./-]+/etcd:v3\.[45]\.[0-9]+", ec.get("image") or ""):
+    bad(f"{name_of(ew)}: image {ec.get('image')!r} is not etcd pinned to a 3.4 or 3.5 release tag")
+if etcd_bin:
+    text = subprocess.run([etcd_bin, "--help"], capture_output=True, text=True).stdout
+    known = set(re.findall(r"--([a-z][a-z0-9-]*)", text))
+    for a in words(ec):
+        m = re.match(r"--([a-z][a-z0-9-]*)", a)
+        if m and m.group(1) not in known:
+            bad(f"{name_of(ew)}: {m.group(0)} is not in {etcd_bin} --help")
+# Only the coordinators (and the members) reach etcd's client port.
+policies = [p for p in by_kind.get("NetworkPolicy", []) if selects((p["spec"].get("podSelector") or {}).get("matchLabels"), labels_of(ew))]
+if not policies:
+    bad(f"no NetworkPolicy selects the etcd pods")
+elif not any(selects(((f.get("podSelector") or {}).get("matchLabels")), labels_of(cw))
+             for p in policies for r in p["spec"].get("ingress") or [] for f in r.get("from") or []):
+    bad("the etcd NetworkPolicy lets the coordinators in from nowhere")
+
+# Credentials and storage, as the single coordinator has them.
+def secret(w, c, flag):
+    return (volume_at(w, c, arg_after(c, flag) or "").get("secret") or {}).get("secretName")
+for flag in ("--operator-token-file", "--agent-token-file"):
+    if not secret(cw, cc, flag):
+        bad(f"{name_of(cw)}: {flag} is not on a Secret (every replica must take the same token)")
+root = (volume_at(cw, cc, arg_after(cc, "--storage-root") or "").get("persistentVolumeClaim") or {}).get("claimName")
+for w, c in agents:
+    if secret(w, c, "--agent-token-file") != secret(cw, cc, "--agent-token-file"):
+        bad(f"{name_of(w)}: --agent-token-file is not the replicas' agent token Secret")
+    if (volume_at(w, c, arg_after(c, "--storage-root") or "").get("persistentVolumeClaim") or {}).get("claimName") != root or not root:
+        bad(f"{name_of(w)}: --storage-root is not on the replicas' checkpoint volume")
+
+# With the object store too: the replicas take the ConfigMap's storage root
+# and keep their own environment.
+for w in load(s3_build):
+    if w.get("kind") == "StatefulSet" and name_of(w) == name_of(cw):
+        c = [k for k in containers(w) if program(k) == "ckptd-coordinator"][0]
+        env = {e.get("name"): e for e in c.get("env") or []}
+        if arg_after(c, "--storage-root") != "$(CKPTD_STORAGE_ROOT)" or \
+                (((env.get("CKPTD_STORAGE_ROOT") or {}).get("valueFrom") or {}).get("configMapKeyRef") or {}).get("name") != "ckptd-s3":
+            bad("with the object store: the replicas' --storage-root is not $(CKPTD_STORAGE_ROOT) from the ConfigMap ckptd-s3")
+        if "POD_NAME" not in env or "POD_NAMESPACE" not in env:
+            bad("with the object store: the replicas lost POD_NAME or POD_NAMESPACE (their --advertise)")
+        if any("persistentVolumeClaim" in v for v in w["spec"]["template"]["spec"].get("volumes") or []):
+            bad("with the object store: the replicas still mount the checkpoint volume")
+        break
+else:
+    bad(f"the object-store build has no StatefulSet {name_of(cw)}")
+
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+if [ -s "$W/k8s/build-ha.yaml" ] && [ -s "$W/k8s/build-ha-s3.yaml" ]; then
+  check "Kubernetes ha: replicas' --advertise are the agents' --coordinator list, --etcd-endpoints the etcd members, budgets, spread" \
+    k8s_ha_structure
+fi
 
 # -------------------------------------------------------------- 2. systemd
-mkdir -p "$W/units"
+mkdir -p "$W/units" "$W/units-ha/ckptd-coordinator.service.d"
 for u in ckptd-coordinator.service ckptd-agent.service; do
   sed -e "s|/usr/local/bin/|$BIN/|g" -e "s|EnvironmentFile=/etc/ckptd/|EnvironmentFile=$SYSD/|" "$SYSD/$u" >"$W/units/$u"
 done
+# A replica of replicated coordinators: the unit with the drop-in ha.conf.
+cp "$W/units/ckptd-coordinator.service" "$W/units-ha/"
+sed -e "s|/usr/local/bin/|$BIN/|g" -e "s|EnvironmentFile=/etc/ckptd/|EnvironmentFile=$SYSD/|" "$SYSD/ha.conf" \
+  >"$W/units-ha/ckptd-coordinator.service.d/ha.conf"
 verify_units() {
   local out
   out="$(cd "$W/units" && systemd-analyze verify ckptd-coordinator.service ckptd-agent.service 2>&1)" || { echo "$out"; return 1; }
   # Any word about our units (unknown keys are only warnings) fails.
   if grep -i ckptd <<<"$out"; then return 1; fi
+  # The same for the coordinator with the drop-in (read from the unit's .d folder).
+  out="$(cd "$W/units-ha" && systemd-analyze verify ckptd-coordinator.service 2>&1)" || { echo "$out"; return 1; }
+  if grep -i ckptd <<<"$out"; then return 1; fi
   return 0
 }
 if need systemd-analyze systemd; then
-  check "systemd-analyze verify ckptd-coordinator.service ckptd-agent.service" verify_units
+  check "systemd-analyze verify ckptd-coordinator.service ckptd-agent.service, and the coordinator with ha.conf" \
+    verify_units
   # --threshold counts tenths: 30 is an exposure of 3.0 ("OK" in its words).
-  check "systemd-analyze security --offline: exposure at most 3.0" \
-    bash -c "cd '$W/units' && systemd-analyze security --offline=true --threshold=30 ckptd-coordinator.service ckptd-agent.service >/dev/null"
+  check "systemd-analyze security --offline: exposure at most 3.0 (the coordinator with ha.conf too)" \
+    bash -c "cd '$W/units' && systemd-analyze security --offline=true --threshold=30 ckptd-coordinator.service ckptd-agent.service >/dev/null &&
+      cd '$W/units-ha' && systemd-analyze security --offline=true --threshold=30 ckptd-coordinator.service >/dev/null"
 fi
 units_match_env() {
   "$PY" - "$SYSD" <<'PYEOF'
@@ -582,6 +932,40 @@ for u, e in (("ckptd-coordinator.service", "coordinator.env"), ("ckptd-agent.ser
         problems.append(f"{u}: DynamicUser= removes the staging memory (RemoveIPC) and changes the socket's owner")
 if len(roots) != 1:
     problems.append(f"coordinator.env and agent.env name different storage roots: {sorted(map(str, roots))}")
+# The drop-in ha.conf: coordinator-ha.env alone, the coordinator on etcd
+# (no --state-dir, no state directory), the same storage root.
+ha, hv = unit(os.path.join(d, "ha.conf")), env(os.path.join(d, "coordinator-ha.env"))
+if ha.get("EnvironmentFile") != ["", "/etc/ckptd/coordinator-ha.env"]:
+    problems.append("ha.conf: EnvironmentFile= must be reset, then /etc/ckptd/coordinator-ha.env")
+starts = ha.get("ExecStart", [])
+if len(starts) != 2 or starts[0] != "":
+    problems.append("ha.conf: ExecStart= must be reset, then one command")
+else:
+    for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", starts[1]):
+        if var not in hv:
+            problems.append(f"ha.conf: ExecStart uses ${var}, which coordinator-ha.env does not set")
+    if "--state-dir" in starts[1] or "%S" in starts[1]:
+        problems.append("ha.conf: ExecStart with a state directory (--etcd-endpoints excludes --state-dir)")
+    for flag in ("--operator-token-file %d/operator-token", "--agent-token-file %d/agent-token"):
+        if flag not in starts[1]:
+            problems.append(f"ha.conf: ExecStart without {flag} (every replica must take the same tokens)")
+if ha.get("StateDirectory") != [""]:
+    problems.append("ha.conf: StateDirectory= must be reset (the state is in etcd)")
+opts = hv.get("CKPTD_COORDINATOR_OPTS", "").split()
+def opt(flag):
+    return opts[opts.index(flag) + 1] if flag in opts[:-1] else None
+for flag in ("--etcd-endpoints", "--etcd-prefix", "--advertise"):
+    if not opt(flag):
+        problems.append(f"coordinator-ha.env: CKPTD_COORDINATOR_OPTS without {flag}")
+if opt("--advertise") and opt("--advertise").rsplit(":", 1)[-1] != hv.get("CKPTD_LISTEN", "").rsplit(":", 1)[-1]:
+    problems.append(f"coordinator-ha.env: --advertise {opt('--advertise')} is not on the port of CKPTD_LISTEN")
+if hv.get("CKPTD_STORAGE_ROOT") not in roots:
+    problems.append(f"coordinator-ha.env: storage root {hv.get('CKPTD_STORAGE_ROOT')} is not the other env files'")
+# agent.env shows the list of replicas, this replica's --advertise among them.
+lists = [l for l in re.findall(r"--coordinator (\S+)", open(os.path.join(d, "agent.env")).read()) if "," in l]
+if not lists or not any(opt("--advertise") in l.split(",") for l in lists):
+    problems.append(f"agent.env: no --coordinator list of replicas that holds coordinator-ha.env's --advertise "
+                    f"{opt('--advertise')}")
 agent = unit(os.path.join(d, "ckptd-agent.service"))
 if agent.get("RuntimeDirectory") != ["ckptd"] or "%t/ckptd/" not in " ".join(agent.get("ExecStart", [])):
     problems.append("ckptd-agent.service: the socket must be in its RuntimeDirectory (%t/ckptd/)")
@@ -591,7 +975,8 @@ print("\n".join(problems))
 sys.exit(1 if problems else 0)
 PYEOF
 }
-check "systemd units and env files agree (variables, storage root, ReadWritePaths, socket)" units_match_env
+check "systemd units, ha.conf and env files agree (variables, storage root, ReadWritePaths, socket, replicas)" \
+  units_match_env
 
 # ---------------------------------------------------------------- 3. shell
 SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$REPO/deploy/local/demo.sh"
@@ -636,9 +1021,12 @@ check "install.sh --root installs binaries, units, settings and a 0600 token, an
 
 # ------------------------------------------------------------ 4. flags and metrics
 flags_match_help() {
+  local f builds=()
+  for f in "$W"/k8s/build-*.yaml; do [ -e "$f" ] && builds+=("$f"); done
   "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
     "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
-    "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" <<'PYEOF'
+    "$SYSD/coordinator-ha.env" "$SYSD/ha.conf" "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" \
+    "${builds[@]}" <<'PYEOF'
 import os, re, subprocess, sys
 import yaml
 
@@ -735,6 +1123,7 @@ def markdown(path):
         problems.append(f"{rel}: --{f} outside a code span")
 
 def service(path):
+    """A unit, or a drop-in (its ExecStart= with its EnvironmentFile=)."""
     rel = os.path.relpath(path, repo)
     text = open(path).read()
     env_name = re.search(r"EnvironmentFile=/etc/ckptd/(\S+)", text).group(1)
@@ -762,9 +1151,10 @@ def env_file(path):
             check_segment(rel, b, line.split("=", 1)[1] if "=" in line and not line.startswith("#") else line)
 
 def manifest(path):
-    rel = os.path.relpath(path, repo)
+    # (a kustomize build of the test's is named by its file)
+    rel = os.path.relpath(path, repo) if path.startswith(repo + "/") else "kustomize " + os.path.basename(path)
     for d in yaml.safe_load_all(open(path)):
-        if not isinstance(d, dict) or d.get("kind") not in ("Deployment", "DaemonSet", "Job"):
+        if not isinstance(d, dict) or d.get("kind") not in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
             continue
         spec = d["spec"]["template"]["spec"]
         for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
@@ -778,7 +1168,7 @@ def manifest(path):
 for path in files:
     if path.endswith(".md"):
         markdown(path)
-    elif path.endswith(".service"):
+    elif path.endswith(".service") or path.endswith(".conf"):
         service(path)
     elif path.endswith(".env"):
         env_file(path)
@@ -933,6 +1323,148 @@ dockerfile_packages() {
 if need dpkg dpkg && need ldd libc-bin; then
   check "Dockerfile: its runtime packages hold every library the binaries load; its build packages are install-deps'" \
     dockerfile_packages
+fi
+
+# ---------------------------------------------------- 7. replicated coordinators
+# Two coordinators started as ha.conf starts them, with coordinator-ha.env's
+# flags (the addresses made loopback ones), on a real one-member etcd: one
+# leads, the other answers as a standby naming it; once the leader is
+# SIGKILLed the other leads, and ckptctl given both finds it.
+ETCD_BIN="$(command -v etcd 2>/dev/null)"
+[ -z "$ETCD_BIN" ] && [ -x /usr/bin/etcd ] && ETCD_BIN=/usr/bin/etcd
+free_ports() {  # free_ports N: N loopback ports free now
+  "$PY" -c 'import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
+ha_argv() {  # ha_argv PORT ETCD_PORT ROOT CREDS: ha.conf's command line, one word a line
+  "$PY" - "$SYSD" "$BIN" "$@" <<'PYEOF'
+import re, sys
+sysd, bin_dir, port, etcd_port, root, creds = sys.argv[1:]
+env = {}
+for line in open(f"{sysd}/coordinator-ha.env"):
+    if "=" in line and not line.startswith("#"):
+        k, _, v = line.strip().partition("=")
+        env[k] = v
+env.update(CKPTD_LISTEN=f"127.0.0.1:{port}", CKPTD_METRICS_LISTEN="127.0.0.1:0", CKPTD_STORAGE_ROOT=root)
+opts = env.get("CKPTD_COORDINATOR_OPTS", "")
+for flag, value in (("--etcd-endpoints", f"127.0.0.1:{etcd_port}"), ("--advertise", f"127.0.0.1:{port}")):
+    opts, n = re.subn(re.escape(flag) + r" \S+", f"{flag} {value}", opts)
+    if n != 1:
+        sys.exit(f"coordinator-ha.env: CKPTD_COORDINATOR_OPTS has no {flag} VALUE")
+env["CKPTD_COORDINATOR_OPTS"] = opts
+text = re.sub(r"\\\n\s*", " ", open(f"{sysd}/ha.conf").read())
+cmds = [l[len("ExecStart="):] for l in text.splitlines() if l.startswith("ExecStart=") and l != "ExecStart="]
+if len(cmds) != 1:
+    sys.exit("ha.conf: not one ExecStart= command")
+out = []
+for w in cmds[0].replace("%d", creds).split():
+    m = re.fullmatch(r"\$\{([A-Za-z_]\w*)\}|\$([A-Za-z_]\w*)", w)
+    if not m:
+        out.append(w)
+    elif (m.group(1) or m.group(2)) not in env:
+        sys.exit(f"ha.conf: {w} is not set in coordinator-ha.env")
+    elif m.group(1):
+        out.append(env[m.group(1)])  # ${VAR}: one word
+    else:
+        out += env[m.group(2)].split()  # $VAR: split at whitespace, as systemd does
+out[0] = out[0].replace("/usr/local/bin", bin_dir)
+print("\n".join(out))
+PYEOF
+}
+ha_failover() {
+  ha_failover_run
+  local code=$?
+  stop_started
+  return "$code"
+}
+ha_failover_run() {
+  local log="$W/ha-run" etcd_client etcd_peer a b n both argv=()
+  mkdir -p "$log/creds" "$log/root"
+  read -r etcd_client etcd_peer a b <<<"$(free_ports 4)"
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/creds/operator-token"
+  od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/creds/agent-token"
+  # etcd as etcd/testing_etcd.cc starts it.
+  "$ETCD_BIN" --name m0 --data-dir "$log/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "m0=http://127.0.0.1:$etcd_peer" --initial-cluster-state new --initial-cluster-token "$log" \
+    --logger zap --log-outputs stderr >"$log/etcd.log" 2>&1 &
+  local etcd=$!
+  echo "$etcd" >>"$PIDFILE"
+  etcd_healthy() {
+    kill -0 "$etcd" 2>/dev/null || return 2
+    "$PY" -c 'import json, sys, urllib.request
+sys.exit(0 if json.load(urllib.request.urlopen(sys.argv[1], timeout=1)).get("health") == "true" else 1)' \
+      "http://127.0.0.1:$etcd_client/health" 2>/dev/null
+  }
+  wait_for 30 etcd_healthy || { echo "etcd did not come up:"; tail -n 5 "$log/etcd.log"; return 1; }
+  # The two replicas.
+  local -A pid
+  for n in a b; do
+    ha_argv "${!n}" "$etcd_client" "$log/root" "$log/creds" >"$log/$n.argv" || { cat "$log/$n.argv"; return 1; }
+    mapfile -t argv <"$log/$n.argv"
+    "${argv[@]}" >"$log/$n.out" 2>"$log/$n.log" &
+    pid[$n]=$!
+    echo "${pid[$n]}" >>"$PIDFILE"
+  done
+  both="127.0.0.1:$a,127.0.0.1:$b"
+  status_through() {  # status_through ADDRESSES: ckptctl status succeeds
+    kill -0 "${pid[a]}" 2>/dev/null || kill -0 "${pid[b]}" 2>/dev/null || return 2
+    "$BIN/ckptctl" status --coordinator "$1" >"$log/status.out" 2>&1
+  }
+  wait_for 30 status_through "$both" ||
+    { echo "ckptctl status --coordinator $both failed:"; cat "$log/status.out"
+      grep -h -m 3 "^ckptd-coordinator: [^W]" "$log/a.log" "$log/b.log"; return 1; }
+  # Exactly one leads (its log says so once it serves); the other stands by
+  # and, asked alone, names it (ckptctl exits 3: its list lacks the leader).
+  local leader standby
+  one_leads() { [ "$(grep -l "leading (epoch" "$log/a.log" "$log/b.log" | wc -l)" -eq 1 ]; }
+  wait_for 5 one_leads || { echo "not exactly one leader:"; tail -n 5 "$log/a.log" "$log/b.log"; return 1; }
+  leader="$(basename "$(grep -l "leading (epoch" "$log/a.log" "$log/b.log")" .log)"
+  standby=a
+  [ "$leader" = a ] && standby=b
+  grep -q "standby on 127.0.0.1:${!standby}" "$log/$standby.log" ||
+    { echo "replica $standby does not say it stands by:"; cat "$log/$standby.log"; return 1; }
+  names_leader() {
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:${!standby}" >"$log/standby.out" 2>&1
+    [ $? -eq 3 ] && grep -q "is a standby; the leader is 127.0.0.1:${!leader} (epoch" "$log/standby.out"
+  }
+  wait_for 5 names_leader ||
+    { echo "the standby, asked alone, does not name the leader 127.0.0.1:${!leader}:"; cat "$log/standby.out"; return 1; }
+  local epoch
+  epoch="$(sed -n 's/.*leading (epoch \([0-9]*\)).*/\1/p' "$log/$leader.log" | tail -n 1)"
+  # The leader dies; the standby takes over within the lease (3 s) and a poll.
+  kill -KILL "${pid[$leader]}"
+  wait "${pid[$leader]}" 2>/dev/null
+  local t0=$SECONDS
+  wait_for 10 status_through "$both" ||
+    { echo "no leader 10 s after the leader's SIGKILL:"; cat "$log/status.out"; tail -n 5 "$log/$standby.log"; return 1; }
+  local taken
+  taken="$(sed -n 's/.*leading (epoch \([0-9]*\)).*/\1/p' "$log/$standby.log" | tail -n 1)"
+  [ -n "$taken" ] && [ "$taken" -gt "$epoch" ] ||
+    { echo "replica $standby does not lead under a newer epoch than $epoch:"; tail -n 5 "$log/$standby.log"; return 1; }
+  echo "took over in about $((SECONDS - t0)) s" >"$log/took"
+  kill -TERM "${pid[$standby]}"
+  wait "${pid[$standby]}" || { echo "the new leader did not stop cleanly on SIGTERM"; return 1; }
+}
+if grep -qa "was built without etcd" "$BIN/ckptd-coordinator"; then
+  if [ "${CI:-}" = true ]; then
+    echo "FAILED: $BIN/ckptd-coordinator was built without etcd (Debian package golang-etcd-server-dev; scripts/install-deps.sh installs it)"
+    failures=$((failures + 1))
+  else
+    echo "skipped: replicated coordinators (this ckptd-coordinator was built without etcd)"
+  fi
+elif [ -n "$ETCD_BIN" ]; then
+  check "replicated coordinators: two started by ha.conf with coordinator-ha.env's flags on etcd; one leads, the other takes over its SIGKILL" \
+    ha_failover
+elif [ "${CI:-}" = true ]; then
+  echo "FAILED: etcd is missing (Debian package etcd-server; scripts/install-deps.sh installs it)"
+  failures=$((failures + 1))
+else
+  echo "skipped: replicated coordinators (no etcd: Debian package etcd-server; scripts/install-deps.sh installs it)"
 fi
 
 echo "$passed passed, $failures failed"
