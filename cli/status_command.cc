@@ -12,13 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/format.h"
 #include "base/json.h"
 #include "cli/command.h"
 
 namespace ckptd::cli {
 
 const char kStatusHelp[] =
-    "usage: ckptctl status --coordinator HOST:PORT [--job J] [--json]\n"
+    "usage: ckptctl status --coordinator HOST:PORT[,HOST:PORT...] [--job J] [--json]\n"
     "\n"
     "The cluster as the coordinator sees it: every agent (alive or lost, the time\n"
     "since its last heartbeat, the ranks it hosts), every job (state, world size,\n"
@@ -30,8 +31,11 @@ const char kStatusHelp[] =
     "the 10 newest failures with their age. With peer replication, each agent's\n"
     "failure domain, peer address and the partners it sends its snapshots to, and\n"
     "per job the ranks of the newest committed step another node holds in memory.\n"
+    "With replicated coordinators (--etcd-endpoints), first the leader, its epoch,\n"
+    "the standbys present, and each etcd member's health (raft leader, version,\n"
+    "database size, or why it does not answer).\n"
     "\n"
-    "  --coordinator HOST:PORT  the coordinator to ask\n"
+    "  --coordinator HOST:PORT[,...]  the coordinator to ask, or its replicas (the leader answers)\n"
     "  --tls-ca F --tls-cert F --tls-key F\n"
     "                           mutual TLS (PEM files), as the coordinator was started with\n"
     "  --job J                  only job J (and its failures)\n"
@@ -52,6 +56,68 @@ std::string EveryCell(const ckptd::v1::Schedule& s) {
 
 constexpr uint32_t kStatusEvents = 10;
 
+// "replication": the replicas and etcd's members, or null for a single
+// coordinator.
+void WriteReplicationJson(JsonWriter& w, const ckptd::v1::GetClusterStatusResponse& cs) {
+  w.Key("replication");
+  if (!cs.has_replication()) {
+    w.Null();
+    return;
+  }
+  const ckptd::v1::CoordinatorReplication& r = cs.replication();
+  w.BeginObject();
+  w.Field("leader", r.leader());
+  w.Field("epoch", r.epoch());
+  w.Key("standbys");
+  w.BeginArray();
+  for (const std::string& s : r.standbys()) w.String(s);
+  w.EndArray();
+  w.Field("etcd_prefix", r.etcd_prefix());
+  w.Field("lease_ttl_seconds", r.lease_ttl_seconds());
+  NullableTime(w, "etcd_checked", r.checked_unix_nanos());
+  w.Key("etcd_members");
+  w.BeginArray();
+  for (const auto& m : r.etcd_members()) {
+    w.BeginObject();
+    w.Field("endpoint", m.endpoint());
+    w.Field("healthy", m.healthy());
+    w.Field("error", m.error());
+    w.Field("version", m.version());
+    w.Field("raft_leader", m.raft_leader());
+    w.Field("db_size_bytes", m.db_size_bytes());
+    w.EndObject();
+  }
+  w.EndArray();
+  w.EndObject();
+}
+
+// The replicas and etcd's members, after the coordinator line.
+void PrintReplication(std::ostream& out, absl::Time now, const ckptd::v1::CoordinatorReplication& r) {
+  out << "coordinators: leader " << TerminalSafe(r.leader()) << " (epoch " << r.epoch() << "), "
+      << (r.standbys_size() == 0 ? std::string("no standby (nothing takes over if it dies)")
+                                 : TerminalSafe(absl::StrCat(r.standbys_size() == 1 ? "standby " : "standbys ",
+                                                             absl::StrJoin(r.standbys(), ", "))))
+      << "; etcd prefix " << TerminalSafe(r.etcd_prefix()) << ", lease " << r.lease_ttl_seconds() << "s\n";
+  int healthy = 0;
+  for (const auto& m : r.etcd_members()) healthy += m.healthy();
+  out << "etcd: " << healthy << " of " << r.etcd_members_size() << " members healthy"
+      << (2 * healthy <= r.etcd_members_size() && r.etcd_members_size() > 0 ? " (no quorum seen from here)" : "")
+      << (r.checked_unix_nanos() != 0
+              ? absl::StrCat(", checked ", ShortDuration(SecondsSince(now, r.checked_unix_nanos())), " ago")
+              : std::string(", not checked yet"))
+      << "\n";
+  if (r.etcd_members_size() > 0) {
+    Table t({"MEMBER", "STATE", "RAFT", "VERSION", "DB SIZE"});
+    for (const auto& m : r.etcd_members()) {
+      t.Add({m.endpoint(), m.healthy() ? "healthy" : TerminalSafe(absl::StrCat("DOWN: ", m.error())),
+             m.healthy() ? (m.raft_leader() ? "leader" : "follower") : "-", m.version().empty() ? "-" : m.version(),
+             m.healthy() ? base::HumanBytes(static_cast<uint64_t>(std::max<int64_t>(0, m.db_size_bytes()))) : "-"});
+    }
+    t.Print(out);
+  }
+  out << "\n";
+}
+
 void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClusterStatusResponse& cs,
                      const std::vector<const ckptd::v1::JobStatus*>& jobs,
                      const std::map<std::string, ckptd::v1::IntervalStatus>& intervals,
@@ -59,6 +125,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
   JsonWriter w;
   w.BeginObject();
   w.Field("coordinator", *c.args().Get("coordinator"));
+  WriteReplicationJson(w, cs);
   w.Key("agents");
   w.BeginObject();
   int alive = 0;
@@ -208,6 +275,7 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
                       const ckptd::v1::ListEventsResponse& events) {
   std::ostream& out = c.out();
   out << "coordinator " << *c.args().Get("coordinator") << "\n\n";
+  if (cs.has_replication()) PrintReplication(out, now, cs.replication());
   int alive = 0;
   for (const auto& a : cs.agents()) alive += a.alive();
   out << "agents: " << cs.agents_size() << " (" << alive << " alive)\n";

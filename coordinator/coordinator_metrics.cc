@@ -135,12 +135,49 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                     "Ranks of the job's newest committed step that an alive agent other than the "
                                     "rank's own holds in memory (peer replication).",
                                     {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->is_leader_,
+                         r.AddGauge("ckptd_coordinator_is_leader",
+                                    "1 while this coordinator serves agents and operators (a single coordinator "
+                                    "always), 0 while it stands by for the leader of its replicas."));
+  CKPTD_ASSIGN_OR_RETURN(m->leader_epoch_,
+                         r.AddGauge("ckptd_coordinator_leader_epoch",
+                                    "The epoch of the leader this replica knows (the revision of the election key "
+                                    "in etcd); 0 for a single coordinator, or while no leader is known."));
+  CKPTD_ASSIGN_OR_RETURN(m->leader_changes_,
+                         r.AddCounter("ckptd_coordinator_leader_changes_total",
+                                      "Changes of leader this replica saw (a new epoch after a known one)."));
+  CKPTD_ASSIGN_OR_RETURN(
+      m->etcd_seconds_,
+      r.AddHistogram("ckptd_etcd_request_seconds",
+                     "Time of the replicated coordinator's calls to etcd, failover to other members included.",
+                     {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}, {"call"}));
+  CKPTD_ASSIGN_OR_RETURN(m->etcd_errors_,
+                         r.AddCounter("ckptd_etcd_request_errors_total",
+                                      "Calls to etcd that failed on every member tried, by gRPC code.",
+                                      {"call", "code"}));
+  m->is_leader_->With()->Set(1);
+  m->leader_changes_->With();
   // Every kind shows from the start, so that rates over it are defined.
   for (int k = ckptd::v1::FailureKind_MIN; k <= ckptd::v1::FailureKind_MAX; ++k) {
     if (k == ckptd::v1::FAILURE_KIND_UNSPECIFIED || !ckptd::v1::FailureKind_IsValid(k)) continue;
     m->failures_->With({KindLabel(static_cast<ckptd::v1::FailureKind>(k))});
   }
   return m;
+}
+
+void CoordinatorMetrics::SetLeadership(bool leading, int64_t epoch) {
+  is_leader_->With()->Set(leading ? 1 : 0);
+  leader_epoch_->With()->Set(static_cast<double>(epoch));
+  if (epoch == 0) return;
+  const int64_t before = last_epoch_.exchange(epoch);
+  if (before != 0 && before != epoch) leader_changes_->With()->Increment();
+}
+
+void CoordinatorMetrics::OnEtcdCall(absl::string_view call, absl::Duration took, const absl::Status& result) {
+  etcd_seconds_->With({call})->Observe(std::max(0.0, absl::ToDoubleSeconds(took)));
+  if (!result.ok()) {
+    etcd_errors_->With({call, absl::AsciiStrToLower(absl::StatusCodeToString(result.code()))})->Increment();
+  }
 }
 
 metrics::CollectorHandle CoordinatorMetrics::Watch(CoordinatorCore* core) {

@@ -18,13 +18,23 @@
 //   ckptd_failures_total{kind}                         counter, kind in lower case ("node_lost")
 //   ckptd_replication_partners{node}                   partners an alive agent with a peer address sends to
 //   ckptd_peer_copies{job}                             ranks of the newest committed step another agent holds in memory
+//   ckptd_coordinator_is_leader                        1 while this coordinator serves (a single one always), 0 standing by
+//   ckptd_coordinator_leader_epoch                     the epoch of the leader this replica knows (0 without etcd)
+//   ckptd_coordinator_leader_changes_total             changes of leader this replica saw
+//   ckptd_etcd_request_seconds{call}                   histogram of calls to etcd, failover to other members included
+//   ckptd_etcd_request_errors_total{call,code}         calls to etcd that failed, by gRPC code name
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <set>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "coordinator/coordinator_core.h"
 #include "metrics/registry.h"
 
@@ -45,6 +55,13 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) override;
   void OnFailure(const ckptd::v1::FailureEvent& event) override;
   void OnFreshStartOverDamaged(const std::string& job, uint64_t newest_damaged) override;
+
+  // Replicated coordinators: whether this replica serves as the leader, and
+  // the leader's epoch it knows (`epoch` 0: none). A change of epoch counts
+  // one leader change.
+  void SetLeadership(bool leading, int64_t epoch);
+  // One call to etcd that ended (EtcdOptions::on_call).
+  void OnEtcdCall(absl::string_view call, absl::Duration took, const absl::Status& result);
 
  private:
   CoordinatorMetrics(metrics::Registry* registry) : registry_(registry) {}
@@ -81,6 +98,13 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::CounterFamily* persist_failures_ = nullptr;
   metrics::GaugeFamily* replication_partners_ = nullptr;
   metrics::GaugeFamily* peer_copies_ = nullptr;
+  metrics::GaugeFamily* is_leader_ = nullptr;
+  metrics::GaugeFamily* leader_epoch_ = nullptr;
+  metrics::CounterFamily* leader_changes_ = nullptr;
+  metrics::HistogramFamily* etcd_seconds_ = nullptr;
+  metrics::CounterFamily* etcd_errors_ = nullptr;
+  // The newest nonzero epoch SetLeadership was told of.
+  std::atomic<int64_t> last_epoch_{0};
   // The nodes and jobs the last scrape set those for, so that a node or
   // job gone since loses its series. Only Collect touches them, and the
   // registry runs collectors one at a time.

@@ -258,7 +258,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetReshardPlan(grpc::CallbackServe
 grpc::ServerUnaryReactor* CoordinatorService::GetClusterStatus(grpc::CallbackServerContext* ctx,
                                                                const ckptd::v1::GetClusterStatusRequest*,
                                                                ckptd::v1::GetClusterStatusResponse* resp) {
-  return FinishWith(ctx, absl::StatusOr<ckptd::v1::GetClusterStatusResponse>(core_->ClusterStatus()), resp);
+  ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+  if (options_.replication) options_.replication(status.mutable_replication());
+  return FinishWith(ctx, absl::StatusOr<ckptd::v1::GetClusterStatusResponse>(std::move(status)), resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListEvents(grpc::CallbackServerContext* ctx,

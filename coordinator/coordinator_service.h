@@ -40,6 +40,9 @@ struct CoordinatorServiceOptions {
   // How often the ticker calls CoordinatorCore::Tick(); zero: a quarter of
   // the core's heartbeat interval.
   absl::Duration tick_interval = absl::ZeroDuration();
+  // Replicated coordinators: fills GetClusterStatus's `replication` (the
+  // leader, the standbys, etcd's members). Null for a single coordinator.
+  std::function<void(ckptd::v1::CoordinatorReplication*)> replication = nullptr;
 };
 
 class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService {

@@ -20,7 +20,7 @@ const char kCoordinatorUsage[] =
     "usage: ckptd-coordinator --listen <host:port> --storage-root <dir|s3://bucket/prefix>\n"
     "                         (--state-dir <dir> | --etcd-endpoints <h:p,...> [--etcd-prefix /ckptd/<name>]\n"
     "                          [--etcd-lease-ttl 3s] [--advertise <host:port>] [--etcd-ca F [--etcd-cert F\n"
-    "                          --etcd-key F]] [--etcd-user U --etcd-password-file F])\n"
+    "                          --etcd-key F]] [--etcd-user U --etcd-password-file F] [--import-state <dir>])\n"
     "                         [--metrics-listen <host:port>] [--heartbeat-interval 1s]\n"
     "                         [--node-lost-after 5s] [--hang-floor 60s] [--keep N]\n"
     "                         [--every N | --initial-every N] [--durable-every auto|K]\n"
@@ -63,6 +63,9 @@ const char kCoordinatorUsage[] =
     "                              require one\n"
     "  --etcd-user U --etcd-password-file F\n"
     "                              etcd's authentication: the user and a file holding its password\n"
+    "  --import-state <dir>        with --etcd-endpoints: move a single coordinator's state (the\n"
+    "                              --state-dir it ran with: jobs, quarantined steps, failure history)\n"
+    "                              into etcd when this replica first leads and the prefix holds none\n"
     "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics\n"
     "  --heartbeat-interval <d>    how often agents send heartbeats, 1ms..1h (default 1s)\n"
     "  --node-lost-after <d>       heartbeat silence after which a node is lost (default 5s)\n"
@@ -143,7 +146,7 @@ const std::set<std::string> kValueFlags = {
     "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
     "operator-token-file", "agent-token-file", "tls-cert",
     "etcd-endpoints", "etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user",
-    "etcd-password-file",
+    "etcd-password-file", "import-state",
     "tls-key", "tls-ca",
     "min-interval", "max-interval", "failure-rate", "failure-prior-weight", "failure-mix", "restart-guess",
     "alternative-interval", "interval-hysteresis", "decide-every",
@@ -297,6 +300,10 @@ absl::Status ParseEtcd(const base::Args& args, CoordinatorFlags& flags) {
   }
   etcd.user = args.Get("etcd-user").value_or("");
   etcd.password_file = args.Get("etcd-password-file").value_or("");
+  etcd.import_state = args.Get("import-state").value_or("");
+  if (args.Has("import-state") && etcd.import_state.empty()) {
+    return absl::InvalidArgumentError("--import-state needs the state directory of the coordinator to import");
+  }
   if (std::optional<std::string> a = args.Get("advertise")) {
     absl::StatusOr<std::pair<std::string, uint16_t>> hp = base::ParseHostPort(*a, base::PortUse::kConnect);
     if (!hp.ok() || hp->first.empty()) {
@@ -343,7 +350,7 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
   }
   if (!args.Has("etcd-endpoints")) {
     for (const char* f : {"etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key",
-                          "etcd-user", "etcd-password-file"}) {
+                          "etcd-user", "etcd-password-file", "import-state"}) {
       if (args.Has(f)) return absl::InvalidArgumentError(absl::StrCat("--", f, " needs --etcd-endpoints"));
     }
   }

@@ -39,6 +39,7 @@ struct CoordinatorFlags {
     rpc::TlsFiles tls;                   // --etcd-ca, --etcd-cert, --etcd-key
     std::string user;                    // --etcd-user
     std::string password_file;           // --etcd-password-file
+    std::string import_state;            // --import-state: a --state-dir to move into etcd
     int64_t lease_ttl_seconds = 3;       // --etcd-lease-ttl
     std::string advertise;               // --advertise (default from --listen and the host name)
   };

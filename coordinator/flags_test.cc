@@ -435,6 +435,10 @@ TEST(CoordinatorFlagsTest, EtcdFlagsReachTheirSettings) {
   EXPECT_EQ(f->etcd->tls.key, "/k");
   EXPECT_EQ(f->etcd->user, "ckptd");
   EXPECT_EQ(f->etcd->password_file, "/pw");
+  EXPECT_TRUE(f->etcd->import_state.empty());
+  f = ParseCoordinatorFlags(Replicated({"--import-state", "/var/lib/ckptd/coordinator"}));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->etcd->import_state, "/var/lib/ckptd/coordinator");
   // With --insecure-agents, no agent token file is needed.
   EXPECT_TRUE(ParseCoordinatorFlags({"--listen", ":7000", "--storage-root", "/r", "--etcd-endpoints", "e:2379",
                                      "--operator-token-file", "/op", "--insecure-agents"})
@@ -448,6 +452,10 @@ TEST(CoordinatorFlagsTest, EtcdFlagsThatDoNotFitAreRefused) {
               FailsNaming("--state-dir (one coordinator) or --etcd-endpoints (replicated) is required"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--etcd-prefix", "/x"})), FailsNaming("--etcd-prefix needs --etcd-endpoints"));
   EXPECT_THAT(ParseCoordinatorFlags(With({"--advertise", "h:1"})), FailsNaming("--advertise needs --etcd-endpoints"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--import-state", "/s"})),
+              FailsNaming("--import-state needs --etcd-endpoints"));
+  EXPECT_THAT(ParseCoordinatorFlags(Replicated({"--import-state", ""})),
+              FailsNaming("--import-state needs the state directory"));
   EXPECT_THAT(ParseCoordinatorFlags({"--listen", ":1", "--storage-root", "/r", "--etcd-endpoints", "e:2379",
                                      "--agent-token-file", "/ag"}),
               FailsNaming("needs --operator-token-file"));

@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <iostream>
@@ -40,9 +41,14 @@
 #include <sstream>
 #include <thread>
 
+#include <optional>
+
+#include "base/status_macros.h"
 #include "coordinator/etcd_state_store.h"
+#include "coordinator/state_copy.h"
 #include "etcd/etcd_client.h"
 #include "etcd/leader_election.h"
+#include "etcd/replica_roster.h"
 #endif
 #include "metrics/http_server.h"
 #include "metrics/registry.h"
@@ -242,6 +248,62 @@ absl::StatusOr<std::string> ReadPasswordFile(const std::string& path) {
   return password;
 }
 
+// Failure events a replicated coordinator keeps in etcd (the newest).
+constexpr size_t kEtcdMaxEvents = 10'000;
+
+// --import-state: the single coordinator's state in `dir`, read whole. The
+// directory stays locked while this process runs, so that no coordinator
+// starts on it and writes what etcd would not see.
+absl::StatusOr<co::StateSnapshot> ReadStateToImport(ckptd::storage::FileSystem* fs, const std::string& dir) {
+  const std::string db = absl::StrCat(dir, "/", co::kStateDbFileName);
+  if (absl::Status there = fs->Stat(db).status(); !there.ok()) {
+    return absl::Status(there.code(), absl::StrCat(dir, " holds no coordinator state to import (", db, ": ",
+                                                   there.message(), ")"));
+  }
+  if (absl::StatusOr<int> lock = LockStateDir(dir); !lock.ok()) return lock.status();
+  CKPTD_ASSIGN_OR_RETURN(std::unique_ptr<co::StateStore> sqlite, co::OpenSqliteStateStore(dir));
+  return co::ReadState(*sqlite, kEtcdMaxEvents);
+}
+
+// Writes `state` into etcd when the prefix holds none; says which.
+absl::Status ImportState(const co::StateSnapshot& state, co::StateStore& to, const co::CoordinatorFlags::Etcd& e) {
+  CKPTD_ASSIGN_OR_RETURN(const bool empty, co::StateIsEmpty(to));
+  if (!empty) {
+    std::cerr << "ckptd-coordinator: --import-state " << e.import_state << ": not imported, etcd already holds "
+              << "state under " << e.prefix << " (imported before, or written by replicas); it is kept as it is\n";
+    return absl::OkStatus();
+  }
+  if (absl::Status s = co::WriteState(state, to); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--import-state ", e.import_state, ": ", s.message()));
+  }
+  std::cerr << "ckptd-coordinator: imported " << co::DescribeState(state) << " from " << e.import_state
+            << " into etcd under " << e.prefix << "\n";
+  return absl::OkStatus();
+}
+
+// GetClusterStatus's replication part: the leader (this replica), the
+// others present in etcd, and etcd's members.
+void FillReplication(const ckptd::etcd::LeaderInfo& leader, const ckptd::etcd::RosterView& view,
+                     const co::CoordinatorFlags::Etcd& e, ckptd::v1::CoordinatorReplication* r) {
+  r->set_leader(leader.candidate);
+  r->set_epoch(static_cast<uint64_t>(leader.epoch));
+  for (const std::string& replica : view.replicas) {
+    if (replica != leader.candidate) r->add_standbys(replica);
+  }
+  r->set_etcd_prefix(e.prefix);
+  r->set_lease_ttl_seconds(static_cast<uint32_t>(e.lease_ttl_seconds));
+  for (const ckptd::etcd::MemberHealth& h : view.members) {
+    ckptd::v1::CoordinatorReplication::EtcdMember* m = r->add_etcd_members();
+    m->set_endpoint(h.endpoint);
+    m->set_healthy(h.healthy);
+    m->set_error(h.error);
+    m->set_version(h.version);
+    m->set_raft_leader(h.raft_leader);
+    m->set_db_size_bytes(h.db_size_bytes);
+  }
+  if (view.checked != absl::InfinitePast()) r->set_checked_unix_nanos(absl::ToUnixNanos(view.checked));
+}
+
 // One leadership: the state store on etcd, the core recovered from it and
 // storage, the service on the --listen port. Gone when the leadership ends.
 struct Leadership {
@@ -266,7 +328,8 @@ struct Leadership {
 // SIGTERM (then resigns, so that another takes over at once).
 int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc::ServerCredentials>& credentials,
                   const co::CoordinatorServiceOptions& service_options, ckptd::storage::CheckpointStore* store,
-                  ckptd::base::Clock* clock, co::CoordinatorMetrics* metrics, const sigset_t& stop_signals) {
+                  ckptd::base::Clock* clock, co::CoordinatorMetrics* metrics, const sigset_t& stop_signals,
+                  const co::StateSnapshot* import) {
   const co::CoordinatorFlags::Etcd& e = *flags.etcd;
   ckptd::etcd::EtcdOptions etcd_options;
   etcd_options.endpoints = e.endpoints;
@@ -277,6 +340,10 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
     if (!password.ok()) return Fail("--etcd-password-file", password.status(), kExitUsage);
     etcd_options.password = *password;
   }
+  etcd_options.on_call = [metrics](absl::string_view call, absl::Duration took, const absl::Status& result) {
+    metrics->OnEtcdCall(call, took, result);
+  };
+  metrics->SetLeadership(false, 0);
   absl::StatusOr<std::unique_ptr<ckptd::etcd::EtcdClient>> etcd = ckptd::etcd::EtcdClient::Connect(etcd_options);
   if (!etcd.ok()) return Fail("etcd", etcd.status(), kExitUsage);
 
@@ -334,6 +401,17 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
   ckptd::etcd::LeaderElection election(etcd->get(), election_options);
   election_for_answers = &election;
   if (absl::Status s = election.Start(); !s.ok()) return Fail("election", s, kExitUsage);
+  // The replicas and etcd's health, for ckptctl status.
+  ckptd::etcd::RosterOptions roster_options;
+  roster_options.prefix = e.prefix;
+  roster_options.self = advertise;
+  roster_options.ttl_seconds = std::max<int64_t>(10, e.lease_ttl_seconds);
+  ckptd::etcd::ReplicaRoster roster(etcd->get(), roster_options);
+  if (absl::Status s = roster.Start(); !s.ok()) return Fail("replica roster", s, kExitUsage);
+  co::CoordinatorServiceOptions leader_service_options = service_options;
+  leader_service_options.replication = [&election, &roster, &e](ckptd::v1::CoordinatorReplication* r) {
+    FillReplication(election.Leader(), roster.View(), e, r);
+  };
   std::cerr << "ckptd-coordinator: replicated through etcd " << absl::StrJoin(e.endpoints, ",") << " under "
             << e.prefix << " as " << advertise << " (lease TTL " << e.lease_ttl_seconds << "s)\n";
   std::cerr << "ckptd-coordinator: standby on " << listen << std::endl;
@@ -363,10 +441,14 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
       auto l = std::make_unique<Leadership>();
       l->epoch = info.epoch;
       absl::StatusOr<std::unique_ptr<co::StateStore>> state =
-          co::OpenEtcdStateStore(etcd->get(), &election, co::EtcdStateStoreOptions{e.prefix, 10'000, 1000});
+          co::OpenEtcdStateStore(etcd->get(), &election, co::EtcdStateStoreOptions{e.prefix, kEtcdMaxEvents, 1000});
       absl::Status recovered = state.status();
       if (recovered.ok()) {
         l->state = std::move(*state);
+        if (import != nullptr) recovered = ImportState(*import, *l->state, e);
+      }
+      if (recovered.ok()) {
+        import = nullptr;  // once
         co::CoordinatorOptions options = flags.options;
         // A replica that lost its leadership writes nothing more.
         options.may_write = [&election] { return election.Leading().status(); };
@@ -381,7 +463,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
         continue;
       }
       l->collector = metrics->Watch(l->core.get());
-      l->service = std::make_unique<co::CoordinatorService>(l->core.get(), service_options);
+      l->service = std::make_unique<co::CoordinatorService>(l->core.get(), leader_service_options);
       standby.reset();
       absl::StatusOr<co::CoordinatorServer> server = co::StartCoordinatorServer(listen, l->service.get(), credentials);
       if (!server.ok()) {
@@ -396,6 +478,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
                   << absl::FormatDuration(absl::Now() - won) << " of recovery" << std::endl;
       }
     }
+    metrics->SetLeadership(leading != nullptr, info.epoch);
     if (leading == nullptr && standby == nullptr) {
       absl::StatusOr<std::unique_ptr<Standby>> again = start_standby(listen);
       if (again.ok()) {
@@ -410,6 +493,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
   standby.reset();
   election_for_answers = nullptr;
   election.Stop();  // resigns
+  roster.Stop();    // withdraws this replica
   signals.join();
   return ckptd::base::kExitOk;
 }
@@ -465,7 +549,16 @@ int main(int argc, char** argv) {
     }
     std::cerr << "ckptd-coordinator: storage root " << root->description
               << (flags->tls ? ", mutual TLS" : ", no TLS") << "\n";
-    const int code = RunReplicated(*flags, *credentials, service_options, &store, &clock, metrics->get(), stop_signals);
+    std::optional<co::StateSnapshot> import;
+    if (!flags->etcd->import_state.empty()) {
+      absl::StatusOr<co::StateSnapshot> read = ReadStateToImport(fs.get(), flags->etcd->import_state);
+      if (!read.ok()) return Fail("--import-state", read.status(), kExitFailed);
+      std::cerr << "ckptd-coordinator: --import-state " << flags->etcd->import_state << ": "
+                << co::DescribeState(*read) << " to import when this replica leads\n";
+      import = *std::move(read);
+    }
+    const int code = RunReplicated(*flags, *credentials, service_options, &store, &clock, metrics->get(), stop_signals,
+                                   import ? &*import : nullptr);
     if (http != nullptr) http->Stop();
     return code;
   }

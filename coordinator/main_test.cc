@@ -41,6 +41,8 @@ extern char** environ;
 namespace ckptd::coordinator {
 namespace {
 
+using ::ckptd::coordinator::testing::HttpGet;
+
 using Coordinator = ::ckptd::coordinator::testing::CoordinatorProcess;
 using ::ckptd::coordinator::testing::NumberAfter;
 using ::ckptd::coordinator::testing::ReadAll;
@@ -51,27 +53,6 @@ using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr char kJob[] = "bin-job";
-
-// GET `path` from 127.0.0.1:`port`: the whole response, or "" on failure.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return response;
-}
 
 class CoordinatorBinaryTest : public ::testing::Test {
  protected:
@@ -209,6 +190,7 @@ TEST_F(CoordinatorBinaryTest, ServesCommitsExportsMetricsStopsAndRecovers) {
     EXPECT_THAT(metrics, HasSubstr("ckptd_checkpoints_committed_total{job=\"bin-job\"} 1\n"));
     EXPECT_THAT(metrics, HasSubstr("ckptd_job_newest_committed_step{job=\"bin-job\"} 5\n"));
     EXPECT_THAT(metrics, HasSubstr("ckptd_agents_alive 2\n"));
+    EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_is_leader 1\n"));  // a single coordinator always leads
     EXPECT_THAT(metrics, HasSubstr("ckptd_commit_latency_seconds_count{job=\"bin-job\"} 1\n"));
     EXPECT_THAT(HttpGet(c.metrics_port(), "/nope"), HasSubstr("HTTP/1.1 404"));
 

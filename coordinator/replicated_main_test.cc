@@ -14,6 +14,7 @@
 #include "base/testing/temp_dir.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "coordinator/standby_service.h"
+#include "coordinator/state_store.h"
 #include "coordinator/testing_coordinator_process.h"
 #include "etcd/testing_etcd.h"
 #include "gmock/gmock.h"
@@ -25,9 +26,11 @@ namespace ckptd::coordinator {
 namespace {
 
 using ::ckptd::coordinator::testing::CoordinatorProcess;
+using ::ckptd::coordinator::testing::HttpGet;
 using ::ckptd::coordinator::testing::NumberAfter;
 using ::ckptd::testing::Eventually;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kOperatorToken[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 constexpr char kAgentToken[] = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
@@ -251,6 +254,97 @@ TEST_F(ReplicatedCoordinatorTest, AgentsAndCkptctlGivenTheReplicasFollowTheLeade
                             dir_.Sub("ctl2.log"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("node-a"));
+}
+
+// What an operator sees of replicated coordinators: `ckptctl status` names
+// the leader, the standby and etcd's members, as text and as JSON; /metrics
+// says which replica leads, counts the leader change and times the calls to
+// etcd. The first leader imports a single coordinator's state directory
+// (--import-state) into the empty prefix, and the standby, taking over,
+// serves that imported job.
+TEST_F(ReplicatedCoordinatorTest, OperatorsSeeTheReplicasEtcdAndMetricsAndAStateDirIsImported) {
+  const std::string single = dir_.Sub("single-state");
+  {
+    absl::StatusOr<std::unique_ptr<StateStore>> sqlite = OpenSqliteStateStore(single);
+    ASSERT_THAT(sqlite.status(), ::ckptd::testing::IsOk());
+    ckptd::v1::JobRecord job;
+    job.set_job("imported-job");
+    job.set_checkpoints_committed(17);
+    job.set_world_size(4);
+    ASSERT_THAT((*sqlite)->PutJob(job), ::ckptd::testing::IsOk());
+    ckptd::v1::FailureEvent e;
+    e.set_job("imported-job");
+    e.set_node_id("node-9");
+    e.set_kind(ckptd::v1::NODE_LOST);
+    e.set_unix_nanos(absl::ToUnixNanos(absl::Now()));
+    ASSERT_THAT((*sqlite)->AppendEvent(e), ::ckptd::testing::IsOk());
+  }
+  a_ = Start("a", {"--import-state", single, "--metrics-listen", "127.0.0.1:0"});
+  pa_ = Port(*a_);
+  ASSERT_GT(pa_, 0) << a_->Log();
+  ASSERT_TRUE(Eventually([&] { return Leads(*a_); }, absl::Seconds(15))) << a_->Log();
+  EXPECT_THAT(a_->Log(), HasSubstr("imported 1 job, 0 quarantined steps, 1 failure event from " + single));
+  b_ = Start("b", {"--metrics-listen", "127.0.0.1:0"});
+  pb_ = Port(*b_);
+  ASSERT_GT(pb_, 0) << b_->Log();
+
+  const std::string both = absl::StrCat("127.0.0.1:", pb_, ",127.0.0.1:", pa_);
+  // The standby shows once its first roster refresh is in etcd.
+  std::pair<int, std::string> ctl;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        ctl = RunToEnd({CKPTD_CTL_BIN, "status", "--coordinator", both}, dir_.Sub("status.log"));
+        return ctl.second.find(absl::StrCat("standby 127.0.0.1:", pb_)) != std::string::npos;
+      },
+      absl::Seconds(15), absl::Milliseconds(500)))
+      << ctl.second;
+  EXPECT_EQ(ctl.first, 0) << ctl.second;
+  EXPECT_THAT(ctl.second, HasSubstr(absl::StrCat("coordinators: leader 127.0.0.1:", pa_, " (epoch ")));
+  EXPECT_THAT(ctl.second, HasSubstr("etcd prefix /ckptd/test, lease 3s"));
+  EXPECT_THAT(ctl.second, HasSubstr("etcd: 1 of 1 members healthy"));
+  EXPECT_THAT(ctl.second, HasSubstr(absl::StrCat(etcd_->endpoint(0), "  healthy  leader")));
+  EXPECT_THAT(ctl.second, HasSubstr("imported-job: checkpoints 17 committed"));
+  std::cerr << ctl.second;
+  ctl = RunToEnd({CKPTD_CTL_BIN, "status", "--json", "--coordinator", both}, dir_.Sub("status-json.log"));
+  EXPECT_EQ(ctl.first, 0) << ctl.second;
+  EXPECT_THAT(ctl.second, HasSubstr(absl::StrCat("\"replication\":{\"leader\":\"127.0.0.1:", pa_, "\"")));
+  EXPECT_THAT(ctl.second, HasSubstr(absl::StrCat("\"standbys\":[\"127.0.0.1:", pb_, "\"]")));
+  EXPECT_THAT(ctl.second, HasSubstr("\"healthy\":true"));
+
+  const int ma = NumberAfter(a_->Log(), "metrics on http://127.0.0.1:").value_or(0);
+  const int mb = NumberAfter(b_->Log(), "metrics on http://127.0.0.1:").value_or(0);
+  ASSERT_GT(ma, 0) << a_->Log();
+  ASSERT_GT(mb, 0) << b_->Log();
+  std::string metrics = HttpGet(ma, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_is_leader 1\n"));
+  EXPECT_THAT(metrics, HasSubstr("ckptd_etcd_request_seconds_count{call=\"Txn\"}"));
+  EXPECT_THAT(metrics, HasSubstr("ckptd_etcd_request_seconds_count{call=\"LeaseKeepAlive\"}"));
+  metrics = HttpGet(mb, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_is_leader 0\n"));
+  EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_leader_changes_total 0\n"));
+
+  // The leader dies: the standby leads, with the imported job, and counts
+  // one change of leader.
+  a_->Signal(SIGKILL);
+  ASSERT_TRUE(Eventually([&] { return Status(pb_).first.ok(); }, absl::Seconds(15))) << b_->Log();
+  ckptd::v1::GetClusterStatusResponse status;
+  ASSERT_THAT(Status(pb_, &status).first, ::ckptd::testing::IsOk());
+  EXPECT_THAT(status.DebugString(), HasSubstr("imported-job"));
+  EXPECT_EQ(status.replication().leader(), absl::StrCat("127.0.0.1:", pb_));
+  ASSERT_TRUE(Eventually([&] { return HttpGet(mb, "/metrics").find("ckptd_coordinator_is_leader 1\n") != std::string::npos; }));
+  metrics = HttpGet(mb, "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_leader_changes_total 1\n"));
+  EXPECT_THAT(b_->Log(), Not(HasSubstr("imported")));
+}
+
+// A state directory that is not one is refused before the replica joins
+// the election, naming the directory.
+TEST_F(ReplicatedCoordinatorTest, ImportingAMissingStateDirFailsAtStart) {
+  auto c = Start("bad", {"--import-state", dir_.Sub("no-such-state")});
+  ASSERT_TRUE(c->Exited(absl::Seconds(20))) << c->Log();
+  EXPECT_THAT(c->Log(), HasSubstr("holds no coordinator state to import"));
+  EXPECT_THAT(c->Log(), HasSubstr(dir_.Sub("no-such-state")));
+  EXPECT_THAT(c->Log(), Not(HasSubstr("standby on")));
 }
 
 // The same on a cluster of three etcd members.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "base/host_port.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/grpc_status.h"
@@ -162,6 +163,14 @@ absl::StatusOr<std::string> EtcdClient::Token(Member& member, bool renew) {
 
 template <typename Response, typename CallFn>
 absl::StatusOr<Response> EtcdClient::Call(absl::string_view what, CallFn call) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Response> result = CallMembers<Response>(what, std::move(call));
+  if (options_.on_call) options_.on_call(what, absl::Now() - start, result.status());
+  return result;
+}
+
+template <typename Response, typename CallFn>
+absl::StatusOr<Response> EtcdClient::CallMembers(absl::string_view what, CallFn call) {
   const size_t n = members_.size();
   const size_t first = preferred_.load(std::memory_order_relaxed) % n;
   std::vector<std::string> errors;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,6 +41,10 @@ struct EtcdOptions {
   std::string password;
   // Largest answer accepted from etcd.
   int max_receive_bytes = 64 << 20;
+  // Told of every call when it ends (its name, "Txn", "Range", "LeaseKeepAlive",
+  // ...; the time it took, failover to other members included; its result),
+  // from the calling thread. Must not call the client. Null: nothing told.
+  std::function<void(absl::string_view call, absl::Duration took, const absl::Status& result)> on_call = nullptr;
 };
 
 // Parses a comma-separated member list ("h1:2379,h2:2379" or with
@@ -97,6 +102,9 @@ class EtcdClient {  // thread-safe
   // answer is unavailable or late; (re)authenticates when etcd's auth is on.
   template <typename Response, typename Call>
   absl::StatusOr<Response> Call(absl::string_view what, Call call);
+  // The same without telling `on_call`.
+  template <typename Response, typename Call>
+  absl::StatusOr<Response> CallMembers(absl::string_view what, Call call);
   // A token for `member` from etcd's Authenticate (with user and password).
   absl::StatusOr<std::string> Token(Member& member, bool renew);
 
