@@ -97,7 +97,10 @@ CoordinatorCore::CoordinatorCore(storage::CheckpointStore* store, StateStore* st
       clock_(clock),
       options_(std::move(options)),
       observer_(observer),
-      drills_(std::make_unique<internal::DrillBook>()),
+      // Drill ids new to every agent: after a restart or a change of leader
+      // too (DrillBook).
+      drills_(std::make_unique<internal::DrillBook>(
+          (static_cast<uint64_t>(std::max<int64_t>(0, absl::ToUnixSeconds(clock->Now()))) << 20) + 1)),
       reshard_layouts_(std::make_unique<internal::ReshardLayouts>(store, /*keep=*/4, /*readers=*/8)) {
   last_tick_ = clock_->Now();
 }

@@ -15,6 +15,31 @@ namespace {
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// Agents ignore a drill id they carried out already: a coordinator started
+// again (or a new leader of replicated ones) a second later orders drills
+// under ids its predecessor never gave, and the agent gets the new order.
+TEST_F(CoordinatorCoreTest, ARestartedCoordinatorNeverReusesADrillId) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3});
+  CommitStep(10);
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse first, core_->RunDrill(req));
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse second, core_->RunDrill(req));
+  EXPECT_EQ(second.drill_id(), first.drill_id() + 1);
+  clock_.Advance(absl::Seconds(1));
+  Reset();
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3});
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse after, core_->RunDrill(req));
+  EXPECT_GT(after.drill_id(), second.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  ASSERT_EQ(ack.drills_size(), 1);
+  EXPECT_EQ(ack.drills(0).drill_id(), after.drill_id());
+}
+
 TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {
   // node-a allows drills, node-b does not.
   Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);

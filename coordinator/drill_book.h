@@ -27,6 +27,11 @@ struct Drill {
 
 class DrillBook {
  public:
+  // Ids start at `first_id` and grow by one per order. Agents ignore an id
+  // they carried out already, so a coordinator that restarts, or a new
+  // leader of replicated ones, must not reuse its predecessor's ids: the
+  // core starts them at its start time in seconds, times 2^20.
+  explicit DrillBook(uint64_t first_id = 1) : next_id_(first_id) {}
   // Records an order for `node`'s agent; returns the drill's id.
   uint64_t Order(const ckptd::v1::RunDrillRequest& order, const std::string& node, absl::Time now,
                  std::optional<uint64_t> newest_at_order, std::vector<std::string> partners = {});
@@ -48,7 +53,7 @@ class DrillBook {
  private:
   static constexpr size_t kMaxDrills = 256;
   std::map<uint64_t, Drill> drills_;
-  uint64_t next_id_ = 1;
+  uint64_t next_id_;
 };
 
 }  // namespace ckptd::coordinator::internal

@@ -34,6 +34,12 @@
 #                          store (each run under PREFIX/<run>; AWS_ENDPOINT_URL,
 #                          AWS_ACCESS_KEY_ID, ... name the store and the
 #                          credentials); default: a folder under DIR
+#   CKPTD_DEMO_REPLICAS=N  N (2..5) coordinator replicas on etcd (a one-member etcd
+#                          from Debian's etcd-server) instead of one coordinator;
+#                          the drill run then also SIGKILLs the leading replica
+#                          between drills (a supervisor restarts it, as systemd
+#                          would): the job goes on and must end with the same
+#                          digests, and the summary gives the failover times
 #   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
 #   CKPTD_BIN=DIR          where the binaries are (default build/bin)
 set -uo pipefail
@@ -45,6 +51,7 @@ STEPS="${CKPTD_DEMO_STEPS:-400}"
 STEP_MS="${CKPTD_DEMO_STEP_MS:-25}"
 STATE_MB="${CKPTD_DEMO_STATE_MB:-16}"
 DURABLE_EVERY="${CKPTD_DEMO_DURABLE_EVERY:-auto}"
+REPLICAS="${CKPTD_DEMO_REPLICAS:-1}"
 JOB="demo-job"
 NODES=(node-a node-b node-c)
 RANKS_PER_NODE=2
@@ -71,6 +78,11 @@ for b in ckptd-coordinator ckptd-agent ckptd-demo-trainer ckptctl; do
   [ -x "$BIN/$b" ] || fail "$BIN/$b is missing: build first"
 done
 command -v python3 >/dev/null || fail "python3 is needed to read ckptctl's JSON"
+case "$REPLICAS" in [1-5]) ;; *) fail "CKPTD_DEMO_REPLICAS=$REPLICAS: give 1 (one coordinator) to 5 replicas" ;; esac
+if [ "$REPLICAS" -gt 1 ]; then
+  ETCD_BIN=$(command -v etcd || echo /usr/bin/etcd)
+  [ -x "$ETCD_BIN" ] || fail "CKPTD_DEMO_REPLICAS needs etcd (Debian: etcd-server; scripts/install-deps.sh installs it)"
+fi
 case "$DIR" in /*) ;; *) DIR="$PWD/$DIR" ;; esac
 rm -rf "$DIR" && mkdir -p "$DIR" || fail "cannot create $DIR"
 say "data, logs and reports under $DIR"
@@ -129,9 +141,13 @@ start_cluster() {
   fi
   # The interval policy on: the failure rate assumed here (0.5 per GPU-hour)
   # makes its choice seconds, which suits a demo that lasts seconds.
-  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --storage-root "$ROOT" --state-dir "$CL/state" \
-    --heartbeat-interval 200ms --node-lost-after 1500ms --initial-every 20 --failure-rate 0.5 \
-    --min-interval 0 --decide-every 1s --keep 3 --durable-every "$DURABLE_EVERY" \
+  COORD_FLAGS=(--storage-root "$ROOT" --heartbeat-interval 200ms --node-lost-after 1500ms --initial-every 20
+    --failure-rate 0.5 --min-interval 0 --decide-every 1s --keep 3 --durable-every "$DURABLE_EVERY")
+  if [ "$REPLICAS" -gt 1 ]; then
+    start_replicas "$run"
+    return
+  fi
+  "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --state-dir "$CL/state" "${COORD_FLAGS[@]}" \
     >"$CL/logs/coordinator.out" 2>"$CL/logs/coordinator.log" &
   remember $!
   local port=""
@@ -151,6 +167,115 @@ start_cluster() {
     sleep 0.1
   done
   [ -s "$AGENT_TOKEN" ] || fail "the coordinator wrote no agent token (see $CL/logs/coordinator.log)"
+  start_agents
+}
+
+# Free TCP ports on 127.0.0.1, $1 of them (the system's choice, released
+# again: fixed ports let a restarted replica keep the address agents know).
+free_ports() {
+  python3 -c 'import socket,sys
+socks=[socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks: s.bind(("127.0.0.1",0))
+print("\n".join(str(s.getsockname()[1]) for s in socks))' "$1"
+}
+
+# Replicated coordinators: a one-member etcd, the tokens every replica
+# shares, and $REPLICAS replicas (each restarted when it dies); ADDR lists
+# them all, and agents and ckptctl follow the leader.
+start_replicas() {
+  local run="$1" ports=() i
+  mapfile -t ports < <(free_ports $((REPLICAS + 2)))
+  ETCD="127.0.0.1:${ports[0]}"
+  "$ETCD_BIN" --name demo --data-dir "$CL/etcd" --listen-client-urls "http://$ETCD" \
+    --advertise-client-urls "http://$ETCD" --listen-peer-urls "http://127.0.0.1:${ports[1]}" \
+    --initial-advertise-peer-urls "http://127.0.0.1:${ports[1]}" \
+    --initial-cluster "demo=http://127.0.0.1:${ports[1]}" >"$CL/logs/etcd.log" 2>&1 &
+  remember $!
+  TOKEN="$CL/state/operator-token"
+  AGENT_TOKEN="$CL/state/agent-token"
+  for f in "$TOKEN" "$AGENT_TOKEN"; do
+    (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$f")
+  done
+  COORD_PORTS=("${ports[@]:2}")
+  ADDR=$(printf '127.0.0.1:%s,' "${COORD_PORTS[@]}")
+  ADDR="${ADDR%,}"
+  for i in "${!COORD_PORTS[@]}"; do
+    supervise_coordinator "$i" "$run" 2>>"$CL/logs/supervisor.log" &
+    remember $!
+  done
+  for _ in $(seq 300); do
+    "$BIN/ckptctl" status --coordinator "$ADDR" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$BIN/ckptctl" status --coordinator "$ADDR" >/dev/null 2>&1 ||
+    fail "no coordinator replica leads (see $CL/logs/coordinator-*.log and $CL/logs/etcd.log)"
+  say "  $REPLICAS coordinator replicas on etcd $ETCD: $ADDR, leader $(replication_field leader)"
+  start_agents
+}
+
+# Replica $1 of the coordinator, restarted when it dies (as systemd would).
+supervise_coordinator() {
+  local i="$1" run="$2" n=0 child=""
+  trap 'kill -TERM "$child" 2>/dev/null; wait "$child" 2>/dev/null; exit 0' TERM
+  while [ ! -e "$STOP" ]; do
+    n=$((n + 1))
+    "$BIN/ckptd-coordinator" --listen "127.0.0.1:${COORD_PORTS[$i]}" --etcd-endpoints "$ETCD" \
+      --etcd-prefix "/ckptd/demo-$run" --operator-token-file "$TOKEN" --agent-token-file "$AGENT_TOKEN" \
+      "${COORD_FLAGS[@]}" >"$CL/logs/coordinator-$i.$n.out" 2>"$CL/logs/coordinator-$i.$n.log" &
+    child=$!
+    echo "$child" >>"$CL/agent-pids"
+    echo "$child" >"$CL/coordinator-$i.pid"
+    wait "$child"
+    local code=$?
+    [ -e "$STOP" ] && break
+    echo "demo:   coordinator replica $i exited ($code); restarting it, as systemd would"
+    sleep 0.5
+  done
+}
+
+# One field of `ckptctl status --json`'s replication (leader, epoch).
+replication_field() {
+  "$BIN/ckptctl" status --coordinator "$ADDR" --json 2>/dev/null |
+    python3 -c 'import json,sys
+r=(json.load(sys.stdin).get("replication") or {}).get(sys.argv[1])
+print("" if r is None else r)' "$1" 2>/dev/null
+}
+
+# SIGKILLs the leading replica; writes how long until another served and
+# until the job's next global commit to $DIR/failover.json.
+kill_leader() {
+  local leader epoch step i pid t0 t_serve="" t_commit="" now e s
+  leader=$(replication_field leader)
+  epoch=$(replication_field epoch)
+  step=$(job_field newest_committed_step)
+  for i in "${!COORD_PORTS[@]}"; do
+    [ "127.0.0.1:${COORD_PORTS[$i]}" = "$leader" ] && pid=$(cat "$CL/coordinator-$i.pid")
+  done
+  [ -n "${pid:-}" ] || fail "cannot tell which replica leads (leader: '${leader}')"
+  t0=$(date +%s.%N)
+  kill -KILL "$pid"
+  for _ in $(seq 600); do
+    now=$(date +%s.%N)
+    if [ -z "$t_serve" ]; then
+      e=$(replication_field epoch)
+      [ -n "$e" ] && [ "$e" != "$epoch" ] && t_serve=$(python3 -c "print(f'{$now - $t0:.2f}')")
+    fi
+    if [ -n "$t_serve" ]; then
+      s=$(job_field newest_committed_step)
+      if [ "${s:-0}" -gt "${step:-0}" ] 2>/dev/null; then
+        t_commit=$(python3 -c "print(f'{$now - $t0:.2f}')")
+        break
+      fi
+    fi
+    sleep 0.1
+  done
+  printf '{"killed": "%s", "epoch_before": %s, "epoch_after": %s, "serving_after_s": %s, "next_commit_after_s": %s, "committed_before": %s, "committed_after": %s}\n' \
+    "$leader" "${epoch:-null}" "$(replication_field epoch | sed 's/^$/null/')" "${t_serve:-null}" "${t_commit:-null}" \
+    "${step:-null}" "$(job_field newest_committed_step | sed 's/^$/null/')" >"$DIR/failover.json"
+  say "    leader $leader killed: a standby served after ${t_serve:-(never)} s, the job's next commit after ${t_commit:-(none)} s"
+}
+
+start_agents() {
   # Node i serves ranks i*RANKS_PER_NODE... on socket node<i>.sock.
   for i in "${!NODES[@]}"; do
     # (Its stderr: bash's own note when an agent is killed.)
@@ -293,6 +418,10 @@ CORRUPTED=$(job_field newest_committed_step)
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
   >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
 CORRUPT_CODE=$?
+if [ "$REPLICAS" -gt 1 ]; then
+  say "  drill: SIGKILL the leading coordinator replica; a standby takes over while the job trains"
+  kill_leader
+fi
 # The node crash comes once a checkpoint (durable or in memory) newer than
 # the step just quarantined has every rank's copy on a partner: older steps
 # may have left the agents' memory, and their ranks would read the disk.
@@ -411,14 +540,21 @@ if partners:
     crash(partners, "node + partner")
 # Memory checkpoints that a failure had written to disk from the copies that
 # survived it (as the coordinator logged them).
-try:
-    with open(f"{d}/run/logs/coordinator.log") as f:
-        log = f.read()
-except OSError:
-    log = ""
+import glob
+log = ""
+for name in sorted(glob.glob(f"{d}/run/logs/coordinator*.log")):
+    with open(name, errors="replace") as f:
+        log += f.read()
 for step in re.findall(r"memory checkpoint (\d+) is durable, written by the emergency persist", log):
     print(f"  emergency persist step {step}, a memory checkpoint: written to disk from the copies that survived"
           f" the failure")
+failover = load("failover.json")
+if failover:
+    serve, commit = failover.get("serving_after_s"), failover.get("next_commit_after_s")
+    print(f"  leader killed    {failover['killed']} (epoch {failover['epoch_before']}): a standby served as epoch"
+          f" {failover['epoch_after']} after {serve if serve is not None else '(never)'} s; the job's next commit"
+          f" (step {failover['committed_after']}, after {failover['committed_before']}) came"
+          f" {commit if commit is not None else '(never)'} s after the kill")
 print(f"  digests          {matching} of {world} ranks equal to the reference run")
 print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html,"
       f" {d}/drill-kill-partners.html")
@@ -430,6 +566,11 @@ EOF
 [ "$PARTNERS_CODE" -eq 0 ] ||
   fail "the kill-node --with-partners drill did not pass (see $DIR/drill-kill-partners.json and .err)"
 [ "$matching" -eq "$WORLD" ] || fail "only $matching of $WORLD ranks ended with the reference digest"
+if [ "$REPLICAS" -gt 1 ]; then
+  python3 -c 'import json,sys; f=json.load(open(sys.argv[1])); sys.exit(0 if f["next_commit_after_s"] is not None else 1)' \
+    "$DIR/failover.json" 2>/dev/null ||
+    fail "after the leading coordinator was killed, the job committed no new step within 60 s (see $DIR/failover.json)"
+fi
 
 # ------------------------------------------------- 4. a node lost for good
 LEFT=$((WORLD - RANKS_PER_NODE))
