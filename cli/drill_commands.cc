@@ -62,6 +62,11 @@ const char kDrillHelp[] =
     "  storage-slow     ... waits --slow per operation for --duration; for the three\n"
     "                   storage scenarios training must go on without a restart and\n"
     "                   checkpoints commit again once the fault is lifted\n"
+    "  kill-coordinator replicated coordinators only (no --target): the leading\n"
+    "                   coordinator SIGKILLs itself just after it answers; expects a\n"
+    "                   standby to lead within 10 s, a step committed after the kill,\n"
+    "                   nothing partial committed, and training going on; the report\n"
+    "                   gives the time to the new leader and to the next commit\n"
     "\n"
     "  --target T       a rank number of the job (0..1048575), or a node id (agent and storage\n"
     "                   scenarios)\n"
@@ -194,6 +199,9 @@ absl::StatusOr<DrillSpec> ParseDrillSpec(const std::string& scenario, const base
       return absl::InvalidArgumentError(
           absl::StrCat("--target of ", spec.info->name, " is a rank number; got \"", *target, "\""));
     }
+  }
+  if (spec.info->scenario == ckptd::v1::KILL_COORDINATOR && (args.Has("target") || args.Has("at-step"))) {
+    return absl::InvalidArgumentError("kill-coordinator strikes the leading coordinator at once: no --target or --at-step");
   }
   if (args.Has("with-partners")) {
     if (spec.info->scenario != ckptd::v1::KILL_NODE) {

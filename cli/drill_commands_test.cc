@@ -82,6 +82,69 @@ class DrillCommandTest : public OperatorCommandsTest {
   }
 };
 
+// kill-coordinator: the leader answers the order and dies; the drill
+// follows the replica that leads under a new epoch, waits for a step
+// committed after the kill, and reports both times.
+TEST_F(DrillCommandTest, KillCoordinatorFollowsTheNewLeaderToTheNextCommit) {
+  fake_.run_drill->set_node_id("10.0.0.1:7070");
+  ckptd::v1::GetClusterStatusResponse before = Running(47, {});
+  before.mutable_jobs(0)->set_ranks_alive(4);
+  before.mutable_replication()->set_leader("10.0.0.1:7070");
+  before.mutable_replication()->set_epoch(5);
+  fake_.cluster = before;
+  ckptd::v1::GetClusterStatusResponse after = Running(63, {});
+  after.mutable_replication()->set_leader("10.0.0.2:7070");
+  after.mutable_replication()->set_epoch(9);
+  fake_.cluster_from_call[3] = after;  // two answers of the old epoch (before the order, and one poll)
+  ckptd::v1::ListStepsResponse old_steps;
+  *old_steps.add_steps() = Step(20, ckptd::v1::STEP_COMMITTED);
+  *old_steps.add_steps() = Step(40, ckptd::v1::STEP_COMMITTED);
+  ckptd::v1::ListStepsResponse new_steps = old_steps;
+  ckptd::v1::StepEntry* next = new_steps.add_steps();
+  *next = Step(60, ckptd::v1::STEP_COMMITTED);
+  next->set_committed_unix_nanos(absl::ToUnixNanos(now_ + absl::Seconds(30)));
+  fake_.steps = {old_steps, new_steps};
+
+  Result r = Drill({"--job", "llm", "--scenario", "kill-coordinator", "--json", "--token-file",
+                    TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitOk) << r.out << r.err;
+  ASSERT_TRUE(fake_.drill_request.has_value());
+  EXPECT_EQ(fake_.drill_request->scenario(), ckptd::v1::KILL_COORDINATOR);
+  EXPECT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("\"new_leader\":\"10.0.0.2:7070\""));
+  EXPECT_THAT(r.out, HasSubstr("\"failover_seconds\":"));
+  EXPECT_THAT(r.out, HasSubstr("\"next_commit_seconds\":"));
+  EXPECT_THAT(r.out, HasSubstr("SIGKILL to the leading coordinator 10.0.0.1:7070 (epoch 5)"));
+  EXPECT_THAT(r.out, HasSubstr("\"detail\":\"step 60, "));
+  EXPECT_THAT(r.out, HasSubstr("\"passed\":true"));
+  EXPECT_THAT(r.out, HasSubstr("the fastest rank at step 63, 47 before the kill"));
+  EXPECT_THAT(r.out, HasSubstr("\"scenario\":\"kill-coordinator\""));
+
+  // No new leader within --watch: the verdict fails, naming it.
+  fake_.cluster_from_call.clear();
+  fake_.cluster_calls = 0;
+  fake_.list_steps_calls = 0;
+  r = Drill({"--job", "llm", "--scenario", "kill-coordinator", "--watch", "5s", "--token-file",
+             TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitFailed) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FAIL  a standby took over: no new leader within --watch 5s"));
+  EXPECT_THAT(r.out, HasSubstr("FAIL  the job committed a step after the kill: none within --watch"));
+  EXPECT_THAT(r.out, HasSubstr("kill-coordinator: the leader 10.0.0.1:7070"));
+}
+
+TEST_F(DrillCommandTest, KillCoordinatorTakesNoTargetAndASingleCoordinatorRefusesIt) {
+  Result r = Drill({"--job", "llm", "--scenario", "kill-coordinator", "--target", "1", "--token-file",
+                    TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitUsage) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kill-coordinator strikes the leading coordinator at once: no --target or --at-step"));
+  EXPECT_FALSE(fake_.drill_request.has_value());
+  fake_.run_drill = absl::FailedPreconditionError(
+      "KILL_COORDINATOR needs replicated coordinators (--etcd-endpoints): a single coordinator has no standby");
+  r = Drill({"--job", "llm", "--scenario", "kill-coordinator", "--token-file", TokenFile("drill-token", "s3cret")});
+  EXPECT_EQ(r.code, base::kExitFailed) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("needs replicated coordinators"));
+}
+
 TEST_F(DrillCommandTest, KilledTrainerIsDetectedRestoredAndJudged) {
   // Reported, then detected and resumed.
   const ckptd::v1::DrillStatus after = Resumed();

@@ -159,6 +159,8 @@ void AppendDrillSection(const DrillOutcome& d, size_t index, std::string* s) {
   auto row = [&](const std::string& k, const std::string& v) {
     absl::StrAppend(s, "<tr><th>", XmlEscape(k), "</th><td>", XmlEscape(v), "</td></tr>\n");
   };
+  if (d.failover_seconds) row("new leader", absl::StrFormat("%s, %.2f s after the kill", d.new_leader, *d.failover_seconds));
+  if (d.next_commit_seconds) row("next commit", absl::StrFormat("%.2f s after the kill", *d.next_commit_seconds));
   row("detection", DetectionText(d));
   row("step restored", RestoredText(d));
   if (d.status.restore_sources().ranks_size() > 0) row("read from", RestoreSourcesText(d.status.restore_sources()));
@@ -198,6 +200,9 @@ void AppendDrillSection(const DrillOutcome& d, size_t index, std::string* s) {
 }  // namespace
 
 std::string DrillTitle(const DrillOutcome& d) {
+  if (d.status.request().scenario() == ckptd::v1::KILL_COORDINATOR) {
+    return absl::StrCat(d.scenario, ": the leader ", d.status.node_id());
+  }
   return absl::StrCat(
       d.scenario, " on node ", d.status.node_id(),
       d.status.request().target_node().empty() ? absl::StrCat(" (rank ", d.status.request().rank(), ")") : "",
@@ -256,6 +261,11 @@ void WriteDrillJson(const DrillOutcome& d, JsonWriter& w) {
   w.Field("lost_steps", d.lost_steps);
   w.Field("lost_seconds", d.lost_seconds);
   w.Field("restart_seconds", d.restart_seconds);
+  if (d.failover_seconds) {
+    w.Field("failover_seconds", *d.failover_seconds);
+    w.Field("new_leader", d.new_leader);
+  }
+  if (d.next_commit_seconds) w.Field("next_commit_seconds", *d.next_commit_seconds);
   w.Field("fault_lifted", st.report().ended());
   w.Field("fault_lifted_unix_nanos", st.report().ended_unix_nanos());
   if (d.damaged_verified) w.Field("verified_step", d.damaged_verified->step());
@@ -315,6 +325,13 @@ void PrintDrillReport(const DrillOutcome& d, std::ostream& out) {
   out << "\ntimeline (from the injection)\n";
   out << "  " << at(st.ordered_unix_nanos()) << "  ordered\n";
   if (d.injected) out << "  " << at(injected_at) << "  injected: " << TerminalSafe(st.report().detail()) << "\n";
+  if (d.failover_seconds) {
+    out << "  " << absl::StrFormat("%+8.3f s", *d.failover_seconds) << "  " << TerminalSafe(d.new_leader)
+        << " leads\n";
+  }
+  if (d.next_commit_seconds) {
+    out << "  " << absl::StrFormat("%+8.3f s", *d.next_commit_seconds) << "  the job committed a step\n";
+  }
   for (const auto& e : st.events()) {
     out << "  " << at(e.unix_nanos()) << "  detected " << FailureKindName(e.kind())
         << (e.node_id().empty() ? "" : " on ") << TerminalSafe(Where(e)) << ": " << TerminalSafe(e.detail()) << "\n";

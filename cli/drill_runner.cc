@@ -154,7 +154,123 @@ absl::Status DrillRunner::Settle(int64_t committed_after, absl::Duration settle,
       absl::StrCat("job ", job_, " was not healthy within ", absl::FormatDuration(settle), ": ", missing));
 }
 
+namespace {
+
+// The job `job` in `cs`, or null.
+const ckptd::v1::JobStatus* FindJobStatus(const ckptd::v1::GetClusterStatusResponse& cs, const std::string& job) {
+  for (const ckptd::v1::JobStatus& j : cs.jobs()) {
+    if (j.job() == job) return &j;
+  }
+  return nullptr;
+}
+
+// How long a standby may take to serve after the leader's death, and the
+// job to commit after it (the targets with default settings).
+constexpr double kFailoverTarget = 10;
+
+}  // namespace
+
+absl::StatusOr<DrillOutcome> DrillRunner::RunKillCoordinator(const DrillSpec& spec, RpcError* error) {
+  DrillOutcome d;
+  d.scenario = spec.info->name;
+  d.job = job_;
+  absl::StatusOr<ckptd::v1::GetClusterStatusResponse> before = api_.ClusterStatus();
+  if (!before.ok()) {
+    *error = {"GetClusterStatus", before.status()};
+    return before.status();
+  }
+  const ckptd::v1::JobStatus* job_before = FindJobStatus(*before, job_);
+  const uint64_t fastest_before = job_before != nullptr ? job_before->fastest_step() : 0;
+  const uint64_t epoch_before = before->replication().epoch();
+  ckptd::v1::RunDrillRequest req = spec.request;
+  req.set_job(job_);
+  const int64_t ordered_at = absl::ToUnixNanos(env_.now());
+  absl::StatusOr<ckptd::v1::RunDrillResponse> ordered = api_.RunDrill(req);
+  if (!ordered.ok()) {
+    *error = {"RunDrill", ordered.status()};
+    return ordered.status();
+  }
+  const absl::Time killed = env_.now();
+  ckptd::v1::DrillStatus& st = d.status;
+  st.set_drill_id(ordered->drill_id());
+  *st.mutable_request() = req;
+  st.set_node_id(ordered->node_id());
+  st.set_ordered_unix_nanos(ordered_at);
+  st.mutable_report()->set_drill_id(ordered->drill_id());
+  st.mutable_report()->set_injected(true);
+  st.mutable_report()->set_injected_unix_nanos(absl::ToUnixNanos(killed));
+  st.mutable_report()->set_detail(
+      absl::StrCat("SIGKILL to the leading coordinator ", ordered->node_id(), " (epoch ", epoch_before, ")"));
+  d.injected = true;
+  if (progress_ != nullptr) {
+    *progress_ << "drill " << ordered->drill_id() << ": kill-coordinator: the leader "
+               << TerminalSafe(ordered->node_id()) << " (epoch " << epoch_before << ") kills itself\n"
+               << std::flush;
+  }
+  // A new leader, then a step committed after the kill. Calls fail while no
+  // replica leads: they are asked again.
+  const absl::Time give_up = killed + spec.watch;
+  ckptd::v1::GetClusterStatusResponse after;
+  std::optional<uint64_t> committed;
+  while (true) {
+    absl::StatusOr<ckptd::v1::GetClusterStatusResponse> cs = api_.ClusterStatus();
+    if (cs.ok() && cs->has_replication() && cs->replication().epoch() != epoch_before) {
+      after = *cs;
+      if (!d.failover_seconds) {
+        d.failover_seconds = absl::ToDoubleSeconds(env_.now() - killed);
+        d.new_leader = cs->replication().leader();
+        if (progress_ != nullptr) {
+          *progress_ << absl::StrFormat("  %s leads as epoch %d, %.2f s after the kill\n",
+                                        TerminalSafe(d.new_leader), cs->replication().epoch(), *d.failover_seconds)
+                     << std::flush;
+        }
+      }
+      ckptd::v1::ListStepsRequest lr;
+      lr.set_job(job_);
+      absl::StatusOr<ckptd::v1::ListStepsResponse> steps = api_.ListSteps(lr);
+      if (steps.ok()) {
+        committed = NewestCommittedAfter(steps->steps(), absl::ToUnixNanos(killed));
+        if (committed) {
+          d.next_commit_seconds = absl::ToDoubleSeconds(env_.now() - killed);
+          d.steps.assign(steps->steps().begin(), steps->steps().end());
+          break;
+        }
+      }
+    }
+    if (env_.now() >= give_up) break;
+    env_.sleep(env_.poll_interval);
+  }
+  d.ended_unix_nanos = absl::ToUnixNanos(env_.now());
+  std::vector<DrillVerdict>& verdicts = d.verdicts;
+  verdicts.push_back({"a standby took over", d.failover_seconds.has_value(),
+                      d.failover_seconds ? absl::StrFormat("%s leads as epoch %d", d.new_leader,
+                                                           after.replication().epoch())
+                                         : absl::StrCat("no new leader within --watch ",
+                                                        absl::FormatDuration(spec.watch))});
+  if (d.failover_seconds) {
+    verdicts.push_back({absl::StrFormat("it served within %.0f s", kFailoverTarget),
+                        *d.failover_seconds <= kFailoverTarget,
+                        absl::StrFormat("%.2f s after the kill", *d.failover_seconds)});
+  }
+  verdicts.push_back({"the job committed a step after the kill", committed.has_value(),
+                      committed ? absl::StrFormat("step %d, %.2f s after the kill", *committed, *d.next_commit_seconds)
+                                : "none within --watch"});
+  bool partial = false;
+  for (const StepEntry& e : d.steps) {
+    partial |= e.state() == ckptd::v1::STEP_COMMITTED && e.ranks_reported() != e.world_size();
+  }
+  verdicts.push_back({"nothing partial committed", !partial, partial ? "a committed step lacks a rank" : ""});
+  const ckptd::v1::JobStatus* job_after = FindJobStatus(after, job_);
+  const bool trained = job_after != nullptr && job_after->fastest_step() > fastest_before;
+  verdicts.push_back({"training went on", trained,
+                      job_after == nullptr ? "the new leader does not know the job"
+                                           : absl::StrCat("the fastest rank at step ", job_after->fastest_step(),
+                                                          ", ", fastest_before, " before the kill")});
+  return d;
+}
+
 absl::StatusOr<DrillOutcome> DrillRunner::Run(const DrillSpec& spec, RpcError* error) {
+  if (spec.info->scenario == ckptd::v1::KILL_COORDINATOR) return RunKillCoordinator(spec, error);
   DrillOutcome d;
   d.scenario = spec.info->name;
   d.job = job_;

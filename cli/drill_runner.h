@@ -37,6 +37,7 @@ inline constexpr DrillScenarioInfo kDrillScenarios[] = {
     {"storage-eio", ckptd::v1::STORAGE_EIO, true, true},
     {"storage-enospc", ckptd::v1::STORAGE_ENOSPC, true, true},
     {"storage-slow", ckptd::v1::STORAGE_SLOW, true, true},
+    {"kill-coordinator", ckptd::v1::KILL_COORDINATOR, false, false},
 };
 // The entry of `s`; null for one this ckptctl does not know.
 const DrillScenarioInfo* FindDrillScenario(ckptd::v1::DrillScenario s);
@@ -78,6 +79,11 @@ struct DrillOutcome {
   uint64_t lost_steps = 0;
   double lost_seconds = 0;
   double restart_seconds = 0;
+  // kill-coordinator: from the kill to a new leader answering, and to the
+  // job's next global commit; the new leader's address.
+  std::optional<double> failover_seconds;
+  std::optional<double> next_commit_seconds;
+  std::string new_leader;
 
   // Every expectation held (and there was one).
   bool passed() const;
@@ -116,6 +122,9 @@ class DrillRunner {
 
  private:
   absl::Status Refresh(uint64_t drill_id, ckptd::v1::DrillStatus* st, RpcError* error);
+  // kill-coordinator: the leader kills itself; the drill follows the replica
+  // that takes over (no agent reports on it).
+  absl::StatusOr<DrillOutcome> RunKillCoordinator(const DrillSpec& spec, RpcError* error);
   // The newest step committed after `nanos`, if any.
   std::optional<uint64_t> CommittedAfter(int64_t nanos);
   void Judge(const DrillSpec& spec, const ckptd::v1::RestorePreview& preview, DrillOutcome* d) const;

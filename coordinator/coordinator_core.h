@@ -102,6 +102,10 @@ struct CoordinatorOptions {
   // Replicated coordinators: the leadership's epoch, sent with every
   // registration and heartbeat answer (agents refuse older ones); 0 alone.
   uint64_t epoch = 0;
+  // Replicated coordinators: carries a KILL_COORDINATOR drill out (this
+  // process dies soon after the answer goes out) and returns this replica's
+  // address. Null: the scenario is refused.
+  std::function<std::string()> kill_self = nullptr;
   // Where the component reports what an operator should read (default:
   // base::DefaultLogger()); must outlive it.
   base::Logger* logger = nullptr;

@@ -56,6 +56,9 @@ absl::Status ValidateDrill(const ckptd::v1::RunDrillRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "with_partners (ckptctl drill run --with-partners) applies to KILL_NODE only, not to ", name));
   }
+  if (scenario == ckptd::v1::KILL_COORDINATOR && (!request.target_node().empty() || request.at_step() > 0)) {
+    return absl::InvalidArgumentError("KILL_COORDINATOR strikes the leading coordinator at once: no target or step");
+  }
   if (!request.target_node().empty()) {
     CKPTD_RETURN_IF_ERROR(ValidateNodeId(request.target_node()));
     if (!TargetsNode(scenario)) {
@@ -121,6 +124,19 @@ absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckpt
   absl::MutexLock l(&mu_);
   Job* job = FindJob(request.job());
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", request.job()));
+  if (request.scenario() == ckptd::v1::KILL_COORDINATOR) {
+    if (!options_.kill_self) {
+      return absl::FailedPreconditionError(
+          "KILL_COORDINATOR needs replicated coordinators (--etcd-endpoints): a single coordinator has no standby "
+          "to take over, and would not come back on its own");
+    }
+    ckptd::v1::RunDrillResponse response;
+    response.set_drill_id(drills_->TakeId());
+    logger_->Warning(absl::StrCat("drill ", response.drill_id(), " (KILL_COORDINATOR, job ", request.job(),
+                                  "): this leader kills itself (SIGKILL)"));
+    response.set_node_id(options_.kill_self());
+    return response;
+  }
   std::string node = request.target_node();
   if (node.empty()) {
     CKPTD_ASSIGN_OR_RETURN(node, NodeOfRank(*job, request));

@@ -15,6 +15,45 @@ namespace {
 using ::ckptd::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// KILL_COORDINATOR is carried out by the coordinator itself, and only by a
+// replicated one (options.kill_self, set by the binary with --etcd-endpoints):
+// a single coordinator refuses it, saying why; a replica answers with its
+// own address and a fresh drill id, and has kill_self called once.
+TEST_F(CoordinatorCoreTest, KillCoordinatorIsForReplicatedCoordinatorsOnly) {
+  Register("node-a", {0, 1});
+  Register("node-b", {2, 3});
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_COORDINATOR);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                             HasSubstr("KILL_COORDINATOR needs replicated coordinators")));
+  int kills = 0;
+  options_.kill_self = [&kills] {
+    ++kills;
+    return std::string("10.0.0.2:7070");
+  };
+  Reset();
+  Register("node-a", {0, 1});
+  Register("node-b", {2, 3});
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  EXPECT_EQ(ordered.node_id(), "10.0.0.2:7070");
+  EXPECT_GT(ordered.drill_id(), 0u);
+  EXPECT_EQ(kills, 1);
+  // No agent is told anything.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  EXPECT_TRUE(ack.drills().empty());
+  // It strikes the leader at once: a target or a step is refused.
+  req.set_target_node("node-a");
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no target or step")));
+  req.clear_target_node();
+  req.set_at_step(100);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no target or step")));
+  req.set_job("no-such-job");
+  req.set_at_step(0);
+  EXPECT_THAT(core_->RunDrill(req), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no job no-such-job")));
+  EXPECT_EQ(kills, 1);
+}
+
 // Agents ignore a drill id they carried out already: a coordinator started
 // again (or a new leader of replicated ones) a second later orders drills
 // under ids its predecessor never gave, and the agent gets the new order.

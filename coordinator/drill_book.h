@@ -45,6 +45,8 @@ class DrillBook {
   // Adds the orders `node`'s agent has not reported on to its heartbeat answer.
   void AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack) const;
   const Drill* Find(uint64_t id) const;
+  // An id for a drill carried out without an agent (KILL_COORDINATOR).
+  uint64_t TakeId() { return next_id_++; }
   // When the first node `drill` strikes was struck: its own report's time or,
   // with partners, the earliest of the reports of the drills ordered with it
   // on the partners (any of them may fail first). nullopt before any report.

@@ -453,6 +453,16 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
         // A replica that lost its leadership writes nothing more.
         options.may_write = [&election] { return election.Leading().status(); };
         options.epoch = static_cast<uint64_t>(info.epoch);
+        // The drill KILL_COORDINATOR: this process dies as a crashed leader
+        // would, once the answer is out.
+        options.kill_self = [advertise]() {
+          std::thread([] {
+            absl::SleepFor(absl::Milliseconds(300));
+            std::cerr << "ckptd-coordinator: drill KILL_COORDINATOR: SIGKILL to this process" << std::endl;
+            ::kill(::getpid(), SIGKILL);
+          }).detach();
+          return advertise;
+        };
         l->core = std::make_unique<co::CoordinatorCore>(store, l->state.get(), clock, options, metrics);
         recovered = l->core->Recover();
       }

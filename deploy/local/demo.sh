@@ -36,8 +36,9 @@
 #                          credentials); default: a folder under DIR
 #   CKPTD_DEMO_REPLICAS=N  N (2..5) coordinator replicas on etcd (a one-member etcd
 #                          from Debian's etcd-server) instead of one coordinator;
-#                          the drill run then also SIGKILLs the leading replica
-#                          between drills (a supervisor restarts it, as systemd
+#                          the drill run then also has the leading replica kill
+#                          itself between drills (ckptctl drill run --scenario
+#                          kill-coordinator; a supervisor restarts it, as systemd
 #                          would): the job goes on and must end with the same
 #                          digests, and the summary gives the failover times
 #   CKPTD_DEMO_NO_BUILD=1  use the binaries as they are (no install, no build)
@@ -241,40 +242,6 @@ r=(json.load(sys.stdin).get("replication") or {}).get(sys.argv[1])
 print("" if r is None else r)' "$1" 2>/dev/null
 }
 
-# SIGKILLs the leading replica; writes how long until another served and
-# until the job's next global commit to $DIR/failover.json.
-kill_leader() {
-  local leader epoch step i pid t0 t_serve="" t_commit="" now e s
-  leader=$(replication_field leader)
-  epoch=$(replication_field epoch)
-  step=$(job_field newest_committed_step)
-  for i in "${!COORD_PORTS[@]}"; do
-    [ "127.0.0.1:${COORD_PORTS[$i]}" = "$leader" ] && pid=$(cat "$CL/coordinator-$i.pid")
-  done
-  [ -n "${pid:-}" ] || fail "cannot tell which replica leads (leader: '${leader}')"
-  t0=$(date +%s.%N)
-  kill -KILL "$pid"
-  for _ in $(seq 600); do
-    now=$(date +%s.%N)
-    if [ -z "$t_serve" ]; then
-      e=$(replication_field epoch)
-      [ -n "$e" ] && [ "$e" != "$epoch" ] && t_serve=$(python3 -c "print(f'{$now - $t0:.2f}')")
-    fi
-    if [ -n "$t_serve" ]; then
-      s=$(job_field newest_committed_step)
-      if [ "${s:-0}" -gt "${step:-0}" ] 2>/dev/null; then
-        t_commit=$(python3 -c "print(f'{$now - $t0:.2f}')")
-        break
-      fi
-    fi
-    sleep 0.1
-  done
-  printf '{"killed": "%s", "epoch_before": %s, "epoch_after": %s, "serving_after_s": %s, "next_commit_after_s": %s, "committed_before": %s, "committed_after": %s}\n' \
-    "$leader" "${epoch:-null}" "$(replication_field epoch | sed 's/^$/null/')" "${t_serve:-null}" "${t_commit:-null}" \
-    "${step:-null}" "$(job_field newest_committed_step | sed 's/^$/null/')" >"$DIR/failover.json"
-  say "    leader $leader killed: a standby served after ${t_serve:-(never)} s, the job's next commit after ${t_commit:-(none)} s"
-}
-
 start_agents() {
   # Node i serves ranks i*RANKS_PER_NODE... on socket node<i>.sock.
   for i in "${!NODES[@]}"; do
@@ -418,9 +385,13 @@ CORRUPTED=$(job_field newest_committed_step)
   --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-corrupt-shard.html" \
   >"$DIR/drill-corrupt-shard.json" 2>"$DIR/drill-corrupt-shard.err"
 CORRUPT_CODE=$?
+COORD_CODE=0
 if [ "$REPLICAS" -gt 1 ]; then
-  say "  drill: SIGKILL the leading coordinator replica; a standby takes over while the job trains"
-  kill_leader
+  say "  drill: the leading coordinator replica SIGKILLs itself; a standby takes over while the job trains"
+  "$BIN/ckptctl" drill run --job "$JOB" --scenario kill-coordinator --watch 1m \
+    --coordinator "$ADDR" --token-file "$TOKEN" --json --html "$DIR/drill-kill-coordinator.html" \
+    >"$DIR/drill-kill-coordinator.json" 2>"$DIR/drill-kill-coordinator.err"
+  COORD_CODE=$?
 fi
 # The node crash comes once a checkpoint (durable or in memory) newer than
 # the step just quarantined has every rank's copy on a partner: older steps
@@ -548,13 +519,15 @@ for name in sorted(glob.glob(f"{d}/run/logs/coordinator*.log")):
 for step in re.findall(r"memory checkpoint (\d+) is durable, written by the emergency persist", log):
     print(f"  emergency persist step {step}, a memory checkpoint: written to disk from the copies that survived"
           f" the failure")
-failover = load("failover.json")
-if failover:
-    serve, commit = failover.get("serving_after_s"), failover.get("next_commit_after_s")
-    print(f"  leader killed    {failover['killed']} (epoch {failover['epoch_before']}): a standby served as epoch"
-          f" {failover['epoch_after']} after {serve if serve is not None else '(never)'} s; the job's next commit"
-          f" (step {failover['committed_after']}, after {failover['committed_before']}) came"
-          f" {commit if commit is not None else '(never)'} s after the kill")
+kc = load("drill-kill-coordinator.json")
+if kc:
+    serve, commit = kc.get("failover_seconds"), kc.get("next_commit_seconds")
+    print(f"  leader killed    {kc.get('node')}: " + (f"{kc.get('new_leader')} led after {serve:.2f} s"
+          if serve is not None else "no standby took over") + "; " + (f"the job's next commit came {commit:.2f} s"
+          " after the kill" if commit is not None else "the job committed nothing after it"))
+    failed = [v["expectation"] for v in kc.get("verdict", []) if not v["held"]]
+    if failed:
+        print(f"  drill verdict    FAIL: {'; '.join(failed)}")
 print(f"  digests          {matching} of {world} ranks equal to the reference run")
 print(f"  reports          {d}/drill-kill-trainer.html, {d}/drill-corrupt-shard.html, {d}/drill-kill-node.html,"
       f" {d}/drill-kill-partners.html")
@@ -566,11 +539,8 @@ EOF
 [ "$PARTNERS_CODE" -eq 0 ] ||
   fail "the kill-node --with-partners drill did not pass (see $DIR/drill-kill-partners.json and .err)"
 [ "$matching" -eq "$WORLD" ] || fail "only $matching of $WORLD ranks ended with the reference digest"
-if [ "$REPLICAS" -gt 1 ]; then
-  python3 -c 'import json,sys; f=json.load(open(sys.argv[1])); sys.exit(0 if f["next_commit_after_s"] is not None else 1)' \
-    "$DIR/failover.json" 2>/dev/null ||
-    fail "after the leading coordinator was killed, the job committed no new step within 60 s (see $DIR/failover.json)"
-fi
+[ "$COORD_CODE" -eq 0 ] ||
+  fail "the kill-coordinator drill did not pass (see $DIR/drill-kill-coordinator.json and .err)"
 
 # ------------------------------------------------- 4. a node lost for good
 LEFT=$((WORLD - RANKS_PER_NODE))

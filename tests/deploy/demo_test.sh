@@ -45,8 +45,9 @@ check "after a node and its partner crashed, their ranks read the disk tiers" \
 check "the drill reports were written" test -s "$WORK/full/drill-kill-node.html" -a -s "$WORK/full/drill-kill-partners.html"
 if [ -n "${CKPTD_DEMO_REPLICAS:-}" ]; then
   check "the replicas started on etcd" grep -q "$CKPTD_DEMO_REPLICAS coordinator replicas on etcd" "$WORK/full.log"
-  check "the leader was killed and a standby served" grep -qE "^  leader killed .*a standby served as epoch [0-9]+ after [0-9.]+ s" "$WORK/full.log"
-  check "the job committed a step after the failover" grep -qE "the job's next commit \(step [0-9]+, after [0-9]+\) came [0-9.]+ s after the kill" "$WORK/full.log"
+  check "the leader was killed and a standby led" grep -qE "^  leader killed    127.0.0.1:[0-9]+: 127.0.0.1:[0-9]+ led after [0-9.]+ s" "$WORK/full.log"
+  check "the job committed a step after the failover" grep -qE "the job's next commit came [0-9.]+ s after the kill" "$WORK/full.log"
+  check "the kill-coordinator drill report was written" test -s "$WORK/full/drill-kill-coordinator.html"
 fi
 sleep 0.5
 check "no process left behind" [ -z "$(leftovers "$WORK/full")" ]
