@@ -358,26 +358,45 @@ TEST_F(ReplicatedOnThreeMembersTest, AMemberLostChangesNothingAQuorumLostStopsSe
   ASSERT_THAT(Register(pa_, "quorum-job"), ::ckptd::testing::IsOk());
   absl::SleepFor(absl::Seconds(1));  // the job's record reaches etcd at a tick
 
-  // One member of three lost: the leader goes on.
+  // One member of three lost (etcd's raft leader, maybe: etcd then elects
+  // another, a second or two without answers): service goes on, with the
+  // job's record. The leader renews its lease again at once when a renewal
+  // fails, so it normally keeps leading; on a loaded machine the
+  // leadership may move to the other replica, which is service too.
   ASSERT_TRUE(etcd_->Kill(2).ok());
   absl::SleepFor(absl::Seconds(5));
-  EXPECT_THAT(Status(pa_).first, ::ckptd::testing::IsOk()) << a_->Log();
-  EXPECT_EQ(a_->Log().find("stepping down"), std::string::npos) << a_->Log();
+  int serving = 0;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        serving = Status(pa_).first.ok() ? pa_ : Status(pb_).first.ok() ? pb_ : 0;
+        return serving != 0;
+      },
+      absl::Seconds(10), absl::Milliseconds(100)))
+      << a_->Log() << b_->Log();
+  {
+    ckptd::v1::GetClusterStatusResponse status;
+    ASSERT_THAT(Status(serving, &status).first, ::ckptd::testing::IsOk());
+    EXPECT_THAT(status.DebugString(), HasSubstr("quorum-job"));
+    EXPECT_EQ(status.replication().etcd_members_size(), 3);
+  }
+  if (serving != pa_) std::cerr << "the leadership moved when an etcd member was lost:\n" << a_->Log();
 
   // Two lost: no lease can be renewed; the leader steps down saying why, and
   // no replica serves.
+  CoordinatorProcess& leader = serving == pa_ ? *a_ : *b_;
+  const size_t seen = leader.Log().size();
   ASSERT_TRUE(etcd_->Kill(1).ok());
-  ASSERT_TRUE(Eventually([&] { return a_->Log().find("no longer the leader") != std::string::npos; },
+  ASSERT_TRUE(Eventually([&] { return leader.Log().find("no longer the leader", seen) != std::string::npos; },
                          absl::Seconds(15)))
-      << a_->Log();
-  EXPECT_THAT(a_->Log(), HasSubstr("cut off from etcd"));
+      << leader.Log();
+  EXPECT_THAT(leader.Log().substr(seen), HasSubstr("cut off from etcd"));
   EXPECT_TRUE(absl::IsUnavailable(Status(pa_).first));
   EXPECT_TRUE(absl::IsUnavailable(Status(pb_).first));
 
   // The quorum returns: a replica leads again, with the job's record.
   ASSERT_TRUE(etcd_->Restart(1, /*wait_healthy=*/false).ok());
   ASSERT_TRUE(etcd_->Restart(2, /*wait_healthy=*/false).ok());
-  int serving = 0;
+  serving = 0;
   ASSERT_TRUE(Eventually(
       [&] {
         serving = Status(pa_).first.ok() ? pa_ : Status(pb_).first.ok() ? pb_ : 0;

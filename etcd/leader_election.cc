@@ -141,6 +141,11 @@ bool LeaderElection::Sleep(absl::Duration d) {
   return !stop_;
 }
 
+namespace {
+// How soon a renewal that failed is tried again.
+constexpr absl::Duration kRenewRetry = absl::Milliseconds(100);
+}  // namespace
+
 void LeaderElection::Run() {
   for (;;) {
     bool leading;
@@ -160,8 +165,11 @@ void LeaderElection::Run() {
     }
     if (abandoned != 0) (void)etcd_->LeaseRevoke(abandoned);
     if (leading) {
-      Renew();
-      if (!Sleep(options_.keepalive_every)) return;
+      // A renewal that failed (an etcd member lost, etcd electing a new raft
+      // leader) is tried again soon, not a whole period later: the lease
+      // runs out meanwhile.
+      const bool renewed = Renew();
+      if (!Sleep(renewed ? options_.keepalive_every : std::min(options_.keepalive_every, kRenewRetry))) return;
     } else {
       Campaign();
       bool now_leading;
@@ -230,49 +238,57 @@ void LeaderElection::Campaign() {
                              lease->ttl(), " s)"));
 }
 
-void LeaderElection::Renew() {
+bool LeaderElection::Renew() {
   int64_t lease;
   int64_t epoch;
   {
     absl::MutexLock l(&mu_);
-    if (!leader_.self) return;
+    if (!leader_.self) return true;
     if (absl::Now() >= lease_expiry_) {
       StepDown(absl::StrCat("the lease was not renewed in time (last renewal sent ",
                             absl::FormatDuration(absl::Now() - (lease_expiry_ - absl::Seconds(options_.lease_ttl_seconds))),
                             " ago); paused, or cut off from etcd"));
-      return;
+      return true;
     }
     lease = lease_;
     epoch = leader_.epoch;
   }
   const absl::Time sent = absl::Now();
   absl::StatusOr<int64_t> ttl = etcd_->LeaseKeepAliveOnce(lease);
+  {
+    absl::MutexLock l(&mu_);
+    if (!leader_.self || leader_.epoch != epoch) return true;
+    if (absl::Now() >= lease_expiry_) {
+      // Whatever the answer: the lease may have lapsed while it was awaited,
+      // and this replica may have said it no longer leads meanwhile.
+      StepDown("the lease's renewal came back after it may have expired; paused, or cut off from etcd");
+      return false;
+    }
+    if (!ttl.ok()) {
+      if (absl::IsNotFound(ttl.status())) {
+        StepDown(absl::StrCat("the lease expired: ", ttl.status().message()));
+      } else {
+        logger_->Warning(absl::StrCat("cannot renew the leader's lease (it lapses in ",
+                                      absl::FormatDuration(lease_expiry_ - absl::Now()),
+                                      "): ", ttl.status().message()));
+      }
+      return false;
+    }
+    // The renewal alone extends the lease: the key's check below may take
+    // its time (an etcd member just lost) without costing the leadership.
+    lease_expiry_ = sent + absl::Seconds(*ttl);
+  }
   pb::RangeRequest read;
   read.set_key(options_.key);
-  absl::StatusOr<pb::RangeResponse> key = ttl.ok() ? etcd_->Range(read) : absl::StatusOr<pb::RangeResponse>();
+  absl::StatusOr<pb::RangeResponse> key = etcd_->Range(read);
   absl::MutexLock l(&mu_);
-  if (!leader_.self || leader_.epoch != epoch) return;
-  if (absl::Now() >= lease_expiry_) {
-    // Whatever the answer: the lease may have lapsed while it was awaited,
-    // and this replica may have said it no longer leads meanwhile.
-    StepDown("the lease's renewal came back after it may have expired; paused, or cut off from etcd");
-    return;
-  }
-  if (!ttl.ok()) {
-    if (absl::IsNotFound(ttl.status())) {
-      StepDown(absl::StrCat("the lease expired: ", ttl.status().message()));
-    } else {
-      logger_->Warning(absl::StrCat("cannot renew the leader's lease (it lapses in ",
-                                    absl::FormatDuration(lease_expiry_ - absl::Now()), "): ", ttl.status().message()));
-    }
-    return;
-  }
-  lease_expiry_ = sent + absl::Seconds(*ttl);
+  if (!leader_.self || leader_.epoch != epoch) return true;
   if (key.ok() && (key->kvs_size() == 0 || key->kvs(0).mod_revision() != epoch)) {
     StepDown(key->kvs_size() == 0 ? "the leader key was deleted"
                                   : absl::StrCat("the leader key was written by another (it now names ",
                                                  key->kvs(0).value(), ")"));
   }
+  return true;
 }
 
 }  // namespace ckptd::etcd

@@ -94,7 +94,9 @@ class LeaderElection {  // thread-safe
   // One standby round: reads the key; campaigns when it is free.
   void Campaign();
   // One leader round: renews the lease and checks the key is still ours.
-  void Renew();
+  // False when the renewal failed and the lease may still be live (retry
+  // soon); true otherwise (renewed, or no longer leading).
+  bool Renew();
   void StepDown(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits `d` unless stopped or the state changes by Fenced(); false when stopped.
   bool Sleep(absl::Duration d);
