@@ -29,6 +29,8 @@ void ReplicaRoster::Stop() {
     stop_ = true;
   }
   if (thread_ != nullptr) thread_->join();
+  absl::MutexLock lock(&refresh_mu_);
+  withdrawn_ = true;
   if (lease_ != 0) (void)etcd_->LeaseRevoke(lease_);  // the key goes with it
   lease_ = 0;
 }
@@ -67,7 +69,8 @@ void ReplicaRoster::Announce() {
 }
 
 void ReplicaRoster::Refresh() {
-  Announce();
+  absl::MutexLock refreshing(&refresh_mu_);
+  if (!withdrawn_) Announce();
   RosterView view;
   pb::RangeRequest range;
   const std::string prefix = absl::StrCat(options_.prefix, "/replicas/");
@@ -76,7 +79,11 @@ void ReplicaRoster::Refresh() {
   if (absl::StatusOr<pb::RangeResponse> r = etcd_->Range(range); r.ok()) {
     for (const auto& kv : r->kvs()) view.replicas.push_back(kv.value());
   } else {
-    view.replicas.push_back(options_.self);  // etcd out of reach: this one, at least
+    // etcd out of reach (or electing a raft leader): the last list read, and
+    // this one at least.
+    absl::MutexLock lock(&mu_);
+    view.replicas = view_.replicas;
+    view.replicas.push_back(options_.self);
   }
   std::sort(view.replicas.begin(), view.replicas.end());
   view.replicas.erase(std::unique(view.replicas.begin(), view.replicas.end()), view.replicas.end());

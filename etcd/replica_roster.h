@@ -59,23 +59,27 @@ class ReplicaRoster {  // thread-safe
   // The last refresh.
   RosterView View() const;
   // Refreshes now, on the calling thread (tests; Start's thread does it).
-  void Refresh();
+  // Refreshes never overlap; after Stop() one no longer announces.
+  void Refresh() ABSL_LOCKS_EXCLUDED(refresh_mu_, mu_);
 
  private:
   void Run();
   // Keeps the announcement: renews its lease, or puts it again under a new
   // one when the lease expired (etcd was out of reach past the TTL).
-  void Announce();
+  void Announce() ABSL_EXCLUSIVE_LOCKS_REQUIRED(refresh_mu_);
 
   EtcdClient* const etcd_;
   const RosterOptions options_;
   const std::string key_;
 
+  // Held through a whole refresh, so that two refreshes (Start's thread
+  // and a caller's) never grant two leases for the one key. Taken before mu_.
+  absl::Mutex refresh_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  int64_t lease_ ABSL_GUARDED_BY(refresh_mu_) = 0;
+  bool withdrawn_ ABSL_GUARDED_BY(refresh_mu_) = false;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RosterView view_ ABSL_GUARDED_BY(mu_);
-  // Only the refreshing thread (or Stop, after it ended) touches it.
-  int64_t lease_ = 0;
   std::unique_ptr<std::thread> thread_;
 };
 
