@@ -359,6 +359,11 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
     if (holding) (void)t->segment->Release(held);
     holding = false;
   };
+  // The coordinator out of reach (it restarts, a standby takes over from a
+  // leader that died, this agent registers again with the new one): the
+  // plan is asked for again, with what was loaded kept, until the deadline.
+  absl::Status unreachable;
+  absl::Duration pause = options_.plan_poll;
   while (true) {
     if (shutting_down_.load()) {
       release();
@@ -368,14 +373,38 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
     const absl::Duration left = deadline - clock_->Now();
     if (left <= absl::ZeroDuration()) {
       release();
+      if (!unreachable.ok()) {
+        return absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
+                                                        ": no restore plan within ",
+                                                        absl::FormatDuration(call->timeout), ": ",
+                                                        unreachable.message()));
+      }
       return absl::DeadlineExceededError(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank,
                                                       ": the other ranks did not finish loading within ",
                                                       absl::FormatDuration(call->timeout)));
     }
     absl::StatusOr<ckptd::v1::RestorePlanResponse> plan = options_.coordinator->RestorePlan(req, left);
     if (!plan.ok()) {
+      // NotFound: the coordinator does not know this agent's session (a new
+      // leader, before the agent registered with it).
+      const absl::Status& s = plan.status();
+      if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsNotFound(s)) {
+        if (unreachable.ok()) {
+          logger_->Warning(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank, ": ", s.message(),
+                                        "; asking again until ", absl::FormatDuration(left), " from now"));
+        }
+        unreachable = s;
+        clock_->SleepFor(std::min(pause, deadline - clock_->Now()));
+        pause = std::min(pause * 2, absl::Seconds(1));
+        continue;
+      }
       release();
       return plan.status();
+    }
+    if (!unreachable.ok()) {
+      logger_->Info(absl::StrCat("restore of job ", reg.job, " rank ", reg.rank, ": the coordinator answers again"));
+      unreachable = absl::OkStatus();
+      pause = options_.plan_poll;
     }
     switch (plan->verdict()) {
       case ckptd::v1::RestorePlanResponse::FRESH_START:

@@ -35,6 +35,7 @@ using ::ckptd::replication::StartPeerServer;
 using ::ckptd::testing::Eventually;
 using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 using ::testing::SizeIs;
@@ -68,6 +69,18 @@ class InProcessCoordinator : public CoordinatorClient {
   }
   absl::StatusOr<ckptd::v1::RestorePlanResponse> RestorePlan(const ckptd::v1::RestorePlanRequest& request,
                                                              absl::Duration) override {
+    {
+      // The coordinator out of reach: refused connections, then a new
+      // leader that does not know this agent's session yet.
+      absl::MutexLock l(&mu_);
+      if (plans_refused_ > 0) {
+        --plans_refused_;
+        ++plans_asked_while_gone_;
+        if (plans_refused_ % 2 == 0) return absl::NotFoundError(
+              "restore plan from coordinator c1:7070: node is not registered with this session; register again");
+        return absl::UnavailableError("restore plan from coordinator c1:7070: failed to connect: Connection refused");
+      }
+    }
     ckptd::v1::RestorePlanRequest req = request;
     req.set_node_id(node_);
     req.set_session(session_);
@@ -114,6 +127,16 @@ class InProcessCoordinator : public CoordinatorClient {
     return plan;
   }
 
+  // The next `n` plan requests fail as if the coordinator were gone.
+  void RefusePlans(int n) {
+    absl::MutexLock l(&mu_);
+    plans_refused_ = n;
+  }
+  int plans_asked_while_gone() {
+    absl::MutexLock l(&mu_);
+    return plans_asked_while_gone_;
+  }
+
   // Whether reshard plans are served (as an older coordinator's are not),
   // and what is done to them on the way (an attack).
   bool plans_reshards = true;
@@ -127,6 +150,8 @@ class InProcessCoordinator : public CoordinatorClient {
   std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::ShardReport> reports_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  int plans_refused_ ABSL_GUARDED_BY(mu_) = 0;
+  int plans_asked_while_gone_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 TrainerRegistration Rank(uint32_t rank, uint32_t world) {
@@ -1006,6 +1031,44 @@ TEST_F(CoordinatedAgentTest, RestoreWaitingForARankThatNeverComesIsBounded) {
   ASSERT_TRUE(Eventually([&] { return restore.done(); }));
   EXPECT_THAT(restore.result(),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("did not finish loading within 30s")));
+}
+
+// A coordinator out of reach for a while during a restore (a leader that
+// died before a standby took over, an agent not yet registered with the new
+// one) delays the restore; every rank still restores the same step.
+TEST_F(CoordinatedAgentTest, ARestoreRidesOutACoordinatorOutOfReach) {
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
+  a.link->RefusePlans(3);
+  b.link->RefusePlans(6);
+  EXPECT_EQ(RestoreAll({&a, &b}), (std::vector<std::optional<uint64_t>>{10u, 10u}));
+  EXPECT_EQ(a.link->plans_asked_while_gone(), 3);
+  EXPECT_EQ(b.link->plans_asked_while_gone(), 6);
+}
+
+// ... but not past the restore's deadline, which names why.
+TEST_F(CoordinatedAgentTest, ACoordinatorOutOfReachForTheWholeRestoreIsAClearError) {
+  Node a, b;
+  StartTwoCommitStep10AndFailRank0(&a, &b);
+  base::FakeClock agent_clock;
+  AgentOptions o = Options(a.link.get());
+  o.restore_timeout = absl::Seconds(30);
+  o.plan_poll = absl::Milliseconds(50);
+  o.clock = &agent_clock;
+  AgentCore patient(&mem_, o);
+  CKPTD_ASSERT_OK_AND_ASSIGN(TrainerHandle h, patient.Register(Rank(0, 2)));
+  a.link->RefusePlans(1 << 30);
+  BackgroundCall<absl::StatusOr<RestoreResult>> restore(
+      &agent_clock, [&] { return patient.Restore(h.trainer_id, absl::Seconds(1)); });
+  ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));
+  agent_clock.Advance(absl::Seconds(29));
+  ASSERT_TRUE(Eventually([&] { return agent_clock.waiters() == 2; }));  // asks again, backing off
+  EXPECT_FALSE(restore.done());
+  EXPECT_GT(a.link->plans_asked_while_gone(), 1);
+  agent_clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Eventually([&] { return restore.done(); }));
+  EXPECT_THAT(restore.result(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                         AllOf(HasSubstr("no restore plan within 30s"), HasSubstr("c1:7070"))));
 }
 
 TEST_F(CoordinatedAgentTest, SingleRankJobIsCommittedByTheCoordinator) {

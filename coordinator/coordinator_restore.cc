@@ -287,7 +287,10 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
                       absl::StrCat("rank ", rank, " asked for a restore plan as a new trainer (pid ", request.pid(),
                                    "): it was restarted"),
                       &fx);
-      } else if (job->state() != ckptd::v1::JOB_RESTARTING && (job->round() || job->AnyRankProgressing())) {
+      } else if (job->state() != ckptd::v1::JOB_RESTARTING &&
+                 ((job->round() && !job->round()->recovered) || job->AnyRankProgressing())) {
+        // (A round taken over from another coordinator does not know who
+        // took part in it: a trainer asking afresh may be a new one.)
         return absl::FailedPreconditionError(absl::StrCat(
             "job ", job->name(), " is running (incarnation ", job->incarnation(), ") and rank ", rank,
             " already took part in its restore; no failure is recorded, and a restore round opens only after one "

@@ -533,5 +533,131 @@ TEST_F(CoordinatorCoreTest, AStepDamagedDuringTheRestoreHoldsTheRestartBackToo) 
   EXPECT_THAT(Plan(0, 10, true), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("none intact")));
 }
 
+// A coordinator that takes the job over mid-restore (a standby after the
+// leader died, a restarted coordinator) reads the round from the job's
+// record: every rank of it gets the same step, in the same incarnation.
+class TakenOverRoundTest : public CoordinatorCoreTest {
+ protected:
+  // The record of kJob as the state store holds it.
+  ckptd::v1::JobRecord Saved() {
+    absl::StatusOr<std::vector<ckptd::v1::JobRecord>> jobs = state_->ListJobs();
+    Check(jobs.status(), "ListJobs");
+    for (const auto& j : jobs.value_or(std::vector<ckptd::v1::JobRecord>{})) {
+      if (j.job() == kJob) return j;
+    }
+    ADD_FAILURE() << "no saved record of " << kJob;
+    return {};
+  }
+
+  // Every rank is told to load step 20; ranks 0..2 loaded it and wait, rank
+  // 3 loaded it last and was told GO.
+  uint64_t RoundDecidedButNotToldToAll() {
+    TwoNodes();
+    CommitStep(10);
+    CommitStep(20);
+    for (uint32_t r = 0; r < 4; ++r) {
+      absl::StatusOr<v1> p = Plan(r);
+      EXPECT_TRUE(p.ok() && p->verdict() == v1::LOAD && p->step() == 20u) << r;
+    }
+    for (uint32_t r = 0; r < 3; ++r) {
+      absl::StatusOr<v1> p = Plan(r, 20);
+      EXPECT_TRUE(p.ok() && p->verdict() == v1::WAIT) << r;
+    }
+    absl::StatusOr<v1> go = Plan(3, 20);
+    EXPECT_TRUE(go.ok() && go->verdict() == v1::GO);
+    return go.ok() ? go->incarnation() : 0;
+  }
+};
+
+TEST_F(TakenOverRoundTest, RanksThatLoadedTheStepGetGoWhileTheRankToldGoTrains) {
+  const uint64_t incarnation = RoundDecidedButNotToldToAll();
+  const ckptd::v1::RestoreRoundRecord saved = Saved().round();
+  EXPECT_TRUE(saved.open());
+  EXPECT_TRUE(saved.go());
+  EXPECT_EQ(saved.step(), 20u);
+  EXPECT_EQ(saved.incarnation(), incarnation);
+
+  Reset();  // the leader is gone; another takes the job over
+  TwoNodes();
+  CKPTD_ASSERT_OK(Beat("node-b", {{3, 21}}).status());  // rank 3 trains on
+  for (uint32_t r = 0; r < 3; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r, 20));
+    EXPECT_EQ(p.verdict(), v1::GO) << r;
+    EXPECT_EQ(p.step(), 20u) << r;
+    EXPECT_EQ(p.incarnation(), incarnation) << r;
+  }
+  EXPECT_EQ(JobState().state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_TRUE(EventKinds().empty());
+  CommitStep(30, incarnation);  // and the job's checkpoints commit
+}
+
+TEST_F(TakenOverRoundTest, ARoundNotDecidedYetKeepsItsStepAndIncarnation) {
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 4; ++r) CKPTD_ASSERT_OK(Plan(r).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 waiting, Plan(0, 10));
+  ASSERT_EQ(waiting.verdict(), v1::WAIT);
+  EXPECT_FALSE(Saved().round().go());
+
+  Reset();
+  TwoNodes();
+  // Rank 2 lost the answer and asks again; ranks 0, 1 and 3 report theirs.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(2));
+  EXPECT_EQ(p.verdict(), v1::LOAD);
+  EXPECT_EQ(p.step(), 10u);
+  EXPECT_EQ(p.incarnation(), waiting.incarnation());
+  for (uint32_t r = 0; r < 3; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 w, Plan(r, 10));
+    EXPECT_EQ(w.verdict(), v1::WAIT) << r;
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 go, Plan(3, 10));
+  EXPECT_EQ(go.verdict(), v1::GO);
+  EXPECT_EQ(go.incarnation(), waiting.incarnation());
+}
+
+TEST_F(TakenOverRoundTest, ATrainerAskingAfreshStillOpensANewRound) {
+  const uint64_t incarnation = RoundDecidedButNotToldToAll();
+  Reset();
+  TwoNodes();
+  // Nothing trains yet and a trainer asks with nothing loaded: the round
+  // taken over does not know who took part in it, so this is a new one.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(1, std::nullopt, true, 4, /*trainer=*/7));
+  EXPECT_EQ(p.verdict(), v1::LOAD);
+  EXPECT_EQ(p.step(), 20u);
+  EXPECT_EQ(p.incarnation(), incarnation + 1);
+  EXPECT_EQ(Saved().round().incarnation(), incarnation + 1);
+  EXPECT_FALSE(Saved().round().go());
+}
+
+TEST_F(TakenOverRoundTest, ARestartClearsTheRoundFromTheRecord) {
+  const uint64_t incarnation = RoundDecidedButNotToldToAll();
+  CKPTD_ASSERT_OK(ReportFailure("node-a", 0, ckptd::v1::TRAINER_DIED));
+  EXPECT_FALSE(Saved().round().open());
+  Reset();
+  TwoNodes();
+  // A new round (the one told GO is over), in which rank 0 alone loaded 20.
+  CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(0, 20));
+  EXPECT_EQ(p.verdict(), v1::WAIT);
+  EXPECT_EQ(p.incarnation(), incarnation + 1);
+  EXPECT_TRUE(Saved().round().open());
+}
+
+// A record whose round cannot be (a fresh start with a step) or belongs to
+// another incarnation is not taken over.
+TEST_F(TakenOverRoundTest, ARoundRecordThatDoesNotFitIsIgnored) {
+  const uint64_t incarnation = RoundDecidedButNotToldToAll();
+  for (int bad = 0; bad < 2; ++bad) {
+    ckptd::v1::JobRecord r = Saved();
+    if (bad == 0) r.mutable_round()->set_fresh_start(true);
+    if (bad == 1) r.mutable_round()->set_incarnation(incarnation + 5);
+    CKPTD_ASSERT_OK(state_->PutJob(r));
+    Reset();
+    TwoNodes();
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(0, 20));
+    EXPECT_EQ(p.verdict(), v1::WAIT) << bad;  // a new round, in which rank 0 alone loaded 20
+    EXPECT_EQ(p.incarnation(), incarnation + 1 + bad) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace ckptd::coordinator

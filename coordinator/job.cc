@@ -59,6 +59,20 @@ std::unique_ptr<Job> Job::Recovered(const JobRecord& record) {
   if (job->state() == ckptd::v1::JOB_STATE_UNSPECIFIED) {
     job->record_.mutable_schedule()->set_state(ckptd::v1::JOB_RUNNING);
   }
+  // The round another coordinator opened in the incarnation the job is in:
+  // the ranks still in it get the same step (and GO once all had loaded it).
+  const ckptd::v1::RestoreRoundRecord& round = record.round();
+  if (round.open() && round.incarnation() == job->incarnation() && job->state() == ckptd::v1::JOB_RUNNING &&
+      !(round.fresh_start() && (round.step() != 0 || round.memory()))) {
+    RestoreRound taken;
+    if (!round.fresh_start()) taken.step = round.step();
+    taken.memory = round.memory();
+    taken.go = round.go();
+    taken.recovered = true;
+    job->round_ = std::move(taken);
+  } else {
+    r.clear_round();
+  }
   return job;
 }
 
@@ -431,6 +445,7 @@ bool Job::Restart(absl::Time now) {
   s->clear_memory_steps();
   ScheduleChanged();
   round_.reset();
+  RecordRound();
   ForgetProgress();
   return true;
 }
@@ -497,7 +512,22 @@ void Job::StartRestoreRound(std::optional<uint64_t> memory_step) {
   incarnation_issued_ = true;
   s->set_state(ckptd::v1::JOB_RUNNING);
   ScheduleChanged();
+  RecordRound();
   ForgetProgress();
+}
+
+void Job::RecordRound() {
+  ckptd::v1::RestoreRoundRecord* r = record_.mutable_round();
+  r->Clear();
+  if (round_) {
+    r->set_open(true);
+    r->set_fresh_start(!round_->step);
+    r->set_step(round_->step.value_or(0));
+    r->set_memory(round_->memory);
+    r->set_go(round_->go);
+    r->set_incarnation(incarnation());
+  }
+  MarkChanged();
 }
 
 bool Job::NeedsNewRound(uint32_t rank, bool has_attempt) const {
@@ -555,7 +585,10 @@ RestorePlanResponse Job::Loaded(uint32_t rank, ckptd::v1::RestoreSource source, 
   round_->ok.insert(rank);
   round_->sources[rank] = source;
   NoteResharded(rank, saved_world_size);
-  if (round_->ok.size() == world_size()) round_->go = true;
+  if (!round_->go && round_->ok.size() == world_size()) {
+    round_->go = true;
+    RecordRound();
+  }
   RestorePlanResponse r = Plan();
   if (!round_->go) r.set_verdict(RestorePlanResponse::WAIT);
   return r;
@@ -613,6 +646,7 @@ RestorePlanResponse Job::FallBack() {
   round_ = RestoreRound();
   round_->step = NewestUsable();
   round_->askers = std::move(askers);
+  RecordRound();
   return Plan();
 }
 

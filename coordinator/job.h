@@ -77,6 +77,9 @@ struct RestoreRound {
   std::map<uint32_t, uint32_t> resharded_from;
   // `step` is a memory checkpoint: no MANIFEST, copies in memory only.
   bool memory = false;
+  // Taken over from the job's record (another coordinator opened it): who
+  // asked and who loaded are not known, only the step and `go`.
+  bool recovered = false;
 };
 
 struct AbortedStep {
@@ -360,6 +363,9 @@ class Job {
   // Rank `rank` of the round under way read its step resharded, saved by
   // `saved_world_size` ranks (0: read as saved).
   void NoteResharded(uint32_t rank, uint32_t saved_world_size);
+  // The round under way into the record, to be saved at once (a coordinator
+  // taking the job over reads it: RestoreRoundRecord).
+  void RecordRound();
   Job() = default;
   void ScheduleChanged();
   void ForgetProgress();

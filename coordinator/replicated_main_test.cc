@@ -3,7 +3,11 @@
 // stopped, with the state the leader kept in etcd.
 #include <signal.h>
 
+#include <chrono>
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +25,10 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "rpc/grpc_status.h"
+#include "storage/layout.h"
+#include "storage/posix_file_system.h"
+#include "storage/store.h"
+#include "storage/testing_data.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -335,6 +343,190 @@ TEST_F(ReplicatedCoordinatorTest, OperatorsSeeTheReplicasEtcdAndMetricsAndAState
   metrics = HttpGet(mb, "/metrics");
   EXPECT_THAT(metrics, HasSubstr("ckptd_coordinator_leader_changes_total 1\n"));
   EXPECT_THAT(b_->Log(), Not(HasSubstr("imported")));
+}
+
+// What agents of a job of two ranks (node-0 hosts rank 0, node-1 rank 1)
+// send a coordinator, over gRPC with the agents' token.
+class TwoRankAgents {
+ public:
+  static constexpr char kJob[] = "restoring";
+
+  // Registers both nodes at the leader on `port` (retried while it is not
+  // the leader yet), sending `durable` again as an agent does.
+  absl::Status RegisterAt(int port, const std::vector<ckptd::v1::ShardReport>& durable = {}) {
+    stub_ = ckptd::v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    for (uint32_t r = 0; r < 2; ++r) {
+      ckptd::v1::RegisterAgentRequest req;
+      req.set_node_id(absl::StrCat("node-", r));
+      req.set_instance(77 + r);
+      ckptd::v1::RankInfo* info = req.add_ranks();
+      info->set_job(kJob);
+      info->set_rank(r);
+      info->set_world_size(2);
+      info->set_pid(4242 + static_cast<int>(r));
+      for (const auto& d : durable) {
+        if (d.shard().rank() == r) *req.add_durable_shards() = d;
+      }
+      absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp;
+      (void)Eventually([&] {
+        resp = Call(&ckptd::v1::Coordinator::Stub::RegisterAgent, req);
+        return resp.ok();
+      }, absl::Seconds(15));
+      if (!resp.ok()) return resp.status();
+      sessions_[r] = resp->session();
+    }
+    return absl::OkStatus();
+  }
+
+  // Writes rank `rank`'s shard of `step` into `root`: the report its agent sends.
+  static absl::StatusOr<ckptd::v1::ShardReport> Write(const std::string& root, uint64_t step, uint32_t rank) {
+    std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
+    storage::CheckpointStore store(fs.get(), root);
+    if (absl::Status s = store.PrepareStep(kJob, step); !s.ok()) return s;
+    ckptd::testing::RankData data = ckptd::testing::MakeRankData(step, rank, 256, 16);
+    absl::StatusOr<storage::ShardWriteResult> w =
+        store.WriteShard(kJob, step, rank, 2, ckptd::testing::RankSources(data, "w", "rng"));
+    if (!w.ok()) return w.status();
+    ckptd::v1::ShardReport r;
+    r.set_job(kJob);
+    r.set_step(step);
+    r.set_world_size(2);
+    r.mutable_shard()->set_rank(rank);
+    r.mutable_shard()->set_file_length(w->file_length);
+    r.mutable_shard()->set_index_xxh3(w->index_xxh3);
+    r.mutable_shard()->set_raw_bytes(w->raw_bytes);
+    r.mutable_shard()->set_stored_bytes(w->stored_bytes);
+    return r;
+  }
+
+  absl::StatusOr<ckptd::v1::ReportShardResponse> Report(const ckptd::v1::ShardReport& report) {
+    ckptd::v1::ReportShardRequest req;
+    req.set_node_id(absl::StrCat("node-", report.shard().rank()));
+    req.set_session(sessions_[report.shard().rank()]);
+    *req.mutable_report() = report;
+    return Call(&ckptd::v1::Coordinator::Stub::ReportShard, req);
+  }
+
+  absl::Status TrainerDied(uint32_t rank) {
+    ckptd::v1::ReportFailureRequest req;
+    req.set_node_id(absl::StrCat("node-", rank));
+    req.set_session(sessions_[rank]);
+    req.set_job(kJob);
+    req.set_rank(rank);
+    req.set_kind(ckptd::v1::TRAINER_DIED);
+    return Call(&ckptd::v1::Coordinator::Stub::ReportFailure, req).status();
+  }
+
+  // Rank `rank` asks for its plan, having loaded `attempt` intact.
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> Plan(uint32_t rank, std::optional<uint64_t> attempt = std::nullopt) {
+    ckptd::v1::RestorePlanRequest req;
+    req.set_node_id(absl::StrCat("node-", rank));
+    req.set_session(sessions_[rank]);
+    req.set_pid(4242 + static_cast<int>(rank));
+    req.set_trainer_id(1);
+    req.set_job(kJob);
+    req.set_rank(rank);
+    req.set_world_size(2);
+    if (attempt) {
+      req.set_has_attempt(true);
+      req.set_attempt_step(*attempt);
+      req.set_attempt_ok(true);
+      req.set_attempt_source(ckptd::v1::STORAGE_ROOT);
+    }
+    return Call(&ckptd::v1::Coordinator::Stub::GetRestorePlan, req);
+  }
+
+ private:
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> Call(grpc::Status (ckptd::v1::Coordinator::Stub::*method)(grpc::ClientContext*,
+                                                                                     const Request&, Response*),
+                                const Request& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAgentToken));
+    Response resp;
+    const grpc::Status s = (stub_.get()->*method)(&ctx, req, &resp);
+    if (!s.ok()) return rpc::FromGrpcStatus(s);
+    return resp;
+  }
+
+  std::unique_ptr<ckptd::v1::Coordinator::Stub> stub_;
+  std::map<uint32_t, std::string> sessions_;
+};
+
+// The leader is SIGKILLed in the middle of a restore round: every rank had
+// loaded step 10, rank 1 was told GO (and trains), rank 0 was told to wait.
+// The replica that takes over tells rank 0 GO for the same step in the same
+// incarnation (not a new round rank 1 never joins).
+TEST_F(ReplicatedCoordinatorTest, ARestoreRoundUnderWayKeepsItsStepWhenTheLeaderIsKilled) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  TwoRankAgents agents;
+  ASSERT_THAT(agents.RegisterAt(pa_), ::ckptd::testing::IsOk()) << a_->Log();
+  for (uint32_t r = 0; r < 2; ++r) {
+    absl::StatusOr<ckptd::v1::ShardReport> report = TwoRankAgents::Write(dir_.Sub("root"), 10, r);
+    ASSERT_THAT(report.status(), ::ckptd::testing::IsOk());
+    absl::StatusOr<ckptd::v1::ReportShardResponse> resp = agents.Report(*report);
+    ASSERT_THAT(resp.status(), ::ckptd::testing::IsOk());
+    EXPECT_EQ(resp->committed(), r == 1);
+  }
+  ASSERT_THAT(agents.TrainerDied(0), ::ckptd::testing::IsOk());
+  for (uint32_t r = 0; r < 2; ++r) {
+    absl::StatusOr<ckptd::v1::RestorePlanResponse> plan = agents.Plan(r);
+    ASSERT_THAT(plan.status(), ::ckptd::testing::IsOk());
+    ASSERT_EQ(plan->verdict(), ckptd::v1::RestorePlanResponse::LOAD);
+    ASSERT_EQ(plan->step(), 10u);
+  }
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> wait = agents.Plan(0, 10);
+  ASSERT_THAT(wait.status(), ::ckptd::testing::IsOk());
+  ASSERT_EQ(wait->verdict(), ckptd::v1::RestorePlanResponse::WAIT);
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> go = agents.Plan(1, 10);
+  ASSERT_THAT(go.status(), ::ckptd::testing::IsOk());
+  ASSERT_EQ(go->verdict(), ckptd::v1::RestorePlanResponse::GO);
+
+  a_->Signal(SIGKILL);
+  ASSERT_THAT(agents.RegisterAt(pb_), ::ckptd::testing::IsOk()) << b_->Log();
+  absl::StatusOr<ckptd::v1::RestorePlanResponse> taken = agents.Plan(0, 10);
+  ASSERT_THAT(taken.status(), ::ckptd::testing::IsOk()) << b_->Log();
+  EXPECT_EQ(taken->verdict(), ckptd::v1::RestorePlanResponse::GO);
+  EXPECT_EQ(taken->step(), 10u);
+  EXPECT_EQ(taken->incarnation(), go->incarnation());
+}
+
+// The leader is SIGKILLed between two ranks' reports of a step: the agent
+// that reported to it sends its report again when it registers with the new
+// leader, which commits the step once, from both shards.
+TEST_F(ReplicatedCoordinatorTest, AStepHalfReportedWhenTheLeaderIsKilledCommitsOnceAtTheNext) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  TwoRankAgents agents;
+  ASSERT_THAT(agents.RegisterAt(pa_), ::ckptd::testing::IsOk()) << a_->Log();
+  std::vector<ckptd::v1::ShardReport> reports;
+  for (uint32_t r = 0; r < 2; ++r) {
+    absl::StatusOr<ckptd::v1::ShardReport> report = TwoRankAgents::Write(dir_.Sub("root"), 20, r);
+    ASSERT_THAT(report.status(), ::ckptd::testing::IsOk());
+    reports.push_back(*report);
+  }
+  absl::StatusOr<ckptd::v1::ReportShardResponse> first = agents.Report(reports[0]);
+  ASSERT_THAT(first.status(), ::ckptd::testing::IsOk());
+  EXPECT_FALSE(first->committed());
+  const std::string manifest = storage::ManifestPath(dir_.Sub("root"), TwoRankAgents::kJob, 20);
+  EXPECT_FALSE(std::filesystem::exists(manifest));
+
+  a_->Signal(SIGKILL);
+  ASSERT_THAT(agents.RegisterAt(pb_, {reports[0]}), ::ckptd::testing::IsOk()) << b_->Log();
+  absl::StatusOr<ckptd::v1::ReportShardResponse> second = agents.Report(reports[1]);
+  ASSERT_THAT(second.status(), ::ckptd::testing::IsOk()) << b_->Log();
+  EXPECT_TRUE(second->committed());
+  EXPECT_TRUE(std::filesystem::exists(manifest));
+  // Reported again (an agent that did not hear the answer): committed, once.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> again = agents.Report(reports[1]);
+  ASSERT_THAT(again.status(), ::ckptd::testing::IsOk());
+  EXPECT_TRUE(again->committed());
+  ckptd::v1::GetClusterStatusResponse status;
+  ASSERT_TRUE(Eventually([&] { return Status(pb_, &status).first.ok(); }));
+  ASSERT_EQ(status.jobs_size(), 1) << status.DebugString();
+  EXPECT_EQ(status.jobs(0).newest_committed_step(), 20u);
+  EXPECT_EQ(status.jobs(0).checkpoints_committed(), 1u) << status.DebugString();
 }
 
 // A state directory that is not one is refused before the replica joins
