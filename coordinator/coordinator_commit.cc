@@ -322,6 +322,7 @@ void CoordinatorCore::Apply(Effects& fx) {
         if (r.counted && observer_ != nullptr) observer_->OnCommitted(r.task.job, r.task.step, r.latency);
       }
     }
+    if (!fx.drills.empty()) SaveDrills(fx.drills);
     for (const ckptd::v1::JobRecord& r : fx.records) {
       if (absl::Status s = state_->PutJob(r); !s.ok()) {
         logger_->Warning(absl::StrCat("saving job ", r.job(), ": ", s.ToString()));

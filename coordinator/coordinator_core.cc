@@ -144,6 +144,10 @@ absl::Status CoordinatorCore::Recover() {
     absl::StatusOr<std::optional<uint64_t>> allowed = store_->FreshStartAllowedOver(name);
     if (allowed.ok() && *allowed) job->AllowFreshStartOver(**allowed);
   }
+  // Drills a previous coordinator ordered: their agents' reports still
+  // count, and orders not carried out yet are sent again.
+  CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::DrillRecord> drills, state_->ListDrills());
+  drills_->Restore(drills);
   for (auto& [name, job] : jobs_) {
     job->set_last_alive(clock_->Now());  // its ranks get forget_after to come back
     CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::QuarantinedStep> q, state_->ListQuarantined(name));
@@ -279,6 +283,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     }
     agent->instance = request.instance();
     drills_->AgentRegistered(request.node_id(), agent->last_heartbeat);
+    NoteDrillChanges(&fx);
     agent->node_id = request.node_id();
     agent->address = request.address();
     agent->gpus.assign(request.gpus().begin(), request.gpus().end());

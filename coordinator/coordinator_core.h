@@ -327,6 +327,13 @@ class CoordinatorCore {
   // observer calls, logging); it decides nothing, and takes mu_ only for
   // AfterCommits once the commits' results are known.
   void Apply(Effects& fx) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drills: RunDrill's work under mu_; the drills changed since the last
+  // call into `fx`; their records saved (the newest state of each, read
+  // under drill_save_mu_ so that a save never overwrites a newer one).
+  absl::StatusOr<ckptd::v1::RunDrillResponse> OrderDrill(const ckptd::v1::RunDrillRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteDrillChanges(Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SaveDrills(const std::vector<uint64_t>& ids) ABSL_LOCKS_EXCLUDED(mu_, drill_save_mu_);
 
   // Failures and restore rounds (coordinator_restore.cc).
   void RecordFailure(Job* job, const std::string& node, std::optional<uint32_t> rank, ckptd::v1::FailureKind kind,
@@ -380,6 +387,7 @@ class CoordinatorCore {
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<internal::DrillBook> drills_ ABSL_PT_GUARDED_BY(mu_);
+  absl::Mutex drill_save_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   // The layouts of steps read resharded (its own lock; read outside mu_).
   const std::unique_ptr<internal::ReshardLayouts> reshard_layouts_;
   // Committed steps retention dropped (queued by AfterCommit), removed by

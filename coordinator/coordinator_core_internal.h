@@ -189,9 +189,11 @@ struct CoordinatorCore::Effects {
   std::vector<std::pair<std::string, std::string>> blocked;        // job, why its restart is held back
   std::vector<std::pair<std::string, uint64_t>> fresh_over_damaged;  // job, its newest damaged step
   std::vector<std::tuple<std::string, uint64_t, std::string>> aborted_notes;
+  std::vector<uint64_t> drills;  // ids of drills to save (DrillBook::TakeChanged)
   bool empty() const {
     return events.empty() && records.empty() && quarantines.empty() && commits.empty() && aborts.empty() &&
-           aborted_notes.empty() && forgotten_jobs.empty() && blocked.empty() && fresh_over_damaged.empty();
+           aborted_notes.empty() && forgotten_jobs.empty() && blocked.empty() && fresh_over_damaged.empty() &&
+           drills.empty();
   }
 };
 

@@ -217,6 +217,8 @@ class CountingStateStore : public StateStore {
   absl::StatusOr<std::vector<ckptd::v1::QuarantinedStep>> ListQuarantined(absl::string_view job) override {
     return base_->ListQuarantined(job);
   }
+  absl::Status PutDrill(const ckptd::v1::DrillRecord& d) override { return base_->PutDrill(d); }
+  absl::StatusOr<std::vector<ckptd::v1::DrillRecord>> ListDrills() override { return base_->ListDrills(); }
   int puts = 0;
 
  private:

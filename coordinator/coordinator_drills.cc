@@ -120,6 +120,37 @@ ckptd::v1::DrillStatus StatusOfDrill(uint64_t id, const internal::Drill& drill, 
 }  // namespace
 
 absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::RunDrill(const ckptd::v1::RunDrillRequest& request) {
+  absl::StatusOr<ckptd::v1::RunDrillResponse> response = OrderDrill(request);
+  Effects fx;
+  {
+    absl::MutexLock l(&mu_);
+    NoteDrillChanges(&fx);
+  }
+  Apply(fx);  // the order is saved before the caller hears of it
+  return response;
+}
+
+void CoordinatorCore::NoteDrillChanges(Effects* fx) {
+  for (uint64_t id : drills_->TakeChanged()) fx->drills.push_back(id);
+}
+
+void CoordinatorCore::SaveDrills(const std::vector<uint64_t>& ids) {
+  absl::MutexLock saving(&drill_save_mu_);
+  std::vector<ckptd::v1::DrillRecord> records;
+  {
+    absl::MutexLock l(&mu_);
+    for (uint64_t id : ids) {
+      if (std::optional<ckptd::v1::DrillRecord> r = drills_->RecordOf(id)) records.push_back(*std::move(r));
+    }
+  }
+  for (const ckptd::v1::DrillRecord& r : records) {
+    if (absl::Status s = state_->PutDrill(r); !s.ok()) {
+      logger_->Warning(absl::StrCat("saving drill ", r.id(), ": ", s.ToString()));
+    }
+  }
+}
+
+absl::StatusOr<ckptd::v1::RunDrillResponse> CoordinatorCore::OrderDrill(const ckptd::v1::RunDrillRequest& request) {
   CKPTD_RETURN_IF_ERROR(ValidateDrill(request));
   absl::MutexLock l(&mu_);
   Job* job = FindJob(request.job());

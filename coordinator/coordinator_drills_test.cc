@@ -1,6 +1,7 @@
 // CoordinatorCore: drills (orders to agents, their reports, and what followed).
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status_macros.h"
 #include "base/testing/matchers.h"
@@ -74,9 +75,72 @@ TEST_F(CoordinatorCoreTest, ARestartedCoordinatorNeverReusesADrillId) {
   Register("node-b", {2, 3});
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse after, core_->RunDrill(req));
   EXPECT_GT(after.drill_id(), second.drill_id());
+  // The new order, and the two its predecessor saved that no report closed.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
+  ASSERT_EQ(ack.drills_size(), 3);
+  EXPECT_EQ(ack.drills(0).drill_id(), first.drill_id());
+  EXPECT_EQ(ack.drills(1).drill_id(), second.drill_id());
+  EXPECT_EQ(ack.drills(2).drill_id(), after.drill_id());
+}
+
+// A coordinator that takes over (a restart, a new leader) reads the drills
+// its predecessor saved: an order not carried out yet is sent again,
+// GetDrill answers for it, and once the agent reported it the report
+// survives the next takeover and the order is not sent again.
+TEST_F(CoordinatorCoreTest, ANewCoordinatorTakesOverTheDrillsUnderWay) {
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3});
+  CommitStep(10);
+  ckptd::v1::RunDrillRequest req;
+  req.set_job(kJob);
+  req.set_scenario(ckptd::v1::KILL_TRAINER);
+  req.set_rank(1);
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse ordered, core_->RunDrill(req));
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ckptd::v1::DrillRecord> saved, state_->ListDrills());
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].id(), ordered.drill_id());
+  EXPECT_FALSE(saved[0].has_report());
+
+  Reset();  // the leader died before node-a's agent heard of the order
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3});
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::DrillStatus st, core_->GetDrill(get));
+  EXPECT_EQ(st.node_id(), "node-a");
+  EXPECT_EQ(st.request().scenario(), ckptd::v1::KILL_TRAINER);
+  EXPECT_EQ(st.newest_committed_at_order(), 10u);
+  EXPECT_FALSE(st.has_report());
   CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, Beat("node-a"));
   ASSERT_EQ(ack.drills_size(), 1);
-  EXPECT_EQ(ack.drills(0).drill_id(), after.drill_id());
+  EXPECT_EQ(ack.drills(0).drill_id(), ordered.drill_id());
+  EXPECT_EQ(ack.drills(0).rank(), 1u);
+
+  // The agent carries it out and reports (again with later heartbeats: one save).
+  ckptd::v1::Heartbeat hb = HeartbeatOf("node-a");
+  ckptd::v1::DrillReport* report = hb.add_drill_reports();
+  report->set_drill_id(ordered.drill_id());
+  report->set_injected(true);
+  report->set_injected_unix_nanos(absl::ToUnixNanos(clock_.Now()));
+  report->set_detail("SIGKILL to rank 1's trainer");
+  CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  CKPTD_ASSERT_OK(core_->OnHeartbeat(hb).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(saved, state_->ListDrills());
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_TRUE(saved[0].has_report());
+
+  clock_.Advance(absl::Seconds(1));
+  Reset();
+  Register("node-a", {0, 1}, 4, /*drills_allowed=*/true);
+  Register("node-b", {2, 3});
+  CKPTD_ASSERT_OK_AND_ASSIGN(st, core_->GetDrill(get));
+  EXPECT_TRUE(st.report().injected());
+  EXPECT_EQ(st.report().detail(), "SIGKILL to rank 1's trainer");
+  CKPTD_ASSERT_OK_AND_ASSIGN(ack, Beat("node-a"));
+  EXPECT_TRUE(ack.drills().empty());
+  // New orders take ids above every saved one.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::RunDrillResponse next, core_->RunDrill(req));
+  EXPECT_GT(next.drill_id(), ordered.drill_id());
 }
 
 TEST_F(CoordinatorCoreTest, DrillGoesToTheRanksAgentUntilItReportsAndShowsWhatFollowed) {

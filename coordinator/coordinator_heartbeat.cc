@@ -49,6 +49,7 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     agent->replicate_seconds = std::isfinite(q) && q >= 0 && q <= internal::kMaxReplicateSeconds ? q : 0;
     MaybeRecomputePartners(now);
     ack = HeartbeatReply(*agent, hb);
+    NoteDrillChanges(&fx);
     SaveChangedJobs(&fx);
   }
   Apply(fx);

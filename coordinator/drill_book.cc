@@ -14,6 +14,7 @@ uint64_t DrillBook::Order(const ckptd::v1::RunDrillRequest& order, const std::st
   d.ordered = now;
   d.newest_at_order = newest_at_order;
   d.partners = std::move(partners);
+  changed_.insert(id);
   while (drills_.size() > kMaxDrills) drills_.erase(drills_.begin());
   return id;
 }
@@ -29,12 +30,53 @@ void DrillBook::AgentRegistered(const std::string& node, absl::Time last_heartbe
     r.set_injected_unix_nanos(absl::ToUnixNanos(std::max(drill.ordered, last_heartbeat)));
     r.set_detail("the agent registered again without reporting: it was killed");
     drill.report = r;
+    changed_.insert(id);
   }
 }
 
 void DrillBook::Report(const std::string& node, const ckptd::v1::DrillReport& report) {
   auto d = drills_.find(report.drill_id());
-  if (d != drills_.end() && d->second.node == node) d->second.report = report;
+  if (d == drills_.end() || d->second.node != node) return;
+  // Agents send their reports again with later heartbeats: only news counts.
+  if (d->second.report && d->second.report->SerializeAsString() == report.SerializeAsString()) return;
+  d->second.report = report;
+  changed_.insert(report.drill_id());
+}
+
+std::optional<ckptd::v1::DrillRecord> DrillBook::RecordOf(uint64_t id) const {
+  const Drill* d = Find(id);
+  if (d == nullptr) return std::nullopt;
+  ckptd::v1::DrillRecord r;
+  r.set_id(id);
+  *r.mutable_request() = d->request;
+  r.set_node(d->node);
+  r.set_ordered_unix_nanos(absl::ToUnixNanos(d->ordered));
+  r.set_has_newest_at_order(d->newest_at_order.has_value());
+  r.set_newest_at_order(d->newest_at_order.value_or(0));
+  if (d->report) *r.mutable_report() = *d->report;
+  for (const std::string& p : d->partners) r.add_partners(p);
+  return r;
+}
+
+std::vector<uint64_t> DrillBook::TakeChanged() {
+  std::vector<uint64_t> ids(changed_.begin(), changed_.end());
+  changed_.clear();
+  return ids;
+}
+
+void DrillBook::Restore(const std::vector<ckptd::v1::DrillRecord>& records) {
+  for (const ckptd::v1::DrillRecord& r : records) {
+    if (r.id() == 0 || r.node().empty()) continue;
+    Drill& d = drills_[r.id()];
+    d.request = r.request();
+    d.node = r.node();
+    d.ordered = absl::FromUnixNanos(r.ordered_unix_nanos());
+    d.newest_at_order = r.has_newest_at_order() ? std::optional<uint64_t>(r.newest_at_order()) : std::nullopt;
+    d.report = r.has_report() ? std::optional<ckptd::v1::DrillReport>(r.report()) : std::nullopt;
+    d.partners.assign(r.partners().begin(), r.partners().end());
+    if (r.id() >= next_id_ && r.id() < UINT64_MAX) next_id_ = r.id() + 1;
+  }
+  while (drills_.size() > kMaxDrills) drills_.erase(drills_.begin());
 }
 
 void DrillBook::AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack) const {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,15 @@ class DrillBook {
   // Adds the orders `node`'s agent has not reported on to its heartbeat answer.
   void AddOrders(const std::string& node, ckptd::v1::HeartbeatAck* ack) const;
   const Drill* Find(uint64_t id) const;
+  // The drill `id` as a store keeps it; nullopt when the book has none.
+  std::optional<ckptd::v1::DrillRecord> RecordOf(uint64_t id) const;
+  // The drills ordered, reported or taken as carried out since the last
+  // call (to be saved).
+  std::vector<uint64_t> TakeChanged();
+  // Takes over the drills a previous coordinator saved (a restart, a new
+  // leader): orders not reported yet are sent again, and new ids start above
+  // every one of them. Records without an id or node are left out.
+  void Restore(const std::vector<ckptd::v1::DrillRecord>& records);
   // An id for a drill carried out without an agent (KILL_COORDINATOR).
   uint64_t TakeId() { return next_id_++; }
   // When the first node `drill` strikes was struck: its own report's time or,
@@ -55,6 +65,7 @@ class DrillBook {
  private:
   static constexpr size_t kMaxDrills = 256;
   std::map<uint64_t, Drill> drills_;
+  std::set<uint64_t> changed_;
   uint64_t next_id_;
 };
 

@@ -19,6 +19,7 @@
 
 namespace ckptd::coordinator {
 
+using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
 using ckptd::v1::JobRecord;
@@ -213,6 +214,51 @@ class EtcdStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status PutDrill(const DrillRecord& d) override {
+    if (d.id() == 0) return absl::InvalidArgumentError("PutDrill: the drill has no id");
+    CKPTD_ASSIGN_OR_RETURN(std::string value, internal::SerializeForStore(d));
+    // One put at a time, so that the count of kept drills stays true.
+    absl::MutexLock l(&drills_mu_);
+    pb::RangeRequest r;
+    r.set_key(DrillsPrefix());
+    r.set_range_end(etcd::PrefixEnd(r.key()));
+    r.set_keys_only(true);
+    r.set_sort_target(pb::RangeRequest::KEY);
+    r.set_sort_order(pb::RangeRequest::ASCEND);
+    CKPTD_ASSIGN_OR_RETURN(pb::RangeResponse kept, Read(r));
+    const std::string key = absl::StrCat(DrillsPrefix(), Digits(d.id()));
+    pb::TxnRequest txn;
+    *txn.add_success() = etcd::PutOp(key, value);
+    // The lowest ids beyond the cap go in the same transaction.
+    std::vector<std::string> keys;
+    for (const auto& kv : kept.kvs()) {
+      if (kv.key() != key) keys.push_back(kv.key());
+    }
+    keys.push_back(key);
+    std::sort(keys.begin(), keys.end());
+    for (size_t i = 0; i + kMaxStoredDrills < keys.size() && txn.success_size() < etcd::kMaxTxnOps; ++i) {
+      if (keys[i] == key) return absl::OkStatus();  // older than every drill kept: not kept either
+      *txn.add_success() = etcd::DeleteOp(keys[i]);
+    }
+    return Write(txn, "PutDrill").status();
+  }
+
+  absl::StatusOr<std::vector<DrillRecord>> ListDrills() override {
+    pb::RangeRequest r;
+    r.set_key(DrillsPrefix());
+    r.set_range_end(etcd::PrefixEnd(r.key()));
+    r.set_sort_target(pb::RangeRequest::KEY);
+    r.set_sort_order(pb::RangeRequest::ASCEND);
+    CKPTD_ASSIGN_OR_RETURN(pb::RangeResponse got, Read(r));
+    std::vector<DrillRecord> out;
+    for (const auto& kv : got.kvs()) {
+      DrillRecord d;
+      if (!d.ParseFromString(kv.value())) return Unreadable(kv.key());
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
  private:
   struct Event {
     FailureEvent event;
@@ -223,6 +269,7 @@ class EtcdStateStore final : public StateStore {
   std::string QuarantinePrefix(absl::string_view job) const {
     return absl::StrCat(root_, "quarantine/", EtcdKeyName(job), "/");
   }
+  std::string DrillsPrefix() const { return absl::StrCat(root_, "drills/"); }
   // Every event's prefix for "", else the job's.
   std::string EventsPrefix(absl::string_view job) const {
     return job.empty() ? absl::StrCat(root_, "events/") : absl::StrCat(root_, "events/", EtcdKeyName(job), "/");
@@ -300,6 +347,7 @@ class EtcdStateStore final : public StateStore {
 
   absl::Mutex events_mu_;
   std::deque<std::string> events_ ABSL_GUARDED_BY(events_mu_);  // kept events' keys, oldest appended first
+  absl::Mutex drills_mu_;
   absl::Mutex compact_mu_;
   uint64_t writes_ ABSL_GUARDED_BY(compact_mu_) = 0;
   int64_t compact_point_ ABSL_GUARDED_BY(compact_mu_) = 0;

@@ -7,6 +7,7 @@
 //   jobs/<job>                          JobRecord
 //   quarantine/<job>/<step, 20 digits>  QuarantinedStep
 //   events/<job>/<time, 20 digits>/<16 hex digits>   FailureEvent
+//   drills/<id, 20 digits>              DrillRecord (the newest 256)
 // (docs/operations.md: sizes and write rates).
 #pragma once
 

@@ -17,6 +17,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
 using ckptd::v1::JobRecord;
@@ -110,6 +111,23 @@ class MemStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status PutDrill(const DrillRecord& d) override {
+    if (d.id() == 0) return absl::InvalidArgumentError("PutDrill: the drill has no id");
+    CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(d).status());
+    absl::MutexLock lock(&mu_);
+    drills_[d.id()] = d;
+    while (drills_.size() > kMaxStoredDrills) drills_.erase(drills_.begin());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<DrillRecord>> ListDrills() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<DrillRecord> out;
+    out.reserve(drills_.size());
+    for (const auto& [id, d] : drills_) out.push_back(d);
+    return out;
+  }
+
  private:
   struct Stored {
     uint64_t seq;  // append order
@@ -123,6 +141,7 @@ class MemStateStore final : public StateStore {
   // std::string orders bytewise (as unsigned char), like SQLite's BLOB keys.
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, uint64_t>, QuarantinedStep> quarantine_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, DrillRecord> drills_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -360,6 +360,7 @@ class TwoRankAgents {
       ckptd::v1::RegisterAgentRequest req;
       req.set_node_id(absl::StrCat("node-", r));
       req.set_instance(77 + r);
+      req.set_drills_allowed(true);
       ckptd::v1::RankInfo* info = req.add_ranks();
       info->set_job(kJob);
       info->set_rank(r);
@@ -416,6 +417,28 @@ class TwoRankAgents {
     req.set_rank(rank);
     req.set_kind(ckptd::v1::TRAINER_DIED);
     return Call(&ckptd::v1::Coordinator::Stub::ReportFailure, req).status();
+  }
+
+  // A heartbeat of node-`rank` (a stream of one): its answer, with the
+  // drill orders it carries.
+  absl::StatusOr<ckptd::v1::HeartbeatAck> Beat(uint32_t rank) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAgentToken));
+    auto stream = stub_->Heartbeats(&ctx);
+    ckptd::v1::Heartbeat hb;
+    hb.set_node_id(absl::StrCat("node-", rank));
+    hb.set_session(sessions_[rank]);
+    ckptd::v1::RankInfo* info = hb.add_ranks();
+    info->set_job(kJob);
+    info->set_rank(rank);
+    info->set_world_size(2);
+    info->set_pid(4242 + static_cast<int>(rank));
+    ckptd::v1::HeartbeatAck ack;
+    if (!stream->Write(hb) || !stream->Read(&ack)) return absl::UnavailableError("heartbeat stream broke");
+    stream->WritesDone();
+    (void)stream->Finish();
+    return ack;
   }
 
   // Rank `rank` asks for its plan, having loaded `attempt` intact.
@@ -527,6 +550,49 @@ TEST_F(ReplicatedCoordinatorTest, AStepHalfReportedWhenTheLeaderIsKilledCommitsO
   ASSERT_EQ(status.jobs_size(), 1) << status.DebugString();
   EXPECT_EQ(status.jobs(0).newest_committed_step(), 20u);
   EXPECT_EQ(status.jobs(0).checkpoints_committed(), 1u) << status.DebugString();
+}
+
+// The leader is SIGKILLed right after it ordered a drill that no agent has
+// carried out yet: the next leader answers for the drill and sends the order.
+TEST_F(ReplicatedCoordinatorTest, ADrillOrderedByALeaderThatDiedIsFollowedByTheNext) {
+  ASSERT_NO_FATAL_FAILURE(StartLeaderThenStandby());
+  TwoRankAgents agents;
+  ASSERT_THAT(agents.RegisterAt(pa_), ::ckptd::testing::IsOk()) << a_->Log();
+  auto ctl = [](int port) {
+    return ckptd::v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  };
+  ckptd::v1::RunDrillRequest order;
+  order.set_job(TwoRankAgents::kJob);
+  order.set_scenario(ckptd::v1::KILL_TRAINER);
+  order.set_rank(1);
+  ckptd::v1::RunDrillResponse ordered;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kOperatorToken));
+    ASSERT_TRUE(ctl(pa_)->RunDrill(&ctx, order, &ordered).ok()) << a_->Log();
+  }
+  EXPECT_EQ(ordered.node_id(), "node-1");
+
+  a_->Signal(SIGKILL);
+  ASSERT_THAT(agents.RegisterAt(pb_), ::ckptd::testing::IsOk()) << b_->Log();
+  ckptd::v1::GetDrillRequest get;
+  get.set_drill_id(ordered.drill_id());
+  ckptd::v1::DrillStatus status;
+  grpc::Status got;
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kOperatorToken));
+    got = ctl(pb_)->GetDrill(&ctx, get, &status);
+  }
+  ASSERT_TRUE(got.ok()) << got.error_message() << "\n" << b_->Log();
+  EXPECT_EQ(status.node_id(), "node-1");
+  EXPECT_EQ(status.request().scenario(), ckptd::v1::KILL_TRAINER);
+  absl::StatusOr<ckptd::v1::HeartbeatAck> ack = agents.Beat(1);
+  ASSERT_THAT(ack.status(), ::ckptd::testing::IsOk());
+  ASSERT_EQ(ack->drills_size(), 1) << ack->DebugString();
+  EXPECT_EQ(ack->drills(0).drill_id(), ordered.drill_id());
+  EXPECT_EQ(ack->drills(0).rank(), 1u);
 }
 
 // A state directory that is not one is refused before the replica joins

@@ -29,6 +29,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
 using ckptd::v1::JobRecord;
@@ -60,6 +61,16 @@ CREATE TABLE quarantine(
   record BLOB NOT NULL,          -- ckptd.v1.QuarantinedStep
   PRIMARY KEY(job, step)
 ) WITHOUT ROWID;
+)sql";
+
+// Added to schema version 1 (created when missing, in a database of an
+// earlier build; builds before it ignore the table). Drill ids (uint64,
+// below 2^63: they start at a time in seconds times 2^20) as they are.
+constexpr const char* kDrillsTable = R"sql(
+CREATE TABLE IF NOT EXISTS drills(
+  id INTEGER PRIMARY KEY,
+  record BLOB NOT NULL           -- ckptd.v1.DrillRecord
+);
 )sql";
 
 // The status code for what the caller should do next; I/O errors go through
@@ -186,6 +197,9 @@ class SqliteStateStore final : public StateStore {
          "ON CONFLICT(job, step) DO NOTHING"},
         {&list_quarantine_, "SELECT job, step, record FROM quarantine"},
         {&list_job_quarantine_, "SELECT job, step, record FROM quarantine WHERE job = ?1"},
+        {&put_drill_, "INSERT OR REPLACE INTO drills(id, record) VALUES(?1, ?2)"},
+        {&trim_drills_, "DELETE FROM drills WHERE id < (SELECT id FROM drills ORDER BY id DESC LIMIT 1 OFFSET ?1)"},
+        {&list_drills_, "SELECT id, record FROM drills ORDER BY id"},
     };
     for (const auto& [stmt, sql] : statements) {
       sqlite3_stmt* raw = nullptr;
@@ -326,6 +340,47 @@ class SqliteStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status PutDrill(const DrillRecord& d) override {
+    if (d.id() == 0) return absl::InvalidArgumentError("PutDrill: the drill has no id");
+    if (d.id() > static_cast<uint64_t>(INT64_MAX)) {
+      return absl::InvalidArgumentError(absl::StrCat("PutDrill: drill id ", d.id(), " is above 2^63 - 1"));
+    }
+    CKPTD_ASSIGN_OR_RETURN(const std::string bytes, internal::SerializeForStore(d));
+    absl::MutexLock lock(&mu_);
+    CKPTD_RETURN_IF_ERROR(Run(begin_, "put drill: begin"));
+    absl::Status status = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
+      sqlite3_stmt* put = put_drill_.get();
+      StmtScope put_scope(put);
+      CKPTD_RETURN_IF_ERROR(Check("bind", sqlite3_bind_int64(put, 1, static_cast<int64_t>(d.id()))));
+      CKPTD_RETURN_IF_ERROR(Check("bind", BindBytes(put, 2, bytes)));
+      CKPTD_RETURN_IF_ERROR(StepDone(put, "put drill"));
+      sqlite3_stmt* trim = trim_drills_.get();
+      StmtScope trim_scope(trim);
+      CKPTD_RETURN_IF_ERROR(Check("bind", sqlite3_bind_int64(trim, 1, static_cast<int64_t>(kMaxStoredDrills - 1))));
+      return StepDone(trim, "drop old drills");
+    }();
+    if (status.ok()) status = Run(commit_, "put drill: commit");
+    if (!status.ok()) RollbackIfOpen();
+    return status;
+  }
+
+  absl::StatusOr<std::vector<DrillRecord>> ListDrills() override {
+    absl::MutexLock lock(&mu_);
+    sqlite3_stmt* s = list_drills_.get();
+    StmtScope scope(s);
+    std::vector<DrillRecord> out;
+    for (;;) {
+      CKPTD_ASSIGN_OR_RETURN(const bool row, Step(s, "list drills"));
+      if (!row) break;
+      DrillRecord& d = out.emplace_back();
+      const absl::string_view bytes = ColumnBytes(s, 1);
+      if (!d.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        return Damaged(absl::StrCat("drill ", sqlite3_column_int64(s, 0)));
+      }
+    }
+    return out;
+  }
+
  private:
   absl::Status Error(absl::string_view what, int rc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return SqliteError(path_, what, db_.get(), rc);
@@ -404,6 +459,9 @@ class SqliteStateStore final : public StateStore {
   StmtPtr put_quarantine_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_quarantine_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_job_quarantine_ ABSL_GUARDED_BY(mu_);
+  StmtPtr put_drill_ ABSL_GUARDED_BY(mu_);
+  StmtPtr trim_drills_ ABSL_GUARDED_BY(mu_);
+  StmtPtr list_drills_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs static SQL (no bound values) during open.
@@ -458,11 +516,23 @@ absl::Status CheckOwnership(int64_t application_id, int64_t version, const std::
   return absl::OkStatus();
 }
 
+// The drills table in a database an earlier build made (a write only when
+// it is missing).
+absl::Status AddDrillsTable(sqlite3* db, const std::string& path) {
+  CKPTD_ASSIGN_OR_RETURN(const int64_t has,
+                         QueryInt(db, path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name = 'drills'"));
+  if (has != 0) return absl::OkStatus();
+  return Exec(db, path, kDrillsTable, "add the drills table");
+}
+
 // Checks the schema of an existing database or creates it in a fresh one.
 absl::Status PrepareSchema(sqlite3* db, const std::string& path) {
   CKPTD_ASSIGN_OR_RETURN(int64_t application_id, QueryInt(db, path, "PRAGMA application_id"));
   CKPTD_ASSIGN_OR_RETURN(int64_t version, QueryInt(db, path, "PRAGMA user_version"));
-  if (application_id != 0 || version != 0) return CheckOwnership(application_id, version, path);
+  if (application_id != 0 || version != 0) {
+    CKPTD_RETURN_IF_ERROR(CheckOwnership(application_id, version, path));
+    return AddDrillsTable(db, path);
+  }
 
   // Looks fresh: create the schema, checking again under the write lock in
   // case another process got there first.
@@ -480,6 +550,7 @@ absl::Status PrepareSchema(sqlite3* db, const std::string& path) {
                        "or move the file aside"));
     }
     CKPTD_RETURN_IF_ERROR(Exec(db, path, kSchemaV1, "create schema"));
+    CKPTD_RETURN_IF_ERROR(Exec(db, path, kDrillsTable, "create schema: drills"));
     CKPTD_RETURN_IF_ERROR(Exec(db, path, absl::StrCat("PRAGMA application_id = ", kApplicationId).c_str(),
                                "create schema: application_id"));
     CKPTD_RETURN_IF_ERROR(Exec(db, path, absl::StrCat("PRAGMA user_version = ", kStateSchemaVersion).c_str(),

@@ -1,6 +1,6 @@
 // The coordinator's durable state beside the storage manifests: failure
-// history, per-job records (schedule, timings, counters) and quarantined
-// steps. Behind an interface so that a replicated store (etcd) can replace the
+// history, per-job records (schedule, timings, counters, the restore round)
+// quarantined steps and the newest drills. Behind an interface so that a replicated store (etcd) can replace the
 // embedded SQLite database later; an in-memory one serves the core's tests.
 #pragma once
 
@@ -61,7 +61,16 @@ class StateStore {  // thread-safe
   // Quarantined steps of `job` (empty: every job), ordered by (job, step).
   virtual absl::StatusOr<std::vector<ckptd::v1::QuarantinedStep>> ListQuarantined(
       absl::string_view job) = 0;
+
+  // Inserts or replaces the drill `d.id()` (kInvalidArgument for id 0). Only
+  // the kMaxStoredDrills highest ids are kept; older ones are dropped.
+  virtual absl::Status PutDrill(const ckptd::v1::DrillRecord& d) = 0;
+  // The kept drills, by id.
+  virtual absl::StatusOr<std::vector<ckptd::v1::DrillRecord>> ListDrills() = 0;
 };
+
+// Drills a store keeps (as many as a coordinator's drill book holds).
+inline constexpr size_t kMaxStoredDrills = 256;
 
 struct StateStoreOptions {
   // Events kept (at least 1); the oldest appended are dropped beyond it.

@@ -430,6 +430,48 @@ TEST_P(StateStoreConformanceTest, ConcurrentUseFromSeveralThreads) {
   EXPECT_THAT(store_->ListQuarantined(""), ::ckptd::testing::IsOkAndHolds(SizeIs(kThreads * 5)));
 }
 
+ckptd::v1::DrillRecord Drill(uint64_t id, const std::string& node, bool reported = false) {
+  ckptd::v1::DrillRecord d;
+  d.set_id(id);
+  d.set_node(node);
+  d.mutable_request()->set_job("job");
+  d.mutable_request()->set_scenario(ckptd::v1::KILL_TRAINER);
+  d.mutable_request()->set_rank(3);
+  d.set_ordered_unix_nanos(1'700'000'000'000'000'000 + static_cast<int64_t>(id));
+  d.set_has_newest_at_order(true);
+  d.set_newest_at_order(40);
+  if (reported) {
+    d.mutable_report()->set_drill_id(id);
+    d.mutable_report()->set_injected(true);
+    d.mutable_report()->set_detail("SIGKILL to pid 4242");
+  }
+  d.add_partners("node-x");
+  return d;
+}
+
+TEST_P(StateStoreConformanceTest, DrillsAreReplacedByIdAndOnlyTheNewestAreKept) {
+  EXPECT_THAT(store_->ListDrills(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_->PutDrill(Drill(0, "n")), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no id")));
+  const uint64_t base = uint64_t{1'765'000'000} << 20;  // as a coordinator numbers them
+  CKPTD_ASSERT_OK(store_->PutDrill(Drill(base + 2, "node-b")));
+  CKPTD_ASSERT_OK(store_->PutDrill(Drill(base + 1, "node-a")));
+  CKPTD_ASSERT_OK(store_->PutDrill(Drill(base + 2, "node-b", /*reported=*/true)));  // its report came
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::vector<ckptd::v1::DrillRecord> drills, store_->ListDrills());
+  EXPECT_THAT(drills, ElementsAre(EqualsProto(Drill(base + 1, "node-a")),
+                                  EqualsProto(Drill(base + 2, "node-b", true))));
+  // Past the cap the lowest ids go, and one lower than every kept drill is
+  // not kept either.
+  for (uint64_t i = 3; i < 3 + kMaxStoredDrills; ++i) CKPTD_ASSERT_OK(store_->PutDrill(Drill(base + i, "n")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(drills, store_->ListDrills());
+  ASSERT_THAT(drills, SizeIs(kMaxStoredDrills));
+  EXPECT_EQ(drills.front().id(), base + 3);
+  EXPECT_EQ(drills.back().id(), base + 2 + kMaxStoredDrills);
+  CKPTD_ASSERT_OK(store_->PutDrill(Drill(base + 1, "late")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(drills, store_->ListDrills());
+  ASSERT_THAT(drills, SizeIs(kMaxStoredDrills));
+  EXPECT_EQ(drills.front().id(), base + 3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Impls, StateStoreConformanceTest, ::testing::Values(Impl::kMem, Impl::kSqlite
 #ifdef CKPTD_HAVE_ETCD
                                                                                , Impl::kEtcd
@@ -503,6 +545,27 @@ TEST_F(SqliteStateStoreTest, DataSurvivesClosingAndReopening) {
   CKPTD_ASSERT_OK(store->AppendEvent(Event("a", 2, v1::TRAINER_HUNG, "hung")));
   CKPTD_ASSERT_OK_AND_ASSIGN(events, store->ListEvents("a", 1));
   EXPECT_THAT(Details(events), ElementsAre("hung"));
+}
+
+// A database made before drills were kept (schema version 1 without the
+// table) gets the table when opened, and keeps what it held.
+TEST_F(SqliteStateStoreTest, ADatabaseWithoutTheDrillsTableGetsIt) {
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StateStore> store, OpenSqliteStateStore(state_dir()));
+    CKPTD_ASSERT_OK(store->PutJob(Job("a", 9)));
+  }
+  {
+    RawDb raw(db_path());
+    raw.Exec("DROP TABLE drills");
+    EXPECT_EQ(raw.QueryText("SELECT COUNT(*) FROM sqlite_schema WHERE name = 'drills'"), "0");
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StateStore> store, OpenSqliteStateStore(state_dir()));
+  EXPECT_THAT(store->ListJobs(), ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Job("a", 9)))));
+  EXPECT_THAT(store->ListDrills(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
+  CKPTD_ASSERT_OK(store->PutDrill(Drill(7, "node-a")));
+  EXPECT_THAT(store->ListDrills(), ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Drill(7, "node-a")))));
+  RawDb raw(db_path());
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), absl::StrCat(kStateSchemaVersion));
 }
 
 TEST_F(SqliteStateStoreTest, CreatesNestedStateDirWithWalSchema) {
