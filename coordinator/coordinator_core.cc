@@ -149,6 +149,7 @@ absl::Status CoordinatorCore::Recover() {
   CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::DrillRecord> drills, state_->ListDrills());
   drills_->Restore(drills);
   for (auto& [name, job] : jobs_) {
+    job->EndRoundTakenOverIfPast();
     job->set_last_alive(clock_->Now());  // its ranks get forget_after to come back
     CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::QuarantinedStep> q, state_->ListQuarantined(name));
     for (const auto& step : q) job->Quarantine(step.step(), step.reason());

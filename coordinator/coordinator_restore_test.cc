@@ -642,6 +642,37 @@ TEST_F(TakenOverRoundTest, ARestartClearsTheRoundFromTheRecord) {
   EXPECT_TRUE(Saved().round().open());
 }
 
+// A round the job resumed from is over once a newer step commits: a
+// coordinator that takes over later (the whole job requeued, say) opens a
+// new round from the newest step, never the old round's fresh start or
+// step. Also when the record was saved before that commit (a coordinator
+// killed before its next save): the storage root has the newer step.
+TEST_F(TakenOverRoundTest, ARoundTheJobTrainedPastIsNotTakenOver) {
+  TwoNodes();
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(v1 fresh, Plan(r));
+    ASSERT_EQ(fresh.verdict(), v1::FRESH_START);
+  }
+  const ckptd::v1::JobRecord at_fresh_start = Saved();
+  ASSERT_TRUE(at_fresh_start.round().open());
+  ASSERT_TRUE(at_fresh_start.round().fresh_start());
+  CommitStep(10, at_fresh_start.schedule().incarnation());
+  core_->Tick();
+  EXPECT_FALSE(Saved().round().open());
+  for (bool stale_record : {false, true}) {
+    if (stale_record) {
+      CKPTD_ASSERT_OK(state_->PutJob(at_fresh_start));
+    }
+    Reset();
+    TwoNodes();
+    for (uint32_t r = 0; r < 4; ++r) {
+      CKPTD_ASSERT_OK_AND_ASSIGN(v1 p, Plan(r, std::nullopt, true, 4, /*trainer=*/5 + r));
+      EXPECT_EQ(p.verdict(), v1::LOAD) << "rank " << r << (stale_record ? ", stale record" : "");
+      EXPECT_EQ(p.step(), 10u) << r;
+    }
+  }
+}
+
 // A record whose round cannot be (a fresh start with a step) or belongs to
 // another incarnation is not taken over.
 TEST_F(TakenOverRoundTest, ARoundRecordThatDoesNotFitIsIgnored) {

@@ -354,6 +354,10 @@ std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank
 void Job::MarkCommitted(uint64_t step, double stall, double persist, bool measured) {
   pending_.erase(step);
   committed_.insert(step);
+  // A step past the round's committed: every rank resumed and trained past
+  // it, so the round is over for a coordinator taking the job over (an
+  // emergency persist during the round commits its step or an older one).
+  if (record_.round().open() && step > record_.round().step()) record_.clear_round();
   memory_steps_.erase(memory_steps_.begin(), memory_steps_.upper_bound(step));
   if (emergency_ && emergency_->step <= step) emergency_.reset();
   if (failed_at_ && !round_) step_at_failure_ = std::max(step_at_failure_, step);
@@ -514,6 +518,16 @@ void Job::StartRestoreRound(std::optional<uint64_t> memory_step) {
   ScheduleChanged();
   RecordRound();
   ForgetProgress();
+}
+
+void Job::EndRoundTakenOverIfPast() {
+  if (!round_ || !round_->recovered || committed_.empty()) return;
+  if (*committed_.rbegin() <= round_->step.value_or(0)) return;
+  // The job resumed and committed past the round (its record was saved
+  // before that commit's): the round is over.
+  round_.reset();
+  record_.clear_round();
+  MarkChanged();
 }
 
 void Job::RecordRound() {

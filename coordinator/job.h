@@ -302,6 +302,10 @@ class Job {
   // in a new incarnation. Memory checkpoints after the round's step are
   // forgotten.
   void StartRestoreRound(std::optional<uint64_t> memory_step = std::nullopt);
+  // A round taken over from the record (Recovered) whose step a newer
+  // committed step passed (found in storage after the record was saved) is
+  // over: forgotten, so that the ranks' next plans open a new one.
+  void EndRoundTakenOverIfPast();
   // Whether a plan request of `rank` needs a new round.
   bool NeedsNewRound(uint32_t rank, bool has_attempt) const;
   // Whether `asker` (the trainer asking for `rank`'s plan: "<node>#<instance>#<id>",
