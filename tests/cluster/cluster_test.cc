@@ -1157,14 +1157,19 @@ TEST_P(DrillTest, PassesAndTheJobEndsWithTheReferenceDigests) {
   const std::optional<double> detection = JsonNumber(json, "detection_seconds");
 
   if (restarts) {
-    // The coordinator recorded the failure the scenario causes, before any other.
+    // The coordinator recorded the failure the scenario causes on the target's
+    // node, before any other there. (The demo's ranks do not wait for each
+    // other as ranks in collectives would: when the target's ranks were held
+    // up, the other node's ranks can finish the job before the drill strikes,
+    // and their launcher starting them again is recorded on their node first.)
     std::vector<ckptd::v1::FailureEvent> since;
     for (const ckptd::v1::FailureEvent& e : cluster->Events()) {
-      if (static_cast<double>(e.unix_nanos()) >= *ordered_nanos) since.push_back(e);
+      if (static_cast<double>(e.unix_nanos()) >= *ordered_nanos && e.node_id() == NodeOf(c.target)) {
+        since.push_back(e);
+      }
     }
     ASSERT_FALSE(since.empty()) << report;
     EXPECT_THAT(since.back().kind(), ::testing::AnyOf(c.detected, c.or_detected)) << since.back().ShortDebugString();
-    EXPECT_EQ(since.back().node_id(), NodeOf(c.target)) << since.back().ShortDebugString();
     // Detected within what the flags allow, and not before they allow it.
     absl::Duration earliest = absl::ZeroDuration();
     absl::Duration latest = kSlack;  // a trainer's death: its agent reports it at once
