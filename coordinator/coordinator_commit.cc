@@ -225,11 +225,33 @@ absl::Status CoordinatorCore::Commit(const std::string& job, uint64_t step, uint
     --commits_in_flight_;
   };
   absl::MutexLock l(&commit_mu_);
-  if (options_.may_write) CKPTD_RETURN_IF_ERROR(options_.may_write());
+  if (options_.may_write) {
+    CKPTD_RETURN_IF_ERROR(options_.may_write());
+    // Replicated: the intent first, in a write guarded by this leadership,
+    // so that a leader deposed before it never writes the MANIFEST, and one
+    // taking over keeps the step's files for a MANIFEST written after it.
+    ckptd::v1::CommitIntent intent;
+    intent.set_job(job);
+    intent.set_step(step);
+    intent.set_world_size(world_size);
+    intent.set_unix_nanos(absl::ToUnixNanos(clock_->Now()));
+    if (absl::Status s = state_->PutCommitIntent(intent); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("the commit intent could not be recorded, so the step is not "
+                                                 "committed: ",
+                                                 s.message()));
+    }
+    // Paused after etcd answered, past the lease: the intent is all it wrote.
+    CKPTD_RETURN_IF_ERROR(options_.may_write());
+  }
   // Each file was checked as it was reported (CheckShardFile).
   absl::StatusOr<ckptd::v1::StepManifest> m =
       store_->CommitStep(job, step, world_size, &shards, storage::CheckpointStore::CommitCheck::kCheckedByCaller);
-  if (absl::IsAlreadyExists(m.status())) return absl::OkStatus();
+  if (m.ok() || absl::IsAlreadyExists(m.status())) {
+    if (auto it = foreign_intents_.find(job); it != foreign_intents_.end() && it->second.step == step) {
+      foreign_intents_.erase(it);
+    }
+    return absl::OkStatus();
+  }
   return m.status();
 }
 
@@ -298,8 +320,20 @@ void CoordinatorCore::Apply(Effects& fx) {
     for (const auto& [job, step, why] : fx.aborted_notes) {
       if (observer_ != nullptr) observer_->OnAborted(job, step, why);
     }
+    // A leader deposed meanwhile removes nothing: the next one may be
+    // committing these steps.
+    const bool may_remove = !options_.may_write || options_.may_write().ok();
     for (const auto& [job, step] : fx.aborts) {
+      if (!may_remove) break;
       absl::MutexLock l(&commit_mu_);
+      if (auto it = foreign_intents_.find(job); it != foreign_intents_.end() && it->second.step == step) {
+        if (!std::exchange(it->second.kept_once, true)) {
+          logger_->Warning(absl::StrCat("job ", job, " step ", step, ": not committed here, but its files stay: the "
+                                        "previous leader recorded its intent to commit it and may still write its "
+                                        "MANIFEST"));
+        }
+        continue;
+      }
       absl::Status s = store_->AbortStep(job, step);
       // Already gone, or committed after all: nothing to clean.
       if (!s.ok() && !absl::IsNotFound(s) && !absl::IsFailedPrecondition(s)) {

@@ -219,5 +219,118 @@ TEST_F(CoordinatorCoreTest, PersistFailureAbortsTheStep) {
   EXPECT_THAT(Shard("node-a", 10, 1), StatusIs(absl::StatusCode::kAborted, HasSubstr("aborted")));
 }
 
+
+// Replicated leaders: the commit intent, written (guarded by the leadership)
+// before the MANIFEST, and what a leader that takes over makes of it.
+class CommitIntentTest : public CoordinatorCoreTest {
+ protected:
+  CommitIntentTest() {
+    // Leads until an intent for step `deposed_after_` (0: none) is recorded:
+    // paused past its lease right after etcd answered.
+    options_.may_write = [this]() -> absl::Status {
+      if (deposed_after_ == 0) return absl::OkStatus();
+      absl::StatusOr<std::vector<ckptd::v1::CommitIntent>> got = state_->ListCommitIntents();
+      for (const ckptd::v1::CommitIntent& c : got.value_or(std::vector<ckptd::v1::CommitIntent>{})) {
+        if (c.step() == deposed_after_) return absl::FailedPreconditionError("deposed in the test");
+      }
+      return absl::OkStatus();
+    };
+    Reset();
+  }
+  std::vector<ckptd::v1::CommitIntent> Intents() {
+    absl::StatusOr<std::vector<ckptd::v1::CommitIntent>> got = state_->ListCommitIntents();
+    Check(got.status(), "ListCommitIntents");
+    return got.value_or(std::vector<ckptd::v1::CommitIntent>{});
+  }
+  // Ranks 0..3 report `step`; the last report's answer.
+  absl::StatusOr<ckptd::v1::ReportShardResponse> ReportAll(uint64_t step) {
+    absl::StatusOr<ckptd::v1::ReportShardResponse> last;
+    for (uint32_t r = 0; r < 4; ++r) last = Shard(r < 2 ? "node-a" : "node-b", step, r);
+    return last;
+  }
+  uint64_t deposed_after_ = 0;
+};
+
+TEST_F(CommitIntentTest, EachCommitRecordsItsIntentFirst) {
+  TwoNodes();
+  CommitStep(10);
+  ASSERT_THAT(Intents(), ElementsAre(::testing::Property(&ckptd::v1::CommitIntent::step, 10u)));
+  EXPECT_EQ(Intents()[0].job(), kJob);
+  EXPECT_EQ(Intents()[0].world_size(), 4u);
+  CommitStep(20);  // one per job: the next replaces it
+  EXPECT_THAT(Intents(), ElementsAre(::testing::Property(&ckptd::v1::CommitIntent::step, 20u)));
+}
+
+TEST_F(CommitIntentTest, ALeaderDeposedAfterItsIntentWritesNoManifestAndRemovesNothing) {
+  deposed_after_ = 20;
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 20, r).status());
+  // The last report: Apply's check and the commit's first pass; the check
+  // after the intent fails (paused past the lease after etcd answered).
+  absl::StatusOr<ckptd::v1::ReportShardResponse> last = Shard("node-b", 20, 3);
+  EXPECT_FALSE(last.ok() && last->committed());
+  EXPECT_THAT(Intents(), ElementsAre(::testing::Property(&ckptd::v1::CommitIntent::step, 20u)));
+  EXPECT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  // Its files stay for the leader that takes over.
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(Exists(storage::ShardPath(kRoot, kJob, 20, r))) << r;
+}
+
+TEST_F(CommitIntentTest, ALeaderThatTakesOverKeepsTheFilesOfAStepAnotherMayStillCommit) {
+  deposed_after_ = 20;
+  TwoNodes();
+  CommitStep(10);
+  // The old leader recorded its intent to commit step 20 and was paused
+  // before the MANIFEST; every shard of 20 is durable.
+  std::vector<ckptd::v1::ShardRef> shards;
+  std::vector<ckptd::v1::ShardReport> reports;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ShardReport report, Write(20, r));
+    shards.push_back(report.shard());
+    reports.push_back(report);
+    absl::StatusOr<ckptd::v1::ReportShardResponse> resp =
+        core_->ReportShard(ShardRequest(r < 2 ? "node-a" : "node-b", report));
+    if (r < 3) {
+      CKPTD_ASSERT_OK(resp.status());
+    }
+  }
+  ASSERT_FALSE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+
+  deposed_after_ = 0;
+  Reset();  // a new leader
+  TwoNodes();
+  CommitStep(30);  // the job went on: step 30 commits first
+  // A late report of 20 is older than committed 30: not committed here, and
+  // (the intent) not removed either.
+  EXPECT_THAT(core_->ReportShard(ShardRequest("node-a", reports[0])),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("older than")));
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(Exists(storage::ShardPath(kRoot, kJob, 20, r))) << r;
+  // So the MANIFEST the old leader writes when it resumes names files that
+  // exist: an intact older step, not a broken one.
+  CKPTD_ASSERT_OK(store_.CommitStep(kJob, 20, 4, &shards).status());
+  CKPTD_ASSERT_OK_AND_ASSIGN(storage::StepVerifyReport verify, store_.VerifyStep(kJob, 20));
+  EXPECT_TRUE(verify.ok());
+
+  // Without an intent, a step older than the committed one is removed.
+  EXPECT_THAT(Shard("node-a", 25, 0), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("older than")));
+  EXPECT_FALSE(Exists(storage::ShardPath(kRoot, kJob, 25, 0)));
+}
+
+TEST_F(CommitIntentTest, ALeaderThatTakesOverCommitsTheStepWhenItsReportsComeAgain) {
+  deposed_after_ = 20;
+  TwoNodes();
+  CommitStep(10);
+  for (uint32_t r = 0; r < 3; ++r) CKPTD_ASSERT_OK(Shard(r < 2 ? "node-a" : "node-b", 20, r).status());
+  (void)Shard("node-b", 20, 3);
+  deposed_after_ = 0;
+  Reset();
+  TwoNodes();
+  // The agents send their reports of 20 again to the new leader.
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse last, ReportAll(20));
+  EXPECT_TRUE(last.committed());
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  EXPECT_EQ(JobState().newest_committed_step(), 20u);
+}
+
 }  // namespace
 }  // namespace ckptd::coordinator

@@ -112,6 +112,13 @@ absl::Status CoordinatorCore::Recover() {
   absl::StatusOr<std::vector<std::string>> listed = store_->ListJobs();
   if (!listed.ok() && !absl::IsNotFound(listed.status())) return listed.status();
   const std::vector<std::string> stored_jobs = listed.ok() ? *listed : std::vector<std::string>();
+  CKPTD_ASSIGN_OR_RETURN(std::vector<ckptd::v1::CommitIntent> intents, state_->ListCommitIntents());
+  {
+    // Another leader's commits that may still land (a committed step's files
+    // are never removed by an abort anyway).
+    absl::MutexLock l(&commit_mu_);
+    for (const ckptd::v1::CommitIntent& c : intents) foreign_intents_[c.job()] = ForeignIntent{c.step()};
+  }
   absl::MutexLock l(&mu_);
   for (const JobRecord& r : records) {
     if (!storage::ValidateJobName(r.job()).ok() || r.world_size() == 0) continue;

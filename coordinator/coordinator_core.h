@@ -403,6 +403,15 @@ class CoordinatorCore {
   std::map<std::pair<std::string, uint32_t>, std::set<std::string>> holders_ ABSL_GUARDED_BY(mu_);
   // One committer per job (storage::CheckpointStore's rule).
   absl::Mutex commit_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // Replicated coordinators: the step each job's previous leader had written
+  // its commit intent for when this one took over. That leader may still
+  // write the step's MANIFEST (paused between its intent and the rename), so
+  // the step's files are never removed here: only committed.
+  struct ForeignIntent {
+    uint64_t step = 0;
+    bool kept_once = false;  // an abort was refused (and said so) once
+  };
+  std::map<std::string, ForeignIntent> foreign_intents_ ABSL_GUARDED_BY(commit_mu_);
   // Commits under way, which retention waits out between its batches.
   absl::Mutex inflight_mu_;
   int commits_in_flight_ ABSL_GUARDED_BY(inflight_mu_) = 0;

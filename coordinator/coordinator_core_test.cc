@@ -219,6 +219,10 @@ class CountingStateStore : public StateStore {
   }
   absl::Status PutDrill(const ckptd::v1::DrillRecord& d) override { return base_->PutDrill(d); }
   absl::StatusOr<std::vector<ckptd::v1::DrillRecord>> ListDrills() override { return base_->ListDrills(); }
+  absl::Status PutCommitIntent(const ckptd::v1::CommitIntent& c) override { return base_->PutCommitIntent(c); }
+  absl::StatusOr<std::vector<ckptd::v1::CommitIntent>> ListCommitIntents() override {
+    return base_->ListCommitIntents();
+  }
   int puts = 0;
 
  private:

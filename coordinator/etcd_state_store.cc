@@ -19,6 +19,7 @@
 
 namespace ckptd::coordinator {
 
+using ckptd::v1::CommitIntent;
 using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
@@ -180,6 +181,7 @@ class EtcdStateStore final : public StateStore {
   absl::Status DeleteJob(absl::string_view job) override {
     pb::TxnRequest txn;
     *txn.add_success() = etcd::DeleteOp(JobKey(job));
+    *txn.add_success() = etcd::DeleteOp(IntentKey(job));
     const std::string q = QuarantinePrefix(job);
     *txn.add_success() = etcd::DeleteOp(q, etcd::PrefixEnd(q));
     return Write(txn, "DeleteJob").status();
@@ -259,6 +261,29 @@ class EtcdStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status PutCommitIntent(const CommitIntent& c) override {
+    if (c.job().empty()) return absl::InvalidArgumentError("PutCommitIntent: the intent names no job");
+    CKPTD_ASSIGN_OR_RETURN(std::string value, internal::SerializeForStore(c));
+    pb::TxnRequest txn;
+    *txn.add_success() = etcd::PutOp(IntentKey(c.job()), value);
+    return Write(txn, "PutCommitIntent").status();
+  }
+
+  absl::StatusOr<std::vector<CommitIntent>> ListCommitIntents() override {
+    pb::RangeRequest r;
+    r.set_key(absl::StrCat(root_, "committing/"));
+    r.set_range_end(etcd::PrefixEnd(r.key()));
+    CKPTD_ASSIGN_OR_RETURN(pb::RangeResponse got, Read(r));
+    std::vector<CommitIntent> out;
+    for (const auto& kv : got.kvs()) {
+      CommitIntent c;
+      if (!c.ParseFromString(kv.value())) return Unreadable(kv.key());
+      out.push_back(std::move(c));
+    }
+    std::sort(out.begin(), out.end(), [](const CommitIntent& a, const CommitIntent& b) { return a.job() < b.job(); });
+    return out;
+  }
+
  private:
   struct Event {
     FailureEvent event;
@@ -269,6 +294,7 @@ class EtcdStateStore final : public StateStore {
   std::string QuarantinePrefix(absl::string_view job) const {
     return absl::StrCat(root_, "quarantine/", EtcdKeyName(job), "/");
   }
+  std::string IntentKey(absl::string_view job) const { return absl::StrCat(root_, "committing/", EtcdKeyName(job)); }
   std::string DrillsPrefix() const { return absl::StrCat(root_, "drills/"); }
   // Every event's prefix for "", else the job's.
   std::string EventsPrefix(absl::string_view job) const {

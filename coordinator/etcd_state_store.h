@@ -8,6 +8,7 @@
 //   quarantine/<job>/<step, 20 digits>  QuarantinedStep
 //   events/<job>/<time, 20 digits>/<16 hex digits>   FailureEvent
 //   drills/<id, 20 digits>              DrillRecord (the newest 256)
+//   committing/<job>                    CommitIntent (the step being committed)
 // (docs/operations.md: sizes and write rates).
 #pragma once
 

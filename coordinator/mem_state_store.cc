@@ -17,6 +17,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ckptd::v1::CommitIntent;
 using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
@@ -88,6 +89,7 @@ class MemStateStore final : public StateStore {
   absl::Status DeleteJob(absl::string_view job) override {
     absl::MutexLock lock(&mu_);
     jobs_.erase(std::string(job));
+    intents_.erase(std::string(job));
     for (auto it = quarantine_.begin(); it != quarantine_.end();) {
       it = it->first.first == job ? quarantine_.erase(it) : std::next(it);
     }
@@ -128,6 +130,22 @@ class MemStateStore final : public StateStore {
     return out;
   }
 
+  absl::Status PutCommitIntent(const CommitIntent& c) override {
+    if (c.job().empty()) return absl::InvalidArgumentError("PutCommitIntent: the intent names no job");
+    CKPTD_RETURN_IF_ERROR(internal::SerializeForStore(c).status());
+    absl::MutexLock lock(&mu_);
+    intents_[c.job()] = c;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<CommitIntent>> ListCommitIntents() override {
+    absl::MutexLock lock(&mu_);
+    std::vector<CommitIntent> out;
+    out.reserve(intents_.size());
+    for (const auto& [job, c] : intents_) out.push_back(c);
+    return out;
+  }
+
  private:
   struct Stored {
     uint64_t seq;  // append order
@@ -142,6 +160,7 @@ class MemStateStore final : public StateStore {
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, uint64_t>, QuarantinedStep> quarantine_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, DrillRecord> drills_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, CommitIntent> intents_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -29,6 +29,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ckptd::v1::CommitIntent;
 using ckptd::v1::DrillRecord;
 using ckptd::v1::FailureEvent;
 using ckptd::v1::FailureKind;
@@ -71,6 +72,14 @@ CREATE TABLE IF NOT EXISTS drills(
   id INTEGER PRIMARY KEY,
   record BLOB NOT NULL           -- ckptd.v1.DrillRecord
 );
+)sql";
+
+// Added to schema version 1 like the drills table: each job's commit intent.
+constexpr const char* kCommitIntentsTable = R"sql(
+CREATE TABLE IF NOT EXISTS commit_intents(
+  job BLOB PRIMARY KEY,
+  record BLOB NOT NULL           -- ckptd.v1.CommitIntent
+) WITHOUT ROWID;
 )sql";
 
 // The status code for what the caller should do next; I/O errors go through
@@ -200,6 +209,9 @@ class SqliteStateStore final : public StateStore {
         {&put_drill_, "INSERT OR REPLACE INTO drills(id, record) VALUES(?1, ?2)"},
         {&trim_drills_, "DELETE FROM drills WHERE id < (SELECT id FROM drills ORDER BY id DESC LIMIT 1 OFFSET ?1)"},
         {&list_drills_, "SELECT id, record FROM drills ORDER BY id"},
+        {&put_intent_, "INSERT OR REPLACE INTO commit_intents(job, record) VALUES(?1, ?2)"},
+        {&list_intents_, "SELECT job, record FROM commit_intents ORDER BY job"},
+        {&delete_intent_, "DELETE FROM commit_intents WHERE job = ?1"},
     };
     for (const auto& [stmt, sql] : statements) {
       sqlite3_stmt* raw = nullptr;
@@ -295,7 +307,7 @@ class SqliteStateStore final : public StateStore {
 
   absl::Status DeleteJob(absl::string_view job) override {
     absl::MutexLock lock(&mu_);
-    for (sqlite3_stmt* s : {delete_job_.get(), delete_quarantine_.get()}) {
+    for (sqlite3_stmt* s : {delete_job_.get(), delete_quarantine_.get(), delete_intent_.get()}) {
       StmtScope scope(s);
       CKPTD_RETURN_IF_ERROR(Check("bind", BindBytes(s, 1, job)));
       CKPTD_RETURN_IF_ERROR(StepDone(s, "delete job"));
@@ -376,6 +388,34 @@ class SqliteStateStore final : public StateStore {
       const absl::string_view bytes = ColumnBytes(s, 1);
       if (!d.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
         return Damaged(absl::StrCat("drill ", sqlite3_column_int64(s, 0)));
+      }
+    }
+    return out;
+  }
+
+  absl::Status PutCommitIntent(const CommitIntent& c) override {
+    if (c.job().empty()) return absl::InvalidArgumentError("PutCommitIntent: the intent names no job");
+    CKPTD_ASSIGN_OR_RETURN(const std::string bytes, internal::SerializeForStore(c));
+    absl::MutexLock lock(&mu_);
+    sqlite3_stmt* s = put_intent_.get();
+    StmtScope scope(s);
+    CKPTD_RETURN_IF_ERROR(Check("bind", BindBytes(s, 1, c.job())));
+    CKPTD_RETURN_IF_ERROR(Check("bind", BindBytes(s, 2, bytes)));
+    return StepDone(s, "put commit intent");
+  }
+
+  absl::StatusOr<std::vector<CommitIntent>> ListCommitIntents() override {
+    absl::MutexLock lock(&mu_);
+    sqlite3_stmt* s = list_intents_.get();
+    StmtScope scope(s);
+    std::vector<CommitIntent> out;
+    for (;;) {
+      CKPTD_ASSIGN_OR_RETURN(const bool row, Step(s, "list commit intents"));
+      if (!row) break;
+      CommitIntent& c = out.emplace_back();
+      const absl::string_view bytes = ColumnBytes(s, 1);
+      if (!c.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        return Damaged(absl::StrCat("commit intent of job \"", absl::CHexEscape(ColumnBytes(s, 0)), "\""));
       }
     }
     return out;
@@ -462,6 +502,9 @@ class SqliteStateStore final : public StateStore {
   StmtPtr put_drill_ ABSL_GUARDED_BY(mu_);
   StmtPtr trim_drills_ ABSL_GUARDED_BY(mu_);
   StmtPtr list_drills_ ABSL_GUARDED_BY(mu_);
+  StmtPtr put_intent_ ABSL_GUARDED_BY(mu_);
+  StmtPtr list_intents_ ABSL_GUARDED_BY(mu_);
+  StmtPtr delete_intent_ ABSL_GUARDED_BY(mu_);
 };
 
 // Runs static SQL (no bound values) during open.
@@ -516,13 +559,19 @@ absl::Status CheckOwnership(int64_t application_id, int64_t version, const std::
   return absl::OkStatus();
 }
 
-// The drills table in a database an earlier build made (a write only when
-// it is missing).
-absl::Status AddDrillsTable(sqlite3* db, const std::string& path) {
-  CKPTD_ASSIGN_OR_RETURN(const int64_t has,
-                         QueryInt(db, path, "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name = 'drills'"));
-  if (has != 0) return absl::OkStatus();
-  return Exec(db, path, kDrillsTable, "add the drills table");
+// The tables added to schema version 1 (drills, commit intents), in a
+// database an earlier build made (a write only when one is missing).
+absl::Status AddLaterTables(sqlite3* db, const std::string& path) {
+  for (const auto& [name, sql] : {std::pair<const char*, const char*>{"drills", kDrillsTable},
+                                  std::pair<const char*, const char*>{"commit_intents", kCommitIntentsTable}}) {
+    CKPTD_ASSIGN_OR_RETURN(
+        const int64_t has,
+        QueryInt(db, path,
+                 absl::StrCat("SELECT COUNT(*) FROM sqlite_schema WHERE type = 'table' AND name = '", name, "'").c_str()));
+    if (has != 0) continue;
+    CKPTD_RETURN_IF_ERROR(Exec(db, path, sql, absl::StrCat("add the ", name, " table")));
+  }
+  return absl::OkStatus();
 }
 
 // Checks the schema of an existing database or creates it in a fresh one.
@@ -531,7 +580,7 @@ absl::Status PrepareSchema(sqlite3* db, const std::string& path) {
   CKPTD_ASSIGN_OR_RETURN(int64_t version, QueryInt(db, path, "PRAGMA user_version"));
   if (application_id != 0 || version != 0) {
     CKPTD_RETURN_IF_ERROR(CheckOwnership(application_id, version, path));
-    return AddDrillsTable(db, path);
+    return AddLaterTables(db, path);
   }
 
   // Looks fresh: create the schema, checking again under the write lock in
@@ -551,6 +600,7 @@ absl::Status PrepareSchema(sqlite3* db, const std::string& path) {
     }
     CKPTD_RETURN_IF_ERROR(Exec(db, path, kSchemaV1, "create schema"));
     CKPTD_RETURN_IF_ERROR(Exec(db, path, kDrillsTable, "create schema: drills"));
+    CKPTD_RETURN_IF_ERROR(Exec(db, path, kCommitIntentsTable, "create schema: commit intents"));
     CKPTD_RETURN_IF_ERROR(Exec(db, path, absl::StrCat("PRAGMA application_id = ", kApplicationId).c_str(),
                                "create schema: application_id"));
     CKPTD_RETURN_IF_ERROR(Exec(db, path, absl::StrCat("PRAGMA user_version = ", kStateSchemaVersion).c_str(),

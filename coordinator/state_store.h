@@ -1,6 +1,6 @@
 // The coordinator's durable state beside the storage manifests: failure
 // history, per-job records (schedule, timings, counters, the restore round)
-// quarantined steps and the newest drills. Behind an interface so that a replicated store (etcd) can replace the
+// quarantined steps, the newest drills and each job's commit intent. Behind an interface so that a replicated store (etcd) can replace the
 // embedded SQLite database later; an in-memory one serves the core's tests.
 #pragma once
 
@@ -67,6 +67,12 @@ class StateStore {  // thread-safe
   virtual absl::Status PutDrill(const ckptd::v1::DrillRecord& d) = 0;
   // The kept drills, by id.
   virtual absl::StatusOr<std::vector<ckptd::v1::DrillRecord>> ListDrills() = 0;
+
+  // Inserts or replaces the commit intent of `c.job()` (one per job;
+  // kInvalidArgument when it names no job). DeleteJob removes it.
+  virtual absl::Status PutCommitIntent(const ckptd::v1::CommitIntent& c) = 0;
+  // Every job's commit intent, ordered by job name (bytewise).
+  virtual absl::StatusOr<std::vector<ckptd::v1::CommitIntent>> ListCommitIntents() = 0;
 };
 
 // Drills a store keeps (as many as a coordinator's drill book holds).

@@ -472,6 +472,29 @@ TEST_P(StateStoreConformanceTest, DrillsAreReplacedByIdAndOnlyTheNewestAreKept) 
   EXPECT_EQ(drills.front().id(), base + 3);
 }
 
+ckptd::v1::CommitIntent Intent(const std::string& job, uint64_t step) {
+  ckptd::v1::CommitIntent c;
+  c.set_job(job);
+  c.set_step(step);
+  c.set_world_size(4096);
+  c.set_unix_nanos(1'700'000'000'000'000'000 + static_cast<int64_t>(step));
+  return c;
+}
+
+TEST_P(StateStoreConformanceTest, CommitIntentsAreOnePerJobAndGoWithTheJob) {
+  EXPECT_THAT(store_->ListCommitIntents(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
+  EXPECT_THAT(store_->PutCommitIntent(Intent("", 3)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no job")));
+  CKPTD_ASSERT_OK(store_->PutCommitIntent(Intent("job/b", 20)));
+  CKPTD_ASSERT_OK(store_->PutCommitIntent(Intent("job-a", 10)));
+  CKPTD_ASSERT_OK(store_->PutCommitIntent(Intent("job/b", 40)));  // the next commit replaces it
+  EXPECT_THAT(store_->ListCommitIntents(),
+              ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Intent("job-a", 10)), EqualsProto(Intent("job/b", 40)))));
+  CKPTD_ASSERT_OK(store_->PutJob(Job("job/b", 3)));
+  CKPTD_ASSERT_OK(store_->DeleteJob("job/b"));
+  EXPECT_THAT(store_->ListCommitIntents(),
+              ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Intent("job-a", 10)))));
+}
+
 INSTANTIATE_TEST_SUITE_P(Impls, StateStoreConformanceTest, ::testing::Values(Impl::kMem, Impl::kSqlite
 #ifdef CKPTD_HAVE_ETCD
                                                                                , Impl::kEtcd
@@ -564,6 +587,25 @@ TEST_F(SqliteStateStoreTest, ADatabaseWithoutTheDrillsTableGetsIt) {
   EXPECT_THAT(store->ListDrills(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
   CKPTD_ASSERT_OK(store->PutDrill(Drill(7, "node-a")));
   EXPECT_THAT(store->ListDrills(), ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Drill(7, "node-a")))));
+  RawDb raw(db_path());
+  EXPECT_EQ(raw.QueryText("PRAGMA user_version"), absl::StrCat(kStateSchemaVersion));
+}
+
+// The same for the commit intents' table.
+TEST_F(SqliteStateStoreTest, ADatabaseWithoutTheCommitIntentsTableGetsIt) {
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StateStore> store, OpenSqliteStateStore(state_dir()));
+    CKPTD_ASSERT_OK(store->PutDrill(Drill(7, "node-a")));
+  }
+  {
+    RawDb raw(db_path());
+    raw.Exec("DROP TABLE commit_intents");
+  }
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StateStore> store, OpenSqliteStateStore(state_dir()));
+  EXPECT_THAT(store->ListDrills(), ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Drill(7, "node-a")))));
+  EXPECT_THAT(store->ListCommitIntents(), ::ckptd::testing::IsOkAndHolds(IsEmpty()));
+  CKPTD_ASSERT_OK(store->PutCommitIntent(Intent("a", 5)));
+  EXPECT_THAT(store->ListCommitIntents(), ::ckptd::testing::IsOkAndHolds(ElementsAre(EqualsProto(Intent("a", 5)))));
   RawDb raw(db_path());
   EXPECT_EQ(raw.QueryText("PRAGMA user_version"), absl::StrCat(kStateSchemaVersion));
 }
