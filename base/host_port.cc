@@ -1,5 +1,10 @@
 #include "base/host_port.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
@@ -40,6 +45,22 @@ absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view
     return absl::InvalidArgumentError(absl::StrCat("\"", host_port, "\": port must be ", lowest, "..65535"));
   }
   return std::make_pair(std::string(host), static_cast<uint16_t>(port_number));
+}
+
+int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
 }
 
 }  // namespace ckptd::base

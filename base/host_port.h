@@ -23,4 +23,10 @@ enum class PortUse {
 absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(absl::string_view host_port,
                                                                PortUse use = PortUse::kListen);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
+// closed), for a process that must be told its port before it starts (it
+// names the port it was given, not the one it bound); 0 when none could be
+// had. Another process may take it meanwhile: for tests and benchmarks.
+int FreeLoopbackPort();
+
 }  // namespace ckptd::base

@@ -1,5 +1,10 @@
 #include "base/host_port.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 #include <utility>
 
@@ -52,6 +57,21 @@ TEST(ParseHostPortTest, PortZeroIsForListeningOnly) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1..65535")));
   EXPECT_THAT(ParseHostPort("coord:1", PortUse::kConnect), IsOkAndHolds(P("coord", 1)));
   EXPECT_THAT(ParseHostPort("coord:65535", PortUse::kConnect), IsOkAndHolds(P("coord", 65535)));
+}
+
+// The port it names can be bound on 127.0.0.1 (it was closed, not kept).
+TEST(FreeLoopbackPortTest, NamesAPortThatCanBeBound) {
+  const int port = FreeLoopbackPort();
+  ASSERT_GT(port, 0);
+  ASSERT_LE(port, 65535);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << port;
+  ::close(fd);
 }
 
 }  // namespace

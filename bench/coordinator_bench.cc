@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "base/flags.h"
 #include "base/format.h"
+#include "base/host_port.h"
 #include "base/json.h"
 #include "base/random.h"
 #include "base/thread_pool.h"
@@ -68,7 +69,7 @@ const char kCoordinatorHelp[] =
     "usage: ckptd-bench coordinator [--agents 10000] [--ranks 4096] [--ranks-per-agent 8] [--rate 1]\n"
     "                               [--seconds 30] [--checkpoints 20] [--channels 64]\n"
     "                               [--retain N] [--coordinator-bin PATH] [--dir DIR] [--keep] [--json]\n"
-    "                               [--etcd-endpoints H:P,...]\n"
+    "                               [--etcd-endpoints H:P,... [--failover]]\n"
     "\n"
     "Starts ckptd-coordinator (default: next to this binary) on a scratch storage\n"
     "root and state folder under DIR (default $TMPDIR or /tmp) and simulates\n"
@@ -100,6 +101,13 @@ const char kCoordinatorHelp[] =
     "  etcd_writes_per_s_steady   etcd revisions per second in the steady window\n"
     "  etcd_writes_per_checkpoint revisions per checkpoint, heartbeats going on\n"
     "  etcd_db_bytes              the first member's database size at the end\n"
+    "--failover (with --etcd-endpoints) also starts a standby replica, and at the\n"
+    "end SIGKILLs the leader while every agent beats it; the agents ask the\n"
+    "standby to register them until it answers, register, beat it, and report\n"
+    "one more step. Measured from the kill:\n"
+    "  failover_serving_s     the standby answered a registration (target <= 5 s)\n"
+    "  failover_registered_s  every agent registered with it\n"
+    "  failover_commit_s      the next step committed (target <= 10 s)\n"
     "The shard files the coordinator checks at commit (a small real shard per rank\n"
     "and step) are written before anything is timed. Without --keep the scratch\n"
     "folder is removed afterwards. The bench raises its open-file limit to the hard\n"
@@ -167,9 +175,11 @@ uint64_t RaiseOpenFileLimit() {
 // stderr line), and stopped with SIGTERM. Its stderr is kept (last lines).
 class CoordinatorProcess {
  public:
+  // Ready once it says it is listening (a replicated one: serving as the
+  // leader), or, when `standby` is set, standing by.
   static absl::StatusOr<std::unique_ptr<CoordinatorProcess>> Start(const std::string& bin,
                                                                    const std::vector<std::string>& args,
-                                                                   absl::Duration timeout);
+                                                                   absl::Duration timeout, bool standby = false);
   ~CoordinatorProcess() { (void)Stop(); }  // a failure here was reported by an explicit Stop(), if it matters
   CoordinatorProcess(const CoordinatorProcess&) = delete;
   CoordinatorProcess& operator=(const CoordinatorProcess&) = delete;
@@ -181,6 +191,8 @@ class CoordinatorProcess {
 
   // SIGTERM, then waits up to 10 s (SIGKILL after that). OK when it exited 0.
   absl::Status Stop();
+  // SIGKILL, as a machine's death: reaped at once.
+  void Kill();
   // Its last lines on stderr.
   std::string StderrTail() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -208,7 +220,7 @@ std::string DescribeWaitStatus(int status) {
 
 absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(const std::string& bin,
                                                                              const std::vector<std::string>& args,
-                                                                             absl::Duration timeout) {
+                                                                             absl::Duration timeout, bool standby) {
   if (::access(bin.c_str(), X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("cannot run ", bin, ": ", std::strerror(errno),
                                                       " (build the ckptd-coordinator target or pass --coordinator-bin)"));
@@ -250,8 +262,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(co
       constexpr std::string_view kServing = "serving on ";
       std::string_view kListening = "listening on ";
       constexpr std::string_view kMetrics = "metrics on http://";
+      // A replica that does not lead says "standby on ADDR".
+      constexpr std::string_view kStandby = "standby on ";
       size_t at = line.find(kListening);
       if (at == std::string::npos && (at = line.find(kServing)) != std::string::npos) kListening = kServing;
+      if (at == std::string::npos && standby && (at = line.find(kStandby)) != std::string::npos) {
+        kListening = kStandby;
+      }
       proc->AddLine(line);
       if (const size_t m = line.find(kMetrics); m != std::string::npos) {
         const std::string url = line.substr(m + kMetrics.size());  // host:port/metrics
@@ -349,6 +366,17 @@ absl::Status CoordinatorProcess::Stop() {
   return exit_;
 }
 
+void CoordinatorProcess::Kill() {
+  if (stopped_) return;
+  stopped_ = true;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (drain_.joinable()) drain_.join();
+  ::close(fd_);
+}
+
 // GET `path` from 127.0.0.1:`port`: the whole response, or "" on failure.
 std::string HttpGet(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -432,6 +460,17 @@ struct SimAgent {
   std::vector<v1::RankInfo> ranks;
 };
 
+v1::RegisterAgentRequest RegistrationOf(const SimAgent& agent) {
+  v1::RegisterAgentRequest req;
+  req.set_node_id(agent.node_id);
+  req.set_address("ckptd-bench");
+  for (const v1::RankInfo& r : agent.ranks) {
+    *req.add_ranks() = r;
+    req.add_gpus(absl::StrCat("cuda:", r.gpu()));
+  }
+  return req;
+}
+
 // Registers every agent, at most `window` calls in flight; fills sessions.
 absl::Status RegisterAll(std::vector<Connection>& conns, std::vector<SimAgent>& agents, int window,
                          absl::Duration timeout) {
@@ -460,12 +499,7 @@ absl::Status RegisterAll(std::vector<Connection>& conns, std::vector<SimAgent>& 
     calls[i] = std::make_unique<Call>();
     Call* c = calls[i].get();
     c->ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(timeout));
-    c->req.set_node_id(agents[i].node_id);
-    c->req.set_address("ckptd-bench");
-    for (const v1::RankInfo& r : agents[i].ranks) {
-      *c->req.add_ranks() = r;
-      c->req.add_gpus(absl::StrCat("cuda:", r.gpu()));
-    }
+    c->req = RegistrationOf(agents[i]);
     auto on_done = [state, &agents, c, i](grpc::Status s) {
       absl::MutexLock l(&state->mu);
       if (s.ok()) {
@@ -652,6 +686,45 @@ void RunBeats(const std::vector<std::unique_ptr<HeartbeatStream>>& streams, std:
     for (; due(j) <= now && !stop->load(); ++j) streams[j % n]->Beat();
   }
 }
+
+// A heartbeat stream per agent over `conns`, and the scheduler that drives
+// them, until Stop() (or destruction).
+class Beating {
+ public:
+  Beating(const std::vector<SimAgent>& agents, std::vector<Connection>& conns, double rate_hz, int channels)
+      : totals(channels), period(std::chrono::nanoseconds(std::llround(1e9 / rate_hz))) {
+    streams_.reserve(agents.size());
+    for (const SimAgent& a : agents) {
+      streams_.push_back(std::make_unique<HeartbeatStream>(a, 1 / rate_hz, &totals));
+      streams_.back()->Start(conns[a.channel].stub.get());
+    }
+    thread_ = std::thread([this] { RunBeats(streams_, period, &stop_); });
+  }
+  ~Beating() { Stop(); }
+  Beating(const Beating&) = delete;
+  Beating& operator=(const Beating&) = delete;
+
+  // Stops the beats and ends every stream; waits for their last callbacks.
+  void Stop() {
+    if (std::exchange(stopped_, true)) return;
+    stop_ = true;
+    thread_.join();
+    for (auto& st : streams_) st->Stop();
+    absl::MutexLock l(&totals.done_mu);
+    auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(totals.done_mu) { return totals.done == streams_.size(); };
+    totals.done_mu.Await(absl::Condition(&all));
+  }
+  size_t size() const { return streams_.size(); }
+
+  HeartbeatTotals totals;
+  const std::chrono::nanoseconds period;
+
+ private:
+  std::vector<std::unique_ptr<HeartbeatStream>> streams_;
+  std::atomic<bool> stop_{false};
+  bool stopped_ = false;
+  std::thread thread_;
+};
 
 // Notes when a MANIFEST is renamed (or created) into one directory, with inotify.
 class ManifestWatcher {
@@ -970,6 +1043,13 @@ struct Results {
   std::optional<double> etcd_writes_per_s_steady;
   std::optional<double> etcd_writes_per_checkpoint;
   std::optional<int64_t> etcd_db_bytes;
+  // With --failover: from the leader's SIGKILL to the standby answering a
+  // registration, to every agent registered with it, and to the next step
+  // committed (all agents beating the new leader meanwhile).
+  std::optional<double> failover_serving_s;
+  std::optional<double> failover_registered_s;
+  std::optional<double> failover_commit_s;
+  std::string failover_error;
 };
 
 struct Flags {
@@ -983,8 +1063,67 @@ struct Flags {
   uint64_t retain = 0;  // the coordinator's --keep; 0: its default
   std::string coordinator_bin;
   std::string etcd_endpoints;  // replicated coordinator: its etcd
+  bool failover = false;       // a standby, and the leader killed at the end
   std::string dir;
 };
+
+// 8. With --failover: the leader dies (SIGKILL) while every agent beats it;
+// the agents ask the standby to register them until it answers (as agents
+// given both addresses do), register with it, beat it, and report the next
+// step. `old` are the streams to the leader.
+void RunFailover(const Flags& f, CoordinatorProcess& leader, CoordinatorProcess& standby, Beating& old,
+                 std::vector<SimAgent>& agents, const std::vector<size_t>& host_of_rank,
+                 const std::vector<v1::ShardRef>& refs, const std::string& root, int senders, Results* r) {
+  const uint64_t step = f.checkpoints + 1;
+  const SteadyClock::time_point kill = SteadyClock::now();
+  leader.Kill();
+  old.Stop();  // its streams broke with it
+  auto since_kill = [kill] { return MsBetween(kill, SteadyClock::now()) / 1000; };
+  absl::StatusOr<std::vector<Connection>> conns =
+      Connect(standby.address(), static_cast<int>(f.channels), absl::Seconds(30));
+  if (!conns.ok()) {
+    r->failover_error = absl::StrCat("connecting to the standby: ", conns.status().message());
+    return;
+  }
+  const SimAgent& first = agents.front();
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::RegisterAgentResponse resp;
+    const grpc::Status s = (*conns)[first.channel].stub->RegisterAgent(&ctx, RegistrationOf(first), &resp);
+    if (s.ok()) break;
+    // A standby answers UNAVAILABLE; calls in flight as it turns leader
+    // (its standby server stops) end CANCELLED.
+    const bool wait = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                      s.error_code() == grpc::StatusCode::CANCELLED;
+    if (!wait || since_kill() > 60) {
+      r->failover_error = absl::StrFormat("the standby did not serve within %.0f s of the leader's death: %s",
+                                          since_kill(), s.error_message());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r->failover_serving_s = since_kill();
+  if (absl::Status s = RegisterAll(*conns, agents, 256, absl::Seconds(60)); !s.ok()) {
+    r->failover_error = absl::StrCat("registering with the new leader: ", s.message());
+    return;
+  }
+  r->failover_registered_s = since_kill();
+  Beating beating(agents, *conns, f.rate_hz, static_cast<int>(f.channels));
+  const double before_ckpt_s = since_kill();
+  const CheckpointOutcome o = RunCheckpoint(*conns, agents, host_of_rank, refs, step,
+                                            storage::StepDir(root, kJob, step), senders, standby.metrics_port());
+  if (!o.committed) {
+    r->failover_error = absl::StrCat("step ", step, " at the new leader: ", o.error);
+    return;
+  }
+  r->failover_commit_s = before_ckpt_s + (o.send_ms + o.latency_ms) / 1000;
+  beating.Stop();
+  if (const uint64_t broken = beating.totals.broken.load(); broken > 0) {
+    r->failover_error = absl::StrCat(broken, " heartbeat streams to the new leader ended early");
+  }
+}
 
 // Writes `r` as JSON or as lines for people, and the errors to `err`.
 // Returns whether every checkpoint committed and every stream lasted.
@@ -1069,6 +1208,14 @@ bool WriteResults(const Flags& f, const Results& r, bool json, std::ostream& out
   w.Field("cores_target_met", cores_met);
   w.Field("latency_target_met", latency_met);
   w.Field("manifest_latency_target_met", all_committed && !manifest_ms.empty() && Percentile(manifest_ms, 99) < 100);
+  if (r.failover_serving_s) w.Field("failover_serving_s", *r.failover_serving_s);
+  if (r.failover_registered_s) w.Field("failover_registered_s", *r.failover_registered_s);
+  if (r.failover_commit_s) w.Field("failover_commit_s", *r.failover_commit_s);
+  if (f.failover) {
+    w.Field("failover_target_met", r.failover_serving_s && *r.failover_serving_s <= 5 && r.failover_commit_s &&
+                                       *r.failover_commit_s <= 10);
+  }
+  if (!r.failover_error.empty()) errors.push_back(absl::StrCat("failover: ", r.failover_error));
   if (!errors.empty()) w.Field("first_error", errors.front());
   w.EndObject();
   if (json) {
@@ -1103,9 +1250,23 @@ bool WriteResults(const Flags& f, const Results& r, bool json, std::ostream& out
                            f.ranks, Percentile(send_ms, 50), r.agents_alive);
     out << absl::StrFormat("               heartbeat acks while checkpointing: p99 %.2f ms, max %.1f ms\n",
                            Percentile(r.checkpointing_ack_ms, 99), Percentile(r.checkpointing_ack_ms, 100));
+    if (r.etcd_writes_per_checkpoint) {
+      out << absl::StrFormat("  etcd         %.2f writes/s between checkpoints, %.1f per checkpoint, database %s\n",
+                             r.etcd_writes_per_s_steady.value_or(0), *r.etcd_writes_per_checkpoint,
+                             base::HumanBytes(static_cast<uint64_t>(r.etcd_db_bytes.value_or(0))));
+    }
+    if (f.failover) {
+      auto secs = [](const std::optional<double>& v) {
+        return v ? absl::StrFormat("%.2f s", *v) : std::string("never");
+      };
+      out << absl::StrFormat(
+          "  failover     leader SIGKILLed: the standby served after %s (target <= 5 s), all %d agents "
+          "registered with it after %s, the next step committed after %s (target <= 10 s)\n",
+          secs(r.failover_serving_s), f.agents, secs(r.failover_registered_s), secs(r.failover_commit_s));
+    }
   }
   for (const std::string& e : errors) err << "ckptd-bench coordinator: " << e << "\n";
-  return all_committed && r.broken == 0;
+  return all_committed && r.broken == 0 && (!f.failover || (r.failover_commit_s && r.failover_error.empty()));
 }
 
 }  // namespace
@@ -1114,7 +1275,7 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   absl::StatusOr<Args> args = Args::Parse(argv,
                                           {"agents", "ranks", "ranks-per-agent", "rate", "seconds", "checkpoints",
                                            "channels", "coordinator-bin", "dir", "retain", "etcd-endpoints"},
-                                          {"json", "keep", "help"});
+                                          {"json", "keep", "help", "failover"});
   if (args.ok() && args->Has("help")) {
     out << kCoordinatorHelp;
     return base::kExitOk;
@@ -1161,6 +1322,8 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   f.channels = std::min(f.channels, f.agents);
   f.coordinator_bin = args->Get("coordinator-bin").value_or(SelfDir() + "/ckptd-coordinator");
   f.etcd_endpoints = args->Get("etcd-endpoints").value_or("");
+  f.failover = args->Has("failover");
+  if (f.failover && f.etcd_endpoints.empty()) return usage("--failover needs --etcd-endpoints (replicas elect a leader in etcd)");
   const char* tmpdir = std::getenv("TMPDIR");
   f.dir = args->Get("dir").value_or(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp");
   const bool json = args->Has("json");
@@ -1191,7 +1354,8 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
 
   // 1. Shard files, untimed.
   const SteadyClock::time_point prep0 = SteadyClock::now();
-  absl::StatusOr<std::vector<std::vector<v1::ShardRef>>> refs = PrepareShards(&store, world, f.checkpoints);
+  absl::StatusOr<std::vector<std::vector<v1::ShardRef>>> refs =
+      PrepareShards(&store, world, f.checkpoints + (f.failover ? 1 : 0));
   if (!refs.ok()) return fail(absl::StrCat("writing the shard files: ", refs.status().message()));
   r.prepare_s = MsBetween(prep0, SteadyClock::now()) / 1000;
 
@@ -1245,29 +1409,24 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
   }
   r.register_s = MsBetween(reg0, SteadyClock::now()) / 1000;
 
-  // 4. Heartbeat streams, and the scheduler that drives them.
-  HeartbeatTotals totals(static_cast<int>(f.channels));
-  std::vector<std::unique_ptr<HeartbeatStream>> streams;
-  streams.reserve(agents.size());
-  for (const SimAgent& a : agents) {
-    streams.push_back(std::make_unique<HeartbeatStream>(a, 1 / f.rate_hz, &totals));
-    streams.back()->Start((*conns)[a.channel].stub.get());
+  // With --failover, a standby: it waits for the leader's lease to lapse.
+  std::unique_ptr<CoordinatorProcess> standby;
+  if (f.failover) {
+    const int port = base::FreeLoopbackPort();
+    if (port == 0) return fail("no free port on 127.0.0.1 for the standby");
+    std::vector<std::string> standby_args = coordinator_args;
+    standby_args[1] = absl::StrCat("127.0.0.1:", port);  // --listen
+    absl::StatusOr<std::unique_ptr<CoordinatorProcess>> started =
+        CoordinatorProcess::Start(f.coordinator_bin, standby_args, absl::Seconds(30), /*standby=*/true);
+    if (!started.ok()) return fail(absl::StrCat("the standby: ", started.status().message()));
+    standby = *std::move(started);
   }
-  std::atomic<bool> stop_beats{false};
-  const auto period = std::chrono::nanoseconds(std::llround(1e9 / f.rate_hz));
-  std::thread beats([&] { RunBeats(streams, period, &stop_beats); });
-  // Stops the beats and ends every stream (on every path out).
-  auto stop_streams = [&, done = false]() mutable {
-    if (done) return;
-    done = true;
-    stop_beats = true;
-    beats.join();
-    for (auto& s : streams) s->Stop();
-    absl::MutexLock l(&totals.done_mu);
-    auto all = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(totals.done_mu) { return totals.done == streams.size(); };
-    totals.done_mu.Await(absl::Condition(&all));
-  };
-  absl::Cleanup end_streams = [&] { stop_streams(); };
+
+  // 4. Heartbeat streams, and the scheduler that drives them (stopped on
+  // every path out).
+  Beating beating(agents, *conns, f.rate_hz, static_cast<int>(f.channels));
+  HeartbeatTotals& totals = beating.totals;
+  const std::chrono::nanoseconds period = beating.period;
 
   // Warm-up: every stream answered once, then one more period.
   const SteadyClock::time_point warm0 = SteadyClock::now();
@@ -1354,9 +1513,16 @@ int RunCoordinatorBench(const std::vector<std::string>& argv, std::ostream& out,
       if (j.job() == kJob) r.coordinator_committed = j.checkpoints_committed();
     }
   }
-  stop_streams();
+  if (standby == nullptr) beating.Stop();
   r.broken = totals.broken.load();
   r.unknown = totals.unknown.load();
+  if (standby != nullptr) {
+    RunFailover(f, coord, *standby, beating, agents, host_of_rank, (*refs)[f.checkpoints], root, senders, &r);
+    if (absl::Status s = standby->Stop(); !s.ok() && r.failover_error.empty()) {
+      r.failover_error = absl::StrCat("the new leader: ", s.message(), "; its stderr (last lines):\n",
+                                      standby->StderrTail());
+    }
+  }
   const absl::Status stopped = coord.Stop();
   const bool ok = WriteResults(f, r, json, out, err);
   if (!stopped.ok()) err << "ckptd-bench coordinator: " << stopped.message() << "\n";

@@ -78,7 +78,41 @@ TEST(CoordinatorBenchTest, AReplicatedCoordinatorCommitsAndTheWritesToEtcdAreCou
   EXPECT_LT(fields.at("etcd_writes_per_s_steady").number_value(), 5);
   EXPECT_GT(fields.at("etcd_db_bytes").number_value(), 0);
 }
+
+// The leader SIGKILLed with the agents beating it: a standby leads, every
+// agent registers with it, and the next step commits there.
+TEST(CoordinatorBenchTest, FailoverToTheStandbyIsMeasured) {
+  CKPTD_START_ETCD_OR_SKIP(etcd, 1);
+  std::ostringstream out, err;
+  const int rc = RunCoordinatorBench({"--agents", "20", "--ranks", "16", "--seconds", "1", "--checkpoints", "2",
+                                      "--rate", "4", "--channels", "4", "--coordinator-bin", CKPTD_COORDINATOR_BINARY,
+                                      "--etcd-endpoints", etcd->endpoints(), "--failover", "--json"},
+                                     out, err);
+  ASSERT_EQ(rc, base::kExitOk) << err.str();
+  google::protobuf::Struct json;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out.str(), &json).ok()) << out.str();
+  const auto& fields = json.fields();
+  for (const char* key : {"failover_serving_s", "failover_registered_s", "failover_commit_s"}) {
+    ASSERT_TRUE(fields.contains(key)) << key << " missing from " << out.str();
+  }
+  const double serving = fields.at("failover_serving_s").number_value();
+  const double registered = fields.at("failover_registered_s").number_value();
+  const double committed = fields.at("failover_commit_s").number_value();
+  // The standby waits out the dead leader's lease (3 s) before it leads.
+  EXPECT_GT(serving, 0.5);
+  EXPECT_LE(serving, registered);
+  EXPECT_LE(registered, committed);
+  EXPECT_LT(committed, 60);
+  EXPECT_EQ(fields.at("checkpoints_committed").number_value(), 2);
+  EXPECT_FALSE(fields.contains("first_error")) << out.str();
+}
 #endif
+
+TEST(CoordinatorBenchTest, FailoverWithoutEtcdIsAUsageError) {
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCoordinatorBench({"--agents", "2", "--ranks", "2", "--failover"}, out, err), base::kExitUsage);
+  EXPECT_THAT(err.str(), HasSubstr("--failover needs --etcd-endpoints"));
+}
 
 TEST(CoordinatorBenchTest, TooFewAgentsForTheRanksIsAUsageError) {
   std::ostringstream out, err;

@@ -194,6 +194,26 @@ TEST_F(CoordinatorCoreTest, RetentionKeepsTheNewestStepsAndQuarantinedOnes) {
   EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 40)));
 }
 
+// A coordinator stopping while retention has a backlog (a leader that took
+// over from one that fell behind) waits for one step's removal, not all.
+TEST_F(CoordinatorCoreTest, RetentionStopsBetweenStepsWhenAskedAndKeepsTheRestQueued) {
+  options_.keep_last = 1;
+  options_.retention_in_tick = false;
+  Reset();
+  TwoNodes();
+  for (uint64_t step : {10, 20, 30, 40}) CommitStep(step);
+  int asked = 0;
+  core_->RunRetention([&asked] { return ++asked > 1; });
+  EXPECT_EQ(asked, 2);
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 10)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 20)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 30)));
+  core_->RunRetention();  // the rest, at the next run
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 20)));
+  EXPECT_FALSE(Exists(storage::StepDir(kRoot, kJob, 30)));
+  EXPECT_TRUE(Exists(storage::ManifestPath(kRoot, kJob, 40)));
+}
+
 TEST_F(CoordinatorCoreTest, StepPastItsDeadlineIsAborted) {
   options_.step_deadline = absl::Minutes(5);
   options_.node_lost_after = absl::Hours(1);

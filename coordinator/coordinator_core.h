@@ -199,7 +199,11 @@ class CoordinatorCore {
   // it with retention_in_tick; otherwise the caller runs it on a thread of
   // its own, so that a removal of thousands of files never delays failure
   // detection.
-  void RunRetention() ABSL_LOCKS_EXCLUDED(mu_);
+  // `stop` (when set) is asked before each step: once it says so, the steps
+  // not removed yet stay queued, so that a coordinator stopping waits for
+  // one step's removal at most, not for a backlog of them (a leader taking
+  // over a job whose previous leader fell behind).
+  void RunRetention(const std::function<bool()>& stop = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   const CoordinatorOptions& options() const { return options_; }
 

@@ -2,6 +2,8 @@
 // decides what retention drops and queues it; RunRetention removes the
 // queued steps from storage, paced so that commits go first.
 #include <algorithm>
+#include <cstddef>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -27,7 +29,7 @@ std::vector<uint64_t> RetentionDrops(const Job& job, int keep_last) {
 
 }  // namespace internal
 
-void CoordinatorCore::RunRetention() {
+void CoordinatorCore::RunRetention(const std::function<bool()>& stop) {
   std::vector<std::pair<std::string, uint64_t>> queue;
   {
     absl::MutexLock l(&mu_);
@@ -49,7 +51,14 @@ void CoordinatorCore::RunRetention() {
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inflight_mu_) { return commits_in_flight_ == 0; };
     inflight_mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(1));
   };
-  for (const auto& [job, step] : queue) {
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (stop && stop()) {
+      // Left for the next run (the queue may have grown meanwhile).
+      absl::MutexLock l(&mu_);
+      retention_queue_.insert(retention_queue_.begin(), queue.begin() + static_cast<std::ptrdiff_t>(i), queue.end());
+      return;
+    }
+    const auto& [job, step] = queue[i];
     if (absl::Status s = store_->RemoveStep(job, step, &pacing); !s.ok() && !absl::IsNotFound(s)) {
       logger_->Warning(absl::StrCat("retention of ", job, " step ", step, ": ", s.ToString()));
     }

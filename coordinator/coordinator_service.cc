@@ -115,7 +115,14 @@ CoordinatorService::CoordinatorService(CoordinatorCore* core, CoordinatorService
   every = std::max(every, absl::Milliseconds(1));
   ticker_ = std::thread([this, every] { Every(every, [this] { core_->Tick(); }); });
   if (!core_->options().retention_in_tick) {
-    retention_ = std::thread([this, every] { Every(every, [this] { core_->RunRetention(); }); });
+    retention_ = std::thread([this, every] {
+      Every(every, [this] {
+        core_->RunRetention([this] {
+          absl::MutexLock l(&mu_);
+          return stopping_;
+        });
+      });
+    });
   }
 }
 

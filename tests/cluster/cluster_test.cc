@@ -42,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/host_port.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -125,23 +126,6 @@ bool WaitUntil(const std::function<bool()>& done, absl::Duration timeout,
     absl::SleepFor(poll);
   }
   return true;
-}
-
-// A loopback port that was free a moment ago (bound to port 0, then closed).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
 }
 
 // A SIGKILLed agent leaves its staging segments in /dev/shm and no later
@@ -875,7 +859,7 @@ TEST_F(ClusterTest, CoordinatorRestartLosesNoCommittedStep) {
   std::array<std::string, kWorld> reference;
   ASSERT_NO_FATAL_FAILURE(Reference(&reference));
   const absl::Time start = absl::Now();
-  const int port = FreePort();
+  const int port = ckptd::base::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   std::unique_ptr<Cluster> cluster = StartCluster("run", port);
   ASSERT_FALSE(HasFailure());
