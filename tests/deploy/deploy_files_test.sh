@@ -1069,6 +1069,8 @@ for b in BINS:
 for sub in (("status",), ("checkpoint",), ("list",), ("restore-plan",), ("verify",), ("interval",), ("plan",),
             ("inspect",), ("drill", "run"), ("drill", "suite")):
     union |= help_flags("ckptctl", sub) or set()
+for sub in ("persist", "snapshot", "overhead", "coordinator", "register", "restore", "reshard"):
+    union |= help_flags("ckptd-bench", (sub,)) or set()
 
 checked = 0
 def check_segment(where, b, text):
