@@ -71,7 +71,10 @@ absl::StatusOr<int64_t> LeaderElection::Leading() const {
         absl::StrCat("this coordinator's leadership (epoch ", leader_.epoch,
                      ") may have expired: its lease was not renewed within the TTL (paused, or cut off from etcd)"));
   }
-  if (leader_.candidate.empty()) return absl::FailedPreconditionError("no coordinator leads at the moment");
+  if (leader_.candidate.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no coordinator leads at the moment", stepped_down_.empty() ? "" : absl::StrCat("; ", stepped_down_)));
+  }
   return absl::FailedPreconditionError(
       absl::StrCat("the leader is ", leader_.candidate, " (epoch ", leader_.epoch, "), not this coordinator"));
 }
@@ -122,6 +125,7 @@ void LeaderElection::PauseKeepAliveForTesting(bool paused) {
 
 void LeaderElection::StepDown(absl::string_view why) {
   logger_->Warning(absl::StrCat("stepping down as leader (epoch ", leader_.epoch, "): ", why));
+  stepped_down_ = absl::StrCat("this coordinator's leadership (epoch ", leader_.epoch, ") ended: ", why);
   leader_ = LeaderInfo();
   // Revoked by the campaign thread (outside the lock) when etcd answers, so
   // that the key goes now rather than at the TTL; the next campaign takes
@@ -232,6 +236,7 @@ void LeaderElection::Campaign() {
   absl::MutexLock l(&mu_);
   lease_ = lease->id();
   leader_ = LeaderInfo{options_.candidate, r->header().revision(), true};
+  stepped_down_.clear();
   lease_expiry_ = sent + absl::Seconds(lease->ttl());
   ++changes_;
   logger_->Info(absl::StrCat("leading as ", options_.candidate, " (epoch ", leader_.epoch, ", lease TTL ",

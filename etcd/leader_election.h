@@ -109,6 +109,9 @@ class LeaderElection {  // thread-safe
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   LeaderInfo leader_ ABSL_GUARDED_BY(mu_);
+  // Why this replica last stepped down (empty once it leads again), which
+  // Leading() gives while no leader is known.
+  std::string stepped_down_ ABSL_GUARDED_BY(mu_);
   int64_t lease_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t abandoned_lease_ ABSL_GUARDED_BY(mu_) = 0;  // to revoke after stepping down
   // When the lease may have expired in etcd: the last renewal's send time
