@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/agent_socket.h"
 #include "base/posix_error.h"
 #include "base/status_macros.h"
 #include "grpcpp/server_posix.h"
@@ -227,6 +228,9 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string&
   }
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
+  // In a directory others may write to, anyone could take the name first.
+  const gid_t trainer_gid = group ? static_cast<gid_t>(*group) : 0;
+  CKPTD_RETURN_IF_ERROR(base::PrepareAgentSocketDir(path, ::geteuid(), group ? &trainer_gid : nullptr));
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {

@@ -260,6 +260,28 @@ TEST(StartUnixServerTest, TrainerGroupGetsTheSocketAndTheStaging) {
   }
 }
 
+// The attack: in a directory every user may write to (/tmp), another user
+// takes the socket's name before the agent starts, and either serves the
+// trainers there or keeps the agent from starting. The agent serves only
+// from a directory no other user can write to.
+TEST(StartUnixServerTest, RefusesADirectoryOtherUsersMayWriteTo) {
+  ckptd::testing::TempDir tmp("ckptd-sock-");
+  ASSERT_FALSE(tmp.path().empty());
+  ASSERT_EQ(::chmod(tmp.path().c_str(), 0777), 0);
+  ckptd::v1::Agent::Service dummy;
+  EXPECT_THAT(StartUnixServer(tmp.Sub("agent.sock"), &dummy),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr(absl::StrCat("the socket's directory ", tmp.path()))));
+  struct stat st;
+  EXPECT_NE(::lstat(tmp.Sub("agent.sock").c_str(), &st), 0);  // nothing was bound
+  // A private directory below it is made and served from.
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<UnixServer> server,
+                             StartUnixServer(tmp.Sub("ckptd/agent.sock"), &dummy));
+  ASSERT_EQ(::stat(tmp.Sub("ckptd").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  server->Shutdown();
+}
+
 TEST(StartUnixServerTest, RefusesToReplaceAFileOrALiveAgent) {
   ckptd::testing::TempDir tmp("ckptd-sock-");
   ASSERT_FALSE(tmp.path().empty());

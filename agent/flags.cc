@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/agent_socket.h"
 #include "base/cpu_set.h"
 #include "base/flags.h"
 #include "base/host_port.h"
@@ -33,7 +34,7 @@
 namespace ckptd::agent {
 
 const char kAgentUsage[] =
-    "usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> --socket <path> [--staging-budget <bytes>] [--slots N]\n"
+    "usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> [--socket <path>] [--staging-budget <bytes>] [--slots N]\n"
     "                   [--keep N] [--threads N] [--local-cache <dir> [--local-cache-keep N]]\n"
     "                   [--background-priority idle|low|normal] [--starvation-limit <d>] [--cpu-set <list>]\n"
     "                   [--compression auto|zstd|none]\n"
@@ -58,7 +59,11 @@ const char kAgentUsage[] =
     "                            object store, s3://bucket/prefix (credentials, region and endpoint from\n"
     "                            AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION,\n"
     "                            AWS_ENDPOINT_URL or the profile AWS_PROFILE; see docs/operations.md)\n"
-    "  --socket <path>           Unix socket to serve on\n"
+    "  --socket <path>           Unix socket to serve on (default: /run/ckptd/agent.sock for root, else\n"
+    "                            $XDG_RUNTIME_DIR/ckptd/agent.sock). Its directory is made (0700; 0710\n"
+    "                            with --trainer-group) when missing, and must not be writable by other\n"
+    "                            users (unless sticky and the agent's own): anyone who could write\n"
+    "                            there could take the socket's name first\n"
     "  --staging-budget <bytes>  staging memory per trainer, 1..1T (K/M/G/T suffixes); default:\n"
     "                            --slots slots\n"
     "  --slots N                 staging slots per trainer, 1..63 (default 2)\n"
@@ -408,10 +413,12 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
     flags.help = true;
     return flags;
   }
-  if (!args.Get("storage-root") || !args.Get("socket")) {
-    return absl::InvalidArgumentError("--storage-root and --socket are required");
+  if (!args.Get("storage-root")) return absl::InvalidArgumentError("--storage-root is required");
+  if (args.Get("socket")) {
+    flags.socket = *args.Get("socket");
+  } else {
+    CKPTD_ASSIGN_OR_RETURN(flags.socket, base::DefaultAgentSocket());
   }
-  flags.socket = *args.Get("socket");
   AgentOptions& options = flags.options;
   options.storage_root = *args.Get("storage-root");
   // Each number is parsed wide and checked against what its consumer

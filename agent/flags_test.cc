@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/agent_socket.h"
 #include "base/cpu_set.h"
 #include "base/testing/matchers.h"
 #include "base/thread_priority.h"
@@ -264,9 +265,7 @@ TEST(AgentFlagsTest, OutOfRangeValuesAreRefused) {
 }
 
 TEST(AgentFlagsTest, FlagsThatNeedAnother) {
-  EXPECT_THAT(ParseAgentFlags({"--storage-root", "/srv/ckpt"}),
-              FailsNaming("--storage-root and --socket are required"));
-  EXPECT_THAT(ParseAgentFlags({"--socket", "/tmp/s"}), FailsNaming("--storage-root and --socket are required"));
+  EXPECT_THAT(ParseAgentFlags({"--socket", "/run/ckptd/s"}), FailsNaming("--storage-root is required"));
   EXPECT_THAT(ParseAgentFlags(With({"--local-cache-keep", "3"})),
               FailsNaming("--local-cache-keep needs --local-cache"));
   for (const char* flag : {"--node-id", "--tls-ca", "--agent-token-file"}) {
@@ -408,7 +407,7 @@ TEST(AgentFlagsTest, PeerReplicationFlags) {
 
 TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kAgentUsage;
-  EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> --socket <path>"));
+  EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> [--socket <path>]"));
   for (const char* flag : {"--storage-root",
                            "--socket",
                            "--staging-budget",
@@ -504,6 +503,18 @@ TEST(AgentFlagsTest, TheEndsOfEveryRangeAreAccepted) {
   EXPECT_EQ(bottom.options.io_threads, 1);
   EXPECT_EQ(bottom.options.local_cache_keep, 1);
   EXPECT_THAT(bottom.options.trainer_group, Optional(0u));
+}
+
+TEST(AgentFlagsTest, TheSocketDefaultsToAPrivateRuntimeDirectory) {
+  absl::StatusOr<std::string> expected = base::DefaultAgentSocket();
+  absl::StatusOr<AgentFlags> flags = ParseAgentFlags({"--storage-root", "/srv/ckpt"});
+  if (!expected.ok()) {
+    EXPECT_THAT(flags, StatusIs(expected.status().code(), HasSubstr("pass --socket")));
+    return;
+  }
+  ASSERT_TRUE(flags.ok()) << flags.status();
+  EXPECT_EQ(flags->socket, *expected);
+  EXPECT_EQ(flags->socket.find("/tmp"), std::string::npos);
 }
 
 }  // namespace

@@ -27,6 +27,8 @@ thread_local std::string g_last_error;
 // The most buffers one client registers, and dimensions one buffer has.
 constexpr size_t kMaxBuffers = size_t{1} << 20;
 constexpr size_t kMaxDims = 64;
+// The most users a trainer trusts to run its agent besides its own and root.
+constexpr size_t kMaxTrustedAgentUids = 1024;
 
 int Fail(const absl::Status& s) {
   g_last_error = std::string(s.message());
@@ -54,11 +56,11 @@ absl::Status CheckRankAndWorld(const ckptd_options& options) {
 namespace ckptd::client {
 
 absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, const ckptd_options_ext* ext) {
-  if (options == nullptr || options->socket == nullptr || options->job == nullptr) {
-    return absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required");
+  if (options == nullptr || options->job == nullptr) {
+    return absl::InvalidArgumentError("ckptd_connect: options, job, buffers and out are required");
   }
   ClientOptions o;
-  o.socket = options->socket;
+  if (options->socket != nullptr) o.socket = options->socket;  // else the default one
   o.job = options->job;
   o.rank = options->rank;
   o.world_size = options->world_size == 0 ? 1 : options->world_size;
@@ -75,13 +77,29 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
   if (has(offsetof(ckptd_options_ext, spare_device_buffer), sizeof(ext->spare_device_buffer))) {
     o.spare_device_buffer = ext->spare_device_buffer != 0;
   }
+  const bool has_trusted = has(offsetof(ckptd_options_ext, trusted_agent_uids), sizeof(ext->trusted_agent_uids)) &&
+                           has(offsetof(ckptd_options_ext, trusted_agent_uid_count),
+                               sizeof(ext->trusted_agent_uid_count));
+  if (has_trusted && ext->trusted_agent_uid_count > 0) {
+    if (ext->trusted_agent_uids == nullptr || ext->trusted_agent_uid_count > kMaxTrustedAgentUids) {
+      return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: trusted_agent_uid_count ",
+                                                     ext->trusted_agent_uid_count, " needs trusted_agent_uids and "
+                                                     "is at most ", kMaxTrustedAgentUids));
+    }
+    o.trusted_agent_uids.assign(ext->trusted_agent_uids, ext->trusted_agent_uids + ext->trusted_agent_uid_count);
+  }
   // A newer caller's fields that this library does not know must be unset.
+  // The fields after `reserved` are read when the caller's struct holds them
+  // whole (the trusted uids only both together); part of one is nothing this
+  // library reads.
+  auto within = [](size_t i, size_t offset, size_t bytes) { return i >= offset && i < offset + bytes; };
   const auto* bytes = reinterpret_cast<const unsigned char*>(ext);
   for (size_t i = offsetof(ckptd_options_ext, reserved); i < ext->size; ++i) {
-    // The replicas pointer, read by ckptd_connect_ext when the struct holds
-    // it whole; part of it is nothing this library reads.
-    const bool known = i >= offsetof(ckptd_options_ext, replicas) && i < sizeof(ckptd_options_ext) &&
-                       has(offsetof(ckptd_options_ext, replicas), sizeof(ext->replicas));
+    const bool known = (within(i, offsetof(ckptd_options_ext, replicas), sizeof(ext->replicas)) &&
+                        has(offsetof(ckptd_options_ext, replicas), sizeof(ext->replicas))) ||
+                       (has_trusted && i >= offsetof(ckptd_options_ext, trusted_agent_uids) &&
+                        i < offsetof(ckptd_options_ext, trusted_agent_uid_count) +
+                                sizeof(ext->trusted_agent_uid_count));
     if (bytes[i] != 0 && !known) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
                                                      " is unknown to this libckptd (ABI version ", CKPTD_ABI_VERSION,
@@ -105,9 +123,8 @@ int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, siz
 
 int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext, const ckptd_buffer* buffers,
                       size_t count, ckptd_client** out) {
-  if (options == nullptr || out == nullptr || (count > 0 && buffers == nullptr) || options->socket == nullptr ||
-      options->job == nullptr) {
-    return Fail(absl::InvalidArgumentError("ckptd_connect: options, socket, job, buffers and out are required"));
+  if (options == nullptr || out == nullptr || (count > 0 && buffers == nullptr) || options->job == nullptr) {
+    return Fail(absl::InvalidArgumentError("ckptd_connect: options, job, buffers and out are required"));
   }
   *out = nullptr;
   absl::StatusOr<ckptd::client::ClientOptions> o = ckptd::client::ClientOptionsFromC(options, ext);

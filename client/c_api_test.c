@@ -13,7 +13,7 @@ int ckptd_c_smoke(const char* socket, const char* job, int ext_spare) {
       {"rng", CKPTD_RNG, CKPTD_BYTES, 1, rng_shape, 0, 0, CKPTD_DEVICE_HOST, 0, rng},
   };
   ckptd_options options = {socket, job, 0, 1, 2, 1000, 2000};
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, NULL};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, NULL, NULL, 0};
   ckptd_client* client = 0;
   int i, found = 0, rc;
   uint64_t step = 0;

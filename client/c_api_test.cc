@@ -28,6 +28,7 @@ namespace {
 using ::ckptd::client::ClientOptions;
 using ::ckptd::client::ClientOptionsFromC;
 using ::ckptd::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // An agent over an in-memory storage root "/ckpt" serving `socket`, its
@@ -97,7 +98,7 @@ TEST(CApiTest, ReplicatedBuffersAreDeclaredThroughExtOptions) {
   uint64_t shape[2] = {3, 2};
   ckptd_buffer b = {"w", CKPTD_PARAMS, CKPTD_FLOAT32, 2, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, w};
   ckptd_replica replica = {"dp", 2, 0};
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, &replica};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, &replica, nullptr, 0};
   ckptd_client* client = nullptr;
   EXPECT_EQ(ckptd_connect_ext(&options, &ext, &b, 1, &client), 3);
   EXPECT_THAT(ckptd_last_error(), HasSubstr("larger than the job's world of 1"));
@@ -179,7 +180,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_EQ(plain.rpc_timeout, absl::Seconds(5));
   EXPECT_FALSE(plain.spare_device_buffer);
 
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0, nullptr};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0, nullptr, nullptr, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions spare, ClientOptionsFromC(&options, &ext));
   EXPECT_TRUE(spare.spare_device_buffer);
   // `reserved` is where the next option goes: set, it is not ignored.
@@ -200,7 +201,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
 
   // A caller built before spare_device_buffer existed: the field lies
   // outside its struct and is not read, whatever the memory there holds.
-  ckptd_options_ext old = {sizeof(size_t), 1, 0, nullptr};
+  ckptd_options_ext old = {sizeof(size_t), 1, 0, nullptr, nullptr, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions older, ClientOptionsFromC(&options, &old));
   EXPECT_FALSE(older.spare_device_buffer);
 
@@ -218,7 +219,31 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_THAT(ClientOptionsFromC(&options, &newer.ext),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
 
-  ckptd_options_ext unset = {0, 1, 0, nullptr};
+  // ABI 8: the users trusted to run the agent; both fields or neither.
+  const uint32_t trusted[2] = {1001, 1002};
+  ckptd_options_ext trusting = {sizeof(ckptd_options_ext), 0, 0, nullptr, trusted, 2};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions trusts, ClientOptionsFromC(&options, &trusting));
+  EXPECT_THAT(trusts.trusted_agent_uids, ElementsAre(1001u, 1002u));
+  trusting.trusted_agent_uids = nullptr;
+  EXPECT_THAT(ClientOptionsFromC(&options, &trusting),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trusted_agent_uid_count 2 needs")));
+  trusting.trusted_agent_uids = trusted;
+  trusting.trusted_agent_uid_count = 1025;
+  EXPECT_THAT(ClientOptionsFromC(&options, &trusting),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 1024")));
+  ckptd_options_ext half = trusting;  // an ABI 7 caller: the pointer's bytes lie outside its struct
+  half.size = offsetof(ckptd_options_ext, trusted_agent_uid_count);
+  EXPECT_THAT(ClientOptionsFromC(&options, &half),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown to this libckptd")));
+  half.trusted_agent_uids = nullptr;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions abi7, ClientOptionsFromC(&options, &half));
+  EXPECT_THAT(abi7.trusted_agent_uids, ::testing::IsEmpty());
+  // No socket: the default one (chosen when connecting).
+  const ckptd_options no_socket = {nullptr, "job", 0, 1, 0, 0, 0};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions defaulted, ClientOptionsFromC(&no_socket, nullptr));
+  EXPECT_EQ(defaulted.socket, "");
+
+  ckptd_options_ext unset = {0, 1, 0, nullptr, nullptr, 0};
   EXPECT_THAT(ClientOptionsFromC(&options, &unset),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sizeof(ckptd_options_ext)")));
   ckptd_client* client = nullptr;

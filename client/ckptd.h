@@ -19,8 +19,10 @@ extern "C" {
  * ckptd_restore_source; 5 added ckptd_export_safetensors; 6 added
  * ckptd_options_ext.replicas; 7 removed ckptd_export_safetensors again, so
  * that libckptd holds no storage engine (no liburing, zstd or xxhash):
- * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it. */
-#define CKPTD_ABI_VERSION 7
+ * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it;
+ * 8 added ckptd_options_ext.trusted_agent_uids, and a NULL socket (the
+ * default one). */
+#define CKPTD_ABI_VERSION 8
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -44,6 +46,12 @@ typedef struct ckptd_buffer {
 } ckptd_buffer;
 
 typedef struct ckptd_options {
+  /* The agent's Unix socket. NULL or "" (ABI 8): $CKPTD_SOCKET, else
+   * $XDG_RUNTIME_DIR/ckptd/agent.sock when it exists, else
+   * /run/ckptd/agent.sock. The socket must belong to this process's user,
+   * root or a trusted agent user (ckptd_options_ext.trusted_agent_uids,
+   * $CKPTD_TRUSTED_AGENT_UIDS), in a directory no one else can replace it
+   * in: else 7 (permission denied), naming its owner. */
   const char* socket;
   const char* job;
   uint32_t rank;
@@ -79,6 +87,11 @@ typedef struct ckptd_options_ext {
   /* ABI 6: NULL, or one entry per buffer passed to ckptd_connect_ext, in the
    * same order: which buffers are replicated over a group of ranks. */
   const struct ckptd_replica* replicas;
+  /* ABI 8: uids of users whose agent this process may use besides its own
+   * user and root (those of $CKPTD_TRUSTED_AGENT_UIDS are added): count
+   * entries, NULL when count is 0. */
+  const uint32_t* trusted_agent_uids;
+  size_t trusted_agent_uid_count;
 } ckptd_options_ext;
 
 typedef struct ckptd_client ckptd_client;

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/agent_socket.h"
 #include "base/status_macros.h"
 #include "base/thread_priority.h"
 #include "ckptd/v1/agent.grpc.pb.h"
@@ -384,6 +385,19 @@ struct Client::Impl {
     return ctx;
   }
 
+  // Where the agent's socket is, when a user this process trusts serves on
+  // it (base::ResolveTrustedAgentSocket); a socket not there (yet) is
+  // kUnavailable, as an agent that is not up.
+  absl::StatusOr<std::string> TrustedSocket() const {
+    absl::StatusOr<std::string> path =
+        base::ResolveTrustedAgentSocket(options.socket, ::geteuid(), options.trusted_agent_uids);
+    if (absl::IsNotFound(path.status())) {
+      return absl::UnavailableError(absl::StrCat("register (agent at ", options.socket,
+                                                 "): no socket there: the agent is not up (yet)"));
+    }
+    return path;
+  }
+
   // An error that means the agent no longer knows this trainer (restarted or
   // gone): register again next time.
   absl::Status Check(const grpc::Status& s, absl::string_view what) {
@@ -531,6 +545,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (impl->options.socket.empty()) impl->options.socket = base::DefaultTrainerSocket();
+  if (const char* env = std::getenv(base::kTrustedAgentUidsEnv); env != nullptr && *env != '\0') {
+    CKPTD_ASSIGN_OR_RETURN(std::vector<uint32_t> more, base::ParseUidList(env, base::kTrustedAgentUidsEnv));
+    impl->options.trusted_agent_uids.insert(impl->options.trusted_agent_uids.end(), more.begin(), more.end());
+  }
   impl->clock = options.clock != nullptr ? options.clock : base::RealClock::Get();
   if (options.local_world_size == 0) {
     // torchrun's; anything that is not a count the job can have stays unknown.
@@ -579,31 +598,38 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   // crash), each try gets a new channel: a channel that failed to connect
   // waits out gRPC's reconnect backoff (seconds) before it tries again,
   // which would hold up the restart of the whole job.
-  auto connect = [&options](Impl* im) {
+  // Only to a socket of a user this process trusts, in a directory where no
+  // one else can replace it (base/agent_socket.h): anyone could serve on a
+  // name in a directory others may write to.
+  auto connect = [](Impl* im) -> absl::Status {
+    absl::StatusOr<std::string> path = im->TrustedSocket();
+    if (!path.ok()) return path.status();
     grpc::ChannelArguments channel_args;
     channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     channel_args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    im->channel = grpc::CreateCustomChannel(absl::StrCat("unix:", options.socket),
-                                            grpc::InsecureChannelCredentials(), channel_args);
+    im->channel = grpc::CreateCustomChannel(absl::StrCat("unix:", *path), grpc::InsecureChannelCredentials(),
+                                            channel_args);
     im->stub = ckptd::v1::Agent::NewStub(im->channel);
+    return absl::OkStatus();
   };
-  connect(impl.get());
+  const absl::Status connected = connect(impl.get());
   Impl* raw = impl.get();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
-  absl::Status registered = client->EnsureRegistered();
+  absl::Status registered = connected.ok() ? client->EnsureRegistered() : connected;
   base::Clock* const clock = raw->clock;
   const absl::Time give_up = clock->Now() + options.connect_wait;
   // A socket this process may not use is a lasting refusal, not an agent that
   // is still starting: say so (gRPC reports it as UNAVAILABLE) instead of
   // retrying until connect_wait runs out.
-  auto refused = [&options](absl::Status s) {
-    if (!absl::IsUnavailable(s) || ::faccessat(AT_FDCWD, options.socket.c_str(), R_OK | W_OK, AT_EACCESS) == 0 ||
+  const std::string& socket = raw->options.socket;
+  auto refused = [&socket](absl::Status s) {
+    if (!absl::IsUnavailable(s) || ::faccessat(AT_FDCWD, socket.c_str(), R_OK | W_OK, AT_EACCESS) == 0 ||
         errno != EACCES) {
       return s;
     }
     return absl::PermissionDeniedError(absl::StrCat(
-        "the agent's socket ", options.socket, " is not open to this process (uid ", ::geteuid(),
+        "the agent's socket ", socket, " is not open to this process (uid ", ::geteuid(),
         "): run the trainer as the agent's user or as a member of the agent's --trainer-group (", s.message(), ")"));
   };
   registered = refused(std::move(registered));
@@ -613,8 +639,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   auto again = [](const absl::Status& s) { return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s); };
   while (again(registered) && clock->Now() < give_up) {
     clock->SleepFor(std::min(absl::Milliseconds(200), give_up - clock->Now()));
-    connect(raw);  // no other thread uses the stub yet
-    registered = refused(client->EnsureRegistered());
+    const absl::Status reconnected = connect(raw);  // no other thread uses the stub yet
+    registered = refused(reconnected.ok() ? client->EnsureRegistered() : reconnected);
   }
   CKPTD_RETURN_IF_ERROR(registered);
   if (raw->two_hop) raw->hop_thread = std::thread([raw] { raw->HopLoop(); });
@@ -787,6 +813,9 @@ absl::Status Client::EnsureRegistered() {
     *t->mutable_device() = b.device;
   }
   ckptd::v1::RegisterResponse resp;
+  // Again at each registration: the agent may have restarted since the
+  // channel was made, and gRPC reconnects by name.
+  CKPTD_RETURN_IF_ERROR(im.TrustedSocket().status());
   CKPTD_RETURN_IF_ERROR(im.Check(im.stub->Register(im.Context(im.options.rpc_timeout).get(), req, &resp), "register"));
   if (static_cast<size_t>(resp.offsets_size()) != im.buffers.size()) {
     return absl::InternalError(absl::StrCat("agent laid out ", resp.offsets_size(), " buffers for ",

@@ -44,7 +44,15 @@ struct BufferSpec {
 };
 
 struct ClientOptions {
-  std::string socket;  // the agent's Unix socket
+  // The agent's Unix socket; empty: $CKPTD_SOCKET, else
+  // $XDG_RUNTIME_DIR/ckptd/agent.sock when it exists, else
+  // /run/ckptd/agent.sock (base::DefaultTrainerSocket).
+  std::string socket;
+  // Users whose agents this trainer connects to besides its own user and
+  // root (with those of $CKPTD_TRUSTED_AGENT_UIDS): the socket must belong to
+  // one of them, in a directory where no one else can replace it; else
+  // Connect fails with kPermissionDenied naming the socket's owner.
+  std::vector<uint32_t> trusted_agent_uids;
   std::string job;
   uint32_t rank = 0;
   uint32_t world_size = 1;

@@ -20,6 +20,7 @@
 #include "base/testing/eventually.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
+#include "base/testing/users.h"
 #include "client/fake_device_copier.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -287,6 +288,39 @@ TEST_F(ClientTest, NoAgentIsABoundedError) {
               AnyOf(StatusIs(absl::StatusCode::kUnavailable, HasSubstr("register")),
                     StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("register"))));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(30));  // generous: only "it returns"
+}
+
+// The attack of a shared node: another user serves on the name of the
+// agent's socket, to receive this trainer's state and serve it restores. The
+// trainer refuses it at once (not retried for connect_wait), naming the
+// owner, and takes it when told that this user runs the node's agent.
+TEST_F(ClientTest, ASocketOfAnotherUserIsRefusedNamingItsOwnerUnlessTrusted) {
+  const std::vector<uint32_t> ids = ckptd::testing::UnusedIds(1);
+  if (ids.empty() || ::chown(socket_.c_str(), ids[0], static_cast<gid_t>(-1)) != 0) {
+    GTEST_SKIP() << "not root: cannot give the socket to another user";
+  }
+  State state;
+  ClientOptions o = Options();
+  o.connect_wait = absl::Hours(1);  // a refusal must not wait for it
+  EXPECT_THAT(Client::Connect(o, state.Specs()),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr(absl::StrCat("the agent's socket ", socket_, " belongs to uid ", ids[0])),
+                             HasSubstr(absl::StrCat("CKPTD_TRUSTED_AGENT_UIDS=", ids[0])))));
+  EXPECT_THAT(core_->Trainers(), ::testing::IsEmpty());  // it never reached the agent
+  o.connect_wait = absl::ZeroDuration();
+  o.trusted_agent_uids = {ids[0]};
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> c, Client::Connect(o, state.Specs()));
+  }
+  // The same through the environment, as a launcher would set it.
+  o.trusted_agent_uids.clear();
+  ::setenv("CKPTD_TRUSTED_AGENT_UIDS", absl::StrCat("0,", ids[0]).c_str(), 1);
+  absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(o, state.Specs());
+  ::setenv("CKPTD_TRUSTED_AGENT_UIDS", "no-such-user-ckptd", 1);
+  absl::StatusOr<std::unique_ptr<Client>> bad = Client::Connect(o, state.Specs());
+  ::unsetenv("CKPTD_TRUSTED_AGENT_UIDS");
+  EXPECT_THAT(c.status(), IsOk());
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("CKPTD_TRUSTED_AGENT_UIDS")));
 }
 
 TEST_F(ClientTest, AgentRestartIsReportedThenRecoveredFrom) {

@@ -5,8 +5,8 @@ Kill it at any point (Ctrl-C, SIGKILL, a lost node) and start it again: it
 resumes from the newest checkpoint, and ends exactly as a run that never
 stopped would (the last line prints a digest of the model to compare).
 
-    build/bin/ckptd-agent --storage-root /tmp/ckpt --socket /tmp/ckptd.sock &
-    PYTHONPATH=python python3 examples/pytorch_train.py --socket /tmp/ckptd.sock --job demo --steps 300
+    build/bin/ckptd-agent --storage-root ./ckpt &
+    PYTHONPATH=python python3 examples/pytorch_train.py --job demo --steps 300
 
 What makes the resume exact: every object whose state matters is tracked
 (model, optimizer, LR scheduler, the data loader's position); the RNG streams
@@ -47,7 +47,8 @@ def synthetic_data(n=2000, features=20, classes=5):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--socket", required=True, help="the node's ckptd-agent socket")
+    ap.add_argument("--socket", help="the node's ckptd-agent socket (default: $CKPTD_SOCKET, else the agent's "
+                    "default, $XDG_RUNTIME_DIR/ckptd/agent.sock or /run/ckptd/agent.sock)")
     ap.add_argument("--job", required=True, help="job name: where the checkpoints go")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=50, help="snapshot every N steps (a coordinator may decide instead)")

@@ -8,7 +8,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,7 +65,7 @@ std::string LastLine(const std::string& text) {
 // `err_path` (made by root, before it becomes `user`); returns its pid. The
 // child is killed when the test process dies, so none outlives a crashed test.
 pid_t SpawnAs(const TestUser& user, const std::vector<std::string>& argv, const std::string& out_path,
-              const std::string& err_path) {
+              const std::string& err_path, const std::vector<std::string>& env = {}) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -80,6 +82,7 @@ pid_t SpawnAs(const TestUser& user, const std::vector<std::string>& argv, const 
   }
   // After setuid, which clears it; exec of a binary that is not set-id keeps it.
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(126);
+  for (const std::string& e : env) ::putenv(const_cast<char*>(e.c_str()));
   ::execv(args[0], args.data());
   ::_exit(127);
 }
@@ -191,13 +194,20 @@ class TrainerGroupEndToEndTest : public ::testing::Test {
   // Runs the trainer as `user` for job `job` to step `steps`, a snapshot
   // every 10 steps. 7 micro-batches per optimizer step: a snapshot lands
   // mid-accumulation, so the gradients matter to a resumed run's result.
+  // The trainers trust A to run the node's agent, as a cluster whose agent
+  // runs as a user of its own tells them (CKPTD_TRUSTED_AGENT_UIDS), unless
+  // `trust_agent` is false.
   TrainerRun Train(const TestUser& user, const std::string& name, const std::string& job, int steps,
-                   const std::vector<std::string>& extra = {}) {
+                   const std::vector<std::string>& extra = {}, bool trust_agent = true,
+                   const std::string& socket = "") {
     const std::string out = dir_ + "/" + name + ".out", err = dir_ + "/" + name + ".err";
-    std::vector<std::string> args = {CKPTD_TRAINER_BIN, "--socket", socket_, "--job", job, "--steps",
-                                     std::to_string(steps), "--state-mb", "1", "--every", "10", "--accum", "7"};
+    std::vector<std::string> args = {CKPTD_TRAINER_BIN, "--socket", socket.empty() ? socket_ : socket, "--job", job,
+                                     "--steps", std::to_string(steps), "--state-mb", "1", "--every", "10",
+                                     "--accum", "7"};
     args.insert(args.end(), extra.begin(), extra.end());
-    const pid_t pid = SpawnAs(user, args, out, err);
+    std::vector<std::string> env;
+    if (trust_agent) env.push_back(absl::StrCat("CKPTD_TRUSTED_AGENT_UIDS=", a_.uid));
+    const pid_t pid = SpawnAs(user, args, out, err, env);
     TrainerRun run;
     run.code = WaitWithin(pid, absl::Seconds(60)).value_or(-1);
     run.err = ReadFile(err);
@@ -258,6 +268,58 @@ TEST_F(TrainerGroupEndToEndTest, TrainersOfTheGroupCheckpointAndOthersTrainWitho
   EXPECT_THAT(outsider.last, StartsWith("final_step=60 digest="));
   EXPECT_EQ(resumed.last, outsider.last);
 
+  EXPECT_EQ(StopAgent(), 0) << ReadFile(agent_err_);
+}
+
+// A trainer that was not told to trust the agent's user refuses its socket,
+// naming the owner, and trains on without checkpoints.
+TEST_F(TrainerGroupEndToEndTest, ATrainerRefusesAnAgentOfAUserItDoesNotTrust) {
+  const TrainerRun run = Train(b_, "b-untrusting", "untrusting", 20, {"--agent-wait-ms", "120000"},
+                               /*trust_agent=*/false);
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_THAT(run.err, AllOf(HasSubstr("checkpointing unavailable"),
+                             HasSubstr(absl::StrCat("the agent's socket ", socket_, " belongs to uid ", a_.uid)),
+                             HasSubstr(absl::StrCat("CKPTD_TRUSTED_AGENT_UIDS=", a_.uid)), HasSubstr("0 snapshots")))
+      << run.err;
+  EXPECT_NE(::access((root_ + "/untrusting").c_str(), F_OK), 0);
+  EXPECT_EQ(StopAgent(), 0) << ReadFile(agent_err_);
+}
+
+// Socket squatting on a shared node: in a folder every user may write to (as
+// /tmp), user C takes the name trainers are told to use. The stock agent
+// refuses to serve from such a folder, and B's trainer refuses C's socket,
+// naming C, instead of sending C its state; it trains on without checkpoints.
+TEST_F(TrainerGroupEndToEndTest, ASocketSquattedByAnotherUserIsRefused) {
+  const std::string shared = dir_ + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  const std::string squatted = shared + "/ckptd.sock";
+  // C's own agent there: refused, and says why.
+  ASSERT_EQ(::mkdir((dir_ + "/c-root").c_str(), 0700), 0);
+  ASSERT_EQ(::chown((dir_ + "/c-root").c_str(), c_.uid, c_.groups[0]), 0);
+  const pid_t c_agent = SpawnAs(c_, {CKPTD_AGENT_BIN, "--storage-root", dir_ + "/c-root", "--socket", squatted},
+                                dir_ + "/c-agent.out", dir_ + "/c-agent.err");
+  EXPECT_EQ(WaitWithin(c_agent, absl::Seconds(30)), 3) << ReadFile(dir_ + "/c-agent.err");
+  EXPECT_THAT(ReadFile(dir_ + "/c-agent.err"), HasSubstr("may be written by other users"));
+  // C binds the name itself, as a server of its own would.
+  const std::string bound = ckptd::testing::RunAs(c_, [&squatted] {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, squatted.data(), squatted.size());
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 8) != 0) {
+      return std::string(std::strerror(errno));
+    }
+    return std::string("ok");
+  });
+  ASSERT_EQ(bound, "ok");
+  const TrainerRun run = Train(b_, "b-squatted", "squatted", 20, {"--agent-wait-ms", "120000"},
+                               /*trust_agent=*/true, squatted);
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_THAT(run.err, AllOf(HasSubstr("checkpointing unavailable"),
+                             HasSubstr(absl::StrCat("the agent's socket ", squatted, " belongs to uid ", c_.uid)),
+                             HasSubstr("0 snapshots")))
+      << run.err;
   EXPECT_EQ(StopAgent(), 0) << ReadFile(agent_err_);
 }
 

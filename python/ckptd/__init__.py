@@ -70,6 +70,11 @@ class NotFoundError(Error):
     code = 5
 
 
+class PermissionDeniedError(Error, PermissionError):
+    """E.g. the agent's socket belongs to a user this process does not trust."""
+    code = 7
+
+
 class ResourceExhaustedError(Error):
     """No free staging slot: the snapshot was skipped."""
     code = 8
@@ -97,8 +102,9 @@ class DataLossError(Error):
     code = 15
 
 
-_ERRORS = {c.code: c for c in (InvalidArgumentError, DeadlineExceededError, NotFoundError, ResourceExhaustedError,
-                               FailedPreconditionError, AbortedError, InternalError, UnavailableError, DataLossError)}
+_ERRORS = {c.code: c for c in (InvalidArgumentError, DeadlineExceededError, NotFoundError, PermissionDeniedError,
+                               ResourceExhaustedError, FailedPreconditionError, AbortedError, InternalError,
+                               UnavailableError, DataLossError)}
 
 
 class CheckpointWarning(UserWarning):
@@ -249,7 +255,8 @@ class _ReplicaC(ctypes.Structure):
 
 class _OptionsExtC(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("spare_device_buffer", ctypes.c_int32), ("reserved", ctypes.c_int32),
-                ("replicas", ctypes.POINTER(_ReplicaC))]
+                ("replicas", ctypes.POINTER(_ReplicaC)), ("trusted_agent_uids", ctypes.POINTER(ctypes.c_uint32)),
+                ("trusted_agent_uid_count", ctypes.c_size_t)]
 
 
 _lib, _lib_path = _load()
@@ -423,6 +430,24 @@ def _replica(name, replica):
     return Replica(group, count, index)
 
 
+def _trusted_uids(users):
+    """trusted_agent_uids as uids: ints, or names of this machine's users."""
+    if isinstance(users, (str, bytes, int)):
+        users = [users]
+    uids = []
+    for u in users:
+        if isinstance(u, str) and not u.isdigit():
+            import pwd
+            try:
+                u = pwd.getpwnam(u).pw_uid
+            except KeyError:
+                raise InvalidArgumentError(f"ckptd: trusted_agent_uids: {u!r} is not a user of this machine") from None
+        uids.append(_integer("trusted_agent_uids", int(u), 0, 2**32 - 2))
+    if len(uids) > 1024:
+        raise InvalidArgumentError(f"ckptd: trusted_agent_uids: {len(uids)} users; at most 1024")
+    return uids
+
+
 def _dims(values):
     return (ctypes.c_uint64 * len(values))(*values) if values is not None else None
 
@@ -437,6 +462,14 @@ class Client:
     seconds. Close it (or use `with`) to say goodbye to the agent, which
     still persists what was published.
 
+    socket: the agent's Unix socket; None: $CKPTD_SOCKET, else
+    $XDG_RUNTIME_DIR/ckptd/agent.sock when it exists, else
+    /run/ckptd/agent.sock. The socket must belong to this process's user,
+    root or a user in trusted_agent_uids (uids or user names; those of
+    $CKPTD_TRUSTED_AGENT_UIDS are added), in a directory where no one else
+    can replace it: else PermissionDeniedError naming its owner (another
+    user may have taken the name to receive this trainer's state).
+
     every_steps: should_snapshot() says yes every this many steps; 0 (the
     default, as in the C ABI): never by itself, only snapshot() when called.
     Under a coordinator its schedule applies instead. (ckptd.torch's
@@ -448,8 +481,12 @@ class Client:
     """
 
     def __init__(self, socket, job, buffers, rank=0, world_size=1, every_steps=0, slot_wait=0.0, rpc_timeout=5.0,
-                 spare_device_buffer=False, connect_wait=0.0):
+                 spare_device_buffer=False, connect_wait=0.0, trusted_agent_uids=()):
         self._handle = None
+        abi = _lib.ckptd_abi_version()
+        trusted = _trusted_uids(trusted_agent_uids)
+        if (trusted or socket is None) and abi < 8:
+            raise Error(f"ckptd: {_lib_path} is older than ABI version 8: give socket, and no trusted_agent_uids")
         rank, world_size = _world(rank, world_size)
         every_steps = _uint64("every_steps", every_steps)
         slot_wait_ms = _millis("slot_wait", slot_wait)
@@ -471,7 +508,8 @@ class Client:
                                 ctypes.cast(dims[1], _P(ctypes.c_uint64)) if dims[1] is not None else None,
                                 ctypes.cast(dims[2], _P(ctypes.c_uint64)) if dims[2] is not None else None,
                                 b.device_kind, b.device_index, b.address or None)
-        self._socket, self._job = socket.encode("utf-8"), job.encode("utf-8")
+        self._socket = socket.encode("utf-8") if socket is not None else None
+        self._job = job.encode("utf-8")
         options = _OptionsC(self._socket, self._job, rank, world_size, every_steps, slot_wait_ms, rpc_timeout_ms)
         self._replicas = None
         if any(b.replica is not None for b in buffers):
@@ -481,10 +519,13 @@ class Client:
             self._replicas = (_ReplicaC * len(buffers))(
                 *[_ReplicaC(g, b.replica.count, b.replica.index) if b.replica else _ReplicaC(None, 0, 0)
                   for g, b in zip(self._groups, buffers)])
-        # An older libckptd (ABI < 6) is given the struct it knows.
-        ext_size = ctypes.sizeof(_OptionsExtC) if _lib.ckptd_abi_version() >= 6 else _OptionsExtC.replicas.offset
+        self._trusted = (ctypes.c_uint32 * max(len(trusted), 1))(*trusted)
+        # An older libckptd is given the struct it knows.
+        ext_size = (ctypes.sizeof(_OptionsExtC) if abi >= 8 else
+                    _OptionsExtC.trusted_agent_uids.offset if abi >= 6 else _OptionsExtC.replicas.offset)
         ext = _OptionsExtC(ext_size, 1 if spare_device_buffer else 0, 0,
-                           ctypes.cast(self._replicas, _P(_ReplicaC)) if self._replicas is not None else None)
+                           ctypes.cast(self._replicas, _P(_ReplicaC)) if self._replicas is not None else None,
+                           ctypes.cast(self._trusted, _P(ctypes.c_uint32)) if trusted else None, len(trusted))
         deadline = time.monotonic() + connect_wait
         while True:
             handle = ctypes.c_void_p()

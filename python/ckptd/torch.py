@@ -380,7 +380,8 @@ class Checkpointer:
     """Checkpoints the objects a training loop tracks through the node's
     ckptd-agent, and resumes them bit-identically.
 
-    job, socket: as for ckptd.Client. rank, world_size: as for ckptd.Client;
+    job, socket, trusted_agent_uids: as for ckptd.Client (socket None: the
+    default one). rank, world_size: as for ckptd.Client;
     not given, from the launcher's environment (torchrun's RANK and
     WORLD_SIZE), else rank 0 of 1. on_restart: what maybe_snapshot does when
     the coordinator asks every rank to restart (a failure elsewhere): "exit"
@@ -428,9 +429,9 @@ class Checkpointer:
     declared so (DDP keeps parameters, buffers and optimizer state so).
     """
 
-    def __init__(self, job, socket, rank=None, world_size=None, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
+    def __init__(self, job, socket=None, rank=None, world_size=None, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
                  connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0,
-                 seed=None, replicated=None, on_restart=None):
+                 seed=None, replicated=None, on_restart=None, trusted_agent_uids=()):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
         if on_restart is None:  # torchrun's elastic agent restarts the workers that exit
@@ -449,7 +450,8 @@ class Checkpointer:
         retry_interval = _ckptd._seconds("retry_interval", retry_interval, finite=False)
         self._client_args = dict(socket=socket, job=job, rank=rank, world_size=world_size, every_steps=every,
                                  slot_wait=slot_wait, rpc_timeout=rpc_timeout,
-                                 spare_device_buffer=spare_device_buffer, connect_wait=connect_wait)
+                                 spare_device_buffer=spare_device_buffer, connect_wait=connect_wait,
+                                 trusted_agent_uids=_ckptd._trusted_uids(trusted_agent_uids))
         self._rng = rng
         if seed is None:  # from the job's name: the same on every rank and in every run
             seed = int.from_bytes(hashlib.sha256(str(job).encode()).digest()[:8], "little") >> 1

@@ -123,6 +123,44 @@ class ClientTest(AgentTestCase):
         with self.assertRaises(ckptd.InvalidArgumentError):
             client.snapshot(1)
 
+    def test_a_socket_of_another_user_is_refused_unless_trusted(self):
+        # Socket squatting: the socket's name taken by another user, who
+        # would receive this trainer's state. Refused, naming the owner.
+        other = 61999
+        if os.geteuid() != 0:
+            self.skipTest("not root: cannot give the socket to another user")
+        data = bytearray(8)
+        os.chown(self.agent.socket, other, -1)
+        try:
+            with self.assertRaises(ckptd.PermissionDeniedError) as e:
+                ckptd.Client(self.agent.socket, "py-trust", [ckptd.Buffer("x", data)], connect_wait=3600)
+            self.assertIn(f"belongs to uid {other}", str(e.exception))
+            self.assertIn(f"CKPTD_TRUSTED_AGENT_UIDS={other}", str(e.exception))
+            self.assertIsInstance(e.exception, PermissionError)
+            with ckptd.Client(self.agent.socket, "py-trust", [ckptd.Buffer("x", data)],
+                              trusted_agent_uids=[other]) as client:
+                client.snapshot(1)
+        finally:
+            os.chown(self.agent.socket, 0, -1)
+        with self.assertRaises(ckptd.InvalidArgumentError):
+            ckptd.Client(self.agent.socket, "py-trust", [ckptd.Buffer("x", data)],
+                         trusted_agent_uids=["no-such-user-ckptd"])
+        with self.assertRaises(ckptd.InvalidArgumentError):
+            ckptd.Client(self.agent.socket, "py-trust", [ckptd.Buffer("x", data)], trusted_agent_uids=[-1])
+
+    def test_no_socket_means_ckptd_socket_from_the_environment(self):
+        data = bytearray(8)
+        old = os.environ.get("CKPTD_SOCKET")
+        os.environ["CKPTD_SOCKET"] = self.agent.socket
+        try:
+            with ckptd.Client(None, "py-env-socket", [ckptd.Buffer("x", data)]) as client:
+                client.snapshot(1)
+        finally:
+            if old is None:
+                del os.environ["CKPTD_SOCKET"]
+            else:
+                os.environ["CKPTD_SOCKET"] = old
+
     def test_integers_out_of_range_raise_instead_of_wrapping(self):
         # ctypes truncates: without the checks, rank 2**32 registered as rank 0,
         # world_size 2**32 + 1 as 1, every_steps 2**64 + 2 as 2 and step -1 as

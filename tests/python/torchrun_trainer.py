@@ -71,7 +71,7 @@ def full(obj):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--socket", required=True)
+    ap.add_argument("--socket")  # default: ckptd's (CKPTD_SOCKET, else the agent's default)
     ap.add_argument("--job", required=True)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--every", type=int, default=5)
