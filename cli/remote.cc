@@ -31,11 +31,33 @@ class RemoteCoordinatorApi final : public CoordinatorApi {
                        std::optional<absl::Duration> stream_timeout)
       : targets_(std::move(targets)), token_(std::move(token)), stream_timeout_(stream_timeout) {}
 
+  // Every page of the status, as one answer.
   absl::StatusOr<ckptd::v1::GetClusterStatusResponse> ClusterStatus() override {
-    return Unary<ckptd::v1::GetClusterStatusResponse>(
-        kPlain, [&](Stub& stub, grpc::ClientContext* ctx, ckptd::v1::GetClusterStatusResponse* resp) {
-          return stub.GetClusterStatus(ctx, ckptd::v1::GetClusterStatusRequest(), resp);
-        });
+    ckptd::v1::GetClusterStatusResponse all;
+    ckptd::v1::GetClusterStatusRequest req;
+    while (true) {
+      absl::StatusOr<ckptd::v1::GetClusterStatusResponse> page = Unary<ckptd::v1::GetClusterStatusResponse>(
+          kPlain, [&](Stub& stub, grpc::ClientContext* ctx, ckptd::v1::GetClusterStatusResponse* resp) {
+            return stub.GetClusterStatus(ctx, req, resp);
+          });
+      if (!page.ok()) return page.status();
+      const std::string next = page->next_agents_after();
+      if (req.agents_after().empty()) {
+        all = *std::move(page);
+      } else {
+        for (ckptd::v1::AgentStatus& a : *page->mutable_agents()) *all.add_agents() = std::move(a);
+      }
+      // Node ids only grow from page to page; one that does not is no
+      // coordinator of this version, and would never end.
+      if (next.empty()) break;
+      if (next <= req.agents_after()) {
+        return absl::InternalError(absl::StrCat("GetClusterStatus: the page after node ", req.agents_after(),
+                                                " ends at node ", next, ", not after it"));
+      }
+      req.set_agents_after(next);
+    }
+    all.clear_next_agents_after();
+    return all;
   }
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& req) override {
     return Unary<ckptd::v1::ListEventsResponse>(

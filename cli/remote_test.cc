@@ -163,6 +163,31 @@ TEST_F(RemoteTest, StatusEndToEnd) {
   EXPECT_THAT(r.err, HasSubstr("no job other"));
 }
 
+// A status larger than one gRPC message (4 MiB by default) comes in pages;
+// ckptctl reads them all.
+TEST_F(RemoteTest, AStatusOfManyPagesIsReadWhole) {
+  for (int n = 0; n < 80; ++n) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(absl::StrCat("big-", 100 + n));
+    for (int g = 0; g < 256; ++g) req.add_gpus(std::string(128, 'g'));
+    for (uint32_t rank = 0; rank < 1024; ++rank) {
+      ckptd::v1::RankInfo* r = req.add_ranks();
+      r->set_job(absl::StrCat("job-", n));
+      r->set_rank(rank);
+      r->set_world_size(1024);
+      r->set_pid(static_cast<int>(1000 + rank));
+    }
+    ASSERT_TRUE(core_.RegisterAgent(req).ok());
+  }
+  ASSERT_GT(core_.ClusterStatus().ByteSizeLong(), size_t{4} << 20);
+  ckptd::v1::GetClusterStatusRequest first;
+  ASSERT_FALSE(core_.ClusterStatusPage(first).next_agents_after().empty());
+  const Result r = RunCli(RunStatus, {"--coordinator", Address(), "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"count\":81"), HasSubstr("\"node_id\":\"big-100\""),
+                           HasSubstr("\"node_id\":\"big-179\""), HasSubstr("\"node_id\":\"node-a\"")));
+}
+
 TEST_F(RemoteTest, CheckpointNoWaitEndToEnd) {
   const std::string token = WriteFile("remote-token", absl::StrCat("  ", kToken, "\n"));
   Result r = RunCli(RunCheckpoint, {"--coordinator", Address(), "--job", "llm", "--no-wait", "--token-file", token});

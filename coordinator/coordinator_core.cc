@@ -280,6 +280,21 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
       return absl::ResourceExhaustedError(absl::StrCat("node ", node, " is one too many: this coordinator tracks ",
                                                        agents_.size(), " nodes, its limit (--max-nodes)"));
     }
+    {
+      // What the registration would hold, at most (ranks of other nodes are
+      // left out below), against what all nodes may hold together.
+      const size_t bytes = RegistrationBytes(request.address(), {request.gpus().begin(), request.gpus().end()},
+                                             {request.ranks().begin(), request.ranks().end()});
+      auto old = agents_.find(node);
+      const size_t others = registration_bytes_ - (old != agents_.end() ? old->second->registration_bytes : 0);
+      if (others + bytes > options_.max_registration_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "node ", node, "'s registration (", request.ranks_size(), " ranks, ", request.gpus_size(),
+            " GPU names: ", bytes, " bytes) would take what this coordinator holds for its ", agents_.size(),
+            " nodes to ", others + bytes, " bytes, past its limit of ", options_.max_registration_bytes,
+            " (--max-registration-memory)"));
+      }
+    }
     auto& agent = agents_[node];
     if (agent == nullptr) agent = std::make_unique<Agent>();
     // A new agent process while the old one still counts as alive: it
@@ -319,6 +334,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
       accepted.push_back(r);
     }
     agent->ranks = std::move(accepted);
+    SetRegistrationBytes(agent.get());
     response.set_session(agent->session);
     response.set_coordinator_epoch(options_.epoch);
     response.set_heartbeat_interval_ms(
@@ -418,7 +434,12 @@ void CoordinatorCore::Tick() {
 void CoordinatorCore::Forget(absl::Time now, Effects* fx) {
   for (auto it = agents_.begin(); it != agents_.end();) {
     const Agent& a = *it->second;
-    it = !a.alive && now - a.last_heartbeat > options_.forget_after ? agents_.erase(it) : std::next(it);
+    if (!a.alive && now - a.last_heartbeat > options_.forget_after) {
+      registration_bytes_ -= a.registration_bytes;
+      it = agents_.erase(it);
+    } else {
+      it = std::next(it);
+    }
   }
   for (auto it = jobs_.begin(); it != jobs_.end();) {
     const Job& job = *it->second;
@@ -551,11 +572,56 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   return s;
 }
 
+size_t CoordinatorCore::RankBytes(const ckptd::v1::RankInfo& rank) {
+  // The rank's entry here and in its job (maps of ranks, timings, the
+  // shards it reports), beside the message itself.
+  return rank.ByteSizeLong() + 512;
+}
+
+size_t CoordinatorCore::RegistrationBytes(const std::string& address, const std::vector<std::string>& gpus,
+                                          const std::vector<ckptd::v1::RankInfo>& ranks) {
+  size_t bytes = 1024 + address.size();  // the node's own record
+  for (const std::string& g : gpus) bytes += g.size() + sizeof(std::string);
+  for (const ckptd::v1::RankInfo& r : ranks) bytes += RankBytes(r);
+  return bytes;
+}
+
+void CoordinatorCore::SetRegistrationBytes(Agent* agent) {
+  registration_bytes_ -= agent->registration_bytes;
+  agent->registration_bytes = RegistrationBytes(agent->address, agent->gpus, agent->ranks);
+  registration_bytes_ += agent->registration_bytes;
+}
+
 ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatus() {
+  ckptd::v1::GetClusterStatusRequest all;
+  all.set_max_agents(UINT32_MAX);
+  return Status(all, /*page_bytes=*/SIZE_MAX);
+}
+
+ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatusPage(
+    const ckptd::v1::GetClusterStatusRequest& request) {
+  return Status(request, kStatusPageBytes);
+}
+
+ckptd::v1::GetClusterStatusResponse CoordinatorCore::Status(const ckptd::v1::GetClusterStatusRequest& request,
+                                                            size_t page_bytes) {
   ckptd::v1::GetClusterStatusResponse r;
   absl::MutexLock l(&mu_);
   MaybeRecomputePartners(clock_->Now());
-  for (const auto& [node, agent] : agents_) {
+  r.set_agents_total(static_cast<uint32_t>(agents_.size()));
+  uint32_t alive = 0;
+  for (const auto& [node, agent] : agents_) alive += agent->alive ? 1 : 0;
+  r.set_agents_alive(alive);
+  const size_t max_agents = request.max_agents() == 0 ? SIZE_MAX : request.max_agents();
+  size_t bytes = 0;
+  auto it = request.agents_after().empty() ? agents_.begin() : agents_.upper_bound(request.agents_after());
+  for (; it != agents_.end(); ++it) {
+    const auto& [node, agent] = *it;
+    if (static_cast<size_t>(r.agents_size()) >= max_agents) {
+      // More follow: the next page starts after the last one here.
+      r.set_next_agents_after(r.agents(r.agents_size() - 1).node_id());
+      break;
+    }
     ckptd::v1::AgentStatus* a = r.add_agents();
     a->set_node_id(node);
     a->set_address(agent->address);
@@ -568,8 +634,17 @@ ckptd::v1::GetClusterStatusResponse CoordinatorCore::ClusterStatus() {
     a->set_failure_domain(agent->failure_domain);
     a->set_replicas(agent->replicas);
     for (const std::string& to : agent->send_to) a->add_send_to(to);
+    const size_t size = a->ByteSizeLong();
+    if (r.agents_size() > 1 && bytes + size > page_bytes) {
+      r.mutable_agents()->RemoveLast();
+      r.set_next_agents_after(r.agents(r.agents_size() - 1).node_id());
+      break;
+    }
+    bytes += size;
   }
-  for (const auto& [name, job] : jobs_) *r.add_jobs() = StatusOf(*job);
+  if (request.agents_after().empty()) {
+    for (const auto& [name, job] : jobs_) *r.add_jobs() = StatusOf(*job);
+  }
   return r;
 }
 

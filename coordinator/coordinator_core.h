@@ -83,6 +83,12 @@ struct CoordinatorOptions {
   // or a request naming one job more, is kResourceExhausted.
   size_t max_nodes = 10'000;
   size_t max_jobs = 1'000;
+  // What the nodes' registrations and heartbeats may hold in this
+  // coordinator's memory together (their addresses, GPU names and ranks, as
+  // CoordinatorCore::RegistrationBytes counts them): a registration that
+  // would pass it is kResourceExhausted, and a heartbeat's new ranks past it
+  // are left out. Sized for 10,000 nodes of 64 ranks each, a few times over.
+  size_t max_registration_bytes = size_t{512} << 20;
   // A node lost this long ago, and a job none of whose ranks ran for this
   // long (with no step pending), are forgotten: gone from the status and
   // the state database. A forgotten job's committed steps stay in storage,
@@ -170,7 +176,19 @@ class CoordinatorCore {
   absl::StatusOr<ckptd::v1::RunDrillResponse> RunDrill(const ckptd::v1::RunDrillRequest& request);
   // A drill's order, the agent's report, and the failures recorded since.
   absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest& request);
+  // Everything at once: for this process (metrics, tests).
   ckptd::v1::GetClusterStatusResponse ClusterStatus();
+  // One page of it, for operators (GetClusterStatusRequest): the agents
+  // after request.agents_after whose status fits kStatusPageBytes (at least
+  // one), the jobs on the first page.
+  ckptd::v1::GetClusterStatusResponse ClusterStatusPage(const ckptd::v1::GetClusterStatusRequest& request);
+  static constexpr size_t kStatusPageBytes = size_t{2} << 20;
+  // What one node's registration holds in memory, as counted against
+  // max_registration_bytes: its address, GPU names and ranks, and what
+  // the coordinator keeps beside each.
+  static size_t RegistrationBytes(const std::string& address, const std::vector<std::string>& gpus,
+                                  const std::vector<ckptd::v1::RankInfo>& ranks);
+  static size_t RankBytes(const ckptd::v1::RankInfo& rank);
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
   absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& request);
   // Every step of the job: committed and quarantined ones from storage,
@@ -240,6 +258,11 @@ class CoordinatorCore {
   // cannot resize a job through a rank it may not speak for.
   absl::StatusOr<Job*> JobForRank(const std::string& name, uint32_t world_size, uint32_t rank,
                                   const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `agent`'s address, GPU names and ranks as they are now in
+  // registration_bytes_.
+  void SetRegistrationBytes(Agent* agent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ckptd::v1::GetClusterStatusResponse Status(const ckptd::v1::GetClusterStatusRequest& request, size_t page_bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its
   // jobs (they restart).
   void LoseAgent(Agent* agent, const std::string& detail, Effects* fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -389,6 +412,8 @@ class CoordinatorCore {
   std::map<std::string, std::unique_ptr<Agent>> agents_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   CoordinatorCounters counters_ ABSL_GUARDED_BY(mu_);
+  // The sum of the agents' `registration_bytes` (max_registration_bytes).
+  size_t registration_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
   const std::unique_ptr<internal::DrillBook> drills_ ABSL_PT_GUARDED_BY(mu_);
   absl::Mutex drill_save_mu_ ABSL_ACQUIRED_BEFORE(mu_);

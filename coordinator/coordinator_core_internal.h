@@ -144,6 +144,9 @@ struct CoordinatorCore::Agent {
   std::string session;  // 32 hex digits (RegisterAgentResponse.session)
   std::vector<std::string> gpus;
   std::vector<ckptd::v1::RankInfo> ranks;
+  // RegistrationBytes of the above, counted in the core's registration_bytes_.
+  size_t registration_bytes = 0;
+  bool ranks_over_logged = false;  // a heartbeat's ranks were left out (max_registration_bytes)
   absl::Time last_heartbeat;
   bool alive = true;
   bool drills_allowed = false;

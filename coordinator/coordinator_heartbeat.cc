@@ -74,9 +74,19 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
   std::map<std::pair<std::string, uint32_t>, int> last;
   for (int i = 0; i < hb.ranks_size(); ++i) last[{hb.ranks(i).job(), hb.ranks(i).rank()}] = i;
   std::vector<ckptd::v1::RankInfo> accepted;
+  // What the node may hold beside what the others hold
+  // (max_registration_bytes): ranks past it are left out, as another
+  // node's are.
+  const size_t others = registration_bytes_ - agent->registration_bytes;
+  size_t bytes = RegistrationBytes(agent->address, agent->gpus, {});
+  size_t over = 0;
   for (int i = 0; i < hb.ranks_size(); ++i) {
     const ckptd::v1::RankInfo& r = hb.ranks(i);
     if (last.at({r.job(), r.rank()}) != i) continue;
+    if (others + bytes + RankBytes(r) > options_.max_registration_bytes) {
+      ++over;
+      continue;
+    }
     // Another node's rank, or one of a world size its job cannot take now:
     // refused; the others go on.
     absl::StatusOr<Job*> job = JobForRank(r.job(), r.world_size(), r.rank(), agent->node_id);
@@ -89,9 +99,18 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
                     fx);
     }
     (*job)->RefreshRank(r.rank(), agent->node_id, r.pid());
+    bytes += RankBytes(r);
     accepted.push_back(r);
   }
   agent->ranks = std::move(accepted);
+  SetRegistrationBytes(agent);
+  // Once while it lasts, not at every heartbeat.
+  if (over > 0 && !agent->ranks_over_logged) {
+    logger_->Warning(absl::StrCat("heartbeat of node ", agent->node_id, ": ", over,
+                                  " ranks left out: they would take what this coordinator holds for its nodes past ",
+                                  options_.max_registration_bytes, " bytes (--max-registration-memory)"));
+  }
+  agent->ranks_over_logged = over > 0;
 }
 
 void CoordinatorCore::RecordProgress(const Agent& agent, const ckptd::v1::RankProgress& p, absl::Time now,

@@ -263,9 +263,10 @@ grpc::ServerUnaryReactor* CoordinatorService::GetReshardPlan(grpc::CallbackServe
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetClusterStatus(grpc::CallbackServerContext* ctx,
-                                                               const ckptd::v1::GetClusterStatusRequest*,
+                                                               const ckptd::v1::GetClusterStatusRequest* req,
                                                                ckptd::v1::GetClusterStatusResponse* resp) {
-  ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatus();
+  // A page: the whole status of a large cluster would outgrow the message.
+  ckptd::v1::GetClusterStatusResponse status = core_->ClusterStatusPage(*req);
   if (options_.replication) options_.replication(status.mutable_replication());
   return FinishWith(ctx, absl::StatusOr<ckptd::v1::GetClusterStatusResponse>(std::move(status)), resp);
 }

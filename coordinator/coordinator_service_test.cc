@@ -336,5 +336,99 @@ TEST_F(CoordinatorServiceTest, ServerAddressErrors) {
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot listen")));
 }
 
+// The attack: one holder of the agent token registers fake nodes, each with
+// the most ranks and GPU names a registration may carry. What the nodes hold
+// together is bounded, so registrations past the bound are refused, and the
+// status, however many nodes there are, comes in pages that each fit a gRPC
+// message, together naming every node.
+class RegistrationMemoryTest : public CoordinatorServiceTest {
+ protected:
+  RegistrationMemoryTest() { options_.max_registration_bytes = size_t{24} << 20; }
+
+  // A node as big as a registration may be: 4096 ranks of a job of its own
+  // (so that no node speaks for another's), 256 GPU names of 128 bytes.
+  static ckptd::v1::RegisterAgentRequest Biggest(int n) {
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id(absl::StrCat("fake-", 1000 + n));
+    req.set_address(std::string(255, 'a'));
+    for (int g = 0; g < 256; ++g) req.add_gpus(std::string(128, static_cast<char>('A' + g % 26)));
+    for (uint32_t r = 0; r < 4096; ++r) {
+      ckptd::v1::RankInfo* info = req.add_ranks();
+      info->set_job(absl::StrCat("job-", n));
+      info->set_rank(r);
+      info->set_world_size(4096);
+      info->set_pid(static_cast<int>(10000 + r));
+    }
+    return req;
+  }
+};
+
+TEST_F(RegistrationMemoryTest, FakeNodesCannotGrowTheCoordinatorPastItsBoundAndStatusStaysReadable) {
+  int registered = 0;
+  absl::Status refused;
+  for (int n = 0; n < 100 && refused.ok(); ++n) {
+    absl::StatusOr<ckptd::v1::RegisterAgentResponse> r = AgentCall(&Stub::RegisterAgent, Biggest(n));
+    if (r.ok()) {
+      ++registered;
+    } else {
+      refused = r.status();
+    }
+  }
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kResourceExhausted,
+                                HasSubstr("past its limit of 25165824 (--max-registration-memory)")));
+  // 4096 ranks cost about 2.2 MB here: ten of them fit 24 MiB, not twenty.
+  EXPECT_GE(registered, 5);
+  EXPECT_LT(registered, 20);
+
+  // Every page fits the default message size of 4 MiB, and together they
+  // name every node once, in order: pages bounded by bytes (all of them fit
+  // one here) or by max_agents.
+  for (uint32_t max_agents : {0u, 3u}) {
+    std::vector<std::string> nodes;
+    ckptd::v1::GetClusterStatusRequest req;
+    req.set_max_agents(max_agents);
+    int pages = 0;
+    while (pages < 1000) {
+      absl::StatusOr<ckptd::v1::GetClusterStatusResponse> page = Call(&Stub::GetClusterStatus, req);
+      ASSERT_THAT(page.status(), IsOk());
+      ++pages;
+      EXPECT_LE(page->ByteSizeLong(), size_t{4} << 20);
+      EXPECT_EQ(page->agents_total(), static_cast<uint32_t>(registered));
+      EXPECT_EQ(page->jobs_size() > 0, req.agents_after().empty());  // the jobs with the first page
+      if (max_agents > 0) {
+        EXPECT_LE(page->agents_size(), static_cast<int>(max_agents));
+      }
+      for (const auto& a : page->agents()) nodes.push_back(a.node_id());
+      if (page->next_agents_after().empty()) break;
+      req.set_agents_after(page->next_agents_after());
+    }
+    EXPECT_EQ(pages, max_agents == 0 ? 1 : (registered + 2) / 3) << max_agents;
+    ASSERT_EQ(nodes.size(), static_cast<size_t>(registered));
+    for (int n = 0; n < registered; ++n) EXPECT_EQ(nodes[n], absl::StrCat("fake-", 1000 + n));
+  }
+
+  // A node registered again replaces what it held: no growth.
+  CKPTD_EXPECT_OK(AgentCall(&Stub::RegisterAgent, Biggest(0)).status());
+  // A small node's heartbeat that lists the most ranks gets only those that
+  // fit; the rest are left out, and the node keeps its session.
+  ckptd::v1::RegisterAgentRequest small = Biggest(500);
+  small.clear_ranks();
+  small.clear_gpus();
+  absl::StatusOr<ckptd::v1::RegisterAgentResponse> s = AgentCall(&Stub::RegisterAgent, small);
+  ASSERT_THAT(s.status(), IsOk());
+  ckptd::v1::Heartbeat hb;
+  hb.set_node_id(small.node_id());
+  hb.set_session(s->session());
+  *hb.mutable_ranks() = Biggest(500).ranks();
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::HeartbeatAck ack, core_->OnHeartbeat(hb));
+  EXPECT_TRUE(ack.known());
+  const ckptd::v1::GetClusterStatusResponse all = core_->ClusterStatus();
+  size_t ranks = 0;
+  for (const auto& a : all.agents()) {
+    if (a.node_id() == small.node_id()) ranks = static_cast<size_t>(a.ranks_size());
+  }
+  EXPECT_LT(ranks, 4096u);
+}
+
 }  // namespace
 }  // namespace ckptd::coordinator

@@ -28,7 +28,8 @@ const char kCoordinatorUsage[] =
     "                         [--failure-rate 3e-6] [--failure-prior-weight 1] [--failure-mix 0.75,0.2,0.05]\n"
     "                         [--restart-guess 5m]\n"
     "                         [--alternative-interval 30m] [--interval-hysteresis 0.2] [--decide-every 10s]\n"
-    "                         [--step-deadline 30m] [--max-nodes N] [--max-jobs N] [--forget-after 168h]\n"
+    "                         [--step-deadline 30m] [--max-nodes N] [--max-jobs N] [--max-registration-memory B]\n"
+    "                         [--forget-after 168h]\n"
     "                         [--operator-token-file F]\n"
     "                         [--agent-token-file F | --insecure-agents]\n"
     "                         [--tls-cert F --tls-key F --tls-ca F]\n"
@@ -104,6 +105,10 @@ const char kCoordinatorUsage[] =
     "                              is refused at registration (RESOURCE_EXHAUSTED)\n"
     "  --max-jobs N                jobs tracked at most, 1..100000 (default 1000): a request\n"
     "                              naming one more is refused\n"
+    "  --max-registration-memory B what the nodes' registrations may hold in memory together (their\n"
+    "                              addresses, GPU names and ranks, about 600 bytes a rank), 1M..1T\n"
+    "                              (K/M/G/T suffixes; default 512M): a registration past it is\n"
+    "                              refused (RESOURCE_EXHAUSTED), a heartbeat's new ranks left out\n"
     "  --forget-after <d>          a node lost this long ago, and a job none of whose ranks ran for\n"
     "                              this long, are forgotten (default 168h, a week; at most 8760h);\n"
     "                              a forgotten job's committed steps stay in storage\n"
@@ -143,7 +148,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     // clang-format off
     "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
-    "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "forget-after",
+    "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "max-registration-memory", "forget-after",
     "operator-token-file", "agent-token-file", "tls-cert",
     "etcd-endpoints", "etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user",
     "etcd-password-file", "import-state",
@@ -258,6 +263,8 @@ absl::Status ParseOptions(const base::Args& args, CoordinatorOptions& options) {
   CKPTD_RETURN_IF_ERROR(args.ReadUint("keep", 1, kMaxKeep, &options.keep_last));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("max-nodes", 1, kMaxNodes, &options.max_nodes));
   CKPTD_RETURN_IF_ERROR(args.ReadUint("max-jobs", 1, kMaxJobs, &options.max_jobs));
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("max-registration-memory", uint64_t{1} << 20, uint64_t{1} << 40,
+                                      &options.max_registration_bytes, /*allow_suffix=*/true));
   return absl::OkStatus();
 }
 
