@@ -333,6 +333,26 @@ TEST(ParseParameterCountTest, SuffixesAreDecimal) {
   }
 }
 
+// Issue 39, finding 6: counts are whole, digits read exactly, at most 2^53.
+TEST(ParseParameterCountTest, WholeCountsUpTo2To53) {
+  EXPECT_EQ(*ParseParameterCount("1.1T"), 1.1e12);
+  EXPECT_EQ(*ParseParameterCount("9007199254740992"), 9007199254740992.0);
+  EXPECT_EQ(*ParseParameterCount("9007199254740992"), policy::kMaxPlanParams);
+  EXPECT_EQ(*ParseParameterCount("9007199254740K"), 9007199254740000.0);
+  for (const char* over : {"9007199254740993", "9007199254741K", "9.1e15", "1e30", "99999999999999999999999"}) {
+    absl::StatusOr<double> v = ParseParameterCount(over);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << over;
+    EXPECT_THAT(v.status().message(),
+                HasSubstr(absl::StrCat("\"", over, "\" is more than 9007199254740992 (2^53) parameters")))
+        << over;
+  }
+  for (const char* fraction : {"2.5", "0.4", "1.0000001K"}) {
+    absl::StatusOr<double> v = ParseParameterCount(fraction);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << fraction;
+    EXPECT_THAT(v.status().message(), HasSubstr("is not a whole number of parameters")) << fraction;
+  }
+}
+
 TEST(PlanCommandTest, TableSevenBillion) {
   Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1", "--replicated", "once"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
@@ -520,6 +540,97 @@ TEST(PlanCommandTest, BadInputIsAUsageError) {
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_THAT(r.out, IsEmpty()) << c.message;
   }
+}
+
+// Issue 39, finding 6: `plan --params 1e30` saturated at 2^63 and printed
+// totals inconsistent with their parts. The largest --params a layout takes
+// plans with every total the exact sum or product of its parts; one more is
+// refused naming --params, the limit and the most it takes.
+TEST(PlanCommandTest, LargestParamsPlanConsistentlyAndOneMoreIsRefused) {
+  // 8192 × (16 P + 11668) ≤ 2^63 − 1.
+  Result r = Plan({"--params", "70368744176934", "--gpus", "8192", "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"params\":70368744176934,"),
+                           HasSubstr("\"rank_bytes\":{\"params\":140737488353868,\"grads\":140737488353868,"
+                                     "\"optimizer\":844424930123208,\"rng\":7572,\"data_cursor\":4096,"
+                                     "\"total\":1125899906842612}"),
+                           HasSubstr("\"node_bytes\":9007199254740896,"),
+                           HasSubstr("\"job_bytes\":9223372036854677504,"),
+                           HasSubstr("\"unique_bytes\":1125900002415200,"),
+                           HasSubstr("\"rank_write_bytes\":137438965139,"),
+                           HasSubstr("\"node_write_bytes\":1099511721112,"),
+                           HasSubstr("\"job_write_bytes\":1125900002418688,")));
+  // job_write_bytes is 3488 over unique_bytes: the 8192 shares rounded up to whole bytes.
+  Result table = Plan({"--params", "70368744176934", "--gpus", "8192", "--replicated", "every"});
+  ASSERT_EQ(table.code, base::kExitOk) << table.err;
+  EXPECT_THAT(table.out, AllOf(HasSubstr("total per rank              1.13 PB\n"),
+                               HasSubstr("per node (8 ranks)          9.01 PB\n"),
+                               HasSubstr("job (8192 ranks)            9.22 EB\n"),
+                               HasSubstr("job total (8192 ranks)      9.22 EB      8192× unique")));
+
+  Result over = Plan({"--params", "70368744176935", "--gpus", "8192"});
+  EXPECT_EQ(over.code, base::kExitUsage);
+  EXPECT_THAT(over.err, HasSubstr("--params 70368744176935: the job's ranks would hold more than 9223372036854775807 "
+                                  "bytes (2^63 - 1), the most a figure of the plan may be; with --gpus 8192, --tp 1, "
+                                  "--pp 1, --zero 0, --dtype bf16 and --optimizer adam, --params may be at most "
+                                  "70368744176934"));
+  EXPECT_THAT(over.out, IsEmpty());
+
+  // The most GPUs refuse a 7B model, and take what fits.
+  Result gpus = Plan({"--params", "7B", "--gpus", "2147483647"});
+  EXPECT_EQ(gpus.code, base::kExitUsage);
+  EXPECT_THAT(gpus.err, AllOf(HasSubstr("--params 7B: the job's ranks would hold more than 9223372036854775807"),
+                              HasSubstr("--params may be at most 268434726\n")));
+  EXPECT_EQ(Plan({"--params", "268434726", "--gpus", "2147483647"}).code, base::kExitOk);
+
+  // 2^53 parameters on one GPU: the most --params counts.
+  Result most = Plan({"--params", "9007199254740992", "--gpus", "1", "--json"});
+  ASSERT_EQ(most.code, base::kExitOk) << most.err;
+  EXPECT_THAT(most.out, AllOf(HasSubstr("\"params\":9007199254740992,"), HasSubstr("\"total\":144115188075867540}")));
+  for (const char* params : {"9007199254740993", "1e30"}) {
+    Result r2 = Plan({"--params", params, "--gpus", "1"});
+    EXPECT_EQ(r2.code, base::kExitUsage) << params;
+    EXPECT_THAT(r2.err,
+                HasSubstr(absl::StrCat("--params: \"", params, "\" is more than 9007199254740992 (2^53) parameters")));
+  }
+}
+
+// Issue 39, finding 6: bandwidths, rates and times far outside any machine
+// would make times infinite or zero; refused naming the flag and the range.
+TEST(PlanCommandTest, RealInputsOutsideTheirRangesAreRefused) {
+  struct Case {
+    std::vector<std::string> flags;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--d2h-gbps", "1e300"}, "--d2h-gbps must be in 1e-09..1e+09, got 1e+300"},
+           {{"--d2h-gbps", "1e-320"}, "--d2h-gbps must be in 1e-09..1e+09, got 9.99989e-321"},
+           {{"--d2h-gbps", "nan"}, "--d2h-gbps: \"nan\" is not a number"},
+           {{"--d2h-gbps", "inf"}, "--d2h-gbps: \"inf\" is not a number"},
+           {{"--d2h-gbps", "-25"}, "--d2h-gbps must be positive, got -25"},
+           {{"--write-gbps", "2e9"}, "--write-gbps must be in 1e-09..1e+09, got 2e+09"},
+           {{"--write-gbps", "-inf"}, "--write-gbps: \"-inf\" is not a number"},
+           {{"--fail-rate", "1e-31"}, "--fail-rate must be in 1e-30..1e+06, got 1e-31"},
+           {{"--fail-rate", "1e7"}, "--fail-rate must be in 1e-30..1e+06, got 1e+07"},
+           {{"--fail-rate", "NaN"}, "--fail-rate: \"NaN\" is not a number"},
+           {{"--restart-seconds", "1e13"}, "--restart-seconds must be in 0..1e+12, got 1e+13"},
+           {{"--alternative-seconds", "1e-7"}, "--alternative-seconds must be in 1e-06..1e+12, got 1e-07"},
+           {{"--alternative-seconds", "1e300"}, "--alternative-seconds must be in 1e-06..1e+12, got 1e+300"},
+       }) {
+    std::vector<std::string> argv = {"--params", "7B", "--gpus", "8"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    Result r = Plan(argv);
+    EXPECT_EQ(r.code, base::kExitUsage) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.out, IsEmpty()) << c.message;
+  }
+  // The ends of the ranges plan.
+  Result r = Plan({"--params", "7B", "--gpus", "8", "--d2h-gbps", "1e-9", "--write-gbps", "1e9", "--fail-rate", "1e6",
+                   "--restart-seconds", "1e12", "--alternative-seconds", "1e-6", "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_TRUE(std::isfinite(JsonNumber(r.out, "expected_waste")));
+  EXPECT_TRUE(std::isfinite(JsonNumber(r.out, "alternative_waste")));
 }
 
 // What a coordinator answers once it has measured a checkpoint.
