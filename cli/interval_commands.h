@@ -91,6 +91,11 @@ std::string PlanJson(const policy::PlanInputs& inputs, const policy::Plan& plan)
 // count when within 1e-9 of it. kInvalidArgument naming the text unless a
 // whole number in 1..policy::kMaxPlanParams (2^53).
 absl::StatusOr<double> ParseParameterCount(absl::string_view text);
+// A GPU's memory in bytes: a number of GiB ("80", "79.6"), or one with a
+// unit, K, M, G, T or KiB .. TiB (powers of 1024) or KB .. TB (powers of
+// 1000), any case: "96G", "141GB". Rounded to whole bytes; kInvalidArgument
+// naming the text unless 1 byte to 1 EiB (2^60).
+absl::StatusOr<uint64_t> ParseGpuMemory(absl::string_view text);
 
 // ckptctl interval --mtbf-hours M --cost-seconds δ [...]; see kIntervalHelp.
 // Returns a base::ExitCode (base/flags.h): 0, 1 when the SVG cannot be written, 2 on

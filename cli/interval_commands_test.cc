@@ -490,17 +490,21 @@ TEST(PlanCommandTest, Help) {
   EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp", "--gpus-per-node",
                            "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds", "--alternative-seconds",
-                           "--json", "--replicated once|every"}) {
+                           "--json", "--replicated once|every", "--gpu-memory"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   EXPECT_THAT(r.out,
               AllOf(HasSubstr("once (default): what ckptd"), HasSubstr("writes when the job declares its replicated"),
                     HasSubstr("every: what it"), HasSubstr("--replicated once (replicated state declared)"),
                     HasSubstr("With every (not declared)")));
-  EXPECT_THAT(r.out, AllOf(HasSubstr("the memory tier keeps it"),
-                           HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
-                           HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
-                           HasSubstr("persist P = node share / --write-gbps")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("the memory tier keeps\n  the whole state"), HasSubstr("copies every buffer whole"),
+                    HasSubstr("--gpu-memory M"), HasSubstr("(default 80 GiB,\n"), HasSubstr("fits_gpu_memory"),
+                    HasSubstr("share_copy_seconds"), HasSubstr("Share copy = rank\n  share / --d2h-gbps"),
+                    HasSubstr("exit status: 0 success (a plan that does not fit the GPU's memory\nincluded)"),
+                    HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
+                    HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
+                    HasSubstr("persist P = node share / --write-gbps")));
   EXPECT_THAT(r.out, AllOf(HasSubstr("bytes per parameter"), HasSubstr("fp32 master 4, m 4, v 4"),
                            HasSubstr("ZeRO stage 1 divides the"), HasSubstr("7572 bytes per rank"),
                            HasSubstr("GB = 1e9 bytes"), HasSubstr("not\n  modelled offline")));
@@ -540,6 +544,79 @@ TEST(PlanCommandTest, BadInputIsAUsageError) {
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_THAT(r.out, IsEmpty()) << c.message;
   }
+}
+
+TEST(ParseGpuMemoryTest, GibOrAUnit) {
+  EXPECT_EQ(*ParseGpuMemory("80"), uint64_t{80} << 30);
+  EXPECT_EQ(*ParseGpuMemory("79.5"), uint64_t{159} << 29);
+  EXPECT_EQ(*ParseGpuMemory("96G"), uint64_t{96} << 30);
+  EXPECT_EQ(*ParseGpuMemory("96gib"), uint64_t{96} << 30);
+  EXPECT_EQ(*ParseGpuMemory("141GB"), uint64_t{141} * 1000 * 1000 * 1000);
+  EXPECT_EQ(*ParseGpuMemory("1TiB"), uint64_t{1} << 40);
+  EXPECT_EQ(*ParseGpuMemory("2T"), uint64_t{2} << 40);
+  EXPECT_EQ(*ParseGpuMemory("1.5TB"), uint64_t{1500} * 1000 * 1000 * 1000);
+  EXPECT_EQ(*ParseGpuMemory("512MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseGpuMemory("1K"), uint64_t{1024});
+  EXPECT_EQ(*ParseGpuMemory("1kb"), uint64_t{1000});
+  for (const char* bad : {"", "G", "80X", "80PB", "nan", "inf", "eighty", "80 G B"}) {
+    absl::StatusOr<uint64_t> v = ParseGpuMemory(bad);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(v.status().message(), HasSubstr(absl::StrCat("\"", bad, "\" is not a memory size"))) << bad;
+  }
+  for (const char* out_of_range : {"0", "-80", "0.0000000001K", "1048577TiB", "1e300"}) {
+    absl::StatusOr<uint64_t> v = ParseGpuMemory(out_of_range);
+    EXPECT_THAT(v.status().message(), HasSubstr("is not a memory size from 1 byte to 1 EiB (2^60 bytes)"))
+        << out_of_range;
+  }
+}
+
+// Issue 39, finding 8: `plan --params 70B --gpus 8192` (ZeRO-0) accepted 1.12
+// TB of state per rank; it is still planned (exit 0), with a warning in the
+// table, on stderr with --json, and fits_gpu_memory false. The stall is the
+// copy of all a rank holds, what ckptd's client copies; the share copy, what
+// it writes, is shown beside it and not used for δ.
+TEST(PlanCommandTest, StateOverTheGpuMemoryIsPlannedWithAWarning) {
+  const char* warning =
+      "WARNING: does not fit: each rank holds 1.12 TB (1120000011668 bytes) of state, more than the GPU's memory, "
+      "85.90 GB (80.0 GiB, --gpu-memory); partition it further (--zero, --tp, --pp) or plan for larger GPUs";
+  Result r = Plan({"--params", "70B", "--gpus", "8192"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out,
+              AllOf(StartsWith("checkpoint plan: 70B parameters"), HasSubstr(absl::StrCat("\n\n", warning, "\n\n")),
+                    HasSubstr("  GPU memory                  85.90 GB (80.0 GiB): the state per rank takes "
+                              "1304 %, DOES NOT FIT\n"),
+                    HasSubstr("stall (= δ)                 44.8 s: state held at 25 GB/s device-to-host (ckptd "
+                              "copies all of it)\n"),
+                    HasSubstr("share copy                  0.01 s: rank share at 25 GB/s, were a rank to copy "
+                              "only that (ckptd does not)\n")));
+  EXPECT_THAT(r.err, IsEmpty());
+
+  Result json = Plan({"--params", "70B", "--gpus", "8192", "--json"});
+  ASSERT_EQ(json.code, base::kExitOk) << json.err;
+  ASSERT_TRUE(IsValidJson(json.out)) << json.out;
+  EXPECT_THAT(json.out, AllOf(HasSubstr("\"gpu_memory_bytes\":85899345920,\"fits_gpu_memory\":false,"),
+                              HasSubstr(absl::StrCat("\"warnings\":[\"", warning, "\"],"))));
+  EXPECT_NEAR(JsonNumber(json.out, "stall_seconds"), 1120000011668 / 25e9, 1e-5);
+  EXPECT_NEAR(JsonNumber(json.out, "share_copy_seconds"), 136730418 / 25e9, 1e-8);
+  EXPECT_NEAR(JsonNumber(json.out, "cost_seconds"), 1120000011668 / 25e9, 1e-5);
+  EXPECT_EQ(json.err, absl::StrCat("ckptctl plan: ", warning, "\n"));
+
+  // Memory that holds it: no warning.
+  for (const char* memory : {"2TB", "1043.1"}) {
+    Result fits = Plan({"--params", "70B", "--gpus", "8192", "--gpu-memory", memory, "--json"});
+    ASSERT_EQ(fits.code, base::kExitOk) << fits.err;
+    EXPECT_THAT(fits.out, AllOf(HasSubstr("\"fits_gpu_memory\":true,"), HasSubstr("\"warnings\":[],"))) << memory;
+    EXPECT_THAT(fits.err, IsEmpty());
+  }
+  // Partitioned: 8.85 GB per rank fits the default 80 GiB.
+  Result sharded = Plan({"--params", "70B", "--gpus", "8192", "--tp", "8", "--pp", "4", "--zero", "1"});
+  ASSERT_EQ(sharded.code, base::kExitOk) << sharded.err;
+  EXPECT_THAT(sharded.out, AllOf(HasSubstr("GPU memory                  85.90 GB (80.0 GiB): the state per rank "
+                                           "takes 10.3 %\n"),
+                                 Not(HasSubstr("WARNING")), Not(HasSubstr("DOES NOT FIT"))));
+  Result bad = Plan({"--params", "70B", "--gpus", "8192", "--gpu-memory", "0"});
+  EXPECT_EQ(bad.code, base::kExitUsage);
+  EXPECT_THAT(bad.err, HasSubstr("--gpu-memory: \"0\" is not a memory size from 1 byte to 1 EiB"));
 }
 
 // Issue 39, finding 6: `plan --params 1e30` saturated at 2^63 and printed

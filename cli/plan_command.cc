@@ -50,6 +50,10 @@ const char kPlanHelp[] =
     "                           job, spread over the replicas. every: what it\n"
     "                           writes when the job does not, each rank its\n"
     "                           whole state, data-parallel replicas included\n"
+    "  --gpu-memory M           each GPU's memory: GiB (80, 79.6), or with a unit,\n"
+    "                           K, M, G, T or KiB .. TiB (powers of 1024) or KB ..\n"
+    "                           TB (powers of 1000): 141GB, 96G (default 80 GiB,\n"
+    "                           an H100's)\n"
     "  --d2h-gbps X             device-to-host copy bandwidth per GPU, GB/s\n"
     "                           (default 25; 1e-9..1e9)\n"
     "  --write-gbps Y           storage write bandwidth per node, GB/s (default 2;\n"
@@ -76,9 +80,17 @@ const char kPlanHelp[] =
     "  a component ZeRO does not divide is replicated over the dp ranks.\n"
     "  RNG: 7572 bytes per rank (CPU Mersenne Twister 5056, one CUDA Philox 16,\n"
     "  Python random 2500). Data cursor: 4096 bytes per rank.\n"
-    "  State held: what each rank holds, replicas included. Every rank snapshots\n"
-    "  all of it (the memory tier keeps it, so that a restarted trainer restores\n"
-    "  from its own node's agent): stall = bytes per rank / --d2h-gbps.\n"
+    "  State held: what each rank holds, replicas included. It must fit the\n"
+    "  GPU's memory (the state alone; activations and workspace need more): a\n"
+    "  layout whose state a rank holds exceeds --gpu-memory is still planned,\n"
+    "  with a WARNING line and fits_gpu_memory false (exit status 0: a sweep of\n"
+    "  layouts gets every plan; scripts test fits_gpu_memory).\n"
+    "  Stall: at each snapshot ckptd's client copies every buffer whole\n"
+    "  device-to-host, declared replicated ones included (the memory tier keeps\n"
+    "  the whole state, so that a restarted trainer restores from its own\n"
+    "  node's agent): stall = bytes per rank / --d2h-gbps. Share copy = rank\n"
+    "  share / --d2h-gbps: what the copy would take if a rank copied only what\n"
+    "  it writes; ckptd does not, so it is shown to compare and not used for δ.\n"
     "  Unique bytes: one copy of each tp/pp shard of weights, grads and optimizer\n"
     "  state, params × bytes per parameter whatever dp and ZeRO, plus the rng and\n"
     "  data cursor of every rank (they differ per rank).\n"
@@ -103,11 +115,14 @@ const char kPlanHelp[] =
     "ranks_per_node, params_per_rank, bytes_per_param; state held: rank_bytes\n"
     "(per component and total), node_bytes (a node's ranks), job_bytes (all ranks);\n"
     "written per checkpoint: unique_bytes, rank_write_bytes, node_write_bytes,\n"
-    "job_write_bytes; stall_seconds, persist_seconds, mtbf_seconds, mtbf_hours,\n"
+    "job_write_bytes; gpu_memory_bytes, fits_gpu_memory (rank_bytes total at\n"
+    "most gpu_memory_bytes), warnings (a list of lines, empty when none);\n"
+    "stall_seconds, share_copy_seconds, persist_seconds, mtbf_seconds, mtbf_hours,\n"
     "cost_seconds (δ), daly_seconds, interval_seconds, interval_minutes,\n"
     "expected_waste, alternative_waste, reason.\n"
     "\n"
-    "exit status: 0 success, 2 usage error\n";
+    "exit status: 0 success (a plan that does not fit the GPU's memory\n"
+    "included), 2 usage error\n";
 
 namespace {
 
@@ -129,7 +144,51 @@ absl::Status CheckRange(absl::string_view flag, double v, double min, double max
 
 double Bytes(uint64_t bytes) { return static_cast<double>(bytes); }
 
+// "85.90 GB (80.0 GiB)", or "85.90 GB (80.0 GiB, --gpu-memory)" with a note.
+std::string GpuMemory(uint64_t bytes, absl::string_view note = "") {
+  return absl::StrCat(FormatBytes(Bytes(bytes), ByteUnits::kDecimal), " (",
+                      FormatBytes(Bytes(bytes), ByteUnits::kBinary), note.empty() ? "" : ", ", note, ")");
+}
+
+// The warning when the state a rank holds does not fit its GPU; empty when it fits.
+std::string GpuMemoryWarning(const policy::PlanInputs& in, const policy::Plan& p) {
+  if (p.fits_gpu_memory) return "";
+  return absl::StrCat("WARNING: does not fit: each rank holds ", FormatBytes(Bytes(p.rank_bytes), ByteUnits::kDecimal),
+                      " (", p.rank_bytes, " bytes) of state, more than the GPU's memory, ",
+                      GpuMemory(in.gpu_memory_bytes, "--gpu-memory"),
+                      "; partition it further (--zero, --tp, --pp) or plan for larger GPUs");
+}
+
 }  // namespace
+
+absl::StatusOr<uint64_t> ParseGpuMemory(absl::string_view text) {
+  absl::string_view number = text;
+  size_t unit_at = number.size();
+  while (unit_at > 0 && absl::ascii_isalpha(static_cast<unsigned char>(number[unit_at - 1]))) --unit_at;
+  const std::string unit = absl::AsciiStrToLower(number.substr(unit_at));
+  number = number.substr(0, unit_at);
+  constexpr double kKi = 1024, kMi = kKi * 1024, kGi = kMi * 1024, kTi = kGi * 1024;
+  static constexpr struct {
+    const char* name;
+    double scale;
+  } kUnits[] = {{"", kGi},  {"k", kKi},   {"kib", kKi}, {"m", kMi},  {"mib", kMi}, {"g", kGi},  {"gib", kGi},
+                {"t", kTi}, {"tib", kTi}, {"kb", 1e3},  {"mb", 1e6}, {"gb", 1e9},  {"tb", 1e12}};
+  double scale = 0;
+  for (const auto& u : kUnits) {
+    if (unit == u.name) scale = u.scale;
+  }
+  double v = 0;
+  if (scale == 0 || number.empty() || !absl::SimpleAtod(number, &v) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\" is not a memory size (GiB, or a number with K, M, G, T, KiB .. TiB, or KB .. TB)"));
+  }
+  const double bytes = std::round(v * scale);
+  if (!(bytes >= 1 && bytes <= kTi * kMi)) {  // 2^60
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\" is not a memory size from 1 byte to 1 EiB (2^60 bytes)"));
+  }
+  return static_cast<uint64_t>(bytes);
+}
 
 absl::StatusOr<double> ParseParameterCount(absl::string_view text) {
   absl::string_view number = text;
@@ -181,6 +240,7 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
                          Count(in.params), in.gpus, p.nodes, p.nodes == 1 ? "" : "s", in.tp, in.pp, p.dp, in.dtype,
                          in.optimizer, in.zero);
   out << absl::StrFormat("%s parameters per rank\n", Count(p.params_per_rank));
+  if (std::string warning = GpuMemoryWarning(in, p); !warning.empty()) out << "\n" << warning << "\n";
   // "2 B/param", "12 B/param / dp 64".
   auto per_param = [&](double bytes, bool partitioned) {
     return partitioned ? absl::StrFormat("%g B/param / dp %d", bytes, p.dp) : absl::StrFormat("%g B/param", bytes);
@@ -199,6 +259,11 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
   FigureLine(out, "data cursor",
              absl::StrFormat("%-12s fixed", FormatBytes(Bytes(p.data_cursor_bytes), ByteUnits::kDecimal)));
   FigureLine(out, "total per rank", FormatBytes(Bytes(p.rank_bytes), ByteUnits::kDecimal));
+  const double percent = 100 * Bytes(p.rank_bytes) / Bytes(in.gpu_memory_bytes);
+  FigureLine(out, "GPU memory",
+             absl::StrCat(GpuMemory(in.gpu_memory_bytes), ": the state per rank takes ",
+                          percent >= 100 ? absl::StrFormat("%.0f %%", percent) : absl::StrFormat("%.3g %%", percent),
+                          p.fits_gpu_memory ? "" : ", DOES NOT FIT"));
   FigureLine(out, absl::StrFormat("per node (%d ranks)", p.ranks_per_node),
              FormatBytes(Bytes(p.node_bytes), ByteUnits::kDecimal));
   FigureLine(out, absl::StrFormat("job (%d ranks)", in.gpus), FormatBytes(Bytes(p.job_bytes), ByteUnits::kDecimal));
@@ -225,8 +290,11 @@ void PrintPlanTable(const policy::PlanInputs& in, const policy::Plan& p, std::os
 
   out << "\ntime and interval\n";
   FigureLine(out, "stall (= δ)",
-             absl::StrFormat("%s: state held at %g GB/s device-to-host",
+             absl::StrFormat("%s: state held at %g GB/s device-to-host (ckptd copies all of it)",
                              FormatSeconds(p.stall_s, DurationStyle::kFigure), in.d2h_gbps));
+  FigureLine(out, "share copy",
+             absl::StrFormat("%s: rank share at %g GB/s, were a rank to copy only that (ckptd does not)",
+                             FormatSeconds(p.share_copy_s, DurationStyle::kFigure), in.d2h_gbps));
   FigureLine(
       out, "persist P",
       absl::StrFormat("%s: node share at %g GB/s", FormatSeconds(p.persist_s, DurationStyle::kFigure), in.write_gbps));
@@ -284,7 +352,14 @@ std::string PlanJson(const policy::PlanInputs& in, const policy::Plan& p) {
   w.Field("rank_write_bytes", p.rank_write_bytes);
   w.Field("node_write_bytes", p.node_write_bytes);
   w.Field("job_write_bytes", p.job_write_bytes);
+  w.Field("gpu_memory_bytes", in.gpu_memory_bytes);
+  w.Field("fits_gpu_memory", p.fits_gpu_memory);
+  w.Key("warnings");
+  w.BeginArray();
+  if (std::string warning = GpuMemoryWarning(in, p); !warning.empty()) w.String(warning);
+  w.EndArray();
   w.Field("stall_seconds", p.stall_s);
+  w.Field("share_copy_seconds", p.share_copy_s);
   w.Field("persist_seconds", p.persist_s);
   w.Field("mtbf_seconds", p.job_mtbf_s);
   w.Field("mtbf_hours", p.job_mtbf_s / base::kHour);
@@ -303,7 +378,7 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   absl::StatusOr<base::Args> args =
       base::Args::Parse(argv,
                         {"params", "gpus", "dtype", "optimizer", "zero", "tp", "pp", "gpus-per-node", "replicated",
-                         "d2h-gbps", "write-gbps", "fail-rate", "restart-seconds", "alternative-seconds"},
+                         "gpu-memory", "d2h-gbps", "write-gbps", "fail-rate", "restart-seconds", "alternative-seconds"},
                         {"json", "help"});
   auto usage = [&](absl::string_view why) {
     err << "ckptctl plan: " << why << "\n(`ckptctl plan --help` describes the flags)\n";
@@ -343,6 +418,11 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
                                     policy::kMaxPlanSeconds)}) {
     if (!s.ok()) return usage(s.message());
   }
+  if (std::optional<std::string> memory = args->Get("gpu-memory")) {
+    absl::StatusOr<uint64_t> bytes = ParseGpuMemory(*memory);
+    if (!bytes.ok()) return usage(absl::StrCat("--gpu-memory: ", bytes.status().message()));
+    in.gpu_memory_bytes = *bytes;
+  }
   if (std::optional<std::string> dtype = args->Get("dtype")) in.dtype = *dtype;
   if (std::optional<std::string> optimizer = args->Get("optimizer")) in.optimizer = *optimizer;
   // Checked one at a time so that the message names the flag.
@@ -373,6 +453,8 @@ int RunPlan(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   if (!plan.ok()) return usage(plan.status().message());
   if (args->Has("json")) {
     out << PlanJson(in, *plan) << "\n";
+    // The table says it; JSON readers have fits_gpu_memory, a person reading it this line.
+    if (std::string warning = GpuMemoryWarning(in, *plan); !warning.empty()) err << "ckptctl plan: " << warning << "\n";
   } else {
     PrintPlanTable(in, *plan, out);
   }

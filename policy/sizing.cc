@@ -38,6 +38,7 @@ absl::Status ValidateLayout(const PlanInputs& in) {
     return absl::InvalidArgumentError(
         absl::StrCat("replicated must be once or every, got ", static_cast<int>(in.replicated)));
   }
+  if (in.gpu_memory_bytes < 1) return absl::InvalidArgumentError("gpu_memory_bytes must be at least 1, got 0");
   if (in.zero < 0 || in.zero > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero stage must be 0, 1, 2 or 3, got ", in.zero));
   }
@@ -197,8 +198,10 @@ absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in) {
   p.rank_write_bytes = static_cast<uint64_t>(f.rank_write);
   p.node_write_bytes = static_cast<uint64_t>(f.node_write);
   p.job_write_bytes = static_cast<uint64_t>(f.job_write);
+  p.fits_gpu_memory = p.rank_bytes <= in.gpu_memory_bytes;
 
   p.stall_s = static_cast<double>(p.rank_bytes) / (in.d2h_gbps * 1e9);
+  p.share_copy_s = static_cast<double>(p.rank_write_bytes) / (in.d2h_gbps * 1e9);
   p.persist_s = static_cast<double>(p.node_write_bytes) / (in.write_gbps * 1e9);
   p.job_mtbf_s = JobMtbfSeconds(in.fail_rate_per_gpu_hour, in.gpus);
   p.delta_s = p.stall_s;

@@ -46,6 +46,9 @@ inline constexpr double kMinPlanFailRate = 1e-30;
 inline constexpr double kMaxPlanFailRate = 1e6;
 inline constexpr double kMinPlanAlternativeSeconds = 1e-6;
 inline constexpr double kMaxPlanSeconds = 1e12;
+// GPU memory assumed when none is given: 80 GiB, an H100's (and an A100
+// 80GB's) HBM.
+inline constexpr uint64_t kDefaultGpuMemoryBytes = uint64_t{80} << 30;
 
 // How state replicated over the data-parallel ranks is counted as written.
 enum class ReplicatedWrites {
@@ -71,6 +74,7 @@ struct PlanInputs {
   int tp = 1, pp = 1;            // tensor- and pipeline-parallel degrees
   int gpus_per_node = 8;
   ReplicatedWrites replicated = ReplicatedWrites::kOnce;  // replicated state declared
+  uint64_t gpu_memory_bytes = kDefaultGpuMemoryBytes;     // each GPU's memory, ≥ 1
   double d2h_gbps = 25;          // device-to-host copy per GPU, GB/s (1e9 bytes/s)
   double write_gbps = 2;         // storage write per node, GB/s
   double fail_rate_per_gpu_hour = 3e-6;
@@ -118,6 +122,9 @@ struct Plan {
   uint64_t rank_bytes = 0;  // the sum of the five
   uint64_t node_bytes = 0;  // rank_bytes × ranks_per_node
   uint64_t job_bytes = 0;   // rank_bytes × gpus: held by all ranks, replicas included
+  // rank_bytes ≤ gpu_memory_bytes: the state alone (activations, workspace
+  // and fragmentation need more), so true is necessary, not sufficient.
+  bool fits_gpu_memory = true;
 
   // Written per checkpoint. unique_bytes: one copy of each tp/pp shard of
   // weights, grads and optimizer state (params × bytes per parameter, whatever
@@ -132,6 +139,10 @@ struct Plan {
   uint64_t job_write_bytes = 0;
 
   double stall_s = 0;  // rank_bytes / d2h bandwidth: the blocking copy of the whole state, what ckptd does
+  // rank_write_bytes / d2h bandwidth: the copy if a rank copied only its
+  // share. ckptd does not (the memory tier keeps the whole state); stated to
+  // compare, never used for δ. stall_s with kEvery.
+  double share_copy_s = 0;
   double persist_s = 0;  // node_write_bytes / write bandwidth (uncompressed)
   double job_mtbf_s = 0;
   // δ = stall_s: the slowdown of steps while a persist is in flight is not
@@ -143,8 +154,8 @@ struct Plan {
 // kInvalidArgument naming the input and value when it is out of range: params
 // whole in 1..kMaxPlanParams; gpus ≥ 1; bandwidths, the failure rate, restart
 // and alternative in the ranges above; zero in 0..3; tp, pp, gpus_per_node
-// ≥ 1; gpus a multiple of tp·pp; dtype and optimizer known; replicated kOnce
-// or kEvery. kOutOfRange when a byte figure would be over kMaxPlanBytes,
+// ≥ 1; gpus a multiple of tp·pp; gpu_memory_bytes ≥ 1; dtype and optimizer
+// known; replicated kOnce or kEvery. kOutOfRange when a byte figure would be over kMaxPlanBytes,
 // naming the figure and MaxPlanParams.
 absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in);
 

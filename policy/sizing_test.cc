@@ -391,6 +391,39 @@ TEST(PlanCheckpointTest, InvalidInputsNameTheValue) {
   }
 }
 
+// Issue 39, finding 8: ZeRO-0 over 8192 GPUs holds 1.12 TB per rank, which no
+// GPU holds; the plan says so. The stall stays the copy of all a rank holds
+// (what ckptd's client copies), the share copy is what it writes.
+TEST(PlanCheckpointTest, StateOverTheGpuMemoryDoesNotFit) {
+  EXPECT_EQ(PlanInputs().gpu_memory_bytes, uint64_t{80} << 30);
+  PlanInputs in;
+  in.params = 70e9;
+  in.gpus = 8192;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits_gpu_memory);
+  EXPECT_DOUBLE_EQ(p->stall_s, (1.12e12 + 11668) / 25e9);
+  EXPECT_DOUBLE_EQ(p->share_copy_s, (1.12e12 / 8192 + 11668) / 25e9);
+  EXPECT_DOUBLE_EQ(p->delta_s, p->stall_s);
+  in.replicated = ReplicatedWrites::kEvery;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->share_copy_s, p->stall_s);
+  // At the limit: the memory holding exactly the state fits, one byte less does not.
+  in.gpu_memory_bytes = p->rank_bytes;
+  EXPECT_TRUE(PlanCheckpoint(in)->fits_gpu_memory);
+  in.gpu_memory_bytes = p->rank_bytes - 1;
+  EXPECT_FALSE(PlanCheckpoint(in)->fits_gpu_memory);
+  // ZeRO-3 over 8192 ranks: 137 MB each.
+  in.gpu_memory_bytes = kDefaultGpuMemoryBytes;
+  in.zero = 3;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->fits_gpu_memory);
+  in.gpu_memory_bytes = 0;
+  EXPECT_THAT(PlanCheckpoint(in).status().message(), HasSubstr("gpu_memory_bytes must be at least 1, got 0"));
+}
+
 // Byte figures are whole bytes computed exactly: each total is the sum or
 // product of its parts, a share that does not divide evenly is rounded up.
 void ExpectConsistent(const PlanInputs& in, const Plan& p) {
