@@ -86,9 +86,16 @@ void PrintPlanTable(const policy::PlanInputs& inputs, const policy::Plan& plan, 
 std::string PlanJson(const policy::PlanInputs& inputs, const policy::Plan& plan);
 
 // A parameter count: a plain number ("7000000000", "7e9") or one with a
-// decimal suffix K, M, B or T (any case): "350M", "7B", "1.5T".
-// kInvalidArgument naming the text unless positive and finite.
+// decimal suffix K, M, B or T (any case): "350M", "7B", "1.5T". A whole
+// number: digits are read exactly, other forms rounded to the nearest whole
+// count when within 1e-9 of it. kInvalidArgument naming the text unless a
+// whole number in 1..policy::kMaxPlanParams (2^53).
 absl::StatusOr<double> ParseParameterCount(absl::string_view text);
+// A GPU's memory in bytes: a number of GiB ("80", "79.6"), or one with a
+// unit, K, M, G, T or KiB .. TiB (powers of 1024) or KB .. TB (powers of
+// 1000), any case: "96G", "141GB". Rounded to whole bytes; kInvalidArgument
+// naming the text unless 1 byte to 1 EiB (2^60).
+absl::StatusOr<uint64_t> ParseGpuMemory(absl::string_view text);
 
 // ckptctl interval --mtbf-hours M --cost-seconds δ [...]; see kIntervalHelp.
 // Returns a base::ExitCode (base/flags.h): 0, 1 when the SVG cannot be written, 2 on

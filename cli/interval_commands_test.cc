@@ -333,6 +333,26 @@ TEST(ParseParameterCountTest, SuffixesAreDecimal) {
   }
 }
 
+// Issue 39, finding 6: counts are whole, digits read exactly, at most 2^53.
+TEST(ParseParameterCountTest, WholeCountsUpTo2To53) {
+  EXPECT_EQ(*ParseParameterCount("1.1T"), 1.1e12);
+  EXPECT_EQ(*ParseParameterCount("9007199254740992"), 9007199254740992.0);
+  EXPECT_EQ(*ParseParameterCount("9007199254740992"), policy::kMaxPlanParams);
+  EXPECT_EQ(*ParseParameterCount("9007199254740K"), 9007199254740000.0);
+  for (const char* over : {"9007199254740993", "9007199254741K", "9.1e15", "1e30", "99999999999999999999999"}) {
+    absl::StatusOr<double> v = ParseParameterCount(over);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << over;
+    EXPECT_THAT(v.status().message(),
+                HasSubstr(absl::StrCat("\"", over, "\" is more than 9007199254740992 (2^53) parameters")))
+        << over;
+  }
+  for (const char* fraction : {"2.5", "0.4", "1.0000001K"}) {
+    absl::StatusOr<double> v = ParseParameterCount(fraction);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << fraction;
+    EXPECT_THAT(v.status().message(), HasSubstr("is not a whole number of parameters")) << fraction;
+  }
+}
+
 TEST(PlanCommandTest, TableSevenBillion) {
   Result r = Plan({"--params", "7B", "--gpus", "64", "--zero", "1", "--replicated", "once"});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
@@ -470,17 +490,21 @@ TEST(PlanCommandTest, Help) {
   EXPECT_EQ(r.code, base::kExitOk);
   for (const char* flag : {"--params", "--gpus", "--dtype", "--optimizer", "--zero", "--tp", "--pp", "--gpus-per-node",
                            "--d2h-gbps", "--write-gbps", "--fail-rate", "--restart-seconds", "--alternative-seconds",
-                           "--json", "--replicated once|every"}) {
+                           "--json", "--replicated once|every", "--gpu-memory"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   EXPECT_THAT(r.out,
               AllOf(HasSubstr("once (default): what ckptd"), HasSubstr("writes when the job declares its replicated"),
                     HasSubstr("every: what it"), HasSubstr("--replicated once (replicated state declared)"),
                     HasSubstr("With every (not declared)")));
-  EXPECT_THAT(r.out, AllOf(HasSubstr("the memory tier keeps it"),
-                           HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
-                           HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
-                           HasSubstr("persist P = node share / --write-gbps")));
+  EXPECT_THAT(r.out,
+              AllOf(HasSubstr("the memory tier keeps\n  the whole state"), HasSubstr("copies every buffer whole"),
+                    HasSubstr("--gpu-memory M"), HasSubstr("(default 80 GiB,\n"), HasSubstr("fits_gpu_memory"),
+                    HasSubstr("share_copy_seconds"), HasSubstr("Share copy = rank\n  share / --d2h-gbps"),
+                    HasSubstr("exit status: 0 success (a plan that does not fit the GPU's memory\nincluded)"),
+                    HasSubstr("Unique bytes: one copy of each tp/pp shard"), HasSubstr("unique_bytes"),
+                    HasSubstr("rank_write_bytes"), HasSubstr("node_write_bytes"), HasSubstr("job_write_bytes"),
+                    HasSubstr("persist P = node share / --write-gbps")));
   EXPECT_THAT(r.out, AllOf(HasSubstr("bytes per parameter"), HasSubstr("fp32 master 4, m 4, v 4"),
                            HasSubstr("ZeRO stage 1 divides the"), HasSubstr("7572 bytes per rank"),
                            HasSubstr("GB = 1e9 bytes"), HasSubstr("not\n  modelled offline")));
@@ -520,6 +544,170 @@ TEST(PlanCommandTest, BadInputIsAUsageError) {
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_THAT(r.out, IsEmpty()) << c.message;
   }
+}
+
+TEST(ParseGpuMemoryTest, GibOrAUnit) {
+  EXPECT_EQ(*ParseGpuMemory("80"), uint64_t{80} << 30);
+  EXPECT_EQ(*ParseGpuMemory("79.5"), uint64_t{159} << 29);
+  EXPECT_EQ(*ParseGpuMemory("96G"), uint64_t{96} << 30);
+  EXPECT_EQ(*ParseGpuMemory("96gib"), uint64_t{96} << 30);
+  EXPECT_EQ(*ParseGpuMemory("141GB"), uint64_t{141} * 1000 * 1000 * 1000);
+  EXPECT_EQ(*ParseGpuMemory("1TiB"), uint64_t{1} << 40);
+  EXPECT_EQ(*ParseGpuMemory("2T"), uint64_t{2} << 40);
+  EXPECT_EQ(*ParseGpuMemory("1.5TB"), uint64_t{1500} * 1000 * 1000 * 1000);
+  EXPECT_EQ(*ParseGpuMemory("512MiB"), uint64_t{512} << 20);
+  EXPECT_EQ(*ParseGpuMemory("1K"), uint64_t{1024});
+  EXPECT_EQ(*ParseGpuMemory("1kb"), uint64_t{1000});
+  for (const char* bad : {"", "G", "80X", "80PB", "nan", "inf", "eighty", "80 G B"}) {
+    absl::StatusOr<uint64_t> v = ParseGpuMemory(bad);
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(v.status().message(), HasSubstr(absl::StrCat("\"", bad, "\" is not a memory size"))) << bad;
+  }
+  for (const char* out_of_range : {"0", "-80", "0.0000000001K", "1048577TiB", "1e300"}) {
+    absl::StatusOr<uint64_t> v = ParseGpuMemory(out_of_range);
+    EXPECT_THAT(v.status().message(), HasSubstr("is not a memory size from 1 byte to 1 EiB (2^60 bytes)"))
+        << out_of_range;
+  }
+}
+
+// Issue 39, finding 8: `plan --params 70B --gpus 8192` (ZeRO-0) accepted 1.12
+// TB of state per rank; it is still planned (exit 0), with a warning in the
+// table, on stderr with --json, and fits_gpu_memory false. The stall is the
+// copy of all a rank holds, what ckptd's client copies; the share copy, what
+// it writes, is shown beside it and not used for δ.
+TEST(PlanCommandTest, StateOverTheGpuMemoryIsPlannedWithAWarning) {
+  const char* warning =
+      "WARNING: does not fit: each rank holds 1.12 TB (1120000011668 bytes) of state, more than the GPU's memory, "
+      "85.90 GB (80.0 GiB, --gpu-memory); partition it further (--zero, --tp, --pp) or plan for larger GPUs";
+  Result r = Plan({"--params", "70B", "--gpus", "8192"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out,
+              AllOf(StartsWith("checkpoint plan: 70B parameters"), HasSubstr(absl::StrCat("\n\n", warning, "\n\n")),
+                    HasSubstr("  GPU memory                  85.90 GB (80.0 GiB): the state per rank takes "
+                              "1304 %, DOES NOT FIT\n"),
+                    HasSubstr("stall (= δ)                 44.8 s: state held at 25 GB/s device-to-host (ckptd "
+                              "copies all of it)\n"),
+                    HasSubstr("share copy                  0.01 s: rank share at 25 GB/s, were a rank to copy "
+                              "only that (ckptd does not)\n")));
+  EXPECT_THAT(r.err, IsEmpty());
+
+  Result json = Plan({"--params", "70B", "--gpus", "8192", "--json"});
+  ASSERT_EQ(json.code, base::kExitOk) << json.err;
+  ASSERT_TRUE(IsValidJson(json.out)) << json.out;
+  EXPECT_THAT(json.out, AllOf(HasSubstr("\"gpu_memory_bytes\":85899345920,\"fits_gpu_memory\":false,"),
+                              HasSubstr(absl::StrCat("\"warnings\":[\"", warning, "\"],"))));
+  EXPECT_NEAR(JsonNumber(json.out, "stall_seconds"), 1120000011668 / 25e9, 1e-5);
+  EXPECT_NEAR(JsonNumber(json.out, "share_copy_seconds"), 136730418 / 25e9, 1e-8);
+  EXPECT_NEAR(JsonNumber(json.out, "cost_seconds"), 1120000011668 / 25e9, 1e-5);
+  EXPECT_EQ(json.err, absl::StrCat("ckptctl plan: ", warning, "\n"));
+
+  // Memory that holds it: no warning.
+  for (const char* memory : {"2TB", "1043.1"}) {
+    Result fits = Plan({"--params", "70B", "--gpus", "8192", "--gpu-memory", memory, "--json"});
+    ASSERT_EQ(fits.code, base::kExitOk) << fits.err;
+    EXPECT_THAT(fits.out, AllOf(HasSubstr("\"fits_gpu_memory\":true,"), HasSubstr("\"warnings\":[],"))) << memory;
+    EXPECT_THAT(fits.err, IsEmpty());
+  }
+  // Partitioned: 8.85 GB per rank fits the default 80 GiB.
+  Result sharded = Plan({"--params", "70B", "--gpus", "8192", "--tp", "8", "--pp", "4", "--zero", "1"});
+  ASSERT_EQ(sharded.code, base::kExitOk) << sharded.err;
+  EXPECT_THAT(sharded.out, AllOf(HasSubstr("GPU memory                  85.90 GB (80.0 GiB): the state per rank "
+                                           "takes 10.3 %\n"),
+                                 Not(HasSubstr("WARNING")), Not(HasSubstr("DOES NOT FIT"))));
+  Result bad = Plan({"--params", "70B", "--gpus", "8192", "--gpu-memory", "0"});
+  EXPECT_EQ(bad.code, base::kExitUsage);
+  EXPECT_THAT(bad.err, HasSubstr("--gpu-memory: \"0\" is not a memory size from 1 byte to 1 EiB"));
+}
+
+// Issue 39, finding 6: `plan --params 1e30` saturated at 2^63 and printed
+// totals inconsistent with their parts. The largest --params a layout takes
+// plans with every total the exact sum or product of its parts; one more is
+// refused naming --params, the limit and the most it takes.
+TEST(PlanCommandTest, LargestParamsPlanConsistentlyAndOneMoreIsRefused) {
+  // 8192 × (16 P + 11668) ≤ 2^63 − 1.
+  Result r = Plan({"--params", "70368744176934", "--gpus", "8192", "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"params\":70368744176934,"),
+                           HasSubstr("\"rank_bytes\":{\"params\":140737488353868,\"grads\":140737488353868,"
+                                     "\"optimizer\":844424930123208,\"rng\":7572,\"data_cursor\":4096,"
+                                     "\"total\":1125899906842612}"),
+                           HasSubstr("\"node_bytes\":9007199254740896,"),
+                           HasSubstr("\"job_bytes\":9223372036854677504,"),
+                           HasSubstr("\"unique_bytes\":1125900002415200,"),
+                           HasSubstr("\"rank_write_bytes\":137438965139,"),
+                           HasSubstr("\"node_write_bytes\":1099511721112,"),
+                           HasSubstr("\"job_write_bytes\":1125900002418688,")));
+  // job_write_bytes is 3488 over unique_bytes: the 8192 shares rounded up to whole bytes.
+  Result table = Plan({"--params", "70368744176934", "--gpus", "8192", "--replicated", "every"});
+  ASSERT_EQ(table.code, base::kExitOk) << table.err;
+  EXPECT_THAT(table.out, AllOf(HasSubstr("total per rank              1.13 PB\n"),
+                               HasSubstr("per node (8 ranks)          9.01 PB\n"),
+                               HasSubstr("job (8192 ranks)            9.22 EB\n"),
+                               HasSubstr("job total (8192 ranks)      9.22 EB      8192× unique")));
+
+  Result over = Plan({"--params", "70368744176935", "--gpus", "8192"});
+  EXPECT_EQ(over.code, base::kExitUsage);
+  EXPECT_THAT(over.err, HasSubstr("--params 70368744176935: the job's ranks would hold more than 9223372036854775807 "
+                                  "bytes (2^63 - 1), the most a figure of the plan may be; with --gpus 8192, --tp 1, "
+                                  "--pp 1, --zero 0, --dtype bf16 and --optimizer adam, --params may be at most "
+                                  "70368744176934"));
+  EXPECT_THAT(over.out, IsEmpty());
+
+  // The most GPUs refuse a 7B model, and take what fits.
+  Result gpus = Plan({"--params", "7B", "--gpus", "2147483647"});
+  EXPECT_EQ(gpus.code, base::kExitUsage);
+  EXPECT_THAT(gpus.err, AllOf(HasSubstr("--params 7B: the job's ranks would hold more than 9223372036854775807"),
+                              HasSubstr("--params may be at most 268434726\n")));
+  EXPECT_EQ(Plan({"--params", "268434726", "--gpus", "2147483647"}).code, base::kExitOk);
+
+  // 2^53 parameters on one GPU: the most --params counts.
+  Result most = Plan({"--params", "9007199254740992", "--gpus", "1", "--json"});
+  ASSERT_EQ(most.code, base::kExitOk) << most.err;
+  EXPECT_THAT(most.out, AllOf(HasSubstr("\"params\":9007199254740992,"), HasSubstr("\"total\":144115188075867540}")));
+  for (const char* params : {"9007199254740993", "1e30"}) {
+    Result r2 = Plan({"--params", params, "--gpus", "1"});
+    EXPECT_EQ(r2.code, base::kExitUsage) << params;
+    EXPECT_THAT(r2.err,
+                HasSubstr(absl::StrCat("--params: \"", params, "\" is more than 9007199254740992 (2^53) parameters")));
+  }
+}
+
+// Issue 39, finding 6: bandwidths, rates and times far outside any machine
+// would make times infinite or zero; refused naming the flag and the range.
+TEST(PlanCommandTest, RealInputsOutsideTheirRangesAreRefused) {
+  struct Case {
+    std::vector<std::string> flags;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--d2h-gbps", "1e300"}, "--d2h-gbps must be in 1e-09..1e+09, got 1e+300"},
+           {{"--d2h-gbps", "1e-320"}, "--d2h-gbps must be in 1e-09..1e+09, got 9.99989e-321"},
+           {{"--d2h-gbps", "nan"}, "--d2h-gbps: \"nan\" is not a number"},
+           {{"--d2h-gbps", "inf"}, "--d2h-gbps: \"inf\" is not a number"},
+           {{"--d2h-gbps", "-25"}, "--d2h-gbps must be positive, got -25"},
+           {{"--write-gbps", "2e9"}, "--write-gbps must be in 1e-09..1e+09, got 2e+09"},
+           {{"--write-gbps", "-inf"}, "--write-gbps: \"-inf\" is not a number"},
+           {{"--fail-rate", "1e-31"}, "--fail-rate must be in 1e-30..1e+06, got 1e-31"},
+           {{"--fail-rate", "1e7"}, "--fail-rate must be in 1e-30..1e+06, got 1e+07"},
+           {{"--fail-rate", "NaN"}, "--fail-rate: \"NaN\" is not a number"},
+           {{"--restart-seconds", "1e13"}, "--restart-seconds must be in 0..1e+12, got 1e+13"},
+           {{"--alternative-seconds", "1e-7"}, "--alternative-seconds must be in 1e-06..1e+12, got 1e-07"},
+           {{"--alternative-seconds", "1e300"}, "--alternative-seconds must be in 1e-06..1e+12, got 1e+300"},
+       }) {
+    std::vector<std::string> argv = {"--params", "7B", "--gpus", "8"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    Result r = Plan(argv);
+    EXPECT_EQ(r.code, base::kExitUsage) << c.message;
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.out, IsEmpty()) << c.message;
+  }
+  // The ends of the ranges plan.
+  Result r = Plan({"--params", "7B", "--gpus", "8", "--d2h-gbps", "1e-9", "--write-gbps", "1e9", "--fail-rate", "1e6",
+                   "--restart-seconds", "1e12", "--alternative-seconds", "1e-6", "--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_TRUE(std::isfinite(JsonNumber(r.out, "expected_waste")));
+  EXPECT_TRUE(std::isfinite(JsonNumber(r.out, "alternative_waste")));
 }
 
 // What a coordinator answers once it has measured a checkpoint.

@@ -3,18 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <utility>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 
 namespace ckptd::policy {
 namespace {
 
-bool PositiveFinite(double v) { return std::isfinite(v) && v > 0; }
-
-absl::Status CheckPositive(const char* name, double v) {
-  if (PositiveFinite(v)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name, " must be positive and finite, got ", v));
+absl::Status CheckInRange(const char* name, double v, double min, double max) {
+  if (v >= min && v <= max) return absl::OkStatus();  // false for NaN
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be in ", min, "..", max, ", got ", v));
 }
 
 absl::Status CheckAtLeastOne(const char* name, int v) {
@@ -22,22 +22,23 @@ absl::Status CheckAtLeastOne(const char* name, int v) {
   return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1, got ", v));
 }
 
-absl::Status Validate(const PlanInputs& in) {
+// Everything but params.
+absl::Status ValidateLayout(const PlanInputs& in) {
   for (absl::Status s :
-       {CheckPositive("params", in.params), CheckAtLeastOne("gpus", in.gpus), CheckAtLeastOne("tp", in.tp),
-        CheckAtLeastOne("pp", in.pp), CheckAtLeastOne("gpus_per_node", in.gpus_per_node),
-        CheckPositive("d2h_gbps", in.d2h_gbps), CheckPositive("write_gbps", in.write_gbps),
-        CheckPositive("fail_rate_per_gpu_hour", in.fail_rate_per_gpu_hour),
-        CheckPositive("alternative_s", in.alternative_s)}) {
+       {CheckAtLeastOne("gpus", in.gpus), CheckAtLeastOne("tp", in.tp), CheckAtLeastOne("pp", in.pp),
+        CheckAtLeastOne("gpus_per_node", in.gpus_per_node),
+        CheckInRange("d2h_gbps", in.d2h_gbps, kMinPlanGbps, kMaxPlanGbps),
+        CheckInRange("write_gbps", in.write_gbps, kMinPlanGbps, kMaxPlanGbps),
+        CheckInRange("fail_rate_per_gpu_hour", in.fail_rate_per_gpu_hour, kMinPlanFailRate, kMaxPlanFailRate),
+        CheckInRange("restart_s", in.restart_s, 0, kMaxPlanSeconds),
+        CheckInRange("alternative_s", in.alternative_s, kMinPlanAlternativeSeconds, kMaxPlanSeconds)}) {
     if (!s.ok()) return s;
-  }
-  if (!(std::isfinite(in.restart_s) && in.restart_s >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("restart_s must be non-negative and finite, got ", in.restart_s));
   }
   if (in.replicated != ReplicatedWrites::kOnce && in.replicated != ReplicatedWrites::kEvery) {
     return absl::InvalidArgumentError(
         absl::StrCat("replicated must be once or every, got ", static_cast<int>(in.replicated)));
   }
+  if (in.gpu_memory_bytes < 1) return absl::InvalidArgumentError("gpu_memory_bytes must be at least 1, got 0");
   if (in.zero < 0 || in.zero > 3) {
     return absl::InvalidArgumentError(absl::StrCat("zero stage must be 0, 1, 2 or 3, got ", in.zero));
   }
@@ -46,7 +47,68 @@ absl::Status Validate(const PlanInputs& in) {
     return absl::InvalidArgumentError(absl::StrCat("gpus ", in.gpus, " is not a multiple of tp·pp = ", model_parallel,
                                                    " (tp ", in.tp, ", pp ", in.pp, ")"));
   }
-  return absl::OkStatus();
+  return BytesPerParameter(in.dtype, in.optimizer).status();
+}
+
+// The byte figures of a plan, exact: a product of up to 2^53 parameters and
+// 2^31 ranks does not fit 64 bits.
+struct Figures {
+  absl::uint128 params, grads, optimizer, rank, node, job;
+  absl::uint128 unique, rank_write, node_write, job_write;
+};
+
+// Bytes per parameter in 1/kQuantBlock bytes: whole for every dtype and
+// optimizer of the table (the 8-bit scales are 8 bytes per 2048 parameters).
+absl::uint128 Num(double bytes_per_param) { return static_cast<uint64_t>(std::llround(bytes_per_param * kQuantBlock)); }
+
+absl::uint128 CeilDiv(absl::uint128 a, absl::uint128 b) { return (a + b - 1) / b; }
+
+// REQUIRES: ValidateLayout(in) ok; params ≤ kMaxPlanParams.
+Figures Compute(const PlanInputs& in, const BytesPerParam& b, uint64_t params) {
+  const uint64_t model_parallel = uint64_t(in.tp) * uint64_t(in.pp);
+  const uint64_t dp = uint64_t(in.gpus) / model_parallel;
+  const uint64_t gpus = uint64_t(in.gpus);
+  const uint64_t ranks_per_node = uint64_t(std::min(in.gpus, in.gpus_per_node));
+  const uint64_t block = static_cast<uint64_t>(kQuantBlock);
+  // params × bytes / (tp·pp · divisor), rounded up: the fullest rank's.
+  auto per_rank = [&](double bytes_per_param, bool partitioned) {
+    return CeilDiv(absl::uint128(params) * Num(bytes_per_param),
+                   absl::uint128(block) * model_parallel * (partitioned ? dp : 1));
+  };
+  const uint64_t fixed = kRngBytesPerRank + kDataCursorBytesPerRank;
+  Figures f;
+  f.params = per_rank(b.weights, in.zero >= 3);
+  f.grads = per_rank(b.grads, in.zero >= 2);
+  f.optimizer = per_rank(b.optimizer, in.zero >= 1);
+  f.rank = f.params + f.grads + f.optimizer + fixed;
+  f.node = f.rank * ranks_per_node;
+  f.job = f.rank * gpus;
+  const double model_per_param = b.weights + b.grads + b.optimizer;
+  f.unique = CeilDiv(absl::uint128(params) * Num(model_per_param), block) + absl::uint128(gpus) * fixed;
+  // kOnce: a component ZeRO partitions is already 1/dp of the tp/pp shard per
+  // rank, and one it does not is replicated over dp ranks that write 1/dp of
+  // it each, so every component's share is 1/dp of the shard.
+  f.rank_write = in.replicated == ReplicatedWrites::kEvery ? f.rank : per_rank(model_per_param, true) + fixed;
+  f.node_write = f.rank_write * ranks_per_node;
+  f.job_write = f.rank_write * gpus;
+  return f;
+}
+
+// The first figure over kMaxPlanBytes, largest first; null when all fit.
+const char* FigureOverLimit(const Figures& f, absl::uint128* bytes) {
+  for (const auto& [name, v] : std::initializer_list<std::pair<const char*, absl::uint128>>{
+           {"the job's ranks would hold", f.job},
+           {"the job would write", f.job_write},
+           {"one copy of the state would be", f.unique},
+           {"a node's ranks would hold", f.node},
+           {"a node would write", f.node_write},
+           {"a rank would hold", f.rank}}) {
+    if (v > kMaxPlanBytes) {
+      *bytes = v;
+      return name;
+    }
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -85,10 +147,38 @@ absl::StatusOr<BytesPerParam> BytesPerParameter(absl::string_view dtype, absl::s
   return b;
 }
 
+uint64_t MaxPlanParams(const PlanInputs& in) {
+  absl::StatusOr<BytesPerParam> b = BytesPerParameter(in.dtype, in.optimizer);
+  if (!ValidateLayout(in).ok() || !b.ok()) return 0;
+  absl::uint128 unused;
+  // Every figure grows with params: the largest count that fits, by halving.
+  uint64_t lo = 0, hi = static_cast<uint64_t>(kMaxPlanParams);
+  if (FigureOverLimit(Compute(in, *b, hi), &unused) == nullptr) return hi;
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (FigureOverLimit(Compute(in, *b, mid), &unused) == nullptr ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in) {
-  if (absl::Status s = Validate(in); !s.ok()) return s;
+  if (!(in.params >= 1 && in.params <= kMaxPlanParams && std::floor(in.params) == in.params)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("params must be a whole number in 1..", static_cast<uint64_t>(kMaxPlanParams), ", got ",
+                     in.params));
+  }
+  if (absl::Status s = ValidateLayout(in); !s.ok()) return s;
   absl::StatusOr<BytesPerParam> per_param = BytesPerParameter(in.dtype, in.optimizer);
   if (!per_param.ok()) return per_param.status();
+  const uint64_t params = static_cast<uint64_t>(in.params);
+  const Figures f = Compute(in, *per_param, params);
+  absl::uint128 over = 0;
+  if (const char* what = FigureOverLimit(f, &over)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "params ", params, ": ", what, " ", static_cast<double>(over), " bytes, more than the ", kMaxPlanBytes,
+        " (2^63 - 1) a figure may be; with these gpus, tp, pp, zero, dtype and optimizer, params may be at most ",
+        MaxPlanParams(in)));
+  }
 
   Plan p;
   p.per_param = *per_param;
@@ -96,31 +186,23 @@ absl::StatusOr<Plan> PlanCheckpoint(const PlanInputs& in) {
   p.nodes = static_cast<int>((int64_t{in.gpus} + in.gpus_per_node - 1) / in.gpus_per_node);
   p.ranks_per_node = std::min(in.gpus, in.gpus_per_node);
   p.params_per_rank = in.params / (static_cast<double>(in.tp) * in.pp);
-
-  const double dp = p.dp;
-  p.params_bytes = p.params_per_rank * p.per_param.weights / (in.zero >= 3 ? dp : 1);
-  p.grads_bytes = p.params_per_rank * p.per_param.grads / (in.zero >= 2 ? dp : 1);
-  p.optimizer_bytes = p.params_per_rank * p.per_param.optimizer / (in.zero >= 1 ? dp : 1);
+  p.params_bytes = static_cast<uint64_t>(f.params);
+  p.grads_bytes = static_cast<uint64_t>(f.grads);
+  p.optimizer_bytes = static_cast<uint64_t>(f.optimizer);
   p.rng_bytes = kRngBytesPerRank;
   p.data_cursor_bytes = kDataCursorBytesPerRank;
-  p.rank_bytes = p.params_bytes + p.grads_bytes + p.optimizer_bytes + p.rng_bytes + p.data_cursor_bytes;
-  p.node_bytes = p.rank_bytes * p.ranks_per_node;
-  p.job_bytes = p.rank_bytes * in.gpus;
+  p.rank_bytes = static_cast<uint64_t>(f.rank);
+  p.node_bytes = static_cast<uint64_t>(f.node);
+  p.job_bytes = static_cast<uint64_t>(f.job);
+  p.unique_bytes = static_cast<uint64_t>(f.unique);
+  p.rank_write_bytes = static_cast<uint64_t>(f.rank_write);
+  p.node_write_bytes = static_cast<uint64_t>(f.node_write);
+  p.job_write_bytes = static_cast<uint64_t>(f.job_write);
+  p.fits_gpu_memory = p.rank_bytes <= in.gpu_memory_bytes;
 
-  const double model_per_param = p.per_param.weights + p.per_param.grads + p.per_param.optimizer;
-  const double per_rank_fixed = p.rng_bytes + p.data_cursor_bytes;
-  p.unique_bytes = in.params * model_per_param + in.gpus * per_rank_fixed;
-  // kOnce: a component ZeRO partitions is already 1/dp of the tp/pp shard per
-  // rank, and one it does not is replicated over dp ranks that write 1/dp of
-  // it each, so every component's share is 1/dp of the shard.
-  p.rank_write_bytes = in.replicated == ReplicatedWrites::kEvery
-                           ? p.rank_bytes
-                           : p.params_per_rank * model_per_param / dp + per_rank_fixed;
-  p.node_write_bytes = p.rank_write_bytes * p.ranks_per_node;
-  p.job_write_bytes = p.rank_write_bytes * in.gpus;
-
-  p.stall_s = p.rank_bytes / (in.d2h_gbps * 1e9);
-  p.persist_s = p.node_write_bytes / (in.write_gbps * 1e9);
+  p.stall_s = static_cast<double>(p.rank_bytes) / (in.d2h_gbps * 1e9);
+  p.share_copy_s = static_cast<double>(p.rank_write_bytes) / (in.d2h_gbps * 1e9);
+  p.persist_s = static_cast<double>(p.node_write_bytes) / (in.write_gbps * 1e9);
   p.job_mtbf_s = JobMtbfSeconds(in.fail_rate_per_gpu_hour, in.gpus);
   p.delta_s = p.stall_s;
 

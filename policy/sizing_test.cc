@@ -359,8 +359,11 @@ TEST(PlanCheckpointTest, InvalidInputsNameTheValue) {
     change(in);
     cases.push_back({in, std::move(want)});
   };
-  with([](PlanInputs& in) { in.params = 0; }, "params must be positive and finite, got 0");
-  with([](PlanInputs& in) { in.params = std::numeric_limits<double>::quiet_NaN(); }, "params must be positive");
+  with([](PlanInputs& in) { in.params = 0; }, "params must be a whole number in 1..9007199254740992, got 0");
+  with([](PlanInputs& in) { in.params = std::numeric_limits<double>::quiet_NaN(); }, "params must be a whole number");
+  with([](PlanInputs& in) { in.params = 2.5; }, "params must be a whole number in 1..9007199254740992, got 2.5");
+  with([](PlanInputs& in) { in.params = kMaxPlanParams * 2; }, "params must be a whole number in 1..");
+  with([](PlanInputs& in) { in.params = std::numeric_limits<double>::infinity(); }, "params must be a whole number");
   with([](PlanInputs& in) { in.gpus = -8; }, "gpus must be at least 1, got -8");
   with([](PlanInputs& in) { in.dtype = "int4"; }, "unknown dtype \"int4\" (accepted: bf16, fp16, fp32)");
   with([](PlanInputs& in) { in.optimizer = "adagrad"; }, "unknown optimizer \"adagrad\"");
@@ -370,16 +373,173 @@ TEST(PlanCheckpointTest, InvalidInputsNameTheValue) {
   with([](PlanInputs& in) { in.pp = 0; }, "pp must be at least 1");
   with([](PlanInputs& in) { in.tp = 3; }, "gpus 64 is not a multiple of tp·pp = 3 (tp 3, pp 1)");
   with([](PlanInputs& in) { in.gpus_per_node = 0; }, "gpus_per_node must be at least 1");
-  with([](PlanInputs& in) { in.d2h_gbps = -1; }, "d2h_gbps must be positive and finite, got -1");
-  with([](PlanInputs& in) { in.write_gbps = 0; }, "write_gbps");
-  with([](PlanInputs& in) { in.fail_rate_per_gpu_hour = 0; }, "fail_rate_per_gpu_hour");
-  with([](PlanInputs& in) { in.restart_s = -3; }, "restart_s must be non-negative and finite, got -3");
-  with([](PlanInputs& in) { in.alternative_s = 0; }, "alternative_s");
+  with([](PlanInputs& in) { in.d2h_gbps = -1; }, "d2h_gbps must be in 1e-09..1e+09, got -1");
+  with([](PlanInputs& in) { in.d2h_gbps = 2e9; }, "d2h_gbps must be in 1e-09..1e+09, got 2e+09");
+  with([](PlanInputs& in) { in.d2h_gbps = std::numeric_limits<double>::quiet_NaN(); }, "d2h_gbps must be in");
+  with([](PlanInputs& in) { in.write_gbps = 0; }, "write_gbps must be in 1e-09..1e+09, got 0");
+  with([](PlanInputs& in) { in.write_gbps = std::numeric_limits<double>::infinity(); }, "write_gbps must be in");
+  with([](PlanInputs& in) { in.fail_rate_per_gpu_hour = 0; }, "fail_rate_per_gpu_hour must be in 1e-30..1e+06");
+  with([](PlanInputs& in) { in.fail_rate_per_gpu_hour = 1e7; }, "fail_rate_per_gpu_hour must be in");
+  with([](PlanInputs& in) { in.restart_s = -3; }, "restart_s must be in 0..1e+12, got -3");
+  with([](PlanInputs& in) { in.restart_s = 1e13; }, "restart_s must be in 0..1e+12, got 1e+13");
+  with([](PlanInputs& in) { in.alternative_s = 0; }, "alternative_s must be in 1e-06..1e+12, got 0");
   with([](PlanInputs& in) { in.replicated = static_cast<ReplicatedWrites>(7); }, "replicated must be once or every");
   for (const Case& c : cases) {
     absl::StatusOr<Plan> p = PlanCheckpoint(c.in);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << c.want;
     EXPECT_THAT(p.status().message(), HasSubstr(c.want));
+  }
+}
+
+// Issue 39, finding 8: ZeRO-0 over 8192 GPUs holds 1.12 TB per rank, which no
+// GPU holds; the plan says so. The stall stays the copy of all a rank holds
+// (what ckptd's client copies), the share copy is what it writes.
+TEST(PlanCheckpointTest, StateOverTheGpuMemoryDoesNotFit) {
+  EXPECT_EQ(PlanInputs().gpu_memory_bytes, uint64_t{80} << 30);
+  PlanInputs in;
+  in.params = 70e9;
+  in.gpus = 8192;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->fits_gpu_memory);
+  EXPECT_DOUBLE_EQ(p->stall_s, (1.12e12 + 11668) / 25e9);
+  EXPECT_DOUBLE_EQ(p->share_copy_s, (1.12e12 / 8192 + 11668) / 25e9);
+  EXPECT_DOUBLE_EQ(p->delta_s, p->stall_s);
+  in.replicated = ReplicatedWrites::kEvery;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->share_copy_s, p->stall_s);
+  // At the limit: the memory holding exactly the state fits, one byte less does not.
+  in.gpu_memory_bytes = p->rank_bytes;
+  EXPECT_TRUE(PlanCheckpoint(in)->fits_gpu_memory);
+  in.gpu_memory_bytes = p->rank_bytes - 1;
+  EXPECT_FALSE(PlanCheckpoint(in)->fits_gpu_memory);
+  // ZeRO-3 over 8192 ranks: 137 MB each.
+  in.gpu_memory_bytes = kDefaultGpuMemoryBytes;
+  in.zero = 3;
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->fits_gpu_memory);
+  in.gpu_memory_bytes = 0;
+  EXPECT_THAT(PlanCheckpoint(in).status().message(), HasSubstr("gpu_memory_bytes must be at least 1, got 0"));
+}
+
+// Byte figures are whole bytes computed exactly: each total is the sum or
+// product of its parts, a share that does not divide evenly is rounded up.
+void ExpectConsistent(const PlanInputs& in, const Plan& p) {
+  EXPECT_EQ(p.rank_bytes, p.params_bytes + p.grads_bytes + p.optimizer_bytes + p.rng_bytes + p.data_cursor_bytes);
+  EXPECT_EQ(p.node_bytes, p.rank_bytes * static_cast<uint64_t>(p.ranks_per_node));
+  EXPECT_EQ(p.job_bytes, p.rank_bytes * static_cast<uint64_t>(in.gpus));
+  EXPECT_EQ(p.node_write_bytes, p.rank_write_bytes * static_cast<uint64_t>(p.ranks_per_node));
+  EXPECT_EQ(p.job_write_bytes, p.rank_write_bytes * static_cast<uint64_t>(in.gpus));
+  EXPECT_LE(p.unique_bytes, p.job_write_bytes);
+  EXPECT_LE(p.job_write_bytes, p.job_bytes);
+  EXPECT_LE(p.job_bytes, kMaxPlanBytes);
+  if (in.replicated == ReplicatedWrites::kOnce) {
+    EXPECT_LT(p.job_write_bytes - p.unique_bytes, static_cast<uint64_t>(in.gpus));
+  } else {
+    EXPECT_EQ(p.rank_write_bytes, p.rank_bytes);
+  }
+}
+
+TEST(PlanCheckpointTest, UnevenSharesAreRoundedUpAndTotalsAddUp) {
+  // 1000 parameters over dp 3 under ZeRO-3: 2000 / 3 bytes of weights per
+  // rank, 667 for the fullest.
+  PlanInputs in;
+  in.params = 1000;
+  in.gpus = 3;
+  in.zero = 3;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->params_bytes, 667u);
+  EXPECT_EQ(p->grads_bytes, 667u);
+  EXPECT_EQ(p->optimizer_bytes, 4000u);
+  EXPECT_EQ(p->rank_bytes, 667u + 667 + 4000 + 11668);
+  EXPECT_EQ(p->unique_bytes, 16000u + 3 * 11668);
+  EXPECT_EQ(p->rank_write_bytes, 5334u + 11668);  // ceil(16000 / 3)
+  ExpectConsistent(in, *p);
+  // adam-8bit: 8 bytes of scales per 2048 parameters, whole bytes in all.
+  in.optimizer = "adam-8bit";
+  in.params = 1e9 + 1;
+  for (ReplicatedWrites r : {ReplicatedWrites::kOnce, ReplicatedWrites::kEvery}) {
+    in.replicated = r;
+    p = PlanCheckpoint(in);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->unique_bytes, static_cast<uint64_t>(std::ceil((1e9 + 1) * (2 + 2 + 6 + 8.0 / 2048))) + 3 * 11668);
+    ExpectConsistent(in, *p);
+  }
+}
+
+// Issue 39, finding 6: --params 1e30 saturated at 2^63 with totals
+// inconsistent with their parts. The largest count a layout takes plans with
+// every figure in range and consistent; one more is refused, naming the most.
+TEST(PlanCheckpointTest, ByteFiguresFitSignedSixtyFourBitsOrAreRefused) {
+  PlanInputs in;
+  in.gpus = 8192;
+  // job = 8192 × (16 P + 11668) ≤ 2^63 − 1.
+  const uint64_t max = MaxPlanParams(in);
+  EXPECT_EQ(max, 70368744176934u);
+  for (ReplicatedWrites r : {ReplicatedWrites::kOnce, ReplicatedWrites::kEvery}) {
+    in.replicated = r;
+    in.params = static_cast<double>(max);
+    absl::StatusOr<Plan> p = PlanCheckpoint(in);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->rank_bytes, 16 * max + 11668);
+    EXPECT_EQ(p->job_bytes, 8192 * (16 * max + 11668));
+    EXPECT_GT(p->job_bytes, kMaxPlanBytes - 8192 * 16);
+    EXPECT_EQ(p->unique_bytes, 16 * max + 8192 * 11668);
+    ExpectConsistent(in, *p);
+    EXPECT_TRUE(std::isfinite(p->stall_s) && std::isfinite(p->persist_s) && std::isfinite(p->interval.interval_s));
+
+    in.params = static_cast<double>(max + 1);
+    p = PlanCheckpoint(in);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kOutOfRange);
+    EXPECT_THAT(p.status().message(),
+                AllOf(HasSubstr("params 70368744176935: the job's ranks would hold "),
+                      HasSubstr("more than the 9223372036854775807 (2^63 - 1)"),
+                      HasSubstr("params may be at most 70368744176934")));
+  }
+  // One GPU holds 16 bytes per parameter: 2^53 parameters fit.
+  in.gpus = 1;
+  EXPECT_EQ(MaxPlanParams(in), static_cast<uint64_t>(kMaxPlanParams));
+  in.params = kMaxPlanParams;
+  absl::StatusOr<Plan> p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->rank_bytes, 16 * (uint64_t{1} << 53) + 11668);
+  ExpectConsistent(in, *p);
+  // The most GPUs: the layout shrinks what fits, and still plans.
+  in.gpus = std::numeric_limits<int>::max();
+  in.params = static_cast<double>(MaxPlanParams(in));
+  EXPECT_GE(in.params, 1);
+  p = PlanCheckpoint(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  ExpectConsistent(in, *p);
+  in.params = 7e9;
+  EXPECT_EQ(PlanCheckpoint(in).status().code(), absl::StatusCode::kOutOfRange);
+}
+
+// At the ends of the input ranges every time and waste is finite.
+TEST(PlanCheckpointTest, FiguresStayFiniteAtTheEndsOfTheRanges) {
+  for (double gbps : {kMinPlanGbps, kMaxPlanGbps}) {
+    for (double rate : {kMinPlanFailRate, kMaxPlanFailRate}) {
+      for (double seconds : {kMinPlanAlternativeSeconds, kMaxPlanSeconds}) {
+        for (int gpus : {1, std::numeric_limits<int>::max()}) {
+          PlanInputs in;
+          in.gpus = gpus;
+          in.params = static_cast<double>(MaxPlanParams(in));
+          in.d2h_gbps = in.write_gbps = gbps;
+          in.fail_rate_per_gpu_hour = rate;
+          in.restart_s = in.alternative_s = seconds;
+          absl::StatusOr<Plan> p = PlanCheckpoint(in);
+          ASSERT_TRUE(p.ok()) << p.status();
+          for (double v : {p->stall_s, p->persist_s, p->job_mtbf_s, p->interval.daly_s, p->interval.interval_s,
+                           p->interval.expected_waste, p->interval.alternative_waste}) {
+            EXPECT_TRUE(std::isfinite(v) && v > 0) << v << " at " << gbps << " GB/s, " << rate << "/GPU-h, "
+                                                   << seconds << " s, " << gpus << " GPUs";
+          }
+        }
+      }
+    }
   }
 }
 
