@@ -127,12 +127,16 @@ base::StarvationGuard AgentCore::PersistGuard() {
 }
 
 AgentCore::~AgentCore() {
+  // Trainers that died: their last snapshots are written (as before; here,
+  // those whose exit thread could not be started). Joined outside exit_mu_:
+  // each takes it for the next exit queued.
+  std::vector<ExitThread> exits;
   {
-    // Trainers that died: their last snapshots are written (as before).
     absl::MutexLock l(&exit_mu_);
-    for (ExitThread& e : exit_threads_) e.thread.join();
-    exit_threads_.clear();
+    exits.swap(exit_threads_);
   }
+  for (ExitThread& e : exits) e.thread.join();
+  FinishPendingExits();
   std::map<uint64_t, std::shared_ptr<Trainer>> trainers;
   {
     absl::MutexLock l(&mu_);

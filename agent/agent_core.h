@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -491,8 +492,15 @@ class AgentCore {
   // reported and parked (or its kept steps handed to the successor).
   absl::StatusOr<std::shared_ptr<Trainer>> BeginExit(uint64_t trainer_id);
   absl::StatusOr<std::shared_ptr<Trainer>> BeginExitLocked(uint64_t trainer_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FinishExit of `t` (begun) on a thread of its own (exit_threads_).
+  // FinishExit of `t` (begun) on a thread of its own (exit_threads_); where
+  // no thread can be started, queued for the next one (or the destructor).
   void FinishExitInBackground(std::shared_ptr<Trainer> t, bool died);
+  // kResourceExhausted naming AgentOptions::max_registrations when that many
+  // trainers are registered (a same-process registration of `reg`'s rank
+  // not counted: it is retired).
+  absl::Status CheckRegistrationCapLocked(const TrainerRegistration& reg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FinishExit of each exit queued (pending_exits_) until none is left.
+  void FinishPendingExits() ABSL_LOCKS_EXCLUDED(exit_mu_);
   // The registered trainers of `reg`'s process (pid) and rank, but `except`:
   // begun to exit (under mu_), their FinishExit for the caller to start.
   std::vector<std::shared_ptr<Trainer>> RetireSameProcessLocked(const TrainerRegistration& reg, uint64_t except)
@@ -668,6 +676,13 @@ class AgentCore {
   };
   absl::Mutex exit_mu_;
   std::vector<ExitThread> exit_threads_ ABSL_GUARDED_BY(exit_mu_);
+  // Exits begun and not finished yet, oldest first: each exit thread
+  // finishes them until none is left (FinishPendingExits).
+  struct PendingExit {
+    std::shared_ptr<Trainer> trainer;
+    bool died = false;
+  };
+  std::deque<PendingExit> pending_exits_ ABSL_GUARDED_BY(exit_mu_);
   // The bytes of every segment this agent maps (live, exiting, parked, or
   // still held by a copy under way), reserved under mu_ before a segment is
   // made and given back by the segment's deleter when its last user lets

@@ -69,6 +69,9 @@ struct AgentCore::Trainer {
   staging::StagingLayout layout;
   std::shared_ptr<staging::StagingSegment> segment;
   std::thread persister;
+  // The persister's encoder of memory checkpoints, made with the persister
+  // and taken by it (PersistLoop).
+  std::unique_ptr<base::ThreadPool> memory_encoder;
   // The persister is still allocating the segment's slots in the background
   // (a restore waits for them rather than fail after its usual wait).
   std::atomic<bool> preparing{false};

@@ -13,6 +13,7 @@
 #include "base/format.h"
 #include "base/limits.h"
 #include "base/status_macros.h"
+#include "base/thread.h"
 #include "format/tensor_size.h"
 #include "storage/layout.h"
 #include "storage/replica.h"
@@ -179,6 +180,8 @@ absl::StatusOr<TrainerHandle> AgentCore::Register(const TrainerRegistration& reg
   {
     absl::MutexLock l(&mu_);
     CKPTD_RETURN_IF_ERROR(CheckLoneWorldLocked(reg));
+    // Refused before any memory is claimed (and checked again when listed).
+    CKPTD_RETURN_IF_ERROR(CheckRegistrationCapLocked(reg));
     t->id = next_id_++;
     ClaimStagingLocked(t, slots, need, &claim);
   }
@@ -364,14 +367,41 @@ absl::Status AgentCore::AttachSegment(Trainer* t, Claim* claim, uint32_t slots, 
 
 absl::Status AgentCore::EnlistLocked(const std::shared_ptr<Trainer>& t, Claim* claim) {
   const TrainerRegistration& reg = t->reg;
-  if (options_.coordinator == nullptr) {
-    // Checked again (another registration of the job may have come first
-    // since the check above).
-    if (absl::Status world = CheckLoneWorldLocked(reg); !world.ok()) {
-      UndoClaimLocked(t, claim);
-      (void)MoveLocked(t, TrainerState::kRetired);  // listed nowhere: nothing to undo
-      return world;
+  // Checked again: other registrations may have been listed since the
+  // checks in Register.
+  absl::Status refused = CheckRegistrationCapLocked(reg);
+  if (refused.ok()) refused = CheckLoneWorldLocked(reg);
+  if (refused.ok()) {
+    // The persister's two threads: the encoder first, for the persister to take.
+    absl::StatusOr<std::unique_ptr<base::ThreadPool>> encoder =
+        base::ThreadPool::Create(1, options_.background_priority, PersistGuard());
+    absl::StatusOr<std::thread> persister = absl::UnknownError("no encoder");
+    if (!encoder.ok()) {
+      persister = encoder.status();
+    } else {
+      t->memory_encoder = *std::move(encoder);
+      t->preparing.store(t->segment->slots_prepared() < t->segment->slots());
+      Trainer* raw = t.get();
+      persister = base::StartThread("the persister", [this, raw] { PersistLoop(raw); });
     }
+    if (persister.ok()) {
+      t->persister = *std::move(persister);
+    } else {
+      t->memory_encoder.reset();
+      refused = absl::ResourceExhaustedError(absl::StrCat("register: job ", reg.job, " rank ", reg.rank,
+                                                          " is refused, no thread for its persister: ",
+                                                          persister.status().message()));
+      logger_->Error(refused.message());
+    }
+  }
+  if (!refused.ok()) {
+    // Its segment goes with `t` (or back where it was found); nothing of it
+    // was shown to anyone.
+    UndoClaimLocked(t, claim);
+    (void)MoveLocked(t, TrainerState::kRetired);  // listed nowhere: nothing to undo
+    return refused;
+  }
+  if (options_.coordinator == nullptr) {
     absl::MutexLock ll(&lone_mu_);
     LoneJob& job = lone_[reg.job];
     if (job.world_size != reg.world_size) {
@@ -383,13 +413,25 @@ absl::Status AgentCore::EnlistLocked(const std::shared_ptr<Trainer>& t, Claim* c
     // process) wrote them: a predecessor's that are not committed are void.
     job.newest[reg.rank] = {t->id, reg.pid};
   }
-  t->preparing.store(t->segment->slots_prepared() < t->segment->slots());
-  Trainer* raw = t.get();
-  t->persister = std::thread([this, raw] { PersistLoop(raw); });
   // A registration of the same process that came in meanwhile (its caller
   // gave up on it and asked again) is retired as well.
   for (std::shared_ptr<Trainer>& r : RetireSameProcessLocked(reg, 0)) FinishExitInBackground(std::move(r), false);
   return MoveLocked(t, TrainerState::kRegistered);
+}
+
+absl::Status AgentCore::CheckRegistrationCapLocked(const TrainerRegistration& reg) {
+  const uint32_t cap = options_.max_registrations;
+  if (cap == 0 || trainers_.size() < cap) return absl::OkStatus();
+  // The same process registering its rank again retires its registration.
+  size_t others = 0;
+  for (const auto& [id, o] : trainers_) {
+    if (reg.pid <= 0 || o->reg.pid != reg.pid || o->reg.job != reg.job || o->reg.rank != reg.rank) ++others;
+  }
+  if (others < cap) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "register: job ", reg.job, " rank ", reg.rank, " is refused: ", others,
+      " trainers are registered with this agent, its limit (ckptd-agent --max-registrations ", cap,
+      "); each holds a thread and staging memory until its process exits"));
 }
 
 void AgentCore::UndoClaimLocked(const std::shared_ptr<Trainer>& t, Claim* claim) {
@@ -496,20 +538,42 @@ std::vector<std::shared_ptr<AgentCore::Trainer>> AgentCore::RetireSameProcessLoc
 void AgentCore::FinishExitInBackground(std::shared_ptr<Trainer> t, bool died) {
   // The rest waits for the trainer's last snapshots to be written: on a
   // thread of its own, so that the ranks of a node that die together are
-  // drained together, and the next death is noticed at once.
+  // drained together, and the next death is noticed at once. Queued first:
+  // the thread takes the oldest exit queued, and one that cannot be started
+  // leaves it to the next exit thread (or the destructor).
   absl::MutexLock l(&exit_mu_);
   std::erase_if(exit_threads_, [](ExitThread& e) {
     if (!e.done->load()) return false;
     e.thread.join();
     return true;
   });
+  const std::string what = absl::StrCat("the exit of trainer ", t->id, " (job ", t->reg.job, " rank ", t->reg.rank, ")");
+  pending_exits_.push_back({std::move(t), died});
   auto done = std::make_shared<std::atomic<bool>>(false);
-  exit_threads_.push_back({std::thread([this, t = std::move(t), done, died]() mutable {
-                             base::SetCallingThreadName("ckptd-exit");
-                             FinishExit(std::move(t), died);
-                             done->store(true);
-                           }),
-                           done});
+  absl::StatusOr<std::thread> thread = base::StartThread(what, [this, done] {
+    base::SetCallingThreadName("ckptd-exit");
+    FinishPendingExits();
+    done->store(true);
+  });
+  if (!thread.ok()) {
+    logger_->Error(absl::StrCat(thread.status().message(), "; it waits for the next exit's thread, ",
+                                pending_exits_.size(), " exit(s) waiting"));
+    return;
+  }
+  exit_threads_.push_back({*std::move(thread), done});
+}
+
+void AgentCore::FinishPendingExits() {
+  while (true) {
+    PendingExit next;
+    {
+      absl::MutexLock l(&exit_mu_);
+      if (pending_exits_.empty()) return;
+      next = std::move(pending_exits_.front());
+      pending_exits_.pop_front();
+    }
+    FinishExit(std::move(next.trainer), next.died);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExit(uint64_t trainer_id) {

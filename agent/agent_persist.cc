@@ -63,9 +63,9 @@ void AgentCore::PersistLoop(Trainer* t) {
   t->preparing.store(false);
   WaitForPredecessor(t);
   // The encoder of this trainer's memory checkpoints (their shard indexes),
-  // made before this thread lowers itself: its starvation reserve runs at
-  // the priority of the thread that makes it, and must be normal.
-  base::ThreadPool memory_encoder(1, options_.background_priority, PersistGuard());
+  // made by Register (its starvation reserve runs at the priority of the
+  // thread that makes it, and must be normal); joined when this returns.
+  const std::unique_ptr<base::ThreadPool> memory_encoder = std::move(t->memory_encoder);
   // Only now: a restore may wait for a slot that PrepareSlots allocates.
   // The persister waits for the disk and submits writes; the CPU work of a
   // persist is the pool's, at background_priority and guarded against
@@ -103,7 +103,7 @@ void AgentCore::PersistLoop(Trainer* t) {
         while (std::optional<uint32_t> more = NextReady(t)) slots.push_back(*more);
         std::reverse(slots.begin(), slots.end());
       }
-      for (const uint32_t slot : slots) PersistSlot(t, slot, &memory_encoder);
+      for (const uint32_t slot : slots) PersistSlot(t, slot, memory_encoder.get());
     }
     if (stop) {
       // Failures not reported yet are, before the trainer is forgotten.

@@ -15,6 +15,7 @@
 #include "base/posix_error.h"
 #include "base/status_macros.h"
 #include "grpcpp/server_posix.h"
+#include "base/thread.h"
 #include "base/thread_priority.h"
 
 namespace ckptd::agent {
@@ -268,7 +269,10 @@ absl::StatusOr<std::unique_ptr<UnixServer>> UnixServer::Start(const std::string&
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) return absl::UnavailableError(absl::StrCat("cannot serve on unix:", path));
   UnixServer* raw = server.get();
-  server->acceptor_ = std::thread([raw] { raw->AcceptLoop(); });
+  absl::StatusOr<std::thread> acceptor =
+      base::StartThread(absl::StrCat("the acceptor of unix:", path), [raw] { raw->AcceptLoop(); });
+  if (!acceptor.ok()) return acceptor.status();
+  server->acceptor_ = *std::move(acceptor);
   return server;
 }
 

@@ -100,6 +100,11 @@ struct AgentOptions {
   // when their rank registers other buffers, and after `park_for`.
   uint64_t memory_budget_bytes = 0;
   absl::Duration park_for = absl::Hours(1);
+  // Registrations listed at once (kResourceExhausted beyond): each holds a
+  // persister and an encoder thread, and one more while it exits. A process registering
+  // its rank again replaces its registration and is not counted twice.
+  // 0: no limit.
+  uint32_t max_registrations = 1024;
   // Segments up to this size are allocated and faulted in within Register;
   // larger ones slot by slot in the background (the trainer's snapshots are
   // skipped until a slot is ready), so that no registration waits for

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/posix_error.h"
 #include "base/status_macros.h"
+#include "base/thread.h"
 #include "storage/layout.h"
 #include "storage/shard_reader.h"
 #include "storage/store.h"
@@ -92,7 +93,16 @@ void DrillExecutor::Submit(const ckptd::v1::DrillOrder& order) {
     raw->done = true;
     return;
   }
-  raw->thread = std::thread([this, raw] { Run(raw); });
+  absl::StatusOr<std::thread> thread =
+      base::StartThread(absl::StrCat("drill ", order.drill_id()), [this, raw] { Run(raw); });
+  if (!thread.ok()) {
+    // Reported as the drill's failure: it did not run.
+    raw->report.set_error(std::string(thread.status().message()));
+    raw->version = 1;
+    raw->done = true;
+    return;
+  }
+  raw->thread = *std::move(thread);
 }
 
 void DrillExecutor::OnAck(const ckptd::v1::HeartbeatAck& ack) {

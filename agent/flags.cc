@@ -39,7 +39,7 @@ const char kAgentUsage[] =
     "                   [--background-priority idle|low|normal] [--starvation-limit <d>] [--cpu-set <list>]\n"
     "                   [--compression auto|zstd|none]\n"
     "                   [--trainer-group <group>] [--memory-budget <bytes|N%>] [--memory-keep-for <d>]\n"
-    "                   [--no-memory-tier]\n"
+    "                   [--no-memory-tier] [--max-registrations N]\n"
     "                   [--coordinator <host:port> [--node-id <id>] [--agent-token-file <file>]\n"
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]\n"
     "                   [--peer-listen <host:port> [--peer-data-port N] [--peer-address <host:port>]\n"
@@ -98,6 +98,10 @@ const char kAgentUsage[] =
     "                            buffers, 1s..168h (default 1h)\n"
     "  --no-memory-tier          free every staging slot after its persist and every segment when its\n"
     "                            trainer exits: restores always read the disk tiers\n"
+    "  --max-registrations N     trainers registered with this agent at once, 1..65536 (default 1024);\n"
+    "                            more are refused (RESOURCE_EXHAUSTED) until one exits. Each holds two\n"
+    "                            threads (three while it exits), all counted against the agent user's\n"
+    "                            RLIMIT_NPROC and its cgroup's pids.max\n"
     "  --trainer-group <group>   let this group's processes use the agent: the socket and the\n"
     "                            staging memory become 0660 with this group (name or number);\n"
     "                            the agent must be a member. Default: owner-only (0600)\n"
@@ -174,12 +178,13 @@ const std::set<std::string> kValueFlags = {
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
     "memory-budget", "memory-keep-for", "peer-listen", "peer-address", "replicas", "failure-domain",
     "replication-gbps", "peer-data-port", "background-priority", "starvation-limit", "cpu-set", "compression",
-    "shutdown-grace",
+    "shutdown-grace", "max-registrations",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
 
 // The ranges of the numeric flags (documented in kAgentUsage).
+constexpr uint32_t kMaxRegistrations = 65536;
 constexpr uint64_t kMaxStagingBudget = uint64_t{1} << 40;  // 1 TiB of staging per trainer
 // A staging segment's header block holds 63 slot headers
 // (staging::StagingSegment::Create refuses more).
@@ -438,6 +443,7 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
                          args.GetDurationInRange("memory-keep-for", absl::Seconds(1), absl::Hours(24 * 7)));
   if (keep_for) options.park_for = *keep_for;
   options.keep_in_memory = !args.Has("no-memory-tier");
+  CKPTD_RETURN_IF_ERROR(args.ReadUint("max-registrations", 1, kMaxRegistrations, &options.max_registrations));
   if (std::optional<std::string> group = args.Get("trainer-group")) {
     CKPTD_ASSIGN_OR_RETURN(options.trainer_group, TrainerGroup(*group));
   }

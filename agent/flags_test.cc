@@ -62,6 +62,16 @@ TEST(AgentFlagsTest, MemoryTierFlags) {
   }
 }
 
+TEST(AgentFlagsTest, MaxRegistrations) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({})));
+  EXPECT_EQ(flags.options.max_registrations, 1024u);
+  CKPTD_ASSERT_OK_AND_ASSIGN(flags, ParseAgentFlags(With({"--max-registrations", "16"})));
+  EXPECT_EQ(flags.options.max_registrations, 16u);
+  for (const char* bad : {"0", "65537", "many", "-1"}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--max-registrations", bad})), FailsNaming("--max-registrations")) << bad;
+  }
+}
+
 TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({})));
   EXPECT_FALSE(flags.help);
@@ -428,6 +438,7 @@ TEST(AgentFlagsTest, UsageNamesEveryFlag) {
                            "--memory-budget",
                            "--memory-keep-for",
                            "--no-memory-tier",
+                           "--max-registrations",
                            "--peer-listen",
                            "--peer-address",
                            "--replicas",

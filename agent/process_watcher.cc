@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/posix_error.h"
+#include "base/thread.h"
 #include "base/thread_priority.h"
 
 namespace ckptd::agent {
@@ -16,11 +17,22 @@ namespace ckptd::agent {
 ProcessWatcher::ProcessWatcher() {
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (epoll_fd_ >= 0 && wake_fd_ >= 0) {
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = wake_fd_;
-    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) == 0) thread_ = std::thread([this] { Loop(); });
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    not_started_ = base::PosixError("process watcher: epoll_create1/eventfd", errno);
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
+    not_started_ = base::PosixError("process watcher: epoll_ctl", errno);
+    return;
+  }
+  absl::StatusOr<std::thread> thread = base::StartThread("the process watcher", [this] { Loop(); });
+  if (thread.ok()) {
+    thread_ = *std::move(thread);
+  } else {
+    not_started_ = thread.status();
   }
 }
 
@@ -38,7 +50,7 @@ ProcessWatcher::~ProcessWatcher() {
 }
 
 absl::Status ProcessWatcher::Watch(pid_t pid, std::function<void()> on_exit) {
-  if (!thread_.joinable()) return absl::UnavailableError("process watcher could not start (epoll/eventfd)");
+  if (!not_started_.ok()) return not_started_;
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) {
     if (errno == ESRCH) {  // already gone

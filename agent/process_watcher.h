@@ -22,7 +22,8 @@ class ProcessWatcher {
   ProcessWatcher& operator=(const ProcessWatcher&) = delete;
 
   // Runs `on_exit` on the watcher thread once `pid` has exited (at once if it
-  // already has). kUnavailable when the watcher could not start.
+  // already has). Why the watcher could not start, if it could not (its
+  // thread: kResourceExhausted).
   absl::Status Watch(pid_t pid, std::function<void()> on_exit);
 
  private:
@@ -32,6 +33,7 @@ class ProcessWatcher {
   int wake_fd_ = -1;  // eventfd that stops Loop
   absl::Mutex mu_;
   std::map<int, std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);  // by pidfd
+  absl::Status not_started_;  // set by the constructor only
   std::thread thread_;
 };
 

@@ -1,9 +1,11 @@
 #include "base/thread_pool.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "base/thread.h"
 
 namespace ckptd::base {
 
@@ -14,26 +16,49 @@ ThreadPool::ThreadPool(int threads, ThreadPriority priority, StarvationGuard gua
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!guard_.read_times) guard_.read_times = ReadThreadCpuTimes;
   workers_.reserve(threads);
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  for (int i = 0; i < threads && not_started_.ok(); ++i) {
+    absl::StatusOr<std::thread> worker = StartThread("a worker of a thread pool", [this] { WorkerLoop(); });
+    if (worker.ok()) {
+      workers_.push_back(*std::move(worker));
+    } else {
+      not_started_ = worker.status();
+    }
+  }
+  const int started = static_cast<int>(workers_.size());
   std::vector<int> tids;
   {
     absl::MutexLock l(&mu_);
-    auto all_started = [this, threads]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return static_cast<int>(worker_tids_.size()) == threads;
+    auto all_started = [this, started]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int>(worker_tids_.size()) == started;
     };
     mu_.Await(absl::Condition(&all_started));
     tids = worker_tids_;
   }
   // No task can have been scheduled yet: every one runs at `priority`.
-  priority_ = SetThreadPriority(tids.front(), priority);
+  if (!tids.empty()) priority_ = SetThreadPriority(tids.front(), priority);
   for (size_t i = 1; i < tids.size(); ++i) {
     AppliedPriority applied = SetThreadPriority(tids[i], priority);
     if (priority_.why_not.ok() && !applied.why_not.ok()) priority_ = std::move(applied);
   }
   if (guarded_) {
     reserve_.reserve(threads);
-    for (int i = 0; i < threads; ++i) reserve_.emplace_back([this, i] { ReserveLoop(/*watcher=*/i == 0); });
+    for (int i = 0; i < threads && not_started_.ok(); ++i) {
+      absl::StatusOr<std::thread> reserve =
+          StartThread("a reserve worker of a thread pool", [this, i] { ReserveLoop(/*watcher=*/i == 0); });
+      if (reserve.ok()) {
+        reserve_.push_back(*std::move(reserve));
+      } else {
+        not_started_ = reserve.status();
+      }
+    }
   }
+}
+
+absl::StatusOr<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads, ThreadPriority priority,
+                                                                StarvationGuard guard) {
+  auto pool = std::make_unique<ThreadPool>(threads, priority, std::move(guard));
+  if (!pool->not_started_.ok()) return pool->not_started_;  // the workers started are joined
+  return pool;
 }
 
 ThreadPool::~ThreadPool() {

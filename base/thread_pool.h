@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,13 +56,23 @@ class ThreadPool {
   // constructor sets it once they have started (at the caller's priority,
   // so that a busy machine does not hold the constructor up). A `guard`
   // applies to a pool whose priority is not kNormal.
+  // Where the kernel refuses a thread (RLIMIT_NPROC, pids.max) the pool has
+  // the workers started before (status() says why no more; with none, no
+  // task runs): Create refuses such a pool.
   explicit ThreadPool(int threads, ThreadPriority priority = ThreadPriority::kNormal, StarvationGuard guard = {});
+  // The pool, or kResourceExhausted (base::StartThread) when not every
+  // thread of it could be started.
+  static absl::StatusOr<std::unique_ptr<ThreadPool>> Create(int threads,
+                                                            ThreadPriority priority = ThreadPriority::kNormal,
+                                                            StarvationGuard guard = {});
   // Runs every task already queued, then joins the workers.
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   void Schedule(std::function<void()> task);
+  // Why fewer threads than asked for were started (OK: all were).
+  const absl::Status& status() const { return not_started_; }
   int size() const { return static_cast<int>(workers_.size()); }
   // What the workers run at (the first shortfall any of them met, if one did).
   const AppliedPriority& priority() const { return priority_; }
@@ -103,6 +114,7 @@ class ThreadPool {
   std::vector<std::thread> reserve_;
   // Set by the constructor.
   AppliedPriority priority_;
+  absl::Status not_started_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

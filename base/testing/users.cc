@@ -1,16 +1,22 @@
 #include "base/testing/users.h"
 
 #include <grp.h>
+#include <dirent.h>
 #include <pwd.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <type_traits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ckptd::testing {
 
@@ -66,6 +72,38 @@ std::string RunAs(const TestUser& user, const std::function<std::string()>& fn) 
     const std::string became = BecomeUser(user);
     return became.empty() ? fn() : became;
   });
+}
+
+size_t TasksOfUser(uint32_t uid) {
+  size_t tasks = 0;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  while (dirent* e = ::readdir(proc)) {
+    uint32_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    // "Uid:\t<real>\t<effective>..." comes before "Threads:\t<n>".
+    std::ifstream status(absl::StrCat("/proc/", e->d_name, "/status"));
+    std::string line;
+    bool ours = false;
+    while (std::getline(status, line)) {
+      const std::vector<std::string> fields = absl::StrSplit(line, '\t', absl::SkipEmpty());
+      if (fields.size() < 2) continue;
+      uint32_t n = 0;
+      if (fields[0] == "Uid:") ours = absl::SimpleAtoi(fields[1], &n) && n == uid;
+      if (fields[0] == "Threads:" && ours && absl::SimpleAtoi(fields[1], &n)) tasks += n;
+    }
+  }
+  ::closedir(proc);
+  return tasks;
+}
+
+std::string LimitNewThreads(size_t more) {
+  if (::geteuid() == 0) return "root is exempt from RLIMIT_NPROC";
+  const size_t now = TasksOfUser(::getuid());
+  if (now == 0) return "the tasks of this user cannot be counted in /proc";
+  const rlimit limit{now + more, now + more};
+  if (::setrlimit(RLIMIT_NPROC, &limit) != 0) return absl::StrCat("setrlimit RLIMIT_NPROC: ", std::strerror(errno));
+  return "";
 }
 
 }  // namespace ckptd::testing

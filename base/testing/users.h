@@ -33,4 +33,15 @@ std::string RunInChild(const std::function<std::string()>& fn);
 // the child could not become `user` or did not finish.
 std::string RunAs(const TestUser& user, const std::function<std::string()>& fn);
 
+// The processes' threads whose real uid is `uid`, as /proc shows them: what
+// RLIMIT_NPROC counts.
+size_t TasksOfUser(uint32_t uid);
+
+// For a forked child that is not root (root is exempt from RLIMIT_NPROC):
+// sets its RLIMIT_NPROC so that its user may start `more` threads or
+// processes beyond those it has now (TasksOfUser). Returns "" when it did,
+// else why not. Reliable for a uid of the test's own (UnusedIds), which no
+// other process starts threads as meanwhile.
+std::string LimitNewThreads(size_t more);
+
 }  // namespace ckptd::testing
