@@ -217,7 +217,7 @@ absl::StatusOr<CoordinatorCore::Job*> CoordinatorCore::JobForRank(const std::str
 }
 
 absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
-    const ckptd::v1::RegisterAgentRequest& request) {
+    const ckptd::v1::RegisterAgentRequest& request, absl::string_view from, PreviousRegistration* previous) {
   const std::string& node = request.node_id();
   CKPTD_RETURN_IF_ERROR(ValidateNodeId(node));
   if (request.address().size() > internal::kMaxAgentAddress) {
@@ -296,13 +296,22 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
       }
     }
     auto& agent = agents_[node];
-    if (agent == nullptr) agent = std::make_unique<Agent>();
+    PreviousRegistration replaced;
+    if (agent == nullptr) {
+      agent = std::make_unique<Agent>();
+    } else {
+      replaced.known = true;
+      replaced.alive = agent->alive;
+      replaced.from = agent->registered_from;
+      replaced.at = agent->registered_at;
+    }
     // A new agent process while the old one still counts as alive: it
     // crashed and was started again before it was missed. The snapshots it
     // held and the ranks' registrations went with it: the node is lost, as
     // if it had stayed away, and its jobs restart.
     if (agent->alive && agent->instance != 0 && request.instance() != 0 && agent->instance != request.instance()) {
       LoseAgent(agent.get(), "its agent restarted (a new process registered): the snapshots it held are lost", &fx);
+      replaced.agent_restarted = true;
     }
     agent->instance = request.instance();
     drills_->AgentRegistered(request.node_id(), agent->last_heartbeat);
@@ -314,6 +323,9 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     const absl::Time now = clock_->Now();
     agent->last_heartbeat = now;
     agent->alive = true;
+    agent->registered_from = std::string(from);
+    agent->registered_at = now;
+    if (previous != nullptr) *previous = std::move(replaced);
     agent->drills_allowed = request.drills_allowed();
     // Peer replication: a change of who takes part, or how, moves partners.
     if (!agent->peer_address.empty() || !request.peer_address().empty()) partners_dirty_ = true;

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
@@ -117,6 +118,18 @@ struct CoordinatorOptions {
   base::Logger* logger = nullptr;
 };
 
+// What a registration replaced: the node's previous registration, as the
+// service's audit trail reports it (CoordinatorCore::RegisterAgent).
+struct PreviousRegistration {
+  bool known = false;  // the node had registered before (and is not forgotten)
+  bool alive = false;  // ... and counted as alive: a re-registration of a live node
+  // A live node registered by another agent process (instance): declared
+  // lost, its jobs restart.
+  bool agent_restarted = false;
+  std::string from;  // what the service said the previous registration came from
+  absl::Time at;     // when it was made
+};
+
 // What the service layer (and metrics) need to know about every decision.
 struct CoordinatorCounters {
   uint64_t committed = 0;
@@ -155,7 +168,12 @@ class CoordinatorCore {
   // Agent-facing. Every request is validated; a bad one changes nothing. A
   // session the coordinator does not know (it restarted, or declared the node
   // lost) is kNotFound: the agent registers again.
-  absl::StatusOr<ckptd::v1::RegisterAgentResponse> RegisterAgent(const ckptd::v1::RegisterAgentRequest& request);
+  // `from` says where the registration came from (the service: the caller's
+  // address); kept with it, and handed back in `*previous` (when given) by
+  // the node's next registration, with what that one replaced.
+  absl::StatusOr<ckptd::v1::RegisterAgentResponse> RegisterAgent(const ckptd::v1::RegisterAgentRequest& request,
+                                                                 absl::string_view from = {},
+                                                                 PreviousRegistration* previous = nullptr);
   absl::StatusOr<ckptd::v1::HeartbeatAck> OnHeartbeat(const ckptd::v1::Heartbeat& heartbeat);
   absl::StatusOr<ckptd::v1::ReportShardResponse> ReportShard(const ckptd::v1::ReportShardRequest& request);
   absl::Status ReportFailure(const ckptd::v1::ReportFailureRequest& request);

@@ -151,6 +151,9 @@ struct CoordinatorCore::Agent {
   bool alive = true;
   bool drills_allowed = false;
   uint64_t instance = 0;  // the agent process's (0: an agent that does not say)
+  // Where its latest registration came from (RegisterAgent's `from`), and when.
+  std::string registered_from;
+  absl::Time registered_at;
   // Peer replication, as registered: where its Peer service listens (empty:
   // it takes no part), its failure domain (empty: the node alone), and how
   // many partners it asks for. Its partners now (RecomputePartners): the

@@ -411,6 +411,43 @@ TEST_F(CoordinatorCoreTest, AnAgentRestartedBeforeItWasMissedLosesItsNode) {
   EXPECT_EQ(EventKinds().size(), 1u);
 }
 
+// What the service's audit trail says of a registration: whether it
+// replaced a live one, from where that came, and whether the node was lost.
+TEST_F(CoordinatorCoreTest, ARegistrationSaysWhatItReplaced) {
+  auto register_from = [&](uint64_t instance, const std::string& from) {
+    ckptd::v1::RegisterAgentRequest req = Registration("node-a", {0});
+    req.set_instance(instance);
+    PreviousRegistration previous;
+    EXPECT_THAT(core_->RegisterAgent(req, from, &previous).status(), ::ckptd::testing::IsOk());
+    return previous;
+  };
+  const absl::Time first = clock_.Now();
+  PreviousRegistration p = register_from(111, "ipv4:10.0.0.1:4000");
+  EXPECT_FALSE(p.known);
+  EXPECT_FALSE(p.alive);
+  clock_.Advance(absl::Seconds(1));
+  p = register_from(111, "ipv4:10.0.0.1:4001");  // the same agent again
+  EXPECT_TRUE(p.known);
+  EXPECT_TRUE(p.alive);
+  EXPECT_FALSE(p.agent_restarted);
+  EXPECT_EQ(p.from, "ipv4:10.0.0.1:4000");
+  EXPECT_EQ(p.at, first);
+  p = register_from(999, "ipv4:192.0.2.9:5000");  // another process while node-a is live
+  EXPECT_TRUE(p.alive);
+  EXPECT_TRUE(p.agent_restarted);
+  EXPECT_EQ(p.from, "ipv4:10.0.0.1:4001");
+  EXPECT_EQ(p.at, first + absl::Seconds(1));
+  EXPECT_THAT(EventKinds(), ElementsAre(ckptd::v1::NODE_LOST));
+  // Once the node was lost, a registration replaces no live one.
+  clock_.Advance(options_.node_lost_after + absl::Seconds(1));
+  core_->Tick();
+  p = register_from(1000, "ipv4:10.0.0.1:4002");
+  EXPECT_TRUE(p.known);
+  EXPECT_FALSE(p.alive);
+  EXPECT_FALSE(p.agent_restarted);
+  EXPECT_EQ(p.from, "ipv4:192.0.2.9:5000");
+}
+
 TEST_F(CoordinatorCoreTest, RanksOfASilentNodeAreNotCalledHung) {
   options_.hang_floor = absl::Seconds(1);
   options_.heartbeat_interval = absl::Milliseconds(200);

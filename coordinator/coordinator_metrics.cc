@@ -155,6 +155,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                          r.AddCounter("ckptd_etcd_request_errors_total",
                                       "Calls to etcd that failed on every member tried, by gRPC code.",
                                       {"call", "code"}));
+  CKPTD_ASSIGN_OR_RETURN(m->audit_records_,
+                         r.AddCounter("ckptd_audit_records_total",
+                                      "Audit records made (registrations, failure reports, operator actions, calls "
+                                      "refused at authentication), by outcome.",
+                                      {"outcome"}));
+  CKPTD_ASSIGN_OR_RETURN(m->audit_suppressed_,
+                         r.AddCounter("ckptd_audit_records_suppressed_total",
+                                      "Calls refused at authentication left out of the audit trail by its rate "
+                                      "limit."));
+  CKPTD_ASSIGN_OR_RETURN(m->audit_write_errors_,
+                         r.AddCounter("ckptd_audit_write_errors_total",
+                                      "Audit records that did not reach the audit log file (--audit-log): a write "
+                                      "failed, or the file fell too far behind."));
+  m->audit_records_->With({"granted"});
+  m->audit_records_->With({"refused"});
+  m->audit_suppressed_->With();
+  m->audit_write_errors_->With();
   m->is_leader_->With()->Set(1);
   m->leader_changes_->With();
   // Every kind shows from the start, so that rates over it are defined.
@@ -284,5 +301,13 @@ void CoordinatorMetrics::OnFreshStartOverDamaged(const std::string& job, uint64_
 void CoordinatorMetrics::OnFailure(const ckptd::v1::FailureEvent& event) {
   failures_->With({KindLabel(event.kind())})->Increment();
 }
+
+void CoordinatorMetrics::OnAuditRecord(bool granted) {
+  audit_records_->With({granted ? "granted" : "refused"})->Increment();
+}
+
+void CoordinatorMetrics::OnAuditSuppressed() { audit_suppressed_->With()->Increment(); }
+
+void CoordinatorMetrics::OnAuditWriteError() { audit_write_errors_->With()->Increment(); }
 
 }  // namespace ckptd::coordinator

@@ -23,6 +23,9 @@
 //   ckptd_coordinator_leader_changes_total             changes of leader this replica saw
 //   ckptd_etcd_request_seconds{call}                   histogram of calls to etcd, failover to other members included
 //   ckptd_etcd_request_errors_total{call,code}         calls to etcd that failed, by gRPC code name
+//   ckptd_audit_records_total{outcome}                 audit records made, outcome "granted" or "refused"
+//   ckptd_audit_records_suppressed_total               calls refused at authentication left out by the rate limit
+//   ckptd_audit_write_errors_total                     audit records that did not reach --audit-log
 #pragma once
 
 #include <atomic>
@@ -35,12 +38,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "coordinator/audit_log.h"
 #include "coordinator/coordinator_core.h"
 #include "metrics/registry.h"
 
 namespace ckptd::coordinator {
 
-class CoordinatorMetrics final : public CoordinatorObserver {
+class CoordinatorMetrics final : public CoordinatorObserver, public AuditObserver {
  public:
   // Registers the families in `registry`, which must outlive the result.
   static absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> Create(metrics::Registry* registry);
@@ -62,6 +66,11 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   void SetLeadership(bool leading, int64_t epoch);
   // One call to etcd that ended (EtcdOptions::on_call).
   void OnEtcdCall(absl::string_view call, absl::Duration took, const absl::Status& result);
+
+  // AuditObserver (from any thread).
+  void OnAuditRecord(bool granted) override;
+  void OnAuditSuppressed() override;
+  void OnAuditWriteError() override;
 
  private:
   CoordinatorMetrics(metrics::Registry* registry) : registry_(registry) {}
@@ -103,6 +112,9 @@ class CoordinatorMetrics final : public CoordinatorObserver {
   metrics::CounterFamily* leader_changes_ = nullptr;
   metrics::HistogramFamily* etcd_seconds_ = nullptr;
   metrics::CounterFamily* etcd_errors_ = nullptr;
+  metrics::CounterFamily* audit_records_ = nullptr;
+  metrics::CounterFamily* audit_suppressed_ = nullptr;
+  metrics::CounterFamily* audit_write_errors_ = nullptr;
   // The newest nonzero epoch SetLeadership was told of.
   std::atomic<int64_t> last_epoch_{0};
   // The nodes and jobs the last scrape set those for, so that a node or

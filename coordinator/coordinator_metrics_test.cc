@@ -247,6 +247,26 @@ TEST_F(CoordinatorMetricsTest, ReplicationPartnersAndPeerCopies) {
   EXPECT_THAT(lines, Contains("ckptd_peer_copies{job=\"llm-7b\"} 0"));
 }
 
+TEST_F(CoordinatorMetricsTest, TheAuditTrailsCounts) {
+  // Present from the start, at zero.
+  std::vector<std::string> lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_total{outcome=\"granted\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_total{outcome=\"refused\"} 0"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_suppressed_total 0"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_write_errors_total 0"));
+  AuditObserver* audit = metrics_.get();
+  audit->OnAuditRecord(true);
+  audit->OnAuditRecord(true);
+  audit->OnAuditRecord(false);
+  audit->OnAuditSuppressed();
+  audit->OnAuditWriteError();
+  lines = Lines(registry_->Render());
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_total{outcome=\"granted\"} 2"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_total{outcome=\"refused\"} 1"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_records_suppressed_total 1"));
+  EXPECT_THAT(lines, Contains("ckptd_audit_write_errors_total 1"));
+}
+
 TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {
   const std::string promtool = FindOnPath("promtool");
   if (promtool.empty()) {

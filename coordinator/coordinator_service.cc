@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,42 @@ std::string Quoted(absl::string_view s) {
   constexpr size_t kMax = 128;
   const bool cut = s.size() > kMax;
   return absl::StrCat("\"", absl::CHexEscape(s.substr(0, kMax)), cut ? "...\"" : "\"");
+}
+
+// Adds to `who` what the connection of `ctx` tells of the caller: its peer
+// address and the names of its verified TLS client certificate (the
+// credential is the check of the call's metadata). Only for calls audited:
+// not on every heartbeat.
+void AddCaller(const grpc::CallbackServerContext& ctx, AuditIdentity* who) {
+  who->peer = ctx.peer();
+  who->tls_names.clear();
+  if (std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+      auth != nullptr && auth->IsPeerAuthenticated()) {
+    for (const char* property : {"x509_common_name", "x509_subject_alternative_name"}) {
+      for (const grpc::string_ref& name : auth->FindPropertyValues(property)) {
+        std::string n(name.data(), name.size());
+        if (who->tls_names.size() >= 8) return;  // enough to say whose it is
+        if (std::find(who->tls_names.begin(), who->tls_names.end(), n) == who->tls_names.end()) {
+          who->tls_names.push_back(std::move(n));
+        }
+      }
+    }
+  }
+}
+
+// The audit record of `action` by `who` about `node`.
+AuditRecord RecordOf(absl::string_view action, const AuditIdentity& who, absl::string_view node = {}) {
+  AuditRecord r;
+  r.action = std::string(action);
+  r.identity = who;
+  r.node = std::string(node);
+  return r;
+}
+
+// The audit trail of a service given none: log lines only.
+std::unique_ptr<AuditLog> LogOnlyAuditLog() {
+  absl::StatusOr<std::unique_ptr<AuditLog>> log = AuditLog::Open(AuditLogOptions());
+  return log.ok() ? *std::move(log) : nullptr;  // without a path it cannot fail
 }
 
 // Finishes a unary call with `result`'s value (moved into `resp`) or error.
@@ -109,7 +146,10 @@ class HeartbeatReactor final : public grpc::ServerBidiReactor<ckptd::v1::Heartbe
 }  // namespace
 
 CoordinatorService::CoordinatorService(CoordinatorCore* core, CoordinatorServiceOptions options)
-    : core_(core), options_(std::move(options)) {
+    : core_(core),
+      options_(std::move(options)),
+      own_audit_log_(options_.audit_log == nullptr ? LogOnlyAuditLog() : nullptr),
+      audit_log_(options_.audit_log != nullptr ? options_.audit_log : own_audit_log_.get()) {
   absl::Duration every = options_.tick_interval;
   if (every <= absl::ZeroDuration()) every = core_->options().heartbeat_interval / 4;
   every = std::max(every, absl::Milliseconds(1));
@@ -150,7 +190,9 @@ void CoordinatorService::Every(absl::Duration every, const std::function<void()>
   }
 }
 
-absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const {
+absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
+                                               AuditIdentity* who) const {
+  who->credential = kCredentialNone;
   const auto& md = ctx.client_metadata();
   auto it = md.find(grpc::string_ref(kAuthorization.data(), kAuthorization.size()));
   if (it == md.end()) {
@@ -159,38 +201,57 @@ absl::Status CoordinatorService::CheckOperator(const grpc::CallbackServerContext
   }
   const absl::string_view value(it->second.data(), it->second.size());
   if (!absl::StartsWith(value, kBearer)) {
+    who->credential = kCredentialMalformed;
     return absl::UnauthenticatedError(
         absl::StrCat(rpc, ": the authorization metadata must be \"Bearer <operator token>\""));
   }
+  const absl::string_view token = value.substr(kBearer.size());
+  // Which token it was, for the audit trail: an agent's token used on an
+  // operator call is worth knowing.
+  const bool agent = !options_.agent_token.empty() && base::ConstantTimeEquals(token, options_.agent_token);
+  who->credential = agent ? kCredentialAgentToken : kCredentialWrongToken;
   if (options_.operator_token.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(rpc, ": this coordinator has no operator token configured"));
   }
-  if (!base::ConstantTimeEquals(value.substr(kBearer.size()), options_.operator_token)) {
+  if (!base::ConstantTimeEquals(token, options_.operator_token)) {
     return absl::PermissionDeniedError(absl::StrCat(rpc, ": the operator token is wrong"));
   }
+  who->credential = kCredentialOperatorToken;
   return absl::OkStatus();
 }
 
 absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
-                                            absl::string_view node_id) const {
-  if (options_.insecure_agents) return absl::OkStatus();
+                                            absl::string_view node_id, AuditIdentity* who) const {
+  who->credential = kCredentialNone;
+  if (options_.insecure_agents) {
+    who->credential = kCredentialInsecure;
+    return absl::OkStatus();
+  }
   const auto& md = ctx.client_metadata();
   if (auto it = md.find(grpc::string_ref(kAuthorization.data(), kAuthorization.size())); it != md.end()) {
     // A token was presented: it alone decides, whatever certificate came with it.
     const absl::string_view value(it->second.data(), it->second.size());
     if (!absl::StartsWith(value, kBearer)) {
+      who->credential = kCredentialMalformed;
       return absl::UnauthenticatedError(
           absl::StrCat(rpc, ": the authorization metadata must be \"Bearer <agent token>\"; ", kAgentCredentialHint));
     }
+    const absl::string_view token = value.substr(kBearer.size());
+    // Which token it was, for the audit trail: the operator's used on an
+    // agent call is worth knowing.
+    const bool operator_token =
+        !options_.operator_token.empty() && base::ConstantTimeEquals(token, options_.operator_token);
+    who->credential = operator_token ? kCredentialOperatorToken : kCredentialWrongToken;
     if (options_.agent_token.empty()) {
       return absl::PermissionDeniedError(
           absl::StrCat(rpc, ": this coordinator takes no agent token; present a client certificate naming the node"));
     }
-    if (!base::ConstantTimeEquals(value.substr(kBearer.size()), options_.agent_token)) {
+    if (!base::ConstantTimeEquals(token, options_.agent_token)) {
       return absl::PermissionDeniedError(absl::StrCat(
           rpc, ": the agent token is wrong: give ckptd-agent --agent-token-file the coordinator's agent token (the "
                "file of its --agent-token-file, or the <state-dir>/agent-token it generated)"));
     }
+    who->credential = kCredentialAgentToken;
     return absl::OkStatus();
   }
   std::vector<std::string> names;
@@ -199,12 +260,16 @@ absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& c
     for (const char* property : kCertificateNames) {
       for (const grpc::string_ref& name : auth->FindPropertyValues(property)) {
         const absl::string_view n(name.data(), name.size());
-        if (!node_id.empty() && n == node_id) return absl::OkStatus();
+        if (!node_id.empty() && n == node_id) {
+          who->credential = kCredentialCertificate;
+          return absl::OkStatus();
+        }
         names.push_back(Quoted(n));
       }
     }
   }
   if (!names.empty()) {
+    who->credential = kCredentialCertificate;
     if (names.size() > 8) names.resize(8);  // enough to say whose it is
     return absl::PermissionDeniedError(absl::StrCat(
         rpc, ": the client certificate names ", absl::StrJoin(names, ", "), ", not node ", Quoted(node_id),
@@ -213,45 +278,121 @@ absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& c
   return absl::UnauthenticatedError(absl::StrCat(rpc, " needs a node credential: ", kAgentCredentialHint));
 }
 
+absl::Status CoordinatorService::AuthorizeAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
+                                                absl::string_view node_id, AuditIdentity* who) {
+  absl::Status auth = CheckAgent(ctx, rpc, node_id, who);
+  if (!auth.ok()) {
+    AddCaller(ctx, who);
+    AuditRecord refused = RecordOf(rpc, *who, node_id);
+    refused.authenticated = false;
+    Audit(std::move(refused), auth);
+  }
+  return auth;
+}
+
+absl::Status CoordinatorService::AuthorizeOperator(const grpc::CallbackServerContext& ctx, AuditRecord refused,
+                                                   AuditIdentity* who) {
+  absl::Status auth = CheckOperator(ctx, refused.action, who);
+  AddCaller(ctx, who);
+  if (!auth.ok()) {
+    refused.identity = *who;
+    refused.authenticated = false;
+    Audit(std::move(refused), auth);
+  }
+  return auth;
+}
+
+void CoordinatorService::Audit(AuditRecord record, const absl::Status& outcome) {
+  record.outcome = outcome;
+  if (audit_log_ != nullptr) audit_log_->Record(record);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(grpc::CallbackServerContext* ctx,
                                                             const ckptd::v1::RegisterAgentRequest* req,
                                                             ckptd::v1::RegisterAgentResponse* resp) {
-  if (absl::Status auth = CheckAgent(*ctx, "RegisterAgent", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
-  return FinishWith(ctx, core_->RegisterAgent(*req), resp);
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeAgent(*ctx, "RegisterAgent", req->node_id(), &who); !auth.ok()) {
+    return FinishWith(ctx, auth);
+  }
+  AddCaller(*ctx, &who);
+  PreviousRegistration previous;
+  absl::StatusOr<ckptd::v1::RegisterAgentResponse> registered = core_->RegisterAgent(*req, who.peer, &previous);
+  AuditRecord record = RecordOf("RegisterAgent", who, req->node_id());
+  record.details.emplace_back("address", req->address());
+  record.details.emplace_back("instance", req->instance());
+  record.details.emplace_back("ranks", static_cast<uint64_t>(req->ranks_size()));
+  // A registration of a node that is live replaces the agent there: the
+  // attack this record is for, when it is not the agent itself.
+  const bool live = registered.ok() && previous.known && previous.alive;
+  record.details.emplace_back("reregistration", live);
+  if (live) {
+    record.notable = true;
+    record.details.emplace_back("previous_peer", previous.from);
+    record.details.emplace_back("previous_registered",
+                                absl::FormatTime("%Y-%m-%dT%H:%M:%E6SZ", previous.at, absl::UTCTimeZone()));
+    record.details.emplace_back("agent_restarted", previous.agent_restarted);
+  }
+  Audit(std::move(record), registered.status());
+  return FinishWith(ctx, std::move(registered), resp);
 }
 
 grpc::ServerBidiReactor<ckptd::v1::Heartbeat, ckptd::v1::HeartbeatAck>* CoordinatorService::Heartbeats(
     grpc::CallbackServerContext* ctx) {
   // `ctx` outlives the reactor (it is the call's, until OnDone).
-  return new HeartbeatReactor(core_,
-                              [this, ctx](absl::string_view node_id) { return CheckAgent(*ctx, "Heartbeats", node_id); });
+  return new HeartbeatReactor(core_, [this, ctx](absl::string_view node_id) {
+    AuditIdentity who;
+    return AuthorizeAgent(*ctx, "Heartbeats", node_id, &who);
+  });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportShard(grpc::CallbackServerContext* ctx,
                                                           const ckptd::v1::ReportShardRequest* req,
                                                           ckptd::v1::ReportShardResponse* resp) {
-  if (absl::Status auth = CheckAgent(*ctx, "ReportShard", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeAgent(*ctx, "ReportShard", req->node_id(), &who); !auth.ok()) {
+    return FinishWith(ctx, auth);
+  }
   return FinishWith(ctx, core_->ReportShard(*req), resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportFailure(grpc::CallbackServerContext* ctx,
                                                             const ckptd::v1::ReportFailureRequest* req,
                                                             ckptd::v1::ReportFailureResponse*) {
-  if (absl::Status auth = CheckAgent(*ctx, "ReportFailure", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
-  return FinishWith(ctx, core_->ReportFailure(*req));
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeAgent(*ctx, "ReportFailure", req->node_id(), &who); !auth.ok()) {
+    return FinishWith(ctx, auth);
+  }
+  AddCaller(*ctx, &who);
+  const absl::Status reported = core_->ReportFailure(*req);
+  AuditRecord record = RecordOf("ReportFailure", who, req->node_id());
+  record.job = req->job();
+  record.rank = req->rank();
+  record.step = req->step();
+  record.details.emplace_back("kind", ckptd::v1::FailureKind_IsValid(req->kind())
+                                          ? absl::AsciiStrToLower(ckptd::v1::FailureKind_Name(req->kind()))
+                                          : absl::StrCat(static_cast<int>(req->kind())));
+  record.details.emplace_back("detail", req->detail());
+  Audit(std::move(record), reported);
+  return FinishWith(ctx, reported);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetRestorePlan(grpc::CallbackServerContext* ctx,
                                                              const ckptd::v1::RestorePlanRequest* req,
                                                              ckptd::v1::RestorePlanResponse* resp) {
-  if (absl::Status auth = CheckAgent(*ctx, "GetRestorePlan", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeAgent(*ctx, "GetRestorePlan", req->node_id(), &who); !auth.ok()) {
+    return FinishWith(ctx, auth);
+  }
   return FinishWith(ctx, core_->GetRestorePlan(*req), resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetReshardPlan(grpc::CallbackServerContext* ctx,
                                                              const ckptd::v1::ReshardPlanRequest* req,
                                                              ckptd::v1::ReshardPlanResponse* resp) {
-  if (absl::Status auth = CheckAgent(*ctx, "GetReshardPlan", req->node_id()); !auth.ok()) return FinishWith(ctx, auth);
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeAgent(*ctx, "GetReshardPlan", req->node_id(), &who); !auth.ok()) {
+    return FinishWith(ctx, auth);
+  }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   // The request and response live until Finish.
   planners_.Schedule([this, reactor, req, resp] {
@@ -361,22 +502,36 @@ grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* CoordinatorService::VerifyS
   auto* reactor = new VerifyReactor(shared);
   absl::MutexLock hold(&shared->mu);  // no write starts before the reactor is set up
   shared->reactor = reactor;
-  if (absl::Status auth = CheckOperator(*ctx, "VerifyStep"); !auth.ok()) {
+  AuditRecord record = RecordOf("VerifyStep", AuditIdentity());
+  record.job = req->job();
+  if (req->has_step()) record.step = req->step();
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeOperator(*ctx, record, &who); !auth.ok()) {
     shared->end = auth;
     shared->Pump();
     return reactor;
   }
+  record.identity = who;
+  Audit(record, absl::OkStatus());
   {
     absl::MutexLock sl(&mu_);
     ++verifying_;
   }
-  std::thread([this, shared, request = *req] {
+  // The verification's end is recorded too: a damaged step is quarantined.
+  std::thread([this, shared, request = *req, record = std::move(record)]() mutable {
     absl::StatusOr<ckptd::v1::VerifyProgress> done =
         core_->VerifyStep(request, [&shared](const ckptd::v1::VerifyProgress& p) {
           absl::MutexLock l(&shared->mu);
           shared->next = p;
           shared->Pump();
         });
+    record.action = "VerifyStepDone";
+    if (done.ok()) {
+      record.step = done->step();
+      record.details.emplace_back("intact", done->ok());
+      record.details.emplace_back("quarantined", !done->ok());
+    }
+    Audit(std::move(record), done.status());
     {
       absl::MutexLock l(&shared->mu);
       if (done.ok()) shared->next = *done;
@@ -392,8 +547,26 @@ grpc::ServerWriteReactor<ckptd::v1::VerifyProgress>* CoordinatorService::VerifyS
 grpc::ServerUnaryReactor* CoordinatorService::RunDrill(grpc::CallbackServerContext* ctx,
                                                        const ckptd::v1::RunDrillRequest* req,
                                                        ckptd::v1::RunDrillResponse* resp) {
-  if (absl::Status auth = CheckOperator(*ctx, "RunDrill"); !auth.ok()) return FinishWith(ctx, auth);
-  return FinishWith(ctx, core_->RunDrill(*req), resp);
+  AuditRecord record = RecordOf("RunDrill", AuditIdentity(), req->target_node());
+  record.job = req->job();
+  record.rank = req->rank();
+  if (req->at_step() != 0) record.step = req->at_step();
+  record.details.emplace_back("scenario", ckptd::v1::DrillScenario_IsValid(req->scenario())
+                                              ? absl::AsciiStrToLower(ckptd::v1::DrillScenario_Name(req->scenario()))
+                                              : absl::StrCat(static_cast<int>(req->scenario())));
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeOperator(*ctx, record, &who); !auth.ok()) return FinishWith(ctx, auth);
+  record.identity = who;
+  absl::StatusOr<ckptd::v1::RunDrillResponse> ordered = core_->RunDrill(*req);
+  if (ordered.ok()) {
+    record.details.emplace_back("drill_id", ordered->drill_id());
+    record.details.emplace_back("carried_out_by", ordered->node_id());
+    if (req->with_partners()) {
+      record.details.emplace_back("partner_nodes", absl::StrJoin(ordered->partner_nodes(), ","));
+    }
+  }
+  Audit(std::move(record), ordered.status());
+  return FinishWith(ctx, std::move(ordered), resp);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetDrill(grpc::CallbackServerContext* ctx,
@@ -405,8 +578,15 @@ grpc::ServerUnaryReactor* CoordinatorService::GetDrill(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(grpc::CallbackServerContext* ctx,
                                                                 const ckptd::v1::RequestCheckpointRequest* req,
                                                                 ckptd::v1::RequestCheckpointResponse* resp) {
-  if (absl::Status auth = CheckOperator(*ctx, "RequestCheckpoint"); !auth.ok()) return FinishWith(ctx, auth);
-  return FinishWith(ctx, core_->RequestCheckpoint(*req), resp);
+  AuditRecord record = RecordOf("RequestCheckpoint", AuditIdentity());
+  record.job = req->job();
+  AuditIdentity who;
+  if (absl::Status auth = AuthorizeOperator(*ctx, record, &who); !auth.ok()) return FinishWith(ctx, auth);
+  record.identity = who;
+  absl::StatusOr<ckptd::v1::RequestCheckpointResponse> requested = core_->RequestCheckpoint(*req);
+  if (requested.ok()) record.step = requested->target_step();
+  Audit(std::move(record), requested.status());
+  return FinishWith(ctx, std::move(requested), resp);
 }
 
 absl::StatusOr<CoordinatorServer> StartCoordinatorServer(const std::string& listen, CoordinatorService* service,

@@ -1,7 +1,9 @@
 // The coordinator's gRPC service: translates requests to CoordinatorCore
 // (which validates and decides), keeps each agent's heartbeat stream, checks
 // the node credential on agent RPCs and the operator token on operator RPCs
-// that change anything, and runs the core's periodic work on a ticker thread.
+// that change anything, records who made each security-relevant call in the
+// audit trail (audit_log.h), and runs the core's periodic work on a ticker
+// thread.
 #pragma once
 
 #include <functional>
@@ -16,6 +18,7 @@
 #include "absl/time/time.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
 #include "base/thread_pool.h"
+#include "coordinator/audit_log.h"
 #include "coordinator/coordinator_core.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/server_limits.h"
@@ -43,6 +46,11 @@ struct CoordinatorServiceOptions {
   // Replicated coordinators: fills GetClusterStatus's `replication` (the
   // leader, the standbys, etcd's members). Null for a single coordinator.
   std::function<void(ckptd::v1::CoordinatorReplication*)> replication = nullptr;
+  // Where the audit records go (registrations, failure reports, operator
+  // actions, calls refused at authentication); must outlive the service.
+  // Null: a log-only audit trail of the service's own (lines "audit: {...}"
+  // through base::DefaultLogger()).
+  AuditLog* audit_log = nullptr;
 };
 
 class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService {
@@ -104,20 +112,34 @@ class CoordinatorService final : public ckptd::v1::Coordinator::CallbackService 
  private:
   // OK when `ctx` carries the operator token; kUnauthenticated when it carries
   // none (or not as "Bearer <token>"), kPermissionDenied when it is wrong.
-  absl::Status CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc) const;
+  // `who->credential` says what the call presented (whatever the answer).
+  absl::Status CheckOperator(const grpc::CallbackServerContext& ctx, absl::string_view rpc, AuditIdentity* who) const;
   // OK when `ctx` may act as node `node_id` in agent RPC `rpc`: with
   // insecure_agents, with the agent token, or, without authorization
   // metadata, with a verified client certificate naming `node_id`.
   // kUnauthenticated when it presents no credential (or malformed metadata),
   // kPermissionDenied for a wrong token or a certificate naming other nodes;
-  // each message says how to present the right one.
-  absl::Status CheckAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc,
-                          absl::string_view node_id) const;
+  // each message says how to present the right one. `who->credential` says
+  // what the call presented (whatever the answer).
+  absl::Status CheckAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc, absl::string_view node_id,
+                          AuditIdentity* who) const;
+  // CheckAgent, with a refusal recorded in the audit trail (a call refused
+  // at authentication: rate-limited) and `*who` then complete (the peer and
+  // TLS names added).
+  absl::Status AuthorizeAgent(const grpc::CallbackServerContext& ctx, absl::string_view rpc, absl::string_view node_id,
+                              AuditIdentity* who);
+  // CheckOperator, likewise, `*who` complete either way; `refused` carries
+  // what the request names.
+  absl::Status AuthorizeOperator(const grpc::CallbackServerContext& ctx, AuditRecord refused, AuditIdentity* who);
+  // Records `record` with `outcome` in the audit trail.
+  void Audit(AuditRecord record, const absl::Status& outcome);
   // Calls `work` every `every` until the service stops.
   void Every(absl::Duration every, const std::function<void()>& work) ABSL_LOCKS_EXCLUDED(mu_);
 
   CoordinatorCore* const core_;
   const CoordinatorServiceOptions options_;
+  std::unique_ptr<AuditLog> own_audit_log_;  // without options_.audit_log
+  AuditLog* const audit_log_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread ticker_;

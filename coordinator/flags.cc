@@ -32,7 +32,7 @@ const char kCoordinatorUsage[] =
     "                         [--forget-after 168h]\n"
     "                         [--operator-token-file F]\n"
     "                         [--agent-token-file F | --insecure-agents]\n"
-    "                         [--tls-cert F --tls-key F --tls-ca F]\n"
+    "                         [--tls-cert F --tls-key F --tls-ca F] [--audit-log F]\n"
     "\n"
     "Coordinates the agents of a cluster over gRPC: tracks agents and jobs,\n"
     "detects lost nodes and dead or hung trainers, publishes the checkpoint\n"
@@ -128,6 +128,13 @@ const char kCoordinatorUsage[] =
     "                              require client certificates signed by the CA; an agent whose\n"
     "                              certificate's common name or a subject alternative name is its\n"
     "                              node id needs no agent token\n"
+    "  --audit-log F               append the audit trail to F, one JSON object a line: who (credential,\n"
+    "                              TLS client certificate names, peer address) registered which node\n"
+    "                              (re-registrations of a live node marked), reported which failure,\n"
+    "                              took which operator action, and every call refused at\n"
+    "                              authentication (rate-limited). F is created mode 0600; a symbolic\n"
+    "                              link or anything but a regular file is refused. With or without it,\n"
+    "                              each record is also logged as a line \"audit: {...}\" on stderr\n"
     "  --help                      this text\n"
     "\n"
     "Durations are like 500ms, 1s, 1m30s, 2h; positive, and at most 720h (30 days) unless said\n"
@@ -139,17 +146,18 @@ const char kCoordinatorUsage[] =
     "holder. The generated operator token (new at every start) and agent token (kept across\n"
     "restarts; delete the file to have a new one made) are written only once both ports are\n"
     "bound, so a coordinator that fails to start leaves the token files as they were.\n"
-    "Exit codes: 1 the storage root or state could not be opened, 2 bad command line (a value\n"
-    "outside its range included), 3 an address could not be served or the state directory is\n"
-    "in use by another coordinator.\n";
+    "Exit codes: 1 the storage root, state or audit log could not be opened, 2 bad command line\n"
+    "(a value outside its range, or an --audit-log that is a link or not a regular file,\n"
+    "included), 3 an address could not be served or the state directory is in use by another\n"
+    "coordinator.\n";
 
 namespace {
 
 const std::set<std::string> kValueFlags = {
     // clang-format off
     "listen", "storage-root", "state-dir", "metrics-listen", "heartbeat-interval", "node-lost-after", "hang-floor",
-    "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs", "max-registration-memory", "forget-after",
-    "operator-token-file", "agent-token-file", "tls-cert",
+    "every", "initial-every", "durable-every", "keep", "step-deadline", "max-nodes", "max-jobs",
+    "max-registration-memory", "forget-after", "operator-token-file", "agent-token-file", "tls-cert", "audit-log",
     "etcd-endpoints", "etcd-prefix", "etcd-lease-ttl", "advertise", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user",
     "etcd-password-file", "import-state",
     "tls-key", "tls-ca",
@@ -381,6 +389,10 @@ absl::StatusOr<CoordinatorFlags> ParseCoordinatorFlags(const std::vector<std::st
     return absl::InvalidArgumentError(
         "--insecure-agents and --agent-token-file exclude each other: an agent token is pointless when agents "
         "need no credential");
+  }
+  flags.audit_log = args.Get("audit-log");
+  if (flags.audit_log && flags.audit_log->empty()) {
+    return absl::InvalidArgumentError("--audit-log needs the file to append the audit trail to");
   }
   flags.options.retention_in_tick = false;  // the service removes old steps on a thread of its own
   CKPTD_RETURN_IF_ERROR(ParseOptions(args, flags.options));

@@ -29,6 +29,9 @@ struct CoordinatorFlags {
   std::optional<std::string> operator_token_file;  // --operator-token-file
   std::optional<std::string> agent_token_file;     // --agent-token-file
   bool insecure_agents = false;                    // --insecure-agents (excludes --agent-token-file)
+  // --audit-log: the file audit records are appended to (JSON lines); main()
+  // opens it. Without it the records are log lines only.
+  std::optional<std::string> audit_log;
   // --tls-cert, --tls-key and --tls-ca (all three or none); main() reads them.
   std::optional<rpc::TlsFiles> tls;
   // Replicated coordinators (--etcd-endpoints): state in etcd, a leader

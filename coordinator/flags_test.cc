@@ -252,6 +252,18 @@ TEST(CoordinatorFlagsTest, AgentCredentialFlags) {
   EXPECT_THAT(ParseCoordinatorFlags(With({"--agent-token-file"})), FailsNaming("--agent-token-file needs a value"));
 }
 
+TEST(CoordinatorFlagsTest, AuditLogNamesTheFile) {
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags none, ParseCoordinatorFlags(With({})));
+  EXPECT_EQ(none.audit_log, std::nullopt);
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags audit,
+                             ParseCoordinatorFlags(With({"--audit-log", "/var/log/ckptd/audit.jsonl"})));
+  EXPECT_THAT(audit.audit_log, Optional(std::string("/var/log/ckptd/audit.jsonl")));
+  CKPTD_ASSERT_OK_AND_ASSIGN(CoordinatorFlags equals, ParseCoordinatorFlags(With({"--audit-log=/tmp/a.jsonl"})));
+  EXPECT_THAT(equals.audit_log, Optional(std::string("/tmp/a.jsonl")));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--audit-log"})), FailsNaming("--audit-log needs a value"));
+  EXPECT_THAT(ParseCoordinatorFlags(With({"--audit-log="})), FailsNaming("--audit-log needs"));
+}
+
 TEST(CoordinatorFlagsTest, EveryAndInitialEveryExcludeEachOther) {
   EXPECT_THAT(ParseCoordinatorFlags(With({"--every", "10", "--initial-every", "7"})),
               FailsNaming("--every and --initial-every exclude each other"));
@@ -315,7 +327,8 @@ TEST(CoordinatorFlagsTest, UsageNamesEveryFlag) {
                            "--etcd-cert",
                            "--etcd-key",
                            "--etcd-user",
-                           "--etcd-password-file"}) {
+                           "--etcd-password-file",
+                           "--audit-log"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows.
     EXPECT_THAT(ParseCoordinatorFlags({flag, "x"}).status(),

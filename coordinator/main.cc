@@ -29,6 +29,7 @@
 #include "base/open_files.h"
 #include "base/posix_error.h"
 #include "base/stop_signals.h"
+#include "coordinator/audit_log.h"
 #include "coordinator/coordinator_core.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/coordinator_service.h"
@@ -220,6 +221,24 @@ int StartMetrics(const co::CoordinatorFlags& flags, ckptd::metrics::Registry& re
     return Fail(absl::StrCat("--metrics-listen ", *flags.metrics_listen), started.status(), kExitUnavailable);
   }
   *http = *std::move(started);
+  return ckptd::base::kExitOk;
+}
+
+// The audit trail: --audit-log's file (opened here, so that a bad one stops
+// the start before anything is served) or log lines only; its counts go to
+// `metrics`. kExitOk, or the exit code after saying what failed.
+int OpenAuditLog(const co::CoordinatorFlags& flags, co::CoordinatorMetrics* metrics,
+                 std::unique_ptr<co::AuditLog>* audit) {
+  co::AuditLogOptions options;
+  options.path = flags.audit_log.value_or("");
+  options.observer = metrics;
+  absl::StatusOr<std::unique_ptr<co::AuditLog>> opened = co::AuditLog::Open(options);
+  if (!opened.ok()) {
+    return Fail("--audit-log", opened.status(),
+                absl::IsFailedPrecondition(opened.status()) ? kExitUsage : kExitFailed);
+  }
+  *audit = *std::move(opened);
+  if (flags.audit_log) std::cerr << "ckptd-coordinator: audit log " << *flags.audit_log << "\n";
   return ckptd::base::kExitOk;
 }
 
@@ -551,6 +570,10 @@ int main(int argc, char** argv) {
     ckptd::metrics::Registry registry;
     absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
     if (!metrics.ok()) return Fail("metrics", metrics.status(), kExitFailed);
+    // One audit trail for every leadership of this replica.
+    std::unique_ptr<co::AuditLog> audit;
+    if (int code = OpenAuditLog(*flags, metrics->get(), &audit); code != ckptd::base::kExitOk) return code;
+    service_options.audit_log = audit.get();
     std::unique_ptr<ckptd::metrics::HttpServer> http;
     if (int code = StartMetrics(*flags, registry, &http); code != ckptd::base::kExitOk) return code;
     if (http != nullptr) {
@@ -601,6 +624,9 @@ int main(int argc, char** argv) {
   ckptd::metrics::Registry registry;
   absl::StatusOr<std::unique_ptr<co::CoordinatorMetrics>> metrics = co::CoordinatorMetrics::Create(&registry);
   if (!metrics.ok()) return Fail("metrics", metrics.status(), kExitFailed);
+  std::unique_ptr<co::AuditLog> audit;
+  if (int code = OpenAuditLog(*flags, metrics->get(), &audit); code != ckptd::base::kExitOk) return code;
+  service_options.audit_log = audit.get();
   co::CoordinatorCore core(&store, state->get(), &clock, flags->options, metrics->get());
   if (absl::Status s = core.Recover(); !s.ok()) return Fail("recovering state", s, kExitFailed);
   ckptd::metrics::CollectorHandle collector = (*metrics)->Watch(&core);

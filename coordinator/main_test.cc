@@ -241,7 +241,7 @@ TEST_F(CoordinatorBinaryTest, HelpNamesEveryFlag) {
                            "--operator-token-file", "--agent-token-file", "--insecure-agents", "--tls-cert", "--tls-key", "--tls-ca", "--help",
                            "--initial-every", "--min-interval", "--max-interval", "--failure-rate",
                            "--failure-prior-weight", "--restart-guess", "--alternative-interval",
-                           "--interval-hysteresis", "--decide-every"}) {
+                           "--interval-hysteresis", "--decide-every", "--audit-log"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -491,6 +491,43 @@ TEST_F(CoordinatorBinaryTest, AgentRpcsNeedTheAgentTokenUnlessInsecureAgents) {
   EXPECT_EQ(same, 2);
   EXPECT_THAT(out3, HasSubstr("the agent token and the operator token are the same"));
   EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);
+}
+
+TEST_F(CoordinatorBinaryTest, TheAuditLogGetsARecordPerRegistrationAndRefusesALink) {
+  const std::string audit = dir_ + "/audit.jsonl";
+  {
+    Coordinator c(Flags({"--insecure-agents", "--audit-log", audit}), dir_ + "/audit.log");
+    const int port = c.WaitForPort();
+    ASSERT_GT(port, 0) << c.Log();
+    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("ckptd-coordinator: audit log ", audit)));
+    std::unique_ptr<ckptd::v1::Coordinator::Stub> stub = Stub(port);
+    ckptd::v1::RegisterAgentRequest req;
+    req.set_node_id("node-0");
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    ckptd::v1::RegisterAgentResponse resp;
+    ASSERT_THAT(FromGrpcStatus(stub->RegisterAgent(&ctx, req, &resp)), IsOk());
+    EXPECT_EQ(c.Stop(), 0) << c.Log();
+    EXPECT_THAT(c.Log(), HasSubstr("ckptd-coordinator: audit: {"));
+  }
+  std::ifstream in(audit);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_THAT(line, HasSubstr("\"action\":\"RegisterAgent\""));
+  EXPECT_THAT(line, HasSubstr("\"credential\":\"insecure-agents\""));
+  EXPECT_THAT(line, HasSubstr("\"node\":\"node-0\""));
+  struct stat st;
+  ASSERT_EQ(::stat(audit.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u);
+
+  const std::string link = dir_ + "/audit-link.jsonl";
+  ASSERT_EQ(::symlink(audit.c_str(), link.c_str()), 0);
+  auto [code, out] = RunToEnd(Flags({"--insecure-agents", "--audit-log", link}));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("ckptd-coordinator: --audit-log: audit log ", link, " is a symbolic link")));
+  auto [dir_code, dir_out] = RunToEnd(Flags({"--insecure-agents", "--audit-log", dir_}));
+  EXPECT_EQ(dir_code, 2);
+  EXPECT_THAT(dir_out, HasSubstr("is not a regular file"));
 }
 
 }  // namespace

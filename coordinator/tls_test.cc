@@ -19,9 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/testing/capturing_logger.h"
 #include "base/testing/env.h"
 #include "base/testing/matchers.h"
 #include "coordinator/coordinator_service.h"
@@ -101,8 +103,12 @@ class TlsTest : public ::testing::Test {
 
     core_ = std::make_unique<CoordinatorCore>(&store_, state_.get(), &clock_, CoordinatorOptions());
     CKPTD_ASSERT_OK(core_->Recover());
+    AuditLogOptions audit_options;
+    audit_options.logger = &audit_lines_;
+    CKPTD_ASSERT_OK_AND_ASSIGN(audit_, AuditLog::Open(audit_options));
     service_ = std::make_unique<CoordinatorService>(
-        core_.get(), CoordinatorServiceOptions{.operator_token = "t", .agent_token = kAgentToken});
+        core_.get(),
+        CoordinatorServiceOptions{.operator_token = "t", .agent_token = kAgentToken, .audit_log = audit_.get()});
     CKPTD_ASSERT_OK_AND_ASSIGN(std::shared_ptr<grpc::ServerCredentials> creds,
                                rpc::ServerCredentialsFromFiles({File("server.pem"), File("server.key"), File("ca.pem")}));
     CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartCoordinatorServer("127.0.0.1:0", service_.get(), creds));
@@ -180,6 +186,8 @@ class TlsTest : public ::testing::Test {
   storage::CheckpointStore store_{&fs_, "/ckpt"};
   std::unique_ptr<StateStore> state_ = NewMemStateStore();
   base::RealClock clock_;
+  ::ckptd::testing::CapturingLogger audit_lines_;  // the audit trail's log lines
+  std::unique_ptr<AuditLog> audit_;
   std::unique_ptr<CoordinatorCore> core_;
   std::unique_ptr<CoordinatorService> service_;
   CoordinatorServer server_;
@@ -303,6 +311,30 @@ TEST_F(TlsTest, TheAgentTokenSpeaksForAnyNodeOverTls) {
   EXPECT_THAT(RegisterAs(Client("client"), "node-c", "Bearer t"),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("agent token is wrong")));
   EXPECT_THAT(Agents(), ::testing::ElementsAre("node-b"));
+}
+
+// The audit trail names the certificate a call came with, whether it let
+// the call in or not, and beside a token.
+TEST_F(TlsTest, AuditRecordsNameTheClientCertificate) {
+  EXPECT_THAT(RegisterAs(Client("client"), "node-a"), IsOk());
+  EXPECT_THAT(RegisterAs(Client("san-client"), "node-a"), StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+  EXPECT_THAT(RegisterAs(Client("san-client"), "node-b", absl::StrCat("Bearer ", kAgentToken)), IsOk());
+  std::vector<std::string> records;
+  for (const std::string& line : audit_lines_.lines()) {
+    if (absl::StartsWith(line, "audit: ")) records.push_back(line);
+  }
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_THAT(records[0], ::testing::AllOf(HasSubstr("\"outcome\":\"granted\""),
+                                           HasSubstr("\"credential\":\"client-certificate\""),
+                                           HasSubstr("\"tls_names\":[\"node-a\"]"), HasSubstr("\"node\":\"node-a\"")));
+  EXPECT_THAT(records[1], ::testing::AllOf(HasSubstr("\"outcome\":\"refused\""),
+                                           HasSubstr("\"credential\":\"client-certificate\""),
+                                           HasSubstr("\"tls_names\":[\"ckptd-agent\",\"node-s\",\"node-t\"]"),
+                                           HasSubstr("\"node\":\"node-a\"")));
+  EXPECT_THAT(records[2], ::testing::AllOf(HasSubstr("\"outcome\":\"granted\""),
+                                           HasSubstr("\"credential\":\"agent-token\""),
+                                           HasSubstr("\"tls_names\":[\"ckptd-agent\",\"node-s\",\"node-t\"]"),
+                                           HasSubstr("\"node\":\"node-b\"")));
 }
 
 TEST_F(TlsTest, MissingOrBadFilesAreClearErrors) {
