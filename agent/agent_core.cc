@@ -302,7 +302,13 @@ void AgentCore::FillHeartbeat(ckptd::v1::Heartbeat* hb) {
   if (options_.replicas != nullptr) {
     for (ckptd::v1::MemoryCopy& c : options_.replicas->List()) *hb->add_memory() = std::move(c);
   }
-  if (options_.replicator != nullptr) hb->set_replicate_seconds(options_.replicator->Stats().last_round_seconds);
+  if (options_.replicator != nullptr) {
+    const replication::ReplicationStats st = options_.replicator->Stats();
+    hb->set_replicate_seconds(st.last_round_seconds);
+    hb->set_replication_sent(st.sent);
+    hb->set_replication_failed(st.failed);
+    if (!st.last_error.ok()) hb->set_replication_error(std::string(st.last_error.message().substr(0, 1024)));
+  }
 }
 
 absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl::string_view reason) {

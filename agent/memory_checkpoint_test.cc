@@ -507,6 +507,11 @@ TEST_F(MemoryCheckpointTest, EveryThirdStepIsDurableTheOthersStayInMemoryAsRawSh
   EXPECT_THAT(in_memory, ::testing::UnorderedElementsAre(5, 6));
   // How long the last checkpoint took to reach the partner (the policy's Q).
   EXPECT_GT(hb.replicate_seconds(), 0);
+  // And how its copies fared: every one taken, none failed.
+  EXPECT_EQ(hb.replication_sent(), replicator_.Stats().sent);
+  EXPECT_GT(hb.replication_sent(), 0u);
+  EXPECT_EQ(hb.replication_failed(), 0u);
+  EXPECT_EQ(hb.replication_error(), "");
   for (const ckptd::v1::MemoryCopy& c : hb.memory()) {
     if (c.step() != 5) continue;
     EXPECT_EQ(c.index_xxh3(), coord_.ReportOf(5).shard().index_xxh3());

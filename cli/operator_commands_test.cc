@@ -652,9 +652,17 @@ TEST_F(OperatorCommandsTest, StatusShowsReplicationPartnersAndPeerCopies) {
   b->set_peer_address("host-b:7300");
   b->set_replicas(1);
   fake_.cluster.mutable_jobs(0)->set_peer_copies(3);
+  // Copies that fail (a partner's certificate refused, say) are shown, with why.
+  a->set_replication_sent(5);
+  a->set_replication_failed(2);
+  a->set_replication_error("certificate verify failed\x1b[2J");
   Result r = Run(RunStatus, {});
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("replication (peer memory):"));
+  EXPECT_THAT(r.out, HasSubstr("5 sent, 2 FAILED"));
+  EXPECT_THAT(r.out, HasSubstr("  node-a: 2 peer copies failed; its checkpoints are on disk only. Last: certificate "
+                               "verify failed"));
+  EXPECT_THAT(r.out, Not(HasSubstr("\x1b[2J")));
   EXPECT_THAT(r.out, HasSubstr("node-a  rack-1  host-a:7300   node-c (1 of 2 asked for)"));
   EXPECT_THAT(r.out, HasSubstr("node-b  -       host-b:7300   - (lost)"));
   EXPECT_THAT(r.out, HasSubstr("peer copies 3/4 ranks of step 1200"));
@@ -662,7 +670,8 @@ TEST_F(OperatorCommandsTest, StatusShowsReplicationPartnersAndPeerCopies) {
   ASSERT_EQ(r.code, base::kExitOk) << r.err;
   ASSERT_TRUE(IsValidJson(r.out)) << r.out;
   EXPECT_THAT(r.out, AllOf(HasSubstr("\"failure_domain\":\"rack-1\",\"peer_address\":\"host-a:7300\","
-                                     "\"replicas\":2,\"send_to\":[\"node-c\"]"),
+                                     "\"replicas\":2,\"send_to\":[\"node-c\"],\"replication_sent\":5,"
+                                     "\"replication_failed\":2"),
                            HasSubstr("\"peer_copies\":3"), HasSubstr("\"peer_copies\":null")));
   // Without peer replication, none of it shows.
   fake_.cluster.mutable_agents(0)->clear_peer_address();

@@ -157,6 +157,9 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
     w.BeginArray();
     for (const std::string& n : a.send_to()) w.String(n);
     w.EndArray();
+    w.Field("replication_sent", a.replication_sent());
+    w.Field("replication_failed", a.replication_failed());
+    w.Field("replication_error", a.replication_error());
     w.Key("ranks");
     w.BeginArray();
     for (const auto& r : a.ranks()) {
@@ -299,7 +302,8 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
   }
   if (replicating) {
     out << "\nreplication (peer memory):\n";
-    Table t({"NODE", "DOMAIN", "PEER ADDRESS", "PARTNERS"});
+    Table t({"NODE", "DOMAIN", "PEER ADDRESS", "PARTNERS", "COPIES"});
+    std::vector<std::string> failing;
     for (const auto& a : cs.agents()) {
       if (a.peer_address().empty()) continue;
       std::string partners = a.send_to_size() == 0 ? "none" : absl::StrJoin(a.send_to(), ",");
@@ -308,9 +312,17 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
       } else if (static_cast<uint32_t>(a.send_to_size()) < a.replicas()) {
         absl::StrAppend(&partners, " (", a.send_to_size(), " of ", a.replicas(), " asked for)");
       }
-      t.Add({a.node_id(), a.failure_domain().empty() ? "-" : a.failure_domain(), a.peer_address(), partners});
+      std::string copies = absl::StrCat(a.replication_sent(), " sent");
+      if (a.replication_failed() > 0) {
+        absl::StrAppend(&copies, ", ", a.replication_failed(), " FAILED");
+        failing.push_back(TerminalSafe(absl::StrCat(a.node_id(), ": ", a.replication_failed(),
+                                                    " peer copies failed; its checkpoints are on disk only. Last: ",
+                                                    a.replication_error())));
+      }
+      t.Add({a.node_id(), a.failure_domain().empty() ? "-" : a.failure_domain(), a.peer_address(), partners, copies});
     }
     t.Print(out);
+    for (const std::string& f : failing) out << "  " << f << "\n";
   }
 
   out << "\njobs: " << jobs.size() << "\n";

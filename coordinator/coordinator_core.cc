@@ -646,6 +646,9 @@ ckptd::v1::GetClusterStatusResponse CoordinatorCore::Status(const ckptd::v1::Get
     a->set_failure_domain(agent->failure_domain);
     a->set_replicas(agent->replicas);
     for (const std::string& to : agent->send_to) a->add_send_to(to);
+    a->set_replication_sent(agent->replication_sent);
+    a->set_replication_failed(agent->replication_failed);
+    a->set_replication_error(agent->replication_error);
     const size_t size = a->ByteSizeLong();
     if (r.agents_size() > 1 && bytes + size > page_bytes) {
       r.mutable_agents()->RemoveLast();

@@ -165,6 +165,10 @@ struct CoordinatorCore::Agent {
   // How long its last checkpoint took to reach its partners
   // (Heartbeat.replicate_seconds; 0: not measured).
   double replicate_seconds = 0;
+  // Its peer copies, as its last heartbeat said (Heartbeat.replication_*).
+  uint64_t replication_sent = 0;
+  uint64_t replication_failed = 0;
+  std::string replication_error;
   std::vector<std::string> send_to;
   std::vector<std::string> receive_from;
   size_t short_of_partners_logged = SIZE_MAX;  // the partner count last logged as short

@@ -47,6 +47,9 @@ absl::StatusOr<ckptd::v1::HeartbeatAck> CoordinatorCore::OnHeartbeat(const ckptd
     // is not a measurement.
     const double q = hb.replicate_seconds();
     agent->replicate_seconds = std::isfinite(q) && q >= 0 && q <= internal::kMaxReplicateSeconds ? q : 0;
+    agent->replication_sent = hb.replication_sent();
+    agent->replication_failed = hb.replication_failed();
+    agent->replication_error = hb.replication_error().substr(0, 1024);
     MaybeRecomputePartners(now);
     ack = HeartbeatReply(*agent, hb);
     NoteDrillChanges(&fx);

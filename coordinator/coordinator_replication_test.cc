@@ -21,6 +21,7 @@
 namespace ckptd::coordinator {
 namespace {
 
+using ::ckptd::testing::IsOk;
 using ::ckptd::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
@@ -584,6 +585,26 @@ ckptd::v1::MemoryCopy MemoryCopyOf(uint64_t step, uint32_t rank, const std::stri
   c.set_file_length(rep.shard().file_length());
   c.set_index_xxh3(rep.shard().index_xxh3());
   return c;
+}
+
+// A node whose peer copies fail (a partner refuses its certificate, say)
+// shows so in the status, with the error, until its heartbeats say otherwise.
+TEST_F(ReplicationTest, FailingPeerCopiesReachTheStatus) {
+  ThreeRacks(1);
+  ckptd::v1::Heartbeat hb = HeartbeatOf("node-a");
+  hb.set_replication_sent(4);
+  hb.set_replication_failed(3);
+  hb.set_replication_error(std::string(5000, 'e'));
+  ASSERT_THAT(core_->OnHeartbeat(hb).status(), IsOk());
+  const ckptd::v1::GetClusterStatusResponse cs = core_->ClusterStatus();
+  const ckptd::v1::AgentStatus* a = AgentIn(cs, "node-a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->replication_sent(), 4u);
+  EXPECT_EQ(a->replication_failed(), 3u);
+  EXPECT_EQ(a->replication_error(), std::string(1024, 'e'));  // bounded
+  const ckptd::v1::AgentStatus* b = AgentIn(cs, "node-b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->replication_failed(), 0u);
 }
 
 TEST_F(ReplicationTest, TheSlowestNodesReplicationTimeIsTheTwoLevelPolicysQ) {

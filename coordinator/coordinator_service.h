@@ -20,6 +20,7 @@
 #include "base/thread_pool.h"
 #include "coordinator/audit_log.h"
 #include "coordinator/coordinator_core.h"
+#include "rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "rpc/server_limits.h"
 
@@ -40,6 +41,10 @@ struct CoordinatorServiceOptions {
   // Accept agent RPCs without any credential (anyone who can reach the port
   // may then act as any node).
   bool insecure_agents = false;
+  // A client certificate speaks for the node it names only when its subject
+  // names this organizational unit (rpc::kNodeCertificateUnit): an
+  // operator's certificate of the same CA is no node's. Empty: any.
+  std::string tls_node_unit = rpc::kNodeCertificateUnit;
   // How often the ticker calls CoordinatorCore::Tick(); zero: a quarter of
   // the core's heartbeat interval.
   absl::Duration tick_interval = absl::ZeroDuration();

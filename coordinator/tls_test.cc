@@ -52,7 +52,8 @@ std::string ReadAll(const std::string& path) {
 // Makes, in `dir`: ca.pem/ca.key (the test CA), server.pem/key (localhost,
 // 127.0.0.1), client.pem/key (common name node-a), san-client.pem/key (common
 // name ckptd-agent, subject alternative names node-s and node-t),
-// odd-client.pem/key (common name node-a"x), and other-ca.pem with
+// odd-client.pem/key (common name node-a"x), all three nodes' (OU=ckptd-node),
+// operator-client.pem/key (common name node-a, OU=ckptd-operator), and other-ca.pem with
 // rogue-client.pem/key signed by that other CA. Returns "" or openssl's output.
 std::string MakeCertificates(const std::string& openssl, const std::string& dir) {
   const std::string o = absl::StrCat("'", openssl, "'");
@@ -67,16 +68,20 @@ std::string MakeCertificates(const std::string& openssl, const std::string& dir)
       o, " req ", ec, " -keyout server.key -out server.csr -subj /CN=localhost\n",
       o, " x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2",
       " -extfile server.ext\n",
-      o, " req ", ec, " -keyout client.key -out client.csr -subj /CN=node-a\n",
+      o, " req ", ec, " -keyout client.key -out client.csr -subj /CN=node-a/OU=ckptd-node\n",
       o, " x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2",
       " -extfile client.ext\n",
       "printf 'subjectAltName=DNS:node-s,DNS:node-t\\nextendedKeyUsage=clientAuth\\n' > san-client.ext\n",
-      o, " req ", ec, " -keyout san-client.key -out san-client.csr -subj /CN=ckptd-agent\n",
+      o, " req ", ec, " -keyout san-client.key -out san-client.csr -subj /CN=ckptd-agent/OU=ckptd-node\n",
       o, " x509 -req -in san-client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out san-client.pem -days 2",
       " -extfile san-client.ext\n",
-      o, " req ", ec, " -keyout odd-client.key -out odd-client.csr -subj '/CN=node-a\"x'\n",
+      o, " req ", ec, " -keyout odd-client.key -out odd-client.csr -subj '/CN=node-a\"x/OU=ckptd-node'\n",
       o, " x509 -req -in odd-client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out odd-client.pem -days 2",
       " -extfile client.ext\n",
+      // An operator's certificate that happens to carry a node's name.
+      o, " req ", ec, " -keyout operator-client.key -out operator-client.csr -subj /CN=node-a/OU=ckptd-operator\n",
+      o, " x509 -req -in operator-client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out operator-client.pem",
+      " -days 2 -extfile client.ext\n",
       o, " req ", ec, " -keyout rogue-client.key -out rogue-client.csr -subj /CN=rogue\n",
       o, " x509 -req -in rogue-client.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial",
       " -out rogue-client.pem -days 2 -extfile client.ext\n");
@@ -300,6 +305,28 @@ TEST_F(TlsTest, ACertificateSpeaksForTheNodeItNamesOnly) {
   EXPECT_FALSE(stream->Read(&ack));
   EXPECT_THAT(FromGrpcStatus(stream->Finish()),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("Heartbeats: the client certificate names")));
+}
+
+// An operator's certificate of the same CA is no node's credential, even
+// when its name is the node's.
+TEST_F(TlsTest, AnOperatorsCertificateIsNoNodes) {
+  EXPECT_THAT(RegisterAs(Client("operator-client"), "node-a"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       ::testing::AllOf(HasSubstr("names node \"node-a\" but is no node's"),
+                                        HasSubstr("OU=ckptd-operator"), HasSubstr("has no OU=ckptd-node"))));
+  EXPECT_THAT(Agents(), ::testing::IsEmpty());
+  // With the agent token it may act as any node, as the token may.
+  EXPECT_THAT(RegisterAs(Client("operator-client"), "node-a", absl::StrCat("Bearer ", kAgentToken)), IsOk());
+}
+
+TEST(SubjectNamesUnitTest, OnlyAWholeOrganizationalUnit) {
+  EXPECT_TRUE(rpc::SubjectNamesUnit("CN=node-01,OU=ckptd-node", "ckptd-node"));
+  EXPECT_TRUE(rpc::SubjectNamesUnit("OU=ckptd-node,CN=node-01,O=Example", "ckptd-node"));
+  EXPECT_TRUE(rpc::SubjectNamesUnit("CN=node-01+OU=ckptd-node", "ckptd-node"));
+  EXPECT_FALSE(rpc::SubjectNamesUnit("CN=node-01,OU=ckptd-nodes", "ckptd-node"));
+  EXPECT_FALSE(rpc::SubjectNamesUnit("CN=OU=ckptd-node", "ckptd-node"));
+  EXPECT_FALSE(rpc::SubjectNamesUnit("CN=a\\,OU=ckptd-node", "ckptd-node"));  // an escaped comma is the name's
+  EXPECT_FALSE(rpc::SubjectNamesUnit("", "ckptd-node"));
 }
 
 TEST_F(TlsTest, TheAgentTokenSpeaksForAnyNodeOverTls) {

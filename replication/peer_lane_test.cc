@@ -826,8 +826,9 @@ TEST_F(StoppingPartnerTest, ALanePutToAPartnerThatTakesNothingGivesUpAtTheDeadli
 
 // ---- TLS ----
 
-// A throw-away CA and one certificate (127.0.0.1, for server and client
-// use) signed by it, in `dir`. "" or openssl's complaint.
+// A throw-away CA and a node's certificate (127.0.0.1, for server and
+// client use, OU=ckptd-node) signed by it, and an operator's (client use
+// only, OU=ckptd-operator), in `dir`. "" or openssl's complaint.
 std::string MakeCertificates(const std::string& openssl, const std::string& dir) {
   const std::string o = absl::StrCat("'", openssl, "'");
   const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
@@ -836,8 +837,13 @@ std::string MakeCertificates(const std::string& openssl, const std::string& dir)
       " -keyout ca.key -out ca.pem -days 2 -subj /CN=ckptd-lane-test-ca"
       " -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign\n",
       "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > node.ext\n", o,
-      " req ", ec, " -keyout node.key -out node.csr -subj /CN=node-a\n", o,
-      " x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 -extfile node.ext\n");
+      " req ", ec, " -keyout node.key -out node.csr -subj /CN=node-a/OU=ckptd-node\n", o,
+      " x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 2 -extfile node.ext\n",
+      // An operator's: a client certificate of the same CA, no node's.
+      "printf 'extendedKeyUsage=clientAuth\\n' > operator.ext\n", o, " req ", ec,
+      " -keyout operator.key -out operator.csr -subj /CN=node-a/OU=ckptd-operator\n", o,
+      " x509 -req -in operator.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out operator.pem -days 2",
+      " -extfile operator.ext\n");
   std::ofstream(dir + "/make.sh") << script;
   const int rc = std::system(absl::StrCat("sh '", dir, "/make.sh' > '", dir, "/openssl.log' 2>&1").c_str());
   if (rc == 0) return "";
@@ -892,6 +898,22 @@ TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
   ckptd::v1::DataLane lane;
   EXPECT_THAT(rpc::FromGrpcStatus(stub->OpenPut(&ctx, Header(2, 4096), &lane)),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("no data lane")));
+
+  // A certificate of the same CA that is no node's (an operator's) fetches
+  // nothing and places nothing.
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<grpc::ChannelCredentials> operator_creds,
+      rpc::ChannelCredentialsFromFiles({dir.Sub("operator.pem"), dir.Sub("operator.key"), dir.Sub("ca.pem")}));
+  GrpcPeerNetworkOptions oo;
+  oo.node_id = "node-a";
+  oo.credentials = operator_creds;
+  GrpcPeerNetwork intruder(oo);
+  std::vector<uint8_t> stolen;
+  EXPECT_THAT(intruder.Fetch(address, Key(1), SinkInto(&stolen)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("no node's: it has no OU=ckptd-node")));
+  EXPECT_TRUE(stolen.empty());
+  EXPECT_THAT(intruder.Put(address, Header(3, kMiB), FilledSource(0x66)),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("no node's")));
   server->Shutdown();
 }
 

@@ -32,6 +32,7 @@
 #include "grpcpp/server_builder.h"
 #include "replication/tcp_socket.h"
 #include "rpc/grpc_status.h"
+#include "rpc/tls.h"
 #include "rpc/server_limits.h"
 
 namespace ckptd::replication {
@@ -773,6 +774,22 @@ absl::StatusOr<std::unique_ptr<PeerService::FetchSlot>> PeerService::TakeFetchSl
 }
 
 absl::Status PeerService::CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const {
+  if (options_.tls && !options_.tls_node_unit.empty()) {
+    // The transport checked that the certificate is the CA's; it must also
+    // be a node's: an operator's certificate of the same CA fetches nothing.
+    std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+    std::string subject;
+    if (auth != nullptr) {
+      for (const grpc::string_ref& s : auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
+        subject.assign(s.data(), s.size());
+      }
+    }
+    if (!rpc::SubjectNamesUnit(subject, options_.tls_node_unit)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          rpc, ": the client certificate (subject \"", absl::CHexEscape(subject.substr(0, 256)),
+          "\") is no node's: it has no OU=", options_.tls_node_unit, "; only agents' certificates may call a Peer service"));
+    }
+  }
   if (options_.agent_token.empty()) return absl::OkStatus();  // TLS (checked by the transport), or open
   const auto& md = ctx.client_metadata();
   auto it = md.find(grpc::string_ref(kAuthorization.data(), kAuthorization.size()));

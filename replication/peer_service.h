@@ -27,6 +27,7 @@
 #include "grpcpp/server.h"
 #include "replication/peer_network.h"
 #include "replication/replica_store.h"
+#include "rpc/tls.h"
 
 namespace ckptd::replication {
 
@@ -38,8 +39,11 @@ struct PeerServiceOptions {
   // service is open, as the coordinator is with --insecure-agents).
   std::string agent_token;
   // With TLS the copies' bytes stay on the encrypted gRPC streams: no data
-  // lane is served.
+  // lane is served. And the caller's certificate must be a node's: its
+  // subject names this organizational unit (rpc::kNodeCertificateUnit;
+  // empty: any certificate of the CA).
   bool tls = false;
+  std::string tls_node_unit = rpc::kNodeCertificateUnit;
   base::Logger* logger = nullptr;
   // Reads the time for the data lane's nonces and handshakes, and its
   // listener's pause after a failed accept.

@@ -83,4 +83,22 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFrom
   return creds;
 }
 
+bool SubjectNamesUnit(std::string_view subject, std::string_view unit) {
+  const std::string want = std::string("OU=") + std::string(unit);
+  size_t start = 0;
+  for (size_t i = 0; i <= subject.size(); ++i) {
+    if (i < subject.size() && subject[i] == '\\') {
+      ++i;  // an escaped character, a comma included
+      continue;
+    }
+    if (i == subject.size() || subject[i] == ',' || subject[i] == '+') {
+      std::string_view rdn = subject.substr(start, i - start);
+      while (!rdn.empty() && rdn.front() == ' ') rdn.remove_prefix(1);
+      if (rdn == want) return true;
+      start = i + 1;
+    }
+  }
+  return false;
+}
+
 }  // namespace ckptd::rpc

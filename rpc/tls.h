@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/security/credentials.h"
@@ -31,6 +32,19 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFromFi
 // `cert` and `key` go together (both empty: no client certificate, which a
 // coordinator requiring one refuses). Errors as above.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFromFiles(const TlsFiles& files);
+
+// The organizational unit that makes a client certificate a node's: with
+// mutual TLS, a certificate speaks for the node its common name or a
+// subjectAltName names only when its subject also names this unit
+// (OU=ckptd-node), so that an operator's certificate of the same CA is no
+// node's (the coordinator refuses it for agent calls, an agent's Peer
+// service refuses it). --tls-node-ou on both changes it; empty: any.
+inline constexpr char kNodeCertificateUnit[] = "ckptd-node";
+
+// Whether `subject` (gRPC's x509_subject property, RFC 2253 as
+// "CN=node-01,OU=ckptd-node,O=Example") names organizational unit `unit`.
+// Escaped commas ("\,") do not split.
+bool SubjectNamesUnit(std::string_view subject, std::string_view unit);
 
 // The contents of a PEM file (`what` names it in errors, e.g. "--tls-ca").
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what);

@@ -1232,9 +1232,10 @@ tls_smoke() {
 tls_smoke_run() {
   local t="$W/tls" log="$W/tls-run" port agent_opts coord_opts
   mkdir -p "$log"
-  CKPTD_TLS_DIR="$t" CKPTD_TLS_SERVER_SAN="DNS:localhost,IP:127.0.0.1" CKPTD_TLS_CLIENTS="agent operator" \
+  CKPTD_TLS_DIR="$t" CKPTD_TLS_SERVER_SAN="DNS:localhost,IP:127.0.0.1" CKPTD_TLS_NODES="agent node-p node-q" \
+    CKPTD_TLS_OPERATORS="operator" CKPTD_TLS_NODE_SANS="IP:127.0.0.1" \
     bash "$W/make-certs.sh" >"$log/openssl.log" 2>&1 || { echo "the recipe failed:"; cat "$log/openssl.log"; return 1; }
-  for f in ca.pem coordinator.pem coordinator.key agent.pem agent.key operator.pem operator.key; do
+  for f in ca.pem coordinator.pem coordinator.key agent.pem agent.key node-p.pem node-q.key operator.pem operator.key; do
     [ -s "$t/$f" ] || { echo "the recipe made no $f"; return 1; }
   done
   od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$log/token"
@@ -1244,7 +1245,7 @@ tls_smoke_run() {
   # shellcheck disable=SC2086  # the OPTS hold several flags, as systemd splits them
   "$BIN/ckptd-coordinator" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --storage-root "$log/root" \
     --state-dir "$log/state" --operator-token-file "$log/token" --agent-token-file "$log/agent-token" $coord_opts \
-    --tls-cert "$t/coordinator.pem" --tls-key "$t/coordinator.key" --tls-ca "$t/ca.pem" \
+    --every 10 --tls-cert "$t/coordinator.pem" --tls-key "$t/coordinator.key" --tls-ca "$t/ca.pem" \
     >"$log/coordinator.out" 2>"$log/coordinator.log" &
   local coord=$!
   echo "$coord" >>"$PIDFILE"
@@ -1278,12 +1279,64 @@ tls_smoke_run() {
     tail -n 5 "$log/agent.log" "$log/coordinator.log"
     return 1
   fi
-  kill -TERM "$agent" "$coord"
+  kill -TERM "$agent"
   wait "$agent" || { echo "the agent did not stop cleanly"; return 1; }
+  tls_peers "$t" "$log" "$port" || return 1
+  kill -TERM "$coord"
   wait "$coord" || { echo "the coordinator did not stop cleanly"; return 1; }
 }
+# Two agents known by the recipe's node certificates alone (no agent token)
+# replicate to each other's memory over TLS: a 2-rank job's newest committed
+# step is held by each rank's partner. And the operator's certificate is no
+# node's: an agent presenting it is refused, saying why.
+tls_peers() {
+  local t="$1" log="$2" port="$3" n pids=() tls=(--tls-ca "$1/ca.pem" --tls-cert "$1/operator.pem" --tls-key "$1/operator.key")
+  # The agent stopped before is lost first: no partner of these two.
+  gone() {
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" --json 2>/dev/null |
+      "$PY" -c 'import json,sys; d=json.load(sys.stdin); sys.exit(1 if any(a["alive"] for a in d["agents"]["nodes"]) else 0)'
+  }
+  wait_for 30 gone || { echo "the first agent was not declared lost"; return 1; }
+  for n in node-p node-q; do
+    "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/$n/agent.sock" --coordinator "127.0.0.1:$port" \
+      --node-id "$n" --peer-listen 127.0.0.1:0 --failure-domain "$n" \
+      --tls-ca "$t/ca.pem" --tls-cert "$t/$n.pem" --tls-key "$t/$n.key" >"$log/$n.out" 2>"$log/$n.log" &
+    pids+=($!)
+    echo "$!" >>"$PIDFILE"
+  done
+  "$BIN/ckptd-agent" --storage-root "$log/root" --socket "$log/op/agent.sock" --coordinator "127.0.0.1:$port" \
+    --node-id operator --tls-ca "$t/ca.pem" --tls-cert "$t/operator.pem" --tls-key "$t/operator.key" \
+    >"$log/op.out" 2>"$log/op.log" &
+  local op=$!
+  echo "$op" >>"$PIDFILE"
+  for n in node-p node-q; do wait_for 30 test -S "$log/$n/agent.sock" || { echo "agent $n did not start"; cat "$log/$n.log"; return 1; }; done
+  local r=0 trainers=()
+  for n in node-p node-q; do
+    "$BIN/ckptd-demo-trainer" --socket "$log/$n/agent.sock" --job tls-peers --rank "$r" --world-size 2 --steps 60 \
+      --step-ms 50 --every 10 --state-mb 1 --agent-wait-ms 30000 >"$log/trainer-$r.out" 2>"$log/trainer-$r.log" &
+    trainers+=($!)
+    r=$((r + 1))
+  done
+  for p in "${trainers[@]}"; do wait "$p" || { echo "a trainer failed:"; cat "$log"/trainer-*.log; return 1; }; done
+  copies() {
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" --json 2>/dev/null |
+      "$PY" -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(j["job"]=="tls-peers" and j.get("peer_copies")==2 for j in d["jobs"]) else 1)'
+  }
+  if ! wait_for 30 copies; then
+    echo "no peer copy of each rank over TLS with the recipe's node certificates:"
+    "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" 2>&1
+    tail -n 8 "$log/node-p.log" "$log/node-q.log"
+    return 1
+  fi
+  wait_for 30 grep -q "is no node's" "$log/op.log" ||
+    { echo "the agent with the operator's certificate was not refused saying why:"; tail -n 5 "$log/op.log"; return 1; }
+  kill -TERM "${pids[@]}" "$op"
+  wait "${pids[@]}" || { echo "the peer agents did not stop cleanly"; return 1; }
+  wait "$op" 2>/dev/null
+  return 0
+}
 if need openssl openssl; then
-  check "the TLS recipe's certificates: coordinator (coordinator.env flags), agent (agent.env flags) and ckptctl talk mutual TLS" \
+  check "the TLS recipe's certificates: coordinator (coordinator.env flags), agent (agent.env flags), ckptctl and peer replication talk mutual TLS; an operator's is no node's" \
     tls_smoke
 fi
 
