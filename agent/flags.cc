@@ -168,7 +168,8 @@ const char kAgentUsage[] =
     "trainer published, newest first.\n"
     "Exit codes: 1 the storage root or --local-cache could not be created, or the agent was still\n"
     "stopping 5s after --shutdown-grace ended (it then exits regardless), 2 bad command line\n"
-    "(a value outside its range included), 3 the socket could not be served.\n";
+    "(a value outside its range included), 3 the socket could not be served (in a directory\n"
+    "other users may write to included).\n";
 
 namespace {
 

@@ -71,6 +71,12 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::Schedule(std::function<void()> task) {
+  if (workers_.empty()) {
+    // No worker could be started (status() says why): the caller runs the
+    // task, slower, rather than leave it queued for no one.
+    task();
+    return;
+  }
   absl::MutexLock l(&mu_);
   tasks_.push_back(std::move(task));
 }

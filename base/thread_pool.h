@@ -57,8 +57,9 @@ class ThreadPool {
   // so that a busy machine does not hold the constructor up). A `guard`
   // applies to a pool whose priority is not kNormal.
   // Where the kernel refuses a thread (RLIMIT_NPROC, pids.max) the pool has
-  // the workers started before (status() says why no more; with none, no
-  // task runs): Create refuses such a pool.
+  // the workers started before (status() says why no more; with none,
+  // Schedule runs each task on the caller's thread): Create refuses such a
+  // pool.
   explicit ThreadPool(int threads, ThreadPriority priority = ThreadPriority::kNormal, StarvationGuard guard = {});
   // The pool, or kResourceExhausted (base::StartThread) when not every
   // thread of it could be started.

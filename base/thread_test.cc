@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/testing/matchers.h"
+#include "base/thread_pool.h"
 #include "base/testing/users.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -59,6 +60,28 @@ TEST(StartThread, ThreadRefusedIsResourceExhaustedNamingWhatAndWhy) {
   EXPECT_THAT(out, AllOf(StartsWith("RESOURCE_EXHAUSTED: cannot start a thread for the test's worker: "),
                          HasSubstr("Resource temporarily unavailable"), HasSubstr("RLIMIT_NPROC"),
                          HasSubstr("pids.max"), HasSubstr("; ran 0")));
+}
+
+// A pool none of whose workers could start still runs what it is given:
+// on the caller's thread, never queued for no one.
+TEST(ThreadPoolWithoutThreads, TasksRunOnTheCallersThread) {
+  const std::string out = WithoutThreads([] {
+    ThreadPool pool(4);
+    if (pool.size() != 0 || pool.status().ok()) return std::string("the pool started workers");
+    std::atomic<int> ran{0};
+    const std::thread::id caller = std::this_thread::get_id();
+    std::atomic<bool> inline_run{false};
+    for (int i = 0; i < 3; ++i) {
+      pool.Schedule([&] {
+        ran.fetch_add(1);
+        inline_run.store(std::this_thread::get_id() == caller);
+      });
+    }
+    return absl::StrCat("ran ", ran.load(), inline_run.load() ? " inline; " : " elsewhere; ",
+                        pool.status().message());
+  });
+  if (absl::StartsWith(out, "SKIP: ")) GTEST_SKIP() << out;
+  EXPECT_THAT(out, AllOf(StartsWith("ran 3 inline; cannot start a thread for a worker of a thread pool")));
 }
 
 }  // namespace
