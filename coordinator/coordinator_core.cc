@@ -283,8 +283,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     {
       // What the registration would hold, at most (ranks of other nodes are
       // left out below), against what all nodes may hold together.
-      const size_t bytes = RegistrationBytes(request.address(), {request.gpus().begin(), request.gpus().end()},
-                                             {request.ranks().begin(), request.ranks().end()});
+      const size_t bytes = RegistrationBytes(request.address(), request.gpus(), request.ranks());
       auto old = agents_.find(node);
       const size_t others = registration_bytes_ - (old != agents_.end() ? old->second->registration_bytes : 0);
       if (others + bytes > options_.max_registration_bytes) {
@@ -588,14 +587,6 @@ size_t CoordinatorCore::RankBytes(const ckptd::v1::RankInfo& rank) {
   // The rank's entry here and in its job (maps of ranks, timings, the
   // shards it reports), beside the message itself.
   return rank.ByteSizeLong() + 512;
-}
-
-size_t CoordinatorCore::RegistrationBytes(const std::string& address, const std::vector<std::string>& gpus,
-                                          const std::vector<ckptd::v1::RankInfo>& ranks) {
-  size_t bytes = 1024 + address.size();  // the node's own record
-  for (const std::string& g : gpus) bytes += g.size() + sizeof(std::string);
-  for (const ckptd::v1::RankInfo& r : ranks) bytes += RankBytes(r);
-  return bytes;
 }
 
 void CoordinatorCore::SetRegistrationBytes(Agent* agent) {

@@ -203,9 +203,15 @@ class CoordinatorCore {
   static constexpr size_t kStatusPageBytes = size_t{2} << 20;
   // What one node's registration holds in memory, as counted against
   // max_registration_bytes: its address, GPU names and ranks, and what
-  // the coordinator keeps beside each.
-  static size_t RegistrationBytes(const std::string& address, const std::vector<std::string>& gpus,
-                                  const std::vector<ckptd::v1::RankInfo>& ranks);
+  // the coordinator keeps beside each. `gpus` and `ranks`: any ranges of
+  // them (a request's repeated fields, or what the core keeps).
+  template <typename Gpus, typename Ranks>
+  static size_t RegistrationBytes(const std::string& address, const Gpus& gpus, const Ranks& ranks) {
+    size_t bytes = 1024 + address.size();  // the node's own record
+    for (const std::string& g : gpus) bytes += g.size() + sizeof(std::string);
+    for (const ckptd::v1::RankInfo& r : ranks) bytes += RankBytes(r);
+    return bytes;
+  }
   static size_t RankBytes(const ckptd::v1::RankInfo& rank);
   absl::StatusOr<ckptd::v1::ListEventsResponse> ListEvents(const ckptd::v1::ListEventsRequest& request);
   absl::StatusOr<ckptd::v1::IntervalStatus> GetInterval(const ckptd::v1::GetIntervalRequest& request);

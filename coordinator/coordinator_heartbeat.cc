@@ -81,7 +81,7 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
   // (max_registration_bytes): ranks past it are left out, as another
   // node's are.
   const size_t others = registration_bytes_ - agent->registration_bytes;
-  size_t bytes = RegistrationBytes(agent->address, agent->gpus, {});
+  size_t bytes = RegistrationBytes(agent->address, agent->gpus, std::vector<ckptd::v1::RankInfo>());
   size_t over = 0;
   for (int i = 0; i < hb.ranks_size(); ++i) {
     const ckptd::v1::RankInfo& r = hb.ranks(i);

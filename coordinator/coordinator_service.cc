@@ -35,19 +35,6 @@ constexpr absl::string_view kAgentCredentialHint =
 // The auth-context properties of a verified client certificate that name its node.
 constexpr const char* kCertificateNames[] = {"x509_subject_alternative_name", "x509_common_name"};
 
-// The subject of the verified client certificate (RFC 2253), or "".
-std::string SubjectOf(const grpc::AuthContext& auth) {
-  for (const grpc::string_ref& s : auth.FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
-    return std::string(s.data(), s.size());
-  }
-  return "";
-}
-
-// Whether the verified client certificate's subject names `unit` (OU).
-bool IsNodeCertificate(const grpc::AuthContext& auth, absl::string_view unit) {
-  return rpc::SubjectNamesUnit(SubjectOf(auth), std::string_view(unit.data(), unit.size()));
-}
-
 // `s` quoted, C-escaped and cut to 128 bytes: names from a certificate or a
 // request may hold anything.
 std::string Quoted(absl::string_view s) {
@@ -278,10 +265,11 @@ absl::Status CoordinatorService::CheckAgent(const grpc::CallbackServerContext& c
           who->credential = kCredentialCertificate;
           // A node's certificate, not an operator's of the same CA that
           // happens to carry the name.
-          if (!options_.tls_node_unit.empty() && !IsNodeCertificate(*auth, options_.tls_node_unit)) {
+          const std::string subject = rpc::CertificateSubject(auth.get());
+          if (!options_.tls_node_unit.empty() && !rpc::SubjectNamesUnit(subject, options_.tls_node_unit)) {
             return absl::PermissionDeniedError(absl::StrCat(
                 rpc, ": the client certificate names node ", Quoted(node_id), " but is no node's: its subject ",
-                Quoted(SubjectOf(*auth)), " has no OU=", options_.tls_node_unit,
+                Quoted(subject), " has no OU=", options_.tls_node_unit,
                 " (an operator's certificate cannot act as a node; issue node certificates with OU=",
                 options_.tls_node_unit, ", docs/operations.md, TLS)"));
           }

@@ -777,13 +777,7 @@ absl::Status PeerService::CheckCaller(const grpc::ServerContext& ctx, absl::stri
   if (options_.tls && !options_.tls_node_unit.empty()) {
     // The transport checked that the certificate is the CA's; it must also
     // be a node's: an operator's certificate of the same CA fetches nothing.
-    std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-    std::string subject;
-    if (auth != nullptr) {
-      for (const grpc::string_ref& s : auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
-        subject.assign(s.data(), s.size());
-      }
-    }
+    const std::string subject = rpc::CertificateSubject(ctx.auth_context().get());
     if (!rpc::SubjectNamesUnit(subject, options_.tls_node_unit)) {
       return absl::PermissionDeniedError(absl::StrCat(
           rpc, ": the client certificate (subject \"", absl::CHexEscape(subject.substr(0, 256)),

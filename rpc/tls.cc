@@ -101,4 +101,12 @@ bool SubjectNamesUnit(std::string_view subject, std::string_view unit) {
   return false;
 }
 
+std::string CertificateSubject(const grpc::AuthContext* auth) {
+  if (auth == nullptr) return "";
+  for (const grpc::string_ref& s : auth->FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME)) {
+    return std::string(s.data(), s.size());
+  }
+  return "";
+}
+
 }  // namespace ckptd::rpc

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 
@@ -45,6 +46,10 @@ inline constexpr char kNodeCertificateUnit[] = "ckptd-node";
 // "CN=node-01,OU=ckptd-node,O=Example") names organizational unit `unit`.
 // Escaped commas ("\,") do not split.
 bool SubjectNamesUnit(std::string_view subject, std::string_view unit);
+
+// The subject (RFC 2253) of the peer's verified certificate on a
+// connection's `auth` context, or "" when there is none.
+std::string CertificateSubject(const grpc::AuthContext* auth);
 
 // The contents of a PEM file (`what` names it in errors, e.g. "--tls-ca").
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what);
