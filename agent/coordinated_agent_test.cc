@@ -1088,7 +1088,7 @@ struct PeerNode {
   std::string name;
   std::unique_ptr<ReplicaStore> store;
   std::unique_ptr<PeerService> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<replication::PeerServer> server;
   std::string address;
   std::unique_ptr<GrpcPeerNetwork> network;
   std::unique_ptr<Replicator> replicator;

@@ -134,7 +134,7 @@ struct PeerParts {
   std::atomic<agent::AgentCore*> core{nullptr};  // for the staging it holds
   std::unique_ptr<replication::ReplicaStore> store;
   std::unique_ptr<replication::PeerService> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<replication::PeerServer> server;
   std::unique_ptr<replication::GrpcPeerNetwork> network;
   std::unique_ptr<replication::Replicator> replicator;
 };
@@ -190,7 +190,7 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
                                               : std::string(" uncapped"))
             << (service.tls                  ? " (TLS)"
                 : service.agent_token.empty() ? " (no credential: any host that reaches the port can fetch copies)"
-                                              : " (agent token)")
+                                              : " (agent token, proven before gRPC reads a call)")
             << "\n";
   return absl::OkStatus();
 }

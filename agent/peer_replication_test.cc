@@ -41,6 +41,7 @@ namespace {
 using ::ckptd::replication::FilledSource;
 using ::ckptd::replication::GrpcPeerNetwork;
 using ::ckptd::replication::GrpcPeerNetworkOptions;
+using ::ckptd::replication::PeerGateStats;
 using ::ckptd::replication::PeerLaneStats;
 using ::ckptd::replication::PeerNetwork;
 using ::ckptd::replication::PeerNetworkStats;
@@ -55,6 +56,7 @@ using ::ckptd::replication::ReplicaStoreOptions;
 using ::ckptd::replication::ReplicationStats;
 using ::ckptd::replication::Replicator;
 using ::ckptd::replication::ReplicatorOptions;
+using ::ckptd::replication::PeerServer;
 using ::ckptd::replication::StartPeerServer;
 using ::ckptd::replication::kMaxReplicaIndexBytes;
 using ::ckptd::replication::kReplicaPieceBytes;
@@ -339,7 +341,7 @@ struct PartnerNode {
     *senders.Add() = Partner("node-a", "", kTicket);
     service->SetSenders(senders);
     int port = 0;
-    absl::StatusOr<std::unique_ptr<grpc::Server>> s = StartPeerServer("127.0.0.1:0", service.get(), nullptr, &port);
+    absl::StatusOr<std::unique_ptr<PeerServer>> s = StartPeerServer("127.0.0.1:0", service.get(), nullptr, &port);
     EXPECT_THAT(s.status(), IsOk());
     if (s.ok()) server = *std::move(s);
     address = absl::StrCat("127.0.0.1:", port);
@@ -352,7 +354,7 @@ struct PartnerNode {
   }
   std::unique_ptr<ReplicaStore> store;
   std::unique_ptr<PeerService> service;
-  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<PeerServer> server;
   std::string address;
 };
 
@@ -481,21 +483,28 @@ TEST_P(PeerServiceTest, EveryCallNeedsTheAgentToken) {
   PartnerNode b(0, kToken, lane());
   ckptd::v1::ReplicaHeader h = Header("job", 0, 7, 1000);
   h.set_ticket(kTicket);
+  // Without TLS the token is proven before gRPC reads a byte (peer_gate.h):
+  // an agent without one speaks gRPC at once and is closed, one with
+  // another token is answered 403.
   GrpcPeerNetwork none(NetworkOptions(""));
-  EXPECT_THAT(none.Put(b.address, h, PatternSource(1000)),
-              StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  EXPECT_THAT(none.Put(b.address, h, PatternSource(1000)), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   GrpcPeerNetwork wrong(NetworkOptions("not-the-token"));
   EXPECT_THAT(wrong.Put(b.address, h, PatternSource(1000)),
-              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::HasSubstr("refused this agent's token")));
   GrpcPeerNetwork right(NetworkOptions());
   ASSERT_THAT(right.Put(b.address, h, PatternSource(1000)), IsOk());
   auto sink = [](const ckptd::v1::ReplicaHeader&) {
     return absl::StatusOr<absl::Span<uint8_t>>(absl::InternalError("must not be reached"));
   };
-  EXPECT_THAT(none.Fetch(b.address, Key("job", 0, 7), sink).status(), StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  EXPECT_THAT(none.Fetch(b.address, Key("job", 0, 7), sink).status(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
   EXPECT_THAT(wrong.Fetch(b.address, Key("job", 0, 7), sink).status(),
-              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::_));
+              StatusIs(absl::StatusCode::kPermissionDenied, ::testing::HasSubstr("refused this agent's token")));
   EXPECT_EQ(b.service->lane_stats().opened, lane() ? 1u : 0u) << "only the call with the token";
+  const PeerGateStats gate = b.server->gate_stats();
+  EXPECT_EQ(gate.admitted, 1u) << "one connection, for every call of `right`";
+  EXPECT_GE(gate.refused, 1u) << "`wrong`'s connection";
+  EXPECT_GE(gate.malformed, 1u) << "`none`'s connection";
 }
 
 TEST_P(PeerServiceTest, ACopyCutShortIsNotKept) {
@@ -522,7 +531,10 @@ TEST_P(PeerServiceTest, ACopyCutShortIsNotKept) {
 class HostileStreamTest : public ::testing::Test {
  protected:
   grpc::Status Send(const std::vector<ckptd::v1::ReplicaPiece>& pieces) {
-    auto stub = ckptd::v1::Peer::NewStub(grpc::CreateChannel(b_.address, grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    ::ckptd::replication::PeerGateChannelArguments(b_.address, kToken, &args);
+    auto stub =
+        ckptd::v1::Peer::NewStub(grpc::CreateCustomChannel(b_.address, grpc::InsecureChannelCredentials(), args));
     grpc::ClientContext ctx;
     ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
     ckptd::v1::PutReplicaResponse response;

@@ -688,7 +688,7 @@ class PeerNodes {
   PeerNodes() = default;
   std::unique_ptr<replication::ReplicaStore> store_;
   std::unique_ptr<replication::PeerService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<replication::PeerServer> server_;
   std::unique_ptr<replication::GrpcPeerNetwork> network_;
   std::unique_ptr<replication::Replicator> replicator_;
   std::unique_ptr<BenchCoordinator> coordinator_;

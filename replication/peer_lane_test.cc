@@ -41,6 +41,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "replication/peer_gate.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
 #include "replication/replicator.h"
@@ -113,6 +114,7 @@ class Conn {
   Conn& operator=(const Conn&) = delete;
 
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
   bool Write(absl::string_view bytes) {
     size_t done = 0;
     while (done < bytes.size()) {
@@ -147,6 +149,29 @@ class Conn {
     std::string buffer(n, '\0');
     return Read(buffer.data(), n);
   }
+  // Writes `n` MiB of `fill`, a MiB at a time, and stops at the first
+  // refusal; the bytes written.
+  uint64_t WriteMiBs(int n, char fill) {
+    const std::string mib(kMiB, fill);
+    uint64_t done = 0;
+    for (int i = 0; i < n; ++i) {
+      const ssize_t w = ::send(fd_, mib.data(), mib.size(), MSG_NOSIGNAL);
+      if (w <= 0) break;
+      done += static_cast<uint64_t>(w);
+    }
+    return done;
+  }
+  // What the service sends until it closes the connection (64 KiB at most).
+  std::string Reply() {
+    std::string out;
+    char buffer[4096];
+    while (out.size() < 65536) {
+      const ssize_t r = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (r <= 0) break;
+      out.append(buffer, static_cast<size_t>(r));
+    }
+    return out;
+  }
   // Reads until the service closes the connection; the bytes read.
   uint64_t Drain() {
     uint64_t total = 0;
@@ -171,6 +196,12 @@ class Conn {
   int fd_ = -1;
   bool connected_ = false;
 };
+
+// A channel to node B's Peer port, through its gate with kToken.
+std::shared_ptr<grpc::Channel> GatedChannel(const std::string& address, grpc::ChannelArguments args = {}) {
+  PeerGateChannelArguments(address, kToken, &args);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
 
 int ThreadCount() {
   int n = 0;
@@ -200,9 +231,10 @@ class LaneTest : public ::testing::Test {
     service_->SetSenders(senders);
     int port = 0;
     CKPTD_ASSERT_OK_AND_ASSIGN(server_, StartPeerServer("127.0.0.1:0", service_.get(), nullptr, &port));
+    port_ = port;
     address_ = absl::StrCat("127.0.0.1:", port);
     CKPTD_ASSERT_OK_AND_ASSIGN(lane_port_, service_->StartDataLane("127.0.0.1", 0));
-    stub_ = ckptd::v1::Peer::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    stub_ = ckptd::v1::Peer::NewStub(GatedChannel(address_));
     GrpcPeerNetworkOptions no;
     no.node_id = "node-a";
     no.agent_token = kToken;
@@ -230,7 +262,8 @@ class LaneTest : public ::testing::Test {
   base::FakeClock clock_;
   std::unique_ptr<ReplicaStore> store_;
   std::unique_ptr<PeerService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PeerServer> server_;
+  int port_ = 0;  // the Peer port, behind its gate
   std::string address_;
   int lane_port_ = 0;
   std::unique_ptr<ckptd::v1::Peer::Stub> stub_;
@@ -411,6 +444,163 @@ TEST_F(LaneTest, StoppingTheServiceCutsACopyUnderWay) {
 
 // A network that hands the trainer the slot back before the piece at
 // `at` is read, then sends over `real`.
+// ---- The gate on the Peer port (peer_gate.h): with an agent token and no
+// TLS, gRPC reads nothing a caller sends before it proved the token.
+
+// The review's attack: 32 callers without the token each send a 64 MiB
+// message at once. Before the gate, gRPC read every one whole (630 MiB more
+// resident); now each is closed after a few bytes.
+TEST_F(LaneTest, LargeMessagesWithoutTheTokenAreNeverRead) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  constexpr int kCallers = 32;
+  std::vector<uint64_t> written(kCallers);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      Conn c(port_);
+      // Half speak gRPC at once (its preface, then a message's bytes); half
+      // start a preamble and never end it.
+      if (i % 2 == 0) {
+        c.Write("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+      } else {
+        c.Write("CONNECT node-b HTTP/1.1\r\nX-Filler: ");
+      }
+      written[i] = c.WriteMiBs(64, 'x');
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (int i = 0; i < kCallers; ++i) EXPECT_LT(written[i], 64 * kMiB) << "caller " << i << " was read whole";
+  ASSERT_TRUE(Eventually([&] { return server_->gate_stats().malformed == kCallers; }))
+      << "malformed " << server_->gate_stats().malformed;
+  const PeerGateStats st = server_->gate_stats();
+  EXPECT_LE(st.bytes_read, uint64_t{kCallers} * (kMaxPreambleBytes + 1024));
+  EXPECT_EQ(st.admitted, 0u);
+  EXPECT_EQ(store_->bytes(), 0u);
+
+  // The same with gRPC's own client: a PutReplica whose first message is
+  // 60 MiB, sent without the preamble, never reaches the service.
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  auto stub = ckptd::v1::Peer::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));  // the token alone proves nothing
+  ckptd::v1::PutReplicaResponse response;
+  auto writer = stub->PutReplica(&ctx, &response);
+  ckptd::v1::ReplicaPiece piece;
+  *piece.mutable_header() = Header(1, 60 * kMiB);
+  piece.set_data(std::string(60 * kMiB, 'y'));
+  (void)writer->Write(piece);
+  writer->WritesDone();
+  EXPECT_THAT(rpc::FromGrpcStatus(writer->Finish()), StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
+  EXPECT_LE(server_->gate_stats().bytes_read, st.bytes_read + kMaxPreambleBytes + 1024);
+  EXPECT_EQ(store_->bytes(), 0u);
+  // A partner with the token is served all the while.
+  EXPECT_THAT(net_->Put(address_, Header(2, kMiB), FilledSource(0x21)), IsOk());
+  EXPECT_EQ(server_->gate_stats().admitted, 1u);
+}
+
+TEST_F(LaneTest, TheGateAnswersWhatIsWrongWithAPreamble) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  struct Case {
+    std::string sent, answer;
+  };
+  const std::vector<Case> cases = {
+      {"CONNECT node-b HTTP/1.0\r\nAuthorization: Bearer not-the-token\r\n\r\n", "HTTP/1.0 403"},
+      {"CONNECT node-b HTTP/1.0\r\nAuthorization: Basic Zm9vOmJhcg==\r\n\r\n", "HTTP/1.0 403"},
+      {"CONNECT node-b HTTP/1.0\r\nHost: node-b\r\n\r\n", "HTTP/1.0 401"},
+      {"GET / HTTP/1.0\r\n\r\n", "HTTP/1.0 400"},
+      // Bytes after the preamble, before the answer: not what gRPC sends.
+      {absl::StrCat("CONNECT node-b HTTP/1.0\r\nAuthorization: Bearer ", kToken, "\r\n\r\nPRI"), "HTTP/1.0 400"},
+      {absl::StrCat("CONNECT node-b HTTP/1.0\r\nX: ", std::string(kMaxPreambleBytes, 'a')), "HTTP/1.0 400"},
+  };
+  for (const Case& c : cases) {
+    Conn conn(port_);
+    ASSERT_TRUE(conn.connected());
+    conn.Write(c.sent);
+    EXPECT_THAT(conn.Reply(), ::testing::StartsWith(c.answer)) << c.sent.substr(0, 80);
+  }
+  const PeerGateStats st = server_->gate_stats();
+  EXPECT_EQ(st.refused, 3u);
+  EXPECT_EQ(st.malformed, 3u);
+  EXPECT_EQ(st.admitted, 0u);
+  // Header names are not case-sensitive; the right token is let through.
+  Conn ok(port_);
+  ok.Write(absl::StrCat("CONNECT node-b HTTP/1.0\r\nAUTHORIZATION:   Bearer ", kToken, "\r\n\r\n"));
+  char answer[19] = {};
+  ASSERT_EQ(::recv(ok.fd(), answer, sizeof(answer), MSG_WAITALL), 19);
+  EXPECT_EQ(absl::string_view(answer, 19), "HTTP/1.0 200 OK\r\n\r\n");
+  EXPECT_TRUE(Eventually([&] { return server_->gate_stats().admitted == 1; }));
+}
+
+TEST_F(LaneTest, ConnectionsThatNeverFinishAPreambleDoNotKeepAPartnerOut) {
+  PeerServiceOptions po;
+  po.max_preambles = 4;  // the fake clock stands still: only crowding closes them
+  ASSERT_NO_FATAL_FAILURE(Start(po));
+  std::vector<std::unique_ptr<Conn>> silent;
+  for (int i = 0; i < 10; ++i) {
+    silent.push_back(std::make_unique<Conn>(port_));
+    ASSERT_TRUE(silent.back()->connected());
+    silent.back()->Write("CONN");  // and then nothing
+  }
+  ASSERT_TRUE(Eventually([&] { return server_->gate_stats().idle_closed >= 6; }));
+  EXPECT_TRUE(silent.front()->ClosedWithin(absl::Seconds(10))) << "the longest waiting went first";
+  EXPECT_THAT(net_->Put(address_, Header(1, kMiB), FilledSource(0x42)), IsOk());
+  EXPECT_EQ(server_->gate_stats().admitted, 1u);
+}
+
+TEST(GateClockTest, AConnectionSlowToPresentItsPreambleIsClosedInRealTime) {
+  ReplicaStore store({});
+  PeerServiceOptions po;
+  po.node_id = "node-b";
+  po.agent_token = kToken;
+  po.preamble_timeout = absl::Milliseconds(200);
+  PeerService service(&store, po);  // the real clock
+  int port = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<PeerServer> server,
+                             StartPeerServer("127.0.0.1:0", &service, nullptr, &port));
+  ASSERT_TRUE(server->gated());
+  Conn slow(port);
+  ASSERT_TRUE(slow.Write("CONNECT node-b HTTP/1.0\r\n"));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(slow.ClosedWithin(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(server->gate_stats().idle_closed, 1u);
+  server->Shutdown();
+}
+
+// A partner's channel presents the preamble again on every new connection:
+// after the partner restarts on its port, copies go on.
+TEST_F(LaneTest, APartnerRestartedOnItsPortIsReachedAgainThroughItsGate) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_THAT(net_->Put(address_, Header(1, kMiB), FilledSource(0x11)), IsOk());
+  server_->Shutdown();
+  server_.reset();
+  PeerServiceOptions po;
+  po.node_id = "node-b";
+  po.agent_token = kToken;
+  PeerService again(store_.get(), po);
+  google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner> senders;
+  senders.Add()->set_node_id("node-a");
+  senders.Mutable(0)->set_ticket(kTicket);
+  again.SetSenders(senders);
+  int port = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<PeerServer> restarted,
+                             StartPeerServer(address_, &again, nullptr, &port));
+  ASSERT_EQ(port, port_);
+  absl::Status put;
+  for (int i = 0; i < 5; ++i) {  // the channel may first see the old connection close
+    put = net_->Put(address_, Header(2, kMiB), FilledSource(0x12));
+    if (put.ok()) break;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_THAT(put, IsOk());
+  EXPECT_EQ(restarted->gate_stats().admitted, 1u);
+  std::vector<uint8_t> got;
+  EXPECT_THAT(net_->Fetch(address_, Key(2), SinkInto(&got)).status(), IsOk());
+  EXPECT_EQ(got, std::vector<uint8_t>(kMiB, 0x12));
+  restarted->Shutdown();
+}
+
 class TakingBackNetwork : public PeerNetwork {
  public:
   TakingBackNetwork(PeerNetwork* real, staging::StagingSegment* segment, uint64_t at)
@@ -516,8 +706,7 @@ class FetcherTest : public LaneTest {
 TEST_F(FetcherTest, AStreamFetcherThatStopsReadingIsCutOffAfterTheStall) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);  // pieces of 4 MiB and a header
-  auto stub = ckptd::v1::Peer::NewStub(
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  auto stub = ckptd::v1::Peer::NewStub(GatedChannel(address_, args));
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
   std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = stub->FetchReplica(&ctx, Request());
@@ -874,7 +1063,7 @@ TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
   EXPECT_THAT(service.StartDataLane("127.0.0.1", 0).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("TLS")));
   int port = 0;
-  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<grpc::Server> server,
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<PeerServer> server,
                              StartPeerServer("127.0.0.1:0", &service, server_creds, &port));
   const std::string address = absl::StrCat("127.0.0.1:", port);
 

@@ -963,11 +963,31 @@ grpc::Status PeerService::OpenFetch(grpc::ServerContext* ctx, const ckptd::v1::F
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string& listen, PeerService* service,
-                                                              std::shared_ptr<grpc::ServerCredentials> credentials,
-                                                              int* port) {
+PeerServer::PeerServer(std::unique_ptr<grpc::Server> server, std::unique_ptr<PeerGate> gate)
+    : server_(std::move(server)), gate_(std::move(gate)) {}
+
+PeerServer::~PeerServer() { Shutdown(); }
+
+void PeerServer::Shutdown() {
+  if (gate_ != nullptr) gate_->Stop();  // before gRPC: nothing is handed to a server shutting down
+  if (server_ != nullptr) server_->Shutdown();
+}
+
+PeerGateStats PeerServer::gate_stats() const { return gate_ != nullptr ? gate_->stats() : PeerGateStats(); }
+
+absl::StatusOr<std::unique_ptr<PeerServer>> StartPeerServer(const std::string& listen, PeerService* service,
+                                                           std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                           int* port) {
+  const PeerServiceOptions& options = service->options();
+  const bool gated = credentials == nullptr && !options.agent_token.empty();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(), port);
+  Fd listener;
+  if (gated) {
+    CKPTD_ASSIGN_OR_RETURN(const auto host_port, base::ParseHostPort(listen, base::PortUse::kListen));
+    CKPTD_ASSIGN_OR_RETURN(listener, tcp::Listen(host_port.first, host_port.second, port, "peers"));
+  } else {
+    builder.AddListeningPort(listen, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(), port);
+  }
   builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -976,7 +996,22 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string&
   if (server == nullptr || *port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve peers on ", listen, " (--peer-listen)"));
   }
-  return server;
+  std::unique_ptr<PeerGate> gate;
+  if (gated) {
+    PeerGateOptions gate_options;
+    gate_options.token = options.agent_token;
+    gate_options.handshake_timeout = options.preamble_timeout;
+    gate_options.max_handshakes = options.max_preambles;
+    gate_options.logger = options.logger;
+    gate_options.clock = options.clock;
+    absl::StatusOr<std::unique_ptr<PeerGate>> started = PeerGate::Start(std::move(listener), server.get(), gate_options);
+    if (!started.ok()) {
+      server->Shutdown();
+      return started.status();
+    }
+    gate = *std::move(started);
+  }
+  return std::make_unique<PeerServer>(std::move(server), std::move(gate));
 }
 
 // ---- The client side ----
@@ -996,10 +1031,30 @@ ckptd::v1::Peer::Stub* GrpcPeerNetwork::StubFor(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
+    if (options_.credentials == nullptr && !options_.agent_token.empty()) {
+      PeerGateChannelArguments(address, options_.agent_token, &args);
+    }
     stub = ckptd::v1::Peer::NewStub(grpc::CreateCustomChannel(
         address, options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(), args));
   }
   return stub.get();
+}
+
+absl::Status GrpcPeerNetwork::FromCall(const grpc::Status& status, const std::string& address) const {
+  absl::Status s = rpc::FromGrpcStatus(status);
+  if (!absl::IsUnavailable(s) || options_.credentials != nullptr || options_.agent_token.empty()) return s;
+  // The partner's gate answered the preamble (peer_gate.h), as gRPC's
+  // CONNECT handshaker reports it.
+  if (absl::StrContains(s.message(), "response code 403")) {
+    return absl::PermissionDeniedError(absl::StrCat("the Peer port at ", address,
+                                                    " refused this agent's token: the partner has another one (",
+                                                    s.message(), ")"));
+  }
+  if (absl::StrContains(s.message(), "response code 40")) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("the Peer port at ", address, " refused this agent's preamble (", s.message(), ")"));
+  }
+  return s;
 }
 
 absl::Duration GrpcPeerNetwork::AllowedFor(uint64_t bytes) const {
@@ -1051,7 +1106,7 @@ absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckpt
   {
     grpc::ClientContext ctx;
     Prepare(&ctx, 0);
-    absl::Status s = rpc::FromGrpcStatus(StubFor(address)->OpenPut(&ctx, header, &lane));
+    absl::Status s = FromCall(StubFor(address)->OpenPut(&ctx, header, &lane), address);
     *no_lane = absl::IsUnimplemented(s);  // the stream is used then
     CKPTD_RETURN_IF_ERROR(s);
   }
@@ -1137,7 +1192,7 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
             : absl::StrCat("did not answer for ", absl::FormatDuration(options_.base_deadline), " after the last byte");
     return absl::UnavailableError(absl::StrCat(what, ": the partner ", when, ", gave up"));
   }
-  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(finished));
+  CKPTD_RETURN_IF_ERROR(FromCall(finished, address));
   if (response.bytes() != header.data_bytes()) {
     return absl::DataLossError(
         absl::StrCat("the partner at ", address, " took ", response.bytes(), " of ", header.data_bytes(), " bytes"));
@@ -1160,7 +1215,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const st
   {
     grpc::ClientContext ctx;
     Prepare(&ctx, 0);
-    absl::Status s = rpc::FromGrpcStatus(StubFor(address)->OpenFetch(&ctx, request, &lane));
+    absl::Status s = FromCall(StubFor(address)->OpenFetch(&ctx, request, &lane), address);
     *no_lane = absl::IsUnimplemented(s);
     CKPTD_RETURN_IF_ERROR(s);
   }
@@ -1289,7 +1344,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
     return absl::DeadlineExceededError(absl::StrCat(what, ": did not arrive within ", absl::FormatDuration(allowed),
                                                     " (", done, " of ", header.data_bytes(), " bytes came), gave up"));
   }
-  CKPTD_RETURN_IF_ERROR(rpc::FromGrpcStatus(finished));
+  CKPTD_RETURN_IF_ERROR(FromCall(finished, address));
   if (first || done != header.data_bytes()) {
     return absl::DataLossError(absl::StrCat(what, " ended after ", done, " of ", header.data_bytes(), " bytes"));
   }

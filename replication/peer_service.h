@@ -25,6 +25,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "replication/peer_gate.h"
 #include "replication/peer_network.h"
 #include "replication/replica_store.h"
 #include "rpc/tls.h"
@@ -62,6 +63,12 @@ struct PeerServiceOptions {
   size_t max_handshakes = 64;
   size_t max_lanes = 64;
   absl::Duration lane_io_timeout = absl::Seconds(30);
+  // The gate on the Peer port (with agent_token and without TLS,
+  // peer_gate.h): how long a connection may take to present the token, and
+  // how many may be presenting it at a time (the longest waiting is closed
+  // for a new one).
+  absl::Duration preamble_timeout = absl::Seconds(10);
+  size_t max_preambles = 64;
   // Fetches served (FetchReplica, and the data lanes OpenFetch opens): one
   // is cut when the fetching node takes no piece for fetch_stall, or has not
   // taken the copy within fetch_stall plus its size at
@@ -116,6 +123,7 @@ class PeerService final : public ckptd::v1::Peer::Service {
   absl::StatusOr<int> StartDataLane(const std::string& host, int port);
   PeerLaneStats lane_stats() const;
   PeerFetchStats fetch_stats() const;
+  const PeerServiceOptions& options() const { return options_; }
 
   grpc::Status PutReplica(grpc::ServerContext* ctx, grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader,
                           ckptd::v1::PutReplicaResponse* response) override;
@@ -151,19 +159,44 @@ class PeerService final : public ckptd::v1::Peer::Service {
   PeerFetchStats fetch_stats_ ABSL_GUARDED_BY(fetch_mu_);
 };
 
+// The Peer service's server: gRPC, and with an agent token but no TLS the
+// gate in front of it (peer_gate.h), so that no caller without the token
+// gets a byte read past the gate's preamble.
+class PeerServer {
+ public:
+  PeerServer(std::unique_ptr<grpc::Server> server, std::unique_ptr<PeerGate> gate);
+  ~PeerServer();  // Shutdown()
+  PeerServer(const PeerServer&) = delete;
+  PeerServer& operator=(const PeerServer&) = delete;
+
+  // Takes no more connections, then shuts gRPC down (waiting for the calls
+  // under way, as grpc::Server::Shutdown does).
+  void Shutdown();
+  bool gated() const { return gate_ != nullptr; }
+  PeerGateStats gate_stats() const;  // zeros without a gate
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<PeerGate> gate_;
+};
+
 // Serves `service` on `listen` (host:port; port 0 picks one) with
-// `credentials` (insecure when null). kUnavailable naming the address when it
-// cannot be bound. `*port` receives the port bound.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartPeerServer(const std::string& listen, PeerService* service,
-                                                              std::shared_ptr<grpc::ServerCredentials> credentials,
-                                                              int* port);
+// `credentials` (insecure when null; then, when the service has an agent
+// token, behind a PeerGate with its preamble_timeout and max_preambles).
+// kUnavailable naming the address when it cannot be bound. `*port` receives
+// the port bound.
+absl::StatusOr<std::unique_ptr<PeerServer>> StartPeerServer(const std::string& listen, PeerService* service,
+                                                           std::shared_ptr<grpc::ServerCredentials> credentials,
+                                                           int* port);
 
 struct GrpcPeerNetworkOptions {
   std::string node_id;
   // TLS credentials, or null: insecure, and the copies' bytes go over the
   // partner's data lane (plain TCP) when it serves one.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  std::string agent_token;  // empty: none sent
+  // Sent with every call, and without TLS first on every connection, to the
+  // partner's PeerGate. Empty: none sent.
+  std::string agent_token;
   // Each call's deadline: `base` plus the time its bytes take at `min_rate`.
   // A fetch over the gRPC stream learns its size from the first piece: it
   // has `base` for that piece, then the deadline for the size from there.
@@ -197,6 +230,8 @@ class GrpcPeerNetwork final : public PeerNetwork {
 
  private:
   ckptd::v1::Peer::Stub* StubFor(const std::string& address);
+  // A finished call's status; a refusal by the partner's gate said as such.
+  absl::Status FromCall(const grpc::Status& status, const std::string& address) const;
   // The time a call moving `bytes` may take (GrpcPeerNetworkOptions).
   absl::Duration AllowedFor(uint64_t bytes) const;
   // A deadline of AllowedFor(bytes) from now, and Authorize.

@@ -136,7 +136,7 @@ absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration con
   return last;
 }
 
-absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound) {
+absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound, absl::string_view what) {
   const std::string where =
       absl::StrCat(host.find(':') != std::string::npos ? absl::StrCat("[", host, "]") : host, ":", port);
   addrinfo hints{};
@@ -146,7 +146,7 @@ absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound) {
   addrinfo* found = nullptr;
   const std::string service = absl::StrCat(port);
   if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve the data lane on ", where, ": ", gai_strerror(rc)));
+    return absl::UnavailableError(absl::StrCat("cannot serve ", what, " on ", where, ": ", gai_strerror(rc)));
   }
   // Every interface: IPv6 first, which takes IPv4 too where it can.
   std::vector<addrinfo*> order;
@@ -155,11 +155,11 @@ absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound) {
     std::stable_sort(order.begin(), order.end(),
                      [](addrinfo* x, addrinfo* y) { return x->ai_family == AF_INET6 && y->ai_family != AF_INET6; });
   }
-  absl::Status last = absl::UnavailableError(absl::StrCat("cannot serve the data lane on ", where, ": no address"));
+  absl::Status last = absl::UnavailableError(absl::StrCat("cannot serve ", what, " on ", where, ": no address"));
   for (addrinfo* a : order) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
     if (fd.get() < 0) {
-      last = base::PosixError(absl::StrCat("data lane ", where, ": socket"), errno);
+      last = base::PosixError(absl::StrCat(what, " ", where, ": socket"), errno);
       continue;
     }
     const int one = 1, zero = 0;
@@ -169,13 +169,13 @@ absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound) {
     }
     if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
       last = absl::UnavailableError(
-          absl::StrCat("cannot serve the data lane on ", where, ": ", base::PosixError("bind", errno).message()));
+          absl::StrCat("cannot serve ", what, " on ", where, ": ", base::PosixError("bind", errno).message()));
       continue;
     }
     sockaddr_storage addr{};
     socklen_t len = sizeof(addr);
     if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      last = base::PosixError(absl::StrCat("data lane ", where, ": getsockname"), errno);
+      last = base::PosixError(absl::StrCat(what, " ", where, ": getsockname"), errno);
       continue;
     }
     *bound = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port

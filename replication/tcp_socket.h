@@ -31,6 +31,8 @@ class Fd {
     return *this;
   }
   int get() const { return fd_; }
+  // The descriptor, no longer owned.
+  int Release() { return std::exchange(fd_, -1); }
   void Reset();
 
  private:
@@ -59,8 +61,9 @@ absl::StatusOr<Fd> Connect(const std::string& host, int port, absl::Duration con
                            base::Clock* clock);
 
 // A listening TCP socket (non-blocking) on `host` (empty: every interface)
-// and `port` (0: any free one); `*bound` gets the port.
-absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound);
+// and `port` (0: any free one); `*bound` gets the port. Errors name it
+// `what` ("the data lane").
+absl::StatusOr<Fd> Listen(const std::string& host, int port, int* bound, absl::string_view what = "the data lane");
 
 // "host:port" of the other end of `fd`, for logs.
 std::string PeerName(int fd);
