@@ -166,8 +166,9 @@ const char kAgentUsage[] =
     "\n"
     "Stops on SIGINT or SIGTERM after persisting, within --shutdown-grace, the snapshots each\n"
     "trainer published, newest first.\n"
-    "Exit codes: 1 the storage root or --local-cache could not be created, or the agent was still\n"
-    "stopping 5s after --shutdown-grace ended (it then exits regardless), 2 bad command line\n"
+    "Exit codes: 1 the storage root or --local-cache could not be created, the agent could not\n"
+    "start the threads it needs (RLIMIT_NPROC, pids.max), or it was still stopping 5s after\n"
+    "--shutdown-grace ended (it then exits regardless), 2 bad command line\n"
     "(a value outside its range included), 3 the socket could not be served (in a directory\n"
     "other users may write to included).\n";
 

@@ -28,6 +28,7 @@
 #include "base/open_files.h"
 #include "base/stop_signals.h"
 #include "base/status_macros.h"
+#include "base/thread.h"
 #include "objstore/storage_root.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
@@ -46,6 +47,8 @@ namespace storage = ckptd::storage;
 // How long past --shutdown-grace the agent may take to stop before it
 // exits regardless (the flush allowance of docs/operations.md's budget).
 constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
+// The threads an agent must be able to run at once to start.
+constexpr int kStartThreads = 32;
 
 // Prints "ckptd-agent: <what>: <why>"; returns the exit code of a failure.
 int Fail(absl::string_view what, const absl::Status& why) {
@@ -210,6 +213,14 @@ int main(int argc, char** argv) {
   if (flags->help) {
     std::cout << agent::kAgentUsage;
     return ckptd::base::kExitOk;
+  }
+  // gRPC's server aborts when its first threads are refused: an agent
+  // started where its user's threads are spent (RLIMIT_NPROC, pids.max)
+  // says so and exits instead. An idle agent runs about 20 threads, one
+  // with a coordinator and partners about 30.
+  if (absl::Status s = ckptd::base::CheckThreadHeadroom("the agent", kStartThreads); !s.ok()) {
+    std::cerr << "ckptd-agent: cannot start: " << s.message() << "\n";
+    return ckptd::base::kExitFailed;
   }
   // Every connection is a file (said only of the Peer port, the agent's
   // only one on the network).

@@ -28,4 +28,12 @@ absl::StatusOr<std::thread> StartThread(absl::string_view what, F&& f) {
   }
 }
 
+// Whether `n` more threads can run at once now: starts them, each waiting
+// until all have started, then ends them. kResourceExhausted
+// (ThreadNotStarted, naming `what` and how many could start) when the kernel
+// refuses one. For a daemon's start, before libraries that abort when their
+// first threads are refused (gRPC's server) make theirs: another process of
+// the same user may still take the room meanwhile.
+absl::Status CheckThreadHeadroom(absl::string_view what, int n);
+
 }  // namespace ckptd::base

@@ -64,8 +64,11 @@ std::string LastLine(const std::string& text) {
 // Starts `argv` as `user`, with stdout and stderr to `out_path` and
 // `err_path` (made by root, before it becomes `user`); returns its pid. The
 // child is killed when the test process dies, so none outlives a crashed test.
+// With `more_threads`, the child's user may start only that many threads
+// or processes more (RLIMIT_NPROC) once it is `user`.
 pid_t SpawnAs(const TestUser& user, const std::vector<std::string>& argv, const std::string& out_path,
-              const std::string& err_path, const std::vector<std::string>& env = {}) {
+              const std::string& err_path, const std::vector<std::string>& env = {},
+              std::optional<size_t> more_threads = std::nullopt) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -79,6 +82,13 @@ pid_t SpawnAs(const TestUser& user, const std::vector<std::string>& argv, const 
     why += "\n";
     (void)!::write(2, why.data(), why.size());
     ::_exit(126);
+  }
+  if (more_threads.has_value()) {
+    if (std::string why = ckptd::testing::LimitNewThreads(*more_threads); !why.empty()) {
+      why += "\n";
+      (void)!::write(2, why.data(), why.size());
+      ::_exit(126);
+    }
   }
   // After setuid, which clears it; exec of a binary that is not set-id keeps it.
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(126);
@@ -321,6 +331,34 @@ TEST_F(TrainerGroupEndToEndTest, ASocketSquattedByAnotherUserIsRefused) {
                              HasSubstr("0 snapshots")))
       << run.err;
   EXPECT_EQ(StopAgent(), 0) << ReadFile(agent_err_);
+}
+
+// An agent started where its user may start only a few more threads (the
+// review's pids.max of 300 with the room spent) says so and exits 1 instead
+// of aborting inside gRPC's server; with room for its threads it serves.
+TEST_F(TrainerGroupEndToEndTest, AnAgentWithoutRoomForItsThreadsSaysSoAndExits) {
+  const std::string run = dir_ + "/c-run";
+  ASSERT_EQ(::mkdir(run.c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(::chown(run.c_str(), c_.uid, c_.groups[0]), 0) << std::strerror(errno);
+  const std::string c_root = dir_ + "/c-root";
+  ASSERT_EQ(::mkdir(c_root.c_str(), 0700), 0) << std::strerror(errno);
+  ASSERT_EQ(::chown(c_root.c_str(), c_.uid, c_.groups[0]), 0) << std::strerror(errno);
+  const std::vector<std::string> argv = {CKPTD_AGENT_BIN, "--storage-root", c_root, "--socket", run + "/agent.sock"};
+  const pid_t cramped = SpawnAs(c_, argv, dir_ + "/cramped.out", dir_ + "/cramped.err", {}, 8);
+  const std::optional<int> code = WaitWithin(cramped, absl::Seconds(60));
+  const std::string err = ReadFile(dir_ + "/cramped.err");
+  EXPECT_EQ(code, std::optional<int>(1)) << err;
+  EXPECT_THAT(err, HasSubstr("ckptd-agent: cannot start: cannot start a thread for the agent"));
+  EXPECT_THAT(err, HasSubstr("RLIMIT_NPROC"));
+  EXPECT_THAT(err, HasSubstr("of the 32 threads it needs to start could run"));
+
+  const pid_t roomy = SpawnAs(c_, argv, dir_ + "/roomy.out", dir_ + "/roomy.err", {}, 64);
+  ASSERT_GT(roomy, 0);
+  const bool serving = Eventually(
+      [&] { return ReadFile(dir_ + "/roomy.err").find("ckptd-agent: serving on unix:") != std::string::npos; });
+  ::kill(roomy, SIGTERM);
+  EXPECT_EQ(WaitWithin(roomy, absl::Seconds(30)), std::optional<int>(0));
+  EXPECT_TRUE(serving) << ReadFile(dir_ + "/roomy.err");
 }
 
 }  // namespace
