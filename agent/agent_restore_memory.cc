@@ -255,7 +255,7 @@ absl::StatusOr<std::optional<uint32_t>> AgentCore::LoadFromPeers(Trainer* t, uin
       if (call->skip_sources.contains(peer.node_id())) continue;
       sources.push_back({peer.node_id(), absl::StrCat("node ", peer.node_id(), "'s memory (", peer.address(), ")"),
                          [this, peer, key](const replication::ReplicaSink& sink) {
-                           return options_.peer_network->Fetch(peer.address(), key, sink).status();
+                           return options_.peer_network->Fetch(peer.address(), key, peer.ticket(), sink).status();
                          }});
     }
   }

@@ -51,6 +51,7 @@ class InProcessCoordinator : public CoordinatorClient {
     absl::StatusOr<ckptd::v1::RegisterAgentResponse> r = core_->RegisterAgent(req);
     EXPECT_THAT(r.status(), IsOk());
     session_ = r.ok() ? r->session() : "";
+    fetch_key_ = r.ok() ? r->fetch_key() : "";
   }
   void ShardDurable(const ckptd::v1::ShardReport& report) override {
     ckptd::v1::ReportShardRequest req;
@@ -141,11 +142,14 @@ class InProcessCoordinator : public CoordinatorClient {
   // and what is done to them on the way (an attack).
   bool plans_reshards = true;
   std::function<void(ckptd::v1::ReshardPlanResponse*)> tamper;
+  // The registration's key for the node's Peer service.
+  const std::string& fetch_key() const { return fetch_key_; }
 
  private:
   coordinator::CoordinatorCore* const core_;
   const std::string node_;
   std::string session_;
+  std::string fetch_key_;
   absl::Mutex mu_;
   std::map<std::string, ckptd::v1::Schedule> schedules_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::ShardReport> reports_ ABSL_GUARDED_BY(mu_);
@@ -1134,6 +1138,7 @@ class PeerReplicationTest : public CoordinatedAgentTest {
     req.set_failure_domain(domain);
     req.set_replicas(1);
     n->link = std::make_unique<InProcessCoordinator>(&core_, name, req);
+    n->service->SetFetchKey(n->link->fetch_key());
     AgentOptions o = Options(n->link.get());
     o.node_id = name;
     o.replicator = n->replicator.get();

@@ -263,13 +263,19 @@ absl::Status CoordinatorLink::Register() {
     return absl::Status(static_cast<absl::StatusCode>(answer.error_code()),
                         absl::StrCat(address, ": ", answer.error_message()));
   }
-  absl::MutexLock l(&mu_);
-  if (!AcceptEpoch(resp.coordinator_epoch(), address)) {
-    // Another replica leads now: go there (the shards stay queued).
-    session_.reset();
-    moved_ |= targets_->Observe(address, grpc::Status(grpc::StatusCode::UNAVAILABLE, "a deposed leader"));
-    return absl::UnavailableError(absl::StrCat(address, ": a deposed leader (epoch ", resp.coordinator_epoch(), ")"));
+  {
+    absl::MutexLock l(&mu_);
+    if (!AcceptEpoch(resp.coordinator_epoch(), address)) {
+      // Another replica leads now: go there (the shards stay queued).
+      session_.reset();
+      moved_ |= targets_->Observe(address, grpc::Status(grpc::StatusCode::UNAVAILABLE, "a deposed leader"));
+      return absl::UnavailableError(absl::StrCat(address, ": a deposed leader (epoch ", resp.coordinator_epoch(), ")"));
+    }
   }
+  // Before the session is used: partners may fetch only with tickets of
+  // this registration's key from then on.
+  if (options_.on_registered) options_.on_registered(resp);
+  absl::MutexLock l(&mu_);
   // The coordinator took every shard of the registration (or refused it for good).
   for (const ShardKey& key : sent) shards_.erase(key);
   session_ = resp.session();

@@ -58,6 +58,9 @@ struct CoordinatorLinkOptions {
   // Called with every heartbeat answer, on the heartbeat thread (drill
   // orders, and the delivery of the drill reports the heartbeat carried).
   std::function<void(const ckptd::v1::HeartbeatAck&)> on_ack;
+  // Called with every registration's answer, before its first heartbeat,
+  // on the heartbeat thread (the Peer service's fetch key).
+  std::function<void(const ckptd::v1::RegisterAgentResponse&)> on_registered;
   // Where the component reports what an operator should read (default:
   // base::DefaultLogger()); must outlive it.
   base::Logger* logger = nullptr;

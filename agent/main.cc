@@ -79,11 +79,19 @@ class HeartbeatRelay {
     if (replicator_ != nullptr) replicator_->SetPartners(ack.send_to());
     if (peer_service_ != nullptr) peer_service_->SetSenders(ack.receive_from());
   }
+  // The key of the latest registration, for the Peer service's fetch
+  // tickets (kept for a service connected later).
+  void OnRegistered(const ckptd::v1::RegisterAgentResponse& response) {
+    absl::MutexLock l(&mu_);
+    fetch_key_ = response.fetch_key();
+    if (peer_service_ != nullptr) peer_service_->SetFetchKey(fetch_key_);
+  }
   // Peer replication: who to send to and whom to take copies from.
   void ConnectPeers(replication::Replicator* replicator, replication::PeerService* service) {
     absl::MutexLock l(&mu_);
     replicator_ = replicator;
     peer_service_ = service;
+    if (peer_service_ != nullptr && !fetch_key_.empty()) peer_service_->SetFetchKey(fetch_key_);
   }
 
  private:
@@ -92,6 +100,7 @@ class HeartbeatRelay {
   replication::PeerService* peer_service_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::AgentCore* core_ ABSL_GUARDED_BY(mu_) = nullptr;
   agent::DrillExecutor* drills_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string fetch_key_ ABSL_GUARDED_BY(mu_);
 };
 
 // Testing and drills: slow storage (so that a persist is reliably in flight),
@@ -261,6 +270,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<agent::CoordinatorLink> link;
   if (flags->link) {
     flags->link->on_ack = [&relay](const ckptd::v1::HeartbeatAck& ack) { relay.OnAck(ack); };
+    flags->link->on_registered = [&relay](const ckptd::v1::RegisterAgentResponse& r) { relay.OnRegistered(r); };
     flags->link->memory_tier = options.keep_in_memory;
     link =
         std::make_unique<agent::CoordinatorLink>(*flags->link, [&relay](ckptd::v1::Heartbeat* hb) { relay.Fill(hb); });

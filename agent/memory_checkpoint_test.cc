@@ -290,7 +290,7 @@ class LoopbackNetwork : public PeerNetwork {
     return absl::OkStatus();
   }
   absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                 const ReplicaSink& sink) override {
+                                                 const std::string& ticket, const ReplicaSink& sink) override {
     absl::MutexLock l(&mu_);
     auto it = copies_.find({address, key.job(), key.rank(), key.step()});
     if (it == copies_.end()) return absl::NotFoundError(absl::StrCat(address, " holds no copy of that step"));
@@ -1056,7 +1056,7 @@ class EmergencyFromPartnerTest : public MemoryCheckpointTest {
       CKPTD_ASSIGN_OR_RETURN(reserved, store_.Reserve(h));
       return absl::Span<uint8_t>(reserved->replica().data(), reserved->replica().size());
     };
-    CKPTD_ASSERT_OK(net_.Fetch("node-b", key, sink).status());
+    CKPTD_ASSERT_OK(net_.Fetch("node-b", key, "", sink).status());
     store_.Keep(std::move(reserved));
   }
   AgentOptions NodeB() {

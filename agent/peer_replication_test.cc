@@ -409,7 +409,7 @@ TEST_P(PeerServiceTest, ACopySentIsFetchedBackByteForByte) {
   EXPECT_EQ(held->header().ticket(), "") << "the ticket is not kept";
   std::vector<uint8_t> back(bytes);
   absl::StatusOr<ckptd::v1::ReplicaHeader> got =
-      net.Fetch(b.address, Key("job", 0, 7), [&](const ckptd::v1::ReplicaHeader& header) {
+      net.Fetch(b.address, Key("job", 0, 7), "", [&](const ckptd::v1::ReplicaHeader& header) {
         return absl::StatusOr<absl::Span<uint8_t>>(absl::Span<uint8_t>(back.data(), header.data_bytes()));
       });
   ASSERT_THAT(got.status(), IsOk());
@@ -418,7 +418,7 @@ TEST_P(PeerServiceTest, ACopySentIsFetchedBackByteForByte) {
   uint64_t wrong = 0;
   for (uint64_t i = 0; i < bytes; ++i) wrong += back[i] != Pattern(i);
   EXPECT_EQ(wrong, 0u);
-  EXPECT_THAT(net.Fetch(b.address, Key("job", 0, 8), [&](const ckptd::v1::ReplicaHeader&) {
+  EXPECT_THAT(net.Fetch(b.address, Key("job", 0, 8), "", [&](const ckptd::v1::ReplicaHeader&) {
     return absl::StatusOr<absl::Span<uint8_t>>(absl::Span<uint8_t>());
   }).status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("holds no copy")));
   ExpectPath(net);
@@ -496,9 +496,9 @@ TEST_P(PeerServiceTest, EveryCallNeedsTheAgentToken) {
   auto sink = [](const ckptd::v1::ReplicaHeader&) {
     return absl::StatusOr<absl::Span<uint8_t>>(absl::InternalError("must not be reached"));
   };
-  EXPECT_THAT(none.Fetch(b.address, Key("job", 0, 7), sink).status(),
+  EXPECT_THAT(none.Fetch(b.address, Key("job", 0, 7), "", sink).status(),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::_));
-  EXPECT_THAT(wrong.Fetch(b.address, Key("job", 0, 7), sink).status(),
+  EXPECT_THAT(wrong.Fetch(b.address, Key("job", 0, 7), "", sink).status(),
               StatusIs(absl::StatusCode::kPermissionDenied, ::testing::HasSubstr("refused this agent's token")));
   EXPECT_EQ(b.service->lane_stats().opened, lane() ? 1u : 0u) << "only the call with the token";
   const PeerGateStats gate = b.server->gate_stats();
@@ -613,7 +613,7 @@ class RecordingNetwork : public PeerNetwork {
     sent.push_back({address, header, std::move(data)});
     return absl::OkStatus();
   }
-  absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string&, const ckptd::v1::ReplicaKey&,
+  absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string&, const ckptd::v1::ReplicaKey&, const std::string&,
                                                  const ReplicaSink&) override {
     return absl::UnimplementedError("not here");
   }

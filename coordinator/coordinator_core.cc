@@ -257,6 +257,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
   // 128 random bits: a session names the registration in every later call,
   // and nobody may guess another node's (nor an earlier coordinator's).
   CKPTD_ASSIGN_OR_RETURN(std::string session, base::RandomHex(16));
+  CKPTD_ASSIGN_OR_RETURN(std::string fetch_key, base::RandomHex(16));
   ckptd::v1::RegisterAgentResponse response;
   Effects fx;
   std::vector<std::string> refused;  // ranks another node hosts, logged below
@@ -319,6 +320,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->address = request.address();
     agent->gpus.assign(request.gpus().begin(), request.gpus().end());
     agent->session = std::move(session);
+    agent->fetch_key = std::move(fetch_key);
     const absl::Time now = clock_->Now();
     agent->last_heartbeat = now;
     agent->alive = true;
@@ -347,6 +349,7 @@ absl::StatusOr<ckptd::v1::RegisterAgentResponse> CoordinatorCore::RegisterAgent(
     agent->ranks = std::move(accepted);
     SetRegistrationBytes(agent.get());
     response.set_session(agent->session);
+    response.set_fetch_key(agent->fetch_key);
     response.set_coordinator_epoch(options_.epoch);
     response.set_heartbeat_interval_ms(
         static_cast<uint32_t>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.heartbeat_interval))));

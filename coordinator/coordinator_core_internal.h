@@ -142,6 +142,8 @@ struct CoordinatorCore::Agent {
   std::string node_id;
   std::string address;
   std::string session;  // 32 hex digits (RegisterAgentResponse.session)
+  // What its Peer service checks fetch tickets with (RegisterAgentResponse.fetch_key).
+  std::string fetch_key;
   std::vector<std::string> gpus;
   std::vector<ckptd::v1::RankInfo> ranks;
   // RegistrationBytes of the above, counted in the core's registration_bytes_.

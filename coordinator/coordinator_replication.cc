@@ -18,6 +18,7 @@
 #include "coordinator/coordinator_core_internal.h"
 #include "coordinator/job.h"
 #include "coordinator/replication.h"
+#include "rpc/fetch_ticket.h"
 #include "storage/layout.h"
 
 namespace ckptd::coordinator {
@@ -271,6 +272,7 @@ void CoordinatorCore::AddPlanPeers(const Agent& asker, const Job& job, uint32_t 
     ckptd::v1::PeerCopy* p = plan->add_peers();
     p->set_node_id(a->node_id);
     p->set_address(a->peer_address);
+    p->set_ticket(rpc::FetchTicket(a->fetch_key, asker.node_id, job.name(), rank, plan->step()));
   }
 }
 

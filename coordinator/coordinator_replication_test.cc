@@ -17,6 +17,7 @@
 #include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rpc/fetch_ticket.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -311,6 +312,18 @@ TEST_F(ReplicationTest, PlansNamePeersHoldingTheStepOtherDomainsFirst) {
   // the asker's rack: last.
   EXPECT_THAT(PeerNodes(plan), ElementsAre("node-c", "node-d"));
   EXPECT_EQ(plan.peers(0).address(), "node-c:7300");
+  // Each with the ticket its holder's Peer service asks of node-a for that
+  // copy, under the holder's key: of no use to another node, another copy,
+  // or at another holder.
+  for (const auto& p : plan.peers()) {
+    const std::string& key = fetch_keys_[p.node_id()];
+    EXPECT_EQ(key.size(), 32u);
+    EXPECT_TRUE(rpc::FetchTicketValid(p.ticket(), key, "node-a", kJob, 0, 10)) << p.node_id();
+    EXPECT_FALSE(rpc::FetchTicketValid(p.ticket(), key, "node-b", kJob, 0, 10)) << p.node_id();
+    EXPECT_FALSE(rpc::FetchTicketValid(p.ticket(), key, "node-a", kJob, 1, 10)) << p.node_id();
+  }
+  EXPECT_NE(fetch_keys_["node-c"], fetch_keys_["node-d"]);
+  EXPECT_FALSE(rpc::FetchTicketValid(plan.peers(0).ticket(), fetch_keys_["node-d"], "node-a", kJob, 0, 10));
   // Rank 2 of node-b: nobody holds it.
   CKPTD_ASSERT_OK_AND_ASSIGN(plan, Plan(2));
   EXPECT_THAT(plan.peers(), IsEmpty());

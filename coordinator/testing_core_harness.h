@@ -191,6 +191,7 @@ class CoreRequests {
   std::unique_ptr<CoordinatorCore> core_;
   // Per registered node: its session and its registration.
   std::map<std::string, std::string> sessions_;
+  std::map<std::string, std::string> fetch_keys_;  // by node: its latest registration's
   std::map<std::string, ckptd::v1::RegisterAgentRequest> ranks_;
 };
 
@@ -202,6 +203,7 @@ class CoreHarness : public CoreRequests {
     absl::StatusOr<ckptd::v1::RegisterAgentResponse> resp = core_->RegisterAgent(req);
     Check(resp.status(), absl::StrCat("registering ", req.node_id()));
     sessions_[req.node_id()] = resp.ok() ? resp->session() : "";
+    fetch_keys_[req.node_id()] = resp.ok() ? resp->fetch_key() : "";
     ranks_[req.node_id()] = req;
     return sessions_[req.node_id()];
   }

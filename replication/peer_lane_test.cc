@@ -47,6 +47,7 @@
 #include "replication/replicator.h"
 #include "replication/tcp_socket.h"
 #include "replication/testing_peer_harness.h"
+#include "rpc/fetch_ticket.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 #include "staging/staging.h"
@@ -419,7 +420,7 @@ TEST_F(LaneTest, IdleConnectionsDoNotHoldUpACopy) {
   ckptd::v1::ReplicaHeader h = Header(1, 9 * kMiB + 5);
   ASSERT_THAT(net_->Put(address_, h, FilledSource(0x42)), IsOk());
   std::vector<uint8_t> back;
-  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), SinkInto(&back)).status());
+  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), "", SinkInto(&back)).status());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_EQ(back, std::vector<uint8_t>(9 * kMiB + 5, 0x42));
   EXPECT_EQ(net_->stats().lane_puts, 1u);
@@ -444,6 +445,54 @@ TEST_F(LaneTest, StoppingTheServiceCutsACopyUnderWay) {
 
 // A network that hands the trainer the slot back before the piece at
 // `at` is read, then sends over `real`.
+// A holder registered with a coordinator (SetFetchKey) serves a fetch only
+// with the ticket the coordinator made for the fetching node and the copy,
+// on the data lane and the gRPC stream alike.
+TEST_F(LaneTest, AFetchNeedsTheTicketMadeForItsNodeAndCopy) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_THAT(net_->Put(address_, Header(1, kMiB), FilledSource(0x51)), IsOk());
+  ASSERT_THAT(net_->Put(address_, Header(2, kMiB), FilledSource(0x52)), IsOk());
+  constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
+  service_->SetFetchKey(kKey);
+  std::vector<uint8_t> got;
+  EXPECT_THAT(net_->Fetch(address_, Key(1), "", SinkInto(&got)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("node \"node-a\" has no ticket of node node-b for job job rank 0 step 1"),
+                             HasSubstr("none was presented"))));
+  const struct {
+    std::string ticket, what;
+  } wrong[] = {
+      {rpc::FetchTicket(kKey, "node-x", "job", 0, 1), "another node's"},
+      {rpc::FetchTicket(kKey, "node-a", "job", 0, 2), "another step's"},
+      {rpc::FetchTicket("0123456789abcdef0123456789abcdeX", "node-a", "job", 0, 1), "another holder's"},
+      {std::string(rpc::kFetchTicketBytes, 'x'), "made up"},
+  };
+  for (const auto& w : wrong) {
+    EXPECT_THAT(net_->Fetch(address_, Key(1), w.ticket, SinkInto(&got)).status(),
+                StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("is not valid")))
+        << w.what;
+  }
+  EXPECT_EQ(service_->lane_stats().opened, 2u) << "the two puts' lanes only";
+  // The gRPC stream asks the same.
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kToken));
+  ckptd::v1::FetchReplicaRequest request;
+  *request.mutable_key() = Key(1);
+  request.set_node_id("node-a");
+  std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = stub_->FetchReplica(&ctx, request);
+  ckptd::v1::ReplicaPiece piece;
+  EXPECT_FALSE(reader->Read(&piece));
+  EXPECT_THAT(rpc::FromGrpcStatus(reader->Finish()),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("has no ticket")));
+
+  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), rpc::FetchTicket(kKey, "node-a", "job", 0, 1), SinkInto(&got)).status());
+  EXPECT_EQ(got, std::vector<uint8_t>(kMiB, 0x51));
+  // A holder that registered again has a new key: the old plan's tickets go.
+  service_->SetFetchKey("fedcba9876543210fedcba9876543210");
+  EXPECT_THAT(net_->Fetch(address_, Key(1), rpc::FetchTicket(kKey, "node-a", "job", 0, 1), SinkInto(&got)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("registered again")));
+}
+
 // ---- The gate on the Peer port (peer_gate.h): with an agent token and no
 // TLS, gRPC reads nothing a caller sends before it proved the token.
 
@@ -596,7 +645,7 @@ TEST_F(LaneTest, APartnerRestartedOnItsPortIsReachedAgainThroughItsGate) {
   EXPECT_THAT(put, IsOk());
   EXPECT_EQ(restarted->gate_stats().admitted, 1u);
   std::vector<uint8_t> got;
-  EXPECT_THAT(net_->Fetch(address_, Key(2), SinkInto(&got)).status(), IsOk());
+  EXPECT_THAT(net_->Fetch(address_, Key(2), "", SinkInto(&got)).status(), IsOk());
   EXPECT_EQ(got, std::vector<uint8_t>(kMiB, 0x12));
   restarted->Shutdown();
 }
@@ -619,8 +668,8 @@ class TakingBackNetwork : public PeerNetwork {
     return real_->Put(address, header, wrapped);
   }
   absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                 const ReplicaSink& sink) override {
-    return real_->Fetch(address, key, sink);
+                                                 const std::string& ticket, const ReplicaSink& sink) override {
+    return real_->Fetch(address, key, ticket, sink);
   }
 
  private:
@@ -753,7 +802,7 @@ TEST_F(FetcherTest, FetchesPastTheLimitAreRefused) {
   clock_.Advance(absl::Seconds(31));
   EXPECT_TRUE(Eventually([&] { return service_->fetch_stats().in_flight == 0; }));
   std::vector<uint8_t> back;
-  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), SinkInto(&back)).status());
+  CKPTD_ASSERT_OK(net_->Fetch(address_, Key(1), "", SinkInto(&back)).status());
   EXPECT_EQ(back.size(), kFetchedCopyBytes);
   EXPECT_TRUE(Eventually([&] { return service_->fetch_stats().in_flight == 0; })) << "the lane's thread lets go";
   EXPECT_EQ(service_->fetch_stats().cut, 0u);
@@ -893,7 +942,7 @@ class StoppingPartnerTest : public ::testing::Test {
   absl::Status Fetch() {
     return Within([&] {
       std::vector<uint8_t> into;
-      return net_->Fetch(address_, Key(1), SinkInto(&into)).status();
+      return net_->Fetch(address_, Key(1), "", SinkInto(&into)).status();
     });
   }
   absl::Status Put(uint64_t bytes) {
@@ -955,7 +1004,7 @@ TEST_F(StoppingPartnerTest, AStalledFetchIsCutWhenTheNetworksClockPassesTheBaseD
   absl::Status fetched;
   std::thread fetch([&] {
     std::vector<uint8_t> into;
-    fetched = net.Fetch(address_, Key(1), SinkInto(&into)).status();
+    fetched = net.Fetch(address_, Key(1), "", SinkInto(&into)).status();
   });
   if (!Eventually([&] { return clock.waiters() == 1; })) {
     ADD_FAILURE() << "the fetch is not watched on the network's clock";
@@ -1073,7 +1122,7 @@ TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
   GrpcPeerNetwork net(no);
   ASSERT_THAT(net.Put(address, Header(1, 9 * kMiB), FilledSource(0x17)), IsOk());
   std::vector<uint8_t> back;
-  CKPTD_ASSERT_OK(net.Fetch(address, Key(1), SinkInto(&back)).status());
+  CKPTD_ASSERT_OK(net.Fetch(address, Key(1), "", SinkInto(&back)).status());
   EXPECT_EQ(back, std::vector<uint8_t>(9 * kMiB, 0x17));
   const PeerNetworkStats st = net.stats();
   EXPECT_EQ(st.stream_puts, 1u);
@@ -1098,7 +1147,15 @@ TEST(LaneTlsTest, WithTlsTheBytesStayOnTheGrpcStreams) {
   oo.credentials = operator_creds;
   GrpcPeerNetwork intruder(oo);
   std::vector<uint8_t> stolen;
-  EXPECT_THAT(intruder.Fetch(address, Key(1), SinkInto(&stolen)).status(),
+  // A node's certificate fetches only as the node it names.
+  GrpcPeerNetworkOptions other = no;
+  other.node_id = "node-c";
+  GrpcPeerNetwork impostor(other);
+  EXPECT_THAT(impostor.Fetch(address, Key(1), "", SinkInto(&stolen)).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       HasSubstr("names node \"node-c\", which the client certificate does not name")));
+  EXPECT_TRUE(stolen.empty());
+  EXPECT_THAT(intruder.Fetch(address, Key(1), "", SinkInto(&stolen)).status(),
               StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("no node's: it has no OU=ckptd-node")));
   EXPECT_TRUE(stolen.empty());
   EXPECT_THAT(intruder.Put(address, Header(3, kMiB), FilledSource(0x66)),

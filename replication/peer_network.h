@@ -43,9 +43,10 @@ class PeerNetwork {
   virtual absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
                            const PieceSource& source) = 0;
   // Pulls the copy of `key` from the agent at `address` into what `sink`
-  // says; returns its header. kNotFound when the agent holds no such copy.
+  // says, presenting `ticket` (the restore plan's PeerCopy.ticket); returns
+  // its header. kNotFound when the agent holds no such copy.
   virtual absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                         const ReplicaSink& sink) = 0;
+                                                         const std::string& ticket, const ReplicaSink& sink) = 0;
 };
 
 }  // namespace ckptd::replication

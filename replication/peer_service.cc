@@ -31,6 +31,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/server_builder.h"
 #include "replication/tcp_socket.h"
+#include "rpc/fetch_ticket.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 #include "rpc/server_limits.h"
@@ -799,6 +800,35 @@ absl::Status PeerService::CheckCaller(const grpc::ServerContext& ctx, absl::stri
   return absl::OkStatus();
 }
 
+void PeerService::SetFetchKey(std::string key) {
+  absl::MutexLock l(&mu_);
+  fetch_key_ = std::move(key);
+}
+
+absl::Status PeerService::CheckFetcher(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
+                                       absl::string_view rpc) const {
+  const std::string node = absl::CHexEscape(request.node_id().substr(0, 256));
+  if (options_.tls && !rpc::CertificateNames(ctx.auth_context().get(), request.node_id())) {
+    return absl::PermissionDeniedError(absl::StrCat(rpc, ": the fetch names node \"", node,
+                                                    "\", which the client certificate does not name"));
+  }
+  std::string key;
+  {
+    absl::MutexLock l(&mu_);
+    key = fetch_key_;
+  }
+  if (key.empty()) return absl::OkStatus();  // no coordinator has given one (SetFetchKey)
+  const ckptd::v1::ReplicaKey& copy = request.key();
+  if (!rpc::FetchTicketValid(request.ticket(), key, request.node_id(), copy.job(), copy.rank(), copy.step())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, ": node \"", node, "\" has no ticket of node ", options_.node_id, " for ", KeyText(copy),
+        request.ticket().empty() ? " (none was presented)" : " (the one presented is not valid)",
+        ": only a node the coordinator planned that restore for may fetch the copy (with the ticket of its plan); "
+        "a holder that registered again since the plan has a new key"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PeerService::CheckSender(const ckptd::v1::ReplicaHeader& header, absl::string_view rpc) {
   absl::MutexLock l(&mu_);
   auto it = tickets_.find(header.from_node());
@@ -855,6 +885,10 @@ absl::Status PeerService::Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* r
 grpc::Status PeerService::FetchReplica(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
                                        grpc::ServerWriter<ckptd::v1::ReplicaPiece>* writer) {
   if (absl::Status s = CheckCaller(*ctx, "FetchReplica"); !s.ok()) return rpc::ToGrpcStatus(s);
+  if (absl::Status s = CheckFetcher(*ctx, *request, "FetchReplica"); !s.ok()) {
+    logger_->Warning(absl::StrCat("peer fetch from ", ctx->peer(), " refused: ", s.message()));
+    return rpc::ToGrpcStatus(s);
+  }
   const std::string fetcher =
       absl::StrCat("node ", absl::CHexEscape(request->node_id().substr(0, 256)), " (", ctx->peer(), ")");
   absl::StatusOr<std::unique_ptr<FetchSlot>> slot = TakeFetchSlot("FetchReplica", fetcher);
@@ -933,6 +967,10 @@ grpc::Status PeerService::OpenPut(grpc::ServerContext* ctx, const ckptd::v1::Rep
 grpc::Status PeerService::OpenFetch(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
                                     ckptd::v1::DataLane* lane) {
   if (absl::Status s = CheckCaller(*ctx, "OpenFetch"); !s.ok()) return rpc::ToGrpcStatus(s);
+  if (absl::Status s = CheckFetcher(*ctx, *request, "OpenFetch"); !s.ok()) {
+    logger_->Warning(absl::StrCat("peer fetch from ", ctx->peer(), " refused: ", s.message()));
+    return rpc::ToGrpcStatus(s);
+  }
   Lanes* lanes;
   {
     absl::MutexLock l(&mu_);
@@ -1084,13 +1122,13 @@ absl::Status GrpcPeerNetwork::Put(const std::string& address, const ckptd::v1::R
 
 absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::Fetch(const std::string& address,
                                                                 const ckptd::v1::ReplicaKey& key,
-                                                                const ReplicaSink& sink) {
+                                                                const std::string& ticket, const ReplicaSink& sink) {
   if (options_.credentials == nullptr) {
     bool no_lane = false;
-    absl::StatusOr<ckptd::v1::ReplicaHeader> got = FetchOverLane(address, key, sink, &no_lane);
+    absl::StatusOr<ckptd::v1::ReplicaHeader> got = FetchOverLane(address, key, ticket, sink, &no_lane);
     if (!no_lane) return got;
   }
-  return FetchOverStream(address, key, sink);
+  return FetchOverStream(address, key, ticket, sink);
 }
 
 absl::Status GrpcPeerNetwork::PutOverLane(const std::string& address, const ckptd::v1::ReplicaHeader& header,
@@ -1202,6 +1240,7 @@ absl::Status GrpcPeerNetwork::PutOverStream(const std::string& address, const ck
 
 absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const std::string& address,
                                                                         const ckptd::v1::ReplicaKey& key,
+                                                                        const std::string& ticket,
                                                                         const ReplicaSink& sink, bool* no_lane) {
   absl::StatusOr<std::pair<std::string, uint16_t>> host = base::ParseHostPort(address, base::PortUse::kConnect);
   if (!host.ok()) {
@@ -1211,6 +1250,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const st
   ckptd::v1::FetchReplicaRequest request;
   *request.mutable_key() = key;
   request.set_node_id(options_.node_id);
+  request.set_ticket(ticket);
   ckptd::v1::DataLane lane;
   {
     grpc::ClientContext ctx;
@@ -1268,6 +1308,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverLane(const st
 
 absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const std::string& address,
                                                                           const ckptd::v1::ReplicaKey& key,
+                                                                          const std::string& ticket,
                                                                           const ReplicaSink& sink) {
   {
     absl::MutexLock l(&mu_);
@@ -1286,6 +1327,7 @@ absl::StatusOr<ckptd::v1::ReplicaHeader> GrpcPeerNetwork::FetchOverStream(const 
   ckptd::v1::FetchReplicaRequest request;
   *request.mutable_key() = key;
   request.set_node_id(options_.node_id);
+  request.set_ticket(ticket);
   watch.BeginWait();
   std::unique_ptr<grpc::ClientReader<ckptd::v1::ReplicaPiece>> reader = StubFor(address)->FetchReplica(&ctx, request);
   ckptd::v1::ReplicaPiece piece;

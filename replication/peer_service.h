@@ -113,6 +113,12 @@ class PeerService final : public ckptd::v1::Peer::Service {
   // HeartbeatAck.receive_from): a copy is taken only from one of them, with
   // its ticket. Replaces the previous set.
   void SetSenders(const google::protobuf::RepeatedPtrField<ckptd::v1::ReplicationPartner>& senders);
+  // The key of this node's registration with the coordinator
+  // (RegisterAgentResponse.fetch_key): from then on a fetch is served only
+  // with the ticket it makes for the fetching node and the copy
+  // (rpc/fetch_ticket.h). Before a key is set (no coordinator: tests and
+  // benchmarks; an agent not yet registered holds no copy) none is asked.
+  void SetFetchKey(std::string key);
 
   // Serves the data lane on `host` (an address of this machine, as in
   // --peer-listen; empty: every interface) and `port` (0: any free one), and
@@ -140,6 +146,10 @@ class PeerService final : public ckptd::v1::Peer::Service {
 
   // The call's credential (see PeerServiceOptions::agent_token).
   absl::Status CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const;
+  // Whether `request` may fetch: the node it names is the caller's (with
+  // TLS, a name of its certificate) and its ticket is this node's for it.
+  absl::Status CheckFetcher(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
+                            absl::string_view rpc) const;
   // Whether `header` comes from a partner sending here, with its ticket.
   absl::Status CheckSender(const ckptd::v1::ReplicaHeader& header, absl::string_view rpc);
   absl::Status Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader, ckptd::v1::PutReplicaResponse* response);
@@ -153,6 +163,7 @@ class PeerService final : public ckptd::v1::Peer::Service {
   base::Clock* const fetch_clock_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::string> tickets_ ABSL_GUARDED_BY(mu_);  // by sending node
+  std::string fetch_key_ ABSL_GUARDED_BY(mu_);                       // SetFetchKey
   std::unique_ptr<Lanes> lanes_ ABSL_GUARDED_BY(mu_);                // null until StartDataLane
   // A leaf: taken under the lanes' lock when a lane goes.
   mutable absl::Mutex fetch_mu_;
@@ -225,7 +236,7 @@ class GrpcPeerNetwork final : public PeerNetwork {
   absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
                    const PieceSource& source) override;
   absl::StatusOr<ckptd::v1::ReplicaHeader> Fetch(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                 const ReplicaSink& sink) override;
+                                                 const std::string& ticket, const ReplicaSink& sink) override;
   PeerNetworkStats stats() const;
 
  private:
@@ -245,9 +256,10 @@ class GrpcPeerNetwork final : public PeerNetwork {
   absl::Status PutOverStream(const std::string& address, const ckptd::v1::ReplicaHeader& header,
                              const PieceSource& source);
   absl::StatusOr<ckptd::v1::ReplicaHeader> FetchOverLane(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                         const ReplicaSink& sink, bool* no_lane);
+                                                         const std::string& ticket, const ReplicaSink& sink,
+                                                         bool* no_lane);
   absl::StatusOr<ckptd::v1::ReplicaHeader> FetchOverStream(const std::string& address, const ckptd::v1::ReplicaKey& key,
-                                                           const ReplicaSink& sink);
+                                                           const std::string& ticket, const ReplicaSink& sink);
 
   const GrpcPeerNetworkOptions options_;
   base::Clock* const clock_;

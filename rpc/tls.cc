@@ -109,4 +109,14 @@ std::string CertificateSubject(const grpc::AuthContext* auth) {
   return "";
 }
 
+bool CertificateNames(const grpc::AuthContext* auth, std::string_view name) {
+  if (auth == nullptr || !auth->IsPeerAuthenticated() || name.empty()) return false;
+  for (const char* property : {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+    for (const grpc::string_ref& n : auth->FindPropertyValues(property)) {
+      if (std::string_view(n.data(), n.size()) == name) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace ckptd::rpc

@@ -51,6 +51,10 @@ bool SubjectNamesUnit(std::string_view subject, std::string_view unit);
 // connection's `auth` context, or "" when there is none.
 std::string CertificateSubject(const grpc::AuthContext* auth);
 
+// Whether the peer's verified certificate on `auth` names `name` (its
+// common name or a subjectAltName); false without one.
+bool CertificateNames(const grpc::AuthContext* auth, std::string_view name);
+
 // The contents of a PEM file (`what` names it in errors, e.g. "--tls-ca").
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& what);
 
