@@ -807,6 +807,13 @@ void PeerService::SetFetchKey(std::string key) {
 
 absl::Status PeerService::CheckFetcher(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
                                        absl::string_view rpc) const {
+  absl::Status s = FetcherAllowed(ctx, request, rpc);
+  if (!s.ok()) logger_->Warning(absl::StrCat("peer fetch from ", ctx.peer(), " refused: ", s.message()));
+  return s;
+}
+
+absl::Status PeerService::FetcherAllowed(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
+                                         absl::string_view rpc) const {
   const std::string node = absl::CHexEscape(request.node_id().substr(0, 256));
   if (options_.tls && !rpc::CertificateNames(ctx.auth_context().get(), request.node_id())) {
     return absl::PermissionDeniedError(absl::StrCat(rpc, ": the fetch names node \"", node,
@@ -885,10 +892,7 @@ absl::Status PeerService::Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* r
 grpc::Status PeerService::FetchReplica(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
                                        grpc::ServerWriter<ckptd::v1::ReplicaPiece>* writer) {
   if (absl::Status s = CheckCaller(*ctx, "FetchReplica"); !s.ok()) return rpc::ToGrpcStatus(s);
-  if (absl::Status s = CheckFetcher(*ctx, *request, "FetchReplica"); !s.ok()) {
-    logger_->Warning(absl::StrCat("peer fetch from ", ctx->peer(), " refused: ", s.message()));
-    return rpc::ToGrpcStatus(s);
-  }
+  if (absl::Status s = CheckFetcher(*ctx, *request, "FetchReplica"); !s.ok()) return rpc::ToGrpcStatus(s);
   const std::string fetcher =
       absl::StrCat("node ", absl::CHexEscape(request->node_id().substr(0, 256)), " (", ctx->peer(), ")");
   absl::StatusOr<std::unique_ptr<FetchSlot>> slot = TakeFetchSlot("FetchReplica", fetcher);
@@ -967,10 +971,7 @@ grpc::Status PeerService::OpenPut(grpc::ServerContext* ctx, const ckptd::v1::Rep
 grpc::Status PeerService::OpenFetch(grpc::ServerContext* ctx, const ckptd::v1::FetchReplicaRequest* request,
                                     ckptd::v1::DataLane* lane) {
   if (absl::Status s = CheckCaller(*ctx, "OpenFetch"); !s.ok()) return rpc::ToGrpcStatus(s);
-  if (absl::Status s = CheckFetcher(*ctx, *request, "OpenFetch"); !s.ok()) {
-    logger_->Warning(absl::StrCat("peer fetch from ", ctx->peer(), " refused: ", s.message()));
-    return rpc::ToGrpcStatus(s);
-  }
+  if (absl::Status s = CheckFetcher(*ctx, *request, "OpenFetch"); !s.ok()) return rpc::ToGrpcStatus(s);
   Lanes* lanes;
   {
     absl::MutexLock l(&mu_);
@@ -1069,9 +1070,7 @@ ckptd::v1::Peer::Stub* GrpcPeerNetwork::StubFor(const std::string& address) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
-    if (options_.credentials == nullptr && !options_.agent_token.empty()) {
-      PeerGateChannelArguments(address, options_.agent_token, &args);
-    }
+    if (ThroughGate()) PeerGateChannelArguments(address, options_.agent_token, &args);
     stub = ckptd::v1::Peer::NewStub(grpc::CreateCustomChannel(
         address, options_.credentials != nullptr ? options_.credentials : grpc::InsecureChannelCredentials(), args));
   }
@@ -1080,7 +1079,7 @@ ckptd::v1::Peer::Stub* GrpcPeerNetwork::StubFor(const std::string& address) {
 
 absl::Status GrpcPeerNetwork::FromCall(const grpc::Status& status, const std::string& address) const {
   absl::Status s = rpc::FromGrpcStatus(status);
-  if (!absl::IsUnavailable(s) || options_.credentials != nullptr || options_.agent_token.empty()) return s;
+  if (!absl::IsUnavailable(s) || !ThroughGate()) return s;
   // The partner's gate answered the preamble (peer_gate.h), as gRPC's
   // CONNECT handshaker reports it.
   if (absl::StrContains(s.message(), "response code 403")) {

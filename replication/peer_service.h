@@ -148,8 +148,11 @@ class PeerService final : public ckptd::v1::Peer::Service {
   absl::Status CheckCaller(const grpc::ServerContext& ctx, absl::string_view rpc) const;
   // Whether `request` may fetch: the node it names is the caller's (with
   // TLS, a name of its certificate) and its ticket is this node's for it.
+  // CheckFetcher logs a refusal.
   absl::Status CheckFetcher(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
                             absl::string_view rpc) const;
+  absl::Status FetcherAllowed(const grpc::ServerContext& ctx, const ckptd::v1::FetchReplicaRequest& request,
+                              absl::string_view rpc) const;
   // Whether `header` comes from a partner sending here, with its ticket.
   absl::Status CheckSender(const ckptd::v1::ReplicaHeader& header, absl::string_view rpc);
   absl::Status Receive(grpc::ServerReader<ckptd::v1::ReplicaPiece>* reader, ckptd::v1::PutReplicaResponse* response);
@@ -241,6 +244,8 @@ class GrpcPeerNetwork final : public PeerNetwork {
 
  private:
   ckptd::v1::Peer::Stub* StubFor(const std::string& address);
+  // Partners are reached through their PeerGate: an agent token, no TLS.
+  bool ThroughGate() const { return options_.credentials == nullptr && !options_.agent_token.empty(); }
   // A finished call's status; a refusal by the partner's gate said as such.
   absl::Status FromCall(const grpc::Status& status, const std::string& address) const;
   // The time a call moving `bytes` may take (GrpcPeerNetworkOptions).
