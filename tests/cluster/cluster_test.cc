@@ -318,14 +318,26 @@ class Cluster {
     return {resp.steps().begin(), resp.steps().end()};
   }
   // The job's failure events, newest first.
+  // The job's failure events. A coordinator that does not answer (it is up in
+  // every test that asks) fails the test rather than reading as "no events":
+  // under load (sanitizers, a busy machine) one call can miss a short
+  // deadline, so it is asked again for up to 20 s.
   std::vector<ckptd::v1::FailureEvent> Events() {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     ckptd::v1::ListEventsRequest req;
     req.set_job(kJob);
-    ckptd::v1::ListEventsResponse resp;
-    if (stub_ == nullptr || !stub_->ListEvents(&ctx, req, &resp).ok()) return {};
-    return {resp.events().begin(), resp.events().end()};
+    grpc::Status status(grpc::StatusCode::UNAVAILABLE, "no coordinator started");
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (stub_ != nullptr) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      ckptd::v1::ListEventsResponse resp;
+      status = stub_->ListEvents(&ctx, req, &resp);
+      if (status.ok()) return {resp.events().begin(), resp.events().end()};
+      if (absl::Now() >= give_up) break;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    ADD_FAILURE() << "ListEvents: " << status.error_message();
+    return {};
   }
   // Events of `kind` on `node` (and `rank`, when given).
   std::vector<ckptd::v1::FailureEvent> EventsOf(ckptd::v1::FailureKind kind, const std::string& node,
