@@ -45,6 +45,7 @@ const char kAgentUsage[] =
     "                   [--peer-listen <host:port> [--peer-data-port N] [--peer-address <host:port>]\n"
     "                   [--replicas N] [--failure-domain <label>] [--replication-gbps G]]]\n"
     "                   [--shutdown-grace <d>] [--inject-write-latency <duration>] [--allow-drills]\n"
+    "                   [--help] [--version]\n"
     "\n"
     "Serves the trainer ranks of this node over a Unix socket (owner-only):\n"
     "owns their shared-memory staging, persists every published snapshot in\n"

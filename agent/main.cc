@@ -29,6 +29,7 @@
 #include "base/stop_signals.h"
 #include "base/status_macros.h"
 #include "base/thread.h"
+#include "base/version.h"
 #include "objstore/storage_root.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
@@ -211,6 +212,10 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
 
 int main(int argc, char** argv) {
   ckptd::base::SetProgramName("ckptd-agent");
+  if (ckptd::base::AsksForVersion(std::vector<std::string>(argv + 1, argv + argc))) {
+    std::cout << ckptd::base::VersionLine("ckptd-agent") << "\n";
+    return 0;
+  }
   // Before any thread starts, so that a SIGTERM waits for main() whichever
   // thread it lands on.
   const sigset_t stop_signals = ckptd::base::BlockStopSignals();

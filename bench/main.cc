@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/flags.h"
+#include "base/version.h"
 #include "bench/coordinator_bench.h"
 #include "bench/overhead_bench.h"
 #include "bench/persist_bench.h"
@@ -13,6 +14,10 @@
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (ckptd::base::AsksForVersion(args)) {
+    std::cout << ckptd::base::VersionLine("ckptd-bench") << "\n";
+    return 0;
+  }
   const char kUsage[] =
       "usage: ckptd-bench <benchmark> [options]\n"
       "\n"
@@ -30,7 +35,7 @@ int main(int argc, char** argv) {
       "  reshard   a step of N ranks restored onto M: the coordinator's plans beside each\n"
       "            rank planning from every saved index\n"
       "\n"
-      "`ckptd-bench <benchmark> --help` describes a benchmark.\n";
+      "`ckptd-bench <benchmark> --help` describes a benchmark; `ckptd-bench --version` prints the version.\n";
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     (args.empty() ? std::cerr : std::cout) << kUsage;
     return args.empty() ? ckptd::base::kExitUsage : ckptd::base::kExitOk;

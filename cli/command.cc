@@ -33,6 +33,36 @@ absl::Status CheckCoordinatorAddress(const base::Args& args) {
   return absl::OkStatus();
 }
 
+bool GivesFlag(const std::vector<std::string>& argv, absl::string_view flag) {
+  const std::string bare = absl::StrCat("--", flag);
+  for (const std::string& a : argv) {
+    if (a == "--") break;
+    if (a == bare || absl::StartsWith(a, absl::StrCat(bare, "="))) return true;
+  }
+  return false;
+}
+
+void AddEnvironmentDefaults(absl::string_view command, std::vector<std::string>* argv,
+                            const std::function<const char*(const char*)>& getenv) {
+  const std::string sub = argv->empty() ? "" : argv->front();
+  const bool online = command == "status" || command == "checkpoint" || command == "list" ||
+                      command == "restore-plan" || (command == "drill" && (sub == "run" || sub == "suite")) ||
+                      (command == "verify" && !GivesFlag(*argv, "root")) ||
+                      (command == "interval" && GivesFlag(*argv, "job"));
+  if (!online) return;
+  // Before a "--" that ends the flags, if there is one.
+  auto end = std::find(argv->begin(), argv->end(), std::string("--"));
+  std::vector<std::string> added;
+  for (const auto& [flag, variable] : {std::pair<const char*, const char*>{"coordinator", "CKPTD_COORDINATOR"},
+                                       std::pair<const char*, const char*>{"token-file", "CKPTD_TOKEN_FILE"}}) {
+    const char* value = getenv(variable);
+    if (value == nullptr || *value == '\0' || GivesFlag(*argv, flag)) continue;
+    added.push_back(absl::StrCat("--", flag));
+    added.push_back(value);
+  }
+  argv->insert(end, added.begin(), added.end());
+}
+
 std::string Percent(double fraction) { return absl::StrFormat("%.3g %%", 100 * fraction); }
 
 // "3/4"; "-" when neither is known (an entry that carries no world size).

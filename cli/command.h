@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -43,6 +44,20 @@ const std::set<std::string>& CoordinatorValueFlags();
 // --coordinator's HOST:PORT, when given: kInvalidArgument naming the flag
 // when it is malformed or its port is outside 1..65535 (never wrapped).
 absl::Status CheckCoordinatorAddress(const base::Args& args);
+
+// Whether `argv` (before a "--") gives `flag` ("--flag" or "--flag=value").
+bool GivesFlag(const std::vector<std::string>& argv, absl::string_view flag);
+
+// The environment's stand-ins for flags a command line leaves out:
+// CKPTD_COORDINATOR for --coordinator and CKPTD_TOKEN_FILE for --token-file,
+// appended to `argv` (the arguments after the command's name) where
+// `command` talks to a live coordinator: status, checkpoint, list,
+// restore-plan, drill run and drill suite always; verify without --root
+// (otherwise the offline verify); interval with --job (otherwise the
+// offline calculation). A flag on the command line wins; an unset or empty
+// variable adds nothing. `getenv` is ::getenv but for tests.
+void AddEnvironmentDefaults(absl::string_view command, std::vector<std::string>* argv,
+                            const std::function<const char*(const char*)>& getenv);
 
 std::string Percent(double fraction);
 // "3/4"; "-" when neither is known (an entry that carries no world size).

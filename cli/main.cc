@@ -1,10 +1,13 @@
 // ckptctl: the operator's command line.
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "base/flags.h"
 #include "base/logger.h"
+#include "base/version.h"
+#include "cli/command.h"
 #include "cli/drill_commands.h"
 #include "cli/interval_commands.h"
 #include "cli/offline_commands.h"
@@ -31,7 +34,8 @@ const char kUsage[] =
     "  plan                   checkpoint size, stall, persist time and interval for a model and layout\n"
     "\n"
     "online commands (--coordinator HOST:PORT, or replicas as HOST:PORT,HOST:PORT,... whose leader\n"
-    "is followed; optionally --tls-ca/--tls-cert/--tls-key):\n"
+    "is followed; optionally --tls-ca/--tls-cert/--tls-key; the environment's CKPTD_COORDINATOR and\n"
+    "CKPTD_TOKEN_FILE stand for --coordinator and --token-file when they are left out):\n"
     "  status                 agents (and their replication partners), jobs, schedules, the\n"
     "                         policy's interval and recent failures\n"
     "  checkpoint --job J     take a manual checkpoint now and wait for it to commit (--token-file F)\n"
@@ -42,7 +46,7 @@ const char kUsage[] =
     "  drill suite FILE --job J         run the drills FILE lists, one after the other, and sum them up\n"
     "  verify --job J         the coordinator reads a committed step back and checks it (--token-file F)\n"
     "\n"
-    "`ckptctl <command> --help` describes a command.\n"
+    "`ckptctl <command> --help` describes a command; `ckptctl --version` prints the version.\n"
     "exit status: 0 success, 1 failure, 2 usage error, 3 the coordinator cannot be reached\n";
 
 }  // namespace
@@ -50,12 +54,17 @@ const char kUsage[] =
 int main(int argc, char** argv) {
   ckptd::base::SetProgramName("ckptctl");
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (ckptd::base::AsksForVersion(args)) {
+    std::cout << ckptd::base::VersionLine("ckptctl") << "\n";
+    return 0;
+  }
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     (args.empty() ? std::cerr : std::cout) << kUsage;
     return args.empty() ? ckptd::base::kExitUsage : ckptd::base::kExitOk;
   }
   const std::string command = args[0];
   args.erase(args.begin());
+  ckptd::cli::AddEnvironmentDefaults(command, &args, ::getenv);
   std::unique_ptr<ckptd::storage::PosixFileSystem> posix = ckptd::storage::NewPosixFileSystem();
   // --root may name a directory or an object store (s3://bucket/prefix).
   auto fs = std::make_unique<ckptd::objstore::RoutingFileSystem>(posix.get());

@@ -136,6 +136,7 @@ const char kCoordinatorUsage[] =
     "                              link or anything but a regular file is refused. With or without it,\n"
     "                              each record is also logged as a line \"audit: {...}\" on stderr\n"
     "  --help                      this text\n"
+    "  --version                   print the version and exit\n"
     "\n"
     "Durations are like 500ms, 1s, 1m30s, 2h; positive, and at most 720h (30 days) unless said\n"
     "otherwise. Prints \"ckptd-coordinator: listening on <host>:<port>\" to stderr once serving,\n"

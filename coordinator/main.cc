@@ -45,6 +45,7 @@
 #include <optional>
 
 #include "base/status_macros.h"
+#include "base/version.h"
 #include "coordinator/etcd_state_store.h"
 #include "coordinator/state_copy.h"
 #include "etcd/etcd_client.h"
@@ -532,6 +533,10 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
 
 int main(int argc, char** argv) {
   ckptd::base::SetProgramName("ckptd-coordinator");
+  if (ckptd::base::AsksForVersion(std::vector<std::string>(argv + 1, argv + argc))) {
+    std::cout << ckptd::base::VersionLine("ckptd-coordinator") << "\n";
+    return 0;
+  }
   const sigset_t stop_signals = ckptd::base::BlockStopSignals();
   absl::StatusOr<co::CoordinatorFlags> flags =
       co::ParseCoordinatorFlags(std::vector<std::string>(argv + 1, argv + argc));

@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "base/flags.h"
 #include "base/limits.h"
+#include "base/version.h"
 #include "client/client.h"
 #include "format/checksum.h"
 
@@ -35,7 +36,7 @@ const char kUsage[] =
     "usage: ckptd-demo-trainer --socket <path> --job <name> --steps <n> --state-mb <m>\n"
     "                          [--rank r --world-size w] [--every k] [--accum a] [--step-ms t]\n"
     "                          [--skip-restore COMPONENT] [--agent-wait-ms t] [--pace-file PATH]\n"
-    "                          [--sharded]\n"
+    "                          [--sharded] [--help] [--version]\n"
     "\n"
     "Ranges: --steps 1..2^62, --state-mb 1..65536 (MiB of state), --world-size\n"
     "1..1048576 (default 1), --rank 0..world-size - 1 (default 0), --every 0..2^40,\n"
@@ -238,6 +239,10 @@ uint64_t StepMs(const std::string& pace_file, uint64_t step_ms) {
 int main(int argc, char** argv) {
   using ckptd::base::Args;
   std::vector<std::string> argv_list(argv + 1, argv + argc);
+  if (ckptd::base::AsksForVersion(argv_list)) {
+    std::cout << ckptd::base::VersionLine("ckptd-demo-trainer") << "\n";
+    return 0;
+  }
   absl::StatusOr<Args> args = Args::Parse(argv_list,
                                           {"socket", "job", "steps", "state-mb", "rank", "world-size", "every", "accum",
                                            "step-ms", "skip-restore", "agent-wait-ms", "pace-file"},
