@@ -45,8 +45,15 @@ __all__ = ["Checkpointer", "ResumableLoader", "DEFAULT_EVERY", "derived_seed"]
 # coordinator schedules them (a coordinator's schedule always wins). The same
 # on every rank, so that the ranks of a job snapshot the same steps.
 DEFAULT_EVERY = 500
+# Snapshots skipped for want of a free staging slot are told once at the first
+# and then summed up at most this often (seconds), and at close().
+SKIP_SUMMARY_INTERVAL = 60.0
 
 _log = logging.getLogger(__name__)
+# What to change when snapshots are skipped for want of a staging slot.
+_SKIP_KNOBS = ("To skip fewer: pass slot_wait=SECONDS to wait for a slot, snapshot less often (every=), or give "
+               "the agent more staging slots (ckptd-agent --slots, at the cost of host memory) or a faster "
+               "storage root")
 
 _DTYPES = {torch.float32: _ckptd.FLOAT32, torch.bfloat16: _ckptd.BFLOAT16, torch.float16: _ckptd.FLOAT16,
            torch.float64: _ckptd.FLOAT64, torch.int8: _ckptd.INT8, torch.uint8: _ckptd.UINT8,
@@ -476,6 +483,11 @@ class Checkpointer:
         self.snapshots_taken = 0
         self.registrations = 0  # times the tracked state was registered with the agent
         self.persist_failures = 0  # snapshots the agent could not persist, as reported so far
+        self.snapshots_skipped = 0  # snapshots skipped: no free staging slot
+        self.last_snapshot_step = None  # the step of the last snapshot handed to the agent
+        self._skips_untold = 0  # skips since the last warning about them
+        self._skips_newest = None  # the newest skipped step
+        self._skips_told_at = 0.0  # time.monotonic() of that warning
         self.last_persist_failure = None  # (step, error) of the newest one
         self._failures_seen = 0  # of the current client
 
@@ -503,6 +515,14 @@ class Checkpointer:
         if name in self._tracked:
             raise ValueError(f"ckptd: '{name}' is already tracked")
         if not callable(getattr(obj, "state_dict", None)) or not callable(getattr(obj, "load_state_dict", None)):
+            if isinstance(obj, (torch.utils.data.DataLoader, torch.utils.data.Sampler)):
+                # A plain loader keeps no position: a resumed job would read its
+                # epoch again from the start.
+                raise TypeError(
+                    f"ckptd: '{name}' is a plain torch {type(obj).__name__}, which keeps no position to resume "
+                    "from: use ckptd.torch.ResumableLoader(dataset, batch_size=..., shuffle=..., rank=..., "
+                    "world_size=...) in its place and track that, so that a restored job goes on at the next "
+                    "sample")
             raise TypeError(f"ckptd: '{name}' ({type(obj).__name__}) has no state_dict() and load_state_dict()")
         if component is None:
             component = self._component_of(name, obj)
@@ -612,11 +632,17 @@ class Checkpointer:
                 if stale:
                     raise _ckptd.InternalError(f"ckptd: the tracked state changed while registering: {stale}")
             self._fill(plan)
-            self.last_stall = self._layout.client.snapshot(step)
-            self.snapshots_taken += 1
-            return True
+            try:
+                self.last_stall = self._layout.client.snapshot(step)
+            except _ckptd.ResourceExhaustedError as e:  # no free staging slot
+                skipped = e
+            else:
+                self.snapshots_taken += 1
+                self.last_snapshot_step = step
+                return True
         except Exception as e:
             return self._fail(f"snapshot of step {step}", e)
+        return self._skipped(step, skipped)
 
     def wait_persisted(self, step, timeout=60.0):
         """Waits until the agent has persisted `step`; raises ckptd.Error."""
@@ -629,10 +655,36 @@ class Checkpointer:
         exit, and let the launcher start the job again (no RPC)."""
         return self._layout is not None and self._layout.client.restart_requested()
 
-    def close(self):
-        """Says goodbye to the agent (which persists what was handed to it)."""
-        self._check_persist_failures()
-        self._close_client()
+    def close(self, final_step=None, timeout=60.0):
+        """Says goodbye to the agent (which persists what was handed to it).
+
+        final_step: first checkpoint that step (the end of training, whatever
+        the schedule): snapshot it, unless it is the last step snapshotted,
+        and wait up to `timeout` seconds until the agent has persisted it.
+        A job's ranks all pass the same final_step (under a coordinator the
+        step commits once every rank has persisted it). A failure there is
+        handled as on_error says for any snapshot, and the goodbye is said
+        anyway. Returns True when final_step was checkpointed, else False
+        (always False without final_step)."""
+        done = False
+        try:
+            if final_step is not None:
+                final_step = _ckptd._uint64("final_step", final_step)
+                _ckptd._seconds("timeout", timeout)
+                if self.last_snapshot_step == final_step or self.snapshot(final_step):
+                    try:
+                        self.wait_persisted(final_step, timeout)
+                        done = True
+                    except Exception as e:
+                        self._fail(f"final checkpoint of step {final_step}", e)
+                    else:
+                        _log.info("ckptd: job '%s' rank %d: final checkpoint of step %d persisted",
+                                  self._client_args["job"], self._client_args["rank"], final_step)
+            self._check_persist_failures()
+            self._tell_skips()
+        finally:
+            self._close_client()
+        return done
 
     def __enter__(self):
         return self
@@ -677,6 +729,49 @@ class Checkpointer:
         if self._on_error != "ignore":
             warnings.warn(f"ckptd: {what} failed: {error}", _ckptd.CheckpointWarning, stacklevel=_caller_level())
         return False
+
+    def _skipped(self, step, error):
+        """A snapshot skipped for want of a free staging slot: told at the
+        first skip with what to change, then summed up at most every
+        SKIP_SUMMARY_INTERVAL seconds (and at close())."""
+        self.last_error = error
+        self.snapshots_skipped += 1
+        self._skips_untold += 1
+        self._skips_newest = step
+        if self._on_error == "raise":
+            raise error
+        if self._on_error == "ignore":
+            return False
+        now = time.monotonic()
+        if self.snapshots_skipped == 1:
+            self._skips_untold = 0
+            self._skips_told_at = now
+            self._warn(f"ckptd: job '{self._client_args['job']}' rank {self._client_args['rank']}: {error} (the "
+                       f"agent is still persisting earlier snapshots; training goes on). {_SKIP_KNOBS}. Further "
+                       f"skips are summed up every {SKIP_SUMMARY_INTERVAL:.0f} s")
+        elif now - self._skips_told_at >= SKIP_SUMMARY_INTERVAL:
+            self._tell_skips(now)
+        return False
+
+    def _tell_skips(self, now=None):
+        """The summary of the skips not told yet, if any."""
+        if self._skips_untold == 0 or self._on_error == "ignore":
+            return
+        now = time.monotonic() if now is None else now
+        n, self._skips_untold = self._skips_untold, 0
+        what = "1 more snapshot" if n == 1 else f"{n} more snapshots"
+        self._warn(f"ckptd: {what} of job '{self._client_args['job']}' rank {self._client_args['rank']} skipped "
+                   f"in the last {now - self._skips_told_at:.0f} s, no staging slot being free (newest: step "
+                   f"{self._skips_newest}; {self.snapshots_skipped} in all, {self.snapshots_taken} taken). "
+                   f"{_SKIP_KNOBS}")
+        self._skips_told_at = now
+
+    @staticmethod
+    def _warn(message):
+        try:
+            warnings.warn(message, _ckptd.CheckpointWarning, stacklevel=_caller_level())
+        except _ckptd.CheckpointWarning:
+            pass  # turned into an error by a warnings filter: never stops training
 
     def _check_persist_failures(self):
         """Warns once per new batch of failed persists the agent reported

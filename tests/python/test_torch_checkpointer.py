@@ -472,6 +472,91 @@ class CheckpointerTest(AgentTestCase):
             ckpt.snapshot(1)
         ckpt.close()
 
+    def test_skipped_snapshots_are_told_once_with_the_knob_then_summed_up(self):
+        # Slow persists (each write sleeps) keep both staging slots busy, so
+        # snapshots that do not wait for a slot are skipped.
+        agent = Agent(["--no-memory-tier", "--inject-write-latency", "1s"]).start()
+        try:
+            model = _net()
+            opt = torch.optim.Adam(model.parameters(), lr=0.01)
+            ckpt = self.checkpointer(self.job(), model, opt, socket=agent.socket, every=1, slot_wait=0.0)
+            self.assertEqual(ckpt.restore(), 0)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                _train(ckpt, model, opt, range(1, 9))
+            told = [str(w.message) for w in caught if issubclass(w.category, ckptd.CheckpointWarning)]
+            self.assertGreaterEqual(ckpt.snapshots_skipped, 2, told)
+            self.assertEqual(ckpt.snapshots_taken + ckpt.snapshots_skipped, 8)
+            # One warning for all of them, naming what to change.
+            self.assertEqual(len(told), 1, told)
+            self.assertIn("no free staging slot", told[0])
+            self.assertIn("slot_wait=", told[0])
+            self.assertIn("--slots", told[0])
+            self.assertIsInstance(ckpt.last_error, ckptd.ResourceExhaustedError)
+            # Past the summary interval the next skip sums up those not told.
+            untold = ckpt.snapshots_skipped - 1
+            saved, ckt.SKIP_SUMMARY_INTERVAL = ckt.SKIP_SUMMARY_INTERVAL, 0.0
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    self.assertFalse(ckpt.snapshot(9))
+            finally:
+                ckt.SKIP_SUMMARY_INTERVAL = saved
+            told = [str(w.message) for w in caught if issubclass(w.category, ckptd.CheckpointWarning)]
+            self.assertEqual(len(told), 1, told)
+            self.assertIn(f"{untold + 1} more snapshots", told[0])
+            self.assertIn("newest: step 9", told[0])
+            # Skips not told yet are summed up at close().
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.assertFalse(ckpt.snapshot(10))
+                ckpt.close()
+            told = [str(w.message) for w in caught if issubclass(w.category, ckptd.CheckpointWarning)]
+            self.assertEqual(len(told), 1, told)
+            self.assertIn("1 more snapshot ", told[0])
+            self.assertIn("newest: step 10", told[0])
+        finally:
+            agent.cleanup()
+
+    def test_close_can_take_a_final_checkpoint(self):
+        job = self.job()
+        model = _net()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        ckpt = self.checkpointer(job, model, opt, every=100)
+        self.assertEqual(ckpt.restore(), 0)
+        _train(ckpt, model, opt, range(1, 8))  # nothing scheduled before 100
+        self.assertEqual(ckpt.snapshots_taken, 0)
+        self.assertTrue(ckpt.close(final_step=7, timeout=30))
+        want = _bits(model.state_dict())
+        # A new run resumes at the final step, with its weights.
+        model2 = _net(hidden=16)
+        with torch.no_grad():
+            for p in model2.parameters():
+                p.add_(1.0)
+        opt2 = torch.optim.Adam(model2.parameters(), lr=0.01)
+        with self.checkpointer(job, model2, opt2, every=100) as again:
+            self.assertEqual(again.restore(), 7)
+            self.assertEqual(_bits(model2.state_dict()), want)
+            # The last step snapshotted is not snapshotted twice.
+            _step(model2, opt2, 8)
+            self.assertTrue(again.snapshot(8))
+            self.assertTrue(again.close(final_step=8, timeout=30))
+            self.assertEqual(again.snapshots_taken, 1)
+        # Without final_step: no checkpoint, False; a bad final_step raises.
+        ckpt3 = self.checkpointer(job, _net(), None)
+        self.assertFalse(ckpt3.close())
+        with self.assertRaisesRegex(ValueError, "final_step"):
+            self.checkpointer(job, _net(), None).close(final_step=-1)
+
+    def test_a_plain_data_loader_points_to_the_resumable_loader(self):
+        ckpt = self.checkpointer(self.job())
+        data = torch.utils.data.TensorDataset(torch.arange(10.0))
+        for plain in (torch.utils.data.DataLoader(data, batch_size=2),
+                      torch.utils.data.RandomSampler(data)):
+            with self.assertRaisesRegex(TypeError, "keeps no position.*ResumableLoader"):
+                ckpt.track("loader", plain)
+        ckpt.track("loader", ckt.ResumableLoader(data, batch_size=2))
+
     def test_tied_weights_and_a_loader_cursor(self):
         job = self.job()
         data = torch.utils.data.TensorDataset(torch.arange(10.0))
