@@ -25,14 +25,14 @@ import sys
 import tempfile
 import unittest
 
-from support import HERE, ROOT, Agent
+from support import ROOT, Agent
 from test_export import read_safetensors
 
 import ckptd
 
 VENV = os.environ.get("CKPTD_TORCH2_VENV") or os.path.join(os.path.expanduser("~"), ".cache", "ckptd-test",
                                                            "torch2-venv")
-TRAINER = os.path.join(HERE, "torchrun_trainer.py")
+TRAINER = os.path.join(ROOT, "examples", "pytorch_torchrun.py")
 STEPS, EVERY = 60, 5
 
 

@@ -1,8 +1,20 @@
+#!/usr/bin/env python3
 """A data-parallel PyTorch job for torchrun (CPU ranks, the gloo backend,
 DistributedDataParallel), checkpointed through ckptd.torch with nothing but
 torchrun's environment: the Checkpointer takes the rank and world size from
 RANK and WORLD_SIZE, and a restart the coordinator asks for ends the worker
 with status 75 for torchrun's elastic agent to start every rank again.
+(examples/pytorch_train.py is the single-process loop; this is the same
+under torchrun, with DDP or FSDP2.)
+
+    build/bin/ckptd-agent --storage-root ./ckpt &
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONPATH=python torchrun --standalone --nproc-per-node 2 \
+        --max-restarts 3 examples/pytorch_torchrun.py --job demo --steps 200 --out ./rank-{rank}.json
+
+It needs torch 2.x (Debian's torch 1.13 ships a torchrun that crashes on its
+Python 3.11); docs/python.md says why TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
+tests/python/test_torchrun.py runs it, killing a rank midway and changing
+the number of ranks between runs.
 
 --kill-rank R --kill-at K: in torchrun's first attempt only
 (TORCHELASTIC_RESTART_COUNT 0), rank R SIGKILLs itself after step K once
@@ -70,15 +82,16 @@ def full(obj):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--socket")  # default: ckptd's (CKPTD_SOCKET, else the agent's default)
-    ap.add_argument("--job", required=True)
-    ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--every", type=int, default=5)
-    ap.add_argument("--kill-rank", type=int, default=-1)
-    ap.add_argument("--kill-at", type=int, default=0)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--fsdp", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", help="the node's ckptd-agent socket (default: $CKPTD_SOCKET, else the agent's "
+                    "default)")
+    ap.add_argument("--job", required=True, help="job name: where the checkpoints go")
+    ap.add_argument("--steps", type=int, required=True, help="steps the job trains in all")
+    ap.add_argument("--every", type=int, default=5, help="snapshot every N steps (a coordinator may decide instead)")
+    ap.add_argument("--kill-rank", type=int, default=-1, help="for tests: this rank SIGKILLs itself ...")
+    ap.add_argument("--kill-at", type=int, default=0, help="... after this step, in torchrun's first attempt only")
+    ap.add_argument("--out", required=True, help="each rank's JSON record of what it did ({rank}: its rank)")
+    ap.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of replicating it (DDP)")
     ap.add_argument("--replicas", type=int, default=1,
                     help="with --fsdp: HSDP, the model sharded over world/R ranks and replicated R times")
     args = ap.parse_args()
