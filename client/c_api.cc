@@ -227,6 +227,19 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
   return 0;
 }
 
+int ckptd_schedule(const ckptd_client* client, int* coordinated, int* known, uint64_t* start_step,
+                   uint64_t* every_steps, uint64_t* durable_every, uint64_t* generation) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_schedule: no client"));
+  const ckptd::client::ScheduleView v = client->client->schedule();
+  if (coordinated != nullptr) *coordinated = v.coordinated ? 1 : 0;
+  if (known != nullptr) *known = v.known ? 1 : 0;
+  if (start_step != nullptr) *start_step = v.start_step;
+  if (every_steps != nullptr) *every_steps = v.every_steps;
+  if (durable_every != nullptr) *durable_every = v.durable_every;
+  if (generation != nullptr) *generation = v.generation;
+  return 0;
+}
+
 const char* ckptd_restore_source(const ckptd_client* client) {
   if (client == nullptr) return "";
   // A string literal: NUL-terminated, and static.

@@ -154,6 +154,35 @@ TEST(CApiTest, PersistFailuresReachTheCaller) {
   ckptd_close(client);
 }
 
+// ABI 9: the schedule should_snapshot follows, here the caller's own (an
+// agent without a coordinator).
+TEST(CApiTest, ScheduleIsTheCallersWithoutACoordinator) {
+  ckptd::testing::TempDir tmp("ckptd-capi-");
+  const std::string socket = tmp.path() + "/agent.sock";
+  ServedAgent agent(socket, "capi-sched", [](ckptd::storage::MemFileSystem&) {});
+  ASSERT_TRUE(agent.serving());
+  ckptd_options options = {socket.c_str(), "capi-sched", 0, 1, 25, 1000, 2000};
+  float x[4] = {1, 2, 3, 4};
+  uint64_t shape[1] = {4};
+  ckptd_buffer b = {"x", CKPTD_PARAMS, CKPTD_FLOAT32, 1, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, x};
+  ckptd_client* client = nullptr;
+  ASSERT_EQ(ckptd_connect(&options, &b, 1, &client), 0) << ckptd_last_error();
+  int coordinated = 1, known = 1;
+  uint64_t start = 9, every = 0, durable = 9, generation = 9;
+  ASSERT_EQ(ckptd_schedule(client, &coordinated, &known, &start, &every, &durable, &generation), 0)
+      << ckptd_last_error();
+  EXPECT_EQ(coordinated, 0);
+  EXPECT_EQ(known, 0);
+  EXPECT_EQ(every, 25u);
+  EXPECT_EQ(start, 0u);
+  EXPECT_EQ(durable, 0u);
+  EXPECT_EQ(generation, 0u);
+  EXPECT_EQ(ckptd_should_snapshot(client, 25), 1);
+  EXPECT_EQ(ckptd_schedule(client, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), 0);
+  EXPECT_EQ(ckptd_schedule(nullptr, &coordinated, &known, &start, &every, &durable, &generation), 3);
+  ckptd_close(client);
+}
+
 TEST(CApiTest, ErrorsAreCodesWithMessages) {
   EXPECT_EQ(ckptd_abi_version(), CKPTD_ABI_VERSION);
   ckptd_client* client = nullptr;

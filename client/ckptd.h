@@ -21,8 +21,8 @@ extern "C" {
  * that libckptd holds no storage engine (no liburing, zstd or xxhash):
  * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it;
  * 8 added ckptd_options_ext.trusted_agent_uids, and a NULL socket (the
- * default one). */
-#define CKPTD_ABI_VERSION 8
+ * default one); 9 added ckptd_schedule. */
+#define CKPTD_ABI_VERSION 9
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -127,6 +127,16 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
    "storage-root"; "" before any restore or when nothing was restored (and for
    a NULL client). A static string. No RPC. */
 const char* ckptd_restore_source(const ckptd_client* client);
+/* ABI 9: the schedule ckptd_should_snapshot follows now (no RPC).
+ * *coordinated = 1 when the agent reports to a coordinator: its schedule
+ * applies instead of ckptd_options.every_steps, and *known = 1 once it was
+ * heard of (nothing is scheduled before). *every_steps is the coordinator's
+ * interval (coordinated) or the option's; *start_step the step it counts
+ * from; every *durable_every-th checkpoint is durable (0 or 1: all; the
+ * others are kept in the agents' memory); *generation grows with every
+ * change of the coordinator's schedule. Every output pointer may be NULL. */
+int ckptd_schedule(const ckptd_client* client, int* coordinated, int* known, uint64_t* start_step,
+                   uint64_t* every_steps, uint64_t* durable_every, uint64_t* generation);
 void ckptd_close(ckptd_client* client);
 
 #ifdef __cplusplus

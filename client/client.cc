@@ -858,6 +858,24 @@ absl::string_view Client::last_restore_source() const {
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
 uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::memory_order_relaxed); }
 
+ScheduleView Client::schedule() const {
+  Impl& im = *impl_;
+  ScheduleView v;
+  v.coordinated = im.coordinated.load(std::memory_order_relaxed);
+  if (!v.coordinated) {
+    v.every_steps = im.options.every_steps;
+    return v;
+  }
+  absl::MutexLock l(&im.sched_mu);
+  if (!im.schedule) return v;
+  v.known = true;
+  v.start_step = im.schedule->start_step();
+  v.every_steps = im.schedule->every_steps();
+  v.durable_every = im.schedule->durable_every();
+  v.generation = im.schedule->generation();
+  return v;
+}
+
 PersistFailures Client::persist_failures() const {
   Impl& im = *impl_;
   absl::MutexLock l(&im.sched_mu);

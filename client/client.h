@@ -109,6 +109,19 @@ struct PersistFailures {
   std::string last_error;
 };
 
+// The schedule maybe_snapshot follows now (ShouldSnapshot).
+struct ScheduleView {
+  // True when the agent reports to a coordinator: the coordinator's schedule
+  // applies, not ClientOptions::every_steps (and until it is heard of,
+  // nothing is scheduled: known is false).
+  bool coordinated = false;
+  bool known = false;  // coordinated: a schedule was heard of
+  uint64_t start_step = 0;
+  uint64_t every_steps = 0;    // coordinated: the coordinator's; else ClientOptions::every_steps
+  uint64_t durable_every = 0;  // every this many-th checkpoint is durable (0, 1: all)
+  uint64_t generation = 0;     // grows with every change of the coordinator's schedule
+};
+
 struct SnapshotResult {
   uint64_t step = 0;
   double stall_seconds = 0;  // the copy into staging, what training waited for
@@ -179,6 +192,9 @@ class Client {
   // Cheap, no RPC: the failed persists as the agent reported them at the
   // last schedule sync (every sync_interval) or WaitPersisted.
   PersistFailures persist_failures() const;
+
+  // Cheap, no RPC: the schedule ShouldSnapshot follows now.
+  ScheduleView schedule() const;
 
  private:
   struct Impl;

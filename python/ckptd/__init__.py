@@ -30,7 +30,7 @@ import time
 __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
-    "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "library_path", "PARAMS",
+    "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "Schedule", "library_path", "PARAMS",
     "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export", "ckptctl", "Replica",
 ]
 
@@ -122,6 +122,9 @@ class PersistFailedWarning(CheckpointWarning, RuntimeWarning):
 # the client connected, and the newest one's step and error (None and "" when
 # there is none).
 PersistFailures = collections.namedtuple("PersistFailures", ["failed", "last_failed_step", "last_error"])
+# The schedule should_snapshot follows (Client.schedule()).
+Schedule = collections.namedtuple("Schedule", ["coordinated", "known", "start_step", "every_steps", "durable_every",
+                                               "generation"])
 
 # A buffer every rank of a group holds the same (the weights and optimizer
 # state of data parallelism): the group's name, its size and this rank's
@@ -276,7 +279,10 @@ for _name, _res, _args in [
         ("ckptd_persist_failures", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_uint64), _P(ctypes.c_uint64),
                                                   ctypes.c_char_p, ctypes.c_size_t]),
         # ABI version 4 and later.
-        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p])]:
+        ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p]),
+        # ABI version 9 and later.
+        ("ckptd_schedule", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int), _P(ctypes.c_uint64),
+                                          _P(ctypes.c_uint64), _P(ctypes.c_uint64), _P(ctypes.c_uint64)])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -605,6 +611,24 @@ class Client:
         if not hasattr(_lib, "ckptd_restore_source"):
             return None
         return _lib.ckptd_restore_source(handle).decode("ascii")
+
+    def schedule(self):
+        """The schedule should_snapshot follows now, as a
+        ckptd.Schedule(coordinated, known, start_step, every_steps,
+        durable_every, generation): coordinated when the agent reports to a
+        coordinator, whose schedule then applies instead of every_steps
+        (known once it was heard of; nothing is scheduled before); every
+        durable_every-th checkpoint is durable (0 or 1: all). None when
+        libckptd is older than ABI version 9. No RPC."""
+        handle = self._live()
+        if not hasattr(_lib, "ckptd_schedule"):
+            return None
+        coordinated, known = ctypes.c_int(0), ctypes.c_int(0)
+        start, every, durable, generation = (ctypes.c_uint64(0) for _ in range(4))
+        _check(_lib.ckptd_schedule(handle, ctypes.byref(coordinated), ctypes.byref(known), ctypes.byref(start),
+                                   ctypes.byref(every), ctypes.byref(durable), ctypes.byref(generation)))
+        return Schedule(bool(coordinated.value), bool(known.value), start.value, every.value, durable.value,
+                        generation.value)
 
     def close(self):
         handle, self._handle = self._handle, None

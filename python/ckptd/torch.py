@@ -488,6 +488,7 @@ class Checkpointer:
         self._skips_untold = 0  # skips since the last warning about them
         self._skips_newest = None  # the newest skipped step
         self._skips_told_at = 0.0  # time.monotonic() of that warning
+        self._schedule_told = False  # a coordinator's schedule was said to apply
         self.last_persist_failure = None  # (step, error) of the newest one
         self._failures_seen = 0  # of the current client
 
@@ -608,6 +609,8 @@ class Checkpointer:
                 warnings.warn(f"ckptd: closing before the restart: {e}", _ckptd.CheckpointWarning,
                               stacklevel=_caller_level())
             raise SystemExit(EXIT_RESTART)
+        if not self._schedule_told:
+            self._tell_schedule()
         if not self._layout.client.should_snapshot(step):
             return False
         return self.snapshot(step)
@@ -721,6 +724,37 @@ class Checkpointer:
         else:
             _log.info("%s: snapshots every %d steps%s, unless the agent's coordinator schedules them", who,
                       args["every_steps"], " (the default; pass every=N to choose)" if self._every_default else "")
+
+    def _tell_schedule(self):
+        """Says once, when a coordinator's schedule is first known, that it
+        applies instead of `every`, what it is and why (a warning when it
+        overrides an `every` the caller gave, else at INFO). No RPC."""
+        try:
+            s = self._layout.client.schedule()
+        except Exception:  # a closed client: nothing to tell
+            return
+        if s is None:  # a libckptd older than ABI 9 cannot say
+            self._schedule_told = True
+            return
+        if not (s.coordinated and s.known):
+            return
+        self._schedule_told = True
+        args = self._client_args
+        job, every = args["job"], args["every_steps"]
+        given = f"every={every}" if not self._every_default else f"the default of every {every} steps"
+        if s.every_steps:
+            cadence = f"a checkpoint every {s.every_steps} steps from step {s.start_step}"
+        else:
+            cadence = "only the steps it asks for"
+        if s.durable_every > 1:
+            cadence += (f", every {s.durable_every}th of them durable (the others kept in the agents' memory and "
+                        "their partners')")
+        overrides = not self._every_default and s.every_steps != every
+        _log.log(logging.WARNING if overrides else logging.INFO,
+                 "ckptd: job '%s' rank %d: the coordinator's schedule applies, not %s: %s. The coordinator picks "
+                 "the interval from the failure rate it observes and the measured checkpoint costs (Young/Daly) "
+                 "and changes it as they change; `ckptctl interval --job %s` explains its choice", job,
+                 args["rank"], given, cadence, job)
 
     def _fail(self, what, error):
         self.last_error = error

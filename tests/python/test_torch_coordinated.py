@@ -179,6 +179,34 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
         end = time.monotonic() + self.RUN_TIMEOUT
         return [self.wait_exit(r, end - time.monotonic(), 0) for r in ranks]
 
+    def test_the_coordinators_schedule_is_said_once_to_override_every(self):
+        import ckptd.torch as ckt
+        job = "told-schedule"
+        model = torch.nn.Linear(4, 2)
+        ckpt = ckt.Checkpointer(job, self.sockets[0], rank=0, world_size=1, every=7, slot_wait=5.0)
+        ckpt.track("model", model)
+        with self.assertLogs("ckptd.torch", level="INFO") as logs:
+            self.assertEqual(ckpt.restore(), 0)
+            schedule, step = None, 0
+            deadline = time.monotonic() + self.bound(20)
+            while time.monotonic() < deadline and step < 400:
+                step += 1
+                ckpt.maybe_snapshot(step)
+                schedule = ckpt._layout.client.schedule()
+                if schedule.known and step % 50 == 0:
+                    break
+                time.sleep(0.02)
+        ckpt.close()
+        self.assertTrue(schedule.coordinated and schedule.known, schedule)
+        self.assertEqual(schedule.every_steps, self.EVERY)
+        told = [r.getMessage() for r in logs.records if "coordinator's schedule applies" in r.getMessage()]
+        self.assertEqual(len(told), 1, logs.output)
+        self.assertIn("not every=7", told[0])
+        self.assertIn(f"a checkpoint every {self.EVERY} steps", told[0])
+        self.assertIn(f"ckptctl interval --job {job}", told[0])
+        # It overrides what the caller gave: a warning, not a note.
+        self.assertEqual([r.levelname for r in logs.records if r.getMessage() == told[0]], ["WARNING"])
+
     def test_rank_killed_and_job_restarted_is_bit_identical(self):
         kill_at = random.Random().randint(*self.KILL_RANGE)
         why = f"(rank 1 to be killed from step {kill_at} on)"
