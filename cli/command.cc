@@ -91,6 +91,10 @@ std::string RankRanges(std::vector<uint32_t> ranks) {
   return absl::StrJoin(parts, ",");
 }
 
+std::string JobStateName(const ckptd::v1::JobStatus& j) {
+  return j.finished() ? "finished" : JobStateName(j.state());
+}
+
 std::string JobStateName(ckptd::v1::JobState s) {
   switch (s) {
     case ckptd::v1::JOB_RUNNING: return "running";

@@ -68,6 +68,9 @@ double SecondsBetween(int64_t from_nanos, int64_t to_nanos);
 // "0-3,8,10-11" for sorted, distinct ranks.
 std::string RankRanges(std::vector<uint32_t> ranks);
 std::string JobStateName(ckptd::v1::JobState s);
+// The job's state as status shows it: "finished" once every rank left
+// without a failure (JobStatus.finished), else JobStateName(state).
+std::string JobStateName(const ckptd::v1::JobStatus& j);
 // Where the ranks of a restore read their step: "4 ranks from memory, 2 from
 // storage-root" (cheapest source first; "" without ranks).
 std::string RestoreSourcesText(const ckptd::v1::RestoreSummary& r);

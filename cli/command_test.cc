@@ -63,5 +63,16 @@ TEST(EnvironmentDefaultsTest, AddedBeforeTheEndOfTheFlags) {
               ElementsAre("--json", "--coordinator", "c:1", "--", "--coordinator"));
 }
 
+TEST(JobStateNameTest, AFinishedRunIsFinishedNotRunning) {
+  ckptd::v1::JobStatus j;
+  j.set_state(ckptd::v1::JOB_RUNNING);
+  EXPECT_EQ(JobStateName(j), "running");
+  j.set_finished(true);
+  EXPECT_EQ(JobStateName(j), "finished");
+  j.set_finished(false);
+  j.set_state(ckptd::v1::JOB_RESTARTING);
+  EXPECT_EQ(JobStateName(j), "restarting");
+}
+
 }  // namespace
 }  // namespace ckptd::cli

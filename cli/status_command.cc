@@ -182,7 +182,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
   for (const ckptd::v1::JobStatus* j : jobs) {
     w.BeginObject();
     w.Field("job", j->job());
-    w.Field("state", JobStateName(j->state()));
+    w.Field("state", JobStateName(*j));
     w.Field("world_size", j->world_size());
     w.Field("ranks_alive", j->ranks_alive());
     w.Field("fastest_step", j->fastest_step());
@@ -343,7 +343,7 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
           interval = iv.automatic() ? "waiting" : "fixed";
         }
       }
-      t.Add({j->job(), JobStateName(j->state()), absl::StrCat(j->world_size()),
+      t.Add({j->job(), JobStateName(*j), absl::StrCat(j->world_size()),
              absl::StrCat(j->ranks_alive(), "/", j->world_size()), absl::StrCat(j->fastest_step()),
              absl::StrCat(j->slowest_step()), j->has_committed() ? absl::StrCat(j->newest_committed_step()) : "-",
              EveryCell(j->schedule()), interval, waste});

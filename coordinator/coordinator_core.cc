@@ -571,6 +571,7 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
   s.set_fastest_step(fastest);
   s.set_slowest_step(alive == 0 ? 0 : slowest);
   s.set_ranks_alive(alive);
+  s.set_finished(job.finished());
   s.set_checkpoints_committed(job.record().checkpoints_committed());
   s.set_checkpoints_aborted(job.record().checkpoints_aborted());
   for (const auto& [step, p] : job.pending()) s.add_pending_steps(step);

@@ -285,6 +285,11 @@ class CoordinatorCore {
   // Counts `agent`'s address, GPU names and ranks as they are now in
   // registration_bytes_.
   void SetRegistrationBytes(Agent* agent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job::RefreshRank, warning when the rank comes back to a job whose run
+  // had finished: its name is being reused by a new run, which restores the
+  // old run's newest step and trains only past it.
+  void RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::GetClusterStatusResponse Status(const ckptd::v1::GetClusterStatusRequest& request, size_t page_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Marks `agent` lost: its ranks dead, a NODE_LOST failure for each of its

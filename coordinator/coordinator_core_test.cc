@@ -11,6 +11,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "absl/strings/match.h"
+#include "base/testing/capturing_logger.h"
 #include "base/testing/matchers.h"
 #include "coordinator/state_store.h"
 #include "coordinator/testing_core_harness.h"
@@ -58,6 +60,58 @@ TEST_F(CoordinatorCoreTest, SlowHeartbeatsAreNotANodeLossButSilenceIs) {
   EXPECT_EQ(JobState().ranks_alive(), 4u);
   core_->Tick();
   EXPECT_EQ(EventKinds().size(), 1u);
+}
+
+// Issue 40: a job whose ranks all said goodbye is `finished`, not `running`
+// with 0 ranks; its name reused by a new run is a warning.
+TEST_F(CoordinatorCoreTest, AJobWhoseRanksAllLeftIsFinishedUntilItsNameIsReused) {
+  ckptd::testing::CapturingLogger log;
+  options_.logger = &log;
+  Reset();
+  TwoNodes();
+  ASSERT_TRUE(Beat("node-a", {{0, 10}, {1, 10}}).ok());
+  ASSERT_TRUE(Beat("node-b", {{2, 10}, {3, 10}}).ok());
+  CommitStep(10);
+  EXPECT_FALSE(JobState().finished());
+  const ckptd::v1::RegisterAgentRequest a = ranks_["node-a"], b = ranks_["node-b"];
+  // node-a's trainers leave: half the world is gone, the run goes on.
+  ranks_["node-a"].clear_ranks();
+  ASSERT_TRUE(Beat("node-a").ok());
+  EXPECT_FALSE(JobState().finished());
+  EXPECT_EQ(JobState().ranks_alive(), 2u);
+  ranks_["node-b"].clear_ranks();
+  ASSERT_TRUE(Beat("node-b").ok());
+  const ckptd::v1::JobStatus done = JobState();
+  EXPECT_TRUE(done.finished());
+  EXPECT_EQ(done.state(), ckptd::v1::JOB_RUNNING);
+  EXPECT_EQ(done.ranks_alive(), 0u);
+  EXPECT_THAT(EventKinds(), ::testing::IsEmpty());
+  EXPECT_FALSE(log.Contains("registered again"));
+  // A new run under the same name: running again, and warned of once.
+  ranks_["node-a"] = a;
+  ASSERT_TRUE(Beat("node-a").ok());
+  EXPECT_FALSE(JobState().finished());
+  EXPECT_TRUE(log.Contains("job llm-7b: rank 0 on node node-a registered again after every rank of its run had "
+                           "finished; this run restores the finished run's newest committed step 10"));
+  ranks_["node-b"] = b;
+  ASSERT_TRUE(Beat("node-b").ok());
+  int warnings = 0;
+  for (const std::string& line : log.lines()) warnings += absl::StrContains(line, "registered again") ? 1 : 0;
+  EXPECT_EQ(warnings, 1);
+}
+
+TEST_F(CoordinatorCoreTest, RanksThatDiedAreNoFinishedRun) {
+  TwoNodes();
+  ASSERT_TRUE(Beat("node-a", {{0, 10}, {1, 10}}).ok());
+  ASSERT_TRUE(Beat("node-b", {{2, 10}, {3, 10}}).ok());
+  for (uint32_t rank : {0u, 1u}) ASSERT_TRUE(ReportFailure("node-a", rank, ckptd::v1::TRAINER_DIED).ok());
+  ranks_["node-a"].clear_ranks();
+  ranks_["node-b"].clear_ranks();
+  ASSERT_TRUE(Beat("node-a").ok());
+  ASSERT_TRUE(Beat("node-b").ok());
+  const ckptd::v1::JobStatus s = JobState();
+  EXPECT_EQ(s.state(), ckptd::v1::JOB_RESTARTING);
+  EXPECT_FALSE(s.finished());
 }
 
 TEST_F(CoordinatorCoreTest, TrainerDeathIsAFailureAtOnce) {

@@ -220,7 +220,8 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
   std::set<std::string> peer_copy_jobs;
   for (const ckptd::v1::JobStatus& j : status.jobs()) {
     const std::string& job = j.job();
-    job_state_->With({job, "running"})->Set(j.state() == ckptd::v1::JOB_RUNNING ? 1 : 0);
+    job_state_->With({job, "running"})->Set(j.state() == ckptd::v1::JOB_RUNNING && !j.finished() ? 1 : 0);
+    job_state_->With({job, "finished"})->Set(j.finished() ? 1 : 0);
     job_state_->With({job, "restarting"})->Set(j.state() == ckptd::v1::JOB_RESTARTING ? 1 : 0);
     world_size_->With({job})->Set(j.world_size());
     restore_blocked_->With({job})->Set(j.restore_blocked().empty() ? 0 : 1);

@@ -204,7 +204,19 @@ void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestoreP
   } else {
     *it = info;
   }
-  job->RefreshRank(request.rank(), agent->node_id, request.pid());
+  RefreshRank(job, request.rank(), agent->node_id, request.pid());
+}
+
+void CoordinatorCore::RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid) {
+  if (!job->RefreshRank(rank, node, pid)) return;
+  const std::optional<uint64_t> newest = job->NewestUsable();
+  logger_->Warning(absl::StrCat(
+      "job ", job->name(), ": rank ", rank, " on node ", node, " registered again after every rank of its run had ",
+      "finished; ",
+      newest ? absl::StrCat("this run restores the finished run's newest committed step ", *newest,
+                            " and trains only past it (a loop that ends at that step trains nothing)")
+             : "the finished run committed nothing, so this run starts from scratch",
+      ": give a new run a job name of its own"));
 }
 
 absl::Status CoordinatorCore::ValidateRankRequest(const std::string& node_id, const std::string& job, uint32_t rank,

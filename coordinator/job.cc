@@ -143,7 +143,16 @@ void Job::RegisterRank(uint32_t rank, const std::string& node, int32_t pid) {
   r.alive = true;
 }
 
-void Job::RefreshRank(uint32_t rank, const std::string& node, int32_t pid) {
+bool Job::finished() const {
+  if (state() != ckptd::v1::JOB_RUNNING || failed_at_ || ranks_.size() < world_size()) return false;
+  for (const auto& [r, rank] : ranks_) {
+    if (rank.alive) return false;
+  }
+  return true;
+}
+
+bool Job::RefreshRank(uint32_t rank, const std::string& node, int32_t pid) {
+  const bool was_finished = finished();
   Rank& r = ranks_[rank];
   if (!r.alive || r.node_id != node || r.pid != pid) {
     r = Rank();
@@ -151,6 +160,7 @@ void Job::RefreshRank(uint32_t rank, const std::string& node, int32_t pid) {
     r.pid = pid;
     r.alive = true;
   }
+  return was_finished;
 }
 
 void Job::RankGone(uint32_t rank, const std::string& node) {

@@ -169,7 +169,13 @@ class Job {
   void RegisterRank(uint32_t rank, const std::string& node, int32_t pid);
   // A rank its agent's heartbeat lists: a new one when it was dead, or runs
   // elsewhere or as another process.
-  void RefreshRank(uint32_t rank, const std::string& node, int32_t pid);
+  // Returns whether the job had finished (finished()) before: the rank
+  // registered again after its run ended.
+  bool RefreshRank(uint32_t rank, const std::string& node, int32_t pid);
+  // Every rank of the world left while the job ran, with no failure: each
+  // trainer said goodbye (its rank is gone from its agent's heartbeat), so
+  // the run finished. A rank that registers again ends it (RefreshRank).
+  bool finished() const;
   // The rank, if it runs on `node`, is no longer alive.
   void RankGone(uint32_t rank, const std::string& node);
   void MarkHung(uint32_t rank);

@@ -275,9 +275,17 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
                 self.assertTrue(_same(after[key], reference[r][key]), f"{key} differ, {what}")
             self.assertEqual(float(after["after"]["optimizer"]["state"][0]["step"]), self.STEPS, what)
 
-        status = self.ckptctl_status(job)
-        (j,) = [j for j in status["jobs"] if j["job"] == job]
-        self.assertEqual(j["state"], "running", f"{why}: {status}")
+        # Every rank said goodbye at its end: the run is finished (once the
+        # agents' next heartbeats say so), not running with no rank.
+        deadline = time.monotonic() + self.bound(10)
+        while True:
+            status = self.ckptctl_status(job)
+            (j,) = [j for j in status["jobs"] if j["job"] == job]
+            if j["state"] == "finished" or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        self.assertEqual(j["state"], "finished", f"{why}: {status}")
+        self.assertEqual(j["ranks_alive"], 0, f"{why}: {status}")
         self.assertGreater(j["incarnation"], incarnation_before, f"{why}: {status}")
         self.assertGreaterEqual(j["newest_committed_step"], start, f"{why}: {status}")
 
