@@ -139,6 +139,7 @@ def bad(msg):
 KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service"), ("v1", "Secret"),
          ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("apps/v1", "StatefulSet"),
          ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
+         ("scheduling.k8s.io/v1", "PriorityClass"),
          ("kustomize.config.k8s.io/v1beta1", "Kustomization"), ("kustomize.config.k8s.io/v1alpha1", "Component")}
 KUSTOMIZE_KINDS = ("Kustomization", "Component")
 # Secrets the operator creates with kubectl before applying (docs/operations.md).
@@ -437,6 +438,60 @@ if not problems:
     if len(sockets) == 2 and (sockets[0][1], sockets[0][2]) != (sockets[1][1], sockets[1][2]):
         bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
 
+    # The agent's metrics: --metrics-listen is its containerPort "metrics",
+    # which the probes use.
+    aports = {p.get("name"): p.get("containerPort") for p in agent.get("ports") or []}
+    mport = port_of(arg_after(agent, "--metrics-listen"))
+    if mport is None or aports.get("metrics") != mport:
+        bad(f"{aw}: --metrics-listen {arg_after(agent, '--metrics-listen')} is not its containerPort named metrics "
+            f"({aports.get('metrics')})")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (agent.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != path or get.get("port") not in ("metrics", mport):
+            bad(f"{aw}: needs a {probe} of httpGet {path} on the port metrics")
+    live = agent.get("livenessProbe") or {}
+    if int(live.get("periodSeconds", 10)) * int(live.get("failureThreshold", 3)) < 60:
+        bad(f"{aw}: its livenessProbe restarts it after less than a minute without an answer; a restart drops "
+            "what it holds in memory")
+    # Its priority, above the trainers' (evicted after them).
+    pcs = {name_of(d): d for _, d in by_kind.get("PriorityClass", [])}
+    pc = pcs.get(aspec.get("priorityClassName"))
+    if not pc:
+        bad(f"{aw}: priorityClassName {aspec.get('priorityClassName')!r} is no PriorityClass of the manifests")
+    elif pc.get("globalDefault") is not False or not isinstance(pc.get("value"), int) or pc["value"] <= 0:
+        bad(f"PriorityClass {name_of(pc)}: needs a positive value and globalDefault: false")
+    elif tspec.get("priorityClassName") in pcs and pcs[tspec["priorityClassName"]].get("value", 0) >= pc["value"]:
+        bad(f"{tw}: its priority is not below the agent's")
+    # Its memory: the staging it allocates is charged to it, so the
+    # container's memory (request = limit) holds --memory-budget and more.
+    def k8s_bytes(q):
+        m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q or ""))
+        mult = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9,
+                "T": 10**12}
+        return int(m.group(1)) * mult[m.group(2)] if m else None
+    def ckptd_bytes(v):  # base/flags.cc: K, M, G, T are powers of 1024
+        m = re.fullmatch(r"(\d+)([KMGT])?", v or "")
+        return int(m.group(1)) << {None: 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2)] if m else None
+    res = agent.get("resources") or {}
+    req, lim = (res.get("requests") or {}).get("memory"), (res.get("limits") or {}).get("memory")
+    budget = ckptd_bytes(arg_after(agent, "--memory-budget"))
+    if budget is None:
+        bad(f"{aw}: needs --memory-budget in bytes (its default, half the machine's memory, ignores the container's)")
+    elif req != lim or k8s_bytes(lim) is None:
+        bad(f"{aw}: needs a memory request equal to its memory limit (not {req} and {lim})")
+    elif k8s_bytes(lim) < budget + 2**30:
+        bad(f"{aw}: memory limit {lim} leaves less than 1 GiB beside --memory-budget {arg_after(agent, '--memory-budget')}")
+    # The single coordinator: one budget, which allows no voluntary eviction.
+    clabels = ((dep["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+    def selects(sel, labels):
+        return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+    budgets = [d for rel, d in by_kind.get("PodDisruptionBudget", []) if not in_component(rel) and
+               selects(((d.get("spec") or {}).get("selector") or {}).get("matchLabels"), clabels)]
+    if len(budgets) != 1:
+        bad(f"{cw}: {len(budgets)} PodDisruptionBudgets select the coordinator, not 1")
+    elif budgets[0]["spec"].get("maxUnavailable") != 0 or "minAvailable" in budgets[0]["spec"]:
+        bad(f"PodDisruptionBudget {name_of(budgets[0])}: the single coordinator's needs maxUnavailable: 0 alone")
+
     # The sidecar: the agent inside the training pod, with no host privilege.
     if not sidecars:
         bad("no pod runs the agent as a sidecar beside the trainer (deploy/kubernetes/sidecar)")
@@ -690,7 +745,8 @@ cw, cc = coords[0]
 ew, ec = etcds[0]
 ns = (cw.get("metadata") or {}).get("namespace") or "default"
 for d in docs:
-    if d.get("kind") != "Namespace" and ((d.get("metadata") or {}).get("namespace") or "default") != ns:
+    if d.get("kind") not in ("Namespace", "PriorityClass") and \
+            ((d.get("metadata") or {}).get("namespace") or "default") != ns:
         bad(f"{d.get('kind')} {name_of(d)}: not in the namespace {ns} of the rest")
 
 def port_of(addr):
