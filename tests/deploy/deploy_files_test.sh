@@ -82,7 +82,41 @@ K8S="$REPO/deploy/kubernetes"
 SYSD="$REPO/deploy/systemd"
 SLURM="$REPO/deploy/slurm"
 DOC="$REPO/docs/operations.md"
+PROM="$REPO/deploy/prometheus"
 BINARIES=(ckptd-coordinator ckptd-agent ckptctl ckptd-demo-trainer)
+# The metrics the binaries serve, for the checks that name them (the doc,
+# the alert rules, the dashboard): python3 -c 'import metric_names' with
+# PYTHONPATH=$W.
+cat >"$W/metric_names.py" <<'PYEOF'
+import os, re
+
+def registered(repo):
+    """name -> gauge, counter or histogram: every Add{Gauge,Counter,Histogram}("ckptd_...") of
+    the sources (tests, build folders and hidden ones left out)."""
+    out = {}
+    for top, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith(("build", "."))]
+        for f in files:
+            if f.endswith(".cc") and not f.endswith("_test.cc"):
+                text = open(os.path.join(top, f)).read()
+                for kind, name in re.findall(r'Add(Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', text):
+                    out[name] = kind.lower()
+    return out
+
+def documented(doc):
+    """name -> type of each row of docs/operations.md's metric tables (| `name` | type | ...)."""
+    return dict(re.findall(r"^\| `(ckptd_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", open(doc).read(), re.M))
+
+def unknown(names, known):
+    """The names that are no metric of `known` (name -> type); name_bucket, _sum and _count are a
+    histogram's series."""
+    bad = []
+    for n in sorted(set(names)):
+        base = re.sub(r"_(bucket|sum|count)$", "", n)
+        if n not in known and not (base != n and known.get(base) == "histogram"):
+            bad.append(n)
+    return bad
+PYEOF
 
 # ---------------------------------------------------------- 1. Kubernetes
 if need yamllint yamllint; then
@@ -101,7 +135,7 @@ fi
 kustomize_builds() {
   local d out="$W/k8s"
   mkdir -p "$out"
-  for d in . demo sidecar; do
+  for d in . demo sidecar monitoring; do
     "${KUSTOMIZE[@]}" "$K8S/$d" >"$out/build-${d/./base}.yaml" || { echo "kustomize build deploy/kubernetes/$d failed"; return 1; }
   done
   # The base with the replicated coordinators' component.
@@ -119,7 +153,7 @@ kustomize_builds() {
     { echo "kustomize build with components: [ha] and the object store failed"; return 1; }
 }
 if [ ${#KUSTOMIZE[@]} -gt 0 ]; then
-  check "kustomize build: deploy/kubernetes, demo, sidecar; with components: [ha]; with ha and the object store" \
+  check "kustomize build: deploy/kubernetes, demo, sidecar, monitoring; with components: [ha]; with ha and the object store" \
     kustomize_builds
 else
   # Neither Debian 12 (its kubectl 1.20 predates components) nor PyPI ships
@@ -141,6 +175,13 @@ KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service")
          ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
          ("scheduling.k8s.io/v1", "PriorityClass"),
          ("kustomize.config.k8s.io/v1beta1", "Kustomization"), ("kustomize.config.k8s.io/v1alpha1", "Component")}
+# Kinds of CustomResourceDefinitions (the Prometheus Operator's, Kubeflow's
+# training operator's): Kubernetes' schemas do not know them
+# (kubernetes-validate only warns), so their fields are checked here.
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"), ("kubeflow.org/v1", "PyTorchJob")}
+KNOWN |= CRDS
+WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "PyTorchJob")
 KUSTOMIZE_KINDS = ("Kustomization", "Component")
 # Secrets the operator creates with kubectl before applying (docs/operations.md).
 EXTERNAL_SECRETS = {"ckptd-operator-token", "ckptd-agent-token"}
@@ -183,18 +224,20 @@ def in_component(rel):
     return os.path.dirname(rel) in component_dirs
 
 # Every manifest is listed by a kustomization, every listed file exists, and
-# every kustomization replaces the image name the containers use.
+# every kustomization of workloads replaces the image name their containers use.
 listed = set()
 image_names = set()
 for rel, k in kusts:
     base = os.path.dirname(rel)
+    runs = False
     for r in k.get("resources") or []:
         target = os.path.normpath(os.path.join(base, r))
         if not os.path.exists(os.path.join(root, target)):
             bad(f"{rel}: resource {r} does not exist")
         listed.add(target)
+        runs = runs or any(orel == target and d.get("kind") in WORKLOAD_KINDS for orel, d in docs)
     imgs = k.get("images") or []
-    if not imgs:
+    if runs and not imgs:
         bad(f"{rel}: no images: entry (the image is a placeholder to replace)")
     for i in imgs:
         if not i.get("name") or not i.get("newName"):
@@ -439,7 +482,7 @@ if not problems:
         bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
 
     # The agent's metrics: --metrics-listen is its containerPort "metrics",
-    # which the probes use.
+    # which the probes (and monitoring/podmonitor.yaml) use.
     aports = {p.get("name"): p.get("containerPort") for p in agent.get("ports") or []}
     mport = port_of(arg_after(agent, "--metrics-listen"))
     if mport is None or aports.get("metrics") != mport:
@@ -491,6 +534,60 @@ if not problems:
         bad(f"{cw}: {len(budgets)} PodDisruptionBudgets select the coordinator, not 1")
     elif budgets[0]["spec"].get("maxUnavailable") != 0 or "minAvailable" in budgets[0]["spec"]:
         bad(f"PodDisruptionBudget {name_of(budgets[0])}: the single coordinator's needs maxUnavailable: 0 alone")
+
+    # Prometheus Operator (monitoring/): the ServiceMonitor reaches the
+    # coordinator's --metrics-listen through its Service, the PodMonitor
+    # each agent's; both keep ckptd's job label and name the scrape jobs the
+    # alert rules read.
+    rules = os.path.join(sys.argv[1], "..", "prometheus", "ckptd-alerts.yaml")
+    up_jobs = set(re.findall(r'\bup\{[^}]*job="([^"]+)"', open(rules).read())) if os.path.exists(rules) else set()
+    scrape_jobs = set()
+    def endpoints(rel, d, field):
+        what = f"{rel}: {d['kind']} {name_of(d)}"
+        spec = d.get("spec") or {}
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            bad(f"{what}: needs spec.selector.matchLabels")
+        eps = spec.get(field) or []
+        if not eps:
+            bad(f"{what}: needs spec.{field}")
+        for ep in eps:
+            if not ep.get("port") or ep.get("path", "/metrics") != "/metrics":
+                bad(f"{what}: each of spec.{field} needs a port (its name) and path /metrics")
+            if ep.get("honorLabels") is not True:
+                bad(f"{what}: needs honorLabels: true (ckptd's label job is the training job)")
+            jobs = [r.get("replacement") for r in ep.get("relabelings") or []
+                    if r.get("targetLabel") == "job" and not r.get("sourceLabels")]
+            if len(jobs) != 1 or jobs[0] not in up_jobs:
+                bad(f"{what}: a relabeling must set job to one the alert rules read ({sorted(up_jobs)}), not {jobs}")
+            scrape_jobs.update(jobs)
+        return what, spec, eps
+    metrics_port = port_of(arg_after(coord, "--metrics-listen"))
+    for rel, d in by_kind.get("ServiceMonitor", []):
+        what, spec, eps = endpoints(rel, d, "endpoints")
+        svcs = [s for srel, s in by_kind.get("Service", []) if not in_component(srel) and
+                selects((spec.get("selector") or {}).get("matchLabels"), (s.get("metadata") or {}).get("labels") or {})]
+        for ep in eps:
+            ports = [p for s in svcs for p in (s.get("spec") or {}).get("ports") or [] if p.get("name") == ep.get("port")]
+            if not ports:
+                bad(f"{what}: no Service it selects has a port named {ep.get('port')!r}")
+            for p in ports:
+                if p.get("targetPort") not in (cports.get(metrics_port), metrics_port):
+                    bad(f"{what}: port {ep.get('port')} does not lead to the coordinator's --metrics-listen port")
+    for rel, d in by_kind.get("PodMonitor", []):
+        what, spec, eps = endpoints(rel, d, "podMetricsEndpoints")
+        agent_labels = [(t.get("metadata") or {}).get("labels") or {} for _, k, _, _, t in workloads
+                        if k == "DaemonSet" and agent in containers_of(t)]
+        if not any(selects((spec.get("selector") or {}).get("matchLabels"), l) for l in agent_labels):
+            bad(f"{what}: its selector does not match the agents' pods")
+        for ep in eps:
+            if aports.get(ep.get("port")) != mport:
+                bad(f"{what}: port {ep.get('port')!r} is not the agent's --metrics-listen port")
+    for rel, d in by_kind.get("PrometheusRule", []):
+        if not all(g.get("name") and g.get("rules") for g in (d.get("spec") or {}).get("groups") or [None]):
+            bad(f"{rel}: PrometheusRule {name_of(d)}: needs spec.groups, each with a name and rules")
+    if by_kind.get("ServiceMonitor") or by_kind.get("PodMonitor"):
+        for job in sorted(up_jobs - scrape_jobs):
+            bad(f"the alert rules read up{{job=\"{job}\"}}, which no ServiceMonitor or PodMonitor makes")
 
     # The sidecar: the agent inside the training pod, with no host privilege.
     if not sidecars:
@@ -1081,7 +1178,7 @@ flags_match_help() {
   "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
     "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
     "$SYSD/coordinator-ha.env" "$SYSD/ha.conf" "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" \
-    "${builds[@]}" <<'PYEOF'
+    "$PROM/ckptd-alerts.yaml" "$PROM/prometheus.yml" "${builds[@]}" <<'PYEOF'
 import os, re, subprocess, sys
 import yaml
 
@@ -1225,6 +1322,9 @@ def manifest(path):
 for path in files:
     if path.endswith(".md"):
         markdown(path)
+    elif "/deploy/prometheus/" in path:
+        # the alert rules' hints (ckptctl ... in their descriptions)
+        scan_text(os.path.relpath(path, repo), open(path).read(), bare_check=True)
     elif path.endswith(".service") or path.endswith(".conf"):
         service(path)
     elif path.endswith(".env"):
@@ -1240,28 +1340,27 @@ if checked < 40:
 sys.exit(1 if problems else 0)
 PYEOF
 }
-check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, operations.md) is in its --help" \
+check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, alert rules, operations.md) is in its --help" \
   flags_match_help
 metrics_exist() {
-  "$PY" - "$REPO" "$DOC" <<'PYEOF'
-import glob, re, sys
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" <<'PYEOF'
+import re, sys
+from metric_names import documented, registered, unknown
 repo, doc = sys.argv[1], sys.argv[2]
-registered = set()
-for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/metrics/*.cc"):
-    if not path.endswith("_test.cc"):
-        registered |= set(re.findall(r'Add(?:Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', open(path).read()))
-if len(registered) < 10:
-    print(f"found only {len(registered)} metrics in coordinator/: the pattern is out of date")
+known = registered(repo)
+if len(known) < 10:
+    print(f"found only {len(known)} metrics in the sources: the pattern is out of date")
     sys.exit(1)
 # (a name followed by "(" is a C function of the client ABI, not a metric)
 named = set(re.findall(r"\bckptd_[a-z0-9_]+\b(?!\()", open(doc).read()))
-missing = sorted(n for n in named if re.sub(r"_(bucket|sum|count)$", "", n) not in registered and n not in registered)
-for n in missing:
-    print(f"docs/operations.md names {n}, which the coordinator does not register")
-sys.exit(1 if missing else 0)
+problems = [f"docs/operations.md names {n}, which no binary registers" for n in unknown(named, known)]
+problems += [f"docs/operations.md calls {n} a {t}; it is registered as a {known[n]}"
+             for n, t in sorted(documented(doc).items()) if n in known and known[n] != t]
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
 PYEOF
 }
-check "every ckptd_* metric in docs/operations.md is one the coordinator registers" metrics_exist
+check "every ckptd_* metric in docs/operations.md is one a binary registers, of the type its table says" metrics_exist
 
 # ------------------------------------------------------------------ 5. TLS
 # The recipe between the markers in docs/operations.md, run as written.
@@ -1576,6 +1675,100 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "skipped: replicated coordinators (no etcd: Debian package etcd-server; scripts/install-deps.sh installs it)"
 fi
+
+# ------------------------------------------------------------ 8. monitoring
+# deploy/prometheus: the alert rules and their unit tests (promtool), the
+# example scrape configuration, the rules' metrics, labels, annotations and
+# ckptctl hints; the PrometheusRule generated from them.
+PROMTOOL="$(command -v promtool 2>/dev/null)"
+[ -z "$PROMTOOL" ] && [ -x "$REPO/.tools/promtool" ] && PROMTOOL="$REPO/.tools/promtool"
+if need yamllint yamllint; then
+  check "yamllint deploy/prometheus" yamllint -s -c "$K8S/.yamllint" "$PROM"
+fi
+if [ -n "$PROMTOOL" ]; then
+  check "promtool check rules deploy/prometheus/ckptd-alerts.yaml" "$PROMTOOL" check rules "$PROM/ckptd-alerts.yaml"
+  # (relative to the file, as promtool reads its rule_files)
+  check "promtool test rules deploy/prometheus/ckptd-alerts_test.yaml: each alert fires, and does not, where it should" \
+    bash -c "cd '$PROM' && '$PROMTOOL' test rules ckptd-alerts_test.yaml"
+  check "promtool check config deploy/prometheus/prometheus.yml (with the rules it names)" \
+    bash -c "cd '$PROM' && '$PROMTOOL' check config prometheus.yml"
+elif [ "${CI:-}" = true ]; then
+  echo "FAILED: promtool is missing (from Debian's prometheus package; scripts/install-deps.sh unpacks it into .tools/)"
+  failures=$((failures + 1))
+else
+  echo "skipped: promtool checks of deploy/prometheus (no promtool on PATH or in .tools/: run scripts/install-deps.sh)"
+fi
+alert_rules() {
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" "$PROM" <<'PYEOF'
+import os, re, sys
+import yaml
+from metric_names import documented, registered, unknown
+
+repo, doc, prom = sys.argv[1:]
+problems = []
+bad = problems.append
+rules = yaml.safe_load(open(os.path.join(prom, "ckptd-alerts.yaml")))
+tests = yaml.safe_load(open(os.path.join(prom, "ckptd-alerts_test.yaml")))
+config = yaml.safe_load(open(os.path.join(prom, "prometheus.yml")))
+# Names a binary registers, or (the agent's, until its build is here) the doc's tables list.
+known = {**documented(doc), **registered(repo)}
+scrape_jobs = {c.get("job_name") for c in config.get("scrape_configs") or []}
+for c in config.get("scrape_configs") or []:
+    if c.get("job_name", "").startswith("ckptd") and c.get("honor_labels") is not True:
+        bad(f"prometheus.yml: scrape job {c.get('job_name')} needs honor_labels: true (ckptd's label job)")
+alerts = {}
+for g in rules.get("groups") or []:
+    for r in g.get("rules") or []:
+        name = r.get("alert")
+        if not name:
+            bad(f"group {g.get('name')}: a rule that is no alert ({r.get('record')}): none is expected here")
+            continue
+        if not re.fullmatch(r"Ckptd[A-Z][A-Za-z]+", name):
+            bad(f"{name}: alert names are CkptdCamelCase")
+        if name in alerts:
+            bad(f"{name}: two alerts of that name")
+        alerts[name] = r
+        if (r.get("labels") or {}).get("severity") not in ("critical", "warning", "info"):
+            bad(f"{name}: needs labels.severity critical, warning or info")
+        ann = r.get("annotations") or {}
+        for a in ("summary", "description"):
+            if not str(ann.get(a, "")).strip():
+                bad(f"{name}: no annotations.{a}")
+        # What to look at: a command of ckptctl, kubectl or the unit's log.
+        if not re.search(r"ckptctl|kubectl|journalctl|\blogs?\b", str(ann.get("description", ""))):
+            bad(f"{name}: its description gives no hint of where to look (ckptctl ..., kubectl ...)")
+        expr = str(r.get("expr", ""))
+        for n in unknown(re.findall(r"\bckptd_[a-z0-9_]+\b", expr), known):
+            bad(f"{name}: {n} is no metric a binary registers or docs/operations.md lists")
+        for job in re.findall(r'\bup\{[^}]*job="([^"]+)"', expr):
+            if job not in scrape_jobs:
+                bad(f"{name}: up{{job=\"{job}\"}}: no scrape job of prometheus.yml is called {job}")
+# Each alert is tested firing, and tested where it must not fire.
+fired, quiet = set(), set()
+for t in tests.get("tests") or []:
+    for c in t.get("alert_rule_test") or []:
+        (fired if c.get("exp_alerts") else quiet).add(c.get("alertname"))
+for name in sorted(alerts):
+    if name not in fired:
+        bad(f"{name}: ckptd-alerts_test.yaml has no case where it fires")
+    if name not in quiet:
+        bad(f"{name}: ckptd-alerts_test.yaml has no case where it must not fire")
+for name in sorted((fired | quiet) - set(alerts)):
+    bad(f"ckptd-alerts_test.yaml tests {name}, which ckptd-alerts.yaml does not define")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "alert rules: severity, summary, description with a hint; their metrics exist; up{job} a scrape job; each tested both ways" \
+  alert_rules
+# The PrometheusRule is the rules file, generated.
+prometheusrule_generated() {
+  "$PROM/prometheusrule.sh" >"$W/prometheusrule.yaml" || return 1
+  diff -u "$K8S/monitoring/prometheusrule.yaml" "$W/prometheusrule.yaml" ||
+    { echo "run: deploy/prometheus/prometheusrule.sh > deploy/kubernetes/monitoring/prometheusrule.yaml"; return 1; }
+}
+check "deploy/kubernetes/monitoring/prometheusrule.yaml is deploy/prometheus/prometheusrule.sh's output" \
+  prometheusrule_generated
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]
