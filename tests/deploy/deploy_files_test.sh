@@ -1178,7 +1178,7 @@ flags_match_help() {
   "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
     "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
     "$SYSD/coordinator-ha.env" "$SYSD/ha.conf" "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" \
-    "$PROM/ckptd-alerts.yaml" "$PROM/prometheus.yml" "${builds[@]}" <<'PYEOF'
+    "$PROM/ckptd-alerts.yaml" "$PROM/prometheus.yml" "$REPO/deploy/grafana/ckptd-dashboard.json" "${builds[@]}" <<'PYEOF'
 import os, re, subprocess, sys
 import yaml
 
@@ -1322,8 +1322,8 @@ def manifest(path):
 for path in files:
     if path.endswith(".md"):
         markdown(path)
-    elif "/deploy/prometheus/" in path:
-        # the alert rules' hints (ckptctl ... in their descriptions)
+    elif "/deploy/prometheus/" in path or path.endswith(".json"):
+        # the alert rules' and the dashboard's hints (ckptctl ... in their descriptions)
         scan_text(os.path.relpath(path, repo), open(path).read(), bare_check=True)
     elif path.endswith(".service") or path.endswith(".conf"):
         service(path)
@@ -1340,7 +1340,7 @@ if checked < 40:
 sys.exit(1 if problems else 0)
 PYEOF
 }
-check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, alert rules, operations.md) is in its --help" \
+check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, alert rules, dashboard, operations.md) is in its --help" \
   flags_match_help
 metrics_exist() {
   PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" <<'PYEOF'
@@ -1761,6 +1761,111 @@ PYEOF
 }
 check "alert rules: severity, summary, description with a hint; their metrics exist; up{job} a scrape job; each tested both ways" \
   alert_rules
+# The Grafana dashboard: its structure, its variables, and its queries
+# (metrics that exist; PromQL that promtool parses, as recording rules with
+# Grafana's variables put in).
+dashboard() {
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" "$REPO/deploy/grafana/ckptd-dashboard.json" "$W/dashboard-rules.yaml" \
+    "${PROMTOOL:-}" <<'PYEOF'
+import json, re, subprocess, sys
+from metric_names import documented, registered, unknown
+
+repo, doc, path, rules_out, promtool = sys.argv[1:]
+problems = []
+bad = problems.append
+try:
+    d = json.load(open(path))
+except ValueError as e:
+    print(f"deploy/grafana/ckptd-dashboard.json: not JSON: {e}")
+    sys.exit(1)
+known = {**documented(doc), **registered(repo)}
+DS_VARS = ("${datasource}", "$datasource")
+if not isinstance(d.get("schemaVersion"), int) or d["schemaVersion"] < 36:
+    bad(f"schemaVersion {d.get('schemaVersion')}: older than Grafana 9's 36")
+for k in ("uid", "title"):
+    if not d.get(k):
+        bad(f"no {k}")
+variables = {v.get("name"): v for v in (d.get("templating") or {}).get("list") or []}
+ds = variables.get("datasource") or {}
+if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+    bad("needs a template variable datasource of type datasource, query prometheus")
+job = variables.get("job") or {}
+query = job.get("query")
+query = query.get("query") if isinstance(query, dict) else query
+m = re.fullmatch(r"label_values\(\s*(ckptd_[a-z0-9_]+)\s*,\s*job\s*\)", str(query or ""))
+if job.get("type") != "query" or not m:
+    bad(f"needs a template variable job of type query, label_values(ckptd_..., job), not {query!r}")
+elif unknown([m.group(1)], known):
+    bad(f"variable job: {m.group(1)} is no metric a binary registers or docs/operations.md lists")
+if (job.get("datasource") or {}).get("uid") not in DS_VARS:
+    bad("variable job: its datasource is not the variable ${datasource}")
+
+def walk(panels):
+    for p in panels or []:
+        yield p
+        yield from walk(p.get("panels"))
+
+ids, exprs = set(), []
+for p in walk(d.get("panels")):
+    what = f"panel {p.get('id')} {p.get('title')!r}"
+    if not isinstance(p.get("id"), int) or p["id"] in ids:
+        bad(f"{what}: its id is not a number of its own")
+    ids.add(p.get("id"))
+    if not str(p.get("title", "")).strip():
+        bad(f"panel {p.get('id')}: no title")
+    g = p.get("gridPos") or {}
+    if not all(isinstance(g.get(k), int) for k in "xywh") or g["x"] < 0 or g["x"] + g["w"] > 24:
+        bad(f"{what}: gridPos {g} is not within the 24 columns")
+    if p.get("type") == "row":
+        continue
+    if (p.get("datasource") or {}).get("uid") not in DS_VARS:
+        bad(f"{what}: its datasource is not the variable ${{datasource}}: {p.get('datasource')}")
+    targets = p.get("targets") or []
+    if not targets:
+        bad(f"{what}: no queries")
+    refs = [t.get("refId") for t in targets]
+    if len(set(refs)) != len(refs):
+        bad(f"{what}: two queries with one refId")
+    for t in targets:
+        if "datasource" in t and (t.get("datasource") or {}).get("uid") not in DS_VARS:
+            bad(f"{what}: query {t.get('refId')}: its datasource is not the variable ${{datasource}}")
+        expr = str(t.get("expr") or "")
+        if not expr.strip():
+            bad(f"{what}: query {t.get('refId')} has no expr")
+            continue
+        exprs.append((f"{what} {t.get('refId')}", expr))
+        for n in unknown(re.findall(r"\bckptd_[a-z0-9_]+\b", expr), known):
+            bad(f"{what}: {n} is no metric a binary registers or docs/operations.md lists")
+        if "histogram_quantile" in expr and not re.search(r"by \([^)]*\ble\b", expr):
+            bad(f"{what}: histogram_quantile over a sum that does not keep le")
+# Panels do not overlap.
+cells = {}
+for p in d.get("panels") or []:
+    g = p.get("gridPos") or {}
+    for x in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+        for y in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+            if (x, y) in cells:
+                bad(f"panel {p.get('id')} overlaps panel {cells[(x, y)]}")
+                break
+            cells[(x, y)] = p.get("id")
+        else:
+            continue
+        break
+if not any("$job" in e for _, e in exprs):
+    bad("no query uses the variable job")
+# The queries as recording rules, Grafana's variables replaced, for promtool.
+rules = [{"record": f"dashboard:query_{i}", "expr": e.replace("$__rate_interval", "5m").replace("$job", ".*")}
+         for i, (_, e) in enumerate(exprs)]
+json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, open(rules_out, "w"), indent=1)
+if promtool:
+    r = subprocess.run([promtool, "check", "rules", rules_out], capture_output=True, text=True)
+    if r.returncode != 0:
+        bad("promtool check rules on the dashboard's queries:\n" + r.stdout + r.stderr)
+print("\n".join(dict.fromkeys(problems)))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "Grafana dashboard: JSON, ids, titles, \${datasource} and job variables, its queries' metrics and PromQL" dashboard
 # The PrometheusRule is the rules file, generated.
 prometheusrule_generated() {
   "$PROM/prometheusrule.sh" >"$W/prometheusrule.yaml" || return 1
