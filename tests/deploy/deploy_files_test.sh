@@ -135,7 +135,7 @@ fi
 kustomize_builds() {
   local d out="$W/k8s"
   mkdir -p "$out"
-  for d in . demo sidecar monitoring; do
+  for d in . demo sidecar monitoring kubeflow; do
     "${KUSTOMIZE[@]}" "$K8S/$d" >"$out/build-${d/./base}.yaml" || { echo "kustomize build deploy/kubernetes/$d failed"; return 1; }
   done
   # The base with the replicated coordinators' component.
@@ -153,7 +153,7 @@ kustomize_builds() {
     { echo "kustomize build with components: [ha] and the object store failed"; return 1; }
 }
 if [ ${#KUSTOMIZE[@]} -gt 0 ]; then
-  check "kustomize build: deploy/kubernetes, demo, sidecar, monitoring; with components: [ha]; with ha and the object store" \
+  check "kustomize build: deploy/kubernetes, demo, sidecar, monitoring, kubeflow; with components: [ha]; with ha and the object store" \
     kustomize_builds
 else
   # Neither Debian 12 (its kubectl 1.20 predates components) nor PyPI ships
@@ -589,6 +589,77 @@ if not problems:
         for job in sorted(up_jobs - scrape_jobs):
             bad(f"the alert rules read up{{job=\"{job}\"}}, which no ServiceMonitor or PodMonitor makes")
 
+    # Kubeflow PyTorchJobs (kubeflow/): a Master and Workers running one
+    # pod, restarted on ckptd's exit 75, whose ranks reach the node's agent
+    # as the demo's trainers do.
+    agent_sock = arg_after(agent, "--socket") or ""
+    am = mount_for(agent, aspec, agent_sock)
+    agent_socket_file = (((am[1] or {}).get("hostPath") or {}).get("path"), os.path.relpath(agent_sock, am[0])) if am else None
+    # What the training operator sets in the container "pytorch" (nprocPerNode: PET_NPROC_PER_NODE).
+    OPERATOR_ENV = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PET_NNODES", "PET_NPROC_PER_NODE",
+                    "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PYTHONUNBUFFERED"}
+    for rel, d in by_kind.get("PyTorchJob", []):
+        what = f"{rel}: PyTorchJob {name_of(d)}"
+        spec = d.get("spec") or {}
+        replicas = spec.get("pytorchReplicaSpecs") or {}
+        if set(replicas) != {"Master", "Worker"}:
+            bad(f"{what}: pytorchReplicaSpecs must be Master and Worker, not {sorted(replicas)}")
+            continue
+        if replicas["Master"].get("replicas") != 1:
+            bad(f"{what}: Master needs replicas: 1 (it serves the rendezvous)")
+        if not isinstance(replicas["Worker"].get("replicas"), int) or replicas["Worker"]["replicas"] < 1:
+            bad(f"{what}: Worker needs replicas: 1 or more")
+        if not re.fullmatch(r"[1-9][0-9]*", str(spec.get("nprocPerNode", ""))):
+            bad(f"{what}: needs nprocPerNode, the ranks torchrun starts per pod (a number, as a string)")
+        if replicas["Master"].get("template") != replicas["Worker"].get("template"):
+            bad(f"{what}: Master and Worker must run the same pod template")
+        for role in ("Master", "Worker"):
+            rw = f"{what}: {role}"
+            r = replicas[role]
+            if r.get("restartPolicy") != "OnFailure":
+                bad(f"{rw}: needs restartPolicy: OnFailure (a pod whose ranks exit 75 is started again; "
+                    f"not {r.get('restartPolicy')})")
+            tmpl = r.get("template") or {}
+            pspec = tmpl.get("spec") or {}
+            cs = [c for c in pspec.get("containers") or [] if c.get("name") == "pytorch"]
+            if not cs:
+                bad(f"{rw}: no container named pytorch (the one the operator configures)")
+                continue
+            c = cs[0]
+            cw = f"{rw}: container pytorch"
+            if c.get("image") not in image_names:
+                bad(f"{cw}: image {c.get('image')!r} is not one the kustomizations replace ({sorted(image_names)})")
+            if not c.get("command"):
+                bad(f"{cw}: no command")
+            env = {e.get("name"): e for e in c.get("env") or []}
+            for a in (c.get("command") or []) + (c.get("args") or []):
+                for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(a)):
+                    if var not in env and var not in OPERATOR_ENV:
+                        bad(f"{cw}: $({var}) in its command line is neither in its env nor set by the operator")
+            vols = {v.get("name") for v in pspec.get("volumes") or []}
+            for m in c.get("volumeMounts") or []:
+                if m.get("name") not in vols:
+                    bad(f"{cw}: mounts volume {m.get('name')!r}, which the pod does not declare")
+            sock = arg_after(c, "--socket") or (env.get("CKPTD_SOCKET") or {}).get("value") or ""
+            m = mount_for(c, pspec, sock)
+            if not sock or not m or not m[1] or "hostPath" not in m[1]:
+                bad(f"{cw}: CKPTD_SOCKET {sock or '(none)'} is not on a hostPath volume")
+            elif (m[1]["hostPath"].get("path"), os.path.relpath(sock, m[0])) != agent_socket_file:
+                bad(f"{cw}: CKPTD_SOCKET {sock} is not the agent's socket {agent_sock} (host file {agent_socket_file})")
+            shm = mounts_by_path(c, pspec).get("/dev/shm")
+            if not shm or (shm.get("hostPath") or {}).get("path") != "/dev/shm":
+                bad(f"{cw}: must mount the host's /dev/shm (hostPath) at /dev/shm: the staging memory is there")
+            if uid(c, pspec) is None or uid(c, pspec) != uid(agent, aspec):
+                bad(f"{cw}: must run as the agent's uid {uid(agent, aspec)}, not {uid(c, pspec)} "
+                    "(the socket and the staging are owner-only)")
+            if pspec.get("hostPID"):
+                bad(f"{rw}: needs no hostPID (the agent takes a trainer's pid from its connection)")
+            script = (env.get("TRAINER_SCRIPT") or {}).get("value") or ""
+            if script.startswith("/opt/ckptd/") and \
+                    not os.path.exists(os.path.join(sys.argv[1], "..", "..", script[len("/opt/ckptd/"):])):
+                bad(f"{cw}: TRAINER_SCRIPT {script}: the repository (at /opt/ckptd of the image) has no "
+                    f"{script[len('/opt/ckptd/'):]}")
+
     # The sidecar: the agent inside the training pod, with no host privilege.
     if not sidecars:
         bad("no pod runs the agent as a sidecar beside the trainer (deploy/kubernetes/sidecar)")
@@ -729,7 +800,8 @@ else
   echo "skipped: Kubernetes schemas (kubernetes-validate is not in $KV: run scripts/install-deps.sh with PyPI reachable)"
 fi
 if "$PY" -c "import yaml" 2>/dev/null; then
-  check "Kubernetes manifests: structure, volumes, selectors, ports, and the agent/trainer wiring" k8s_structure
+  check "Kubernetes manifests: structure, volumes, selectors, ports, the agent/trainer wiring, monitors, PyTorchJob" \
+    k8s_structure
 else
   echo "FAILED: python3-yaml is missing ($PY; Debian package python3-yaml; scripts/install-deps.sh installs it)"
   failures=$((failures + 1))
