@@ -1203,21 +1203,64 @@ check "systemd units, ha.conf and env files agree (variables, storage root, Read
   units_match_env
 
 # ---------------------------------------------------------------- 3. shell
-SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$REPO/deploy/local/demo.sh"
-         "$REPO/deploy/local/launch.sh" "$REPO/tests/deploy/demo_test.sh" "$0")
+SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/torchrun.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh"
+         "$REPO/deploy/local/demo.sh" "$REPO/deploy/local/launch.sh" "$PROM/prometheusrule.sh"
+         "$REPO/tests/deploy/demo_test.sh" "$0")
 for s in "${SCRIPTS[@]}"; do
   check "bash -n ${s#"$REPO"/}" bash -n "$s"
 done
 if need shellcheck shellcheck; then
-  check "shellcheck -S warning: the Slurm scripts, install.sh, the local demo, this test" shellcheck -S warning -s bash "${SCRIPTS[@]}"
+  check "shellcheck -S warning: the Slurm scripts, install.sh, the local demo, prometheusrule.sh, this test" \
+    shellcheck -S warning -s bash "${SCRIPTS[@]}"
 fi
 sbatch_directives() {
-  local d
-  for d in '--requeue' '--open-mode=append' '--signal=B:USR1@[0-9]*'; do
-    grep -q "^#SBATCH $d\$" "$SLURM/ckptd-job.sbatch" || { echo "no #SBATCH $d"; return 1; }
+  local d f
+  for f in ckptd-job.sbatch torchrun.sbatch; do
+    for d in '--requeue' '--open-mode=append' '--signal=B:USR1@[0-9]*'; do
+      grep -q "^#SBATCH $d\$" "$SLURM/$f" || { echo "$f: no #SBATCH $d"; return 1; }
+    done
   done
 }
-check "the sbatch script asks for requeueing, appended output and a signal before the time limit" sbatch_directives
+check "the sbatch scripts ask for requeueing, appended output and a signal before the time limit" sbatch_directives
+# torchrun.sbatch: an agent per node in the background, then one torchrun a
+# node meeting at a c10d rendezvous on the first node, and a trainer that
+# is a file of this repository.
+torchrun_sbatch() {
+  "$PY" - "$REPO" "$SLURM/torchrun.sbatch" <<'PYEOF'
+import os, re, sys
+repo, path = sys.argv[1:]
+text = re.sub(r"\\\n\s*", " ", open(path).read())
+lines = [l.strip() for l in text.splitlines() if not l.lstrip().startswith("#")]
+problems = []
+bad = problems.append
+agents = [l for l in lines if l.startswith("srun ") and "/ckptd-agent" in l]
+if len(agents) != 1 or "--ntasks-per-node=1" not in agents[0] or not agents[0].endswith("&"):
+    bad("the agents: not one 'srun --ntasks-per-node=1 ... ckptd-agent ... &' (one per node, in the background)")
+train = [l for l in lines if l.startswith("srun ") and "$TORCHRUN" in l]
+if len(train) != 1 or "--ntasks-per-node=1" not in train[0]:
+    bad("torchrun: not one 'srun --ntasks-per-node=1 ... $TORCHRUN ...' (one torchrun a node)")
+else:
+    for want in ('--nnodes "$SLURM_JOB_NUM_NODES"', "--rdzv-backend c10d", '--rdzv-endpoint "$RDZV"',
+                 '--rdzv-id "$SLURM_JOB_ID"', "--max-restarts", '"$TRAINER"'):
+        if want not in train[0]:
+            bad(f"torchrun is not given {want}")
+    if not train[0].endswith("&"):
+        bad("torchrun's step does not run in the background (the script must take the time-limit signal)")
+if not re.search(r'^RDZV_HOST="\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| head -n 1\)"$', text, re.M):
+    bad("the rendezvous host is not the job's first node (scontrol show hostnames ... | head -n 1)")
+if not re.search(r'^export CKPTD_SOCKET="\$SOCKET"', text, re.M):
+    bad("the ranks are not given the agent's socket (export CKPTD_SOCKET=\"$SOCKET\")")
+m = re.search(r'^TRAINER="\$\{TRAINER:-\$SRC/([^}"]+)\}"$', text, re.M)
+if not m:
+    bad('no default TRAINER="${TRAINER:-$SRC/<path>}"')
+elif not os.path.isfile(os.path.join(repo, m.group(1))):
+    bad(f"the default trainer {m.group(1)} is no file of the repository")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "torchrun.sbatch: an agent per node, torchrun per node with a c10d rendezvous on the first, the trainer exists" \
+  torchrun_sbatch
 install_into_root() {
   local r="$W/install-root" f
   "$SYSD/install.sh" --bin "$BIN" --root "$r" >/dev/null || return 1
@@ -1247,7 +1290,8 @@ check "install.sh --root installs binaries, units, settings and a 0600 token, an
 flags_match_help() {
   local f builds=()
   for f in "$W"/k8s/build-*.yaml; do [ -e "$f" ] && builds+=("$f"); done
-  "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
+  "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/torchrun.sbatch" "$SLURM/test-single-node.sh" \
+    "$SYSD/install.sh" \
     "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
     "$SYSD/coordinator-ha.env" "$SYSD/ha.conf" "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" \
     "$PROM/ckptd-alerts.yaml" "$PROM/prometheus.yml" "$REPO/deploy/grafana/ckptd-dashboard.json" "${builds[@]}" <<'PYEOF'
