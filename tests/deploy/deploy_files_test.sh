@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm) and
-# docs/operations.md checked against each other and against the binaries just
-# built, in half a minute:
+# The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm,
+# deploy/prometheus, deploy/grafana) and docs/operations.md checked against
+# each other and against the binaries just built, in half a minute:
 #   1. Kubernetes: yamllint, kustomize builds (the commented-out switches
 #      turned on: the replicated coordinators' component ha/, the object
 #      store), Kubernetes' schemas (kubernetes-validate) on the manifests and
 #      the builds, and a structural check of every manifest, the sidecar's
-#      security settings included, and of the build with ha/ (the replicas'
-#      --advertise are the agents' --coordinator list, their --etcd-endpoints
-#      the etcd StatefulSet's members, a PodDisruptionBudget per StatefulSet);
+#      security settings, the agent's metrics port, probes, priority and
+#      memory, the monitors (monitoring/) and the PyTorchJob (kubeflow/)
+#      included, and of the build with ha/ (the replicas' --advertise are the
+#      agents' --coordinator list, their --etcd-endpoints the etcd
+#      StatefulSet's members, a PodDisruptionBudget per StatefulSet);
 #   2. systemd: `systemd-analyze verify` and `security --offline` on the units
 #      (ExecStart pointed at BIN_DIR), the coordinator's with the drop-in
 #      ha.conf too, and their env files against the units;
-#   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh and
-#      this test; install.sh into a temporary root;
+#   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh,
+#      prometheusrule.sh and this test; install.sh into a temporary root;
+#      torchrun.sbatch's agents, torchruns, rendezvous and trainer;
 #   4. every --flag passed to a ckptd binary in those files (and in
-#      docs/operations.md) is one its --help lists; every ckptd_* metric the
-#      doc names is one the coordinator registers;
+#      docs/operations.md, the alert rules, the dashboard) is one its --help
+#      lists; every ckptd_* metric the doc names is one a binary registers;
 #   5. the doc's TLS recipe, run as written: a coordinator started with
 #      coordinator.env's flags, an agent with agent.env's, and ckptctl talk
 #      mutual TLS with its certificates;
@@ -24,11 +27,16 @@
 #      binaries load; its build packages are ones install-deps installs;
 #   7. replicated coordinators: two started as ha.conf does, with
 #      coordinator-ha.env's flags, on a real etcd (one member, loopback):
-#      one leads, the standby names it, and takes over the leader's SIGKILL.
+#      one leads, the standby names it, and takes over the leader's SIGKILL;
+#   8. monitoring: promtool check rules, test rules and check config on
+#      deploy/prometheus; the alert rules' labels, annotations, metrics and
+#      scrape jobs; the PrometheusRule generated from them; the Grafana
+#      dashboard's structure, variables, metrics and PromQL.
 #
 #   deploy_files_test.sh BIN_DIR [WORK_DIR]
-# Needs yamllint, shellcheck, python3-yaml, openssl, systemd-analyze and etcd
-# (scripts/install-deps.sh installs them), and kustomize or kubectl (not a
+# Needs yamllint, shellcheck, python3-yaml, openssl, systemd-analyze, etcd
+# and promtool (scripts/install-deps.sh installs them; promtool into
+# .tools/), and kustomize or kubectl (not a
 # Debian 12 package in a version with components, nor on PyPI: without one
 # the kustomize builds and the checks of their output are skipped). Prints ok/FAILED per check and
 # "N passed, M failed"; exits 1 when any failed.
