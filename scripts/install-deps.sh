@@ -57,9 +57,10 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# promtool checks the metrics exposition in the tests. It ships inside
-# Debian's prometheus package, whose installation would also set up a
-# prometheus server; only the one binary is unpacked, into .tools/.
+# promtool checks the metrics exposition and the alert rules of
+# deploy/prometheus (tests/deploy/deploy_files_test.sh) in the tests. It
+# ships inside Debian's prometheus package, whose installation would also
+# set up a prometheus server; only the one binary is unpacked, into .tools/.
 TOOLS="$(cd "$(dirname "$0")/.." && pwd)/.tools"
 if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$TOOLS/promtool" ]; then
   tmp="$(mktemp -d)"
@@ -69,7 +70,7 @@ if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$TOOLS/promtool" ]; then
     cp "$tmp/unpacked/usr/bin/promtool" "$TOOLS/promtool"
     echo "install-deps: promtool unpacked into .tools/"
   else
-    echo "install-deps: could not fetch promtool; the metrics format check will be skipped"
+    echo "install-deps: could not fetch promtool; the metrics format checks will be skipped (and under CI the deploy files test fails)"
   fi
   rm -rf "$tmp"
 fi

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm) and
-# docs/operations.md checked against each other and against the binaries just
-# built, in half a minute:
+# The deployment files (deploy/systemd, deploy/kubernetes, deploy/slurm,
+# deploy/prometheus, deploy/grafana) and docs/operations.md checked against
+# each other and against the binaries just built, in half a minute:
 #   1. Kubernetes: yamllint, kustomize builds (the commented-out switches
 #      turned on: the replicated coordinators' component ha/, the object
 #      store), Kubernetes' schemas (kubernetes-validate) on the manifests and
 #      the builds, and a structural check of every manifest, the sidecar's
-#      security settings included, and of the build with ha/ (the replicas'
-#      --advertise are the agents' --coordinator list, their --etcd-endpoints
-#      the etcd StatefulSet's members, a PodDisruptionBudget per StatefulSet);
+#      security settings, the agent's metrics port, probes, priority and
+#      memory, the monitors (monitoring/) and the PyTorchJob (kubeflow/)
+#      included, and of the build with ha/ (the replicas' --advertise are the
+#      agents' --coordinator list, their --etcd-endpoints the etcd
+#      StatefulSet's members, a PodDisruptionBudget per StatefulSet);
 #   2. systemd: `systemd-analyze verify` and `security --offline` on the units
 #      (ExecStart pointed at BIN_DIR), the coordinator's with the drop-in
 #      ha.conf too, and their env files against the units;
-#   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh and
-#      this test; install.sh into a temporary root;
+#   3. shell: `bash -n` and shellcheck on the Slurm scripts, install.sh,
+#      prometheusrule.sh and this test; install.sh into a temporary root;
+#      torchrun.sbatch's agents, torchruns, rendezvous and trainer;
 #   4. every --flag passed to a ckptd binary in those files (and in
-#      docs/operations.md) is one its --help lists; every ckptd_* metric the
-#      doc names is one the coordinator registers;
+#      docs/operations.md, the alert rules, the dashboard) is one its --help
+#      lists; every ckptd_* metric the doc names is one a binary registers;
 #   5. the doc's TLS recipe, run as written: a coordinator started with
 #      coordinator.env's flags, an agent with agent.env's, and ckptctl talk
 #      mutual TLS with its certificates;
@@ -24,11 +27,16 @@
 #      binaries load; its build packages are ones install-deps installs;
 #   7. replicated coordinators: two started as ha.conf does, with
 #      coordinator-ha.env's flags, on a real etcd (one member, loopback):
-#      one leads, the standby names it, and takes over the leader's SIGKILL.
+#      one leads, the standby names it, and takes over the leader's SIGKILL;
+#   8. monitoring: promtool check rules, test rules and check config on
+#      deploy/prometheus; the alert rules' labels, annotations, metrics and
+#      scrape jobs; the PrometheusRule generated from them; the Grafana
+#      dashboard's structure, variables, metrics and PromQL.
 #
 #   deploy_files_test.sh BIN_DIR [WORK_DIR]
-# Needs yamllint, shellcheck, python3-yaml, openssl, systemd-analyze and etcd
-# (scripts/install-deps.sh installs them), and kustomize or kubectl (not a
+# Needs yamllint, shellcheck, python3-yaml, openssl, systemd-analyze, etcd
+# and promtool (scripts/install-deps.sh installs them; promtool into
+# .tools/), and kustomize or kubectl (not a
 # Debian 12 package in a version with components, nor on PyPI: without one
 # the kustomize builds and the checks of their output are skipped). Prints ok/FAILED per check and
 # "N passed, M failed"; exits 1 when any failed.
@@ -82,7 +90,41 @@ K8S="$REPO/deploy/kubernetes"
 SYSD="$REPO/deploy/systemd"
 SLURM="$REPO/deploy/slurm"
 DOC="$REPO/docs/operations.md"
+PROM="$REPO/deploy/prometheus"
 BINARIES=(ckptd-coordinator ckptd-agent ckptctl ckptd-demo-trainer)
+# The metrics the binaries serve, for the checks that name them (the doc,
+# the alert rules, the dashboard): python3 -c 'import metric_names' with
+# PYTHONPATH=$W.
+cat >"$W/metric_names.py" <<'PYEOF'
+import os, re
+
+def registered(repo):
+    """name -> gauge, counter or histogram: every Add{Gauge,Counter,Histogram}("ckptd_...") of
+    the sources (tests, build folders and hidden ones left out)."""
+    out = {}
+    for top, dirs, files in os.walk(repo):
+        dirs[:] = [d for d in dirs if not d.startswith(("build", "."))]
+        for f in files:
+            if f.endswith(".cc") and not f.endswith("_test.cc"):
+                text = open(os.path.join(top, f)).read()
+                for kind, name in re.findall(r'Add(Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', text):
+                    out[name] = kind.lower()
+    return out
+
+def documented(doc):
+    """name -> type of each row of docs/operations.md's metric tables (| `name` | type | ...)."""
+    return dict(re.findall(r"^\| `(ckptd_[a-z0-9_]+)` \| (gauge|counter|histogram) \|", open(doc).read(), re.M))
+
+def unknown(names, known):
+    """The names that are no metric of `known` (name -> type); name_bucket, _sum and _count are a
+    histogram's series."""
+    bad = []
+    for n in sorted(set(names)):
+        base = re.sub(r"_(bucket|sum|count)$", "", n)
+        if n not in known and not (base != n and known.get(base) == "histogram"):
+            bad.append(n)
+    return bad
+PYEOF
 
 # ---------------------------------------------------------- 1. Kubernetes
 if need yamllint yamllint; then
@@ -101,7 +143,7 @@ fi
 kustomize_builds() {
   local d out="$W/k8s"
   mkdir -p "$out"
-  for d in . demo sidecar; do
+  for d in . demo sidecar monitoring kubeflow; do
     "${KUSTOMIZE[@]}" "$K8S/$d" >"$out/build-${d/./base}.yaml" || { echo "kustomize build deploy/kubernetes/$d failed"; return 1; }
   done
   # The base with the replicated coordinators' component.
@@ -119,7 +161,7 @@ kustomize_builds() {
     { echo "kustomize build with components: [ha] and the object store failed"; return 1; }
 }
 if [ ${#KUSTOMIZE[@]} -gt 0 ]; then
-  check "kustomize build: deploy/kubernetes, demo, sidecar; with components: [ha]; with ha and the object store" \
+  check "kustomize build: deploy/kubernetes, demo, sidecar, monitoring, kubeflow; with components: [ha]; with ha and the object store" \
     kustomize_builds
 else
   # Neither Debian 12 (its kubectl 1.20 predates components) nor PyPI ships
@@ -139,7 +181,15 @@ def bad(msg):
 KNOWN = {("v1", "Namespace"), ("v1", "PersistentVolumeClaim"), ("v1", "Service"), ("v1", "Secret"),
          ("v1", "ConfigMap"), ("apps/v1", "Deployment"), ("apps/v1", "DaemonSet"), ("apps/v1", "StatefulSet"),
          ("batch/v1", "Job"), ("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"),
+         ("scheduling.k8s.io/v1", "PriorityClass"),
          ("kustomize.config.k8s.io/v1beta1", "Kustomization"), ("kustomize.config.k8s.io/v1alpha1", "Component")}
+# Kinds of CustomResourceDefinitions (the Prometheus Operator's, Kubeflow's
+# training operator's): Kubernetes' schemas do not know them
+# (kubernetes-validate only warns), so their fields are checked here.
+CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"), ("kubeflow.org/v1", "PyTorchJob")}
+KNOWN |= CRDS
+WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet", "Job", "PyTorchJob")
 KUSTOMIZE_KINDS = ("Kustomization", "Component")
 # Secrets the operator creates with kubectl before applying (docs/operations.md).
 EXTERNAL_SECRETS = {"ckptd-operator-token", "ckptd-agent-token"}
@@ -182,18 +232,20 @@ def in_component(rel):
     return os.path.dirname(rel) in component_dirs
 
 # Every manifest is listed by a kustomization, every listed file exists, and
-# every kustomization replaces the image name the containers use.
+# every kustomization of workloads replaces the image name their containers use.
 listed = set()
 image_names = set()
 for rel, k in kusts:
     base = os.path.dirname(rel)
+    runs = False
     for r in k.get("resources") or []:
         target = os.path.normpath(os.path.join(base, r))
         if not os.path.exists(os.path.join(root, target)):
             bad(f"{rel}: resource {r} does not exist")
         listed.add(target)
+        runs = runs or any(orel == target and d.get("kind") in WORKLOAD_KINDS for orel, d in docs)
     imgs = k.get("images") or []
-    if not imgs:
+    if runs and not imgs:
         bad(f"{rel}: no images: entry (the image is a placeholder to replace)")
     for i in imgs:
         if not i.get("name") or not i.get("newName"):
@@ -437,6 +489,185 @@ if not problems:
     if len(sockets) == 2 and (sockets[0][1], sockets[0][2]) != (sockets[1][1], sockets[1][2]):
         bad(f"the agent's socket {sockets[0]} and the trainers' {sockets[1]} are not the same host file")
 
+    # The agent's metrics: --metrics-listen is its containerPort "metrics",
+    # which the probes (and monitoring/podmonitor.yaml) use.
+    aports = {p.get("name"): p.get("containerPort") for p in agent.get("ports") or []}
+    mport = port_of(arg_after(agent, "--metrics-listen"))
+    if mport is None or aports.get("metrics") != mport:
+        bad(f"{aw}: --metrics-listen {arg_after(agent, '--metrics-listen')} is not its containerPort named metrics "
+            f"({aports.get('metrics')})")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (agent.get(probe) or {}).get("httpGet") or {}
+        if get.get("path") != path or get.get("port") not in ("metrics", mport):
+            bad(f"{aw}: needs a {probe} of httpGet {path} on the port metrics")
+    live = agent.get("livenessProbe") or {}
+    if int(live.get("periodSeconds", 10)) * int(live.get("failureThreshold", 3)) < 60:
+        bad(f"{aw}: its livenessProbe restarts it after less than a minute without an answer; a restart drops "
+            "what it holds in memory")
+    # Its priority, above the trainers' (evicted after them).
+    pcs = {name_of(d): d for _, d in by_kind.get("PriorityClass", [])}
+    pc = pcs.get(aspec.get("priorityClassName"))
+    if not pc:
+        bad(f"{aw}: priorityClassName {aspec.get('priorityClassName')!r} is no PriorityClass of the manifests")
+    elif pc.get("globalDefault") is not False or not isinstance(pc.get("value"), int) or pc["value"] <= 0:
+        bad(f"PriorityClass {name_of(pc)}: needs a positive value and globalDefault: false")
+    elif tspec.get("priorityClassName") in pcs and pcs[tspec["priorityClassName"]].get("value", 0) >= pc["value"]:
+        bad(f"{tw}: its priority is not below the agent's")
+    # Its memory: the staging it allocates is charged to it, so the
+    # container's memory (request = limit) holds --memory-budget and more.
+    def k8s_bytes(q):
+        m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(q or ""))
+        mult = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9,
+                "T": 10**12}
+        return int(m.group(1)) * mult[m.group(2)] if m else None
+    def ckptd_bytes(v):  # base/flags.cc: K, M, G, T are powers of 1024
+        m = re.fullmatch(r"(\d+)([KMGT])?", v or "")
+        return int(m.group(1)) << {None: 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2)] if m else None
+    res = agent.get("resources") or {}
+    req, lim = (res.get("requests") or {}).get("memory"), (res.get("limits") or {}).get("memory")
+    budget = ckptd_bytes(arg_after(agent, "--memory-budget"))
+    if budget is None:
+        bad(f"{aw}: needs --memory-budget in bytes (its default, half the machine's memory, ignores the container's)")
+    elif req != lim or k8s_bytes(lim) is None:
+        bad(f"{aw}: needs a memory request equal to its memory limit (not {req} and {lim})")
+    elif k8s_bytes(lim) < budget + 2**30:
+        bad(f"{aw}: memory limit {lim} leaves less than 1 GiB beside --memory-budget {arg_after(agent, '--memory-budget')}")
+    # The single coordinator: one budget, which allows no voluntary eviction.
+    clabels = ((dep["spec"]["template"].get("metadata") or {}).get("labels")) or {}
+    def selects(sel, labels):
+        return bool(sel) and all(labels.get(k) == v for k, v in sel.items())
+    budgets = [d for rel, d in by_kind.get("PodDisruptionBudget", []) if not in_component(rel) and
+               selects(((d.get("spec") or {}).get("selector") or {}).get("matchLabels"), clabels)]
+    if len(budgets) != 1:
+        bad(f"{cw}: {len(budgets)} PodDisruptionBudgets select the coordinator, not 1")
+    elif budgets[0]["spec"].get("maxUnavailable") != 0 or "minAvailable" in budgets[0]["spec"]:
+        bad(f"PodDisruptionBudget {name_of(budgets[0])}: the single coordinator's needs maxUnavailable: 0 alone")
+
+    # Prometheus Operator (monitoring/): the ServiceMonitor reaches the
+    # coordinator's --metrics-listen through its Service, the PodMonitor
+    # each agent's; both keep ckptd's job label and name the scrape jobs the
+    # alert rules read.
+    rules = os.path.join(sys.argv[1], "..", "prometheus", "ckptd-alerts.yaml")
+    up_jobs = set(re.findall(r'\bup\{[^}]*job="([^"]+)"', open(rules).read())) if os.path.exists(rules) else set()
+    scrape_jobs = set()
+    def endpoints(rel, d, field):
+        what = f"{rel}: {d['kind']} {name_of(d)}"
+        spec = d.get("spec") or {}
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            bad(f"{what}: needs spec.selector.matchLabels")
+        eps = spec.get(field) or []
+        if not eps:
+            bad(f"{what}: needs spec.{field}")
+        for ep in eps:
+            if not ep.get("port") or ep.get("path", "/metrics") != "/metrics":
+                bad(f"{what}: each of spec.{field} needs a port (its name) and path /metrics")
+            if ep.get("honorLabels") is not True:
+                bad(f"{what}: needs honorLabels: true (ckptd's label job is the training job)")
+            jobs = [r.get("replacement") for r in ep.get("relabelings") or []
+                    if r.get("targetLabel") == "job" and not r.get("sourceLabels")]
+            if len(jobs) != 1 or jobs[0] not in up_jobs:
+                bad(f"{what}: a relabeling must set job to one the alert rules read ({sorted(up_jobs)}), not {jobs}")
+            scrape_jobs.update(jobs)
+        return what, spec, eps
+    metrics_port = port_of(arg_after(coord, "--metrics-listen"))
+    for rel, d in by_kind.get("ServiceMonitor", []):
+        what, spec, eps = endpoints(rel, d, "endpoints")
+        svcs = [s for srel, s in by_kind.get("Service", []) if not in_component(srel) and
+                selects((spec.get("selector") or {}).get("matchLabels"), (s.get("metadata") or {}).get("labels") or {})]
+        for ep in eps:
+            ports = [p for s in svcs for p in (s.get("spec") or {}).get("ports") or [] if p.get("name") == ep.get("port")]
+            if not ports:
+                bad(f"{what}: no Service it selects has a port named {ep.get('port')!r}")
+            for p in ports:
+                if p.get("targetPort") not in (cports.get(metrics_port), metrics_port):
+                    bad(f"{what}: port {ep.get('port')} does not lead to the coordinator's --metrics-listen port")
+    for rel, d in by_kind.get("PodMonitor", []):
+        what, spec, eps = endpoints(rel, d, "podMetricsEndpoints")
+        agent_labels = [(t.get("metadata") or {}).get("labels") or {} for _, k, _, _, t in workloads
+                        if k == "DaemonSet" and agent in containers_of(t)]
+        if not any(selects((spec.get("selector") or {}).get("matchLabels"), l) for l in agent_labels):
+            bad(f"{what}: its selector does not match the agents' pods")
+        for ep in eps:
+            if aports.get(ep.get("port")) != mport:
+                bad(f"{what}: port {ep.get('port')!r} is not the agent's --metrics-listen port")
+    for rel, d in by_kind.get("PrometheusRule", []):
+        if not all(g.get("name") and g.get("rules") for g in (d.get("spec") or {}).get("groups") or [None]):
+            bad(f"{rel}: PrometheusRule {name_of(d)}: needs spec.groups, each with a name and rules")
+    if by_kind.get("ServiceMonitor") or by_kind.get("PodMonitor"):
+        for job in sorted(up_jobs - scrape_jobs):
+            bad(f"the alert rules read up{{job=\"{job}\"}}, which no ServiceMonitor or PodMonitor makes")
+
+    # Kubeflow PyTorchJobs (kubeflow/): a Master and Workers running one
+    # pod, restarted on ckptd's exit 75, whose ranks reach the node's agent
+    # as the demo's trainers do.
+    agent_sock = arg_after(agent, "--socket") or ""
+    am = mount_for(agent, aspec, agent_sock)
+    agent_socket_file = (((am[1] or {}).get("hostPath") or {}).get("path"), os.path.relpath(agent_sock, am[0])) if am else None
+    # What the training operator sets in the container "pytorch" (nprocPerNode: PET_NPROC_PER_NODE).
+    OPERATOR_ENV = {"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "PET_NNODES", "PET_NPROC_PER_NODE",
+                    "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PYTHONUNBUFFERED"}
+    for rel, d in by_kind.get("PyTorchJob", []):
+        what = f"{rel}: PyTorchJob {name_of(d)}"
+        spec = d.get("spec") or {}
+        replicas = spec.get("pytorchReplicaSpecs") or {}
+        if set(replicas) != {"Master", "Worker"}:
+            bad(f"{what}: pytorchReplicaSpecs must be Master and Worker, not {sorted(replicas)}")
+            continue
+        if replicas["Master"].get("replicas") != 1:
+            bad(f"{what}: Master needs replicas: 1 (it serves the rendezvous)")
+        if not isinstance(replicas["Worker"].get("replicas"), int) or replicas["Worker"]["replicas"] < 1:
+            bad(f"{what}: Worker needs replicas: 1 or more")
+        if not re.fullmatch(r"[1-9][0-9]*", str(spec.get("nprocPerNode", ""))):
+            bad(f"{what}: needs nprocPerNode, the ranks torchrun starts per pod (a number, as a string)")
+        if replicas["Master"].get("template") != replicas["Worker"].get("template"):
+            bad(f"{what}: Master and Worker must run the same pod template")
+        for role in ("Master", "Worker"):
+            rw = f"{what}: {role}"
+            r = replicas[role]
+            if r.get("restartPolicy") != "OnFailure":
+                bad(f"{rw}: needs restartPolicy: OnFailure (a pod whose ranks exit 75 is started again; "
+                    f"not {r.get('restartPolicy')})")
+            tmpl = r.get("template") or {}
+            pspec = tmpl.get("spec") or {}
+            cs = [c for c in pspec.get("containers") or [] if c.get("name") == "pytorch"]
+            if not cs:
+                bad(f"{rw}: no container named pytorch (the one the operator configures)")
+                continue
+            c = cs[0]
+            cw = f"{rw}: container pytorch"
+            if c.get("image") not in image_names:
+                bad(f"{cw}: image {c.get('image')!r} is not one the kustomizations replace ({sorted(image_names)})")
+            if not c.get("command"):
+                bad(f"{cw}: no command")
+            env = {e.get("name"): e for e in c.get("env") or []}
+            for a in (c.get("command") or []) + (c.get("args") or []):
+                for var in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(a)):
+                    if var not in env and var not in OPERATOR_ENV:
+                        bad(f"{cw}: $({var}) in its command line is neither in its env nor set by the operator")
+            vols = {v.get("name") for v in pspec.get("volumes") or []}
+            for m in c.get("volumeMounts") or []:
+                if m.get("name") not in vols:
+                    bad(f"{cw}: mounts volume {m.get('name')!r}, which the pod does not declare")
+            sock = arg_after(c, "--socket") or (env.get("CKPTD_SOCKET") or {}).get("value") or ""
+            m = mount_for(c, pspec, sock)
+            if not sock or not m or not m[1] or "hostPath" not in m[1]:
+                bad(f"{cw}: CKPTD_SOCKET {sock or '(none)'} is not on a hostPath volume")
+            elif (m[1]["hostPath"].get("path"), os.path.relpath(sock, m[0])) != agent_socket_file:
+                bad(f"{cw}: CKPTD_SOCKET {sock} is not the agent's socket {agent_sock} (host file {agent_socket_file})")
+            shm = mounts_by_path(c, pspec).get("/dev/shm")
+            if not shm or (shm.get("hostPath") or {}).get("path") != "/dev/shm":
+                bad(f"{cw}: must mount the host's /dev/shm (hostPath) at /dev/shm: the staging memory is there")
+            if uid(c, pspec) is None or uid(c, pspec) != uid(agent, aspec):
+                bad(f"{cw}: must run as the agent's uid {uid(agent, aspec)}, not {uid(c, pspec)} "
+                    "(the socket and the staging are owner-only)")
+            if pspec.get("hostPID"):
+                bad(f"{rw}: needs no hostPID (the agent takes a trainer's pid from its connection)")
+            script = (env.get("TRAINER_SCRIPT") or {}).get("value") or ""
+            if script.startswith("/opt/ckptd/") and \
+                    not os.path.exists(os.path.join(sys.argv[1], "..", "..", script[len("/opt/ckptd/"):])):
+                bad(f"{cw}: TRAINER_SCRIPT {script}: the repository (at /opt/ckptd of the image) has no "
+                    f"{script[len('/opt/ckptd/'):]}")
+
     # The sidecar: the agent inside the training pod, with no host privilege.
     if not sidecars:
         bad("no pod runs the agent as a sidecar beside the trainer (deploy/kubernetes/sidecar)")
@@ -577,7 +808,8 @@ else
   echo "skipped: Kubernetes schemas (kubernetes-validate is not in $KV: run scripts/install-deps.sh with PyPI reachable)"
 fi
 if "$PY" -c "import yaml" 2>/dev/null; then
-  check "Kubernetes manifests: structure, volumes, selectors, ports, and the agent/trainer wiring" k8s_structure
+  check "Kubernetes manifests: structure, volumes, selectors, ports, the agent/trainer wiring, monitors, PyTorchJob" \
+    k8s_structure
 else
   echo "FAILED: python3-yaml is missing ($PY; Debian package python3-yaml; scripts/install-deps.sh installs it)"
   failures=$((failures + 1))
@@ -690,7 +922,8 @@ cw, cc = coords[0]
 ew, ec = etcds[0]
 ns = (cw.get("metadata") or {}).get("namespace") or "default"
 for d in docs:
-    if d.get("kind") != "Namespace" and ((d.get("metadata") or {}).get("namespace") or "default") != ns:
+    if d.get("kind") not in ("Namespace", "PriorityClass") and \
+            ((d.get("metadata") or {}).get("namespace") or "default") != ns:
         bad(f"{d.get('kind')} {name_of(d)}: not in the namespace {ns} of the rest")
 
 def port_of(addr):
@@ -978,21 +1211,64 @@ check "systemd units, ha.conf and env files agree (variables, storage root, Read
   units_match_env
 
 # ---------------------------------------------------------------- 3. shell
-SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" "$REPO/deploy/local/demo.sh"
-         "$REPO/deploy/local/launch.sh" "$REPO/tests/deploy/demo_test.sh" "$0")
+SCRIPTS=("$SLURM/ckptd-job.sbatch" "$SLURM/torchrun.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh"
+         "$REPO/deploy/local/demo.sh" "$REPO/deploy/local/launch.sh" "$PROM/prometheusrule.sh"
+         "$REPO/tests/deploy/demo_test.sh" "$0")
 for s in "${SCRIPTS[@]}"; do
   check "bash -n ${s#"$REPO"/}" bash -n "$s"
 done
 if need shellcheck shellcheck; then
-  check "shellcheck -S warning: the Slurm scripts, install.sh, the local demo, this test" shellcheck -S warning -s bash "${SCRIPTS[@]}"
+  check "shellcheck -S warning: the Slurm scripts, install.sh, the local demo, prometheusrule.sh, this test" \
+    shellcheck -S warning -s bash "${SCRIPTS[@]}"
 fi
 sbatch_directives() {
-  local d
-  for d in '--requeue' '--open-mode=append' '--signal=B:USR1@[0-9]*'; do
-    grep -q "^#SBATCH $d\$" "$SLURM/ckptd-job.sbatch" || { echo "no #SBATCH $d"; return 1; }
+  local d f
+  for f in ckptd-job.sbatch torchrun.sbatch; do
+    for d in '--requeue' '--open-mode=append' '--signal=B:USR1@[0-9]*'; do
+      grep -q "^#SBATCH $d\$" "$SLURM/$f" || { echo "$f: no #SBATCH $d"; return 1; }
+    done
   done
 }
-check "the sbatch script asks for requeueing, appended output and a signal before the time limit" sbatch_directives
+check "the sbatch scripts ask for requeueing, appended output and a signal before the time limit" sbatch_directives
+# torchrun.sbatch: an agent per node in the background, then one torchrun a
+# node meeting at a c10d rendezvous on the first node, and a trainer that
+# is a file of this repository.
+torchrun_sbatch() {
+  "$PY" - "$REPO" "$SLURM/torchrun.sbatch" <<'PYEOF'
+import os, re, sys
+repo, path = sys.argv[1:]
+text = re.sub(r"\\\n\s*", " ", open(path).read())
+lines = [l.strip() for l in text.splitlines() if not l.lstrip().startswith("#")]
+problems = []
+bad = problems.append
+agents = [l for l in lines if l.startswith("srun ") and "/ckptd-agent" in l]
+if len(agents) != 1 or "--ntasks-per-node=1" not in agents[0] or not agents[0].endswith("&"):
+    bad("the agents: not one 'srun --ntasks-per-node=1 ... ckptd-agent ... &' (one per node, in the background)")
+train = [l for l in lines if l.startswith("srun ") and "$TORCHRUN" in l]
+if len(train) != 1 or "--ntasks-per-node=1" not in train[0]:
+    bad("torchrun: not one 'srun --ntasks-per-node=1 ... $TORCHRUN ...' (one torchrun a node)")
+else:
+    for want in ('--nnodes "$SLURM_JOB_NUM_NODES"', "--rdzv-backend c10d", '--rdzv-endpoint "$RDZV"',
+                 '--rdzv-id "$SLURM_JOB_ID"', "--max-restarts", '"$TRAINER"'):
+        if want not in train[0]:
+            bad(f"torchrun is not given {want}")
+    if not train[0].endswith("&"):
+        bad("torchrun's step does not run in the background (the script must take the time-limit signal)")
+if not re.search(r'^RDZV_HOST="\$\(scontrol show hostnames "\$SLURM_JOB_NODELIST" \| head -n 1\)"$', text, re.M):
+    bad("the rendezvous host is not the job's first node (scontrol show hostnames ... | head -n 1)")
+if not re.search(r'^export CKPTD_SOCKET="\$SOCKET"', text, re.M):
+    bad("the ranks are not given the agent's socket (export CKPTD_SOCKET=\"$SOCKET\")")
+m = re.search(r'^TRAINER="\$\{TRAINER:-\$SRC/([^}"]+)\}"$', text, re.M)
+if not m:
+    bad('no default TRAINER="${TRAINER:-$SRC/<path>}"')
+elif not os.path.isfile(os.path.join(repo, m.group(1))):
+    bad(f"the default trainer {m.group(1)} is no file of the repository")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "torchrun.sbatch: an agent per node, torchrun per node with a c10d rendezvous on the first, the trainer exists" \
+  torchrun_sbatch
 install_into_root() {
   local r="$W/install-root" f
   "$SYSD/install.sh" --bin "$BIN" --root "$r" >/dev/null || return 1
@@ -1022,10 +1298,11 @@ check "install.sh --root installs binaries, units, settings and a 0600 token, an
 flags_match_help() {
   local f builds=()
   for f in "$W"/k8s/build-*.yaml; do [ -e "$f" ] && builds+=("$f"); done
-  "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/test-single-node.sh" "$SYSD/install.sh" \
+  "$PY" - "$BIN" "$REPO" "$DOC" "$SLURM/ckptd-job.sbatch" "$SLURM/torchrun.sbatch" "$SLURM/test-single-node.sh" \
+    "$SYSD/install.sh" \
     "$SYSD/coordinator.env" "$SYSD/agent.env" "$SYSD/ckptd-coordinator.service" "$SYSD/ckptd-agent.service" \
     "$SYSD/coordinator-ha.env" "$SYSD/ha.conf" "$K8S"/*.yaml "$K8S"/*/*.yaml "$K8S/Dockerfile" \
-    "${builds[@]}" <<'PYEOF'
+    "$PROM/ckptd-alerts.yaml" "$PROM/prometheus.yml" "$REPO/deploy/grafana/ckptd-dashboard.json" "${builds[@]}" <<'PYEOF'
 import os, re, subprocess, sys
 import yaml
 
@@ -1169,6 +1446,9 @@ def manifest(path):
 for path in files:
     if path.endswith(".md"):
         markdown(path)
+    elif "/deploy/prometheus/" in path or path.endswith(".json"):
+        # the alert rules' and the dashboard's hints (ckptctl ... in their descriptions)
+        scan_text(os.path.relpath(path, repo), open(path).read(), bare_check=True)
     elif path.endswith(".service") or path.endswith(".conf"):
         service(path)
     elif path.endswith(".env"):
@@ -1184,28 +1464,27 @@ if checked < 40:
 sys.exit(1 if problems else 0)
 PYEOF
 }
-check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, operations.md) is in its --help" \
+check "every --flag given to a ckptd binary (units, env files, manifests, sbatch, alert rules, dashboard, operations.md) is in its --help" \
   flags_match_help
 metrics_exist() {
-  "$PY" - "$REPO" "$DOC" <<'PYEOF'
-import glob, re, sys
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" <<'PYEOF'
+import re, sys
+from metric_names import documented, registered, unknown
 repo, doc = sys.argv[1], sys.argv[2]
-registered = set()
-for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/metrics/*.cc"):
-    if not path.endswith("_test.cc"):
-        registered |= set(re.findall(r'Add(?:Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', open(path).read()))
-if len(registered) < 10:
-    print(f"found only {len(registered)} metrics in coordinator/: the pattern is out of date")
+known = registered(repo)
+if len(known) < 10:
+    print(f"found only {len(known)} metrics in the sources: the pattern is out of date")
     sys.exit(1)
 # (a name followed by "(" is a C function of the client ABI, not a metric)
 named = set(re.findall(r"\bckptd_[a-z0-9_]+\b(?!\()", open(doc).read()))
-missing = sorted(n for n in named if re.sub(r"_(bucket|sum|count)$", "", n) not in registered and n not in registered)
-for n in missing:
-    print(f"docs/operations.md names {n}, which the coordinator does not register")
-sys.exit(1 if missing else 0)
+problems = [f"docs/operations.md names {n}, which no binary registers" for n in unknown(named, known)]
+problems += [f"docs/operations.md calls {n} a {t}; it is registered as a {known[n]}"
+             for n, t in sorted(documented(doc).items()) if n in known and known[n] != t]
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
 PYEOF
 }
-check "every ckptd_* metric in docs/operations.md is one the coordinator registers" metrics_exist
+check "every ckptd_* metric in docs/operations.md is one a binary registers, of the type its table says" metrics_exist
 
 # ------------------------------------------------------------------ 5. TLS
 # The recipe between the markers in docs/operations.md, run as written.
@@ -1520,6 +1799,205 @@ elif [ "${CI:-}" = true ]; then
 else
   echo "skipped: replicated coordinators (no etcd: Debian package etcd-server; scripts/install-deps.sh installs it)"
 fi
+
+# ------------------------------------------------------------ 8. monitoring
+# deploy/prometheus: the alert rules and their unit tests (promtool), the
+# example scrape configuration, the rules' metrics, labels, annotations and
+# ckptctl hints; the PrometheusRule generated from them.
+PROMTOOL="$(command -v promtool 2>/dev/null)"
+[ -z "$PROMTOOL" ] && [ -x "$REPO/.tools/promtool" ] && PROMTOOL="$REPO/.tools/promtool"
+if need yamllint yamllint; then
+  check "yamllint deploy/prometheus" yamllint -s -c "$K8S/.yamllint" "$PROM"
+fi
+if [ -n "$PROMTOOL" ]; then
+  check "promtool check rules deploy/prometheus/ckptd-alerts.yaml" "$PROMTOOL" check rules "$PROM/ckptd-alerts.yaml"
+  # (relative to the file, as promtool reads its rule_files)
+  check "promtool test rules deploy/prometheus/ckptd-alerts_test.yaml: each alert fires, and does not, where it should" \
+    bash -c "cd '$PROM' && '$PROMTOOL' test rules ckptd-alerts_test.yaml"
+  check "promtool check config deploy/prometheus/prometheus.yml (with the rules it names)" \
+    bash -c "cd '$PROM' && '$PROMTOOL' check config prometheus.yml"
+elif [ "${CI:-}" = true ]; then
+  echo "FAILED: promtool is missing (from Debian's prometheus package; scripts/install-deps.sh unpacks it into .tools/)"
+  failures=$((failures + 1))
+else
+  echo "skipped: promtool checks of deploy/prometheus (no promtool on PATH or in .tools/: run scripts/install-deps.sh)"
+fi
+alert_rules() {
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" "$PROM" <<'PYEOF'
+import os, re, sys
+import yaml
+from metric_names import documented, registered, unknown
+
+repo, doc, prom = sys.argv[1:]
+problems = []
+bad = problems.append
+rules = yaml.safe_load(open(os.path.join(prom, "ckptd-alerts.yaml")))
+tests = yaml.safe_load(open(os.path.join(prom, "ckptd-alerts_test.yaml")))
+config = yaml.safe_load(open(os.path.join(prom, "prometheus.yml")))
+# Names a binary registers, or (the agent's, until its build is here) the doc's tables list.
+known = {**documented(doc), **registered(repo)}
+scrape_jobs = {c.get("job_name") for c in config.get("scrape_configs") or []}
+for c in config.get("scrape_configs") or []:
+    if c.get("job_name", "").startswith("ckptd") and c.get("honor_labels") is not True:
+        bad(f"prometheus.yml: scrape job {c.get('job_name')} needs honor_labels: true (ckptd's label job)")
+alerts = {}
+for g in rules.get("groups") or []:
+    for r in g.get("rules") or []:
+        name = r.get("alert")
+        if not name:
+            bad(f"group {g.get('name')}: a rule that is no alert ({r.get('record')}): none is expected here")
+            continue
+        if not re.fullmatch(r"Ckptd[A-Z][A-Za-z]+", name):
+            bad(f"{name}: alert names are CkptdCamelCase")
+        if name in alerts:
+            bad(f"{name}: two alerts of that name")
+        alerts[name] = r
+        if (r.get("labels") or {}).get("severity") not in ("critical", "warning", "info"):
+            bad(f"{name}: needs labels.severity critical, warning or info")
+        ann = r.get("annotations") or {}
+        for a in ("summary", "description"):
+            if not str(ann.get(a, "")).strip():
+                bad(f"{name}: no annotations.{a}")
+        # What to look at: a command of ckptctl, kubectl or the unit's log.
+        if not re.search(r"ckptctl|kubectl|journalctl|\blogs?\b", str(ann.get("description", ""))):
+            bad(f"{name}: its description gives no hint of where to look (ckptctl ..., kubectl ...)")
+        expr = str(r.get("expr", ""))
+        for n in unknown(re.findall(r"\bckptd_[a-z0-9_]+\b", expr), known):
+            bad(f"{name}: {n} is no metric a binary registers or docs/operations.md lists")
+        for job in re.findall(r'\bup\{[^}]*job="([^"]+)"', expr):
+            if job not in scrape_jobs:
+                bad(f"{name}: up{{job=\"{job}\"}}: no scrape job of prometheus.yml is called {job}")
+# Each alert is tested firing, and tested where it must not fire.
+fired, quiet = set(), set()
+for t in tests.get("tests") or []:
+    for c in t.get("alert_rule_test") or []:
+        (fired if c.get("exp_alerts") else quiet).add(c.get("alertname"))
+for name in sorted(alerts):
+    if name not in fired:
+        bad(f"{name}: ckptd-alerts_test.yaml has no case where it fires")
+    if name not in quiet:
+        bad(f"{name}: ckptd-alerts_test.yaml has no case where it must not fire")
+for name in sorted((fired | quiet) - set(alerts)):
+    bad(f"ckptd-alerts_test.yaml tests {name}, which ckptd-alerts.yaml does not define")
+print("\n".join(problems))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "alert rules: severity, summary, description with a hint; their metrics exist; up{job} a scrape job; each tested both ways" \
+  alert_rules
+# The Grafana dashboard: its structure, its variables, and its queries
+# (metrics that exist; PromQL that promtool parses, as recording rules with
+# Grafana's variables put in).
+dashboard() {
+  PYTHONPATH="$W" "$PY" - "$REPO" "$DOC" "$REPO/deploy/grafana/ckptd-dashboard.json" "$W/dashboard-rules.yaml" \
+    "${PROMTOOL:-}" <<'PYEOF'
+import json, re, subprocess, sys
+from metric_names import documented, registered, unknown
+
+repo, doc, path, rules_out, promtool = sys.argv[1:]
+problems = []
+bad = problems.append
+try:
+    d = json.load(open(path))
+except ValueError as e:
+    print(f"deploy/grafana/ckptd-dashboard.json: not JSON: {e}")
+    sys.exit(1)
+known = {**documented(doc), **registered(repo)}
+DS_VARS = ("${datasource}", "$datasource")
+if not isinstance(d.get("schemaVersion"), int) or d["schemaVersion"] < 36:
+    bad(f"schemaVersion {d.get('schemaVersion')}: older than Grafana 9's 36")
+for k in ("uid", "title"):
+    if not d.get(k):
+        bad(f"no {k}")
+variables = {v.get("name"): v for v in (d.get("templating") or {}).get("list") or []}
+ds = variables.get("datasource") or {}
+if ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+    bad("needs a template variable datasource of type datasource, query prometheus")
+job = variables.get("job") or {}
+query = job.get("query")
+query = query.get("query") if isinstance(query, dict) else query
+m = re.fullmatch(r"label_values\(\s*(ckptd_[a-z0-9_]+)\s*,\s*job\s*\)", str(query or ""))
+if job.get("type") != "query" or not m:
+    bad(f"needs a template variable job of type query, label_values(ckptd_..., job), not {query!r}")
+elif unknown([m.group(1)], known):
+    bad(f"variable job: {m.group(1)} is no metric a binary registers or docs/operations.md lists")
+if (job.get("datasource") or {}).get("uid") not in DS_VARS:
+    bad("variable job: its datasource is not the variable ${datasource}")
+
+def walk(panels):
+    for p in panels or []:
+        yield p
+        yield from walk(p.get("panels"))
+
+ids, exprs = set(), []
+for p in walk(d.get("panels")):
+    what = f"panel {p.get('id')} {p.get('title')!r}"
+    if not isinstance(p.get("id"), int) or p["id"] in ids:
+        bad(f"{what}: its id is not a number of its own")
+    ids.add(p.get("id"))
+    if not str(p.get("title", "")).strip():
+        bad(f"panel {p.get('id')}: no title")
+    g = p.get("gridPos") or {}
+    if not all(isinstance(g.get(k), int) for k in "xywh") or g["x"] < 0 or g["x"] + g["w"] > 24:
+        bad(f"{what}: gridPos {g} is not within the 24 columns")
+    if p.get("type") == "row":
+        continue
+    if (p.get("datasource") or {}).get("uid") not in DS_VARS:
+        bad(f"{what}: its datasource is not the variable ${{datasource}}: {p.get('datasource')}")
+    targets = p.get("targets") or []
+    if not targets:
+        bad(f"{what}: no queries")
+    refs = [t.get("refId") for t in targets]
+    if len(set(refs)) != len(refs):
+        bad(f"{what}: two queries with one refId")
+    for t in targets:
+        if "datasource" in t and (t.get("datasource") or {}).get("uid") not in DS_VARS:
+            bad(f"{what}: query {t.get('refId')}: its datasource is not the variable ${{datasource}}")
+        expr = str(t.get("expr") or "")
+        if not expr.strip():
+            bad(f"{what}: query {t.get('refId')} has no expr")
+            continue
+        exprs.append((f"{what} {t.get('refId')}", expr))
+        for n in unknown(re.findall(r"\bckptd_[a-z0-9_]+\b", expr), known):
+            bad(f"{what}: {n} is no metric a binary registers or docs/operations.md lists")
+        if "histogram_quantile" in expr and not re.search(r"by \([^)]*\ble\b", expr):
+            bad(f"{what}: histogram_quantile over a sum that does not keep le")
+# Panels do not overlap.
+cells = {}
+for p in d.get("panels") or []:
+    g = p.get("gridPos") or {}
+    for x in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+        for y in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+            if (x, y) in cells:
+                bad(f"panel {p.get('id')} overlaps panel {cells[(x, y)]}")
+                break
+            cells[(x, y)] = p.get("id")
+        else:
+            continue
+        break
+if not any("$job" in e for _, e in exprs):
+    bad("no query uses the variable job")
+# The queries as recording rules, Grafana's variables replaced, for promtool.
+rules = [{"record": f"dashboard:query_{i}", "expr": e.replace("$__rate_interval", "5m").replace("$job", ".*")}
+         for i, (_, e) in enumerate(exprs)]
+json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, open(rules_out, "w"), indent=1)
+if promtool:
+    r = subprocess.run([promtool, "check", "rules", rules_out], capture_output=True, text=True)
+    if r.returncode != 0:
+        bad("promtool check rules on the dashboard's queries:\n" + r.stdout + r.stderr)
+print("\n".join(dict.fromkeys(problems)))
+sys.exit(1 if problems else 0)
+PYEOF
+}
+check "Grafana dashboard: JSON, ids, titles, \${datasource} and job variables, its queries' metrics and PromQL" dashboard
+# The PrometheusRule is the rules file, generated.
+prometheusrule_generated() {
+  "$PROM/prometheusrule.sh" >"$W/prometheusrule.yaml" || return 1
+  diff -u "$K8S/monitoring/prometheusrule.yaml" "$W/prometheusrule.yaml" ||
+    { echo "run: deploy/prometheus/prometheusrule.sh > deploy/kubernetes/monitoring/prometheusrule.yaml"; return 1; }
+}
+check "deploy/kubernetes/monitoring/prometheusrule.yaml is deploy/prometheus/prometheusrule.sh's output" \
+  prometheusrule_generated
 
 echo "$passed passed, $failures failed"
 [ "$failures" -eq 0 ]
