@@ -16,7 +16,7 @@
 #      this test; install.sh into a temporary root;
 #   4. every --flag passed to a ckptd binary in those files (and in
 #      docs/operations.md) is one its --help lists; every ckptd_* metric the
-#      doc names is one the coordinator registers;
+#      doc names is one the coordinator or the agent registers;
 #   5. the doc's TLS recipe, run as written: a coordinator started with
 #      coordinator.env's flags, an agent with agent.env's, and ckptctl talk
 #      mutual TLS with its certificates;
@@ -1191,21 +1191,21 @@ metrics_exist() {
 import glob, re, sys
 repo, doc = sys.argv[1], sys.argv[2]
 registered = set()
-for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/metrics/*.cc"):
+for path in glob.glob(repo + "/coordinator/*.cc") + glob.glob(repo + "/agent/*.cc") + glob.glob(repo + "/metrics/*.cc"):
     if not path.endswith("_test.cc"):
         registered |= set(re.findall(r'Add(?:Gauge|Counter|Histogram)\(\s*"(ckptd_[a-z0-9_]+)"', open(path).read()))
 if len(registered) < 10:
-    print(f"found only {len(registered)} metrics in coordinator/: the pattern is out of date")
+    print(f"found only {len(registered)} metrics in coordinator/, agent/ and metrics/: the pattern is out of date")
     sys.exit(1)
 # (a name followed by "(" is a C function of the client ABI, not a metric)
 named = set(re.findall(r"\bckptd_[a-z0-9_]+\b(?!\()", open(doc).read()))
 missing = sorted(n for n in named if re.sub(r"_(bucket|sum|count)$", "", n) not in registered and n not in registered)
 for n in missing:
-    print(f"docs/operations.md names {n}, which the coordinator does not register")
+    print(f"docs/operations.md names {n}, which neither the coordinator nor the agent registers")
 sys.exit(1 if missing else 0)
 PYEOF
 }
-check "every ckptd_* metric in docs/operations.md is one the coordinator registers" metrics_exist
+check "every ckptd_* metric in docs/operations.md is one the coordinator or the agent registers" metrics_exist
 
 # ------------------------------------------------------------------ 5. TLS
 # The recipe between the markers in docs/operations.md, run as written.
