@@ -183,9 +183,11 @@ absl::Status AgentCore::SnapshotPublished(uint64_t trainer_id, uint32_t slot, ui
   if (slot >= t->segment->slots()) {
     return absl::InvalidArgumentError(absl::StrCat("staging slot ", slot, " does not exist"));
   }
+  const absl::Time now = clock_->Now();
   absl::MutexLock l(&t->mu);
   t->wake = true;
   if (std::isfinite(stall_seconds) && stall_seconds >= 0) t->stall_by_slot[slot] = stall_seconds;
+  t->published_by_slot[slot] = {step, now};
   return absl::OkStatus();
 }
 
@@ -321,6 +323,7 @@ absl::Status AgentCore::SnapshotSkipped(uint64_t trainer_id, uint64_t step, absl
   size_t n = std::min(reason.size(), kMaxSkipReasonBytes);
   while (n < reason.size() && n > 0 && (static_cast<uint8_t>(reason[n]) & 0xC0) == 0x80) --n;
   t->status.last_skip_reason = std::string(reason.substr(0, n));
+  if (options_.observer != nullptr) options_.observer->OnSnapshotSkipped(t->reg.job);
   return absl::OkStatus();
 }
 
@@ -352,7 +355,19 @@ AgentCore::MemoryUsage AgentCore::Memory() {
   m.bytes = staging_bytes_->load();
   m.budget = options_.memory_budget_bytes;
   m.parked = parked_.size();
-  for (const Parked& p : parked_) m.parked_bytes += p.segment->total_bytes();
+  auto add_kept = [&m](const staging::StagingSegment& segment, const std::vector<KeptStep>& kept) {
+    for (const KeptStep& k : kept) {
+      if (!internal::TakenBack(segment, k)) m.kept_bytes += segment.slot_bytes();
+    }
+  };
+  for (const Parked& p : parked_) {
+    m.parked_bytes += p.segment->total_bytes();
+    add_kept(*p.segment, p.kept);
+  }
+  for (const auto& [id, t] : trainers_) {
+    absl::MutexLock tl(&t->mu);
+    add_kept(*t->segment, t->kept);
+  }
   return m;
 }
 

@@ -187,6 +187,9 @@ class AgentCore {
     uint64_t budget = 0;  // 0: no limit
     size_t parked = 0;
     uint64_t parked_bytes = 0;
+    // The slots that keep a step in memory (live and parked segments):
+    // their bytes.
+    uint64_t kept_bytes = 0;
   };
   MemoryUsage Memory();
   // Parked segments older than park_for go (also done at each registration
@@ -317,6 +320,9 @@ class AgentCore {
   // may hold the next snapshot once released) and its restore round, for
   // the shard report.
   void TakeReportStamps(Trainer* t, uint32_t slot, double* stall, uint64_t* incarnation);
+  // When the trainer published the snapshot of `step` in `slot`
+  // (SnapshotPublished), forgotten now; `otherwise` when it did not say.
+  absl::Time TakePublishedAt(Trainer* t, uint32_t slot, uint64_t step, absl::Time otherwise);
   // What to write of the snapshot in `slot`: every buffer, a replicated one
   // as this rank's share of it (storage::ShareSources, hashed on `pool`).
   absl::StatusOr<std::vector<storage::TensorSource>> SlotSources(Trainer* t, uint32_t slot, base::ThreadPool* pool);

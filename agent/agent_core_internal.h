@@ -50,14 +50,18 @@ ckptd::v1::ShardRef ShardRefOf(uint32_t rank, const storage::ShardWriteResult& w
 // coordinator is told.
 int32_t GpuOf(const TrainerRegistration& reg);
 
+// Whether the trainer took the slot of kept step `k` back for a snapshot.
+template <typename Kept>
+bool TakenBack(const staging::StagingSegment& segment, const Kept& k) {
+  const staging::SlotState s = segment.state(k.slot);
+  return segment.step(k.slot) != k.step ||
+         (s != staging::SlotState::kKept && s != staging::SlotState::kRestoring && s != staging::SlotState::kRestored);
+}
+
 // Kept steps whose slot the trainer took back for a snapshot are forgotten.
 template <typename Kept>
 void ForgetTakenBack(const staging::StagingSegment& segment, std::vector<Kept>* kept) {
-  std::erase_if(*kept, [&](const Kept& k) {
-    const staging::SlotState s = segment.state(k.slot);
-    return segment.step(k.slot) != k.step || (s != staging::SlotState::kKept && s != staging::SlotState::kRestoring &&
-                                              s != staging::SlotState::kRestored);
-  });
+  std::erase_if(*kept, [&](const Kept& k) { return TakenBack(segment, k); });
 }
 
 }  // namespace internal
@@ -109,6 +113,10 @@ struct AgentCore::Trainer {
   double last_stall ABSL_GUARDED_BY(mu) = 0;
   double last_persist ABSL_GUARDED_BY(mu) = 0;
   std::map<uint32_t, double> stall_by_slot ABSL_GUARDED_BY(mu);
+  // When each slot's snapshot was published, and its step (the persister
+  // may take a slot before the trainer's call arrives: a time for another
+  // step is not that snapshot's).
+  std::map<uint32_t, std::pair<uint64_t, absl::Time>> published_by_slot ABSL_GUARDED_BY(mu);
   std::vector<uint64_t> missed_targets ABSL_GUARDED_BY(mu);
   uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
   // What the local tier did for this trainer.

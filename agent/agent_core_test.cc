@@ -30,18 +30,6 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Optional;
 
-// One rank's five components.
-TrainerRegistration FiveComponents(const std::string& job) {
-  TrainerRegistration r;
-  r.job = job;
-  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
-               Buffer("grads", ckptd::v1::GRADS, ckptd::v1::FLOAT32, 3000),
-               Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6000),
-               Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 100),
-               Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
-  return r;
-}
-
 class AgentCoreTest : public ::testing::Test {
  protected:
   AgentCoreTest() { EXPECT_THAT(mem_.CreateDir("/ckpt"), IsOk()); }

@@ -614,6 +614,7 @@ absl::StatusOr<std::shared_ptr<AgentCore::Trainer>> AgentCore::BeginExitLocked(u
 }
 
 void AgentCore::FinishExit(std::shared_ptr<Trainer> t, bool died) {
+  if (died && options_.observer != nullptr) options_.observer->OnTrainerDied(t->reg.job);
   t->persister.join();
   if (died && options_.coordinator != nullptr) {
     ckptd::v1::ReportFailureRequest f;

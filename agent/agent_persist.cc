@@ -139,6 +139,7 @@ std::optional<uint32_t> AgentCore::NextReady(Trainer* t) {
 void AgentCore::PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_encoder) {
   const bool shutting_down = shutting_down_.load();
   const uint64_t step = t->segment->step(slot);
+  const absl::Time published = TakePublishedAt(t, slot, step, clock_->Now());
   const std::string who = absl::StrCat("shutting down: job ", t->reg.job, " rank ", t->reg.rank, ": step ", step);
   if (IsMemoryCheckpoint(t, step)) {
     if (shutting_down) {
@@ -193,11 +194,26 @@ void AgentCore::PersistSlot(Trainer* t, uint32_t slot, base::ThreadPool* memory_
   } else if (kept) {
     t->segment->Unkeep(slot, step);
   }
+  // Counted before the status says so (WaitPersisted returns on it).
+  if (options_.observer != nullptr && s.ok()) {
+    options_.observer->OnPersisted(t->reg.job, written.file_length, absl::ToDoubleSeconds(clock_->Now() - published));
+  } else if (options_.observer != nullptr && !absl::IsCancelled(s)) {  // cancelled: stopped by the shutdown
+    options_.observer->OnPersistFailed(t->reg.job);
+  }
   if (shutting_down_.load()) {
     NoteShutdownPersist(t, step, s);
   } else {
     NotePersisted(t, step, s);
   }
+}
+
+absl::Time AgentCore::TakePublishedAt(Trainer* t, uint32_t slot, uint64_t step, absl::Time otherwise) {
+  absl::MutexLock l(&t->mu);
+  auto it = t->published_by_slot.find(slot);
+  if (it == t->published_by_slot.end()) return otherwise;
+  const auto [published_step, at] = it->second;
+  t->published_by_slot.erase(it);
+  return published_step == step ? std::min(at, otherwise) : otherwise;
 }
 
 bool AgentCore::IsMemoryCheckpoint(Trainer* t, uint64_t step) {
@@ -282,6 +298,7 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encode
     // Counted and reported as a failed checkpoint: the coordinator hears of
     // no shard of the step from this rank.
     ReportPersistFailed(t, step, failed);
+    if (options_.observer != nullptr) options_.observer->OnPersistFailed(reg.job);
     NotePersisted(t, step, failed);
     return;
   }
@@ -311,6 +328,7 @@ void AgentCore::KeepInMemory(Trainer* t, uint32_t slot, base::ThreadPool* encode
   ckptd::v1::ShardReport report = ShardReportOf(t, step, stall, incarnation, *result, index_seconds);
   report.set_memory_only(true);
   options_.coordinator->ShardDurable(report);
+  if (options_.observer != nullptr) options_.observer->OnMemoryCheckpoint(reg.job);
   absl::MutexLock l(&t->mu);
   ++t->status.memory_checkpoints;
   t->status.last_memory_step = step;

@@ -83,8 +83,19 @@ absl::StatusOr<RestoreResult> AgentCore::Restore(uint64_t trainer_id, const Rest
                                                       ": the caller's deadline leaves no time; nothing was loaded"));
     }
   }
-  if (!options.reread_step) return RestoreRound(t.get(), &call);
-  return Reread(t.get(), options, &call);
+  const absl::Time start = clock_->Now();
+  absl::StatusOr<RestoreResult> r =
+      options.reread_step ? Reread(t.get(), options, &call) : RestoreRound(t.get(), &call);
+  if (options_.observer != nullptr) {
+    if (!r.ok()) {
+      options_.observer->OnRestoreFailed(t->reg.job);
+    } else if (r->step) {  // a fresh start restores nothing
+      uint64_t bytes = 0;
+      for (const uint64_t length : t->layout.lengths) bytes += length;
+      options_.observer->OnRestored(t->reg.job, r->source, bytes, absl::ToDoubleSeconds(clock_->Now() - start));
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<RestoreResult> AgentCore::RestoreRound(Trainer* t, LoadCall* call) {

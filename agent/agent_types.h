@@ -27,6 +27,7 @@
 namespace ckptd::agent {
 
 struct TrainerRegistration;
+class AgentObserver;
 
 struct AgentOptions {
   std::string storage_root;
@@ -58,6 +59,10 @@ struct AgentOptions {
   // agent commits nothing itself, and restores follow its plans. Must
   // outlive the agent.
   CoordinatorClient* coordinator = nullptr;
+  // Told of persists, restores, skipped snapshots and trainer deaths as they
+  // happen (the agent's metrics, agent/agent_metrics.h); null: nobody. Must
+  // outlive the agent.
+  AgentObserver* observer = nullptr;
   // Bound on a restore of a job of several ranks, with or without a
   // coordinator (other ranks may be slower to load).
   absl::Duration restore_timeout = absl::Minutes(5);
@@ -161,6 +166,32 @@ struct TrainerHandle {
 // Where a restore read its step (ckptd.v1.RestoreSource).
 enum class RestoreSource { kNone, kMemory, kPeer, kLocal, kRoot };
 ckptd::v1::RestoreSource RestoreSourceProto(RestoreSource source);
+
+// What AgentCore tells its observer (AgentOptions::observer) as it happens,
+// on the core's own threads, some while a trainer's lock is held: an
+// observer only counts, and never calls back into the core.
+class AgentObserver {
+ public:
+  virtual ~AgentObserver() = default;
+  // A rank's snapshot of `job` is durable in storage: `bytes` written (the
+  // shard file's length), `seconds` from the trainer's publish to durable.
+  virtual void OnPersisted(const std::string& job, uint64_t bytes, double seconds) {}
+  // A rank's snapshot of `job` was kept in memory as a memory checkpoint
+  // (Schedule.durable_every) and reported, nothing written.
+  virtual void OnMemoryCheckpoint(const std::string& job) {}
+  // A persist of a rank's snapshot of `job` failed (a memory checkpoint's
+  // too); one stopped by the agent's shutdown is not counted.
+  virtual void OnPersistFailed(const std::string& job) {}
+  // A restore handed a step over, read from `source`: `bytes` of the rank's
+  // buffers, `seconds` from the trainer's call to the step in its slot.
+  virtual void OnRestored(const std::string& job, RestoreSource source, uint64_t bytes, double seconds) {}
+  // A restore failed (the trainer got an error, not a step or a fresh start).
+  virtual void OnRestoreFailed(const std::string& job) {}
+  // The trainer reported a snapshot it skipped (AgentCore::SnapshotSkipped).
+  virtual void OnSnapshotSkipped(const std::string& job) {}
+  // A trainer of `job` exited without saying goodbye (it died).
+  virtual void OnTrainerDied(const std::string& job) {}
+};
 
 // A block of a restored buffer and its checksum.
 struct BlockDigest {

@@ -148,6 +148,16 @@ bool CoordinatorLink::connected() {
   return session_.has_value();
 }
 
+bool CoordinatorLink::registered() {
+  absl::MutexLock l(&mu_);
+  return session_.has_value() && last_error_.ok() && !CutOffLocked();
+}
+
+absl::Status CoordinatorLink::last_error() {
+  absl::MutexLock l(&mu_);
+  return last_error_;
+}
+
 size_t CoordinatorLink::unanswered_shards() {
   absl::MutexLock l(&mu_);
   return shards_.size();
@@ -331,6 +341,7 @@ absl::Status CoordinatorLink::StreamHeartbeats(const std::string& session) {
         why = absl::NotFoundError("the coordinator does not know this session");
         break;
       }
+      last_error_ = absl::OkStatus();  // answered
       for (const auto& s : ack.schedules()) schedules_[s.job()] = s;
       interval = interval_;
     }
@@ -388,6 +399,14 @@ void CoordinatorLink::HeartbeatLoop() {
       session = session_;
     }
     absl::Status s = session ? StreamHeartbeats(*session) : Register();
+    {
+      absl::MutexLock l(&mu_);
+      if (!s.ok() && !stopping_) {
+        last_error_ = s;
+      } else if (!session && s.ok()) {
+        last_error_ = absl::OkStatus();
+      }
+    }
     if (!session && s.ok()) {
       logger_->Info(absl::StrCat("registered with coordinator ", targets_->Current().address, " as node ",
                                  options_.node_id));

@@ -102,6 +102,15 @@ class CoordinatorLink : public CoordinatorClient {
   // For tests and status: whether a registration is current, and how many
   // shard reports wait for an answer.
   bool connected();
+  // Whether the coordinator has this agent now: a registration is current,
+  // no heartbeat stream failed since its last answer, and no drill cut the
+  // link off (readiness, the agent's metrics).
+  bool registered();
+  // Why it has not: the error of the last registration or heartbeat stream
+  // that failed since the coordinator last answered (OK: none).
+  absl::Status last_error();
+  // The coordinator(s) as given (CoordinatorLinkOptions::address).
+  const std::string& address() const { return options_.address; }
   size_t unanswered_shards();
   // How many answered reports the next registration sends again.
   size_t answered_shards();
@@ -169,6 +178,7 @@ class CoordinatorLink : public CoordinatorClient {
   // logs a refusal naming `address` otherwise.
   bool AcceptEpoch(uint64_t epoch, const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool sending_failures_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status last_error_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Time cut_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 

@@ -7,11 +7,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/agent_metrics.h"
 #include "base/clock.h"
 #include "base/testing/eventually.h"
+#include "base/testing/http_get.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "metrics/http_server.h"
+#include "metrics/registry.h"
 
 namespace ckptd::agent {
 namespace {
@@ -23,6 +27,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
   grpc::Status RegisterAgent(grpc::ServerContext*, const ckptd::v1::RegisterAgentRequest* req,
                              ckptd::v1::RegisterAgentResponse* resp) override {
     absl::MutexLock l(&mu_);
+    if (refuse_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not taking registrations");
     registrations_.push_back(*req);
     forgotten_ = false;
     resp->set_session(absl::StrCat("session-", registrations_.size()));
@@ -72,6 +77,11 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
     absl::MutexLock l(&mu_);
     forgotten_ = true;
   }
+  // Registrations fail (UNAVAILABLE) while set.
+  void Refuse(bool refuse) {
+    absl::MutexLock l(&mu_);
+    refuse_ = refuse;
+  }
   void SetEpoch(uint64_t epoch) {
     absl::MutexLock l(&mu_);
     epoch_ = epoch;
@@ -86,6 +96,7 @@ class FakeCoordinator final : public ckptd::v1::Coordinator::Service {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int shard_reports_ ABSL_GUARDED_BY(mu_) = 0;
   bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
+  bool refuse_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ckptd::v1::RegisterAgentRequest> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<ckptd::v1::DrillOrder> orders_ ABSL_GUARDED_BY(mu_);
@@ -274,6 +285,52 @@ TEST_F(CoordinatorLinkTest, ACutOffCanBeLiftedEarly) {
   EXPECT_FALSE(link.cut_off());
   // It beats again within its back-off, long before the hour is up.
   EXPECT_TRUE(AdvanceUntil([&] { return fake_.heartbeats() > during; }, absl::Milliseconds(100), absl::Seconds(5)));
+}
+
+// The agent's /readyz (as ckptd-agent --metrics-listen serves it) over the
+// link: 503 with why until the coordinator takes the registration, then 200.
+TEST_F(CoordinatorLinkTest, ReadyzWaitsForTheRegistration) {
+  fake_.Refuse(true);
+  CoordinatorLink link(Options(), [](ckptd::v1::Heartbeat*) {});
+  metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<AgentMetrics>> agent_metrics = AgentMetrics::Create(&registry);
+  ASSERT_TRUE(agent_metrics.ok()) << agent_metrics.status();
+  AgentMetrics::Sources sources;
+  sources.coordinator_connected = [&link] { return link.registered(); };
+  metrics::CollectorHandle collector = (*agent_metrics)->Watch(sources);
+  absl::StatusOr<std::unique_ptr<metrics::HttpServer>> http =
+      metrics::HttpServer::Start("127.0.0.1:0", metrics::MetricsHandler(registry, [&link] {
+                                   return AgentNotReady(true, link.address(), link.registered(), link.last_error());
+                                 }));
+  ASSERT_TRUE(http.ok()) << http.status();
+  const int port = (*http)->port();
+  const std::string address = absl::StrCat("127.0.0.1:", port_);
+
+  // A registration was refused: not ready, and why.
+  ASSERT_TRUE(AdvanceUntil([&] { return !link.last_error().ok(); }, absl::Milliseconds(100)));
+  std::string ready = ::ckptd::testing::HttpGet(port, "/readyz");
+  EXPECT_THAT(ready, ::testing::StartsWith("HTTP/1.1 503 Service Unavailable\r\n"));
+  EXPECT_EQ(::ckptd::testing::HttpBody(ready),
+            absl::StrCat("not registered with the coordinator at ", address, ": not taking registrations\n"));
+  EXPECT_THAT(::ckptd::testing::HttpGet(port, "/metrics"),
+              ::testing::HasSubstr("\nckptd_agent_coordinator_connected 0\n"));
+  EXPECT_THAT(::ckptd::testing::HttpGet(port, "/healthz"), ::testing::StartsWith("HTTP/1.1 200 OK\r\n"));
+
+  // The coordinator takes it: ready.
+  fake_.Refuse(false);
+  ASSERT_TRUE(AdvanceUntil([&] { return link.registered(); }, absl::Milliseconds(100)));
+  EXPECT_TRUE(link.last_error().ok()) << link.last_error();
+  ready = ::ckptd::testing::HttpGet(port, "/readyz");
+  EXPECT_THAT(ready, ::testing::StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_EQ(::ckptd::testing::HttpBody(ready), "ready\n");
+  EXPECT_THAT(::ckptd::testing::HttpGet(port, "/metrics"),
+              ::testing::HasSubstr("\nckptd_agent_coordinator_connected 1\n"));
+  // A drill cuts the link off: not ready while it lasts.
+  link.CutOff(absl::Minutes(1));
+  EXPECT_FALSE(link.registered());
+  EXPECT_THAT(::ckptd::testing::HttpGet(port, "/readyz"), ::testing::StartsWith("HTTP/1.1 503 "));
+  (*http)->Stop();  // before the link it asks goes
+  collector.Reset();
 }
 
 }  // namespace

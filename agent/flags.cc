@@ -44,6 +44,7 @@ const char kAgentUsage[] =
     "                   [--tls-ca <pem> [--tls-cert <pem> --tls-key <pem>]]\n"
     "                   [--peer-listen <host:port> [--peer-data-port N] [--peer-address <host:port>]\n"
     "                   [--replicas N] [--failure-domain <label>] [--replication-gbps G]]]\n"
+    "                   [--metrics-listen <host:port>]\n"
     "                   [--shutdown-grace <d>] [--inject-write-latency <duration>] [--allow-drills]\n"
     "                   [--help] [--version]\n"
     "\n"
@@ -143,6 +144,12 @@ const char kAgentUsage[] =
     "                            default: the node alone): partners are picked outside it\n"
     "  --replication-gbps G      cap on the bandwidth replication uses, in Gbit/s, 0..10000 (default\n"
     "                            10; 0: no cap). Sending runs at the lowest CPU priority\n"
+    "  --metrics-listen <host:port>  serve Prometheus metrics at http://<host:port>/metrics (port\n"
+    "                            0..65535; 0: any free one), /healthz (liveness: \"ok\" while the\n"
+    "                            process serves) and /readyz (readiness: 200 once the trainers' socket\n"
+    "                            is served and, with --coordinator, the agent is registered with it;\n"
+    "                            else 503 saying why). Read-only and unauthenticated: bind it to an\n"
+    "                            address only monitoring reaches\n"
     "  --shutdown-grace <d>      on SIGTERM or SIGINT: the time left to persist the snapshots each\n"
     "                            trainer published and that are not yet durable, newest first, then\n"
     "                            older ones while time remains (not those older than a step this\n"
@@ -170,8 +177,8 @@ const char kAgentUsage[] =
     "Exit codes: 1 the storage root or --local-cache could not be created, the agent could not\n"
     "start the threads it needs (RLIMIT_NPROC, pids.max), or it was still stopping 5s after\n"
     "--shutdown-grace ended (it then exits regardless), 2 bad command line\n"
-    "(a value outside its range included), 3 the socket could not be served (in a directory\n"
-    "other users may write to included).\n";
+    "(a value outside its range included), 3 the socket or --metrics-listen could not be served\n"
+    "(a socket in a directory other users may write to included).\n";
 
 namespace {
 
@@ -181,7 +188,7 @@ const std::set<std::string> kValueFlags = {
     "local-cache-keep", "trainer-group", "inject-write-latency", "tls-ca", "tls-cert", "tls-key", "agent-token-file",
     "memory-budget", "memory-keep-for", "peer-listen", "peer-address", "replicas", "failure-domain",
     "replication-gbps", "peer-data-port", "background-priority", "starvation-limit", "cpu-set", "compression",
-    "shutdown-grace", "max-registrations",
+    "shutdown-grace", "max-registrations", "metrics-listen",
     // clang-format on
 };
 const std::set<std::string> kBoolFlags = {"help", "allow-drills", "no-memory-tier"};
@@ -477,6 +484,12 @@ absl::StatusOr<AgentFlags> ParseAgentFlags(const std::vector<std::string>& argv)
   CKPTD_ASSIGN_OR_RETURN(const std::optional<absl::Duration> latency,
                          args.GetDurationInRange("inject-write-latency", absl::Nanoseconds(1), absl::Hours(1)));
   flags.inject_write_latency = latency.value_or(absl::ZeroDuration());
+  flags.metrics_listen = args.Get("metrics-listen");
+  if (flags.metrics_listen) {
+    if (absl::Status s = base::ParseHostPort(*flags.metrics_listen, base::PortUse::kListen).status(); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-listen: ", s.message()));
+    }
+  }
   return flags;
 }
 

@@ -64,6 +64,9 @@ struct AgentFlags {
   absl::Duration shutdown_grace = absl::Seconds(25);
   // With --peer-listen (which needs --coordinator).
   std::optional<PeerFlags> peer;
+  // --metrics-listen: serve /metrics, /healthz and /readyz on this
+  // host:port (port 0: any free one); nullopt: no metrics endpoint.
+  std::optional<std::string> metrics_listen;
 };
 
 // Parses `args` (the command line without the program name) and validates
@@ -71,7 +74,8 @@ struct AgentFlags {
 // prints it before the usage text and exits base::kExitUsage): unknown flags,
 // missing or malformed values, numbers outside the ranges kAgentUsage states
 // (each parsed as 64 bits and checked before it is narrowed: nothing is
-// truncated), a --coordinator port outside 1..65535, flags that need another, a --trainer-group
+// truncated), a --coordinator port outside 1..65535, a --metrics-listen that is no host:port
+// with a port 0..65535, flags that need another, a --trainer-group
 // that names no group, a --local-cache that overlaps the storage root, a
 // --cpu-set that names a CPU this process may not use (all
 // kInvalidArgument), an --agent-token-file that cannot be read or holds no

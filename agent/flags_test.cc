@@ -90,6 +90,7 @@ TEST(AgentFlagsTest, DefaultsWithOnlyTheRequiredFlags) {
   EXPECT_FALSE(flags.link.has_value());
   EXPECT_EQ(flags.inject_write_latency, absl::ZeroDuration());
   EXPECT_FALSE(flags.allow_drills);
+  EXPECT_EQ(flags.metrics_listen, std::nullopt);  // no metrics endpoint
   // Half the machine's memory for staging, segments of exited trainers kept an hour.
   const uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   EXPECT_EQ(flags.options.memory_budget_bytes, ram / 100 * 50);
@@ -415,6 +416,24 @@ TEST(AgentFlagsTest, PeerReplicationFlags) {
               FailsNaming("--peer-data-port has no use with --tls-*"));
 }
 
+TEST(AgentFlagsTest, MetricsListenTakesAHostAndPort) {
+  for (const char* good : {"127.0.0.1:9091", ":9091", "[::1]:0", "localhost:65535", "0.0.0.0:9091"}) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(AgentFlags flags, ParseAgentFlags(With({"--metrics-listen", good})));
+    EXPECT_THAT(flags.metrics_listen, Optional(std::string(good)));
+  }
+  // With a coordinator too, as any other agent flag.
+  CKPTD_ASSERT_OK_AND_ASSIGN(
+      AgentFlags flags,
+      ParseAgentFlags(With({"--metrics-listen", ":9091", "--coordinator", "coord:7070", "--node-id", "n1"})));
+  EXPECT_THAT(flags.metrics_listen, Optional(std::string(":9091")));
+  // A usage error naming the flag (main() exits base::kExitUsage).
+  for (const char* bad :
+       {"9091", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1", "::1:9091", "host:port", ""}) {
+    EXPECT_THAT(ParseAgentFlags(With({"--metrics-listen", bad})), FailsNaming("--metrics-listen: ")) << bad;
+  }
+  EXPECT_THAT(ParseAgentFlags(With({"--metrics-listen"})), FailsNaming("--metrics-listen"));
+}
+
 TEST(AgentFlagsTest, UsageNamesEveryFlag) {
   const std::string usage = kAgentUsage;
   EXPECT_THAT(usage, StartsWith("usage: ckptd-agent --storage-root <dir|s3://bucket/prefix> [--socket <path>]"));
@@ -448,7 +467,8 @@ TEST(AgentFlagsTest, UsageNamesEveryFlag) {
                            "--background-priority",
                            "--starvation-limit",
                            "--cpu-set",
-                           "--compression"}) {
+                           "--compression",
+                           "--metrics-listen"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
     // Every flag the usage names is one the parser knows (it may still need others).
     EXPECT_THAT(ParseAgentFlags(With({flag, "x"})).status(),

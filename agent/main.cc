@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "agent/agent_core.h"
+#include "agent/agent_metrics.h"
 #include "agent/agent_service.h"
 #include "agent/coordinator_link.h"
 #include "agent/drills.h"
@@ -30,6 +31,8 @@
 #include "base/status_macros.h"
 #include "base/thread.h"
 #include "base/version.h"
+#include "metrics/http_server.h"
+#include "metrics/registry.h"
 #include "objstore/storage_root.h"
 #include "replication/peer_service.h"
 #include "replication/replica_store.h"
@@ -208,6 +211,27 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
   return absl::OkStatus();
 }
 
+// The metrics endpoint of --metrics-listen: /metrics from `registry`, and
+// /readyz once `serving` (the trainers' socket) and, with `link`, registered.
+// Null without the flag; kExitUnavailable when the address cannot be served.
+absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> StartMetrics(const agent::AgentFlags& flags,
+                                                                         ckptd::metrics::Registry& registry,
+                                                                         const std::atomic<bool>& serving,
+                                                                         agent::CoordinatorLink* link) {
+  if (!flags.metrics_listen) return nullptr;
+  auto not_ready = [&serving, link] {
+    if (link == nullptr) return agent::AgentNotReady(serving.load(), "", false, absl::OkStatus());
+    return agent::AgentNotReady(serving.load(), link->address(), link->registered(), link->last_error());
+  };
+  absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> http =
+      ckptd::metrics::HttpServer::Start(*flags.metrics_listen, ckptd::metrics::MetricsHandler(registry, not_ready));
+  if (!http.ok()) {
+    return absl::Status(http.status().code(),
+                        absl::StrCat("--metrics-listen ", *flags.metrics_listen, ": ", http.status().message()));
+  }
+  return http;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -288,6 +312,24 @@ int main(int argc, char** argv) {
                       : " with the agent token of --agent-token-file")
               << "\n";
   }
+  // Before the trainers are served: a port that cannot be bound stops the
+  // agent at once, and /healthz answers while it starts.
+  ckptd::metrics::Registry registry;
+  absl::StatusOr<std::unique_ptr<agent::AgentMetrics>> agent_metrics = agent::AgentMetrics::Create(&registry);
+  if (!agent_metrics.ok()) return Fail("metrics", agent_metrics.status());
+  options.observer = agent_metrics->get();
+  std::atomic<bool> serving{false};
+  absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> http =
+      StartMetrics(*flags, registry, serving, link.get());
+  if (!http.ok()) {
+    std::cerr << "ckptd-agent: " << http.status().message() << "\n";
+    return ckptd::base::kExitUnavailable;
+  }
+  if (*http != nullptr) {
+    const std::string& listen = *flags->metrics_listen;
+    std::cerr << "ckptd-agent: metrics on http://" << listen.substr(0, listen.rfind(':')) << ":" << (*http)->port()
+              << "/metrics (and /healthz, /readyz)\n";
+  }
   std::unique_ptr<storage::FaultInjectionFileSystem> fault_fs = NewFaultFileSystem(*flags, root->fs);
   storage::FileSystem* const data_fs =
       fault_fs != nullptr ? static_cast<storage::FileSystem*>(fault_fs.get()) : root->fs;
@@ -297,6 +339,14 @@ int main(int argc, char** argv) {
   std::unique_ptr<agent::DrillExecutor> drills =
       NewDrillExecutor(*flags, core.get(), link.get(), fault_fs.get(), root->fs);
   relay.Connect(core.get(), drills.get());
+  agent::AgentMetrics::Sources sources;
+  sources.core = core.get();
+  sources.replicator = peers.replicator.get();
+  sources.replicas = peers.store.get();
+  if (link != nullptr) {
+    sources.coordinator_connected = [l = link.get()] { return l->registered(); };
+  }
+  ckptd::metrics::CollectorHandle collector = (*agent_metrics)->Watch(std::move(sources));
   // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
   if (absl::StatusOr<std::vector<std::string>> stale = ckptd::staging::ReclaimStaleSegments(); stale.ok()) {
     for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
@@ -312,7 +362,9 @@ int main(int argc, char** argv) {
             << (root->object_store ? "" : fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
             << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
             << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
+  serving.store(true);
   const int sig = ckptd::base::WaitForStopSignal(stop_signals);
+  serving.store(false);  // /readyz: not ready while it stops
   const absl::Time deadline = absl::Now() + flags->shutdown_grace;
   // Whatever still runs kShutdownOverrun past the grace period (a restore
   // reading a large step from a slow disk, a peer's fetch, a coordinator
@@ -343,6 +395,7 @@ int main(int argc, char** argv) {
   relay.ConnectPeers(nullptr, nullptr);
   drills.reset();  // lifts faults in place and resumes a stopped trainer
   peers.core.store(nullptr);
+  collector.Reset();  // a scrape reads the core no more
   core.reset();    // persists what trainers already published
   peers.replicator.reset();  // after the copy under way
   if (peers.server != nullptr) peers.server->Shutdown();

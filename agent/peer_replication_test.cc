@@ -5,8 +5,10 @@
 // slot taken back mid-copy, the bandwidth cap), and a restore that pulls a
 // lost node's rank from a partner's memory and falls back to disk when the
 // copy is bad. The data lane's own defences are in peer_lane_test.cc.
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -600,6 +602,7 @@ class RecordingNetwork : public PeerNetwork {
  public:
   absl::Status Put(const std::string& address, const ckptd::v1::ReplicaHeader& header,
                    const PieceSource& source) override {
+    if (refuse && refuse(address)) return absl::UnavailableError(absl::StrCat(address, " is down"));
     std::string data(header.data_bytes(), '\0');
     for (uint64_t off = 0; off < data.size(); off += kReplicaPieceBytes) {
       if (before_piece) before_piece(off);
@@ -623,6 +626,8 @@ class RecordingNetwork : public PeerNetwork {
     std::string data;
   };
   std::function<void(uint64_t)> before_piece;
+  // Partners (by address) that cannot be reached; set before the sending starts.
+  std::function<bool(const std::string& address)> refuse;
   absl::Mutex mu;
   std::vector<Sent> sent;
 };
@@ -729,6 +734,34 @@ TEST(ReplicatorTest, ACopyIsAbandonedWhenTheTrainerTakesTheSlotBack) {
   EXPECT_EQ(st.abandoned, 1u);
   EXPECT_EQ(st.failed, 0u);
   EXPECT_EQ(st.sent, 0u) << "no partner gets a copy the slot no longer holds";
+}
+
+TEST(ReplicatorTest, TheLagIsTheStepsEveryPartnerHasNotTaken) {
+  RecordingNetwork net;
+  std::atomic<bool> host1_down{false};
+  net.refuse = [&](const std::string& address) { return host1_down.load() && address == "host1:1"; };
+  Replicator r(&net, {});
+  r.SetPartners(Partners(2));
+  EXPECT_THAT(r.LagSteps(), IsEmpty());  // nothing sent yet
+  r.Submit(Source(KeptSegment(kMiB, 10, 1), 0, 10));
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(r.LagSteps(), (std::map<std::string, uint64_t>{{"job", 0}}));
+  // One partner is down: step 20 of rank 0 reaches only the other, and rank
+  // 1's first step no partner has in full.
+  host1_down = true;
+  r.Submit(Source(KeptSegment(kMiB, 20, 2), 0, 20));
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(r.LagSteps(), (std::map<std::string, uint64_t>{{"job", 10}}));
+  r.Submit(Source(KeptSegment(kMiB, 20, 2), 1, 20));
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(r.LagSteps(), (std::map<std::string, uint64_t>{{"job", 20}}));
+  EXPECT_EQ(r.Stats().failed, 2u);
+  // Back: both ranks' next steps reach every partner.
+  host1_down = false;
+  r.Submit(Source(KeptSegment(kMiB, 30, 3), 0, 30));
+  r.Submit(Source(KeptSegment(kMiB, 30, 3), 1, 30));
+  ASSERT_TRUE(r.WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(r.LagSteps(), (std::map<std::string, uint64_t>{{"job", 0}}));
 }
 
 TEST(ReplicatorTest, ANewerStepOfTheRankReplacesOneStillQueued) {

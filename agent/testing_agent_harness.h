@@ -38,6 +38,18 @@ inline ckptd::v1::Tensor Buffer(const std::string& name, ckptd::v1::Component c,
   return t;
 }
 
+// One rank's five components (48124 bytes of buffers).
+inline TrainerRegistration FiveComponents(const std::string& job) {
+  TrainerRegistration r;
+  r.job = job;
+  r.buffers = {Buffer("params", ckptd::v1::PARAMS, ckptd::v1::FLOAT32, 3000),
+               Buffer("grads", ckptd::v1::GRADS, ckptd::v1::FLOAT32, 3000),
+               Buffer("adam", ckptd::v1::OPTIMIZER, ckptd::v1::FLOAT32, 6000),
+               Buffer("rng", ckptd::v1::RNG, ckptd::v1::BYTES, 100),
+               Buffer("cursor", ckptd::v1::DATA_CURSOR, ckptd::v1::BYTES, 24)};
+  return r;
+}
+
 // The options of an agent over the storage root "/ckpt" (the test makes it),
 // with staging segments of its own: "/ckptd-test-<tag>-<pid>-<n>".
 inline AgentOptions TestAgentOptions(absl::string_view tag) {

@@ -47,6 +47,7 @@
 #include "base/host_port.h"
 #include "base/json.h"
 #include "base/random.h"
+#include "base/testing/http_get.h"
 #include "base/thread_pool.h"
 #include "bench/bench_util.h"
 #include "ckptd/v1/coordinator.grpc.pb.h"
@@ -377,29 +378,7 @@ void CoordinatorProcess::Kill() {
   ::close(fd_);
 }
 
-// GET `path` from 127.0.0.1:`port`: the whole response, or "" on failure.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  const timeval limit{5, 0};  // the server answers one request and closes; never wait forever
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return response;
-}
+using ::ckptd::testing::HttpGet;
 
 // The coordinator's own ckptd_commit_latency_seconds for the bench job (last
 // report received to manifest durable): its sum and count, from /metrics.

@@ -271,6 +271,7 @@ void CoordinatorCore::AfterCommit(CommitResult& result, Effects* next) {
   }
   job->MarkCommitted(task.step, task.stall, task.persist, task.measured);
   job->SetCommittedShards(task.step, task.shards);
+  job->NoteCommitTime(clock_->Now());
   ++counters_.committed;
   if (!task.measured) {
     logger_->Info(absl::StrCat("job ", task.job, ": memory checkpoint ", task.step,
@@ -353,7 +354,10 @@ void CoordinatorCore::Apply(Effects& fx) {
     if (!results.empty()) {
       AfterCommits(results, &next);
       for (const CommitResult& r : results) {
-        if (r.counted && observer_ != nullptr) observer_->OnCommitted(r.task.job, r.task.step, r.latency);
+        if (!r.counted || observer_ == nullptr) continue;
+        uint64_t bytes = 0;
+        for (const ShardRef& shard : r.task.shards) bytes += shard.file_length();
+        observer_->OnCommitted(r.task.job, r.task.step, r.latency, bytes);
       }
     }
     if (!fx.drills.empty()) SaveDrills(fx.drills);

@@ -143,6 +143,7 @@ absl::Status CoordinatorCore::Recover() {
         jobs_[name] = std::move(found);
       }
       job->RecoverCommitted(s.step, s.manifest->shards());
+      job->NoteCommitTime(absl::FromUnixNanos(s.manifest->committed_unix_nanos()));
       if (s.quarantined) job->Quarantine(s.step, *s.quarantined);
     }
     if (job == nullptr) continue;
@@ -539,6 +540,15 @@ absl::StatusOr<ckptd::v1::ListStepsResponse> CoordinatorCore::ListSteps(const ck
   ckptd::v1::ListStepsResponse response;
   for (auto& [step, e] : entries) *response.add_steps() = std::move(e);
   return response;
+}
+
+std::map<std::string, absl::Time> CoordinatorCore::LastCommitTimes() {
+  absl::MutexLock l(&mu_);
+  std::map<std::string, absl::Time> times;
+  for (const auto& [name, job] : jobs_) {
+    if (job->last_commit() != absl::InfinitePast()) times[name] = job->last_commit();
+  }
+  return times;
 }
 
 ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {

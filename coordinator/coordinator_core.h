@@ -142,7 +142,9 @@ class CoordinatorObserver {
  public:
   virtual ~CoordinatorObserver() = default;
   virtual void OnShardReported(const ckptd::v1::ShardReport& report) {}
-  virtual void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) {}
+  // `bytes`: the length of the step's shard files together.
+  virtual void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest,
+                           uint64_t bytes) {}
   virtual void OnAborted(const std::string& job, uint64_t step, const std::string& why) {}
   virtual void OnFailure(const ckptd::v1::FailureEvent& event) {}
   // A restart found committed steps of `job` but none intact, and holds back
@@ -196,6 +198,9 @@ class CoordinatorCore {
   absl::StatusOr<ckptd::v1::DrillStatus> GetDrill(const ckptd::v1::GetDrillRequest& request);
   // Everything at once: for this process (metrics, tests).
   ckptd::v1::GetClusterStatusResponse ClusterStatus();
+  // When each job's newest commit was made (its MANIFEST written, by this
+  // coordinator or, found at recovery, before it); jobs without one are left out.
+  std::map<std::string, absl::Time> LastCommitTimes() ABSL_LOCKS_EXCLUDED(mu_);
   // One page of it, for operators (GetClusterStatusRequest): the agents
   // after request.agents_after whose status fits kStatusPageBytes (at least
   // one), the jobs on the first page.

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "base/status_macros.h"
+#include "metrics/build_info.h"
 #include "protocol/restore_source.h"
 
 namespace ckptd::coordinator {
@@ -17,12 +18,6 @@ namespace {
 
 std::string KindLabel(ckptd::v1::FailureKind kind) {
   return absl::AsciiStrToLower(ckptd::v1::FailureKind_Name(kind));
-}
-
-// Counts that never go down in the source (a job's record) become counter
-// increments; a scrape adds what was counted since the last one.
-void TopUp(metrics::Counter* c, double total) {
-  if (total > c->Value()) c->Increment(total - c->Value());
 }
 
 }  // namespace
@@ -78,6 +73,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
                                                      "Global checkpoints committed (manifest written).", {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->aborted_,
                          r.AddCounter("ckptd_checkpoints_aborted_total", "Global checkpoints aborted.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->last_commit_,
+                         r.AddGauge("ckptd_job_last_commit_timestamp_seconds",
+                                    "Unix time of the job's newest commit (its MANIFEST written).", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->bytes_committed_,
+                         r.AddCounter("ckptd_checkpoint_bytes_committed_total",
+                                      "Bytes of the shard files of the steps this coordinator committed.", {"job"}));
+  CKPTD_RETURN_IF_ERROR(metrics::AddBuildInfo(r, "coordinator"));
   CKPTD_ASSIGN_OR_RETURN(
       m->stall_, r.AddHistogram("ckptd_snapshot_stall_seconds",
                                 "Time a trainer rank waited to take a snapshot, per reported shard.",
@@ -203,6 +205,9 @@ metrics::CollectorHandle CoordinatorMetrics::Watch(CoordinatorCore* core) {
 
 void CoordinatorMetrics::Collect(CoordinatorCore* core) {
   const ckptd::v1::GetClusterStatusResponse status = core->ClusterStatus();
+  for (const auto& [job, at] : core->LastCommitTimes()) {
+    last_commit_->With({job})->Set(absl::ToDoubleSeconds(at - absl::UnixEpoch()));
+  }
   int alive = 0;
   for (const auto& a : status.agents()) alive += a.alive() ? 1 : 0;
   agents_->With()->Set(status.agents_size());
@@ -272,9 +277,11 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
       expected_waste_->With({job, "alternative"})->Set(iv->alternative_waste());
       cost_->With({job})->Set(iv->cost_seconds());
     }
-    TopUp(committed_->With({job}), static_cast<double>(j.checkpoints_committed()));
-    TopUp(aborted_->With({job}), static_cast<double>(j.checkpoints_aborted()));
-    TopUp(persist_failures_->With({job}), static_cast<double>(j.persist_failures()));
+    // Totals that never go down in the job's record: a scrape adds what was counted since the last one.
+    committed_->With({job})->IncrementTo(static_cast<double>(j.checkpoints_committed()));
+    aborted_->With({job})->IncrementTo(static_cast<double>(j.checkpoints_aborted()));
+    persist_failures_->With({job})->IncrementTo(static_cast<double>(j.persist_failures()));
+    bytes_committed_->With({job});  // from 0, so that rates over it are defined
   }
   for (const std::string& job : peer_copy_jobs_seen_) {
     if (!peer_copy_jobs.count(job)) peer_copies_->Remove({job});
@@ -291,8 +298,10 @@ void CoordinatorMetrics::OnShardReported(const ckptd::v1::ShardReport& report) {
   if (std::isfinite(persist) && persist >= 0) persist_->With({job})->Observe(persist);
 }
 
-void CoordinatorMetrics::OnCommitted(const std::string& job, uint64_t, absl::Duration last_report_to_manifest) {
+void CoordinatorMetrics::OnCommitted(const std::string& job, uint64_t, absl::Duration last_report_to_manifest,
+                                     uint64_t bytes) {
   commit_latency_->With({job})->Observe(std::max(0.0, absl::ToDoubleSeconds(last_report_to_manifest)));
+  bytes_committed_->With({job})->Increment(static_cast<double>(bytes));
 }
 
 void CoordinatorMetrics::OnFreshStartOverDamaged(const std::string& job, uint64_t) {

@@ -12,6 +12,9 @@
 //   ckptd_job_newest_memory_checkpoint_step{job}       newest complete memory checkpoint
 //   ckptd_checkpoints_committed_total{job}             from the job's record (kept across restarts)
 //   ckptd_checkpoints_aborted_total{job}               likewise
+//   ckptd_job_last_commit_timestamp_seconds{job}       Unix time of the job's newest commit (MANIFEST written)
+//   ckptd_checkpoint_bytes_committed_total{job}        shard bytes of the steps this coordinator committed
+//   ckptd_build_info{component="coordinator",version}  1
 //   ckptd_snapshot_stall_seconds{job}                  histogram, from each ShardReport
 //   ckptd_shard_persist_seconds{job}                   histogram, from each ShardReport
 //   ckptd_commit_latency_seconds{job}                  histogram, last shard report -> manifest
@@ -56,7 +59,8 @@ class CoordinatorMetrics final : public CoordinatorObserver, public AuditObserve
   // CoordinatorObserver. Called by the core (some under its lock): they only
   // update metrics and never call back into the core.
   void OnShardReported(const ckptd::v1::ShardReport& report) override;
-  void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest) override;
+  void OnCommitted(const std::string& job, uint64_t step, absl::Duration last_report_to_manifest,
+                   uint64_t bytes) override;
   void OnFailure(const ckptd::v1::FailureEvent& event) override;
   void OnFreshStartOverDamaged(const std::string& job, uint64_t newest_damaged) override;
 
@@ -95,6 +99,8 @@ class CoordinatorMetrics final : public CoordinatorObserver, public AuditObserve
   metrics::GaugeFamily* failure_rate_ = nullptr;
   metrics::CounterFamily* committed_ = nullptr;
   metrics::CounterFamily* aborted_ = nullptr;
+  metrics::GaugeFamily* last_commit_ = nullptr;
+  metrics::CounterFamily* bytes_committed_ = nullptr;
   metrics::HistogramFamily* stall_ = nullptr;
   metrics::HistogramFamily* persist_ = nullptr;
   metrics::HistogramFamily* commit_latency_ = nullptr;

@@ -1,12 +1,7 @@
 #include "coordinator/coordinator_metrics.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -15,9 +10,11 @@
 #include "absl/strings/str_split.h"
 #include "base/testing/env.h"
 #include "base/testing/matchers.h"
+#include "base/version.h"
 #include "coordinator/testing_core_harness.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "metrics/testing_exposition.h"
 
 namespace ckptd::coordinator {
 namespace {
@@ -27,9 +24,13 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+using ::ckptd::metrics::testing::PromtoolCheck;
+using ::ckptd::metrics::testing::SampleValue;
 using ::ckptd::testing::FindOnPath;
 
 std::vector<std::string> Lines(const std::string& text) { return absl::StrSplit(text, '\n', absl::SkipEmpty()); }
+
+double UnixSeconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
 
 // The core's fixture with metrics: a 2-rank job of kJob on node-a and node-b.
 class CoordinatorMetricsTest : public CoordinatorCoreTest {
@@ -78,6 +79,17 @@ class CoordinatorMetricsTest : public CoordinatorCoreTest {
     CKPTD_ASSERT_OK(ReportFailure("node-b", 1, ckptd::v1::TRAINER_DIED, 20, "exit status 137"));
   }
 
+  // The bytes of `step`'s shard files, as its MANIFEST lists them.
+  uint64_t StepBytes(uint64_t step) {
+    absl::StatusOr<ckptd::v1::StepManifest> m = store_.ReadManifest(kJob, step);
+    EXPECT_THAT(m.status(), IsOk());
+    uint64_t bytes = 0;
+    if (m.ok()) {
+      for (const auto& shard : m->shards()) bytes += shard.file_length();
+    }
+    return bytes;
+  }
+
   std::unique_ptr<metrics::Registry> registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
   metrics::CollectorHandle collector_;
@@ -120,8 +132,55 @@ TEST_F(CoordinatorMetricsTest, RenderAfterACommitAndAFailure) {
   EXPECT_THAT(lines, Contains("# TYPE ckptd_job_state gauge"));
   // A second scrape adds nothing that did not happen.
   const std::vector<std::string> again = Lines(registry_->Render());
+  EXPECT_THAT(again, Contains(absl::StrCat("ckptd_checkpoint_bytes_committed_total{job=\"llm-7b\"} ", StepBytes(10))));
   EXPECT_THAT(again, Contains("ckptd_checkpoints_committed_total{job=\"llm-7b\"} 1"));
   EXPECT_THAT(again, Contains("ckptd_checkpoints_aborted_total{job=\"llm-7b\"} 1"));
+}
+
+TEST_F(CoordinatorMetricsTest, BuildInfoCommitTimeAndCommittedBytes) {
+  std::string text = registry_->Render();
+  EXPECT_THAT(Lines(text), Contains(absl::StrCat("ckptd_build_info{component=\"coordinator\",version=\"",
+                                                 base::Version(), "\"} 1")));
+  // Nothing committed yet: no commit time.
+  EXPECT_THAT(text, Not(HasSubstr("ckptd_job_last_commit_timestamp_seconds{")));
+  Register("node-a", {0}, 2);
+  Register("node-b", {1}, 2);
+  text = registry_->Render();
+  EXPECT_EQ(SampleValue(text, "ckptd_checkpoint_bytes_committed_total{job=\"llm-7b\"}"), 0);  // from 0
+  EXPECT_THAT(text, Not(HasSubstr("ckptd_job_last_commit_timestamp_seconds{")));
+
+  uint64_t committed = 0;
+  for (const uint64_t step : {10u, 20u}) {
+    clock_.Advance(absl::Seconds(90));
+    ASSERT_THAT(TimedShard("node-a", step, 0, 0.01, 1).status(), IsOk());
+    CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::ReportShardResponse last, TimedShard("node-b", step, 1, 0.01, 1));
+    ASSERT_TRUE(last.committed()) << step;
+    committed += StepBytes(step);
+    text = registry_->Render();
+    EXPECT_EQ(SampleValue(text, "ckptd_job_last_commit_timestamp_seconds{job=\"llm-7b\"}"), UnixSeconds(clock_.Now()))
+        << step;
+    EXPECT_EQ(SampleValue(text, "ckptd_checkpoint_bytes_committed_total{job=\"llm-7b\"}"),
+              static_cast<double>(committed))
+        << step;
+  }
+  ASSERT_GT(committed, 0u);
+  // Half of step 30 adds nothing.
+  clock_.Advance(absl::Seconds(90));
+  ASSERT_THAT(TimedShard("node-a", 30, 0, 0.01, 1).status(), IsOk());
+  const absl::Time twenty = clock_.Now() - absl::Seconds(90);
+  text = registry_->Render();
+  EXPECT_EQ(SampleValue(text, "ckptd_job_last_commit_timestamp_seconds{job=\"llm-7b\"}"), UnixSeconds(twenty));
+  EXPECT_EQ(SampleValue(text, "ckptd_checkpoint_bytes_committed_total{job=\"llm-7b\"}"),
+            static_cast<double>(committed));
+
+  // A coordinator started again finds the newest commit in its MANIFEST; the
+  // bytes are this process's own.
+  Start();
+  CKPTD_ASSERT_OK_AND_ASSIGN(ckptd::v1::StepManifest m, store_.ReadManifest(kJob, 20));
+  text = registry_->Render();
+  EXPECT_EQ(SampleValue(text, "ckptd_job_last_commit_timestamp_seconds{job=\"llm-7b\"}"),
+            UnixSeconds(absl::FromUnixNanos(m.committed_unix_nanos())));
+  EXPECT_EQ(SampleValue(text, "ckptd_checkpoint_bytes_committed_total{job=\"llm-7b\"}"), 0);
 }
 
 TEST_F(CoordinatorMetricsTest, RestoredRanksBySource) {
@@ -273,18 +332,8 @@ TEST_F(CoordinatorMetricsTest, ExpositionPassesPromtool) {
     GTEST_SKIP() << "promtool is not on PATH; it comes with the Debian package 'prometheus'";
   }
   CommitAndFail();
-  const std::string file = absl::StrCat(::testing::TempDir(), "/ckptd_coordinator_metrics_", ::getpid(), ".prom");
-  std::ofstream(file, std::ios::binary) << registry_->Render();
-  FILE* pipe = ::popen(absl::StrCat("'", promtool, "' check metrics < '", file, "' 2>&1").c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  const int status = ::pclose(pipe);
-  std::remove(file.c_str());
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << output;
+  const metrics::testing::PromtoolResult checked = PromtoolCheck(promtool, registry_->Render());
+  EXPECT_EQ(checked.exit_code, 0) << checked.output;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 // thread-safe) and decides what to do; this class keeps the bookkeeping right.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -147,6 +148,11 @@ class Job {
     persist_failures_.last_detail = detail;
     persist_failures_.last = now;
   }
+
+  // When the job's newest commit was made (a MANIFEST written, or found
+  // written at recovery); InfinitePast: none known.
+  absl::Time last_commit() const { return last_commit_; }
+  void NoteCommitTime(absl::Time when) { last_commit_ = std::max(last_commit_, when); }
 
   // The newest committed step that is not quarantined.
   std::optional<uint64_t> NewestUsable() const;
@@ -423,6 +429,7 @@ class Job {
   absl::Time last_alive_;
   // The restarts that completed, newest last (a few).
   std::deque<Resume> resumes_;
+  absl::Time last_commit_ = absl::InfinitePast();
   PersistFailures persist_failures_;
 };
 

@@ -410,4 +410,17 @@ HttpServer::Handler MetricsHandler(Registry& registry) {
   };
 }
 
+HttpServer::Handler MetricsHandler(Registry& registry, Readiness not_ready) {
+  return [metrics = MetricsHandler(registry), not_ready = std::move(not_ready)](absl::string_view path) {
+    if (path != "/readyz") return metrics(path);
+    std::string why = not_ready ? not_ready() : std::string();
+    if (why.empty()) return HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
+    // One line, whatever the reason holds.
+    for (char& c : why) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    return HttpResponse{503, "text/plain; charset=utf-8", why + "\n"};
+  };
+}
+
 }  // namespace ckptd::metrics

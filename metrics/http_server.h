@@ -124,4 +124,11 @@ class HttpServer {
 // `registry` must outlive the handler.
 HttpServer::Handler MetricsHandler(Registry& registry);
 
+// What keeps a process from being ready to serve, in one line; empty: ready.
+using Readiness = std::function<std::string()>;
+
+// MetricsHandler, and /readyz (for readiness probes): 200 "ready" while
+// `not_ready` says nothing, else 503 with what it says.
+HttpServer::Handler MetricsHandler(Registry& registry, Readiness not_ready);
+
 }  // namespace ckptd::metrics

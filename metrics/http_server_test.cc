@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <random>
 #include <string>
@@ -256,6 +257,30 @@ TEST_F(HttpServerTest, HealthzSaysOk) {
   const std::string response = Exchange(server->port(), "GET /healthz HTTP/1.1\r\n\r\n");
   EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_EQ(Body(response), "ok\n");
+}
+
+TEST_F(HttpServerTest, ReadyzSaysWhatIsMissingUntilReady) {
+  std::atomic<bool> ready{false};
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(
+      "127.0.0.1:0", MetricsHandler(registry_, [&ready] {
+        return ready.load() ? std::string() : "not registered with the coordinator at c:7070: refused\nsecond line";
+      }));
+  ASSERT_THAT(server, IsOk());
+  std::string response = Exchange((*server)->port(), "GET /readyz HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(response, StartsWith("HTTP/1.1 503 Service Unavailable\r\n"));
+  // One line, whatever the reason holds.
+  EXPECT_EQ(Body(response), "not registered with the coordinator at c:7070: refused second line\n");
+  // Liveness and metrics answer all the same.
+  EXPECT_THAT(Exchange((*server)->port(), "GET /healthz HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(Exchange((*server)->port(), "GET /metrics HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 200 OK\r\n"));
+  ready.store(true);
+  response = Exchange((*server)->port(), "GET /readyz HTTP/1.1\r\n\r\n");
+  EXPECT_THAT(response, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_EQ(Body(response), "ready\n");
+  // Without a readiness check there is no /readyz.
+  std::unique_ptr<HttpServer> plain = StartServer();
+  ASSERT_NE(plain, nullptr);
+  EXPECT_THAT(Exchange(plain->port(), "GET /readyz HTTP/1.1\r\n\r\n"), StartsWith("HTTP/1.1 404 Not Found\r\n"));
 }
 
 TEST_F(HttpServerTest, UnknownPathIs404) {

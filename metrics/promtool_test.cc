@@ -1,12 +1,7 @@
 // Checks a rendered exposition with Prometheus' own parser and linter,
 // `promtool check metrics`, when promtool is on PATH (Debian: prometheus).
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <string>
 
@@ -17,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "metrics/registry.h"
+#include "metrics/testing_exposition.h"
 
 namespace ckptd::metrics {
 namespace {
@@ -24,30 +20,7 @@ namespace {
 // The path of `name` on PATH, or "".
 using ::ckptd::testing::FindOnPath;
 
-struct CheckResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-// Runs `promtool check metrics < file` on `exposition`.
-CheckResult PromtoolCheck(const std::string& promtool, const std::string& exposition) {
-  const std::string file = absl::StrCat(::testing::TempDir(), "/ckptd_metrics_", getpid(), ".prom");
-  {
-    std::ofstream out(file, std::ios::binary);
-    out << exposition;
-  }
-  CheckResult result;
-  const std::string command = absl::StrCat("'", promtool, "' check metrics < '", file, "' 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) result.output.append(buf, n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::remove(file.c_str());
-  return result;
-}
+using ::ckptd::metrics::testing::PromtoolCheck;
 
 class PromtoolTest : public ::testing::Test {
  protected:
@@ -87,14 +60,14 @@ TEST_F(PromtoolTest, RenderedExpositionPassesCheckMetrics) {
   sizes->With()->Observe(5e5);
 
   const std::string exposition = registry.Render();
-  const CheckResult result = PromtoolCheck(promtool_, exposition);
+  const testing::PromtoolResult result = PromtoolCheck(promtool_, exposition);
   EXPECT_EQ(result.exit_code, 0) << "promtool says:\n" << result.output << "\non:\n" << exposition;
   EXPECT_EQ(result.output, "") << exposition;
 }
 
 // Guards the test above: promtool does reject a broken exposition.
 TEST_F(PromtoolTest, CheckMetricsRejectsBrokenText) {
-  const CheckResult result = PromtoolCheck(promtool_, "# TYPE x_total counter\nx_total{job=\"a} 1\n");
+  const testing::PromtoolResult result = PromtoolCheck(promtool_, "# TYPE x_total counter\nx_total{job=\"a} 1\n");
   EXPECT_NE(result.exit_code, 0) << result.output;
 }
 

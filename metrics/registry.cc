@@ -145,6 +145,12 @@ void Counter::Increment(double v) {
   value_.fetch_add(v, std::memory_order_relaxed);
 }
 
+void Counter::IncrementTo(double total) {
+  double now = value_.load(std::memory_order_relaxed);
+  while (total > now && !value_.compare_exchange_weak(now, total, std::memory_order_relaxed)) {
+  }
+}
+
 Histogram::Histogram(absl::Span<const double> bounds)
     : bounds_(bounds), buckets_(std::make_unique<std::atomic<uint64_t>[]>(bounds.size() + 1)) {}
 

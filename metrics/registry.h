@@ -40,6 +40,9 @@ class Counter {
 
   // Adds `v`. A negative or NaN `v` is ignored: counters only go up.
   void Increment(double v = 1.0);
+  // Raises the value to `total` (nothing when it is there already): for a
+  // counter that mirrors a total kept elsewhere, read at each scrape.
+  void IncrementTo(double total);
   double Value() const { return value_.load(std::memory_order_relaxed); }
 
  private:

@@ -193,6 +193,18 @@ TEST(RegistryTest, CounterIgnoresNegativeAndNaNIncrements) {
   EXPECT_EQ(c.Value(), 2);
 }
 
+TEST(RegistryTest, CounterIncrementToRaisesToATotalAndNeverLowers) {
+  Counter c;
+  c.IncrementTo(5);
+  EXPECT_EQ(c.Value(), 5);
+  c.IncrementTo(3);  // a total read lower (a source that restarted): the counter stays
+  c.IncrementTo(std::nan(""));
+  EXPECT_EQ(c.Value(), 5);
+  c.Increment();
+  c.IncrementTo(8);
+  EXPECT_EQ(c.Value(), 8);
+}
+
 TEST(RegistryTest, ValidatesNames) {
   Registry registry;
   for (const char* bad : {"", "1abc", "a-b", "a b", "é", "a.b"}) {

@@ -56,6 +56,8 @@ void Replicator::Submit(ReplicaSource source) {
     return q.header.key().job() == key.job() && q.header.key().rank() == key.rank();
   });
   stats_.superseded += before - queue_.size();
+  RankProgress& progress = progress_[{key.job(), key.rank()}];
+  progress.submitted = std::max(progress.submitted, key.step());
   if (queue_.empty() && !busy_) {
     round_start_ = clock_->Now();
     round_sent_ = false;
@@ -66,6 +68,16 @@ void Replicator::Submit(ReplicaSource source) {
 ReplicationStats Replicator::Stats() const {
   absl::MutexLock l(&mu_);
   return stats_;
+}
+
+std::map<std::string, uint64_t> Replicator::LagSteps() const {
+  absl::MutexLock l(&mu_);
+  std::map<std::string, uint64_t> lag;
+  for (const auto& [key, p] : progress_) {
+    uint64_t& job = lag[key.first];
+    job = std::max(job, p.submitted - std::min(p.submitted, p.confirmed));
+  }
+  return lag;
 }
 
 bool Replicator::WaitIdle(absl::Duration timeout) {
@@ -97,6 +109,7 @@ void Replicator::Loop() {
       partners = partners_;
       busy_ = true;
     }
+    size_t taken = 0;  // partners that took the copy
     for (const ckptd::v1::ReplicationPartner& partner : partners) {
       const absl::Time start = clock_->Now();
       absl::Status s = SendOne(source, partner);
@@ -108,6 +121,7 @@ void Replicator::Loop() {
         stats_.last_seconds = seconds;
         stats_.last_bytes = source.header.data_bytes();
         round_sent_ = true;
+        ++taken;
         continue;
       }
       if (absl::IsAborted(s)) {
@@ -120,6 +134,11 @@ void Replicator::Loop() {
                                     " (", partner.address(), ") failed: ", s.message()));
     }
     absl::MutexLock l(&mu_);
+    if (!partners.empty() && taken == partners.size()) {
+      const ckptd::v1::ReplicaKey& key = source.header.key();
+      RankProgress& progress = progress_[{key.job(), key.rank()}];
+      progress.confirmed = std::max(progress.confirmed, key.step());
+    }
     if (queue_.empty() && round_sent_) {
       stats_.last_round_seconds = absl::ToDoubleSeconds(clock_->Now() - round_start_);
       round_sent_ = false;

@@ -11,9 +11,11 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -78,6 +80,11 @@ class Replicator {
   // Queues `source` for every partner.
   void Submit(ReplicaSource source);
   ReplicationStats Stats() const;
+  // Per job: how many steps the partners are behind, the most of any of its
+  // ranks: the newest step of the rank submitted here minus the newest one
+  // every partner took (a rank no copy of which was taken yet counts its
+  // newest step in full). Only jobs with a step submitted since the start.
+  std::map<std::string, uint64_t> LagSteps() const;
   // Waits until nothing is queued or being sent; false on timeout.
   bool WaitIdle(absl::Duration timeout);
 
@@ -96,6 +103,13 @@ class Replicator {
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ReplicationStats stats_ ABSL_GUARDED_BY(mu_);
+  // For LagSteps, per (job, rank): the newest step submitted, and the newest
+  // one every partner took (0: none yet).
+  struct RankProgress {
+    uint64_t submitted = 0;
+    uint64_t confirmed = 0;
+  };
+  std::map<std::pair<std::string, uint32_t>, RankProgress> progress_ ABSL_GUARDED_BY(mu_);
   // The round under way: since when, and whether a copy of it was sent.
   absl::Time round_start_ ABSL_GUARDED_BY(mu_);
   bool round_sent_ ABSL_GUARDED_BY(mu_) = false;
