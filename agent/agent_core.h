@@ -192,6 +192,9 @@ class AgentCore {
     uint64_t kept_bytes = 0;
   };
   MemoryUsage Memory();
+  // MemoryUsage::bytes alone, without a lock or a walk over the trainers
+  // (the replica store asks at every partner's copy).
+  uint64_t StagingBytes() const { return staging_bytes_->load(); }
   // Parked segments older than park_for go (also done at each registration
   // and trainer exit).
   void EvictIdle();

@@ -302,7 +302,7 @@ void AgentCore::ReleaseClaimed(const TrainerRegistration& reg, Claim* claim) {
 void AgentCore::ShedPartnersCopiesFor(const TrainerRegistration& reg) {
   if (options_.replicas == nullptr || options_.memory_budget_bytes == 0) return;
   // Copies held for partners make room: this node's trainers come first.
-  const uint64_t staging = Memory().bytes;
+  const uint64_t staging = StagingBytes();
   const uint64_t held = options_.replicas->bytes();
   if (staging + held > options_.memory_budget_bytes) {
     const uint64_t freed = options_.replicas->Shed(staging + held - options_.memory_budget_bytes);

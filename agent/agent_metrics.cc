@@ -29,6 +29,11 @@ constexpr RestoreSource kSources[] = {RestoreSource::kMemory, RestoreSource::kPe
 // A duration as a histogram takes it (a clock that went back: 0).
 double Seconds(double s) { return std::isfinite(s) ? std::max(0.0, s) : 0.0; }
 
+// The buckets of the persist and restore times: 10 ms to an hour.
+std::vector<double> SecondsBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600};
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Create(metrics::Registry* registry) {
@@ -51,7 +56,7 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Create(metrics::Regi
       m->persist_seconds_,
       r.AddHistogram("ckptd_agent_persist_seconds",
                      "Time from a rank's publish of a snapshot to the snapshot durable in storage.",
-                     {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}, {"job"}));
+                     SecondsBuckets(), {"job"}));
   CKPTD_ASSIGN_OR_RETURN(
       m->memory_checkpoints_,
       r.AddCounter("ckptd_agent_memory_checkpoints_total",
@@ -71,7 +76,7 @@ absl::StatusOr<std::unique_ptr<AgentMetrics>> AgentMetrics::Create(metrics::Regi
       m->restore_seconds_,
       r.AddHistogram("ckptd_agent_restore_seconds",
                      "Time from a trainer's restore call to its step in staging, of restores that handed one over.",
-                     {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}, {"job"}));
+                     SecondsBuckets(), {"job"}));
   CKPTD_ASSIGN_OR_RETURN(
       m->skipped_,
       r.AddCounter("ckptd_agent_snapshots_skipped_total",

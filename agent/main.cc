@@ -162,7 +162,7 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
   store.budget_bytes = flags.options.memory_budget_bytes;
   store.staging_bytes = [parts] {
     agent::AgentCore* core = parts->core.load();
-    return core != nullptr ? core->Memory().bytes : 0;
+    return core != nullptr ? core->StagingBytes() : 0;
   };
   parts->store = std::make_unique<replication::ReplicaStore>(store);
   replication::PeerServiceOptions service;

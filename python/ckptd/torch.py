@@ -801,11 +801,12 @@ class Checkpointer:
         self._skips_told_at = now
 
     @staticmethod
-    def _warn(message):
+    def _warn(message, category=_ckptd.CheckpointWarning):
+        """A warning at the training loop's line that never stops training."""
         try:
-            warnings.warn(message, _ckptd.CheckpointWarning, stacklevel=_caller_level())
+            warnings.warn(message, category, stacklevel=_caller_level())
         except _ckptd.CheckpointWarning:
-            pass  # turned into an error by a warnings filter: never stops training
+            pass  # turned into an error by a warnings filter
 
     def _check_persist_failures(self):
         """Warns once per new batch of failed persists the agent reported
@@ -827,12 +828,9 @@ class Checkpointer:
             return
         args = self._client_args
         what = "1 snapshot" if new == 1 else f"{new} snapshots"
-        try:
-            warnings.warn(f"ckptd: the agent could not persist {what} of job '{args['job']}' rank {args['rank']} "
-                          f"(newest: step {f.last_failed_step}: {f.last_error}); those steps are not checkpointed, "
-                          "training goes on", _ckptd.PersistFailedWarning, stacklevel=_caller_level())
-        except _ckptd.PersistFailedWarning:
-            pass  # turned into an error by a warnings filter: never stops training
+        self._warn(f"ckptd: the agent could not persist {what} of job '{args['job']}' rank {args['rank']} "
+                   f"(newest: step {f.last_failed_step}: {f.last_error}); those steps are not checkpointed, "
+                   "training goes on", _ckptd.PersistFailedWarning)
 
     def _close_client(self):
         layout, self._layout = self._layout, None
