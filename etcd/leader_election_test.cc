@@ -182,12 +182,19 @@ TEST(LeaderElection, FencedStepsDownAtOnceAndADeletedKeyIsNoticed) {
 // With the binary's default lease (3 s, renewed every second), losing the
 // etcd member that leads etcd's raft (etcd answers nothing for a second or
 // two while it elects another) does not cost the leadership: a renewal that
-// failed is tried again at once, not a period later.
+// failed is tried again at once, not a period later. What etcd itself took
+// to answer again is measured beside it (a second client writing every
+// 50 ms): when a loaded machine made etcd's own election outlast what the
+// lease can cover (the lease runs out at the earliest 2 s after the loss),
+// losing the leadership is right and the test says so instead of failing.
 TEST(LeaderElection, KeepsItsLeadershipWhenEtcdsRaftLeaderDiesWithTheDefaultLease) {
   CKPTD_START_ETCD_OR_SKIP(etcd, 3);
   EtcdOptions o;
   o.endpoints = ParseEndpoints(etcd->endpoints()).value();
   std::unique_ptr<EtcdClient> client = std::move(EtcdClient::Connect(o).value());
+  EtcdOptions probe_options = o;
+  probe_options.attempt_timeout = absl::Milliseconds(200);
+  std::unique_ptr<EtcdClient> probe = std::move(EtcdClient::Connect(probe_options).value());
   ElectionOptions e;
   e.key = kKey;
   e.candidate = "c0:1";
@@ -204,14 +211,34 @@ TEST(LeaderElection, KeepsItsLeadershipWhenEtcdsRaftLeaderDiesWithTheDefaultLeas
     if (s.ok() && s->leader() != 0 && s->leader() == s->header().member_id()) raft_leader = i;
   }
   ASSERT_GE(raft_leader, 0);
+  const absl::Time killed = absl::Now();
   ASSERT_TRUE(etcd->Kill(raft_leader).ok());
-  // Held for two lease terms after the loss.
-  const absl::Time end = absl::Now() + absl::Seconds(6);
+  // Watched for two lease terms after the loss, while the probe writes.
+  const absl::Time end = killed + absl::Seconds(6);
+  absl::Duration etcd_out = absl::InfiniteDuration();  // until etcd took a write again
+  absl::Duration lost_after = absl::InfiniteDuration();
   while (absl::Now() < end) {
-    ASSERT_EQ(election.Leading().value_or(0), epoch) << "lost " << absl::FormatDuration(end - absl::Now())
-                                                     << " before the end of the watch";
+    if (etcd_out == absl::InfiniteDuration()) {
+      pb::PutRequest put;
+      put.set_key("/ckptd/test/probe");
+      put.set_value("x");
+      if (probe->Put(put).ok()) etcd_out = absl::Now() - killed;
+    }
+    if (lost_after == absl::InfiniteDuration() && election.Leading().value_or(0) != epoch) {
+      lost_after = absl::Now() - killed;
+    }
     absl::SleepFor(absl::Milliseconds(50));
   }
+  if (lost_after == absl::InfiniteDuration()) return;  // kept: what the test is for
+  if (etcd_out >= absl::Milliseconds(1800)) {
+    GTEST_SKIP() << "etcd took " << absl::FormatDuration(etcd_out)
+                 << " to take a write again after its raft leader died (a loaded machine): longer than a 3 s "
+                    "lease renewed every second can cover, so losing the leadership after "
+                 << absl::FormatDuration(lost_after) << " was right";
+  }
+  ADD_FAILURE() << "the leadership was lost " << absl::FormatDuration(lost_after)
+                << " after etcd's raft leader died, although etcd took a write again after "
+                << absl::FormatDuration(etcd_out);
 }
 
 TEST(LeaderElection, SurvivesAnEtcdMemberAndStepsDownWithoutQuorumThenComesBack) {
