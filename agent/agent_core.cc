@@ -162,6 +162,24 @@ void AgentCore::BeginShutdown(absl::Time deadline) {
     absl::MutexLock l(&mu_);
     for (const auto& [id, t] : trainers_) trainers.push_back(t);
   }
+  // The persisters too (nice 19 otherwise): on CPUs a trainer keeps busy
+  // they would take seconds to notice the deadline and clean up.
+  absl::Status raised = pool_.workers_raised();
+  if (options_.background_priority != base::ThreadPriority::kNormal) {
+    const int nice = base::CallingThreadNice();
+    for (const std::shared_ptr<Trainer>& t : trainers) {
+      if (const int tid = t->persister_tid.load(); tid != 0) {
+        if (absl::Status s = base::RaiseThreadPriority(tid, nice); !s.ok() && raised.ok()) raised = s;
+      }
+    }
+  }
+  if (!raised.ok()) {
+    logger_->Warning(absl::StrCat("the persists left for the shutdown stay at ",
+                                  base::ThreadPriorityName(options_.background_priority),
+                                  " priority (", raised.message(),
+                                  "): on busy CPUs they may not end within --shutdown-grace; give the agent "
+                                  "CAP_SYS_NICE, or run it with --background-priority normal"));
+  }
   for (const std::shared_ptr<Trainer>& t : trainers) {
     absl::MutexLock l(&t->mu);
     t->wake = true;

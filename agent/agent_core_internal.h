@@ -73,6 +73,9 @@ struct AgentCore::Trainer {
   staging::StagingLayout layout;
   std::shared_ptr<staging::StagingSegment> segment;
   std::thread persister;
+  // The persister's thread id once it runs (0 before): raised to normal
+  // priority for the shutdown (BeginShutdown).
+  std::atomic<int> persister_tid{0};
   // The persister's encoder of memory checkpoints, made with the persister
   // and taken by it (PersistLoop).
   std::unique_ptr<base::ThreadPool> memory_encoder;

@@ -78,6 +78,7 @@ void AgentCore::PersistLoop(Trainer* t) {
     (void)base::SetCallingThreadPriority(base::ThreadPriority::kLow);
     (void)base::SetCallingThreadLowestIoPriority();
   }
+  t->persister_tid.store(base::CurrentThreadId());
   while (true) {
     bool stop;
     {

@@ -34,6 +34,7 @@ ThreadPool::ThreadPool(int threads, ThreadPriority priority, StarvationGuard gua
     mu_.Await(absl::Condition(&all_started));
     tids = worker_tids_;
   }
+  normal_nice_ = CallingThreadNice();
   // No task can have been scheduled yet: every one runs at `priority`.
   if (!tids.empty()) priority_ = SetThreadPriority(tids.front(), priority);
   for (size_t i = 1; i < tids.size(); ++i) {
@@ -94,11 +95,47 @@ bool ThreadPool::boosted() const {
 
 void ThreadPool::Boost() {
   if (!guarded_) return;
-  absl::MutexLock l(&mu_);
-  if (boosted_) return;
-  boosted_ = true;
-  ++boosts_;
-  idle_since_ = absl::InfinitePast();  // busy since the boost
+  {
+    absl::MutexLock l(&mu_);
+    if (boosted_) return;
+    boosted_ = true;
+    ++boosts_;
+    idle_since_ = absl::InfinitePast();  // busy since the boost
+  }
+  RaiseWorkers();
+}
+
+absl::Status ThreadPool::workers_raised() const {
+  absl::MutexLock l(&raise_mu_);
+  return raise_refused_;
+}
+
+void ThreadPool::RaiseWorkers() {
+  absl::MutexLock r(&raise_mu_);
+  std::vector<int> tids;
+  {
+    absl::MutexLock l(&mu_);
+    if (!boosted_ || workers_high_) return;  // the boost ended meanwhile, or done
+    tids = worker_tids_;
+  }
+  absl::Status refused;
+  for (int tid : tids) {
+    if (absl::Status s = RaiseThreadPriority(tid, normal_nice_); !s.ok() && refused.ok()) refused = s;
+  }
+  workers_high_ = true;
+  raise_refused_ = refused;
+}
+
+void ThreadPool::LowerWorkers() {
+  absl::MutexLock r(&raise_mu_);
+  std::vector<int> tids;
+  {
+    absl::MutexLock l(&mu_);
+    if (boosted_ || !workers_high_) return;  // boosted again meanwhile, or done
+    tids = worker_tids_;
+  }
+  for (int tid : tids) (void)SetThreadPriority(tid, priority_.requested);
+  workers_high_ = false;
 }
 
 bool ThreadPool::IdleForWindowLocked(absl::Time now) const {
@@ -167,6 +204,7 @@ void ThreadPool::ReserveLoop(bool watcher) {
     std::function<void()> task;
     std::vector<int> tids;
     uint64_t finished = 0;
+    bool lower = false;  // the boost ended: the workers go back to their priority
     {
       absl::MutexLock l(&mu_);
       // The reserve takes tasks only while called in. The watcher, until
@@ -185,16 +223,20 @@ void ThreadPool::ReserveLoop(bool watcher) {
         if (IdleForWindowLocked(now)) {
           boosted_ = false;
           idle_since_ = absl::InfinitePast();
+          lower = true;
         } else {
           task = TakeLocked();
         }
       }
-      if (!task) {
-        if (!watcher || boosted_) continue;
+      if (!task && (!watcher || boosted_)) {
+        // (Out of the lock first.)
+      } else if (!task) {
         tids = worker_tids_;
         finished = finished_;
       }
     }
+    if (lower) LowerWorkers();
+    if (!task && (!watcher || tids.empty())) continue;
     if (task) {
       task();
       Finished();
@@ -225,6 +267,7 @@ void ThreadPool::ReserveLoop(bool watcher) {
         ++boosts_;
         idle_since_ = absl::InfinitePast();  // busy since the boost
       }
+      RaiseWorkers();
       if (guard_.on_boost) guard_.on_boost(why);
       continue;
     }

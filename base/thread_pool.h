@@ -86,6 +86,12 @@ class ThreadPool {
   // on_boost): for work that must not wait, e.g. persists at shutdown. The
   // boost ends as one for starvation does. A pool without a reserve: no-op.
   void Boost();
+  // While the reserve is called in, a task a worker already runs is not
+  // handed over: the workers themselves run at normal priority until the
+  // boost ends, where the kernel allows it (RaiseThreadPriority). OK when it
+  // did, or no boost asked it yet; else why not (the tasks the workers held
+  // then went on at their priority).
+  absl::Status workers_raised() const;
 
  private:
   void WorkerLoop();
@@ -99,6 +105,11 @@ class ThreadPool {
   bool IdleForWindowLocked(absl::Time now) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Sums the workers' counts; nullopt where they cannot be read.
   std::optional<ThreadCpuTimes> SampleWorkers(const std::vector<int>& tids);
+  // The workers to normal priority while boosted, and back to priority_
+  // once the boost ended (each a no-op when they already are). Called
+  // without mu_.
+  void RaiseWorkers() ABSL_LOCKS_EXCLUDED(mu_, raise_mu_);
+  void LowerWorkers() ABSL_LOCKS_EXCLUDED(mu_, raise_mu_);
 
   mutable absl::Mutex mu_;
   std::vector<int> worker_tids_ ABSL_GUARDED_BY(mu_);
@@ -115,6 +126,11 @@ class ThreadPool {
   std::vector<std::thread> reserve_;
   // Set by the constructor.
   AppliedPriority priority_;
+  int normal_nice_ = 0;  // the constructing thread's
+  // Orders RaiseWorkers and LowerWorkers (taken before mu_).
+  mutable absl::Mutex raise_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  bool workers_high_ ABSL_GUARDED_BY(raise_mu_) = false;
+  absl::Status raise_refused_ ABSL_GUARDED_BY(raise_mu_);
   absl::Status not_started_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/testing/busy_cpu.h"
+#include "base/testing/matchers.h"
 #include "base/testing/threads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -518,6 +519,42 @@ TEST_F(StarvationGuardTest, TheBoostEndsOnceThePoolHasBeenIdleForTheWindow) {
   ASSERT_TRUE(next.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_EQ(next.tid.load(), worker);
   EXPECT_EQ(pool.boosts(), 1);
+}
+
+// A task a worker already runs cannot be handed to the reserve: while
+// boosted, the worker itself runs at normal priority (where the kernel
+// allows: root or CAP_SYS_NICE), and goes back once the boost ends.
+TEST_F(StarvationGuardTest, ABoostRaisesTheWorkersForTheTasksTheyHold) {
+  ThreadPool pool(1, ThreadPriority::kIdle, Guard());
+  const int worker = HoldTheWorker(pool);
+  if (pool.priority().applied != "SCHED_IDLE") {
+    release_.Notify();
+    GTEST_SKIP() << "no SCHED_IDLE here: " << pool.priority().ToString();
+  }
+  EXPECT_EQ(::sched_getscheduler(worker), SCHED_IDLE);
+  CKPTD_EXPECT_OK(pool.workers_raised());  // nothing asked yet
+  pool.Boost();
+  if (!pool.workers_raised().ok()) {
+    // Unprivileged: said, and the worker's task goes on at idle priority.
+    EXPECT_EQ(pool.workers_raised().code(), absl::StatusCode::kPermissionDenied) << pool.workers_raised();
+    EXPECT_THAT(pool.workers_raised().message(), ::testing::HasSubstr("CAP_SYS_NICE"));
+    EXPECT_EQ(::sched_getscheduler(worker), SCHED_IDLE);
+    release_.Notify();
+    return;
+  }
+  EXPECT_EQ(::sched_getscheduler(worker), SCHED_OTHER);
+  release_.Notify();
+  // Idle for the window: the next task ends the boost and finds the worker
+  // at its own priority again.
+  absl::SleepFor(absl::Milliseconds(50));
+  AdvanceTicks(8);
+  Probe next;
+  pool.Schedule(next.Task());
+  ASSERT_TRUE(next.ran.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (::sched_getscheduler(worker) != SCHED_IDLE && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(::sched_getscheduler(worker), SCHED_IDLE);
+  EXPECT_FALSE(pool.boosted());
 }
 
 TEST(StarvationGuardRealTest, NoGuardForNormalPoolsOrAZeroWindow) {

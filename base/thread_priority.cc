@@ -132,4 +132,27 @@ AppliedPriority SetThreadPriority(int tid, ThreadPriority priority) {
   return out;
 }
 
+absl::Status RaiseThreadPriority(int tid, int nice) {
+  sched_param param{};
+  param.sched_priority = 0;
+  if (::sched_setscheduler(tid, SCHED_OTHER, &param) != 0) {
+    return PosixError("SCHED_OTHER refused (root, CAP_SYS_NICE or RLIMIT_NICE allows it)", errno);
+  }
+  if (const int err = SetNice(tid, nice); err != 0) {
+    return PosixError(absl::StrCat("setpriority nice ", nice, " refused (root, CAP_SYS_NICE or RLIMIT_NICE allows it)"),
+                      err);
+  }
+  // Back in the best-effort I/O class at the default level.
+  constexpr int kIoprioDefaultLevel = 4;
+  (void)::syscall(SYS_ioprio_set, kIoprioWhoProcess, tid,
+                  (kIoprioClassBestEffort << kIoprioClassShift) | kIoprioDefaultLevel);
+  return absl::OkStatus();
+}
+
+int CallingThreadNice() {
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(CurrentThreadId()));
+  return errno == 0 ? nice : 0;
+}
+
 }  // namespace ckptd::base

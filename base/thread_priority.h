@@ -45,6 +45,14 @@ struct AppliedPriority {
 // checkpoint's writes back without bound. Never fails: what could not be
 // done is in `why_not`.
 AppliedPriority SetThreadPriority(int tid, ThreadPriority priority);
+
+// Raises thread `tid` of this process back to SCHED_OTHER at nice `nice`
+// (what the process runs at), for work that must not wait after all. Linux
+// allows it to root, to CAP_SYS_NICE, or where RLIMIT_NICE reaches `nice`
+// (sched(7)); otherwise kPermissionDenied naming what was refused.
+absl::Status RaiseThreadPriority(int tid, int nice);
+// The nice value of the calling thread.
+int CallingThreadNice();
 // The same for the calling thread.
 AppliedPriority SetCallingThreadPriority(ThreadPriority priority);
 // The calling thread's id (gettid), as SetThreadPriority takes it.
