@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -54,10 +55,13 @@ constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
 // The threads an agent must be able to run at once to start.
 constexpr int kStartThreads = 32;
 
-// Prints "ckptd-agent: <what>: <why>"; returns the exit code of a failure.
-int Fail(absl::string_view what, const absl::Status& why) {
-  std::cerr << "ckptd-agent: " << what << ": " << why.message() << "\n";
-  return ckptd::base::kExitFailed;
+// The agent's log: stderr, each line with its time and severity.
+ckptd::base::Logger& Log() { return ckptd::base::DefaultLogger(); }
+
+// Logs "<what>: <why>" as an error; returns `code`.
+int Fail(absl::string_view what, const absl::Status& why, int code = ckptd::base::kExitFailed) {
+  Log().Error(absl::StrCat(what, ": ", why.message()));
+  return code;
 }
 
 // The link and the core refer to each other: the link asks the core for
@@ -115,8 +119,8 @@ std::unique_ptr<storage::FaultInjectionFileSystem> NewFaultFileSystem(const agen
   auto fault_fs = std::make_unique<storage::FaultInjectionFileSystem>(fs);
   if (flags.inject_write_latency > absl::ZeroDuration()) {
     fault_fs->SetLatency(flags.inject_write_latency);
-    std::cerr << "ckptd-agent: injecting " << absl::FormatDuration(flags.inject_write_latency)
-              << " of latency into every write and read\n";
+    Log().Warning(absl::StrCat("injecting ", absl::FormatDuration(flags.inject_write_latency),
+                               " of latency into every write and read"));
   }
   return fault_fs;
 }
@@ -139,8 +143,7 @@ std::unique_ptr<agent::DrillExecutor> NewDrillExecutor(const agent::AgentFlags& 
   hooks.fault_fs = fault_fs;
   hooks.real_fs = real_fs;
   auto drills = std::make_unique<agent::DrillExecutor>(options, std::move(hooks));
-  if (flags.allow_drills)
-    std::cerr << "ckptd-agent: drills allowed: the coordinator may inject failures on this node\n";
+  if (flags.allow_drills) Log().Warning("drills allowed: the coordinator may inject failures on this node");
   return drills;
 }
 
@@ -198,16 +201,16 @@ absl::Status StartPeers(const agent::AgentFlags& flags, agent::CoordinatorLinkOp
   replication::ReplicatorOptions replicator;
   replicator.max_bytes_per_second = peer.max_bytes_per_second;
   parts->replicator = std::make_unique<replication::Replicator>(parts->network.get(), replicator);
-  std::cerr << "ckptd-agent: serving partners on " << peer.listen << " as " << link->peer_address
-            << (data_port != 0 ? absl::StrCat(" (copies' bytes on data lane port ", data_port, ")") : std::string())
-            << (peer.failure_domain.empty() ? "" : ", failure domain " + peer.failure_domain) << ", sending to "
-            << peer.replicas << (peer.replicas == 1 ? " partner" : " partners")
-            << (peer.max_bytes_per_second > 0 ? absl::StrCat(" at most ", peer.max_bytes_per_second * 8 / 1e9, " Gbit/s")
-                                              : std::string(" uncapped"))
-            << (service.tls                  ? " (TLS)"
-                : service.agent_token.empty() ? " (no credential: any host that reaches the port can fetch copies)"
-                                              : " (agent token, proven before gRPC reads a call)")
-            << "\n";
+  Log().Info(absl::StrCat(
+      "serving partners on ", peer.listen, " as ", link->peer_address,
+      data_port != 0 ? absl::StrCat(" (copies' bytes on data lane port ", data_port, ")") : std::string(),
+      peer.failure_domain.empty() ? "" : ", failure domain " + peer.failure_domain, ", sending to ", peer.replicas,
+      peer.replicas == 1 ? " partner" : " partners",
+      peer.max_bytes_per_second > 0 ? absl::StrCat(" at most ", peer.max_bytes_per_second * 8 / 1e9, " Gbit/s")
+                                    : std::string(" uncapped"),
+      service.tls                   ? " (TLS)"
+      : service.agent_token.empty() ? " (no credential: any host that reaches the port can fetch copies)"
+                                    : " (agent token, proven before gRPC reads a call)"));
   return absl::OkStatus();
 }
 
@@ -257,19 +260,18 @@ int main(int argc, char** argv) {
   // says so and exits instead. An idle agent runs about 20 threads, one
   // with a coordinator and partners about 30.
   if (absl::Status s = ckptd::base::CheckThreadHeadroom("the agent", kStartThreads); !s.ok()) {
-    std::cerr << "ckptd-agent: cannot start: " << s.message() << "\n";
-    return ckptd::base::kExitFailed;
+    return Fail("cannot start", s);
   }
   // Every connection is a file (said only of the Peer port, the agent's
   // only one on the network).
   if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("partner agents");
       !warning.empty() && flags->peer) {
-    std::cerr << "ckptd-agent: " << warning << "\n";
+    Log().Warning(warning);
   }
   // Before any thread starts: every later one inherits the CPUs.
   if (!flags->cpu_set.empty()) {
     if (absl::Status s = ckptd::base::PinProcessToCpus(flags->cpu_set); !s.ok()) return Fail("--cpu-set", s);
-    std::cerr << "ckptd-agent: running on CPUs " << ckptd::base::FormatCpuList(flags->cpu_set) << "\n";
+    Log().Info(absl::StrCat("running on CPUs ", ckptd::base::FormatCpuList(flags->cpu_set)));
   }
   agent::AgentOptions& options = flags->options;
   std::unique_ptr<storage::PosixFileSystem> fs = storage::NewPosixFileSystem();
@@ -278,7 +280,7 @@ int main(int argc, char** argv) {
   if (!root.ok()) return Fail("storage root", root.status());
   options.storage_root = root->path;
   if (absl::Status s = storage::CreateDirs(root->fs, options.storage_root); !s.ok()) return Fail("storage root", s);
-  ckptd::objstore::AbortAbandonedUploads(*root, std::cerr, "ckptd-agent");
+  ckptd::objstore::AbortAbandonedUploads(*root, Log());
   if (!options.local_cache.empty()) {
     if (absl::Status s = storage::CreateDirs(fs.get(), options.local_cache); !s.ok()) return Fail("--local-cache", s);
     // The local tier is this node's own disk: drills and injected latency
@@ -289,8 +291,7 @@ int main(int argc, char** argv) {
   PeerParts peers;
   if (flags->peer) {
     if (absl::Status s = StartPeers(*flags, &*flags->link, &peers); !s.ok()) {
-      std::cerr << "ckptd-agent: " << s.message() << "\n";
-      return ckptd::base::kExitUnavailable;
+      return Fail("partner service", s, ckptd::base::kExitUnavailable);
     }
     options.replicator = peers.replicator.get();
     options.peer_network = peers.network.get();
@@ -304,13 +305,11 @@ int main(int argc, char** argv) {
     link =
         std::make_unique<agent::CoordinatorLink>(*flags->link, [&relay](ckptd::v1::Heartbeat* hb) { relay.Fill(hb); });
     options.coordinator = link.get();
-    std::cerr << "ckptd-agent: reporting to coordinator " << flags->link->address << " as node "
-              << flags->link->node_id
-              << (flags->link->agent_token.empty()
-                      ? " without an agent token (the coordinator must know this node by its TLS client certificate, "
-                        "or run with --insecure-agents)"
-                      : " with the agent token of --agent-token-file")
-              << "\n";
+    Log().Info(absl::StrCat("reporting to coordinator ", flags->link->address, " as node ", flags->link->node_id,
+                            flags->link->agent_token.empty()
+                                ? " without an agent token (the coordinator must know this node by its TLS client "
+                                  "certificate, or run with --insecure-agents)"
+                                : " with the agent token of --agent-token-file"));
   }
   // Before the trainers are served: a port that cannot be bound stops the
   // agent at once, and /healthz answers while it starts.
@@ -321,14 +320,14 @@ int main(int argc, char** argv) {
   std::atomic<bool> serving{false};
   absl::StatusOr<std::unique_ptr<ckptd::metrics::HttpServer>> http =
       StartMetrics(*flags, registry, serving, link.get());
-  if (!http.ok()) {
-    std::cerr << "ckptd-agent: " << http.status().message() << "\n";
+  if (!http.ok()) {  // its message names --metrics-listen
+    Log().Error(http.status().message());
     return ckptd::base::kExitUnavailable;
   }
   if (*http != nullptr) {
     const std::string& listen = *flags->metrics_listen;
-    std::cerr << "ckptd-agent: metrics on http://" << listen.substr(0, listen.rfind(':')) << ":" << (*http)->port()
-              << "/metrics (and /healthz, /readyz)\n";
+    Log().Info(absl::StrCat("metrics on http://", listen.substr(0, listen.rfind(':')), ":", (*http)->port(),
+                            "/metrics (and /healthz, /readyz)"));
   }
   std::unique_ptr<storage::FaultInjectionFileSystem> fault_fs = NewFaultFileSystem(*flags, root->fs);
   storage::FileSystem* const data_fs =
@@ -349,19 +348,16 @@ int main(int argc, char** argv) {
   ckptd::metrics::CollectorHandle collector = (*agent_metrics)->Watch(std::move(sources));
   // Staging left behind by an agent that was killed (SIGKILL, OOM) is freed.
   if (absl::StatusOr<std::vector<std::string>> stale = ckptd::staging::ReclaimStaleSegments(); stale.ok()) {
-    for (const std::string& name : *stale) std::cerr << "ckptd-agent: freed stale staging /dev/shm/" << name << "\n";
+    for (const std::string& name : *stale) Log().Info(absl::StrCat("freed stale staging /dev/shm/", name));
   }
   auto service = std::make_unique<agent::AgentService>(core.get());
   absl::StatusOr<std::unique_ptr<agent::UnixServer>> server =
       agent::StartUnixServer(flags->socket, service.get(), service->peers(), options.trainer_group);
-  if (!server.ok()) {
-    std::cerr << "ckptd-agent: " << server.status().message() << "\n";
-    return ckptd::base::kExitUnavailable;
-  }
-  std::cerr << "ckptd-agent: serving on unix:" << flags->socket << ", storage root " << root->description
-            << (root->object_store ? "" : fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)")
-            << (options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache) << ", compression "
-            << (!options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd") << "\n";
+  if (!server.ok()) return Fail("trainer socket", server.status(), ckptd::base::kExitUnavailable);
+  Log().Info(absl::StrCat("serving on unix:", flags->socket, ", storage root ", root->description,
+                          root->object_store ? "" : fs->uses_io_uring() ? " (io_uring)" : " (pread/pwrite)",
+                          options.local_cache.empty() ? "" : ", node-local tier " + options.local_cache, ", compression ",
+                          !options.write.encode.compress ? "none" : options.write.adaptive.enabled ? "auto" : "zstd"));
   serving.store(true);
   const int sig = ckptd::base::WaitForStopSignal(stop_signals);
   serving.store(false);  // /readyz: not ready while it stops
@@ -374,16 +370,16 @@ int main(int argc, char** argv) {
   absl::Notification stopped;
   std::thread watchdog([&stopped, deadline] {
     if (stopped.WaitForNotificationWithDeadline(deadline + kShutdownOverrun)) return;
-    std::cerr << "ckptd-agent: still stopping " << absl::FormatDuration(kShutdownOverrun)
-              << " after --shutdown-grace ended (a restore or a peer's fetch under way, or the coordinator "
-                 "not answering): exiting now\n";
+    Log().Error(absl::StrCat("still stopping ", absl::FormatDuration(kShutdownOverrun),
+                             " after --shutdown-grace ended (a restore or a peer's fetch under way, or the coordinator "
+                             "not answering): exiting now"));
     std::_Exit(ckptd::base::kExitFailed);
   });
   // What is being persisted now ends within the grace period, or stops with
   // nothing of it left; the log says which of each step.
-  std::cerr << "ckptd-agent: stopping on signal " << sig
-            << ": persisting each trainer's snapshots not yet durable, newest first, within "
-            << absl::FormatDuration(flags->shutdown_grace) << " (--shutdown-grace)\n";
+  Log().Info(absl::StrCat("stopping on signal ", sig,
+                          ": persisting each trainer's snapshots not yet durable, newest first, within ",
+                          absl::FormatDuration(flags->shutdown_grace), " (--shutdown-grace)"));
   core->BeginShutdown(deadline);
   // Calls still running at the deadline are cancelled (a restore waiting
   // for other ranks sees the shutdown and ends); the server waits for their
@@ -400,8 +396,8 @@ int main(int argc, char** argv) {
   peers.replicator.reset();  // after the copy under way
   if (peers.server != nullptr) peers.server->Shutdown();
   if (link != nullptr && !link->Flush(std::max(absl::Seconds(2), deadline - absl::Now()))) {
-    std::cerr << "ckptd-agent: some reports did not reach the coordinator; they are on disk and its deadline "
-                 "cleans them up\n";
+    Log().Warning(
+        "some reports did not reach the coordinator; they are on disk and its deadline cleans them up");
   }
   stopped.Notify();
   watchdog.join();

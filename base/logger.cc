@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace ckptd::base {
 namespace {
@@ -40,9 +41,28 @@ void WriteLine(const std::string& line) {
 
 }  // namespace
 
+absl::string_view SeverityName(LogSeverity severity) {
+  switch (severity) {
+    case LogSeverity::kInfo:
+      return "INFO";
+    case LogSeverity::kWarning:
+      return "WARNING";
+    case LogSeverity::kError:
+      return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+std::string FormatLogLine(absl::Time when, LogSeverity severity, absl::string_view program,
+                          absl::string_view message) {
+  return absl::StrCat(absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", when, absl::UTCTimeZone()), " ",
+                      SeverityName(severity), " ", program, ": ", message, "\n");
+}
+
 void StderrLogger::Log(LogSeverity severity, absl::string_view message) {
+  const std::string line = FormatLogLine(absl::Now(), severity, program_, message);
   absl::MutexLock l(&mu_);
-  WriteLine(absl::StrCat(program_, ": ", message, "\n"));
+  WriteLine(line);
 }
 
 Logger& DefaultLogger() {

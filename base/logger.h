@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace ckptd::base {
 
@@ -24,7 +25,16 @@ class Logger {
   void Error(absl::string_view message) { Log(LogSeverity::kError, message); }
 };
 
-// "<program>: <message>\n" on stderr, one whole line per call.
+// The name a log line gives `severity`: "INFO", "WARNING" or "ERROR".
+absl::string_view SeverityName(LogSeverity severity);
+
+// One line as StderrLogger writes it, with its newline: the time in UTC to
+// the millisecond (RFC 3339), the severity, the program, the message:
+//   2026-12-08T01:09:51.123Z WARNING ckptd-agent: cannot reach the coordinator
+std::string FormatLogLine(absl::Time when, LogSeverity severity, absl::string_view program,
+                          absl::string_view message);
+
+// FormatLogLine(now, ...) on stderr, one write(2) per line.
 class StderrLogger : public Logger {
  public:
   explicit StderrLogger(std::string program) : program_(std::move(program)) {}

@@ -13,7 +13,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/civil_time.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "base/testing/capturing_logger.h"
 #include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -54,31 +58,70 @@ std::string CaptureStderr(const std::function<void()>& f) {
   return out;
 }
 
-TEST(StderrLoggerTest, WritesProgramColonMessageAndNewline) {
-  StderrLogger logger("ckptd-agent");
-  EXPECT_EQ(CaptureStderr([&] { logger.Info("listening on 127.0.0.1:9090"); }),
-            "ckptd-agent: listening on 127.0.0.1:9090\n");
+// `out` with each line's time taken off ("SEVERITY program: message\n" per
+// line); a time that is not RFC 3339 UTC to the millisecond, or not within
+// a minute of now, or a severity that is not one of the three, is a failure.
+std::string WithoutTimes(const std::string& out) {
+  std::string rest;
+  for (absl::string_view line : absl::StrSplit(out, '\n', absl::SkipEmpty())) {
+    const size_t space = line.find(' ');
+    const absl::string_view time = line.substr(0, space);
+    const absl::string_view after = space == absl::string_view::npos ? "" : line.substr(space + 1);
+    absl::Time when;
+    std::string error;
+    // 2026-12-08T01:09:51.123Z: 24 characters, three digits after the point.
+    if (time.size() != 24 || time[19] != '.' || time.back() != 'Z' ||
+        !absl::ParseTime("%Y-%m-%dT%H:%M:%E*SZ", time, absl::UTCTimeZone(), &when, &error)) {
+      ADD_FAILURE() << "not a timed log line: " << line.substr(0, 80) << " " << error;
+      continue;
+    }
+    EXPECT_LT(absl::AbsDuration(absl::Now() - when), absl::Minutes(1)) << line.substr(0, 80);
+    EXPECT_TRUE(absl::StartsWith(after, "INFO ") || absl::StartsWith(after, "WARNING ") ||
+                absl::StartsWith(after, "ERROR "))
+        << line.substr(0, 80);
+    absl::StrAppend(&rest, after, "\n");
+  }
+  return rest;
 }
 
-TEST(StderrLoggerTest, EverySeverityHasTheSameShape) {
+TEST(FormatLogLineTest, TimeInUtcToTheMillisecondSeverityProgramMessage) {
+  const absl::Time t = absl::FromCivil(absl::CivilSecond(2026, 12, 8, 1, 9, 51), absl::UTCTimeZone()) +
+                       absl::Microseconds(123456);
+  EXPECT_EQ(FormatLogLine(t, LogSeverity::kInfo, "ckptd-agent", "listening on 127.0.0.1:9090"),
+            "2026-12-08T01:09:51.123Z INFO ckptd-agent: listening on 127.0.0.1:9090\n");
+  EXPECT_EQ(FormatLogLine(t, LogSeverity::kWarning, "p", "w"), "2026-12-08T01:09:51.123Z WARNING p: w\n");
+  EXPECT_EQ(FormatLogLine(t, LogSeverity::kError, "p", ""), "2026-12-08T01:09:51.123Z ERROR p: \n");
+  // Whatever the local time zone, the time is UTC.
+  EXPECT_EQ(FormatLogLine(absl::UnixEpoch(), LogSeverity::kInfo, "p", "m"), "1970-01-01T00:00:00.000Z INFO p: m\n");
+  EXPECT_EQ(SeverityName(LogSeverity::kWarning), "WARNING");
+}
+
+TEST(StderrLoggerTest, WritesTimeSeverityProgramColonMessageAndNewline) {
+  StderrLogger logger("ckptd-agent");
+  EXPECT_EQ(WithoutTimes(CaptureStderr([&] { logger.Info("listening on 127.0.0.1:9090"); })),
+            "INFO ckptd-agent: listening on 127.0.0.1:9090\n");
+}
+
+TEST(StderrLoggerTest, EverySeverityIsNamed) {
   StderrLogger logger("prog");
-  EXPECT_EQ(CaptureStderr([&] {
+  EXPECT_EQ(WithoutTimes(CaptureStderr([&] {
               logger.Info("i");
               logger.Warning("w");
               logger.Error("e");
               logger.Log(LogSeverity::kWarning, "via Log");
-            }),
-            "prog: i\nprog: w\nprog: e\nprog: via Log\n");
+            })),
+            "INFO prog: i\nWARNING prog: w\nERROR prog: e\nWARNING prog: via Log\n");
 }
 
 TEST(StderrLoggerTest, EmptyMessageAndLongMessage) {
   StderrLogger logger("p");
   const std::string long_message(100'000, 'x');
-  EXPECT_EQ(CaptureStderr([&] {
-              logger.Info("");
-              logger.Info(long_message);
-            }),
-            absl::StrCat("p: \n", "p: ", long_message, "\n"));
+  const std::string out = CaptureStderr([&] {
+    logger.Info("");
+    logger.Info(long_message);
+  });
+  EXPECT_EQ(WithoutTimes(out), absl::StrCat("INFO p: \n", "INFO p: ", long_message, "\n"));
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2);
 }
 
 TEST(StderrLoggerTest, StderrIsRestoredAfterCapture) {
@@ -86,19 +129,20 @@ TEST(StderrLoggerTest, StderrIsRestoredAfterCapture) {
   StderrLogger logger("p");
   const std::string first = CaptureStderr([&] { logger.Info("one"); });
   const std::string second = CaptureStderr([&] { logger.Info("two"); });
-  EXPECT_EQ(first, "p: one\n");
-  EXPECT_EQ(second, "p: two\n");
+  EXPECT_EQ(WithoutTimes(first), "INFO p: one\n");
+  EXPECT_EQ(WithoutTimes(second), "INFO p: two\n");
 }
 
 TEST(DefaultLoggerTest, IsOneObject) { EXPECT_EQ(&DefaultLogger(), &DefaultLogger()); }
 
 TEST(DefaultLoggerTest, UsesTheNameLastGivenToSetProgramName) {
   SetProgramName("ckptd-coordinator");
-  EXPECT_EQ(CaptureStderr([] { DefaultLogger().Info("started"); }), "ckptd-coordinator: started\n");
+  EXPECT_EQ(WithoutTimes(CaptureStderr([] { DefaultLogger().Info("started"); })), "INFO ckptd-coordinator: started\n");
   SetProgramName("ckptctl");
-  EXPECT_EQ(CaptureStderr([] { DefaultLogger().Warning("no coordinator"); }), "ckptctl: no coordinator\n");
+  EXPECT_EQ(WithoutTimes(CaptureStderr([] { DefaultLogger().Warning("no coordinator"); })),
+            "WARNING ckptctl: no coordinator\n");
   SetProgramName("ckptd");
-  EXPECT_EQ(CaptureStderr([] { DefaultLogger().Error("x"); }), "ckptd: x\n");
+  EXPECT_EQ(WithoutTimes(CaptureStderr([] { DefaultLogger().Error("x"); })), "ERROR ckptd: x\n");
 }
 
 TEST(DefaultLoggerTest, NameIsCopied) {
@@ -107,7 +151,7 @@ TEST(DefaultLoggerTest, NameIsCopied) {
     SetProgramName(name);
     name.assign("overwritten");
   }
-  EXPECT_EQ(CaptureStderr([] { DefaultLogger().Info("m"); }), "ckptd-bench: m\n");
+  EXPECT_EQ(WithoutTimes(CaptureStderr([] { DefaultLogger().Info("m"); })), "INFO ckptd-bench: m\n");
 }
 
 TEST(DefaultLoggerDeathTest, IsNamedCkptdBeforeSetProgramName) {
@@ -119,16 +163,18 @@ TEST(DefaultLoggerDeathTest, IsNamedCkptdBeforeSetProgramName) {
         DefaultLogger().Info("before any SetProgramName");
         std::_Exit(0);
       },
-      ::testing::ExitedWithCode(0), ::testing::ContainsRegex("(^|\n)ckptd: before any SetProgramName\n"));
+      ::testing::ExitedWithCode(0), ::testing::ContainsRegex("(^|\n)[-0-9T:.]+Z INFO ckptd: before any SetProgramName\n"));
 }
 
 // Several threads logging at once: every line comes out whole.
-void ExpectWholeLines(const std::string& out, const std::string& program, int threads, int lines_per_thread) {
+void ExpectWholeLines(const std::string& timed_out, const std::string& program, int threads, int lines_per_thread) {
+  const std::string out = WithoutTimes(timed_out);
   std::vector<std::string> want;
   for (int t = 0; t < threads; ++t) {
     for (int i = 0; i < lines_per_thread; ++i) {
       want.push_back(
-          absl::StrCat(program, ": thread ", t, " line ", i, " ", std::string(200, static_cast<char>('a' + t % 26))));
+          absl::StrCat("INFO ", program, ": thread ", t, " line ", i, " ",
+                       std::string(200, static_cast<char>('a' + t % 26))));
     }
   }
   ASSERT_FALSE(out.empty());

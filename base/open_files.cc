@@ -33,9 +33,9 @@ absl::StatusOr<uint64_t> RaiseOpenFileLimit() {
 
 std::string RaiseOpenFileLimitForServer(absl::string_view locked_out) {
   const absl::StatusOr<uint64_t> limit = RaiseOpenFileLimit();
-  if (!limit.ok()) return absl::StrCat("WARNING: ", limit.status().message());
+  if (!limit.ok()) return std::string(limit.status().message());
   if (*limit >= kFewOpenFiles) return "";
-  return absl::StrCat("WARNING: at most ", *limit, " open files: as many connections, idle ones included, would ",
+  return absl::StrCat("at most ", *limit, " open files: as many connections, idle ones included, would ",
                       "lock ", locked_out, " out; raise the hard limit (systemd: LimitNOFILE=; ulimit -Hn)");
 }
 

@@ -20,8 +20,9 @@ inline constexpr uint64_t kFewOpenFiles = 65536;
 // the soft limit now in force.
 absl::StatusOr<uint64_t> RaiseOpenFileLimit();
 
-// For a server at start: RaiseOpenFileLimit, and a warning to print when it
-// failed or the limit stays below kFewOpenFiles ("" when all is well).
+// For a server at start: RaiseOpenFileLimit, and a warning to log (as a
+// warning: the text does not say so) when it failed or the limit stays
+// below kFewOpenFiles ("" when all is well).
 // `locked_out` says who idle connections would lock out ("agents").
 std::string RaiseOpenFileLimitForServer(absl::string_view locked_out);
 

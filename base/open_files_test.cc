@@ -46,7 +46,7 @@ TEST(RaiseOpenFileLimitTest, AServerIsWarnedOfALowHardLimit) {
     if (::setrlimit(RLIMIT_NOFILE, &low) != 0) return std::string("setrlimit failed");
     return RaiseOpenFileLimitForServer("agents");
   });
-  EXPECT_THAT(warned, AllOf(HasSubstr("WARNING: at most 1000 open files"), HasSubstr("lock agents out"),
+  EXPECT_THAT(warned, AllOf(HasSubstr("at most 1000 open files"), HasSubstr("lock agents out"),
                             HasSubstr("LimitNOFILE")));
 }
 

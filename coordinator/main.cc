@@ -80,9 +80,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const
   return ckptd::rpc::ServerCredentialsFromFiles(*flags.tls);
 }
 
-// Prints "ckptd-coordinator: <what>: <why>"; returns `code`.
+// The coordinator's log: stderr, each line with its time and severity.
+ckptd::base::Logger& Log() { return ckptd::base::DefaultLogger(); }
+
+// Logs "<what>: <why>" as an error; returns `code`.
 int Fail(absl::string_view what, const absl::Status& why, int code) {
-  std::cerr << "ckptd-coordinator: " << what << ": " << why.message() << "\n";
+  Log().Error(absl::StrCat(what, ": ", why.message()));
   return code;
 }
 
@@ -188,7 +191,7 @@ int WriteGeneratedToken(const co::CoordinatorFlags& flags, absl::string_view fil
   if (absl::Status written = ckptd::rpc::WriteTokenFile(path, token); !written.ok()) {
     return Fail(what, written, kExitFailed);
   }
-  std::cerr << "ckptd-coordinator: " << what << " written to " << path << "\n";
+  Log().Info(absl::StrCat(what, " written to ", path));
   return ckptd::base::kExitOk;
 }
 
@@ -203,8 +206,9 @@ int ServiceCredentials(const co::CoordinatorFlags& flags, co::CoordinatorService
   if (int code = AgentToken(flags, o->agent_token, agent_generated); code != ckptd::base::kExitOk) return code;
   // One token for both would let every agent act as an operator.
   if (o->agent_token == o->operator_token) {
-    std::cerr << "ckptd-coordinator: the agent token and the operator token are the same; give each a token of its "
-                 "own (--agent-token-file, --operator-token-file)\n";
+    Log().Error(
+        "the agent token and the operator token are the same; give each a token of its own (--agent-token-file, "
+        "--operator-token-file)");
     return kExitUsage;
   }
   o->insecure_agents = flags.insecure_agents;
@@ -239,7 +243,7 @@ int OpenAuditLog(const co::CoordinatorFlags& flags, co::CoordinatorMetrics* metr
                 absl::IsFailedPrecondition(opened.status()) ? kExitUsage : kExitFailed);
   }
   *audit = *std::move(opened);
-  if (flags.audit_log) std::cerr << "ckptd-coordinator: audit log " << *flags.audit_log << "\n";
+  if (flags.audit_log) Log().Info(absl::StrCat("audit log ", *flags.audit_log));
   return ckptd::base::kExitOk;
 }
 
@@ -289,15 +293,15 @@ absl::StatusOr<co::StateSnapshot> ReadStateToImport(ckptd::storage::FileSystem* 
 absl::Status ImportState(const co::StateSnapshot& state, co::StateStore& to, const co::CoordinatorFlags::Etcd& e) {
   CKPTD_ASSIGN_OR_RETURN(const bool empty, co::StateIsEmpty(to));
   if (!empty) {
-    std::cerr << "ckptd-coordinator: --import-state " << e.import_state << ": not imported, etcd already holds "
-              << "state under " << e.prefix << " (imported before, or written by replicas); it is kept as it is\n";
+    Log().Warning(absl::StrCat("--import-state ", e.import_state, ": not imported, etcd already holds state under ",
+                               e.prefix, " (imported before, or written by replicas); it is kept as it is"));
     return absl::OkStatus();
   }
   if (absl::Status s = co::WriteState(state, to); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--import-state ", e.import_state, ": ", s.message()));
   }
-  std::cerr << "ckptd-coordinator: imported " << co::DescribeState(state) << " from " << e.import_state
-            << " into etcd under " << e.prefix << "\n";
+  Log().Info(absl::StrCat("imported ", co::DescribeState(state), " from ", e.import_state, " into etcd under ",
+                          e.prefix));
   return absl::OkStatus();
 }
 
@@ -432,14 +436,14 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
   leader_service_options.replication = [&election, &roster, &e](ckptd::v1::CoordinatorReplication* r) {
     FillReplication(election.Leader(), roster.View(), e, r);
   };
-  std::cerr << "ckptd-coordinator: replicated through etcd " << absl::StrJoin(e.endpoints, ",") << " under "
-            << e.prefix << " as " << advertise << " (lease TTL " << e.lease_ttl_seconds << "s)\n";
-  std::cerr << "ckptd-coordinator: standby on " << listen << std::endl;
+  Log().Info(absl::StrCat("replicated through etcd ", absl::StrJoin(e.endpoints, ","), " under ", e.prefix, " as ",
+                          advertise, " (lease TTL ", e.lease_ttl_seconds, "s)"));
+  Log().Info(absl::StrCat("standby on ", listen));
 
   std::atomic<bool> stopping{false};
   std::thread signals([&] {
     const int sig = ckptd::base::WaitForStopSignal(stop_signals);
-    std::cerr << "ckptd-coordinator: stopping on signal " << sig << "\n";
+    Log().Info(absl::StrCat("stopping on signal ", sig));
     stopping = true;
   });
 
@@ -450,10 +454,10 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
     if (stopping) break;
     known = info;
     if (leading != nullptr && (!info.self || info.epoch != leading->epoch)) {
-      std::cerr << "ckptd-coordinator: no longer the leader of epoch " << leading->epoch << " ("
-                << (info.self ? absl::StrCat("leading again, as epoch ", info.epoch)
-                              : std::string(election.Leading().status().message()))
-                << "); standing by" << std::endl;
+      Log().Warning(absl::StrCat("no longer the leader of epoch ", leading->epoch, " (",
+                                 info.self ? absl::StrCat("leading again, as epoch ", info.epoch)
+                                           : std::string(election.Leading().status().message()),
+                                 "); standing by"));
       leading.reset();
     }
     if (info.self && leading == nullptr) {
@@ -478,7 +482,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
         options.kill_self = [advertise]() {
           std::thread([] {
             absl::SleepFor(absl::Milliseconds(300));
-            std::cerr << "ckptd-coordinator: drill KILL_COORDINATOR: SIGKILL to this process" << std::endl;
+            Log().Warning("drill KILL_COORDINATOR: SIGKILL to this process");
             ::kill(::getpid(), SIGKILL);
           }).detach();
           return advertise;
@@ -487,8 +491,8 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
         recovered = l->core->Recover();
       }
       if (!recovered.ok()) {
-        std::cerr << "ckptd-coordinator: leading (epoch " << info.epoch
-                  << ") but cannot recover the state: " << recovered.message() << "; stepping down\n";
+        Log().Error(absl::StrCat("leading (epoch ", info.epoch, ") but cannot recover the state: ",
+                                 recovered.message(), "; stepping down"));
         election.Fenced(info.epoch, "recovery failed");
         continue;
       }
@@ -497,15 +501,15 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
       standby.reset();
       absl::StatusOr<co::CoordinatorServer> server = co::StartCoordinatorServer(listen, l->service.get(), credentials);
       if (!server.ok()) {
-        std::cerr << "ckptd-coordinator: leading but cannot serve on " << listen << ": " << server.status().message()
-                  << "; stepping down\n";
+        Log().Error(absl::StrCat("leading but cannot serve on ", listen, ": ", server.status().message(),
+                                 "; stepping down"));
         election.Fenced(info.epoch, "cannot serve");
         l.reset();
       } else {
         l->server = std::move(*server);
         leading = std::move(l);
-        std::cerr << "ckptd-coordinator: leading (epoch " << info.epoch << "), serving on " << listen << " after "
-                  << absl::FormatDuration(absl::Now() - won) << " of recovery" << std::endl;
+        Log().Info(absl::StrCat("leading (epoch ", info.epoch, "), serving on ", listen, " after ",
+                                absl::FormatDuration(absl::Now() - won), " of recovery"));
       }
     }
     metrics->SetLeadership(leading != nullptr, info.epoch);
@@ -514,8 +518,7 @@ int RunReplicated(const co::CoordinatorFlags& flags, const std::shared_ptr<grpc:
       if (again.ok()) {
         standby = std::move(*again);
       } else {
-        std::cerr << "ckptd-coordinator: cannot serve as a standby on " << listen << ": " << again.status().message()
-                  << "\n";
+        Log().Error(absl::StrCat("cannot serve as a standby on ", listen, ": ", again.status().message()));
       }
     }
   }
@@ -550,7 +553,7 @@ int main(int argc, char** argv) {
   }
   // Every connection is a file.
   if (const std::string warning = ckptd::base::RaiseOpenFileLimitForServer("agents and operators"); !warning.empty()) {
-    std::cerr << "ckptd-coordinator: " << warning << "\n";
+    Log().Warning(warning);
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = ServerCredentials(*flags);
   if (!credentials.ok()) return Fail("TLS", credentials.status(), kExitUsage);
@@ -562,7 +565,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = ckptd::storage::CreateDirs(root->fs, flags->storage_root); !s.ok()) {
     return Fail("storage root", s, kExitFailed);
   }
-  ckptd::objstore::AbortAbandonedUploads(*root, std::cerr, "ckptd-coordinator");
+  ckptd::objstore::AbortAbandonedUploads(*root, Log());
 #ifdef CKPTD_HAVE_ETCD
   if (flags->etcd) {
     co::CoordinatorServiceOptions service_options;
@@ -582,17 +585,15 @@ int main(int argc, char** argv) {
     std::unique_ptr<ckptd::metrics::HttpServer> http;
     if (int code = StartMetrics(*flags, registry, &http); code != ckptd::base::kExitOk) return code;
     if (http != nullptr) {
-      std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*flags->metrics_listen, http->port())
-                << "/metrics\n";
+      Log().Info(absl::StrCat("metrics on http://", WithPort(*flags->metrics_listen, http->port()), "/metrics"));
     }
-    std::cerr << "ckptd-coordinator: storage root " << root->description
-              << (flags->tls ? ", mutual TLS" : ", no TLS") << "\n";
+    Log().Info(absl::StrCat("storage root ", root->description, flags->tls ? ", mutual TLS" : ", no TLS"));
     std::optional<co::StateSnapshot> import;
     if (!flags->etcd->import_state.empty()) {
       absl::StatusOr<co::StateSnapshot> read = ReadStateToImport(fs.get(), flags->etcd->import_state);
       if (!read.ok()) return Fail("--import-state", read.status(), kExitFailed);
-      std::cerr << "ckptd-coordinator: --import-state " << flags->etcd->import_state << ": "
-                << co::DescribeState(*read) << " to import when this replica leads\n";
+      Log().Info(absl::StrCat("--import-state ", flags->etcd->import_state, ": ", co::DescribeState(*read),
+                              " to import when this replica leads"));
       import = *std::move(read);
     }
     const int code = RunReplicated(*flags, *credentials, service_options, &store, &clock, metrics->get(), stop_signals,
@@ -658,25 +659,23 @@ int main(int argc, char** argv) {
     }
   }
   if (flags->insecure_agents) {
-    std::cerr << "ckptd-coordinator: WARNING: --insecure-agents: agent RPCs need no credential; anyone who can "
-                 "reach port "
-              << server->port
-              << " can register nodes, report failures and restart jobs (give agents the agent token or a "
-                 "certificate instead)\n";
+    Log().Warning(absl::StrCat("--insecure-agents: agent RPCs need no credential; anyone who can reach port ",
+                               server->port,
+                               " can register nodes, report failures and restart jobs (give agents the agent token "
+                               "or a certificate instead)"));
   }
   if (http != nullptr) {
-    std::cerr << "ckptd-coordinator: metrics on http://" << WithPort(*flags->metrics_listen, http->port())
-              << "/metrics\n";
+    Log().Info(absl::StrCat("metrics on http://", WithPort(*flags->metrics_listen, http->port()), "/metrics"));
   }
-  std::cerr << "ckptd-coordinator: storage root " << root->description << ", state " << flags->state_dir
-            << (flags->tls ? ", mutual TLS" : ", no TLS")
-            << (flags->insecure_agents ? ", agents unauthenticated"
-                                       : flags->tls ? ", agents by certificate or agent token" : ", agents by agent token")
-            << "\n";
-  std::cerr << "ckptd-coordinator: listening on " << WithPort(flags->listen, server->port) << std::endl;
+  Log().Info(absl::StrCat("storage root ", root->description, ", state ", flags->state_dir,
+                          flags->tls ? ", mutual TLS" : ", no TLS",
+                          flags->insecure_agents ? ", agents unauthenticated"
+                          : flags->tls           ? ", agents by certificate or agent token"
+                                                 : ", agents by agent token"));
+  Log().Info(absl::StrCat("listening on ", WithPort(flags->listen, server->port)));
 
   const int sig = ckptd::base::WaitForStopSignal(stop_signals);
-  std::cerr << "ckptd-coordinator: stopping on signal " << sig << "\n";
+  Log().Info(absl::StrCat("stopping on signal ", sig));
   co::ShutdownCoordinatorServer(server->server.get());
   if (http != nullptr) http->Stop();
   service.reset();  // stops the ticker

@@ -454,7 +454,7 @@ TEST_F(CoordinatorBinaryTest, AgentRpcsNeedTheAgentTokenUnlessInsecureAgents) {
     const int port = c.WaitForPort();
     ASSERT_GT(port, 0) << c.Log();
     EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("agent token written")));
-    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("WARNING: --insecure-agents")));
+    EXPECT_THAT(c.Log(), ::testing::Not(HasSubstr("--insecure-agents: agent RPCs need no credential")));
     EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);
     EXPECT_THAT(register_node(port, ""),
                 StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("ckptd-agent --agent-token-file")));
@@ -471,7 +471,7 @@ TEST_F(CoordinatorBinaryTest, AgentRpcsNeedTheAgentTokenUnlessInsecureAgents) {
     Coordinator c(Flags({"--insecure-agents"}), dir_ + "/insecure.log");
     const int port = c.WaitForPort();
     ASSERT_GT(port, 0) << c.Log();
-    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("ckptd-coordinator: WARNING: --insecure-agents: agent RPCs need no "
+    EXPECT_THAT(c.Log(), HasSubstr(absl::StrCat("WARNING ckptd-coordinator: --insecure-agents: agent RPCs need no "
                                                 "credential; anyone who can reach port ",
                                                 port, " can register nodes, report failures and restart jobs")));
     EXPECT_NE(::access(agent_token_path.c_str(), F_OK), 0);

@@ -61,21 +61,20 @@ absl::StatusOr<StorageRoot> OpenStorageRoot(const std::string& root, storage::Fi
 #endif
 }
 
-void AbortAbandonedUploads(const StorageRoot& root, std::ostream& log, absl::string_view who,
-                           absl::Duration older_than) {
+void AbortAbandonedUploads(const StorageRoot& root, base::Logger& log, absl::Duration older_than) {
   if (!root.object_store) return;
 #if CKPTD_HAVE_OBJSTORE
   auto* fs = static_cast<ObjectStoreFileSystem*>(root.owned.get());
   absl::StatusOr<int> aborted = fs->AbortStaleUploads(root.path, absl::Now() - older_than);
   if (!aborted.ok()) {
-    log << who << ": warning: cannot look for abandoned uploads under " << root.path << ": "
-        << aborted.status().message() << " (an S3 lifecycle rule for incomplete multipart uploads cleans them)\n";
+    log.Warning(absl::StrCat("cannot look for abandoned uploads under ", root.path, ": ", aborted.status().message(),
+                             " (an S3 lifecycle rule for incomplete multipart uploads cleans them)"));
   } else if (*aborted > 0) {
-    log << who << ": aborted " << *aborted << " multipart upload(s) under " << root.path
-        << " that writers which died had left open\n";
+    log.Info(absl::StrCat("aborted ", *aborted, " multipart upload(s) under ", root.path,
+                          " that writers which died had left open"));
   }
 #else
-  (void)log, (void)who, (void)older_than;
+  (void)log, (void)older_than;
 #endif
 }
 

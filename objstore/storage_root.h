@@ -4,12 +4,12 @@
 #pragma once
 
 #include <memory>
-#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/logger.h"
 #include "objstore/s3_client.h"
 #include "objstore/s3_options.h"
 #include "storage/file_system.h"
@@ -48,10 +48,9 @@ absl::StatusOr<StorageRoot> OpenStorageRoot(const std::string& root, storage::Fi
 
 // For an object store root: aborts the multipart uploads below it that were
 // started over `older_than` ago (what writers that died mid-persist left; a
-// live persist finishes well within it), and says on `log` how many went,
-// prefixed by `who`. An error (a store that refuses to list uploads) is
-// logged, never fatal. Nothing for a directory root.
-void AbortAbandonedUploads(const StorageRoot& root, std::ostream& log, absl::string_view who,
-                           absl::Duration older_than = absl::Hours(1));
+// live persist finishes well within it), and says on `log` how many went.
+// An error (a store that refuses to list uploads) is logged as a warning,
+// never fatal. Nothing for a directory root.
+void AbortAbandonedUploads(const StorageRoot& root, base::Logger& log, absl::Duration older_than = absl::Hours(1));
 
 }  // namespace ckptd::objstore

@@ -4,8 +4,8 @@
 #include "objstore/storage_root.h"
 
 #include <memory>
-#include <sstream>
 
+#include "base/testing/capturing_logger.h"
 #include "base/testing/matchers.h"
 #include "base/testing/temp_dir.h"
 #include "gmock/gmock.h"
@@ -30,9 +30,9 @@ TEST(StorageRootTest, ADirectoryIsServedByTheFileSystemGiven) {
   EXPECT_FALSE(root->object_store);
   EXPECT_EQ(root->owned, nullptr);
   // Nothing to abort on a directory, and nothing said.
-  std::ostringstream log;
-  AbortAbandonedUploads(*root, log, "test");
-  EXPECT_EQ(log.str(), "");
+  ckptd::testing::CapturingLogger log;
+  AbortAbandonedUploads(*root, log);
+  EXPECT_TRUE(log.lines().empty());
 }
 
 TEST(StorageRootTest, AnObjectStoreRootThatCannotBeUsedSaysWhy) {

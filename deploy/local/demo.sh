@@ -153,7 +153,7 @@ start_cluster() {
   remember $!
   local port=""
   for _ in $(seq 300); do
-    port=$(sed -n 's/^ckptd-coordinator: listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$CL/logs/coordinator.log")
+    port=$(sed -n 's/^.* INFO ckptd-coordinator: listening on 127.0.0.1:\([0-9]*\)$/\1/p' "$CL/logs/coordinator.log")
     [ -n "$port" ] && break
     sleep 0.1
   done

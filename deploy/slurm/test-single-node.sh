@@ -279,7 +279,7 @@ start_3="$(sed -n '/start 3: requeued 2 time/,$p' "$OUT")"
 check "the time-limit signal stopped the second start gracefully" \
   grep -q "time limit near: stopping gracefully and requeueing" <<<"$start_2"
 check "... the agents persisted what they held and exited (ckptd-agent: stopping)" \
-  [ "$(grep -c "^ckptd-agent: stopping" "$WORK/logs/agent-$JOBID-$HOST.log")" -ge 2 ]
+  [ "$(grep -c " INFO ckptd-agent: stopping" "$WORK/logs/agent-$JOBID-$HOST.log")" -ge 2 ]
 for r in 0 1; do
   for n in 2 3; do
     if [ "$n" = 2 ]; then text="$start_2" want="$NEWEST_1"; else text="$start_3" want="$NEWEST_2"; fi

@@ -1529,7 +1529,7 @@ tls_smoke_run() {
   local coord=$!
   echo "$coord" >>"$PIDFILE"
   wait_for 30 grep -q "listening on" "$log/coordinator.log" || { echo "no coordinator:"; cat "$log/coordinator.log"; return 1; }
-  port="$(sed -n 's/^ckptd-coordinator: listening on .*:\([0-9]*\)$/\1/p' "$log/coordinator.log")"
+  port="$(sed -n 's/^.* INFO ckptd-coordinator: listening on .*:\([0-9]*\)$/\1/p' "$log/coordinator.log")"
   grep -q "mutual TLS" "$log/coordinator.log" || { echo "the coordinator does not say mutual TLS"; return 1; }
   local tls=(--tls-ca "$t/ca.pem" --tls-cert "$t/operator.pem" --tls-key "$t/operator.key")
   "$BIN/ckptctl" status --coordinator "127.0.0.1:$port" "${tls[@]}" >"$log/status.out" 2>&1 ||
@@ -1750,7 +1750,7 @@ sys.exit(0 if json.load(urllib.request.urlopen(sys.argv[1], timeout=1)).get("hea
   }
   wait_for 30 status_through "$both" ||
     { echo "ckptctl status --coordinator $both failed:"; cat "$log/status.out"
-      grep -h -m 3 "^ckptd-coordinator: [^W]" "$log/a.log" "$log/b.log"; return 1; }
+      grep -h -m 3 " ERROR ckptd-coordinator: " "$log/a.log" "$log/b.log"; return 1; }
   # Exactly one leads (its log says so once it serves); the other stands by
   # and, asked alone, names it (ckptctl exits 3: its list lacks the leader).
   local leader standby

@@ -87,7 +87,7 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
                         "coordinator.log")
         deadline = time.monotonic() + self.bound(30)
         while time.monotonic() < deadline:
-            m = re.search(r"^ckptd-coordinator: listening on 127\.0\.0\.1:(\d+)$", self._log("coordinator.log"),
+            m = re.search(r" INFO ckptd-coordinator: listening on 127\.0\.0\.1:(\d+)$", self._log("coordinator.log"),
                           re.MULTILINE)
             if m:
                 self.address = f"127.0.0.1:{m.group(1)}"
