@@ -375,6 +375,7 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
   // plan is asked for again, with what was loaded kept, until the deadline.
   absl::Status unreachable;
   absl::Duration pause = options_.plan_poll;
+  std::string warning;  // the newest plan's that had one
   while (true) {
     if (shutting_down_.load()) {
       release();
@@ -417,10 +418,14 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
       unreachable = absl::OkStatus();
       pause = options_.plan_poll;
     }
+    if (!plan->warning().empty()) warning = plan->warning();
     switch (plan->verdict()) {
-      case ckptd::v1::RestorePlanResponse::FRESH_START:
+      case ckptd::v1::RestorePlanResponse::FRESH_START: {
         release();
-        return StartFresh(t, plan->incarnation());
+        RestoreResult fresh = StartFresh(t, plan->incarnation());
+        fresh.warning = std::move(warning);
+        return fresh;
+      }
       case ckptd::v1::RestorePlanResponse::GO:
         if (holding && req.attempt_step() == plan->step()) {
           {
@@ -428,7 +433,9 @@ absl::StatusOr<RestoreResult> AgentCore::RestoreCoordinated(Trainer* t, LoadCall
             t->incarnation = plan->incarnation();
           }
           DropLocalStepsAbove(reg.job, plan->step());
-          return Restored(t, plan->step(), held, call, plan->incarnation());
+          RestoreResult restored = Restored(t, plan->step(), held, call, plan->incarnation());
+          restored.warning = std::move(warning);
+          return restored;
         }
         // This trainer holds nothing of it (it asked again after the round
         // was decided): it loads the step, and reports, like the others.

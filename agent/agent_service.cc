@@ -103,6 +103,7 @@ grpc::Status AgentService::Restore(grpc::ServerContext* context, const ckptd::v1
   resp->set_found(r->step.has_value());
   resp->set_incarnation(r->incarnation);
   resp->set_source(RestoreSourceProto(r->source));
+  resp->set_warning(r->warning);
   for (const BlockDigest& b : r->verify) {
     ckptd::v1::BlockDigest* d = resp->add_verify();
     d->set_buffer(b.buffer);

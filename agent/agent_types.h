@@ -226,6 +226,9 @@ struct RestoreResult {
   // With client_verifies, for a step from memory: every block the trainer
   // must check as it copies the slot out. Empty: the agent verified it.
   std::vector<BlockDigest> verify;
+  // What the coordinator said the trainer should hear about this restore
+  // (RestorePlanResponse.warning). Empty: nothing.
+  std::string warning;
 };
 
 struct PersistStatus {

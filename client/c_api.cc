@@ -111,6 +111,20 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
 
 }  // namespace ckptd::client
 
+namespace {
+
+// `text` into out[size], cut to size - 1 bytes on a UTF-8 boundary and
+// NUL-terminated; nothing for a null `out` or a zero `size`.
+void CopyCut(const std::string& text, char* out, size_t size) {
+  if (out == nullptr || size == 0) return;
+  size_t n = std::min(text.size(), size - 1);
+  while (n > 0 && n < text.size() && (static_cast<unsigned char>(text[n]) & 0xC0) == 0x80) --n;
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
+}
+
+}  // namespace
+
 extern "C" {
 
 int ckptd_abi_version(void) { return CKPTD_ABI_VERSION; }
@@ -218,12 +232,13 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
   const ckptd::client::PersistFailures f = client->client->persist_failures();
   if (failed != nullptr) *failed = f.failed;
   if (last_failed_step != nullptr) *last_failed_step = f.last_failed_step.value_or(0);
-  if (error != nullptr && error_size > 0) {
-    size_t n = std::min(f.last_error.size(), error_size - 1);
-    while (n > 0 && n < f.last_error.size() && (static_cast<unsigned char>(f.last_error[n]) & 0xC0) == 0x80) --n;
-    std::memcpy(error, f.last_error.data(), n);
-    error[n] = '\0';
-  }
+  CopyCut(f.last_error, error, error_size);
+  return 0;
+}
+
+int ckptd_restore_warning(const ckptd_client* client, char* warning, size_t warning_size) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_restore_warning: no client"));
+  CopyCut(client->client->last_restore_warning(), warning, warning_size);
   return 0;
 }
 

@@ -180,6 +180,20 @@ TEST(CApiTest, ScheduleIsTheCallersWithoutACoordinator) {
   EXPECT_EQ(ckptd_should_snapshot(client, 25), 1);
   EXPECT_EQ(ckptd_schedule(client, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), 0);
   EXPECT_EQ(ckptd_schedule(nullptr, &coordinated, &known, &start, &every, &durable, &generation), 3);
+  // ABI 10: no coordinator, nothing to be told of a restore; the buffer is
+  // written even so, and a null or empty one is left alone.
+  char warning[8] = "garbage";
+  EXPECT_EQ(ckptd_restore_warning(client, warning, sizeof(warning)), 0) << ckptd_last_error();
+  EXPECT_STREQ(warning, "");
+  int found = 1;
+  uint64_t step = 9;
+  ASSERT_EQ(ckptd_restore(client, &found, &step), 0) << ckptd_last_error();
+  EXPECT_EQ(found, 0);
+  std::memcpy(warning, "garbage", sizeof(warning));
+  EXPECT_EQ(ckptd_restore_warning(client, warning, sizeof(warning)), 0);
+  EXPECT_STREQ(warning, "");
+  EXPECT_EQ(ckptd_restore_warning(client, nullptr, 0), 0);
+  EXPECT_EQ(ckptd_restore_warning(nullptr, warning, sizeof(warning)), 3);
   ckptd_close(client);
 }
 

@@ -21,8 +21,8 @@ extern "C" {
  * that libckptd holds no storage engine (no liburing, zstd or xxhash):
  * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it;
  * 8 added ckptd_options_ext.trusted_agent_uids, and a NULL socket (the
- * default one); 9 added ckptd_schedule. */
-#define CKPTD_ABI_VERSION 9
+ * default one); 9 added ckptd_schedule; 10 added ckptd_restore_warning. */
+#define CKPTD_ABI_VERSION 10
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -127,6 +127,13 @@ int ckptd_persist_failures(const ckptd_client* client, uint64_t* failed, uint64_
    "storage-root"; "" before any restore or when nothing was restored (and for
    a NULL client). A static string. No RPC. */
 const char* ckptd_restore_source(const ckptd_client* client);
+/* ABI 10: what the coordinator said the trainer should hear about the last
+   ckptd_restore (today: that the job's name was used by a run that
+   finished, so this run resumes that run's newest committed step; give a new
+   run a name of its own), into `warning`, cut to warning_size - 1 bytes on a
+   UTF-8 boundary and NUL-terminated; "" for nothing, before any restore and
+   without a coordinator. No RPC. */
+int ckptd_restore_warning(const ckptd_client* client, char* warning, size_t warning_size);
 /* ABI 9: the schedule ckptd_should_snapshot follows now (no RPC).
  * *coordinated = 1 when the agent reports to a coordinator: its schedule
  * applies instead of ckptd_options.every_steps, and *known = 1 once it was

@@ -298,6 +298,7 @@ struct Client::Impl {
   absl::Mutex sched_mu;
   std::optional<ckptd::v1::Schedule> schedule ABSL_GUARDED_BY(sched_mu);
   uint64_t incarnation ABSL_GUARDED_BY(sched_mu) = 0;  // from the last restore
+  std::string restore_warning ABSL_GUARDED_BY(sched_mu);  // the last restore's (last_restore_warning)
   std::set<uint64_t> taken_steps ABSL_GUARDED_BY(sched_mu);     // recent snapshots
   std::set<uint64_t> missed_reported ABSL_GUARDED_BY(sched_mu);
   std::vector<uint64_t> missed_to_send ABSL_GUARDED_BY(sched_mu);
@@ -855,6 +856,11 @@ absl::string_view Client::last_restore_source() const {
   return protocol::RestoreSourceName(static_cast<ckptd::v1::RestoreSource>(impl_->restore_source.load()));
 }
 
+std::string Client::last_restore_warning() const {
+  absl::MutexLock l(&impl_->sched_mu);
+  return impl_->restore_warning;
+}
+
 uint64_t Client::snapshots_taken() const { return impl_->taken.load(std::memory_order_relaxed); }
 uint64_t Client::snapshots_skipped() const { return impl_->skipped.load(std::memory_order_relaxed); }
 
@@ -998,6 +1004,10 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
   req.set_trainer_id(im.trainer_id);
   req.set_wait_for_slot_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(im.options.rpc_timeout)));
   req.set_client_verifies(true);
+  {
+    absl::MutexLock l(&im.sched_mu);
+    im.restore_warning.clear();
+  }
   // A step handed over from the agent's memory that fails the check while
   // it is copied out is read once more, from disk.
   for (int attempt = 0;; ++attempt) {
@@ -1007,6 +1017,7 @@ absl::StatusOr<std::optional<uint64_t>> Client::Restore() {
     {
       absl::MutexLock l(&im.sched_mu);
       im.incarnation = resp.incarnation();
+      if (!resp.warning().empty()) im.restore_warning = resp.warning();
       // What the agent cached from before this restore round is stale.
       if (im.schedule && im.schedule->incarnation() < resp.incarnation()) im.schedule.reset();
     }

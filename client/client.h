@@ -173,6 +173,12 @@ class Client {
   // "storage-root"; empty before any restore or when nothing was restored.
   absl::string_view last_restore_source() const;  // a static string
 
+  // What the coordinator said the trainer should hear about the last
+  // Restore (e.g. that the job's name was used by a run that finished, so
+  // this run resumes that run's newest step); empty for nothing, before any
+  // restore, and without a coordinator.
+  std::string last_restore_warning() const;
+
   // Waits until `step` is persisted (or failed) by the agent, up to `timeout`
   // of the client's clock. A second hop in flight is waited for within
   // `timeout`, and its error is returned. A memory checkpoint (the

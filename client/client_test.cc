@@ -104,7 +104,14 @@ class FixedScheduleCoordinator final : public agent::CoordinatorClient {
     ckptd::v1::RestorePlanResponse r;
     r.set_verdict(ckptd::v1::RestorePlanResponse::FRESH_START);
     r.set_incarnation(1);
+    absl::MutexLock l(&mu_);
+    r.set_warning(warning_);
     return r;
+  }
+  // What every restore plan from now on tells the trainer.
+  void SetWarning(const std::string& warning) {
+    absl::MutexLock l(&mu_);
+    warning_ = warning;
   }
   std::optional<ckptd::v1::Schedule> ScheduleFor(const std::string&) override {
     absl::MutexLock l(&mu_);
@@ -118,6 +125,7 @@ class FixedScheduleCoordinator final : public agent::CoordinatorClient {
  private:
   absl::Mutex mu_;
   ckptd::v1::Schedule schedule_ ABSL_GUARDED_BY(mu_);
+  std::string warning_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClientTest : public ::testing::Test {
@@ -862,6 +870,29 @@ TEST_F(ClientTest, CoordinatorScheduleReplacesEveryAndRestartIsRequestedThroughT
   coordinator.SetState(ckptd::v1::JOB_RESTARTING);
   EXPECT_TRUE(Eventually([&] { return client->restart_requested(); }));
   EXPECT_FALSE(client->ShouldSnapshot(12));  // no snapshots while the job restarts
+  client.reset();
+  StopAgent();
+  coordinator_ = nullptr;
+}
+
+// What the coordinator's restore plan says the trainer should hear reaches
+// the client through the agent, for the restore it came with only.
+TEST_F(ClientTest, TheRestorePlansWarningReachesTheTrainerForThatRestoreOnly) {
+  FixedScheduleCoordinator coordinator(4);
+  StopAgent();
+  coordinator_ = &coordinator;
+  StartAgent();
+  State state;
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(Options(), state.Specs()));
+  EXPECT_EQ(client->last_restore_warning(), "");  // before any restore
+  const std::string said = "job train was used by a run that finished (every rank said goodbye); ...";
+  coordinator.SetWarning(said);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> restored, client->Restore());
+  EXPECT_EQ(restored, std::nullopt);  // a fresh start is told too
+  EXPECT_EQ(client->last_restore_warning(), said);
+  coordinator.SetWarning("");
+  CKPTD_ASSERT_OK(client->Restore().status());
+  EXPECT_EQ(client->last_restore_warning(), "");
   client.reset();
   StopAgent();
   coordinator_ = nullptr;

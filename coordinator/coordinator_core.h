@@ -290,10 +290,12 @@ class CoordinatorCore {
   // Counts `agent`'s address, GPU names and ranks as they are now in
   // registration_bytes_.
   void SetRegistrationBytes(Agent* agent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Job::RefreshRank, warning when the rank comes back to a job whose run
-  // had finished: its name is being reused by a new run, which restores the
-  // old run's newest step and trains only past it.
-  void RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid)
+  // Job::RefreshRank. A rank that comes back to a job whose run had
+  // finished starts a new run under the old name, which restores the old
+  // run's newest step and trains only past it: warned of (the log, and
+  // Job::reuse_warning for the new run's restore plans), and a new restore
+  // round opens for it (no failure is recorded: nothing failed).
+  void RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ckptd::v1::GetClusterStatusResponse Status(const ckptd::v1::GetClusterStatusRequest& request, size_t page_bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -416,7 +418,7 @@ class CoordinatorCore {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The rank a plan request asks for runs on the asking agent's node now
   // (its next heartbeat says so too).
-  void HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request)
+  void HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request, Effects* fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks a committed step damaged: never restored again, kept by retention.
   void Quarantine(Job* job, uint64_t step, std::optional<uint32_t> rank, const std::string& reason, Effects* fx)

@@ -91,10 +91,67 @@ TEST_F(CoordinatorCoreTest, AJobWhoseRanksAllLeftIsFinishedUntilItsNameIsReused)
   ranks_["node-a"] = a;
   ASSERT_TRUE(Beat("node-a").ok());
   EXPECT_FALSE(JobState().finished());
-  EXPECT_TRUE(log.Contains("job llm-7b: rank 0 on node node-a registered again after every rank of its run had "
-                           "finished; this run restores the finished run's newest committed step 10"));
+  EXPECT_TRUE(log.Contains("rank 0 on node node-a registered again: job llm-7b was used by a run that finished "
+                           "(every rank said goodbye); this run restores that run's newest committed step 10"));
   ranks_["node-b"] = b;
   ASSERT_TRUE(Beat("node-b").ok());
+  int warnings = 0;
+  for (const std::string& line : log.lines()) warnings += absl::StrContains(line, "registered again") ? 1 : 0;
+  EXPECT_EQ(warnings, 1);
+  // Every rank of the new run hears it with its restore plan, whatever it
+  // is told to do...
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse p, Plan(r, std::nullopt, true, 4, /*trainer=*/2));
+    EXPECT_THAT(p.warning(), HasSubstr("job llm-7b was used by a run that finished")) << r;
+    EXPECT_THAT(p.warning(), HasSubstr("give a new run a job name of its own")) << r;
+  }
+  uint64_t incarnation = 0;
+  for (uint32_t r = 0; r < 4; ++r) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse p, Plan(r, 10, true, 4, /*trainer=*/2));
+    EXPECT_EQ(p.verdict(), r == 3 ? PlanResponse::GO : PlanResponse::WAIT) << r;
+    EXPECT_THAT(p.warning(), HasSubstr("restores that run's newest committed step 10")) << r;
+    incarnation = p.incarnation();
+  }
+  // Nothing failed: the new run is no restart.
+  EXPECT_THAT(EventKinds(), ::testing::IsEmpty());
+  // ...until the new run commits a step of its own: a restart after that
+  // restores this run's work.
+  CommitStep(20, incarnation);
+  CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse later, Plan(1, std::nullopt, true, 4, /*trainer=*/3));
+  EXPECT_EQ(later.step(), 20u);
+  EXPECT_EQ(later.warning(), "");
+}
+
+// The new run's first rank may ask for its restore plan before its agent's
+// heartbeat lists it: the same warning, a new round, and no failure counted
+// against the job (its new trainers are no restart of dead ones).
+TEST_F(CoordinatorCoreTest, ANewRunThatAsksForItsPlanFirstIsWarnedAndNoFailure) {
+  ckptd::testing::CapturingLogger log;
+  options_.logger = &log;
+  Reset();
+  TwoNodes();
+  CommitStep(10);
+  const uint64_t first = RestoreAll(10);  // the first run restored (and so took part in a round)
+  ASSERT_TRUE(Beat("node-a", {{0, 12}, {1, 12}}).ok());
+  ASSERT_TRUE(Beat("node-b", {{2, 12}, {3, 12}}).ok());
+  ranks_["node-a"].clear_ranks();
+  ranks_["node-b"].clear_ranks();
+  ASSERT_TRUE(Beat("node-a").ok());
+  ASSERT_TRUE(Beat("node-b").ok());
+  ASSERT_TRUE(JobState().finished());
+  for (uint32_t r = 0; r < 4; ++r) {
+    // (No heartbeat lists the rank yet: the request names its node.)
+    ckptd::v1::RestorePlanRequest req = PlanRequest(r, std::nullopt, true, 4, /*trainer=*/7);
+    req.set_node_id(r < 2 ? "node-a" : "node-b");
+    req.set_session(sessions_[req.node_id()]);
+    CKPTD_ASSERT_OK_AND_ASSIGN(PlanResponse p, core_->GetRestorePlan(req));
+    EXPECT_EQ(p.verdict(), PlanResponse::LOAD) << r;
+    EXPECT_EQ(p.step(), 10u) << r;
+    EXPECT_GT(p.incarnation(), first) << r;
+    EXPECT_THAT(p.warning(), HasSubstr("was used by a run that finished")) << r;
+  }
+  EXPECT_THAT(EventKinds(), ::testing::IsEmpty());
+  EXPECT_FALSE(JobState().finished());
   int warnings = 0;
   for (const std::string& line : log.lines()) warnings += absl::StrContains(line, "registered again") ? 1 : 0;
   EXPECT_EQ(warnings, 1);

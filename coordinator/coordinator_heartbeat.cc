@@ -101,7 +101,7 @@ void CoordinatorCore::RefreshMembership(Agent* agent, const ckptd::v1::Heartbeat
                                  ") before its trainer's exit was reported"),
                     fx);
     }
-    RefreshRank(*job, r.rank(), agent->node_id, r.pid());
+    RefreshRank(*job, r.rank(), agent->node_id, r.pid(), fx);
     bytes += RankBytes(r);
     accepted.push_back(r);
   }

@@ -189,7 +189,8 @@ std::string FreshStartRefusal(const internal::Job& job, const storage::Checkpoin
 
 }  // namespace
 
-void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request) {
+void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestorePlanRequest& request,
+                               Effects* fx) {
   ckptd::v1::RankInfo info;
   info.set_job(request.job());
   info.set_rank(request.rank());
@@ -204,19 +205,22 @@ void CoordinatorCore::HostRank(Agent* agent, Job* job, const ckptd::v1::RestoreP
   } else {
     *it = info;
   }
-  RefreshRank(job, request.rank(), agent->node_id, request.pid());
+  RefreshRank(job, request.rank(), agent->node_id, request.pid(), fx);
 }
 
-void CoordinatorCore::RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid) {
+void CoordinatorCore::RefreshRank(Job* job, uint32_t rank, const std::string& node, int32_t pid, Effects* fx) {
   if (!job->RefreshRank(rank, node, pid)) return;
   const std::optional<uint64_t> newest = job->NewestUsable();
-  logger_->Warning(absl::StrCat(
-      "job ", job->name(), ": rank ", rank, " on node ", node, " registered again after every rank of its run had ",
-      "finished; ",
-      newest ? absl::StrCat("this run restores the finished run's newest committed step ", *newest,
+  const std::string why = absl::StrCat(
+      "job ", job->name(), " was used by a run that finished (every rank said goodbye); ",
+      newest ? absl::StrCat("this run restores that run's newest committed step ", *newest,
                             " and trains only past it (a loop that ends at that step trains nothing)")
-             : "the finished run committed nothing, so this run starts from scratch",
-      ": give a new run a job name of its own"));
+             : "that run committed nothing, so this run starts from scratch",
+      ": give a new run a job name of its own");
+  logger_->Warning(absl::StrCat("rank ", rank, " on node ", node, " registered again: ", why));
+  job->set_reuse_warning(why);
+  StartRestoreRound(job, fx);
+  SaveJob(job, fx);
 }
 
 absl::Status CoordinatorCore::ValidateRankRequest(const std::string& node_id, const std::string& job, uint32_t rank,
@@ -282,8 +286,13 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
       RestorePlanResponse plan = job->Plan();
       AddPlanPeers(*agent, *job, rank, &plan);
       AddMemoryExpectation(*job, rank, &plan);
+      plan.set_warning(job->reuse_warning());
       return plan;
     }
+    // The first rank of a new run under the name of a job whose run
+    // finished, before its agent's heartbeat listed it: a new round for the
+    // new run, and no failure (RefreshRank).
+    if (job->finished()) RefreshRank(job, rank, agent->node_id, request.pid(), &fx);
     // The trainer that already took part in the round asks again (an answer
     // was lost, or it starts its restore over): the round's plan stands.
     const bool again = job->NeedsNewRound(rank, request.has_attempt()) && job->AskedBefore(rank, asker);
@@ -314,7 +323,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
           absl::StrCat("job ", job->name(), ": every rank already loaded step ", job->round()->step.value_or(0),
                        " intact and resumed; a failed load of it is no longer news"));
     }
-    HostRank(agent, job, request);
+    HostRank(agent, job, request, &fx);
     job->TakePart(rank, asker);
     if (allowed) job->AllowFreshStartOver(*allowed);
     // Starting from scratch over committed (but damaged) steps throws away
@@ -360,6 +369,7 @@ absl::StatusOr<RestorePlanResponse> CoordinatorCore::GetRestorePlan(const ckptd:
     // copy is gone (its node was replaced).
     AddPlanPeers(*agent, *job, rank, &response);
     AddMemoryExpectation(*job, rank, &response);
+    response.set_warning(job->reuse_warning());
     SaveJob(job, &fx);
   }
   Apply(fx);

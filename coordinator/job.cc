@@ -364,6 +364,7 @@ std::optional<Job::ShardDigest> Job::CommittedShard(uint64_t step, uint32_t rank
 void Job::MarkCommitted(uint64_t step, double stall, double persist, bool measured) {
   pending_.erase(step);
   committed_.insert(step);
+  reuse_warning_.clear();  // this run committed a step of its own
   // A step past the round's committed: every rank resumed and trained past
   // it, so the round is over for a coordinator taking the job over (an
   // emergency persist during the round commits its step or an older one).

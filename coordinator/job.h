@@ -182,6 +182,13 @@ class Job {
   // trainer said goodbye (its rank is gone from its agent's heartbeat), so
   // the run finished. A rank that registers again ends it (RefreshRank).
   bool finished() const;
+  // Why this run's restores should be told that the job's name was used by
+  // a run that finished (set when a rank registered again after it, see
+  // RefreshRank); it goes out with every restore plan until this run
+  // commits a step of its own. Empty: nothing to tell. Not persisted: a
+  // coordinator that restarts meanwhile forgets it (its log keeps it).
+  const std::string& reuse_warning() const { return reuse_warning_; }
+  void set_reuse_warning(std::string why) { reuse_warning_ = std::move(why); }
   // The rank, if it runs on `node`, is no longer alive.
   void RankGone(uint32_t rank, const std::string& node);
   void MarkHung(uint32_t rank);
@@ -421,6 +428,7 @@ class Job {
   policy::RecentWindow stalls_, persists_, restarts_;
   std::optional<absl::Time> failed_at_;
   uint64_t step_at_failure_ = 0;  // the fastest rank's, when failed_at_ was set
+  std::string reuse_warning_;  // reuse_warning()
   // The restart under way: its class so far (-1: none counted yet) and the
   // nodes it lost.
   int restart_class_ = -1;

@@ -26,11 +26,12 @@ import os
 import shutil
 import subprocess
 import time
+import warnings
 
 __all__ = [
     "Buffer", "Client", "Error", "InvalidArgumentError", "DeadlineExceededError", "NotFoundError",
     "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "InternalError", "UnavailableError",
-    "DataLossError", "CheckpointWarning", "PersistFailedWarning", "PersistFailures", "Schedule", "library_path", "PARAMS",
+    "DataLossError", "CheckpointWarning", "PersistFailedWarning", "JobNameReusedWarning", "PersistFailures", "Schedule", "library_path", "PARAMS",
     "GRADS", "OPTIMIZER", "RNG", "DATA_CURSOR", "export", "ckptctl", "Replica",
 ]
 
@@ -116,6 +117,13 @@ class PersistFailedWarning(CheckpointWarning, RuntimeWarning):
     """The agent could not persist snapshots this trainer took (a full or
     failing disk): those steps are not checkpointed, and training goes on.
     ckptd.torch's Checkpointer warns with it once per new batch of failures."""
+
+
+class JobNameReusedWarning(CheckpointWarning):
+    """The job's name was used by a run that finished (every rank said
+    goodbye): restore() resumed that run's newest committed step, so this run
+    trains only past it. Give a new run a job name of its own. Client.restore
+    warns with it, with the coordinator's words."""
 
 
 # Persists of a client's snapshots that failed at the agent: how many since
@@ -282,7 +290,9 @@ for _name, _res, _args in [
         ("ckptd_restore_source", ctypes.c_char_p, [ctypes.c_void_p]),
         # ABI version 9 and later.
         ("ckptd_schedule", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int), _P(ctypes.c_uint64),
-                                          _P(ctypes.c_uint64), _P(ctypes.c_uint64), _P(ctypes.c_uint64)])]:
+                                          _P(ctypes.c_uint64), _P(ctypes.c_uint64), _P(ctypes.c_uint64)]),
+        # ABI version 10 and later.
+        ("ckptd_restore_warning", ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -579,7 +589,23 @@ class Client:
         step; None when nothing is committed (start from scratch)."""
         found, step = ctypes.c_int(0), ctypes.c_uint64(0)
         _check(_lib.ckptd_restore(self._live(), ctypes.byref(found), ctypes.byref(step)))
+        said = self.restore_warning()
+        if said:
+            warnings.warn(f"ckptd: {said}", JobNameReusedWarning, stacklevel=2)
         return step.value if found.value else None
+
+    def restore_warning(self):
+        """What the coordinator said this trainer should hear about the last
+        restore() (that the job's name was used by a run that finished, which
+        restore() also warns of with a JobNameReusedWarning); "" for nothing,
+        before any restore and without a coordinator. None when libckptd is
+        older than ABI version 10. No RPC."""
+        handle = self._live()
+        if not hasattr(_lib, "ckptd_restore_warning"):
+            return None
+        text = ctypes.create_string_buffer(4096)
+        _check(_lib.ckptd_restore_warning(handle, text, len(text)))
+        return text.value.decode("utf-8", "replace")
 
     def wait_persisted(self, step, timeout=60.0):
         """Waits until the agent has persisted `step` (or a later one); a memory

@@ -47,6 +47,8 @@ class ClientTest(AgentTestCase):
             self.assertEqual(cursor[0], 7)
             # The agent kept the step it persisted in memory.
             self.assertEqual(client.restore_source(), "memory")
+            # No coordinator: nothing to be told of the restore.
+            self.assertEqual(client.restore_warning(), "")
         self.assertEqual(self.agent.committed_steps("py-bytes"), [2])
         # A restarted trainer (a new client, the same buffers) gets it from there too.
         data[:] = b"y" * len(data)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import unittest
+import warnings
 
 from support import AGENT, HERE, ROOT
 
@@ -206,6 +207,48 @@ class CoordinatedKillAndResumeTest(unittest.TestCase):
         self.assertIn(f"ckptctl interval --job {job}", told[0])
         # It overrides what the caller gave: a warning, not a note.
         self.assertEqual([r.levelname for r in logs.records if r.getMessage() == told[0]], ["WARNING"])
+
+    def test_a_job_name_reused_after_its_run_finished_is_a_warning_to_the_new_run(self):
+        import ckptd
+        import ckptd.torch as ckt
+        job = "reused-name"
+        model = torch.nn.Linear(4, 2)
+
+        def checkpointer():
+            c = ckt.Checkpointer(job, self.sockets[0], rank=0, world_size=1, slot_wait=5.0)
+            c.track("model", model)
+            return c
+
+        first = checkpointer()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            self.assertEqual(first.restore(), 0)
+        self.assertFalse([w for w in seen if issubclass(w.category, ckptd.JobNameReusedWarning)], seen)
+        self.assertTrue(first.close(final_step=30, timeout=self.bound(30)))
+        # The coordinator commits step 30 and, at the agent's next
+        # heartbeats, the run is finished.
+        deadline = time.monotonic() + self.bound(20)
+        while True:
+            (j,) = [j for j in self.ckptctl_status(job)["jobs"] if j["job"] == job]
+            if (j["state"] == "finished" and j.get("newest_committed_step") == 30) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        self.assertEqual((j["state"], j.get("newest_committed_step")), ("finished", 30), j)
+
+        # A new run under the same name is told, in its own output, what it
+        # resumes and what to do.
+        second = checkpointer()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            self.assertEqual(second.restore(), 30)
+        told = [str(w.message) for w in seen if issubclass(w.category, ckptd.JobNameReusedWarning)]
+        self.assertEqual(len(told), 1, [str(w.message) for w in seen] + [self._log("coordinator.log")])
+        self.assertIn(f"job {job} was used by a run that finished", told[0])
+        self.assertIn("restores that run's newest committed step 30", told[0])
+        self.assertIn("give a new run a job name of its own", told[0])
+        self.assertIn("was used by a run that finished", second._layout.client.restore_warning())
+        second.close()
+        self.assertIn("registered again", self._log("coordinator.log"))
 
     def test_rank_killed_and_job_restarted_is_bit_identical(self):
         kill_at = random.Random().randint(*self.KILL_RANGE)
