@@ -37,6 +37,9 @@ PACKAGES=(
   python3-torch python3-numpy
   # tests/python/test_packaging.py: `pip install ./python` into a venv, offline.
   python3-venv python3-pip python3-setuptools python3-wheel
+  # scripts/build-wheel.sh (tests/python/test_wheel.py): the manylinux wheel
+  # with the daemons and their shared libraries; patchelf sets their RUNPATH.
+  patchelf binutils
 )
 
 missing=()

@@ -680,7 +680,8 @@ class Client:
 
 def ckptctl():
     """The ckptctl that ckptd.export runs, looked up like libckptd.so:
-    $CKPTD_CTL; next to this package; bin/ beside the lib/ that libckptd.so
+    $CKPTD_CTL; next to this package, or in its bin/ (where a wheel of
+    scripts/build-wheel.sh bundles it); bin/ beside the lib/ that libckptd.so
     was loaded from (its build tree or installation); the build tree of the
     checkout the package lies in (build/bin/); the PATH. Error when none is
     there."""
@@ -688,7 +689,7 @@ def ckptctl():
     if env:
         candidates = [env]  # asked for explicitly: nothing else
     else:
-        candidates = [os.path.join(_HERE, "ckptctl")]
+        candidates = [os.path.join(_HERE, "ckptctl"), os.path.join(_HERE, "bin", "ckptctl")]
         if os.sep in _lib_path:
             prefix = os.path.dirname(os.path.dirname(os.path.abspath(_lib_path)))
             candidates.append(os.path.join(prefix, "bin", "ckptctl"))
