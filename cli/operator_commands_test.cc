@@ -152,6 +152,22 @@ TEST_F(OperatorCommandsTest, StatusShowsAJobsPersistFailures) {
                            HasSubstr("\"persist_failures\":0,\"last_persist_failure\":null")));
 }
 
+// Issue 41: snapshots the job's ranks skipped for want of a staging slot.
+TEST_F(OperatorCommandsTest, StatusShowsAJobsSkippedSnapshots) {
+  TwoNodes();
+  for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {
+    if (j.job() == "llm") j.set_snapshots_skipped(12);
+  }
+  Result r = Run(RunStatus, {});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("snapshots skipped: 12 (no free staging slot: slot_wait, every, ckptd-agent --slots)"));
+  EXPECT_EQ(r.out.find("snapshots skipped:"), r.out.rfind("snapshots skipped:"));  // none for the other job
+  r = Run(RunStatus, {"--json"});
+  ASSERT_EQ(r.code, base::kExitOk) << r.err;
+  ASSERT_TRUE(IsValidJson(r.out)) << r.out;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("\"snapshots_skipped\":12"), HasSubstr("\"snapshots_skipped\":0")));
+}
+
 TEST_F(OperatorCommandsTest, StatusShowsARestartHeldBack) {
   TwoNodes();
   for (ckptd::v1::JobStatus& j : *fake_.cluster.mutable_jobs()) {

@@ -224,6 +224,7 @@ void PrintStatusJson(const Command& c, absl::Time now, const ckptd::v1::GetClust
       NullableTime(w, "time", j->last_persist_failure_unix_nanos());
       w.EndObject();
     }
+    w.Field("snapshots_skipped", j->snapshots_skipped());
     auto it = intervals.find(j->job());
     const ckptd::v1::IntervalStatus* iv = it == intervals.end() ? nullptr : &it->second;
     w.Key("interval");
@@ -375,6 +376,10 @@ void PrintStatusTable(const Command& c, absl::Time now, const ckptd::v1::GetClus
           absl::StrAppend(&last, ", ", ShortDuration(SecondsSince(now, j->last_persist_failure_unix_nanos())), " ago");
         }
         parts.push_back(absl::StrCat("persist failures: ", j->persist_failures(), " (last: ", last, ")"));
+      }
+      if (j->snapshots_skipped() > 0) {
+        parts.push_back(absl::StrCat("snapshots skipped: ", j->snapshots_skipped(),
+                                     " (no free staging slot: slot_wait, every, ckptd-agent --slots)"));
       }
       if (j->has_committed() && (replicating || j->peer_copies() > 0)) {
         parts.push_back(absl::StrCat("peer copies ", j->peer_copies(), "/", j->world_size(), " ranks of step ",

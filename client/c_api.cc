@@ -80,6 +80,10 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
   const bool has_trusted = has(offsetof(ckptd_options_ext, trusted_agent_uids), sizeof(ext->trusted_agent_uids)) &&
                            has(offsetof(ckptd_options_ext, trusted_agent_uid_count),
                                sizeof(ext->trusted_agent_uid_count));
+  const bool has_prepare_wait = has(offsetof(ckptd_options_ext, prepare_wait_ms), sizeof(ext->prepare_wait_ms));
+  if (has_prepare_wait && ext->prepare_wait_ms != 0) {
+    o.prepare_wait = absl::Milliseconds(std::max<int64_t>(ext->prepare_wait_ms, 0));
+  }
   if (has_trusted && ext->trusted_agent_uid_count > 0) {
     if (ext->trusted_agent_uids == nullptr || ext->trusted_agent_uid_count > kMaxTrustedAgentUids) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: trusted_agent_uid_count ",
@@ -99,7 +103,9 @@ absl::StatusOr<ClientOptions> ClientOptionsFromC(const ckptd_options* options, c
                         has(offsetof(ckptd_options_ext, replicas), sizeof(ext->replicas))) ||
                        (has_trusted && i >= offsetof(ckptd_options_ext, trusted_agent_uids) &&
                         i < offsetof(ckptd_options_ext, trusted_agent_uid_count) +
-                                sizeof(ext->trusted_agent_uid_count));
+                                sizeof(ext->trusted_agent_uid_count)) ||
+                       (has_prepare_wait && within(i, offsetof(ckptd_options_ext, prepare_wait_ms),
+                                                   sizeof(ext->prepare_wait_ms)));
     if (bytes[i] != 0 && !known) {
       return absl::InvalidArgumentError(absl::StrCat("ckptd_connect_ext: option at byte ", i,
                                                      " is unknown to this libckptd (ABI version ", CKPTD_ABI_VERSION,
@@ -202,12 +208,25 @@ int ckptd_restart_requested(const ckptd_client* client) {
   return client != nullptr && client->client->restart_requested() ? 1 : 0;
 }
 
-int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds) {
-  if (client == nullptr) return Fail(absl::InvalidArgumentError("ckptd_snapshot: no client"));
-  absl::StatusOr<ckptd::client::SnapshotResult> r = client->client->Snapshot(step);
+namespace {
+
+int Snapshot(ckptd_client* client, uint64_t step, double* stall_seconds, ckptd::client::SnapshotKind kind,
+             const char* name) {
+  if (client == nullptr) return Fail(absl::InvalidArgumentError(absl::StrCat(name, ": no client")));
+  absl::StatusOr<ckptd::client::SnapshotResult> r = client->client->Snapshot(step, kind);
   if (!r.ok()) return Fail(r.status());
   if (stall_seconds != nullptr) *stall_seconds = r->stall_seconds;
   return 0;
+}
+
+}  // namespace
+
+int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds) {
+  return Snapshot(client, step, stall_seconds, ckptd::client::SnapshotKind::kExplicit, "ckptd_snapshot");
+}
+
+int ckptd_snapshot_scheduled(ckptd_client* client, uint64_t step, double* stall_seconds) {
+  return Snapshot(client, step, stall_seconds, ckptd::client::SnapshotKind::kScheduled, "ckptd_snapshot_scheduled");
 }
 
 int ckptd_restore(ckptd_client* client, int* found, uint64_t* step) {

@@ -13,7 +13,7 @@ int ckptd_c_smoke(const char* socket, const char* job, int ext_spare) {
       {"rng", CKPTD_RNG, CKPTD_BYTES, 1, rng_shape, 0, 0, CKPTD_DEVICE_HOST, 0, rng},
   };
   ckptd_options options = {socket, job, 0, 1, 2, 1000, 2000};
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, NULL, NULL, 0};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, NULL, NULL, 0, 0};
   ckptd_client* client = 0;
   int i, found = 0, rc;
   uint64_t step = 0;
@@ -35,9 +35,14 @@ int ckptd_c_smoke(const char* socket, const char* job, int ext_spare) {
       return 6;
     }
   }
+  /* ABI 11: the schedule's snapshot of step 8. */
+  params[0] = 8.0f;
+  if (!ckptd_should_snapshot(client, 8)) return 7;
+  if ((rc = ckptd_snapshot_scheduled(client, 8, &stall)) != 0) return 500 + rc;
+  if ((rc = ckptd_wait_persisted(client, 8, 30000)) != 0) return 600 + rc;
   for (i = 0; i < 256; ++i) params[i] = -1.0f;
   if ((rc = ckptd_restore(client, &found, &step)) != 0) return 400 + rc;
-  if (!found || step != 4 || params[255] != 255.0f || rng[15] != 15) return 5;
+  if (!found || step != 8 || params[0] != 8.0f || params[255] != 255.0f || rng[15] != 15) return 5;
   ckptd_close(client);
   return 0;
 }

@@ -98,7 +98,7 @@ TEST(CApiTest, ReplicatedBuffersAreDeclaredThroughExtOptions) {
   uint64_t shape[2] = {3, 2};
   ckptd_buffer b = {"w", CKPTD_PARAMS, CKPTD_FLOAT32, 2, shape, nullptr, nullptr, CKPTD_DEVICE_HOST, 0, w};
   ckptd_replica replica = {"dp", 2, 0};
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, &replica, nullptr, 0};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 0, 0, &replica, nullptr, 0, 0};
   ckptd_client* client = nullptr;
   EXPECT_EQ(ckptd_connect_ext(&options, &ext, &b, 1, &client), 3);
   EXPECT_THAT(ckptd_last_error(), HasSubstr("larger than the job's world of 1"));
@@ -223,7 +223,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   EXPECT_EQ(plain.rpc_timeout, absl::Seconds(5));
   EXPECT_FALSE(plain.spare_device_buffer);
 
-  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0, nullptr, nullptr, 0};
+  ckptd_options_ext ext = {sizeof(ckptd_options_ext), 1, 0, nullptr, nullptr, 0, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions spare, ClientOptionsFromC(&options, &ext));
   EXPECT_TRUE(spare.spare_device_buffer);
   // `reserved` is where the next option goes: set, it is not ignored.
@@ -244,7 +244,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
 
   // A caller built before spare_device_buffer existed: the field lies
   // outside its struct and is not read, whatever the memory there holds.
-  ckptd_options_ext old = {sizeof(size_t), 1, 0, nullptr, nullptr, 0};
+  ckptd_options_ext old = {sizeof(size_t), 1, 0, nullptr, nullptr, 0, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions older, ClientOptionsFromC(&options, &old));
   EXPECT_FALSE(older.spare_device_buffer);
 
@@ -264,7 +264,7 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
 
   // ABI 8: the users trusted to run the agent; both fields or neither.
   const uint32_t trusted[2] = {1001, 1002};
-  ckptd_options_ext trusting = {sizeof(ckptd_options_ext), 0, 0, nullptr, trusted, 2};
+  ckptd_options_ext trusting = {sizeof(ckptd_options_ext), 0, 0, nullptr, trusted, 2, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions trusts, ClientOptionsFromC(&options, &trusting));
   EXPECT_THAT(trusts.trusted_agent_uids, ElementsAre(1001u, 1002u));
   trusting.trusted_agent_uids = nullptr;
@@ -281,12 +281,29 @@ TEST(CApiTest, ExtOptionsReachTheClientAndOlderOrNewerCallersAreHandled) {
   half.trusted_agent_uids = nullptr;
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions abi7, ClientOptionsFromC(&options, &half));
   EXPECT_THAT(abi7.trusted_agent_uids, ::testing::IsEmpty());
+  // ABI 11: the wait for slots being allocated; 0 the default, negative
+  // none beyond slot_wait; an ABI 10 caller's struct ends before it.
+  EXPECT_EQ(plain.prepare_wait, absl::Seconds(60));
+  ckptd_options_ext waits = {sizeof(ckptd_options_ext), 0, 0, nullptr, nullptr, 0, 2500};
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions waiting, ClientOptionsFromC(&options, &waits));
+  EXPECT_EQ(waiting.prepare_wait, absl::Milliseconds(2500));
+  waits.prepare_wait_ms = -1;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions no_wait, ClientOptionsFromC(&options, &waits));
+  EXPECT_EQ(no_wait.prepare_wait, absl::ZeroDuration());
+  waits.prepare_wait_ms = 0;
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions default_wait, ClientOptionsFromC(&options, &waits));
+  EXPECT_EQ(default_wait.prepare_wait, absl::Seconds(60));
+  ckptd_options_ext abi10 = waits;
+  abi10.size = offsetof(ckptd_options_ext, prepare_wait_ms);
+  abi10.prepare_wait_ms = 5;  // outside its struct: not read
+  CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions from_abi10, ClientOptionsFromC(&options, &abi10));
+  EXPECT_EQ(from_abi10.prepare_wait, absl::Seconds(60));
   // No socket: the default one (chosen when connecting).
   const ckptd_options no_socket = {nullptr, "job", 0, 1, 0, 0, 0};
   CKPTD_ASSERT_OK_AND_ASSIGN(ClientOptions defaulted, ClientOptionsFromC(&no_socket, nullptr));
   EXPECT_EQ(defaulted.socket, "");
 
-  ckptd_options_ext unset = {0, 1, 0, nullptr, nullptr, 0};
+  ckptd_options_ext unset = {0, 1, 0, nullptr, nullptr, 0, 0};
   EXPECT_THAT(ClientOptionsFromC(&options, &unset),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sizeof(ckptd_options_ext)")));
   ckptd_client* client = nullptr;

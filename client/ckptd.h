@@ -21,8 +21,9 @@ extern "C" {
  * that libckptd holds no storage engine (no liburing, zstd or xxhash):
  * `ckptctl export` writes safetensors files, and Python's ckptd.export runs it;
  * 8 added ckptd_options_ext.trusted_agent_uids, and a NULL socket (the
- * default one); 9 added ckptd_schedule; 10 added ckptd_restore_warning. */
-#define CKPTD_ABI_VERSION 10
+ * default one); 9 added ckptd_schedule; 10 added ckptd_restore_warning; 11
+ * added ckptd_options_ext.prepare_wait_ms and ckptd_snapshot_scheduled. */
+#define CKPTD_ABI_VERSION 11
 
 /* State components and dtypes: the values of ckptd.v1.Component / DType. */
 enum { CKPTD_PARAMS = 1, CKPTD_GRADS = 2, CKPTD_OPTIMIZER = 3, CKPTD_RNG = 4, CKPTD_DATA_CURSOR = 5 };
@@ -92,6 +93,12 @@ typedef struct ckptd_options_ext {
    * entries, NULL when count is 0. */
   const uint32_t* trusted_agent_uids;
   size_t trusted_agent_uid_count;
+  /* ABI 11: how long ckptd_snapshot waits for a staging slot the agent is
+   * still allocating (a large state's slots are allocated in the background
+   * after it registers), counted from the call and never less than
+   * slot_wait_ms. 0: the default, 60000 (60 s); negative: no more than
+   * slot_wait_ms. ckptd_snapshot_scheduled waits slot_wait_ms only. */
+  int64_t prepare_wait_ms;
 } ckptd_options_ext;
 
 typedef struct ckptd_client ckptd_client;
@@ -103,12 +110,23 @@ int ckptd_connect(const ckptd_options* options, const ckptd_buffer* buffers, siz
 /* ckptd_connect with the options of ckptd_options_ext (`ext` may be NULL). */
 int ckptd_connect_ext(const ckptd_options* options, const ckptd_options_ext* ext, const ckptd_buffer* buffers,
                       size_t count, ckptd_client** out);
-/* 1 when the schedule says to snapshot `step`, else 0. No RPC. */
+/* 1 when the schedule says to snapshot `step`, else 0. No RPC. After a
+   ckptd_snapshot_scheduled skipped for want of a slot, a job of one rank
+   without a coordinator gets 1 at the next step that finds a slot. */
 int ckptd_should_snapshot(const ckptd_client* client, uint64_t step);
 /* 1 when the coordinator asks every rank of the job to restart (a failure was
    detected): exit, and let the launcher start the trainer again. No RPC. */
 int ckptd_restart_requested(const ckptd_client* client);
+/* Copies every buffer into a free staging slot and hands it to the agent; a
+   step asked for by the caller: it waits slot_wait_ms for a slot held by a
+   snapshot being persisted, and up to prepare_wait_ms for one the agent is
+   still allocating. 8 (resource exhausted) when it was skipped, the message
+   saying why and what to change. */
 int ckptd_snapshot(ckptd_client* client, uint64_t step, double* stall_seconds);
+/* ABI 11: ckptd_snapshot for a step the schedule asked for
+   (ckptd_should_snapshot): it waits slot_wait_ms only, also while the agent
+   still allocates slots; training goes on and a later step tries again. */
+int ckptd_snapshot_scheduled(ckptd_client* client, uint64_t step, double* stall_seconds);
 /* *found = 0 when nothing is committed; else *step is the restored step. */
 int ckptd_restore(ckptd_client* client, int* found, uint64_t* step);
 /* Waits until the agent persisted `step` (a memory checkpoint of the

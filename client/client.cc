@@ -259,6 +259,10 @@ struct Client::Impl {
   bool restoring = false;           // training thread only: a restore runs
   // Where the last restore read its step.
   std::atomic<int> restore_source{ckptd::v1::RESTORE_SOURCE_UNSPECIFIED};
+  // The step of a scheduled snapshot skipped for want of a slot since the
+  // last one taken (0: none), for a job of one rank without a coordinator:
+  // ShouldSnapshot says yes at the next step that finds a slot.
+  std::atomic<uint64_t> missed_scheduled{0};
   // Copies and checks restored blocks (made at the first restore from memory).
   std::unique_ptr<ParallelCopier> verifier;
 
@@ -347,6 +351,7 @@ struct Client::Impl {
     return since != 0 && clock->Now() - absl::FromUnixNanos(since) >= d;
   }
   void NoteTaken(uint64_t step) {
+    if (step >= missed_scheduled.load(std::memory_order_relaxed)) missed_scheduled.store(0, std::memory_order_relaxed);
     absl::MutexLock l(&sched_mu);
     taken_steps.insert(step);
     while (taken_steps.size() > 256) taken_steps.erase(taken_steps.begin());
@@ -760,6 +765,15 @@ bool Client::ShouldSnapshot(uint64_t step) const {
   im.snapshot_since_last_step = absl::ZeroDuration();
   im.current_step.store(step, std::memory_order_relaxed);
   if (step == 0) return false;
+  // A scheduled snapshot was skipped (no free slot): the next step that
+  // finds one takes it, not the next multiple of every_steps. Only for a
+  // job of one rank without a coordinator: the ranks of a job must all take
+  // the same steps for one to be committed.
+  if (const uint64_t missed = im.missed_scheduled.load(std::memory_order_relaxed);
+      missed != 0 && step > missed && !im.coordinated.load(std::memory_order_relaxed) && im.segment != nullptr &&
+      im.segment->CanAcquireForFill()) {
+    return true;
+  }
   if (im.coordinated.load(std::memory_order_relaxed)) {
     absl::MutexLock l(&im.sched_mu);
     return im.schedule && im.schedule->state() == ckptd::v1::JOB_RUNNING &&
@@ -894,7 +908,7 @@ PersistFailures Client::persist_failures() const {
   return f;
 }
 
-absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
+absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step, SnapshotKind kind) {
   Impl& im = *impl_;
   base::Clock* const clock = im.clock;
   const absl::Time t0 = clock->Now();
@@ -915,23 +929,47 @@ absl::StatusOr<SnapshotResult> Client::Snapshot(uint64_t step) {
   }
   CKPTD_RETURN_IF_ERROR(EnsureRegistered());
   // Waits in short rounds: slots held by an agent that is gone never free up.
+  // An explicit snapshot also waits, up to prepare_wait, while the agent
+  // still allocates slots: one of them frees up when it is ready.
   const absl::Time slot_deadline = clock->Now() + slot_wait;
-  absl::StatusOr<uint32_t> slot = im.segment->AcquireForFill(std::min(slot_wait, absl::Milliseconds(100)));
-  while (!slot.ok() && absl::IsResourceExhausted(slot.status()) && clock->Now() < slot_deadline) {
+  const absl::Time prepare_deadline = std::max(slot_deadline, t0 + im.options.prepare_wait);
+  auto preparing = [&im] { return im.segment->slots_prepared() < im.segment->slots(); };
+  auto deadline = [&] {
+    return kind == SnapshotKind::kExplicit && preparing() ? prepare_deadline : slot_deadline;
+  };
+  absl::StatusOr<uint32_t> slot =
+      im.segment->AcquireForFill(std::min(deadline() - clock->Now(), absl::Milliseconds(100)));
+  while (!slot.ok() && absl::IsResourceExhausted(slot.status()) && clock->Now() < deadline()) {
     if (im.UnreachableFor(absl::ZeroDuration())) {
       return im.Skip(step, absl::StatusCode::kUnavailable,
                      "the agent is unreachable and holds every staging slot");
     }
-    slot = im.segment->AcquireForFill(std::min(slot_deadline - clock->Now(), absl::Milliseconds(100)));
+    slot = im.segment->AcquireForFill(std::min(deadline() - clock->Now(), absl::Milliseconds(100)));
   }
   if (!slot.ok()) {
-    return im.Skip(step, slot.status().code(),
-                   absl::IsResourceExhausted(slot.status())
-                       ? absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait),
-                                      im.segment->slots_prepared() < im.segment->slots()
-                                          ? " (the agent is still allocating staging memory)"
-                                          : "")
-                       : std::string(slot.status().message()));
+    std::string why(slot.status().message());
+    if (absl::IsResourceExhausted(slot.status())) {
+      if (!preparing()) {
+        why = absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait), ": each of the ",
+                           im.segment->slots(),
+                           " slots holds a snapshot the agent is still persisting (wait longer with slot_wait, "
+                           "snapshot less often, or give the agent more slots with ckptd-agent --slots or a "
+                           "faster storage root)");
+      } else if (kind == SnapshotKind::kExplicit) {
+        why = absl::StrCat("no free staging slot within ", absl::FormatDuration(prepare_deadline - t0),
+                           " (prepare_wait): the agent is still allocating staging memory (", im.segment->slots_prepared(),
+                           " of ", im.segment->slots(), " slots ready; a slow or full /dev/shm, see the agent's log)");
+      } else {
+        why = absl::StrCat("no free staging slot within ", absl::FormatDuration(slot_wait),
+                           " (the agent is still allocating staging memory: ", im.segment->slots_prepared(), " of ",
+                           im.segment->slots(), " slots ready; a snapshot asked for by its step waits for them)");
+      }
+    }
+    if (kind == SnapshotKind::kScheduled && absl::IsResourceExhausted(slot.status()) &&
+        im.options.world_size == 1 && im.missed_scheduled.load(std::memory_order_relaxed) == 0) {
+      im.missed_scheduled.store(step, std::memory_order_relaxed);
+    }
+    return im.Skip(step, slot.status().code(), why);
   }
   if (absl::Status mapped = im.MapSlot(*slot); !mapped.ok()) {
     (void)im.segment->Abandon(*slot);

@@ -74,6 +74,12 @@ struct ClientOptions {
   absl::Duration agent_loss_restart_after = absl::Seconds(5);
   // How long Snapshot waits for a free staging slot (zero: skip at once).
   absl::Duration slot_wait = absl::ZeroDuration();
+  // How long a snapshot asked for explicitly (SnapshotKind::kExplicit) waits
+  // for a slot the agent is still allocating (a trainer's first snapshots
+  // after it registered a large state: its slots are allocated in the
+  // background), counted from the call and never less than slot_wait. A
+  // scheduled snapshot waits slot_wait only.
+  absl::Duration prepare_wait = absl::Seconds(60);
   // Bound on every call to the agent.
   absl::Duration rpc_timeout = absl::Seconds(5);
   // How long Connect keeps trying an agent that is not up (yet), or that did
@@ -122,6 +128,10 @@ struct ScheduleView {
   uint64_t generation = 0;     // grows with every change of the coordinator's schedule
 };
 
+// Why a snapshot is taken (Client::Snapshot): asked for by its step, or
+// because the schedule says so.
+enum class SnapshotKind { kExplicit, kScheduled };
+
 struct SnapshotResult {
   uint64_t step = 0;
   double stall_seconds = 0;  // the copy into staging, what training waited for
@@ -138,7 +148,9 @@ class Client {
   ~Client();
 
   // Cheap, no RPC: whether the schedule says to snapshot `step`. Call it
-  // once per step: it also records the step reached and the pace.
+  // once per step: it also records the step reached and the pace. After a
+  // scheduled snapshot was skipped for want of a slot, a job of one rank
+  // without a coordinator is told yes at the next step that finds a slot.
   bool ShouldSnapshot(uint64_t step) const;
 
   // Cheap, no RPC: the coordinator declared a failure of this job (a rank
@@ -161,7 +173,13 @@ class Client {
   // previous second hop: still running then, this snapshot is skipped. When
   // the previous second hop failed, its error is returned instead (prefixed
   // "second hop"; its slot was given back) and `step` is not taken.
-  absl::StatusOr<SnapshotResult> Snapshot(uint64_t step);
+  //
+  // kExplicit (the default: a snapshot the caller asked for by its step)
+  // also waits, up to prepare_wait, for a slot the agent is still
+  // allocating; only slots busy with snapshots being persisted make it skip.
+  // kScheduled (the schedule's, e.g. ShouldSnapshot said so) waits slot_wait
+  // only: training goes on and the next scheduled step tries again.
+  absl::StatusOr<SnapshotResult> Snapshot(uint64_t step, SnapshotKind kind = SnapshotKind::kExplicit);
 
   // Loads every buffer from the newest committed step that reads back intact
   // and returns that step; nullopt when there is none (start from scratch).

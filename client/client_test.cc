@@ -13,6 +13,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/agent_core.h"
 #include "agent/agent_service.h"
@@ -144,6 +145,7 @@ class ClientTest : public ::testing::Test {
     o.storage_root = "/ckpt";
     o.io_threads = 1;
     o.prepare_inline_bytes = prepare_inline_bytes_;
+    o.before_preparing_slot = before_preparing_slot_;
     o.first_trainer_id = 1;  // OpenSegment finds the n-th registration's
     o.segment_prefix = absl::StrCat("/ckptd-test-client-", ::getpid(), "-", counter_++);
     o.coordinator = coordinator_;
@@ -211,6 +213,7 @@ class ClientTest : public ::testing::Test {
   }
 
   uint64_t prepare_inline_bytes_ = uint64_t{64} << 20;  // the agent's default
+  std::function<void(uint32_t slot)> before_preparing_slot_;  // the agent's hook
   static inline int counter_ = 0;
   FakeDeviceCopier fake_;  // outlives every client of a test
   base::FakeClock clock_;  // for ClientOptions::clock; outlives every client of a test
@@ -792,6 +795,83 @@ TEST_F(ClientTest, SlotsStillBeingAllocatedAreLockedOnceReady) {
   EXPECT_EQ(fake_.locks(), 2);
   client.reset();
   EXPECT_EQ(fake_.locked(), 0);
+}
+
+// Issue 41: a snapshot asked for by its step waits for the slots the agent
+// still allocates (a large state's, in the background after it registered),
+// up to prepare_wait; one the schedule asked for skips at once and says why.
+TEST_F(ClientTest, AnExplicitSnapshotWaitsForSlotsBeingAllocatedAScheduledOneDoesNot) {
+  absl::Notification allocate;
+  StopAgent();
+  prepare_inline_bytes_ = 0;  // every segment in the background
+  before_preparing_slot_ = [&allocate](uint32_t) { allocate.WaitForNotification(); };
+  StartAgent();
+  State state;
+  ClientOptions o = Options();
+  o.slot_wait = absl::ZeroDuration();
+  o.prepare_wait = absl::Milliseconds(300);
+  {
+    CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+    EXPECT_THAT(client->Snapshot(5, SnapshotKind::kScheduled),
+                StatusIs(absl::StatusCode::kResourceExhausted,
+                         AllOf(HasSubstr("snapshot of step 5 skipped"), HasSubstr("still allocating staging memory"),
+                               HasSubstr("0 of 2 slots ready"), HasSubstr("asked for by its step waits"))));
+    // prepare_wait bounds an explicit one.
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(client->Snapshot(6), StatusIs(absl::StatusCode::kResourceExhausted,
+                                              AllOf(HasSubstr("within 300ms (prepare_wait)"),
+                                                    HasSubstr("still allocating staging memory"))));
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+    EXPECT_EQ(client->snapshots_skipped(), 2u);
+  }
+  o.prepare_wait = absl::Seconds(60);
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  absl::StatusOr<SnapshotResult> taken = absl::UnknownError("not run");
+  absl::Notification done;
+  std::thread snapshot([&] {
+    taken = client->Snapshot(7);
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300))) << taken.status();
+  allocate.Notify();  // the first slot is ready: the snapshot goes in
+  snapshot.join();
+  CKPTD_ASSERT_OK(taken.status());
+  CKPTD_ASSERT_OK(client->WaitPersisted(7, absl::Seconds(30)));
+  client.reset();
+  StopAgent();
+  before_preparing_slot_ = nullptr;
+}
+
+// Issue 41: a scheduled snapshot skipped for want of a slot is taken at the
+// next step that finds one (a job of one rank without a coordinator), not
+// an interval later.
+TEST_F(ClientTest, AScheduledSnapshotSkippedIsTakenAtTheNextStepThatFindsASlot) {
+  State state;
+  ClientOptions o = Options();  // every 5 steps
+  o.slot_wait = absl::ZeroDuration();
+  CKPTD_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> client, Client::Connect(o, state.Specs()));
+  CKPTD_ASSERT_OK(client->Restore().status());
+  std::unique_ptr<staging::StagingSegment> seg = OpenSegment(kFirstTrainer);
+  ASSERT_NE(seg, nullptr);
+  std::vector<uint32_t> held;
+  for (uint32_t i = 0; i < seg->slots(); ++i) {
+    CKPTD_ASSERT_OK_AND_ASSIGN(uint32_t slot, seg->AcquireForFill(absl::ZeroDuration()));
+    held.push_back(slot);
+  }
+  EXPECT_FALSE(client->ShouldSnapshot(4));
+  ASSERT_TRUE(client->ShouldSnapshot(5));
+  EXPECT_THAT(client->Snapshot(5, SnapshotKind::kScheduled),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("still persisting")));
+  EXPECT_FALSE(client->ShouldSnapshot(6));  // still no slot: no attempt
+  CKPTD_ASSERT_OK(seg->Abandon(held.back()));
+  held.pop_back();
+  ASSERT_TRUE(client->ShouldSnapshot(7));  // a slot: the missed snapshot now
+  CKPTD_ASSERT_OK(client->Snapshot(7, SnapshotKind::kScheduled).status());
+  EXPECT_FALSE(client->ShouldSnapshot(8));  // caught up: the schedule again
+  EXPECT_FALSE(client->ShouldSnapshot(9));
+  EXPECT_TRUE(client->ShouldSnapshot(10));
+  CKPTD_ASSERT_OK(client->WaitPersisted(7, absl::Seconds(30)));
+  for (uint32_t slot : held) CKPTD_ASSERT_OK(seg->Abandon(slot));
 }
 
 // A rollback (a restore again in the same trainer) while the locking thread

@@ -570,14 +570,16 @@ ckptd::v1::JobStatus CoordinatorCore::StatusOf(const Job& job) const {
     s.set_memory_checkpoint_peer_copies(PeerCopies(job, it->first));
     break;
   }
-  uint64_t fastest = 0, slowest = UINT64_MAX;
+  uint64_t fastest = 0, slowest = UINT64_MAX, skipped = 0;
   uint32_t alive = 0;
   for (const auto& [r, rank] : job.ranks()) {
     if (!rank.alive) continue;
     ++alive;
     fastest = std::max(fastest, rank.step);
     slowest = std::min(slowest, rank.step);
+    skipped += rank.skipped;
   }
+  s.set_snapshots_skipped(skipped);
   s.set_fastest_step(fastest);
   s.set_slowest_step(alive == 0 ? 0 : slowest);
   s.set_ranks_alive(alive);

@@ -157,6 +157,23 @@ TEST_F(CoordinatorCoreTest, ANewRunThatAsksForItsPlanFirstIsWarnedAndNoFailure) 
   EXPECT_EQ(warnings, 1);
 }
 
+// Issue 41: what the live ranks skipped (no free staging slot), summed.
+TEST_F(CoordinatorCoreTest, TheJobsStatusSumsTheSnapshotsItsLiveRanksSkipped) {
+  TwoNodes();
+  ckptd::v1::Heartbeat a = HeartbeatOf("node-a", {{0, 10}, {1, 10}});
+  a.mutable_progress(0)->set_snapshots_skipped(3);
+  a.mutable_progress(1)->set_snapshots_skipped(4);
+  ASSERT_TRUE(core_->OnHeartbeat(a).ok());
+  ckptd::v1::Heartbeat b = HeartbeatOf("node-b", {{2, 10}, {3, 10}});
+  b.mutable_progress(0)->set_snapshots_skipped(5);
+  ASSERT_TRUE(core_->OnHeartbeat(b).ok());
+  EXPECT_EQ(JobState().snapshots_skipped(), 12u);
+  // node-b's trainers leave: only the live ranks' count.
+  ranks_["node-b"].clear_ranks();
+  ASSERT_TRUE(Beat("node-b").ok());
+  EXPECT_EQ(JobState().snapshots_skipped(), 7u);
+}
+
 TEST_F(CoordinatorCoreTest, RanksThatDiedAreNoFinishedRun) {
   TwoNodes();
   ASSERT_TRUE(Beat("node-a", {{0, 10}, {1, 10}}).ok());

@@ -33,6 +33,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorMetrics>> CoordinatorMetrics::Create(m
   CKPTD_ASSIGN_OR_RETURN(m->world_size_, r.AddGauge("ckptd_job_world_size", "Ranks in the job's world.", {"job"}));
   CKPTD_ASSIGN_OR_RETURN(m->ranks_alive_,
                          r.AddGauge("ckptd_job_ranks_alive", "Ranks of the job hosted by live agents.", {"job"}));
+  CKPTD_ASSIGN_OR_RETURN(m->snapshots_skipped_,
+                         r.AddGauge("ckptd_job_snapshots_skipped",
+                                    "Snapshots the job's live ranks skipped for want of a free staging slot, each "
+                                    "since it registered.",
+                                    {"job"}));
   CKPTD_ASSIGN_OR_RETURN(
       m->job_step_, r.AddGauge("ckptd_job_step", "Training step reached by the job's fastest and slowest live rank.",
                                {"job", "which"}));
@@ -245,6 +250,7 @@ void CoordinatorMetrics::Collect(CoordinatorCore* core) {
       restored_saved_world_->With({job})->Set(j.last_restore().saved_world_size());
     }
     ranks_alive_->With({job})->Set(j.ranks_alive());
+    snapshots_skipped_->With({job})->Set(static_cast<double>(j.snapshots_skipped()));
     job_step_->With({job, "fastest"})->Set(static_cast<double>(j.fastest_step()));
     job_step_->With({job, "slowest"})->Set(static_cast<double>(j.slowest_step()));
     if (j.has_committed()) {

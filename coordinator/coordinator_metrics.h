@@ -5,6 +5,7 @@
 //   ckptd_agents / ckptd_agents_alive                  gauges
 //   ckptd_job_state{job,state}                         1 for the job's state, 0 for the others
 //   ckptd_job_world_size{job}, ckptd_job_ranks_alive{job}
+//   ckptd_job_snapshots_skipped{job}                   skipped for want of a slot, by the live ranks
 //   ckptd_job_step{job,which="fastest"|"slowest"}      step reached by the ranks
 //   ckptd_job_newest_committed_step{job}               only for jobs with a committed step
 //   ckptd_job_checkpoint_interval_steps{job}           the schedule's every_steps
@@ -87,6 +88,7 @@ class CoordinatorMetrics final : public CoordinatorObserver, public AuditObserve
   metrics::GaugeFamily* job_state_ = nullptr;
   metrics::GaugeFamily* world_size_ = nullptr;
   metrics::GaugeFamily* ranks_alive_ = nullptr;
+  metrics::GaugeFamily* snapshots_skipped_ = nullptr;
   metrics::GaugeFamily* job_step_ = nullptr;
   metrics::GaugeFamily* newest_committed_ = nullptr;
   metrics::GaugeFamily* interval_steps_ = nullptr;

@@ -200,6 +200,9 @@ class StagingSegment {
   absl::Status PrepareSlot(uint32_t slot);
   // Slots no longer PREPARING.
   uint32_t slots_prepared() const;
+  // Trainer: AcquireForFill would find a slot now (a FREE one, or a KEPT
+  // copy it may give up), unless another caller takes it first. No wait.
+  bool CanAcquireForFill() const { return AnyFree(/*or_kept=*/true); }
   // Faults a slot's pages into this process's mapping (a trainer does this in
   // the background so that its first snapshot does not pay for page faults).
   // A PREPARING slot is left alone. Best effort.

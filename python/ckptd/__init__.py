@@ -267,7 +267,7 @@ class _ReplicaC(ctypes.Structure):
 class _OptionsExtC(ctypes.Structure):
     _fields_ = [("size", ctypes.c_size_t), ("spare_device_buffer", ctypes.c_int32), ("reserved", ctypes.c_int32),
                 ("replicas", ctypes.POINTER(_ReplicaC)), ("trusted_agent_uids", ctypes.POINTER(ctypes.c_uint32)),
-                ("trusted_agent_uid_count", ctypes.c_size_t)]
+                ("trusted_agent_uid_count", ctypes.c_size_t), ("prepare_wait_ms", ctypes.c_int64)]
 
 
 _lib, _lib_path = _load()
@@ -292,7 +292,9 @@ for _name, _res, _args in [
         ("ckptd_schedule", ctypes.c_int, [ctypes.c_void_p, _P(ctypes.c_int), _P(ctypes.c_int), _P(ctypes.c_uint64),
                                           _P(ctypes.c_uint64), _P(ctypes.c_uint64), _P(ctypes.c_uint64)]),
         # ABI version 10 and later.
-        ("ckptd_restore_warning", ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t])]:
+        ("ckptd_restore_warning", ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]),
+        # ABI version 11 and later.
+        ("ckptd_snapshot_scheduled", ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64, _P(ctypes.c_double)])]:
     _fn = getattr(_lib, _name, None)
     if _fn is None:
         continue  # an older libckptd: what needs it says so
@@ -497,9 +499,16 @@ class Client:
     """
 
     def __init__(self, socket, job, buffers, rank=0, world_size=1, every_steps=0, slot_wait=0.0, rpc_timeout=5.0,
-                 spare_device_buffer=False, connect_wait=0.0, trusted_agent_uids=()):
+                 spare_device_buffer=False, connect_wait=0.0, trusted_agent_uids=(), prepare_wait=None):
         self._handle = None
         abi = _lib.ckptd_abi_version()
+        if prepare_wait is not None:
+            # 0 s: no wait beyond slot_wait (libckptd reads 0 as its default).
+            prepare_wait_ms = _millis("prepare_wait", prepare_wait) or -1
+            if abi < 11:
+                raise Error(f"ckptd: {_lib_path} is older than ABI version 11 and has no prepare_wait")
+        else:
+            prepare_wait_ms = 0
         trusted = _trusted_uids(trusted_agent_uids)
         if (trusted or socket is None) and abi < 8:
             raise Error(f"ckptd: {_lib_path} is older than ABI version 8: give socket, and no trusted_agent_uids")
@@ -537,11 +546,12 @@ class Client:
                   for g, b in zip(self._groups, buffers)])
         self._trusted = (ctypes.c_uint32 * max(len(trusted), 1))(*trusted)
         # An older libckptd is given the struct it knows.
-        ext_size = (ctypes.sizeof(_OptionsExtC) if abi >= 8 else
+        ext_size = (ctypes.sizeof(_OptionsExtC) if abi >= 11 else _OptionsExtC.prepare_wait_ms.offset if abi >= 8 else
                     _OptionsExtC.trusted_agent_uids.offset if abi >= 6 else _OptionsExtC.replicas.offset)
         ext = _OptionsExtC(ext_size, 1 if spare_device_buffer else 0, 0,
                            ctypes.cast(self._replicas, _P(_ReplicaC)) if self._replicas is not None else None,
-                           ctypes.cast(self._trusted, _P(ctypes.c_uint32)) if trusted else None, len(trusted))
+                           ctypes.cast(self._trusted, _P(ctypes.c_uint32)) if trusted else None, len(trusted),
+                           prepare_wait_ms)
         deadline = time.monotonic() + connect_wait
         while True:
             handle = ctypes.c_void_p()
@@ -576,12 +586,23 @@ class Client:
         """The coordinator asks every rank of the job to restart (no RPC)."""
         return _lib.ckptd_restart_requested(self._live()) == 1
 
-    def snapshot(self, step):
+    def snapshot(self, step, scheduled=False):
         """Copies every buffer into staging and hands it to the agent; returns
-        the seconds training waited (the stall)."""
+        the seconds training waited (the stall).
+
+        A snapshot asked for by its step (the default) waits slot_wait for a
+        slot busy with a snapshot being persisted, and up to prepare_wait
+        (60 s unless given) for one the agent is still allocating (a large
+        state's first snapshots). scheduled=True (the schedule asked for it,
+        should_snapshot) waits slot_wait only (libckptd ABI 11). A skipped
+        snapshot raises ResourceExhaustedError saying why."""
         step = _uint64("step", step)
         stall = ctypes.c_double(0.0)
-        _check(_lib.ckptd_snapshot(self._live(), step, ctypes.byref(stall)))
+        handle = self._live()
+        if scheduled and hasattr(_lib, "ckptd_snapshot_scheduled"):
+            _check(_lib.ckptd_snapshot_scheduled(handle, step, ctypes.byref(stall)))
+        else:
+            _check(_lib.ckptd_snapshot(handle, step, ctypes.byref(stall)))
         return stall.value
 
     def restore(self):

@@ -438,7 +438,7 @@ class Checkpointer:
 
     def __init__(self, job, socket=None, rank=None, world_size=None, *, every=None, slot_wait=0.0, rpc_timeout=5.0,
                  connect_wait=0.0, spare_device_buffer=False, rng=True, on_error="warn", retry_interval=10.0,
-                 seed=None, replicated=None, on_restart=None, trusted_agent_uids=()):
+                 seed=None, replicated=None, on_restart=None, trusted_agent_uids=(), prepare_wait=None):
         if on_error not in ("warn", "raise", "ignore"):
             raise ValueError(f"on_error must be 'warn', 'raise' or 'ignore', not {on_error!r}")
         if on_restart is None:  # torchrun's elastic agent restarts the workers that exit
@@ -452,6 +452,8 @@ class Checkpointer:
         self._every_default = every is None
         every = DEFAULT_EVERY if every is None else _ckptd._uint64("every", every)
         _ckptd._millis("slot_wait", slot_wait)
+        if prepare_wait is not None:
+            _ckptd._millis("prepare_wait", prepare_wait)
         _ckptd._millis("rpc_timeout", rpc_timeout, positive=True)
         _ckptd._seconds("connect_wait", connect_wait, finite=False)
         retry_interval = _ckptd._seconds("retry_interval", retry_interval, finite=False)
@@ -459,6 +461,8 @@ class Checkpointer:
                                  slot_wait=slot_wait, rpc_timeout=rpc_timeout,
                                  spare_device_buffer=spare_device_buffer, connect_wait=connect_wait,
                                  trusted_agent_uids=_ckptd._trusted_uids(trusted_agent_uids))
+        if prepare_wait is not None:  # libckptd's default (60 s) otherwise, and no ABI 11 needed
+            self._client_args["prepare_wait"] = prepare_wait
         self._rng = rng
         if seed is None:  # from the job's name: the same on every rank and in every run
             seed = int.from_bytes(hashlib.sha256(str(job).encode()).digest()[:8], "little") >> 1
@@ -613,10 +617,15 @@ class Checkpointer:
             self._tell_schedule()
         if not self._layout.client.should_snapshot(step):
             return False
-        return self.snapshot(step)
+        return self._snapshot(step, scheduled=True)
 
     def snapshot(self, step):
-        """Snapshots `step` now, whatever the schedule; as maybe_snapshot."""
+        """Snapshots `step` now, whatever the schedule; as maybe_snapshot, but
+        it also waits (up to prepare_wait) for staging the agent is still
+        allocating, as after a large state first registered."""
+        return self._snapshot(_ckptd._uint64("step", step), scheduled=False)
+
+    def _snapshot(self, step, scheduled):
         step = _ckptd._uint64("step", step)
         self._require_tracked("snapshot()")
         self._check_persist_failures()
@@ -636,7 +645,7 @@ class Checkpointer:
                     raise _ckptd.InternalError(f"ckptd: the tracked state changed while registering: {stale}")
             self._fill(plan)
             try:
-                self.last_stall = self._layout.client.snapshot(step)
+                self.last_stall = self._layout.client.snapshot(step, scheduled=scheduled)
             except _ckptd.ResourceExhaustedError as e:  # no free staging slot
                 skipped = e
             else:

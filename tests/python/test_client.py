@@ -25,6 +25,24 @@ class _Index:
 
 
 class ClientTest(AgentTestCase):
+    def test_the_first_snapshot_of_a_large_state_waits_for_its_staging(self):
+        # Above the agent's 64 MiB allocated at registration: its slots are
+        # allocated in the background, and a snapshot asked for by its step
+        # right after connecting waits for one instead of being skipped.
+        data = bytearray(b"\x05" * (96 << 20))
+        with ckptd.Client(self.agent.socket, "py-large", [ckptd.Buffer("w", data)], slot_wait=0.0) as client:
+            self.assertGreaterEqual(client.snapshot(1), 0.0)
+            client.wait_persisted(1, timeout=60)
+            # The schedule's snapshot: skipped or taken, never an error
+            # other than ResourceExhaustedError.
+            try:
+                client.snapshot(2, scheduled=True)
+            except ckptd.ResourceExhaustedError as e:
+                self.assertIn("snapshot of step 2 skipped", str(e))
+        self.assertIn(1, self.agent.committed_steps("py-large"))
+        with self.assertRaises(ckptd.InvalidArgumentError):
+            ckptd.Client(self.agent.socket, "py-large", [ckptd.Buffer("w", data)], prepare_wait=-1.0)
+
     def test_snapshot_and_restore_a_bytearray(self):
         data = bytearray(b"step one state" * 10)
         cursor = array.array("q", [7, 0])
